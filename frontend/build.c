@@ -1,0 +1,228 @@
+/* frontend/build.c — the forward graphs.  Shapes: B batch, T sequence, D model width,
+   H heads, KV key/value heads, Dh head size, I MLP width, V vocabulary. */
+#include <math.h>
+#include <string.h>
+
+#include "frontend/build.h"
+
+typedef struct {
+  Builder b;
+  Module *m;
+  const ModelConfig *c;
+  int64_t B, T;
+  char name[256];   /* scratch for value names */
+} Graph;
+
+static const char *nm(Graph *g, const char *fmt, int layer) {
+  snprintf(g->name, sizeof g->name, fmt, layer);
+  return g->name;
+}
+
+static Type t2(int64_t a, int64_t b) { int64_t d[] = {a, b}; return type_make(DT_F32, 2, d); }
+static Type t1(int64_t a) { return type_make(DT_F32, 1, &a); }
+
+static Value *param(Graph *g, const char *name, Type t, Init init) {
+  return module_add_global(g->m, GLOBAL_PARAM, name, t, init)->value;
+}
+static Value *param_l(Graph *g, const char *fmt, int layer, Type t, Init init) {
+  char name[256];
+  snprintf(name, sizeof name, fmt, layer);
+  return param(g, name, t, init);
+}
+
+static Value *reshape(Graph *g, Value *x, int rank, const int64_t *dims, const char *name) {
+  return build_typed(&g->b, OP_RESHAPE, x, type_make(x->type.dtype, rank, dims), name);
+}
+
+/* x @ W (+ bias broadcast over the leading dims). tb: W is stored [out,in]. */
+static Value *linear(Graph *g, Value *x, Value *w, Value *bias, bool tb, const char *name) {
+  Value *ops[2] = {x, w};
+  op_set_bool(build_begin(&g->b, OP_MATMUL, ops, 2), "tb", tb);
+  if (!bias) return build_end(&g->b, name);
+  Value *y = build_end(&g->b, NULL);
+  Value *bb = build_typed(&g->b, OP_BROADCAST, bias, y->type, NULL);
+  return build2(&g->b, OP_ADD, y, bb, name);
+}
+
+static Value *norm(Graph *g, Value *x, Value *w, Value *bias, const char *name) {
+  Value *ops[3] = {x, w, bias};
+  op_set_float(build_begin(&g->b, bias ? OP_LAYERNORM : OP_RMSNORM, ops, bias ? 3 : 2), "eps", g->c->norm_eps);
+  return build_end(&g->b, name);
+}
+
+static Value *slice(Graph *g, Value *x, const int64_t *start, const int64_t *end, const char *name) {
+  Op *op = build_begin(&g->b, OP_SLICE, &x, 1);
+  op_set_ints(g->m, op, "start", start, x->type.rank);
+  op_set_ints(g->m, op, "end", end, x->type.rank);
+  return build_end(&g->b, name);
+}
+
+/* x[..., from:to] */
+static Value *slice_last(Graph *g, Value *x, int64_t from, int64_t to, const char *name) {
+  int64_t start[IR_MAX_RANK] = {0}, end[IR_MAX_RANK];
+  for (int d = 0; d < x->type.rank; d++) end[d] = x->type.dims[d];
+  start[x->type.rank - 1] = from;
+  end[x->type.rank - 1] = to;
+  return slice(g, x, start, end, name);
+}
+
+static Value *attention(Graph *g, Value *q, Value *k, Value *v, const char *name) {
+  Value *ops[3] = {q, k, v};
+  op_set_float(build_begin(&g->b, OP_ATTENTION, ops, 3), "scale", 1.0 / sqrt((double)g->c->head_dim));
+  return build_end(&g->b, name);
+}
+
+static Value *rope(Graph *g, Value *x, const char *name) {
+  op_set_float(build_begin(&g->b, OP_ROPE, &x, 1), "theta", g->c->rope_theta);
+  return build_end(&g->b, name);
+}
+
+/* Mean cross-entropy over all positions. */
+static Value *loss(Graph *g, Value *logits, Value *targets) {
+  Value *ce = build2(&g->b, OP_CROSS_ENTROPY, logits, targets, "ce");
+  int64_t dims[] = {0, 1};
+  op_set_ints(g->m, build_begin(&g->b, OP_REDUCE_MEAN, &ce, 1), "dims", dims, 2);
+  return build_end(&g->b, "loss");
+}
+
+static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
+  const ModelConfig *c = g->c;
+  int64_t B = g->B, T = g->T, D = c->hidden, H = c->n_head, Dh = c->head_dim, I = c->intermediate, V = c->vocab_size;
+  Init w = {INIT_NORMAL, 0.02}, proj = {INIT_NORMAL, 0.02 / sqrt(2.0 * (double)c->n_layer)};
+  Init zeros = {INIT_ZEROS, 0}, ones = {INIT_ONES, 0};
+  Value *wte = param(g, "wte.weight", t2(V, D), w);
+  Value *wpe = param(g, "wpe.weight", t2(c->max_pos, D), (Init){INIT_NORMAL, 0.01});
+  int64_t btd[] = {B, T, D}, bthd[] = {B, T, H, Dh};
+  Type x_type = type_make(DT_F32, 3, btd);
+
+  Value *x = build2(&g->b, OP_EMBEDDING, wte, tokens, "tok_emb");   /* [B,T,D] */
+  int64_t start[] = {0, 0}, end[] = {T, D};
+  Value *pos = slice(g, wpe, start, end, "pos_emb");                 /* rows 0..T-1: [T,D] */
+  x = build2(&g->b, OP_ADD, x, build_typed(&g->b, OP_BROADCAST, pos, x_type, NULL), "x");
+  for (int l = 0; l < c->n_layer; l++) {
+    Value *ln1w = param_l(g, "h.%d.ln_1.weight", l, t1(D), ones);
+    Value *ln1b = param_l(g, "h.%d.ln_1.bias", l, t1(D), zeros);
+    Value *attw = param_l(g, "h.%d.attn.c_attn.weight", l, t2(D, 3 * D), w);
+    Value *attb = param_l(g, "h.%d.attn.c_attn.bias", l, t1(3 * D), zeros);
+    Value *prw = param_l(g, "h.%d.attn.c_proj.weight", l, t2(D, D), proj);
+    Value *prb = param_l(g, "h.%d.attn.c_proj.bias", l, t1(D), zeros);
+    Value *ln2w = param_l(g, "h.%d.ln_2.weight", l, t1(D), ones);
+    Value *ln2b = param_l(g, "h.%d.ln_2.bias", l, t1(D), zeros);
+    Value *fcw = param_l(g, "h.%d.mlp.c_fc.weight", l, t2(D, I), w);
+    Value *fcb = param_l(g, "h.%d.mlp.c_fc.bias", l, t1(I), zeros);
+    Value *mpw = param_l(g, "h.%d.mlp.c_proj.weight", l, t2(I, D), proj);
+    Value *mpb = param_l(g, "h.%d.mlp.c_proj.bias", l, t1(D), zeros);
+
+    Value *h = norm(g, x, ln1w, ln1b, nm(g, "h%d.ln_1", l));
+    Value *qkv = linear(g, h, attw, attb, false, nm(g, "h%d.qkv", l));           /* [B,T,3D] */
+    Value *q = reshape(g, slice_last(g, qkv, 0, D, NULL), 4, bthd, nm(g, "h%d.q", l));
+    Value *k = reshape(g, slice_last(g, qkv, D, 2 * D, NULL), 4, bthd, nm(g, "h%d.k", l));
+    Value *v = reshape(g, slice_last(g, qkv, 2 * D, 3 * D, NULL), 4, bthd, nm(g, "h%d.v", l));
+    Value *a = attention(g, q, k, v, nm(g, "h%d.attn", l));                     /* [B,T,H,Dh] */
+    a = linear(g, reshape(g, a, 3, btd, NULL), prw, prb, false, nm(g, "h%d.attn_out", l));
+    x = build2(&g->b, OP_ADD, x, a, nm(g, "h%d.x_attn", l));
+    h = norm(g, x, ln2w, ln2b, nm(g, "h%d.ln_2", l));
+    h = linear(g, h, fcw, fcb, false, nm(g, "h%d.fc", l));                      /* [B,T,I] */
+    h = build1(&g->b, OP_GELU_TANH, h, nm(g, "h%d.gelu", l));
+    h = linear(g, h, mpw, mpb, false, nm(g, "h%d.mlp_out", l));
+    x = build2(&g->b, OP_ADD, x, h, nm(g, "h%d.out", l));
+  }
+  Value *lnfw = param(g, "ln_f.weight", t1(D), ones), *lnfb = param(g, "ln_f.bias", t1(D), zeros);
+  x = norm(g, x, lnfw, lnfb, "ln_f");
+  Value *logits = linear(g, x, wte, NULL, true, "logits");                       /* [B,T,V] */
+  func_add_ret(f, logits);
+  func_add_ret(f, loss(g, logits, targets));
+}
+
+static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
+  const ModelConfig *c = g->c;
+  int64_t B = g->B, T = g->T, D = c->hidden, H = c->n_head, KV = c->n_kv_head, Dh = c->head_dim;
+  int64_t I = c->intermediate, V = c->vocab_size;
+  Init w = {INIT_NORMAL, 0.02}, proj = {INIT_NORMAL, 0.02 / sqrt(2.0 * (double)c->n_layer)};
+  Init ones = {INIT_ONES, 0};
+  int64_t bthd[] = {B, T, H, Dh}, btkd[] = {B, T, KV, Dh}, bth[] = {B, T, H * Dh};
+  Value *emb = param(g, "model.embed_tokens.weight", t2(V, D), w);
+  Value *x = build2(&g->b, OP_EMBEDDING, emb, tokens, "tok_emb");   /* [B,T,D] */
+  for (int l = 0; l < c->n_layer; l++) {
+    Value *n1w = param_l(g, "model.layers.%d.input_layernorm.weight", l, t1(D), ones);
+    Value *qw = param_l(g, "model.layers.%d.self_attn.q_proj.weight", l, t2(H * Dh, D), w);
+    Value *kw = param_l(g, "model.layers.%d.self_attn.k_proj.weight", l, t2(KV * Dh, D), w);
+    Value *vw = param_l(g, "model.layers.%d.self_attn.v_proj.weight", l, t2(KV * Dh, D), w);
+    Value *ow = param_l(g, "model.layers.%d.self_attn.o_proj.weight", l, t2(D, H * Dh), proj);
+    Value *n2w = param_l(g, "model.layers.%d.post_attention_layernorm.weight", l, t1(D), ones);
+    Value *gw = param_l(g, "model.layers.%d.mlp.gate_proj.weight", l, t2(I, D), w);
+    Value *uw = param_l(g, "model.layers.%d.mlp.up_proj.weight", l, t2(I, D), w);
+    Value *dw = param_l(g, "model.layers.%d.mlp.down_proj.weight", l, t2(D, I), proj);
+
+    Value *h = norm(g, x, n1w, NULL, nm(g, "l%d.input_norm", l));
+    Value *q = reshape(g, linear(g, h, qw, NULL, true, NULL), 4, bthd, NULL);   /* [B,T,H,Dh] */
+    Value *k = reshape(g, linear(g, h, kw, NULL, true, NULL), 4, btkd, NULL);   /* [B,T,KV,Dh] */
+    Value *v = reshape(g, linear(g, h, vw, NULL, true, NULL), 4, btkd, nm(g, "l%d.v", l));
+    q = rope(g, q, nm(g, "l%d.q", l));
+    k = rope(g, k, nm(g, "l%d.k", l));
+    Value *a = attention(g, q, k, v, nm(g, "l%d.attn", l));
+    a = linear(g, reshape(g, a, 3, bth, NULL), ow, NULL, true, nm(g, "l%d.attn_out", l));
+    x = build2(&g->b, OP_ADD, x, a, nm(g, "l%d.x_attn", l));
+    h = norm(g, x, n2w, NULL, nm(g, "l%d.post_norm", l));
+    Value *gate = build1(&g->b, OP_SILU, linear(g, h, gw, NULL, true, NULL), nm(g, "l%d.gate", l));   /* [B,T,I] */
+    Value *up = linear(g, h, uw, NULL, true, nm(g, "l%d.up", l));
+    h = build2(&g->b, OP_MUL, gate, up, nm(g, "l%d.swiglu", l));
+    h = linear(g, h, dw, NULL, true, nm(g, "l%d.mlp_out", l));
+    x = build2(&g->b, OP_ADD, x, h, nm(g, "l%d.out", l));
+  }
+  Value *nw = param(g, "model.norm.weight", t1(D), ones);
+  x = norm(g, x, nw, NULL, "final_norm");
+  Value *head = c->tied ? emb : param(g, "lm_head.weight", t2(V, D), w);
+  Value *logits = linear(g, x, head, NULL, true, "logits");                 /* [B,T,V] */
+  func_add_ret(f, logits);
+  func_add_ret(f, loss(g, logits, targets));
+}
+
+void frontend_module_name(const char *path, char *buf, size_t n) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  size_t len = strlen(base);
+  if (len > 5 && !strcmp(base + len - 5, ".json")) len -= 5;
+  if (len == 0 || len >= n) len = len >= n ? n - 1 : 0;
+  size_t k = 0;
+  for (size_t i = 0; i < len; i++) {
+    char ch = base[i];
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-' || ch == '.';
+    buf[k++] = ok ? ch : '_';
+  }
+  if (k == 0 || !((buf[0] >= 'a' && buf[0] <= 'z') || (buf[0] >= 'A' && buf[0] <= 'Z') || buf[0] == '_')) {
+    /* Names must start with a letter for the text form. */
+    memmove(buf + 1, buf, k < n - 1 ? k : n - 2);
+    buf[0] = 'm';
+    k = k < n - 1 ? k + 1 : n - 1;
+  }
+  buf[k] = 0;
+}
+
+int frontend_build(const RunSpec *spec, const char *name, Module **out, char *err, size_t errlen) {
+  Graph g;
+  memset(&g, 0, sizeof g);
+  g.m = module_new(name);
+  g.c = &spec->model;
+  g.B = spec->batch;
+  g.T = spec->seq;
+  Func *f = module_add_func(g.m, "forward");
+  g.b.f = f;
+  int64_t bt[] = {g.B, g.T};
+  Value *tokens = func_add_arg(f, "tokens", type_make(DT_I32, 2, bt));
+  Value *targets = func_add_arg(f, "targets", type_make(DT_I32, 2, bt));
+  if (spec->model.arch == ARCH_GPT2) gpt2(&g, tokens, targets, f);
+  else llama(&g, tokens, targets, f);
+  if (g.b.err[0]) {
+    snprintf(err, errlen, "%s: cannot build the model graph: %s", spec->path, g.b.err);
+    module_free(g.m);
+    return IR_EINPUT;
+  }
+  int rc = verify_module(g.m, err, errlen);
+  if (rc) {
+    module_free(g.m);
+    return rc;
+  }
+  *out = g.m;
+  return 0;
+}

@@ -1,0 +1,87 @@
+/* ir/arena.c — bump allocator.  Everything a module owns lives in its arena and is
+   freed in one call; nothing in the IR is freed on its own. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+typedef struct Block {
+  struct Block *next;
+  size_t used, cap;
+  _Alignas(16) unsigned char data[];
+} Block;
+
+struct Arena {
+  Block *head;
+  size_t total;
+};
+
+Arena *arena_new(void) {
+  Arena *a = calloc(1, sizeof *a);
+  return a;
+}
+
+void *arena_alloc(Arena *a, size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  if (!a->head || a->head->cap - a->head->used < n) {
+    size_t cap = n > 65536 ? n : 65536;
+    Block *b = malloc(sizeof(Block) + cap);
+    if (!b) {
+      fprintf(stderr, "loom: out of memory (arena block of %zu bytes)\n", cap);
+      abort();   /* the only non-recoverable failure: a compiler that cannot allocate */
+    }
+    b->next = a->head;
+    b->used = 0;
+    b->cap = cap;
+    a->head = b;
+    a->total += cap;
+  }
+  void *p = a->head->data + a->head->used;
+  a->head->used += n;
+  memset(p, 0, n);
+  return p;
+}
+
+char *arena_strndup(Arena *a, const char *s, size_t n) {
+  char *p = arena_alloc(a, n + 1);
+  memcpy(p, s, n);
+  p[n] = 0;
+  return p;
+}
+
+char *arena_strdup(Arena *a, const char *s) { return arena_strndup(a, s, strlen(s)); }
+
+char *arena_printf(Arena *a, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *p = arena_alloc(a, (size_t)n + 1);
+  va_start(ap, fmt);
+  vsnprintf(p, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  return p;
+}
+
+void arena_free(Arena *a) {
+  if (!a) return;
+  for (Block *b = a->head, *next; b; b = next) {
+    next = b->next;
+    free(b);
+  }
+  free(a);
+}
+
+size_t arena_bytes(const Arena *a) { return a->total; }
+
+void ptrvec_push(Arena *a, PtrVec *v, void *p) {
+  if (v->n == v->cap) {
+    int cap = v->cap ? v->cap * 2 : 8;
+    void **items = arena_alloc(a, sizeof(void *) * (size_t)cap);
+    if (v->n) memcpy(items, v->items, sizeof(void *) * (size_t)v->n);
+    v->items = items;
+    v->cap = cap;
+  }
+  v->items[v->n++] = p;
+}

@@ -1,0 +1,278 @@
+/* ir/infer.c — the shape rule of every op: result dtype and shape from operands and
+   attributes.  Shardings are not inferred here (verify.c checks them; the shard pass
+   sets them).  Messages have no location: the caller adds the op and line. */
+#include <stdarg.h>
+#include <string.h>
+
+#include "ir.h"
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return IR_EINPUT;
+}
+
+/* Type text for messages; each call takes the next of four buffers (function calls are
+   sequenced, so several TS() in one call are fine). */
+static const char *ts_rot(const Type *t, char (*bufs)[256], unsigned *i) {
+  char *b = bufs[(*i)++ & 3];
+  return type_str(t, b, 256);
+}
+#define TS(t) ts_rot((t), tsbuf, &tsi)
+
+static bool is_int_dtype(DType d) { return d == DT_I32 || d == DT_I64 || d == DT_U16; }
+
+int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
+  char tsbuf[4][256];
+  unsigned tsi = 0;
+  const OpInfo *info = op_info(op->kind);
+  const Type *x = op->n_operands > 0 ? &op->operands[0]->type : NULL;
+  Type r;
+  memset(&r, 0, sizeof r);
+
+  if (info->flags & OPF_FLOAT_ONLY)
+    for (int i = 0; i < op->n_operands; i++) {
+      const Type *t = &op->operands[i]->type;
+      if (!dtype_is_float(t->dtype) && !(op->kind == OP_CROSS_ENTROPY && i == 1))
+        return fail(err, errlen, "operand %d is %s, but %s needs a floating-point type", i, TS(t), info->name);
+    }
+
+  switch (info->cls) {
+  case CLASS_ELEMENTWISE:
+    for (int i = 1; i < op->n_operands; i++)
+      if (!type_shape_eq(x, &op->operands[i]->type))
+        return fail(err, errlen, "operands 0 and %d differ: %s vs %s (elementwise ops need equal types; broadcast or cast first)",
+                    i, TS(x), TS(&op->operands[i]->type));
+    r = type_make(x->dtype, x->rank, x->dims);
+    out[0] = r;
+    return 0;
+  case CLASS_REDUCTION: {
+    const Attr *dims = &op->attrs[0];
+    bool removed[IR_MAX_RANK] = {0};
+    for (int i = 0; i < dims->n; i++) {
+      int64_t d = dims->ints[i];
+      if (d < 0 || d >= x->rank)
+        return fail(err, errlen, "dims: %lld is out of range for %s", (long long)d, TS(x));
+      if (i > 0 && d <= dims->ints[i - 1])
+        return fail(err, errlen, "dims must be strictly increasing");
+      removed[d] = true;
+    }
+    r.dtype = x->dtype;
+    for (int d = 0; d < x->rank; d++)
+      if (!removed[d]) r.dims[r.rank++] = x->dims[d];
+    out[0] = r;
+    return 0;
+  }
+  default: break;
+  }
+
+  switch (op->kind) {
+  case OP_MATMUL: {
+    const Type *a = x, *b = &op->operands[1]->type;
+    bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
+    if (a->rank < 2 || b->rank < 2)
+      return fail(err, errlen, "matmul needs rank >= 2 operands, got %s and %s", TS(a), TS(b));
+    if (a->dtype != b->dtype)
+      return fail(err, errlen, "matmul operands have different dtypes: %s and %s", TS(a), TS(b));
+    int64_t m = a->dims[a->rank - (ta ? 1 : 2)], k = a->dims[a->rank - (ta ? 2 : 1)];
+    int64_t kb = b->dims[b->rank - (tb ? 1 : 2)], n = b->dims[b->rank - (tb ? 2 : 1)];
+    if (k != kb)
+      return fail(err, errlen, "matmul contraction sizes differ: %lld (from %s%s) vs %lld (from %s%s)",
+                  (long long)k, TS(a), ta ? ", transposed" : "", (long long)kb, TS(b), tb ? ", transposed" : "");
+    if (b->rank > 2) {
+      if (b->rank != a->rank)
+        return fail(err, errlen, "matmul batch dims differ: %s vs %s", TS(a), TS(b));
+      for (int d = 0; d < a->rank - 2; d++)
+        if (a->dims[d] != b->dims[d]) return fail(err, errlen, "matmul batch dims differ: %s vs %s", TS(a), TS(b));
+    }
+    r = type_make(a->dtype, a->rank, a->dims);
+    r.dims[r.rank - 2] = m;
+    r.dims[r.rank - 1] = n;
+    break;
+  }
+  case OP_EMBEDDING: {
+    const Type *ids = &op->operands[1]->type;
+    if (x->rank != 2 || !dtype_is_float(x->dtype))
+      return fail(err, errlen, "embedding table must be a float [V,D] matrix, got %s", TS(x));
+    if (!is_int_dtype(ids->dtype))
+      return fail(err, errlen, "embedding ids must be integers, got %s", TS(ids));
+    if (ids->rank + 1 > IR_MAX_RANK) return fail(err, errlen, "embedding ids have too many dims");
+    r = type_make(x->dtype, ids->rank, ids->dims);
+    r.dims[r.rank++] = x->dims[1];
+    break;
+  }
+  case OP_RESHAPE:
+    r = op->results[0]->type;
+    if (r.dtype != x->dtype || type_numel(&r) != type_numel(x))
+      return fail(err, errlen, "cannot reshape %s to %s: element counts or dtypes differ", TS(x), TS(&r));
+    break;
+  case OP_BROADCAST:
+    r = op->results[0]->type;
+    if (r.dtype != x->dtype || r.rank < x->rank)
+      return fail(err, errlen, "cannot broadcast %s to %s", TS(x), TS(&r));
+    for (int i = 0; i < x->rank; i++) {
+      int64_t from = x->dims[x->rank - 1 - i], to = r.dims[r.rank - 1 - i];
+      if (from != 1 && from != to)
+        return fail(err, errlen, "cannot broadcast %s to %s: dim %d is %lld, not 1 or %lld", TS(x), TS(&r),
+                    x->rank - 1 - i, (long long)from, (long long)to);
+    }
+    break;
+  case OP_CAST:
+    r = op->results[0]->type;
+    if (r.rank != x->rank || memcmp(r.dims, x->dims, sizeof(int64_t) * (size_t)x->rank))
+      return fail(err, errlen, "cast cannot change the shape: %s to %s", TS(x), TS(&r));
+    break;
+  case OP_TRANSPOSE: {
+    const Attr *perm = &op->attrs[0];
+    bool seen[IR_MAX_RANK] = {0};
+    if (perm->n != x->rank) return fail(err, errlen, "perm has %d entries for %s", perm->n, TS(x));
+    r.dtype = x->dtype;
+    r.rank = x->rank;
+    for (int i = 0; i < perm->n; i++) {
+      int64_t p = perm->ints[i];
+      if (p < 0 || p >= x->rank || seen[p]) return fail(err, errlen, "perm is not a permutation of 0..%d", x->rank - 1);
+      seen[p] = true;
+      r.dims[i] = x->dims[p];
+    }
+    break;
+  }
+  case OP_SLICE: {
+    const Attr *st = &op->attrs[0], *en = &op->attrs[1];
+    if (st->n != x->rank || en->n != x->rank)
+      return fail(err, errlen, "start and end need %d entries each for %s", x->rank, TS(x));
+    r.dtype = x->dtype;
+    r.rank = x->rank;
+    for (int d = 0; d < x->rank; d++) {
+      if (st->ints[d] < 0 || st->ints[d] > en->ints[d] || en->ints[d] > x->dims[d])
+        return fail(err, errlen, "slice [%lld:%lld] is out of range for dim %d of %s", (long long)st->ints[d],
+                    (long long)en->ints[d], d, TS(x));
+      r.dims[d] = en->ints[d] - st->ints[d];
+    }
+    break;
+  }
+  case OP_CONCAT: {
+    int64_t dim = op_int(op, "dim");
+    if (dim < 0 || dim >= x->rank) return fail(err, errlen, "dim %lld is out of range for %s", (long long)dim, TS(x));
+    r = type_make(x->dtype, x->rank, x->dims);
+    for (int i = 1; i < op->n_operands; i++) {
+      const Type *t = &op->operands[i]->type;
+      bool ok = t->dtype == x->dtype && t->rank == x->rank;
+      for (int d = 0; ok && d < x->rank; d++)
+        if (d != dim && t->dims[d] != x->dims[d]) ok = false;
+      if (!ok) return fail(err, errlen, "operand %d (%s) does not match operand 0 (%s) outside dim %lld", i, TS(t), TS(x), (long long)dim);
+      r.dims[dim] += t->dims[dim];
+    }
+    break;
+  }
+  case OP_CONSTANT:
+    r = op->results[0]->type;
+    break;
+  case OP_IOTA:
+    r = op->results[0]->type;
+    if (op_int(op, "dim") < 0 || op_int(op, "dim") >= r.rank)
+      return fail(err, errlen, "iota dim %lld is out of range for %s", (long long)op_int(op, "dim"), TS(&r));
+    break;
+  case OP_LAYERNORM:
+  case OP_RMSNORM:
+    if (x->rank < 1) return fail(err, errlen, "%s needs rank >= 1, got %s", info->name, TS(x));
+    for (int i = 1; i < op->n_operands; i++) {
+      const Type *w = &op->operands[i]->type;
+      if (w->rank != 1 || w->dims[0] != x->dims[x->rank - 1])
+        return fail(err, errlen, "%s operand %d must be [%lld] to match %s, got %s", info->name, i,
+                    (long long)x->dims[x->rank - 1], TS(x), TS(w));
+    }
+    if (op_float(op, "eps") <= 0) return fail(err, errlen, "eps must be positive");
+    r = type_make(x->dtype, x->rank, x->dims);
+    break;
+  case OP_SOFTMAX:
+    if (x->rank < 1) return fail(err, errlen, "softmax needs rank >= 1");
+    r = type_make(x->dtype, x->rank, x->dims);
+    break;
+  case OP_ATTENTION: {
+    const Type *k = &op->operands[1]->type, *v = &op->operands[2]->type;
+    if (x->rank != 4 || k->rank != 4 || v->rank != 4)
+      return fail(err, errlen, "attention needs q[B,T,H,Dh], k and v [B,S,KV,Dh]; got %s, %s, %s", TS(x), TS(k), TS(v));
+    if (!type_shape_eq(k, v)) return fail(err, errlen, "attention k and v differ: %s vs %s", TS(k), TS(v));
+    if (k->dtype != x->dtype || k->dims[0] != x->dims[0] || k->dims[3] != x->dims[3])
+      return fail(err, errlen, "attention q %s and k %s disagree in batch, head size or dtype", TS(x), TS(k));
+    if (k->dims[2] < 1 || x->dims[2] % k->dims[2])
+      return fail(err, errlen, "attention: %lld query heads is not a multiple of %lld kv heads", (long long)x->dims[2],
+                  (long long)k->dims[2]);
+    if (op_bool(op, "causal") && k->dims[1] != x->dims[1])
+      return fail(err, errlen, "causal attention needs as many keys as queries: %s vs %s", TS(x), TS(k));
+    r = type_make(x->dtype, x->rank, x->dims);
+    break;
+  }
+  case OP_ROPE:
+    if (x->rank != 4 || x->dims[3] % 2)
+      return fail(err, errlen, "rope needs x[B,T,H,Dh] with an even Dh, got %s", TS(x));
+    r = type_make(x->dtype, x->rank, x->dims);
+    break;
+  case OP_CROSS_ENTROPY: {
+    const Type *t = &op->operands[1]->type;
+    if (!dtype_is_float(x->dtype) || x->rank < 1)
+      return fail(err, errlen, "cross_entropy logits must be float [...,V], got %s", TS(x));
+    if (!is_int_dtype(t->dtype) || t->rank != x->rank - 1 || memcmp(t->dims, x->dims, sizeof(int64_t) * (size_t)t->rank))
+      return fail(err, errlen, "cross_entropy targets must be integers shaped like the logits without V: %s for %s", TS(t), TS(x));
+    r = type_make(DT_F32, t->rank, t->dims);
+    break;
+  }
+  default:
+    return fail(err, errlen, "no shape rule for op %s", info->name);
+  }
+  memset(&r.sh, 0, sizeof r.sh);
+  out[0] = r;
+  return 0;
+}
+
+/* ---- builder ---- */
+
+static Value *finish(Builder *b, Op *op, const char *name) {
+  Type t[4];
+  char msg[1024];
+  if (infer_types(op, t, msg, sizeof msg)) {
+    if (!b->err[0]) snprintf(b->err, sizeof b->err, "building %s: %s", op_info(op->kind)->name, msg);
+    return op->results[0];
+  }
+  for (int i = 0; i < op->n_results; i++) {
+    Sharding keep = op->results[i]->type.sh;
+    op->results[i]->type = t[i];
+    if (op_info(op->kind)->flags & OPF_TYPED) op->results[i]->type.sh = keep;
+  }
+  if (name) value_set_name(b->f->module, op->results[0], name);
+  return op->results[0];
+}
+
+Value *build(Builder *b, OpKind k, Value **operands, int n, const char *name) {
+  Type t[4];
+  memset(t, 0, sizeof t);
+  if (n > 0) t[0] = operands[0]->type;
+  Op *op = func_add_op(b->f, k, operands, n, t);
+  return finish(b, op, name);
+}
+
+Value *build1(Builder *b, OpKind k, Value *x, const char *name) { return build(b, k, &x, 1, name); }
+
+Value *build2(Builder *b, OpKind k, Value *x, Value *y, const char *name) {
+  Value *v[2] = {x, y};
+  return build(b, k, v, 2, name);
+}
+
+Value *build_typed(Builder *b, OpKind k, Value *x, Type t, const char *name) {
+  Op *op = func_add_op(b->f, k, &x, x ? 1 : 0, &t);
+  return finish(b, op, name);
+}
+
+Op *build_begin(Builder *b, OpKind k, Value **operands, int n) {
+  Type t[4];
+  memset(t, 0, sizeof t);
+  if (n > 0) t[0] = operands[0]->type;
+  return func_add_op(b->f, k, operands, n, t);
+}
+
+Value *build_end(Builder *b, const char *name) {
+  return finish(b, b->f->ops.items[b->f->ops.n - 1], name);
+}

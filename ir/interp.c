@@ -1,0 +1,199 @@
+/* ir/interp.c — the reference executor: runs a verified function op by op on the CPU.
+   Tensors hold floats as f32 values already rounded to their dtype (so bf16 is emulated
+   exactly), integers as int64.  Intermediate tensors are freed after their last use.
+   The meaning of each op is in interp_ops.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "interp_ops.h"
+
+Tensor *tensor_new(const Type *t) {
+  Tensor *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->type = *t;
+  x->n = type_numel(t);
+  size_t n = (size_t)(x->n ? x->n : 1);
+  if (dtype_is_float(t->dtype)) x->f = calloc(n, sizeof(float));
+  else x->i = calloc(n, sizeof(int64_t));
+  if (!x->f && !x->i) {
+    free(x);
+    return NULL;
+  }
+  return x;
+}
+
+void tensor_free(Tensor *t) {
+  if (!t) return;
+  free(t->f);
+  free(t->i);
+  free(t);
+}
+
+Tensor *tensor_clone(const Tensor *t) {
+  Tensor *c = tensor_new(&t->type);
+  if (!c) return NULL;
+  if (t->f) memcpy(c->f, t->f, sizeof(float) * (size_t)t->n);
+  else memcpy(c->i, t->i, sizeof(int64_t) * (size_t)t->n);
+  return c;
+}
+
+/* ---- deterministic initialization ---- */
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+/* Each global gets its own stream, seeded from the run seed and its name, so adding a
+   parameter does not change the others. */
+static uint64_t name_seed(uint64_t seed, const char *name) {
+  uint64_t h = seed ^ 0x5851F42D4C957F2Dull;
+  for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211ull;
+  return h;
+}
+
+void globals_init(const Module *m, GlobalStore *g, uint64_t seed) {
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *gl = m->globals.items[i];
+    Tensor *t = g->t[i];
+    uint64_t s = name_seed(seed, gl->name);
+    for (int64_t k = 0; k < t->n; k++) {
+      double v = 0;
+      switch (gl->init.kind) {
+      case INIT_ZEROS: v = 0; break;
+      case INIT_ONES: v = 1; break;
+      case INIT_CONST: v = gl->init.value; break;
+      case INIT_NORMAL: {
+        double u1 = uniform01(&s), u2 = uniform01(&s);
+        v = gl->init.value * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+        break;
+      }
+      }
+      if (t->f) t->f[k] = dtype_round(t->type.dtype, (float)v);
+      else t->i[k] = (int64_t)v;
+    }
+  }
+}
+
+GlobalStore *globals_new(const Module *m) {
+  GlobalStore *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->n = m->globals.n;
+  g->t = calloc((size_t)(g->n ? g->n : 1), sizeof(Tensor *));
+  for (int i = 0; i < g->n; i++) {
+    g->t[i] = tensor_new(&((const Global *)m->globals.items[i])->value->type);
+    if (!g->t[i]) {
+      globals_free(g);
+      return NULL;
+    }
+  }
+  globals_init(m, g, 0);
+  return g;
+}
+
+void globals_free(GlobalStore *g) {
+  if (!g) return;
+  for (int i = 0; i < g->n; i++) tensor_free(g->t[i]);
+  free(g->t);
+  free(g);
+}
+
+/* ---- the run loop ---- */
+
+int interp_run(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, char *err, size_t errlen) {
+  int n = func_number((Func *)f);
+  Tensor **vals = calloc((size_t)(n ? n : 1), sizeof(Tensor *));
+  int *last_use = calloc((size_t)(n ? n : 1), sizeof(int));
+  if (!vals || !last_use) {
+    free(vals);
+    free(last_use);
+    snprintf(err, errlen, "out of memory");
+    return IR_ERUN;
+  }
+  /* Liveness: an intermediate dies after the last op that reads it, unless returned. */
+  for (int i = 0; i < n; i++) last_use[i] = -1;
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++)
+      if (op->operands[k]->kind != VAL_GLOBAL) last_use[op->operands[k]->id] = i;
+  }
+  for (int i = 0; i < f->rets.n; i++) {
+    const Value *v = f->rets.items[i];
+    if (v->kind != VAL_GLOBAL) last_use[v->id] = f->ops.n;
+  }
+  int rc = 0;
+  for (int i = 0; i < f->args.n; i++) {
+    const Value *v = f->args.items[i];
+    if (!type_shape_eq(&args[i]->type, &v->type)) {
+      char a[256], b[256];
+      snprintf(err, errlen, "@%s: argument %d is %s, expected %s", f->name, i, type_str(&args[i]->type, a, sizeof a),
+               type_str(&v->type, b, sizeof b));
+      rc = IR_EINPUT;
+      goto done;
+    }
+    vals[v->id] = args[i];
+  }
+  for (int i = 0; i < f->ops.n && !rc; i++) {
+    const Op *op = f->ops.items[i];
+    Tensor *in[256], *out[8] = {0};
+    for (int k = 0; k < op->n_operands; k++) {
+      const Value *v = op->operands[k];
+      in[k] = v->kind == VAL_GLOBAL ? g->t[v->global->index] : vals[v->id];
+    }
+    for (int r = 0; r < op->n_results; r++) {
+      out[r] = tensor_new(&op->results[r]->type);
+      if (!out[r]) {
+        snprintf(err, errlen, "out of memory allocating the result of op %d (%s)", i, op_info(op->kind)->name);
+        rc = IR_ERUN;
+      }
+      vals[op->results[r]->id] = out[r];
+    }
+    if (rc) break;
+    char msg[1024] = "";
+    rc = interp_op(op, in, out, msg, sizeof msg);
+    if (rc) {
+      char text[512];
+      snprintf(err, errlen, "@%s: op %d failed: %s\n  %s", f->name, i, msg, op_to_string(op, text, sizeof text));
+      break;
+    }
+    for (int r = 0; r < op->n_results; r++)
+      if (dtype_is_float(out[r]->type.dtype) && out[r]->type.dtype != DT_F32)
+        for (int64_t k = 0; k < out[r]->n; k++) out[r]->f[k] = dtype_round(out[r]->type.dtype, out[r]->f[k]);
+    /* Free what died here (never arguments: the caller owns them). */
+    for (int k = 0; k < op->n_operands; k++) {
+      const Value *v = op->operands[k];
+      if (v->kind == VAL_RESULT && last_use[v->id] == i && vals[v->id]) {
+        tensor_free(vals[v->id]);
+        vals[v->id] = NULL;
+      }
+    }
+    for (int r = 0; r < op->n_results; r++)
+      if (last_use[op->results[r]->id] < 0) {
+        tensor_free(vals[op->results[r]->id]);
+        vals[op->results[r]->id] = NULL;
+      }
+  }
+  if (!rc)
+    for (int i = 0; i < f->rets.n; i++) {
+      const Value *v = f->rets.items[i];
+      Tensor *t = v->kind == VAL_GLOBAL ? g->t[v->global->index] : vals[v->id];
+      rets[i] = tensor_clone(t);
+    }
+done:
+  /* Free everything still held except arguments. */
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) {
+      tensor_free(vals[op->results[r]->id]);
+      vals[op->results[r]->id] = NULL;
+    }
+  }
+  free(vals);
+  free(last_use);
+  return rc;
+}

@@ -1,0 +1,412 @@
+/* ir/interp_ops.c — the meaning of every op: the simplest correct code, f32 arithmetic
+   (results are rounded to their dtype by the caller).  Shapes are already verified. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "interp_ops.h"
+
+static int fail(char *err, size_t errlen, const char *msg) {
+  snprintf(err, errlen, "%s", msg);
+  return IR_ERUN;
+}
+
+/* Row-major strides of a type. */
+static void strides_of(const Type *t, int64_t *st) {
+  int64_t s = 1;
+  for (int d = t->rank - 1; d >= 0; d--) {
+    st[d] = s;
+    s *= t->dims[d];
+  }
+}
+
+/* Reads element k of any tensor as a double / as an integer. */
+static double get_f(const Tensor *t, int64_t k) { return t->f ? t->f[k] : (double)t->i[k]; }
+static int64_t get_i(const Tensor *t, int64_t k) { return t->i ? t->i[k] : (int64_t)t->f[k]; }
+
+static float gelu_tanh(float x) {
+  const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+  return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+static float unary(OpKind k, const Op *op, float x) {
+  switch (k) {
+  case OP_NEG: return -x;
+  case OP_EXP: return expf(x);
+  case OP_LOG: return logf(x);
+  case OP_SQRT: return sqrtf(x);
+  case OP_RSQRT: return 1.0f / sqrtf(x);
+  case OP_RECIP: return 1.0f / x;
+  case OP_TANH: return tanhf(x);
+  case OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+  case OP_GELU_TANH: return gelu_tanh(x);
+  case OP_SILU: return x / (1.0f + expf(-x));
+  case OP_RELU: return x > 0 ? x : 0;
+  case OP_ABS: return fabsf(x);
+  case OP_SQUARE: return x * x;
+  case OP_SCALE: return x * (float)op_float(op, "by");
+  case OP_ADD_SCALAR: return x + (float)op_float(op, "value");
+  default: return 0;
+  }
+}
+
+static float binary(OpKind k, float a, float b) {
+  switch (k) {
+  case OP_ADD: return a + b;
+  case OP_SUB: return a - b;
+  case OP_MUL: return a * b;
+  case OP_DIV: return a / b;
+  case OP_MAX: return a > b ? a : b;
+  case OP_MIN: return a < b ? a : b;
+  case OP_POW: return powf(a, b);
+  default: return 0;
+  }
+}
+
+static int64_t binary_i(OpKind k, int64_t a, int64_t b) {
+  switch (k) {
+  case OP_ADD: return a + b;
+  case OP_SUB: return a - b;
+  case OP_MUL: return a * b;
+  case OP_DIV: return b ? a / b : 0;
+  case OP_MAX: return a > b ? a : b;
+  case OP_MIN: return a < b ? a : b;
+  default: return 0;
+  }
+}
+
+static int64_t unary_i(OpKind k, int64_t x) {
+  switch (k) {
+  case OP_NEG: return -x;
+  case OP_ABS: return x < 0 ? -x : x;
+  case OP_RELU: return x > 0 ? x : 0;
+  case OP_SQUARE: return x * x;
+  default: return 0;
+  }
+}
+
+/* Reductions: each input element adds into the output element with the reduced dims
+   dropped. */
+static void reduce(const Op *op, const Tensor *x, Tensor *y) {
+  const Attr *dims = &op->attrs[0];
+  bool reduced[IR_MAX_RANK] = {0};
+  for (int i = 0; i < dims->n; i++) reduced[dims->ints[i]] = true;
+  int64_t xst[IR_MAX_RANK], yst[IR_MAX_RANK], ymap[IR_MAX_RANK];
+  strides_of(&x->type, xst);
+  strides_of(&y->type, yst);
+  for (int d = 0, j = 0; d < x->type.rank; d++) ymap[d] = reduced[d] ? 0 : yst[j++];
+  bool is_max = op->kind == OP_REDUCE_MAX;
+  int64_t count = y->n ? x->n / y->n : 0;
+  if (is_max)
+    for (int64_t k = 0; k < y->n; k++) {
+      if (y->f) y->f[k] = -INFINITY;
+      else y->i[k] = INT64_MIN;
+    }
+  for (int64_t k = 0; k < x->n; k++) {
+    int64_t yk = 0, rem = k;
+    for (int d = 0; d < x->type.rank; d++) {
+      int64_t c = rem / xst[d];
+      rem -= c * xst[d];
+      yk += c * ymap[d];
+    }
+    if (y->f) y->f[yk] = is_max ? fmaxf(y->f[yk], x->f[k]) : y->f[yk] + x->f[k];
+    else y->i[yk] = is_max ? (x->i[k] > y->i[yk] ? x->i[k] : y->i[yk]) : y->i[yk] + x->i[k];
+  }
+  if (op->kind == OP_REDUCE_MEAN)
+    for (int64_t k = 0; k < y->n; k++) y->f[k] /= (float)count;
+}
+
+/* matmul: copies each operand into [M,K] / [N,K] row-major panels so every output is a
+   contiguous dot product. */
+static int matmul(const Op *op, const Tensor *a, const Tensor *b, Tensor *c, char *err, size_t errlen) {
+  bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
+  const Type *at = &a->type, *bt = &b->type;
+  int64_t M = c->type.dims[c->type.rank - 2], N = c->type.dims[c->type.rank - 1];
+  int64_t K = at->dims[at->rank - (ta ? 2 : 1)];
+  int64_t batches = (M * N != 0) ? c->n / (M * N) : 0;
+  bool b_batched = bt->rank > 2;
+  float *ap = malloc(sizeof(float) * (size_t)(M * K > 0 ? M * K : 1));
+  float *bp = malloc(sizeof(float) * (size_t)(N * K > 0 ? N * K : 1));
+  if (!ap || !bp) {
+    free(ap);
+    free(bp);
+    return fail(err, errlen, "out of memory in matmul");
+  }
+  for (int64_t bi = 0; bi < batches; bi++) {
+    const float *A = a->f + bi * M * K;
+    const float *B = b->f + (b_batched ? bi * K * N : 0);
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t k = 0; k < K; k++) ap[m * K + k] = ta ? A[k * M + m] : A[m * K + k];
+    if (bi == 0 || b_batched)
+      for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) bp[n * K + k] = tb ? B[n * K + k] : B[k * N + n];
+    float *C = c->f + bi * M * N;
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t n = 0; n < N; n++) {
+        const float *x = ap + m * K, *y = bp + n * K;
+        float acc = 0;
+        for (int64_t k = 0; k < K; k++) acc += x[k] * y[k];
+        C[m * N + n] = acc;
+      }
+  }
+  free(ap);
+  free(bp);
+  return 0;
+}
+
+static void broadcast(const Tensor *x, Tensor *y) {
+  int64_t xst[IR_MAX_RANK], yst[IR_MAX_RANK];
+  strides_of(&x->type, xst);
+  strides_of(&y->type, yst);
+  int off = y->type.rank - x->type.rank;
+  for (int64_t k = 0; k < y->n; k++) {
+    int64_t xk = 0, rem = k;
+    for (int d = 0; d < y->type.rank; d++) {
+      int64_t c = rem / yst[d];
+      rem -= c * yst[d];
+      int xd = d - off;
+      if (xd >= 0 && x->type.dims[xd] != 1) xk += c * xst[xd];
+    }
+    if (y->f) y->f[k] = x->f[xk];
+    else y->i[k] = x->i[xk];
+  }
+}
+
+static void transpose(const Op *op, const Tensor *x, Tensor *y) {
+  const int64_t *perm = op->attrs[0].ints;
+  int64_t xst[IR_MAX_RANK], yst[IR_MAX_RANK];
+  strides_of(&x->type, xst);
+  strides_of(&y->type, yst);
+  for (int64_t k = 0; k < y->n; k++) {
+    int64_t xk = 0, rem = k;
+    for (int d = 0; d < y->type.rank; d++) {
+      int64_t c = rem / yst[d];
+      rem -= c * yst[d];
+      xk += c * xst[perm[d]];
+    }
+    if (y->f) y->f[k] = x->f[xk];
+    else y->i[k] = x->i[xk];
+  }
+}
+
+static void slice(const Op *op, const Tensor *x, Tensor *y) {
+  const int64_t *start = op->attrs[0].ints;
+  int64_t xst[IR_MAX_RANK], yst[IR_MAX_RANK];
+  strides_of(&x->type, xst);
+  strides_of(&y->type, yst);
+  for (int64_t k = 0; k < y->n; k++) {
+    int64_t xk = 0, rem = k;
+    for (int d = 0; d < y->type.rank; d++) {
+      int64_t c = rem / yst[d];
+      rem -= c * yst[d];
+      xk += (c + start[d]) * xst[d];
+    }
+    if (y->f) y->f[k] = x->f[xk];
+    else y->i[k] = x->i[xk];
+  }
+}
+
+static void concat(const Op *op, Tensor **in, Tensor *y) {
+  int dim = (int)op_int(op, "dim");
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; d++) outer *= y->type.dims[d];
+  for (int d = dim + 1; d < y->type.rank; d++) inner *= y->type.dims[d];
+  int64_t yrow = y->type.dims[dim] * inner, off = 0;
+  for (int i = 0; i < op->n_operands; i++) {
+    const Tensor *x = in[i];
+    int64_t xrow = x->type.dims[dim] * inner;
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t k = 0; k < xrow; k++) {
+        if (y->f) y->f[o * yrow + off + k] = x->f[o * xrow + k];
+        else y->i[o * yrow + off + k] = x->i[o * xrow + k];
+      }
+    off += xrow;
+  }
+}
+
+static void layernorm(const Op *op, Tensor **in, Tensor *y) {
+  const Tensor *x = in[0], *w = in[1], *b = op->kind == OP_LAYERNORM ? in[2] : NULL;
+  float eps = (float)op_float(op, "eps");
+  int64_t D = x->type.dims[x->type.rank - 1], rows = D ? x->n / D : 0;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x->f + r * D;
+    float *yr = y->f + r * D;
+    if (b) {
+      float mean = 0, var = 0;
+      for (int64_t i = 0; i < D; i++) mean += xr[i];
+      mean /= (float)D;
+      for (int64_t i = 0; i < D; i++) var += (xr[i] - mean) * (xr[i] - mean);
+      var /= (float)D;
+      float rstd = 1.0f / sqrtf(var + eps);
+      for (int64_t i = 0; i < D; i++) yr[i] = (xr[i] - mean) * rstd * w->f[i] + b->f[i];
+    } else {
+      float ms = 0;
+      for (int64_t i = 0; i < D; i++) ms += xr[i] * xr[i];
+      ms /= (float)D;
+      float rstd = 1.0f / sqrtf(ms + eps);
+      for (int64_t i = 0; i < D; i++) yr[i] = xr[i] * rstd * w->f[i];
+    }
+  }
+}
+
+static void softmax_rows(const float *x, float *y, int64_t n) {
+  float mx = -INFINITY, sum = 0;
+  for (int64_t i = 0; i < n; i++) mx = fmaxf(mx, x[i]);
+  for (int64_t i = 0; i < n; i++) sum += (y[i] = expf(x[i] - mx));
+  for (int64_t i = 0; i < n; i++) y[i] /= sum;
+}
+
+/* attention: for each (b, query t, head h): p = softmax(scale * q.k_s over allowed s),
+   out = sum_s p_s v_s.  Query head h reads kv head h / (H/KV). */
+static int attention(const Op *op, Tensor **in, Tensor *out, char *err, size_t errlen) {
+  const Tensor *q = in[0], *k = in[1], *v = in[2];
+  int64_t B = q->type.dims[0], T = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
+  int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
+  float scale = (float)op_float(op, "scale");
+  bool causal = op_bool(op, "causal");
+  float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
+  if (!p) return fail(err, errlen, "out of memory in attention");
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++) {
+        const float *qv = q->f + ((b * T + t) * H + h) * Dh;
+        int64_t kvh = h / group, n = causal ? t + 1 : S;
+        for (int64_t s = 0; s < n; s++) {
+          const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
+          p[s] = dot * scale;
+        }
+        softmax_rows(p, p, n);
+        float *o = out->f + ((b * T + t) * H + h) * Dh;
+        for (int64_t s = 0; s < n; s++) {
+          const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
+          for (int64_t d = 0; d < Dh; d++) o[d] += p[s] * vv[d];
+        }
+      }
+  free(p);
+  return 0;
+}
+
+/* rope, rotate-half: dim i pairs with i + Dh/2; angle = pos * theta^(-2i/Dh). */
+static void rope(const Op *op, const Tensor *x, Tensor *y) {
+  int64_t B = x->type.dims[0], T = x->type.dims[1], H = x->type.dims[2], Dh = x->type.dims[3], half = Dh / 2;
+  double theta = op_float(op, "theta");
+  int64_t offset = op_int(op, "offset");
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t i = 0; i < half; i++) {
+      double angle = (double)(t + offset) * pow(theta, -2.0 * (double)i / (double)Dh);
+      float c = (float)cos(angle), s = (float)sin(angle);
+      for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++) {
+          const float *xr = x->f + ((b * T + t) * H + h) * Dh;
+          float *yr = y->f + ((b * T + t) * H + h) * Dh;
+          yr[i] = xr[i] * c - xr[i + half] * s;
+          yr[i + half] = xr[i + half] * c + xr[i] * s;
+        }
+    }
+}
+
+static int cross_entropy(const Tensor *logits, const Tensor *targets, Tensor *loss, char *err, size_t errlen) {
+  int64_t V = logits->type.dims[logits->type.rank - 1];
+  for (int64_t r = 0; r < loss->n; r++) {
+    const float *l = logits->f + r * V;
+    int64_t t = targets->i[r];
+    if (t < 0 || t >= V) {
+      snprintf(err, errlen, "target %lld at position %lld is outside the vocabulary of %lld", (long long)t,
+               (long long)r, (long long)V);
+      return IR_EINPUT;
+    }
+    float mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < V; i++) mx = fmaxf(mx, l[i]);
+    for (int64_t i = 0; i < V; i++) sum += expf(l[i] - mx);
+    loss->f[r] = logf(sum) + mx - l[t];
+  }
+  return 0;
+}
+
+int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen) {
+  const OpInfo *info = op_info(op->kind);
+  Tensor *y = out[0];
+  if (info->cls == CLASS_ELEMENTWISE) {
+    bool fl = y->f != NULL;
+    for (int64_t k = 0; k < y->n; k++) {
+      if (info->n_operands == 1) {
+        if (fl) y->f[k] = unary(op->kind, op, in[0]->f[k]);
+        else y->i[k] = unary_i(op->kind, in[0]->i[k]);
+      } else {
+        if (fl) y->f[k] = binary(op->kind, in[0]->f[k], in[1]->f[k]);
+        else y->i[k] = binary_i(op->kind, in[0]->i[k], in[1]->i[k]);
+      }
+    }
+    return 0;
+  }
+  if (info->cls == CLASS_REDUCTION) {
+    reduce(op, in[0], y);
+    return 0;
+  }
+  switch (op->kind) {
+  case OP_MATMUL: return matmul(op, in[0], in[1], y, err, errlen);
+  case OP_EMBEDDING: {
+    const Tensor *table = in[0], *ids = in[1];
+    int64_t V = table->type.dims[0], D = table->type.dims[1];
+    for (int64_t r = 0; r < ids->n; r++) {
+      int64_t id = ids->i[r];
+      if (id < 0 || id >= V) {
+        snprintf(err, errlen, "token id %lld at position %lld is outside the vocabulary of %lld", (long long)id,
+                 (long long)r, (long long)V);
+        return IR_EINPUT;
+      }
+      memcpy(y->f + r * D, table->f + id * D, sizeof(float) * (size_t)D);
+    }
+    return 0;
+  }
+  case OP_RESHAPE:
+    if (y->f) memcpy(y->f, in[0]->f, sizeof(float) * (size_t)y->n);
+    else memcpy(y->i, in[0]->i, sizeof(int64_t) * (size_t)y->n);
+    return 0;
+  case OP_BROADCAST: broadcast(in[0], y); return 0;
+  case OP_CAST:
+    for (int64_t k = 0; k < y->n; k++) {
+      if (y->f) y->f[k] = (float)get_f(in[0], k);
+      else if (y->type.dtype == DT_BOOL) y->i[k] = get_f(in[0], k) != 0;
+      else y->i[k] = get_i(in[0], k);
+    }
+    return 0;
+  case OP_TRANSPOSE: transpose(op, in[0], y); return 0;
+  case OP_SLICE: slice(op, in[0], y); return 0;
+  case OP_CONCAT: concat(op, in, y); return 0;
+  case OP_CONSTANT: {
+    double v = op_float(op, "value");
+    for (int64_t k = 0; k < y->n; k++) {
+      if (y->f) y->f[k] = (float)v;
+      else y->i[k] = (int64_t)v;
+    }
+    return 0;
+  }
+  case OP_IOTA: {
+    int64_t st[IR_MAX_RANK];
+    strides_of(&y->type, st);
+    int d = (int)op_int(op, "dim");
+    for (int64_t k = 0; k < y->n; k++) {
+      int64_t c = (k / st[d]) % y->type.dims[d];
+      if (y->f) y->f[k] = (float)c;
+      else y->i[k] = c;
+    }
+    return 0;
+  }
+  case OP_LAYERNORM:
+  case OP_RMSNORM: layernorm(op, in, y); return 0;
+  case OP_SOFTMAX: {
+    int64_t D = y->type.dims[y->type.rank - 1];
+    for (int64_t r = 0; D && r < y->n / D; r++) softmax_rows(in[0]->f + r * D, y->f + r * D, D);
+    return 0;
+  }
+  case OP_ATTENTION: return attention(op, in, y, err, errlen);
+  case OP_ROPE: rope(op, in[0], y); return 0;
+  case OP_CROSS_ENTROPY: return cross_entropy(in[0], in[1], y, err, errlen);
+  default: break;
+  }
+  snprintf(err, errlen, "the reference executor has no kernel for op '%s'", info->name);
+  return IR_ERUN;
+}

@@ -1,0 +1,7 @@
+/* ir/interp_ops.h — the kernels of the reference executor (internal to ir/). */
+#ifndef LOOM_INTERP_OPS_H
+#define LOOM_INTERP_OPS_H
+#include "ir.h"
+/* Computes op on inputs `in` into preallocated, zeroed `out` tensors. */
+int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen);
+#endif

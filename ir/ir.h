@@ -1,0 +1,295 @@
+/* ir/ir.h — loom's intermediate representation.
+ *
+ * A Module holds the device mesh, the globals (parameters under their HF names, and
+ * later optimizer state) and functions.  A function is a list of ops in SSA form; an
+ * operand is a function argument, the result of an earlier op, or a global ($name).
+ * Every value has a Type: dtype, static shape, and a sharding over the mesh axes.
+ *
+ * Files and what they provide:
+ *   arena.c    Arena: bump allocator; one per module, freed in one call
+ *   types.c    dtypes, shapes, shardings, type printing, bf16/f16/f8 rounding
+ *   ops.c      the op table (from ops.def), attribute schemas and accessors
+ *   module.c   building modules, functions, ops and values
+ *   infer.c    result-type inference: the shape rule of every op
+ *   verify.c   the verifier: types, shapes, shardings, SSA order; names the bad op
+ *   print.c    the text form
+ *   parse.c    the text form back into a module; file:line:col errors
+ *   interp.c   reference executor (interp_ops.c: the meaning of every op)
+ *
+ * Errors are values: functions that can fail return 0 on success, IR_EINPUT (2) for bad
+ * input or IR_ERUN (1) for a run-time failure, and write a message into `err`.
+ */
+#ifndef LOOM_IR_H
+#define LOOM_IR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define IR_MAX_RANK 8
+#define IR_ERR_LEN 2048
+enum { IR_OK = 0, IR_ERUN = 1, IR_EINPUT = 2 };
+
+/* ---------------------------------------------------------------- arena.c */
+typedef struct Arena Arena;
+Arena *arena_new(void);
+void *arena_alloc(Arena *a, size_t n);            /* zeroed, 16-byte aligned */
+char *arena_strdup(Arena *a, const char *s);
+char *arena_strndup(Arena *a, const char *s, size_t n);
+char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void arena_free(Arena *a);
+size_t arena_bytes(const Arena *a);
+
+/* Growable array of pointers, allocated from an arena (old blocks are left to it). */
+typedef struct { void **items; int n, cap; } PtrVec;
+void ptrvec_push(Arena *a, PtrVec *v, void *p);
+
+/* ---------------------------------------------------------------- types.c */
+typedef enum {
+  DT_F32, DT_BF16, DT_F16, DT_F8E4M3, DT_F8E5M2, DT_I32, DT_I64, DT_U16, DT_BOOL, DT_COUNT
+} DType;
+const char *dtype_name(DType t);
+int dtype_size(DType t);
+bool dtype_is_float(DType t);
+int dtype_parse(const char *s, size_t n, DType *out);   /* 0 ok, -1 unknown */
+float dtype_round(DType t, float x);   /* value as stored in dtype t (RNE), back as f32 */
+
+/* The mesh: five named axes; all 1 unless a plan says otherwise. */
+typedef enum { AX_DP, AX_TP, AX_CP, AX_PP, AX_EP, AX_COUNT } MeshAxis;
+extern const char *const mesh_axis_names[AX_COUNT];
+typedef struct { int64_t size[AX_COUNT]; } Mesh;
+int64_t mesh_world(const Mesh *m);
+
+/* Sharding of one value: for every mesh axis, replicated, split along a tensor
+   dimension, or partial (each rank holds a summand; the value is the sum over the axis). */
+enum { SH_R = 0, SH_S = 1, SH_P = 2 };
+typedef struct { int8_t kind[AX_COUNT]; int8_t dim[AX_COUNT]; } Sharding;
+bool sharding_is_replicated(const Sharding *s);
+bool sharding_eq(const Sharding *a, const Sharding *b);
+
+typedef struct {
+  DType dtype;
+  int rank;
+  int64_t dims[IR_MAX_RANK];
+  Sharding sh;
+} Type;
+Type type_make(DType dt, int rank, const int64_t *dims);
+Type type_scalar(DType dt);
+int64_t type_numel(const Type *t);
+bool type_eq(const Type *a, const Type *b);          /* dtype, shape and sharding */
+bool type_shape_eq(const Type *a, const Type *b);    /* dtype and shape */
+/* Writes "f32[4,64,768]<dp:s0>" into buf; returns buf. */
+char *type_str(const Type *t, char *buf, size_t n);
+void type_fprint(FILE *f, const Type *t);
+char *shape_str(const Type *t, char *buf, size_t n);  /* "[4,64,768]" */
+
+/* ---------------------------------------------------------------- ops.c */
+typedef enum {
+#define OP(e, name, nops, nres, cls, flags, schema) OP_##e,
+#include "ops.def"
+#undef OP
+  OP_COUNT
+} OpKind;
+
+typedef enum {
+  CLASS_ELEMENTWISE, CLASS_REDUCTION, CLASS_CONTRACTION, CLASS_DATA,
+  CLASS_COMPOSITE, CLASS_COLLECTIVE, CLASS_OPTIMIZER
+} OpClass;
+
+enum {
+  OPF_COMMUTATIVE = 1 << 0,
+  OPF_TYPED = 1 << 1,
+  OPF_EFFECT = 1 << 2,
+  OPF_FLOAT_ONLY = 1 << 3,
+};
+
+typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_BOOL, ATTR_INTS, ATTR_DTYPE, ATTR_STR } AttrKind;
+typedef struct {
+  AttrKind kind;
+  int64_t i;          /* int, bool, dtype */
+  double f;           /* float */
+  int n;              /* ints */
+  int64_t *ints;
+  const char *s;      /* str */
+  bool set;           /* given (or defaulted); a required attribute left unset fails verify */
+} Attr;
+
+#define IR_MAX_ATTRS 8
+typedef struct {
+  const char *name;
+  AttrKind kind;
+  bool has_default;
+  Attr def;
+} AttrSpec;
+
+typedef struct {
+  const char *name;
+  int n_operands;      /* -1 = variadic */
+  int n_results;
+  OpClass cls;
+  unsigned flags;
+  int n_attrs;
+  AttrSpec attrs[IR_MAX_ATTRS];
+} OpInfo;
+
+const OpInfo *op_info(OpKind k);
+int op_lookup(const char *name, size_t n, OpKind *out);   /* 0 ok, -1 unknown */
+const char *op_class_name(OpClass c);
+int op_attr_index(OpKind k, const char *name);            /* -1 if the op has no such attr */
+
+/* ---------------------------------------------------------------- module.c */
+typedef struct Value Value;
+typedef struct Op Op;
+typedef struct Global Global;
+typedef struct Func Func;
+typedef struct Module Module;
+
+typedef enum { VAL_ARG, VAL_RESULT, VAL_GLOBAL } ValueKind;
+struct Value {
+  Type type;
+  const char *name;     /* optional readable name; printed as %name */
+  ValueKind kind;
+  Op *def;              /* VAL_RESULT: the op, and which of its results */
+  int index;
+  Global *global;       /* VAL_GLOBAL */
+  int id;               /* scratch for passes and the executor; set by func_number() */
+};
+
+struct Op {
+  OpKind kind;
+  int n_operands;
+  Value **operands;
+  int n_results;
+  Value **results;
+  Attr attrs[IR_MAX_ATTRS];   /* in schema order (op_info(kind)->attrs) */
+  int line;                   /* source line when parsed, else 0 */
+};
+
+typedef enum { INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_CONST } InitKind;
+typedef struct { InitKind kind; double value; } Init;   /* normal: value = std */
+
+typedef enum { GLOBAL_PARAM, GLOBAL_STATE } GlobalKind;
+struct Global {
+  GlobalKind kind;
+  const char *name;     /* parameters carry their HF tensor names */
+  Value *value;         /* VAL_GLOBAL, its type */
+  Init init;
+  int index;            /* position in module->globals */
+};
+
+struct Func {
+  const char *name;
+  Module *module;
+  PtrVec args;          /* Value* */
+  PtrVec ops;           /* Op*, in execution order */
+  PtrVec rets;          /* Value* */
+};
+
+struct Module {
+  Arena *arena;
+  const char *name;
+  const char *source;   /* file it was parsed from, for messages; NULL if built */
+  Mesh mesh;
+  PtrVec globals;       /* Global* */
+  PtrVec funcs;         /* Func* */
+};
+
+Module *module_new(const char *name);
+void module_free(Module *m);
+Global *module_add_global(Module *m, GlobalKind kind, const char *name, Type t, Init init);
+Global *module_find_global(const Module *m, const char *name);
+Func *module_add_func(Module *m, const char *name);
+Func *module_find_func(const Module *m, const char *name);
+
+Value *func_add_arg(Func *f, const char *name, Type t);
+void func_add_ret(Func *f, Value *v);
+/* Creates an op with default attributes and results of the given types (appended to f). */
+Op *func_add_op(Func *f, OpKind k, Value **operands, int n_operands, const Type *result_types);
+/* Same, but not appended: for passes that rebuild op lists. */
+Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types);
+void value_set_name(Module *m, Value *v, const char *name);
+/* Numbers args, then op results in order (Value.id), returns the count. */
+int func_number(Func *f);
+
+/* Attribute setters/getters by name; getters return the default when unset. */
+void op_set_int(Op *op, const char *name, int64_t v);
+void op_set_float(Op *op, const char *name, double v);
+void op_set_bool(Op *op, const char *name, bool v);
+void op_set_ints(Module *m, Op *op, const char *name, const int64_t *v, int n);
+int64_t op_int(const Op *op, const char *name);
+double op_float(const Op *op, const char *name);
+bool op_bool(const Op *op, const char *name);
+const Attr *op_attr(const Op *op, const char *name);
+bool attr_eq(const Attr *a, const Attr *b);
+
+/* ---------------------------------------------------------------- infer.c */
+/* Infers the result types of `op` from its operands and attributes into out[].
+   TYPED ops check their declared result type instead (out = declared).  On error
+   writes a message without location and returns IR_EINPUT. */
+int infer_types(const Op *op, Type *out, char *err, size_t errlen);
+
+/* Builder helpers: create an op, infer its result type, append it.  Ops with attributes
+   are built in two steps: build_begin, set attributes, build_end.  On a shape error the
+   first message is kept in b->err and the value is typed like the first operand, so a
+   builder checks once at the end. */
+typedef struct {
+  Func *f;
+  char err[IR_ERR_LEN];
+} Builder;
+Value *build(Builder *b, OpKind k, Value **operands, int n, const char *name);
+Value *build1(Builder *b, OpKind k, Value *x, const char *name);
+Value *build2(Builder *b, OpKind k, Value *x, Value *y, const char *name);
+/* TYPED ops (reshape, broadcast, cast, constant, iota): the result type is given. */
+Value *build_typed(Builder *b, OpKind k, Value *x, Type t, const char *name);
+Op *build_begin(Builder *b, OpKind k, Value **operands, int n);
+Value *build_end(Builder *b, const char *name);
+
+/* ---------------------------------------------------------------- verify.c */
+/* Checks SSA order, operand/attribute counts and kinds, inferred vs declared types,
+   shardings against the mesh.  The message names the function, the op (text form)
+   and its source line when known. */
+int verify_module(const Module *m, char *err, size_t errlen);
+int verify_func(const Func *f, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- print.c */
+void print_module(FILE *out, const Module *m);
+void print_func(FILE *out, const Func *f);
+void print_op(FILE *out, const Op *op);     /* one line; values by name, else by id */
+char *op_to_string(const Op *op, char *buf, size_t n);
+char *module_to_string(const Module *m);    /* malloc'd */
+/* Shortest decimal text that reads back as the same double. */
+void format_double(char *buf, size_t n, double x);
+
+/* ---------------------------------------------------------------- parse.c */
+/* Parses the text form.  `filename` is used in messages: "file:line:col: error: ...". */
+int parse_module(const char *filename, const char *text, Module **out, char *err, size_t errlen);
+int parse_module_file(const char *path, Module **out, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- interp.c */
+/* A tensor of the reference executor: floats are held as f32 values already rounded to
+   the dtype (bf16 emulation); integers and bools as int64. */
+typedef struct {
+  Type type;
+  int64_t n;
+  float *f;
+  int64_t *i;
+} Tensor;
+Tensor *tensor_new(const Type *t);            /* zero-filled, malloc'd */
+void tensor_free(Tensor *t);
+Tensor *tensor_clone(const Tensor *t);
+
+/* Storage for a module's globals, indexed like module->globals. */
+typedef struct {
+  int n;
+  Tensor **t;
+} GlobalStore;
+GlobalStore *globals_new(const Module *m);    /* every tensor allocated, filled from init (seeded) */
+void globals_init(const Module *m, GlobalStore *g, uint64_t seed);
+void globals_free(GlobalStore *g);
+
+/* Runs f: args[i] for f->args, results into rets[] (new tensors, caller frees).
+   Ops with effects update the store. */
+int interp_run(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,161 @@
+/* ir/module.c — building modules, functions, ops and values. */
+#include <string.h>
+
+#include "ir.h"
+
+Module *module_new(const char *name) {
+  Arena *a = arena_new();
+  if (!a) return NULL;
+  Module *m = arena_alloc(a, sizeof *m);
+  m->arena = a;
+  m->name = arena_strdup(a, name ? name : "m");
+  for (int i = 0; i < AX_COUNT; i++) m->mesh.size[i] = 1;
+  return m;
+}
+
+void module_free(Module *m) {
+  if (m) arena_free(m->arena);
+}
+
+Global *module_add_global(Module *m, GlobalKind kind, const char *name, Type t, Init init) {
+  Global *g = arena_alloc(m->arena, sizeof *g);
+  g->kind = kind;
+  g->name = arena_strdup(m->arena, name);
+  g->init = init;
+  g->index = m->globals.n;
+  Value *v = arena_alloc(m->arena, sizeof *v);
+  v->type = t;
+  v->kind = VAL_GLOBAL;
+  v->global = g;
+  v->name = g->name;
+  g->value = v;
+  ptrvec_push(m->arena, &m->globals, g);
+  return g;
+}
+
+Global *module_find_global(const Module *m, const char *name) {
+  for (int i = 0; i < m->globals.n; i++) {
+    Global *g = m->globals.items[i];
+    if (!strcmp(g->name, name)) return g;
+  }
+  return NULL;
+}
+
+Func *module_add_func(Module *m, const char *name) {
+  Func *f = arena_alloc(m->arena, sizeof *f);
+  f->name = arena_strdup(m->arena, name);
+  f->module = m;
+  ptrvec_push(m->arena, &m->funcs, f);
+  return f;
+}
+
+Func *module_find_func(const Module *m, const char *name) {
+  for (int i = 0; i < m->funcs.n; i++) {
+    Func *f = m->funcs.items[i];
+    if (!strcmp(f->name, name)) return f;
+  }
+  return NULL;
+}
+
+Value *func_add_arg(Func *f, const char *name, Type t) {
+  Value *v = arena_alloc(f->module->arena, sizeof *v);
+  v->type = t;
+  v->kind = VAL_ARG;
+  v->index = f->args.n;
+  if (name) v->name = arena_strdup(f->module->arena, name);
+  ptrvec_push(f->module->arena, &f->args, v);
+  return v;
+}
+
+void func_add_ret(Func *f, Value *v) { ptrvec_push(f->module->arena, &f->rets, v); }
+
+Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types) {
+  const OpInfo *info = op_info(k);
+  Op *op = arena_alloc(m->arena, sizeof *op);
+  op->kind = k;
+  op->n_operands = n_operands;
+  op->operands = arena_alloc(m->arena, sizeof(Value *) * (size_t)(n_operands ? n_operands : 1));
+  for (int i = 0; i < n_operands; i++) op->operands[i] = operands[i];
+  op->n_results = info->n_results;
+  op->results = arena_alloc(m->arena, sizeof(Value *) * (size_t)(info->n_results ? info->n_results : 1));
+  for (int i = 0; i < info->n_results; i++) {
+    Value *v = arena_alloc(m->arena, sizeof *v);
+    v->kind = VAL_RESULT;
+    v->def = op;
+    v->index = i;
+    if (result_types) v->type = result_types[i];
+    op->results[i] = v;
+  }
+  for (int i = 0; i < info->n_attrs; i++) {
+    op->attrs[i] = info->attrs[i].def;
+    op->attrs[i].kind = info->attrs[i].kind;
+    op->attrs[i].set = info->attrs[i].has_default;
+  }
+  return op;
+}
+
+Op *func_add_op(Func *f, OpKind k, Value **operands, int n_operands, const Type *result_types) {
+  Op *op = op_new(f->module, k, operands, n_operands, result_types);
+  ptrvec_push(f->module->arena, &f->ops, op);
+  return op;
+}
+
+void value_set_name(Module *m, Value *v, const char *name) {
+  v->name = name ? arena_strdup(m->arena, name) : NULL;
+}
+
+int func_number(Func *f) {
+  int id = 0;
+  for (int i = 0; i < f->args.n; i++) ((Value *)f->args.items[i])->id = id++;
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) op->results[r]->id = id++;
+  }
+  return id;
+}
+
+/* ---- attributes ---- */
+
+static Attr *attr_slot(Op *op, const char *name, AttrKind kind) {
+  int i = op_attr_index(op->kind, name);
+  if (i < 0 || op_info(op->kind)->attrs[i].kind != kind) return NULL;
+  op->attrs[i].set = true;
+  return &op->attrs[i];
+}
+
+void op_set_int(Op *op, const char *name, int64_t v) {
+  Attr *a = attr_slot(op, name, ATTR_INT);
+  if (a) a->i = v;
+}
+void op_set_float(Op *op, const char *name, double v) {
+  Attr *a = attr_slot(op, name, ATTR_FLOAT);
+  if (a) a->f = v;
+}
+void op_set_bool(Op *op, const char *name, bool v) {
+  Attr *a = attr_slot(op, name, ATTR_BOOL);
+  if (a) a->i = v;
+}
+void op_set_ints(Module *m, Op *op, const char *name, const int64_t *v, int n) {
+  Attr *a = attr_slot(op, name, ATTR_INTS);
+  if (!a) return;
+  a->n = n;
+  a->ints = arena_alloc(m->arena, sizeof(int64_t) * (size_t)(n ? n : 1));
+  memcpy(a->ints, v, sizeof(int64_t) * (size_t)n);
+}
+
+const Attr *op_attr(const Op *op, const char *name) {
+  int i = op_attr_index(op->kind, name);
+  return i < 0 ? NULL : &op->attrs[i];
+}
+int64_t op_int(const Op *op, const char *name) {
+  const Attr *a = op_attr(op, name);
+  return a ? a->i : 0;
+}
+double op_float(const Op *op, const char *name) {
+  const Attr *a = op_attr(op, name);
+  return a ? a->f : 0;
+}
+bool op_bool(const Op *op, const char *name) {
+  const Attr *a = op_attr(op, name);
+  return a ? a->i != 0 : false;
+}

@@ -1,0 +1,114 @@
+/* ir/ops.c — the op table built from ops.def, and attribute schemas.
+   The schema strings are parsed once into OpInfo (guarded by pthread_once, since ranks
+   may run on threads). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+typedef struct {
+  const char *name;
+  int n_operands, n_results;
+  OpClass cls;
+  unsigned flags;
+  const char *schema;
+} OpDef;
+
+static const OpDef op_defs[OP_COUNT] = {
+#define OP(e, name, nops, nres, cls, flags, schema) \
+  [OP_##e] = {name, nops, nres, CLASS_##cls, flags, schema},
+#include "ops.def"
+#undef OP
+};
+
+static OpInfo op_table[OP_COUNT];
+static pthread_once_t op_table_once = PTHREAD_ONCE_INIT;
+
+/* Parses one "name:kind" or "name:kind=default" entry. The schemas are ours, so a
+   malformed one is a programming error caught by the unit tests (kind stays ATTR_INT). */
+static void parse_attr_spec(const char *s, size_t n, AttrSpec *out) {
+  static char names[OP_COUNT * IR_MAX_ATTRS][32];
+  static int n_names;
+  const char *colon = memchr(s, ':', n);
+  size_t name_len = colon ? (size_t)(colon - s) : n;
+  char *name = names[n_names++];
+  memcpy(name, s, name_len < 31 ? name_len : 31);
+  out->name = name;
+  if (!colon) return;
+  const char *kind = colon + 1;
+  const char *eq = memchr(kind, '=', n - (size_t)(kind - s));
+  size_t kind_len = eq ? (size_t)(eq - kind) : n - (size_t)(kind - s);
+  static const char *const kinds[] = {"int", "float", "bool", "ints", "dtype", "str"};
+  for (int k = 0; k < 6; k++)
+    if (strlen(kinds[k]) == kind_len && !memcmp(kinds[k], kind, kind_len)) out->kind = (AttrKind)k;
+  if (eq) {
+    out->has_default = true;
+    out->def.kind = out->kind;
+    char tmp[32] = {0};
+    size_t dl = n - (size_t)(eq + 1 - s);
+    memcpy(tmp, eq + 1, dl < 31 ? dl : 31);
+    if (out->kind == ATTR_FLOAT) out->def.f = strtod(tmp, NULL);
+    else out->def.i = strtoll(tmp, NULL, 10);
+  }
+}
+
+static void build_table(void) {
+  for (int k = 0; k < OP_COUNT; k++) {
+    const OpDef *d = &op_defs[k];
+    OpInfo *info = &op_table[k];
+    info->name = d->name;
+    info->n_operands = d->n_operands;
+    info->n_results = d->n_results;
+    info->cls = d->cls;
+    info->flags = d->flags;
+    const char *s = d->schema;
+    while (*s) {
+      const char *end = strchr(s, ',');
+      size_t n = end ? (size_t)(end - s) : strlen(s);
+      parse_attr_spec(s, n, &info->attrs[info->n_attrs++]);
+      s += n + (end ? 1 : 0);
+    }
+  }
+}
+
+const OpInfo *op_info(OpKind k) {
+  pthread_once(&op_table_once, build_table);
+  return &op_table[k];
+}
+
+int op_lookup(const char *name, size_t n, OpKind *out) {
+  for (int k = 0; k < OP_COUNT; k++)
+    if (strlen(op_defs[k].name) == n && !memcmp(op_defs[k].name, name, n)) {
+      *out = (OpKind)k;
+      return 0;
+    }
+  return -1;
+}
+
+const char *op_class_name(OpClass c) {
+  static const char *const names[] = {"elementwise", "reduction", "contraction", "data",
+                                      "composite", "collective", "optimizer"};
+  return names[c];
+}
+
+int op_attr_index(OpKind k, const char *name) {
+  const OpInfo *info = op_info(k);
+  for (int i = 0; i < info->n_attrs; i++)
+    if (!strcmp(info->attrs[i].name, name)) return i;
+  return -1;
+}
+
+bool attr_eq(const Attr *a, const Attr *b) {
+  if (a->kind != b->kind) return false;
+  switch (a->kind) {
+  case ATTR_FLOAT: return a->f == b->f || (a->f != a->f && b->f != b->f);
+  case ATTR_INTS:
+    if (a->n != b->n) return false;
+    for (int i = 0; i < a->n; i++)
+      if (a->ints[i] != b->ints[i]) return false;
+    return true;
+  case ATTR_STR: return (a->s && b->s) ? !strcmp(a->s, b->s) : a->s == b->s;
+  default: return a->i == b->i;
+  }
+}

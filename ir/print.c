@@ -1,0 +1,209 @@
+/* ir/print.c — the text form.  print(parse(print(m))) == print(m) for every module:
+   names are kept, unnamed values are numbered in order, attributes print in schema
+   order and are left out when they equal their default. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+void format_double(char *buf, size_t n, double x) {
+  if (isnan(x)) { snprintf(buf, n, "nan"); return; }
+  if (isinf(x)) { snprintf(buf, n, x < 0 ? "-inf" : "inf"); return; }
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, n, "%.*g", prec, x);
+    if (strtod(buf, NULL) == x) return;
+  }
+}
+
+/* Printed names of one function's values, indexed by Value.id. */
+typedef struct {
+  char **names;
+  int n;
+} Namer;
+
+static bool name_char_ok(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+}
+
+static bool all_digits(const char *s) {
+  if (!*s) return true;
+  for (; *s; s++)
+    if (*s < '0' || *s > '9') return false;
+  return true;
+}
+
+static bool taken(Namer *nm, int upto, const char *s) {
+  for (int i = 0; i < upto; i++)
+    if (nm->names[i] && !strcmp(nm->names[i], s)) return true;
+  return false;
+}
+
+static void namer_assign(Namer *nm, const Value *v, int *next_number) {
+  int id = v->id;
+  char buf[256];
+  if (v->name && !all_digits(v->name)) {
+    size_t k = 0;
+    for (const char *s = v->name; *s && k < 190; s++) buf[k++] = name_char_ok(*s) ? *s : '_';
+    buf[k] = 0;
+    if (taken(nm, id, buf)) {
+      char base[200];
+      memcpy(base, buf, k + 1);
+      for (int suffix = 1; taken(nm, id, buf); suffix++) snprintf(buf, sizeof buf, "%s.%d", base, suffix);
+    }
+  } else {
+    do snprintf(buf, sizeof buf, "%d", (*next_number)++);
+    while (taken(nm, id, buf));
+  }
+  nm->names[id] = strdup(buf);
+}
+
+static void namer_init(Namer *nm, const Func *f) {
+  nm->n = func_number((Func *)f);
+  nm->names = calloc((size_t)(nm->n ? nm->n : 1), sizeof(char *));
+  int next_number = 0;
+  for (int i = 0; i < f->args.n; i++) namer_assign(nm, f->args.items[i], &next_number);
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) namer_assign(nm, op->results[r], &next_number);
+  }
+}
+
+static void namer_free(Namer *nm) {
+  for (int i = 0; i < nm->n; i++) free(nm->names[i]);
+  free(nm->names);
+}
+
+static void print_value(FILE *out, const Namer *nm, const Value *v) {
+  if (v->kind == VAL_GLOBAL) fprintf(out, "$%s", v->global->name);
+  else if (nm) fprintf(out, "%%%s", nm->names[v->id]);
+  else if (v->name) fprintf(out, "%%%s", v->name);
+  else fprintf(out, "%%%d", v->id);
+}
+
+static void print_attr_value(FILE *out, const Attr *a) {
+  char buf[64];
+  switch (a->kind) {
+  case ATTR_INT: fprintf(out, "%lld", (long long)a->i); break;
+  case ATTR_FLOAT: format_double(buf, sizeof buf, a->f); fputs(buf, out); break;
+  case ATTR_BOOL: fputs(a->i ? "true" : "false", out); break;
+  case ATTR_DTYPE: fputs(dtype_name((DType)a->i), out); break;
+  case ATTR_STR: fprintf(out, "\"%s\"", a->s ? a->s : ""); break;
+  case ATTR_INTS:
+    fputc('[', out);
+    for (int i = 0; i < a->n; i++) fprintf(out, i ? ",%lld" : "%lld", (long long)a->ints[i]);
+    fputc(']', out);
+    break;
+  }
+}
+
+static void print_op_named(FILE *out, const Namer *nm, const Op *op) {
+  const OpInfo *info = op_info(op->kind);
+  for (int r = 0; r < op->n_results; r++) {
+    if (r) fputs(", ", out);
+    print_value(out, nm, op->results[r]);
+  }
+  fprintf(out, " = %s", info->name);
+  for (int i = 0; i < op->n_operands; i++) {
+    fputs(i ? ", " : " ", out);
+    print_value(out, nm, op->operands[i]);
+  }
+  bool open = false;
+  for (int i = 0; i < info->n_attrs; i++) {
+    const AttrSpec *spec = &info->attrs[i];
+    const Attr *a = &op->attrs[i];
+    if (!a->set || (spec->has_default && attr_eq(a, &spec->def))) continue;
+    fputs(open ? ", " : " {", out);
+    open = true;
+    fprintf(out, "%s=", spec->name);
+    print_attr_value(out, a);
+  }
+  if (open) fputc('}', out);
+  fputs(" : ", out);
+  for (int r = 0; r < op->n_results; r++) {
+    if (r) fputs(", ", out);
+    type_fprint(out, &op->results[r]->type);
+  }
+}
+
+void print_op(FILE *out, const Op *op) { print_op_named(out, NULL, op); }
+
+char *op_to_string(const Op *op, char *buf, size_t n) {
+  FILE *f = fmemopen(buf, n, "w");
+  if (!f) { snprintf(buf, n, "%s", op_info(op->kind)->name); return buf; }
+  print_op(f, op);
+  fclose(f);
+  buf[n - 1] = 0;
+  return buf;
+}
+
+void print_func(FILE *out, const Func *f) {
+  Namer nm;
+  namer_init(&nm, f);
+  fprintf(out, "  func @%s(", f->name);
+  for (int i = 0; i < f->args.n; i++) {
+    const Value *v = f->args.items[i];
+    if (i) fputs(", ", out);
+    print_value(out, &nm, v);
+    fputs(": ", out);
+    type_fprint(out, &v->type);
+  }
+  fputs(") -> (", out);
+  for (int i = 0; i < f->rets.n; i++) {
+    if (i) fputs(", ", out);
+    type_fprint(out, &((const Value *)f->rets.items[i])->type);
+  }
+  fputs(") {\n", out);
+  for (int i = 0; i < f->ops.n; i++) {
+    fputs("    ", out);
+    print_op_named(out, &nm, f->ops.items[i]);
+    fputc('\n', out);
+  }
+  fputs("    return", out);
+  for (int i = 0; i < f->rets.n; i++) {
+    fputs(i ? ", " : " ", out);
+    print_value(out, &nm, f->rets.items[i]);
+  }
+  fputs("\n  }\n", out);
+  namer_free(&nm);
+}
+
+static void print_init(FILE *out, const Init *init) {
+  char buf[64];
+  switch (init->kind) {
+  case INIT_ZEROS: fputs("zeros", out); break;
+  case INIT_ONES: fputs("ones", out); break;
+  case INIT_NORMAL: format_double(buf, sizeof buf, init->value); fprintf(out, "normal(%s)", buf); break;
+  case INIT_CONST: format_double(buf, sizeof buf, init->value); fprintf(out, "const(%s)", buf); break;
+  }
+}
+
+void print_module(FILE *out, const Module *m) {
+  fprintf(out, "module @%s {\n  mesh", m->name);
+  for (int a = 0; a < AX_COUNT; a++) fprintf(out, " %s=%lld", mesh_axis_names[a], (long long)m->mesh.size[a]);
+  fputs("\n", out);
+  if (m->globals.n) fputc('\n', out);
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    fprintf(out, "  %s $%s : ", g->kind == GLOBAL_PARAM ? "param" : "state", g->name);
+    type_fprint(out, &g->value->type);
+    fputs(" = ", out);
+    print_init(out, &g->init);
+    fputc('\n', out);
+  }
+  for (int i = 0; i < m->funcs.n; i++) {
+    fputc('\n', out);
+    print_func(out, m->funcs.items[i]);
+  }
+  fputs("}\n", out);
+}
+
+char *module_to_string(const Module *m) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) return NULL;
+  print_module(f, m);
+  fclose(f);
+  return buf;
+}

@@ -1,0 +1,140 @@
+/* ir/verify.c — the verifier.  Checks what every later stage relies on: values defined
+   before use (SSA order), operand and result counts, attributes, result types equal to
+   the inferred ones, and shardings that are well formed for the mesh.  Every message
+   names the function and the op, and the source line when the module was parsed. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+typedef struct {
+  const Module *m;
+  const Func *f;
+  char *err;
+  size_t errlen;
+} Verifier;
+
+static int op_error(Verifier *vf, const Op *op, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int op_error(Verifier *vf, const Op *op, const char *fmt, ...) {
+  char msg[1024], optext[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  char where[256] = "";
+  if (vf->m->source && op && op->line) snprintf(where, sizeof where, "%s:%d: ", vf->m->source, op->line);
+  else if (vf->m->source) snprintf(where, sizeof where, "%s: ", vf->m->source);
+  if (op)
+    snprintf(vf->err, vf->errlen, "%serror: in @%s, op '%s': %s\n  %s", where, vf->f ? vf->f->name : "?",
+             op_info(op->kind)->name, msg, op_to_string(op, optext, sizeof optext));
+  else
+    snprintf(vf->err, vf->errlen, "%serror: in @%s: %s", where, vf->f ? vf->f->name : "?", msg);
+  return IR_EINPUT;
+}
+
+/* A sharding is well formed when split dims exist, each mesh axis splits its dim evenly,
+   and an axis of size 1 is not marked (it would mean nothing). */
+static int check_sharding(Verifier *vf, const Op *op, const Type *t, const char *what) {
+  char buf[256];
+  for (int a = 0; a < AX_COUNT; a++) {
+    int64_t size = vf->m->mesh.size[a];
+    if (t->sh.kind[a] == SH_R) continue;
+    if (t->sh.kind[a] == SH_S) {
+      int d = t->sh.dim[a];
+      if (d < 0 || d >= t->rank)
+        return op_error(vf, op, "%s %s: split dim %d is out of range", what, type_str(t, buf, sizeof buf), d);
+      if (t->dims[d] % size)
+        return op_error(vf, op, "%s %s: dim %d (%lld) does not divide evenly over %s=%lld", what,
+                        type_str(t, buf, sizeof buf), d, (long long)t->dims[d], mesh_axis_names[a], (long long)size);
+    } else if (t->sh.kind[a] != SH_P) {
+      return op_error(vf, op, "%s: bad sharding kind on axis %s", what, mesh_axis_names[a]);
+    }
+  }
+  return 0;
+}
+
+static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
+  const OpInfo *info = op_info(op->kind);
+  if (info->n_operands >= 0 ? op->n_operands != info->n_operands : op->n_operands < 1)
+    return op_error(vf, op, "takes %d operands, has %d", info->n_operands, op->n_operands);
+  if (op->n_results != info->n_results)
+    return op_error(vf, op, "has %d results, should have %d", op->n_results, info->n_results);
+  for (int i = 0; i < op->n_operands; i++) {
+    const Value *v = op->operands[i];
+    if (!v) return op_error(vf, op, "operand %d is missing", i);
+    if (v->kind == VAL_GLOBAL) {
+      if (v->global->index >= vf->m->globals.n || vf->m->globals.items[v->global->index] != v->global)
+        return op_error(vf, op, "operand %d refers to a global that is not in the module", i);
+    } else if (!defined[v->id]) {
+      return op_error(vf, op, "operand %d (%%%s) is used before it is defined", i, v->name ? v->name : "?");
+    }
+  }
+  for (int i = 0; i < info->n_attrs; i++) {
+    if (!op->attrs[i].set) return op_error(vf, op, "attribute '%s' is not set", info->attrs[i].name);
+    if (op->attrs[i].kind != info->attrs[i].kind)
+      return op_error(vf, op, "attribute '%s' has the wrong kind", info->attrs[i].name);
+  }
+  Type inferred[8];
+  char msg[1024];
+  if (infer_types(op, inferred, msg, sizeof msg)) return op_error(vf, op, "%s", msg);
+  for (int r = 0; r < op->n_results; r++) {
+    const Type *t = &op->results[r]->type;
+    if (!type_shape_eq(t, &inferred[r])) {
+      char a[256], b[256];
+      return op_error(vf, op, "result %d is declared %s, but the op produces %s", r, type_str(t, a, sizeof a),
+                      type_str(&inferred[r], b, sizeof b));
+    }
+    if (check_sharding(vf, op, t, "result")) return IR_EINPUT;
+  }
+  /* Elementwise ops compute each element where it lives: all shardings must agree. */
+  if (info->cls == CLASS_ELEMENTWISE)
+    for (int i = 0; i < op->n_operands; i++)
+      if (!sharding_eq(&op->operands[i]->type.sh, &op->results[0]->type.sh)) {
+        char a[256], b[256];
+        return op_error(vf, op, "operand %d is sharded %s but the result %s; elementwise ops need equal shardings", i,
+                        type_str(&op->operands[i]->type, a, sizeof a), type_str(&op->results[0]->type, b, sizeof b));
+      }
+  return 0;
+}
+
+int verify_func(const Func *f, char *err, size_t errlen) {
+  Verifier vf = {f->module, f, err, errlen};
+  int n = func_number((Func *)f);
+  bool *defined = calloc((size_t)(n ? n : 1), 1);
+  int rc = 0;
+  for (int i = 0; i < f->args.n && !rc; i++) {
+    const Value *v = f->args.items[i];
+    defined[v->id] = true;
+    rc = check_sharding(&vf, NULL, &v->type, "argument");
+  }
+  for (int i = 0; i < f->ops.n && !rc; i++) {
+    const Op *op = f->ops.items[i];
+    rc = verify_op(&vf, op, defined);
+    for (int r = 0; r < op->n_results; r++) defined[op->results[r]->id] = true;
+  }
+  for (int i = 0; i < f->rets.n && !rc; i++) {
+    const Value *v = f->rets.items[i];
+    if (v->kind != VAL_GLOBAL && !defined[v->id]) rc = op_error(&vf, NULL, "returned value %d is not defined", i);
+  }
+  free(defined);
+  return rc;
+}
+
+int verify_module(const Module *m, char *err, size_t errlen) {
+  Verifier vf = {m, NULL, err, errlen};
+  for (int i = 0; i < AX_COUNT; i++)
+    if (m->mesh.size[i] < 1) return op_error(&vf, NULL, "mesh axis %s has size %lld", mesh_axis_names[i], (long long)m->mesh.size[i]);
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    for (int j = 0; j < i; j++)
+      if (!strcmp(g->name, ((const Global *)m->globals.items[j])->name))
+        return op_error(&vf, NULL, "global $%s is declared twice", g->name);
+    if (check_sharding(&vf, NULL, &g->value->type, g->name)) return IR_EINPUT;
+  }
+  for (int i = 0; i < m->funcs.n; i++) {
+    int rc = verify_func(m->funcs.items[i], err, errlen);
+    if (rc) return rc;
+  }
+  return 0;
+}

@@ -1,0 +1,82 @@
+/* passes/canonicalize.c — pass "canonicalize": local rewrites to a simpler equal form.
+ *   reshape/broadcast/cast to the operand's own type      -> the operand
+ *   reshape(reshape(x))                                   -> reshape(x)
+ *   transpose with the identity permutation               -> the operand
+ *   transpose(transpose(x))                               -> one transpose
+ *   slice of the whole operand, concat of one operand     -> the operand
+ *   scale by 1, add_scalar of 0                           -> the operand
+ * Rewrites either reuse an existing value or change an op in place; ops left unused are
+ * removed at the end. */
+#include <stdlib.h>
+
+#include "passes.h"
+
+/* The value that `op`'s result can be replaced by, or NULL. */
+static Value *fold(Module *m, Op *op) {
+  Value *x = op->n_operands ? op->operands[0] : NULL;
+  const Type *rt = &op->results[0]->type;
+  switch (op->kind) {
+  case OP_RESHAPE:
+    if (x->kind == VAL_RESULT && x->def->kind == OP_RESHAPE) op->operands[0] = x = x->def->operands[0];
+    /* fall through */
+  case OP_BROADCAST:
+  case OP_CAST:
+    return type_eq(&x->type, rt) ? x : NULL;
+  case OP_TRANSPOSE: {
+    const Attr *perm = &op->attrs[0];
+    if (x->kind == VAL_RESULT && x->def->kind == OP_TRANSPOSE) {
+      /* result dim i = inner dim perm[i] = x0 dim inner_perm[perm[i]] */
+      const Attr *inner = &x->def->attrs[0];
+      int64_t composed[IR_MAX_RANK];
+      for (int i = 0; i < perm->n; i++) composed[i] = inner->ints[perm->ints[i]];
+      op->operands[0] = x = x->def->operands[0];
+      op_set_ints(m, op, "perm", composed, perm->n);
+    }
+    for (int i = 0; i < perm->n; i++)
+      if (perm->ints[i] != i) return NULL;
+    return x;
+  }
+  case OP_SLICE:
+    return type_shape_eq(&x->type, rt) && sharding_eq(&x->type.sh, &rt->sh) ? x : NULL;
+  case OP_CONCAT:
+    return op->n_operands == 1 ? x : NULL;
+  case OP_SCALE:
+    return op_float(op, "by") == 1.0 ? x : NULL;
+  case OP_ADD_SCALAR:
+    return op_float(op, "value") == 0.0 ? x : NULL;
+  default:
+    return NULL;
+  }
+}
+
+static int canonicalize_func(Module *m, Func *f) {
+  int n = func_number(f);
+  Value **repl = calloc((size_t)(n ? n : 1), sizeof *repl);
+  int changed = 0;
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) {
+      Value *v = op->operands[k];
+      if (v->kind == VAL_RESULT && repl[v->id]) op->operands[k] = repl[v->id];
+    }
+    if (op->n_results != 1) continue;
+    Value *to = fold(m, op);
+    if (to) {
+      repl[op->results[0]->id] = to;
+      changed++;
+    }
+  }
+  replace_uses(f, repl);
+  free(repl);
+  remove_dead_ops(f);   /* in-place rewrites can leave inner ops unused too */
+  return changed;
+}
+
+static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  for (int i = 0; i < m->funcs.n; i++) ctx->changed += canonicalize_func(m, m->funcs.items[i]);
+  return 0;
+}
+
+const Pass pass_canonicalize = {"canonicalize", "fold identities and chains of reshapes and transposes", run};

@@ -1,0 +1,145 @@
+/* passes/pass_manager.c — runs a pipeline ("a,b,c") with hooks around every pass:
+   --print-ir-after=NAME, --print-ir-after-all, --dump-dir=DIR (NN-name.ir files that sort
+   in pipeline order), --verify-each, --time-passes. */
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "passes.h"
+
+extern const Pass pass_verify, pass_dce, pass_cse, pass_canonicalize;
+
+/* Every pass, in the order `--list-passes` shows them. */
+static const Pass *const all_passes[] = {
+  &pass_verify, &pass_canonicalize, &pass_cse, &pass_dce,
+};
+#define N_PASSES (int)(sizeof all_passes / sizeof all_passes[0])
+
+const Pass *pass_lookup(const char *name) {
+  for (int i = 0; i < N_PASSES; i++)
+    if (!strcmp(all_passes[i]->name, name)) return all_passes[i];
+  return NULL;
+}
+
+void pass_list(FILE *out) {
+  for (int i = 0; i < N_PASSES; i++) fprintf(out, "  %-16s %s\n", all_passes[i]->name, all_passes[i]->summary);
+}
+
+/* Splits "a,b,c" into names (at most 64, each under 64 chars). */
+static int split_pipeline(const char *pipeline, char names[][64], int *n, char *err, size_t errlen) {
+  *n = 0;
+  const char *p = pipeline;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == 0 || len >= 64) {
+      snprintf(err, errlen, "bad pipeline '%s': empty or overlong pass name", pipeline);
+      return IR_EINPUT;
+    }
+    if (*n == 64) {
+      snprintf(err, errlen, "pipeline has more than 64 passes");
+      return IR_EINPUT;
+    }
+    memcpy(names[*n], p, len);
+    names[*n][len] = 0;
+    (*n)++;
+    p += len + (end ? 1 : 0);
+  }
+  return 0;
+}
+
+int pipeline_check(const char *pipeline, char *err, size_t errlen) {
+  char names[64][64];
+  int n;
+  if (split_pipeline(pipeline, names, &n, err, errlen)) return IR_EINPUT;
+  for (int i = 0; i < n; i++)
+    if (!pass_lookup(names[i])) {
+      char known[512] = "";
+      for (int k = 0; k < N_PASSES; k++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "", all_passes[k]->name);
+      snprintf(err, errlen, "unknown pass '%s' in --passes=%s (known passes: %s)", names[i], pipeline, known);
+      return IR_EINPUT;
+    }
+  return 0;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int dump(const Module *m, const char *dir, int index, const char *name, char *err, size_t errlen) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%02d-%s.ir", dir, index, name);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    snprintf(err, errlen, "cannot write IR dump %s: %s", path, strerror(errno));
+    return IR_ERUN;
+  }
+  fprintf(f, "# loom IR %s %s\n", index ? "after pass" : "before the pipeline:", name);
+  print_module(f, m);
+  if (fclose(f)) {
+    snprintf(err, errlen, "cannot write IR dump %s: %s", path, strerror(errno));
+    return IR_ERUN;
+  }
+  return 0;
+}
+
+int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *err, size_t errlen) {
+  static const PassOptions none;
+  if (!opt) opt = &none;
+  FILE *out = opt->print_to ? opt->print_to : stderr;
+  char names[64][64];
+  int n;
+  if (pipeline_check(pipeline, err, errlen)) return IR_EINPUT;
+  split_pipeline(pipeline, names, &n, err, errlen);
+  if (opt->dump_dir) {
+    if (mkdir(opt->dump_dir, 0777) && errno != EEXIST) {
+      snprintf(err, errlen, "cannot create dump directory %s: %s", opt->dump_dir, strerror(errno));
+      return IR_ERUN;
+    }
+    int rc = dump(m, opt->dump_dir, 0, "input", err, errlen);
+    if (rc) return rc;
+  }
+  double total = 0;
+  for (int i = 0; i < n; i++) {
+    const Pass *p = pass_lookup(names[i]);
+    PassContext ctx = {opt, 0};
+    double t0 = now_ms();
+    int rc = p->run(m, &ctx, err, errlen);
+    double dt = now_ms() - t0;
+    total += dt;
+    if (rc) {
+      /* Prefix the pass name so the user knows which step failed. */
+      char msg[IR_ERR_LEN];
+      snprintf(msg, sizeof msg, "%s", err);
+      snprintf(err, errlen, "in pass '%s': %s", p->name, msg);
+      return rc;
+    }
+    if (opt->time_passes) fprintf(out, "# pass %-16s %9.3f ms  (%d changes)\n", p->name, dt, ctx.changed);
+    if (opt->verify_each && strcmp(p->name, "verify")) {
+      rc = verify_module(m, err, errlen);
+      if (rc) {
+        char msg[IR_ERR_LEN];
+        snprintf(msg, sizeof msg, "%s", err);
+        snprintf(err, errlen, "the IR is invalid after pass '%s' (a bug in that pass; please report it with this "
+                 "input): %s", p->name, msg);
+        return rc;
+      }
+    }
+    bool print = opt->print_after_all;
+    for (int k = 0; k < opt->n_print_after && !print; k++) print = !strcmp(opt->print_after[k], p->name);
+    if (print) {
+      fprintf(out, "# ----- IR after %s (pass %d of %d) -----\n", p->name, i + 1, n);
+      print_module(out, m);
+    }
+    if (opt->dump_dir) {
+      rc = dump(m, opt->dump_dir, i + 1, p->name, err, errlen);
+      if (rc) return rc;
+    }
+  }
+  if (opt->time_passes) fprintf(out, "# total            %9.3f ms\n", total);
+  return 0;
+}

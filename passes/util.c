@@ -1,0 +1,46 @@
+/* passes/util.c — helpers shared by passes. */
+#include <stdlib.h>
+
+#include "passes.h"
+
+static Value *resolve(Value **repl, Value *v) {
+  while (v->kind == VAL_RESULT && repl[v->id]) v = repl[v->id];
+  return v;
+}
+
+void replace_uses(Func *f, Value **repl) {
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) op->operands[k] = resolve(repl, op->operands[k]);
+  }
+  for (int i = 0; i < f->rets.n; i++) f->rets.items[i] = resolve(repl, f->rets.items[i]);
+}
+
+int remove_dead_ops(Func *f) {
+  int n = func_number(f);
+  bool *live = calloc((size_t)(n ? n : 1), 1);
+  for (int i = 0; i < f->rets.n; i++) {
+    Value *v = f->rets.items[i];
+    if (v->kind != VAL_GLOBAL) live[v->id] = true;
+  }
+  /* Walk backwards: an op is kept if it has effects or any result is live. */
+  bool *keep = calloc((size_t)(f->ops.n ? f->ops.n : 1), 1);
+  for (int i = f->ops.n - 1; i >= 0; i--) {
+    Op *op = f->ops.items[i];
+    bool k = (op_info(op->kind)->flags & OPF_EFFECT) != 0;
+    for (int r = 0; r < op->n_results && !k; r++) k = live[op->results[r]->id];
+    keep[i] = k;
+    if (k)
+      for (int j = 0; j < op->n_operands; j++)
+        if (op->operands[j]->kind != VAL_GLOBAL) live[op->operands[j]->id] = true;
+  }
+  int out = 0, removed = 0;
+  for (int i = 0; i < f->ops.n; i++) {
+    if (keep[i]) f->ops.items[out++] = f->ops.items[i];
+    else removed++;
+  }
+  f->ops.n = out;
+  free(live);
+  free(keep);
+  return removed;
+}

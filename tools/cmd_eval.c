@@ -1,0 +1,108 @@
+/* tools/cmd_eval.c — `loom eval`: forward pass and loss of a model on a token shard. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/tokens.h"
+#include "tools/tools.h"
+
+static const char help[] =
+  "usage: loom eval SPEC.json --weights W.safetensors --tokens T.bin [options]\n"
+  "\n"
+  "Runs the model's forward pass on inputs tokens[0 : B*T] and targets tokens[1 : B*T+1]\n"
+  "(both shaped [B,T]) of an llm.c token shard and prints 'loss <value>', the mean\n"
+  "cross-entropy over all B*T positions.\n"
+  "\n"
+  "options:\n"
+  "  --weights=FILE    parameters under their Hugging Face names (F32, BF16 or F16);\n"
+  "                    GPT-2 names may carry the 'transformer.' prefix\n"
+  "  --tokens=FILE     llm.c token shard (uint16 magic 20240520 or uint32 magic 20240801)\n"
+  "  --batch=B         batch size (default: the spec's)\n"
+  "  --seq=T           sequence length (default: the spec's)\n"
+  "  --out=FILE        also write 'logits' [B,T,V] and 'loss' (f32) to a safetensors file\n"
+  "  -h, --help        show this help\n"
+  "\n"
+  "example:\n"
+  "  loom eval models/gpt2-tiny.json --weights tests/golden/gpt2-tiny/weights.safetensors \\\n"
+  "            --tokens tests/golden/gpt2-tiny/tokens.bin\n";
+
+int cmd_eval(int argc, char **argv) {
+  const char *spec = NULL, *weights = NULL, *tokens = NULL, *out = NULL, *v;
+  char override_buf[2][128];
+  const char *overrides[2];
+  int n_overrides = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int r;
+    if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
+    if ((r = arg_value(argc, argv, &i, "--weights", &v))) { if (r < 0) goto missing; weights = v; continue; }
+    if ((r = arg_value(argc, argv, &i, "--tokens", &v))) { if (r < 0) goto missing; tokens = v; continue; }
+    if ((r = arg_value(argc, argv, &i, "--out", &v))) { if (r < 0) goto missing; out = v; continue; }
+    if ((r = arg_value(argc, argv, &i, "--batch", &v)) || (r = arg_value(argc, argv, &i, "--seq", &v))) {
+      if (r < 0) goto missing;
+      snprintf(override_buf[n_overrides], sizeof override_buf[0], "%s=%s", strncmp(a, "--batch", 7) ? "seq" : "batch", v);
+      overrides[n_overrides] = override_buf[n_overrides];
+      if (n_overrides < 1) n_overrides++;
+      else if (strncmp(overrides[0], overrides[1], 4)) n_overrides = 2;
+      continue;
+    }
+    if (a[0] == '-') return usage_error("eval", "unknown option '%s'", a);
+    if (spec) return usage_error("eval", "more than one spec ('%s' and '%s')", spec, a);
+    spec = a;
+    continue;
+  missing:
+    return usage_error("eval", "%s needs a value", a);
+  }
+  if (!spec) return usage_error("eval", "no model spec given");
+  if (!weights) return usage_error("eval", "--weights is required");
+  if (!tokens) return usage_error("eval", "--tokens is required");
+  if (ends_with(spec, ".ir")) return usage_error("eval", "eval takes a model spec (.json), not an IR file");
+
+  char err[IR_ERR_LEN];
+  Input in;
+  int rc = input_load(spec, overrides, n_overrides, &in, err, sizeof err);
+  if (rc) return report(rc, err);
+  Module *m = in.m;
+  int64_t B = in.spec.batch, T = in.spec.seq, V = in.spec.model.vocab_size;
+  GlobalStore *g = NULL;
+  TokShard shard;
+  memset(&shard, 0, sizeof shard);
+  Tensor *args[2] = {0}, *rets[2] = {0};
+
+  rc = pipeline_run(m, DEFAULT_PIPELINE, NULL, err, sizeof err);
+  if (rc) goto done;
+  if (!(g = globals_new(m))) { snprintf(err, sizeof err, "out of memory for the parameters"); rc = EXIT_RUN; goto done; }
+  if ((rc = load_weights(m, g, weights, err, sizeof err))) goto done;
+  if ((rc = tok_open(tokens, &shard, err, sizeof err))) goto done;
+  if (shard.count < B * T + 1) {
+    snprintf(err, sizeof err, "%s: holds %lld tokens, but batch %lld x seq %lld needs %lld (inputs plus one target); "
+             "use a smaller --batch or --seq", tokens, (long long)shard.count, (long long)B, (long long)T,
+             (long long)(B * T + 1));
+    rc = EXIT_USAGE;
+    goto done;
+  }
+  if ((rc = tok_check_vocab(&shard, V, err, sizeof err))) goto done;
+  Func *f = module_find_func(m, "forward");
+  for (int k = 0; k < 2; k++) {
+    args[k] = tensor_new(&((Value *)f->args.items[k])->type);
+    if (!args[k]) { snprintf(err, sizeof err, "out of memory"); rc = EXIT_RUN; goto done; }
+    for (int64_t j = 0; j < B * T; j++) args[k]->i[j] = tok_get(&shard, j + k);
+  }
+  double t0 = seconds_now();
+  if ((rc = interp_run(f, g, args, rets, err, sizeof err))) goto done;
+  double dt = seconds_now() - t0;
+  printf("loss %.6f\n", rets[1]->f[0]);
+  fprintf(stderr, "loom: eval of %lld tokens took %.3f s on the reference executor\n", (long long)(B * T), dt);
+  if (out) {
+    const char *names[2] = {"logits", "loss"};
+    rc = write_tensors(out, names, rets, 2, err, sizeof err);
+  }
+done:
+  for (int k = 0; k < 2; k++) {
+    tensor_free(args[k]);
+    tensor_free(rets[k]);
+  }
+  tok_close(&shard);
+  globals_free(g);
+  module_free(m);
+  return report(rc, err);
+}

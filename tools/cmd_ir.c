@@ -1,0 +1,115 @@
+/* tools/cmd_ir.c — `loom ir`: build or parse a module, run a pipeline, print the IR. */
+#include <errno.h>
+#include <string.h>
+
+#include "tools/tools.h"
+
+static const char help[] =
+  "usage: loom ir SPEC.json|FILE.ir [options] [-o OUT.ir]\n"
+  "\n"
+  "Builds the IR of a model spec (or reads an IR file), runs a pass pipeline and prints\n"
+  "the result to standard output (or writes it to OUT.ir).  Dumps requested by the\n"
+  "--print-ir-* options go to standard error, so standard output stays a valid IR file.\n"
+  "\n"
+  "options:\n"
+  "  --passes=A,B,C         passes to run, in order (default: " DEFAULT_PIPELINE ")\n"
+  "  --list-passes          list the available passes and exit\n"
+  "  --print-ir-after=NAME  print the IR after each run of pass NAME (repeatable; A,B allowed)\n"
+  "  --print-ir-after-all   print the IR after every pass\n"
+  "  --dump-dir=DIR         write DIR/00-input.ir, DIR/01-<pass>.ir, ... (sort and diff well)\n"
+  "  --verify-each          run the verifier after every pass\n"
+  "  --time-passes          print the time each pass took\n"
+  "  --batch=B, --seq=T     override the spec's batch size and sequence length\n"
+  "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
+  "  -h, --help             show this help\n"
+  "\n"
+  "examples:\n"
+  "  loom ir models/gpt2-124M.json --print-ir-after-all 2> dumps.txt\n"
+  "  loom ir models/llama-tiny.json -o llama.ir && loom ir llama.ir --passes=cse,dce\n";
+
+int cmd_ir(int argc, char **argv) {
+  const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
+  const char *overrides[8];
+  char override_buf[8][128];
+  int n_overrides = 0;
+  PassOptions opt;
+  memset(&opt, 0, sizeof opt);
+  static char print_after_buf[4096];
+  size_t pa_used = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int r;
+    if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
+    if (arg_flag(a, "--list-passes")) { pass_list(stdout); return EXIT_OK; }
+    if (arg_flag(a, "--print-ir-after-all")) { opt.print_after_all = true; continue; }
+    if (arg_flag(a, "--verify-each")) { opt.verify_each = true; continue; }
+    if (arg_flag(a, "--time-passes")) { opt.time_passes = true; continue; }
+    if ((r = arg_value(argc, argv, &i, "--passes", &v))) {
+      if (r < 0) return usage_error("ir", "--passes needs a list of pass names");
+      pipeline = v;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--print-ir-after", &v))) {
+      if (r < 0) return usage_error("ir", "--print-ir-after needs a pass name");
+      /* "a,b" names several passes */
+      size_t len = strlen(v);
+      if (pa_used + len + 1 > sizeof print_after_buf) return usage_error("ir", "too many --print-ir-after passes");
+      char *copy = memcpy(print_after_buf + pa_used, v, len + 1);
+      pa_used += len + 1;
+      for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+        if (!pass_lookup(tok)) return usage_error("ir", "--print-ir-after=%s: unknown pass (see --list-passes)", tok);
+        if (opt.n_print_after == 64) return usage_error("ir", "too many --print-ir-after passes");
+        opt.print_after[opt.n_print_after++] = tok;
+      }
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--dump-dir", &v))) {
+      if (r < 0) return usage_error("ir", "--dump-dir needs a directory");
+      opt.dump_dir = v;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--batch", &v)) || (r = arg_value(argc, argv, &i, "--seq", &v))) {
+      if (r < 0) return usage_error("ir", "%s needs a value", a);
+      if (n_overrides == 8) return usage_error("ir", "too many overrides");
+      snprintf(override_buf[n_overrides], sizeof override_buf[0], "%s=%s", strncmp(a, "--batch", 7) ? "seq" : "batch", v);
+      overrides[n_overrides] = override_buf[n_overrides];
+      n_overrides++;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "-o", &v))) {
+      if (r < 0) return usage_error("ir", "-o needs a file name");
+      out_path = v;
+      continue;
+    }
+    if (a[0] == '-') return usage_error("ir", "unknown option '%s'", a);
+    if (input) return usage_error("ir", "more than one input ('%s' and '%s')", input, a);
+    input = a;
+  }
+  if (!input) return usage_error("ir", "no input: give a model spec (.json) or an IR file (.ir)");
+
+  char err[IR_ERR_LEN];
+  int rc = pipeline_check(pipeline, err, sizeof err);
+  if (rc) return usage_error("ir", "%s", err);
+  Input in;
+  rc = input_load(input, overrides, n_overrides, &in, err, sizeof err);
+  if (rc) return report(rc, err);
+  rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);
+  if (rc) {
+    module_free(in.m);
+    return report(rc, err);
+  }
+  FILE *out = stdout;
+  if (out_path && !(out = fopen(out_path, "w"))) {
+    snprintf(err, sizeof err, "cannot write %s: %s", out_path, strerror(errno));
+    module_free(in.m);
+    return report(EXIT_RUN, err);
+  }
+  print_module(out, in.m);
+  if (out != stdout && fclose(out)) {
+    snprintf(err, sizeof err, "cannot write %s: %s", out_path, strerror(errno));
+    module_free(in.m);
+    return report(EXIT_RUN, err);
+  }
+  module_free(in.m);
+  return EXIT_OK;
+}

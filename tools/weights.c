@@ -1,0 +1,113 @@
+/* tools/weights.c — Hugging Face safetensors in and out of a module's globals. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/safetensors.h"
+#include "tools/tools.h"
+
+static float half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+  if (exp == 0) {
+    if (mant == 0) bits = sign;
+    else {   /* subnormal: normalize */
+      int e = -1;
+      do { e++; mant <<= 1; } while (!(mant & 0x400));
+      bits = sign | (uint32_t)(127 - 15 - e) << 23 | (mant & 0x3FF) << 13;
+    }
+  } else if (exp == 31) bits = sign | 0x7F800000u | mant << 13;
+  else bits = sign | (exp - 15 + 127) << 23 | mant << 13;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+static int convert(const StTensor *st, Tensor *t, const char *path, char *err, size_t errlen) {
+  const uint8_t *p = st->data;
+  for (int64_t k = 0; k < t->n; k++) {
+    float v;
+    switch (st->dtype) {
+    case ST_F32: memcpy(&v, p + 4 * k, 4); break;
+    case ST_BF16: {
+      uint32_t bits = (uint32_t)(p[2 * k] | p[2 * k + 1] << 8) << 16;
+      memcpy(&v, &bits, 4);
+      break;
+    }
+    case ST_F16: v = half_to_float((uint16_t)(p[2 * k] | p[2 * k + 1] << 8)); break;
+    default:
+      snprintf(err, errlen, "%s: tensor '%s' is %s; loom reads F32, BF16 and F16 weights", path, st->name,
+               st_dtype_name(st->dtype));
+      return EXIT_USAGE;
+    }
+    t->f[k] = dtype_round(t->type.dtype, v);
+  }
+  return 0;
+}
+
+int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, size_t errlen) {
+  StFile f;
+  int rc = st_read(path, &f, err, errlen);
+  if (rc) return rc;
+  char alt[512];
+  int used = 0;
+  for (int i = 0; i < m->globals.n && !rc; i++) {
+    const Global *gl = m->globals.items[i];
+    if (gl->kind != GLOBAL_PARAM) continue;
+    const StTensor *st = st_find(&f, gl->name);
+    if (!st) {
+      snprintf(alt, sizeof alt, "transformer.%s", gl->name);
+      st = st_find(&f, alt);
+    }
+    if (!st) {
+      snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
+               "model or config?)", path, gl->name, m->globals.n);
+      rc = EXIT_USAGE;
+      break;
+    }
+    Tensor *t = g->t[i];
+    const Type *ty = &t->type;
+    bool same = st->rank == ty->rank;
+    for (int d = 0; same && d < ty->rank; d++) same = st->shape[d] == ty->dims[d];
+    if (!same) {
+      char want[256], got[256] = "[";
+      for (int d = 0; d < st->rank; d++)
+        snprintf(got + strlen(got), sizeof got - strlen(got), d ? ",%lld" : "%lld", (long long)st->shape[d]);
+      strncat(got, "]", sizeof got - strlen(got) - 1);
+      snprintf(err, errlen, "%s: tensor '%s' is %s but the model needs %s; the config does not match the checkpoint",
+               path, st->name, got, shape_str(ty, want, sizeof want));
+      rc = EXIT_USAGE;
+      break;
+    }
+    rc = convert(st, t, path, err, errlen);
+    used++;
+  }
+  if (!rc && used < f.n)
+    fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - used);
+  st_close(&f);
+  return rc;
+}
+
+int write_tensors(const char *path, const char *const *names, Tensor *const *tensors, int n, char *err, size_t errlen) {
+  StTensor *st = calloc((size_t)(n ? n : 1), sizeof *st);
+  float **bufs = calloc((size_t)(n ? n : 1), sizeof *bufs);
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) {
+    const Tensor *t = tensors[i];
+    st[i].name = (char *)names[i];
+    st[i].dtype = ST_F32;
+    st[i].rank = t->type.rank;
+    for (int d = 0; d < t->type.rank; d++) st[i].shape[d] = t->type.dims[d];
+    st[i].nbytes = (uint64_t)t->n * 4;
+    if (t->f) st[i].data = t->f;
+    else {   /* integer tensors are written as f32 values */
+      bufs[i] = malloc(sizeof(float) * (size_t)(t->n ? t->n : 1));
+      if (!bufs[i]) { snprintf(err, errlen, "out of memory"); rc = EXIT_RUN; break; }
+      for (int64_t k = 0; k < t->n; k++) bufs[i][k] = (float)t->i[k];
+      st[i].data = bufs[i];
+    }
+  }
+  if (!rc) rc = st_write(path, st, n, NULL, NULL, 0, err, errlen);
+  for (int i = 0; i < n; i++) free(bufs[i]);
+  free(bufs);
+  free(st);
+  return rc;
+}
