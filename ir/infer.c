@@ -41,14 +41,23 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     }
 
   switch (info->cls) {
-  case CLASS_ELEMENTWISE:
-    for (int i = 1; i < op->n_operands; i++)
-      if (!type_shape_eq(x, &op->operands[i]->type))
-        return fail(err, errlen, "operands 0 and %d differ: %s vs %s (elementwise ops need equal types; broadcast or cast first)",
-                    i, TS(x), TS(&op->operands[i]->type));
-    r = type_make(x->dtype, x->rank, x->dims);
+  case CLASS_ELEMENTWISE: {
+    /* where(c, a, b): c is bool, a and b agree; the others: all operands agree. */
+    int first = op->kind == OP_WHERE ? 1 : 0;
+    if (op->kind == OP_WHERE) {
+      const Type *a = &op->operands[1]->type;
+      if (x->dtype != DT_BOOL || x->rank != a->rank || memcmp(x->dims, a->dims, sizeof(int64_t) * (size_t)x->rank))
+        return fail(err, errlen, "where needs a bool condition shaped like its values: %s vs %s", TS(x), TS(a));
+    }
+    const Type *t0 = &op->operands[first]->type;
+    for (int i = first + 1; i < op->n_operands; i++)
+      if (!type_shape_eq(t0, &op->operands[i]->type))
+        return fail(err, errlen, "operands %d and %d differ: %s vs %s (elementwise ops need equal types; broadcast or cast first)",
+                    first, i, TS(t0), TS(&op->operands[i]->type));
+    r = type_make(op->kind == OP_EQ || op->kind == OP_GE ? DT_BOOL : t0->dtype, t0->rank, t0->dims);
     out[0] = r;
     return 0;
+  }
   case CLASS_REDUCTION: {
     const Attr *dims = &op->attrs[0];
     bool removed[IR_MAX_RANK] = {0};
@@ -153,6 +162,17 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     }
     break;
   }
+  case OP_PAD: {
+    const Attr *lo = &op->attrs[0], *hi = &op->attrs[1];
+    if (lo->n != x->rank || hi->n != x->rank)
+      return fail(err, errlen, "low and high need %d entries each for %s", x->rank, TS(x));
+    r = type_make(x->dtype, x->rank, x->dims);
+    for (int d = 0; d < x->rank; d++) {
+      if (lo->ints[d] < 0 || hi->ints[d] < 0) return fail(err, errlen, "pad amounts cannot be negative");
+      r.dims[d] += lo->ints[d] + hi->ints[d];
+    }
+    break;
+  }
   case OP_CONCAT: {
     int64_t dim = op_int(op, "dim");
     if (dim < 0 || dim >= x->rank) return fail(err, errlen, "dim %lld is out of range for %s", (long long)dim, TS(x));
@@ -219,6 +239,81 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
       return fail(err, errlen, "cross_entropy targets must be integers shaped like the logits without V: %s for %s", TS(t), TS(x));
     r = type_make(DT_F32, t->rank, t->dims);
     break;
+  }
+  case OP_LAYERNORM_GRAD:
+  case OP_RMSNORM_GRAD: {
+    const Type *xx = &op->operands[1]->type, *w = &op->operands[2]->type;
+    if (!type_shape_eq(x, xx)) return fail(err, errlen, "dy %s and x %s differ", TS(x), TS(xx));
+    if (xx->rank < 1 || w->rank != 1 || w->dims[0] != xx->dims[xx->rank - 1])
+      return fail(err, errlen, "w must be [%lld] to match %s, got %s", (long long)xx->dims[xx->rank - 1], TS(xx), TS(w));
+    out[0] = type_make(xx->dtype, xx->rank, xx->dims);
+    out[1] = type_make(w->dtype, 1, w->dims);
+    if (op->kind == OP_LAYERNORM_GRAD) out[2] = out[1];
+    return 0;
+  }
+  case OP_SOFTMAX_GRAD:
+    if (!type_shape_eq(x, &op->operands[1]->type)) return fail(err, errlen, "dy and y differ: %s vs %s", TS(x), TS(&op->operands[1]->type));
+    r = type_make(x->dtype, x->rank, x->dims);
+    break;
+  case OP_ATTENTION_GRAD: {
+    /* Same checks as the forward, on (q, k, v); dout is shaped like q. */
+    Op fwd = *op;
+    fwd.kind = OP_ATTENTION;
+    fwd.n_operands = 3;
+    fwd.operands = op->operands + 1;
+    fwd.n_results = 1;
+    Type o;
+    if (infer_types(&fwd, &o, err, errlen)) return IR_EINPUT;
+    if (!type_shape_eq(x, &o)) return fail(err, errlen, "dout %s is not shaped like the output %s", TS(x), TS(&o));
+    for (int i = 0; i < 3; i++) {
+      const Type *t = &op->operands[i + 1]->type;
+      out[i] = type_make(t->dtype, t->rank, t->dims);
+    }
+    return 0;
+  }
+  case OP_CROSS_ENTROPY_GRAD: {
+    Op fwd = *op;
+    fwd.kind = OP_CROSS_ENTROPY;
+    fwd.n_operands = 2;
+    fwd.operands = op->operands + 1;
+    fwd.n_results = 1;
+    Type l;
+    if (infer_types(&fwd, &l, err, errlen)) return IR_EINPUT;
+    if (!type_shape_eq(x, &l)) return fail(err, errlen, "dloss %s is not shaped like the loss %s", TS(x), TS(&l));
+    const Type *logits = &op->operands[1]->type;
+    r = type_make(logits->dtype, logits->rank, logits->dims);
+    break;
+  }
+  case OP_EMBEDDING_GRAD: {
+    const Type *ids = &op->operands[1]->type;
+    r = op->results[0]->type;
+    if (!is_int_dtype(ids->dtype) || x->rank != ids->rank + 1 || memcmp(x->dims, ids->dims, sizeof(int64_t) * (size_t)ids->rank))
+      return fail(err, errlen, "embedding_grad needs dy[...,D] and integer ids[...]: got %s and %s", TS(x), TS(ids));
+    if (r.rank != 2 || r.dims[1] != x->dims[x->rank - 1] || r.dtype != x->dtype)
+      return fail(err, errlen, "embedding_grad result must be [V,%lld] %s, declared %s", (long long)x->dims[x->rank - 1],
+                  dtype_name(x->dtype), TS(&r));
+    break;
+  }
+  case OP_ACCUMULATE:
+  case OP_ASSIGN:
+    if (!type_shape_eq(x, &op->operands[1]->type))
+      return fail(err, errlen, "the value %s does not match the destination %s", TS(&op->operands[1]->type), TS(x));
+    return 0;
+  case OP_FILL:
+    return 0;
+  case OP_ADAMW: {
+    for (int i = 1; i < 4; i++) {
+      const Type *t = &op->operands[i]->type;
+      if (t->rank != x->rank || memcmp(t->dims, x->dims, sizeof(int64_t) * (size_t)x->rank))
+        return fail(err, errlen, "operand %d %s is not shaped like the parameter %s", i, TS(t), TS(x));
+    }
+    if (op->operands[1]->type.dtype != DT_F32 || op->operands[2]->type.dtype != DT_F32)
+      return fail(err, errlen, "optimizer moments must be f32");
+    for (int i = 4; i < 7; i++) {
+      const Type *t = &op->operands[i]->type;
+      if (t->rank != 0 || t->dtype != DT_F32) return fail(err, errlen, "operand %d must be an f32 scalar, got %s", i, TS(t));
+    }
+    return 0;
   }
   default:
     return fail(err, errlen, "no shape rule for op %s", info->name);

@@ -46,6 +46,7 @@ static float unary(OpKind k, const Op *op, float x) {
   case OP_SQUARE: return x * x;
   case OP_SCALE: return x * (float)op_float(op, "by");
   case OP_ADD_SCALAR: return x + (float)op_float(op, "value");
+  case OP_SIGN: return (float)((x > 0) - (x < 0));
   default: return 0;
   }
 }
@@ -59,6 +60,16 @@ static float binary(OpKind k, float a, float b) {
   case OP_MAX: return a > b ? a : b;
   case OP_MIN: return a < b ? a : b;
   case OP_POW: return powf(a, b);
+  case OP_GELU_TANH_GRAD: {   /* a = x, b = dy */
+    const float c = 0.7978845608028654f;
+    float u = c * (a + 0.044715f * a * a * a), t = tanhf(u);
+    return b * (0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * a * a));
+  }
+  case OP_SILU_GRAD: {
+    float sg = 1.0f / (1.0f + expf(-a));
+    return b * sg * (1.0f + a * (1.0f - sg));
+  }
+  case OP_RELU_GRAD: return a > 0 ? b : 0;
   default: return 0;
   }
 }
@@ -71,6 +82,7 @@ static int64_t binary_i(OpKind k, int64_t a, int64_t b) {
   case OP_DIV: return b ? a / b : 0;
   case OP_MAX: return a > b ? a : b;
   case OP_MIN: return a < b ? a : b;
+  case OP_RELU_GRAD: return a > 0 ? b : 0;
   default: return 0;
   }
 }
@@ -81,6 +93,7 @@ static int64_t unary_i(OpKind k, int64_t x) {
   case OP_ABS: return x < 0 ? -x : x;
   case OP_RELU: return x > 0 ? x : 0;
   case OP_SQUARE: return x * x;
+  case OP_SIGN: return (x > 0) - (x < 0);
   default: return 0;
   }
 }
@@ -293,10 +306,11 @@ static void rope(const Op *op, const Tensor *x, Tensor *y) {
   int64_t B = x->type.dims[0], T = x->type.dims[1], H = x->type.dims[2], Dh = x->type.dims[3], half = Dh / 2;
   double theta = op_float(op, "theta");
   int64_t offset = op_int(op, "offset");
+  double sign = op_bool(op, "inverse") ? -1.0 : 1.0;
   for (int64_t t = 0; t < T; t++)
     for (int64_t i = 0; i < half; i++) {
       double angle = (double)(t + offset) * pow(theta, -2.0 * (double)i / (double)Dh);
-      float c = (float)cos(angle), s = (float)sin(angle);
+      float c = (float)cos(angle), s = (float)(sign * sin(angle));
       for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
           const float *xr = x->f + ((b * T + t) * H + h) * Dh;
@@ -325,9 +339,175 @@ static int cross_entropy(const Tensor *logits, const Tensor *targets, Tensor *lo
   return 0;
 }
 
+static void pad(const Op *op, const Tensor *x, Tensor *y) {
+  const int64_t *low = op->attrs[0].ints;
+  int64_t xst[IR_MAX_RANK], yst[IR_MAX_RANK];
+  strides_of(&x->type, xst);
+  strides_of(&y->type, yst);
+  for (int64_t k = 0; k < x->n; k++) {
+    int64_t yk = 0, rem = k;
+    for (int d = 0; d < x->type.rank; d++) {
+      int64_t c = rem / xst[d];
+      rem -= c * xst[d];
+      yk += (c + low[d]) * yst[d];
+    }
+    if (y->f) y->f[yk] = x->f[k];
+    else y->i[yk] = x->i[k];
+  }
+}
+
+/* layernorm / rmsnorm backward, per row with xhat the normalized input:
+     dxhat = dy*w;  layernorm: dx = rstd*(dxhat - mean(dxhat) - xhat*mean(dxhat*xhat))
+                    rmsnorm:   dx = rstd*(dxhat - xhat*mean(dxhat*xhat))
+     dw += dy*xhat; db += dy */
+static void norm_grad(const Op *op, Tensor **in, Tensor **out) {
+  const Tensor *dy = in[0], *x = in[1], *w = in[2];
+  bool ln = op->kind == OP_LAYERNORM_GRAD;
+  float eps = (float)op_float(op, "eps");
+  int64_t D = x->type.dims[x->type.rank - 1], rows = D ? x->n / D : 0;
+  Tensor *dx = out[0], *dw = out[1], *db = ln ? out[2] : NULL;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x->f + r * D, *dyr = dy->f + r * D;
+    float *dxr = dx->f + r * D;
+    float mean = 0, var = 0;
+    if (ln) {
+      for (int64_t i = 0; i < D; i++) mean += xr[i];
+      mean /= (float)D;
+      for (int64_t i = 0; i < D; i++) var += (xr[i] - mean) * (xr[i] - mean);
+    } else {
+      for (int64_t i = 0; i < D; i++) var += xr[i] * xr[i];
+    }
+    var /= (float)D;
+    float rstd = 1.0f / sqrtf(var + eps), sum_g = 0, sum_gx = 0;
+    for (int64_t i = 0; i < D; i++) {
+      float xhat = (xr[i] - mean) * rstd, g = dyr[i] * w->f[i];
+      sum_g += g;
+      sum_gx += g * xhat;
+      dw->f[i] += dyr[i] * xhat;
+      if (db) db->f[i] += dyr[i];
+    }
+    sum_g /= (float)D;
+    sum_gx /= (float)D;
+    for (int64_t i = 0; i < D; i++) {
+      float xhat = (xr[i] - mean) * rstd, g = dyr[i] * w->f[i];
+      dxr[i] = rstd * (g - (ln ? sum_g : 0) - xhat * sum_gx);
+    }
+  }
+}
+
+/* attention backward, recomputing the probabilities p of each query row:
+     dv_s += p_s dout;  dp_s = dout . v_s;  ds_s = p_s (dp_s - sum_j p_j dp_j)
+     dq += scale sum_s ds_s k_s;  dk_s += scale ds_s q
+   Key/value gradients of a kv head sum over the query heads that share it. */
+static int attention_grad(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen) {
+  const Tensor *dout = in[0], *q = in[1], *k = in[2], *v = in[3];
+  Tensor *dq = out[0], *dk = out[1], *dv = out[2];
+  int64_t B = q->type.dims[0], T = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
+  int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
+  float scale = (float)op_float(op, "scale");
+  bool causal = op_bool(op, "causal");
+  float *p = malloc(sizeof(float) * (size_t)(S ? S : 1)), *dp = malloc(sizeof(float) * (size_t)(S ? S : 1));
+  if (!p || !dp) {
+    free(p);
+    free(dp);
+    return fail(err, errlen, "out of memory in attention_grad");
+  }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++) {
+        const float *qv = q->f + ((b * T + t) * H + h) * Dh, *dov = dout->f + ((b * T + t) * H + h) * Dh;
+        float *dqv = dq->f + ((b * T + t) * H + h) * Dh;
+        int64_t kvh = h / group, n = causal ? t + 1 : S;
+        for (int64_t s = 0; s < n; s++) {
+          const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
+          p[s] = dot * scale;
+        }
+        softmax_rows(p, p, n);
+        float sum = 0;
+        for (int64_t s = 0; s < n; s++) {
+          const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
+          float *dvv = dv->f + ((b * S + s) * KV + kvh) * Dh;
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; d++) {
+            dot += dov[d] * vv[d];
+            dvv[d] += p[s] * dov[d];
+          }
+          dp[s] = dot;
+          sum += p[s] * dot;
+        }
+        for (int64_t s = 0; s < n; s++) {
+          float ds = p[s] * (dp[s] - sum) * scale;
+          const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
+          float *dkv = dk->f + ((b * S + s) * KV + kvh) * Dh;
+          for (int64_t d = 0; d < Dh; d++) {
+            dqv[d] += ds * kv[d];
+            dkv[d] += ds * qv[d];
+          }
+        }
+      }
+  free(p);
+  free(dp);
+  return 0;
+}
+
+static int cross_entropy_grad(Tensor **in, Tensor *dlogits, char *err, size_t errlen) {
+  const Tensor *dloss = in[0], *logits = in[1], *targets = in[2];
+  int64_t V = logits->type.dims[logits->type.rank - 1];
+  for (int64_t r = 0; r < dloss->n; r++) {
+    const float *l = logits->f + r * V;
+    float *g = dlogits->f + r * V;
+    int64_t t = targets->i[r];
+    if (t < 0 || t >= V) {
+      snprintf(err, errlen, "target %lld at position %lld is outside the vocabulary of %lld", (long long)t,
+               (long long)r, (long long)V);
+      return IR_EINPUT;
+    }
+    softmax_rows(l, g, V);
+    g[t] -= 1.0f;
+    for (int64_t i = 0; i < V; i++) g[i] *= dloss->f[r];
+  }
+  return 0;
+}
+
+static void adamw(const Op *op, Tensor **in) {
+  Tensor *p = in[0], *m = in[1], *v = in[2];
+  const Tensor *g = in[3];
+  float gscale = in[4]->f[0], lr = in[5]->f[0];
+  double t = in[6]->f[0];
+  float b1 = (float)op_float(op, "beta1"), b2 = (float)op_float(op, "beta2"), eps = (float)op_float(op, "eps");
+  float wd = (float)op_float(op, "weight_decay");
+  float bc1 = (float)(1.0 - pow(op_float(op, "beta1"), t)), bc2_sqrt = (float)sqrt(1.0 - pow(op_float(op, "beta2"), t));
+  float step_size = lr / bc1;
+  for (int64_t k = 0; k < p->n; k++) {
+    float gk = g->f[k] * gscale;
+    float pk = p->f[k] * (1.0f - lr * wd);
+    m->f[k] = b1 * m->f[k] + (1.0f - b1) * gk;
+    v->f[k] = b2 * v->f[k] + (1.0f - b2) * gk * gk;
+    float denom = sqrtf(v->f[k]) / bc2_sqrt + eps;
+    p->f[k] = dtype_round(p->type.dtype, pk - step_size * m->f[k] / denom);
+  }
+}
+
 int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen) {
   const OpInfo *info = op_info(op->kind);
   Tensor *y = out[0];
+  if (op->kind == OP_EQ || op->kind == OP_GE) {
+    for (int64_t k = 0; k < y->n; k++) {
+      double a = get_f(in[0], k), b = get_f(in[1], k);
+      y->i[k] = op->kind == OP_EQ ? a == b : a >= b;
+    }
+    return 0;
+  }
+  if (op->kind == OP_WHERE) {
+    for (int64_t k = 0; k < y->n; k++) {
+      const Tensor *src = in[0]->i[k] ? in[1] : in[2];
+      if (y->f) y->f[k] = src->f[k];
+      else y->i[k] = src->i[k];
+    }
+    return 0;
+  }
   if (info->cls == CLASS_ELEMENTWISE) {
     bool fl = y->f != NULL;
     for (int64_t k = 0; k < y->n; k++) {
@@ -405,6 +585,56 @@ int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen)
   case OP_ATTENTION: return attention(op, in, y, err, errlen);
   case OP_ROPE: rope(op, in[0], y); return 0;
   case OP_CROSS_ENTROPY: return cross_entropy(in[0], in[1], y, err, errlen);
+  case OP_PAD: pad(op, in[0], y); return 0;
+  case OP_LAYERNORM_GRAD:
+  case OP_RMSNORM_GRAD: norm_grad(op, in, out); return 0;
+  case OP_SOFTMAX_GRAD: {
+    int64_t D = y->type.dims[y->type.rank - 1];
+    for (int64_t r = 0; D && r < y->n / D; r++) {
+      const float *dy = in[0]->f + r * D, *yy = in[1]->f + r * D;
+      float dot = 0;
+      for (int64_t i = 0; i < D; i++) dot += dy[i] * yy[i];
+      for (int64_t i = 0; i < D; i++) y->f[r * D + i] = yy[i] * (dy[i] - dot);
+    }
+    return 0;
+  }
+  case OP_ATTENTION_GRAD: return attention_grad(op, in, out, err, errlen);
+  case OP_CROSS_ENTROPY_GRAD: return cross_entropy_grad(in, y, err, errlen);
+  case OP_EMBEDDING_GRAD: {
+    const Tensor *dy = in[0], *ids = in[1];
+    int64_t V = y->type.dims[0], D = y->type.dims[1];
+    for (int64_t r = 0; r < ids->n; r++) {
+      int64_t id = ids->i[r];
+      if (id < 0 || id >= V) {
+        snprintf(err, errlen, "token id %lld at position %lld is outside the vocabulary of %lld", (long long)id,
+                 (long long)r, (long long)V);
+        return IR_EINPUT;
+      }
+      for (int64_t d = 0; d < D; d++) y->f[id * D + d] += dy->f[r * D + d];
+    }
+    return 0;
+  }
+  case OP_ACCUMULATE:
+  case OP_ASSIGN: {
+    Tensor *dst = in[0];
+    const Tensor *x = in[1];
+    bool acc = op->kind == OP_ACCUMULATE;
+    for (int64_t k = 0; k < dst->n; k++) {
+      if (dst->f) dst->f[k] = dtype_round(dst->type.dtype, (acc ? dst->f[k] : 0) + x->f[k]);
+      else dst->i[k] = (acc ? dst->i[k] : 0) + x->i[k];
+    }
+    return 0;
+  }
+  case OP_FILL: {
+    Tensor *dst = in[0];
+    double v = op_float(op, "value");
+    for (int64_t k = 0; k < dst->n; k++) {
+      if (dst->f) dst->f[k] = dtype_round(dst->type.dtype, (float)v);
+      else dst->i[k] = (int64_t)v;
+    }
+    return 0;
+  }
+  case OP_ADAMW: adamw(op, in); return 0;
   default: break;
   }
   snprintf(err, errlen, "the reference executor has no kernel for op '%s'", info->name);

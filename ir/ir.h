@@ -100,8 +100,10 @@ typedef enum {
 enum {
   OPF_COMMUTATIVE = 1 << 0,
   OPF_TYPED = 1 << 1,
-  OPF_EFFECT = 1 << 2,
-  OPF_FLOAT_ONLY = 1 << 3,
+  OPF_FLOAT_ONLY = 1 << 2,
+  OPF_W1 = 1 << 3,           /* writes operand 0 (a global) */
+  OPF_W3 = 1 << 4,           /* writes operands 0, 1 and 2 (globals) */
+  OPF_EFFECT = OPF_W1 | OPF_W3,
 };
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_BOOL, ATTR_INTS, ATTR_DTYPE, ATTR_STR } AttrKind;
@@ -134,6 +136,7 @@ typedef struct {
 } OpInfo;
 
 const OpInfo *op_info(OpKind k);
+int op_n_writes(OpKind k);      /* how many leading operands the op writes (0 if pure) */
 int op_lookup(const char *name, size_t n, OpKind *out);   /* 0 ok, -1 unknown */
 const char *op_class_name(OpClass c);
 int op_attr_index(OpKind k, const char *name);            /* -1 if the op has no such attr */

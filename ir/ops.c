@@ -77,6 +77,11 @@ const OpInfo *op_info(OpKind k) {
   return &op_table[k];
 }
 
+int op_n_writes(OpKind k) {
+  unsigned f = op_defs[k].flags;
+  return (f & OPF_W3) ? 3 : (f & OPF_W1) ? 1 : 0;
+}
+
 int op_lookup(const char *name, size_t n, OpKind *out) {
   for (int k = 0; k < OP_COUNT; k++)
     if (strlen(op_defs[k].name) == n && !memcmp(op_defs[k].name, name, n)) {

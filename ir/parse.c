@@ -377,15 +377,19 @@ static int define_local(Parser *ps, Value *v, const Tok *at) {
 static int parse_op(Parser *ps, Func *f) {
   Tok defs[16];
   int n_defs = 0;
-  for (;;) {
-    if (!tok_is(ps, TK_LOCAL)) return expected(ps, "a result name (%name) or 'return'");
+  /* An op without results (an effect such as accumulate) starts with its name. */
+  while (!tok_is(ps, TK_IDENT)) {
+    if (!tok_is(ps, TK_LOCAL)) return expected(ps, "a result name (%name), an op name or 'return'");
     if (n_defs == 16) return error_at(ps, &ps->tok, "too many results");
     defs[n_defs++] = ps->tok;
     next(ps);
-    if (!tok_is(ps, TK_COMMA)) break;
-    next(ps);
+    if (tok_is(ps, TK_COMMA)) {
+      next(ps);
+      continue;
+    }
+    if (expect(ps, TK_EQ, "'='")) return IR_EINPUT;
+    break;
   }
-  if (expect(ps, TK_EQ, "'='")) return IR_EINPUT;
   OpKind kind;
   Tok optok = ps->tok;
   if (!tok_is(ps, TK_IDENT) || op_lookup(ps->tok.s, ps->tok.n, &kind)) {
@@ -410,8 +414,8 @@ static int parse_op(Parser *ps, Func *f) {
     return error_at(ps, &optok, "op '%s' takes %s%d operand%s, found %d", info->name, info->n_operands < 0 ? "at least " : "",
                     info->n_operands < 0 ? 1 : info->n_operands, info->n_operands == 1 ? "" : "s", n_operands);
   if (n_defs != info->n_results)
-    return error_at(ps, &defs[0], "op '%s' has %d result%s, but %d name%s given", info->name, info->n_results,
-                    info->n_results == 1 ? "" : "s", n_defs, n_defs == 1 ? " is" : "s are");
+    return error_at(ps, n_defs ? &defs[0] : &optok, "op '%s' has %d result%s, but %d name%s given", info->name,
+                    info->n_results, info->n_results == 1 ? "" : "s", n_defs, n_defs == 1 ? " is" : "s are");
   Op *op = func_add_op(f, kind, operands, n_operands, NULL);
   op->line = optok.line;
   if (tok_is(ps, TK_LBRACE)) {
@@ -425,7 +429,7 @@ static int parse_op(Parser *ps, Func *f) {
   for (int i = 0; i < info->n_attrs; i++)
     if (!op->attrs[i].set)
       return error_at(ps, &optok, "op '%s' needs attribute '%s'", info->name, info->attrs[i].name);
-  if (expect(ps, TK_COLON, "':' and the result type")) return IR_EINPUT;
+  if (n_defs && expect(ps, TK_COLON, "':' and the result type")) return IR_EINPUT;
   for (int r = 0; r < n_defs; r++) {
     if (r && expect(ps, TK_COMMA, "',' and the next result type")) return IR_EINPUT;
     if (parse_type(ps, &op->results[r]->type)) return IR_EINPUT;

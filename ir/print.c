@@ -103,7 +103,7 @@ static void print_op_named(FILE *out, const Namer *nm, const Op *op) {
     if (r) fputs(", ", out);
     print_value(out, nm, op->results[r]);
   }
-  fprintf(out, " = %s", info->name);
+  fprintf(out, op->n_results ? " = %s" : "%s", info->name);
   for (int i = 0; i < op->n_operands; i++) {
     fputs(i ? ", " : " ", out);
     print_value(out, nm, op->operands[i]);
@@ -119,7 +119,7 @@ static void print_op_named(FILE *out, const Namer *nm, const Op *op) {
     print_attr_value(out, a);
   }
   if (open) fputc('}', out);
-  fputs(" : ", out);
+  if (op->n_results) fputs(" : ", out);
   for (int r = 0; r < op->n_results; r++) {
     if (r) fputs(", ", out);
     type_fprint(out, &op->results[r]->type);

@@ -70,6 +70,9 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
       return op_error(vf, op, "operand %d (%%%s) is used before it is defined", i, v->name ? v->name : "?");
     }
   }
+  for (int i = 0; i < op_n_writes(op->kind); i++)
+    if (op->operands[i]->kind != VAL_GLOBAL)
+      return op_error(vf, op, "operand %d is written, so it must be a global ($name)", i);
   for (int i = 0; i < info->n_attrs; i++) {
     if (!op->attrs[i].set) return op_error(vf, op, "attribute '%s' is not set", info->attrs[i].name);
     if (op->attrs[i].kind != info->attrs[i].kind)

@@ -54,6 +54,9 @@ static int cse_func(Func *f) {
       if (v->kind == VAL_RESULT && repl[v->id]) op->operands[k] = repl[v->id];
     }
     if (op_info(op->kind)->flags & OPF_EFFECT) {
+      /* A write to a global may change what later reads of it see: nothing computed
+         before it is reused after it. */
+      memset(table, 0, cap * sizeof *table);
       f->ops.items[kept++] = op;
       continue;
     }

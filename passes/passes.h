@@ -6,6 +6,9 @@
  *   dce.c           pass "dce": removes ops whose results are never used
  *   cse.c           pass "cse": merges identical ops
  *   canonicalize.c  pass "canonicalize": folds identities and chains of data movement
+ *   precision.c     pass "mixed-precision": bf16 compute on f32 master weights
+ *   autodiff.c      pass "autodiff": @forward -> @grad_step (forward, loss, backward)
+ *   optimizer.c     pass "optimizer": @optimizer_step (norm, clipping, AdamW, zeroing)
  */
 #ifndef LOOM_PASSES_H
 #define LOOM_PASSES_H
@@ -20,8 +23,17 @@ typedef struct {
   int (*run)(Module *m, PassContext *ctx, char *err, size_t errlen);
 } Pass;
 
+/* Training settings the training passes read (autodiff, optimizer, mixed-precision). */
+typedef struct {
+  int64_t grad_accum;        /* micro-batches per optimizer step: the loss seed is 1/grad_accum */
+  double beta1, beta2, eps, weight_decay, grad_clip;
+  bool bf16;                 /* mixed precision: bf16 compute, f32 master weights */
+} TrainSettings;
+extern const TrainSettings train_defaults;
+
 /* Options of one pipeline run. */
 typedef struct {
+  const TrainSettings *train;   /* NULL: train_defaults */
   const char *print_after[64];  /* pass names: print the IR after each of them */
   int n_print_after;
   bool print_after_all;
@@ -44,8 +56,14 @@ int pipeline_check(const char *pipeline, char *err, size_t errlen);
 /* Runs the passes in order with the hooks of `opt` (may be NULL). */
 int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *err, size_t errlen);
 
-/* The pipeline `loom ir` runs when none is given. */
+/* The pipeline `loom ir` runs when none is given, and the one training adds. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
+#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,cse,dce,verify"
+
+/* Gradient and optimizer-state globals are named "<prefix><parameter name>". */
+#define GRAD_PREFIX "grad."
+#define ADAM_M_PREFIX "adam_m."
+#define ADAM_V_PREFIX "adam_v."
 
 /* util.c */
 /* Rewrites every use of values by their replacement: repl[v->id] (NULL = keep).  Ids

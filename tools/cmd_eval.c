@@ -19,6 +19,8 @@ static const char help[] =
   "  --batch=B         batch size (default: the spec's)\n"
   "  --seq=T           sequence length (default: the spec's)\n"
   "  --out=FILE        also write 'logits' [B,T,V] and 'loss' (f32) to a safetensors file\n"
+  "  --grads           also compute the gradient of the loss for every parameter and\n"
+  "                    write it to --out as 'grad.<name>' (through the autodiff pass)\n"
   "  -h, --help        show this help\n"
   "\n"
   "example:\n"
@@ -27,6 +29,7 @@ static const char help[] =
 
 int cmd_eval(int argc, char **argv) {
   const char *spec = NULL, *weights = NULL, *tokens = NULL, *out = NULL, *v;
+  bool grads = false;
   char override_buf[2][128];
   const char *overrides[2];
   int n_overrides = 0;
@@ -34,6 +37,7 @@ int cmd_eval(int argc, char **argv) {
     const char *a = argv[i];
     int r;
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
+    if (arg_flag(a, "--grads")) { grads = true; continue; }
     if ((r = arg_value(argc, argv, &i, "--weights", &v))) { if (r < 0) goto missing; weights = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--tokens", &v))) { if (r < 0) goto missing; tokens = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--out", &v))) { if (r < 0) goto missing; out = v; continue; }
@@ -56,6 +60,7 @@ int cmd_eval(int argc, char **argv) {
   if (!weights) return usage_error("eval", "--weights is required");
   if (!tokens) return usage_error("eval", "--tokens is required");
   if (ends_with(spec, ".ir")) return usage_error("eval", "eval takes a model spec (.json), not an IR file");
+  if (grads && !out) return usage_error("eval", "--grads writes its results to --out; give --out=FILE");
 
   char err[IR_ERR_LEN];
   Input in;
@@ -66,9 +71,18 @@ int cmd_eval(int argc, char **argv) {
   GlobalStore *g = NULL;
   TokShard shard;
   memset(&shard, 0, sizeof shard);
-  Tensor *args[2] = {0}, *rets[2] = {0};
+  Tensor *args[2] = {0}, *rets[2] = {0}, *grad_loss = NULL;
+  Tensor **outs = NULL;
+  const char **names = NULL;
 
-  rc = pipeline_run(m, DEFAULT_PIPELINE, NULL, err, sizeof err);
+  /* With --grads the autodiff pass adds @grad_step; the precision of the spec applies. */
+  TrainSettings ts = train_defaults;
+  ts.bf16 = !strcmp(in.spec.precision, "bf16");
+  PassOptions popt;
+  memset(&popt, 0, sizeof popt);
+  popt.train = &ts;
+  rc = pipeline_run(m, grads ? "verify,canonicalize,mixed-precision,autodiff,cse,dce,verify" : DEFAULT_PIPELINE,
+                    &popt, err, sizeof err);
   if (rc) goto done;
   if (!(g = globals_new(m))) { snprintf(err, sizeof err, "out of memory for the parameters"); rc = EXIT_RUN; goto done; }
   if ((rc = load_weights(m, g, weights, err, sizeof err))) goto done;
@@ -92,11 +106,31 @@ int cmd_eval(int argc, char **argv) {
   double dt = seconds_now() - t0;
   printf("loss %.6f\n", rets[1]->f[0]);
   fprintf(stderr, "loom: eval of %lld tokens took %.3f s on the reference executor\n", (long long)(B * T), dt);
-  if (out) {
-    const char *names[2] = {"logits", "loss"};
-    rc = write_tensors(out, names, rets, 2, err, sizeof err);
+  int n_out = 2;
+  outs = calloc((size_t)m->globals.n + 2, sizeof *outs);
+  names = calloc((size_t)m->globals.n + 2, sizeof *names);
+  if (!outs || !names) { snprintf(err, sizeof err, "out of memory"); rc = EXIT_RUN; goto done; }
+  outs[0] = rets[0];
+  outs[1] = rets[1];
+  names[0] = "logits";
+  names[1] = "loss";
+  if (grads) {
+    /* @grad_step accumulates d(loss)/d(param) into $grad.<name>. */
+    Func *gs = module_find_func(m, "grad_step");
+    if ((rc = interp_run(gs, g, args, &grad_loss, err, sizeof err))) goto done;
+    for (int i = 0; i < m->globals.n; i++) {
+      const Global *gl = m->globals.items[i];
+      if (gl->kind == GLOBAL_STATE && !strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) {
+        names[n_out] = gl->name;
+        outs[n_out++] = g->t[i];
+      }
+    }
   }
+  if (out) rc = write_tensors(out, names, outs, n_out, err, sizeof err);
 done:
+  free(outs);
+  free(names);
+  tensor_free(grad_loss);
   for (int k = 0; k < 2; k++) {
     tensor_free(args[k]);
     tensor_free(rets[k]);

@@ -1,0 +1,527 @@
+/* frontend/config.c: Hugging Face config.json (gpt2, llama) -> ModelConfig, plus the JSON
+ * helpers spec.c shares. Messages name the file, the key path, what was found and a fix. */
+#include "frontend/config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int config_errorf(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  if (err && errlen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
+
+const char *arch_name(ModelArch arch) {
+  switch (arch) {
+  case ARCH_GPT2: return "gpt2";
+  case ARCH_LLAMA: return "llama";
+  }
+  return "unknown";
+}
+
+void config_describe_value(const json_t *v, char *buf, size_t n) {
+  if (n == 0) return;
+  if (!v) {
+    snprintf(buf, n, "nothing");
+  } else if (json_is_object(v)) {
+    snprintf(buf, n, "an object");
+  } else if (json_is_array(v)) {
+    snprintf(buf, n, "an array");
+  } else if (json_is_real(v)) {
+    /* %.15g keeps 0.1 as "0.1"; keep a ".0" so 768.0 reads as the float it is. */
+    char num[64];
+    snprintf(num, sizeof num, "%.15g", json_real_value(v));
+    if (!strpbrk(num, ".eEni")) strncat(num, ".0", sizeof num - strlen(num) - 1);
+    snprintf(buf, n, "%s", num);
+  } else {
+    char *text = json_dumps(v, JSON_ENCODE_ANY);
+    if (!text) {
+      snprintf(buf, n, "a value");
+      return;
+    }
+    const size_t max = 60;
+    if (strlen(text) > max && n > max + 4)
+      snprintf(buf, n, "%.*s...", (int)max, text);
+    else
+      snprintf(buf, n, "%s", text);
+    free(text);
+  }
+}
+
+size_t config_edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 64 || lb > 64) return (size_t)-1; /* not a typo of anything we know */
+  size_t row[65];
+  for (size_t j = 0; j <= lb; j++) row[j] = j;
+  for (size_t i = 1; i <= la; i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      char ca = a[i - 1], cb = b[j - 1];
+      if (ca >= 'A' && ca <= 'Z') ca = (char)(ca - 'A' + 'a');
+      if (cb >= 'A' && cb <= 'Z') cb = (char)(cb - 'A' + 'a');
+      size_t best = diag + (ca != cb);
+      if (row[j] + 1 < best) best = row[j] + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      diag = row[j];
+      row[j] = best;
+    }
+  }
+  return row[lb];
+}
+
+int config_read_json_file(const char *path, json_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    int e = errno;
+    int rc = (e == ENOENT || e == ENOTDIR || e == EACCES || e == ENAMETOOLONG || e == ELOOP) ? 2 : 1;
+    return config_errorf(err, errlen, rc, "%s: cannot open: %s; check the path", path, strerror(e));
+  }
+  if (S_ISDIR(st.st_mode))
+    return config_errorf(err, errlen, 2, "%s: is a folder, expected a JSON file; name the file itself",
+                         path);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    int e = errno;
+    return config_errorf(err, errlen, e == EACCES ? 2 : 1, "%s: cannot open: %s; check the path",
+                         path, strerror(e));
+  }
+  json_error_t je;
+  json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
+  int read_failed = ferror(f);
+  fclose(f);
+  if (!root) {
+    if (read_failed) return config_errorf(err, errlen, 1, "%s: read error; check the file", path);
+    if (json_error_code(&je) == json_error_out_of_memory)
+      return config_errorf(err, errlen, 1, "%s: out of memory while reading JSON", path);
+    if (je.line > 0)
+      return config_errorf(err, errlen, 2,
+                           "%s:%d:%d: invalid JSON: %s; fix the JSON there (no comments, no "
+                           "trailing commas, no duplicate keys)",
+                           path, je.line, je.column, je.text);
+    return config_errorf(err, errlen, 2, "%s: invalid JSON: %s; fix the JSON", path, je.text);
+  }
+  *out = root;
+  return 0;
+}
+
+/* ---- reading one HF config object ---- */
+
+typedef struct {
+  json_t *obj;
+  const char *file;
+  char prefix[256]; /* "" or "model." */
+  char *err;
+  size_t errlen;
+} Reader;
+
+/* The JSON path of a key for messages: prefix + name. */
+static const char *key_path(const Reader *r, const char *name, char *buf, size_t n) {
+  snprintf(buf, n, "%s%s", r->prefix, name);
+  return buf;
+}
+
+/* A key's value; JSON null counts as absent (HF writes null for "use the default"). */
+static json_t *get(const Reader *r, const char *name) {
+  json_t *v = json_object_get(r->obj, name);
+  return (v && !json_is_null(v)) ? v : NULL;
+}
+
+static int bad_value(const Reader *r, const char *name, const char *expected, const json_t *v,
+                     const char *fix) {
+  char key[320], found[96];
+  config_describe_value(v, found, sizeof found);
+  return config_errorf(r->err, r->errlen, 2, "%s: key \"%s\": expected %s, found %s; %s", r->file,
+                       key_path(r, name, key, sizeof key), expected, found, fix);
+}
+
+static int size_of(const Reader *r, const char *name, const json_t *v, const char *fix,
+                   int64_t *out) {
+  if (json_is_integer(v)) {
+    json_int_t x = json_integer_value(v);
+    if (x > 0 && x <= CONFIG_MAX_SIZE) {
+      *out = (int64_t)x;
+      return 0;
+    }
+  } else if (json_is_real(v)) {
+    double d = json_real_value(v);
+    if (isfinite(d) && d == floor(d) && d > 0 && d <= (double)CONFIG_MAX_SIZE) {
+      *out = (int64_t)d;
+      return 0;
+    }
+  }
+  char set_fix[256];
+  snprintf(set_fix, sizeof set_fix, "set it to %s", fix);
+  if (json_is_number(v) && json_number_value(v) > (double)CONFIG_MAX_SIZE)
+    return bad_value(r, name, "a positive integer at most 2147483647", v, set_fix);
+  return bad_value(r, name, "a positive integer", v, set_fix);
+}
+
+/* A size under `name` or its alias. *present (if given) says whether either was there;
+ * *used (if given) is the name the file used. Both names present must agree. */
+static int get_size(const Reader *r, const char *name, const char *alias, bool required,
+                    const char *fix, int64_t *out, bool *present, const char **used) {
+  json_t *a = get(r, name), *b = alias ? get(r, alias) : NULL;
+  if (present) *present = a || b;
+  if (used) *used = (a || !b) ? name : alias;
+  if (!a && !b) {
+    if (!required) return 0;
+    char key[320];
+    if (alias)
+      return config_errorf(r->err, r->errlen, 2,
+                           "%s: key \"%s\": missing (also looked for \"%s\"); set it to %s", r->file,
+                           key_path(r, name, key, sizeof key), alias, fix);
+    return config_errorf(r->err, r->errlen, 2, "%s: key \"%s\": missing; set it to %s", r->file,
+                         key_path(r, name, key, sizeof key), fix);
+  }
+  int64_t va = 0, vb = 0;
+  int rc;
+  if (a && (rc = size_of(r, name, a, fix, &va))) return rc;
+  if (b && (rc = size_of(r, alias, b, fix, &vb))) return rc;
+  if (a && b && va != vb) {
+    char key[320];
+    return config_errorf(r->err, r->errlen, 2,
+                         "%s: key \"%s\": %lld disagrees with its alias \"%s\" (%lld); remove one "
+                         "of the two",
+                         r->file, key_path(r, name, key, sizeof key), (long long)va, alias,
+                         (long long)vb);
+  }
+  *out = a ? va : vb;
+  return 0;
+}
+
+/* A positive finite number (epsilons, RoPE base); absent or null -> dflt. */
+static int get_positive(const Reader *r, const char *name, double dflt, const char *fix,
+                        double *out) {
+  json_t *v = get(r, name);
+  if (!v) {
+    *out = dflt;
+    return 0;
+  }
+  double d = json_is_number(v) ? json_number_value(v) : NAN;
+  if (!(isfinite(d) && d > 0)) return bad_value(r, name, "a positive number", v, fix);
+  *out = d;
+  return 0;
+}
+
+static int get_bool(const Reader *r, const char *name, bool dflt, bool *out) {
+  json_t *v = get(r, name);
+  if (!v) {
+    *out = dflt;
+    return 0;
+  }
+  if (!json_is_boolean(v)) return bad_value(r, name, "true or false", v, "write true or false");
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* A string, or NULL when absent/null. */
+static int get_string(const Reader *r, const char *name, const char *fix, const char **out) {
+  json_t *v = get(r, name);
+  *out = NULL;
+  if (!v) return 0;
+  if (!json_is_string(v)) return bad_value(r, name, "a string", v, fix);
+  *out = json_string_value(v);
+  return 0;
+}
+
+/* A setting loom does not implement yet: refuse it, since ignoring it would train a
+ * different model than the file describes. */
+static int refuse(const Reader *r, const char *name, const char *what, const char *fix) {
+  char key[320];
+  return config_errorf(r->err, r->errlen, 2, "%s: key \"%s\": %s is not yet supported; %s", r->file,
+                       key_path(r, name, key, sizeof key), what, fix);
+}
+
+static int not_divisible(const Reader *r, const char *a, int64_t va, const char *b, int64_t vb,
+                         const char *why) {
+  char key[320];
+  return config_errorf(r->err, r->errlen, 2, "%s: key \"%s\": %s (%lld) is not divisible by %s (%lld); %s",
+                       r->file, key_path(r, a, key, sizeof key), a, (long long)va, b,
+                       (long long)vb, why);
+}
+
+static int read_gpt2(const Reader *r, ModelConfig *m) {
+  int rc;
+  const char *embd_name, *head_name;
+  m->arch = ARCH_GPT2;
+  if ((rc = get_size(r, "vocab_size", NULL, true, "the tokenizer's vocabulary size (e.g. 50257)",
+                     &m->vocab_size, NULL, NULL)) ||
+      (rc = get_size(r, "n_positions", "max_position_embeddings", true,
+                     "the longest sequence the model has positions for (e.g. 1024)", &m->max_pos,
+                     NULL, NULL)) ||
+      (rc = get_size(r, "n_embd", "hidden_size", true, "the model width (e.g. 768)", &m->hidden,
+                     NULL, &embd_name)) ||
+      (rc = get_size(r, "n_layer", "num_hidden_layers", true, "the number of layers (e.g. 12)",
+                     &m->n_layer, NULL, NULL)) ||
+      (rc = get_size(r, "n_head", "num_attention_heads", true,
+                     "the number of attention heads (e.g. 12)", &m->n_head, NULL, &head_name)))
+    return rc;
+  bool has_inner;
+  if ((rc = get_size(r, "n_inner", NULL, false, "the MLP width, or null for 4 * n_embd",
+                     &m->intermediate, &has_inner, NULL)))
+    return rc;
+  if (!has_inner) m->intermediate = 4 * m->hidden;
+  if ((rc = get_positive(r, "layer_norm_epsilon", 1e-5, "set it to e.g. 1e-05", &m->norm_eps)))
+    return rc;
+
+  const char *act;
+  if ((rc = get_string(r, "activation_function", "set it to \"gelu_new\"", &act))) return rc;
+  if (act && strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0) {
+    char what[128];
+    snprintf(what, sizeof what, "activation_function \"%.60s\"", act);
+    return refuse(r, "activation_function", what,
+                  "loom's GPT-2 uses the tanh approximation of GELU: \"gelu_new\" or "
+                  "\"gelu_pytorch_tanh\"");
+  }
+  bool flag;
+  if ((rc = get_bool(r, "tie_word_embeddings", true, &flag))) return rc;
+  if (!flag)
+    return refuse(r, "tie_word_embeddings", "an untied GPT-2 (tie_word_embeddings false)",
+                  "GPT-2 shares its token embedding with the output layer: remove the key or set "
+                  "it to true");
+  if ((rc = get_bool(r, "scale_attn_weights", true, &flag))) return rc;
+  if (!flag)
+    return refuse(r, "scale_attn_weights", "attention without 1/sqrt(head_dim) scaling",
+                  "remove the key or set it to true");
+  if ((rc = get_bool(r, "scale_attn_by_inverse_layer_idx", false, &flag))) return rc;
+  if (flag)
+    return refuse(r, "scale_attn_by_inverse_layer_idx", "scaling attention by 1/layer index",
+                  "remove the key or set it to false");
+
+  if (m->hidden % m->n_head != 0)
+    return not_divisible(r, embd_name, m->hidden, head_name, m->n_head,
+                         "the head size must be a whole number: choose a head count that divides "
+                         "the width");
+  m->n_kv_head = m->n_head;
+  m->head_dim = m->hidden / m->n_head;
+  m->rope_theta = 0;
+  m->tied = true;
+  m->attention_bias = m->mlp_bias = false;
+  return 0;
+}
+
+/* RoPE base: rope_parameters.rope_theta (newer transformers), else rope_theta, else 10000.
+ * Any RoPE scaling is refused: positions would silently differ from the trained model's. */
+static int read_rope(const Reader *r, ModelConfig *m) {
+  char key[320], found[96];
+  json_t *scaling = get(r, "rope_scaling");
+  if (scaling) {
+    config_describe_value(scaling, found, sizeof found);
+    json_t *type = json_is_object(scaling) ? json_object_get(scaling, "rope_type") : NULL;
+    if (!type && json_is_object(scaling)) type = json_object_get(scaling, "type");
+    if (json_is_string(type)) snprintf(found, sizeof found, "rope_type \"%.60s\"", json_string_value(type));
+    return config_errorf(r->err, r->errlen, 2,
+                         "%s: key \"%s\": RoPE scaling (%s) is not yet supported, and ignoring it "
+                         "would compute different positions than the model was trained with; use "
+                         "a model without rope_scaling (null or absent)",
+                         r->file, key_path(r, "rope_scaling", key, sizeof key), found);
+  }
+  json_t *params = get(r, "rope_parameters");
+  json_t *theta = NULL;
+  const char *theta_name = "rope_theta";
+  if (params) {
+    if (!json_is_object(params))
+      return bad_value(r, "rope_parameters", "an object like {\"rope_type\": \"default\", "
+                       "\"rope_theta\": 10000.0}", params, "fix it or remove it");
+    json_t *type = json_object_get(params, "rope_type");
+    if (type && !json_is_null(type)) {
+      if (!json_is_string(type))
+        return bad_value(r, "rope_parameters.rope_type", "a string", type,
+                         "set it to \"default\"");
+      if (strcmp(json_string_value(type), "default") != 0)
+        return config_errorf(r->err, r->errlen, 2,
+                             "%s: key \"%s\": rope_type \"%.60s\" is not yet supported (only plain "
+                             "RoPE, \"default\"), and ignoring it would compute different positions "
+                             "than the model was trained with; use a model with rope_type "
+                             "\"default\"",
+                             r->file, key_path(r, "rope_parameters.rope_type", key, sizeof key),
+                             json_string_value(type));
+    }
+    theta = json_object_get(params, "rope_theta");
+    if (theta && json_is_null(theta)) theta = NULL;
+    theta_name = "rope_parameters.rope_theta";
+  }
+  if (!theta) {
+    theta = get(r, "rope_theta");
+    theta_name = "rope_theta";
+  }
+  if (!theta) {
+    m->rope_theta = 10000.0;
+    return 0;
+  }
+  double d = json_is_number(theta) ? json_number_value(theta) : NAN;
+  if (!(isfinite(d) && d > 0))
+    return bad_value(r, theta_name, "a positive number", theta,
+                     "set it to the RoPE base the model was trained with (e.g. 10000.0 or 500000.0)");
+  m->rope_theta = d;
+  return 0;
+}
+
+static int read_llama(const Reader *r, ModelConfig *m) {
+  int rc;
+  bool has_kv, has_head_dim;
+  m->arch = ARCH_LLAMA;
+  if ((rc = get_size(r, "vocab_size", NULL, true, "the tokenizer's vocabulary size (e.g. 128256)",
+                     &m->vocab_size, NULL, NULL)) ||
+      (rc = get_size(r, "hidden_size", NULL, true, "the model width (e.g. 2048)", &m->hidden, NULL,
+                     NULL)) ||
+      (rc = get_size(r, "intermediate_size", NULL, true, "the MLP width (e.g. 8192)",
+                     &m->intermediate, NULL, NULL)) ||
+      (rc = get_size(r, "num_hidden_layers", NULL, true, "the number of layers (e.g. 16)",
+                     &m->n_layer, NULL, NULL)) ||
+      (rc = get_size(r, "num_attention_heads", NULL, true,
+                     "the number of attention heads (e.g. 32)", &m->n_head, NULL, NULL)) ||
+      (rc = get_size(r, "num_key_value_heads", NULL, false,
+                     "the number of key/value heads (e.g. 8), or null for one per attention head",
+                     &m->n_kv_head, &has_kv, NULL)) ||
+      (rc = get_size(r, "head_dim", NULL, false,
+                     "the size of one head (e.g. 64), or null for hidden_size / num_attention_heads",
+                     &m->head_dim, &has_head_dim, NULL)))
+    return rc;
+  bool has_pos;
+  if ((rc = get_size(r, "max_position_embeddings", NULL, false,
+                     "the longest sequence the model was trained on (e.g. 2048)", &m->max_pos,
+                     &has_pos, NULL)))
+    return rc;
+  if (!has_pos) m->max_pos = 2048;
+  if ((rc = get_positive(r, "rms_norm_eps", 1e-6, "set it to e.g. 1e-05", &m->norm_eps)) ||
+      (rc = get_bool(r, "tie_word_embeddings", false, &m->tied)) ||
+      (rc = get_bool(r, "attention_bias", false, &m->attention_bias)) ||
+      (rc = get_bool(r, "mlp_bias", false, &m->mlp_bias)))
+    return rc;
+  if (m->attention_bias)
+    return refuse(r, "attention_bias", "attention_bias true (biases on q/k/v/o projections)",
+                  "use a model without attention biases (false or absent)");
+  if (m->mlp_bias)
+    return refuse(r, "mlp_bias", "mlp_bias true (biases on the MLP projections)",
+                  "use a model without MLP biases (false or absent)");
+  const char *act;
+  if ((rc = get_string(r, "hidden_act", "set it to \"silu\"", &act))) return rc;
+  if (act && strcmp(act, "silu") != 0) {
+    char what[128];
+    snprintf(what, sizeof what, "hidden_act \"%.60s\"", act);
+    return refuse(r, "hidden_act", what, "loom's Llama uses SwiGLU: set it to \"silu\"");
+  }
+  if ((rc = read_rope(r, m))) return rc;
+
+  if (!has_kv) m->n_kv_head = m->n_head;
+  if (m->n_head % m->n_kv_head != 0)
+    return not_divisible(r, "num_attention_heads", m->n_head, "num_key_value_heads", m->n_kv_head,
+                         "each key/value head must serve a whole number of query heads");
+  if (!has_head_dim) {
+    if (m->hidden % m->n_head != 0)
+      return not_divisible(r, "hidden_size", m->hidden, "num_attention_heads", m->n_head,
+                           "the head size must be a whole number: choose a head count that "
+                           "divides hidden_size, or set head_dim");
+    m->head_dim = m->hidden / m->n_head;
+  }
+  if (m->head_dim % 2 != 0) {
+    char key[320];
+    return config_errorf(r->err, r->errlen, 2,
+                         "%s: key \"%s\": the head size (%lld) is odd, but RoPE rotates pairs of "
+                         "dimensions; use an even head_dim",
+                         r->file, key_path(r, "head_dim", key, sizeof key), (long long)m->head_dim);
+  }
+  return 0;
+}
+
+int config_from_json(json_t *obj, const char *file, const char *keyprefix, ModelConfig *out,
+                     char *err, size_t errlen) {
+  Reader r = {.obj = obj, .file = file ? file : "config", .err = err, .errlen = errlen};
+  if (keyprefix && keyprefix[0]) {
+    size_t n = strlen(keyprefix);
+    snprintf(r.prefix, sizeof r.prefix, "%s%s", keyprefix, keyprefix[n - 1] == '.' ? "" : ".");
+  }
+  char key[320], found[96];
+  if (!json_is_object(obj)) {
+    config_describe_value(obj, found, sizeof found);
+    if (r.prefix[0]) {
+      snprintf(key, sizeof key, "%.*s", (int)strlen(r.prefix) - 1, r.prefix);
+      return config_errorf(err, errlen, 2,
+                           "%s: key \"%s\": expected a Hugging Face config object, found %s; give "
+                           "the contents of a config.json",
+                           r.file, key, found);
+    }
+    return config_errorf(err, errlen, 2,
+                         "%s: expected a JSON object (a Hugging Face config.json) at the top level, "
+                         "found %s",
+                         r.file, found);
+  }
+  memset(out, 0, sizeof *out);
+  json_t *mt = json_object_get(obj, "model_type");
+  if (!mt || json_is_null(mt)) {
+    const char *hint = (!r.prefix[0] && json_object_get(obj, "model"))
+                           ? " (this looks like a loom run spec: load it as one)"
+                           : "";
+    return config_errorf(err, errlen, 2,
+                         "%s: key \"%s\": missing; set it to \"gpt2\" or \"llama\"%s", r.file,
+                         key_path(&r, "model_type", key, sizeof key), hint);
+  }
+  if (!json_is_string(mt)) return bad_value(&r, "model_type", "a string", mt, "set it to \"gpt2\" or \"llama\"");
+  const char *type = json_string_value(mt);
+  if (strcmp(type, "gpt2") == 0) return read_gpt2(&r, out);
+  if (strcmp(type, "llama") == 0) return read_llama(&r, out);
+  if (strcmp(type, "mixtral") == 0)
+    return config_errorf(err, errlen, 2,
+                         "%s: key \"%s\": model_type \"mixtral\" is not yet supported "
+                         "(mixture-of-experts lands with expert parallelism); supported: gpt2, llama",
+                         r.file, key_path(&r, "model_type", key, sizeof key));
+  return config_errorf(err, errlen, 2,
+                       "%s: key \"%s\": model_type \"%.60s\" is not supported; supported: gpt2, "
+                       "llama",
+                       r.file, key_path(&r, "model_type", key, sizeof key), type);
+}
+
+int config_load(const char *path, ModelConfig *out, char *err, size_t errlen) {
+  char file[SPEC_PATH_MAX];
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    /* A model folder (as downloaded from the Hub): read its config.json. */
+    size_t n = strlen(path);
+    int w = snprintf(file, sizeof file, "%s%sconfig.json", path,
+                     (n > 0 && path[n - 1] == '/') ? "" : "/");
+    if (w < 0 || (size_t)w >= sizeof file)
+      return config_errorf(err, errlen, 2, "%s: path too long; use a shorter path", path);
+  } else {
+    if (strlen(path) >= sizeof file)
+      return config_errorf(err, errlen, 2, "%.200s...: path too long; use a shorter path", path);
+    snprintf(file, sizeof file, "%s", path);
+  }
+  json_t *root;
+  int rc = config_read_json_file(file, &root, err, errlen);
+  if (rc) return rc;
+  rc = config_from_json(root, file, "", out, err, errlen);
+  json_decref(root);
+  return rc;
+}
+
+int64_t config_param_count(const ModelConfig *c) {
+  int64_t V = c->vocab_size, C = c->hidden, L = c->n_layer, I = c->intermediate;
+  int64_t H = c->n_head, KV = c->n_kv_head, D = c->head_dim;
+  if (c->arch == ARCH_GPT2) {
+    int64_t per_layer = 2 * C                /* ln_1 */
+                        + C * 3 * C + 3 * C  /* attn.c_attn */
+                        + C * C + C          /* attn.c_proj */
+                        + 2 * C              /* ln_2 */
+                        + C * I + I          /* mlp.c_fc */
+                        + I * C + C;         /* mlp.c_proj */
+    return V * C + c->max_pos * C + L * per_layer + 2 * C;
+  }
+  int64_t per_layer = C                                  /* input_layernorm */
+                      + C * H * D + 2 * C * KV * D       /* q, k, v */
+                      + H * D * C                        /* o */
+                      + 3 * C * I                        /* gate, up, down */
+                      + C;                               /* post_attention_layernorm */
+  return V * C + L * per_layer + C + (c->tied ? 0 : V * C);
+}
