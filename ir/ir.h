@@ -76,7 +76,8 @@ typedef struct {
 } Type;
 Type type_make(DType dt, int rank, const int64_t *dims);
 Type type_scalar(DType dt);
-int64_t type_numel(const Type *t);
+int64_t type_numel(const Type *t);   /* INT64_MAX when the product overflows */
+#define IR_MAX_NUMEL (INT64_C(1) << 48)  /* largest tensor the IR accepts (elements) */
 bool type_eq(const Type *a, const Type *b);          /* dtype, shape and sharding */
 bool type_shape_eq(const Type *a, const Type *b);    /* dtype and shape */
 /* Writes "f32[4,64,768]<dp:s0>" into buf; returns buf. */

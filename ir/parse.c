@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "ir.h"
 
@@ -249,7 +250,10 @@ static int parse_type(Parser *ps, Type *t) {
     t->rank++;
     if (!tok_is(ps, TK_RBRACK) && expect(ps, TK_COMMA, "',' or ']'")) return IR_EINPUT;
   }
+  Tok after = ps->tok;
   next(ps);
+  if (type_numel(t) > IR_MAX_NUMEL)
+    return error_at(ps, &after, "tensor too large: more than 2^48 elements");
   if (!tok_is(ps, TK_LT)) return 0;
   next(ps);
   for (;;) {
@@ -586,6 +590,11 @@ int parse_module(const char *filename, const char *text, Module **out, char *err
 }
 
 int parse_module_file(const char *path, Module **out, char *err, size_t errlen) {
+  struct stat st;
+  if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "%s: is a folder, not an IR file", path);
+    return IR_EINPUT;
+  }
   FILE *f = fopen(path, "rb");
   if (!f) {
     snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));

@@ -98,7 +98,8 @@ Type type_scalar(DType dt) { return type_make(dt, 0, NULL); }
 
 int64_t type_numel(const Type *t) {
   int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+  for (int i = 0; i < t->rank; i++)
+    if (__builtin_mul_overflow(n, t->dims[i], &n)) return INT64_MAX;   /* parse and verify refuse such shapes */
   return n;
 }
 

@@ -88,6 +88,7 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
       return op_error(vf, op, "result %d is declared %s, but the op produces %s", r, type_str(t, a, sizeof a),
                       type_str(&inferred[r], b, sizeof b));
     }
+    if (type_numel(t) > IR_MAX_NUMEL) return op_error(vf, op, "result %d has more than 2^48 elements", r);
     if (check_sharding(vf, op, t, "result")) return IR_EINPUT;
   }
   /* Elementwise ops compute each element where it lives: all shardings must agree. */

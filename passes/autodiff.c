@@ -64,6 +64,16 @@ static Value *with_ints(AD *ad, OpKind k, Value *x, const char *a1, const int64_
   return build_end(&ad->b, NULL);
 }
 
+/* Swaps the last two dims. */
+static Value *transpose_last2(AD *ad, Value *x) {
+  int64_t perm[IR_MAX_RANK];
+  int r = x->type.rank;
+  for (int i = 0; i < r; i++) perm[i] = i;
+  perm[r - 2] = r - 1;
+  perm[r - 1] = r - 2;
+  return with_ints(ad, OP_TRANSPOSE, x, "perm", perm, NULL, NULL, r);
+}
+
 static Value *reduce_sum(AD *ad, Value *x, const int64_t *dims, int n) {
   return with_ints(ad, OP_REDUCE_SUM, x, "dims", dims, NULL, NULL, n);
 }
@@ -184,23 +194,22 @@ static int rule(AD *ad, Op *op, Value **dy, char *err, size_t errlen) {
     bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
     bool b_broadcast = b->type.rank < a->type.rank;
     if (needs(ad, a)) {
-      if (ta && b_broadcast) {
-        snprintf(err, errlen, "matmul with ta=true and a broadcast right operand has no derivative rule yet");
-        return IR_EINPUT;
-      }
-      contribute(ad, a, ta ? matmul(ad, b, g, tb, true) : matmul(ad, g, b, false, !tb));
+      if (ta && b_broadcast)   /* dA' = (dC op(B)^T)^T: b cannot be the batched left operand */
+        contribute(ad, a, transpose_last2(ad, matmul(ad, g, b, false, !tb)));
+      else
+        contribute(ad, a, ta ? matmul(ad, b, g, tb, true) : matmul(ad, g, b, false, !tb));
     }
     if (needs(ad, b)) {
       Value *aa = a, *gg = g;
       if (b_broadcast) {   /* sum over the batch: flatten [..., M, K] to [(...*M), K] */
-        if (ta) {
-          snprintf(err, errlen, "matmul with ta=true and a broadcast right operand has no derivative rule yet");
-          return IR_EINPUT;
+        if (ta) {   /* op(A) = A'^T: transpose first, then flatten like ta=false */
+          aa = transpose_last2(ad, a);
+          ta = false;
         }
-        int64_t K = a->type.dims[a->type.rank - 1], N = g->type.dims[g->type.rank - 1];
-        int64_t rows = type_numel(&a->type) / (K ? K : 1);
+        int64_t K = aa->type.dims[aa->type.rank - 1], N = g->type.dims[g->type.rank - 1];
+        int64_t rows = type_numel(&aa->type) / (K ? K : 1);
         int64_t da[2] = {rows, K}, dg[2] = {rows, N};
-        aa = typed(ad, OP_RESHAPE, a, type_make(a->type.dtype, 2, da));
+        aa = typed(ad, OP_RESHAPE, aa, type_make(aa->type.dtype, 2, da));
         gg = typed(ad, OP_RESHAPE, g, type_make(g->type.dtype, 2, dg));
       }
       contribute(ad, b, tb ? matmul(ad, gg, aa, true, ta) : matmul(ad, aa, gg, !ta, false));

@@ -6,25 +6,33 @@
  *   slice of the whole operand, concat of one operand     -> the operand
  *   scale by 1, add_scalar of 0                           -> the operand
  * Rewrites either reuse an existing value or change an op in place; ops left unused are
- * removed at the end. */
+ * removed at the end.  An operand that is a global is read when its op runs, so a fold
+ * never makes a later op read a global that this function writes: that would move the
+ * read past the write. */
 #include <stdlib.h>
 
 #include "passes.h"
 
+/* May a fold make another op read v?  Not a global this function writes. */
+static bool movable(const Value *v, const bool *written) {
+  return v->kind != VAL_GLOBAL || !written[v->global->index];
+}
+
 /* The value that `op`'s result can be replaced by, or NULL. */
-static Value *fold(Module *m, Op *op) {
+static Value *fold(Module *m, Op *op, const bool *written) {
   Value *x = op->n_operands ? op->operands[0] : NULL;
   const Type *rt = &op->results[0]->type;
   switch (op->kind) {
   case OP_RESHAPE:
-    if (x->kind == VAL_RESULT && x->def->kind == OP_RESHAPE) op->operands[0] = x = x->def->operands[0];
+    if (x->kind == VAL_RESULT && x->def->kind == OP_RESHAPE && movable(x->def->operands[0], written))
+      op->operands[0] = x = x->def->operands[0];
     /* fall through */
   case OP_BROADCAST:
   case OP_CAST:
     return type_eq(&x->type, rt) ? x : NULL;
   case OP_TRANSPOSE: {
     const Attr *perm = &op->attrs[0];
-    if (x->kind == VAL_RESULT && x->def->kind == OP_TRANSPOSE) {
+    if (x->kind == VAL_RESULT && x->def->kind == OP_TRANSPOSE && movable(x->def->operands[0], written)) {
       /* result dim i = inner dim perm[i] = x0 dim inner_perm[perm[i]] */
       const Attr *inner = &x->def->attrs[0];
       int64_t composed[IR_MAX_RANK];
@@ -53,6 +61,11 @@ static int canonicalize_func(Module *m, Func *f) {
   int n = func_number(f);
   Value **repl = calloc((size_t)(n ? n : 1), sizeof *repl);
   int changed = 0;
+  bool *written = calloc((size_t)m->globals.n + 1, 1);
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op_n_writes(op->kind); k++) written[op->operands[k]->global->index] = true;
+  }
   for (int i = 0; i < f->ops.n; i++) {
     Op *op = f->ops.items[i];
     for (int k = 0; k < op->n_operands; k++) {
@@ -60,14 +73,15 @@ static int canonicalize_func(Module *m, Func *f) {
       if (v->kind == VAL_RESULT && repl[v->id]) op->operands[k] = repl[v->id];
     }
     if (op->n_results != 1) continue;
-    Value *to = fold(m, op);
-    if (to) {
+    Value *to = fold(m, op, written);
+    if (to && movable(to, written)) {
       repl[op->results[0]->id] = to;
       changed++;
     }
   }
   replace_uses(f, repl);
   free(repl);
+  free(written);
   remove_dead_ops(f);   /* in-place rewrites can leave inner ops unused too */
   return changed;
 }

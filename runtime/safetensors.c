@@ -494,8 +494,11 @@ int rt_read_file(const char *path, uint8_t **buf, size_t *size, char *err, size_
   *size = 0;
   int fd = open(path, O_RDONLY);
   if (fd < 0) {
-    seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-    return 1;
+    /* A path the user named that is missing or unreadable is bad input (2); other
+       failures to open are run-time failures (1). */
+    int e = errno;
+    seterr(err, errlen, "%s: cannot open: %s", path, strerror(e));
+    return (e == ENOENT || e == EACCES || e == ENOTDIR || e == ELOOP || e == ENAMETOOLONG) ? 2 : 1;
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -504,9 +507,9 @@ int rt_read_file(const char *path, uint8_t **buf, size_t *size, char *err, size_
     return 1;
   }
   if (!S_ISREG(st.st_mode)) {
-    seterr(err, errlen, "%s: cannot read: not a regular file", path);
+    seterr(err, errlen, "%s: cannot read: %s", path, S_ISDIR(st.st_mode) ? "it is a folder, not a file" : "not a regular file");
     close(fd);
-    return 1;
+    return 2;
   }
   size_t n = (size_t)st.st_size, got = 0;
   uint8_t *b = malloc(n ? n : 1);

@@ -30,9 +30,7 @@ static const char help[] =
 int cmd_eval(int argc, char **argv) {
   const char *spec = NULL, *weights = NULL, *tokens = NULL, *out = NULL, *v;
   bool grads = false;
-  char override_buf[2][128];
-  const char *overrides[2];
-  int n_overrides = 0;
+  const char *batch = NULL, *seq = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int r;
@@ -41,14 +39,8 @@ int cmd_eval(int argc, char **argv) {
     if ((r = arg_value(argc, argv, &i, "--weights", &v))) { if (r < 0) goto missing; weights = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--tokens", &v))) { if (r < 0) goto missing; tokens = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--out", &v))) { if (r < 0) goto missing; out = v; continue; }
-    if ((r = arg_value(argc, argv, &i, "--batch", &v)) || (r = arg_value(argc, argv, &i, "--seq", &v))) {
-      if (r < 0) goto missing;
-      snprintf(override_buf[n_overrides], sizeof override_buf[0], "%s=%s", strncmp(a, "--batch", 7) ? "seq" : "batch", v);
-      overrides[n_overrides] = override_buf[n_overrides];
-      if (n_overrides < 1) n_overrides++;
-      else if (strncmp(overrides[0], overrides[1], 4)) n_overrides = 2;
-      continue;
-    }
+    if ((r = arg_value(argc, argv, &i, "--batch", &v))) { if (r < 0) goto missing; batch = v; continue; }
+    if ((r = arg_value(argc, argv, &i, "--seq", &v))) { if (r < 0) goto missing; seq = v; continue; }
     if (a[0] == '-') return usage_error("eval", "unknown option '%s'", a);
     if (spec) return usage_error("eval", "more than one spec ('%s' and '%s')", spec, a);
     spec = a;
@@ -62,7 +54,13 @@ int cmd_eval(int argc, char **argv) {
   if (ends_with(spec, ".ir")) return usage_error("eval", "eval takes a model spec (.json), not an IR file");
   if (grads && !out) return usage_error("eval", "--grads writes its results to --out; give --out=FILE");
 
-  char err[IR_ERR_LEN];
+  char err[IR_ERR_LEN], override_buf[2][128];
+  const char *overrides[2];
+  int n_overrides = 0;
+  if (batch) snprintf(override_buf[n_overrides], sizeof override_buf[0], "batch=%.100s", batch);
+  if (batch) overrides[n_overrides] = override_buf[n_overrides], n_overrides++;
+  if (seq) snprintf(override_buf[n_overrides], sizeof override_buf[0], "seq=%.100s", seq);
+  if (seq) overrides[n_overrides] = override_buf[n_overrides], n_overrides++;
   Input in;
   int rc = input_load(spec, overrides, n_overrides, &in, err, sizeof err);
   if (rc) return report(rc, err);

@@ -12,6 +12,9 @@ static const struct {
 } commands[] = {
   {"ir", cmd_ir, "print a model's IR after a pass pipeline"},
   {"eval", cmd_eval, "forward pass and loss of a model on a token shard"},
+  {"train", cmd_train, "train a model on token shards (no spec: the built-in demo)"},
+  {"compile", cmd_compile, "write a standalone training executable for a model spec"},
+  {"data", cmd_data, "turn text files into a byte-level token shard"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

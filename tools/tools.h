@@ -4,7 +4,15 @@
  *   args.c      option parsing shared by the subcommands
  *   cmd_ir.c    loom ir     print the IR of a spec or an .ir file after a pipeline
  *   cmd_eval.c  loom eval   forward + loss of a model on a token shard
+ *   cmd_train.c loom train  train a model (or the built-in demo)
+ *   cmd_compile.c loom compile  a standalone training executable (runner + payload)
+ *   cmd_data.c  loom data   text to a byte-level token shard
+ *   input.c     a model from a spec or an .ir file
+ *   payload.c   the compiled program appended to the runner, and reading it back
+ *   runner/runner.c  loom-train: the runner of compiled executables
  *   weights.c   load HF safetensors into a module's globals; write tensors out
+ *   exec_ref.c  the training Executor over the reference executor
+ *   train_common.c  parameters, executor, loop and --out, shared with compiled executables
  *
  * Exit codes: 0 success, 2 bad input or usage, 1 run-time failure.  Library calls return
  * those same codes, so a subcommand returns what failed.
@@ -21,6 +29,9 @@ enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
 
 int cmd_ir(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_compile(int argc, char **argv);
+int cmd_data(int argc, char **argv);
 
 /* ---- args.c ---- */
 /* Matches "--name=value" or "--name value" at argv[*i]; advances *i past what it used.
@@ -47,5 +58,41 @@ typedef struct {
 } Input;
 /* Loads PATH; `overrides` are "key=value" settings applied to a spec (e.g. batch=8). */
 int input_load(const char *path, const char *const *overrides, int n_overrides, Input *in, char *err, size_t errlen);
+
+/* ---- train_args.c ---- */
+typedef struct {
+  const char *spec, *resume, *output;
+  bool quiet;
+  char data_json[16384];        /* --data as a JSON array, "" if not given */
+  char ovbuf[64][16400];         /* "key=value" run-spec overrides from flags */
+  const char *ov[64];
+  int n_ov;
+} TrainArgs;
+/* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
+int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
+/* Loads the spec with the flags' overrides and runs the training pipeline. */
+int train_prepare(TrainArgs *t, const char *spec, Input *in, char *err, size_t errlen);
+/* The settings a run records in checkpoints and compiled executables (malloc'd JSON). */
+char *spec_settings_json(const RunSpec *s);
+
+/* ---- payload.c ---- */
+/* A compiled executable is the runner binary followed by a payload and a 24-byte trailer:
+   "LOOMPAY1", u64 payload offset, u64 payload size (little-endian). The payload is a
+   JSON object of settings, a NUL byte, then the IR text of the trained module. */
+int payload_write(const char *runner, const char *out, const char *settings_json, const char *ir_text, char *err,
+                  size_t errlen);
+/* Reads the payload of the running executable; *settings and *ir are malloc'd. */
+int payload_read_self(char **settings, char **ir, char *err, size_t errlen);
+
+/* ---- train_common.c ---- */
+#include "runtime/trainer.h"
+typedef struct {
+  TrainOptions opt;
+  const char *init;   /* parameters to start from (NULL: seeded GPT-2-style init) */
+  const char *out;    /* final parameters + losses (NULL: none) */
+  uint64_t seed;
+} RunPlan;
+/* m must have passed the training pipeline. */
+int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
 
 #endif

@@ -314,7 +314,7 @@ class Loader:
 # per-model generation
 
 TRAIN = dict(grad_accum=2, steps=3, lr=1e-2, min_lr=1e-3, warmup=2, weight_decay=0.1,
-             beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=0.5)
+             beta1=0.9, beta2=0.95, eps=1e-4, grad_clip=0.5)
 
 SPECS = {
     # name: (seed, wide tokens (uint32 shard), train shard lengths or None = tokens.bin)
@@ -430,6 +430,12 @@ def generate(name):
     text = re.sub(r"\[\s+(\d+),\s+(\d+)\s+\]", r"[\1, \2]", text)
     with open(os.path.join(out, "train.json"), "w") as f:
         f.write(text + "\n")
+    # The same run as a loom run spec: `loom train train_spec.json --out X` reproduces it.
+    spec = {"model": cfg, "batch": B, "seq": T, "data": data, "init": "weights.safetensors"}
+    spec.update({k: tr[k] for k in ("grad_accum", "steps", "lr", "min_lr", "warmup", "weight_decay",
+                                    "beta1", "beta2", "eps", "grad_clip")})
+    with open(os.path.join(out, "train_spec.json"), "w") as f:
+        f.write(json.dumps(spec, indent=2) + "\n")
     res.update(losses=losses, grad_norms=norms, lrs=lrs, windows=windows)
     return res
 

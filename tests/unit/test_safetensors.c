@@ -232,8 +232,8 @@ static void test_write_errors(void) {
   free(after);
   unlink(path);
   StFile f;
-  CHECK_ERR(st_read(path, &f, err, sizeof err), 1, err, "cannot open");
-  CHECK_ERR(st_read(dir, &f, err, sizeof err), 1, err, "not a regular file");
+  CHECK_ERR(st_read(path, &f, err, sizeof err), 2, err, "cannot open");   /* a missing file the user named is bad input */
+  CHECK_ERR(st_read(dir, &f, err, sizeof err), 2, err, "a folder");
 }
 
 static void test_rejections(void) {

@@ -145,7 +145,7 @@ static void test_rejections(void) {
   CHECK(tok_open(path, &s, err, sizeof err) == 0 && s.count == 10);
   tok_close(&s);
   unlink(path);
-  CHECK_ERR(tok_open(path, &s, err, sizeof err), 1, err, "cannot open");
+  CHECK_ERR(tok_open(path, &s, err, sizeof err), 2, err, "cannot open");   /* a missing file the user named is bad input */
 }
 
 static void test_write_refusals(void) {

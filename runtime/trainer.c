@@ -1,0 +1,220 @@
+/* runtime/trainer.c — the training loop: data, schedule, accumulation, logging,
+   checkpoints, and resume that continues bit for bit. */
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/checkpoint.h"
+#include "runtime/data.h"
+#include "runtime/trainer.h"
+
+double train_lr_at(const TrainOptions *o, int64_t s) {
+  if (s < o->warmup) return o->lr * (double)(s + 1) / (double)o->warmup;
+  int64_t span = o->steps - o->warmup;
+  double r = (double)(s - o->warmup) / (double)(span > 1 ? span : 1);
+  if (r > 1) r = 1;
+  return o->min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (o->lr - o->min_lr);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void train_result_free(TrainResult *r) {
+  free(r->losses);
+  free(r->grad_norms);
+  free(r->lrs);
+  memset(r, 0, sizeof *r);
+}
+
+static json_t *float_array(const float *v, int64_t n) {
+  json_t *a = json_array();
+  for (int64_t i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+  return a;
+}
+
+/* state.json: everything besides tensors that an exact resume needs. */
+static char *state_json(const TrainOptions *o, const TrainResult *r, int64_t step, int shard, int64_t pos) {
+  json_t *s = json_object();
+  json_object_set_new(s, "step", json_integer(step));
+  json_t *d = json_object();
+  json_object_set_new(d, "shard", json_integer(shard));
+  json_object_set_new(d, "pos", json_integer(pos));
+  json_object_set_new(s, "data", d);
+  json_object_set_new(s, "seed", json_integer((json_int_t)o->seed));
+  json_object_set_new(s, "losses", float_array(r->losses, step));
+  json_object_set_new(s, "grad_norms", float_array(r->grad_norms, step));
+  json_object_set_new(s, "lrs", float_array(r->lrs, step));
+  json_t *settings = o->settings_json ? json_loads(o->settings_json, 0, NULL) : NULL;
+  if (settings) json_object_set_new(s, "settings", settings);
+  /* %.9g keeps every f32 exact; REAL_PRECISION 17 would too, for doubles. */
+  char *text = json_dumps(s, JSON_INDENT(1) | JSON_REAL_PRECISION(9));
+  json_decref(s);
+  return text;
+}
+
+static int save(Executor *ex, const TrainOptions *o, const TrainResult *r, int64_t step, DataLoader *dl, char *err,
+                size_t errlen) {
+  int shard;
+  int64_t pos;
+  data_get_position(dl, &shard, &pos);
+  CkptTensor *p = calloc((size_t)ex->n_params + 1, sizeof *p), *st = calloc((size_t)ex->n_state + 1, sizeof *st);
+  char *js = state_json(o, r, step, shard, pos);
+  int rc = 1;
+  if (p && st && js) {
+    for (int i = 0; i < ex->n_params; i++) {
+      const RtTensor *t = &ex->params[i];
+      p[i] = (CkptTensor){t->name, t->rank, {0}, t->data};
+      memcpy(p[i].shape, t->shape, sizeof t->shape);
+    }
+    for (int i = 0; i < ex->n_state; i++) {
+      const RtTensor *t = &ex->state[i];
+      st[i] = (CkptTensor){t->name, t->rank, {0}, t->data};
+      memcpy(st[i].shape, t->shape, sizeof t->shape);
+    }
+    rc = ckpt_save(o->save_dir, step, p, ex->n_params, st, ex->n_state, js, err, errlen);
+  } else {
+    snprintf(err, errlen, "out of memory writing a checkpoint");
+  }
+  if (!rc && o->log) fprintf(o->log, "checkpoint: step %lld saved in %s\n", (long long)step, o->save_dir);
+  free(p);
+  free(st);
+  free(js);
+  return rc;
+}
+
+/* Copies tensors of a checkpoint file into the executor's buffers, by name. */
+static int restore(const StFile *f, RtTensor *ts, int n, const char *what, const char *dir, char *err, size_t errlen) {
+  for (int i = 0; i < n; i++) {
+    const StTensor *t = st_find(f, ts[i].name);
+    int64_t count = 1;
+    for (int d = 0; d < ts[i].rank; d++) count *= ts[i].shape[d];
+    bool ok = t && t->dtype == ST_F32 && t->rank == ts[i].rank;
+    for (int d = 0; ok && d < t->rank; d++) ok = t->shape[d] == ts[i].shape[d];
+    if (!ok) {
+      snprintf(err, errlen, "%s: %s %s '%s' (or its shape); the checkpoint belongs to another model or layout", dir,
+               t ? "has a different" : "lacks", what, ts[i].name);
+      return 2;
+    }
+    memcpy(ts[i].data, t->data, sizeof(float) * (size_t)count);
+  }
+  return 0;
+}
+
+static int read_floats(json_t *root, const char *key, float *out, int64_t n) {
+  json_t *a = json_object_get(root, key);
+  if (!json_is_array(a) || (int64_t)json_array_size(a) != n) return -1;
+  for (int64_t i = 0; i < n; i++) {
+    json_t *v = json_array_get(a, (size_t)i);
+    if (!json_is_number(v)) return -1;
+    out[i] = (float)json_number_value(v);
+  }
+  return 0;
+}
+
+static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoader *dl, char *err, size_t errlen) {
+  char dir[4096];
+  int64_t step;
+  int rc = ckpt_latest(o->resume, dir, sizeof dir, &step, err, errlen);
+  if (rc) return rc;
+  if (err[0] && o->log) fprintf(o->log, "note: %s\n", err);
+  Checkpoint c;
+  if ((rc = ckpt_load(dir, &c, err, errlen))) return rc;
+  rc = restore(&c.params, ex->params, ex->n_params, "parameter", dir, err, errlen);
+  if (!rc) rc = restore(&c.state, ex->state, ex->n_state, "optimizer tensor", dir, err, errlen);
+  json_error_t je;
+  json_t *s = rc ? NULL : json_loads(c.state_json, 0, &je);
+  if (!rc) {
+    json_t *d = json_object_get(s, "data");
+    int64_t saved = json_integer_value(json_object_get(s, "step"));
+    if (!s || saved != c.step || !json_is_object(d)) {
+      snprintf(err, errlen, "%s/state.json: missing or inconsistent 'step' or 'data'", dir);
+      rc = 2;
+    } else if (c.step > o->steps) {
+      snprintf(err, errlen, "%s is at step %lld, past --steps %lld; ask for more steps to continue", dir,
+               (long long)c.step, (long long)o->steps);
+      rc = 2;
+    } else if (read_floats(s, "losses", r->losses, c.step) || read_floats(s, "grad_norms", r->grad_norms, c.step) ||
+               read_floats(s, "lrs", r->lrs, c.step)) {
+      snprintf(err, errlen, "%s/state.json: loss history does not cover %lld steps", dir, (long long)c.step);
+      rc = 2;
+    } else {
+      rc = data_set_position(dl, (int)json_integer_value(json_object_get(d, "shard")),
+                             json_integer_value(json_object_get(d, "pos")), err, errlen);
+      r->first_step = c.step;
+      if (!rc && o->log) fprintf(o->log, "resumed from %s (step %lld)\n", dir, (long long)c.step);
+    }
+  }
+  json_decref(s);
+  ckpt_free(&c);
+  return rc;
+}
+
+int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, size_t errlen) {
+  memset(r, 0, sizeof *r);
+  err[0] = 0;
+  int64_t B = ex->batch, T = ex->seq, G = o->grad_accum > 0 ? o->grad_accum : 1;
+  r->losses = calloc((size_t)o->steps + 1, sizeof(float));
+  r->grad_norms = calloc((size_t)o->steps + 1, sizeof(float));
+  r->lrs = calloc((size_t)o->steps + 1, sizeof(float));
+  int32_t *inputs = malloc(sizeof(int32_t) * (size_t)(B * T)), *targets = malloc(sizeof(int32_t) * (size_t)(B * T));
+  DataLoader dl;
+  memset(&dl, 0, sizeof dl);
+  int rc = 0;
+  if (!r->losses || !r->grad_norms || !r->lrs || !inputs || !targets) {
+    snprintf(err, errlen, "out of memory");
+    rc = 1;
+    goto done;
+  }
+  if ((rc = data_open(&dl, o->data, o->n_data, B, T, o->vocab, err, errlen))) goto done;
+  if (o->resume && (rc = resume(ex, o, r, &dl, err, errlen))) goto done;
+  double start = now_s(), first_loss = NAN;
+  for (int64_t s = r->first_step; s < o->steps; s++) {
+    double t0 = now_s();
+    float loss_sum = 0;
+    for (int64_t g = 0; g < G; g++) {
+      float loss;
+      data_next(&dl, inputs, targets);
+      if ((rc = ex->grad_step(ex->self, inputs, targets, &loss, err, errlen))) goto done;
+      loss_sum += loss;
+    }
+    float loss = loss_sum / (float)G, lr = (float)train_lr_at(o, s), norm;
+    if ((rc = ex->optimizer_step(ex->self, lr, (float)(s + 1), &norm, err, errlen))) goto done;
+    double dt = now_s() - t0;
+    r->losses[s] = loss;
+    r->grad_norms[s] = norm;
+    r->lrs[s] = lr;
+    r->n = s + 1;
+    if (s == r->first_step) first_loss = loss;
+    if (o->log)
+      fprintf(o->log, "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s\n", (long long)(s + 1),
+              (long long)o->steps, loss, lr, norm, dt * 1e3, (double)(G * B * T) / dt);
+    if (!isfinite(loss) || !isfinite(norm)) {
+      snprintf(err, errlen, "the %s became %s at step %lld; lower the learning rate (--lr) or check the data",
+               isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? norm : loss) ? "nan" : "infinite",
+               (long long)(s + 1));
+      rc = 1;
+      goto done;
+    }
+    bool last = s + 1 == o->steps;
+    if (o->save_dir && ((o->save_every > 0 && (s + 1) % o->save_every == 0) || last))
+      if ((rc = save(ex, o, r, s + 1, &dl, err, errlen))) goto done;
+  }
+  r->n = o->steps;
+  r->seconds = now_s() - start;
+  if (o->log && o->steps > r->first_step) {
+    int64_t run = o->steps - r->first_step;
+    fprintf(o->log, "done: %lld steps in %.2f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s\n", (long long)run,
+            r->seconds, first_loss, r->losses[o->steps - 1], r->seconds * 1e3 / (double)run,
+            (double)(run * G * B * T) / r->seconds);
+  }
+done:
+  data_close(&dl);
+  free(inputs);
+  free(targets);
+  return rc;
+}

@@ -1,0 +1,65 @@
+/* runtime/trainer.h — the training loop, independent of how a step is computed.
+ *
+ * A backend hands the loop an Executor: a micro-batch step (forward, backward, gradients
+ * accumulated), an optimizer step, and its parameters and optimizer state as named f32
+ * buffers.  The loop owns everything else a run needs: the data loader, the learning-rate
+ * schedule, gradient accumulation, logging, checkpoints and exact resume.
+ */
+#ifndef LOOM_RUNTIME_TRAINER_H
+#define LOOM_RUNTIME_TRAINER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* A named f32 buffer owned by the executor (live: the loop reads and writes it). */
+typedef struct {
+  const char *name;
+  int rank;
+  int64_t shape[8];
+  float *data;
+} RtTensor;
+
+typedef struct {
+  void *self;
+  int64_t batch, seq;   /* the micro-batch the program was built for */
+  /* One micro-batch: inputs and targets are [batch, seq] row-major. Returns its loss. */
+  int (*grad_step)(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen);
+  /* The optimizer step at learning rate lr and 1-based step count t; returns the global
+     gradient norm before clipping. */
+  int (*optimizer_step)(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen);
+  int n_params;
+  RtTensor *params;     /* under their Hugging Face names */
+  int n_state;
+  RtTensor *state;      /* optimizer moments etc., saved with checkpoints */
+} Executor;
+
+typedef struct {
+  int64_t steps, grad_accum, warmup;
+  double lr, min_lr;
+  const char *const *data;   /* token shards */
+  int n_data;
+  int64_t vocab;
+  const char *save_dir;      /* checkpoints every save_every steps and at the end (NULL: none) */
+  int64_t save_every;
+  const char *resume;        /* a save dir or a step folder to continue from (NULL: fresh) */
+  const char *settings_json; /* the run's settings, stored in each checkpoint's state.json */
+  uint64_t seed;
+  FILE *log;                 /* one line per step and a summary (NULL: silent) */
+} TrainOptions;
+
+typedef struct {
+  int64_t first_step;        /* 0, or the step a resumed run continued from */
+  int64_t n;                 /* steps recorded: all of them, including before a resume */
+  float *losses, *grad_norms, *lrs;
+  double seconds;            /* wall time of this run's steps */
+} TrainResult;
+
+/* The learning rate at 0-based step s: linear warmup to lr over `warmup` steps, then a
+   cosine from lr down to min_lr over the remaining steps. */
+double train_lr_at(const TrainOptions *o, int64_t s);
+
+int train_run(Executor *ex, const TrainOptions *o, TrainResult *res, char *err, size_t errlen);
+void train_result_free(TrainResult *r);
+
+#endif

@@ -1,0 +1,126 @@
+/* tools/runner/runner.c — loom-train, the runner of compiled training executables.
+ * `loom compile` appends the trained program (the IR after the training pipeline) and
+ * the run's settings to a copy of this binary.  It links the IR (parser and reference
+ * executor) and the runtime only: no frontend, no passes. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/tools.h"
+
+static void help(const json_t *s) {
+  printf("usage: %s [options]\n\n"
+         "Trains the model it was compiled for (%s, batch %lld x seq %lld x grad_accum %lld, %s).\n\n"
+         "options (defaults compiled in):\n"
+         "  --data SHARD...   token shards\n"
+         "  --steps N         optimizer steps (%lld)\n"
+         "  --lr X --min-lr X --warmup N   learning-rate schedule\n"
+         "  --seed S          seed of the initialization (%lld)\n"
+         "  --init W          start from these weights (HF names)\n"
+         "  --out W           write the final parameters and 'losses'\n"
+         "  --save-dir D --save-every K    checkpoints\n"
+         "  --resume D        continue from a checkpoint\n"
+         "  --info            print the compiled settings (JSON) and exit\n"
+         "  -q, --quiet       no per-step lines\n",
+         "EXE", json_string_value(json_object_get(s, "spec")), (long long)json_integer_value(json_object_get(s, "batch")),
+         (long long)json_integer_value(json_object_get(s, "seq")),
+         (long long)json_integer_value(json_object_get(s, "grad_accum")),
+         json_string_value(json_object_get(s, "precision")), (long long)json_integer_value(json_object_get(s, "steps")),
+         (long long)json_integer_value(json_object_get(s, "seed")));
+}
+
+static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--precision", "--beta1", "--beta2",
+                                    "--eps", "--weight-decay", "--grad-clip"};
+
+int main(int argc, char **argv) {
+  char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL;
+  int rc = payload_read_self(&settings_text, &ir_text, err, sizeof err);
+  if (rc) return report(rc, err);
+  json_t *s = json_loads(settings_text, 0, NULL);
+  if (!s) {
+    free(settings_text);
+    free(ir_text);
+    return report(EXIT_RUN, "the compiled settings are damaged; recompile the executable");
+  }
+  int64_t steps = json_integer_value(json_object_get(s, "steps")), warmup = json_integer_value(json_object_get(s, "warmup"));
+  int64_t save_every = json_integer_value(json_object_get(s, "save_every"));
+  uint64_t seed = (uint64_t)json_integer_value(json_object_get(s, "seed"));
+  double lr = json_number_value(json_object_get(s, "lr")), min_lr = json_number_value(json_object_get(s, "min_lr"));
+  const char *init = json_string_value(json_object_get(s, "init")), *out = json_string_value(json_object_get(s, "out"));
+  const char *save_dir = json_string_value(json_object_get(s, "save_dir")), *resume = NULL;
+  const char *data[64];
+  int n_data = 0;
+  json_t *jd = json_object_get(s, "data");
+  for (size_t i = 0; i < json_array_size(jd) && n_data < 64; i++) data[n_data++] = json_string_value(json_array_get(jd, i));
+  bool quiet = false, cli_data = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    int r;
+    if (arg_flag(a, "-h") || arg_flag(a, "--help")) { help(s); rc = EXIT_OK; goto done; }
+    if (arg_flag(a, "--info")) { puts(settings_text); rc = EXIT_OK; goto done; }
+    if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { quiet = true; continue; }
+    if (!strcmp(a, "--data")) {
+      if (!cli_data) n_data = 0;
+      cli_data = true;
+      while (i + 1 < argc && argv[i + 1][0] != '-' && n_data < 64) data[n_data++] = argv[++i];
+      continue;
+    }
+    char *end = NULL;
+#define NUM(flag, var, conv)                                                                     \
+  if ((r = arg_value(argc, argv, &i, flag, &v))) {                                               \
+    if (r < 0) { rc = usage_error("train", flag " needs a value"); goto done; }                  \
+    var = conv(v, &end);                                                                         \
+    if (!*v || *end) { rc = usage_error("train", flag " needs a number, got '%s'", v); goto done; } \
+    continue;                                                                                    \
+  }
+#define strtoi(v, e) strtoll(v, e, 10)
+    NUM("--steps", steps, strtoi)
+    NUM("--warmup", warmup, strtoi)
+    NUM("--save-every", save_every, strtoi)
+    NUM("--seed", seed, strtoi)
+    NUM("--lr", lr, strtod)
+    NUM("--min-lr", min_lr, strtod)
+    if ((r = arg_value(argc, argv, &i, "--init", &v)) || (r = arg_value(argc, argv, &i, "--out", &v)) ||
+        (r = arg_value(argc, argv, &i, "--save-dir", &v)) || (r = arg_value(argc, argv, &i, "--resume", &v))) {
+      if (r < 0) { rc = usage_error("train", "%s needs a value", a); goto done; }
+      if (!strncmp(a, "--init", 6)) init = v;
+      else if (!strncmp(a, "--out", 5)) out = v;
+      else if (!strncmp(a, "--save-dir", 10)) save_dir = v;
+      else resume = v;
+      continue;
+    }
+    for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++)
+      if (!strncmp(a, fixed[k], strlen(fixed[k]))) {
+        rc = usage_error("train", "%s was fixed when this executable was compiled (see --info); recompile with "
+                         "'loom compile ... %s'", fixed[k], fixed[k]);
+        goto done;
+      }
+    rc = usage_error("train", "unknown option '%s'", a);
+    goto done;
+  }
+  if (steps < 1 || warmup < 0 || lr < 0 || min_lr < 0 || save_every < 0) {
+    rc = usage_error("train", "--steps must be >= 1; --warmup, --lr, --min-lr and --save-every >= 0");
+    goto done;
+  }
+  if (!n_data) {
+    rc = usage_error("train", "no training data was compiled in: give --data SHARD...");
+    goto done;
+  }
+  Module *m = NULL;
+  if ((rc = parse_module("<compiled program>", ir_text, &m, err, sizeof err)) || (rc = verify_module(m, err, sizeof err))) {
+    module_free(m);
+    rc = report(EXIT_RUN, err);
+    goto done;
+  }
+  RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
+                   json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
+                   quiet ? NULL : stdout},
+                  init, out, seed};
+  rc = report(run_training(m, &plan, err, sizeof err), err);
+  module_free(m);
+done:
+  json_decref(s);
+  free(settings_text);
+  free(ir_text);
+  return rc;
+}

@@ -1,0 +1,104 @@
+/* tools/train_args.c — the options `loom train` and `loom compile` share. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/tools.h"
+
+/* Flags that set a run-spec key. */
+static const struct { const char *flag, *key; } spec_flags[] = {
+  {"--steps", "steps"}, {"--batch", "batch"}, {"--seq", "seq"}, {"--grad-accum", "grad_accum"},
+  {"--lr", "lr"}, {"--min-lr", "min_lr"}, {"--warmup", "warmup"}, {"--weight-decay", "weight_decay"},
+  {"--beta1", "beta1"}, {"--beta2", "beta2"}, {"--eps", "eps"}, {"--grad-clip", "grad_clip"},
+  {"--precision", "precision"}, {"--init", "init"}, {"--out", "out"}, {"--save-dir", "save_dir"},
+  {"--save-every", "save_every"}, {"--seed", "seed"},
+};
+#define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
+
+/* The settings a checkpoint records, to tell runs apart. */
+char *spec_settings_json(const RunSpec *s) {
+  json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:I}",
+                        "spec", s->path, "batch", (json_int_t)s->batch, "seq", (json_int_t)s->seq, "grad_accum",
+                        (json_int_t)s->grad_accum, "steps", (json_int_t)s->steps, "lr", s->lr, "min_lr", s->min_lr,
+                        "warmup", (json_int_t)s->warmup, "weight_decay", s->weight_decay, "beta1", s->beta1, "beta2",
+                        s->beta2, "eps", s->eps, "grad_clip", s->grad_clip, "precision", s->precision, "seed",
+                        (json_int_t)s->seed);
+  char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
+  json_decref(o);
+  return text;
+}
+
+
+int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help) {
+  memset(t, 0, sizeof *t);
+  const char *v;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    int r = 0;
+    if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
+    if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { t->quiet = true; continue; }
+    if (!strcmp(a, "--data") || !strncmp(a, "--data=", 7)) {
+      /* --data A B C (until the next option) or --data=A */
+      json_t *arr = json_array();
+      if (a[6] == '=') json_array_append_new(arr, json_string(a + 7));
+      else
+        while (i + 1 < argc && argv[i + 1][0] != '-') json_array_append_new(arr, json_string(argv[++i]));
+      if (!json_array_size(arr)) { json_decref(arr); return usage_error(cmd, "--data needs one or more token shards"); }
+      char *text = json_dumps(arr, JSON_COMPACT);
+      snprintf(t->data_json, sizeof t->data_json, "%s", text);
+      free(text);
+      json_decref(arr);
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--resume", &v))) {
+      if (r < 0) return usage_error(cmd, "--resume needs a checkpoint folder");
+      t->resume = v;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "-o", &v))) {
+      if (r < 0) return usage_error(cmd, "-o needs a file name");
+      t->output = v;
+      continue;
+    }
+    bool matched = false;
+    for (int k = 0; k < N_SPEC_FLAGS && !matched; k++)
+      if ((r = arg_value(argc, argv, &i, spec_flags[k].flag, &v))) {
+        if (r < 0) return usage_error(cmd, "%s needs a value", spec_flags[k].flag);
+        if (t->n_ov == 63) return usage_error(cmd, "too many options");
+        snprintf(t->ovbuf[t->n_ov], sizeof t->ovbuf[0], "%s=%s", spec_flags[k].key, v);
+        t->ov[t->n_ov] = t->ovbuf[t->n_ov];
+        t->n_ov++;
+        matched = true;
+      }
+    if (matched) continue;
+    if (a[0] == '-') return usage_error(cmd, "unknown option '%s'", a);
+    if (t->spec) return usage_error(cmd, "more than one spec ('%s' and '%s')", t->spec, a);
+    t->spec = a;
+  }
+  return -1;
+}
+
+int train_prepare(TrainArgs *t, const char *spec, Input *in, char *err, size_t errlen) {
+  memset(in, 0, sizeof *in);
+  if (t->data_json[0]) {
+    if (t->n_ov == 64) return EXIT_USAGE;
+    snprintf(t->ovbuf[t->n_ov], sizeof t->ovbuf[0], "data=%s", t->data_json);
+    t->ov[t->n_ov] = t->ovbuf[t->n_ov];
+    t->n_ov++;
+  }
+  double t0 = seconds_now();
+  int rc = input_load(spec, t->ov, t->n_ov, in, err, errlen);
+  if (rc) return rc;
+  RunSpec *s = &in->spec;
+  TrainSettings ts = {s->grad_accum, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip,
+                      !strcmp(s->precision, "bf16")};
+  PassOptions popt;
+  memset(&popt, 0, sizeof popt);
+  popt.train = &ts;
+  if ((rc = pipeline_run(in->m, TRAIN_PIPELINE, &popt, err, errlen))) return rc;
+  if (!t->quiet)
+    printf("compiled %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, in %.2f s\n", spec,
+           (long long)config_param_count(&s->model), (long long)s->batch, (long long)s->seq, (long long)s->grad_accum,
+           s->precision, seconds_now() - t0);
+  return 0;
+}
