@@ -315,6 +315,23 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     }
     return 0;
   }
+  case OP_CALL: {
+    const Func *c = op->callee;
+    if (!c) return fail(err, errlen, "call has no callee");
+    if (op->n_operands != c->args.n || op->n_results != c->rets.n)
+      return fail(err, errlen, "@%s takes %d arguments and returns %d results; the call has %d and %d", c->name,
+                  c->args.n, c->rets.n, op->n_operands, op->n_results);
+    for (int i = 0; i < op->n_operands; i++) {
+      const Type *want = &((const Value *)c->args.items[i])->type;
+      if (!type_shape_eq(&op->operands[i]->type, want))
+        return fail(err, errlen, "argument %d is %s, but @%s takes %s", i, TS(&op->operands[i]->type), c->name, TS(want));
+    }
+    for (int r = 0; r < op->n_results; r++) {
+      const Type *t = &((const Value *)c->rets.items[r])->type;
+      out[r] = type_make(t->dtype, t->rank, t->dims);
+    }
+    return 0;
+  }
   default:
     return fail(err, errlen, "no shape rule for op %s", info->name);
   }

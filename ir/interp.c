@@ -140,7 +140,7 @@ int interp_run(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, char
   }
   for (int i = 0; i < f->ops.n && !rc; i++) {
     const Op *op = f->ops.items[i];
-    Tensor *in[256], *out[8] = {0};
+    Tensor *in[256], *out[IR_MAX_RESULTS] = {0};
     for (int k = 0; k < op->n_operands; k++) {
       const Value *v = op->operands[k];
       in[k] = v->kind == VAL_GLOBAL ? g->t[v->global->index] : vals[v->id];
@@ -155,7 +155,18 @@ int interp_run(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, char
     }
     if (rc) break;
     char msg[1024] = "";
-    rc = interp_op(op, in, out, msg, sizeof msg);
+    if (op->kind == OP_CALL) {
+      /* A fused kernel means exactly what its body's ops mean. */
+      Tensor *res[IR_MAX_RESULTS] = {0};
+      rc = interp_run(op->callee, g, in, res, msg, sizeof msg);
+      for (int r = 0; r < op->n_results; r++) {
+        if (!rc) memcpy(out[r]->f ? (void *)out[r]->f : (void *)out[r]->i, res[r]->f ? (void *)res[r]->f : (void *)res[r]->i,
+                        (size_t)out[r]->n * (out[r]->f ? sizeof(float) : sizeof(int64_t)));
+        tensor_free(res[r]);
+      }
+    } else {
+      rc = interp_op(op, in, out, msg, sizeof msg);
+    }
     if (rc) {
       char text[512];
       snprintf(err, errlen, "@%s: op %d failed: %s\n  %s", f->name, i, msg, op_to_string(op, text, sizeof text));

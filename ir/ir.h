@@ -28,6 +28,7 @@
 #include <stdio.h>
 
 #define IR_MAX_RANK 8
+#define IR_MAX_RESULTS 64   /* results of one op (a call of a fused kernel) */
 #define IR_ERR_LEN 2048
 enum { IR_OK = 0, IR_ERUN = 1, IR_EINPUT = 2 };
 
@@ -95,7 +96,7 @@ typedef enum {
 
 typedef enum {
   CLASS_ELEMENTWISE, CLASS_REDUCTION, CLASS_CONTRACTION, CLASS_DATA,
-  CLASS_COMPOSITE, CLASS_COLLECTIVE, CLASS_OPTIMIZER
+  CLASS_COMPOSITE, CLASS_COLLECTIVE, CLASS_OPTIMIZER, CLASS_CALL
 } OpClass;
 
 enum {
@@ -107,14 +108,14 @@ enum {
   OPF_EFFECT = OPF_W1 | OPF_W3,
 };
 
-typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_BOOL, ATTR_INTS, ATTR_DTYPE, ATTR_STR } AttrKind;
+typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_BOOL, ATTR_INTS, ATTR_DTYPE, ATTR_STR, ATTR_FUNC } AttrKind;
 typedef struct {
   AttrKind kind;
   int64_t i;          /* int, bool, dtype */
   double f;           /* float */
   int n;              /* ints */
   int64_t *ints;
-  const char *s;      /* str */
+  const char *s;      /* str; func: the function's name */
   bool set;           /* given (or defaulted); a required attribute left unset fails verify */
 } Attr;
 
@@ -158,6 +159,7 @@ struct Value {
   int index;
   Global *global;       /* VAL_GLOBAL */
   int id;               /* scratch for passes and the executor; set by func_number() */
+  int64_t offset;       /* memory-plan: byte offset in the function's arena, or -1 */
 };
 
 struct Op {
@@ -168,6 +170,7 @@ struct Op {
   Value **results;
   Attr attrs[IR_MAX_ATTRS];   /* in schema order (op_info(kind)->attrs) */
   int line;                   /* source line when parsed, else 0 */
+  Func *callee;               /* call: the kernel function (its name is the callee attr) */
 };
 
 typedef enum { INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_CONST } InitKind;
@@ -185,6 +188,8 @@ struct Global {
 struct Func {
   const char *name;
   Module *module;
+  bool is_kernel;       /* a fused kernel (docs/lowering.md), called by `call` */
+  int64_t arena_bytes;  /* memory-plan: the arena this function needs, or -1 */
   PtrVec args;          /* Value* */
   PtrVec ops;           /* Op*, in execution order */
   PtrVec rets;          /* Value* */
@@ -212,6 +217,10 @@ void func_add_ret(Func *f, Value *v);
 Op *func_add_op(Func *f, OpKind k, Value **operands, int n_operands, const Type *result_types);
 /* Same, but not appended: for passes that rebuild op lists. */
 Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types);
+/* For ops with a variadic result count (call): n_results given. */
+Op *op_new_n(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types, int n_results);
+/* Appends `call @callee(operands)` with results typed like callee's returns. */
+Op *func_add_call(Func *f, Func *callee, Value **operands, int n_operands);
 void value_set_name(Module *m, Value *v, const char *name);
 /* Numbers args, then op results in order (Value.id), returns the count. */
 int func_number(Func *f);

@@ -25,6 +25,7 @@ Global *module_add_global(Module *m, GlobalKind kind, const char *name, Type t, 
   g->index = m->globals.n;
   Value *v = arena_alloc(m->arena, sizeof *v);
   v->type = t;
+  v->offset = -1;
   v->kind = VAL_GLOBAL;
   v->global = g;
   v->name = g->name;
@@ -45,6 +46,7 @@ Func *module_add_func(Module *m, const char *name) {
   Func *f = arena_alloc(m->arena, sizeof *f);
   f->name = arena_strdup(m->arena, name);
   f->module = m;
+  f->arena_bytes = -1;
   ptrvec_push(m->arena, &m->funcs, f);
   return f;
 }
@@ -60,6 +62,7 @@ Func *module_find_func(const Module *m, const char *name) {
 Value *func_add_arg(Func *f, const char *name, Type t) {
   Value *v = arena_alloc(f->module->arena, sizeof *v);
   v->type = t;
+  v->offset = -1;
   v->kind = VAL_ARG;
   v->index = f->args.n;
   if (name) v->name = arena_strdup(f->module->arena, name);
@@ -70,16 +73,21 @@ Value *func_add_arg(Func *f, const char *name, Type t) {
 void func_add_ret(Func *f, Value *v) { ptrvec_push(f->module->arena, &f->rets, v); }
 
 Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types) {
+  return op_new_n(m, k, operands, n_operands, result_types, op_info(k)->n_results);
+}
+
+Op *op_new_n(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types, int n_results) {
   const OpInfo *info = op_info(k);
   Op *op = arena_alloc(m->arena, sizeof *op);
   op->kind = k;
   op->n_operands = n_operands;
   op->operands = arena_alloc(m->arena, sizeof(Value *) * (size_t)(n_operands ? n_operands : 1));
   for (int i = 0; i < n_operands; i++) op->operands[i] = operands[i];
-  op->n_results = info->n_results;
-  op->results = arena_alloc(m->arena, sizeof(Value *) * (size_t)(info->n_results ? info->n_results : 1));
-  for (int i = 0; i < info->n_results; i++) {
+  op->n_results = n_results;
+  op->results = arena_alloc(m->arena, sizeof(Value *) * (size_t)(n_results > 0 ? n_results : 1));
+  for (int i = 0; i < n_results; i++) {
     Value *v = arena_alloc(m->arena, sizeof *v);
+    v->offset = -1;
     v->kind = VAL_RESULT;
     v->def = op;
     v->index = i;
@@ -91,6 +99,19 @@ Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *re
     op->attrs[i].kind = info->attrs[i].kind;
     op->attrs[i].set = info->attrs[i].has_default;
   }
+  return op;
+}
+
+Op *func_add_call(Func *f, Func *callee, Value **operands, int n_operands) {
+  Type types[64];
+  for (int i = 0; i < callee->rets.n && i < 64; i++) types[i] = ((Value *)callee->rets.items[i])->type;
+  Op *op = op_new_n(f->module, OP_CALL, operands, n_operands, types, callee->rets.n);
+  op->callee = callee;
+  Attr *a = &op->attrs[0];
+  a->kind = ATTR_FUNC;
+  a->s = callee->name;
+  a->set = true;
+  ptrvec_push(f->module->arena, &f->ops, op);
   return op;
 }
 

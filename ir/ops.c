@@ -39,8 +39,8 @@ static void parse_attr_spec(const char *s, size_t n, AttrSpec *out) {
   const char *kind = colon + 1;
   const char *eq = memchr(kind, '=', n - (size_t)(kind - s));
   size_t kind_len = eq ? (size_t)(eq - kind) : n - (size_t)(kind - s);
-  static const char *const kinds[] = {"int", "float", "bool", "ints", "dtype", "str"};
-  for (int k = 0; k < 6; k++)
+  static const char *const kinds[] = {"int", "float", "bool", "ints", "dtype", "str", "func"};
+  for (int k = 0; k < 7; k++)
     if (strlen(kinds[k]) == kind_len && !memcmp(kinds[k], kind, kind_len)) out->kind = (AttrKind)k;
   if (eq) {
     out->has_default = true;
@@ -93,7 +93,7 @@ int op_lookup(const char *name, size_t n, OpKind *out) {
 
 const char *op_class_name(OpClass c) {
   static const char *const names[] = {"elementwise", "reduction", "contraction", "data",
-                                      "composite", "collective", "optimizer"};
+                                      "composite", "collective", "optimizer", "call"};
   return names[c];
 }
 
@@ -113,7 +113,8 @@ bool attr_eq(const Attr *a, const Attr *b) {
     for (int i = 0; i < a->n; i++)
       if (a->ints[i] != b->ints[i]) return false;
     return true;
-  case ATTR_STR: return (a->s && b->s) ? !strcmp(a->s, b->s) : a->s == b->s;
+  case ATTR_STR:
+  case ATTR_FUNC: return (a->s && b->s) ? !strcmp(a->s, b->s) : a->s == b->s;
   default: return a->i == b->i;
   }
 }

@@ -283,6 +283,18 @@ static int parse_type(Parser *ps, Type *t) {
   return 0;
 }
 
+static char *tok_str(Parser *ps);
+
+/* An optional memory-plan offset after a type: "at 4096". */
+static int parse_offset(Parser *ps, Value *v) {
+  if (!tok_word(ps, "at")) return 0;
+  next(ps);
+  Tok at = ps->tok;
+  if (parse_int(ps, &v->offset, "a byte offset")) return IR_EINPUT;
+  if (v->offset < 0) return error_at(ps, &at, "offsets cannot be negative");
+  return 0;
+}
+
 /* ---- attributes ---- */
 
 static int parse_attr(Parser *ps, Op *op) {
@@ -322,6 +334,11 @@ static int parse_attr(Parser *ps, Op *op) {
     next(ps);
     break;
   }
+  case ATTR_FUNC:
+    if (!tok_is(ps, TK_FUNC)) return expected(ps, "a function name (@name)");
+    a->s = tok_str(ps);
+    next(ps);
+    break;
   case ATTR_STR:
     if (!tok_is(ps, TK_STRING)) return expected(ps, "a quoted string");
     a->s = arena_strndup(ps->m->arena, ps->tok.s + 1, ps->tok.n - 2);
@@ -414,13 +431,15 @@ static int parse_op(Parser *ps, Func *f) {
     if (!tok_is(ps, TK_COMMA)) break;
     next(ps);
   }
-  if (info->n_operands >= 0 ? n_operands != info->n_operands : n_operands < 1)
+  if (info->n_operands >= 0 ? n_operands != info->n_operands : n_operands < 1 && kind != OP_CALL)
     return error_at(ps, &optok, "op '%s' takes %s%d operand%s, found %d", info->name, info->n_operands < 0 ? "at least " : "",
-                    info->n_operands < 0 ? 1 : info->n_operands, info->n_operands == 1 ? "" : "s", n_operands);
-  if (n_defs != info->n_results)
+                    info->n_operands < 0 ? 1 : info->n_operands, info->n_operands == 1 || info->n_operands < 0 ? "" : "s",
+                    n_operands);
+  if (info->n_results >= 0 && n_defs != info->n_results)
     return error_at(ps, n_defs ? &defs[0] : &optok, "op '%s' has %d result%s, but %d name%s given", info->name,
                     info->n_results, info->n_results == 1 ? "" : "s", n_defs, n_defs == 1 ? " is" : "s are");
-  Op *op = func_add_op(f, kind, operands, n_operands, NULL);
+  Op *op = op_new_n(ps->m, kind, operands, n_operands, NULL, n_defs);
+  ptrvec_push(ps->m->arena, &f->ops, op);
   op->line = optok.line;
   if (tok_is(ps, TK_LBRACE)) {
     next(ps);
@@ -436,7 +455,7 @@ static int parse_op(Parser *ps, Func *f) {
   if (n_defs && expect(ps, TK_COLON, "':' and the result type")) return IR_EINPUT;
   for (int r = 0; r < n_defs; r++) {
     if (r && expect(ps, TK_COMMA, "',' and the next result type")) return IR_EINPUT;
-    if (parse_type(ps, &op->results[r]->type)) return IR_EINPUT;
+    if (parse_type(ps, &op->results[r]->type) || parse_offset(ps, op->results[r])) return IR_EINPUT;
   }
   for (int r = 0; r < n_defs; r++)
     if (define_local(ps, op->results[r], &defs[r])) return IR_EINPUT;
@@ -444,12 +463,15 @@ static int parse_op(Parser *ps, Func *f) {
 }
 
 static int parse_func(Parser *ps) {
+  bool kernel = tok_word(ps, "kernel");
+  if (kernel) next(ps);
   if (expect_word(ps, "func")) return IR_EINPUT;
   if (!tok_is(ps, TK_FUNC)) return expected(ps, "a function name (@name)");
   Tok nametok = ps->tok;
   char *name = tok_str(ps);
   if (module_find_func(ps->m, name)) return error_at(ps, &nametok, "function '@%s' is defined twice", name);
   Func *f = module_add_func(ps->m, name);
+  f->is_kernel = kernel;
   next(ps);
   map_free(&ps->locals);
   if (expect(ps, TK_LPAREN, "'('")) return IR_EINPUT;
@@ -461,7 +483,7 @@ static int parse_func(Parser *ps) {
     Type t;
     if (parse_type(ps, &t)) return IR_EINPUT;
     Value *v = func_add_arg(f, NULL, t);
-    if (define_local(ps, v, &at)) return IR_EINPUT;
+    if (parse_offset(ps, v) || define_local(ps, v, &at)) return IR_EINPUT;
     if (!tok_is(ps, TK_RPAREN) && expect(ps, TK_COMMA, "',' or ')'")) return IR_EINPUT;
   }
   next(ps);
@@ -477,6 +499,10 @@ static int parse_func(Parser *ps) {
     if (!tok_is(ps, TK_RPAREN) && expect(ps, TK_COMMA, "',' or ')'")) return IR_EINPUT;
   }
   next(ps);
+  if (tok_word(ps, "arena")) {
+    next(ps);
+    if (parse_int(ps, &f->arena_bytes, "the arena size in bytes")) return IR_EINPUT;
+  }
   if (expect(ps, TK_LBRACE, "'{' starting the body")) return IR_EINPUT;
   while (!tok_word(ps, "return"))
     if (parse_op(ps, f)) return IR_EINPUT;
@@ -557,10 +583,27 @@ static int parse_top(Parser *ps) {
   while (tok_word(ps, "param") || tok_word(ps, "state"))
     if (parse_global(ps)) return IR_EINPUT;
   while (!tok_is(ps, TK_RBRACE)) {
-    if (!tok_word(ps, "func")) return expected(ps, "'func', 'param', 'state' or '}'");
+    if (tok_word(ps, "param") || tok_word(ps, "state"))
+      return error_at(ps, &ps->tok, "globals ('param', 'state') must come before the functions");
+    if (!tok_word(ps, "func") && !tok_word(ps, "kernel")) return expected(ps, "'func', 'kernel func' or '}'");
     if (parse_func(ps)) return IR_EINPUT;
   }
   next(ps);
+  /* Calls name their kernel; kernels may be printed after their callers. */
+  for (int i = 0; i < ps->m->funcs.n; i++) {
+    Func *f = ps->m->funcs.items[i];
+    for (int k = 0; k < f->ops.n; k++) {
+      Op *op = f->ops.items[k];
+      if (op->kind != OP_CALL) continue;
+      op->callee = module_find_func(ps->m, op->attrs[0].s);
+      if (!op->callee || !op->callee->is_kernel) {
+        snprintf(ps->err, ps->errlen, "%s:%d: error: call of '@%s', which is not a kernel func of this module", ps->file,
+                 op->line, op->attrs[0].s);
+        ps->failed = true;
+        return IR_EINPUT;
+      }
+    }
+  }
   if (!tok_is(ps, TK_EOF)) return expected(ps, "end of file after the module");
   return 0;
 }

@@ -89,6 +89,7 @@ static void print_attr_value(FILE *out, const Attr *a) {
   case ATTR_BOOL: fputs(a->i ? "true" : "false", out); break;
   case ATTR_DTYPE: fputs(dtype_name((DType)a->i), out); break;
   case ATTR_STR: fprintf(out, "\"%s\"", a->s ? a->s : ""); break;
+  case ATTR_FUNC: fprintf(out, "@%s", a->s ? a->s : "?"); break;
   case ATTR_INTS:
     fputc('[', out);
     for (int i = 0; i < a->n; i++) fprintf(out, i ? ",%lld" : "%lld", (long long)a->ints[i]);
@@ -123,6 +124,7 @@ static void print_op_named(FILE *out, const Namer *nm, const Op *op) {
   for (int r = 0; r < op->n_results; r++) {
     if (r) fputs(", ", out);
     type_fprint(out, &op->results[r]->type);
+    if (op->results[r]->offset >= 0) fprintf(out, " at %lld", (long long)op->results[r]->offset);
   }
 }
 
@@ -140,20 +142,22 @@ char *op_to_string(const Op *op, char *buf, size_t n) {
 void print_func(FILE *out, const Func *f) {
   Namer nm;
   namer_init(&nm, f);
-  fprintf(out, "  func @%s(", f->name);
+  fprintf(out, "  %sfunc @%s(", f->is_kernel ? "kernel " : "", f->name);
   for (int i = 0; i < f->args.n; i++) {
     const Value *v = f->args.items[i];
     if (i) fputs(", ", out);
     print_value(out, &nm, v);
     fputs(": ", out);
     type_fprint(out, &v->type);
+    if (v->offset >= 0) fprintf(out, " at %lld", (long long)v->offset);
   }
   fputs(") -> (", out);
   for (int i = 0; i < f->rets.n; i++) {
     if (i) fputs(", ", out);
     type_fprint(out, &((const Value *)f->rets.items[i])->type);
   }
-  fputs(") {\n", out);
+  if (f->arena_bytes >= 0) fprintf(out, ") arena %lld {\n", (long long)f->arena_bytes);
+  else fputs(") {\n", out);
   for (int i = 0; i < f->ops.n; i++) {
     fputs("    ", out);
     print_op_named(out, &nm, f->ops.items[i]);

@@ -33,8 +33,9 @@ static int op_error(Verifier *vf, const Op *op, const char *fmt, ...) {
   return IR_EINPUT;
 }
 
-/* A sharding is well formed when split dims exist, each mesh axis splits its dim evenly,
-   and an axis of size 1 is not marked (it would mean nothing). */
+/* A sharding is well formed when split dims exist and each mesh axis splits its dim
+   evenly.  (Marking an axis of size 1 is allowed: it means nothing, and a plan written
+   for a bigger mesh still reads.) */
 static int check_sharding(Verifier *vf, const Op *op, const Type *t, const char *what) {
   char buf[256];
   for (int a = 0; a < AX_COUNT; a++) {
@@ -58,8 +59,17 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
   const OpInfo *info = op_info(op->kind);
   if (info->n_operands >= 0 ? op->n_operands != info->n_operands : op->n_operands < 1)
     return op_error(vf, op, "takes %d operands, has %d", info->n_operands, op->n_operands);
-  if (op->n_results != info->n_results)
+  if (info->n_results >= 0 && op->n_results != info->n_results)
     return op_error(vf, op, "has %d results, should have %d", op->n_results, info->n_results);
+  if (op->kind == OP_CALL && (!op->callee || !op->callee->is_kernel))
+    return op_error(vf, op, "calls '@%s', which is not a kernel func", op->attrs[0].s ? op->attrs[0].s : "?");
+  if (vf->f->is_kernel) {
+    bool allowed = info->cls == CLASS_ELEMENTWISE || info->cls == CLASS_REDUCTION || op->kind == OP_BROADCAST ||
+                   op->kind == OP_RESHAPE || op->kind == OP_CONSTANT || op->kind == OP_IOTA || op->kind == OP_CAST;
+    if (!allowed)
+      return op_error(vf, op, "cannot appear in a kernel func (kernels hold elementwise ops, broadcast, reshape, "
+                      "constant, iota, cast and reductions; see docs/lowering.md)");
+  }
   for (int i = 0; i < op->n_operands; i++) {
     const Value *v = op->operands[i];
     if (!v) return op_error(vf, op, "operand %d is missing", i);
@@ -78,8 +88,9 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
     if (op->attrs[i].kind != info->attrs[i].kind)
       return op_error(vf, op, "attribute '%s' has the wrong kind", info->attrs[i].name);
   }
-  Type inferred[8];
+  Type inferred[IR_MAX_RESULTS];
   char msg[1024];
+  if (op->n_results > IR_MAX_RESULTS) return op_error(vf, op, "has more than %d results", IR_MAX_RESULTS);
   if (infer_types(op, inferred, msg, sizeof msg)) return op_error(vf, op, "%s", msg);
   for (int r = 0; r < op->n_results; r++) {
     const Type *t = &op->results[r]->type;
@@ -102,6 +113,58 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
   return 0;
 }
 
+/* A kernel's promise (docs/lowering.md): one iteration space of N elements.  Every value
+   has N elements, or is a reduction of N elements, or only feeds broadcasts. */
+static int check_kernel_space(Verifier *vf, const Func *f) {
+  int64_t N = 0;
+  for (int i = 0; i < f->args.n; i++) {
+    int64_t n = type_numel(&((const Value *)f->args.items[i])->type);
+    if (n > N) N = n;
+  }
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) {
+      int64_t n = type_numel(&op->results[r]->type);
+      if (n > N) N = n;
+    }
+  }
+  int n_ids = func_number((Func *)f);
+  bool *only_broadcast = malloc((size_t)(n_ids ? n_ids : 1));
+  for (int i = 0; i < n_ids; i++) only_broadcast[i] = true;
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) {
+      const Value *v = op->operands[k];
+      if (v->kind != VAL_GLOBAL && op->kind != OP_BROADCAST) only_broadcast[v->id] = false;
+      if (op_info(op->kind)->cls == CLASS_REDUCTION && type_numel(&v->type) != N) {
+        free(only_broadcast);
+        return op_error(vf, op, "in a kernel, a reduction must read a value of the kernel's %lld elements", (long long)N);
+      }
+    }
+  }
+  for (int i = 0; i < f->rets.n; i++) {
+    const Value *v = f->rets.items[i];
+    if (v->kind != VAL_GLOBAL) only_broadcast[v->id] = false;
+  }
+  int rc = 0;
+  for (int i = 0; i < f->ops.n && !rc; i++) {
+    const Op *op = f->ops.items[i];
+    if (op_info(op->kind)->cls == CLASS_REDUCTION) continue;
+    for (int r = 0; r < op->n_results && !rc; r++)
+      if (type_numel(&op->results[r]->type) != N && !only_broadcast[op->results[r]->id])
+        rc = op_error(vf, op, "in a kernel, a value of %lld elements (not the kernel's %lld) may only feed broadcasts",
+                      (long long)type_numel(&op->results[r]->type), (long long)N);
+  }
+  for (int i = 0; i < f->args.n && !rc; i++) {
+    const Value *v = f->args.items[i];
+    if (type_numel(&v->type) != N && !only_broadcast[v->id])
+      rc = op_error(vf, NULL, "kernel argument %d has %lld elements, not the kernel's %lld, and is not only broadcast", i,
+                    (long long)type_numel(&v->type), (long long)N);
+  }
+  free(only_broadcast);
+  return rc;
+}
+
 int verify_func(const Func *f, char *err, size_t errlen) {
   Verifier vf = {f->module, f, err, errlen};
   int n = func_number((Func *)f);
@@ -121,6 +184,7 @@ int verify_func(const Func *f, char *err, size_t errlen) {
     const Value *v = f->rets.items[i];
     if (v->kind != VAL_GLOBAL && !defined[v->id]) rc = op_error(&vf, NULL, "returned value %d is not defined", i);
   }
+  if (!rc && f->is_kernel) rc = check_kernel_space(&vf, f);
   free(defined);
   return rc;
 }

@@ -64,7 +64,8 @@ static int canonicalize_func(Module *m, Func *f) {
   bool *written = calloc((size_t)m->globals.n + 1, 1);
   for (int i = 0; i < f->ops.n; i++) {
     const Op *op = f->ops.items[i];
-    for (int k = 0; k < op_n_writes(op->kind); k++) written[op->operands[k]->global->index] = true;
+    for (int k = 0; k < op_n_writes(op->kind); k++)
+      if (op->operands[k]->kind == VAL_GLOBAL) written[op->operands[k]->global->index] = true;
   }
   for (int i = 0; i < f->ops.n; i++) {
     Op *op = f->ops.items[i];

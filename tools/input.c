@@ -11,7 +11,13 @@ int input_load(const char *path, const char *const *overrides, int n_overrides, 
                path, (int)strcspn(overrides[0], "="), overrides[0]);
       return EXIT_USAGE;
     }
-    return parse_module_file(path, &in->m, err, errlen);
+    int rc = parse_module_file(path, &in->m, err, errlen);
+    /* Passes assume verified IR: check a file before any pass sees it. */
+    if (!rc && (rc = verify_module(in->m, err, errlen))) {
+      module_free(in->m);
+      in->m = NULL;
+    }
+    return rc;
   }
   int rc = spec_load(path, &in->spec, err, errlen);
   if (rc) return rc;

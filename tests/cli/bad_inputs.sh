@@ -133,4 +133,18 @@ long=$(head -c 5000 /dev/zero | tr '\0' 'a')
 printf 'module @m {\n  func @f(%%x: f32[4]) -> (f32[4]) {\n    %%%s = frob %%x : f32[4]\n    return %%x\n  }\n}\n' "$long" >"$TMP/longname.ir"
 bad "IR with a 5000-character name and an unknown op" "longname.ir:3:" "unknown op 'frob'" "$LOOM" ir "$TMP/longname.ir"
 
+# IR that parses but does not verify, through a pipeline that does not start with verify:
+# the passes must not run on it (they assume verified IR); exit 2 naming the file.
+printf 'module @m {\n  func @f(%%x: f32[2,3]) -> (f32[3,2]) {\n    %%a = transpose %%x {perm=[1,0]} : f32[3,2]\n    %%b = transpose %%a {perm=[700000,0]} : f32[3,2]\n    return %%b\n  }\n}\n' >"$TMP/perm_range.ir"
+printf 'module @m {\n  func @f(%%x: f32[2,3]) -> (f32[3,2]) {\n    %%a = transpose %%x {perm=[1]} : f32[3,2]\n    %%b = transpose %%a {perm=[0,1,2,3,4,5,6,7,0,1,2,3]} : f32[3,2]\n    return %%b\n  }\n}\n' >"$TMP/perm_long.ir"
+printf 'module @m {\n  func @f(%%x: f32[4], %%y: f32[4]) -> () {\n    accumulate %%x, %%y\n    return\n  }\n}\n' >"$TMP/write_local.ir"
+printf 'module @m {\n  func @forward(%%x: f32[4], %%t: i32[4]) -> (f32[4,5], f32[]) {\n    %%y = exp %%x : f32[4,5]\n    %%l = cross_entropy %%y, %%t : f32[]\n    return %%y, %%l\n  }\n}\n' >"$TMP/bad_shapes.ir"
+for f in perm_range perm_long write_local; do
+  bad "unverified IR ($f) through --passes=canonicalize" "$f.ir:" "error" "$LOOM" ir "$TMP/$f.ir" --passes=canonicalize
+done
+bad "unverified IR (bad_shapes) through --passes=cse" "bad_shapes.ir:" "error" "$LOOM" ir "$TMP/bad_shapes.ir" --passes=cse
+if "$LOOM" ir --list-passes | grep -q '^  autodiff '; then
+  bad "unverified IR (bad_shapes) through --passes=autodiff" "bad_shapes.ir:" "error" "$LOOM" ir "$TMP/bad_shapes.ir" --passes=autodiff
+fi
+
 finish

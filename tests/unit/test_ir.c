@@ -1107,6 +1107,103 @@ static void test_function(void) {
   module_free(m);
 }
 
+
+/* ================================================================ fuzzing the text form */
+
+/* Mutated and truncated copies of the tests/ir inputs: parsing never crashes (the
+   sanitizers watch), whatever parses also prints to text that parses back to the same
+   text, and whatever verifies also survives the default pipeline and verifies after it. */
+static char *read_all(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *b = malloc((size_t)n + 1);
+  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
+  if (b) b[n] = 0;
+  fclose(f);
+  return b;
+}
+
+typedef struct {
+  int parsed, verified, bad_round_trip, bad_pipeline;
+} FuzzStats;
+
+static void fuzz_one(const char *text, FuzzStats *st) {
+  Module *m;
+  char err[IR_ERR_LEN];
+  if (parse_module("<fuzz>", text, &m, err, sizeof err)) {
+    if (!strstr(err, "error")) st->bad_round_trip++;   /* a failure must say so */
+    return;
+  }
+  st->parsed++;
+  char *p1 = module_to_string(m), *p2 = NULL;
+  Module *m2;
+  if (parse_module("<fuzz-printed>", p1, &m2, err, sizeof err) == 0) {
+    p2 = module_to_string(m2);
+    module_free(m2);
+  }
+  if (!p2 || strcmp(p1, p2)) {
+    if (st->bad_round_trip++ < 3) printf("    does not round-trip:\n%s\n", text);
+  }
+  free(p1);
+  free(p2);
+  if (verify_module(m, err, sizeof err) == 0) {
+    st->verified++;
+    if (pipeline_run(m, DEFAULT_PIPELINE, NULL, err, sizeof err) || verify_module(m, err, sizeof err))
+      if (st->bad_pipeline++ < 3) printf("    pipeline fails on a verified module: %s\n", err);
+  }
+  module_free(m);
+}
+
+static void test_fuzz(void) {
+  DIR *d = opendir("tests/ir");
+  if (!check(d != NULL, "tests/ir is readable")) return;
+  char *texts[256];
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && n < 256) {
+    size_t len = strlen(e->d_name);
+    if (len < 4 || strcmp(e->d_name + len - 3, ".ir")) continue;
+    char path[512];
+    snprintf(path, sizeof path, "tests/ir/%s", e->d_name);
+    char *t = read_all(path);
+    if (!t) continue;
+    char *cut = strstr(t, "\n# expect");   /* keep the input section */
+    if (cut) cut[1] = 0;
+    texts[n++] = t;
+  }
+  closedir(d);
+  FuzzStats st = {0};
+  int runs = 0;
+  static const char alphabet[] = "%$@{}()[]<>,:=-.#\n 0123456789abcdefpsxtdr_";
+  for (int i = 0; i < 20000 && n; i++) {
+    const char *src = texts[rng() % (uint64_t)n];
+    size_t len = strlen(src);
+    char *t = malloc(len + 64);
+    memcpy(t, src, len + 1);
+    int edits = 1 + (int)(rng() % 3);
+    for (int k = 0; k < edits && len; k++) {
+      size_t at = rng() % len;
+      switch (rng() % 4) {
+      case 0: t[at] = alphabet[rng() % (sizeof alphabet - 1)]; break;                 /* replace */
+      case 1: memmove(t + at, t + at + 1, len - at), len--; break;                     /* delete */
+      case 2: memmove(t + at + 1, t + at, len - at + 1), t[at] = alphabet[rng() % (sizeof alphabet - 1)], len++; break;
+      default: t[at] = 0, len = at; break;                                              /* truncate */
+      }
+    }
+    fuzz_one(t, &st);
+    free(t);
+    runs++;
+  }
+  check(runs == 20000 && st.bad_round_trip == 0,
+        "20000 mutated IR inputs: no crash; all %d that parse print back identically (%d do not)", st.parsed, st.bad_round_trip);
+  check(st.bad_pipeline == 0, "the %d mutated inputs that verify survive the default pipeline and still verify (%d do not)",
+        st.verified, st.bad_pipeline);
+  for (int i = 0; i < n; i++) free(texts[i]);
+}
+
 int main(void) {
   test_op_table();
   test_type_str();
@@ -1123,6 +1220,7 @@ int main(void) {
   test_reductions();
   test_elementwise();
   test_function();
+  test_fuzz();
   test_models();
   test_timing();
   printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -1,0 +1,117 @@
+/* runtime/program.h — the lowered program: what the runtime runs, with no IR in sight.
+ *
+ * A program is a set of functions (grad_step, optimizer_step, forward); each is a list of
+ * steps over buffers.  A buffer is a region (the function's arena, or the parameters,
+ * gradient accumulators or optimizer state) plus a byte offset.  Steps are JIT-compiled
+ * kernels (codegen/cpu), GEMMs (a CPU BLAS), or builtins: the runtime's own kernels for
+ * composite ops and data movement (runtime/cpu_kernels.c).  See docs/lowering.md.
+ *
+ * Storage on the CPU: every float tensor is held as f32 (a bf16 value is an f32 rounded to
+ * bf16, as the reference executor holds it); integer tensors (token ids) as int32.
+ */
+#ifndef LOOM_RUNTIME_PROGRAM_H
+#define LOOM_RUNTIME_PROGRAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { RT_REGION_ARENA, RT_REGION_PARAMS, RT_REGION_GRADS, RT_REGION_OPTIM, RT_REGION_COUNT } RtRegion;
+
+/* Rounding applied to a float buffer when a step writes it (emulates narrow dtypes). */
+typedef enum { RT_ROUND_NONE, RT_ROUND_BF16, RT_ROUND_F16, RT_ROUND_F8E4M3, RT_ROUND_F8E5M2 } RtRound;
+
+typedef struct {
+  uint8_t region;      /* RtRegion */
+  uint8_t is_int;      /* 1: int32 elements (token ids), 0: f32 */
+  uint8_t round;       /* RtRound, for outputs */
+  int64_t offset;      /* bytes from the region's start (64-byte aligned) */
+  int64_t n;           /* elements */
+} RtBuf;
+
+typedef enum { RT_STEP_KERNEL, RT_STEP_GEMM, RT_STEP_BUILTIN } RtStepKind;
+
+/* Builtins.  Buffers are listed inputs first, then outputs; every output is fully
+   overwritten (never accumulated into) unless the builtin says "+=".  Sizes are in i[],
+   float attributes in f[].  The meaning of each is the op of the same name in ir/ops.def
+   (the reference executor, ir/interp_ops.c, is the definition). */
+typedef enum {
+  RT_B_LAYERNORM,          /* x w b -> y;            i: rows, D;  f: eps */
+  RT_B_LAYERNORM_GRAD,     /* dy x w -> dx dw db;    i: rows, D;  f: eps */
+  RT_B_RMSNORM,            /* x w -> y;              i: rows, D;  f: eps */
+  RT_B_RMSNORM_GRAD,       /* dy x w -> dx dw;       i: rows, D;  f: eps */
+  RT_B_SOFTMAX,            /* x -> y;                i: rows, D */
+  RT_B_SOFTMAX_GRAD,       /* dy y -> dx;            i: rows, D */
+  RT_B_ATTENTION,          /* q k v -> out;          i: B, T, H, Dh, S, KV, causal;  f: scale */
+  RT_B_ATTENTION_GRAD,     /* dout q k v -> dq dk dv; i: as attention;             f: scale */
+  RT_B_ROPE,               /* x -> y;                i: B, T, H, Dh, offset, inverse;  f: theta */
+  RT_B_CROSS_ENTROPY,      /* logits targets(int) -> loss;           i: rows, V */
+  RT_B_CROSS_ENTROPY_GRAD, /* dloss logits targets(int) -> dlogits;  i: rows, V */
+  RT_B_EMBEDDING,          /* table ids(int) -> y;   i: n_ids, V, D */
+  RT_B_EMBEDDING_GRAD,     /* dy ids(int) -> dtable; i: n_ids, V, D */
+  RT_B_TRANSPOSE,          /* x -> y;  i: rank, x dims[rank], perm[rank] */
+  RT_B_SLICE,              /* x -> y;  i: rank, x dims[rank], start[rank], end[rank] */
+  RT_B_PAD,                /* x -> y;  i: rank, x dims[rank], low[rank], high[rank] */
+  RT_B_CONCAT,             /* x0..xk -> y;  i: k+1 inputs, outer, inner, then each input's size along dim */
+  RT_B_BROADCAST,          /* x -> y;  i: rank (of y), y dims[rank], x element strides per y dim (0: broadcast) */
+  RT_B_COPY,               /* x -> y;  i: n (reshape or a cast between float dtypes: y's round applies) */
+  RT_B_CAST,               /* x -> y;  i: n (between int and float: float->int truncates, bool is x != 0) */
+  RT_B_FILL,               /* -> y;    i: n;  f: value (constant, or fill of a global) */
+  RT_B_IOTA,               /* -> y;    i: rank, dims[rank], dim */
+  RT_B_ACCUMULATE,         /* dst x -> (dst += x, in place; dst is listed once, as input 0);  i: n */
+  RT_B_ASSIGN,             /* dst x -> (dst = x, in place);  i: n */
+  RT_B_ADAMW,              /* p m v g gscale lr t -> (p m v updated in place);  i: n;  f: beta1, beta2, eps, weight_decay */
+  RT_B_COUNT
+} RtBuiltin;
+
+#define RT_MAX_BUFS 16
+#define RT_MAX_INTS 40
+typedef struct {
+  RtStepKind kind;
+  int which;                 /* RtBuiltin, or the kernel's index in RtProgram.kernel_names */
+  int n_in, n_out;           /* bufs: n_in inputs then n_out outputs */
+  RtBuf bufs[RT_MAX_BUFS];
+  int64_t i[RT_MAX_INTS];
+  double f[4];
+  char label[96];            /* for messages and traces: "layernorm %h0.ln_1" */
+} RtStep;
+/* RT_STEP_KERNEL: kernels have the signature
+     void kernel(char **args, int64_t begin, int64_t end)
+   args[] are the buffers' addresses (inputs then outputs); the kernel computes the part
+   [begin, end) of its parallel extent i[0], so the runtime can split it across threads.
+   RT_STEP_GEMM: C[b] = op(A[b]) @ op(B[b]) for b < batch;
+     bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared) */
+
+typedef struct {
+  char name[64];
+  int n_steps;
+  RtStep *steps;
+  int64_t arena_bytes;
+  int n_args, n_rets;
+  RtBuf args[8], rets[8];
+} RtFunc;
+
+/* A global (parameter, gradient accumulator, optimizer state): its region and place. */
+typedef enum { RT_INIT_ZEROS, RT_INIT_ONES, RT_INIT_NORMAL, RT_INIT_CONST } RtInitKind;
+typedef struct {
+  char name[256];
+  RtRegion region;
+  int64_t offset, n;
+  int rank;
+  int64_t shape[8];
+  RtInitKind init;
+  double init_value;         /* normal: std; const: the value */
+  uint8_t round;             /* storage rounding of the global's dtype */
+} RtGlobal;
+
+typedef struct {
+  int n_funcs;
+  RtFunc *funcs;
+  int n_globals;
+  RtGlobal *globals;
+  int64_t region_bytes[RT_REGION_COUNT];   /* sizes of the global regions (the arena is per function) */
+  int n_kernels;
+  char (*kernel_names)[32];                /* symbol of kernel k in the JIT'd code */
+} RtProgram;
+
+#endif
