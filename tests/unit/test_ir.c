@@ -149,7 +149,7 @@ static void test_op_table(void) {
       printf("    op %d: name lookup fails\n", k);
       bad++;
     }
-    if (info->n_attrs > IR_MAX_ATTRS || info->n_results < 0 || info->n_operands < -1) {
+    if (info->n_attrs > IR_MAX_ATTRS || info->n_results < -1 || info->n_operands < -1) {
       printf("    op %s: bad counts\n", info->name);
       bad++;
     }
@@ -158,7 +158,7 @@ static void test_op_table(void) {
       bool name_ok = a->name && *a->name;
       for (const char *p = a->name; name_ok && *p; p++)
         name_ok = (*p >= 'a' && *p <= 'z') || *p == '_' || (p > a->name && *p >= '0' && *p <= '9');
-      if (!name_ok || a->kind > ATTR_STR || op_attr_index((OpKind)k, a->name) != i) {
+      if (!name_ok || a->kind > ATTR_FUNC || op_attr_index((OpKind)k, a->name) != i) {
         printf("    op %s: attribute %d ('%s') is malformed\n", info->name, i, a->name ? a->name : "");
         bad++;
       }
