@@ -57,7 +57,7 @@ static int check_sharding(Verifier *vf, const Op *op, const Type *t, const char 
 
 static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
   const OpInfo *info = op_info(op->kind);
-  if (info->n_operands >= 0 ? op->n_operands != info->n_operands : op->n_operands < 1)
+  if (info->n_operands >= 0 ? op->n_operands != info->n_operands : op->n_operands < (op->kind == OP_CALL ? 0 : 1))
     return op_error(vf, op, "takes %d operands, has %d", info->n_operands, op->n_operands);
   if (info->n_results >= 0 && op->n_results != info->n_results)
     return op_error(vf, op, "has %d results, should have %d", op->n_results, info->n_results);

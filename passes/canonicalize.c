@@ -5,17 +5,40 @@
  *   transpose(transpose(x))                               -> one transpose
  *   slice of the whole operand, concat of one operand     -> the operand
  *   scale by 1, add_scalar of 0                           -> the operand
+ *   scale, add_scalar, neg, reshape, broadcast of a constant -> a constant (computed in f32)
  * Rewrites either reuse an existing value or change an op in place; ops left unused are
  * removed at the end.  An operand that is a global is read when its op runs, so a fold
  * never makes a later op read a global that this function writes: that would move the
  * read past the write. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "passes.h"
 
 /* May a fold make another op read v?  Not a global this function writes. */
 static bool movable(const Value *v, const bool *written) {
   return v->kind != VAL_GLOBAL || !written[v->global->index];
+}
+
+/* An op on a constant becomes a constant: rewritten in place, so no new values. */
+static bool fold_constant(Op *op) {
+  const Value *x = op->n_operands == 1 ? op->operands[0] : NULL;
+  if (!x || x->kind != VAL_RESULT || x->def->kind != OP_CONSTANT || !dtype_is_float(x->type.dtype)) return false;
+  float c = (float)op_float(x->def, "value"), v;
+  switch (op->kind) {
+  case OP_SCALE: v = c * (float)op_float(op, "by"); break;
+  case OP_ADD_SCALAR: v = c + (float)op_float(op, "value"); break;
+  case OP_NEG: v = -c; break;
+  case OP_RESHAPE: case OP_BROADCAST: v = c; break;
+  default: return false;
+  }
+  v = dtype_round(op->results[0]->type.dtype, v);
+  Attr value = {.kind = ATTR_FLOAT, .f = v, .set = true};
+  op->kind = OP_CONSTANT;
+  op->n_operands = 0;
+  memset(op->attrs, 0, sizeof op->attrs);
+  op->attrs[0] = value;
+  return true;
 }
 
 /* The value that `op`'s result can be replaced by, or NULL. */
@@ -74,6 +97,10 @@ static int canonicalize_func(Module *m, Func *f) {
       if (v->kind == VAL_RESULT && repl[v->id]) op->operands[k] = repl[v->id];
     }
     if (op->n_results != 1) continue;
+    if (fold_constant(op)) {
+      changed++;
+      continue;
+    }
     Value *to = fold(m, op, written);
     if (to && movable(to, written)) {
       repl[op->results[0]->id] = to;

@@ -9,6 +9,7 @@
  *   precision.c     pass "mixed-precision": bf16 compute on f32 master weights
  *   autodiff.c      pass "autodiff": @forward -> @grad_step (forward, loss, backward)
  *   optimizer.c     pass "optimizer": @optimizer_step (norm, clipping, AdamW, zeroing)
+ *   fuse.c          pass "fuse": elementwise/broadcast/reduction chains -> kernel funcs + call
  */
 #ifndef LOOM_PASSES_H
 #define LOOM_PASSES_H

@@ -1,0 +1,280 @@
+/* passes/fuse.c — pass "fuse": groups chains of elementwise ops, broadcasts, reshapes,
+ * casts and reductions into kernels (`kernel func @<f>.kN`, called with `call`), so that
+ * a value that only feeds the next op of its group stays in registers.  Matmuls,
+ * composites, data movement and effects stay as they are: library calls and builtins.
+ *
+ * A group has one iteration space of N elements (docs/lowering.md).  Ops are taken in
+ * program order; an op joins the group of an operand when:
+ *   - it is fusable and works on N elements (a reduction: reads N elements; a broadcast:
+ *     writes N elements);
+ *   - the group is open: no op outside it has read one of its values yet.  The kernel runs
+ *     where its last op was, so a value read earlier by an outsider would come too late;
+ *   - it does not read the result of a reduction of that group (that would need a second
+ *     pass over the data: softmax-like chains split there);
+ *   - a reduction joins only a group without reductions or with the same reduced dims.
+ * An op that reads values of two open groups of the same size merges them.  Effect ops
+ * (accumulate, adamw, ...) close every group: kernels never move across a write.
+ * Constants and iotas are cloned into each kernel that reads them instead of being
+ * passed; a reshape of a value from outside stays a reshape (memory-plan aliases it).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct {
+  int64_t n;              /* iteration space: elements */
+  bool open;
+  int parent;             /* union-find: merged groups point to the survivor */
+  int last;               /* index of the last member op */
+  const Op *reduction;    /* the first reduction of the group (its signature) */
+} Group;
+
+typedef struct {
+  Func *f;
+  Module *m;
+  Group *groups;
+  int n_groups;
+  int *group_of;          /* per op index: group or -1 */
+  int *def_index;         /* per value id: index of the defining op, or -1 */
+} Fuser;
+
+static bool fusable(const Op *op) {
+  OpClass c = op_info(op->kind)->cls;
+  return c == CLASS_ELEMENTWISE || c == CLASS_REDUCTION || op->kind == OP_BROADCAST || op->kind == OP_RESHAPE ||
+         op->kind == OP_CAST;
+}
+
+static int64_t space_of(const Op *op) {
+  if (op_info(op->kind)->cls == CLASS_REDUCTION) return type_numel(&op->operands[0]->type);
+  return type_numel(&op->results[0]->type);
+}
+
+static int find(Fuser *fz, int g) {
+  while (fz->groups[g].parent != g) g = fz->groups[g].parent = fz->groups[fz->groups[g].parent].parent;
+  return g;
+}
+
+/* The group whose op defines v, or -1. */
+static int group_of_value(Fuser *fz, const Value *v) {
+  if (v->kind != VAL_RESULT) return -1;
+  int d = fz->def_index[v->id];
+  return d < 0 || fz->group_of[d] < 0 ? -1 : find(fz, fz->group_of[d]);
+}
+
+static bool is_reduction_result(const Value *v) {
+  return v->kind == VAL_RESULT && op_info(v->def->kind)->cls == CLASS_REDUCTION;
+}
+
+static bool same_reduction(const Op *a, const Op *b) {
+  return attr_eq(&a->attrs[0], &b->attrs[0]) && type_shape_eq(&a->operands[0]->type, &b->operands[0]->type);
+}
+
+/* Can op (at index i) join group g? */
+static bool can_join(Fuser *fz, const Op *op, int g) {
+  Group *gr = &fz->groups[g];
+  if (!gr->open || gr->n != space_of(op)) return false;
+  for (int k = 0; k < op->n_operands; k++)
+    if (is_reduction_result(op->operands[k]) && group_of_value(fz, op->operands[k]) == g) return false;
+  if (op_info(op->kind)->cls == CLASS_REDUCTION && gr->reduction && !same_reduction(gr->reduction, op)) return false;
+  return true;
+}
+
+static void assign_groups(Fuser *fz) {
+  Func *f = fz->f;
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    if (op_n_writes(op->kind)) {   /* a write: nothing moves across it */
+      for (int g = 0; g < fz->n_groups; g++) fz->groups[g].open = false;
+      continue;
+    }
+    int target = -1;
+    if (fusable(op) && op->kind != OP_CONSTANT) {
+      /* Groups this op reads from that it may join; merge them into one. */
+      for (int k = 0; k < op->n_operands; k++) {
+        int g = group_of_value(fz, op->operands[k]);
+        if (g < 0 || g == target || !can_join(fz, op, g)) continue;
+        if (target < 0) target = g;
+        else {
+          fz->groups[g].parent = target;   /* merge g into target */
+          if (!fz->groups[target].reduction) fz->groups[target].reduction = fz->groups[g].reduction;
+          if (fz->groups[g].last > fz->groups[target].last) fz->groups[target].last = fz->groups[g].last;
+        }
+      }
+      /* A reshape of an outside value stays a reshape: it costs nothing once aliased. */
+      if (target < 0 && op->kind != OP_RESHAPE) {
+        target = fz->n_groups++;
+        fz->groups[target] = (Group){space_of(op), true, target, i, NULL};
+      }
+    }
+    /* Every group this op reads from without joining is now read by an outsider. */
+    for (int k = 0; k < op->n_operands; k++) {
+      int g = group_of_value(fz, op->operands[k]);
+      if (g >= 0 && g != target) fz->groups[g].open = false;
+    }
+    if (target >= 0) {
+      fz->group_of[i] = target;
+      fz->groups[target].last = i;
+      if (op_info(op->kind)->cls == CLASS_REDUCTION && !fz->groups[target].reduction) fz->groups[target].reduction = op;
+    }
+  }
+  for (int i = 0; i < f->ops.n; i++)
+    if (fz->group_of[i] >= 0) fz->group_of[i] = find(fz, fz->group_of[i]);
+  /* A group's last op may have moved when groups merged. */
+  for (int i = 0; i < f->ops.n; i++)
+    if (fz->group_of[i] >= 0) fz->groups[fz->group_of[i]].last = i;
+}
+
+/* Builds the kernel of group g and returns the call that replaces it; *map[id] receives
+   the call's results for the group's outputs. */
+static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value **map) {
+  Func *f = fz->f;
+  Module *m = fz->m;
+  char name[256];
+  snprintf(name, sizeof name, "%s.k%d", f->name, serial);
+  Func *k = module_add_func(m, name);
+  k->is_kernel = true;
+  int n = func_number(f);
+  Value **inner = calloc((size_t)n + 1, sizeof *inner);       /* program value -> kernel value */
+  Value **ginner = calloc((size_t)m->globals.n + 1, sizeof *ginner);
+  Value *args[256];
+  int n_args = 0;
+  for (int i = 0; i < f->ops.n; i++) {
+    if (fz->group_of[i] != g) continue;
+    Op *op = f->ops.items[i];
+    Value *operands[256];
+    for (int j = 0; j < op->n_operands; j++) {
+      Value *v = op->operands[j];
+      Value **slot = v->kind == VAL_GLOBAL ? &ginner[v->global->index] : &inner[v->id];
+      if (!*slot) {
+        const Op *d = v->kind == VAL_RESULT ? v->def : NULL;
+        if (d && (d->kind == OP_CONSTANT || d->kind == OP_IOTA)) {
+          /* Cheaper to recompute than to load: clone it into the kernel. */
+          Type t = v->type;
+          Op *c = func_add_op(k, d->kind, NULL, 0, &t);
+          memcpy(c->attrs, d->attrs, sizeof c->attrs);
+          c->results[0]->name = v->name;
+          *slot = c->results[0];
+        } else {
+          *slot = func_add_arg(k, v->name, v->type);
+          args[n_args++] = v;
+        }
+      }
+      operands[j] = *slot;
+    }
+    Type types[IR_MAX_RESULTS];
+    for (int r = 0; r < op->n_results; r++) types[r] = op->results[r]->type;
+    Op *c = func_add_op(k, op->kind, operands, op->n_operands, types);
+    memcpy(c->attrs, op->attrs, sizeof c->attrs);
+    for (int r = 0; r < op->n_results; r++) {
+      c->results[r]->name = op->results[r]->name;
+      inner[op->results[r]->id] = c->results[r];
+      if (used_outside[op->results[r]->id]) func_add_ret(k, c->results[r]);
+    }
+  }
+  Op *call = op_new_n(m, OP_CALL, args, n_args, NULL, k->rets.n);
+  call->callee = k;
+  call->attrs[0].kind = ATTR_FUNC;
+  call->attrs[0].s = k->name;
+  call->attrs[0].set = true;
+  int r = 0;
+  for (int i = 0; i < f->ops.n; i++) {
+    if (fz->group_of[i] != g) continue;
+    Op *op = f->ops.items[i];
+    for (int j = 0; j < op->n_results; j++)
+      if (used_outside[op->results[j]->id]) {
+        Value *res = call->results[r++];
+        res->type = op->results[j]->type;
+        res->name = op->results[j]->name;
+        map[op->results[j]->id] = res;
+      }
+  }
+  free(inner);
+  free(ginner);
+  return call;
+}
+
+static int fuse_func(Module *m, Func *f, int *serial) {
+  int n_values = func_number(f), n_ops = f->ops.n;
+  Fuser fz = {f, m, calloc((size_t)n_ops + 1, sizeof(Group)), 0, malloc(sizeof(int) * ((size_t)n_ops + 1)),
+              malloc(sizeof(int) * ((size_t)n_values + 1))};
+  for (int i = 0; i < n_ops; i++) fz.group_of[i] = -1;
+  for (int i = 0; i < n_values; i++) fz.def_index[i] = -1;
+  for (int i = 0; i < n_ops; i++) {
+    const Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) fz.def_index[op->results[r]->id] = i;
+  }
+  assign_groups(&fz);
+
+  /* Values of a group read by an op outside it (or returned) become kernel outputs. */
+  bool *used_outside = calloc((size_t)n_values + 1, 1);
+  for (int i = 0; i < n_ops; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) {
+      const Value *v = op->operands[k];
+      if (v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] >= 0 &&
+          fz.group_of[fz.def_index[v->id]] != fz.group_of[i])
+        used_outside[v->id] = true;
+    }
+  }
+  for (int i = 0; i < f->rets.n; i++) {
+    const Value *v = f->rets.items[i];
+    if (v->kind == VAL_RESULT) used_outside[v->id] = true;
+  }
+
+  /* Rebuild the op list: each group becomes one call, placed at its last op. */
+  Value **map = calloc((size_t)n_values + 1, sizeof *map);
+  PtrVec old = f->ops;
+  memset(&f->ops, 0, sizeof f->ops);
+  int kernels = 0;
+  for (int i = 0; i < old.n; i++) {
+    Op *op = old.items[i];
+    int g = fz.group_of[i];
+    if (g >= 0 && fz.groups[g].last != i) continue;
+    if (g >= 0) {
+      PtrVec keep = f->ops;   /* build_kernel numbers f's values: give it the old list */
+      f->ops = old;
+      op = build_kernel(&fz, g, (*serial)++, used_outside, map);
+      f->ops = keep;
+      kernels++;
+    }
+    ptrvec_push(m->arena, &f->ops, op);
+  }
+  /* Uses of group outputs now read the call results.  (Ids are those of the old list.) */
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) {
+      Value *v = op->operands[k];
+      if (v->kind == VAL_RESULT && v->def->kind != OP_CALL && map[v->id]) op->operands[k] = map[v->id];
+    }
+  }
+  for (int i = 0; i < f->rets.n; i++) {
+    Value *v = f->rets.items[i];
+    if (v->kind == VAL_RESULT && map[v->id]) f->rets.items[i] = map[v->id];
+  }
+  free(map);
+  free(used_outside);
+  free(fz.groups);
+  free(fz.group_of);
+  free(fz.def_index);
+  remove_dead_ops(f);   /* constants now cloned into every kernel that read them */
+  return kernels;
+}
+
+static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
+  int n_funcs = m->funcs.n, serial = 0;
+  for (int i = 0; i < n_funcs; i++) {
+    Func *f = m->funcs.items[i];
+    if (f->is_kernel) continue;
+    for (int k = 0; k < f->ops.n; k++)
+      if (((Op *)f->ops.items[k])->kind == OP_CALL) {
+        snprintf(err, errlen, "@%s is already fused (it calls kernels)", f->name);
+        return IR_EINPUT;
+      }
+    serial = 0;
+    ctx->changed += fuse_func(m, f, &serial);
+  }
+  return 0;
+}
+
+const Pass pass_fuse = {"fuse", "group elementwise/broadcast/reduction chains into kernels (kernel func + call)", run};
