@@ -16,6 +16,8 @@
  * (accumulate, adamw, ...) close every group: kernels never move across a write.
  * Constants and iotas are cloned into each kernel that reads them instead of being
  * passed; a reshape of a value from outside stays a reshape (memory-plan aliases it).
+ * A kernel passes at most FUSE_MAX_BUFS buffers (inputs + outputs: a lowered step's
+ * limit); a group that would need more is split back into one kernel per op.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -137,7 +139,7 @@ static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value 
   int n = func_number(f);
   Value **inner = calloc((size_t)n + 1, sizeof *inner);       /* program value -> kernel value */
   Value **ginner = calloc((size_t)m->globals.n + 1, sizeof *ginner);
-  Value *args[256];
+  Value *args[FUSE_MAX_BUFS + 1];
   int n_args = 0;
   for (int i = 0; i < f->ops.n; i++) {
     if (fz->group_of[i] != g) continue;
@@ -196,7 +198,7 @@ static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value 
 
 static int fuse_func(Module *m, Func *f, int *serial) {
   int n_values = func_number(f), n_ops = f->ops.n;
-  Fuser fz = {f, m, calloc((size_t)n_ops + 1, sizeof(Group)), 0, malloc(sizeof(int) * ((size_t)n_ops + 1)),
+  Fuser fz = {f, m, calloc(2 * (size_t)n_ops + 1, sizeof(Group)), 0, malloc(sizeof(int) * ((size_t)n_ops + 1)),
               malloc(sizeof(int) * ((size_t)n_values + 1))};
   for (int i = 0; i < n_ops; i++) fz.group_of[i] = -1;
   for (int i = 0; i < n_values; i++) fz.def_index[i] = -1;
@@ -206,21 +208,58 @@ static int fuse_func(Module *m, Func *f, int *serial) {
   }
   assign_groups(&fz);
 
-  /* Values of a group read by an op outside it (or returned) become kernel outputs. */
+  /* Values of a group read by an op outside it (or returned) become kernel outputs.
+     Groups that would pass too many buffers are split into one kernel per op. */
   bool *used_outside = calloc((size_t)n_values + 1, 1);
-  for (int i = 0; i < n_ops; i++) {
-    const Op *op = f->ops.items[i];
-    for (int k = 0; k < op->n_operands; k++) {
-      const Value *v = op->operands[k];
-      if (v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] >= 0 &&
-          fz.group_of[fz.def_index[v->id]] != fz.group_of[i])
-        used_outside[v->id] = true;
+  int *bufs = calloc((size_t)n_ops + 1, sizeof(int));
+  for (;;) {
+    memset(used_outside, 0, (size_t)n_values + 1);
+    for (int i = 0; i < n_ops; i++) {
+      const Op *op = f->ops.items[i];
+      for (int k = 0; k < op->n_operands; k++) {
+        const Value *v = op->operands[k];
+        if (v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] >= 0 &&
+            fz.group_of[fz.def_index[v->id]] != fz.group_of[i])
+          used_outside[v->id] = true;
+      }
     }
+    for (int i = 0; i < f->rets.n; i++) {
+      const Value *v = f->rets.items[i];
+      if (v->kind == VAL_RESULT) used_outside[v->id] = true;
+    }
+    /* Count each group's buffers: outputs, and distinct inputs from outside. */
+    memset(bufs, 0, sizeof(int) * ((size_t)n_ops + 1));
+    for (int i = 0; i < n_ops; i++) {
+      int g = fz.group_of[i];
+      if (g < 0) continue;
+      const Op *op = f->ops.items[i];
+      for (int r = 0; r < op->n_results; r++) bufs[g] += used_outside[op->results[r]->id];
+      for (int k = 0; k < op->n_operands; k++) {
+        const Value *v = op->operands[k];
+        bool inside = v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] == g;
+        bool cloned = v->kind == VAL_RESULT && (v->def->kind == OP_CONSTANT || v->def->kind == OP_IOTA);
+        if (inside || cloned) continue;
+        bool seen = false;   /* the same input read again (here or by an earlier member) */
+        for (int j = 0; j <= i && !seen; j++) {
+          if (fz.group_of[j] != g) continue;
+          const Op *o = f->ops.items[j];
+          for (int q = 0; q < (j == i ? k : o->n_operands) && !seen; q++) seen = o->operands[q] == v;
+        }
+        bufs[g] += !seen;
+      }
+    }
+    bool split = false;
+    for (int i = 0; i < n_ops; i++) {
+      int g = fz.group_of[i];
+      if (g < 0 || bufs[g] <= FUSE_MAX_BUFS) continue;
+      int single = fz.n_groups++;
+      fz.groups[single] = (Group){space_of(f->ops.items[i]), false, single, i, NULL};
+      fz.group_of[i] = single;
+      split = true;
+    }
+    if (!split) break;
   }
-  for (int i = 0; i < f->rets.n; i++) {
-    const Value *v = f->rets.items[i];
-    if (v->kind == VAL_RESULT) used_outside[v->id] = true;
-  }
+  free(bufs);
 
   /* Rebuild the op list: each group becomes one call, placed at its last op. */
   Value **map = calloc((size_t)n_values + 1, sizeof *map);

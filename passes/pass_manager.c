@@ -9,14 +9,14 @@
 #include "passes.h"
 
 extern const Pass pass_verify, pass_dce, pass_cse, pass_canonicalize, pass_mixed_precision, pass_autodiff,
-    pass_optimizer, pass_fuse;
+    pass_optimizer, pass_fuse, pass_memory_plan;
 
 const TrainSettings train_defaults = {1, 0.9, 0.95, 1e-8, 0.1, 1.0, false};
 
 /* Every pass, in the order `--list-passes` shows them. */
 static const Pass *const all_passes[] = {
   &pass_verify, &pass_canonicalize, &pass_cse, &pass_dce, &pass_mixed_precision, &pass_autodiff, &pass_optimizer,
-  &pass_fuse,
+  &pass_fuse, &pass_memory_plan,
 };
 #define N_PASSES (int)(sizeof all_passes / sizeof all_passes[0])
 
@@ -30,10 +30,23 @@ void pass_list(FILE *out) {
   for (int i = 0; i < N_PASSES; i++) fprintf(out, "  %-16s %s\n", all_passes[i]->name, all_passes[i]->summary);
 }
 
-/* Splits "a,b,c" into names (at most 64, each under 64 chars). */
+/* Splits "a,b,c" into names (at most 64, each under 64 chars), expanding the words
+   "train" and "lower" into their pipelines. */
 static int split_pipeline(const char *pipeline, char names[][64], int *n, char *err, size_t errlen) {
   *n = 0;
+  char expanded[4096] = "";
   const char *p = pipeline;
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    const char *word = (len == 5 && !strncmp(p, "train", 5)) ? TRAIN_PIPELINE
+                       : (len == 5 && !strncmp(p, "lower", 5)) ? LOWER_PIPELINE : NULL;
+    size_t used = strlen(expanded);
+    snprintf(expanded + used, sizeof expanded - used, "%s%.*s", used ? "," : "", word ? (int)strlen(word) : (int)len,
+             word ? word : p);
+    p += len + (end ? 1 : 0);
+  }
+  p = expanded;
   while (*p) {
     const char *end = strchr(p, ',');
     size_t len = end ? (size_t)(end - p) : strlen(p);

@@ -10,6 +10,7 @@
  *   autodiff.c      pass "autodiff": @forward -> @grad_step (forward, loss, backward)
  *   optimizer.c     pass "optimizer": @optimizer_step (norm, clipping, AdamW, zeroing)
  *   fuse.c          pass "fuse": elementwise/broadcast/reduction chains -> kernel funcs + call
+ *   memory_plan.c   pass "memory-plan": arena offsets (liveness, aliasing, in place); memory_report()
  */
 #ifndef LOOM_PASSES_H
 #define LOOM_PASSES_H
@@ -32,9 +33,12 @@ typedef struct {
 } TrainSettings;
 extern const TrainSettings train_defaults;
 
+enum { TARGET_CPU, TARGET_CUDA };
+
 /* Options of one pipeline run. */
 typedef struct {
   const TrainSettings *train;   /* NULL: train_defaults */
+  int target;                   /* TARGET_CPU (default) or TARGET_CUDA: storage sizes for memory-plan */
   const char *print_after[64];  /* pass names: print the IR after each of them */
   int n_print_after;
   bool print_after_all;
@@ -57,9 +61,20 @@ int pipeline_check(const char *pipeline, char *err, size_t errlen);
 /* Runs the passes in order with the hooks of `opt` (may be NULL). */
 int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *err, size_t errlen);
 
-/* The pipeline `loom ir` runs when none is given, and the one training adds. */
+/* The pipeline `loom ir` runs when none is given, the one training adds, and lowering.
+   In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
-#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,cse,dce,verify"
+#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,canonicalize,cse,dce,verify"
+#define LOWER_PIPELINE "fuse,memory-plan,verify"
+
+/* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's
+   RT_MAX_BUFS (passes may not include the runtime). */
+#define FUSE_MAX_BUFS 16
+
+/* memory_plan.c: parameters, gradients, optimizer state and each function's arena peak. */
+void memory_report(FILE *out, Module *m, int target);
+/* Checks that no two buffers alive at the same time share bytes (except aliases). */
+int memory_plan_check(Func *f, int target, char *err, size_t errlen);
 
 /* Gradient and optimizer-state globals are named "<prefix><parameter name>". */
 #define GRAD_PREFIX "grad."

@@ -12,23 +12,31 @@ static const char help[] =
   "--print-ir-* options go to standard error, so standard output stays a valid IR file.\n"
   "\n"
   "options:\n"
-  "  --passes=A,B,C         passes to run, in order (default: " DEFAULT_PIPELINE ")\n"
+  "  --passes=A,B,C         passes to run, in order (default: " DEFAULT_PIPELINE ");\n"
+  "                         'train' stands for the training passes, 'lower' for " LOWER_PIPELINE "\n"
   "  --list-passes          list the available passes and exit\n"
   "  --print-ir-after=NAME  print the IR after each run of pass NAME (repeatable; A,B allowed)\n"
   "  --print-ir-after-all   print the IR after every pass\n"
   "  --dump-dir=DIR         write DIR/00-input.ir, DIR/01-<pass>.ir, ... (sort and diff well)\n"
   "  --verify-each          run the verifier after every pass\n"
   "  --time-passes          print the time each pass took\n"
+  "  --memory               print the memory plan (parameters, gradients, optimizer state,\n"
+  "                         activations, workspace) instead of the IR; runs memory-plan if needed\n"
+  "  --target=cpu|cuda      storage sizes for memory-plan: cpu holds every element in 4 bytes,\n"
+  "                         cuda uses each dtype's size (default cpu)\n"
   "  --batch=B, --seq=T     override the spec's batch size and sequence length\n"
+  "  --precision=fp32|bf16, --grad-accum=G   override the spec's (used by the training passes)\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
   "examples:\n"
   "  loom ir models/gpt2-124M.json --print-ir-after-all 2> dumps.txt\n"
+  "  loom ir models/gpt2-124M.json --passes=train,lower --memory --target=cuda\n"
   "  loom ir models/llama-tiny.json -o llama.ir && loom ir llama.ir --passes=cse,dce\n";
 
 int cmd_ir(int argc, char **argv) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
+  bool memory = false;
   const char *overrides[8];
   char override_buf[8][128];
   int n_overrides = 0;
@@ -44,6 +52,12 @@ int cmd_ir(int argc, char **argv) {
     if (arg_flag(a, "--print-ir-after-all")) { opt.print_after_all = true; continue; }
     if (arg_flag(a, "--verify-each")) { opt.verify_each = true; continue; }
     if (arg_flag(a, "--time-passes")) { opt.time_passes = true; continue; }
+    if (arg_flag(a, "--memory")) { memory = true; continue; }
+    if ((r = arg_value(argc, argv, &i, "--target", &v))) {
+      if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "cuda"))) return usage_error("ir", "--target takes cpu or cuda");
+      opt.target = strcmp(v, "cpu") ? TARGET_CUDA : TARGET_CPU;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--passes", &v))) {
       if (r < 0) return usage_error("ir", "--passes needs a list of pass names");
       pipeline = v;
@@ -68,14 +82,19 @@ int cmd_ir(int argc, char **argv) {
       opt.dump_dir = v;
       continue;
     }
-    if ((r = arg_value(argc, argv, &i, "--batch", &v)) || (r = arg_value(argc, argv, &i, "--seq", &v))) {
-      if (r < 0) return usage_error("ir", "%s needs a value", a);
-      if (n_overrides == 8) return usage_error("ir", "too many overrides");
-      snprintf(override_buf[n_overrides], sizeof override_buf[0], "%s=%s", strncmp(a, "--batch", 7) ? "seq" : "batch", v);
-      overrides[n_overrides] = override_buf[n_overrides];
-      n_overrides++;
-      continue;
-    }
+    static const char *const spec_flags[][2] = {
+        {"--batch", "batch"}, {"--seq", "seq"}, {"--precision", "precision"}, {"--grad-accum", "grad_accum"}};
+    bool matched = false;
+    for (int k = 0; k < 4 && !matched; k++)
+      if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {
+        if (r < 0) return usage_error("ir", "%s needs a value", spec_flags[k][0]);
+        if (n_overrides == 8) return usage_error("ir", "too many overrides");
+        snprintf(override_buf[n_overrides], sizeof override_buf[0], "%s=%.100s", spec_flags[k][1], v);
+        overrides[n_overrides] = override_buf[n_overrides];
+        n_overrides++;
+        matched = true;
+      }
+    if (matched) continue;
     if ((r = arg_value(argc, argv, &i, "-o", &v))) {
       if (r < 0) return usage_error("ir", "-o needs a file name");
       out_path = v;
@@ -93,10 +112,32 @@ int cmd_ir(int argc, char **argv) {
   Input in;
   rc = input_load(input, overrides, n_overrides, &in, err, sizeof err);
   if (rc) return report(rc, err);
+  /* The training passes read the spec's settings. */
+  TrainSettings ts = train_defaults;
+  if (in.from_spec) {
+    const RunSpec *sp = &in.spec;
+    ts = (TrainSettings){sp->grad_accum, sp->beta1, sp->beta2, sp->eps, sp->weight_decay, sp->grad_clip,
+                         !strcmp(sp->precision, "bf16")};
+  }
+  opt.train = &ts;
   rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);
   if (rc) {
     module_free(in.m);
     return report(rc, err);
+  }
+  if (memory) {
+    bool planned = true;
+    for (int i = 0; i < in.m->funcs.n; i++) {
+      Func *f = in.m->funcs.items[i];
+      if (!f->is_kernel && f->arena_bytes < 0) planned = false;
+    }
+    if (!planned && (rc = pipeline_run(in.m, "memory-plan", &opt, err, sizeof err))) {
+      module_free(in.m);
+      return report(rc, err);
+    }
+    memory_report(stdout, in.m, opt.target);
+    module_free(in.m);
+    return EXIT_OK;
   }
   FILE *out = stdout;
   if (out_path && !(out = fopen(out_path, "w"))) {

@@ -1,0 +1,334 @@
+/* passes/memory_plan.c — pass "memory-plan": gives every value of a program function that
+ * lives in memory a byte offset in one arena per function (Value.offset, printed "at N"),
+ * and the function its arena size (Func.arena_bytes, printed "arena N").
+ *
+ *   - Liveness by op order: a buffer is taken when its op runs and given back after the
+ *     last op that reads it (values a function returns live to its end).
+ *   - First fit over the free space, 64-byte aligned, in op order.
+ *   - A reshape shares its operand's buffer (same bytes, another shape): no copy.
+ *   - In place: a kernel call may write an output into the buffer of an input of the same
+ *     size that dies at that call (kernels read element i before writing element i).
+ *   - Storage: the CPU holds every element in 4 bytes (floats as f32, ids as int32); the
+ *     CUDA target uses each dtype's size (bf16: 2).
+ * Globals (parameters, gradients, optimizer state) are not in the arena: codegen lays them
+ * out in regions of their own.  memory_report() sums everything up for `loom ir --memory`.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+#define ALIGN 64
+
+static int64_t elem_bytes(const Type *t, int target) {
+  return target == TARGET_CUDA ? dtype_size(t->dtype) : 4;
+}
+
+static int64_t value_bytes(const Value *v, int target) {
+  int64_t n = type_numel(&v->type) * elem_bytes(&v->type, target);
+  return (n + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+/* Free space of the arena as a sorted list of [start, end) holes; the arena grows at its end. */
+typedef struct {
+  int64_t *start, *end;
+  int n, cap;
+  int64_t top;    /* end of the highest buffer ever placed: the arena size */
+} FreeList;
+
+static void fl_add(FreeList *fl, int64_t s, int64_t e) {
+  /* insert sorted, then merge neighbours */
+  if (fl->n == fl->cap) {
+    fl->cap = fl->cap ? fl->cap * 2 : 64;
+    fl->start = realloc(fl->start, sizeof(int64_t) * (size_t)fl->cap);
+    fl->end = realloc(fl->end, sizeof(int64_t) * (size_t)fl->cap);
+  }
+  int i = fl->n;
+  while (i > 0 && fl->start[i - 1] > s) {
+    fl->start[i] = fl->start[i - 1];
+    fl->end[i] = fl->end[i - 1];
+    i--;
+  }
+  fl->start[i] = s;
+  fl->end[i] = e;
+  fl->n++;
+  int out = 0;
+  for (int k = 0; k < fl->n; k++) {
+    if (out && fl->end[out - 1] >= fl->start[k]) {
+      if (fl->end[k] > fl->end[out - 1]) fl->end[out - 1] = fl->end[k];
+    } else {
+      fl->start[out] = fl->start[k];
+      fl->end[out] = fl->end[k];
+      out++;
+    }
+  }
+  fl->n = out;
+  /* A hole that reaches the top shrinks the used part instead. */
+}
+
+static int64_t fl_take(FreeList *fl, int64_t size) {
+  for (int k = 0; k < fl->n; k++)
+    if (fl->end[k] - fl->start[k] >= size) {
+      int64_t at = fl->start[k];
+      fl->start[k] += size;
+      if (fl->start[k] == fl->end[k]) {
+        memmove(fl->start + k, fl->start + k + 1, sizeof(int64_t) * (size_t)(fl->n - k - 1));
+        memmove(fl->end + k, fl->end + k + 1, sizeof(int64_t) * (size_t)(fl->n - k - 1));
+        fl->n--;
+      }
+      return at;
+    }
+  /* No hole fits: extend the arena (merging with a hole that ends at the top). */
+  int64_t at = fl->top;
+  if (fl->n && fl->end[fl->n - 1] == fl->top) {
+    at = fl->start[fl->n - 1];
+    fl->n--;
+  }
+  fl->top = at + size;
+  return at;
+}
+
+/* The value whose buffer v uses (through reshapes), or v. */
+static Value *root_of(Value *v) {
+  while (v->kind == VAL_RESULT && v->def->kind == OP_RESHAPE && v->def->operands[0]->kind != VAL_GLOBAL)
+    v = v->def->operands[0];
+  return v;
+}
+
+static void plan_func(Func *f, int target) {
+  int n = func_number(f);
+  int64_t *last = malloc(sizeof(int64_t) * ((size_t)n + 1));   /* last reader's op index (per root) */
+  for (int i = 0; i < n; i++) last[i] = -1;
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) {
+      Value *v = op->operands[k];
+      if (v->kind != VAL_GLOBAL) last[root_of(v)->id] = i;
+    }
+  }
+  for (int i = 0; i < f->rets.n; i++) {
+    Value *v = f->rets.items[i];
+    if (v->kind != VAL_GLOBAL) last[root_of(v)->id] = f->ops.n;
+  }
+  FreeList fl = {0};
+  for (int i = 0; i < f->args.n; i++) {
+    Value *v = f->args.items[i];
+    v->offset = fl_take(&fl, value_bytes(v, target));
+    if (last[v->id] < 0) last[v->id] = f->ops.n;   /* an argument nobody reads keeps its place */
+  }
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    bool *reused = calloc((size_t)op->n_operands + 1, 1);
+    for (int r = 0; r < op->n_results; r++) {
+      Value *v = op->results[r];
+      if (op->kind == OP_RESHAPE && op->operands[0]->kind != VAL_GLOBAL) {
+        v->offset = root_of(v)->offset;
+        continue;
+      }
+      int64_t size = value_bytes(v, target);
+      v->offset = -1;
+      if (op->kind == OP_CALL)   /* in place over an input that dies here */
+        for (int k = 0; k < op->n_operands && v->offset < 0; k++) {
+          Value *in = op->operands[k];
+          if (in->kind == VAL_GLOBAL || reused[k] || root_of(in) != in || last[in->id] != i ||
+              value_bytes(in, target) != size || type_numel(&in->type) != type_numel(&v->type))
+            continue;
+          bool dup = false;   /* the same input passed twice must not be reused twice */
+          for (int j = 0; j < op->n_operands; j++) dup |= j != k && op->operands[j] == in && reused[j];
+          if (dup) continue;
+          reused[k] = true;
+          v->offset = in->offset;
+        }
+      if (v->offset < 0) v->offset = fl_take(&fl, size);
+    }
+    /* Inputs whose last reader this was go back to the free list (once each). */
+    for (int k = 0; k < op->n_operands; k++) {
+      Value *in = op->operands[k];
+      if (in->kind == VAL_GLOBAL || root_of(in) != in || last[in->id] != i || reused[k]) continue;
+      bool seen = false;
+      for (int j = 0; j < k; j++) seen |= op->operands[j] == in;
+      for (int j = 0; j < op->n_operands; j++) seen |= reused[j] && op->operands[j] == in;
+      if (!seen) fl_add(&fl, in->offset, in->offset + value_bytes(in, target));
+    }
+    /* Results nobody reads die at once. */
+    for (int r = 0; r < op->n_results; r++) {
+      Value *v = op->results[r];
+      if (root_of(v) == v && last[v->id] < 0)
+        fl_add(&fl, v->offset, v->offset + value_bytes(v, target));
+    }
+    free(reused);
+  }
+  f->arena_bytes = fl.top;
+  free(fl.start);
+  free(fl.end);
+  free(last);
+}
+
+/* Independent check of a plan: two buffers whose lifetimes overlap must not share bytes,
+   unless one is a reshape of the other or a kernel output written in place over an
+   input that dies at that call.  Lifetimes: [defining op, last reader]. */
+int memory_plan_check(Func *f, int target, char *err, size_t errlen) {
+  int n = func_number(f);
+  int64_t *def = malloc(sizeof(int64_t) * ((size_t)n + 1)), *last = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  Value **val = calloc((size_t)n + 1, sizeof *val);
+  for (int i = 0; i < n; i++) def[i] = last[i] = -1;
+  for (int i = 0; i < f->args.n; i++) {   /* arguments: written before op 0, live to their last reader */
+    Value *v = f->args.items[i];
+    val[v->id] = v;
+  }
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) {
+      val[op->results[r]->id] = op->results[r];
+      def[op->results[r]->id] = i;
+    }
+    for (int k = 0; k < op->n_operands; k++)
+      if (op->operands[k]->kind != VAL_GLOBAL && last[root_of(op->operands[k])->id] < i)
+        last[root_of(op->operands[k])->id] = i;
+  }
+  for (int i = 0; i < f->rets.n; i++) {
+    Value *v = f->rets.items[i];
+    if (v->kind != VAL_GLOBAL) last[root_of(v)->id] = f->ops.n;
+  }
+  for (int i = 0; i < f->args.n; i++) {
+    Value *v = f->args.items[i];
+    if (last[v->id] < 0) last[v->id] = f->ops.n;   /* never read: kept, as the planner does */
+  }
+  int rc = 0;
+  for (int a = 0; a < n && !rc; a++) {
+    Value *x = val[a];
+    if (!x || root_of(x) != x) continue;
+    if (x->offset < 0 || x->offset + value_bytes(x, target) > f->arena_bytes) {
+      snprintf(err, errlen, "@%s: %%%s at %lld does not fit the arena of %lld bytes", f->name, x->name ? x->name : "?",
+               (long long)x->offset, (long long)f->arena_bytes);
+      rc = IR_ERUN;
+      break;
+    }
+    int64_t xl = last[a] < 0 ? def[a] : last[a];
+    for (int b = a + 1; b < n && !rc; b++) {
+      Value *y = val[b];
+      if (!y || root_of(y) != y) continue;
+      int64_t yl = last[b] < 0 ? def[b] : last[b];
+      bool live_together = def[a] < yl && def[b] < xl;
+      bool share = x->offset < y->offset + value_bytes(y, target) && y->offset < x->offset + value_bytes(x, target);
+      if (!live_together || !share) continue;
+      /* y written in place over x by the call that reads x for the last time? */
+      bool in_place = y->kind == VAL_RESULT && y->def->kind == OP_CALL && xl == def[b] && x->offset == y->offset;
+      if (!in_place) {
+        snprintf(err, errlen, "@%s: %%%s and %%%s are alive together and share bytes at %lld (a memory-plan bug)", f->name,
+                 x->name ? x->name : "?", y->name ? y->name : "?", (long long)y->offset);
+        rc = IR_ERUN;
+      }
+    }
+  }
+  free(def);
+  free(last);
+  free(val);
+  return rc;
+}
+
+static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
+  int target = ctx->opt ? ctx->opt->target : TARGET_CPU;
+  for (int i = 0; i < m->funcs.n; i++) {
+    Func *f = m->funcs.items[i];
+    if (f->is_kernel) continue;
+    plan_func(f, target);
+    int rc = memory_plan_check(f, target, err, errlen);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+const Pass pass_memory_plan = {"memory-plan", "offsets of every value in one arena per function (liveness, in place)", run};
+
+/* ---- the report ---- */
+
+static void human(char *buf, size_t n, int64_t bytes) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+}
+
+/* Live bytes right after op index `at` of f (values defined at or before, read after). */
+static int64_t live_after(Func *f, int at, int target) {
+  int n = func_number(f);
+  int64_t *last = malloc(sizeof(int64_t) * ((size_t)n + 1)), *def = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  for (int i = 0; i < n; i++) last[i] = def[i] = -1;
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) def[op->results[r]->id] = i;
+    for (int k = 0; k < op->n_operands; k++)
+      if (op->operands[k]->kind != VAL_GLOBAL) last[root_of(op->operands[k])->id] = i;
+  }
+  int64_t bytes = 0;
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) {
+      Value *v = op->results[r];
+      if (root_of(v) == v && def[v->id] <= at && last[v->id] > at) bytes += value_bytes(v, target);
+    }
+  }
+  free(last);
+  free(def);
+  return bytes;
+}
+
+void memory_report(FILE *out, Module *m, int target) {
+  int64_t params = 0, grads = 0, optim = 0, other = 0;
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    int64_t b = type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+    if (g->kind == GLOBAL_PARAM) params += b;
+    else if (!strncmp(g->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) grads += b;
+    else if (!strncmp(g->name, ADAM_M_PREFIX, strlen(ADAM_M_PREFIX)) || !strncmp(g->name, ADAM_V_PREFIX, strlen(ADAM_V_PREFIX)))
+      optim += b;
+    else other += b;
+  }
+  char a[32], b[32], c[32], d[32], e[32], t[32];
+  fprintf(out, "memory plan of @%s, per rank (storage: %s):\n", m->name,
+          target == TARGET_CUDA ? "cuda, each dtype's size" : "cpu, 4 bytes per element");
+  human(a, sizeof a, params);
+  human(b, sizeof b, grads);
+  human(c, sizeof c, optim);
+  fprintf(out, "  parameters        %12s  (%lld bytes)\n", a, (long long)params);
+  fprintf(out, "  gradients         %12s  (%lld bytes)\n", b, (long long)grads);
+  fprintf(out, "  optimizer state   %12s  (%lld bytes)\n", c, (long long)optim);
+  if (other) {
+    human(d, sizeof d, other);
+    fprintf(out, "  other state       %12s  (%lld bytes)\n", d, (long long)other);
+  }
+  int64_t peak_arena = 0;
+  for (int i = 0; i < m->funcs.n; i++) {
+    Func *f = m->funcs.items[i];
+    if (f->is_kernel) continue;
+    if (f->arena_bytes < 0) {
+      fprintf(out, "  @%s: not planned (run the memory-plan pass)\n", f->name);
+      continue;
+    }
+    /* Activations: what the forward leaves alive for the backward, i.e. the live bytes
+       right after the op that computes the returned loss.  The rest of the peak is
+       workspace (backward temporaries, kernel outputs in flight). */
+    int64_t act = 0;
+    const Value *loss = f->rets.n ? f->rets.items[f->rets.n - 1] : NULL;
+    if (!strcmp(f->name, "grad_step") && loss && loss->kind == VAL_RESULT)
+      for (int k = 0; k < f->ops.n; k++)
+        if (f->ops.items[k] == loss->def) act = live_after(f, k, target);
+    human(d, sizeof d, f->arena_bytes);
+    if (act) {
+      human(e, sizeof e, act);
+      human(t, sizeof t, f->arena_bytes - act);
+      fprintf(out, "  @%-16s peak %12s = activations %s + workspace %s\n", f->name, d, e, t);
+    } else {
+      fprintf(out, "  @%-16s peak %12s\n", f->name, d);
+    }
+    if (f->arena_bytes > peak_arena) peak_arena = f->arena_bytes;
+  }
+  human(t, sizeof t, params + grads + optim + other + peak_arena);
+  fprintf(out, "  total             %12s  (%lld bytes: state + the largest function arena)\n", t,
+          (long long)(params + grads + optim + other + peak_arena));
+}
