@@ -313,6 +313,7 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
       const Type *t = &op->operands[i]->type;
       if (t->rank != 0 || t->dtype != DT_F32) return fail(err, errlen, "operand %d must be an f32 scalar, got %s", i, TS(t));
     }
+    for (int r = 0; r < 3; r++) out[r] = type_make(op->operands[r]->type.dtype, x->rank, x->dims);
     return 0;
   }
   case OP_CALL: {

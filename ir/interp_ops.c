@@ -471,9 +471,9 @@ static int cross_entropy_grad(Tensor **in, Tensor *dlogits, char *err, size_t er
   return 0;
 }
 
-static void adamw(const Op *op, Tensor **in) {
-  Tensor *p = in[0], *m = in[1], *v = in[2];
-  const Tensor *g = in[3];
+static void adamw(const Op *op, Tensor **in, Tensor **out) {
+  const Tensor *p = in[0], *m = in[1], *v = in[2], *g = in[3];
+  Tensor *p2 = out[0], *m2 = out[1], *v2 = out[2];
   float gscale = in[4]->f[0], lr = in[5]->f[0];
   double t = in[6]->f[0];
   float b1 = (float)op_float(op, "beta1"), b2 = (float)op_float(op, "beta2"), eps = (float)op_float(op, "eps");
@@ -483,10 +483,10 @@ static void adamw(const Op *op, Tensor **in) {
   for (int64_t k = 0; k < p->n; k++) {
     float gk = g->f[k] * gscale;
     float pk = p->f[k] * (1.0f - lr * wd);
-    m->f[k] = b1 * m->f[k] + (1.0f - b1) * gk;
-    v->f[k] = b2 * v->f[k] + (1.0f - b2) * gk * gk;
-    float denom = sqrtf(v->f[k]) / bc2_sqrt + eps;
-    p->f[k] = dtype_round(p->type.dtype, pk - step_size * m->f[k] / denom);
+    m2->f[k] = b1 * m->f[k] + (1.0f - b1) * gk;
+    v2->f[k] = b2 * v->f[k] + (1.0f - b2) * gk * gk;
+    float denom = sqrtf(v2->f[k]) / bc2_sqrt + eps;
+    p2->f[k] = pk - step_size * m2->f[k] / denom;
   }
 }
 
@@ -634,7 +634,7 @@ int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen)
     }
     return 0;
   }
-  case OP_ADAMW: adamw(op, in); return 0;
+  case OP_ADAMW: adamw(op, in, out); return 0;
   default: break;
   }
   snprintf(err, errlen, "the reference executor has no kernel for op '%s'", info->name);

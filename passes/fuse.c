@@ -13,7 +13,7 @@
  *     pass over the data: softmax-like chains split there);
  *   - a reduction joins only a group without reductions or with the same reduced dims.
  * An op that reads values of two open groups of the same size merges them.  Effect ops
- * (accumulate, adamw, ...) close every group: kernels never move across a write.
+ * (accumulate, assign, fill) close every group: kernels never move across a write.
  * Constants and iotas are cloned into each kernel that reads them instead of being
  * passed; a reshape of a value from outside stays a reshape (memory-plan aliases it).
  * A kernel passes at most FUSE_MAX_BUFS buffers (inputs + outputs: a lowered step's

@@ -3,8 +3,10 @@
  * which reads the accumulated gradients $grad.<name>, computes their global L2 norm,
  * the clipping coefficient coef = min(1, clip / (norm + 1e-6)) (1 when clip is 0), runs
  * AdamW on every parameter with the gradient scaled by coef (weight decay only on
- * parameters of 2 or more dimensions, as the usual GPT recipe), and zeroes the
- * accumulators.  Moments live in f32 state $adam_m.<name> and $adam_v.<name>.
+ * parameters of 2 or more dimensions, as the usual GPT recipe), assigns the new
+ * parameter and moments back, and zeroes the accumulators.  adamw itself is pure, so the
+ * shard and zero passes can run it on shards; lowering turns adamw + its three assigns
+ * into one in-place update.  Moments live in f32 state $adam_m.<name> and $adam_v.<name>.
  * %step is t, the 1-based count of optimizer steps, for AdamW's bias correction.
  */
 #include <string.h>
@@ -81,13 +83,20 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   }
   for (int i = 0; i < n; i++) {
     Global *p = params[i];
-    Value *ops[7] = {p->value, state(m, ADAM_M_PREFIX, p)->value, state(m, ADAM_V_PREFIX, p)->value,
-                     grads[i]->value, coef, lr, step};
-    Op *op = func_add_op(f, OP_ADAMW, ops, 7, NULL);
+    Value *mom = state(m, ADAM_M_PREFIX, p)->value, *var = state(m, ADAM_V_PREFIX, p)->value;
+    Value *ops[7] = {p->value, mom, var, grads[i]->value, coef, lr, step};
+    Op *op = build_begin(&b, OP_ADAMW, ops, 7);
     op_set_float(op, "beta1", ts->beta1);
     op_set_float(op, "beta2", ts->beta2);
     op_set_float(op, "eps", ts->eps);
     op_set_float(op, "weight_decay", p->value->type.rank >= 2 ? ts->weight_decay : 0.0);
+    build_end(&b, NULL);
+    /* The new values go back to the parameter and its moments; the gradient is zeroed. */
+    Value *dst[3] = {p->value, mom, var};
+    for (int r = 0; r < 3; r++) {
+      Value *pair[2] = {dst[r], op->results[r]};
+      func_add_op(f, OP_ASSIGN, pair, 2, NULL);
+    }
     Value *g = grads[i]->value;
     op_set_float(func_add_op(f, OP_FILL, &g, 1, NULL), "value", 0.0);
   }
