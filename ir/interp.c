@@ -105,7 +105,106 @@ void globals_free(GlobalStore *g) {
 
 /* ---- the run loop ---- */
 
+/* ---- collectives: the dimension bookkeeping around flat communicator calls ---- */
+
+/* Splits x at dim d into outer (dims before d), the dim itself, and inner (dims after). */
+static void split_at(const Type *t, int d, int64_t *outer, int64_t *mid, int64_t *inner) {
+  *outer = *inner = 1;
+  for (int i = 0; i < d; i++) *outer *= t->dims[i];
+  *mid = t->dims[d];
+  for (int i = d + 1; i < t->rank; i++) *inner *= t->dims[i];
+}
+
+/* Moves chunk c of n along a dim (outer, mid, inner) between layouts:
+   to_chunks: x[o][c*m + j][i] -> buf[c][o][j][i];  else the reverse. */
+static void rechunk(float *dst, const float *src, int64_t n, int64_t outer, int64_t m, int64_t inner, bool to_chunks) {
+  for (int64_t c = 0; c < n; c++)
+    for (int64_t o = 0; o < outer; o++) {
+      const int64_t a = ((o * n + c) * m) * inner, b = ((c * outer + o) * m) * inner;
+      if (to_chunks) memcpy(dst + b, src + a, sizeof(float) * (size_t)(m * inner));
+      else memcpy(dst + a, src + b, sizeof(float) * (size_t)(m * inner));
+    }
+}
+
+static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *err, size_t errlen) {
+  int axis = mesh_axis_parse(op_attr(op, "axis")->s);
+  int64_t n = op_int(op, "n");
+  if (n > 1 && !comm) {
+    snprintf(err, errlen, "this collective runs over %s=%lld ranks, but the program runs as one rank", mesh_axis_names[axis],
+             (long long)n);
+    return IR_ERUN;
+  }
+  int coord = comm ? comm->coord[axis] : 0;
+  if (op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD) {
+    /* A chunk of `dim` split in `parts`; ranks n/parts apart share one. */
+    int64_t parts = op_int(op, "parts"), outer, mid, inner, chunk = coord / (n / parts);
+    bool slice = op->kind == OP_SHARD_SLICE;
+    split_at(&(slice ? y : x)->type, (int)op_int(op, "dim"), &outer, &mid, &inner);
+    for (int64_t o = 0; o < outer; o++) {
+      int64_t whole = ((o * parts + chunk) * mid) * inner, part = (o * mid) * inner;
+      for (int64_t k = 0; k < mid * inner; k++) {
+        if (slice) {
+          if (y->f) y->f[part + k] = x->f[whole + k];
+          else y->i[part + k] = x->i[whole + k];
+        } else {
+          if (y->f) y->f[whole + k] = x->f[part + k];
+          else y->i[whole + k] = x->i[part + k];
+        }
+      }
+    }
+    return 0;
+  }
+  if (!x->f) {
+    snprintf(err, errlen, "collectives move float values; this one is %s", dtype_name(x->type.dtype));
+    return IR_ERUN;
+  }
+  if (n == 1) {   /* one rank: every collective is the identity */
+    memcpy(y->f, x->f, sizeof(float) * (size_t)x->n);
+    return 0;
+  }
+  int rc = 0;
+  int64_t outer, mid, inner;
+  float *tmp = NULL;
+  switch (op->kind) {
+  case OP_ALL_REDUCE:
+    memcpy(y->f, x->f, sizeof(float) * (size_t)x->n);
+    rc = comm->all_reduce(comm, axis, y->f, y->n, !strcmp(op_attr(op, "reduce")->s, "max"));
+    break;
+  case OP_ALL_GATHER:   /* rank r's piece lands at chunk r of `dim` */
+    split_at(&x->type, (int)op_int(op, "dim"), &outer, &mid, &inner);
+    tmp = malloc(sizeof(float) * (size_t)y->n);
+    rc = comm->all_gather(comm, axis, x->f, tmp, x->n);
+    if (!rc) rechunk(y->f, tmp, n, outer, mid, inner, false);
+    break;
+  case OP_REDUCE_SCATTER:   /* rank r keeps the sum of chunk r of `dim` */
+    split_at(&y->type, (int)op_int(op, "dim"), &outer, &mid, &inner);
+    tmp = malloc(sizeof(float) * (size_t)x->n);
+    rechunk(tmp, x->f, n, outer, mid, inner, true);
+    rc = comm->reduce_scatter(comm, axis, tmp, y->f, y->n);
+    break;
+  case OP_ALL_TO_ALL: {   /* chunk r of `split` goes to rank r; what rank r sends lands at chunk r of `concat` */
+    int64_t so, sm, si, co, cm, ci;
+    split_at(&y->type, (int)op_int(op, "split"), &so, &sm, &si);
+    split_at(&x->type, (int)op_int(op, "concat"), &co, &cm, &ci);
+    tmp = malloc(sizeof(float) * 2 * (size_t)x->n);
+    rechunk(tmp, x->f, n, so, sm, si, true);
+    rc = comm->all_to_all(comm, axis, tmp, tmp + x->n, x->n / n);
+    if (!rc) rechunk(y->f, tmp + x->n, n, co, cm, ci, false);
+    break;
+  }
+  default: break;
+  }
+  free(tmp);
+  if (rc) snprintf(err, errlen, "%s over %s failed", op_info(op->kind)->name, mesh_axis_names[axis]);
+  return rc ? IR_ERUN : 0;
+}
+
 int interp_run(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, char *err, size_t errlen) {
+  return interp_run_comm(f, g, args, rets, NULL, err, errlen);
+}
+
+int interp_run_comm(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, IrComm *comm, char *err,
+                    size_t errlen) {
   int n = func_number((Func *)f);
   Tensor **vals = calloc((size_t)(n ? n : 1), sizeof(Tensor *));
   int *last_use = calloc((size_t)(n ? n : 1), sizeof(int));
@@ -158,12 +257,14 @@ int interp_run(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, char
     if (op->kind == OP_CALL) {
       /* A fused kernel means exactly what its body's ops mean. */
       Tensor *res[IR_MAX_RESULTS] = {0};
-      rc = interp_run(op->callee, g, in, res, msg, sizeof msg);
+      rc = interp_run_comm(op->callee, g, in, res, comm, msg, sizeof msg);
       for (int r = 0; r < op->n_results; r++) {
         if (!rc) memcpy(out[r]->f ? (void *)out[r]->f : (void *)out[r]->i, res[r]->f ? (void *)res[r]->f : (void *)res[r]->i,
                         (size_t)out[r]->n * (out[r]->f ? sizeof(float) : sizeof(int64_t)));
         tensor_free(res[r]);
       }
+    } else if (op_info(op->kind)->cls == CLASS_COLLECTIVE) {
+      rc = collective(op, in[0], out[0], comm, msg, sizeof msg);
     } else {
       rc = interp_op(op, in, out, msg, sizeof msg);
     }

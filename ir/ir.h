@@ -198,6 +198,7 @@ struct Func {
 struct Module {
   Arena *arena;
   const char *name;
+  bool local;           /* partitioned by the shard pass: shapes are per rank */
   const char *source;   /* file it was parsed from, for messages; NULL if built */
   Mesh mesh;
   PtrVec globals;       /* Global* */
@@ -304,5 +305,22 @@ void globals_free(GlobalStore *g);
 /* Runs f: args[i] for f->args, results into rets[] (new tensors, caller frees).
    Ops with effects update the store. */
 int interp_run(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, char *err, size_t errlen);
+
+/* A rank of a partitioned program: its mesh coordinates and flat collectives among the
+   ranks that differ only in `axis` (in coordinate order).  Implemented outside ir/ (the
+   runtime's in-process communicator); buffers are f32. */
+typedef struct IrComm IrComm;
+struct IrComm {
+  void *self;
+  int coord[AX_COUNT];
+  int (*all_reduce)(IrComm *c, int axis, float *buf, int64_t n, bool max);        /* in place */
+  int (*all_gather)(IrComm *c, int axis, const float *in, float *out, int64_t n); /* out: size*n, rank order */
+  int (*reduce_scatter)(IrComm *c, int axis, const float *in, float *out, int64_t n_out); /* in: size*n_out */
+  int (*all_to_all)(IrComm *c, int axis, const float *in, float *out, int64_t n_chunk);   /* size chunks each way */
+};
+/* interp_run for one rank; comm may be NULL when every collective axis has size 1. */
+int interp_run_comm(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, IrComm *comm, char *err,
+                    size_t errlen);
+int mesh_axis_parse(const char *name);   /* AX_* or -1 */
 
 #endif

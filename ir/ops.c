@@ -49,7 +49,14 @@ static void parse_attr_spec(const char *s, size_t n, AttrSpec *out) {
     size_t dl = n - (size_t)(eq + 1 - s);
     memcpy(tmp, eq + 1, dl < 31 ? dl : 31);
     if (out->kind == ATTR_FLOAT) out->def.f = strtod(tmp, NULL);
-    else out->def.i = strtoll(tmp, NULL, 10);
+    else if (out->kind == ATTR_STR) {   /* "text": kept in a static pool like the names */
+      static char strs[OP_COUNT][32];
+      static int n_strs;
+      char *d = strs[n_strs++];
+      size_t l = strlen(tmp);
+      if (l >= 2 && tmp[0] == '"' && tmp[l - 1] == '"') memcpy(d, tmp + 1, l - 2);
+      out->def.s = d;
+    } else out->def.i = strtoll(tmp, NULL, 10);
   }
 }
 

@@ -566,7 +566,13 @@ static int parse_top(Parser *ps) {
   if (tok_word(ps, "mesh")) {
     next(ps);
     bool seen[AX_COUNT] = {0};
-    while (tok_is(ps, TK_IDENT) && !tok_word(ps, "param") && !tok_word(ps, "state") && !tok_word(ps, "func")) {
+    while (tok_is(ps, TK_IDENT) && !tok_word(ps, "param") && !tok_word(ps, "state") && !tok_word(ps, "func") &&
+           !tok_word(ps, "kernel")) {
+      if (tok_word(ps, "local")) {   /* partitioned: shapes are per rank */
+        ps->m->local = true;
+        next(ps);
+        continue;
+      }
       int axis = -1;
       for (int a = 0; a < AX_COUNT; a++)
         if (tok_word(ps, mesh_axis_names[a])) axis = a;

@@ -185,7 +185,7 @@ static void print_init(FILE *out, const Init *init) {
 void print_module(FILE *out, const Module *m) {
   fprintf(out, "module @%s {\n  mesh", m->name);
   for (int a = 0; a < AX_COUNT; a++) fprintf(out, " %s=%lld", mesh_axis_names[a], (long long)m->mesh.size[a]);
-  fputs("\n", out);
+  fputs(m->local ? " local\n" : "\n", out);
   if (m->globals.n) fputc('\n', out);
   for (int i = 0; i < m->globals.n; i++) {
     const Global *g = m->globals.items[i];

@@ -145,3 +145,9 @@ void type_fprint(FILE *f, const Type *t) {
   char buf[512];
   fputs(type_str(t, buf, sizeof buf), f);
 }
+
+int mesh_axis_parse(const char *name) {
+  for (int a = 0; a < AX_COUNT; a++)
+    if (name && !strcmp(name, mesh_axis_names[a])) return a;
+  return -1;
+}

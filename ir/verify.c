@@ -45,7 +45,8 @@ static int check_sharding(Verifier *vf, const Op *op, const Type *t, const char 
       int d = t->sh.dim[a];
       if (d < 0 || d >= t->rank)
         return op_error(vf, op, "%s %s: split dim %d is out of range", what, type_str(t, buf, sizeof buf), d);
-      if (t->dims[d] % size)
+      /* a partitioned (local) module holds one rank's piece: nothing to divide */
+      if (!vf->m->local && t->dims[d] % size)
         return op_error(vf, op, "%s %s: dim %d (%lld) does not divide evenly over %s=%lld", what,
                         type_str(t, buf, sizeof buf), d, (long long)t->dims[d], mesh_axis_names[a], (long long)size);
     } else if (t->sh.kind[a] != SH_P) {
@@ -79,6 +80,12 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
     } else if (!defined[v->id]) {
       return op_error(vf, op, "operand %d (%%%s) is used before it is defined", i, v->name ? v->name : "?");
     }
+  }
+  if (info->cls == CLASS_COLLECTIVE) {
+    int axis = mesh_axis_parse(op_attr(op, "axis")->s);
+    if (axis >= 0 && op_int(op, "n") != vf->m->mesh.size[axis])
+      return op_error(vf, op, "n=%lld but the mesh has %s=%lld", (long long)op_int(op, "n"), mesh_axis_names[axis],
+                      (long long)vf->m->mesh.size[axis]);
   }
   for (int i = 0; i < op_n_writes(op->kind); i++)
     if (op->operands[i]->kind != VAL_GLOBAL)
