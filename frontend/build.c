@@ -203,6 +203,7 @@ int frontend_build(const RunSpec *spec, const char *name, Module **out, char *er
   Graph g;
   memset(&g, 0, sizeof g);
   g.m = module_new(name);
+  for (int a = 0; a < AX_COUNT; a++) g.m->mesh.size[a] = spec->mesh[a];   /* MESH_* follow AX_* order */
   g.c = &spec->model;
   g.B = spec->batch;
   g.T = spec->seq;

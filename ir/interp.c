@@ -183,9 +183,12 @@ static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *er
     rc = comm->reduce_scatter(comm, axis, tmp, y->f, y->n);
     break;
   case OP_ALL_TO_ALL: {   /* chunk r of `split` goes to rank r; what rank r sends lands at chunk r of `concat` */
+    /* Sent chunks: x along `split` in n parts; received chunks: y along `concat`. */
     int64_t so, sm, si, co, cm, ci;
-    split_at(&y->type, (int)op_int(op, "split"), &so, &sm, &si);
-    split_at(&x->type, (int)op_int(op, "concat"), &co, &cm, &ci);
+    split_at(&x->type, (int)op_int(op, "split"), &so, &sm, &si);
+    split_at(&y->type, (int)op_int(op, "concat"), &co, &cm, &ci);
+    sm /= n;
+    cm /= n;
     tmp = malloc(sizeof(float) * 2 * (size_t)x->n);
     rechunk(tmp, x->f, n, so, sm, si, true);
     rc = comm->all_to_all(comm, axis, tmp, tmp + x->n, x->n / n);

@@ -53,6 +53,10 @@ static int cse_func(Func *f) {
       Value *v = op->operands[k];
       if (v->kind == VAL_RESULT && repl[v->id]) op->operands[k] = repl[v->id];
     }
+    if (op_info(op->kind)->cls == CLASS_COLLECTIVE) {   /* ZeRO-3 gathers again in the backward, on purpose */
+      f->ops.items[kept++] = op;
+      continue;
+    }
     if (op_info(op->kind)->flags & OPF_EFFECT) {
       /* A write to a global may change what later reads of it see: nothing computed
          before it is reused after it. */

@@ -11,6 +11,7 @@
  *   optimizer.c     pass "optimizer": @optimizer_step (norm, clipping, AdamW, zeroing)
  *   fuse.c          pass "fuse": elementwise/broadcast/reduction chains -> kernel funcs + call
  *   memory_plan.c   pass "memory-plan": arena offsets (liveness, aliasing, in place); memory_report()
+ *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted (dp, ZeRO)
  */
 #ifndef LOOM_PASSES_H
 #define LOOM_PASSES_H
@@ -30,6 +31,7 @@ typedef struct {
   int64_t grad_accum;        /* micro-batches per optimizer step: the loss seed is 1/grad_accum */
   double beta1, beta2, eps, weight_decay, grad_clip;
   bool bf16;                 /* mixed precision: bf16 compute, f32 master weights */
+  int zero;                  /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
 } TrainSettings;
 extern const TrainSettings train_defaults;
 
@@ -64,7 +66,7 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
 /* The pipeline `loom ir` runs when none is given, the one training adds, and lowering.
    In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
-#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,canonicalize,cse,dce,verify"
+#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,canonicalize,cse,dce,verify"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's

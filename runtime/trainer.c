@@ -59,6 +59,7 @@ static char *state_json(const TrainOptions *o, const TrainResult *r, int64_t ste
 
 static int save(Executor *ex, const TrainOptions *o, const TrainResult *r, int64_t step, DataLoader *dl, char *err,
                 size_t errlen) {
+  if (ex->sync_out && ex->sync_out(ex->self, err, errlen)) return 1;
   int shard;
   int64_t pos;
   data_get_position(dl, &shard, &pos);
@@ -146,6 +147,7 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
       rc = data_set_position(dl, (int)json_integer_value(json_object_get(d, "shard")),
                              json_integer_value(json_object_get(d, "pos")), err, errlen);
       r->first_step = c.step;
+      if (!rc && ex->sync_in) rc = ex->sync_in(ex->self, err, errlen);
       if (!rc && o->log) fprintf(o->log, "resumed from %s (step %lld)\n", dir, (long long)c.step);
     }
   }
@@ -206,6 +208,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   }
   r->n = o->steps;
   r->seconds = now_s() - start;
+  if (ex->sync_out && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
   if (o->log && o->steps > r->first_step) {
     int64_t run = o->steps - r->first_step;
     fprintf(o->log, "done: %lld steps in %.2f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s\n", (long long)run,

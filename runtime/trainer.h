@@ -32,6 +32,11 @@ typedef struct {
   RtTensor *params;     /* under their Hugging Face names */
   int n_state;
   RtTensor *state;      /* optimizer moments etc., saved with checkpoints */
+  /* Optional (NULL: the buffers above are the live ones).  A multi-rank executor holds
+     whole copies: sync_out gathers the ranks' pieces into them (before a checkpoint or
+     --out), sync_in splits them back to the ranks (after a resume). */
+  int (*sync_out)(void *self, char *err, size_t errlen);
+  int (*sync_in)(void *self, char *err, size_t errlen);
 } Executor;
 
 typedef struct {

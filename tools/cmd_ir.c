@@ -26,6 +26,8 @@ static const char help[] =
   "                         cuda uses each dtype's size (default cpu)\n"
   "  --batch=B, --seq=T     override the spec's batch size and sequence length\n"
   "  --precision=fp32|bf16, --grad-accum=G   override the spec's (used by the training passes)\n"
+  "  --mesh=dp=2,...        the device mesh; the shard pass partitions the training program\n"
+  "  --zero=0|1|2|3         ZeRO stage over dp\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
@@ -82,14 +84,18 @@ int cmd_ir(int argc, char **argv) {
       opt.dump_dir = v;
       continue;
     }
-    static const char *const spec_flags[][2] = {
-        {"--batch", "batch"}, {"--seq", "seq"}, {"--precision", "precision"}, {"--grad-accum", "grad_accum"}};
+    static const char *const spec_flags[][2] = {{"--batch", "batch"},           {"--seq", "seq"},
+                                                {"--precision", "precision"},   {"--grad-accum", "grad_accum"},
+                                                {"--mesh", "mesh"},             {"--zero", "zero"}};
     bool matched = false;
-    for (int k = 0; k < 4 && !matched; k++)
+    for (int k = 0; k < 6 && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {
         if (r < 0) return usage_error("ir", "%s needs a value", spec_flags[k][0]);
         if (n_overrides == 8) return usage_error("ir", "too many overrides");
-        snprintf(override_buf[n_overrides], sizeof override_buf[0], "%s=%.100s", spec_flags[k][1], v);
+        char json[200];
+        if (k == 4 && mesh_flag_json(v, json, sizeof json))
+          return usage_error("ir", "--mesh takes axis=size pairs such as dp=2,tp=2, not '%s'", v);
+        snprintf(override_buf[n_overrides], sizeof override_buf[0], "%s=%.100s", spec_flags[k][1], k == 4 ? json : v);
         overrides[n_overrides] = override_buf[n_overrides];
         n_overrides++;
         matched = true;
@@ -117,7 +123,7 @@ int cmd_ir(int argc, char **argv) {
   if (in.from_spec) {
     const RunSpec *sp = &in.spec;
     ts = (TrainSettings){sp->grad_accum, sp->beta1, sp->beta2, sp->eps, sp->weight_decay, sp->grad_clip,
-                         !strcmp(sp->precision, "bf16")};
+                         !strcmp(sp->precision, "bf16"), sp->zero};
   }
   opt.train = &ts;
   rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);

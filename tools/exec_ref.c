@@ -1,9 +1,190 @@
-/* tools/exec_ref.c — the reference executor behind the training loop. */
+/* tools/exec_ref.c — the reference executor behind the training loop, for one rank or for
+   every rank of a partitioned program (threads of this process). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "passes/passes.h"
 #include "tools/exec_ref.h"
+#include "tools/tools.h"
+
+Type whole_type(const Module *m, const Type *local) {
+  Type t = *local;
+  if (m->local)
+    for (int a = 0; a < AX_COUNT; a++)
+      if (t.sh.kind[a] == SH_S) t.dims[t.sh.dim[a]] *= m->mesh.size[a];
+  memset(&t.sh, 0, sizeof t.sh);
+  return t;
+}
+
+/* ---- whole <-> per-rank pieces ---- */
+
+/* Copies between a whole tensor and one rank's piece: along every split dim the rank
+   holds chunk coord[axis].  to_piece: whole -> piece, else piece -> whole. */
+static void move_piece(Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece) {
+  const Type *lt = &piece->type;
+  int64_t off[IR_MAX_RANK] = {0};
+  for (int a = 0; a < AX_COUNT; a++)
+    if (lt->sh.kind[a] == SH_S) off[lt->sh.dim[a]] = coord[a] * lt->dims[lt->sh.dim[a]];
+  int64_t idx[IR_MAX_RANK] = {0};
+  for (int64_t k = 0; k < piece->n; k++) {
+    int64_t w = 0;   /* the element's position in the whole tensor */
+    for (int d = 0; d < lt->rank; d++) w = w * whole->type.dims[d] + idx[d] + off[d];
+    if (to_piece) {
+      if (piece->f) piece->f[k] = whole->f[w];
+      else piece->i[k] = whole->i[w];
+    } else {
+      if (piece->f) whole->f[w] = piece->f[k];
+      else whole->i[w] = piece->i[k];
+    }
+    for (int d = lt->rank - 1; d >= 0 && ++idx[d] == lt->dims[d]; d--) idx[d] = 0;
+  }
+}
+
+static bool has_partial(const Type *t) {
+  for (int a = 0; a < AX_COUNT; a++)
+    if (t->sh.kind[a] == SH_P) return true;
+  return false;
+}
+
+/* Whole -> every rank.  A partial placement (gradient sums) puts the value on the ranks
+   of coordinate 0 on those axes and zeros elsewhere, so the sum is the value. */
+static void scatter_global(RefExec *r, int gi) {
+  for (int rank = 0; rank < r->world; rank++) {
+    Tensor *piece = r->g[rank]->t[gi];
+    const int *coord = local_world_rank(r->lw, rank)->coord;
+    bool zero = false;
+    for (int a = 0; a < AX_COUNT; a++) zero |= piece->type.sh.kind[a] == SH_P && coord[a] != 0;
+    if (zero) memset(piece->f ? (void *)piece->f : (void *)piece->i, 0,
+                     (size_t)piece->n * (piece->f ? sizeof(float) : sizeof(int64_t)));
+    else move_piece(r->full[gi], piece, coord, true);
+  }
+}
+
+/* Every rank -> whole (replicated pieces are equal on every rank; rank order wins). */
+static void gather_global(RefExec *r, int gi) {
+  for (int rank = 0; rank < r->world; rank++)
+    move_piece(r->full[gi], r->g[rank]->t[gi], local_world_rank(r->lw, rank)->coord, false);
+}
+
+static bool exposed(const Global *gl) {
+  return dtype_is_float(gl->value->type.dtype) && (gl->kind == GLOBAL_PARAM || strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX)));
+}
+
+static int sync_out(void *self, char *err, size_t errlen) {
+  RefExec *r = self;
+  (void)err;
+  (void)errlen;
+  for (int i = 0; i < r->m->globals.n; i++)
+    if (exposed(r->m->globals.items[i]) && !has_partial(&r->g[0]->t[i]->type)) gather_global(r, i);
+  return 0;
+}
+
+static int sync_in(void *self, char *err, size_t errlen) {
+  RefExec *r = self;
+  (void)err;
+  (void)errlen;
+  for (int i = 0; i < r->m->globals.n; i++)
+    if (exposed(r->m->globals.items[i])) scatter_global(r, i);
+  return 0;
+}
+
+/* ---- running every rank ---- */
+
+typedef struct {
+  IrComm ir;
+  Comm *comm;
+} CommAdapter;
+
+static int ad_all_reduce(IrComm *c, int axis, float *buf, int64_t n, bool max) {
+  Comm *k = ((CommAdapter *)c)->comm;
+  return k->all_reduce(k, axis, buf, n, max);
+}
+static int ad_all_gather(IrComm *c, int axis, const float *in, float *out, int64_t n) {
+  Comm *k = ((CommAdapter *)c)->comm;
+  return k->all_gather(k, axis, in, out, n);
+}
+static int ad_reduce_scatter(IrComm *c, int axis, const float *in, float *out, int64_t n) {
+  Comm *k = ((CommAdapter *)c)->comm;
+  return k->reduce_scatter(k, axis, in, out, n);
+}
+static int ad_all_to_all(IrComm *c, int axis, const float *in, float *out, int64_t n) {
+  Comm *k = ((CommAdapter *)c)->comm;
+  return k->all_to_all(k, axis, in, out, n);
+}
+
+typedef struct {
+  RefExec *r;
+  int rank;
+  Func *f;
+  Tensor *args[2];
+  Tensor *ret;
+  int rc;
+  char err[IR_ERR_LEN];
+} RankJob;
+
+static void *rank_main(void *arg) {
+  RankJob *j = arg;
+  RefExec *r = j->r;
+  CommAdapter ad = {{NULL, {0}, ad_all_reduce, ad_all_gather, ad_reduce_scatter, ad_all_to_all}, NULL};
+  IrComm *comm = NULL;
+  if (r->lw) {
+    ad.comm = local_world_rank(r->lw, j->rank);
+    memcpy(ad.ir.coord, ad.comm->coord, sizeof ad.ir.coord);
+    comm = &ad.ir;
+  }
+  j->rc = interp_run_comm(j->f, r->g[j->rank], j->args, &j->ret, comm, j->err, sizeof j->err);
+  if (j->rc && r->lw) local_world_abort(r->lw);   /* the others must not wait for this rank */
+  return NULL;
+}
+
+/* Runs f on every rank; args are whole (each rank takes its piece by its placement). */
+static int run_all(RefExec *r, Func *f, Tensor **whole_args, float *out, char *err, size_t errlen) {
+  RankJob *jobs = calloc((size_t)r->world, sizeof *jobs);
+  pthread_t *th = calloc((size_t)r->world, sizeof *th);
+  int rc = 0;
+  for (int k = 0; k < r->world; k++) {
+    jobs[k].r = r;
+    jobs[k].rank = k;
+    jobs[k].f = f;
+    for (int a = 0; a < f->args.n; a++) {
+      const Type *lt = &((Value *)f->args.items[a])->type;
+      if (r->world == 1) {
+        jobs[k].args[a] = whole_args[a];
+        continue;
+      }
+      jobs[k].args[a] = tensor_new(lt);
+      move_piece(whole_args[a], jobs[k].args[a], local_world_rank(r->lw, k)->coord, true);
+    }
+  }
+  if (r->world == 1) rank_main(&jobs[0]);
+  else {
+    for (int k = 0; k < r->world; k++) pthread_create(&th[k], NULL, rank_main, &jobs[k]);
+    for (int k = 0; k < r->world; k++) pthread_join(th[k], NULL);
+  }
+  for (int k = 0; k < r->world && !rc; k++)
+    if (jobs[k].rc) {   /* the first rank that failed says why (the others were aborted) */
+      rc = jobs[k].rc;
+      if (r->world > 1) snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
+      else snprintf(err, errlen, "%s", jobs[k].err);
+    }
+  if (!rc) *out = jobs[0].ret->f[0];   /* results are replicated: every rank has the same */
+  for (int k = 0; k < r->world; k++) {
+    tensor_free(jobs[k].ret);
+    if (r->world > 1)
+      for (int a = 0; a < f->args.n; a++) tensor_free(jobs[k].args[a]);
+  }
+  free(jobs);
+  free(th);
+  if (rc && r->lw) {   /* a failed world cannot be reused: make a fresh one for what follows */
+    int64_t mesh[COMM_AXES];
+    for (int a = 0; a < COMM_AXES; a++) mesh[a] = r->m->mesh.size[a];
+    local_world_free(r->lw);
+    char e2[256];
+    r->lw = local_world_new(mesh, e2, sizeof e2);
+  }
+  return rc;
+}
 
 static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   RefExec *r = self;
@@ -11,22 +192,16 @@ static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, 
     r->inputs->i[k] = inputs[k];
     r->targets->i[k] = targets[k];
   }
-  Tensor *args[2] = {r->inputs, r->targets}, *out = NULL;
-  int rc = interp_run(r->grad_step, r->g, args, &out, err, errlen);
-  if (!rc) *loss = out->f[0];
-  tensor_free(out);
-  return rc;
+  Tensor *args[2] = {r->inputs, r->targets};
+  return run_all(r, r->grad_step, args, loss, err, errlen);
 }
 
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   RefExec *r = self;
   r->lr->f[0] = lr;
   r->step->f[0] = t;
-  Tensor *args[2] = {r->lr, r->step}, *out = NULL;
-  int rc = interp_run(r->optimizer_step, r->g, args, &out, err, errlen);
-  if (!rc) *grad_norm = out->f[0];
-  tensor_free(out);
-  return rc;
+  Tensor *args[2] = {r->lr, r->step};
+  return run_all(r, r->optimizer_step, args, grad_norm, err, errlen);
 }
 
 static RtTensor view(const Global *gl, Tensor *t) {
@@ -35,45 +210,96 @@ static RtTensor view(const Global *gl, Tensor *t) {
   return v;
 }
 
-int ref_exec_init(RefExec *r, const Module *m, GlobalStore *g, char *err, size_t errlen) {
+int ref_exec_init(RefExec *r, const Module *m, uint64_t seed, const char *init, char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
   r->m = m;
-  r->g = g;
+  r->world = (int)mesh_world(&m->mesh);
   r->grad_step = module_find_func(m, "grad_step");
   r->optimizer_step = module_find_func(m, "optimizer_step");
   if (!r->grad_step || !r->optimizer_step || r->grad_step->args.n != 2 || r->optimizer_step->args.n != 2) {
     snprintf(err, errlen, "the module has no @grad_step(tokens, targets) and @optimizer_step(lr, step); "
-             "run the autodiff and optimizer passes (loom ir --passes=" TRAIN_PIPELINE ")");
+             "run the autodiff and optimizer passes (loom ir --passes=train)");
     return 2;
   }
+  if (r->world > 1 && !m->local) {
+    snprintf(err, errlen, "the mesh has %d ranks but the program is not partitioned: run the shard pass", r->world);
+    return 2;
+  }
+  int64_t mesh[COMM_AXES];
+  for (int a = 0; a < COMM_AXES; a++) mesh[a] = m->mesh.size[a];
+  if (r->world > 1 && !(r->lw = local_world_new(mesh, err, errlen))) return 1;
+  /* Whole tensors, initialized as a single-rank run would, then split to the ranks. */
+  int ng = m->globals.n;
+  r->full = calloc((size_t)ng + 1, sizeof *r->full);
+  r->g = calloc((size_t)r->world, sizeof *r->g);
+  GlobalStore whole = {ng, r->full};
+  for (int i = 0; i < ng; i++) {
+    Type t = whole_type(m, &((Global *)m->globals.items[i])->value->type);
+    r->full[i] = tensor_new(&t);
+    if (!r->full[i]) {
+      snprintf(err, errlen, "out of memory for the parameters");
+      return 1;
+    }
+  }
+  /* globals_init and load_weights read the types of the store's tensors: whole ones. */
+  globals_init(m, &whole, seed);
+  int rc = init ? load_weights(m, &whole, init, err, errlen) : 0;
+  if (rc) return rc;
+  for (int k = 0; k < r->world; k++) {
+    if (r->world == 1) {   /* one rank: its store is the whole one */
+      r->g[0] = calloc(1, sizeof(GlobalStore));
+      r->g[0]->n = ng;
+      r->g[0]->t = r->full;
+      break;
+    }
+    if (!(r->g[k] = globals_new(m))) {
+      snprintf(err, errlen, "out of memory for rank %d's parameters", k);
+      return 1;
+    }
+  }
+  if (r->world > 1)
+    for (int i = 0; i < ng; i++) scatter_global(r, i);
   const Type *tt = &((Value *)r->grad_step->args.items[0])->type;
-  Type scalar = type_scalar(DT_F32);
-  r->inputs = tensor_new(tt);
-  r->targets = tensor_new(tt);
+  Type tokens = whole_type(m, tt), scalar = type_scalar(DT_F32);
+  r->inputs = tensor_new(&tokens);
+  r->targets = tensor_new(&tokens);
   r->lr = tensor_new(&scalar);
   r->step = tensor_new(&scalar);
-  r->ex.params = calloc((size_t)m->globals.n + 1, sizeof(RtTensor));
-  r->ex.state = calloc((size_t)m->globals.n + 1, sizeof(RtTensor));
+  r->ex.params = calloc((size_t)ng + 1, sizeof(RtTensor));
+  r->ex.state = calloc((size_t)ng + 1, sizeof(RtTensor));
   if (!r->inputs || !r->targets || !r->lr || !r->step || !r->ex.params || !r->ex.state) {
-    ref_exec_free(r);
     snprintf(err, errlen, "out of memory");
     return 1;
   }
-  for (int i = 0; i < m->globals.n; i++) {
+  for (int i = 0; i < ng; i++) {
     const Global *gl = m->globals.items[i];
-    if (!dtype_is_float(gl->value->type.dtype)) continue;
-    if (gl->kind == GLOBAL_PARAM) r->ex.params[r->ex.n_params++] = view(gl, g->t[i]);
-    else if (strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) r->ex.state[r->ex.n_state++] = view(gl, g->t[i]);
+    if (!exposed(gl)) continue;
+    if (gl->kind == GLOBAL_PARAM) r->ex.params[r->ex.n_params++] = view(gl, r->full[i]);
+    else r->ex.state[r->ex.n_state++] = view(gl, r->full[i]);
   }
   r->ex.self = r;
-  r->ex.batch = tt->dims[0];
-  r->ex.seq = tt->dims[1];
+  r->ex.batch = tokens.dims[0];
+  r->ex.seq = tokens.dims[1];
   r->ex.grad_step = grad_step;
   r->ex.optimizer_step = optimizer_step;
+  if (r->world > 1) {
+    r->ex.sync_out = sync_out;
+    r->ex.sync_in = sync_in;
+  }
   return 0;
 }
 
 void ref_exec_free(RefExec *r) {
+  if (r->g) {
+    if (r->world == 1) free(r->g[0]);
+    else
+      for (int k = 0; k < r->world; k++) globals_free(r->g[k]);
+  }
+  free(r->g);
+  if (r->full)
+    for (int i = 0; i < r->m->globals.n; i++) tensor_free(r->full[i]);
+  free(r->full);
+  local_world_free(r->lw);
   tensor_free(r->inputs);
   tensor_free(r->targets);
   tensor_free(r->lr);

@@ -1,23 +1,34 @@
 /* tools/exec_ref.h — an Executor (runtime/trainer.h) that runs a trained module's
-   @grad_step and @optimizer_step on the reference executor. */
+   @grad_step and @optimizer_step on the reference executor: one rank, or every rank of a
+   partitioned module as threads of this process, talking through runtime/comm_local. */
 #ifndef LOOM_TOOLS_EXEC_REF_H
 #define LOOM_TOOLS_EXEC_REF_H
 
 #include "ir/ir.h"
+#include "runtime/comm.h"
 #include "runtime/trainer.h"
 
 typedef struct {
   Executor ex;
   const Module *m;
-  GlobalStore *g;
+  int world;
+  GlobalStore **g;         /* per rank: the rank's pieces of every global */
+  Tensor **full;           /* per global: the whole tensor (multi-rank: a copy for the trainer) */
+  LocalWorld *lw;
   Func *grad_step, *optimizer_step;
-  Tensor *inputs, *targets, *lr, *step;
+  Tensor *inputs, *targets, *lr, *step;   /* whole batch (the ranks take their part) */
+  float last_loss, last_norm;
 } RefExec;
 
-/* The module must hold @grad_step(tokens, targets) -> loss and @optimizer_step(lr, step)
-   -> grad_norm (passes autodiff and optimizer).  Parameters and the adam_* state are
-   exposed by name; $grad.* accumulators are not saved (they are zero between steps). */
-int ref_exec_init(RefExec *r, const Module *m, GlobalStore *g, char *err, size_t errlen);
+/* The module holds @grad_step(tokens, targets) -> loss and @optimizer_step(lr, step) ->
+   grad_norm (passes autodiff and optimizer; shard for a mesh).  Parameters start from
+   `init` (safetensors, HF names) or, when NULL, from the seeded initialization: whole, as
+   a single-rank run has them, then split to the ranks.  Parameters and the adam_* state
+   are exposed whole by name; $grad.* accumulators are not (they are zero between steps). */
+int ref_exec_init(RefExec *r, const Module *m, uint64_t seed, const char *init, char *err, size_t errlen);
 void ref_exec_free(RefExec *r);
+
+/* The whole (global) type of a per-rank value's type, on module m's mesh. */
+Type whole_type(const Module *m, const Type *local);
 
 #endif

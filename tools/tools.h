@@ -70,6 +70,8 @@ typedef struct {
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
+/* "dp=2,tp=2" -> {"dp":2,"tp":2} (the run spec's "mesh"); -1 if malformed. */
+int mesh_flag_json(const char *text, char *out, size_t n);
 /* Loads the spec with the flags' overrides and runs the training pipeline. */
 int train_prepare(TrainArgs *t, const char *spec, Input *in, char *err, size_t errlen);
 /* The settings a run records in checkpoints and compiled executables (malloc'd JSON). */

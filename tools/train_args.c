@@ -11,7 +11,7 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--lr", "lr"}, {"--min-lr", "min_lr"}, {"--warmup", "warmup"}, {"--weight-decay", "weight_decay"},
   {"--beta1", "beta1"}, {"--beta2", "beta2"}, {"--eps", "eps"}, {"--grad-clip", "grad_clip"},
   {"--precision", "precision"}, {"--init", "init"}, {"--out", "out"}, {"--save-dir", "save_dir"},
-  {"--save-every", "save_every"}, {"--seed", "seed"},
+  {"--save-every", "save_every"}, {"--seed", "seed"}, {"--mesh", "mesh"}, {"--zero", "zero"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
 
@@ -28,6 +28,25 @@ char *spec_settings_json(const RunSpec *s) {
   return text;
 }
 
+
+int mesh_flag_json(const char *text, char *out, size_t n) {
+  /* "dp=2,tp=2" -> {"dp":2,"tp":2} */
+  size_t k = (size_t)snprintf(out, n, "{");
+  const char *p = text;
+  while (*p) {
+    const char *eq = strchr(p, '='), *end = strchr(p, ',');
+    if (!end) end = p + strlen(p);
+    if (!eq || eq > end || eq == p) return -1;
+    char *num_end;
+    long v = strtol(eq + 1, &num_end, 10);
+    if (num_end != end || eq + 1 == end || v < 1) return -1;
+    k += (size_t)snprintf(out + k, n > k ? n - k : 0, "%s\"%.*s\":%ld", k > 1 ? "," : "", (int)(eq - p), p, v);
+    p = *end ? end + 1 : end;
+  }
+  if (k + 2 > n) return -1;
+  snprintf(out + k, n - k, "}");
+  return 0;
+}
 
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help) {
   memset(t, 0, sizeof *t);
@@ -65,7 +84,15 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       if ((r = arg_value(argc, argv, &i, spec_flags[k].flag, &v))) {
         if (r < 0) return usage_error(cmd, "%s needs a value", spec_flags[k].flag);
         if (t->n_ov == 63) return usage_error(cmd, "too many options");
-        snprintf(t->ovbuf[t->n_ov], sizeof t->ovbuf[0], "%s=%s", spec_flags[k].key, v);
+        if (!strcmp(spec_flags[k].key, "mesh")) {
+          char json[512];
+          if (mesh_flag_json(v, json, sizeof json))
+            return usage_error(cmd, "--mesh takes axis=size pairs such as dp=2,tp=2 (axes: dp tp cp pp ep), not '%s'", v);
+          v = json;
+          snprintf(t->ovbuf[t->n_ov], sizeof t->ovbuf[0], "mesh=%s", json);
+        } else {
+          snprintf(t->ovbuf[t->n_ov], sizeof t->ovbuf[0], "%s=%s", spec_flags[k].key, v);
+        }
         t->ov[t->n_ov] = t->ovbuf[t->n_ov];
         t->n_ov++;
         matched = true;
@@ -91,7 +118,7 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, char *err, size_t e
   if (rc) return rc;
   RunSpec *s = &in->spec;
   TrainSettings ts = {s->grad_accum, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip,
-                      !strcmp(s->precision, "bf16")};
+                      !strcmp(s->precision, "bf16"), s->zero};
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;

@@ -7,62 +7,52 @@
 #include "tools/tools.h"
 
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
-  GlobalStore *g = globals_new(m);
-  if (!g) {
-    snprintf(err, errlen, "out of memory for the parameters and optimizer state");
-    return EXIT_RUN;
-  }
-  globals_init(m, g, plan->seed);
-  int rc = 0;
-  if (plan->init) rc = load_weights(m, g, plan->init, err, errlen);
   RefExec rx;
-  memset(&rx, 0, sizeof rx);
   TrainResult res;
   memset(&res, 0, sizeof res);
-  if (!rc) rc = ref_exec_init(&rx, m, g, err, errlen);
+  int rc = ref_exec_init(&rx, m, plan->seed, plan->init, err, errlen);
+  if (!rc && rx.world > 1 && plan->opt.log)
+    fprintf(plan->opt.log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld)\n", rx.world,
+            (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP], (long long)m->mesh.size[AX_CP],
+            (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP]);
   if (!rc) rc = train_run(&rx.ex, &plan->opt, &res, err, errlen);
   if (!rc && plan->out) {
-    /* The final parameters under their HF names, and per step the loss, the gradient
-       norm before clipping and the learning rate. */
+    /* The final parameters under their HF names (whole: gathered from the ranks), and per
+       step the loss, the gradient norm before clipping and the learning rate. */
     int n = rx.ex.n_params;
     const char **names = calloc((size_t)n + 3, sizeof *names);
     Tensor **ts = calloc((size_t)n + 3, sizeof *ts);
     Type lt = type_make(DT_F32, 1, &res.n);
-    Tensor *losses = tensor_new(&lt), *norms = tensor_new(&lt), *lrs = tensor_new(&lt);
+    Tensor *hist[3] = {tensor_new(&lt), tensor_new(&lt), tensor_new(&lt)};
+    const float *src[3] = {res.losses, res.grad_norms, res.lrs};
+    const char *hist_names[3] = {"losses", "grad_norms", "lrs"};
     int k = 0;
     for (int i = 0; i < m->globals.n; i++) {
       const Global *gl = m->globals.items[i];
       if (gl->kind == GLOBAL_PARAM && dtype_is_float(gl->value->type.dtype)) {
         names[k] = gl->name;
-        ts[k++] = g->t[i];
+        ts[k++] = rx.full[i];
       }
     }
-    if (losses && norms && lrs) {
-      memcpy(losses->f, res.losses, sizeof(float) * (size_t)res.n);
-      memcpy(norms->f, res.grad_norms, sizeof(float) * (size_t)res.n);
-      memcpy(lrs->f, res.lrs, sizeof(float) * (size_t)res.n);
-      names[k] = "losses";
-      ts[k++] = losses;
-      names[k] = "grad_norms";
-      ts[k++] = norms;
-      names[k] = "lrs";
-      ts[k++] = lrs;
-      rc = write_tensors(plan->out, names, ts, k, err, errlen);
-    } else {
+    bool ok = hist[0] && hist[1] && hist[2];
+    for (int h = 0; h < 3 && ok; h++) {
+      memcpy(hist[h]->f, src[h], sizeof(float) * (size_t)res.n);
+      names[k] = hist_names[h];
+      ts[k++] = hist[h];
+    }
+    if (ok) rc = write_tensors(plan->out, names, ts, k, err, errlen);
+    else {
       snprintf(err, errlen, "out of memory");
       rc = EXIT_RUN;
     }
     if (!rc && plan->opt.log)
       fprintf(plan->opt.log, "wrote %s (%d parameters, and losses, grad_norms and lrs [%lld])\n", plan->out, k - 3,
               (long long)res.n);
-    tensor_free(norms);
-    tensor_free(lrs);
-    tensor_free(losses);
+    for (int h = 0; h < 3; h++) tensor_free(hist[h]);
     free(names);
     free(ts);
   }
   train_result_free(&res);
   ref_exec_free(&rx);
-  globals_free(g);
   return rc;
 }
