@@ -104,7 +104,7 @@ static void reduce(const Op *op, const Tensor *x, Tensor *y) {
   const Attr *dims = &op->attrs[0];
   bool reduced[IR_MAX_RANK] = {0};
   for (int i = 0; i < dims->n; i++) reduced[dims->ints[i]] = true;
-  int64_t xst[IR_MAX_RANK], yst[IR_MAX_RANK], ymap[IR_MAX_RANK];
+  int64_t xst[IR_MAX_RANK] = {0}, yst[IR_MAX_RANK] = {0}, ymap[IR_MAX_RANK] = {0};
   strides_of(&x->type, xst);
   strides_of(&y->type, yst);
   for (int d = 0, j = 0; d < x->type.rank; d++) ymap[d] = reduced[d] ? 0 : yst[j++];

@@ -75,6 +75,17 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
 
 /* memory_plan.c: parameters, gradients, optimizer state and each function's arena peak. */
 void memory_report(FILE *out, Module *m, int target);
+/* shard.c: the collectives of a partitioned module, by function, kind and axis. */
+typedef struct {
+  const Func *func;
+  OpKind kind;
+  int axis;
+  int64_t count, payload;   /* payload: bytes of the operands */
+  double sent;              /* bytes one rank sends (ring algorithms) */
+} CollectiveCount;
+int collective_summary(const Module *m, const char *func, CollectiveCount *out, int max);
+void collective_report(FILE *out, const Module *m);
+
 /* Checks that no two buffers alive at the same time share bytes (except aliases). */
 int memory_plan_check(Func *f, int target, char *err, size_t errlen);
 

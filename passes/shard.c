@@ -732,3 +732,52 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
 }
 
 const Pass pass_shard = {"shard", "partition the program over the mesh (dp, ZeRO 0-3): per-rank shapes and collectives", run};
+
+/* ---- `loom ir --collectives`: what each rank sends per call of each function ---- */
+
+/* Bytes one rank sends in the ring algorithm, for a collective over n ranks whose per-rank
+   buffer (the larger of input and output) holds `size` bytes:
+     all_reduce 2(n-1)/n size; all_gather, reduce_scatter, all_to_all (n-1)/n size. */
+static double ring_bytes(const Op *op, int64_t n) {
+  int64_t in = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
+  int64_t out = type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype);
+  double size = (double)(in > out ? in : out);
+  switch (op->kind) {
+  case OP_ALL_REDUCE: return 2.0 * (double)(n - 1) / (double)n * size;
+  case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_ALL_TO_ALL: return (double)(n - 1) / (double)n * size;
+  default: return 0;   /* shard_slice / shard_pad: local */
+  }
+}
+
+int collective_summary(const Module *m, const char *func, CollectiveCount *out, int max) {
+  int n_out = 0;
+  for (int i = 0; i < m->funcs.n; i++) {
+    const Func *f = m->funcs.items[i];
+    if (f->is_kernel || (func && strcmp(f->name, func))) continue;
+    for (int k = 0; k < f->ops.n; k++) {
+      const Op *op = f->ops.items[k];
+      if (op_info(op->kind)->cls != CLASS_COLLECTIVE || op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD) continue;
+      int axis = mesh_axis_parse(op_attr(op, "axis")->s), j = 0;
+      while (j < n_out && !(out[j].kind == op->kind && out[j].axis == axis && out[j].func == f)) j++;
+      if (j == n_out) {
+        if (n_out == max) continue;
+        out[n_out++] = (CollectiveCount){f, op->kind, axis, 0, 0, 0};
+      }
+      out[j].count++;
+      out[j].payload += type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
+      out[j].sent += ring_bytes(op, op_int(op, "n"));
+    }
+  }
+  return n_out;
+}
+
+void collective_report(FILE *out, const Module *m) {
+  CollectiveCount c[256];
+  int n = collective_summary(m, NULL, c, 256);
+  fprintf(out, "collectives per rank (each function, per call; bytes sent by one rank in ring algorithms):\n");
+  if (!n) fprintf(out, "  none\n");
+  for (int i = 0; i < n; i++)
+    fprintf(out, "  @%-15s %-15s %-3s x%-5lld payload %12lld B   sent %14.0f B\n", c[i].func->name,
+            op_info(c[i].kind)->name, mesh_axis_names[c[i].axis], (long long)c[i].count, (long long)c[i].payload,
+            c[i].sent);
+}

@@ -22,6 +22,10 @@ static const char help[] =
   "  --time-passes          print the time each pass took\n"
   "  --memory               print the memory plan (parameters, gradients, optimizer state,\n"
   "                         activations, workspace) instead of the IR; runs memory-plan if needed\n"
+  "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
+  "                         instead of the IR\n"
+  "  --rank=R               print the program of rank R (SPMD: every rank runs the same\n"
+  "                         program on its own piece; the header names R's coordinates)\n"
   "  --target=cpu|cuda      storage sizes for memory-plan: cpu holds every element in 4 bytes,\n"
   "                         cuda uses each dtype's size (default cpu)\n"
   "  --batch=B, --seq=T     override the spec's batch size and sequence length\n"
@@ -38,7 +42,8 @@ static const char help[] =
 
 int cmd_ir(int argc, char **argv) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
-  bool memory = false;
+  bool memory = false, collectives = false;
+  long rank = -1;
   const char *overrides[8];
   char override_buf[8][128];
   int n_overrides = 0;
@@ -55,6 +60,13 @@ int cmd_ir(int argc, char **argv) {
     if (arg_flag(a, "--verify-each")) { opt.verify_each = true; continue; }
     if (arg_flag(a, "--time-passes")) { opt.time_passes = true; continue; }
     if (arg_flag(a, "--memory")) { memory = true; continue; }
+    if (arg_flag(a, "--collectives")) { collectives = true; continue; }
+    if ((r = arg_value(argc, argv, &i, "--rank", &v))) {
+      char *end;
+      rank = r < 0 ? -1 : strtol(v, &end, 10);
+      if (r < 0 || *end || rank < 0) return usage_error("ir", "--rank takes a rank number (0 .. world-1)");
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--target", &v))) {
       if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "cuda"))) return usage_error("ir", "--target takes cpu or cuda");
       opt.target = strcmp(v, "cpu") ? TARGET_CUDA : TARGET_CPU;
@@ -130,6 +142,30 @@ int cmd_ir(int argc, char **argv) {
   if (rc) {
     module_free(in.m);
     return report(rc, err);
+  }
+  if (collectives) {
+    collective_report(stdout, in.m);
+    module_free(in.m);
+    return EXIT_OK;
+  }
+  if (rank >= 0) {
+    int64_t world = mesh_world(&in.m->mesh);
+    if (rank >= world) {
+      snprintf(err, sizeof err, "--rank %ld: the mesh has %lld ranks", rank, (long long)world);
+      module_free(in.m);
+      return report(EXIT_USAGE, err);
+    }
+    /* coordinates as runtime/comm.h numbers ranks: pp, dp, ep, cp, tp from outer to inner */
+    static const int order[AX_COUNT] = {AX_PP, AX_DP, AX_EP, AX_CP, AX_TP};
+    int64_t coord[AX_COUNT], rest = rank;
+    for (int k = AX_COUNT - 1; k >= 0; k--) {
+      coord[order[k]] = rest % in.m->mesh.size[order[k]];
+      rest /= in.m->mesh.size[order[k]];
+    }
+    printf("# rank %ld of %lld: dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld. Every rank runs this program (SPMD) on its\n"
+           "# own piece of each value: along a dim split over an axis, the piece at its coordinate.\n",
+           rank, (long long)world, (long long)coord[AX_DP], (long long)coord[AX_TP], (long long)coord[AX_CP],
+           (long long)coord[AX_PP], (long long)coord[AX_EP]);
   }
   if (memory) {
     bool planned = true;
