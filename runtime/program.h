@@ -55,12 +55,14 @@ typedef enum {
   RT_B_CONCAT,             /* x0..xk -> y;  i: k+1 inputs, outer, inner, then each input's size along dim */
   RT_B_BROADCAST,          /* x -> y;  i: rank (of y), y dims[rank], x element strides per y dim (0: broadcast) */
   RT_B_COPY,               /* x -> y;  i: n (reshape or a cast between float dtypes: y's round applies) */
-  RT_B_CAST,               /* x -> y;  i: n (between int and float: float->int truncates, bool is x != 0) */
+  RT_B_CAST,               /* x -> y;  i: n, to_bool (between int and float: float->int truncates;
+                              to_bool = 1: y = x != 0) */
   RT_B_FILL,               /* -> y;    i: n;  f: value (constant, or fill of a global) */
   RT_B_IOTA,               /* -> y;    i: rank, dims[rank], dim */
   RT_B_ACCUMULATE,         /* dst x -> (dst += x, in place; dst is listed once, as input 0);  i: n */
   RT_B_ASSIGN,             /* dst x -> (dst = x, in place);  i: n */
-  RT_B_ADAMW,              /* p m v g gscale lr t -> (p m v updated in place);  i: n;  f: beta1, beta2, eps, weight_decay */
+  RT_B_ADAMW,              /* p m v g gscale lr t -> p2 m2 v2 (the outputs may be p m v: in place);
+                              i: n;  f: beta1, beta2, eps, weight_decay */
   RT_B_COUNT
 } RtBuiltin;
 
@@ -113,5 +115,13 @@ typedef struct {
   int n_kernels;
   char (*kernel_names)[32];                /* symbol of kernel k in the JIT'd code */
 } RtProgram;
+
+/* runtime/jit.c: frees what a program owns (steps, globals, kernel names). */
+void rt_program_free(RtProgram *p);
+
+/* runtime/program.c: a program as bytes, for compiled executables.  The reader checks
+   every count and size and refuses a damaged or foreign blob (returns 2). */
+int rt_program_save(const RtProgram *p, unsigned char **bytes, size_t *n, char *err, size_t errlen);
+int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *err, size_t errlen);
 
 #endif

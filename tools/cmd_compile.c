@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "codegen/cpu/cpu.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -15,6 +16,8 @@ static const char help[] =
   "seq, grad-accum), precision and the optimizer's constants are compiled in; the data,\n"
   "steps, learning-rate schedule, seed, --init, --out and checkpoint options are defaults\n"
   "that EXE's own flags can change (EXE --help lists them, EXE --info shows what was compiled).\n"
+  "With the cpu backend (the default on one rank) EXE carries the lowered program and its\n"
+  "kernels, JIT-compiled at start; with --backend ref it carries the IR.\n"
   "\n"
   "example:\n"
   "  loom compile models/gpt2-tiny.json --data shard.bin --steps 100 -o train-tiny && ./train-tiny\n";
@@ -46,7 +49,8 @@ int cmd_compile(int argc, char **argv) {
     return report(EXIT_RUN, err);
   }
   Input in;
-  int rc = train_prepare(&ta, ta.spec, &in, err, sizeof err);
+  Backend backend;
+  int rc = train_prepare(&ta, ta.spec, &in, &backend, err, sizeof err);
   if (!rc) {
     RunSpec *s = &in.spec;
     char *base = spec_settings_json(s);
@@ -62,13 +66,34 @@ int cmd_compile(int argc, char **argv) {
     json_object_set_new(o, "init", abs_path(s->init));
     json_object_set_new(o, "out", s->out[0] ? json_string(s->out) : json_null());
     json_object_set_new(o, "save_dir", s->save_dir[0] ? json_string(s->save_dir) : json_null());
+    json_object_set_new(o, "backend", json_string(backend == BACKEND_CPU ? "cpu" : "ref"));
     char *settings = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(o);
-    char *ir = module_to_string(in.m);
-    rc = payload_write(runner, ta.output, settings, ir, err, sizeof err);
-    if (!rc) printf("wrote %s: trains %s (%s; run it with --help for its options)\n", ta.output, ta.spec, s->precision);
+    /* The program: the lowered program and its kernels' LLVM IR (cpu), or the IR (ref). */
+    unsigned char *prog = NULL;
+    size_t prog_n = 0;
+    char *text = NULL;
+    if (backend == BACKEND_CPU) {
+      RtProgram p;
+      rc = cpu_lower(in.m, &p, &text, err, sizeof err);
+      if (!rc) {
+        rc = rt_program_save(&p, &prog, &prog_n, err, sizeof err);
+        rt_program_free(&p);
+      }
+    } else {
+      text = module_to_string(in.m);
+    }
+    if (!rc) {
+      const void *parts[3] = {settings, backend == BACKEND_CPU ? (const void *)prog : (const void *)text, text};
+      size_t sizes[3] = {strlen(settings), backend == BACKEND_CPU ? prog_n : strlen(text), strlen(text)};
+      rc = payload_write(runner, ta.output, parts, sizes, backend == BACKEND_CPU ? 3 : 2, err, sizeof err);
+    }
+    if (!rc)
+      printf("wrote %s: trains %s (%s, %s backend; run it with --help for its options)\n", ta.output, ta.spec,
+             s->precision, backend == BACKEND_CPU ? "cpu" : "reference");
     free(settings);
-    free(ir);
+    free(text);
+    free(prog);
   }
   module_free(in.m);
   return report(rc, err);

@@ -2,7 +2,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codegen/cpu/cpu.h"
+#include "runtime/safetensors.h"
 #include "runtime/tokens.h"
+#include "tools/exec_cpu.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -19,6 +22,8 @@ static const char help[] =
   "  --batch=B         batch size (default: the spec's)\n"
   "  --seq=T           sequence length (default: the spec's)\n"
   "  --out=FILE        also write 'logits' [B,T,V] and 'loss' (f32) to a safetensors file\n"
+  "  --backend=cpu|ref cpu: fused kernels JIT-compiled with LLVM and OpenBLAS (default);\n"
+  "                    ref: the reference executor, op by op\n"
   "  --grads           also compute the gradient of the loss for every parameter and\n"
   "                    write it to --out as 'grad.<name>' (through the autodiff pass)\n"
   "  -h, --help        show this help\n"
@@ -27,8 +32,89 @@ static const char help[] =
   "  loom eval models/gpt2-tiny.json --weights tests/golden/gpt2-tiny/weights.safetensors \\\n"
   "            --tokens tests/golden/gpt2-tiny/tokens.bin\n";
 
+/* Reads the first B*T+1 tokens of a shard into inputs/targets (int32), after the checks
+   every backend needs. */
+static int read_batch(const char *tokens, int64_t B, int64_t T, int64_t V, int32_t *in, int32_t *tg, char *err,
+                      size_t errlen) {
+  TokShard shard;
+  int rc = tok_open(tokens, &shard, err, errlen);
+  if (rc) return rc;
+  if (shard.count < B * T + 1) {
+    snprintf(err, errlen, "%s: holds %lld tokens, but batch %lld x seq %lld needs %lld (inputs plus one target); "
+             "use a smaller --batch or --seq", tokens, (long long)shard.count, (long long)B, (long long)T,
+             (long long)(B * T + 1));
+    rc = EXIT_USAGE;
+  }
+  if (!rc) rc = tok_check_vocab(&shard, V, err, errlen);
+  for (int64_t j = 0; !rc && j < B * T; j++) {
+    in[j] = (int32_t)tok_get(&shard, j);
+    tg[j] = (int32_t)tok_get(&shard, j + 1);
+  }
+  tok_close(&shard);
+  return rc;
+}
+
+/* The cpu backend: lowered, JIT-compiled, run by the runtime; grads read from its region. */
+static int eval_cpu(const Module *m, const char *weights, const char *tokens, const char *out, bool grads, int64_t B,
+                    int64_t T, int64_t V, char *err, size_t errlen) {
+  CpuBackend b;
+  RtProgram prog;
+  unsigned char *bytes = NULL;
+  size_t nb = 0;
+  char *llvm = NULL;
+  int32_t *in = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
+  float *logits = malloc(sizeof(float) * (size_t)(B * T * V)), loss = 0, loss2 = 0;
+  StTensor *st = NULL;
+  memset(&b, 0, sizeof b);
+  int rc = in && tg && logits ? 0 : EXIT_RUN;
+  if (rc) snprintf(err, errlen, "out of memory");
+  if (!rc) rc = cpu_lower(m, &prog, &llvm, err, errlen);
+  if (!rc) {
+    rc = rt_program_save(&prog, &bytes, &nb, err, errlen);
+    rt_program_free(&prog);
+  }
+  if (!rc) rc = cpu_backend_load(&b, bytes, nb, llvm, 0, err, errlen);
+  if (!rc) rc = load_weights_rt(&b.prog, &b.cp, weights, err, errlen);
+  if (!rc) rc = read_batch(tokens, B, T, V, in, tg, err, errlen);
+  double t0 = seconds_now();
+  if (!rc) {
+    void *args[2] = {in, tg}, *rets[2] = {logits, &loss};
+    rc = cpu_program_call(&b.cp, cpu_find_func(&b.cp, "forward"), args, rets, err, errlen);
+  }
+  if (!rc) {
+    printf("loss %.6f\n", loss);
+    fprintf(stderr, "loom: eval of %lld tokens took %.3f s on the cpu backend\n", (long long)(B * T), seconds_now() - t0);
+  }
+  if (!rc && grads) {
+    void *args[2] = {in, tg}, *rets[1] = {&loss2};
+    rc = cpu_program_call(&b.cp, cpu_find_func(&b.cp, "grad_step"), args, rets, err, errlen);
+  }
+  if (!rc && out) {
+    st = calloc((size_t)b.prog.n_globals + 2, sizeof *st);
+    int n = 0;
+    st[n++] = (StTensor){"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits};
+    st[n++] = (StTensor){"loss", ST_F32, 0, {0}, 4, &loss};
+    for (int i = 0; grads && i < b.prog.n_globals; i++) {
+      const RtGlobal *g = &b.prog.globals[i];
+      if (g->region != RT_REGION_GRADS) continue;
+      st[n] = (StTensor){(char *)g->name, ST_F32, g->rank, {0}, (uint64_t)g->n * 4, cpu_global(&b.cp, i)};
+      memcpy(st[n].shape, g->shape, sizeof g->shape);
+      n++;
+    }
+    rc = st_write(out, st, n, NULL, NULL, 0, err, errlen);
+  }
+  free(st);
+  cpu_backend_free(&b);
+  free(bytes);
+  free(llvm);
+  free(in);
+  free(tg);
+  free(logits);
+  return rc;
+}
+
 int cmd_eval(int argc, char **argv) {
-  const char *spec = NULL, *weights = NULL, *tokens = NULL, *out = NULL, *v;
+  const char *spec = NULL, *weights = NULL, *tokens = NULL, *out = NULL, *backend = NULL, *v;
   bool grads = false;
   const char *batch = NULL, *seq = NULL;
   for (int i = 1; i < argc; i++) {
@@ -39,6 +125,12 @@ int cmd_eval(int argc, char **argv) {
     if ((r = arg_value(argc, argv, &i, "--weights", &v))) { if (r < 0) goto missing; weights = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--tokens", &v))) { if (r < 0) goto missing; tokens = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--out", &v))) { if (r < 0) goto missing; out = v; continue; }
+    if ((r = arg_value(argc, argv, &i, "--backend", &v))) {
+      if (r < 0) goto missing;
+      if (strcmp(v, "cpu") && strcmp(v, "ref")) return usage_error("eval", "--backend takes cpu or ref");
+      backend = v;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--batch", &v))) { if (r < 0) goto missing; batch = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--seq", &v))) { if (r < 0) goto missing; seq = v; continue; }
     if (a[0] == '-') return usage_error("eval", "unknown option '%s'", a);
@@ -79,9 +171,16 @@ int cmd_eval(int argc, char **argv) {
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;
-  rc = pipeline_run(m, grads ? "verify,canonicalize,mixed-precision,autodiff,cse,dce,verify" : DEFAULT_PIPELINE,
-                    &popt, err, sizeof err);
+  bool cpu = !backend || !strcmp(backend, "cpu");
+  char pipeline[512];
+  snprintf(pipeline, sizeof pipeline, "%s%s", grads ? "verify,canonicalize,mixed-precision,autodiff,cse,dce,verify" : DEFAULT_PIPELINE,
+           cpu ? "," LOWER_PIPELINE : "");
+  rc = pipeline_run(m, pipeline, &popt, err, sizeof err);
   if (rc) goto done;
+  if (cpu) {
+    rc = eval_cpu(m, weights, tokens, out, grads, B, T, V, err, sizeof err);
+    goto done;
+  }
   if (!(g = globals_new(m))) { snprintf(err, sizeof err, "out of memory for the parameters"); rc = EXIT_RUN; goto done; }
   if ((rc = load_weights(m, g, weights, err, sizeof err))) goto done;
   if ((rc = tok_open(tokens, &shard, err, sizeof err))) goto done;

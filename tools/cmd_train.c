@@ -35,6 +35,10 @@ static const char help[] =
   "  --save-every K\n"
   "  --resume D            continue from the newest complete checkpoint in D (or a step folder);\n"
   "                        the continued run reproduces the uninterrupted one bit for bit\n"
+  "execution:\n"
+  "  --backend cpu|ref     cpu: fused kernels JIT-compiled with LLVM, GEMMs in OpenBLAS (default\n"
+  "                        on one rank); ref: the reference executor (default for a mesh)\n"
+  "  --threads N           cpu backend threads (default: LOOM_THREADS or every core)\n"
   "  -q, --quiet           no per-step lines\n"
   "  -h, --help            show this help\n"
   "\n"
@@ -96,7 +100,8 @@ int cmd_train(int argc, char **argv) {
     spec = demo_spec_path;
   }
   Input in;
-  rc = train_prepare(&ta, spec, &in, err, sizeof err);
+  Backend backend;
+  rc = train_prepare(&ta, spec, &in, &backend, err, sizeof err);
   if (!rc && in.spec.n_data == 0) {
     snprintf(err, sizeof err, "no training data: give --data SHARD... (make one with 'loom data TEXT -o SHARD.bin') "
              "or set \"data\" in %s", spec);
@@ -110,8 +115,9 @@ int cmd_train(int argc, char **argv) {
     RunPlan plan = {{s->steps, s->grad_accum, s->warmup, s->lr, s->min_lr, data, s->n_data, s->model.vocab_size,
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
                      ta.quiet ? NULL : stdout},
-                    s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed};
-    rc = run_training(in.m, &plan, err, sizeof err);
+                    s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
+                    s->batch, s->seq};
+    rc = backend == BACKEND_CPU ? run_training_cpu(in.m, &plan, err, sizeof err) : run_training(in.m, &plan, err, sizeof err);
     free(settings);
   }
   module_free(in.m);

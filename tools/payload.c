@@ -20,8 +20,8 @@ static uint64_t get_u64(const uint8_t *p) {
   return v;
 }
 
-int payload_write(const char *runner, const char *out, const char *settings_json, const char *ir_text, char *err,
-                  size_t errlen) {
+int payload_write(const char *runner, const char *out, const void *const *parts, const size_t *sizes, int n_parts,
+                  char *err, size_t errlen) {
   uint8_t *bin = NULL;
   size_t n = 0;
   int rc = rt_read_file(runner, &bin, &n, err, errlen);
@@ -34,15 +34,21 @@ int payload_write(const char *runner, const char *out, const char *settings_json
   /* A runner that already carries a payload (a compiled executable) is cut back to the bare runner. */
   if (n >= 24 && !memcmp(bin + n - 24, magic, 8) && get_u64(bin + n - 16) <= n) n = (size_t)get_u64(bin + n - 16);
   RtAtomic a;
-  uint8_t trailer[24];
-  size_t ls = strlen(settings_json) + 1, li = strlen(ir_text);
+  uint8_t trailer[24], len[8];
+  size_t total = 8;
+  for (int i = 0; i < n_parts; i++) total += 8 + sizes[i];
   memcpy(trailer, magic, 8);
   put_u64(trailer + 8, n);
-  put_u64(trailer + 16, ls + li);
+  put_u64(trailer + 16, total);
   rc = rt_atomic_open(&a, out, err, errlen);
   if (!rc) rc = rt_atomic_write(&a, bin, n, err, errlen);
-  if (!rc) rc = rt_atomic_write(&a, settings_json, ls, err, errlen);
-  if (!rc) rc = rt_atomic_write(&a, ir_text, li, err, errlen);
+  put_u64(len, (uint64_t)n_parts);
+  if (!rc) rc = rt_atomic_write(&a, len, 8, err, errlen);
+  for (int i = 0; i < n_parts && !rc; i++) {   /* each part: u64 size, bytes */
+    put_u64(len, sizes[i]);
+    rc = rt_atomic_write(&a, len, 8, err, errlen);
+    if (!rc) rc = rt_atomic_write(&a, parts[i], sizes[i], err, errlen);
+  }
   if (!rc) rc = rt_atomic_write(&a, trailer, sizeof trailer, err, errlen);
   if (!rc && fchmod(fileno(a.fp), 0755)) {
     snprintf(err, errlen, "%s: cannot make it executable: %s", out, strerror(errno));
@@ -54,27 +60,35 @@ int payload_write(const char *runner, const char *out, const char *settings_json
   return rc;
 }
 
-int payload_read_self(char **settings, char **ir, char *err, size_t errlen) {
-  uint8_t *bin = NULL;
-  size_t n = 0;
-  int rc = rt_read_file("/proc/self/exe", &bin, &n, err, errlen);
+int payload_read_self(Payload *p, char *err, size_t errlen) {
+  memset(p, 0, sizeof *p);
+  int rc = rt_read_file("/proc/self/exe", &p->file, &p->file_size, err, errlen);
   if (rc) return EXIT_RUN;
+  const uint8_t *bin = p->file;
+  size_t n = p->file_size;
   uint64_t off, size;
   if (n < 24 || memcmp(bin + n - 24, magic, 8) || (off = get_u64(bin + n - 16)) > n - 24 ||
-      (size = get_u64(bin + n - 8)) != n - 24 - off || !memchr(bin + off, 0, size)) {
-    free(bin);
+      (size = get_u64(bin + n - 8)) != n - 24 - off || size < 8) {
+    free(p->file);
+    p->file = NULL;
     snprintf(err, errlen, "this executable carries no compiled model: it is the bare runner that 'loom compile' "
              "copies; make a training executable with 'loom compile SPEC -o EXE'");
     return EXIT_USAGE;
   }
-  const char *p = (const char *)bin + off;
-  size_t ls = strlen(p) + 1;
-  *settings = strdup(p);
-  *ir = strndup(p + ls, size - ls);
-  free(bin);
-  if (!*settings || !*ir) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
+  const uint8_t *at = bin + off, *end = bin + off + size;
+  uint64_t count = get_u64(at);
+  at += 8;
+  for (uint64_t i = 0; i < count; i++) {
+    uint64_t len;
+    if (p->n_parts == PAYLOAD_MAX_PARTS || end - at < 8 || (len = get_u64(at)) > (uint64_t)(end - at - 8)) {
+      free(p->file);
+      p->file = NULL;
+      snprintf(err, errlen, "the compiled model in this executable is damaged; compile it again");
+      return EXIT_RUN;
+    }
+    p->parts[p->n_parts] = at + 8;
+    p->sizes[p->n_parts++] = (size_t)len;
+    at += 8 + len;
   }
   return 0;
 }

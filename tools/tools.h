@@ -27,6 +27,10 @@
 
 enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
 
+/* How a program runs on this machine: cpu (fused kernels JIT-compiled with LLVM, GEMMs in a
+   CPU BLAS, the runtime's builtins) or ref (the reference executor, op by op). */
+typedef enum { BACKEND_CPU, BACKEND_REF } Backend;
+
 int cmd_ir(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_train(int argc, char **argv);
@@ -47,6 +51,9 @@ double seconds_now(void);
 /* Loads every parameter of m from a safetensors file by its HF name (GPT-2 names also
    match with a "transformer." prefix), converting F32/BF16/F16 to the parameter dtype. */
 int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, size_t errlen);
+/* The same for the CPU backend: into the runtime's parameter region, no IR needed. */
+#include "runtime/cpu_exec.h"
+int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *err, size_t errlen);
 /* Writes tensors (f32) under the given names. */
 int write_tensors(const char *path, const char *const *names, Tensor *const *tensors, int n, char *err, size_t errlen);
 
@@ -61,8 +68,9 @@ int input_load(const char *path, const char *const *overrides, int n_overrides, 
 
 /* ---- train_args.c ---- */
 typedef struct {
-  const char *spec, *resume, *output;
+  const char *spec, *resume, *output, *backend;
   bool quiet;
+  int threads;
   char data_json[16384];        /* --data as a JSON array, "" if not given */
   char ovbuf[64][16400];         /* "key=value" run-spec overrides from flags */
   const char *ov[64];
@@ -72,19 +80,28 @@ typedef struct {
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
 /* "dp=2,tp=2" -> {"dp":2,"tp":2} (the run spec's "mesh"); -1 if malformed. */
 int mesh_flag_json(const char *text, char *out, size_t n);
-/* Loads the spec with the flags' overrides and runs the training pipeline. */
-int train_prepare(TrainArgs *t, const char *spec, Input *in, char *err, size_t errlen);
+/* Loads the spec with the flags' overrides and runs the training pipeline (and lowering
+   for the cpu backend); *backend is what --backend chose or the default for the mesh. */
+int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, char *err, size_t errlen);
 /* The settings a run records in checkpoints and compiled executables (malloc'd JSON). */
 char *spec_settings_json(const RunSpec *s);
 
 /* ---- payload.c ---- */
 /* A compiled executable is the runner binary followed by a payload and a 24-byte trailer:
-   "LOOMPAY1", u64 payload offset, u64 payload size (little-endian). The payload is a
-   JSON object of settings, a NUL byte, then the IR text of the trained module. */
-int payload_write(const char *runner, const char *out, const char *settings_json, const char *ir_text, char *err,
-                  size_t errlen);
-/* Reads the payload of the running executable; *settings and *ir are malloc'd. */
-int payload_read_self(char **settings, char **ir, char *err, size_t errlen);
+   "LOOMPAY1", u64 payload offset, u64 payload size (little-endian).  The payload is u64
+   part count, then each part as u64 size + bytes: part 0 is the settings (JSON text), then
+   the program: the IR text (backend ref) or the lowered program and the LLVM IR (cpu). */
+#define PAYLOAD_MAX_PARTS 8
+typedef struct {
+  uint8_t *file;                       /* the whole executable, read (owned) */
+  size_t file_size;
+  int n_parts;
+  const uint8_t *parts[PAYLOAD_MAX_PARTS];
+  size_t sizes[PAYLOAD_MAX_PARTS];
+} Payload;
+int payload_write(const char *runner, const char *out, const void *const *parts, const size_t *sizes, int n_parts,
+                  char *err, size_t errlen);
+int payload_read_self(Payload *p, char *err, size_t errlen);
 
 /* ---- train_common.c ---- */
 #include "runtime/trainer.h"
@@ -93,8 +110,15 @@ typedef struct {
   const char *init;   /* parameters to start from (NULL: seeded GPT-2-style init) */
   const char *out;    /* final parameters + losses (NULL: none) */
   uint64_t seed;
+  Backend backend;    /* cpu: fused kernels, JIT, BLAS (the module must be lowered); ref: the reference executor */
+  int threads;        /* cpu backend threads (0: LOOM_THREADS or all cores) */
+  int64_t batch, seq;
 } RunPlan;
-/* m must have passed the training pipeline. */
+/* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* train_lower.c (loom only): m lowered too; runs it on the cpu backend. */
+int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* The loop and --out for any executor. */
+int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen);
 
 #endif

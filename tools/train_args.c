@@ -74,6 +74,18 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       t->resume = v;
       continue;
     }
+    if ((r = arg_value(argc, argv, &i, "--backend", &v))) {
+      if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "ref"))) return usage_error(cmd, "--backend takes cpu or ref");
+      t->backend = v;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--threads", &v))) {
+      char *end;
+      long n = r < 0 ? -1 : strtol(v, &end, 10);
+      if (r < 0 || *end || n < 1 || n > 1024) return usage_error(cmd, "--threads takes a number of threads (1..1024)");
+      t->threads = (int)n;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "-o", &v))) {
       if (r < 0) return usage_error(cmd, "-o needs a file name");
       t->output = v;
@@ -105,7 +117,7 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
   return -1;
 }
 
-int train_prepare(TrainArgs *t, const char *spec, Input *in, char *err, size_t errlen) {
+int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, char *err, size_t errlen) {
   memset(in, 0, sizeof *in);
   if (t->data_json[0]) {
     if (t->n_ov == 64) return EXIT_USAGE;
@@ -117,15 +129,25 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, char *err, size_t e
   int rc = input_load(spec, t->ov, t->n_ov, in, err, errlen);
   if (rc) return rc;
   RunSpec *s = &in->spec;
+  int64_t world = 1;
+  for (int a = 0; a < MESH_AXES; a++) world *= s->mesh[a];
+  /* The cpu backend runs one rank; a mesh runs on the reference executor (for now). */
+  *backend = t->backend ? (strcmp(t->backend, "cpu") ? BACKEND_REF : BACKEND_CPU) : world > 1 ? BACKEND_REF : BACKEND_CPU;
+  if (*backend == BACKEND_CPU && world > 1) {
+    snprintf(err, errlen, "--backend cpu runs one rank; a mesh of %lld ranks runs with --backend ref for now", (long long)world);
+    return EXIT_USAGE;
+  }
   TrainSettings ts = {s->grad_accum, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip,
                       !strcmp(s->precision, "bf16"), s->zero};
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;
-  if ((rc = pipeline_run(in->m, TRAIN_PIPELINE, &popt, err, errlen))) return rc;
+  if ((rc = pipeline_run(in->m, *backend == BACKEND_CPU ? TRAIN_PIPELINE "," LOWER_PIPELINE : TRAIN_PIPELINE, &popt, err,
+                         errlen)))
+    return rc;
   if (!t->quiet)
-    printf("compiled %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, in %.2f s\n", spec,
+    printf("compiled %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, %s backend, in %.2f s\n", spec,
            (long long)config_param_count(&s->model), (long long)s->batch, (long long)s->seq, (long long)s->grad_accum,
-           s->precision, seconds_now() - t0);
+           s->precision, *backend == BACKEND_CPU ? "cpu" : "reference", seconds_now() - t0);
   return 0;
 }

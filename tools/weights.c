@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/cpu_kernels.h"
 #include "runtime/safetensors.h"
 #include "tools/tools.h"
 
@@ -21,9 +22,10 @@ static float half_to_float(uint16_t h) {
   return f;
 }
 
-static int convert(const StTensor *st, Tensor *t, const char *path, char *err, size_t errlen) {
+/* The values of a safetensors tensor as f32 (F32, BF16 or F16 in the file). */
+static int read_f32(const StTensor *st, float *dst, int64_t n, const char *path, char *err, size_t errlen) {
   const uint8_t *p = st->data;
-  for (int64_t k = 0; k < t->n; k++) {
+  for (int64_t k = 0; k < n; k++) {
     float v;
     switch (st->dtype) {
     case ST_F32: memcpy(&v, p + 4 * k, 4); break;
@@ -38,25 +40,79 @@ static int convert(const StTensor *st, Tensor *t, const char *path, char *err, s
                st_dtype_name(st->dtype));
       return EXIT_USAGE;
     }
-    t->f[k] = dtype_round(t->type.dtype, v);
+    dst[k] = v;
   }
   return 0;
+}
+
+static int convert(const StTensor *st, Tensor *t, const char *path, char *err, size_t errlen) {
+  int rc = read_f32(st, t->f, t->n, path, err, errlen);
+  for (int64_t k = 0; !rc && k < t->n; k++) t->f[k] = dtype_round(t->type.dtype, t->f[k]);
+  return rc;
+}
+
+/* The tensor for parameter `name`: as named, or with GPT-2's "transformer." prefix. */
+static const StTensor *find_param(const StFile *f, const char *name) {
+  const StTensor *st = st_find(f, name);
+  if (!st) {
+    char alt[512];
+    snprintf(alt, sizeof alt, "transformer.%s", name);
+    st = st_find(f, alt);
+  }
+  return st;
+}
+
+static int shape_mismatch(const char *path, const StTensor *st, int rank, const int64_t *dims, char *err, size_t errlen) {
+  bool same = st->rank == rank;
+  for (int d = 0; same && d < rank; d++) same = st->shape[d] == dims[d];
+  if (same) return 0;
+  char want[256] = "[", got[256] = "[";
+  for (int d = 0; d < st->rank; d++)
+    snprintf(got + strlen(got), sizeof got - strlen(got), d ? ",%lld" : "%lld", (long long)st->shape[d]);
+  for (int d = 0; d < rank; d++)
+    snprintf(want + strlen(want), sizeof want - strlen(want), d ? ",%lld" : "%lld", (long long)dims[d]);
+  strncat(got, "]", sizeof got - strlen(got) - 1);
+  strncat(want, "]", sizeof want - strlen(want) - 1);
+  snprintf(err, errlen, "%s: tensor '%s' is %s but the model needs %s; the config does not match the checkpoint", path,
+           st->name, got, want);
+  return EXIT_USAGE;
+}
+
+int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *err, size_t errlen) {
+  StFile f;
+  int rc = st_read(path, &f, err, errlen), used = 0, n_params = 0;
+  if (rc) return rc;
+  for (int i = 0; i < p->n_globals; i++) n_params += p->globals[i].region == RT_REGION_PARAMS;
+  for (int i = 0; i < p->n_globals && !rc; i++) {
+    const RtGlobal *g = &p->globals[i];
+    if (g->region != RT_REGION_PARAMS) continue;
+    const StTensor *st = find_param(&f, g->name);
+    if (!st) {
+      snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
+               "model or config?)", path, g->name, n_params);
+      rc = EXIT_USAGE;
+      break;
+    }
+    if ((rc = shape_mismatch(path, st, g->rank, g->shape, err, errlen))) break;
+    float *dst = cpu_global(cp, i);
+    if (!(rc = read_f32(st, dst, g->n, path, err, errlen)) && g->round) rt_round_buf(NULL, dst, g->n, (RtRound)g->round);
+    used++;
+  }
+  if (!rc && used < f.n)
+    fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - used);
+  st_close(&f);
+  return rc;
 }
 
 int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, size_t errlen) {
   StFile f;
   int rc = st_read(path, &f, err, errlen);
   if (rc) return rc;
-  char alt[512];
   int used = 0;
   for (int i = 0; i < m->globals.n && !rc; i++) {
     const Global *gl = m->globals.items[i];
     if (gl->kind != GLOBAL_PARAM) continue;
-    const StTensor *st = st_find(&f, gl->name);
-    if (!st) {
-      snprintf(alt, sizeof alt, "transformer.%s", gl->name);
-      st = st_find(&f, alt);
-    }
+    const StTensor *st = find_param(&f, gl->name);
     if (!st) {
       snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
                "model or config?)", path, gl->name, m->globals.n);
@@ -64,19 +120,7 @@ int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, s
       break;
     }
     Tensor *t = g->t[i];
-    const Type *ty = &t->type;
-    bool same = st->rank == ty->rank;
-    for (int d = 0; same && d < ty->rank; d++) same = st->shape[d] == ty->dims[d];
-    if (!same) {
-      char want[256], got[256] = "[";
-      for (int d = 0; d < st->rank; d++)
-        snprintf(got + strlen(got), sizeof got - strlen(got), d ? ",%lld" : "%lld", (long long)st->shape[d]);
-      strncat(got, "]", sizeof got - strlen(got) - 1);
-      snprintf(err, errlen, "%s: tensor '%s' is %s but the model needs %s; the config does not match the checkpoint",
-               path, st->name, got, shape_str(ty, want, sizeof want));
-      rc = EXIT_USAGE;
-      break;
-    }
+    if ((rc = shape_mismatch(path, st, t->type.rank, t->type.dims, err, errlen))) break;
     rc = convert(st, t, path, err, errlen);
     used++;
   }

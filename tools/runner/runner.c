@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tools/exec_cpu.h"
 #include "tools/tools.h"
 
 static void help(const json_t *s) {
@@ -20,6 +21,7 @@ static void help(const json_t *s) {
          "  --out W           write the final parameters and 'losses'\n"
          "  --save-dir D --save-every K    checkpoints\n"
          "  --resume D        continue from a checkpoint\n"
+         "  --threads N       threads of the cpu backend (default: LOOM_THREADS or every core)\n"
          "  --info            print the compiled settings (JSON) and exit\n"
          "  -q, --quiet       no per-step lines\n",
          "EXE", json_string_value(json_object_get(s, "spec")), (long long)json_integer_value(json_object_get(s, "batch")),
@@ -34,12 +36,21 @@ static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--preci
 
 int main(int argc, char **argv) {
   char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL;
-  int rc = payload_read_self(&settings_text, &ir_text, err, sizeof err);
+  Payload pl;
+  int rc = payload_read_self(&pl, err, sizeof err);
   if (rc) return report(rc, err);
+  if (pl.n_parts < 2) {
+    free(pl.file);
+    return report(EXIT_RUN, "the compiled model in this executable is incomplete; compile it again");
+  }
+  settings_text = strndup((const char *)pl.parts[0], pl.sizes[0]);
+  bool cpu = pl.n_parts == 3;
+  ir_text = strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);   /* cpu: the LLVM IR */
   json_t *s = json_loads(settings_text, 0, NULL);
   if (!s) {
     free(settings_text);
     free(ir_text);
+    free(pl.file);
     return report(EXIT_RUN, "the compiled settings are damaged; recompile the executable");
   }
   int64_t steps = json_integer_value(json_object_get(s, "steps")), warmup = json_integer_value(json_object_get(s, "warmup"));
@@ -53,6 +64,7 @@ int main(int argc, char **argv) {
   json_t *jd = json_object_get(s, "data");
   for (size_t i = 0; i < json_array_size(jd) && n_data < 64; i++) data[n_data++] = json_string_value(json_array_get(jd, i));
   bool quiet = false, cli_data = false;
+  int threads = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     int r;
@@ -80,6 +92,7 @@ int main(int argc, char **argv) {
     NUM("--seed", seed, strtoi)
     NUM("--lr", lr, strtod)
     NUM("--min-lr", min_lr, strtod)
+    NUM("--threads", threads, strtoi)
     if ((r = arg_value(argc, argv, &i, "--init", &v)) || (r = arg_value(argc, argv, &i, "--out", &v)) ||
         (r = arg_value(argc, argv, &i, "--save-dir", &v)) || (r = arg_value(argc, argv, &i, "--resume", &v))) {
       if (r < 0) { rc = usage_error("train", "%s needs a value", a); goto done; }
@@ -106,21 +119,33 @@ int main(int argc, char **argv) {
     rc = usage_error("train", "no training data was compiled in: give --data SHARD...");
     goto done;
   }
+  RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
+                   json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
+                   quiet ? NULL : stdout},
+                  init, out, seed, cpu ? BACKEND_CPU : BACKEND_REF, threads,
+                  json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq"))};
+  if (cpu) {   /* the lowered program: no IR, no compiler */
+    CpuBackend b;
+    rc = cpu_backend_load(&b, pl.parts[1], pl.sizes[1], ir_text, threads, err, sizeof err);
+    if (!rc) rc = cpu_backend_init_params(&b, seed, init, err, sizeof err);
+    if (!rc) rc = cpu_backend_executor(&b, plan.batch, plan.seq, err, sizeof err);
+    if (!rc) rc = train_and_write(&b.ce.ex, &plan, err, sizeof err);
+    cpu_backend_free(&b);
+    rc = report(rc, err);
+    goto done;
+  }
   Module *m = NULL;
   if ((rc = parse_module("<compiled program>", ir_text, &m, err, sizeof err)) || (rc = verify_module(m, err, sizeof err))) {
     module_free(m);
     rc = report(EXIT_RUN, err);
     goto done;
   }
-  RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
-                   json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
-                   quiet ? NULL : stdout},
-                  init, out, seed};
   rc = report(run_training(m, &plan, err, sizeof err), err);
   module_free(m);
 done:
   json_decref(s);
   free(settings_text);
   free(ir_text);
+  free(pl.file);
   return rc;
 }

@@ -1,0 +1,503 @@
+/* codegen/cpu/lower.c — program functions -> RtProgram (runtime/program.h).
+ *
+ * After `fuse` and `memory-plan` a program function holds calls of kernel funcs,
+ * matmuls, and ops the runtime has a builtin for; every value has an arena offset.  Each
+ * op becomes one RtStep (a reshape between equal offsets becomes none):
+ *
+ *   call      RT_STEP_KERNEL   which = kernel index, i[0] = parallel extent (cpu.h)
+ *   matmul    RT_STEP_GEMM     i: batch M N K ta tb strideA strideB strideC
+ *   others    RT_STEP_BUILTIN  the i[] / f[] layout documented in program.h
+ *
+ * Globals get their own regions, in module order at 64-byte aligned offsets:
+ * parameters -> RT_REGION_PARAMS, state named "grad.*" -> RT_REGION_GRADS, other state
+ * (optimizer moments, step counters) -> RT_REGION_OPTIM.  Every element takes 4 bytes
+ * (floats as f32, integers as int32), as memory-plan lays out the arena on the CPU.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cpu/cpu.h"
+
+#define GRAD_PREFIX_ "grad."
+
+typedef struct {
+  const Module *m;
+  RtProgram *p;
+  const Func *f;
+  const Op *op;
+  int64_t *kernel_extent;     /* per func index of the module (kernels only) */
+  int *kernel_index;          /* per func index: index in p->kernel_names, or -1 */
+  int64_t *global_offset;     /* per global */
+  RtRegion *global_region;
+  char *err;
+  size_t errlen;
+} Lower;
+
+static int lfail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int lfail(Lower *L, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (L->op) {
+    char text[512];
+    snprintf(L->err, L->errlen, "@%s: op '%s' (%s): %s", L->f->name, op_info(L->op->kind)->name,
+             op_to_string(L->op, text, sizeof text), msg);
+  } else if (L->f) {
+    snprintf(L->err, L->errlen, "@%s: %s", L->f->name, msg);
+  } else {
+    snprintf(L->err, L->errlen, "%s", msg);
+  }
+  return IR_EINPUT;
+}
+
+static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
+
+static uint8_t round_of(DType dt) {
+  switch (dt) {
+  case DT_BF16: return RT_ROUND_BF16;
+  case DT_F16: return RT_ROUND_F16;
+  case DT_F8E4M3: return RT_ROUND_F8E4M3;
+  case DT_F8E5M2: return RT_ROUND_F8E5M2;
+  default: return RT_ROUND_NONE;
+  }
+}
+
+static RtRegion region_of(const Global *g) {
+  if (g->kind == GLOBAL_PARAM) return RT_REGION_PARAMS;
+  if (!strncmp(g->name, GRAD_PREFIX_, strlen(GRAD_PREFIX_))) return RT_REGION_GRADS;
+  return RT_REGION_OPTIM;
+}
+
+/* The buffer of a value: a global's region, or the function's arena. */
+static int buf_of(Lower *L, const Value *v, RtBuf *b) {
+  memset(b, 0, sizeof *b);
+  b->n = type_numel(&v->type);
+  b->is_int = !dtype_is_float(v->type.dtype);
+  b->round = round_of(v->type.dtype);
+  if (v->kind == VAL_GLOBAL) {
+    b->region = (uint8_t)L->global_region[v->global->index];
+    b->offset = L->global_offset[v->global->index];
+    return 0;
+  }
+  b->region = RT_REGION_ARENA;
+  if (v->offset < 0)
+    return lfail(L, "value %%%s has no arena offset; run the memory-plan pass first", v->name ? v->name : "?");
+  if (v->offset % 64) return lfail(L, "value %%%s is at offset %lld, not 64-byte aligned", v->name ? v->name : "?",
+                                   (long long)v->offset);
+  if (v->offset + 4 * b->n > L->f->arena_bytes)
+    return lfail(L, "value %%%s (%lld bytes at %lld) does not fit in the arena of %lld bytes", v->name ? v->name : "?",
+                 (long long)(4 * b->n), (long long)v->offset, (long long)L->f->arena_bytes);
+  b->offset = v->offset;
+  return 0;
+}
+
+static bool overlap(const RtBuf *a, const RtBuf *b) {
+  return a->region == b->region && a->offset < b->offset + 4 * b->n && b->offset < a->offset + 4 * a->n;
+}
+
+/* ---------------------------------------------------------------- steps */
+
+typedef struct {
+  RtStep *items;
+  int n, cap;
+} Steps;
+
+static RtStep *new_step(Lower *L, Steps *s, RtStepKind kind, int which) {
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    RtStep *items = realloc(s->items, sizeof(RtStep) * (size_t)cap);
+    if (!items) {
+      lfail(L, "out of memory");
+      return NULL;
+    }
+    s->items = items;
+    s->cap = cap;
+  }
+  RtStep *st = &s->items[s->n++];
+  memset(st, 0, sizeof *st);
+  st->kind = kind;
+  st->which = which;
+  const Op *op = L->op;
+  const Value *r = op->n_results ? op->results[0] : op->operands[0];
+  const char *name = r->kind == VAL_GLOBAL ? r->global->name : r->name;
+  if (op->kind == OP_CALL) snprintf(st->label, sizeof st->label, "call @%s", op->callee->name);
+  else if (name) snprintf(st->label, sizeof st->label, "%s %s%s", op_info(op->kind)->name, r->kind == VAL_GLOBAL ? "$" : "%", name);
+  else snprintf(st->label, sizeof st->label, "%s", op_info(op->kind)->name);
+  return st;
+}
+
+/* Buffers: the given operands as inputs, then the op's results as outputs. */
+static int set_bufs(Lower *L, RtStep *st, const Value *const *in, int n_in, bool results) {
+  const Op *op = L->op;
+  int n_out = results ? op->n_results : 0;
+  if (n_in + n_out > RT_MAX_BUFS)
+    return lfail(L, "needs %d buffers; a step holds at most %d (RT_MAX_BUFS)", n_in + n_out, RT_MAX_BUFS);
+  st->n_in = n_in;
+  st->n_out = n_out;
+  for (int i = 0; i < n_in; i++)
+    if (buf_of(L, in[i], &st->bufs[i])) return IR_EINPUT;
+  for (int i = 0; i < n_out; i++)
+    if (buf_of(L, op->results[i], &st->bufs[n_in + i])) return IR_EINPUT;
+  return 0;
+}
+
+static int set_operand_bufs(Lower *L, RtStep *st) {
+  return set_bufs(L, st, (const Value *const *)L->op->operands, L->op->n_operands, true);
+}
+
+static int push_int(Lower *L, RtStep *st, int *n, int64_t v) {
+  if (*n >= RT_MAX_INTS) return lfail(L, "needs more than %d integer parameters (RT_MAX_INTS)", RT_MAX_INTS);
+  st->i[(*n)++] = v;
+  return 0;
+}
+
+static int64_t prod_dims(const Type *t, int from, int to) {
+  int64_t p = 1;
+  for (int d = from; d < to; d++) p *= t->dims[d];
+  return p;
+}
+
+static int64_t last_dim(const Type *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+static int lower_call(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  const Func *k = op->callee;
+  int fi = -1;
+  for (int i = 0; i < L->m->funcs.n; i++)
+    if (L->m->funcs.items[i] == k) fi = i;
+  if (fi < 0 || L->kernel_index[fi] < 0) return lfail(L, "calls @%s, which is not a kernel func of this module", k->name);
+  RtStep *st = new_step(L, s, RT_STEP_KERNEL, L->kernel_index[fi]);
+  if (!st || set_operand_bufs(L, st)) return IR_EINPUT;
+  st->i[0] = L->kernel_extent[fi];
+  /* In place is only safe element for element: an N-element result (not a reduction, whose
+     outputs are zeroed first) over an N-element argument at the same offset. */
+  int64_t N = 0;
+  for (int i = 0; i < k->args.n; i++)
+    if (type_numel(&((const Value *)k->args.items[i])->type) > N) N = type_numel(&((const Value *)k->args.items[i])->type);
+  for (int i = 0; i < k->ops.n; i++) {
+    const Op *kop = k->ops.items[i];
+    for (int r = 0; r < kop->n_results; r++)
+      if (type_numel(&kop->results[r]->type) > N) N = type_numel(&kop->results[r]->type);
+  }
+  for (int o = st->n_in; o < st->n_in + st->n_out; o++) {
+    const Value *ret = k->rets.items[o - st->n_in];
+    bool elementwise = !(ret->kind == VAL_RESULT && op_info(ret->def->kind)->cls == CLASS_REDUCTION);
+    for (int i = 0; i < st->n_in + st->n_out; i++) {
+      if (i == o || !overlap(&st->bufs[i], &st->bufs[o])) continue;
+      bool exact = i < st->n_in && elementwise && st->bufs[i].offset == st->bufs[o].offset && st->bufs[i].n == N &&
+                   st->bufs[o].n == N;
+      if (!exact)
+        return lfail(L, "result %d shares memory with %s %d; a kernel may only write an N-element result (not a "
+                     "reduction) over an N-element argument at the same offset", o - st->n_in,
+                     i < st->n_in ? "argument" : "result", i < st->n_in ? i : i - st->n_in);
+    }
+  }
+  return 0;
+}
+
+static int lower_matmul(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  const Type *a = &op->operands[0]->type, *b = &op->operands[1]->type, *c = &op->results[0]->type;
+  bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
+  int64_t M = c->dims[c->rank - 2], N = c->dims[c->rank - 1], K = a->dims[a->rank - (ta ? 2 : 1)];
+  RtStep *st = new_step(L, s, RT_STEP_GEMM, 0);
+  if (!st || set_operand_bufs(L, st)) return IR_EINPUT;
+  int64_t batch = M * N != 0 ? type_numel(c) / (M * N) : 0;
+  int64_t v[9] = {batch, M, N, K, ta, tb, M * K, b->rank > 2 ? K * N : 0, M * N};
+  memcpy(st->i, v, sizeof v);
+  return 0;
+}
+
+static int lower_builtin(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
+  const Type *y = op->n_results ? &op->results[0]->type : NULL;
+  RtStep *st;
+  int n = 0;
+#define BUILTIN(b)                                  \
+  do {                                              \
+    st = new_step(L, s, RT_STEP_BUILTIN, (b));      \
+    if (!st || set_operand_bufs(L, st)) return IR_EINPUT; \
+  } while (0)
+#define INT(v)                                      \
+  do {                                              \
+    if (push_int(L, st, &n, (v))) return IR_EINPUT; \
+  } while (0)
+  switch (op->kind) {
+  case OP_LAYERNORM:
+  case OP_RMSNORM:
+  case OP_LAYERNORM_GRAD:
+  case OP_RMSNORM_GRAD: {
+    const Type *xt = op->kind == OP_LAYERNORM || op->kind == OP_RMSNORM ? x : &op->operands[1]->type;
+    static const RtBuiltin which[] = {[OP_LAYERNORM] = RT_B_LAYERNORM, [OP_RMSNORM] = RT_B_RMSNORM,
+                                      [OP_LAYERNORM_GRAD] = RT_B_LAYERNORM_GRAD, [OP_RMSNORM_GRAD] = RT_B_RMSNORM_GRAD};
+    BUILTIN(which[op->kind]);
+    int64_t D = last_dim(xt);
+    INT(D ? type_numel(xt) / D : 0);
+    INT(D);
+    st->f[0] = op_float(op, "eps");
+    return 0;
+  }
+  case OP_SOFTMAX:
+  case OP_SOFTMAX_GRAD: {
+    BUILTIN(op->kind == OP_SOFTMAX ? RT_B_SOFTMAX : RT_B_SOFTMAX_GRAD);
+    int64_t D = last_dim(y);
+    INT(D ? type_numel(y) / D : 0);
+    INT(D);
+    return 0;
+  }
+  case OP_ATTENTION:
+  case OP_ATTENTION_GRAD: {
+    bool grad = op->kind == OP_ATTENTION_GRAD;
+    const Type *q = &op->operands[grad ? 1 : 0]->type, *kt = &op->operands[grad ? 2 : 1]->type;
+    BUILTIN(grad ? RT_B_ATTENTION_GRAD : RT_B_ATTENTION);
+    INT(q->dims[0]);
+    INT(q->dims[1]);
+    INT(q->dims[2]);
+    INT(q->dims[3]);
+    INT(kt->dims[1]);
+    INT(kt->dims[2]);
+    INT(op_bool(op, "causal"));
+    st->f[0] = op_float(op, "scale");
+    return 0;
+  }
+  case OP_ROPE:
+    BUILTIN(RT_B_ROPE);
+    for (int d = 0; d < 4; d++) INT(x->dims[d]);
+    INT(op_int(op, "offset"));
+    INT(op_bool(op, "inverse"));
+    st->f[0] = op_float(op, "theta");
+    return 0;
+  case OP_CROSS_ENTROPY:
+  case OP_CROSS_ENTROPY_GRAD: {
+    const Type *logits = &op->operands[op->kind == OP_CROSS_ENTROPY ? 0 : 1]->type;
+    BUILTIN(op->kind == OP_CROSS_ENTROPY ? RT_B_CROSS_ENTROPY : RT_B_CROSS_ENTROPY_GRAD);
+    int64_t V = last_dim(logits);
+    INT(V ? type_numel(logits) / V : 0);
+    INT(V);
+    return 0;
+  }
+  case OP_EMBEDDING:
+  case OP_EMBEDDING_GRAD: {
+    const Type *table = op->kind == OP_EMBEDDING ? x : y, *ids = &op->operands[1]->type;
+    BUILTIN(op->kind == OP_EMBEDDING ? RT_B_EMBEDDING : RT_B_EMBEDDING_GRAD);
+    INT(type_numel(ids));
+    INT(table->dims[0]);
+    INT(table->dims[1]);
+    return 0;
+  }
+  case OP_TRANSPOSE:
+  case OP_SLICE:
+  case OP_PAD: {
+    BUILTIN(op->kind == OP_TRANSPOSE ? RT_B_TRANSPOSE : op->kind == OP_SLICE ? RT_B_SLICE : RT_B_PAD);
+    INT(x->rank);
+    for (int d = 0; d < x->rank; d++) INT(x->dims[d]);
+    for (int a = 0; a < op_info(op->kind)->n_attrs; a++)
+      for (int d = 0; d < x->rank; d++) INT(op->attrs[a].ints[d]);
+    return 0;
+  }
+  case OP_CONCAT: {
+    int dim = (int)op_int(op, "dim");
+    BUILTIN(RT_B_CONCAT);
+    INT(op->n_operands);
+    INT(prod_dims(y, 0, dim));
+    INT(prod_dims(y, dim + 1, y->rank));
+    for (int i = 0; i < op->n_operands; i++) INT(op->operands[i]->type.dims[dim]);
+    return 0;
+  }
+  case OP_BROADCAST: {
+    BUILTIN(RT_B_BROADCAST);
+    INT(y->rank);
+    for (int d = 0; d < y->rank; d++) INT(y->dims[d]);
+    int off = y->rank - x->rank;
+    for (int d = 0; d < y->rank; d++) {
+      int e = d - off;
+      INT(e < 0 || x->dims[e] == 1 ? 0 : prod_dims(x, e + 1, x->rank));
+    }
+    return 0;
+  }
+  case OP_RESHAPE: {
+    if (op->operands[0]->kind != VAL_GLOBAL && op->operands[0]->offset == op->results[0]->offset) {
+      RtBuf a, b;   /* shares its operand's buffer: no step, but check both */
+      if (buf_of(L, op->operands[0], &a) || buf_of(L, op->results[0], &b)) return IR_EINPUT;
+      return 0;
+    }
+    BUILTIN(RT_B_COPY);
+    INT(type_numel(y));
+    return 0;
+  }
+  case OP_CAST:
+    BUILTIN(dtype_is_float(x->dtype) && dtype_is_float(y->dtype) ? RT_B_COPY : RT_B_CAST);
+    INT(type_numel(y));
+    if (!(dtype_is_float(x->dtype) && dtype_is_float(y->dtype))) INT(y->dtype == DT_BOOL);   /* bool: x != 0 */
+    return 0;
+  case OP_CONSTANT:
+    BUILTIN(RT_B_FILL);
+    INT(type_numel(y));
+    st->f[0] = op_float(op, "value");
+    return 0;
+  case OP_IOTA:
+    BUILTIN(RT_B_IOTA);
+    INT(y->rank);
+    for (int d = 0; d < y->rank; d++) INT(y->dims[d]);
+    INT(op_int(op, "dim"));
+    return 0;
+  case OP_ACCUMULATE:
+  case OP_ASSIGN:
+    BUILTIN(op->kind == OP_ACCUMULATE ? RT_B_ACCUMULATE : RT_B_ASSIGN);
+    INT(type_numel(x));
+    return 0;
+  case OP_FILL:
+    /* the global is the output */
+    st = new_step(L, s, RT_STEP_BUILTIN, RT_B_FILL);
+    if (!st) return IR_EINPUT;
+    st->n_out = 1;
+    if (buf_of(L, op->operands[0], &st->bufs[0])) return IR_EINPUT;
+    INT(type_numel(x));
+    st->f[0] = op_float(op, "value");
+    return 0;
+  case OP_ADAMW:
+    BUILTIN(RT_B_ADAMW);
+    INT(type_numel(x));
+    st->f[0] = op_float(op, "beta1");
+    st->f[1] = op_float(op, "beta2");
+    st->f[2] = op_float(op, "eps");
+    st->f[3] = op_float(op, "weight_decay");
+    return 0;
+  default: break;
+  }
+#undef BUILTIN
+#undef INT
+  const OpInfo *info = op_info(op->kind);
+  if (info->cls == CLASS_ELEMENTWISE || info->cls == CLASS_REDUCTION)
+    return lfail(L, "is outside a kernel func; the CPU backend runs elementwise ops and reductions only in fused "
+                 "kernels (run the fuse pass first)");
+  if (info->cls == CLASS_COLLECTIVE) return lfail(L, "collectives are not supported by the CPU backend yet");
+  return lfail(L, "is not supported by the CPU backend");
+}
+
+/* ---------------------------------------------------------------- functions */
+
+static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
+  L->f = f;
+  L->op = NULL;
+  if (strlen(f->name) >= sizeof rf->name) return lfail(L, "the function name is longer than %zu characters", sizeof rf->name - 1);
+  snprintf(rf->name, sizeof rf->name, "%s", f->name);
+  if (f->arena_bytes < 0) return lfail(L, "has no arena size; run the memory-plan pass first");
+  rf->arena_bytes = f->arena_bytes;
+  if (f->args.n > 8 || f->rets.n > 8)
+    return lfail(L, "has %d arguments and %d results; a lowered function holds at most 8 of each", f->args.n, f->rets.n);
+  rf->n_args = f->args.n;
+  rf->n_rets = f->rets.n;
+  for (int i = 0; i < f->args.n; i++)
+    if (buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
+  for (int i = 0; i < f->rets.n; i++)
+    if (buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
+  Steps s = {0};
+  int rc = 0;
+  for (int i = 0; i < f->ops.n && !rc; i++) {
+    L->op = f->ops.items[i];
+    switch (L->op->kind) {
+    case OP_CALL: rc = lower_call(L, &s); break;
+    case OP_MATMUL: rc = lower_matmul(L, &s); break;
+    default: rc = lower_builtin(L, &s); break;
+    }
+  }
+  L->op = NULL;
+  rf->steps = s.items;
+  rf->n_steps = s.n;
+  return rc;
+}
+
+int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (llvm_ir_text) *llvm_ir_text = NULL;
+  Lower L = {.m = m, .p = out, .err = err, .errlen = errlen};
+  int nf = m->funcs.n, ng = m->globals.n, rc = 0;
+  L.kernel_extent = calloc((size_t)(nf ? nf : 1), sizeof(int64_t));
+  L.kernel_index = calloc((size_t)(nf ? nf : 1), sizeof(int));
+  L.global_offset = calloc((size_t)(ng ? ng : 1), sizeof(int64_t));
+  L.global_region = calloc((size_t)(ng ? ng : 1), sizeof(RtRegion));
+  out->globals = calloc((size_t)(ng ? ng : 1), sizeof(RtGlobal));
+  int n_kernels = 0, n_programs = 0;
+  for (int i = 0; i < nf; i++) {
+    if (((const Func *)m->funcs.items[i])->is_kernel) n_kernels++;
+    else n_programs++;
+  }
+  out->kernel_names = calloc((size_t)(n_kernels ? n_kernels : 1), sizeof *out->kernel_names);
+  out->funcs = calloc((size_t)(n_programs ? n_programs : 1), sizeof(RtFunc));
+  if (!L.kernel_extent || !L.kernel_index || !L.global_offset || !L.global_region || !out->globals ||
+      !out->kernel_names || !out->funcs) {
+    rc = lfail(&L, "out of memory");
+    goto done;
+  }
+
+  /* globals: one region per kind, module order, 64-byte aligned */
+  out->n_globals = ng;
+  for (int i = 0; i < ng && !rc; i++) {
+    const Global *g = m->globals.items[i];
+    const Type *t = &g->value->type;
+    RtGlobal *rg = &out->globals[i];
+    if (strlen(g->name) >= sizeof rg->name) {
+      rc = lfail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
+      break;
+    }
+    RtRegion r = region_of(g);
+    int64_t off = align64(out->region_bytes[r]);
+    snprintf(rg->name, sizeof rg->name, "%s", g->name);
+    rg->region = r;
+    rg->offset = off;
+    rg->n = type_numel(t);
+    rg->rank = t->rank;
+    for (int d = 0; d < t->rank; d++) rg->shape[d] = t->dims[d];
+    static const RtInitKind kinds[] = {[INIT_ZEROS] = RT_INIT_ZEROS, [INIT_ONES] = RT_INIT_ONES,
+                                       [INIT_NORMAL] = RT_INIT_NORMAL, [INIT_CONST] = RT_INIT_CONST};
+    rg->init = kinds[g->init.kind];
+    rg->init_value = g->init.value;
+    rg->round = round_of(t->dtype);
+    out->region_bytes[r] = off + 4 * rg->n;
+    L.global_offset[i] = off;
+    L.global_region[i] = r;
+  }
+  for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = align64(out->region_bytes[r]);
+
+  /* kernels: index, symbol and parallel extent */
+  for (int i = 0; i < nf && !rc; i++) {
+    const Func *f = m->funcs.items[i];
+    L.kernel_index[i] = -1;
+    if (!f->is_kernel) continue;
+    if (strlen(f->name) >= sizeof out->kernel_names[0]) {
+      rc = lfail(&L, "kernel @%s: the name is longer than %zu characters", f->name, sizeof out->kernel_names[0] - 1);
+      break;
+    }
+    L.kernel_index[i] = out->n_kernels;
+    snprintf(out->kernel_names[out->n_kernels++], sizeof out->kernel_names[0], "%s", f->name);
+    rc = cpu_kernel_extent(f, &L.kernel_extent[i], err, errlen);
+  }
+
+  /* program functions */
+  for (int i = 0; i < nf && !rc; i++) {
+    const Func *f = m->funcs.items[i];
+    if (f->is_kernel) continue;
+    rc = lower_func(&L, f, &out->funcs[out->n_funcs++]);
+  }
+  if (!rc && llvm_ir_text) rc = cpu_emit_llvm(m, llvm_ir_text, err, errlen);
+
+done:
+  free(L.kernel_extent);
+  free(L.kernel_index);
+  free(L.global_offset);
+  free(L.global_region);
+  if (rc) {
+    for (int i = 0; i < out->n_funcs; i++) free(out->funcs[i].steps);
+    free(out->funcs);
+    free(out->globals);
+    free(out->kernel_names);
+    memset(out, 0, sizeof *out);
+  }
+  return rc;
+}

@@ -1,0 +1,537 @@
+/* runtime/cpu_attention.c — attention forward and backward, and RoPE, for the CPU runtime.
+ *
+ * Layout: q[B,T,H,Dh], k,v[B,S,KV,Dh]; query head h reads kv head h/G, G = H/KV.
+ * A "row" is one (position t, query head h): a softmax over the keys it sees (0..t when
+ * causal).  No [T,S] score matrix is formed: at most RB = 4 rows of scores at a time.
+ *
+ * Each call first copies the keys (and for the backward the values) transposed, as
+ * [B,KV][Dh][ld] with the columns past S zeroed, so that the scores of a row against 8
+ * consecutive keys are 8 contiguous floats per d.
+ *
+ * Forward.  A work item is (b, kv head, block of QB positions).  It takes its rows ((t, h)
+ * for the G heads sharing the kv head) four at a time: scores of 4 rows x 8 keys in
+ * registers (each 8-key slice loaded once for the 4 rows), the softmax of each row, and
+ * the weighted sum of value rows (each value row loaded once for the 4 rows).
+ *
+ * Backward, in two passes so that no output element is summed by two threads:
+ *   1. per item as the forward: recompute the probabilities p, dp = dout.v,
+ *      delta = sum p dp, ds = p (dp - delta) scale, dq = sum_s ds k_s; keep each row's
+ *      softmax max, sum and delta;
+ *   2. per block of KB keys: for every row that sees them, recompute p and ds from the kept
+ *      statistics and accumulate dv_s += p dout, dk_s += ds q in row order.
+ * Scores are recomputed twice: 7 dot-product passes where a backward given the forward's
+ * output (or its row statistics) would need 5; the builtin's inputs are dout q k v only.
+ *
+ * Order of operations: every score is a sum over d in order, every output a sum over keys
+ * in order, dk/dv sums over rows in the reference's (t, h) order; the softmax uses a
+ * vectorized exp (cv_exp8) and 8-lane sums, so results are within ~1e-7 relative of the
+ * reference and bitwise independent of the thread count.  Work items are taken
+ * dynamically (causal rows are uneven), heaviest first.
+ */
+#include <stdio.h>
+
+#include "runtime/cpu_kernels.h"
+#include "runtime/cpu_vec.h"
+
+#define QB 32   /* positions per work item of the forward and pass 1 */
+#define KB 32   /* keys per work item of pass 2 (a multiple of 8) */
+#define RB 4    /* rows computed together */
+
+typedef struct {
+  const float *q, *k, *v, *dout;
+  float *out, *dq, *dk, *dv, *stats;
+  /* keys and values of every (b, kv head) transposed: kT + (b*KV + kvh)*Dh*ld is [Dh][ld] */
+  float *kT, *vT;
+  int64_t ld;
+  int64_t B, T, H, Dh, S, KV, G, nqb, nkb;
+  bool causal;
+  float scale;
+  float *scratch;
+  size_t stride;
+} AttnCtx;
+
+/* Up to RB rows of one item; padded rows (r >= nr) repeat row 0 and are never stored. */
+typedef struct {
+  int nr;
+  int64_t row[RB];   /* (b*T + t)*H + h: index of the row's stats; times Dh: its offset */
+  int64_t n[RB];     /* keys the row sees in the current key range */
+  int64_t nmin, nmax;
+} Rows;
+
+static int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
+
+/* Rows r0.. of the rows (t, j), t >= t_first, j < G, of batch b and kv head kvh, seeing keys
+   from s0 on, at most m of them. */
+static void rows_at(const AttnCtx *a, int64_t b, int64_t kvh, int64_t t_first, int64_t r0, int64_t R, int64_t s0,
+                    int64_t m, Rows *g) {
+  g->nr = R - r0 < RB ? (int)(R - r0) : RB;
+  g->nmin = INT64_MAX;
+  g->nmax = 0;
+  for (int r = 0; r < RB; r++) {
+    int64_t rr = r0 + (r < g->nr ? r : 0), t = t_first + rr / a->G, h = kvh * a->G + rr % a->G;
+    int64_t n = a->causal ? t + 1 - s0 : m;
+    g->row[r] = (b * a->T + t) * a->H + h;
+    g->n[r] = n < m ? n : m;
+    if (r < g->nr) {
+      g->nmin = g->n[r] < g->nmin ? g->n[r] : g->nmin;
+      g->nmax = g->n[r] > g->nmax ? g->n[r] : g->nmax;
+    }
+  }
+}
+
+/* sc[r][s] = sum_d q[r][d] * kt[d*ld + s] for 4 rows and s < npad (a multiple of 8); each
+   sum runs over d in order.  Each 8-key slice of kt is loaded once for the 4 rows. */
+CV_HOT static void scores4(float *const *sc, const float *const *q, const float *restrict kt, int64_t ld, int64_t Dh,
+                    int64_t npad) {
+  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+  for (int64_t s = 0; s < npad; s += 8) {
+    cv_f4 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    for (int64_t d = 0; d < Dh; d++) {
+      const float *k = kt + d * ld + s;
+      cv_f4 k0 = cv_ld4(k), k1 = cv_ld4(k + 4), x;
+      x = cv_set4(q0[d]);
+      a0 += x * k0;
+      b0 += x * k1;
+      x = cv_set4(q1[d]);
+      a1 += x * k0;
+      b1 += x * k1;
+      x = cv_set4(q2[d]);
+      a2 += x * k0;
+      b2 += x * k1;
+      x = cv_set4(q3[d]);
+      a3 += x * k0;
+      b3 += x * k1;
+    }
+    cv_st4(sc[0] + s, a0), cv_st4(sc[0] + s + 4, b0);
+    cv_st4(sc[1] + s, a1), cv_st4(sc[1] + s + 4, b1);
+    cv_st4(sc[2] + s, a2), cv_st4(sc[2] + s + 4, b2);
+    cv_st4(sc[3] + s, a3), cv_st4(sc[3] + s + 4, b3);
+  }
+}
+
+/* o[r][d] = sum_{s < n_r} p[r][s] * rows[s*rs + d] for the real rows; each sum runs over s
+   in order.  Value rows are loaded once for the 4 rows up to the shortest row's length. */
+CV_HOT static void pv4(float *const *o, const float *const *p, const Rows *g, const float *restrict rows, int64_t rs,
+                int64_t Dh) {
+  const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
+  int64_t d = 0;
+  for (; d + 8 <= Dh; d += 8) {
+    cv_f4 a[RB][2];
+    cv_f4 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    for (int64_t s = 0; s < g->nmin; s++) {
+      const float *v = rows + s * rs + d;
+      cv_f4 v0 = cv_ld4(v), v1 = cv_ld4(v + 4), x;
+      x = cv_set4(p0[s]);
+      a0 += x * v0;
+      b0 += x * v1;
+      x = cv_set4(p1[s]);
+      a1 += x * v0;
+      b1 += x * v1;
+      x = cv_set4(p2[s]);
+      a2 += x * v0;
+      b2 += x * v1;
+      x = cv_set4(p3[s]);
+      a3 += x * v0;
+      b3 += x * v1;
+    }
+    a[0][0] = a0, a[0][1] = b0, a[1][0] = a1, a[1][1] = b1;
+    a[2][0] = a2, a[2][1] = b2, a[3][0] = a3, a[3][1] = b3;
+    for (int r = 0; r < g->nr; r++) {   /* the longer rows go on alone */
+      for (int64_t s = g->nmin; s < g->n[r]; s++) {
+        cv_f4 x = cv_set4(p[r][s]);
+        a[r][0] += x * cv_ld4(rows + s * rs + d);
+        a[r][1] += x * cv_ld4(rows + s * rs + d + 4);
+      }
+      cv_st4(o[r] + d, a[r][0]);
+      cv_st4(o[r] + d + 4, a[r][1]);
+    }
+  }
+  for (; d < Dh; d++)
+    for (int r = 0; r < g->nr; r++) {
+      float acc = 0;
+      for (int64_t s = 0; s < g->n[r]; s++) acc += p[r][s] * rows[s * rs + d];
+      o[r][d] = acc;
+    }
+}
+
+/* The softmax of p[0..n) * scale, in place; returns its max and sum. */
+CV_HOT static void softmax_scaled(float *p, int64_t n, float scale, float *mx_out, float *sum_out) {
+  for (int64_t s = 0; s < n; s++) p[s] *= scale;
+  float mx = cv_max(p, n), sum = cv_exp_sub_sum(p, p, mx, n);
+  cv_div(p, p, sum, n);
+  *mx_out = mx;
+  *sum_out = sum;
+}
+
+/* The transposed copies kT/vT: item i is (b, kv head, block of 64 keys); the columns past S
+   (up to ld) are zeroed, so 8-key slices never read past the keys or read garbage. */
+typedef struct {
+  const AttnCtx *a;
+  const float *src;
+  float *dst;
+} TransCtx;
+
+static void transpose_items(void *ctx, int64_t ib, int64_t ie) {
+  const TransCtx *c = ctx;
+  const AttnCtx *a = c->a;
+  int64_t Dh = a->Dh, ld = a->ld, nsb = (a->S + 63) / 64;
+  for (int64_t i = ib; i < ie; i++) {
+    int64_t sb = i % nsb, bk = i / nsb, b = bk / a->KV, kvh = bk % a->KV;
+    int64_t s0 = sb * 64, s1 = s0 + 64 < a->S ? s0 + 64 : a->S;
+    float *dst = c->dst + bk * Dh * ld;
+    for (int64_t s = s0; s < s1; s++) {
+      const float *r = c->src + ((b * a->S + s) * a->KV + kvh) * Dh;
+      for (int64_t d = 0; d < Dh; d++) dst[d * ld + s] = r[d];
+    }
+    if (s1 == a->S)
+      for (int64_t d = 0; d < Dh; d++) memset(dst + d * ld + a->S, 0, sizeof(float) * (size_t)(ld - a->S));
+  }
+}
+
+static void transpose_kv(ThreadPool *tp, const AttnCtx *a, const float *src, float *dst) {
+  TransCtx c = {a, src, dst};
+  tp_run(tp, a->B * a->KV * ((a->S + 63) / 64), transpose_items, &c);
+}
+
+/* Row stride ld of the transposed copies: a multiple of 16 floats (whole cache lines) that is
+   an odd number of 64-byte lines, so the Dh rows of a tile do not all fall into the same
+   few cache sets (as a power-of-two stride would). */
+static int64_t pick_ld(int64_t S) {
+  int64_t ld = (S + 15) / 16 * 16;
+  return (ld / 16) % 2 ? ld : ld + 16;
+}
+
+/* Item i -> (b, kv head, first position), the last positions (the heaviest when causal) first. */
+static void item_q(const AttnCtx *a, int64_t i, int64_t *b, int64_t *kvh, int64_t *t0, int64_t *t1) {
+  int64_t qb = a->nqb - 1 - i % a->nqb, rest = i / a->nqb;
+  *kvh = rest % a->KV;
+  *b = rest / a->KV;
+  *t0 = qb * QB;
+  *t1 = *t0 + QB < a->T ? *t0 + QB : a->T;
+}
+
+static void fwd_items(void *ctx, int thread, int64_t ib, int64_t ie) {
+  const AttnCtx *a = ctx;
+  int64_t Dh = a->Dh, ld = a->ld, rs = a->KV * Dh;
+  float *sc = a->scratch + (size_t)thread * a->stride;
+  for (int64_t i = ib; i < ie; i++) {
+    int64_t b, kvh, t0, t1;
+    item_q(a, i, &b, &kvh, &t0, &t1);
+    int64_t R = (t1 - t0) * a->G;
+    const float *kt = a->kT + (b * a->KV + kvh) * Dh * ld, *vr = a->v + (b * a->S * a->KV + kvh) * Dh;
+    for (int64_t r0 = 0; r0 < R; r0 += RB) {
+      Rows g;
+      rows_at(a, b, kvh, t0, r0, R, 0, a->S, &g);
+      const float *q[RB];
+      float *p[RB], *o[RB];
+      for (int r = 0; r < RB; r++) {
+        q[r] = a->q + g.row[r] * Dh;
+        o[r] = a->out + g.row[r] * Dh;
+        p[r] = sc + r * ld;
+      }
+      scores4(p, q, kt, ld, Dh, round8(g.nmax));
+      for (int r = 0; r < g.nr; r++) {
+        float mx, sum;
+        softmax_scaled(p[r], g.n[r], a->scale, &mx, &sum);
+      }
+      for (int r = g.nr; r < RB; r++) p[r] = p[0];
+      pv4(o, (const float *const *)p, &g, vr, rs, Dh);
+    }
+  }
+}
+
+static int check_shape(int64_t T, int64_t H, int64_t S, int64_t KV, bool causal, char *err, size_t errlen) {
+  if (KV <= 0 || H % KV) {
+    snprintf(err, errlen, "attention: %lld query heads are not a multiple of %lld kv heads", (long long)H,
+             (long long)KV);
+    return 2;
+  }
+  if (causal && T > S) {
+    snprintf(err, errlen, "causal attention: %lld queries but only %lld keys", (long long)T, (long long)S);
+    return 2;
+  }
+  return 0;
+}
+
+int cpu_attention(ThreadPool *tp, const float *q, const float *k, const float *v, float *out, int64_t B,
+                  int64_t T, int64_t H, int64_t Dh, int64_t S, int64_t KV, bool causal, float scale, char *err,
+                  size_t errlen) {
+  int rc = check_shape(T, H, S, KV, causal, err, errlen);
+  if (rc) return rc;
+  if (B * T * H * Dh == 0) return 0;
+  if (S == 0) {   /* nothing to attend to: the reference leaves the output zero */
+    memset(out, 0, sizeof(float) * (size_t)(B * T * H * Dh));
+    return 0;
+  }
+  AttnCtx a = {.q = q, .k = k, .v = v, .out = out, .B = B, .T = T, .H = H, .Dh = Dh, .S = S, .KV = KV,
+               .G = H / KV, .nqb = (T + QB - 1) / QB, .causal = causal, .scale = scale, .ld = pick_ld(S)};
+  a.stride = cv_stride(RB * (size_t)a.ld);
+  a.scratch = cv_alloc(a.stride * (size_t)tp_size(tp));
+  a.kT = cv_alloc((size_t)(B * KV * Dh * a.ld));
+  if (!a.scratch || !a.kT) {
+    free(a.scratch);
+    free(a.kT);
+    snprintf(err, errlen, "out of memory in attention");
+    return 1;
+  }
+  transpose_kv(tp, &a, k, a.kT);
+  tp_run_dynamic(tp, B * KV * a.nqb, 1, fwd_items, &a);
+  free(a.scratch);
+  free(a.kT);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- backward */
+
+static void bwd_q_items(void *ctx, int thread, int64_t ib, int64_t ie) {
+  const AttnCtx *a = ctx;
+  int64_t Dh = a->Dh, ld = a->ld, rs = a->KV * Dh;
+  float *pb = a->scratch + (size_t)thread * a->stride, *dpb = pb + RB * ld;
+  for (int64_t i = ib; i < ie; i++) {
+    int64_t b, kvh, t0, t1;
+    item_q(a, i, &b, &kvh, &t0, &t1);
+    int64_t R = (t1 - t0) * a->G, bk = (b * a->KV + kvh) * Dh * ld;
+    const float *kt = a->kT + bk, *vt = a->vT + bk, *kr = a->k + (b * a->S * a->KV + kvh) * Dh;
+    for (int64_t r0 = 0; r0 < R; r0 += RB) {
+      Rows g;
+      rows_at(a, b, kvh, t0, r0, R, 0, a->S, &g);
+      const float *q[RB], *dout[RB];
+      float *p[RB], *dp[RB], *dq[RB];
+      for (int r = 0; r < RB; r++) {
+        q[r] = a->q + g.row[r] * Dh;
+        dout[r] = a->dout + g.row[r] * Dh;
+        dq[r] = a->dq + g.row[r] * Dh;
+        p[r] = pb + r * ld;
+        dp[r] = dpb + r * ld;
+      }
+      int64_t npad = round8(g.nmax);
+      scores4(p, q, kt, ld, Dh, npad);
+      scores4(dp, dout, vt, ld, Dh, npad);
+      for (int r = 0; r < g.nr; r++) {
+        float *st = a->stats + 3 * g.row[r], *pr = p[r];
+        const float *dpr = dp[r];
+        int64_t n = g.n[r];
+        softmax_scaled(pr, n, a->scale, &st[0], &st[1]);
+        float delta = cv_dot(pr, dpr, n);
+        st[2] = delta;
+        for (int64_t s = 0; s < n; s++) pr[s] = pr[s] * (dpr[s] - delta) * a->scale;   /* ds */
+      }
+      for (int r = g.nr; r < RB; r++) p[r] = p[0];
+      pv4(dq, (const float *const *)p, &g, kr, rs, Dh);
+    }
+  }
+}
+
+/* acc[s][d] += sum over the rows r that see key s (s < n_r), in row order, of
+   w[r][s] * x[r][d], for s < nmax */
+CV_HOT static void accumulate_rows(float *acc, const float *const *w, const float *const *x, const Rows *g,
+                                   int64_t Dh) {
+  const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+  for (int64_t s = 0; s < g->nmax; s++) {
+    float *row = acc + s * Dh;
+    int r0 = 0;   /* the rows that see key s are a suffix: n_r grows with r */
+    while (r0 < g->nr && g->n[r0] <= s) r0++;
+    int64_t d = 0;
+    if (r0 == 0 && g->nr == RB) {   /* all four rows see key s (off the causal diagonal) */
+      float w0 = w[0][s], w1 = w[1][s], w2 = w[2][s], w3 = w[3][s];
+      cv_f4 c0 = cv_set4(w0), c1 = cv_set4(w1), c2 = cv_set4(w2), c3 = cv_set4(w3);
+      for (; d + 8 <= Dh; d += 8) {
+        cv_f4 a0 = cv_ld4(row + d), a1 = cv_ld4(row + d + 4);
+        a0 += c0 * cv_ld4(x0 + d);
+        a1 += c0 * cv_ld4(x0 + d + 4);
+        a0 += c1 * cv_ld4(x1 + d);
+        a1 += c1 * cv_ld4(x1 + d + 4);
+        a0 += c2 * cv_ld4(x2 + d);
+        a1 += c2 * cv_ld4(x2 + d + 4);
+        a0 += c3 * cv_ld4(x3 + d);
+        a1 += c3 * cv_ld4(x3 + d + 4);
+        cv_st4(row + d, a0);
+        cv_st4(row + d + 4, a1);
+      }
+      for (; d < Dh; d++) {
+        float a = row[d];
+        a += w0 * x0[d];
+        a += w1 * x1[d];
+        a += w2 * x2[d];
+        a += w3 * x3[d];
+        row[d] = a;
+      }
+      continue;
+    }
+    for (; d + 8 <= Dh; d += 8) {
+      cv_f4 a0 = cv_ld4(row + d), a1 = cv_ld4(row + d + 4);
+      for (int r = r0; r < g->nr; r++) {
+        cv_f4 c = cv_set4(w[r][s]);
+        a0 += c * cv_ld4(x[r] + d);
+        a1 += c * cv_ld4(x[r] + d + 4);
+      }
+      cv_st4(row + d, a0);
+      cv_st4(row + d + 4, a1);
+    }
+    for (; d < Dh; d++)
+      for (int r = r0; r < g->nr; r++) row[d] += w[r][s] * x[r][d];
+  }
+}
+
+static void bwd_kv_items(void *ctx, int thread, int64_t ib, int64_t ie) {
+  const AttnCtx *a = ctx;
+  int64_t Dh = a->Dh, ld = a->ld;
+  float *dK = a->scratch + (size_t)thread * a->stride, *dV = dK + Dh * KB, *pb = dV + Dh * KB, *dpb = pb + RB * KB;
+  for (int64_t i = ib; i < ie; i++) {
+    /* key blocks in order: the first are the heaviest when causal */
+    int64_t kb = i % a->nkb, rest = i / a->nkb, kvh = rest % a->KV, b = rest / a->KV;
+    int64_t s0 = kb * KB, m = s0 + KB < a->S ? KB : a->S - s0, bk = (b * a->KV + kvh) * Dh * ld;
+    const float *kt = a->kT + bk + s0, *vt = a->vT + bk + s0;
+    memset(dK, 0, sizeof(float) * (size_t)(KB * Dh));
+    memset(dV, 0, sizeof(float) * (size_t)(KB * Dh));
+    int64_t t_first = a->causal ? s0 : 0, R = (a->T - t_first) * a->G;
+    for (int64_t r0 = 0; r0 < R; r0 += RB) {
+      Rows g;
+      rows_at(a, b, kvh, t_first, r0, R, s0, m, &g);
+      const float *q[RB], *dout[RB];
+      float *p[RB], *dp[RB];
+      for (int r = 0; r < RB; r++) {
+        q[r] = a->q + g.row[r] * Dh;
+        dout[r] = a->dout + g.row[r] * Dh;
+        p[r] = pb + r * KB;
+        dp[r] = dpb + r * KB;
+      }
+      int64_t npad = round8(g.nmax);
+      scores4(p, q, kt, ld, Dh, npad);
+      scores4(dp, dout, vt, ld, Dh, npad);
+      for (int r = 0; r < g.nr; r++) {
+        const float *st = a->stats + 3 * g.row[r];
+        float *pr = p[r], *dpr = dp[r], delta = st[2];
+        int64_t n = g.n[r];
+        /* the probabilities exactly as pass 1 computed them */
+        for (int64_t s = 0; s < n; s++) pr[s] *= a->scale;
+        cv_exp_sub_sum(pr, pr, st[0], n);
+        cv_div(pr, pr, st[1], n);
+        for (int64_t s = 0; s < n; s++) dpr[s] = pr[s] * (dpr[s] - delta) * a->scale;   /* ds */
+      }
+      accumulate_rows(dV, (const float *const *)p, dout, &g, Dh);
+      accumulate_rows(dK, (const float *const *)dp, q, &g, Dh);
+    }
+    for (int64_t s = 0; s < m; s++) {
+      int64_t off = ((b * a->S + s0 + s) * a->KV + kvh) * Dh;
+      memcpy(a->dk + off, dK + s * Dh, sizeof(float) * (size_t)Dh);
+      memcpy(a->dv + off, dV + s * Dh, sizeof(float) * (size_t)Dh);
+    }
+  }
+}
+
+int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const float *k, const float *v,
+                       float *dq, float *dk, float *dv, int64_t B, int64_t T, int64_t H, int64_t Dh, int64_t S,
+                       int64_t KV, bool causal, float scale, char *err, size_t errlen) {
+  int rc = check_shape(T, H, S, KV, causal, err, errlen);
+  if (rc) return rc;
+  memset(dq, 0, sizeof(float) * (size_t)(B * T * H * Dh));
+  memset(dk, 0, sizeof(float) * (size_t)(B * S * KV * Dh));
+  memset(dv, 0, sizeof(float) * (size_t)(B * S * KV * Dh));
+  if (B * T * H * Dh == 0 || S == 0) return 0;
+  AttnCtx a = {.q = q, .k = k, .v = v, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .B = B, .T = T, .H = H,
+               .Dh = Dh, .S = S, .KV = KV, .G = H / KV, .nqb = (T + QB - 1) / QB, .nkb = (S + KB - 1) / KB,
+               .causal = causal, .scale = scale};
+  a.ld = pick_ld(S);
+  size_t n1 = 2 * RB * (size_t)a.ld, n2 = 2 * (size_t)Dh * KB + 2 * RB * KB;
+  a.stride = cv_stride(n1 > n2 ? n1 : n2);
+  a.scratch = cv_alloc(a.stride * (size_t)tp_size(tp));
+  a.stats = cv_alloc(3 * (size_t)(B * T * H));
+  a.kT = cv_alloc((size_t)(B * KV * Dh * a.ld));
+  a.vT = cv_alloc((size_t)(B * KV * Dh * a.ld));
+  if (!a.scratch || !a.stats || !a.kT || !a.vT) {
+    free(a.scratch);
+    free(a.stats);
+    free(a.kT);
+    free(a.vT);
+    snprintf(err, errlen, "out of memory in attention_grad");
+    return 1;
+  }
+  transpose_kv(tp, &a, k, a.kT);
+  transpose_kv(tp, &a, v, a.vT);
+  tp_run_dynamic(tp, B * KV * a.nqb, 1, bwd_q_items, &a);
+  tp_run_dynamic(tp, B * KV * a.nkb, 1, bwd_kv_items, &a);
+  free(a.scratch);
+  free(a.stats);
+  free(a.kT);
+  free(a.vT);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- rope */
+
+typedef struct {
+  const float *x;
+  float *y, *cs;
+  const double *inv_freq;
+  int64_t T, H, Dh, half, offset, rows;
+  double sign;
+} RopeCtx;
+
+/* cos/sin table [T][2][half], with the reference's angle: (t + offset) * theta^(-2i/Dh) in
+   double, then rounded to float. */
+static void rope_table(void *c, int64_t t0, int64_t t1) {
+  const RopeCtx *r = c;
+  for (int64_t t = t0; t < t1; t++)
+    for (int64_t i = 0; i < r->half; i++) {
+      double angle = (double)(t + r->offset) * r->inv_freq[i];
+      r->cs[2 * t * r->half + i] = (float)cos(angle);
+      r->cs[(2 * t + 1) * r->half + i] = (float)(r->sign * sin(angle));
+    }
+}
+
+static void rope_rows(void *c, int64_t r0, int64_t r1) {
+  const RopeCtx *r = c;
+  int64_t half = r->half, Dh = r->Dh;
+  for (int64_t row = r0; row < r1; row++) {
+    const float *x = r->x + row * Dh, *cs = r->cs + 2 * (((row / r->H) % r->T) * half), *sn = cs + half;
+    float *y = r->y + row * Dh;
+    /* both halves are read before either is written: x and y may be the same buffer */
+    int64_t i = 0;
+    for (; i + CV_W <= half; i += CV_W) {
+      float a[CV_W], b[CV_W], c[CV_W], s[CV_W], lo[CV_W], hi[CV_W];
+      for (int j = 0; j < CV_W; j++) {
+        a[j] = x[i + j];
+        b[j] = x[i + half + j];
+        c[j] = cs[i + j];
+        s[j] = sn[i + j];
+      }
+      for (int j = 0; j < CV_W; j++) {
+        lo[j] = a[j] * c[j] - b[j] * s[j];
+        hi[j] = b[j] * c[j] + a[j] * s[j];
+      }
+      for (int j = 0; j < CV_W; j++) y[i + j] = lo[j];
+      for (int j = 0; j < CV_W; j++) y[i + half + j] = hi[j];
+    }
+    for (; i < half; i++) {
+      float a = x[i], b = x[i + half];
+      y[i] = a * cs[i] - b * sn[i];
+      y[i + half] = b * cs[i] + a * sn[i];
+    }
+    if (Dh % 2) y[Dh - 1] = 0;   /* the reference leaves an odd last element zero */
+  }
+}
+
+int cpu_rope(ThreadPool *tp, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t Dh,
+             int64_t offset, bool inverse, double theta, char *err, size_t errlen) {
+  int64_t half = Dh / 2;
+  RopeCtx r = {.x = x, .y = y, .T = T, .H = H, .Dh = Dh, .half = half, .offset = offset, .rows = B * T * H,
+               .sign = inverse ? -1.0 : 1.0};
+  double *inv = malloc(sizeof(double) * (size_t)(half ? half : 1));
+  r.cs = cv_alloc(2 * (size_t)(T * half));
+  if (!inv || !r.cs) {
+    free(inv);
+    free(r.cs);
+    snprintf(err, errlen, "out of memory in rope");
+    return 1;
+  }
+  for (int64_t i = 0; i < half; i++) inv[i] = pow(theta, -2.0 * (double)i / (double)Dh);
+  r.inv_freq = inv;
+  if (T * half < 4096) rope_table(&r, 0, T);
+  else tp_run(tp, T, rope_table, &r);
+  if (r.rows * Dh < 16384) rope_rows(&r, 0, r.rows);
+  else tp_run(tp, r.rows, rope_rows, &r);
+  free(inv);
+  free(r.cs);
+  return 0;
+}

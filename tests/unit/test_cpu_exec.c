@@ -1,0 +1,417 @@
+/* tests/unit/test_cpu_exec.c — the CPU program executor (runtime/cpu_exec.h) on hand-built
+ * lowered programs.
+ *
+ *  1. A forward program: GEMM (x @ W), a hand-written "JIT" kernel (bias + gelu, its output
+ *     rounded to bf16 by the runtime), layernorm, a batched GEMM with a shared transposed
+ *     operand (stride 0), cross-entropy.  Checked against a direct computation in double:
+ *     the kernel's output must be bf16-representable and within one bf16 step of
+ *     bf16(gelu(x W + b)); everything after it is recomputed from the program's own bf16
+ *     values, so the loss must agree to 1e-5 relative (f32 rounding of sums of 48-80
+ *     terms is ~1e-6).  Runs with 1 and 2 threads must agree bitwise.
+ *  2. Global initialization equals ir's globals_init bitwise (normal, ones, const, zeros,
+ *     f32 and bf16, several shapes and seeds).
+ *  3. A training program (embedding -> cross-entropy, its gradient, AdamW) through the
+ *     Executor interface: the loss falls, parameters and optimizer state are exposed by
+ *     name, a token outside the vocabulary is refused as bad input.
+ *  4. Malformed programs are refused at init with status 2.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/ir.h"
+#include "runtime/cpu_exec.h"
+#include "runtime/cpu_kernels.h"
+
+static int n_pass, n_fail;
+static uint64_t rng = 7;
+
+static void check(bool ok, const char *name, const char *detail) {
+  printf("%s %-40s %s\n", ok ? "ok  " : "FAIL", name, detail ? detail : "");
+  if (ok) n_pass++;
+  else n_fail++;
+}
+
+static double unif(void) {
+  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---------------------------------------------------------------- building programs */
+
+typedef struct {
+  int64_t next[RT_REGION_COUNT];
+} Layout;
+
+static RtBuf buf(Layout *l, RtRegion r, int64_t n, bool is_int, RtRound round) {
+  RtBuf b = {(uint8_t)r, is_int, (uint8_t)round, l->next[r], n};
+  l->next[r] += (4 * n + 63) / 64 * 64;
+  return b;
+}
+
+static RtGlobal global(Layout *l, const char *name, RtRegion r, int rank, const int64_t *shape, RtInitKind init,
+                       double v, RtRound round) {
+  RtGlobal g;
+  memset(&g, 0, sizeof g);
+  snprintf(g.name, sizeof g.name, "%s", name);
+  g.region = r;
+  g.rank = rank;
+  g.n = 1;
+  for (int d = 0; d < rank; d++) g.n *= g.shape[d] = shape[d];
+  g.offset = l->next[r];
+  l->next[r] += (4 * g.n + 63) / 64 * 64;
+  g.init = init;
+  g.init_value = v;
+  g.round = round;
+  return g;
+}
+
+static RtBuf gbuf(const RtGlobal *g) { return (RtBuf){(uint8_t)g->region, 0, g->round, g->offset, g->n}; }
+
+static RtStep step(RtStepKind kind, int which, const char *label, int n_in, int n_out, const RtBuf *bufs,
+                   const int64_t *ints, int n_ints, double f0) {
+  RtStep s;
+  memset(&s, 0, sizeof s);
+  s.kind = kind;
+  s.which = which;
+  s.n_in = n_in;
+  s.n_out = n_out;
+  memcpy(s.bufs, bufs, sizeof(RtBuf) * (size_t)(n_in + n_out));
+  memcpy(s.i, ints, sizeof(int64_t) * (size_t)n_ints);
+  s.f[0] = f0;
+  snprintf(s.label, sizeof s.label, "%s", label);
+  return s;
+}
+#define S(kind, which, label, n_in, n_out, f0, bufs, ...)                                                    \
+  step(kind, which, label, n_in, n_out, (const RtBuf[])bufs, (const int64_t[]){__VA_ARGS__},               \
+       (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), f0)
+#define B(...) {__VA_ARGS__}
+
+/* ---------------------------------------------------------------- 1. forward program */
+
+enum { M = 64, K = 48, N = 80, V = 40 };
+
+static float gelu(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))); }
+
+/* The hand-written "JIT" kernel: out[i] = gelu(h[i] + bias[i % N]). */
+static void k_bias_gelu(char **args, int64_t begin, int64_t end) {
+  const float *h = (const float *)args[0], *bias = (const float *)args[1];
+  float *out = (float *)args[2];
+  for (int64_t i = begin; i < end; i++) out[i] = gelu(h[i] + bias[i % N]);
+}
+
+static void test_forward(void) {
+  Layout l = {{0}};
+  RtGlobal gl[5] = {
+    global(&l, "W", RT_REGION_PARAMS, 2, (int64_t[]){K, N}, RT_INIT_NORMAL, 0.3, RT_ROUND_NONE),
+    global(&l, "bias", RT_REGION_PARAMS, 1, (int64_t[]){N}, RT_INIT_NORMAL, 0.5, RT_ROUND_NONE),
+    global(&l, "ln.w", RT_REGION_PARAMS, 1, (int64_t[]){N}, RT_INIT_ONES, 0, RT_ROUND_NONE),
+    global(&l, "ln.b", RT_REGION_PARAMS, 1, (int64_t[]){N}, RT_INIT_CONST, 0.1, RT_ROUND_NONE),
+    global(&l, "W2", RT_REGION_PARAMS, 2, (int64_t[]){V, N}, RT_INIT_NORMAL, 0.2, RT_ROUND_NONE),
+  };
+  RtBuf x = buf(&l, RT_REGION_ARENA, M * K, 0, 0), tg = buf(&l, RT_REGION_ARENA, M, 1, 0);
+  RtBuf h = buf(&l, RT_REGION_ARENA, M * N, 0, 0), g = buf(&l, RT_REGION_ARENA, M * N, 0, RT_ROUND_BF16);
+  RtBuf z = buf(&l, RT_REGION_ARENA, M * N, 0, 0), lg = buf(&l, RT_REGION_ARENA, M * V, 0, 0);
+  RtBuf loss = buf(&l, RT_REGION_ARENA, M, 0, 0);
+  RtStep steps[5] = {
+    S(RT_STEP_GEMM, 0, "h = x @ W", 2, 1, 0, B(x, gbuf(&gl[0]), h), 1, M, N, K, 0, 0, 0, 0, 0),
+    S(RT_STEP_KERNEL, 0, "bias_gelu", 2, 1, 0, B(h, gbuf(&gl[1]), g), M * N),
+    S(RT_STEP_BUILTIN, RT_B_LAYERNORM, "layernorm", 3, 1, 1e-5, B(g, gbuf(&gl[2]), gbuf(&gl[3]), z), M, N),
+    S(RT_STEP_GEMM, 0, "logits = z @ W2^T", 2, 1, 0, B(z, gbuf(&gl[4]), lg), 2, M / 2, V, N, 0, 1, M / 2 * N, 0,
+      M / 2 * V),
+    S(RT_STEP_BUILTIN, RT_B_CROSS_ENTROPY, "cross_entropy", 2, 1, 0, B(lg, tg, loss), M, V),
+  };
+  RtFunc f;
+  memset(&f, 0, sizeof f);
+  snprintf(f.name, sizeof f.name, "forward");
+  f.n_steps = 5;
+  f.steps = steps;
+  f.arena_bytes = l.next[RT_REGION_ARENA];
+  f.n_args = 2;
+  f.args[0] = x;
+  f.args[1] = tg;
+  f.n_rets = 2;
+  f.rets[0] = loss;
+  f.rets[1] = g;
+  char names[1][32] = {"k_bias_gelu"};
+  RtProgram p = {1, &f, 5, gl, {0, l.next[1], l.next[2], l.next[3]}, 1, names};
+
+  float xs[M * K], out_loss[2][M], out_g[2][M * N];
+  int32_t tgt[M];
+  for (int i = 0; i < M * K; i++) xs[i] = (float)(unif() * 2 - 1);
+  for (int i = 0; i < M; i++) tgt[i] = (int32_t)(unif() * V);
+  void *kfn[1];
+  CpuKernelFn kf = k_bias_gelu;
+  memcpy(&kfn[0], &kf, sizeof kf);
+  char err[1024];
+  CpuProgram cp[2];
+  for (int t = 0; t < 2; t++) {
+    int rc = cpu_program_init(&cp[t], &p, kfn, t + 1, err, sizeof err);
+    if (rc) {
+      check(false, "forward program init", err);
+      return;
+    }
+    cpu_globals_init(&cp[t], 3);
+    void *args[2] = {xs, tgt}, *rets[2] = {out_loss[t], out_g[t]};
+    rc = cpu_program_call(&cp[t], 0, args, rets, err, sizeof err);
+    if (rc) {
+      check(false, "forward program call", err);
+      return;
+    }
+  }
+  /* direct computation */
+  const float *W = cpu_global(&cp[0], 0), *bias = cpu_global(&cp[0], 1), *lw = cpu_global(&cp[0], 2),
+              *lb = cpu_global(&cp[0], 3), *W2 = cpu_global(&cp[0], 4);
+  double gerr = 0, lerr = 0, lmax = 1;
+  bool rounded = true;
+  for (int m = 0; m < M; m++) {
+    const float *gr = out_g[0] + m * N;
+    for (int n = 0; n < N; n++) {
+      double acc = 0;
+      for (int k = 0; k < K; k++) acc += (double)xs[m * K + k] * W[k * N + n];
+      float want = rt_round(RT_ROUND_BF16, gelu((float)acc + bias[n]));
+      uint32_t u;
+      memcpy(&u, &gr[n], 4);
+      if (u & 0xFFFF) rounded = false;
+      gerr = fmax(gerr, fabs(gr[n] - want) / fmax(fabs(want), 1e-3));
+    }
+    double mean = 0, var = 0, z[N], lg[V], mx = -INFINITY, sum = 0;
+    for (int n = 0; n < N; n++) mean += gr[n];
+    mean /= N;
+    for (int n = 0; n < N; n++) var += (gr[n] - mean) * (gr[n] - mean);
+    var /= N;
+    for (int n = 0; n < N; n++) z[n] = (gr[n] - mean) / sqrt(var + 1e-5) * lw[n] + lb[n];
+    for (int v = 0; v < V; v++) {
+      lg[v] = 0;
+      for (int n = 0; n < N; n++) lg[v] += z[n] * W2[v * N + n];
+      mx = fmax(mx, lg[v]);
+    }
+    for (int v = 0; v < V; v++) sum += exp(lg[v] - mx);
+    double want = log(sum) + mx - lg[tgt[m]];
+    lmax = fmax(lmax, fabs(want));
+    lerr = fmax(lerr, fabs(out_loss[0][m] - want));
+  }
+  char msg[256];
+  snprintf(msg, sizeof msg, "bf16 kernel output: max rel err %.2g (one bf16 step is 7.8e-3)", gerr);
+  check(rounded && gerr <= 1.0 / 128, "forward: GEMM + kernel, rounded to bf16", msg);
+  snprintf(msg, sizeof msg, "max err %.2g (bound %.2g)", lerr, 1e-5 * lmax);
+  check(lerr <= 1e-5 * lmax, "forward: layernorm, batched GEMM, loss", msg);
+  check(!memcmp(out_loss[0], out_loss[1], sizeof out_loss[0]) && !memcmp(out_g[0], out_g[1], sizeof out_g[0]),
+        "forward: 1 and 2 threads bitwise equal", NULL);
+  int top[3];
+  int n = cpu_profile_top(&cp[1], 0, top, 3);
+  bool sorted = n == 3;
+  for (int k = 1; k < n; k++) sorted = sorted && cp[1].step_seconds[0][top[k - 1]] >= cp[1].step_seconds[0][top[k]];
+  check(sorted && cp[1].step_runs[0][0] == 1, "profile: slowest steps first", NULL);
+  cpu_program_free(&cp[0]);
+  cpu_program_free(&cp[1]);
+}
+
+/* ---------------------------------------------------------------- 2. globals */
+
+static void test_globals(void) {
+  struct { const char *name; int rank; int64_t shape[3]; InitKind ik; RtInitKind rk; double v; DType dt; } gs[] = {
+    {"transformer.wte.weight", 2, {37, 11}, INIT_NORMAL, RT_INIT_NORMAL, 0.02, DT_F32},
+    {"h.0.ln_1.weight", 1, {11}, INIT_ONES, RT_INIT_ONES, 0, DT_F32},
+    {"h.0.attn.c_attn.bias", 1, {33}, INIT_ZEROS, RT_INIT_ZEROS, 0, DT_F32},
+    {"h.0.mlp.c_fc.weight", 3, {2, 3, 17}, INIT_NORMAL, RT_INIT_NORMAL, 0.5, DT_BF16},
+    {"scale", 1, {5}, INIT_CONST, RT_INIT_CONST, 0.3, DT_BF16},
+    {"odd", 1, {1}, INIT_NORMAL, RT_INIT_NORMAL, 1.0, DT_F32},
+  };
+  int ng = (int)(sizeof gs / sizeof *gs);
+  Module *m = module_new("g");
+  Layout l = {{0}};
+  RtGlobal rg[8];
+  for (int k = 0; k < ng; k++) {
+    module_add_global(m, GLOBAL_PARAM, gs[k].name, type_make(gs[k].dt, gs[k].rank, gs[k].shape),
+                      (Init){gs[k].ik, gs[k].v});
+    rg[k] = global(&l, gs[k].name, RT_REGION_PARAMS, gs[k].rank, gs[k].shape, gs[k].rk, gs[k].v,
+                   gs[k].dt == DT_BF16 ? RT_ROUND_BF16 : RT_ROUND_NONE);
+  }
+  RtProgram p = {0, NULL, ng, rg, {0, l.next[1], 0, 0}, 0, NULL};
+  GlobalStore *st = globals_new(m);
+  CpuProgram cp;
+  char err[512];
+  bool ok = st && !cpu_program_init(&cp, &p, NULL, 1, err, sizeof err);
+  for (uint64_t seed = 0; ok && seed < 3; seed++) {
+    globals_init(m, st, seed * 41);
+    cpu_globals_init(&cp, seed * 41);
+    for (int k = 0; k < ng; k++)
+      if (memcmp(st->t[k]->f, cpu_global(&cp, k), 4 * (size_t)st->t[k]->n)) ok = false;
+  }
+  check(ok, "globals: bitwise equal to ir globals_init", NULL);
+  if (st) cpu_program_free(&cp);
+  globals_free(st);
+  module_free(m);
+}
+
+/* ---------------------------------------------------------------- 3. executor */
+
+enum { TB = 2, TT = 8, TV = 16 };
+
+/* loss[0] = mean of per-token losses (extent 1) */
+static void k_mean(char **args, int64_t begin, int64_t end) {
+  const float *l = (const float *)args[0];
+  float s = 0;
+  for (int i = 0; i < TB * TT; i++) s += l[i];
+  if (begin < end) ((float *)args[1])[0] = s / (TB * TT);
+}
+
+/* grad_norm = sqrt(sum g^2) (extent 1) */
+static void k_norm(char **args, int64_t begin, int64_t end) {
+  const float *g = (const float *)args[0];
+  float s = 0;
+  for (int i = 0; i < TV * TV; i++) s += g[i] * g[i];
+  if (begin < end) ((float *)args[1])[0] = sqrtf(s);
+}
+
+static void test_executor(void) {
+  Layout l = {{0}};
+  RtGlobal gl[4] = {
+    global(&l, "wte", RT_REGION_PARAMS, 2, (int64_t[]){TV, TV}, RT_INIT_NORMAL, 0.5, RT_ROUND_NONE),
+    global(&l, "grad.wte", RT_REGION_GRADS, 2, (int64_t[]){TV, TV}, RT_INIT_ZEROS, 0, RT_ROUND_NONE),
+    global(&l, "adam_m.wte", RT_REGION_OPTIM, 2, (int64_t[]){TV, TV}, RT_INIT_ZEROS, 0, RT_ROUND_NONE),
+    global(&l, "adam_v.wte", RT_REGION_OPTIM, 2, (int64_t[]){TV, TV}, RT_INIT_ZEROS, 0, RT_ROUND_NONE),
+  };
+  int64_t n = TB * TT;
+  Layout la = {{0}};
+  RtBuf tok = buf(&la, RT_REGION_ARENA, n, 1, 0), tg = buf(&la, RT_REGION_ARENA, n, 1, 0);
+  RtBuf lg = buf(&la, RT_REGION_ARENA, n * TV, 0, 0), losses = buf(&la, RT_REGION_ARENA, n, 0, 0);
+  RtBuf loss = buf(&la, RT_REGION_ARENA, 1, 0, 0), dl = buf(&la, RT_REGION_ARENA, n, 0, 0);
+  RtBuf dlg = buf(&la, RT_REGION_ARENA, n * TV, 0, 0), dw = buf(&la, RT_REGION_ARENA, TV * TV, 0, 0);
+  RtBuf W = gbuf(&gl[0]), G = gbuf(&gl[1]), Mm = gbuf(&gl[2]), Vv = gbuf(&gl[3]);
+  RtStep gs[7] = {
+    S(RT_STEP_BUILTIN, RT_B_EMBEDDING, "embedding", 2, 1, 0, B(W, tok, lg), n, TV, TV),
+    S(RT_STEP_BUILTIN, RT_B_CROSS_ENTROPY, "ce", 2, 1, 0, B(lg, tg, losses), n, TV),
+    S(RT_STEP_KERNEL, 0, "mean", 1, 1, 0, B(losses, loss), 1),
+    S(RT_STEP_BUILTIN, RT_B_FILL, "dloss", 0, 1, 1.0 / (double)n, B(dl), n),
+    S(RT_STEP_BUILTIN, RT_B_CROSS_ENTROPY_GRAD, "ce_grad", 3, 1, 0, B(dl, lg, tg, dlg), n, TV),
+    S(RT_STEP_BUILTIN, RT_B_EMBEDDING_GRAD, "emb_grad", 2, 1, 0, B(dlg, tok, dw), n, TV, TV),
+    S(RT_STEP_BUILTIN, RT_B_ACCUMULATE, "acc", 2, 0, 0, B(G, dw), TV * TV),
+  };
+  Layout lo = {{0}};
+  RtBuf lr = buf(&lo, RT_REGION_ARENA, 1, 0, 0), t = buf(&lo, RT_REGION_ARENA, 1, 0, 0);
+  RtBuf one = buf(&lo, RT_REGION_ARENA, 1, 0, 0), gn = buf(&lo, RT_REGION_ARENA, 1, 0, 0);
+  RtStep os[4] = {
+    S(RT_STEP_KERNEL, 1, "norm", 1, 1, 0, B(G, gn), 1),
+    S(RT_STEP_BUILTIN, RT_B_FILL, "one", 0, 1, 1.0, B(one), 1),
+    S(RT_STEP_BUILTIN, RT_B_ADAMW, "adamw", 7, 0, 0.9, B(W, Mm, Vv, G, one, lr, t), TV * TV),
+    S(RT_STEP_BUILTIN, RT_B_FILL, "zero grad", 0, 1, 0, B(G), TV * TV),
+  };
+  os[2].f[1] = 0.95;
+  os[2].f[2] = 1e-8;
+  os[2].f[3] = 0.0;
+  RtFunc f[2];
+  memset(f, 0, sizeof f);
+  snprintf(f[0].name, sizeof f[0].name, "grad_step");
+  f[0].n_steps = 7;
+  f[0].steps = gs;
+  f[0].arena_bytes = la.next[0];
+  f[0].n_args = 2;
+  f[0].args[0] = tok;
+  f[0].args[1] = tg;
+  f[0].n_rets = 1;
+  f[0].rets[0] = loss;
+  snprintf(f[1].name, sizeof f[1].name, "optimizer_step");
+  f[1].n_steps = 4;
+  f[1].steps = os;
+  f[1].arena_bytes = lo.next[0];
+  f[1].n_args = 2;
+  f[1].args[0] = lr;
+  f[1].args[1] = t;
+  f[1].n_rets = 1;
+  f[1].rets[0] = gn;
+  char names[2][32] = {"k_mean", "k_norm"};
+  RtProgram p = {2, f, 4, gl, {0, l.next[1], l.next[2], l.next[3]}, 2, names};
+  void *kfn[2];
+  CpuKernelFn k0 = k_mean, k1 = k_norm;
+  memcpy(&kfn[0], &k0, sizeof k0);
+  memcpy(&kfn[1], &k1, sizeof k1);
+  CpuProgram cp;
+  CpuExecutor ce;
+  char err[1024];
+  if (cpu_program_init(&cp, &p, kfn, 2, err, sizeof err) || cpu_executor_init(&ce, &cp, err, sizeof err) ||
+      cpu_executor_set_shape(&ce, TB, TT, err, sizeof err)) {
+    check(false, "executor init", err);
+    return;
+  }
+  cpu_globals_init(&cp, 1);
+  Executor *ex = &ce.ex;
+  int32_t in[TB * TT], out[TB * TT];
+  for (int i = 0; i < n; i++) {   /* a fixed next-token map: learnable */
+    in[i] = (int32_t)(unif() * TV);
+    out[i] = (in[i] * 5 + 3) % TV;
+  }
+  float first = 0, last = 0, gnorm = 0;
+  int rc = 0;
+  for (int s = 1; s <= 60 && !rc; s++) {
+    rc = ex->grad_step(ex->self, in, out, &last, err, sizeof err);
+    if (!rc) rc = ex->optimizer_step(ex->self, 0.05f, (float)s, &gnorm, err, sizeof err);
+    if (s == 1) first = last;
+  }
+  char msg[256];
+  snprintf(msg, sizeof msg, "loss %.4f -> %.4f, last grad norm %.3g", first, last, gnorm);
+  check(!rc && last < 0.5f * first && gnorm > 0, "executor: training lowers the loss", rc ? err : msg);
+  check(ex->n_params == 1 && !strcmp(ex->params[0].name, "wte") && ex->params[0].rank == 2 &&
+          ex->params[0].shape[1] == TV && ex->params[0].data == cpu_global(&cp, 0) && ex->n_state == 2 &&
+          !strcmp(ex->state[1].name, "adam_v.wte") && ex->batch == TB && ex->seq == TT,
+        "executor: params and state by name", NULL);
+  in[3] = TV;   /* outside the vocabulary */
+  rc = ex->grad_step(ex->self, in, out, &last, err, sizeof err);
+  check(rc == 2 && strstr(err, "outside the vocabulary") && strstr(err, "embedding"), "executor: bad token refused",
+        err);
+  cpu_executor_free(&ce);
+  cpu_program_free(&cp);
+}
+
+/* ---------------------------------------------------------------- 4. malformed programs */
+
+static void test_malformed(void) {
+  Layout l = {{0}};
+  RtBuf a = buf(&l, RT_REGION_ARENA, 64, 0, 0), b = buf(&l, RT_REGION_ARENA, 64, 0, 0);
+  RtStep st[1] = {S(RT_STEP_BUILTIN, RT_B_SOFTMAX, "softmax", 1, 1, 0, B(a, b), 8, 8)};
+  RtFunc f;
+  memset(&f, 0, sizeof f);
+  snprintf(f.name, sizeof f.name, "f");
+  f.n_steps = 1;
+  f.steps = st;
+  f.arena_bytes = l.next[0];
+  RtProgram p = {1, &f, 0, NULL, {0}, 0, NULL};
+  CpuProgram cp;
+  char err[512];
+  int rc = cpu_program_init(&cp, &p, NULL, 1, err, sizeof err);
+  check(rc == 0, "malformed: the well-formed base is accepted", err);
+  if (!rc) cpu_program_free(&cp);
+  struct { const char *name, *want; } cases[] = {
+    {"buffer outside the arena", "outside its region"},
+    {"builtin sizes disagree", "expected"},
+    {"unknown kernel", "no kernel"},
+    {"GEMM operand too small", "outside its buffer"},
+  };
+  for (int k = 0; k < 4; k++) {
+    RtStep s = st[0];
+    if (k == 0) s.bufs[1].offset = 1 << 20;
+    if (k == 1) s.i[1] = 9;
+    if (k == 2) s.kind = RT_STEP_KERNEL, s.which = 3;
+    if (k == 3) s = S(RT_STEP_GEMM, 0, "gemm", 2, 1, 0, B(a, a, b), 1, 8, 8, 9, 0, 0, 0, 0, 0);
+    f.steps = &s;
+    rc = cpu_program_init(&cp, &p, NULL, 1, err, sizeof err);
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", err);
+    check(rc == 2 && strstr(err, cases[k].want), cases[k].name, msg);
+    if (!rc) cpu_program_free(&cp);
+  }
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  test_forward();
+  test_globals();
+  test_executor();
+  test_malformed();
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
+}

@@ -1,0 +1,50 @@
+/* tools/exec_cpu.c — the CPU backend behind eval, train and compiled executables. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/exec_cpu.h"
+#include "tools/tools.h"
+
+int cpu_backend_load(CpuBackend *b, const unsigned char *prog, size_t n, const char *llvm, int threads, char *err,
+                     size_t errlen) {
+  memset(b, 0, sizeof *b);
+  int rc = rt_program_load(prog, n, &b->prog, err, errlen);
+  if (rc) return rc;
+  b->llvm = strdup(llvm);
+  b->fns = calloc((size_t)b->prog.n_kernels + 1, sizeof(void *));
+  const char **syms = calloc((size_t)b->prog.n_kernels + 1, sizeof(char *));
+  if (!b->llvm || !b->fns || !syms) {
+    free(syms);
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  for (int k = 0; k < b->prog.n_kernels; k++) syms[k] = b->prog.kernel_names[k];
+  rc = b->prog.n_kernels ? jit_load(b->llvm, syms, b->prog.n_kernels, b->fns, &b->jit, err, errlen) : 0;
+  free(syms);
+  if (rc) return rc;
+  rc = cpu_program_init(&b->cp, &b->prog, b->fns, threads, err, errlen);
+  b->have_cp = rc == 0;
+  return rc;
+}
+
+int cpu_backend_init_params(CpuBackend *b, uint64_t seed, const char *init, char *err, size_t errlen) {
+  cpu_globals_init(&b->cp, seed);
+  return init ? load_weights_rt(&b->prog, &b->cp, init, err, errlen) : 0;
+}
+
+int cpu_backend_executor(CpuBackend *b, int64_t batch, int64_t seq, char *err, size_t errlen) {
+  int rc = cpu_executor_init(&b->ce, &b->cp, err, errlen);
+  if (!rc) rc = cpu_executor_set_shape(&b->ce, batch, seq, err, errlen);
+  b->have_ce = rc == 0;
+  return rc;
+}
+
+void cpu_backend_free(CpuBackend *b) {
+  if (b->have_ce) cpu_executor_free(&b->ce);
+  if (b->have_cp) cpu_program_free(&b->cp);
+  if (b->jit) jit_free(b->jit);
+  rt_program_free(&b->prog);
+  free(b->fns);
+  free(b->llvm);
+  memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,31 @@
+/* tools/train_lower.c — training on the cpu backend from a module: lower it (codegen/cpu),
+   then run the bytes a compiled executable would carry.  Only `loom` links this: compiled
+   executables start from those bytes and need no compiler. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cpu/cpu.h"
+#include "tools/exec_cpu.h"
+#include "tools/tools.h"
+
+int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+  CpuBackend b;
+  unsigned char *bytes = NULL;
+  size_t n = 0;
+  char *llvm = NULL;
+  RtProgram prog;
+  memset(&b, 0, sizeof b);
+  int rc = cpu_lower(m, &prog, &llvm, err, errlen);
+  if (!rc) {
+    rc = rt_program_save(&prog, &bytes, &n, err, errlen);
+    rt_program_free(&prog);
+  }
+  if (!rc) rc = cpu_backend_load(&b, bytes, n, llvm, plan->threads, err, errlen);
+  if (!rc) rc = cpu_backend_init_params(&b, plan->seed, plan->init, err, errlen);
+  if (!rc) rc = cpu_backend_executor(&b, plan->batch, plan->seq, err, errlen);
+  if (!rc) rc = train_and_write(&b.ce.ex, plan, err, errlen);
+  cpu_backend_free(&b);
+  free(bytes);
+  free(llvm);
+  return rc;
+}
