@@ -51,7 +51,7 @@ extern const char demo_text[], demo_text_end[];
 static const char demo_spec[] =
   "{\"model\": {\"model_type\": \"gpt2\", \"vocab_size\": 256, \"n_positions\": 64, \"n_embd\": 64,\n"
   "             \"n_layer\": 2, \"n_head\": 4},\n"
-  " \"batch\": 8, \"seq\": 64, \"steps\": 150, \"lr\": 3e-3, \"min_lr\": 3e-4, \"warmup\": 10,\n"
+  " \"batch\": 16, \"seq\": 64, \"steps\": 400, \"lr\": 3e-3, \"min_lr\": 3e-4, \"warmup\": 20,\n"
   " \"data\": \"demo.bin\"}\n";
 
 static int write_demo(char *dir, char *spec_path, size_t n, char *err, size_t errlen) {
