@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "codegen/cpu/cpu.h"
+#include "runtime/jit.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -22,6 +24,8 @@ static const char help[] =
   "  --time-passes          print the time each pass took\n"
   "  --memory               print the memory plan (parameters, gradients, optimizer state,\n"
   "                         activations, workspace) instead of the IR; runs memory-plan if needed\n"
+  "  --emit=llvm            print the LLVM IR of the kernel funcs (after fuse) instead of the IR;\n"
+  "  --emit=llvm-opt        the same after LLVM's O2 for this CPU (shows the vectorized loops)\n"
   "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
   "                         instead of the IR\n"
   "  --rank=R               print the program of rank R (SPMD: every rank runs the same\n"
@@ -43,6 +47,7 @@ static const char help[] =
 int cmd_ir(int argc, char **argv) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
   bool memory = false, collectives = false;
+  const char *emit = NULL;
   long rank = -1;
   const char *overrides[8];
   char override_buf[8][128];
@@ -61,6 +66,11 @@ int cmd_ir(int argc, char **argv) {
     if (arg_flag(a, "--time-passes")) { opt.time_passes = true; continue; }
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
+    if ((r = arg_value(argc, argv, &i, "--emit", &v))) {
+      if (r < 0 || (strcmp(v, "llvm") && strcmp(v, "llvm-opt"))) return usage_error("ir", "--emit takes llvm or llvm-opt");
+      emit = v;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--rank", &v))) {
       char *end;
       rank = r < 0 ? -1 : strtol(v, &end, 10);
@@ -140,6 +150,22 @@ int cmd_ir(int argc, char **argv) {
   opt.train = &ts;
   rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);
   if (rc) {
+    module_free(in.m);
+    return report(rc, err);
+  }
+  if (emit) {
+    char *text = NULL, *opt_text = NULL;
+    bool any = false;
+    for (int i = 0; i < in.m->funcs.n; i++) any |= ((Func *)in.m->funcs.items[i])->is_kernel;
+    if (!any) {
+      module_free(in.m);
+      return usage_error("ir", "--emit=%s prints the kernels of a fused module: add fuse to --passes (e.g. --passes=train,lower)", emit);
+    }
+    rc = cpu_emit_llvm(in.m, &text, err, sizeof err);
+    if (!rc && !strcmp(emit, "llvm-opt")) rc = jit_optimize_ir(text, &opt_text, err, sizeof err);
+    if (!rc) fputs(opt_text ? opt_text : text, stdout);
+    free(text);
+    free(opt_text);
     module_free(in.m);
     return report(rc, err);
   }

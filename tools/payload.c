@@ -72,7 +72,7 @@ int payload_read_self(Payload *p, char *err, size_t errlen) {
     free(p->file);
     p->file = NULL;
     snprintf(err, errlen, "this executable carries no compiled model: it is the bare runner that 'loom compile' "
-             "copies; make a training executable with 'loom compile SPEC -o EXE'");
+             "copies, or the file was changed after compiling; make one with 'loom compile SPEC -o EXE'");
     return EXIT_USAGE;
   }
   const uint8_t *at = bin + off, *end = bin + off + size;
