@@ -21,10 +21,15 @@ typedef enum { RT_REGION_ARENA, RT_REGION_PARAMS, RT_REGION_GRADS, RT_REGION_OPT
 /* Rounding applied to a float buffer when a step writes it (emulates narrow dtypes). */
 typedef enum { RT_ROUND_NONE, RT_ROUND_BF16, RT_ROUND_F16, RT_ROUND_F8E4M3, RT_ROUND_F8E5M2 } RtRound;
 
+/* How a buffer's elements are stored.  The CPU backend stores every float as f32 (and
+   emulates narrow dtypes with RtBuf.round); the CUDA backend stores each dtype natively. */
+typedef enum { RT_ST_F32, RT_ST_I32, RT_ST_BF16, RT_ST_F16, RT_ST_F8E4M3, RT_ST_F8E5M2 } RtStorage;
+
 typedef struct {
   uint8_t region;      /* RtRegion */
-  uint8_t is_int;      /* 1: int32 elements (token ids), 0: f32 */
+  uint8_t is_int;      /* 1: int32 elements (token ids), 0: float */
   uint8_t round;       /* RtRound, for outputs */
+  uint8_t storage;     /* RtStorage: f32/i32 on the CPU */
   int64_t offset;      /* bytes from the region's start (64-byte aligned) */
   int64_t n;           /* elements */
 } RtBuf;

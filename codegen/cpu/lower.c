@@ -78,6 +78,7 @@ static int buf_of(Lower *L, const Value *v, RtBuf *b) {
   b->n = type_numel(&v->type);
   b->is_int = !dtype_is_float(v->type.dtype);
   b->round = round_of(v->type.dtype);
+  b->storage = b->is_int ? RT_ST_I32 : RT_ST_F32;   /* the CPU holds floats as f32 */
   if (v->kind == VAL_GLOBAL) {
     b->region = (uint8_t)L->global_region[v->global->index];
     b->offset = L->global_offset[v->global->index];

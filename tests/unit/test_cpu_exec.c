@@ -47,7 +47,7 @@ typedef struct {
 } Layout;
 
 static RtBuf buf(Layout *l, RtRegion r, int64_t n, bool is_int, RtRound round) {
-  RtBuf b = {(uint8_t)r, is_int, (uint8_t)round, l->next[r], n};
+  RtBuf b = {(uint8_t)r, is_int, (uint8_t)round, is_int ? RT_ST_I32 : RT_ST_F32, l->next[r], n};
   l->next[r] += (4 * n + 63) / 64 * 64;
   return b;
 }
@@ -69,7 +69,7 @@ static RtGlobal global(Layout *l, const char *name, RtRegion r, int rank, const 
   return g;
 }
 
-static RtBuf gbuf(const RtGlobal *g) { return (RtBuf){(uint8_t)g->region, 0, g->round, g->offset, g->n}; }
+static RtBuf gbuf(const RtGlobal *g) { return (RtBuf){(uint8_t)g->region, 0, g->round, RT_ST_F32, g->offset, g->n}; }
 
 static RtStep step(RtStepKind kind, int which, const char *label, int n_in, int n_out, const RtBuf *bufs,
                    const int64_t *ints, int n_ints, double f0) {

@@ -170,7 +170,8 @@ static void run(Case *c, const char *name, double tol) {
   }
   for (int k = 0; k < c->nb; k++) {
     const Type *t = &c->buf[k].v->type;
-    c->st.bufs[k] = (RtBuf){0, !dtype_is_float(t->dtype), (uint8_t)round_of(t->dtype), 0, type_numel(t)};
+    c->st.bufs[k] = (RtBuf){0, !dtype_is_float(t->dtype), (uint8_t)round_of(t->dtype),
+                             dtype_is_float(t->dtype) ? RT_ST_F32 : RT_ST_I32, 0, type_numel(t)};
   }
   snprintf(c->st.label, sizeof c->st.label, "%s", name);
   c->gs = globals_new(c->m);
