@@ -81,8 +81,15 @@ typedef struct {
   int64_t i[RT_MAX_INTS];
   double f[4];
   char label[96];            /* for messages and traces: "layernorm %h0.ln_1" */
+  uint32_t grid[3], block[3], smem;   /* CUDA launch (codegen/cuda); unused on the CPU */
 } RtStep;
-/* RT_STEP_KERNEL: kernels have the signature
+/* On CUDA every step that is not a GEMM is RT_STEP_KERNEL (fused kernels and builtins
+   alike): `which` names a kernel of the program's CUDA module, with the signature
+     extern "C" __global__ void kernel(LoomArgs a)
+     struct LoomArgs { void *buf[RT_MAX_BUFS]; long long i[RT_MAX_INTS]; double f[4]; };
+   filled from the step (device addresses of bufs, then i[] and f[] as they are), launched
+   with grid/block/smem.  Buffers hold their RtBuf.storage natively.
+   RT_STEP_KERNEL on the CPU: kernels have the signature
      void kernel(char **args, int64_t begin, int64_t end)
    args[] are the buffers' addresses (inputs then outputs); the kernel computes the part
    [begin, end) of its parallel extent i[0], so the runtime can split it across threads.
