@@ -30,6 +30,11 @@ static Value *param_l(Graph *g, const char *fmt, int layer, Type t, Init init) {
   return param(g, name, t, init);
 }
 
+static void hf_shape(Value *param, int rank, const int64_t *dims) {
+  param->global->hf_rank = rank;
+  memcpy(param->global->hf_dims, dims, sizeof(int64_t) * (size_t)rank);
+}
+
 static Value *reshape(Graph *g, Value *x, int rank, const int64_t *dims, const char *name) {
   return build_typed(&g->b, OP_RESHAPE, x, type_make(x->type.dtype, rank, dims), name);
 }
@@ -55,15 +60,6 @@ static Value *slice(Graph *g, Value *x, const int64_t *start, const int64_t *end
   op_set_ints(g->m, op, "start", start, x->type.rank);
   op_set_ints(g->m, op, "end", end, x->type.rank);
   return build_end(&g->b, name);
-}
-
-/* x[..., from:to] */
-static Value *slice_last(Graph *g, Value *x, int64_t from, int64_t to, const char *name) {
-  int64_t start[IR_MAX_RANK] = {0}, end[IR_MAX_RANK];
-  for (int d = 0; d < x->type.rank; d++) end[d] = x->type.dims[d];
-  start[x->type.rank - 1] = from;
-  end[x->type.rank - 1] = to;
-  return slice(g, x, start, end, name);
 }
 
 static Value *attention(Graph *g, Value *q, Value *k, Value *v, const char *name) {
@@ -102,8 +98,13 @@ static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
   for (int l = 0; l < c->n_layer; l++) {
     Value *ln1w = param_l(g, "h.%d.ln_1.weight", l, t1(D), ones);
     Value *ln1b = param_l(g, "h.%d.ln_1.bias", l, t1(D), zeros);
-    Value *attw = param_l(g, "h.%d.attn.c_attn.weight", l, t2(D, 3 * D), w);
-    Value *attb = param_l(g, "h.%d.attn.c_attn.bias", l, t1(3 * D), zeros);
+    /* c_attn is [D,3D] in checkpoints, [D,3,D] here (same bytes): a split of the last dim
+       across ranks then keeps whole heads of q, k and v together. */
+    int64_t d3d[] = {D, 3, D}, d3[] = {3, D};
+    Value *attw = param_l(g, "h.%d.attn.c_attn.weight", l, type_make(DT_F32, 3, d3d), w);
+    Value *attb = param_l(g, "h.%d.attn.c_attn.bias", l, type_make(DT_F32, 2, d3), zeros);
+    hf_shape(attw, 2, (int64_t[]){D, 3 * D});
+    hf_shape(attb, 1, (int64_t[]){3 * D});
     Value *prw = param_l(g, "h.%d.attn.c_proj.weight", l, t2(D, D), proj);
     Value *prb = param_l(g, "h.%d.attn.c_proj.bias", l, t1(D), zeros);
     Value *ln2w = param_l(g, "h.%d.ln_2.weight", l, t1(D), ones);
@@ -114,10 +115,14 @@ static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
     Value *mpb = param_l(g, "h.%d.mlp.c_proj.bias", l, t1(D), zeros);
 
     Value *h = norm(g, x, ln1w, ln1b, nm(g, "h%d.ln_1", l));
-    Value *qkv = linear(g, h, attw, attb, false, nm(g, "h%d.qkv", l));           /* [B,T,3D] */
-    Value *q = reshape(g, slice_last(g, qkv, 0, D, NULL), 4, bthd, nm(g, "h%d.q", l));
-    Value *k = reshape(g, slice_last(g, qkv, D, 2 * D, NULL), 4, bthd, nm(g, "h%d.k", l));
-    Value *v = reshape(g, slice_last(g, qkv, 2 * D, 3 * D, NULL), 4, bthd, nm(g, "h%d.v", l));
+    Value *qkv[3];
+    for (int j = 0; j < 3; j++) {   /* q, k, v: x @ c_attn[:, j, :] + bias[j] */
+      int64_t ws[] = {0, j, 0}, we[] = {D, j + 1, D}, bs[] = {j, 0}, be[] = {j + 1, D}, dd[] = {D, D};
+      Value *wj = reshape(g, slice(g, attw, ws, we, NULL), 2, dd, NULL);
+      Value *bj = reshape(g, slice(g, attb, bs, be, NULL), 1, &D, NULL);
+      qkv[j] = reshape(g, linear(g, h, wj, bj, false, NULL), 4, bthd, nm(g, j == 0 ? "h%d.q" : j == 1 ? "h%d.k" : "h%d.v", l));
+    }
+    Value *q = qkv[0], *k = qkv[1], *v = qkv[2];
     Value *a = attention(g, q, k, v, nm(g, "h%d.attn", l));                     /* [B,T,H,Dh] */
     a = linear(g, reshape(g, a, 3, btd, NULL), prw, prb, false, nm(g, "h%d.attn_out", l));
     x = build2(&g->b, OP_ADD, x, a, nm(g, "h%d.x_attn", l));

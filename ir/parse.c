@@ -554,6 +554,26 @@ static int parse_global(Parser *ps) {
   }
   Global *g = module_add_global(ps->m, kind, name, t, init);
   map_put(&ps->globals, g->name, g);
+  if (tok_word(ps, "as")) {   /* the shape in checkpoints: same elements, another shape */
+    next(ps);
+    Tok at = ps->tok;
+    if (expect(ps, TK_LBRACK, "'[' starting the checkpoint shape")) return IR_EINPUT;
+    int64_t numel = 1;
+    while (!tok_is(ps, TK_RBRACK)) {
+      if (g->hf_rank == IR_MAX_RANK) return error_at(ps, &ps->tok, "too many dimensions");
+      if (parse_int(ps, &g->hf_dims[g->hf_rank], "a dimension size")) return IR_EINPUT;
+      if (g->hf_dims[g->hf_rank] < 0) return error_at(ps, &at, "dimension sizes cannot be negative");
+      numel *= g->hf_dims[g->hf_rank++];
+      if (!tok_is(ps, TK_RBRACK) && expect(ps, TK_COMMA, "',' or ']'")) return IR_EINPUT;
+    }
+    next(ps);
+    Type whole = t;
+    if (ps->m->local)
+      for (int a = 0; a < AX_COUNT; a++)
+        if (whole.sh.kind[a] == SH_S) whole.dims[whole.sh.dim[a]] *= ps->m->mesh.size[a];
+    if (g->hf_rank == 0 || numel != type_numel(&whole))
+      return error_at(ps, &at, "the checkpoint shape must hold as many elements as the type");
+  }
   return 0;
 }
 

@@ -193,6 +193,11 @@ void print_module(FILE *out, const Module *m) {
     type_fprint(out, &g->value->type);
     fputs(" = ", out);
     print_init(out, &g->init);
+    if (g->hf_rank) {
+      fputs(" as [", out);
+      for (int d = 0; d < g->hf_rank; d++) fprintf(out, d ? ",%lld" : "%lld", (long long)g->hf_dims[d]);
+      fputc(']', out);
+    }
     fputc('\n', out);
   }
   for (int i = 0; i < m->funcs.n; i++) {

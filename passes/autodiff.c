@@ -394,7 +394,11 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     Type gt = p->value->type;
     gt.dtype = DT_F32;
     Global *acc = module_find_global(m, name);
-    if (!acc) acc = module_add_global(m, GLOBAL_STATE, name, gt, (Init){INIT_ZEROS, 0});
+    if (!acc) {
+      acc = module_add_global(m, GLOBAL_STATE, name, gt, (Init){INIT_ZEROS, 0});
+      acc->hf_rank = p->hf_rank;
+      memcpy(acc->hf_dims, p->hf_dims, sizeof acc->hf_dims);
+    }
     Value *g = ad.gadj[i];
     if (!g) continue;   /* the loss does not depend on it: its gradient stays zero */
     if (g->type.dtype != DT_F32) g = typed(&ad, OP_CAST, g, gt);

@@ -27,7 +27,10 @@ static Global *state(Module *m, const char *prefix, const Global *p) {
   if (g) return g;
   Type t = p->value->type;
   t.dtype = DT_F32;
-  return module_add_global(m, GLOBAL_STATE, name, t, (Init){INIT_ZEROS, 0});
+  g = module_add_global(m, GLOBAL_STATE, name, t, (Init){INIT_ZEROS, 0});
+  g->hf_rank = p->hf_rank;   /* checkpoints hold moments in the parameter's checkpoint shape */
+  memcpy(g->hf_dims, p->hf_dims, sizeof g->hf_dims);
+  return g;
 }
 
 static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
@@ -89,7 +92,9 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     op_set_float(op, "beta1", ts->beta1);
     op_set_float(op, "beta2", ts->beta2);
     op_set_float(op, "eps", ts->eps);
-    op_set_float(op, "weight_decay", p->value->type.rank >= 2 ? ts->weight_decay : 0.0);
+    /* Decay matrices, not vectors: by the rank PyTorch sees (the checkpoint shape). */
+    int rank = p->hf_rank ? p->hf_rank : p->value->type.rank;
+    op_set_float(op, "weight_decay", rank >= 2 ? ts->weight_decay : 0.0);
     build_end(&b, NULL);
     /* The new values go back to the parameter and its moments; the gradient is zeroed. */
     Value *dst[3] = {p->value, mom, var};

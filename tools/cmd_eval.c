@@ -162,7 +162,8 @@ int cmd_eval(int argc, char **argv) {
   TokShard shard;
   memset(&shard, 0, sizeof shard);
   Tensor *args[2] = {0}, *rets[2] = {0}, *grad_loss = NULL;
-  Tensor **outs = NULL;
+  Tensor **outs = NULL, *views[1024];
+  int n_views = 0;
   const char **names = NULL;
 
   /* With --grads the autodiff pass adds @grad_step; the precision of the spec applies. */
@@ -219,12 +220,21 @@ int cmd_eval(int argc, char **argv) {
       const Global *gl = m->globals.items[i];
       if (gl->kind == GLOBAL_STATE && !strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) {
         names[n_out] = gl->name;
-        outs[n_out++] = g->t[i];
+        outs[n_out] = g->t[i];
+        if (gl->hf_rank) {   /* written in the checkpoint shape: a view with that type */
+          Tensor *v = malloc(sizeof *v);
+          *v = *g->t[i];
+          v->type.rank = gl->hf_rank;
+          memcpy(v->type.dims, gl->hf_dims, sizeof v->type.dims);
+          outs[n_out] = views[n_views++] = v;
+        }
+        n_out++;
       }
     }
   }
   if (out) rc = write_tensors(out, names, outs, n_out, err, sizeof err);
 done:
+  for (int k = 0; k < n_views; k++) free(views[k]);   /* views share the store's data */
   free(outs);
   free(names);
   tensor_free(grad_loss);

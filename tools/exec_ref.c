@@ -207,6 +207,10 @@ static int optimizer_step(void *self, float lr, float t, float *grad_norm, char 
 static RtTensor view(const Global *gl, Tensor *t) {
   RtTensor v = {gl->name, t->type.rank, {0}, t->f};
   for (int d = 0; d < t->type.rank; d++) v.shape[d] = t->type.dims[d];
+  if (gl->hf_rank) {   /* checkpoints and --out use the checkpoint shape */
+    v.rank = gl->hf_rank;
+    for (int d = 0; d < gl->hf_rank; d++) v.shape[d] = gl->hf_dims[d];
+  }
   return v;
 }
 

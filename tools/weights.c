@@ -120,7 +120,9 @@ int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, s
       break;
     }
     Tensor *t = g->t[i];
-    if ((rc = shape_mismatch(path, st, t->type.rank, t->type.dims, err, errlen))) break;
+    if ((rc = shape_mismatch(path, st, gl->hf_rank ? gl->hf_rank : t->type.rank, gl->hf_rank ? gl->hf_dims : t->type.dims,
+                             err, errlen)))
+      break;
     rc = convert(st, t, path, err, errlen);
     used++;
   }

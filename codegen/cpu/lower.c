@@ -455,6 +455,10 @@ int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, s
     rg->n = type_numel(t);
     rg->rank = t->rank;
     for (int d = 0; d < t->rank; d++) rg->shape[d] = t->dims[d];
+    if (g->hf_rank) {   /* the outside world (checkpoints, --out) sees the checkpoint shape */
+      rg->rank = g->hf_rank;
+      for (int d = 0; d < g->hf_rank; d++) rg->shape[d] = g->hf_dims[d];
+    }
     static const RtInitKind kinds[] = {[INIT_ZEROS] = RT_INIT_ZEROS, [INIT_ONES] = RT_INIT_ONES,
                                        [INIT_NORMAL] = RT_INIT_NORMAL, [INIT_CONST] = RT_INIT_CONST};
     rg->init = kinds[g->init.kind];
