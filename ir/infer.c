@@ -240,6 +240,20 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     r = type_make(DT_F32, t->rank, t->dims);
     break;
   }
+  case OP_TARGET_PICK: {
+    const Type *t = &op->operands[1]->type;
+    if (!dtype_is_float(x->dtype) || x->rank < 1 || !is_int_dtype(t->dtype) || t->rank != x->rank - 1 ||
+        memcmp(t->dims, x->dims, sizeof(int64_t) * (size_t)t->rank))
+      return fail(err, errlen, "target_pick needs x[...,V] and integer targets[...]: %s and %s", TS(x), TS(t));
+    r = type_make(x->dtype, t->rank, t->dims);
+    break;
+  }
+  case OP_ONEHOT:
+    r = op->results[0]->type;
+    if (!is_int_dtype(x->dtype) || r.rank != x->rank + 1 || memcmp(r.dims, x->dims, sizeof(int64_t) * (size_t)x->rank) ||
+        !dtype_is_float(r.dtype))
+      return fail(err, errlen, "onehot of %s must be declared float [...,V] with the same leading dims, got %s", TS(x), TS(&r));
+    break;
   case OP_LAYERNORM_GRAD:
   case OP_RMSNORM_GRAD: {
     const Type *xx = &op->operands[1]->type, *w = &op->operands[2]->type;

@@ -269,7 +269,7 @@ int interp_run_comm(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets,
     } else if (op_info(op->kind)->cls == CLASS_COLLECTIVE) {
       rc = collective(op, in[0], out[0], comm, msg, sizeof msg);
     } else {
-      rc = interp_op(op, in, out, msg, sizeof msg);
+      rc = interp_op_rank(op, in, out, comm ? comm->coord : NULL, msg, sizeof msg);
     }
     if (rc) {
       char text[512];

@@ -490,7 +490,18 @@ static void adamw(const Op *op, Tensor **in, Tensor **out) {
   }
 }
 
+/* The first row this rank holds of a vocabulary split over op's vocab_axis (0 if none). */
+static int64_t vocab_offset(const Op *op, int64_t rows, const int *coord) {
+  const Attr *a = op_attr(op, "vocab_axis");
+  int axis = a && a->s && a->s[0] ? mesh_axis_parse(a->s) : -1;
+  return axis >= 0 && coord ? coord[axis] * rows : 0;
+}
+
 int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen) {
+  return interp_op_rank(op, in, out, NULL, err, errlen);
+}
+
+int interp_op_rank(const Op *op, Tensor **in, Tensor **out, const int *coord, char *err, size_t errlen) {
   const OpInfo *info = op_info(op->kind);
   Tensor *y = out[0];
   if (op->kind == OP_EQ || op->kind == OP_GE) {
@@ -529,9 +540,11 @@ int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen)
   case OP_MATMUL: return matmul(op, in[0], in[1], y, err, errlen);
   case OP_EMBEDDING: {
     const Tensor *table = in[0], *ids = in[1];
-    int64_t V = table->type.dims[0], D = table->type.dims[1];
+    int64_t V = table->type.dims[0], D = table->type.dims[1], off = vocab_offset(op, V, coord);
+    bool split = op_attr(op, "vocab_axis")->s[0] != 0;
     for (int64_t r = 0; r < ids->n; r++) {
-      int64_t id = ids->i[r];
+      int64_t id = ids->i[r] - off;
+      if (split && (id < 0 || id >= V)) continue;   /* another rank's row: zeros */
       if (id < 0 || id >= V) {
         snprintf(err, errlen, "token id %lld at position %lld is outside the vocabulary of %lld", (long long)id,
                  (long long)r, (long long)V);
@@ -602,15 +615,35 @@ int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen)
   case OP_CROSS_ENTROPY_GRAD: return cross_entropy_grad(in, y, err, errlen);
   case OP_EMBEDDING_GRAD: {
     const Tensor *dy = in[0], *ids = in[1];
-    int64_t V = y->type.dims[0], D = y->type.dims[1];
+    int64_t V = y->type.dims[0], D = y->type.dims[1], off = vocab_offset(op, V, coord);
+    bool split = op_attr(op, "vocab_axis")->s[0] != 0;
     for (int64_t r = 0; r < ids->n; r++) {
-      int64_t id = ids->i[r];
+      int64_t id = ids->i[r] - off;
+      if (split && (id < 0 || id >= V)) continue;
       if (id < 0 || id >= V) {
         snprintf(err, errlen, "token id %lld at position %lld is outside the vocabulary of %lld", (long long)id,
                  (long long)r, (long long)V);
         return IR_EINPUT;
       }
       for (int64_t d = 0; d < D; d++) y->f[id * D + d] += dy->f[r * D + d];
+    }
+    return 0;
+  }
+  case OP_TARGET_PICK: {
+    const Tensor *x = in[0], *t = in[1];
+    int64_t V = x->type.dims[x->type.rank - 1], off = vocab_offset(op, V, coord);
+    for (int64_t r = 0; r < y->n; r++) {
+      int64_t id = t->i[r] - off;
+      y->f[r] = id >= 0 && id < V ? x->f[r * V + id] : 0.0f;
+    }
+    return 0;
+  }
+  case OP_ONEHOT: {
+    const Tensor *t = in[0];
+    int64_t V = y->type.dims[y->type.rank - 1], off = vocab_offset(op, V, coord);
+    for (int64_t r = 0; r < t->n; r++) {
+      int64_t id = t->i[r] - off;
+      if (id >= 0 && id < V) y->f[r * V + id] = 1.0f;
     }
     return 0;
   }

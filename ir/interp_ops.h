@@ -4,4 +4,6 @@
 #include "ir.h"
 /* Computes op on inputs `in` into preallocated, zeroed `out` tensors. */
 int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen);
+/* The same for one rank: coord (its mesh coordinates, or NULL) places vocab-split ops. */
+int interp_op_rank(const Op *op, Tensor **in, Tensor **out, const int *coord, char *err, size_t errlen);
 #endif

@@ -35,6 +35,8 @@ typedef struct {
   Value **map;         /* source value id -> per-rank value */
   int zero;
   int *zero_dim;       /* per global index: the dim ZeRO splits over dp, or -1 */
+  bool *undecided;     /* per global index: a gradient whose placement off dp the first accumulate decides */
+  int64_t heads, kv_heads;   /* of the model's attention (0: none) */
   /* reshard cache: (value, placement on an axis) -> converted value; cleared when the
      global it reads is written, never kept for ZeRO-3 parameters (re-gathered at each use) */
   struct { Value *from, *to; Sharding want; } *cache;
@@ -91,8 +93,8 @@ static int fail(Sharder *s, const char *fmt, ...) {
 
 /* ---- collectives ---- */
 
-static Value *collective(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, int64_t dim2, Place result,
-                         const char *reduce) {
+static Value *collective_parts(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, int64_t dim2, Place result,
+                               const char *reduce, int64_t parts) {
   Op *op = op_new(s->m, k, &x, 1, &x->type);
   op->attrs[0] = (Attr){.kind = ATTR_STR, .s = mesh_axis_names[axis], .set = true};
   op_set_int(op, "n", s->m->mesh.size[axis]);
@@ -105,7 +107,7 @@ static Value *collective(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, 
     op_set_int(op, "concat", dim2);
   } else {
     op_set_int(op, "dim", dim);
-    if (k == OP_SHARD_SLICE || k == OP_SHARD_PAD) op_set_int(op, "parts", s->m->mesh.size[axis]);
+    if (k == OP_SHARD_SLICE || k == OP_SHARD_PAD) op_set_int(op, "parts", parts);
   }
   Type t;
   char msg[512];
@@ -119,6 +121,11 @@ static Value *collective(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, 
   op->results[0]->name = x->name;
   ptrvec_push(s->m->arena, &s->f->ops, op);
   return op->results[0];
+}
+
+static Value *collective(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, int64_t dim2, Place result,
+                         const char *reduce) {
+  return collective_parts(s, k, x, axis, dim, dim2, result, reduce, s->m->mesh.size[axis]);
 }
 
 /* Moves v to placement `want` on one axis. */
@@ -149,9 +156,12 @@ static Value *reshard(Sharder *s, Value *v, const Sharding *want) {
   for (int i = 0; cacheable && i < s->n_cache; i++)
     if (s->cache[i].from == v && sharding_eq(&s->cache[i].want, want)) return s->cache[i].to;
   Value *x = v;
-  /* Reduce partial sums first, then gather, then split: the fewest bytes in flight. */
+  /* Reduce partial sums first, then gather, then split: the fewest bytes in flight.  When
+     several axes split one dim, a larger axis index is the outer split (tp outside dp:
+     ZeRO splits the tp-local piece), so gathers go by rising index and splits by falling. */
   for (int pass = 0; pass < 3; pass++)
-    for (int a = 0; a < AX_COUNT; a++) {
+    for (int i = 0; i < AX_COUNT; i++) {
+      int a = pass == 2 ? AX_COUNT - 1 - i : i;
       Place have = place_of(x, a), w = {want->kind[a], want->dim[a]};
       if (place_eq(have, w)) continue;
       if ((pass == 0 && have.kind == SH_P) || (pass == 1 && have.kind == SH_S) || (pass == 2 && have.kind == SH_R))
@@ -205,6 +215,7 @@ static int reshape_dim(const Type *x, const Type *y, int d, int64_t n) {
   for (int i = 0; i < d; i++) before *= x->dims[i];
   int64_t acc = 1;
   for (int e = 0; e < y->rank; e++) {
+    if (acc == before && y->dims[e] == 1 && x->dims[d] != 1) continue;   /* an inserted size-1 dim */
     if (acc == before) {
       if (x->dims[d] % n) return -1;
       if (y->dims[e] >= x->dims[d]) return y->dims[e] % x->dims[d] == 0 ? e : -1;  /* merged: d outermost */
@@ -333,6 +344,10 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
     Place a = in[0], b = in[1];
     bool b_batched = rb > 2;
     if (a.kind == SH_P && b.kind == SH_P) b = R;              /* bilinear: one side reduced */
+    /* A partial activation (gradient) meeting a split weight is reduced, not the weight
+       gathered: Megatron's all-reduce before a column-parallel layer's backward. */
+    if (a.kind == SH_P && b.kind == SH_S) a = R;
+    if (b.kind == SH_P && a.kind == SH_S) b = R;
     if (a.kind == SH_P || b.kind == SH_P) {
       Place other = a.kind == SH_P ? b : a;
       if (other.kind != SH_R) {
@@ -376,6 +391,11 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
   }
   case OP_EMBEDDING: {
     Place t = in[0], ids = in[1];
+    if (t.kind == SH_S && t.dim == 0) {   /* vocabulary-parallel: local rows, partial sums */
+      d->need[1] = R;
+      d->give[0] = P;
+      return;
+    }
     if (t.kind == SH_P) {
       d->need[1] = R;
       d->give[0] = P;
@@ -392,6 +412,12 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
   case OP_EMBEDDING_GRAD: {   /* dy ids -> dtable: rows split means partial tables */
     Place dy = in[0], ids = in[1];
     int last = gin[0].rank - 1;
+    if (axis == AX_TP && op->results[0]->type.dims[0] % n == 0 && !(dy.kind == SH_S && dy.dim == last)) {
+      /* tensor parallel: the table is vocabulary-parallel; each rank scatters into its rows */
+      d->need[0] = d->need[1] = R;
+      d->give[0] = S(0);
+      return;
+    }
     if (dy.kind == SH_P) {
       d->need[1] = R;
       d->give[0] = P;
@@ -504,6 +530,20 @@ static int zero_dim_of(const Module *m, const Type *t) {
   return -1;
 }
 
+/* Head counts from the first attention op (tp keeps whole heads per rank). */
+static void find_heads(Sharder *s) {
+  for (int i = 0; i < s->m->funcs.n && !s->heads; i++) {
+    const Func *f = s->m->funcs.items[i];
+    for (int k = 0; k < f->ops.n; k++) {
+      const Op *op = f->ops.items[k];
+      if (op->kind != OP_ATTENTION) continue;
+      s->heads = op->operands[0]->type.dims[2];
+      s->kv_heads = op->operands[1]->type.dims[2];
+      break;
+    }
+  }
+}
+
 static const Global *param_of_state(const Module *m, const Global *g) {
   const char *prefixes[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
   for (int i = 0; i < 3; i++) {
@@ -513,35 +553,221 @@ static const Global *param_of_state(const Module *m, const Global *g) {
   return NULL;
 }
 
-/* Placements of the globals over dp, then their per-rank types. */
-static void plan_globals(Sharder *s) {
+/* Tensor parallelism (Megatron-LM): the dim of a parameter split over tp, by its Hugging
+   Face name; -1 for replicated.  Column-parallel (split outputs): GPT-2 c_attn (whole heads
+   of q, k, v: [D,3,D]) and c_fc, Llama q/k/v and gate/up; row-parallel (split inputs):
+   c_proj, o_proj, down; vocabulary-parallel: the token embedding and the LM head.  Key and
+   value projections stay whole when tp does not divide the KV heads (their heads are then
+   sliced per rank at the attention). */
+static int tp_dim_of(const Sharder *s, const Global *p) {
+  static const struct { const char *suffix; int dim; } plan[] = {
+    {".attn.c_attn.weight", -2}, {".attn.c_attn.bias", -2}, {".attn.c_proj.weight", 0}, {".mlp.c_fc.weight", 1},
+    {".mlp.c_fc.bias", 0}, {".mlp.c_proj.weight", 0}, {"wte.weight", 0}, {".q_proj.weight", 0}, {".k_proj.weight", -3},
+    {".v_proj.weight", -3}, {".o_proj.weight", 1}, {".gate_proj.weight", 0}, {".up_proj.weight", 0},
+    {".down_proj.weight", 1}, {"embed_tokens.weight", 0}, {"lm_head.weight", 0},
+  };
+  int64_t tp = s->m->mesh.size[AX_TP];
+  size_t len = strlen(p->name);
+  for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+    size_t sl = strlen(plan[i].suffix);
+    if (len < sl || strcmp(p->name + len - sl, plan[i].suffix)) continue;
+    int d = plan[i].dim;
+    if (d == -2) d = p->value->type.rank - 1;          /* the last dim */
+    if (d == -3) d = s->kv_heads % tp == 0 ? 0 : -1;   /* whole KV heads per rank, or replicated */
+    return d;
+  }
+  return -1;
+}
+
+/* Placements of the globals over tp and dp, then their per-rank types. */
+static int plan_globals(Sharder *s) {
   Module *m = s->m;
-  bool dp = m->mesh.size[AX_DP] > 1;
+  bool dp = m->mesh.size[AX_DP] > 1, tp = m->mesh.size[AX_TP] > 1;
   for (int i = 0; i < m->globals.n; i++) {
     Global *g = m->globals.items[i];
     s->zero_dim[i] = -1;
-    if (!dp || !dtype_is_float(g->value->type.dtype)) continue;
+    if (!dtype_is_float(g->value->type.dtype)) continue;
     const Global *p = g->kind == GLOBAL_PARAM ? g : param_of_state(m, g);
     if (!p) continue;
-    int zd = zero_dim_of(m, &p->value->type);
-    Place want = R;
-    if (g->kind == GLOBAL_PARAM) {
-      if (s->zero >= 3 && zd >= 0) want = S(zd);
-    } else if (!strncmp(g->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) {
-      want = (s->zero >= 2 && zd >= 0) ? S(zd) : P;   /* partial sums until the optimizer step */
-    } else if (s->zero >= 1 && zd >= 0) {
-      want = S(zd);
-    }
-    s->zero_dim[i] = zd;
+    bool grad = g != p && !strncmp(g->name, GRAD_PREFIX, strlen(GRAD_PREFIX));
     Sharding sh = g->value->type.sh;
-    set_place(&sh, AX_DP, want);
+    if (tp) {
+      int d = tp_dim_of(s, p);
+      if (d >= 0 && p->value->type.dims[d] % m->mesh.size[AX_TP]) {
+        snprintf(s->err, s->errlen, "shard: tp=%lld does not divide dim %d (%lld) of $%s; choose a tp that divides it",
+                 (long long)m->mesh.size[AX_TP], d, (long long)p->value->type.dims[d], p->name);
+        return IR_EINPUT;
+      }
+      if (grad) s->undecided[i] = true;   /* placed where its gradient arrives */
+      else if (d >= 0) set_place(&sh, AX_TP, S(d));
+    }
+    if (dp) {
+      Type planned = p->value->type;
+      if (tp && tp_dim_of(s, p) >= 0) set_place(&planned.sh, AX_TP, S(tp_dim_of(s, p)));
+      int zd = zero_dim_of(m, &planned);
+      Place want = R;
+      if (g->kind == GLOBAL_PARAM) {
+        if (s->zero >= 3 && zd >= 0) want = S(zd);
+      } else if (grad) {
+        want = (s->zero >= 2 && zd >= 0) ? S(zd) : P;   /* partial sums until the optimizer step */
+      } else if (s->zero >= 1 && zd >= 0) {
+        want = S(zd);
+      }
+      s->zero_dim[i] = zd;
+      set_place(&sh, AX_DP, want);
+    }
     g->value->type = local_type(m, g->value->type, &sh);
   }
+  return 0;
+}
+
+/* The first accumulate into an undecided gradient fixes its placement off dp: the one its
+   value arrives with (a split gradient stays split; one summed over ranks stays partial). */
+static void decide_gradient(Sharder *s, Value *dst, const Value *v) {
+  int gi = dst->global->index;
+  if (!s->undecided[gi]) return;
+  s->undecided[gi] = false;
+  Type whole = global_type(s->m, dst);
+  Sharding sh = dst->type.sh;
+  for (int a = 0; a < AX_COUNT; a++)
+    if (a != AX_DP) {
+      sh.kind[a] = v->type.sh.kind[a];
+      sh.dim[a] = v->type.sh.dim[a];
+    }
+  dst->type = local_type(s->m, whole, &sh);
 }
 
 /* ---- one function ---- */
 
 static Value *map_operand(Sharder *s, Value *v) { return v->kind == VAL_GLOBAL ? v : s->map[v->id]; }
+
+/* ---- ops the partitioner rewrites (the per-rank form is not the same op) ---- */
+
+/* An op on per-rank values with result placements `sh`; attributes copied from `like`. */
+static Value *local_op(Sharder *s, OpKind k, Value **ops, int n, const Type *declared, Sharding sh, const Op *like) {
+  Type t = declared ? *declared : ops[0]->type;
+  Op *op = op_new(s->m, k, ops, n, &t);
+  if (like) memcpy(op->attrs, like->attrs, sizeof op->attrs);
+  if (!(op_info(k)->flags & OPF_TYPED)) {
+    char msg[512];
+    if (infer_types(op, &t, msg, sizeof msg)) {
+      fail(s, "shard: %s: %s", op_info(k)->name, msg);
+      return ops[0];
+    }
+  }
+  t.sh = sh;
+  op->results[0]->type = t;
+  ptrvec_push(s->m->arena, &s->f->ops, op);
+  return op->results[0];
+}
+
+static Value *reduce_last(Sharder *s, OpKind k, Value *x, Sharding sh) {
+  int64_t last = x->type.rank - 1;
+  Value *v = local_op(s, k, &x, 1, NULL, sh, NULL);
+  op_set_ints(s->m, v->def, "dims", &last, 1);
+  Type t;
+  char msg[256];
+  infer_types(v->def, &t, msg, sizeof msg);
+  t.sh = sh;
+  v->type = t;
+  return v;
+}
+
+/* A per-row value [...] broadcast over the last dim of `like` [...,V]: reshape to [...,1] first. */
+static Value *bcast_to(Sharder *s, Value *x, const Value *like) {
+  Type k = x->type;
+  k.dims[k.rank++] = 1;
+  x = local_op(s, OP_RESHAPE, &x, 1, &k, x->type.sh, NULL);
+  Type t = like->type;
+  t.dtype = x->type.dtype;
+  return local_op(s, OP_BROADCAST, &x, 1, &t, like->type.sh, NULL);
+}
+
+static Value *set_vocab_axis(Sharder *s, Value *v, int axis) {
+  Attr *a = &v->def->attrs[op_attr_index(v->def->kind, "vocab_axis")];
+  a->s = mesh_axis_names[axis];
+  a->set = true;
+  (void)s;
+  return v;
+}
+
+/* Cross-entropy over logits whose vocabulary is split over `axis` (the LM head is
+   vocabulary-parallel): the row max, the sum of exponentials and the target's logit are
+   each all-reduced over [B,T] -- the [B,T,V] logits are never gathered (Megatron's
+   vocabulary-parallel cross-entropy).  The gradient recomputes the same statistics:
+   dlogits = dloss * (exp(z) / sum - onehot(target)), each rank for its columns. */
+static void emit_vocab_ce(Sharder *s, const Op *op, Value **ops, int axis) {
+  bool grad = op->kind == OP_CROSS_ENTROPY_GRAD;
+  Value *L = ops[grad ? 1 : 0], *tg = ops[grad ? 2 : 1];
+  DType dt = L->type.dtype;
+  if (dt != DT_F32) {   /* the statistics in f32, as the fused op computes them */
+    Type t = L->type;
+    t.dtype = DT_F32;
+    L = local_op(s, OP_CAST, &L, 1, &t, L->type.sh, NULL);
+  }
+  Sharding rows = L->type.sh, partial;
+  set_place(&rows, axis, R);
+  partial = rows;
+  set_place(&partial, axis, P);
+  tg = reshard(s, tg, &rows);
+  Value *m = collective(s, OP_ALL_REDUCE, reduce_last(s, OP_REDUCE_MAX, L, partial), axis, 0, 0, R, "max");
+  Value *zz[2] = {L, bcast_to(s, m, L)};
+  Value *z = local_op(s, OP_SUB, zz, 2, NULL, L->type.sh, NULL);
+  Value *e = local_op(s, OP_EXP, &z, 1, NULL, L->type.sh, NULL);
+  Value *sum = collective(s, OP_ALL_REDUCE, reduce_last(s, OP_REDUCE_SUM, e, partial), axis, 0, 0, R, "sum");
+  if (!grad) {
+    Value *pick[2] = {z, tg};
+    Value *t = set_vocab_axis(s, local_op(s, OP_TARGET_PICK, pick, 2, NULL, partial, NULL), axis);
+    Value *tz = collective(s, OP_ALL_REDUCE, t, axis, 0, 0, R, "sum");
+    Value *lt[2] = {local_op(s, OP_LOG, &sum, 1, NULL, rows, NULL), tz};
+    s->map[op->results[0]->id] = local_op(s, OP_SUB, lt, 2, NULL, rows, NULL);
+    return;
+  }
+  Value *dloss = reshard(s, ops[0], &rows);
+  Value *ps[2] = {e, bcast_to(s, sum, L)};
+  Value *p = local_op(s, OP_DIV, ps, 2, NULL, L->type.sh, NULL);
+  Type oh_t = L->type;
+  Value *oh = set_vocab_axis(s, local_op(s, OP_ONEHOT, &tg, 1, &oh_t, L->type.sh, NULL), axis);
+  Value *po[2] = {p, oh};
+  Value *diff = local_op(s, OP_SUB, po, 2, NULL, L->type.sh, NULL);
+  Value *dg[2] = {diff, bcast_to(s, dloss, L)};
+  Value *g = local_op(s, OP_MUL, dg, 2, NULL, L->type.sh, NULL);
+  if (dt != DT_F32) {
+    Type t = g->type;
+    t.dtype = dt;
+    g = local_op(s, OP_CAST, &g, 1, &t, g->type.sh, NULL);
+  }
+  s->map[op->results[0]->id] = g;
+}
+
+/* Attention with query heads split over `axis` but too few KV heads to split (tp > KV,
+   tp a multiple of KV): every rank holds all KV heads and slices the one its query heads
+   read; in the backward the gradient of that head goes back into a whole-size partial
+   sum. */
+static void emit_kv_replicated(Sharder *s, const Op *op, Value **ops, int axis, int64_t kv) {
+  bool grad = op->kind == OP_ATTENTION_GRAD;
+  int q = grad ? 1 : 0;
+  Sharding whole_kv = ops[q]->type.sh;
+  set_place(&whole_kv, axis, R);
+  Value *args[4];
+  for (int i = 0; i < op->n_operands; i++) args[i] = ops[i];
+  for (int i = q + 1; i < q + 3; i++) {
+    Value *x = reshard(s, ops[i], &whole_kv);
+    args[i] = collective_parts(s, OP_SHARD_SLICE, x, axis, 2, 0, S(2), NULL, kv);
+  }
+  Type types[3];
+  for (int r = 0; r < op->n_results; r++) types[r] = (grad ? args[r + 1] : args[0])->type;
+  Op *c = op_new_n(s->m, op->kind, args, op->n_operands, types, op->n_results);
+  memcpy(c->attrs, op->attrs, sizeof c->attrs);
+  ptrvec_push(s->m->arena, &s->f->ops, c);
+  for (int r = 0; r < op->n_results; r++) {
+    c->results[r]->name = op->results[r]->name;
+    s->map[op->results[r]->id] = c->results[r];
+  }
+  if (grad)
+    for (int r = 1; r < 3; r++)
+      s->map[op->results[r]->id] = collective_parts(s, OP_SHARD_PAD, c->results[r], axis, 2, 0, P, NULL, kv);
+}
 
 static void emit(Sharder *s, Op *op) {
   const OpInfo *info = op_info(op->kind);
@@ -552,6 +778,28 @@ static void emit(Sharder *s, Op *op) {
   for (int i = 0; i < nops; i++) {
     ops[i] = map_operand(s, op->operands[i]);
     gin[i] = global_type(m, ops[i]);
+  }
+  /* Ops whose per-rank form is a different computation. */
+  for (int a = 0; a < AX_COUNT; a++) {
+    int64_t n = m->mesh.size[a];
+    if (n == 1) continue;
+    if (op->kind == OP_CROSS_ENTROPY || op->kind == OP_CROSS_ENTROPY_GRAD) {
+      const Value *L = ops[op->kind == OP_CROSS_ENTROPY ? 0 : 1];
+      Place p = place_of(L, a);
+      if (p.kind == SH_S && p.dim == L->type.rank - 1) {
+        emit_vocab_ce(s, op, ops, a);
+        return;
+      }
+    }
+    if (op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD) {
+      int q = op->kind == OP_ATTENTION ? 0 : 1;
+      Place pq = place_of(ops[q], a);
+      int64_t kv = gin[q + 1].dims[2];
+      if (pq.kind == SH_S && pq.dim == 2 && kv % n && n % kv == 0) {
+        emit_kv_replicated(s, op, ops, a, kv);
+        return;
+      }
+    }
   }
   /* Decide per axis, then move the operands where the rule needs them. */
   Decision dec;
@@ -575,6 +823,7 @@ static void emit(Sharder *s, Op *op) {
   }
   /* Effects: the destination global's placement is fixed; the value must match it. */
   int writes = op_n_writes(op->kind);
+  if (op->kind == OP_ACCUMULATE && ops[0]->kind == VAL_GLOBAL) decide_gradient(s, ops[0], ops[1]);
   for (int i = 0; i < writes; i++) need[i] = ops[i]->type.sh;
   if (op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN) need[1] = ops[0]->type.sh;
   for (int i = writes; i < nops; i++) ops[i] = reshard(s, ops[i], &need[i]);
@@ -637,6 +886,12 @@ static void emit(Sharder *s, Op *op) {
     c->results[r]->name = op->results[r]->name;
     s->map[op->results[r]->id] = c->results[r];
   }
+  /* A vocabulary split over an axis: the per-rank embedding places its rows by coordinate. */
+  if (op->kind == OP_EMBEDDING || op->kind == OP_EMBEDDING_GRAD)
+    for (int a = 0; a < AX_COUNT; a++) {
+      Place p = op->kind == OP_EMBEDDING ? place_of(ops[0], a) : (Place){give[0].kind[a], give[0].dim[a]};
+      if (p.kind == SH_S && p.dim == 0) set_vocab_axis(s, c->results[0], a);
+    }
   ptrvec_push(m->arena, &s->f->ops, c);
   if (mean_scale) {
     Value *v = c->results[0];
@@ -700,9 +955,9 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     return IR_EINPUT;
   }
   for (int a = 0; a < AX_COUNT; a++)
-    if (a != AX_DP && m->mesh.size[a] > 1) {
-      snprintf(err, errlen, "shard: %s=%lld is not supported yet (this version partitions over dp, with ZeRO 0-3); "
-               "run with %s=1", mesh_axis_names[a], (long long)m->mesh.size[a], mesh_axis_names[a]);
+    if (a != AX_DP && a != AX_TP && m->mesh.size[a] > 1) {
+      snprintf(err, errlen, "shard: %s=%lld is not supported yet (this version partitions over dp, with ZeRO 0-3, "
+               "and tp); run with %s=1", mesh_axis_names[a], (long long)m->mesh.size[a], mesh_axis_names[a]);
       return IR_EINPUT;
     }
   const TrainSettings *ts = ctx->opt && ctx->opt->train ? ctx->opt->train : &train_defaults;
@@ -714,8 +969,9 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   s.err = err;
   s.errlen = errlen;
   s.zero_dim = calloc((size_t)m->globals.n + 1, sizeof(int));
-  plan_globals(&s);
-  int n_funcs = m->funcs.n, rc = 0;
+  s.undecided = calloc((size_t)m->globals.n + 1, sizeof(bool));
+  find_heads(&s);
+  int n_funcs = m->funcs.n, rc = plan_globals(&s);
   for (int i = 0; i < n_funcs && !rc; i++) {
     Func *f = m->funcs.items[i];
     if (f->is_kernel) {
@@ -727,6 +983,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   }
   m->local = true;
   free(s.zero_dim);
+  free(s.undecided);
   free(s.cache);
   return rc;
 }

@@ -21,11 +21,18 @@ Type whole_type(const Module *m, const Type *local) {
 
 /* Copies between a whole tensor and one rank's piece: along every split dim the rank
    holds chunk coord[axis].  to_piece: whole -> piece, else piece -> whole. */
-static void move_piece(Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece) {
+static void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece) {
   const Type *lt = &piece->type;
-  int64_t off[IR_MAX_RANK] = {0};
+  /* Along a dim split by several axes, a larger axis index is the outer split (the shard
+     pass's convention): the offset sums coordinate x extent from the innermost out. */
+  int64_t off[IR_MAX_RANK] = {0}, extent[IR_MAX_RANK];
+  for (int d = 0; d < lt->rank; d++) extent[d] = lt->dims[d];
   for (int a = 0; a < AX_COUNT; a++)
-    if (lt->sh.kind[a] == SH_S) off[lt->sh.dim[a]] = coord[a] * lt->dims[lt->sh.dim[a]];
+    if (lt->sh.kind[a] == SH_S) {
+      int d = lt->sh.dim[a];
+      off[d] += coord[a] * extent[d];
+      extent[d] *= mesh->size[a];
+    }
   int64_t idx[IR_MAX_RANK] = {0};
   for (int64_t k = 0; k < piece->n; k++) {
     int64_t w = 0;   /* the element's position in the whole tensor */
@@ -57,14 +64,14 @@ static void scatter_global(RefExec *r, int gi) {
     for (int a = 0; a < AX_COUNT; a++) zero |= piece->type.sh.kind[a] == SH_P && coord[a] != 0;
     if (zero) memset(piece->f ? (void *)piece->f : (void *)piece->i, 0,
                      (size_t)piece->n * (piece->f ? sizeof(float) : sizeof(int64_t)));
-    else move_piece(r->full[gi], piece, coord, true);
+    else move_piece(&r->m->mesh, r->full[gi], piece, coord, true);
   }
 }
 
 /* Every rank -> whole (replicated pieces are equal on every rank; rank order wins). */
 static void gather_global(RefExec *r, int gi) {
   for (int rank = 0; rank < r->world; rank++)
-    move_piece(r->full[gi], r->g[rank]->t[gi], local_world_rank(r->lw, rank)->coord, false);
+    move_piece(&r->m->mesh, r->full[gi], r->g[rank]->t[gi], local_world_rank(r->lw, rank)->coord, false);
 }
 
 static bool exposed(const Global *gl) {
@@ -154,7 +161,7 @@ static int run_all(RefExec *r, Func *f, Tensor **whole_args, float *out, char *e
         continue;
       }
       jobs[k].args[a] = tensor_new(lt);
-      move_piece(whole_args[a], jobs[k].args[a], local_world_rank(r->lw, k)->coord, true);
+      move_piece(&r->m->mesh, whole_args[a], jobs[k].args[a], local_world_rank(r->lw, k)->coord, true);
     }
   }
   if (r->world == 1) rank_main(&jobs[0]);

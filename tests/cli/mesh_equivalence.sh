@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Data parallel against the single-rank run (ranks are threads; the shard pass partitions
-# the program and inserts the collectives).  From the same init and data, 5 training steps
+# Meshes against the single-rank run (ranks are threads; the shard pass partitions the
+# program and inserts the collectives).  From the same init and data, 5 training steps
 # must give the same losses and final parameters within 1e-5 (relative, per tensor):
-# dp=2; dp=2 with grad_accum 2; dp=4 with ZeRO-1, ZeRO-2 and ZeRO-3.  Also bf16 dp=2 ZeRO-1,
+# dp=2; dp=2 with grad_accum 2; dp=4 with ZeRO-1, ZeRO-2 and ZeRO-3; tp=2; dp=2 x tp=2 with
+# ZeRO-1; tp=4 on the Llama with 2 KV heads (each rank slices the KV head it needs).  Also bf16 dp=2 ZeRO-1,
 # within 2e-2: each rank rounds its half-batch weight gradient to bf16 before the f32 sum
 # across ranks, where one rank rounds the whole sum once (differences of bf16's 2^-8).
 LOOM=$1 ST_DIFF=$2
@@ -36,11 +37,17 @@ for m in gpt2-tiny llama-tiny; do
   check $m "dp=4, ZeRO-1" --mesh dp=4 --zero 1
   check $m "dp=4, ZeRO-2" --mesh dp=4 --zero 2
   check $m "dp=4, ZeRO-3" --mesh dp=4 --zero 3
+  check $m "tp=2" --mesh tp=2
+  check $m "dp=2 x tp=2, ZeRO-1" --mesh dp=2,tp=2 --zero 1
 done
+check llama-tiny "tp=4 (4 heads, 2 KV heads)" --mesh tp=4
+check gpt2-tiny "dp=2 x tp=2, ZeRO-3" --mesh dp=2,tp=2 --zero 3
 RTOL=2e-2 check gpt2-tiny "bf16, dp=2, ZeRO-1" --mesh dp=2 --zero 1 --precision bf16
 
-# Refusals: a batch dp does not divide; an axis this version does not partition yet.
+# Refusals: a batch dp does not divide; a tp that does not divide the heads.
 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json -q --steps 1 --mesh dp=3 > "$tmp/log" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "dp" "$tmp/log"; then ok "batch 2 over dp=3 refused (exit 2): $(head -1 "$tmp/log" | cut -c1-150)"; else bad "dp=3: exit $rc"; cat "$tmp/log"; fi
+"$LOOM" train tests/golden/llama-tiny/train_spec.json -q --steps 1 --mesh tp=3 > "$tmp/log" 2>&1; rc=$?
+if [ $rc -eq 2 ] && grep -q "tp" "$tmp/log"; then ok "tp=3 with 4 heads refused (exit 2): $(head -1 "$tmp/log" | cut -c1-150)"; else bad "tp=3: exit $rc"; cat "$tmp/log"; fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
