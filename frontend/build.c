@@ -10,6 +10,7 @@ typedef struct {
   Module *m;
   const ModelConfig *c;
   int64_t B, T;
+  int64_t V;          /* the vocabulary as the graph holds it: padded to a multiple of tp */
   char name[256];   /* scratch for value names */
 } Graph;
 
@@ -73,6 +74,41 @@ static Value *rope(Graph *g, Value *x, const char *name) {
   return build_end(&g->b, name);
 }
 
+/* Vocabulary padding.  When tensor parallelism does not divide the vocabulary, the graph
+   holds V rounded up to a multiple of tp: the embedding tables get zero rows past the real
+   vocabulary (not in checkpoints: loaders fill them with zeros, writers drop them), the
+   padded logits are set to -inf before the loss, so they never touch it nor any gradient,
+   and @forward returns the real vocabulary's logits. */
+static Value *vocab_param(Graph *g, Value *table) {
+  if (g->V != g->c->vocab_size) {
+    table->global->hf_rank = 2;
+    table->global->hf_dims[0] = g->c->vocab_size;
+    table->global->hf_dims[1] = table->type.dims[1];
+  }
+  return table;
+}
+
+static Value *mask_padding(Graph *g, Value *logits) {
+  if (g->V == g->c->vocab_size) return logits;
+  Type ti = logits->type;
+  ti.dtype = DT_I32;
+  Value *col = build_typed(&g->b, OP_IOTA, NULL, ti, NULL);
+  op_set_int(col->def, "dim", ti.rank - 1);
+  Value *lim = build_typed(&g->b, OP_CONSTANT, NULL, ti, NULL);
+  op_set_float(lim->def, "value", (double)g->c->vocab_size);
+  Value *pad = build2(&g->b, OP_GE, col, lim, "vocab_padding");
+  Value *ninf = build_typed(&g->b, OP_CONSTANT, NULL, logits->type, NULL);
+  op_set_float(ninf->def, "value", -INFINITY);
+  Value *ops[3] = {pad, ninf, logits};
+  return build(&g->b, OP_WHERE, ops, 3, "logits");
+}
+
+static Value *unpadded(Graph *g, Value *logits) {
+  if (g->V == g->c->vocab_size) return logits;
+  int64_t start[] = {0, 0, 0}, end[] = {g->B, g->T, g->c->vocab_size};
+  return slice(g, logits, start, end, "logits_unpadded");
+}
+
 /* Mean cross-entropy over all positions. */
 static Value *loss(Graph *g, Value *logits, Value *targets) {
   Value *ce = build2(&g->b, OP_CROSS_ENTROPY, logits, targets, "ce");
@@ -83,10 +119,10 @@ static Value *loss(Graph *g, Value *logits, Value *targets) {
 
 static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
   const ModelConfig *c = g->c;
-  int64_t B = g->B, T = g->T, D = c->hidden, H = c->n_head, Dh = c->head_dim, I = c->intermediate, V = c->vocab_size;
+  int64_t B = g->B, T = g->T, D = c->hidden, H = c->n_head, Dh = c->head_dim, I = c->intermediate, V = g->V;
   Init w = {INIT_NORMAL, 0.02}, proj = {INIT_NORMAL, 0.02 / sqrt(2.0 * (double)c->n_layer)};
   Init zeros = {INIT_ZEROS, 0}, ones = {INIT_ONES, 0};
-  Value *wte = param(g, "wte.weight", t2(V, D), w);
+  Value *wte = vocab_param(g, param(g, "wte.weight", t2(V, D), w));
   Value *wpe = param(g, "wpe.weight", t2(c->max_pos, D), (Init){INIT_NORMAL, 0.01});
   int64_t btd[] = {B, T, D}, bthd[] = {B, T, H, Dh};
   Type x_type = type_make(DT_F32, 3, btd);
@@ -134,19 +170,19 @@ static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
   }
   Value *lnfw = param(g, "ln_f.weight", t1(D), ones), *lnfb = param(g, "ln_f.bias", t1(D), zeros);
   x = norm(g, x, lnfw, lnfb, "ln_f");
-  Value *logits = linear(g, x, wte, NULL, true, "logits");                       /* [B,T,V] */
-  func_add_ret(f, logits);
+  Value *logits = mask_padding(g, linear(g, x, wte, NULL, true, "logits"));   /* [B,T,V] */
+  func_add_ret(f, unpadded(g, logits));
   func_add_ret(f, loss(g, logits, targets));
 }
 
 static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
   const ModelConfig *c = g->c;
   int64_t B = g->B, T = g->T, D = c->hidden, H = c->n_head, KV = c->n_kv_head, Dh = c->head_dim;
-  int64_t I = c->intermediate, V = c->vocab_size;
+  int64_t I = c->intermediate, V = g->V;
   Init w = {INIT_NORMAL, 0.02}, proj = {INIT_NORMAL, 0.02 / sqrt(2.0 * (double)c->n_layer)};
   Init ones = {INIT_ONES, 0};
   int64_t bthd[] = {B, T, H, Dh}, btkd[] = {B, T, KV, Dh}, bth[] = {B, T, H * Dh};
-  Value *emb = param(g, "model.embed_tokens.weight", t2(V, D), w);
+  Value *emb = vocab_param(g, param(g, "model.embed_tokens.weight", t2(V, D), w));
   Value *x = build2(&g->b, OP_EMBEDDING, emb, tokens, "tok_emb");   /* [B,T,D] */
   for (int l = 0; l < c->n_layer; l++) {
     Value *n1w = param_l(g, "model.layers.%d.input_layernorm.weight", l, t1(D), ones);
@@ -177,9 +213,9 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
   }
   Value *nw = param(g, "model.norm.weight", t1(D), ones);
   x = norm(g, x, nw, NULL, "final_norm");
-  Value *head = c->tied ? emb : param(g, "lm_head.weight", t2(V, D), w);
-  Value *logits = linear(g, x, head, NULL, true, "logits");                 /* [B,T,V] */
-  func_add_ret(f, logits);
+  Value *head = c->tied ? emb : vocab_param(g, param(g, "lm_head.weight", t2(V, D), w));
+  Value *logits = mask_padding(g, linear(g, x, head, NULL, true, "logits"));   /* [B,T,V] */
+  func_add_ret(f, unpadded(g, logits));
   func_add_ret(f, loss(g, logits, targets));
 }
 
@@ -212,6 +248,8 @@ int frontend_build(const RunSpec *spec, const char *name, Module **out, char *er
   g.c = &spec->model;
   g.B = spec->batch;
   g.T = spec->seq;
+  int64_t tp = spec->mesh[MESH_TP];
+  g.V = (spec->model.vocab_size + tp - 1) / tp * tp;
   Func *f = module_add_func(g.m, "forward");
   g.b.f = f;
   int64_t bt[] = {g.B, g.T};

@@ -77,6 +77,12 @@ void globals_init(const Module *m, GlobalStore *g, uint64_t seed) {
       if (t->f) t->f[k] = dtype_round(t->type.dtype, (float)v);
       else t->i[k] = (int64_t)v;
     }
+    /* Rows past the checkpoint shape (a padded vocabulary) are zero.  (Only whole tensors
+       are initialized: per-rank pieces are split from them.) */
+    if (gl->hf_rank == t->type.rank && gl->hf_dims[0] < t->type.dims[0] && t->f) {
+      int64_t row = t->n / t->type.dims[0];
+      for (int64_t k = gl->hf_dims[0] * row; k < t->n; k++) t->f[k] = 0;
+    }
   }
 }
 

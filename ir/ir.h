@@ -185,7 +185,9 @@ struct Global {
   int index;            /* position in module->globals */
   /* The shape of the tensor in checkpoints when it differs from the IR's (same elements in
      the same order: GPT-2's c_attn is [D,3D] in files, [D,3,D] in the IR so that a split of
-     the last dim keeps whole heads).  hf_rank 0: the same as the IR type. */
+     the last dim keeps whole heads), or the IR type with fewer rows (a vocabulary padded
+     for tensor parallelism: the extra rows are zero and not saved).  hf_rank 0: the same
+     as the IR type. */
   int hf_rank;
   int64_t hf_dims[IR_MAX_RANK];
 };

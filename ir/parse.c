@@ -571,8 +571,12 @@ static int parse_global(Parser *ps) {
     if (ps->m->local)
       for (int a = 0; a < AX_COUNT; a++)
         if (whole.sh.kind[a] == SH_S) whole.dims[whole.sh.dim[a]] *= ps->m->mesh.size[a];
-    if (g->hf_rank == 0 || numel != type_numel(&whole))
-      return error_at(ps, &at, "the checkpoint shape must hold as many elements as the type");
+    /* Either the same elements in another shape, or the same shape with fewer rows
+       (vocabulary padding: the rows past the checkpoint's are zero and not saved). */
+    bool padded = g->hf_rank == whole.rank && g->hf_dims[0] <= whole.dims[0];
+    for (int d = 1; padded && d < whole.rank; d++) padded = g->hf_dims[d] == whole.dims[d];
+    if (g->hf_rank == 0 || (numel != type_numel(&whole) && !padded))
+      return error_at(ps, &at, "the checkpoint shape must hold as many elements as the type, or as many rows of it");
   }
   return 0;
 }

@@ -583,6 +583,9 @@ static int tp_dim_of(const Sharder *s, const Global *p) {
 static int plan_globals(Sharder *s) {
   Module *m = s->m;
   bool dp = m->mesh.size[AX_DP] > 1, tp = m->mesh.size[AX_TP] > 1;
+  /* Plan on the whole types; every global becomes per-rank at the end. */
+  Sharding *plan = calloc((size_t)m->globals.n + 1, sizeof *plan);
+  for (int i = 0; i < m->globals.n; i++) plan[i] = ((Global *)m->globals.items[i])->value->type.sh;
   for (int i = 0; i < m->globals.n; i++) {
     Global *g = m->globals.items[i];
     s->zero_dim[i] = -1;
@@ -590,12 +593,13 @@ static int plan_globals(Sharder *s) {
     const Global *p = g->kind == GLOBAL_PARAM ? g : param_of_state(m, g);
     if (!p) continue;
     bool grad = g != p && !strncmp(g->name, GRAD_PREFIX, strlen(GRAD_PREFIX));
-    Sharding sh = g->value->type.sh;
+    Sharding sh = plan[i];
     if (tp) {
       int d = tp_dim_of(s, p);
       if (d >= 0 && p->value->type.dims[d] % m->mesh.size[AX_TP]) {
         snprintf(s->err, s->errlen, "shard: tp=%lld does not divide dim %d (%lld) of $%s; choose a tp that divides it",
                  (long long)m->mesh.size[AX_TP], d, (long long)p->value->type.dims[d], p->name);
+        free(plan);
         return IR_EINPUT;
       }
       if (grad) s->undecided[i] = true;   /* placed where its gradient arrives */
@@ -616,8 +620,13 @@ static int plan_globals(Sharder *s) {
       s->zero_dim[i] = zd;
       set_place(&sh, AX_DP, want);
     }
-    g->value->type = local_type(m, g->value->type, &sh);
+    plan[i] = sh;
   }
+  for (int i = 0; i < m->globals.n; i++) {
+    Global *g = m->globals.items[i];
+    g->value->type = local_type(m, g->value->type, &plan[i]);
+  }
+  free(plan);
   return 0;
 }
 
@@ -778,6 +787,24 @@ static void emit(Sharder *s, Op *op) {
   for (int i = 0; i < nops; i++) {
     ops[i] = map_operand(s, op->operands[i]);
     gin[i] = global_type(m, ops[i]);
+  }
+  /* A partial operand that was already reduced for an earlier op is read reduced: the
+     collective is not repeated (e.g. a gradient reduced for the input-gradient matmul is
+     reused by the weight-gradient one). */
+  for (int i = op_n_writes(op->kind); i < nops; i++) {   /* never a global the op writes */
+    Sharding reduced = ops[i]->type.sh;
+    bool partial = false;
+    for (int a = 0; a < AX_COUNT; a++)
+      if (reduced.kind[a] == SH_P) {
+        reduced.kind[a] = SH_R;
+        partial = true;
+      }
+    for (int k = 0; partial && k < s->n_cache; k++)
+      if (s->cache[k].from == ops[i] && sharding_eq(&s->cache[k].want, &reduced)) {
+        ops[i] = s->cache[k].to;
+        gin[i] = global_type(m, ops[i]);
+        break;
+      }
   }
   /* Ops whose per-rank form is a different computation. */
   for (int a = 0; a < AX_COUNT; a++) {

@@ -300,6 +300,10 @@ void cpu_globals_init(CpuProgram *cp, uint64_t seed) {
       }
       t[k] = rt_round((RtRound)gl->round, (float)v);
     }
+    /* Rows past the checkpoint shape (a padded vocabulary) are zero. */
+    int64_t saved = 1;
+    for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];
+    for (int64_t k = saved; k < gl->n; k++) t[k] = 0;
   }
 }
 

@@ -45,9 +45,12 @@ static int read_f32(const StTensor *st, float *dst, int64_t n, const char *path,
   return 0;
 }
 
+/* Reads the file's elements into t; elements past them (a padded vocabulary's rows) are 0. */
 static int convert(const StTensor *st, Tensor *t, const char *path, char *err, size_t errlen) {
-  int rc = read_f32(st, t->f, t->n, path, err, errlen);
-  for (int64_t k = 0; !rc && k < t->n; k++) t->f[k] = dtype_round(t->type.dtype, t->f[k]);
+  int64_t n = st_numel(st->rank, st->shape);
+  if (n > t->n) n = t->n;
+  int rc = read_f32(st, t->f, n, path, err, errlen);
+  for (int64_t k = 0; !rc && k < t->n; k++) t->f[k] = k < n ? dtype_round(t->type.dtype, t->f[k]) : 0.0f;
   return rc;
 }
 
@@ -95,7 +98,10 @@ int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *
     }
     if ((rc = shape_mismatch(path, st, g->rank, g->shape, err, errlen))) break;
     float *dst = cpu_global(cp, i);
-    if (!(rc = read_f32(st, dst, g->n, path, err, errlen)) && g->round) rt_round_buf(NULL, dst, g->n, (RtRound)g->round);
+    int64_t n = st_numel(st->rank, st->shape);   /* the checkpoint's elements; padded rows stay 0 */
+    if (n > g->n) n = g->n;
+    if (!(rc = read_f32(st, dst, n, path, err, errlen)) && g->round) rt_round_buf(NULL, dst, n, (RtRound)g->round);
+    for (int64_t k = n; k < g->n; k++) dst[k] = 0;
     used++;
   }
   if (!rc && used < f.n)

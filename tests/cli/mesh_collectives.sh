@@ -33,6 +33,33 @@ fw3=$(echo "$z3" | awk '$1 == "@grad_step" && $2 == "all_gather" {print $4}')
   ok "ZeRO-3: parameters gathered before each use in forward and backward ($fw3 all-gathers per micro-batch), none after the update" ||
   { bad "ZeRO-3"; echo "$z3"; }
 
+# dp=2 x tp=2 with ZeRO-1 (the case).  Local batch 1 x 1024 tokens x D=768 floats:
+# A = 3,145,728 bytes per activation.  Tensor parallel (Megatron): 2 all-reduces of A per
+# layer in the forward (after the attention and MLP row-parallel matmuls) and 2 in the
+# backward (before the column-parallel backward), plus one for the vocabulary-parallel
+# embedding each way and the vocabulary-parallel loss's row statistics (max, sum, target
+# logit: B*T floats each; the [B,T,V] logits are never gathered).  ZeRO-1 over dp moves the
+# same bytes as plain DP of the tp-local gradients.
+A=$((1024 * 768 * 4)) ROW=$((1024 * 4)) L=12
+dt() { "$LOOM" ir models/gpt2-124M.json --passes=train --mesh dp=2,tp=2 --batch 2 --zero "$@"; }
+t1=$(dt 1 --collectives) t0=$(dt 0 --collectives)
+fwd=$(echo "$t1" | awk '$1 == "@forward" && $2 == "all_reduce" && $3 == "tp" {print $4, $(NF-1)}')
+want_fwd="x$((2 * L + 1 + 3)) $(((2 * L + 1) * A + 3 * ROW))"
+[ "$fwd" = "$want_fwd" ] && ok "dp2 x tp2: forward tp all-reduces $fwd bytes = 2 per layer x 12 + embedding (A each) + 3 loss statistics" ||
+  { bad "dp2 x tp2 forward: got '$fwd', want '$want_fwd'"; echo "$t1"; }
+gs=$(echo "$t1" | awk '$1 == "@grad_step" && $2 == "all_reduce" && $3 == "tp" {print $4, $(NF-1)}')
+want_gs="x$((2 * L + 1 + 3 + 2 * L + 1 + 2)) $(((4 * L + 2) * A + 5 * ROW))"
+[ "$gs" = "$want_gs" ] && ok "dp2 x tp2: micro-batch step (forward + backward) tp all-reduces $gs bytes: 2 per layer each way" ||
+  { bad "dp2 x tp2 grad_step: got '$gs', want '$want_gs'"; echo "$t1"; }
+! echo "$t1" | grep -v "@forward" | grep -q "all_gather .* tp " &&
+  ok "dp2 x tp2: no tp all-gather in training (logits stay vocabulary-split)" || bad "a tp all-gather in training"
+dp0=$(echo "$t0" | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" && $4 == "x148" {print $(NF-1)}')
+rs=$(echo "$t1" | awk '$1 == "@optimizer_step" && $2 == "reduce_scatter" && $3 == "dp" {print $(NF-1)}')
+ag=$(echo "$t1" | awk '$1 == "@optimizer_step" && $2 == "all_gather" && $3 == "dp" {print $(NF-1)}')
+[ -n "$dp0" ] && [ $((rs + ag)) = "$dp0" ] &&
+  ok "dp2 x tp2: ZeRO-1 sends $rs + $ag = $dp0 bytes over dp, as plain DP's gradient all-reduce" ||
+  { bad "dp2 x tp2 ZeRO-1 dp bytes: $rs + $ag vs $dp0"; echo "$t0"; }
+
 mem() { run "$1" --passes=train,lower --memory --target cuda | grep "$2" | head -1 | sed -n 's/.*(\([0-9]*\) bytes).*/\1/p'; }
 for z in 0 1 2 3; do
   p=$(mem $z parameters) g=$(mem $z gradients) o=$(mem $z "optimizer state")
@@ -43,5 +70,14 @@ for z in 0 1 2 3; do
   [ "$p $g $o" = "$wp $wg $wo" ] && ok "ZeRO-$z memory per rank: parameters $p, gradients $g, optimizer state $o bytes" ||
     bad "ZeRO-$z memory: got $p $g $o, want $wp $wg $wo"
 done
+# tp=2 memory per rank: split weights halve; norms, row-parallel biases and the position
+# table stay whole; the vocabulary (50257) is padded to 50258 to split.
+D=768 F=3072 V=50258
+split=$((L * (D * 3 * D + 3 * D + D * D + D * F + F + F * D) + V * D))
+whole=$((L * (4 * D + 2 * D) + 1024 * D + 2 * D))
+want=$((4 * (split / 2 + whole)))
+got=$("$LOOM" ir models/gpt2-124M.json --passes=train,lower --mesh tp=2 --batch 2 --memory --target cuda | grep parameters | sed -n 's/.*(\([0-9]*\) bytes).*/\1/p')
+[ "$got" = "$want" ] && ok "tp=2 memory per rank: parameters $got bytes = split weights / 2 + whole norms, biases, positions" ||
+  bad "tp=2 parameters: got $got, want $want"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -3,7 +3,8 @@
 # program and inserts the collectives).  From the same init and data, 5 training steps
 # must give the same losses and final parameters within 1e-5 (relative, per tensor):
 # dp=2; dp=2 with grad_accum 2; dp=4 with ZeRO-1, ZeRO-2 and ZeRO-3; tp=2; dp=2 x tp=2 with
-# ZeRO-1; tp=4 on the Llama with 2 KV heads (each rank slices the KV head it needs).  Also bf16 dp=2 ZeRO-1,
+# ZeRO-1; tp=4 on the Llama with 2 KV heads (each rank slices the KV head it needs); a
+# vocabulary tp does not divide (padded).  Also bf16 dp=2 ZeRO-1,
 # within 2e-2: each rank rounds its half-batch weight gradient to bf16 before the f32 sum
 # across ranks, where one rank rounds the whole sum once (differences of bf16's 2^-8).
 LOOM=$1 ST_DIFF=$2
@@ -42,6 +43,9 @@ for m in gpt2-tiny llama-tiny; do
 done
 check llama-tiny "tp=4 (4 heads, 2 KV heads)" --mesh tp=4
 check gpt2-tiny "dp=2 x tp=2, ZeRO-3" --mesh dp=2,tp=2 --zero 3
+# vocabulary 250 over tp=4: padded to 252; the padded rows never reach the loss or a
+# gradient, and --out writes [250, 64] (st_diff checks every shape against the reference)
+check llama-tiny-tied "tp=4, vocabulary padded 250 -> 252 (1 KV head, replicated)" --mesh tp=4
 RTOL=2e-2 check gpt2-tiny "bf16, dp=2, ZeRO-1" --mesh dp=2 --zero 1 --precision bf16
 
 # Refusals: a batch dp does not divide; a tp that does not divide the heads.
