@@ -84,6 +84,7 @@ typedef struct {
   char precision[8];              /* "fp32" or "bf16" */
   int64_t mesh[MESH_AXES];        /* dp tp cp pp ep (index with MESH_*), default 1 each */
   int zero;                       /* ZeRO stage 0..3 */
+  bool sequence_parallel;         /* with tp: norms and residuals split along the sequence */
   int n_data;
   char data[SPEC_MAX_DATA][SPEC_PATH_MAX]; /* resolved relative to the spec's folder */
   char init[SPEC_PATH_MAX], out[SPEC_PATH_MAX], save_dir[SPEC_PATH_MAX]; /* "" if absent */

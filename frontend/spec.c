@@ -14,7 +14,7 @@
 static const char *const SPEC_KEYS[] = {
     "model", "batch",        "seq",   "steps",     "grad_accum", "lr",   "min_lr", "warmup",
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
-    "seed",  "save_every",   "data",  "init",      "out",        "save_dir",
+    "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -313,6 +313,12 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
 #undef INT
 #undef NUM
 #undef PATH
+  if (strcmp(key, "sequence_parallel") == 0) {
+    if (!json_is_boolean(v))
+      return bad(r, key, "true or false", v, "set it to true to split norms and residuals along the sequence over tp");
+    s->sequence_parallel = json_is_true(v);
+    return 0;
+  }
   if (strcmp(key, "zero") == 0) {
     int64_t z;
     if ((rc = int_setting(r, "zero", v, 0, 3, "an integer from 0 to 3", "set the ZeRO stage: 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)", &z)))

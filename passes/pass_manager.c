@@ -11,7 +11,7 @@
 extern const Pass pass_verify, pass_dce, pass_cse, pass_canonicalize, pass_mixed_precision, pass_autodiff,
     pass_optimizer, pass_fuse, pass_memory_plan, pass_shard;
 
-const TrainSettings train_defaults = {1, 0.9, 0.95, 1e-8, 0.1, 1.0, false, 0};
+const TrainSettings train_defaults = {1, 0.9, 0.95, 1e-8, 0.1, 1.0, false, 0, false};
 
 /* Every pass, in the order `--list-passes` shows them. */
 static const Pass *const all_passes[] = {

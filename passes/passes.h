@@ -32,6 +32,7 @@ typedef struct {
   double beta1, beta2, eps, weight_decay, grad_clip;
   bool bf16;                 /* mixed precision: bf16 compute, f32 master weights */
   int zero;                  /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
+  bool sp;                   /* sequence parallel: activations between tp regions split along the sequence */
 } TrainSettings;
 extern const TrainSettings train_defaults;
 

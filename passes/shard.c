@@ -34,6 +34,8 @@ typedef struct {
   Func *f;             /* the function being built (per-rank) */
   Value **map;         /* source value id -> per-rank value */
   int zero;
+  bool sp;             /* sequence parallel over tp */
+  bool in_step;        /* building @grad_step or @forward (activations flow there) */
   int *zero_dim;       /* per global index: the dim ZeRO splits over dp, or -1 */
   bool *undecided;     /* per global index: a gradient whose placement off dp the first accumulate decides */
   int64_t heads, kv_heads;   /* of the model's attention (0: none) */
@@ -235,6 +237,11 @@ static void rule_elementwise(Sharder *s, const Op *op, const Place *in, int axis
     if (in[i].kind == SH_S && target.kind == SH_R && op->results[0]->type.rank > 0) target = in[i];
     any_p |= in[i].kind == SH_P;
   }
+  /* Sequence parallel: a partial activation [B,T,...] is reduce-scattered along the
+     sequence (Megatron-SP), not all-reduced. */
+  if (target.kind == SH_R && s->sp && axis == AX_TP && s->in_step && op->results[0]->type.rank >= 3 &&
+      !partial_passes(op, in) && any_p)
+    target = S(1);
   /* ZeRO: a partial gradient is reduce-scattered to the rank's shard, not all-reduced. */
   if (target.kind == SH_R && !partial_passes(op, in))
     for (int i = 0; i < op->n_operands; i++)
@@ -244,8 +251,6 @@ static void rule_elementwise(Sharder *s, const Op *op, const Place *in, int axis
     d->give[0] = P;
     return;
   }
-  (void)s;
-  (void)axis;
   for (int i = 0; i < op->n_operands; i++) d->need[i] = target;
   d->give[0] = target;
 }
@@ -357,6 +362,14 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
       d->need[0] = a.kind == SH_P ? P : R;
       d->need[1] = b.kind == SH_P ? P : R;
       d->give[0] = P;
+      return;
+    }
+    /* An activation split along its rows (sequence parallel) meeting a weight split along
+       N: gather the activation (Megatron-SP's all-gather before a column-parallel layer). */
+    if (a.kind == SH_S && a.dim != aK && b.kind == SH_S && b.dim == bN) {
+      d->need[0] = R;
+      d->need[1] = b;
+      d->give[0] = S(yr - 1);
       return;
     }
     /* Contraction split on both sides -> partial sums. */
@@ -942,6 +955,7 @@ static int shard_func(Sharder *s, Func *src) {
   f->module = m;
   f->arena_bytes = -1;
   s->f = f;
+  s->in_step = !strcmp(src->name, "grad_step") || !strcmp(src->name, "forward");
   int n = func_number(src);
   s->map = calloc((size_t)n + 1, sizeof *s->map);
   s->n_cache = 0;
@@ -993,6 +1007,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   memset(&s, 0, sizeof s);
   s.m = m;
   s.zero = ts->zero;
+  s.sp = ts->sp;
   s.err = err;
   s.errlen = errlen;
   s.zero_dim = calloc((size_t)m->globals.n + 1, sizeof(int));

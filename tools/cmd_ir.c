@@ -36,6 +36,7 @@ static const char help[] =
   "  --precision=fp32|bf16, --grad-accum=G   override the spec's (used by the training passes)\n"
   "  --mesh=dp=2,...        the device mesh; the shard pass partitions the training program\n"
   "  --zero=0|1|2|3         ZeRO stage over dp\n"
+  "  --sequence-parallel=true|false  with tp: norms and residuals split along the sequence\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
@@ -108,9 +109,10 @@ int cmd_ir(int argc, char **argv) {
     }
     static const char *const spec_flags[][2] = {{"--batch", "batch"},           {"--seq", "seq"},
                                                 {"--precision", "precision"},   {"--grad-accum", "grad_accum"},
-                                                {"--mesh", "mesh"},             {"--zero", "zero"}};
+                                                {"--mesh", "mesh"},             {"--zero", "zero"},
+                                                {"--sequence-parallel", "sequence_parallel"}};
     bool matched = false;
-    for (int k = 0; k < 6 && !matched; k++)
+    for (int k = 0; k < 7 && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {
         if (r < 0) return usage_error("ir", "%s needs a value", spec_flags[k][0]);
         if (n_overrides == 8) return usage_error("ir", "too many overrides");
@@ -145,7 +147,7 @@ int cmd_ir(int argc, char **argv) {
   if (in.from_spec) {
     const RunSpec *sp = &in.spec;
     ts = (TrainSettings){sp->grad_accum, sp->beta1, sp->beta2, sp->eps, sp->weight_decay, sp->grad_clip,
-                         !strcmp(sp->precision, "bf16"), sp->zero};
+                         !strcmp(sp->precision, "bf16"), sp->zero, sp->sequence_parallel};
   }
   opt.train = &ts;
   rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);

@@ -2,7 +2,8 @@
 # Meshes against the single-rank run (ranks are threads; the shard pass partitions the
 # program and inserts the collectives).  From the same init and data, 5 training steps
 # must give the same losses and final parameters within 1e-5 (relative, per tensor):
-# dp=2; dp=2 with grad_accum 2; dp=4 with ZeRO-1, ZeRO-2 and ZeRO-3; tp=2; dp=2 x tp=2 with
+# dp=2; dp=2 with grad_accum 2; dp=4 with ZeRO-1, ZeRO-2 and ZeRO-3; tp=2; tp=2 with sequence
+# parallel; dp=2 x tp=2 with
 # ZeRO-1; tp=4 on the Llama with 2 KV heads (each rank slices the KV head it needs); a
 # vocabulary tp does not divide (padded).  Also bf16 dp=2 ZeRO-1,
 # within 2e-2: each rank rounds its half-batch weight gradient to bf16 before the f32 sum
@@ -22,7 +23,7 @@ check() {   # model, description, extra flags...
   local single=() skip=0
   for a in "$@"; do
     if [ $skip = 1 ]; then skip=0; continue; fi
-    case $a in --mesh|--zero) skip=1;; *) single+=("$a");; esac
+    case $a in --mesh|--zero|--sequence-parallel) skip=1;; *) single+=("$a");; esac
   done
   [ -f "$ref" ] || "$LOOM" train $spec -q --steps 5 --batch 4 "${single[@]}" --out "$ref" > "$tmp/log" 2>&1 || { bad "$m: single-rank run"; cat "$tmp/log"; return; }
   if "${base[@]}" --out "$tmp/run.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/run.st" "$ref" --rtol "${RTOL:-1e-5}" > "$tmp/diff" 2>&1; then
@@ -39,6 +40,7 @@ for m in gpt2-tiny llama-tiny; do
   check $m "dp=4, ZeRO-2" --mesh dp=4 --zero 2
   check $m "dp=4, ZeRO-3" --mesh dp=4 --zero 3
   check $m "tp=2" --mesh tp=2
+  check $m "tp=2, sequence parallel" --mesh tp=2 --sequence-parallel true
   check $m "dp=2 x tp=2, ZeRO-1" --mesh dp=2,tp=2 --zero 1
 done
 check llama-tiny "tp=4 (4 heads, 2 KV heads)" --mesh tp=4
