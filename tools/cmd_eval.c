@@ -6,6 +6,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/tokens.h"
 #include "tools/exec_cpu.h"
+#include "tools/exec_ref.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -22,6 +23,8 @@ static const char help[] =
   "  --batch=B         batch size (default: the spec's)\n"
   "  --seq=T           sequence length (default: the spec's)\n"
   "  --out=FILE        also write 'logits' [B,T,V] and 'loss' (f32) to a safetensors file\n"
+  "  --mesh=dp=2,tp=2  run every rank of the device mesh (threads of this process, the\n"
+  "                    reference executor) and write the gathered result\n"
   "  --backend=cpu|ref cpu: fused kernels JIT-compiled with LLVM and OpenBLAS (default);\n"
   "                    ref: the reference executor, op by op\n"
   "  --grads           also compute the gradient of the loss for every parameter and\n"
@@ -113,10 +116,53 @@ static int eval_cpu(const Module *m, const char *weights, const char *tokens, co
   return rc;
 }
 
+/* Every rank of a mesh: the forward pass partitioned by the shard pass, ranks as threads
+   on the reference executor; the results come back whole. */
+static int eval_mesh(Input *in, const char *weights, const char *tokens, const char *out, char *err, size_t errlen) {
+  Module *m = in->m;
+  int64_t B = in->spec.batch, T = in->spec.seq, V = in->spec.model.vocab_size;
+  TrainSettings ts = train_defaults;
+  ts.bf16 = !strcmp(in->spec.precision, "bf16");
+  ts.sp = in->spec.sequence_parallel;
+  PassOptions popt;
+  memset(&popt, 0, sizeof popt);
+  popt.train = &ts;
+  int rc = pipeline_run(m, "verify,canonicalize,mixed-precision,shard,canonicalize,cse,dce,verify", &popt, err, errlen);
+  RefExec rx;
+  memset(&rx, 0, sizeof rx);
+  Tensor *args[2] = {0}, *rets[2] = {0};
+  int32_t *in_ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
+  if (!rc) rc = read_batch(tokens, B, T, V, in_ids, tg, err, errlen);
+  if (!rc) rc = ref_exec_open(&rx, m, 0, weights, false, err, errlen);
+  Func *f = module_find_func(m, "forward");
+  for (int k = 0; !rc && k < 2; k++) {
+    Type t = whole_type(m, &((Value *)f->args.items[k])->type);
+    args[k] = tensor_new(&t);
+    for (int64_t j = 0; j < B * T; j++) args[k]->i[j] = (k ? tg : in_ids)[j];
+  }
+  double t0 = seconds_now();
+  if (!rc) rc = ref_exec_run(&rx, f, args, rets, err, errlen);
+  if (!rc) {
+    printf("loss %.6f\n", rets[1]->f[0]);
+    fprintf(stderr, "loom: eval of %lld tokens on %d ranks took %.3f s on the reference executor\n", (long long)(B * T),
+            rx.world, seconds_now() - t0);
+    const char *names[2] = {"logits", "loss"};
+    if (out) rc = write_tensors(out, names, rets, 2, err, errlen);
+  }
+  for (int k = 0; k < 2; k++) {
+    tensor_free(args[k]);
+    tensor_free(rets[k]);
+  }
+  ref_exec_free(&rx);
+  free(in_ids);
+  free(tg);
+  return rc;
+}
+
 int cmd_eval(int argc, char **argv) {
   const char *spec = NULL, *weights = NULL, *tokens = NULL, *out = NULL, *backend = NULL, *v;
   bool grads = false;
-  const char *batch = NULL, *seq = NULL;
+  const char *batch = NULL, *seq = NULL, *mesh = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int r;
@@ -133,6 +179,7 @@ int cmd_eval(int argc, char **argv) {
     }
     if ((r = arg_value(argc, argv, &i, "--batch", &v))) { if (r < 0) goto missing; batch = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--seq", &v))) { if (r < 0) goto missing; seq = v; continue; }
+    if ((r = arg_value(argc, argv, &i, "--mesh", &v))) { if (r < 0) goto missing; mesh = v; continue; }
     if (a[0] == '-') return usage_error("eval", "unknown option '%s'", a);
     if (spec) return usage_error("eval", "more than one spec ('%s' and '%s')", spec, a);
     spec = a;
@@ -146,13 +193,21 @@ int cmd_eval(int argc, char **argv) {
   if (ends_with(spec, ".ir")) return usage_error("eval", "eval takes a model spec (.json), not an IR file");
   if (grads && !out) return usage_error("eval", "--grads writes its results to --out; give --out=FILE");
 
-  char err[IR_ERR_LEN], override_buf[2][128];
-  const char *overrides[2];
+  char err[IR_ERR_LEN], override_buf[3][256];
+  const char *overrides[3];
   int n_overrides = 0;
   if (batch) snprintf(override_buf[n_overrides], sizeof override_buf[0], "batch=%.100s", batch);
   if (batch) overrides[n_overrides] = override_buf[n_overrides], n_overrides++;
   if (seq) snprintf(override_buf[n_overrides], sizeof override_buf[0], "seq=%.100s", seq);
   if (seq) overrides[n_overrides] = override_buf[n_overrides], n_overrides++;
+  if (mesh) {
+    char json[200];
+    if (mesh_flag_json(mesh, json, sizeof json))
+      return usage_error("eval", "--mesh takes axis=size pairs such as dp=2,tp=2, not '%s'", mesh);
+    snprintf(override_buf[n_overrides], sizeof override_buf[0], "mesh=%s", json);
+    overrides[n_overrides] = override_buf[n_overrides];
+    n_overrides++;
+  }
   Input in;
   int rc = input_load(spec, overrides, n_overrides, &in, err, sizeof err);
   if (rc) return report(rc, err);
@@ -172,6 +227,11 @@ int cmd_eval(int argc, char **argv) {
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;
+  if (mesh_world(&m->mesh) > 1) {
+    rc = grads ? usage_error("eval", "--grads runs one rank; drop --mesh (or --grads)") : eval_mesh(&in, weights, tokens, out, err, sizeof err);
+    m = in.m;
+    goto done;
+  }
   bool cpu = !backend || !strcmp(backend, "cpu");
   char pipeline[512];
   snprintf(pipeline, sizeof pipeline, "%s%s", grads ? "verify,canonicalize,mixed-precision,autodiff,cse,dce,verify" : DEFAULT_PIPELINE,

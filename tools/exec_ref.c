@@ -124,8 +124,8 @@ typedef struct {
   RefExec *r;
   int rank;
   Func *f;
-  Tensor *args[2];
-  Tensor *ret;
+  Tensor *args[8];
+  Tensor *ret[8];
   int rc;
   char err[IR_ERR_LEN];
 } RankJob;
@@ -140,13 +140,18 @@ static void *rank_main(void *arg) {
     memcpy(ad.ir.coord, ad.comm->coord, sizeof ad.ir.coord);
     comm = &ad.ir;
   }
-  j->rc = interp_run_comm(j->f, r->g[j->rank], j->args, &j->ret, comm, j->err, sizeof j->err);
+  j->rc = interp_run_comm(j->f, r->g[j->rank], j->args, j->ret, comm, j->err, sizeof j->err);
   if (j->rc && r->lw) local_world_abort(r->lw);   /* the others must not wait for this rank */
   return NULL;
 }
 
-/* Runs f on every rank; args are whole (each rank takes its piece by its placement). */
-static int run_all(RefExec *r, Func *f, Tensor **whole_args, float *out, char *err, size_t errlen) {
+/* Runs f on every rank; args are whole (each rank takes its piece by its placement).
+   The results are replicated (the shard pass makes them so): rank 0's are returned. */
+int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen) {
+  if (f->args.n > 8 || f->rets.n > 8) {
+    snprintf(err, errlen, "@%s has more than 8 arguments or results", f->name);
+    return EXIT_RUN;
+  }
   RankJob *jobs = calloc((size_t)r->world, sizeof *jobs);
   pthread_t *th = calloc((size_t)r->world, sizeof *th);
   int rc = 0;
@@ -175,9 +180,12 @@ static int run_all(RefExec *r, Func *f, Tensor **whole_args, float *out, char *e
       if (r->world > 1) snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
       else snprintf(err, errlen, "%s", jobs[k].err);
     }
-  if (!rc) *out = jobs[0].ret->f[0];   /* results are replicated: every rank has the same */
+  for (int i = 0; i < f->rets.n; i++) {
+    rets[i] = rc ? NULL : jobs[0].ret[i];   /* replicated: every rank has the same */
+    if (rc) tensor_free(jobs[0].ret[i]);
+  }
   for (int k = 0; k < r->world; k++) {
-    tensor_free(jobs[k].ret);
+    for (int i = 0; i < f->rets.n && k > 0; i++) tensor_free(jobs[k].ret[i]);
     if (r->world > 1)
       for (int a = 0; a < f->args.n; a++) tensor_free(jobs[k].args[a]);
   }
@@ -193,6 +201,15 @@ static int run_all(RefExec *r, Func *f, Tensor **whole_args, float *out, char *e
   return rc;
 }
 
+/* A function returning one scalar. */
+static int run_scalar(RefExec *r, Func *f, Tensor **args, float *out, char *err, size_t errlen) {
+  Tensor *ret = NULL;
+  int rc = ref_exec_run(r, f, args, &ret, err, errlen);
+  if (!rc) *out = ret->f[0];
+  tensor_free(ret);
+  return rc;
+}
+
 static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   RefExec *r = self;
   for (int64_t k = 0; k < r->inputs->n; k++) {
@@ -200,7 +217,7 @@ static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, 
     r->targets->i[k] = targets[k];
   }
   Tensor *args[2] = {r->inputs, r->targets};
-  return run_all(r, r->grad_step, args, loss, err, errlen);
+  return run_scalar(r, r->grad_step, args, loss, err, errlen);
 }
 
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
@@ -208,7 +225,7 @@ static int optimizer_step(void *self, float lr, float t, float *grad_norm, char 
   r->lr->f[0] = lr;
   r->step->f[0] = t;
   Tensor *args[2] = {r->lr, r->step};
-  return run_all(r, r->optimizer_step, args, grad_norm, err, errlen);
+  return run_scalar(r, r->optimizer_step, args, grad_norm, err, errlen);
 }
 
 static RtTensor view(const Global *gl, Tensor *t) {
@@ -222,12 +239,17 @@ static RtTensor view(const Global *gl, Tensor *t) {
 }
 
 int ref_exec_init(RefExec *r, const Module *m, uint64_t seed, const char *init, char *err, size_t errlen) {
+  return ref_exec_open(r, m, seed, init, true, err, errlen);
+}
+
+int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, char *err,
+                  size_t errlen) {
   memset(r, 0, sizeof *r);
   r->m = m;
   r->world = (int)mesh_world(&m->mesh);
   r->grad_step = module_find_func(m, "grad_step");
   r->optimizer_step = module_find_func(m, "optimizer_step");
-  if (!r->grad_step || !r->optimizer_step || r->grad_step->args.n != 2 || r->optimizer_step->args.n != 2) {
+  if (training && (!r->grad_step || !r->optimizer_step || r->grad_step->args.n != 2 || r->optimizer_step->args.n != 2)) {
     snprintf(err, errlen, "the module has no @grad_step(tokens, targets) and @optimizer_step(lr, step); "
              "run the autodiff and optimizer passes (loom ir --passes=train)");
     return 2;
@@ -270,6 +292,7 @@ int ref_exec_init(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   }
   if (r->world > 1)
     for (int i = 0; i < ng; i++) scatter_global(r, i);
+  if (!training) return 0;   /* eval: the stores are all it needs */
   const Type *tt = &((Value *)r->grad_step->args.items[0])->type;
   Type tokens = whole_type(m, tt), scalar = type_scalar(DT_F32);
   r->inputs = tensor_new(&tokens);

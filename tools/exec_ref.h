@@ -27,6 +27,11 @@ typedef struct {
    are exposed whole by name; $grad.* accumulators are not (they are zero between steps). */
 int ref_exec_init(RefExec *r, const Module *m, uint64_t seed, const char *init, char *err, size_t errlen);
 void ref_exec_free(RefExec *r);
+/* The same without needing the training functions (training false): for eval. */
+int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, char *err,
+                  size_t errlen);
+/* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
+int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
 
 /* The whole (global) type of a per-rank value's type, on module m's mesh. */
 Type whole_type(const Module *m, const Type *local);

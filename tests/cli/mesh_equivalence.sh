@@ -50,6 +50,20 @@ check gpt2-tiny "dp=2 x tp=2, ZeRO-3" --mesh dp=2,tp=2 --zero 3
 check llama-tiny-tied "tp=4, vocabulary padded 250 -> 252 (1 KV head, replicated)" --mesh tp=4
 RTOL=2e-2 check gpt2-tiny "bf16, dp=2, ZeRO-1" --mesh dp=2 --zero 1 --precision bf16
 
+# loom eval --mesh: every rank runs the partitioned forward; the gathered logits and the
+# loss match the PyTorch goldens within 1e-5.
+for m in gpt2-tiny llama-tiny llama-tiny-tied; do
+  g=tests/golden/$m
+  for mesh in dp=2 tp=2 dp=2,tp=2; do
+    if "$LOOM" eval models/$m.json --weights $g/weights.safetensors --tokens $g/tokens.bin --mesh $mesh \
+         --out "$tmp/eval.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/eval.st" $g/expected.safetensors --rtol 1e-5 > "$tmp/diff" 2>&1; then
+      ok "eval $m --mesh $mesh: gathered logits and loss match the PyTorch golden"
+    else
+      bad "eval $m --mesh $mesh"; cat "$tmp/log" "$tmp/diff"
+    fi
+  done
+done
+
 # Refusals: a batch dp does not divide; a tp that does not divide the heads.
 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json -q --steps 1 --mesh dp=3 > "$tmp/log" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "dp" "$tmp/log"; then ok "batch 2 over dp=3 refused (exit 2): $(head -1 "$tmp/log" | cut -c1-150)"; else bad "dp=3: exit $rc"; cat "$tmp/log"; fi
