@@ -127,7 +127,11 @@ static void plan_func(Func *f, int target) {
       }
       int64_t size = value_bytes(v, target);
       v->offset = -1;
-      if (op->kind == OP_CALL)   /* in place over an input that dies here */
+      /* In place over an input that dies here -- not a reduction's result: a kernel reads
+         several elements of its input for one element of such a result. */
+      const Value *kr = op->kind == OP_CALL && op->callee ? op->callee->rets.items[r] : NULL;
+      bool reduced = kr && kr->kind == VAL_RESULT && op_info(kr->def->kind)->cls == CLASS_REDUCTION;
+      if (op->kind == OP_CALL && !reduced)
         for (int k = 0; k < op->n_operands && v->offset < 0; k++) {
           Value *in = op->operands[k];
           if (in->kind == VAL_GLOBAL || reused[k] || root_of(in) != in || last[in->id] != i ||

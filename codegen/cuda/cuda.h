@@ -1,0 +1,60 @@
+/* codegen/cuda/cuda.h — the CUDA backend: one CUDA C++ translation unit per program (compiled
+ * by NVRTC, runtime/nvrtc.h), program functions as steps over native-dtype buffers.
+ *
+ *   kernel.c   a fused `kernel func` -> one extern "C" __global__ kernel (grid-stride loops;
+ *              reductions per output row, column or thread: deterministic orders)
+ *   lower.c    every program function (after `fuse` and `memory-plan` with target CUDA) ->
+ *              RtSteps; the translation unit: prelude.h (conversions, the templates of the
+ *              builtin kernels, flash attention), the fused kernels (identical ones shared),
+ *              one extern "C" wrapper per builtin kernel and storage signature used
+ *
+ * The program (runtime/program.h, "On CUDA every step ..."):
+ *   - every buffer holds its dtype natively (RtBuf.storage: f32, bf16, f16, f8e4m3, f8e5m2;
+ *     i32 for integer tensors) and RtBuf.round = RT_ROUND_NONE (kernels round when they
+ *     store); globals are laid out in their regions with each dtype's size, 64-byte aligned.
+ *     A float global's storage is the dtype its RtGlobal.round names (NONE: f32).
+ *   - a matmul is RT_STEP_GEMM as on the CPU (cuBLASLt with the buffers' storage types);
+ *     every other step is RT_STEP_KERNEL: `which` indexes RtProgram.kernel_names, a symbol
+ *     of the translation unit, `extern "C" __global__ void k(LoomArgs a)`, launched with the
+ *     step's grid, block and dynamic shared memory (smem, bytes).  Steps whose smem exceeds
+ *     48 KiB (the flash-attention kernels) need
+ *     cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) first.
+ *   - fused kernels: bufs = arguments then results (as on the CPU); i[0] = N (the element
+ *     count of the iteration space), and for kernels with reductions i[1] = outputs and
+ *     i[2] = elements reduced per output.  A kernel whose few outputs each reduce many
+ *     elements (a loss mean, a gradient norm, bias gradients) is split: step 1 (label
+ *     "... (parts)") also writes each block's part to scratch (its last buffer), step 2
+ *     ("... (sum of parts)", bufs: scratch -> the reduction results; i: outputs, parts)
+ *     adds the parts in order.
+ *   - builtins keep program.h's i[]/f[] layout of the op they implement.  Some ops take two
+ *     steps and scratch memory at the end of the function's arena (RtFunc.arena_bytes is the
+ *     memory plan's arena plus the largest scratch any step of the function needs; scratch
+ *     is only live between the steps of one op, and is listed among the step's outputs):
+ *       layernorm_grad, rmsnorm_grad  1: dy x w -> dx part   (part: f32[nb, parts, D])
+ *                                     2: part -> dw [db]     i: nb, D, parts
+ *       attention_grad                1: dout q k v -> dq L Dsum      (f32[B*H*T] each)
+ *                                     2: dout q k v L Dsum -> dk dv
+ *       embedding_grad                1: fill dtable with 0;  2: dy ids -> dtable
+ *   - an adamw whose three results are only assigned back to its p, m, v writes them there
+ *     (outputs = the globals, label "... (in place)") and the three assigns get no step.
+ * Steps run in program order on one stream (the scratch region is shared by all steps).
+ * Every reduction has a fixed order: the same inputs give the same bits on every run.
+ */
+#ifndef LOOM_CODEGEN_CUDA_H
+#define LOOM_CODEGEN_CUDA_H
+
+#include "ir/ir.h"
+#include "runtime/program.h"
+
+/* Lowers every non-kernel function of m (after fuse and memory-plan with target CUDA: each
+   value's offset counts each dtype's size) into *out (free with rt_program_free), and the
+   translation unit into *cuda_source (malloc'd; may be NULL if not wanted).  Fails with a
+   message naming the op on what the backend does not support (e.g. attention with a head
+   size that is not a multiple of 8 or above 128, collectives, integer tensors other than
+   i32 in memory). */
+int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, size_t errlen);
+
+/* The translation unit alone (for `loom ir --emit=cuda`). */
+int cuda_emit(const Module *m, char **source, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,1057 @@
+/* codegen/cuda/lower.c — program functions -> RtProgram for CUDA, and the translation unit.
+ *
+ * Like codegen/cpu/lower.c, one op becomes one step (a reshape between equal offsets none;
+ * layernorm_grad, rmsnorm_grad, attention_grad and embedding_grad two), but every step that
+ * is not a GEMM is RT_STEP_KERNEL: a fused kernel of kernel.c, or an extern "C" wrapper that
+ * instantiates a template of prelude.h for the storage dtypes of the step's buffers (the
+ * kernel's name spells them: f f32, b bf16, h f16, e f8e4m3, m f8e5m2, i i32; data movement
+ * that only copies is named by the element size).  Launch shapes are set per step; see
+ * cuda.h for the conventions and the scratch memory some builtins use.
+ *
+ * Memory: every value at its memory-plan offset (memory-plan with target CUDA: each dtype's
+ * size); globals in their regions (parameters, "grad.*", the rest), in module order, each
+ * dtype's size, 64-byte aligned.
+ */
+#include "codegen/cuda/cuda_internal.h"
+#include "codegen/cuda/prelude.h"
+
+#define GRAD_PREFIX_ "grad."
+#define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
+
+typedef struct {
+  const Module *m;
+  RtProgram *p;
+  const Func *f;
+  const Op *op;
+  int64_t *global_offset;
+  RtRegion *global_region;
+  /* kernel symbols of the translation unit, in order of first use */
+  char (*names)[KNAME];
+  int n_names, cap_names;
+  CStr text;                 /* the kernels and wrappers */
+  /* fused kernels, per func index of the module */
+  int *fused_symbol;
+  int *fused_fin;            /* the finish kernel of a split reduction, or -1 */
+  CudaKernelInfo *fused_info;
+  /* unique fused bodies (dedup): text and symbols */
+  char **bodies;
+  uint64_t *body_hash;
+  int *body_symbol, *body_fin;
+  int n_bodies;
+  int64_t scratch;           /* scratch bytes the current function's steps need */
+  bool *skip;                /* per op of the current function: lowered with an earlier op */
+  bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
+  char *err;
+  size_t errlen;
+} Lower;
+
+static int lfail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int lfail(Lower *L, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (L->op) {
+    char text[512];
+    snprintf(L->err, L->errlen, "@%s: op '%s' (%s): %s", L->f->name, op_info(L->op->kind)->name,
+             op_to_string(L->op, text, sizeof text), msg);
+  } else if (L->f) {
+    snprintf(L->err, L->errlen, "@%s: %s", L->f->name, msg);
+  } else {
+    snprintf(L->err, L->errlen, "%s", msg);
+  }
+  return IR_EINPUT;
+}
+
+static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
+
+static uint8_t round_of(DType dt) {
+  switch (dt) {
+  case DT_BF16: return RT_ROUND_BF16;
+  case DT_F16: return RT_ROUND_F16;
+  case DT_F8E4M3: return RT_ROUND_F8E4M3;
+  case DT_F8E5M2: return RT_ROUND_F8E5M2;
+  default: return RT_ROUND_NONE;
+  }
+}
+
+/* The storage of a dtype in memory on CUDA; -1 when unsupported. */
+static int storage_of(DType dt) {
+  switch (dt) {
+  case DT_F32: return RT_ST_F32;
+  case DT_BF16: return RT_ST_BF16;
+  case DT_F16: return RT_ST_F16;
+  case DT_F8E4M3: return RT_ST_F8E4M3;
+  case DT_F8E5M2: return RT_ST_F8E5M2;
+  case DT_I32: return RT_ST_I32;
+  default: return -1;
+  }
+}
+
+static int st_size(int st) {
+  switch (st) {
+  case RT_ST_BF16:
+  case RT_ST_F16: return 2;
+  case RT_ST_F8E4M3:
+  case RT_ST_F8E5M2: return 1;
+  default: return 4;
+  }
+}
+
+static char st_letter(int st) {
+  static const char l[] = {[RT_ST_F32] = 'f', [RT_ST_I32] = 'i', [RT_ST_BF16] = 'b',
+                           [RT_ST_F16] = 'h', [RT_ST_F8E4M3] = 'e', [RT_ST_F8E5M2] = 'm'};
+  return l[st];
+}
+
+static const char *st_struct(int st) {
+  static const char *const s[] = {[RT_ST_F32] = "loom_sf32", [RT_ST_I32] = "loom_si32", [RT_ST_BF16] = "loom_sbf16",
+                                  [RT_ST_F16] = "loom_sf16", [RT_ST_F8E4M3] = "loom_sf8e4m3",
+                                  [RT_ST_F8E5M2] = "loom_sf8e5m2"};
+  return s[st];
+}
+
+static RtRegion region_of(const Global *g) {
+  if (g->kind == GLOBAL_PARAM) return RT_REGION_PARAMS;
+  if (!strncmp(g->name, GRAD_PREFIX_, strlen(GRAD_PREFIX_))) return RT_REGION_GRADS;
+  return RT_REGION_OPTIM;
+}
+
+static const char *vname(const Value *v) {
+  return v->kind == VAL_GLOBAL ? v->global->name : v->name ? v->name : "?";
+}
+
+/* The buffer of a value: a global's region, or the function's arena. */
+static int buf_of(Lower *L, const Value *v, RtBuf *b) {
+  memset(b, 0, sizeof *b);
+  int st = storage_of(v->type.dtype);
+  if (st < 0)
+    return lfail(L, "value %s%s is %s: the CUDA backend holds only f32, bf16, f16, f8 and i32 tensors in memory",
+                 v->kind == VAL_GLOBAL ? "$" : "%", vname(v), dtype_name(v->type.dtype));
+  b->n = type_numel(&v->type);
+  b->is_int = !dtype_is_float(v->type.dtype);
+  b->round = RT_ROUND_NONE;   /* kernels store each dtype natively */
+  b->storage = (uint8_t)st;
+  if (v->kind == VAL_GLOBAL) {
+    b->region = (uint8_t)L->global_region[v->global->index];
+    b->offset = L->global_offset[v->global->index];
+    return 0;
+  }
+  b->region = RT_REGION_ARENA;
+  if (v->offset < 0) return lfail(L, "value %%%s has no arena offset; run the memory-plan pass first", vname(v));
+  if (v->offset % 64)
+    return lfail(L, "value %%%s is at offset %lld, not 64-byte aligned", vname(v), (long long)v->offset);
+  int64_t bytes = (int64_t)st_size(st) * b->n;
+  if (v->offset + bytes > L->f->arena_bytes)
+    return lfail(L, "value %%%s (%lld bytes at %lld) does not fit in the arena of %lld bytes (was memory-plan run "
+                 "with target CUDA?)", vname(v), (long long)bytes, (long long)v->offset, (long long)L->f->arena_bytes);
+  b->offset = v->offset;
+  return 0;
+}
+
+static bool overlap(const RtBuf *a, const RtBuf *b) {
+  int64_t ea = a->offset + st_size(a->storage) * a->n, eb = b->offset + st_size(b->storage) * b->n;
+  return a->region == b->region && a->offset < eb && b->offset < ea;
+}
+
+/* ---------------------------------------------------------------- kernel symbols */
+
+static int find_symbol(const Lower *L, const char *name) {
+  for (int i = 0; i < L->n_names; i++)
+    if (!strcmp(L->names[i], name)) return i;
+  return -1;
+}
+
+/* Adds a symbol (its text appended to the translation unit); returns its index or -1. */
+static int add_symbol(Lower *L, const char *name, const char *text) {
+  int i = find_symbol(L, name);
+  if (i >= 0) return i;
+  if (strlen(name) >= KNAME) {
+    lfail(L, "internal error: kernel name %s is longer than %d characters", name, KNAME - 1);
+    return -1;
+  }
+  if (L->n_names == L->cap_names) {
+    int cap = L->cap_names ? 2 * L->cap_names : 64;
+    char(*names)[KNAME] = realloc(L->names, sizeof *names * (size_t)cap);
+    if (!names) {
+      lfail(L, "out of memory");
+      return -1;
+    }
+    L->names = names;
+    L->cap_names = cap;
+  }
+  snprintf(L->names[L->n_names], KNAME, "%s", name);
+  cstr_add(&L->text, "%s", text);
+  return L->n_names++;
+}
+
+/* A builtin kernel: an extern "C" wrapper of a prelude template. */
+static int builtin_symbol(Lower *L, const char *name, int max_threads, const char *call) {
+  int i = find_symbol(L, name);
+  if (i >= 0) return i;
+  CStr t = {0};
+  cstr_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a) { %s(a); }\n", max_threads, name, call);
+  if (t.oom) {
+    lfail(L, "out of memory");
+    return -1;
+  }
+  i = add_symbol(L, name, t.s);
+  cstr_free(&t);
+  return i;
+}
+
+static uint64_t fnv(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* Compiles kernel func fi (once; identical bodies share one symbol). */
+static int fused_kernel(Lower *L, int fi) {
+  if (L->fused_symbol[fi] >= 0) return 0;
+  const Func *k = L->m->funcs.items[fi];
+  CStr body = {0}, fin = {0};
+  CudaKernelInfo *info = &L->fused_info[fi];
+  if (cuda_kernel_body(k, &body, &fin, info, L->err, L->errlen)) {
+    cstr_free(&body);
+    cstr_free(&fin);
+    return IR_EINPUT;
+  }
+  /* the key: launch bounds and body */
+  CStr key = {0};
+  uint32_t threads = info->block[0] * info->block[1] * info->block[2];
+  cstr_add(&key, "__launch_bounds__(%u) %s", threads, body.s);
+  cstr_free(&body);
+  if (key.oom) {
+    cstr_free(&fin);
+    return lfail(L, "out of memory");
+  }
+  uint64_t h = fnv(key.s);
+  L->fused_fin[fi] = -1;
+  for (int b = 0; b < L->n_bodies; b++)
+    if (L->body_hash[b] == h && !strcmp(L->bodies[b], key.s)) {
+      L->fused_symbol[fi] = L->body_symbol[b];
+      L->fused_fin[fi] = L->body_fin[b];
+      cstr_free(&key);
+      cstr_free(&fin);
+      return 0;
+    }
+  char name[KNAME];
+  snprintf(name, sizeof name, "k%d_%s", L->n_bodies, k->name);   /* truncated at 31: the number keeps it unique */
+  for (char *c = name; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9'))) *c = '_';
+  CStr t = {0};
+  cstr_add(&t, "\n/* kernel @%s: N = %lld, %s */\nextern \"C\" __global__ void %.*s %s", k->name, (long long)info->N,
+           info->mode == CK_ELEMENTWISE ? "elementwise" : info->mode == CK_SERIAL ? "reductions, a thread per output"
+           : info->mode == CK_ROW ? "reductions, a block per output" : "reductions, 32 outputs per block",
+           (int)(strchr(key.s, ' ') - key.s), key.s, name);
+  cstr_add(&t, "(LoomArgs a) %s", strchr(key.s, ' ') + 1);
+  int sym = t.oom ? -1 : add_symbol(L, name, t.s);
+  cstr_free(&t);
+  int fsym = -1;
+  if (sym >= 0 && info->split > 1) {
+    /* its finish kernel: f<n>_<func> */
+    name[0] = 'f';
+    cstr_add(&t, "\n/* kernel @%s, finish: the %lld parts of each of its %lld reduction outputs, in order */\n"
+             "extern \"C\" __global__ void __launch_bounds__(%u) %s(LoomArgs a) %s", k->name, (long long)info->split,
+             (long long)info->out_n, info->fin_block, name, fin.s ? fin.s : "{}\n");
+    fsym = t.oom ? -1 : add_symbol(L, name, t.s);
+    cstr_free(&t);
+    if (fsym < 0) sym = -1;
+  }
+  cstr_free(&fin);
+  if (sym < 0) {
+    cstr_free(&key);
+    return L->err[0] ? IR_EINPUT : lfail(L, "out of memory");
+  }
+  int nb = L->n_bodies + 1;
+  char **bodies = realloc(L->bodies, sizeof *bodies * (size_t)nb);
+  if (bodies) L->bodies = bodies;
+  uint64_t *hashes = realloc(L->body_hash, sizeof *hashes * (size_t)nb);
+  if (hashes) L->body_hash = hashes;
+  int *syms = realloc(L->body_symbol, sizeof *syms * (size_t)nb);
+  if (syms) L->body_symbol = syms;
+  int *fins = realloc(L->body_fin, sizeof *fins * (size_t)nb);
+  if (fins) L->body_fin = fins;
+  if (!bodies || !hashes || !syms || !fins) {
+    cstr_free(&key);
+    return lfail(L, "out of memory");
+  }
+  L->bodies[L->n_bodies] = key.s;   /* owned now */
+  L->body_hash[L->n_bodies] = h;
+  L->body_fin[L->n_bodies] = fsym;
+  L->body_symbol[L->n_bodies++] = sym;
+  L->fused_symbol[fi] = sym;
+  L->fused_fin[fi] = fsym;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- steps */
+
+typedef struct {
+  RtStep *items;
+  int n, cap;
+} Steps;
+
+static RtStep *new_step(Lower *L, Steps *s, RtStepKind kind, int which, const char *suffix) {
+  if (which < 0) return NULL;
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    RtStep *items = realloc(s->items, sizeof(RtStep) * (size_t)cap);
+    if (!items) {
+      lfail(L, "out of memory");
+      return NULL;
+    }
+    s->items = items;
+    s->cap = cap;
+  }
+  RtStep *st = &s->items[s->n++];
+  memset(st, 0, sizeof *st);
+  st->kind = kind;
+  st->which = which;
+  st->grid[0] = st->grid[1] = st->grid[2] = 1;
+  st->block[0] = st->block[1] = st->block[2] = 1;
+  const Op *op = L->op;
+  const Value *r = op->n_results ? op->results[0] : op->operands[0];
+  const char *name = r->kind == VAL_GLOBAL ? r->global->name : r->name;
+  if (op->kind == OP_CALL) snprintf(st->label, sizeof st->label, "call @%s", op->callee->name);
+  else if (name)
+    snprintf(st->label, sizeof st->label, "%s %s%s%s", op_info(op->kind)->name, r->kind == VAL_GLOBAL ? "$" : "%", name,
+             suffix);
+  else snprintf(st->label, sizeof st->label, "%s%s", op_info(op->kind)->name, suffix);
+  return st;
+}
+
+/* Buffers: the given values as inputs, then the op's results (if results) as outputs. */
+static int set_bufs(Lower *L, RtStep *st, const Value *const *in, int n_in, bool results) {
+  const Op *op = L->op;
+  int n_out = results ? op->n_results : 0;
+  if (n_in + n_out > RT_MAX_BUFS)
+    return lfail(L, "needs %d buffers; a step holds at most %d (RT_MAX_BUFS)", n_in + n_out, RT_MAX_BUFS);
+  st->n_in = n_in;
+  st->n_out = n_out;
+  for (int i = 0; i < n_in; i++)
+    if (buf_of(L, in[i], &st->bufs[i])) return IR_EINPUT;
+  for (int i = 0; i < n_out; i++)
+    if (buf_of(L, op->results[i], &st->bufs[n_in + i])) return IR_EINPUT;
+  return 0;
+}
+
+static int set_operand_bufs(Lower *L, RtStep *st) {
+  return set_bufs(L, st, (const Value *const *)L->op->operands, L->op->n_operands, true);
+}
+
+/* Appends an output buffer of n f32 in the scratch region (at byte `at` of it). */
+static int add_scratch(Lower *L, RtStep *st, int64_t at, int64_t n) {
+  if (st->n_in + st->n_out >= RT_MAX_BUFS) return lfail(L, "needs more than %d buffers (RT_MAX_BUFS)", RT_MAX_BUFS);
+  RtBuf *b = &st->bufs[st->n_in + st->n_out++];
+  memset(b, 0, sizeof *b);
+  b->region = RT_REGION_ARENA;
+  b->storage = RT_ST_F32;
+  b->round = RT_ROUND_NONE;
+  b->offset = align64(L->f->arena_bytes) + at;
+  b->n = n;
+  if (at + 4 * n > L->scratch) L->scratch = align64(at + 4 * n);
+  return 0;
+}
+
+static int push_int(Lower *L, RtStep *st, int *n, int64_t v) {
+  if (*n >= RT_MAX_INTS) return lfail(L, "needs more than %d integer parameters (RT_MAX_INTS)", RT_MAX_INTS);
+  st->i[(*n)++] = v;
+  return 0;
+}
+
+static int64_t prod_dims(const Type *t, int from, int to) {
+  int64_t p = 1;
+  for (int d = from; d < to; d++) p *= t->dims[d];
+  return p;
+}
+
+static int64_t last_dim(const Type *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+static uint32_t clamp_grid(int64_t blocks, int64_t max) {
+  if (blocks < 1) return 1;
+  return (uint32_t)(blocks > max ? max : blocks);
+}
+
+/* Grid-stride elementwise launch over n items. */
+static void launch_ew(RtStep *st, int64_t n) {
+  st->block[0] = 256;
+  st->grid[0] = clamp_grid((n + 255) / 256, 65536);
+}
+
+/* One block per row of D elements. */
+static uint32_t row_threads(int64_t D) {
+  if (D <= 32) return 32;
+  if (D <= 64) return 64;
+  if (D <= 256) return 128;
+  if (D <= 4096) return 256;
+  return 512;
+}
+static void launch_rows(RtStep *st, int64_t rows, int64_t D) {
+  st->block[0] = row_threads(D);
+  st->grid[0] = clamp_grid(rows, 1 << 20);
+}
+
+/* Storage letters of the step's buffers listed in idx[] (-1 ends). */
+static void letters(const RtStep *st, const int *idx, char *out) {
+  int n = 0;
+  for (; idx[n] >= 0; n++) out[n] = st_letter(st->bufs[idx[n]].storage);
+  out[n] = 0;
+}
+
+/* "loom_sbf16, loom_sf32, ..." of the same buffers. */
+static void structs(const RtStep *st, const int *idx, char *out, size_t cap) {
+  size_t n = 0;
+  out[0] = 0;
+  for (int k = 0; idx[k] >= 0; k++)
+    n += (size_t)snprintf(out + n, cap - n, "%s%s", k ? ", " : "", st_struct(st->bufs[idx[k]].storage));
+}
+
+/* Instantiates template `tmpl` on the storage of bufs idx[] (+ extra template arguments) as
+   kernel "loom_<base>_<letters><suffix>", sets st->which. */
+static int instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, const int *idx, const char *extra,
+                       const char *suffix, int max_threads) {
+  char lt[RT_MAX_BUFS + 1], ss[512], name[96], call[700];
+  letters(st, idx, lt);
+  structs(st, idx, ss, sizeof ss);
+  snprintf(name, sizeof name, "loom_%s_%s%s", base, lt, suffix);
+  snprintf(call, sizeof call, "%s<%s%s%s>", tmpl, ss, extra && *extra ? ", " : "", extra ? extra : "");
+  if (strlen(name) >= KNAME) return lfail(L, "internal error: kernel name %s too long", name);
+  st->which = builtin_symbol(L, name, max_threads, call);
+  return st->which < 0 ? IR_EINPUT : 0;
+}
+
+/* Raw data movement, by element size. */
+static int instantiate_raw(Lower *L, RtStep *st, const char *base, const char *tmpl, int size) {
+  char name[64], call[128];
+  snprintf(name, sizeof name, "loom_%s_%d", base, size);
+  snprintf(call, sizeof call, "%s<loom_sraw%d>", tmpl, size);
+  st->which = builtin_symbol(L, name, 1024, call);
+  return st->which < 0 ? IR_EINPUT : 0;
+}
+
+static bool all_float(const RtStep *st) {
+  for (int i = 0; i < st->n_in + st->n_out; i++)
+    if (st->bufs[i].storage == RT_ST_I32) return false;
+  return true;
+}
+
+static int lower_call(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  const Func *k = op->callee;
+  int fi = -1;
+  for (int i = 0; i < L->m->funcs.n; i++)
+    if (L->m->funcs.items[i] == k) fi = i;
+  if (fi < 0 || !k->is_kernel) return lfail(L, "calls @%s, which is not a kernel func of this module", k->name);
+  if (fused_kernel(L, fi)) return IR_EINPUT;
+  const CudaKernelInfo *info = &L->fused_info[fi];
+  bool split = info->split > 1;
+  RtStep *st = new_step(L, s, RT_STEP_KERNEL, L->fused_symbol[fi], "");
+  if (!st || set_operand_bufs(L, st)) return IR_EINPUT;
+  if (split) snprintf(st->label + strlen(st->label), sizeof st->label - strlen(st->label), " (parts)");
+  st->i[0] = info->N;
+  st->i[1] = info->out_n;
+  st->i[2] = info->count;
+  memcpy(st->block, info->block, sizeof st->block);
+  st->grid[0] = clamp_grid((info->work + info->per_block - 1) / info->per_block, 65536);
+  /* In place only element for element: an N-element result over an N-element argument at
+     the same offset (each point reads its arguments before it stores). */
+  int64_t N = info->N;
+  for (int o = st->n_in; o < st->n_in + st->n_out; o++) {
+    const Value *ret = k->rets.items[o - st->n_in];
+    /* a reduction of size-1 dims (count 1) writes output o at point o: element for element too */
+    bool elementwise = !(ret->kind == VAL_RESULT && op_info(ret->def->kind)->cls == CLASS_REDUCTION) || info->count == 1;
+    for (int i = 0; i < st->n_in + st->n_out; i++) {
+      if (i == o || !overlap(&st->bufs[i], &st->bufs[o])) continue;
+      bool exact = i < st->n_in && elementwise && st->bufs[i].offset == st->bufs[o].offset && st->bufs[i].n == N &&
+                   st->bufs[o].n == N && st_size(st->bufs[i].storage) == st_size(st->bufs[o].storage);
+      if (!exact)
+        return lfail(L, "result %d shares memory with %s %d; a kernel may only write an N-element result (not a "
+                     "reduction) over an N-element argument of the same element size at the same offset",
+                     o - st->n_in, i < st->n_in ? "argument" : "result", i < st->n_in ? i : i - st->n_in);
+    }
+  }
+  if (!split) return 0;
+  /* a split reduction: the parts go to scratch; the finish kernel combines them */
+  if (add_scratch(L, st, 0, (info->scratch_bytes + 3) / 4)) return IR_EINPUT;
+  RtBuf parts = st->bufs[st->n_in + st->n_out - 1];
+  RtBuf reds[RT_MAX_BUFS];
+  int n_red = 0;
+  for (int r = 0; r < k->rets.n; r++) {
+    const Value *ret = k->rets.items[r];
+    if (ret->kind == VAL_RESULT && op_info(ret->def->kind)->cls == CLASS_REDUCTION) reds[n_red++] = st->bufs[st->n_in + r];
+  }
+  st = new_step(L, s, RT_STEP_KERNEL, L->fused_fin[fi], "");
+  if (!st) return IR_EINPUT;
+  snprintf(st->label + strlen(st->label), sizeof st->label - strlen(st->label), " (sum of parts)");
+  st->n_in = 1;
+  st->bufs[0] = parts;
+  st->n_out = n_red;
+  memcpy(st->bufs + 1, reds, sizeof(RtBuf) * (size_t)n_red);
+  st->i[0] = info->out_n;
+  st->i[1] = info->split;
+  st->block[0] = info->fin_block;
+  st->grid[0] = clamp_grid((info->fin_work + info->fin_block - 1) / info->fin_block, 65536);
+  return 0;
+}
+
+static int lower_matmul(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  const Type *a = &op->operands[0]->type, *b = &op->operands[1]->type, *c = &op->results[0]->type;
+  bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
+  int64_t M = c->dims[c->rank - 2], N = c->dims[c->rank - 1], K = a->dims[a->rank - (ta ? 2 : 1)];
+  RtStep *st = new_step(L, s, RT_STEP_GEMM, 0, "");
+  if (!st || set_operand_bufs(L, st)) return IR_EINPUT;
+  int64_t batch = M * N != 0 ? type_numel(c) / (M * N) : 0;
+  int64_t v[9] = {batch, M, N, K, ta, tb, M * K, b->rank > 2 ? K * N : 0, M * N};
+  memcpy(st->i, v, sizeof v);
+  st->grid[0] = st->block[0] = 0;   /* a library call: no launch of ours */
+  return 0;
+}
+
+/* flash attention: the head size as a template argument */
+static int attention_dims(Lower *L, const Type *q, const Type *k) {
+  int64_t Dh = q->dims[3], H = q->dims[2], KV = k->dims[2], T = q->dims[1], S = k->dims[1];
+  if (Dh % 8 || Dh < 8 || Dh > 128)
+    return lfail(L, "head size %lld: the CUDA flash-attention kernels take head sizes that are multiples of 8 up "
+                 "to 128", (long long)Dh);
+  if (KV <= 0 || H % KV) return lfail(L, "%lld query heads do not share %lld kv heads evenly", (long long)H, (long long)KV);
+  if ((T + 63) / 64 > 65535 || (S + 31) / 32 > 65535 || q->dims[0] * H > INT32_MAX)
+    return lfail(L, "the sequence (%lld) or batch x heads is too large for one launch", (long long)T);
+  return 0;
+}
+
+static uint32_t fa_smem(int which, int64_t D) {
+  int64_t LD = D + 1;
+  switch (which) {
+  case 0: return (uint32_t)(4 * (3 * 64 * LD + 64 * 65));                      /* forward */
+  case 1: return (uint32_t)(4 * (2 * 64 * LD + 2 * 32 * LD + 64 * 33));          /* dq */
+  default: return (uint32_t)(4 * (2 * 32 * LD + 2 * 64 * LD + 2 * 32 * 65 + 128)); /* dk dv */
+  }
+}
+
+static int lower_builtin(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
+  const Type *y = op->n_results ? &op->results[0]->type : NULL;
+  RtStep *st;
+  int n = 0;
+  char extra[64], suffix[32];
+#define STEP(suffix_)                                               \
+  do {                                                              \
+    st = new_step(L, s, RT_STEP_KERNEL, 0, (suffix_));              \
+    if (!st || set_operand_bufs(L, st)) return IR_EINPUT;           \
+    n = 0;                                                          \
+  } while (0)
+#define INT(v)                                      \
+  do {                                              \
+    if (push_int(L, st, &n, (v))) return IR_EINPUT; \
+  } while (0)
+#define IDX(...) ((const int[]){__VA_ARGS__, -1})
+  switch (op->kind) {
+  case OP_LAYERNORM:
+  case OP_RMSNORM: {
+    bool ln = op->kind == OP_LAYERNORM;
+    STEP("");
+    int64_t D = last_dim(x);
+    INT(D ? type_numel(x) / D : 0);
+    INT(D);
+    st->f[0] = op_float(op, "eps");
+    launch_rows(st, st->i[0], D);
+    if (ln) return instantiate(L, st, "layernorm", "loom_norm_fwd", IDX(0, 1, 2, 3), "true", "", 1024);
+    return instantiate(L, st, "rmsnorm", "loom_norm_fwd", IDX(0, 1, 1, 2), "false", "", 1024);
+  }
+  case OP_LAYERNORM_GRAD:
+  case OP_RMSNORM_GRAD: {
+    bool ln = op->kind == OP_LAYERNORM_GRAD;
+    const Type *xt = &op->operands[1]->type;
+    int64_t D = last_dim(xt), rows = D ? type_numel(xt) / D : 0, parts = ln ? 2 : 1;
+    uint32_t nb = clamp_grid(rows, 256);
+    /* 1: dx and per-block partial sums of dw (db) */
+    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dx)");
+    if (!st || set_bufs(L, st, (const Value *const *)op->operands, 3, false)) return IR_EINPUT;
+    st->n_out = 1;
+    if (buf_of(L, op->results[0], &st->bufs[3]) || add_scratch(L, st, 0, (int64_t)nb * parts * D)) return IR_EINPUT;
+    n = 0;
+    INT(rows);
+    INT(D);
+    st->f[0] = op_float(op, "eps");
+    st->block[0] = row_threads(D);
+    st->grid[0] = nb;
+    if (instantiate(L, st, ln ? "lngrad" : "rmsgrad", "loom_norm_bwd", IDX(0, 1, 2, 3), ln ? "true" : "false", "", 1024))
+      return IR_EINPUT;
+    RtBuf part = st->bufs[4];
+    /* 2: the partial sums in block order */
+    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dw)");
+    if (!st) return IR_EINPUT;
+    st->n_in = 1;
+    st->bufs[0] = part;
+    st->n_out = (int)parts;
+    for (int r = 0; r < parts; r++)
+      if (buf_of(L, op->results[1 + r], &st->bufs[1 + r])) return IR_EINPUT;
+    n = 0;
+    INT(nb);
+    INT(D);
+    INT(parts);
+    launch_ew(st, parts * D);
+    return instantiate(L, st, "normsum", "loom_norm_colsum", ln ? IDX(1, 2) : IDX(1, 1), NULL, "", 1024);
+  }
+  case OP_SOFTMAX:
+  case OP_SOFTMAX_GRAD: {
+    bool fwd = op->kind == OP_SOFTMAX;
+    STEP("");
+    int64_t D = last_dim(y);
+    INT(D ? type_numel(y) / D : 0);
+    INT(D);
+    launch_rows(st, st->i[0], D);
+    if (fwd) return instantiate(L, st, "softmax", "loom_softmax_fwd", IDX(0, 1), NULL, "", 1024);
+    return instantiate(L, st, "softmax_bwd", "loom_softmax_bwd", IDX(0, 1, 2), NULL, "", 1024);
+  }
+  case OP_ATTENTION: {
+    const Type *q = x, *kt = &op->operands[1]->type;
+    if (attention_dims(L, q, kt)) return IR_EINPUT;
+    STEP("");
+    for (int d = 0; d < 4; d++) INT(q->dims[d]);
+    INT(kt->dims[1]);
+    INT(kt->dims[2]);
+    INT(op_bool(op, "causal"));
+    st->f[0] = op_float(op, "scale");
+    st->block[0] = 128;
+    st->grid[0] = (uint32_t)(q->dims[0] * q->dims[2]);
+    st->grid[1] = clamp_grid((q->dims[1] + 63) / 64, 65535);
+    st->smem = fa_smem(0, q->dims[3]);
+    snprintf(extra, sizeof extra, "%lld", (long long)q->dims[3]);
+    snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
+    return instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
+  }
+  case OP_ATTENTION_GRAD: {
+    const Type *q = &op->operands[1]->type, *kt = &op->operands[2]->type;
+    if (attention_dims(L, q, kt)) return IR_EINPUT;
+    int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
+    int64_t rows = B * H * T, l_at = 0, d_at = align64(4 * rows);
+    int64_t ints[7] = {B, T, H, D, S, KV, op_bool(op, "causal")};
+    snprintf(extra, sizeof extra, "%lld", (long long)D);
+    snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
+    /* 1: dq, L, Dsum */
+    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dq)");
+    if (!st || set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
+    st->n_out = 1;
+    if (buf_of(L, op->results[0], &st->bufs[4]) || add_scratch(L, st, l_at, rows) || add_scratch(L, st, d_at, rows))
+      return IR_EINPUT;
+    memcpy(st->i, ints, sizeof ints);
+    st->f[0] = op_float(op, "scale");
+    st->block[0] = 128;
+    st->grid[0] = (uint32_t)(B * H);
+    st->grid[1] = clamp_grid((T + 63) / 64, 65535);
+    st->smem = fa_smem(1, D);
+    if (instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128)) return IR_EINPUT;
+    RtBuf lb = st->bufs[5], db = st->bufs[6];
+    /* 2: dk, dv */
+    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dk dv)");
+    if (!st || set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
+    st->bufs[4] = lb;
+    st->bufs[5] = db;
+    st->n_in = 6;
+    st->n_out = 2;
+    if (buf_of(L, op->results[1], &st->bufs[6]) || buf_of(L, op->results[2], &st->bufs[7])) return IR_EINPUT;
+    memcpy(st->i, ints, sizeof ints);
+    st->f[0] = op_float(op, "scale");
+    st->block[0] = 128;
+    st->grid[0] = (uint32_t)(B * KV);
+    st->grid[1] = clamp_grid((S + 31) / 32, 65535);
+    st->smem = fa_smem(2, D);
+    return instantiate(L, st, "attn_dkdv", "loom_attn_bwd_dkdv", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
+  }
+  case OP_ROPE:
+    if (x->dims[3] % 2) return lfail(L, "rope needs an even head size");
+    STEP("");
+    for (int d = 0; d < 4; d++) INT(x->dims[d]);
+    INT(op_int(op, "offset"));
+    INT(op_bool(op, "inverse"));
+    st->f[0] = op_float(op, "theta");
+    launch_ew(st, type_numel(x) / 2);
+    return instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
+  case OP_CROSS_ENTROPY:
+  case OP_CROSS_ENTROPY_GRAD: {
+    bool fwd = op->kind == OP_CROSS_ENTROPY;
+    const Type *logits = &op->operands[fwd ? 0 : 1]->type;
+    STEP("");
+    if (st->bufs[fwd ? 1 : 2].storage != RT_ST_I32) return lfail(L, "targets must be i32");
+    int64_t V = last_dim(logits);
+    INT(V ? type_numel(logits) / V : 0);
+    INT(V);
+    launch_rows(st, st->i[0], V);
+    if (fwd) return instantiate(L, st, "xent", "loom_xent_fwd", IDX(0, 2), NULL, "", 1024);
+    return instantiate(L, st, "xent_bwd", "loom_xent_bwd", IDX(0, 1, 3), NULL, "", 1024);
+  }
+  case OP_EMBEDDING: {
+    STEP("");
+    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "ids must be i32");
+    INT(type_numel(&op->operands[1]->type));
+    INT(x->dims[0]);
+    INT(x->dims[1]);
+    launch_ew(st, st->i[0] * st->i[2]);
+    return instantiate(L, st, "embedding", "loom_embedding_fwd", IDX(0, 2), NULL, "", 1024);
+  }
+  case OP_EMBEDDING_GRAD: {
+    /* 1: zero the table gradient */
+    st = new_step(L, s, RT_STEP_KERNEL, 0, " (zero)");
+    if (!st) return IR_EINPUT;
+    st->n_out = 1;
+    if (buf_of(L, op->results[0], &st->bufs[0])) return IR_EINPUT;
+    n = 0;
+    INT(type_numel(y));
+    st->f[0] = 0;
+    launch_ew(st, type_numel(y));
+    if (instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024)) return IR_EINPUT;
+    /* 2: the rows of the ids that occur */
+    STEP("");
+    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "ids must be i32");
+    INT(type_numel(&op->operands[1]->type));
+    INT(y->dims[0]);
+    INT(y->dims[1]);
+    st->block[0] = 256;
+    st->grid[0] = clamp_grid(st->i[0], 65536);
+    return instantiate(L, st, "embedding_bwd", "loom_embedding_bwd", IDX(0, 2), NULL, "", 1024);
+  }
+  case OP_TRANSPOSE:
+  case OP_SLICE:
+  case OP_PAD: {
+    STEP("");
+    INT(x->rank);
+    for (int d = 0; d < x->rank; d++) INT(x->dims[d]);
+    for (int a = 0; a < op_info(op->kind)->n_attrs; a++)
+      for (int d = 0; d < x->rank; d++) INT(op->attrs[a].ints[d]);
+    launch_ew(st, type_numel(y));
+    const char *base = op->kind == OP_TRANSPOSE ? "transpose" : op->kind == OP_SLICE ? "slice" : "pad";
+    char tmpl[32];
+    snprintf(tmpl, sizeof tmpl, "loom_%s", base);
+    return instantiate_raw(L, st, base, tmpl, st_size(st->bufs[0].storage));
+  }
+  case OP_CONCAT: {
+    int dim = (int)op_int(op, "dim");
+    STEP("");
+    INT(op->n_operands);
+    INT(prod_dims(y, 0, dim));
+    INT(prod_dims(y, dim + 1, y->rank));
+    for (int i = 0; i < op->n_operands; i++) INT(op->operands[i]->type.dims[dim]);
+    launch_ew(st, type_numel(y));
+    return instantiate_raw(L, st, "concat", "loom_concat", st_size(st->bufs[0].storage));
+  }
+  case OP_BROADCAST: {
+    STEP("");
+    INT(y->rank);
+    for (int d = 0; d < y->rank; d++) INT(y->dims[d]);
+    int off = y->rank - x->rank;
+    for (int d = 0; d < y->rank; d++) {
+      int e = d - off;
+      INT(e < 0 || x->dims[e] == 1 ? 0 : prod_dims(x, e + 1, x->rank));
+    }
+    launch_ew(st, type_numel(y));
+    return instantiate_raw(L, st, "broadcast", "loom_broadcast", st_size(st->bufs[0].storage));
+  }
+  case OP_RESHAPE:
+    if (op->operands[0]->kind != VAL_GLOBAL && op->operands[0]->offset == op->results[0]->offset) {
+      RtBuf a, b;   /* shares its operand's buffer: no step, but check both */
+      if (buf_of(L, op->operands[0], &a) || buf_of(L, op->results[0], &b)) return IR_EINPUT;
+      return 0;
+    }
+    STEP("");
+    INT(type_numel(y));
+    launch_ew(st, type_numel(y));
+    return instantiate_raw(L, st, "copyraw", "loom_copy_raw", st_size(st->bufs[0].storage));
+  case OP_CAST: {
+    bool ff = dtype_is_float(x->dtype) && dtype_is_float(y->dtype);
+    STEP("");
+    INT(type_numel(y));
+    if (!ff) INT(y->dtype == DT_BOOL);
+    launch_ew(st, type_numel(y));
+    if (st->bufs[0].storage == st->bufs[1].storage)
+      return instantiate_raw(L, st, "copyraw", "loom_copy_raw", st_size(st->bufs[0].storage));
+    if (ff) return instantiate(L, st, "copy", "loom_copy", IDX(0, 1), NULL, "", 1024);
+    return instantiate(L, st, "cast", "loom_cast", IDX(0, 1), NULL, "", 1024);
+  }
+  case OP_CONSTANT:
+    STEP("");
+    INT(type_numel(y));
+    st->f[0] = op_float(op, "value");
+    launch_ew(st, type_numel(y));
+    return instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024);
+  case OP_IOTA:
+    STEP("");
+    INT(y->rank);
+    for (int d = 0; d < y->rank; d++) INT(y->dims[d]);
+    INT(op_int(op, "dim"));
+    launch_ew(st, type_numel(y));
+    return instantiate(L, st, "iota", "loom_iota", IDX(0), NULL, "", 1024);
+  case OP_ACCUMULATE:
+  case OP_ASSIGN: {
+    bool acc = op->kind == OP_ACCUMULATE;
+    STEP("");
+    INT(type_numel(x));
+    launch_ew(st, type_numel(x));
+    return instantiate(L, st, acc ? "accumulate" : "assign", "loom_update", IDX(0, 1), acc ? "true" : "false", "", 1024);
+  }
+  case OP_FILL:
+    /* the global is the output */
+    st = new_step(L, s, RT_STEP_KERNEL, 0, "");
+    if (!st) return IR_EINPUT;
+    st->n_out = 1;
+    if (buf_of(L, op->operands[0], &st->bufs[0])) return IR_EINPUT;
+    INT(type_numel(x));
+    st->f[0] = op_float(op, "value");
+    launch_ew(st, type_numel(x));
+    return instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024);
+  case OP_ADAMW: {
+    STEP("");
+    int64_t cnt = type_numel(x);
+    INT(cnt);
+    st->f[0] = op_float(op, "beta1");
+    st->f[1] = op_float(op, "beta2");
+    st->f[2] = op_float(op, "eps");
+    st->f[3] = op_float(op, "weight_decay");
+    if (!all_float(st)) return lfail(L, "adamw on integer tensors");
+    if (st->bufs[4].storage != st->bufs[5].storage || st->bufs[4].storage != st->bufs[6].storage)
+      return lfail(L, "gscale, lr and t of different dtypes are not supported by the CUDA backend");
+    for (int i = 0; i < 3; i++)
+      if (st->bufs[i].storage != st->bufs[7 + i].storage) return lfail(L, "adamw results of other dtypes than p, m, v");
+    if (L->adamw_in_place) {
+      /* p2 m2 v2 are only assigned back to p m v: write them there (the kernel reads each
+         element before it writes it) and skip the three assigns */
+      for (int i = 0; i < 3; i++) st->bufs[7 + i] = st->bufs[i];
+      snprintf(st->label + strlen(st->label), sizeof st->label - strlen(st->label), " (in place)");
+    }
+    bool vec = cnt % 4 == 0;
+    for (int i = 0; i < 10; i++)
+      if (st->bufs[i].storage != RT_ST_F32) vec = false;
+    launch_ew(st, vec ? cnt / 4 : cnt);
+    return instantiate(L, st, "adamw", "loom_adamw", IDX(0, 1, 2, 3, 4), vec ? "true" : "false", vec ? "_v4" : "", 1024);
+  }
+  default: break;
+  }
+#undef STEP
+#undef INT
+#undef IDX
+  const OpInfo *info = op_info(op->kind);
+  if (info->cls == CLASS_ELEMENTWISE || info->cls == CLASS_REDUCTION)
+    return lfail(L, "is outside a kernel func; the CUDA backend runs elementwise ops and reductions only in fused "
+                 "kernels (run the fuse pass first)");
+  if (info->cls == CLASS_COLLECTIVE) return lfail(L, "collectives are not supported by the CUDA backend yet");
+  return lfail(L, "is not supported by the CUDA backend");
+}
+
+/* ---------------------------------------------------------------- functions */
+
+static bool uses(const Op *o, const Value *v) {
+  for (int k = 0; k < o->n_operands; k++)
+    if (o->operands[k] == v) return true;
+  return false;
+}
+
+/* `%p2, %m2, %v2 = adamw $p, $m, $v, ...` whose results are only `assign`ed back to $p, $m
+   and $v, with nothing between that reads or writes those globals: the adamw may write the
+   globals itself.  Marks the assigns to skip. */
+static bool adamw_in_place(Lower *L, int i) {
+  const Func *f = L->f;
+  const Op *op = f->ops.items[i];
+  for (int k = 0; k < 3; k++)
+    if (op->operands[k]->kind != VAL_GLOBAL || op->results[k]->type.dtype != op->operands[k]->type.dtype) return false;
+  int found[3] = {-1, -1, -1}, n_found = 0;
+  for (int j = i + 1; j < f->ops.n; j++) {
+    const Op *o = f->ops.items[j];
+    bool ours = false;
+    if (o->kind == OP_ASSIGN)
+      for (int k = 0; k < 3; k++)
+        if (found[k] < 0 && o->operands[1] == op->results[k] && o->operands[0] == op->operands[k]) {
+          found[k] = j;
+          n_found++;
+          ours = true;
+        }
+    if (ours) continue;
+    for (int k = 0; k < 3; k++) {
+      if (uses(o, op->results[k])) return false;
+      if (n_found < 3 && uses(o, op->operands[k])) return false;
+    }
+  }
+  for (int k = 0; k < f->rets.n; k++)
+    for (int r = 0; r < 3; r++)
+      if (f->rets.items[k] == op->results[r]) return false;
+  if (n_found < 3) return false;
+  for (int k = 0; k < 3; k++) L->skip[found[k]] = true;
+  return true;
+}
+
+static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
+  L->f = f;
+  L->op = NULL;
+  L->scratch = 0;
+  if (strlen(f->name) >= sizeof rf->name) return lfail(L, "the function name is longer than %zu characters", sizeof rf->name - 1);
+  snprintf(rf->name, sizeof rf->name, "%s", f->name);
+  if (f->arena_bytes < 0) return lfail(L, "has no arena size; run the memory-plan pass first");
+  if (f->args.n > 8 || f->rets.n > 8)
+    return lfail(L, "has %d arguments and %d results; a lowered function holds at most 8 of each", f->args.n, f->rets.n);
+  rf->n_args = f->args.n;
+  rf->n_rets = f->rets.n;
+  for (int i = 0; i < f->args.n; i++)
+    if (buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
+  for (int i = 0; i < f->rets.n; i++)
+    if (buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
+  Steps s = {0};
+  int rc = 0;
+  L->skip = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
+  if (!L->skip) return lfail(L, "out of memory");
+  for (int i = 0; i < f->ops.n && !rc; i++) {
+    L->op = f->ops.items[i];
+    if (L->skip[i]) continue;
+    L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, i);
+    switch (L->op->kind) {
+    case OP_CALL: rc = lower_call(L, &s); break;
+    case OP_MATMUL: rc = lower_matmul(L, &s); break;
+    default: rc = lower_builtin(L, &s); break;
+    }
+  }
+  L->op = NULL;
+  free(L->skip);
+  L->skip = NULL;
+  rf->steps = s.items;
+  rf->n_steps = s.n;
+  rf->arena_bytes = L->scratch ? align64(f->arena_bytes) + L->scratch : f->arena_bytes;
+  return rc;
+}
+
+static void header(CStr *o, const Module *m) {
+  cstr_add(o, "/* CUDA translation unit of module @%s, generated by loom (codegen/cuda).\n", m->name ? m->name : "?");
+  cstr_add(o, "   Compile as is with NVRTC or nvcc; every kernel is extern \"C\" and takes one LoomArgs\n"
+              "   (runtime/program.h): buffer addresses (inputs, then outputs), then i[] and f[] of its step. */\n");
+  cstr_add(o, "struct LoomArgs {\n  void *buf[%d];\n  long long i[%d];\n  double f[4];\n};\n\n", RT_MAX_BUFS, RT_MAX_INTS);
+  cstr_add(o, "%s", cuda_prelude_text);
+  cstr_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
+}
+
+int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (cuda_source) *cuda_source = NULL;
+  if (err && errlen) err[0] = 0;
+  Lower L = {.m = m, .p = out, .err = err, .errlen = errlen};
+  int nf = m->funcs.n, ng = m->globals.n, rc = 0;
+  L.global_offset = calloc((size_t)(ng ? ng : 1), sizeof(int64_t));
+  L.global_region = calloc((size_t)(ng ? ng : 1), sizeof(RtRegion));
+  L.fused_symbol = calloc((size_t)(nf ? nf : 1), sizeof(int));
+  L.fused_fin = calloc((size_t)(nf ? nf : 1), sizeof(int));
+  L.fused_info = calloc((size_t)(nf ? nf : 1), sizeof(CudaKernelInfo));
+  out->globals = calloc((size_t)(ng ? ng : 1), sizeof(RtGlobal));
+  int n_programs = 0;
+  for (int i = 0; i < nf; i++)
+    if (!((const Func *)m->funcs.items[i])->is_kernel) n_programs++;
+  out->funcs = calloc((size_t)(n_programs ? n_programs : 1), sizeof(RtFunc));
+  if (!L.global_offset || !L.global_region || !L.fused_symbol || !L.fused_fin || !L.fused_info || !out->globals ||
+      !out->funcs) {
+    rc = lfail(&L, "out of memory");
+    goto done;
+  }
+  for (int i = 0; i < nf; i++) L.fused_symbol[i] = L.fused_fin[i] = -1;
+
+  /* globals: one region per kind, module order, each dtype's size, 64-byte aligned */
+  out->n_globals = ng;
+  for (int i = 0; i < ng && !rc; i++) {
+    const Global *g = m->globals.items[i];
+    const Type *t = &g->value->type;
+    RtGlobal *rg = &out->globals[i];
+    if (strlen(g->name) >= sizeof rg->name) {
+      rc = lfail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
+      break;
+    }
+    int st = storage_of(t->dtype);
+    if (st < 0) {
+      rc = lfail(&L, "global $%s is %s: the CUDA backend holds only f32, bf16, f16, f8 and i32 tensors", g->name,
+                 dtype_name(t->dtype));
+      break;
+    }
+    RtRegion r = region_of(g);
+    int64_t off = align64(out->region_bytes[r]);
+    snprintf(rg->name, sizeof rg->name, "%s", g->name);
+    rg->region = r;
+    rg->offset = off;
+    rg->n = type_numel(t);
+    rg->rank = t->rank;
+    for (int d = 0; d < t->rank; d++) rg->shape[d] = t->dims[d];
+    if (g->hf_rank) {   /* the outside world (checkpoints, --out) sees the checkpoint shape */
+      rg->rank = g->hf_rank;
+      for (int d = 0; d < g->hf_rank; d++) rg->shape[d] = g->hf_dims[d];
+    }
+    static const RtInitKind kinds[] = {[INIT_ZEROS] = RT_INIT_ZEROS, [INIT_ONES] = RT_INIT_ONES,
+                                       [INIT_NORMAL] = RT_INIT_NORMAL, [INIT_CONST] = RT_INIT_CONST};
+    rg->init = kinds[g->init.kind];
+    rg->init_value = g->init.value;
+    rg->round = round_of(t->dtype);
+    out->region_bytes[r] = off + (int64_t)st_size(st) * rg->n;
+    L.global_offset[i] = off;
+    L.global_region[i] = r;
+  }
+  for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = align64(out->region_bytes[r]);
+
+  /* program functions (kernels are compiled as their calls are met) */
+  for (int i = 0; i < nf && !rc; i++) {
+    const Func *f = m->funcs.items[i];
+    if (f->is_kernel) continue;
+    rc = lower_func(&L, f, &out->funcs[out->n_funcs++]);
+  }
+  /* kernels no program calls still belong to the translation unit (--emit=cuda shows them) */
+  for (int i = 0; i < nf && !rc; i++) {
+    const Func *f = m->funcs.items[i];
+    if (f->is_kernel) {
+      L.f = NULL;
+      L.op = NULL;
+      rc = fused_kernel(&L, i);
+    }
+  }
+  if (!rc && L.text.oom) rc = lfail(&L, "out of memory");
+  if (!rc) {
+    out->n_kernels = L.n_names;
+    out->kernel_names = calloc((size_t)(L.n_names ? L.n_names : 1), sizeof *out->kernel_names);
+    if (!out->kernel_names) rc = lfail(&L, "out of memory");
+    else memcpy(out->kernel_names, L.names, sizeof *out->kernel_names * (size_t)L.n_names);
+  }
+  if (!rc && cuda_source) {
+    CStr tu = {0};
+    header(&tu, m);
+    cstr_add(&tu, "%s", L.text.s ? L.text.s : "");
+    if (tu.oom) {
+      cstr_free(&tu);
+      rc = lfail(&L, "out of memory");
+    } else {
+      *cuda_source = tu.s;
+    }
+  }
+
+done:
+  free(L.global_offset);
+  free(L.global_region);
+  free(L.fused_symbol);
+  free(L.fused_fin);
+  free(L.fused_info);
+  free(L.names);
+  cstr_free(&L.text);
+  for (int b = 0; b < L.n_bodies; b++) free(L.bodies[b]);
+  free(L.bodies);
+  free(L.body_hash);
+  free(L.body_symbol);
+  free(L.body_fin);
+  if (rc) {
+    for (int i = 0; i < out->n_funcs; i++) free(out->funcs[i].steps);
+    free(out->funcs);
+    free(out->globals);
+    free(out->kernel_names);
+    memset(out, 0, sizeof *out);
+  }
+  return rc;
+}
+
+int cuda_emit(const Module *m, char **source, char *err, size_t errlen) {
+  RtProgram p;
+  int rc = cuda_lower(m, &p, source, err, errlen);
+  if (!rc) rt_program_free(&p);
+  return rc;
+}
