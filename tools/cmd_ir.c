@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/cuda/cuda.h"
 #include "runtime/jit.h"
 #include "tools/tools.h"
 
@@ -26,6 +27,8 @@ static const char help[] =
   "                         activations, workspace) instead of the IR; runs memory-plan if needed\n"
   "  --emit=llvm            print the LLVM IR of the kernel funcs (after fuse) instead of the IR;\n"
   "  --emit=llvm-opt        the same after LLVM's O2 for this CPU (shows the vectorized loops)\n"
+  "  --emit=cuda            print the CUDA C of every kernel (one translation unit that NVRTC or\n"
+  "                         nvcc compiles as it is); needs fuse and memory-plan with --target=cuda\n"
   "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
   "                         instead of the IR\n"
   "  --rank=R               print the program of rank R (SPMD: every rank runs the same\n"
@@ -68,7 +71,8 @@ int cmd_ir(int argc, char **argv) {
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
     if ((r = arg_value(argc, argv, &i, "--emit", &v))) {
-      if (r < 0 || (strcmp(v, "llvm") && strcmp(v, "llvm-opt"))) return usage_error("ir", "--emit takes llvm or llvm-opt");
+      if (r < 0 || (strcmp(v, "llvm") && strcmp(v, "llvm-opt") && strcmp(v, "cuda")))
+        return usage_error("ir", "--emit takes llvm, llvm-opt or cuda");
       emit = v;
       continue;
     }
@@ -163,9 +167,23 @@ int cmd_ir(int argc, char **argv) {
       module_free(in.m);
       return usage_error("ir", "--emit=%s prints the kernels of a fused module: add fuse to --passes (e.g. --passes=train,lower)", emit);
     }
-    rc = cpu_emit_llvm(in.m, &text, err, sizeof err);
+    bool cuda = !strcmp(emit, "cuda");
+    if (cuda && opt.target != TARGET_CUDA) {
+      module_free(in.m);
+      return usage_error("ir", "--emit=cuda needs the memory plan of the CUDA target: add --target=cuda");
+    }
+    rc = cuda ? cuda_emit(in.m, &text, err, sizeof err) : cpu_emit_llvm(in.m, &text, err, sizeof err);
     if (!rc && !strcmp(emit, "llvm-opt")) rc = jit_optimize_ir(text, &opt_text, err, sizeof err);
-    if (!rc) fputs(opt_text ? opt_text : text, stdout);
+    FILE *dst = stdout;
+    if (!rc && out_path && !(dst = fopen(out_path, "w"))) {
+      snprintf(err, sizeof err, "cannot write %s: %s", out_path, strerror(errno));
+      rc = EXIT_RUN;
+    }
+    if (!rc) fputs(opt_text ? opt_text : text, dst);
+    if (dst && dst != stdout && fclose(dst) && !rc) {
+      snprintf(err, sizeof err, "cannot write %s: %s", out_path, strerror(errno));
+      rc = EXIT_RUN;
+    }
     free(text);
     free(opt_text);
     module_free(in.m);
