@@ -48,6 +48,9 @@ int cmd_compile(int argc, char **argv) {
              runner);
     return report(EXIT_RUN, err);
   }
+  if (!ta.backend) ta.backend = "cpu";   /* executables embed the cpu or ref program (cuda: not yet) */
+  if (!strcmp(ta.backend, "cuda"))
+    return usage_error("compile", "compiled executables carry the cpu or ref program for now; use --backend cpu or ref");
   Input in;
   Backend backend;
   int rc = train_prepare(&ta, ta.spec, &in, &backend, err, sizeof err);

@@ -37,8 +37,10 @@ static const char help[] =
   "  --resume D            continue from the newest complete checkpoint in D (or a step folder);\n"
   "                        the continued run reproduces the uninterrupted one bit for bit\n"
   "execution:\n"
-  "  --backend cpu|ref     cpu: fused kernels JIT-compiled with LLVM, GEMMs in OpenBLAS (default\n"
-  "                        on one rank); ref: the reference executor (default for a mesh)\n"
+  "  --backend cpu|cuda|ref  cuda: CUDA kernels compiled by NVRTC, cuBLASLt (default on one rank\n"
+  "                        when a GPU is present); cpu: fused kernels JIT-compiled with LLVM,\n"
+  "                        GEMMs in OpenBLAS (default on one rank otherwise); ref: the reference\n"
+  "                        executor (default for a mesh)\n"
   "  --threads N           cpu backend threads (default: LOOM_THREADS or every core)\n"
   "  -q, --quiet           no per-step lines\n"
   "  -h, --help            show this help\n"
@@ -118,7 +120,9 @@ int cmd_train(int argc, char **argv) {
                      ta.quiet ? NULL : stdout},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq};
-    rc = backend == BACKEND_CPU ? run_training_cpu(in.m, &plan, err, sizeof err) : run_training(in.m, &plan, err, sizeof err);
+    rc = backend == BACKEND_CPU    ? run_training_cpu(in.m, &plan, err, sizeof err)
+         : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)
+                                   : run_training(in.m, &plan, err, sizeof err);
     free(settings);
   }
   module_free(in.m);

@@ -29,7 +29,7 @@ enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
 
 /* How a program runs on this machine: cpu (fused kernels JIT-compiled with LLVM, GEMMs in a
    CPU BLAS, the runtime's builtins) or ref (the reference executor, op by op). */
-typedef enum { BACKEND_CPU, BACKEND_REF } Backend;
+typedef enum { BACKEND_CPU, BACKEND_REF, BACKEND_CUDA } Backend;
 
 int cmd_ir(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
@@ -54,6 +54,8 @@ int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, s
 /* The same for the CPU backend: into the runtime's parameter region, no IR needed. */
 #include "runtime/cpu_exec.h"
 int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *err, size_t errlen);
+/* Into an executor's host copies (RtTensor: name, checkpoint shape, f32 data). */
+int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t errlen);
 /* Writes tensors (f32) under the given names. */
 int write_tensors(const char *path, const char *const *names, Tensor *const *tensors, int n, char *err, size_t errlen);
 
@@ -118,6 +120,10 @@ typedef struct {
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* train_lower.c (loom only): m lowered too; runs it on the cpu backend. */
 int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* train_cuda.c (loom only): m fused and planned for the CUDA target; runs it on GPU 0. */
+int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* Whether the CUDA backend can run here (a driver and a device); why not otherwise. */
+bool cuda_backend_available(char *why, size_t n);
 /* The loop and --out for any executor. */
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen);
 

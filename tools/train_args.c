@@ -76,7 +76,8 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       continue;
     }
     if ((r = arg_value(argc, argv, &i, "--backend", &v))) {
-      if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "ref"))) return usage_error(cmd, "--backend takes cpu or ref");
+      if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "ref") && strcmp(v, "cuda")))
+        return usage_error(cmd, "--backend takes cpu, ref or cuda");
       t->backend = v;
       continue;
     }
@@ -132,10 +133,16 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
   RunSpec *s = &in->spec;
   int64_t world = 1;
   for (int a = 0; a < MESH_AXES; a++) world *= s->mesh[a];
-  /* The cpu backend runs one rank; a mesh runs on the reference executor (for now). */
-  *backend = t->backend ? (strcmp(t->backend, "cpu") ? BACKEND_REF : BACKEND_CPU) : world > 1 ? BACKEND_REF : BACKEND_CPU;
-  if (*backend == BACKEND_CPU && world > 1) {
-    snprintf(err, errlen, "--backend cpu runs one rank; a mesh of %lld ranks runs with --backend ref for now", (long long)world);
+  /* One rank: cuda when a GPU is here, else cpu.  A mesh runs on the reference executor
+     (ranks as threads) for now. */
+  char why[256];
+  if (t->backend)
+    *backend = !strcmp(t->backend, "cpu") ? BACKEND_CPU : !strcmp(t->backend, "cuda") ? BACKEND_CUDA : BACKEND_REF;
+  else
+    *backend = world > 1 ? BACKEND_REF : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
+  if (*backend != BACKEND_REF && world > 1) {
+    snprintf(err, errlen, "--backend %s runs one rank; a mesh of %lld ranks runs with --backend ref for now",
+             *backend == BACKEND_CPU ? "cpu" : "cuda", (long long)world);
     return EXIT_USAGE;
   }
   TrainSettings ts = {s->grad_accum, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip,
@@ -143,12 +150,13 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;
-  if ((rc = pipeline_run(in->m, *backend == BACKEND_CPU ? TRAIN_PIPELINE "," LOWER_PIPELINE : TRAIN_PIPELINE, &popt, err,
+  popt.target = *backend == BACKEND_CUDA ? TARGET_CUDA : TARGET_CPU;
+  if ((rc = pipeline_run(in->m, *backend == BACKEND_REF ? TRAIN_PIPELINE : TRAIN_PIPELINE "," LOWER_PIPELINE, &popt, err,
                          errlen)))
     return rc;
   if (!t->quiet)
     printf("compiled %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, %s backend, in %.2f s\n", spec,
            (long long)config_param_count(&s->model), (long long)s->batch, (long long)s->seq, (long long)s->grad_accum,
-           s->precision, *backend == BACKEND_CPU ? "cpu" : "reference", seconds_now() - t0);
+           s->precision, *backend == BACKEND_CPU ? "cpu" : *backend == BACKEND_CUDA ? "cuda" : "reference", seconds_now() - t0);
   return 0;
 }

@@ -110,6 +110,26 @@ int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *
   return rc;
 }
 
+int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t errlen) {
+  StFile f;
+  int rc = st_read(path, &f, err, errlen);
+  if (rc) return rc;
+  for (int i = 0; i < n && !rc; i++) {
+    const StTensor *st = find_param(&f, ts[i].name);
+    if (!st) {
+      snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
+               "model or config?)", path, ts[i].name, n);
+      rc = EXIT_USAGE;
+      break;
+    }
+    if (!(rc = shape_mismatch(path, st, ts[i].rank, ts[i].shape, err, errlen)))
+      rc = read_f32(st, ts[i].data, st_numel(st->rank, st->shape), path, err, errlen);
+  }
+  if (!rc && n < f.n) fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - n);
+  st_close(&f);
+  return rc;
+}
+
 int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, size_t errlen) {
   StFile f;
   int rc = st_read(path, &f, err, errlen);

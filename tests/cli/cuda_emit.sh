@@ -25,5 +25,14 @@ for prec in fp32 bf16; do
 done
 "$LOOM" ir models/llama-tiny.json --passes=train,lower --emit=cuda > "$tmp/log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "target=cuda" "$tmp/log" && ok "--emit=cuda without --target=cuda: exit 2 and says what to add" || { bad "no target: exit $rc"; cat "$tmp/log"; }
+# Without a GPU, --backend cuda says so (exit 2) and the default backend is cpu.
+if ! command -v nvidia-smi > /dev/null; then
+  "$LOOM" train tests/golden/gpt2-tiny/train_spec.json -q --backend cuda > "$tmp/log" 2>&1; rc=$?
+  [ $rc -eq 2 ] && grep -q "backend cuda" "$tmp/log" && ok "--backend cuda without a GPU: exit 2: $(head -1 "$tmp/log" | cut -c1-110)" || { bad "--backend cuda without GPU: exit $rc"; cat "$tmp/log"; }
+  "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --steps 1 > "$tmp/log" 2>&1 && grep -q "cpu backend" "$tmp/log" &&
+    ok "without a GPU the default backend is cpu" || { bad "default backend"; cat "$tmp/log"; }
+else
+  echo "SKIP: a GPU is present: tests/gpu/run.sh checks --backend cuda"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

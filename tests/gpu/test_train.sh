@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# GPU session: the CUDA backend end to end against the PyTorch goldens and the CPU backend.
+#   - fp32: 3 AdamW steps of every tiny model within 1e-4 of the golden (cuBLASLt f32
+#     compute, not TF32);
+#   - bf16: the same run within 2e-2 of the CPU backend's bf16 run;
+#   - GPT-2 124M: 5 steps at batch 4, seq 1024 run and print their memory and speed.
+# Run by tests/gpu/run.sh as `bash tests/gpu/test_train.sh BUILD_DIR`; exit 77 = skipped.
+BUILD=${1:-build-gpu}
+LOOM=$BUILD/loom ST_DIFF=$BUILD/st_diff
+command -v nvidia-smi > /dev/null || { echo "SKIPPED: no GPU"; exit 77; }
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for m in gpt2-tiny llama-tiny llama-tiny-tied; do
+  g=tests/golden/$m
+  if "$LOOM" train $g/train_spec.json -q --backend cuda --out "$tmp/cuda.st" > "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/cuda.st" $g/train.safetensors --rtol 1e-4 > "$tmp/diff" 2>&1; then
+    ok "$m fp32 on CUDA: parameters and losses after 3 steps within 1e-4 of PyTorch"
+  else
+    bad "$m fp32 on CUDA"; cat "$tmp/log"; grep FAIL "$tmp/diff" | head
+  fi
+  "$LOOM" train $g/train_spec.json -q --backend cpu --precision bf16 --out "$tmp/cpu16.st" > /dev/null 2>&1
+  if "$LOOM" train $g/train_spec.json -q --backend cuda --precision bf16 --out "$tmp/cuda16.st" > "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/cuda16.st" "$tmp/cpu16.st" --rtol 2e-2 > "$tmp/diff" 2>&1; then
+    ok "$m bf16 on CUDA within 2e-2 of the CPU backend"
+  else
+    bad "$m bf16 on CUDA"; cat "$tmp/log"; grep FAIL "$tmp/diff" | head
+  fi
+done
+"$LOOM" data data/shakespeare.txt -o "$tmp/sh.bin" > /dev/null
+"$LOOM" train models/gpt2-124M.json --backend cuda --precision bf16 --batch 4 --seq 1024 --steps 5 --data "$tmp/sh.bin" 2>&1 | tail -8
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

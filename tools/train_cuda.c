@@ -1,0 +1,63 @@
+/* tools/train_cuda.c — training on the CUDA backend: the module lowered for the CUDA
+   target (codegen/cuda), its translation unit compiled by NVRTC for this GPU (cached on
+   disk), run by runtime/cuda_exec with cuBLASLt.  Only `loom` links this.
+   GPU checks of this path are owed until a session with a GPU runs tests/gpu/run.sh. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda_api.h"
+#include "runtime/cuda_exec.h"
+#include "runtime/nvrtc.h"
+#include "tools/tools.h"
+
+bool cuda_backend_available(char *why, size_t n) {
+  if (!cuda_available(why, n)) return false;
+  int major, minor;
+  return nvrtc_available(&major, &minor, why, n) != 0;
+}
+
+int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+  char why[512];
+  if (!cuda_available(why, sizeof why)) {
+    snprintf(err, errlen, "--backend cuda: %s", why);
+    return EXIT_USAGE;
+  }
+  CudaDeviceInfo info;
+  int rc = cuda_device_query(0, &info, err, errlen);
+  if (rc) return rc;
+  RtProgram prog;
+  memset(&prog, 0, sizeof prog);
+  char *src = NULL, *log = NULL;
+  unsigned char *image = NULL;
+  size_t n = 0;
+  bool is_cubin = false, hit = false;
+  double t0 = seconds_now();
+  rc = cuda_lower(m, &prog, &src, err, errlen);
+  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, err, errlen);
+  if (!rc && plan->opt.log)
+    fprintf(plan->opt.log, "cuda: %s (%s), %d kernels compiled for %s in %.2f s%s\n", info.name, info.arch,
+            prog.n_kernels, info.arch, seconds_now() - t0, hit ? " (from the cache)" : "");
+  CudaProgram cp;
+  CudaExecutor ce;
+  bool have_cp = false, have_ce = false;
+  if (!rc) have_cp = !(rc = cuda_program_init(&cp, &prog, image, n, 0, err, errlen));
+  if (!rc) rc = cuda_globals_init(&cp, plan->seed, err, errlen);
+  if (!rc) have_ce = !(rc = cuda_executor_init(&ce, &cp, err, errlen));
+  if (!rc) rc = cuda_executor_set_shape(&ce, plan->batch, plan->seq, err, errlen);
+  if (!rc && plan->init) {   /* into the host copies, then to the device */
+    rc = load_weights_views(ce.ex.params, ce.ex.n_params, plan->init, err, errlen);
+    if (!rc) rc = ce.ex.sync_in(ce.ex.self, err, errlen);
+  }
+  if (!rc && plan->opt.log)
+    fprintf(plan->opt.log, "cuda: device memory %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
+            cp.mem.total / 1048576.0, cp.mem.arenas / 1048576.0, cp.mem.regions / 1048576.0, cp.mem.workspace / 1048576.0);
+  if (!rc) rc = train_and_write(&ce.ex, plan, err, errlen);
+  if (have_ce) cuda_executor_free(&ce);
+  if (have_cp) cuda_program_free(&cp);
+  rt_program_free(&prog);
+  free(src);
+  free(log);
+  free(image);
+  return rc;
+}
