@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "interp_ops.h"
+#include "ir/fmath.h"
 
 static int fail(char *err, size_t errlen, const char *msg) {
   snprintf(err, errlen, "%s", msg);
@@ -26,21 +27,21 @@ static int64_t get_i(const Tensor *t, int64_t k) { return t->i ? t->i[k] : (int6
 
 static float gelu_tanh(float x) {
   const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-  return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + fm_tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
 static float unary(OpKind k, const Op *op, float x) {
   switch (k) {
   case OP_NEG: return -x;
-  case OP_EXP: return expf(x);
+  case OP_EXP: return fm_expf(x);
   case OP_LOG: return logf(x);
   case OP_SQRT: return sqrtf(x);
   case OP_RSQRT: return 1.0f / sqrtf(x);
   case OP_RECIP: return 1.0f / x;
-  case OP_TANH: return tanhf(x);
-  case OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+  case OP_TANH: return fm_tanhf(x);
+  case OP_SIGMOID: return 1.0f / (1.0f + fm_expf(-x));
   case OP_GELU_TANH: return gelu_tanh(x);
-  case OP_SILU: return x / (1.0f + expf(-x));
+  case OP_SILU: return x / (1.0f + fm_expf(-x));
   case OP_RELU: return x > 0 ? x : 0;
   case OP_ABS: return fabsf(x);
   case OP_SQUARE: return x * x;
@@ -62,11 +63,11 @@ static float binary(OpKind k, float a, float b) {
   case OP_POW: return powf(a, b);
   case OP_GELU_TANH_GRAD: {   /* a = x, b = dy */
     const float c = 0.7978845608028654f;
-    float u = c * (a + 0.044715f * a * a * a), t = tanhf(u);
+    float u = c * (a + 0.044715f * a * a * a), t = fm_tanhf(u);
     return b * (0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * a * a));
   }
   case OP_SILU_GRAD: {
-    float sg = 1.0f / (1.0f + expf(-a));
+    float sg = 1.0f / (1.0f + fm_expf(-a));
     return b * sg * (1.0f + a * (1.0f - sg));
   }
   case OP_RELU_GRAD: return a > 0 ? b : 0;

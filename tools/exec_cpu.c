@@ -1,4 +1,5 @@
 /* tools/exec_cpu.c — the CPU backend behind eval, train and compiled executables. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,37 @@ int cpu_backend_executor(CpuBackend *b, int64_t batch, int64_t seq, char *err, s
   if (!rc) rc = cpu_executor_set_shape(&b->ce, batch, seq, err, errlen);
   b->have_ce = rc == 0;
   return rc;
+}
+
+void cpu_backend_profile(const CpuBackend *b, FILE *out, int top) {
+  const CpuProgram *cp = &b->cp;
+  int *steps = calloc((size_t)(top > 0 ? top : 1), sizeof(int));
+  if (!steps || !b->have_cp) {
+    free(steps);
+    return;
+  }
+  for (int f = 0; f < cp->p->n_funcs; f++) {
+    const RtFunc *fn = &cp->p->funcs[f];
+    double total = 0, kind_s[3] = {0, 0, 0};
+    int64_t runs = 0;
+    for (int s = 0; s < fn->n_steps; s++) {
+      total += cp->step_seconds[f][s];
+      kind_s[fn->steps[s].kind] += cp->step_seconds[f][s];
+      if (cp->step_runs[f][s] > runs) runs = cp->step_runs[f][s];
+    }
+    if (!runs) continue;
+    fprintf(out, "profile @%s: %d steps, %lld calls, %.1f ms per call (kernels %.1f, gemm %.1f, builtins %.1f)\n",
+            fn->name, fn->n_steps, (long long)runs, 1e3 * total / (double)runs, 1e3 * kind_s[RT_STEP_KERNEL] / (double)runs,
+            1e3 * kind_s[RT_STEP_GEMM] / (double)runs, 1e3 * kind_s[RT_STEP_BUILTIN] / (double)runs);
+    int n = cpu_profile_top(cp, f, steps, top);
+    for (int k = 0; k < n; k++) {
+      const RtStep *st = &fn->steps[steps[k]];
+      double ms = 1e3 * cp->step_seconds[f][steps[k]] / (double)runs;
+      fprintf(out, "  %8.2f ms %5.1f%%  #%-4d %-7s %s\n", ms, total > 0 ? 100 * cp->step_seconds[f][steps[k]] / total : 0,
+              steps[k], st->kind == RT_STEP_KERNEL ? "kernel" : st->kind == RT_STEP_GEMM ? "gemm" : "builtin", st->label);
+    }
+  }
+  free(steps);
 }
 
 void cpu_backend_free(CpuBackend *b) {

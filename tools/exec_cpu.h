@@ -4,6 +4,8 @@
 #ifndef LOOM_TOOLS_EXEC_CPU_H
 #define LOOM_TOOLS_EXEC_CPU_H
 
+#include <stdio.h>
+
 #include "runtime/cpu_exec.h"
 #include "runtime/jit.h"
 #include "runtime/program.h"
@@ -25,6 +27,9 @@ int cpu_backend_load(CpuBackend *b, const unsigned char *prog, size_t n, const c
 int cpu_backend_init_params(CpuBackend *b, uint64_t seed, const char *init, char *err, size_t errlen);
 /* The training Executor (needs grad_step and optimizer_step). */
 int cpu_backend_executor(CpuBackend *b, int64_t batch, int64_t seq, char *err, size_t errlen);
+/* Per function: time per call by step kind, then the `top` slowest steps with their share
+   (LOOM_PROFILE=N asks `loom train --backend cpu` for this with top N). */
+void cpu_backend_profile(const CpuBackend *b, FILE *out, int top);
 void cpu_backend_free(CpuBackend *b);
 
 #endif

@@ -130,7 +130,6 @@ typedef struct {
   Name *memo;       /* per value id: the value at the current point ("" = not yet) */
   Name *buf;        /* per buffer (arguments, then results): its pointer in the body */
   int n_ids;
-  bool use_tanh;
   char *err;
   size_t errlen;
   int rc;

@@ -25,9 +25,10 @@
  * over kept elements: no reordering, vectorized like an elementwise loop.
  *
  * Arithmetic is that of ir/interp_ops.c, operation for operation (no contraction into
- * FMAs): floats in f32, integers in i64 (stored as i32), bools as 0/1.  exp, log, pow use
- * the llvm intrinsics (libm calls once lowered); tanh calls libm's tanhf, with vector
- * variants declared (`vector-function-abi-variant`) so loops calling it still vectorize.
+ * FMAs): floats in f32, integers in i64 (stored as i32), bools as 0/1, except exp and tanh:
+ * log and pow use the llvm intrinsics (libm calls once lowered), exp and tanh (and sigmoid,
+ * silu, gelu built on them) are loom's own vectorizable formulas (llvm_module.c), within
+ * 2 ulp of the exact function where the reference executor calls libm.
  * Narrow float dtypes are f32 values rounded after every op: bf16 by round-to-nearest-even
  * on the bit pattern, f16 and f8 as ir/types.c rounds them.
  *
@@ -206,14 +207,14 @@ static Name eval_elementwise(KernelGen *k, const Op *op, Pos *p) {
   Name c;
   switch (op->kind) {
   case OP_NEG: return fl ? ins(k, "fneg float %s", a.s) : ins(k, "sub i64 0, %s", a.s);
-  case OP_EXP: return fcall1(k, "llvm.exp.f32", a);
+  case OP_EXP: return fcall1(k, "loom_exp", a);
   case OP_LOG: return fcall1(k, "llvm.log.f32", a);
   case OP_SQRT: return fcall1(k, "llvm.sqrt.f32", a);
   case OP_RSQRT: return ins(k, "fdiv float %s, %s", fconst(1).s, fcall1(k, "llvm.sqrt.f32", a).s);
   case OP_RECIP: return ins(k, "fdiv float %s, %s", fconst(1).s, a.s);
-  case OP_TANH: k->use_tanh = true; return fcall1(k, "loom_tanh", a);
+  case OP_TANH: return fcall1(k, "loom_tanh", a);
   case OP_SIGMOID: return fcall1(k, "loom_sigmoid", a);
-  case OP_GELU_TANH: k->use_tanh = true; return fcall1(k, "loom_gelu_tanh", a);
+  case OP_GELU_TANH: return fcall1(k, "loom_gelu_tanh", a);
   case OP_SILU: return fcall1(k, "loom_silu", a);
   case OP_RELU:
     if (fl) {
@@ -262,7 +263,6 @@ static Name eval_elementwise(KernelGen *k, const Op *op, Pos *p) {
   }
   case OP_POW: return ins(k, "call float @llvm.pow.f32(float %s, float %s)", a.s, b.s);
   case OP_GELU_TANH_GRAD:
-    k->use_tanh = true;
     return ins(k, "call float @loom_gelu_tanh_grad(float %s, float %s)", a.s, b.s);
   case OP_SILU_GRAD: return ins(k, "call float @loom_silu_grad(float %s, float %s)", a.s, b.s);
   case OP_RELU_GRAD:

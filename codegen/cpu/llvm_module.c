@@ -4,7 +4,7 @@
  * each gets its own body, see llvm_kernel.c), then either its code or, when an earlier
  * kernel has the same ops, types, attributes and patterns, an LLVM alias of that one (the
  * fuse pass makes one kernel per call, so the layers of a model repeat them).  Before the
- * kernels: the helpers (libm tanhf and its vector variants, sigmoid, silu, gelu and their
+ * kernels: the helpers (exp and tanh as vectorizable arithmetic, sigmoid, silu, gelu and their
  * derivatives, rounding to bf16/f16/f8), written with the formulas of ir/interp_ops.c.
  * The text is parsed and verified with the LLVM C API before it is returned.
  */
@@ -13,6 +13,7 @@
 #include <llvm-c/IRReader.h>
 
 #include "codegen/cpu/llvm_internal.h"
+#include "ir/fmath.h"
 
 /* The in-place patterns of kernel `kf` at the calls of m: buffers of one call that are the
    same memory (same global, or same arena offset), when a result is among them. */
@@ -62,7 +63,7 @@ static int call_variants(const Module *m, const Func *kf, Variant **out) {
 
 /* Helpers every module carries (unused ones are removed by the optimizer).  The formulas
    are those of ir/interp_ops.c, operation for operation. */
-static void emit_prelude(Str *o, bool tanh_variants) {
+static void emit_prelude(Str *o) {
   Name c = fconst(0.7978845608028654f), a = fconst(0.044715f), k3 = fconst(3.0f * 0.044715f);
   Name half = fconst(0.5f), one = fconst(1.0f);
   str_add(o,
@@ -73,33 +74,63 @@ static void emit_prelude(Str *o, bool tanh_variants) {
           "declare float @llvm.fabs.f32(float)\n"
           "declare float @llvm.pow.f32(float, float)\n"
           "declare float @llvm.maxnum.f32(float, float)\n"
+          "declare float @llvm.minnum.f32(float, float)\n"
           "declare float @llvm.nearbyint.f32(float)\n"
           "declare float @llvm.copysign.f32(float, float)\n"
-          "declare float @tanhf(float) #2\n\n");
-  /* tanh: libm's tanhf (so results match the reference executor bit for bit), with
-     vector variants that call it lane by lane so that loops around it still vectorize */
-  str_add(o, "define internal float @loom_tanh(float %%x) #3 {\n  %%y = call float @tanhf(float %%x) #%d\n  ret float %%y\n}\n",
-          tanh_variants ? 4 : 2);
-  if (tanh_variants)
-    for (int w = 4; w <= 16; w *= 2) {
-      str_add(o, "define <%d x float> @loom_tanhf_v%d(<%d x float> %%x) #2 {\n", w, w, w);
-      for (int i = 0; i < w; i++) {
-        str_add(o, "  %%e%d = extractelement <%d x float> %%x, i32 %d\n", i, w, i);
-        str_add(o, "  %%r%d = call float @tanhf(float %%e%d) #2\n", i, i);
-        str_add(o, "  %%v%d = insertelement <%d x float> %s, float %%r%d, i32 %d\n", i, w, i ? name_f("%%v%d", i - 1).s : "undef",
-                i, i);
-      }
-      str_add(o, "  ret <%d x float> %%v%d\n}\n", w, w - 1);
-    }
+          "\n");
+  /* exp and tanh: ir/fmath.h's fm_expf and fm_tanhf, operation for operation (straight-line
+     arithmetic the loop vectorizer turns into vector code; libm's are scalar calls). */
+  {
+    const double *inv_fact = FM_EXP_COEF;
+    str_add(o,
+            "define internal float @loom_exp(float %%x) #3 {\n"
+            "  %%c0 = call float @llvm.maxnum.f32(float %%x, float %s)\n"
+            "  %%xc = call float @llvm.minnum.f32(float %%c0, float %s)\n"
+            "  %%t = fmul float %%xc, %s\n  %%t1 = fadd float %%t, %s\n  %%n = fsub float %%t1, %s\n"
+            "  %%m1 = fmul float %%n, %s\n  %%r0 = fsub float %%xc, %%m1\n"
+            "  %%m2 = fmul float %%n, %s\n  %%r = fsub float %%r0, %%m2\n",
+            fconst(FM_EXP_LO).s, fconst(FM_EXP_HI).s, fconst(FM_LOG2E).s, fconst(FM_ROUNDER).s, fconst(FM_ROUNDER).s,
+            fconst(FM_LN2_HI).s, fconst(FM_LN2_LO).s);
+    str_add(o, "  %%p0 = fadd float 0.0, %s\n", fconst((float)inv_fact[0]).s);
+    for (int i = 1; i < 8; i++)
+      str_add(o, "  %%q%d = fmul float %%p%d, %%r\n  %%p%d = fadd float %%q%d, %s\n", i, i - 1, i, i,
+              fconst((float)inv_fact[i]).s);
+    str_add(o,
+            "  %%ni = fptosi float %%n to i32\n  %%e1 = ashr i32 %%ni, 1\n  %%e2 = sub i32 %%ni, %%e1\n"
+            "  %%b1 = add i32 %%e1, 127\n  %%s1 = shl i32 %%b1, 23\n  %%f1 = bitcast i32 %%s1 to float\n"
+            "  %%b2 = add i32 %%e2, 127\n  %%s2 = shl i32 %%b2, 23\n  %%f2 = bitcast i32 %%s2 to float\n"
+            "  %%y1 = fmul float %%p7, %%f1\n  %%y = fmul float %%y1, %%f2\n"
+            "  %%nan = fcmp uno float %%x, 0.0\n  %%res = select i1 %%nan, float %%x, float %%y\n  ret float %%res\n}\n");
+  }
+  {
+    const double *coef = FM_TANH_COEF;
+    str_add(o,
+            "define internal float @loom_tanh(float %%x) #3 {\n"
+            "  %%a = call float @llvm.fabs.f32(float %%x)\n  %%ac = call float @llvm.minnum.f32(float %%a, float %s)\n"
+            "  %%a2 = fmul float %%ac, %s\n  %%e = call float @loom_exp(float %%a2)\n"
+            "  %%e1 = fadd float %%e, %s\n  %%q = fdiv float %s, %%e1\n  %%big = fsub float %s, %%q\n"
+            "  %%z = fmul float %%a, %%a\n  %%p6 = fadd float 0.0, %s\n",
+            fconst(FM_TANH_CLAMP).s, fconst(2.0f).s, fconst(1.0f).s, fconst(2.0f).s, fconst(1.0f).s,
+            fconst((float)coef[6]).s);
+    for (int i = 5; i >= 0; i--)
+      str_add(o, "  %%m%d = fmul float %%p%d, %%z\n  %%p%d = fadd float %%m%d, %s\n", i, i + 1, i, i,
+              fconst((float)coef[i]).s);
+    str_add(o,
+            "  %%az = fmul float %%a, %%z\n  %%azp = fmul float %%az, %%p0\n  %%small = fadd float %%a, %%azp\n"
+            "  %%lt = fcmp olt float %%a, %s\n  %%t = select i1 %%lt, float %%small, float %%big\n"
+            "  %%r = call float @llvm.copysign.f32(float %%t, float %%x)\n"
+            "  %%nan = fcmp uno float %%x, 0.0\n  %%res = select i1 %%nan, float %%x, float %%r\n  ret float %%res\n}\n",
+            fconst(FM_TANH_SMALL).s);
+  }
   /* sigmoid = 1/(1+exp(-x)); silu = x/(1+exp(-x)) */
   str_add(o,
           "define internal float @loom_sigmoid(float %%x) #3 {\n"
-          "  %%n = fneg float %%x\n  %%e = call float @llvm.exp.f32(float %%n)\n"
+          "  %%n = fneg float %%x\n  %%e = call float @loom_exp(float %%n)\n"
           "  %%d = fadd float %s, %%e\n  %%y = fdiv float %s, %%d\n  ret float %%y\n}\n",
           one.s, one.s);
   str_add(o,
           "define internal float @loom_silu(float %%x) #3 {\n"
-          "  %%n = fneg float %%x\n  %%e = call float @llvm.exp.f32(float %%n)\n"
+          "  %%n = fneg float %%x\n  %%e = call float @loom_exp(float %%n)\n"
           "  %%d = fadd float %s, %%e\n  %%y = fdiv float %%x, %%d\n  ret float %%y\n}\n",
           one.s);
   /* 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) */
@@ -164,16 +195,12 @@ static void emit_prelude(Str *o, bool tanh_variants) {
   }
 }
 
-static void emit_attributes(Str *o, bool tanh_variants) {
+static void emit_attributes(Str *o) {
   str_add(o,
           "\nattributes #0 = { nounwind }\n"
           "attributes #1 = { nounwind }\n"
           "attributes #2 = { nounwind readnone willreturn }\n"
           "attributes #3 = { nounwind readnone willreturn alwaysinline }\n");
-  if (tanh_variants)
-    str_add(o, "attributes #4 = { nounwind readnone willreturn \"vector-function-abi-variant\"=\""
-               "_ZGV_LLVM_N4v_tanhf(loom_tanhf_v4),_ZGV_LLVM_N8v_tanhf(loom_tanhf_v8),"
-               "_ZGV_LLVM_N16v_tanhf(loom_tanhf_v16)\" }\n");
 }
 
 /* Parses and verifies the text with LLVM: a codegen bug shows up here, with the line. */
@@ -243,7 +270,6 @@ static uint64_t hash_str(const char *s) {
 int cpu_emit_llvm(const Module *m, char **llvm_ir_text, char *err, size_t errlen) {
   *llvm_ir_text = NULL;
   Str body = {0}, all = {0};
-  bool tanh = false;
   int rc = 0, n_unique = 0;
   /* kernels already emitted: key hash, key, name */
   int cap = m->funcs.n + 1;
@@ -287,7 +313,6 @@ int cpu_emit_llvm(const Module *m, char **llvm_ir_text, char *err, size_t errlen
         k->err = err;
         k->errlen = errlen;
         rc = cpu_emit_kernel(k, variants, nv);
-        if (k->use_tanh) tanh = true;
         free(k->memo);
         free(k->buf);
         free(k);
@@ -300,9 +325,9 @@ int cpu_emit_llvm(const Module *m, char **llvm_ir_text, char *err, size_t errlen
     free(variants);
   }
   if (!rc) {
-    emit_prelude(&all, tanh);
+    emit_prelude(&all);
     if (body.s) str_add(&all, "%s", body.s);
-    emit_attributes(&all, tanh);
+    emit_attributes(&all);
     if (all.oom || body.oom) {
       snprintf(err, errlen, "out of memory writing LLVM IR");
       rc = IR_ERUN;
