@@ -48,6 +48,7 @@ typedef struct {
   float scale;
   float *scratch;
   size_t stride;
+  const struct Tiles_ *tiles;
 } AttnCtx;
 
 /* Up to RB rows of one item; padded rows (r >= nr) repeat row 0 and are never stored. */
@@ -79,79 +80,55 @@ static void rows_at(const AttnCtx *a, int64_t b, int64_t kvh, int64_t t_first, i
   }
 }
 
-/* sc[r][s] = sum_d q[r][d] * kt[d*ld + s] for 4 rows and s < npad (a multiple of 8); each
-   sum runs over d in order.  Each 8-key slice of kt is loaded once for the 4 rows. */
-CV_HOT static void scores4(float *const *sc, const float *const *q, const float *restrict kt, int64_t ld, int64_t Dh,
-                    int64_t npad) {
-  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
-  for (int64_t s = 0; s < npad; s += 8) {
-    cv_f4 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
-    for (int64_t d = 0; d < Dh; d++) {
-      const float *k = kt + d * ld + s;
-      cv_f4 k0 = cv_ld4(k), k1 = cv_ld4(k + 4), x;
-      x = cv_set4(q0[d]);
-      a0 += x * k0;
-      b0 += x * k1;
-      x = cv_set4(q1[d]);
-      a1 += x * k0;
-      b1 += x * k1;
-      x = cv_set4(q2[d]);
-      a2 += x * k0;
-      b2 += x * k1;
-      x = cv_set4(q3[d]);
-      a3 += x * k0;
-      b3 += x * k1;
-    }
-    cv_st4(sc[0] + s, a0), cv_st4(sc[0] + s + 4, b0);
-    cv_st4(sc[1] + s, a1), cv_st4(sc[1] + s + 4, b1);
-    cv_st4(sc[2] + s, a2), cv_st4(sc[2] + s + 4, b2);
-    cv_st4(sc[3] + s, a3), cv_st4(sc[3] + s + 4, b3);
-  }
-}
+/* The register-blocked tiles (scores, probabilities times values, row accumulation) come
+   in two instances of runtime/cpu_attention_tiles.h: 4-float vectors for the baseline, and
+   8-float vectors compiled for AVX2 with FMA (a*b+c contracted: this file is built with
+   -ffp-contract=fast, which only matters where the target has FMA), picked once at run
+   time.  The FMA instance is ~1.6x faster; its results differ from the baseline's in the
+   last bits (as OpenBLAS's GEMMs differ between CPUs), never with the thread count. */
+typedef struct Tiles_ {
+  void (*scores4)(float *const *sc, const float *const *q, const float *restrict kt, int64_t ld, int64_t Dh,
+                  int64_t npad);
+  void (*pv4)(float *const *o, const float *const *p, const Rows *g, const float *restrict rows, int64_t rs,
+              int64_t Dh);
+  void (*accumulate_rows)(float *acc, const float *const *w, const float *const *x, const Rows *g, int64_t Dh);
+} Tiles;
 
-/* o[r][d] = sum_{s < n_r} p[r][s] * rows[s*rs + d] for the real rows; each sum runs over s
-   in order.  Value rows are loaded once for the 4 rows up to the shortest row's length. */
-CV_HOT static void pv4(float *const *o, const float *const *p, const Rows *g, const float *restrict rows, int64_t rs,
-                int64_t Dh) {
-  const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
-  int64_t d = 0;
-  for (; d + 8 <= Dh; d += 8) {
-    cv_f4 a[RB][2];
-    cv_f4 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
-    for (int64_t s = 0; s < g->nmin; s++) {
-      const float *v = rows + s * rs + d;
-      cv_f4 v0 = cv_ld4(v), v1 = cv_ld4(v + 4), x;
-      x = cv_set4(p0[s]);
-      a0 += x * v0;
-      b0 += x * v1;
-      x = cv_set4(p1[s]);
-      a1 += x * v0;
-      b1 += x * v1;
-      x = cv_set4(p2[s]);
-      a2 += x * v0;
-      b2 += x * v1;
-      x = cv_set4(p3[s]);
-      a3 += x * v0;
-      b3 += x * v1;
-    }
-    a[0][0] = a0, a[0][1] = b0, a[1][0] = a1, a[1][1] = b1;
-    a[2][0] = a2, a[2][1] = b2, a[3][0] = a3, a[3][1] = b3;
-    for (int r = 0; r < g->nr; r++) {   /* the longer rows go on alone */
-      for (int64_t s = g->nmin; s < g->n[r]; s++) {
-        cv_f4 x = cv_set4(p[r][s]);
-        a[r][0] += x * cv_ld4(rows + s * rs + d);
-        a[r][1] += x * cv_ld4(rows + s * rs + d + 4);
-      }
-      cv_st4(o[r] + d, a[r][0]);
-      cv_st4(o[r] + d + 4, a[r][1]);
-    }
-  }
-  for (; d < Dh; d++)
-    for (int r = 0; r < g->nr; r++) {
-      float acc = 0;
-      for (int64_t s = 0; s < g->n[r]; s++) acc += p[r][s] * rows[s * rs + d];
-      o[r][d] = acc;
-    }
+#define TILE_V cv_f4
+#define TILE_W 4
+#define TILE(name) name##_base
+#define TILE_ATTR CV_HOT   /* its AVX2 clone has no FMA: the same bits, faster broadcasts */
+#include "runtime/cpu_attention_tiles.h"
+#undef TILE_V
+#undef TILE_W
+#undef TILE
+#undef TILE_ATTR
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define HAVE_FMA_TILES 1
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#define TILE_V cv_f8
+#define TILE_W 8
+#define TILE(name) name##_fma
+#define TILE_ATTR __attribute__((target("avx2,fma")))
+#include "runtime/cpu_attention_tiles.h"
+#undef TILE_V
+#undef TILE_W
+#undef TILE
+#undef TILE_ATTR
+#pragma GCC diagnostic pop
+#endif
+
+/* LOOM_CPU_NOFMA=1 keeps the baseline tiles (to compare, or to match a machine without FMA). */
+static const Tiles *pick_tiles(void) {
+#ifdef HAVE_FMA_TILES
+  const char *no = getenv("LOOM_CPU_NOFMA");
+  __builtin_cpu_init();
+  if (!(no && *no && *no != '0') && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return &tiles_fma;
+#endif
+  return &tiles_base;
 }
 
 /* The softmax of p[0..n) * scale, in place; returns its max and sum. */
@@ -229,13 +206,13 @@ static void fwd_items(void *ctx, int thread, int64_t ib, int64_t ie) {
         o[r] = a->out + g.row[r] * Dh;
         p[r] = sc + r * ld;
       }
-      scores4(p, q, kt, ld, Dh, round8(g.nmax));
+      a->tiles->scores4(p, q, kt, ld, Dh, round8(g.nmax));
       for (int r = 0; r < g.nr; r++) {
         float mx, sum;
         softmax_scaled(p[r], g.n[r], a->scale, &mx, &sum);
       }
       for (int r = g.nr; r < RB; r++) p[r] = p[0];
-      pv4(o, (const float *const *)p, &g, vr, rs, Dh);
+      a->tiles->pv4(o, (const float *const *)p, &g, vr, rs, Dh);
     }
   }
 }
@@ -264,7 +241,8 @@ int cpu_attention(ThreadPool *tp, const float *q, const float *k, const float *v
     return 0;
   }
   AttnCtx a = {.q = q, .k = k, .v = v, .out = out, .B = B, .T = T, .H = H, .Dh = Dh, .S = S, .KV = KV,
-               .G = H / KV, .nqb = (T + QB - 1) / QB, .causal = causal, .scale = scale, .ld = pick_ld(S)};
+               .G = H / KV, .nqb = (T + QB - 1) / QB, .causal = causal, .scale = scale, .ld = pick_ld(S),
+               .tiles = pick_tiles()};
   a.stride = cv_stride(RB * (size_t)a.ld);
   a.scratch = cv_alloc(a.stride * (size_t)tp_size(tp));
   a.kT = cv_alloc((size_t)(B * KV * Dh * a.ld));
@@ -305,8 +283,8 @@ static void bwd_q_items(void *ctx, int thread, int64_t ib, int64_t ie) {
         dp[r] = dpb + r * ld;
       }
       int64_t npad = round8(g.nmax);
-      scores4(p, q, kt, ld, Dh, npad);
-      scores4(dp, dout, vt, ld, Dh, npad);
+      a->tiles->scores4(p, q, kt, ld, Dh, npad);
+      a->tiles->scores4(dp, dout, vt, ld, Dh, npad);
       for (int r = 0; r < g.nr; r++) {
         float *st = a->stats + 3 * g.row[r], *pr = p[r];
         const float *dpr = dp[r];
@@ -317,59 +295,8 @@ static void bwd_q_items(void *ctx, int thread, int64_t ib, int64_t ie) {
         for (int64_t s = 0; s < n; s++) pr[s] = pr[s] * (dpr[s] - delta) * a->scale;   /* ds */
       }
       for (int r = g.nr; r < RB; r++) p[r] = p[0];
-      pv4(dq, (const float *const *)p, &g, kr, rs, Dh);
+      a->tiles->pv4(dq, (const float *const *)p, &g, kr, rs, Dh);
     }
-  }
-}
-
-/* acc[s][d] += sum over the rows r that see key s (s < n_r), in row order, of
-   w[r][s] * x[r][d], for s < nmax */
-CV_HOT static void accumulate_rows(float *acc, const float *const *w, const float *const *x, const Rows *g,
-                                   int64_t Dh) {
-  const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
-  for (int64_t s = 0; s < g->nmax; s++) {
-    float *row = acc + s * Dh;
-    int r0 = 0;   /* the rows that see key s are a suffix: n_r grows with r */
-    while (r0 < g->nr && g->n[r0] <= s) r0++;
-    int64_t d = 0;
-    if (r0 == 0 && g->nr == RB) {   /* all four rows see key s (off the causal diagonal) */
-      float w0 = w[0][s], w1 = w[1][s], w2 = w[2][s], w3 = w[3][s];
-      cv_f4 c0 = cv_set4(w0), c1 = cv_set4(w1), c2 = cv_set4(w2), c3 = cv_set4(w3);
-      for (; d + 8 <= Dh; d += 8) {
-        cv_f4 a0 = cv_ld4(row + d), a1 = cv_ld4(row + d + 4);
-        a0 += c0 * cv_ld4(x0 + d);
-        a1 += c0 * cv_ld4(x0 + d + 4);
-        a0 += c1 * cv_ld4(x1 + d);
-        a1 += c1 * cv_ld4(x1 + d + 4);
-        a0 += c2 * cv_ld4(x2 + d);
-        a1 += c2 * cv_ld4(x2 + d + 4);
-        a0 += c3 * cv_ld4(x3 + d);
-        a1 += c3 * cv_ld4(x3 + d + 4);
-        cv_st4(row + d, a0);
-        cv_st4(row + d + 4, a1);
-      }
-      for (; d < Dh; d++) {
-        float a = row[d];
-        a += w0 * x0[d];
-        a += w1 * x1[d];
-        a += w2 * x2[d];
-        a += w3 * x3[d];
-        row[d] = a;
-      }
-      continue;
-    }
-    for (; d + 8 <= Dh; d += 8) {
-      cv_f4 a0 = cv_ld4(row + d), a1 = cv_ld4(row + d + 4);
-      for (int r = r0; r < g->nr; r++) {
-        cv_f4 c = cv_set4(w[r][s]);
-        a0 += c * cv_ld4(x[r] + d);
-        a1 += c * cv_ld4(x[r] + d + 4);
-      }
-      cv_st4(row + d, a0);
-      cv_st4(row + d + 4, a1);
-    }
-    for (; d < Dh; d++)
-      for (int r = r0; r < g->nr; r++) row[d] += w[r][s] * x[r][d];
   }
 }
 
@@ -397,8 +324,8 @@ static void bwd_kv_items(void *ctx, int thread, int64_t ib, int64_t ie) {
         dp[r] = dpb + r * KB;
       }
       int64_t npad = round8(g.nmax);
-      scores4(p, q, kt, ld, Dh, npad);
-      scores4(dp, dout, vt, ld, Dh, npad);
+      a->tiles->scores4(p, q, kt, ld, Dh, npad);
+      a->tiles->scores4(dp, dout, vt, ld, Dh, npad);
       for (int r = 0; r < g.nr; r++) {
         const float *st = a->stats + 3 * g.row[r];
         float *pr = p[r], *dpr = dp[r], delta = st[2];
@@ -409,8 +336,8 @@ static void bwd_kv_items(void *ctx, int thread, int64_t ib, int64_t ie) {
         cv_div(pr, pr, st[1], n);
         for (int64_t s = 0; s < n; s++) dpr[s] = pr[s] * (dpr[s] - delta) * a->scale;   /* ds */
       }
-      accumulate_rows(dV, (const float *const *)p, dout, &g, Dh);
-      accumulate_rows(dK, (const float *const *)dp, q, &g, Dh);
+      a->tiles->accumulate_rows(dV, (const float *const *)p, dout, &g, Dh);
+      a->tiles->accumulate_rows(dK, (const float *const *)dp, q, &g, Dh);
     }
     for (int64_t s = 0; s < m; s++) {
       int64_t off = ((b * a->S + s0 + s) * a->KV + kvh) * Dh;
@@ -431,7 +358,7 @@ int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const 
   if (B * T * H * Dh == 0 || S == 0) return 0;
   AttnCtx a = {.q = q, .k = k, .v = v, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .B = B, .T = T, .H = H,
                .Dh = Dh, .S = S, .KV = KV, .G = H / KV, .nqb = (T + QB - 1) / QB, .nkb = (S + KB - 1) / KB,
-               .causal = causal, .scale = scale};
+               .causal = causal, .scale = scale, .tiles = pick_tiles()};
   a.ld = pick_ld(S);
   size_t n1 = 2 * RB * (size_t)a.ld, n2 = 2 * (size_t)Dh * KB + 2 * RB * KB;
   a.stride = cv_stride(n1 > n2 ? n1 : n2);

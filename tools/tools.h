@@ -45,6 +45,13 @@ bool arg_flag(const char *arg, const char *name);
 int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int report(int rc, const char *msg);   /* prints "loom: error: msg" when rc != 0; returns rc */
 bool ends_with(const char *s, const char *suffix);
+/* OpenBLAS's pthreads workers busy-wait ~2^28 cycles after every GEMM (its THREAD_TIMEOUT),
+   taking the cores the runtime's thread pool needs for the next step: ~10% of a CPU training
+   step.  OPENBLAS_THREAD_TIMEOUT=4 makes them sleep at once, but OpenBLAS reads it when the
+   library loads, before main.  So commands that run the CPU backend call this first: unless
+   the variable is set (or LOOM_NO_REEXEC is), it sets it and executes itself again once
+   (/proc/self/exe, same arguments); if that fails, it returns and the run goes on as is. */
+void blas_quiet_workers(char **argv);
 double seconds_now(void);
 
 /* ---- weights.c ---- */
