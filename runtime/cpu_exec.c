@@ -200,6 +200,13 @@ static void gemm(const RtStep *st, float *A, float *B, float *C) {
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   bool ta = i[4], tb = i[5];
   if (M == 0 || N == 0) return;
+  /* A batch against one shared B (stride 0: activations [B,T,K] times a weight) whose A
+     and C batches are contiguous is one GEMM with batch*M rows: OpenBLAS is ~20% faster on
+     [2048,256]x[256,256] than on eight [256,256]x[256,256]. */
+  if (batch > 1 && i[7] == 0 && !ta && i[6] == M * K && i[8] == M * N && batch * M <= INT32_MAX) {
+    M *= batch;
+    batch = 1;
+  }
   for (int64_t b = 0; b < batch; b++) {
     float *c = C + b * i[8];
     if (K == 0) {   /* an empty sum; BLAS would reject the leading dimension 0 */

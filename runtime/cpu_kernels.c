@@ -177,11 +177,13 @@ static void norm_grad_rows(void *c, int64_t ib, int64_t ie) {
   }
 }
 
-/* Pass 2: dw, db over rows in row order, split along D in blocks of 16 columns, so each
-   column's sum is formed by one thread in the reference's order. */
+/* Pass 2: dw, db over rows in row order, split along D in blocks of NORM_COLS columns, so
+   each column's sum is formed by one thread in the reference's order.  64 columns (4 cache
+   lines of each row) let the hardware prefetcher follow the rows; 16 ran ~2x slower. */
+#define NORM_COLS 64
 static void norm_grad_cols(void *c, int64_t ib, int64_t ie) {
   const NormCtx *n = c;
-  int64_t c0 = ib * 16, c1 = ie * 16 < n->D ? ie * 16 : n->D, D = n->D, w = c1 - c0;
+  int64_t c0 = ib * NORM_COLS, c1 = ie * NORM_COLS < n->D ? ie * NORM_COLS : n->D, D = n->D, w = c1 - c0;
   float *restrict dw = n->dw + c0, *restrict db = n->db ? n->db + c0 : NULL;
   memset(dw, 0, sizeof(float) * (size_t)w);
   if (db) memset(db, 0, sizeof(float) * (size_t)w);
@@ -206,7 +208,7 @@ int cpu_layernorm_grad(ThreadPool *tp, const float *dy, const float *x, const fl
     return 1;
   }
   tp_run(tp, n_blocks(rows, c.blk), norm_grad_rows, &c);
-  int64_t ncol = n_blocks(D, 16);
+  int64_t ncol = n_blocks(D, NORM_COLS);
   /* Small problems on one thread; the split along D never changes a sum's order. */
   if (rows * D < ELEM_BLOCK) norm_grad_cols(&c, 0, ncol);
   else tp_run(tp, ncol, norm_grad_cols, &c);

@@ -64,8 +64,15 @@ void cpu_backend_profile(const CpuBackend *b, FILE *out, int top) {
     for (int k = 0; k < n; k++) {
       const RtStep *st = &fn->steps[steps[k]];
       double ms = 1e3 * cp->step_seconds[f][steps[k]] / (double)runs;
-      fprintf(out, "  %8.2f ms %5.1f%%  #%-4d %-7s %s\n", ms, total > 0 ? 100 * cp->step_seconds[f][steps[k]] / total : 0,
-              steps[k], st->kind == RT_STEP_KERNEL ? "kernel" : st->kind == RT_STEP_GEMM ? "gemm" : "builtin", st->label);
+      char gemm[128] = "";
+      if (st->kind == RT_STEP_GEMM) {   /* batch x M x N x K, transposes, achieved rate */
+        double flops = 2.0 * (double)st->i[0] * (double)st->i[1] * (double)st->i[2] * (double)st->i[3];
+        snprintf(gemm, sizeof gemm, "  [%lldx%lldx%lldx%lld%s%s] %.1f GFLOP/s", (long long)st->i[0], (long long)st->i[1],
+                 (long long)st->i[2], (long long)st->i[3], st->i[4] ? " ta" : "", st->i[5] ? " tb" : "",
+                 ms > 0 ? flops / (ms * 1e6) : 0.0);
+      }
+      fprintf(out, "  %8.2f ms %5.1f%%  #%-4d %-7s %s%s\n", ms, total > 0 ? 100 * cp->step_seconds[f][steps[k]] / total : 0,
+              steps[k], st->kind == RT_STEP_KERNEL ? "kernel" : st->kind == RT_STEP_GEMM ? "gemm" : "builtin", st->label, gemm);
     }
   }
   free(steps);
