@@ -81,11 +81,13 @@ static void rows_at(const AttnCtx *a, int64_t b, int64_t kvh, int64_t t_first, i
 }
 
 /* The register-blocked tiles (scores, probabilities times values, row accumulation) come
-   in two instances of runtime/cpu_attention_tiles.h: 4-float vectors for the baseline, and
+   in three instances of runtime/cpu_attention_tiles.h: 4-float vectors for the baseline,
    8-float vectors compiled for AVX2 with FMA (a*b+c contracted: this file is built with
-   -ffp-contract=fast, which only matters where the target has FMA), picked once at run
-   time.  The FMA instance is ~1.6x faster; its results differ from the baseline's in the
-   last bits (as OpenBLAS's GEMMs differ between CPUs), never with the thread count. */
+   -ffp-contract=fast, which only matters where the target has FMA) and 16-float vectors for
+   AVX-512F, picked at run time.  The FMA instances are ~1.6x faster than the baseline;
+   their results differ from the baseline's in the last bits (as OpenBLAS's GEMMs differ
+   between CPUs), never with the thread count, and the two FMA instances agree bit for bit
+   (each output gets the same FMAs in the same order; a unit test checks it). */
 typedef struct Tiles_ {
   void (*scores4)(float *const *sc, const float *const *q, const float *restrict kt, int64_t ld, int64_t Dh,
                   int64_t npad);
@@ -117,16 +119,32 @@ typedef struct Tiles_ {
 #undef TILE_W
 #undef TILE
 #undef TILE_ATTR
+#define HAVE_AVX512_TILES 1
+typedef float cv_f16 __attribute__((vector_size(64)));
+#define TILE_V cv_f16
+#define TILE_VH cv_f8
+#define TILE_W 16
+#define TILE(name) name##_avx512
+#define TILE_ATTR __attribute__((target("avx512f,avx2,fma")))
+#include "runtime/cpu_attention_tiles.h"
+#undef TILE_V
+#undef TILE_VH
+#undef TILE_W
+#undef TILE
+#undef TILE_ATTR
 #pragma GCC diagnostic pop
 #endif
 
-/* LOOM_CPU_NOFMA=1 keeps the baseline tiles (to compare, or to match a machine without FMA). */
+/* LOOM_CPU_NOFMA=1 keeps the baseline tiles (to compare, or to match a machine without FMA);
+   LOOM_CPU_AVX512=0 the AVX2 ones. */
 static const Tiles *pick_tiles(void) {
 #ifdef HAVE_FMA_TILES
   const char *no = getenv("LOOM_CPU_NOFMA");
   __builtin_cpu_init();
-  if (!(no && *no && *no != '0') && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return &tiles_fma;
+  if (no && *no && *no != '0') return &tiles_base;
+  const char *w = getenv("LOOM_CPU_AVX512");
+  if (!(w && *w == '0') && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return &tiles_avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &tiles_fma;
 #endif
   return &tiles_base;
 }

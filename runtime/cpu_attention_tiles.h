@@ -1,7 +1,8 @@
 /* runtime/cpu_attention_tiles.h — attention's register-blocked tiles, included by
  * runtime/cpu_attention.c once per instruction set with:
- *   TILE_V     the vector type (W floats: cv_f4 or cv_f8)
+ *   TILE_V     the vector type (W floats: cv_f4, cv_f8 or cv_f16)
  *   TILE_W     its lane count
+ *   TILE_VH    (W = 16 only) the 8-float type for the last 8 keys of the scores
  *   TILE(name) the function's name for this instance
  *   TILE_ATTR  its attributes (the target it is compiled for)
  * Every output element gets the same operations in the same order whatever W is (lanes
@@ -39,7 +40,7 @@ TILE_ATTR static void TILE(scores4)(float *const *sc, const float *const *q, con
     memcpy(sc[2] + s, &a2, sizeof a2), memcpy(sc[2] + s + TILE_W, &b2, sizeof b2);
     memcpy(sc[3] + s, &a3, sizeof a3), memcpy(sc[3] + s + TILE_W, &b3, sizeof b3);
   }
-  for (; s < npad; s += TILE_W) {
+  for (; s + TILE_W <= npad; s += TILE_W) {
     TILE_V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, k;
     for (int64_t d = 0; d < Dh; d++) {
       memcpy(&k, kt + d * ld + s, sizeof k);
@@ -53,6 +54,22 @@ TILE_ATTR static void TILE(scores4)(float *const *sc, const float *const *q, con
     memcpy(sc[2] + s, &a2, sizeof a2);
     memcpy(sc[3] + s, &a3, sizeof a3);
   }
+#ifdef TILE_VH   /* W = 16: npad is a multiple of 8, so one 8-key slice may be left */
+  for (; s < npad; s += 8) {
+    TILE_VH a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, k;
+    for (int64_t d = 0; d < Dh; d++) {
+      memcpy(&k, kt + d * ld + s, sizeof k);
+      a0 += q0[d] * k;
+      a1 += q1[d] * k;
+      a2 += q2[d] * k;
+      a3 += q3[d] * k;
+    }
+    memcpy(sc[0] + s, &a0, sizeof a0);
+    memcpy(sc[1] + s, &a1, sizeof a1);
+    memcpy(sc[2] + s, &a2, sizeof a2);
+    memcpy(sc[3] + s, &a3, sizeof a3);
+  }
+#endif
 }
 
 /* o[r][d] = sum_{s < n_r} p[r][s] * rows[s*rs + d] for the real rows; each sum runs over s

@@ -81,6 +81,24 @@ static int optimize(LLVMModuleRef mod, char *err, size_t errlen) {
   LLVMSetDataLayout(mod, dl);
   LLVMDisposeMessage(dl);
   LLVMDisposeTargetData(td);
+  /* LLVM keeps vectors at 256 bits on AVX-512 CPUs unless a function asks for more: the
+     kernels ask for 512 where the host has AVX-512F (GELU and its gradient ~25% faster on a
+     Xeon; the same bits, as no kernel reassociates).  LOOM_CPU_VECTOR_BITS=256 keeps LLVM's
+     choice; any other value is passed on as the preferred width. */
+  const char *pw = getenv("LOOM_CPU_VECTOR_BITS");
+  if (!pw || !*pw) {
+    char *feat = LLVMGetTargetMachineFeatureString(tm);
+    pw = feat && strstr(feat, "+avx512f") ? "512" : NULL;
+    LLVMDisposeMessage(feat);
+  }
+  if (pw && *pw) {
+    LLVMContextRef c = LLVMGetModuleContext(mod);
+    for (LLVMValueRef f = LLVMGetFirstFunction(mod); f; f = LLVMGetNextFunction(f)) {
+      if (LLVMIsDeclaration(f)) continue;
+      LLVMAttributeRef a = LLVMCreateStringAttribute(c, "prefer-vector-width", 19, pw, (unsigned)strlen(pw));
+      LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex, a);
+    }
+  }
   LLVMPassBuilderOptionsRef opts = LLVMCreatePassBuilderOptions();
   LLVMPassBuilderOptionsSetLoopVectorization(opts, 1);
   LLVMPassBuilderOptionsSetSLPVectorization(opts, 1);

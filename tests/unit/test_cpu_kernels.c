@@ -309,6 +309,53 @@ static void attention_case(const char *name, bool grad, int64_t B, int64_t T, in
   run(&c, name, 0);
 }
 
+/* The AVX-512 tiles (16 floats) and the AVX2 FMA tiles (8 floats) do the same operations in
+   the same order for every element: their results must be the same bits.  Dh 48 and
+   T 45 take the remainder paths (a last 8-key slice, dims past the last 32). */
+static void attention_instances_case(void) {
+  const char *name = "attention tiles avx512 == avx2";
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("fma") || getenv("LOOM_CPU_NOFMA")) {
+    printf("skip %-34s this CPU (or LOOM_CPU_NOFMA) has no AVX-512F + FMA tiles to compare\n", name);
+    return;
+  }
+  int64_t B = 2, T = 45, H = 4, KV = 2, Dh = 48;
+  size_t nq = (size_t)(B * T * H * Dh), nk = (size_t)(B * T * KV * Dh);
+  float *buf = calloc(4 * nq + 2 * nk + 2 * (2 * nq + 4 * nk), sizeof(float));
+  if (!buf) {
+    fail_case(name, "out of memory");
+    return;
+  }
+  float *q = buf, *dout = q + nq, *k = dout + nq, *v = k + nk, *res[2];
+  res[0] = v + nk + 2 * nq;
+  res[1] = res[0] + 2 * nq + 4 * nk;
+  unsigned seed = 7;
+  for (size_t i = 0; i < 2 * nq + 2 * nk; i++) {
+    seed = seed * 1664525u + 1013904223u;
+    q[i] = (float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f;
+  }
+  char err[256];
+  bool ok = true;
+  for (int inst = 0; inst < 2; inst++) {
+    if (inst) setenv("LOOM_CPU_AVX512", "0", 1);
+    float *o = res[inst], *dq = o + nq, *dk = dq + nq, *dv = dk + nk;
+    for (int causal = 0; causal < 2; causal++) {
+      if (cpu_attention(tp3, q, k, v, o, B, T, H, Dh, T, KV, causal, 0.14f, err, sizeof err) ||
+          cpu_attention_grad(tp3, dout, q, k, v, dq, dk, dv, B, T, H, Dh, T, KV, causal, 0.14f, err, sizeof err))
+        ok = false;
+      if (causal == 0) memcpy(dv + nk, o, sizeof(float) * nk);   /* keep a piece of the non-causal output */
+    }
+  }
+  unsetenv("LOOM_CPU_AVX512");
+  if (ok && !memcmp(res[0], res[1], sizeof(float) * (2 * nq + 3 * nk))) {
+    printf("ok   %-34s forward and gradients, bit for bit\n", name);
+    n_pass++;
+  } else {
+    fail_case(name, ok ? "the two instances' results differ" : err);
+  }
+  free(buf);
+}
+
 static void rope_case(const char *name, int64_t offset, bool inverse) {
   Case c;
   begin(&c, RT_B_ROPE);
@@ -594,6 +641,7 @@ int main(void) {
   attention_case("attention_grad causal MHA T=70", true, 1, 70, 70, 2, 2, 64, true);
   attention_case("attention_grad causal MQA T=33", true, 2, 33, 33, 4, 1, 8, true);
   attention_case("attention_grad non-causal MQA S<T", true, 2, 40, 9, 4, 1, 8, false);
+  attention_instances_case();
   rope_case("rope", 0, false);
   rope_case("rope inverse offset 5", 5, true);
   loss_cases();
