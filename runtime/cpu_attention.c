@@ -365,6 +365,96 @@ static void bwd_kv_items(void *ctx, int thread, int64_t ib, int64_t ie) {
   }
 }
 
+/* The backward in one pass per (b, kv head) when its probabilities and their gradients fit
+   in a thread's scratch: the rows' pass (as bwd_q_items) keeps P and dS for every (row, key)
+   of the item, and the key blocks' pass (as bwd_kv_items) reads them instead of computing
+   q·kᵀ, dout·vᵀ and the exponentials again: 5 matmul-sized products instead of 7.  Every
+   value is formed by the same operations in the same order as in the two-pass form, so the
+   results are the same bits (a unit test checks it; LOOM_CPU_ATTN_TWO_PASS=1 forces the
+   two-pass form). */
+static void bwd_item_rows(const AttnCtx *a, int64_t b, int64_t kvh, float *P, float *DS) {
+  int64_t Dh = a->Dh, ld = a->ld, rs = a->KV * Dh, R = a->T * a->G, bk = (b * a->KV + kvh) * Dh * ld;
+  const float *kt = a->kT + bk, *vt = a->vT + bk, *kr = a->k + (b * a->S * a->KV + kvh) * Dh;
+  for (int64_t r0 = 0; r0 < R; r0 += RB) {
+    Rows g;
+    rows_at(a, b, kvh, 0, r0, R, 0, a->S, &g);
+    const float *q[RB], *dout[RB];
+    float *p[RB], *dp[RB], *dq[RB];
+    for (int r = 0; r < RB; r++) {
+      q[r] = a->q + g.row[r] * Dh;
+      dout[r] = a->dout + g.row[r] * Dh;
+      dq[r] = a->dq + g.row[r] * Dh;
+      p[r] = P + (r0 + r) * ld;   /* P and DS have R rounded up to RB rows */
+      dp[r] = DS + (r0 + r) * ld;
+    }
+    int64_t npad = round8(g.nmax);
+    a->tiles->scores4(p, q, kt, ld, Dh, npad);
+    a->tiles->scores4(dp, dout, vt, ld, Dh, npad);
+    for (int r = 0; r < g.nr; r++) {
+      float *st = a->stats + 3 * g.row[r], *pr = p[r], *dpr = dp[r];
+      int64_t n = g.n[r];
+      softmax_scaled(pr, n, a->scale, &st[0], &st[1]);
+      float delta = cv_dot(pr, dpr, n);
+      st[2] = delta;
+      for (int64_t s = 0; s < n; s++) dpr[s] = pr[s] * (dpr[s] - delta) * a->scale;   /* ds */
+    }
+    for (int r = g.nr; r < RB; r++) dp[r] = dp[0];
+    a->tiles->pv4(dq, (const float *const *)dp, &g, kr, rs, Dh);
+  }
+}
+
+static void bwd_item_keys(const AttnCtx *a, int64_t b, int64_t kvh, const float *P, const float *DS, float *dK,
+                          float *dV) {
+  int64_t Dh = a->Dh, ld = a->ld;
+  for (int64_t kb = 0; kb < a->nkb; kb++) {
+    int64_t s0 = kb * KB, m = s0 + KB < a->S ? KB : a->S - s0;
+    memset(dK, 0, sizeof(float) * (size_t)(KB * Dh));
+    memset(dV, 0, sizeof(float) * (size_t)(KB * Dh));
+    int64_t t_first = a->causal ? s0 : 0, R = (a->T - t_first) * a->G, base = t_first * a->G;
+    for (int64_t r0 = 0; r0 < R; r0 += RB) {
+      Rows g;
+      rows_at(a, b, kvh, t_first, r0, R, s0, m, &g);
+      const float *q[RB], *dout[RB], *p[RB], *dp[RB];
+      for (int r = 0; r < RB; r++) {
+        int64_t rr = base + r0 + (r < g.nr ? r : 0);
+        q[r] = a->q + g.row[r] * Dh;
+        dout[r] = a->dout + g.row[r] * Dh;
+        p[r] = P + rr * ld + s0;
+        dp[r] = DS + rr * ld + s0;
+      }
+      a->tiles->accumulate_rows(dV, p, dout, &g, Dh);
+      a->tiles->accumulate_rows(dK, dp, q, &g, Dh);
+    }
+    for (int64_t s = 0; s < m; s++) {
+      int64_t off = ((b * a->S + s0 + s) * a->KV + kvh) * Dh;
+      memcpy(a->dk + off, dK + s * Dh, sizeof(float) * (size_t)Dh);
+      memcpy(a->dv + off, dV + s * Dh, sizeof(float) * (size_t)Dh);
+    }
+  }
+}
+
+static void bwd_items(void *ctx, int thread, int64_t ib, int64_t ie) {
+  const AttnCtx *a = ctx;
+  int64_t rows = (a->T * a->G + RB - 1) / RB * RB;
+  float *P = a->scratch + (size_t)thread * a->stride, *DS = P + rows * a->ld, *dK = DS + rows * a->ld,
+        *dV = dK + a->Dh * KB;
+  for (int64_t i = ib; i < ie; i++) {
+    int64_t kvh = i % a->KV, b = i / a->KV;
+    bwd_item_rows(a, b, kvh, P, DS);
+    bwd_item_keys(a, b, kvh, P, DS, dK, dV);
+  }
+}
+
+/* Per-thread scratch of the one-pass backward, in floats (0: too big, use two passes). */
+static size_t one_pass_scratch(const AttnCtx *a, int threads) {
+  const char *two = getenv("LOOM_CPU_ATTN_TWO_PASS");
+  if (two && *two && *two != '0') return 0;
+  if (a->B * a->KV < 4 * (int64_t)threads) return 0;   /* too few items to keep the threads busy */
+  size_t rows = (size_t)((a->T * a->G + RB - 1) / RB * RB);
+  size_t n = 2 * rows * (size_t)a->ld + 2 * (size_t)a->Dh * KB;
+  return n * sizeof(float) <= ((size_t)16 << 20) ? cv_stride(n) : 0;   /* 16 MiB a thread */
+}
+
 int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const float *k, const float *v,
                        float *dq, float *dk, float *dv, int64_t B, int64_t T, int64_t H, int64_t Dh, int64_t S,
                        int64_t KV, bool causal, float scale, char *err, size_t errlen) {
@@ -378,8 +468,8 @@ int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const 
                .Dh = Dh, .S = S, .KV = KV, .G = H / KV, .nqb = (T + QB - 1) / QB, .nkb = (S + KB - 1) / KB,
                .causal = causal, .scale = scale, .tiles = pick_tiles()};
   a.ld = pick_ld(S);
-  size_t n1 = 2 * RB * (size_t)a.ld, n2 = 2 * (size_t)Dh * KB + 2 * RB * KB;
-  a.stride = cv_stride(n1 > n2 ? n1 : n2);
+  size_t n1 = 2 * RB * (size_t)a.ld, n2 = 2 * (size_t)Dh * KB + 2 * RB * KB, one = one_pass_scratch(&a, tp_size(tp));
+  a.stride = one ? one : cv_stride(n1 > n2 ? n1 : n2);
   a.scratch = cv_alloc(a.stride * (size_t)tp_size(tp));
   a.stats = cv_alloc(3 * (size_t)(B * T * H));
   a.kT = cv_alloc((size_t)(B * KV * Dh * a.ld));
@@ -394,8 +484,12 @@ int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const 
   }
   transpose_kv(tp, &a, k, a.kT);
   transpose_kv(tp, &a, v, a.vT);
-  tp_run_dynamic(tp, B * KV * a.nqb, 1, bwd_q_items, &a);
-  tp_run_dynamic(tp, B * KV * a.nkb, 1, bwd_kv_items, &a);
+  if (one) {
+    tp_run_dynamic(tp, B * KV, 1, bwd_items, &a);
+  } else {
+    tp_run_dynamic(tp, B * KV * a.nqb, 1, bwd_q_items, &a);
+    tp_run_dynamic(tp, B * KV * a.nkb, 1, bwd_kv_items, &a);
+  }
   free(a.scratch);
   free(a.stats);
   free(a.kT);

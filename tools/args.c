@@ -1,4 +1,5 @@
 /* tools/args.c — option parsing and error reporting shared by the subcommands. */
+#include <malloc.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
@@ -49,7 +50,13 @@ double seconds_now(void) {
 }
 
 
-void blas_quiet_workers(char **argv) {
+void cpu_run_setup(char **argv) {
+#ifdef M_MMAP_THRESHOLD
+  if (!getenv("GLIBC_TUNABLES")) {
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
+#endif
   if (getenv("OPENBLAS_THREAD_TIMEOUT") || getenv("LOOM_NO_REEXEC")) return;
   if (setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
   execv("/proc/self/exe", argv);

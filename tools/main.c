@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
     puts("loom " LOOM_VERSION);
     return EXIT_OK;
   }
-  if (!strcmp(cmd, "train") || !strcmp(cmd, "eval")) blas_quiet_workers(argv);
+  if (!strcmp(cmd, "train") || !strcmp(cmd, "eval")) cpu_run_setup(argv);
   for (int i = 0; i < N_COMMANDS; i++)
     if (!strcmp(commands[i].name, cmd)) return commands[i].run(argc - 1, argv + 1);
   fprintf(stderr, "loom: error: unknown command '%s'\n\n", cmd);

@@ -50,8 +50,13 @@ bool ends_with(const char *s, const char *suffix);
    step.  OPENBLAS_THREAD_TIMEOUT=4 makes them sleep at once, but OpenBLAS reads it when the
    library loads, before main.  So commands that run the CPU backend call this first: unless
    the variable is set (or LOOM_NO_REEXEC is), it sets it and executes itself again once
-   (/proc/self/exe, same arguments); if that fails, it returns and the run goes on as is. */
-void blas_quiet_workers(char **argv);
+   (/proc/self/exe, same arguments); if that fails, it returns and the run goes on as is.
+   It also keeps freed memory in the heap (glibc's mallopt: blocks under 64 MiB never
+   mmap'd, the heap trimmed only past 1 GiB of free top): the runtime's builtins take
+   per-call scratch of a few MiB, which glibc otherwise unmaps and the kernel zero-fills
+   again on the next call (~4,000 page faults, ~10 ms per step of bench-gpt2-small).  Not
+   done when GLIBC_TUNABLES is set (the user's malloc settings win). */
+void cpu_run_setup(char **argv);
 double seconds_now(void);
 
 /* ---- weights.c ---- */

@@ -356,6 +356,55 @@ static void attention_instances_case(void) {
   free(buf);
 }
 
+/* attention_grad's one-pass form (P and dS kept per (b, kv head)) and its two-pass form
+   (LOOM_CPU_ATTN_TWO_PASS=1) form every value the same way: the same bits. */
+static void attention_paths_case(void) {
+  const char *name = "attention_grad 1 pass == 2 passes";
+  static const int64_t cases[][7] = {
+      /* B, T, S, H, KV, Dh, causal */
+      {2, 45, 45, 4, 2, 48, 1}, {2, 45, 45, 4, 2, 48, 0}, {2, 20, 45, 6, 3, 24, 0},
+      {4, 33, 33, 4, 1, 8, 1},  {1, 70, 70, 4, 4, 64, 1}, {4, 40, 9, 4, 1, 8, 0},
+  };
+  bool ok = true;
+  char err[256] = "";
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0] && ok; c++) {
+    int64_t B = cases[c][0], T = cases[c][1], S = cases[c][2], H = cases[c][3], KV = cases[c][4], Dh = cases[c][5];
+    bool causal = cases[c][6];
+    size_t nq = (size_t)(B * T * H * Dh), nk = (size_t)(B * S * KV * Dh), nres = nq + 2 * nk;
+    float *buf = calloc(2 * nq + 2 * nk + 2 * nres, sizeof(float));
+    if (!buf) {
+      fail_case(name, "out of memory");
+      return;
+    }
+    float *q = buf, *dout = q + nq, *k = dout + nq, *v = k + nk, *res[2] = {v + nk, v + nk + nres};
+    unsigned seed = 11 + (unsigned)c;
+    for (size_t i = 0; i < 2 * nq + 2 * nk; i++) {
+      seed = seed * 1664525u + 1013904223u;
+      q[i] = (float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f;
+    }
+    for (int form = 0; form < 2; form++) {
+      if (form) setenv("LOOM_CPU_ATTN_TWO_PASS", "1", 1);
+      float *dq = res[form], *dk = dq + nq, *dv = dk + nk;
+      /* one thread: every case has B*KV >= 4 items, so the one-pass form is taken */
+      if (cpu_attention_grad(tp1, dout, q, k, v, dq, dk, dv, B, T, H, Dh, S, KV, causal, 0.2f, err, sizeof err))
+        ok = false;
+    }
+    unsetenv("LOOM_CPU_ATTN_TWO_PASS");
+    if (ok && memcmp(res[0], res[1], sizeof(float) * nres)) {
+      snprintf(err, sizeof err, "case %zu (B %lld T %lld S %lld): the two forms' gradients differ", c, (long long)B,
+               (long long)T, (long long)S);
+      ok = false;
+    }
+    free(buf);
+  }
+  if (ok) {
+    printf("ok   %-34s dq, dk, dv bit for bit (6 shapes)\n", name);
+    n_pass++;
+  } else {
+    fail_case(name, err);
+  }
+}
+
 static void rope_case(const char *name, int64_t offset, bool inverse) {
   Case c;
   begin(&c, RT_B_ROPE);
@@ -642,6 +691,7 @@ int main(void) {
   attention_case("attention_grad causal MQA T=33", true, 2, 33, 33, 4, 1, 8, true);
   attention_case("attention_grad non-causal MQA S<T", true, 2, 40, 9, 4, 1, 8, false);
   attention_instances_case();
+  attention_paths_case();
   rope_case("rope", 0, false);
   rope_case("rope inverse offset 5", 5, true);
   loss_cases();

@@ -35,7 +35,7 @@ static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--preci
                                     "--eps", "--weight-decay", "--grad-clip"};
 
 int main(int argc, char **argv) {
-  blas_quiet_workers(argv);
+  cpu_run_setup(argv);
   char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL;
   Payload pl;
   int rc = payload_read_self(&pl, err, sizeof err);
