@@ -34,6 +34,14 @@ static const struct {
   [RT_B_ACCUMULATE] = {"accumulate", 2, 0},
   [RT_B_ASSIGN] = {"assign", 2, 0},
   [RT_B_ADAMW] = {"adamw", 7, -1},   /* 0 outputs (in place) or 3 (p2 m2 v2) */
+  [RT_B_TARGET_PICK] = {"target_pick", 2, 1},
+  [RT_B_ONEHOT] = {"onehot", 1, 1},
+  [RT_B_ALL_REDUCE] = {"all_reduce", 1, 1},
+  [RT_B_ALL_GATHER] = {"all_gather", 1, 1},
+  [RT_B_REDUCE_SCATTER] = {"reduce_scatter", 1, 1},
+  [RT_B_ALL_TO_ALL] = {"all_to_all", 1, 1},
+  [RT_B_SHARD_SLICE] = {"shard_slice", 1, 1},
+  [RT_B_SHARD_PAD] = {"shard_pad", 1, 1},
 };
 
 const char *cpu_builtin_name(RtBuiltin b) { return (unsigned)b < RT_B_COUNT ? info[b].name : "?"; }
@@ -147,13 +155,23 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     want(&c, 0, i[0], 0), want(&c, 1, i[0] * i[1], 0), want(&c, 2, i[0], 1), want(&c, 3, i[0] * i[1], 0);
     break;
   case RT_B_EMBEDDING:
-    nonneg(&c, 0, 3);
+    nonneg(&c, 0, 4);
     want(&c, 0, i[1] * i[2], 0), want(&c, 1, i[0], 1), want(&c, 2, i[0] * i[2], 0);
+    if (i[3] > COMM_AXES) bad(&c, "vocab axis out of range");
     break;
   case RT_B_EMBEDDING_GRAD:
-    nonneg(&c, 0, 3);
+    nonneg(&c, 0, 4);
     want(&c, 0, i[0] * i[2], 0), want(&c, 1, i[0], 1), want(&c, 2, i[1] * i[2], 0);
+    if (i[3] > COMM_AXES) bad(&c, "vocab axis out of range");
     break;
+  case RT_B_TARGET_PICK:
+  case RT_B_ONEHOT:
+  case RT_B_ALL_REDUCE:
+  case RT_B_ALL_GATHER:
+  case RT_B_REDUCE_SCATTER:
+  case RT_B_ALL_TO_ALL:
+  case RT_B_SHARD_SLICE:
+  case RT_B_SHARD_PAD: return cpu_mesh_builtin_check(st, err, errlen);
   case RT_B_TRANSPOSE: {
     int r = ranked(&c, 2);
     if (r < 0) break;
@@ -254,7 +272,12 @@ static void round_out(ThreadPool *tp, const RtStep *st, void *const *bufs, int k
   if (!b->is_int && b->round != RT_ROUND_NONE) rt_round_buf(tp, bufs[k], b->n, (RtRound)b->round);
 }
 
-int cpu_builtin_run(ThreadPool *tp, const RtStep *st, void *const *bufs, char *err, size_t errlen) {
+/* The rank's coordinate on vocab axis + 1 (0: not split), times V: the first row it holds. */
+static int64_t vocab_off(const Comm *comm, int64_t axis1, int64_t V) {
+  return axis1 && comm ? comm->coord[axis1 - 1] * V : 0;
+}
+
+int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen) {
   const int64_t *i = st->i;
   const double *f = st->f;
   const RtBuf *bd = st->bufs;
@@ -284,8 +307,21 @@ int cpu_builtin_run(ThreadPool *tp, const RtStep *st, void *const *bufs, char *e
   case RT_B_CROSS_ENTROPY_GRAD:
     rc = cpu_cross_entropy_grad(tp, b[0], b[1], b[2], b[3], i[0], i[1], err, errlen);
     break;
-  case RT_B_EMBEDDING: rc = cpu_embedding(tp, b[0], b[1], b[2], i[0], i[1], i[2], err, errlen); break;
-  case RT_B_EMBEDDING_GRAD: rc = cpu_embedding_grad(tp, b[0], b[1], b[2], i[0], i[1], i[2], err, errlen); break;
+  case RT_B_EMBEDDING:
+    rc = cpu_embedding(tp, b[0], b[1], b[2], i[0], i[1], i[2], vocab_off(comm, i[3], i[1]), i[3] != 0, err, errlen);
+    break;
+  case RT_B_EMBEDDING_GRAD:
+    rc = cpu_embedding_grad(tp, b[0], b[1], b[2], i[0], i[1], i[2], vocab_off(comm, i[3], i[1]), i[3] != 0, err,
+                            errlen);
+    break;
+  case RT_B_TARGET_PICK:
+  case RT_B_ONEHOT:
+  case RT_B_ALL_REDUCE:
+  case RT_B_ALL_GATHER:
+  case RT_B_REDUCE_SCATTER:
+  case RT_B_ALL_TO_ALL:
+  case RT_B_SHARD_SLICE:
+  case RT_B_SHARD_PAD: rc = cpu_mesh_builtin_run(tp, comm, st, bufs, err, errlen); break;
   case RT_B_TRANSPOSE: cpu_transpose(tp, b[0], b[1], (int)i[0], i + 1, i + 1 + i[0]); break;
   case RT_B_SLICE: cpu_slice(tp, b[0], b[1], (int)i[0], i + 1, i + 1 + i[0], i + 1 + 2 * i[0]); break;
   case RT_B_PAD: cpu_pad(tp, b[0], b[1], (int)i[0], i + 1, i + 1 + i[0], i + 1 + 2 * i[0]); break;

@@ -207,20 +207,23 @@ typedef struct {
   const float *src;
   const int32_t *ids;
   float *dst;
-  int64_t n_ids, D;
+  int64_t n_ids, D, V, off;   /* a split table holds ids [off, off + V) */
 } EmbCtx;
 
 static void emb_rows(void *c, int64_t r0, int64_t r1) {
   const EmbCtx *e = c;
-  for (int64_t r = r0; r < r1; r++)
-    memcpy(e->dst + r * e->D, e->src + (int64_t)e->ids[r] * e->D, sizeof(float) * (size_t)e->D);
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t id = (int64_t)e->ids[r] - e->off;
+    if (id >= 0 && id < e->V) memcpy(e->dst + r * e->D, e->src + id * e->D, sizeof(float) * (size_t)e->D);
+    else memset(e->dst + r * e->D, 0, sizeof(float) * (size_t)e->D);   /* another rank's row */
+  }
 }
 
 int cpu_embedding(ThreadPool *tp, const float *table, const int32_t *ids, float *y, int64_t n_ids, int64_t V,
-                  int64_t D, char *err, size_t errlen) {
-  int rc = check_ids(ids, n_ids, V, err, errlen);
+                  int64_t D, int64_t off, bool split, char *err, size_t errlen) {
+  int rc = split ? 0 : check_ids(ids, n_ids, V, err, errlen);
   if (rc) return rc;
-  EmbCtx c = {table, ids, y, n_ids, D};
+  EmbCtx c = {table, ids, y, n_ids, D, V, split ? off : 0};
   if (n_ids * D < ELEM_BLOCK) emb_rows(&c, 0, n_ids);
   else tp_run(tp, n_ids, emb_rows, &c);
   return 0;
@@ -231,15 +234,18 @@ int cpu_embedding(ThreadPool *tp, const float *table, const int32_t *ids, float 
 static void emb_grad_cols(void *c, int64_t c0, int64_t c1) {
   const EmbCtx *e = c;
   int64_t D = e->D, a = c0 * 16, b = c1 * 16 < D ? c1 * 16 : D;
-  for (int64_t r = 0; r < e->n_ids; r++) cv_axpy(e->dst + (int64_t)e->ids[r] * D + a, 1.0f, e->src + r * D + a, b - a);
+  for (int64_t r = 0; r < e->n_ids; r++) {
+    int64_t id = (int64_t)e->ids[r] - e->off;
+    if (id >= 0 && id < e->V) cv_axpy(e->dst + id * D + a, 1.0f, e->src + r * D + a, b - a);
+  }
 }
 
 int cpu_embedding_grad(ThreadPool *tp, const float *dy, const int32_t *ids, float *dtable, int64_t n_ids,
-                       int64_t V, int64_t D, char *err, size_t errlen) {
-  int rc = check_ids(ids, n_ids, V, err, errlen);
+                       int64_t V, int64_t D, int64_t off, bool split, char *err, size_t errlen) {
+  int rc = split ? 0 : check_ids(ids, n_ids, V, err, errlen);
   if (rc) return rc;
   cpu_fill(tp, dtable, false, 0, V * D);
-  EmbCtx c = {dy, ids, dtable, n_ids, D};
+  EmbCtx c = {dy, ids, dtable, n_ids, D, V, split ? off : 0};
   int64_t ncol = (D + 15) / 16;
   if (n_ids * D < ELEM_BLOCK) emb_grad_cols(&c, 0, ncol);
   else tp_run(tp, ncol, emb_grad_cols, &c);

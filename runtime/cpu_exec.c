@@ -246,7 +246,7 @@ int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, c
       break;
     }
     case RT_STEP_GEMM: gemm(st, (float *)ptrs[0], (float *)ptrs[1], (float *)ptrs[2]); break;
-    case RT_STEP_BUILTIN: rc = cpu_builtin_run(cp->tp, st, (void *const *)ptrs, msg, sizeof msg); break;
+    case RT_STEP_BUILTIN: rc = cpu_builtin_run(cp->tp, cp->comm, st, (void *const *)ptrs, msg, sizeof msg); break;
     }
     if (rc) {
       snprintf(err, errlen, "@%s: step %d (%s): %s", fn->name, s, st->label, msg);

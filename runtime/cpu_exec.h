@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/comm.h"
 #include "runtime/program.h"
 #include "runtime/threadpool.h"
 #include "runtime/trainer.h"
@@ -40,6 +41,9 @@ typedef struct {
   /* OpenBLAS's thread count for this program's GEMMs (set before each call; OpenBLAS has
      one process-wide count).  cpu_program_init sets the pool's size; a caller may lower it. */
   int blas_threads;
+  /* The rank's collectives (runtime/comm.h) when the program is one rank of a mesh; NULL
+     (cpu_program_init's default) for one rank. */
+  Comm *comm;
   /* profile: accumulated wall seconds and runs of every step, [func][step] */
   double **step_seconds;
   int64_t **step_runs;

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/comm.h"
 #include "runtime/program.h"
 #include "runtime/threadpool.h"
 
@@ -38,7 +39,11 @@ void rt_round_buf(ThreadPool *tp, float *x, int64_t n, RtRound r);
    Run it once per step when a program is loaded; cpu_builtin_run trusts the step. */
 int cpu_builtin_check(const RtStep *st, char *err, size_t errlen);
 /* Runs builtin step st; bufs[k] is the address of st->bufs[k].  Rounds outputs. */
-int cpu_builtin_run(ThreadPool *tp, const RtStep *st, void *const *bufs, char *err, size_t errlen);
+int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen);
+/* runtime/cpu_mesh.c: the builtins that depend on the rank (collectives, shard_slice/pad,
+   target_pick, onehot); comm NULL: one rank (coordinates 0, collectives over 1 rank). */
+int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen);
+int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen);
 const char *cpu_builtin_name(RtBuiltin b);
 
 /* ---- normalization, softmax (rows of D; rows are split across threads) ---- */
@@ -74,11 +79,13 @@ int cpu_cross_entropy_grad(ThreadPool *tp, const float *dloss, const float *logi
                            float *dlogits, int64_t rows, int64_t V, char *err, size_t errlen);
 
 /* ---- embedding (runtime/cpu_data.c) ---- */
+/* split: the table holds rows [off, off + V) of a vocabulary split over ranks; other ids
+   give zero rows (and no gradient).  Not split: every id must be in [0, V). */
 int cpu_embedding(ThreadPool *tp, const float *table, const int32_t *ids, float *y, int64_t n_ids, int64_t V,
-                  int64_t D, char *err, size_t errlen);
+                  int64_t D, int64_t off, bool split, char *err, size_t errlen);
 /* dtable = 0, then rows of dy scatter-added at their ids in id order; split along D. */
 int cpu_embedding_grad(ThreadPool *tp, const float *dy, const int32_t *ids, float *dtable, int64_t n_ids,
-                       int64_t V, int64_t D, char *err, size_t errlen);
+                       int64_t V, int64_t D, int64_t off, bool split, char *err, size_t errlen);
 
 /* ---- data movement (runtime/cpu_data.c); elements are 4 bytes (f32 or int32) ---- */
 void cpu_transpose(ThreadPool *tp, const void *x, void *y, int rank, const int64_t *xdims, const int64_t *perm);

@@ -52,8 +52,10 @@ typedef enum {
   RT_B_ROPE,               /* x -> y;                i: B, T, H, Dh, offset, inverse;  f: theta */
   RT_B_CROSS_ENTROPY,      /* logits targets(int) -> loss;           i: rows, V */
   RT_B_CROSS_ENTROPY_GRAD, /* dloss logits targets(int) -> dlogits;  i: rows, V */
-  RT_B_EMBEDDING,          /* table ids(int) -> y;   i: n_ids, V, D */
-  RT_B_EMBEDDING_GRAD,     /* dy ids(int) -> dtable; i: n_ids, V, D */
+  RT_B_EMBEDDING,          /* table ids(int) -> y;   i: n_ids, V, D, vocab axis + 1 (0: none; else the
+                              table holds rows [c*V, (c+1)*V) of the vocabulary, c the rank's coordinate
+                              on that axis, and other ids give zero rows) */
+  RT_B_EMBEDDING_GRAD,     /* dy ids(int) -> dtable; i: n_ids, V, D, vocab axis + 1 */
   RT_B_TRANSPOSE,          /* x -> y;  i: rank, x dims[rank], perm[rank] */
   RT_B_SLICE,              /* x -> y;  i: rank, x dims[rank], start[rank], end[rank] */
   RT_B_PAD,                /* x -> y;  i: rank, x dims[rank], low[rank], high[rank] */
@@ -68,6 +70,23 @@ typedef enum {
   RT_B_ASSIGN,             /* dst x -> (dst = x, in place);  i: n */
   RT_B_ADAMW,              /* p m v g gscale lr t -> p2 m2 v2 (the outputs may be p m v: in place);
                               i: n;  f: beta1, beta2, eps, weight_decay */
+  /* The vocabulary-parallel cross-entropy's pieces (vocab axis + 1 as embedding): */
+  RT_B_TARGET_PICK,        /* x[rows,V] targets(int) -> y[rows] = x[r, target - c*V] (0 if another rank's);
+                              i: rows, V, vocab axis + 1 */
+  RT_B_ONEHOT,             /* targets(int) -> y[rows,V];  i: rows, V, vocab axis + 1 */
+  /* Collectives over a mesh axis (runtime/comm.h; the program's Comm, see cpu_exec.h).  A
+     dim is given as outer x mid x inner; "chunk r" is mid x inner at [o][r*mid ..]. */
+  RT_B_ALL_REDUCE,         /* x -> y = sum (or max) over the axis;  i: n, axis, size, max */
+  RT_B_ALL_GATHER,         /* x[outer,mid,inner] -> y[outer,size*mid,inner], rank r's x at chunk r;
+                              i: axis, size, outer, mid, inner */
+  RT_B_REDUCE_SCATTER,     /* x[outer,size*mid,inner] -> y[outer,mid,inner] = the sum of chunk r (r: this
+                              rank's coordinate);  i: axis, size, outer, mid, inner */
+  RT_B_ALL_TO_ALL,         /* x[so,size*sm,si] -> y[co,size*cm,ci]: x's chunk r goes to rank r, what rank r
+                              sends lands at y's chunk r;  i: axis, size, so, sm, si, co, cm, ci */
+  RT_B_SHARD_SLICE,        /* x[outer,parts*mid,inner] -> y[outer,mid,inner] = chunk coord/(size/parts);
+                              i: axis, size, parts, outer, mid, inner */
+  RT_B_SHARD_PAD,          /* x[outer,mid,inner] -> y[outer,parts*mid,inner]: zeros, x at that chunk;
+                              i: as shard_slice */
   RT_B_COUNT
 } RtBuiltin;
 

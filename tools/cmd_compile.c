@@ -54,6 +54,11 @@ int cmd_compile(int argc, char **argv) {
   Input in;
   Backend backend;
   int rc = train_prepare(&ta, ta.spec, &in, &backend, err, sizeof err);
+  if (!rc && backend == BACKEND_CPU && mesh_world(&in.m->mesh) > 1) {
+    snprintf(err, sizeof err, "a compiled executable runs the cpu program on one rank for now; for a mesh of %lld "
+             "ranks compile with --backend ref, or train with loom train --mesh", (long long)mesh_world(&in.m->mesh));
+    rc = EXIT_USAGE;
+  }
   if (!rc) {
     RunSpec *s = &in.spec;
     char *base = spec_settings_json(s);

@@ -21,7 +21,7 @@ Type whole_type(const Module *m, const Type *local) {
 
 /* Copies between a whole tensor and one rank's piece: along every split dim the rank
    holds chunk coord[axis].  to_piece: whole -> piece, else piece -> whole. */
-static void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece) {
+void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece) {
   const Type *lt = &piece->type;
   /* Along a dim split by several axes, a larger axis index is the outer split (the shard
      pass's convention): the offset sums coordinate x extent from the innermost out. */

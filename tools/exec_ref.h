@@ -33,6 +33,10 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
 /* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
 int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
 
+/* Copies between a whole tensor and the piece of it that the rank at coord holds (the
+   piece's type says how it is split): to_piece whole -> piece, else piece -> whole. */
+void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece);
+
 /* The whole (global) type of a per-rank value's type, on module m's mesh. */
 Type whole_type(const Module *m, const Type *local);
 

@@ -132,6 +132,8 @@ typedef struct {
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* train_lower.c (loom only): m lowered too; runs it on the cpu backend. */
 int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* train_mesh.c (loom only): the same for a partitioned module, every rank a thread. */
+int run_training_cpu_mesh(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* train_cuda.c (loom only): m fused and planned for the CUDA target; runs it on GPU 0. */
 int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* Whether the CUDA backend can run here (a driver and a device); why not otherwise. */

@@ -133,16 +133,16 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
   RunSpec *s = &in->spec;
   int64_t world = 1;
   for (int a = 0; a < MESH_AXES; a++) world *= s->mesh[a];
-  /* One rank: cuda when a GPU is here, else cpu.  A mesh runs on the reference executor
-     (ranks as threads) for now. */
+  /* One rank: cuda when a GPU is here, else cpu.  A mesh runs its ranks as threads of this
+     process, on the cpu backend unless --backend ref is asked for. */
   char why[256];
   if (t->backend)
     *backend = !strcmp(t->backend, "cpu") ? BACKEND_CPU : !strcmp(t->backend, "cuda") ? BACKEND_CUDA : BACKEND_REF;
   else
-    *backend = world > 1 ? BACKEND_REF : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
-  if (*backend != BACKEND_REF && world > 1) {
-    snprintf(err, errlen, "--backend %s runs one rank; a mesh of %lld ranks runs with --backend ref for now",
-             *backend == BACKEND_CPU ? "cpu" : "cuda", (long long)world);
+    *backend = world > 1 ? BACKEND_CPU : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
+  if (*backend == BACKEND_CUDA && world > 1) {
+    snprintf(err, errlen, "--backend cuda runs one rank (one GPU) for now; a mesh of %lld ranks runs on the CPU "
+             "(--backend cpu or ref)", (long long)world);
     return EXIT_USAGE;
   }
   TrainSettings ts = {s->grad_accum, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip,

@@ -9,6 +9,7 @@
 #include "tools/tools.h"
 
 int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+  if (mesh_world(&m->mesh) > 1) return run_training_cpu_mesh(m, plan, err, errlen);
   CpuBackend b;
   unsigned char *bytes = NULL;
   size_t n = 0;

@@ -213,6 +213,12 @@ static int lower_matmul(Lower *L, Steps *s) {
   return 0;
 }
 
+/* A vocab_axis attribute as program.h's "axis + 1" (0: the vocabulary is not split). */
+static int64_t vocab_axis1(const Op *op) {
+  const Attr *a = op_attr(op, "vocab_axis");
+  return a && a->s && a->s[0] ? mesh_axis_parse(a->s) + 1 : 0;
+}
+
 static int lower_builtin(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
@@ -289,6 +295,58 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(type_numel(ids));
     INT(table->dims[0]);
     INT(table->dims[1]);
+    INT(vocab_axis1(op));
+    return 0;
+  }
+  case OP_TARGET_PICK:
+  case OP_ONEHOT: {
+    const Type *wide = op->kind == OP_TARGET_PICK ? x : y;
+    int64_t V = last_dim(wide);
+    BUILTIN(op->kind == OP_TARGET_PICK ? RT_B_TARGET_PICK : RT_B_ONEHOT);
+    INT(V ? type_numel(wide) / V : 0);
+    INT(V);
+    INT(vocab_axis1(op));
+    return 0;
+  }
+  case OP_ALL_REDUCE:
+    BUILTIN(RT_B_ALL_REDUCE);
+    INT(type_numel(y));
+    INT(mesh_axis_parse(op_attr(op, "axis")->s));
+    INT(op_int(op, "n"));
+    INT(!strcmp(op_attr(op, "reduce")->s, "max"));
+    return 0;
+  case OP_ALL_GATHER:
+  case OP_REDUCE_SCATTER:
+  case OP_SHARD_SLICE:
+  case OP_SHARD_PAD: {
+    /* the piece's type: x for all_gather and shard_pad, y for reduce_scatter and shard_slice */
+    bool piece_is_x = op->kind == OP_ALL_GATHER || op->kind == OP_SHARD_PAD;
+    const Type *piece = piece_is_x ? x : y;
+    int dim = (int)op_int(op, "dim");
+    BUILTIN(op->kind == OP_ALL_GATHER       ? RT_B_ALL_GATHER
+            : op->kind == OP_REDUCE_SCATTER ? RT_B_REDUCE_SCATTER
+            : op->kind == OP_SHARD_SLICE    ? RT_B_SHARD_SLICE
+                                            : RT_B_SHARD_PAD);
+    INT(mesh_axis_parse(op_attr(op, "axis")->s));
+    INT(op_int(op, "n"));
+    if (op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD) INT(op_int(op, "parts"));
+    INT(prod_dims(piece, 0, dim));
+    INT(piece->dims[dim]);
+    INT(prod_dims(piece, dim + 1, piece->rank));
+    return 0;
+  }
+  case OP_ALL_TO_ALL: {
+    int64_t n_ax = op_int(op, "n");
+    int sd = (int)op_int(op, "split"), cd = (int)op_int(op, "concat");
+    BUILTIN(RT_B_ALL_TO_ALL);
+    INT(mesh_axis_parse(op_attr(op, "axis")->s));
+    INT(n_ax);
+    INT(prod_dims(x, 0, sd));
+    INT(x->dims[sd] / n_ax);
+    INT(prod_dims(x, sd + 1, x->rank));
+    INT(prod_dims(y, 0, cd));
+    INT(y->dims[cd] / n_ax);
+    INT(prod_dims(y, cd + 1, y->rank));
     return 0;
   }
   case OP_TRANSPOSE:
@@ -377,7 +435,6 @@ static int lower_builtin(Lower *L, Steps *s) {
   if (info->cls == CLASS_ELEMENTWISE || info->cls == CLASS_REDUCTION)
     return lfail(L, "is outside a kernel func; the CPU backend runs elementwise ops and reductions only in fused "
                  "kernels (run the fuse pass first)");
-  if (info->cls == CLASS_COLLECTIVE) return lfail(L, "collectives are not supported by the CPU backend yet");
   return lfail(L, "is not supported by the CPU backend");
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Meshes against the single-rank run (ranks are threads; the shard pass partitions the
-# program and inserts the collectives).  From the same init and data, 5 training steps
+# program and inserts the collectives).  The meshes run on the cpu backend (the default:
+# one lowered program, each rank its own CpuProgram, collectives as runtime builtins), and
+# three of them again on the reference executor.  From the same init and data, 5 training steps
 # must give the same losses and final parameters within 1e-5 (relative, per tensor):
 # dp=2; dp=2 with grad_accum 2; dp=4 with ZeRO-1, ZeRO-2 and ZeRO-3; tp=2; tp=2 with sequence
 # parallel; dp=2 x tp=2 with
@@ -23,7 +25,7 @@ check() {   # model, description, extra flags...
   local single=() skip=0
   for a in "$@"; do
     if [ $skip = 1 ]; then skip=0; continue; fi
-    case $a in --mesh|--zero|--sequence-parallel) skip=1;; *) single+=("$a");; esac
+    case $a in --mesh|--zero|--sequence-parallel|--backend) skip=1;; *) single+=("$a");; esac
   done
   [ -f "$ref" ] || "$LOOM" train $spec -q --steps 5 --batch 4 "${single[@]}" --out "$ref" > "$tmp/log" 2>&1 || { bad "$m: single-rank run"; cat "$tmp/log"; return; }
   if "${base[@]}" --out "$tmp/run.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/run.st" "$ref" --rtol "${RTOL:-1e-5}" > "$tmp/diff" 2>&1; then
@@ -49,6 +51,10 @@ check gpt2-tiny "dp=2 x tp=2, ZeRO-3" --mesh dp=2,tp=2 --zero 3
 # gradient, and --out writes [250, 64] (st_diff checks every shape against the reference)
 check llama-tiny-tied "tp=4, vocabulary padded 250 -> 252 (1 KV head, replicated)" --mesh tp=4
 RTOL=2e-2 check gpt2-tiny "bf16, dp=2, ZeRO-1" --mesh dp=2 --zero 1 --precision bf16
+# the reference executor's ranks (against the same single-rank run of the cpu backend)
+check gpt2-tiny "dp=2 x tp=2, ZeRO-1, --backend ref" --mesh dp=2,tp=2 --zero 1 --backend ref
+check llama-tiny "tp=2, sequence parallel, --backend ref" --mesh tp=2 --sequence-parallel true --backend ref
+check llama-tiny "dp=4, ZeRO-3, --backend ref" --mesh dp=4 --zero 3 --backend ref
 
 # loom eval --mesh: every rank runs the partitioned forward; the gathered logits and the
 # loss match the PyTorch goldens within 1e-5.

@@ -156,7 +156,7 @@ static int run_cpu(Case *c, Tensor **g0, ThreadPool *tp, void **host, char *err,
       else ((int32_t *)host[k])[e] = (int32_t)src->i[e];
     }
   }
-  return cpu_builtin_run(tp, &c->st, host, err, errlen);
+  return cpu_builtin_run(tp, NULL, &c->st, host, err, errlen);
 }
 
 /* tol: relative bound of float outputs (0: the default 1e-5). */

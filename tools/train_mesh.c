@@ -1,0 +1,271 @@
+/* tools/train_mesh.c — training a partitioned module (a mesh of N ranks) on the cpu
+   backend.  The shard pass made one program that every rank runs on its own piece (SPMD),
+   so it is lowered and JIT-compiled once; each rank gets its own CpuProgram (arena,
+   parameters, gradients, optimizer state) and runs as a thread of this process, its
+   collectives going through runtime/comm_local.  The whole parameters, their split to the
+   ranks and the gathering for checkpoints and --out are the reference executor's (RefExec,
+   tools/exec_ref.c): a cpu mesh run starts from exactly the pieces a ref mesh run does.
+   Only `loom` links this (it lowers a module). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/cpu/cpu.h"
+#include "tools/exec_cpu.h"
+#include "tools/exec_ref.h"
+#include "tools/tools.h"
+
+typedef struct {
+  Executor ex;
+  RefExec rx;          /* whole tensors, each rank's pieces, the LocalWorld */
+  CpuBackend b;        /* the lowered program, its JIT'd kernels, rank 0's CpuProgram */
+  CpuProgram *cp;      /* [world]; cp[0] is &b.cp */
+  int world, f_grad, f_opt;
+  int *gmap;           /* program global k -> module global index */
+  Tensor **tok, **tgt; /* per rank: its piece of the micro-batch (int64, as move_piece moves) */
+  int32_t **tok32, **tgt32;
+} MeshCpu;
+
+/* ---- a rank's pieces <-> its CpuProgram's globals ---- */
+
+static void pieces_to_cpu(MeshCpu *mc, int rank) {
+  for (int k = 0; k < mc->b.prog.n_globals; k++) {
+    const Tensor *t = mc->rx.g[rank]->t[mc->gmap[k]];
+    memcpy(cpu_global(&mc->cp[rank], k), t->f, sizeof(float) * (size_t)t->n);
+  }
+}
+
+static void cpu_to_pieces(MeshCpu *mc, int rank) {
+  for (int k = 0; k < mc->b.prog.n_globals; k++) {
+    Tensor *t = mc->rx.g[rank]->t[mc->gmap[k]];
+    memcpy(t->f, cpu_global(&mc->cp[rank], k), sizeof(float) * (size_t)t->n);
+  }
+}
+
+static int sync_out(void *self, char *err, size_t errlen) {
+  MeshCpu *mc = self;
+  for (int k = 0; k < mc->world; k++) cpu_to_pieces(mc, k);
+  return mc->rx.ex.sync_out(&mc->rx, err, errlen);
+}
+
+static int sync_in(void *self, char *err, size_t errlen) {
+  MeshCpu *mc = self;
+  int rc = mc->rx.ex.sync_in(&mc->rx, err, errlen);
+  for (int k = 0; k < mc->world && !rc; k++) pieces_to_cpu(mc, k);
+  return rc;
+}
+
+/* ---- running a function on every rank ---- */
+
+typedef struct {
+  MeshCpu *mc;
+  int rank, func;
+  void *args[2];
+  float ret;
+  int rc;
+  char err[1024];
+} Job;
+
+static void *job_main(void *arg) {
+  Job *j = arg;
+  void *rets[1] = {&j->ret};
+  j->rc = cpu_program_call(&j->mc->cp[j->rank], j->func, j->args, rets, j->err, sizeof j->err);
+  if (j->rc) local_world_abort(j->mc->rx.lw);   /* the others must not wait for this rank */
+  return NULL;
+}
+
+/* Runs func on every rank (args per rank in jobs[k].args); the result is replicated (the
+   shard pass makes it so): rank 0's is returned. */
+static int run_all(MeshCpu *mc, Job *jobs, int func, float *out, char *err, size_t errlen) {
+  pthread_t *th = calloc((size_t)mc->world, sizeof *th);
+  if (!th) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  int started = 0, rc = 0;
+  for (int k = 0; k < mc->world; k++) {
+    jobs[k].mc = mc;
+    jobs[k].rank = k;
+    jobs[k].func = func;
+    jobs[k].rc = 0;
+    if (pthread_create(&th[k], NULL, job_main, &jobs[k])) {
+      local_world_abort(mc->rx.lw);
+      snprintf(err, errlen, "cannot start the thread of rank %d", k);
+      rc = EXIT_RUN;
+      break;
+    }
+    started++;
+  }
+  for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+  free(th);
+  for (int k = 0; k < started && !rc; k++)
+    if (jobs[k].rc) {   /* the first rank that failed says why (the others were aborted) */
+      rc = jobs[k].rc;
+      snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
+    }
+  if (!rc) *out = jobs[0].ret;
+  return rc;
+}
+
+static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  MeshCpu *mc = self;
+  RefExec *r = &mc->rx;
+  for (int64_t k = 0; k < r->inputs->n; k++) {
+    r->inputs->i[k] = inputs[k];
+    r->targets->i[k] = targets[k];
+  }
+  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
+  if (!jobs) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  for (int k = 0; k < mc->world; k++) {
+    const int *coord = local_world_rank(r->lw, k)->coord;
+    move_piece(&r->m->mesh, r->inputs, mc->tok[k], coord, true);
+    move_piece(&r->m->mesh, r->targets, mc->tgt[k], coord, true);
+    for (int64_t e = 0; e < mc->tok[k]->n; e++) {
+      mc->tok32[k][e] = (int32_t)mc->tok[k]->i[e];
+      mc->tgt32[k][e] = (int32_t)mc->tgt[k]->i[e];
+    }
+    jobs[k].args[0] = mc->tok32[k];
+    jobs[k].args[1] = mc->tgt32[k];
+  }
+  int rc = run_all(mc, jobs, mc->f_grad, loss, err, errlen);
+  free(jobs);
+  return rc;
+}
+
+static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
+  MeshCpu *mc = self;
+  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
+  if (!jobs) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  for (int k = 0; k < mc->world; k++) {
+    jobs[k].args[0] = &lr;   /* replicated scalars: every rank reads the same */
+    jobs[k].args[1] = &t;
+  }
+  int rc = run_all(mc, jobs, mc->f_opt, grad_norm, err, errlen);
+  free(jobs);
+  return rc;
+}
+
+/* ---- setup ---- */
+
+static int threads_total(int asked) {
+  if (asked > 0) return asked;
+  const char *e = getenv("LOOM_THREADS");
+  if (e && atoi(e) > 0) return atoi(e);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static int mesh_open(MeshCpu *mc, Module *m, const RunPlan *plan, char *err, size_t errlen) {
+  int rc = ref_exec_init(&mc->rx, m, plan->seed, plan->init, err, errlen);
+  if (rc) return rc;
+  mc->world = mc->rx.world;
+  unsigned char *bytes = NULL;
+  size_t n = 0;
+  char *llvm = NULL;
+  RtProgram prog;
+  rc = cpu_lower(m, &prog, &llvm, err, errlen);
+  if (!rc) {
+    rc = rt_program_save(&prog, &bytes, &n, err, errlen);
+    rt_program_free(&prog);
+  }
+  int per = threads_total(plan->threads) / mc->world;
+  if (per < 1) per = 1;
+  if (!rc) rc = cpu_backend_load(&mc->b, bytes, n, llvm, per, err, errlen);
+  free(bytes);
+  free(llvm);
+  if (rc) return rc;
+  const RtProgram *p = &mc->b.prog;
+  mc->cp = calloc((size_t)mc->world, sizeof *mc->cp);
+  mc->gmap = calloc((size_t)p->n_globals + 1, sizeof *mc->gmap);
+  mc->tok = calloc((size_t)mc->world, sizeof *mc->tok);
+  mc->tgt = calloc((size_t)mc->world, sizeof *mc->tgt);
+  mc->tok32 = calloc((size_t)mc->world, sizeof *mc->tok32);
+  mc->tgt32 = calloc((size_t)mc->world, sizeof *mc->tgt32);
+  if (!mc->cp || !mc->gmap || !mc->tok || !mc->tgt || !mc->tok32 || !mc->tgt32) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  /* program globals <-> module globals, by name; same element counts and float */
+  for (int k = 0; k < p->n_globals; k++) {
+    mc->gmap[k] = -1;
+    for (int i = 0; i < m->globals.n; i++)
+      if (!strcmp(((Global *)m->globals.items[i])->name, p->globals[k].name)) mc->gmap[k] = i;
+    const Tensor *t = mc->gmap[k] < 0 ? NULL : mc->rx.g[0]->t[mc->gmap[k]];
+    if (!t || !t->f || t->n != p->globals[k].n) {
+      snprintf(err, errlen, "internal: the lowered global %s does not match the module's", p->globals[k].name);
+      return EXIT_RUN;
+    }
+  }
+  mc->f_grad = cpu_find_func(&mc->b.cp, "grad_step");
+  mc->f_opt = cpu_find_func(&mc->b.cp, "optimizer_step");
+  if (mc->f_grad < 0 || mc->f_opt < 0) {
+    snprintf(err, errlen, "the program has no grad_step and optimizer_step");
+    return 2;
+  }
+  const Type *tt = &((Value *)mc->rx.grad_step->args.items[0])->type;
+  for (int k = 0; k < mc->world; k++) {
+    if (k > 0 && (rc = cpu_program_init(&mc->cp[k], p, mc->b.fns, per, err, errlen))) {
+      mc->world = k;   /* ranks 1..k-1 hold programs to free */
+      return rc;
+    }
+    if (k == 0) mc->cp[0] = mc->b.cp;
+    mc->cp[k].blas_threads = 1;   /* the ranks are the parallelism: each GEMM on its rank's thread */
+    mc->cp[k].comm = local_world_rank(mc->rx.lw, k);
+    pieces_to_cpu(mc, k);
+    mc->tok[k] = tensor_new(tt);
+    mc->tgt[k] = tensor_new(tt);
+    mc->tok32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok[k] ? mc->tok[k]->n : 1));
+    mc->tgt32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok[k] ? mc->tok[k]->n : 1));
+    if (!mc->tok[k] || !mc->tgt[k] || !mc->tok32[k] || !mc->tgt32[k]) {
+      snprintf(err, errlen, "out of memory");
+      return EXIT_RUN;
+    }
+  }
+  mc->ex = mc->rx.ex;   /* the whole parameters and state (gathered by sync_out) */
+  mc->ex.self = mc;
+  mc->ex.grad_step = grad_step;
+  mc->ex.optimizer_step = optimizer_step;
+  mc->ex.sync_out = sync_out;
+  mc->ex.sync_in = sync_in;
+  if (plan->opt.log)
+    fprintf(plan->opt.log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld), cpu backend, "
+            "%d thread%s each\n", mc->world, (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP],
+            (long long)m->mesh.size[AX_CP], (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP], per,
+            per == 1 ? "" : "s");
+  return 0;
+}
+
+static void mesh_close(MeshCpu *mc) {
+  for (int k = 1; mc->cp && k < mc->world; k++) cpu_program_free(&mc->cp[k]);
+  for (int k = 0; k < mc->world; k++) {
+    if (mc->tok) tensor_free(mc->tok[k]);
+    if (mc->tgt) tensor_free(mc->tgt[k]);
+    if (mc->tok32) free(mc->tok32[k]);
+    if (mc->tgt32) free(mc->tgt32[k]);
+  }
+  free(mc->tok), free(mc->tgt), free(mc->tok32), free(mc->tgt32), free(mc->gmap), free(mc->cp);
+  cpu_backend_free(&mc->b);
+  ref_exec_free(&mc->rx);
+}
+
+int run_training_cpu_mesh(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+  MeshCpu *mc = calloc(1, sizeof *mc);
+  if (!mc) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  int rc = mesh_open(mc, m, plan, err, errlen);
+  if (!rc) rc = train_and_write(&mc->ex, plan, err, errlen);
+  const char *prof = getenv("LOOM_PROFILE");
+  if (!rc && prof && *prof) cpu_backend_profile(&mc->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
+  mesh_close(mc);
+  free(mc);
+  return rc;
+}
