@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda_api.h"
+#include "runtime/nvrtc.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -16,11 +19,18 @@ static const char help[] =
   "seq, grad-accum), precision and the optimizer's constants are compiled in; the data,\n"
   "steps, learning-rate schedule, seed, --init, --out and checkpoint options are defaults\n"
   "that EXE's own flags can change (EXE --help lists them, EXE --info shows what was compiled).\n"
-  "With the cpu backend (the default on one rank) EXE carries the lowered program and its\n"
-  "kernels, JIT-compiled at start; with --backend ref it carries the IR.\n"
+  "With the cpu backend (the default) EXE carries the lowered program and its kernels,\n"
+  "JIT-compiled at start; with --backend ref it carries the IR; with --backend cuda it carries\n"
+  "the lowered program and a cubin that NVRTC compiled now, so it starts on the GPU without\n"
+  "compiling anything (needs a GPU of that architecture and a driver; no NVRTC).\n"
   "\n"
-  "example:\n"
-  "  loom compile models/gpt2-tiny.json --data shard.bin --steps 100 -o train-tiny && ./train-tiny\n";
+  "options besides loom train's:\n"
+  "  --arch sm_XY[a]   with --backend cuda: the GPU to compile for (default: the one here), e.g.\n"
+  "                    sm_80 (A100), sm_90a (H100, H200); compiles without a GPU\n"
+  "\n"
+  "examples:\n"
+  "  loom compile models/gpt2-tiny.json --data shard.bin --steps 100 -o train-tiny && ./train-tiny\n"
+  "  loom compile models/gpt2-124M.json --backend cuda --arch sm_90a --precision bf16 -o train-h100\n";
 
 /* Absolute path, so the executable runs from any folder. */
 static json_t *abs_path(const char *p) {
@@ -48,9 +58,23 @@ int cmd_compile(int argc, char **argv) {
              runner);
     return report(EXIT_RUN, err);
   }
-  if (!ta.backend) ta.backend = "cpu";   /* executables embed the cpu or ref program (cuda: not yet) */
-  if (!strcmp(ta.backend, "cuda"))
-    return usage_error("compile", "compiled executables carry the cpu or ref program for now; use --backend cpu or ref");
+  if (!ta.backend) ta.backend = "cpu";   /* the cpu program unless cuda (or ref) is asked for */
+  bool cuda = !strcmp(ta.backend, "cuda");
+  if (ta.arch && !cuda) return usage_error("compile", "--arch goes with --backend cuda");
+  char arch[32] = "";
+  if (cuda) {   /* the GPU to compile for: --arch, else the one here */
+    char why[512];
+    CudaDeviceInfo info;
+    if (ta.arch) snprintf(arch, sizeof arch, "%s", ta.arch);
+    else if (cuda_available(why, sizeof why) && !cuda_device_query(0, &info, err, sizeof err))
+      snprintf(arch, sizeof arch, "%s", info.arch);
+    else
+      return usage_error("compile", "--backend cuda without a usable GPU here (%s): give the GPU to compile for, "
+                         "e.g. --arch sm_80 (A100) or --arch sm_90a (H100, H200)", why);
+    int major, minor;
+    if (!nvrtc_available(&major, &minor, why, sizeof why))
+      return report(EXIT_RUN, why);
+  }
   Input in;
   Backend backend;
   int rc = train_prepare(&ta, ta.spec, &in, &backend, err, sizeof err);
@@ -74,14 +98,31 @@ int cmd_compile(int argc, char **argv) {
     json_object_set_new(o, "init", abs_path(s->init));
     json_object_set_new(o, "out", s->out[0] ? json_string(s->out) : json_null());
     json_object_set_new(o, "save_dir", s->save_dir[0] ? json_string(s->save_dir) : json_null());
-    json_object_set_new(o, "backend", json_string(backend == BACKEND_CPU ? "cpu" : "ref"));
+    json_object_set_new(o, "backend", json_string(backend == BACKEND_CPU ? "cpu" : cuda ? "cuda" : "ref"));
+    if (cuda) json_object_set_new(o, "arch", json_string(arch));
     char *settings = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(o);
-    /* The program: the lowered program and its kernels' LLVM IR (cpu), or the IR (ref). */
-    unsigned char *prog = NULL;
-    size_t prog_n = 0;
+    /* The program: the lowered program and its kernels' LLVM IR (cpu), the lowered program
+       and the cubin NVRTC made of its CUDA C (cuda), or the IR (ref). */
+    unsigned char *prog = NULL, *image = NULL;
+    size_t prog_n = 0, image_n = 0;
     char *text = NULL;
-    if (backend == BACKEND_CPU) {
+    if (cuda) {
+      RtProgram p;
+      bool is_cubin = false, hit = false;
+      char *log = NULL;
+      double t0 = seconds_now();
+      rc = cuda_lower(in.m, &p, &text, err, sizeof err);
+      if (!rc) {
+        rc = rt_program_save(&p, &prog, &prog_n, err, sizeof err);
+        if (!rc) rc = nvrtc_compile_cached(text, arch, NULL, 0, &image, &image_n, &is_cubin, &log, &hit, err, sizeof err);
+        if (!rc && !ta.quiet)
+          printf("cuda: %d kernels compiled by NVRTC for %s in %.2f s%s: a %zu-byte cubin\n", p.n_kernels, arch,
+                 seconds_now() - t0, hit ? " (from the cache)" : "", image_n);
+        rt_program_free(&p);
+      }
+      free(log);
+    } else if (backend == BACKEND_CPU) {
       RtProgram p;
       rc = cpu_lower(in.m, &p, &text, err, sizeof err);
       if (!rc) {
@@ -91,17 +132,24 @@ int cmd_compile(int argc, char **argv) {
     } else {
       text = module_to_string(in.m);
     }
-    if (!rc) {
+    /* parts: settings, then ref: the IR; cpu: program, LLVM IR; cuda: program, cubin, "cuda" */
+    if (!rc && cuda) {
+      const void *parts[4] = {settings, prog, image, "cuda"};
+      size_t sizes[4] = {strlen(settings), prog_n, image_n, 4};
+      rc = payload_write(runner, ta.output, parts, sizes, 4, err, sizeof err);
+    } else if (!rc) {
       const void *parts[3] = {settings, backend == BACKEND_CPU ? (const void *)prog : (const void *)text, text};
       size_t sizes[3] = {strlen(settings), backend == BACKEND_CPU ? prog_n : strlen(text), strlen(text)};
       rc = payload_write(runner, ta.output, parts, sizes, backend == BACKEND_CPU ? 3 : 2, err, sizeof err);
     }
     if (!rc)
-      printf("wrote %s: trains %s (%s, %s backend; run it with --help for its options)\n", ta.output, ta.spec,
-             s->precision, backend == BACKEND_CPU ? "cpu" : "reference");
+      printf("wrote %s: trains %s (%s, %s backend%s%s; run it with --help for its options)\n", ta.output, ta.spec,
+             s->precision, backend == BACKEND_CPU ? "cpu" : cuda ? "cuda" : "reference", cuda ? ", cubin for " : "",
+             cuda ? arch : "");
     free(settings);
     free(text);
     free(prog);
+    free(image);
   }
   module_free(in.m);
   return report(rc, err);

@@ -95,6 +95,7 @@ int cmd_train(int argc, char **argv) {
   int parsed = train_args_parse("train", argc, argv, &ta, help);
   if (parsed >= 0) return parsed;
   if (ta.output) return usage_error("train", "-o is for 'loom compile'; use --out W.safetensors for the final weights");
+  if (ta.arch) return usage_error("train", "--arch is for 'loom compile --backend cuda'; loom train compiles for the GPU it runs on");
   const char *spec = ta.spec;
   if (spec && ends_with(spec, ".ir")) return usage_error("train", "train takes a model spec (.json), not an IR file");
   char err[IR_ERR_LEN] = "", demo_dir[512] = "", demo_spec_path[700];

@@ -83,6 +83,7 @@ int input_load(const char *path, const char *const *overrides, int n_overrides, 
 /* ---- train_args.c ---- */
 typedef struct {
   const char *spec, *resume, *output, *backend;
+  const char *arch;             /* --arch (loom compile --backend cuda): the GPU to compile for */
   bool quiet;
   int threads;
   char data_json[16384];        /* --data as a JSON array, "" if not given */
@@ -140,5 +141,10 @@ int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
 bool cuda_backend_available(char *why, size_t n);
 /* The loop and --out for any executor. */
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen);
+
+/* ---- exec_cuda.c: a lowered CUDA program and its compiled image (cubin or PTX), trained
+   on GPU 0 (loom train --backend cuda, and compiled executables that carry a cubin) ---- */
+int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
+                       size_t errlen);
 
 #endif

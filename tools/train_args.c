@@ -81,6 +81,12 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       t->backend = v;
       continue;
     }
+    if ((r = arg_value(argc, argv, &i, "--arch", &v))) {
+      if (r < 0 || strncmp(v, "sm_", 3) || strlen(v) < 5 || strlen(v) > 8)
+        return usage_error(cmd, "--arch takes a real GPU architecture such as sm_80, sm_90 or sm_90a");
+      t->arch = v;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--threads", &v))) {
       char *end;
       long n = r < 0 ? -1 : strtol(v, &end, 10);

@@ -38,23 +38,7 @@ int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen) 
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: %s (%s), %d kernels compiled for %s in %.2f s%s\n", info.name, info.arch,
             prog.n_kernels, info.arch, seconds_now() - t0, hit ? " (from the cache)" : "");
-  CudaProgram cp;
-  CudaExecutor ce;
-  bool have_cp = false, have_ce = false;
-  if (!rc) have_cp = !(rc = cuda_program_init(&cp, &prog, image, n, 0, err, errlen));
-  if (!rc) rc = cuda_globals_init(&cp, plan->seed, err, errlen);
-  if (!rc) have_ce = !(rc = cuda_executor_init(&ce, &cp, err, errlen));
-  if (!rc) rc = cuda_executor_set_shape(&ce, plan->batch, plan->seq, err, errlen);
-  if (!rc && plan->init) {   /* into the host copies, then to the device */
-    rc = load_weights_views(ce.ex.params, ce.ex.n_params, plan->init, err, errlen);
-    if (!rc) rc = ce.ex.sync_in(ce.ex.self, err, errlen);
-  }
-  if (!rc && plan->opt.log)
-    fprintf(plan->opt.log, "cuda: device memory %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
-            cp.mem.total / 1048576.0, cp.mem.arenas / 1048576.0, cp.mem.regions / 1048576.0, cp.mem.workspace / 1048576.0);
-  if (!rc) rc = train_and_write(&ce.ex, plan, err, errlen);
-  if (have_ce) cuda_executor_free(&ce);
-  if (have_cp) cuda_program_free(&cp);
+  if (!rc) rc = cuda_train_program(&prog, image, n, plan, err, errlen);
   rt_program_free(&prog);
   free(src);
   free(log);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/cuda_api.h"
 #include "tools/exec_cpu.h"
 #include "tools/tools.h"
 
@@ -31,6 +32,49 @@ static void help(const json_t *s) {
          (long long)json_integer_value(json_object_get(s, "seed")));
 }
 
+/* Whether a cubin built for `built` runs on a device of architecture `dev` (both "sm_XY" or
+   "sm_XYa"): the same one, or without the "a", the same major and a minor at least as high. */
+static bool cubin_runs_on(const char *built, const char *dev) {
+  if (!strcmp(built, dev)) return true;
+  size_t nb = strlen(built), nd = strlen(dev);
+  if (nb < 5 || nd < 5 || built[nb - 1] == 'a') return false;
+  size_t db = nd - (dev[nd - 1] == 'a');
+  if (nb != db || strncmp(built, dev, nb - 1)) return false;   /* "sm_8" vs "sm_8": the major */
+  return dev[db - 1] >= built[nb - 1];
+}
+
+/* A cuda executable: the GPU must be here and of the architecture the cubin was built for. */
+static int run_cuda(const json_t *s, const Payload *pl, RunPlan *plan, char *err, size_t errlen) {
+  const char *arch = json_string_value(json_object_get(s, "arch"));
+  char why[512];
+  if (!arch) {
+    snprintf(err, errlen, "the compiled settings name no GPU architecture; recompile the executable");
+    return EXIT_RUN;
+  }
+  if (!cuda_available(why, sizeof why)) {
+    char *hint = strstr(why, ": use --backend cpu");   /* loom's hint; this executable has no --backend */
+    if (hint) *hint = 0;
+    snprintf(err, errlen, "this executable trains on an NVIDIA GPU (a cubin for %s) and there is none usable here: %s; "
+             "to train on the CPU, compile it with 'loom compile ... --backend cpu'", arch, why);
+    return EXIT_USAGE;
+  }
+  CudaDeviceInfo info;
+  int rc = cuda_device_query(0, &info, err, errlen);
+  if (rc) return rc;
+  if (!cubin_runs_on(arch, info.arch)) {
+    snprintf(err, errlen, "this executable's kernels were compiled for %s, but GPU 0 is %s (%s); recompile with "
+             "'loom compile ... --backend cuda --arch %s'", arch, info.name, info.arch, info.arch);
+    return EXIT_USAGE;
+  }
+  RtProgram prog;
+  if ((rc = rt_program_load(pl->parts[1], pl->sizes[1], &prog, err, errlen))) return rc;
+  if (plan->opt.log) fprintf(plan->opt.log, "cuda: %s (%s), %d kernels from the executable's cubin\n", info.name,
+                             info.arch, prog.n_kernels);
+  rc = cuda_train_program(&prog, pl->parts[2], pl->sizes[2], plan, err, errlen);
+  rt_program_free(&prog);
+  return rc;
+}
+
 static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--precision", "--beta1", "--beta2",
                                     "--eps", "--weight-decay", "--grad-clip"};
 
@@ -45,8 +89,9 @@ int main(int argc, char **argv) {
     return report(EXIT_RUN, "the compiled model in this executable is incomplete; compile it again");
   }
   settings_text = strndup((const char *)pl.parts[0], pl.sizes[0]);
-  bool cpu = pl.n_parts == 3;
-  ir_text = strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);   /* cpu: the LLVM IR */
+  /* parts after the settings: ref: the IR; cpu: program, LLVM IR; cuda: program, cubin, "cuda" */
+  bool cpu = pl.n_parts == 3, cuda = pl.n_parts == 4;
+  ir_text = cuda ? strdup("") : strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);
   json_t *s = json_loads(settings_text, 0, NULL);
   if (!s) {
     free(settings_text);
@@ -123,8 +168,13 @@ int main(int argc, char **argv) {
   RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
                    json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
                    quiet ? NULL : stdout},
-                  init, out, seed, cpu ? BACKEND_CPU : BACKEND_REF, threads,
+                  init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq"))};
+  if (cuda) {   /* the lowered program and its cubin: no IR, no compiler */
+    rc = run_cuda(s, &pl, &plan, err, sizeof err);
+    rc = report(rc, err);
+    goto done;
+  }
   if (cpu) {   /* the lowered program: no IR, no compiler */
     CpuBackend b;
     rc = cpu_backend_load(&b, pl.parts[1], pl.sizes[1], ir_text, threads, err, sizeof err);

@@ -1,0 +1,32 @@
+/* tools/exec_cuda.c — trains a lowered CUDA program (codegen/cuda) from its compiled image
+   on GPU 0: what `loom train --backend cuda` does after NVRTC, and what a compiled
+   executable carrying a cubin does at start (then no compiler is involved).
+   GPU checks of this path are owed until a session with a GPU runs tests/gpu/run.sh. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cuda_exec.h"
+#include "tools/tools.h"
+
+int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
+                       size_t errlen) {
+  CudaProgram cp;
+  CudaExecutor ce;
+  bool have_cp = false, have_ce = false;
+  int rc = 0;
+  have_cp = !(rc = cuda_program_init(&cp, prog, image, n, 0, err, errlen));
+  if (!rc) rc = cuda_globals_init(&cp, plan->seed, err, errlen);
+  if (!rc) have_ce = !(rc = cuda_executor_init(&ce, &cp, err, errlen));
+  if (!rc) rc = cuda_executor_set_shape(&ce, plan->batch, plan->seq, err, errlen);
+  if (!rc && plan->init) {   /* into the host copies, then to the device */
+    rc = load_weights_views(ce.ex.params, ce.ex.n_params, plan->init, err, errlen);
+    if (!rc) rc = ce.ex.sync_in(ce.ex.self, err, errlen);
+  }
+  if (!rc && plan->opt.log)
+    fprintf(plan->opt.log, "cuda: device memory %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
+            cp.mem.total / 1048576.0, cp.mem.arenas / 1048576.0, cp.mem.regions / 1048576.0, cp.mem.workspace / 1048576.0);
+  if (!rc) rc = train_and_write(&ce.ex, plan, err, errlen);
+  if (have_ce) cuda_executor_free(&ce);
+  if (have_cp) cuda_program_free(&cp);
+  return rc;
+}
