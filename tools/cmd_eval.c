@@ -3,6 +3,10 @@
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda_api.h"
+#include "runtime/cuda_exec.h"
+#include "runtime/nvrtc.h"
 #include "runtime/safetensors.h"
 #include "runtime/tokens.h"
 #include "tools/exec_cpu.h"
@@ -25,8 +29,9 @@ static const char help[] =
   "  --out=FILE        also write 'logits' [B,T,V] and 'loss' (f32) to a safetensors file\n"
   "  --mesh=dp=2,tp=2  run every rank of the device mesh (threads of this process, the\n"
   "                    reference executor) and write the gathered result\n"
-  "  --backend=cpu|ref cpu: fused kernels JIT-compiled with LLVM and OpenBLAS (default);\n"
-  "                    ref: the reference executor, op by op\n"
+  "  --backend=cpu|ref|cuda  cpu: fused kernels JIT-compiled with LLVM and OpenBLAS (default);\n"
+  "                    ref: the reference executor, op by op; cuda: CUDA kernels compiled by\n"
+  "                    NVRTC for GPU 0, cuBLASLt (needs a GPU)\n"
   "  --grads           also compute the gradient of the loss for every parameter and\n"
   "                    write it to --out as 'grad.<name>' (through the autodiff pass)\n"
   "  -h, --help        show this help\n"
@@ -116,6 +121,105 @@ static int eval_cpu(const Module *m, const char *weights, const char *tokens, co
   return rc;
 }
 
+/* The cuda backend: lowered for CUDA, compiled by NVRTC for GPU 0 (cached), run by
+   runtime/cuda_exec.  GPU checks of this path are owed (tests/gpu/). */
+static int eval_cuda(const Module *m, const char *weights, const char *tokens, const char *out, bool grads, int64_t B,
+                     int64_t T, int64_t V, char *err, size_t errlen) {
+  char why[512];
+  if (!cuda_available(why, sizeof why)) {
+    snprintf(err, errlen, "--backend cuda: %s", why);
+    return EXIT_USAGE;
+  }
+  CudaDeviceInfo info;
+  CudaProgram cp;
+  bool have_cp = false;
+  RtProgram prog;
+  memset(&prog, 0, sizeof prog);
+  char *src = NULL;
+  unsigned char *image = NULL;
+  size_t n = 0;
+  bool is_cubin = false;
+  int32_t *in = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
+  float *logits = malloc(sizeof(float) * (size_t)(B * T * V)), loss = 0, loss2 = 0, **host = NULL;
+  RtTensor *views = NULL;
+  StTensor *st = NULL;
+  int rc = in && tg && logits ? 0 : EXIT_RUN, nv = 0;
+  if (rc) snprintf(err, errlen, "out of memory");
+  if (!rc) rc = cuda_device_query(0, &info, err, errlen);
+  if (!rc) rc = cuda_lower(m, &prog, &src, err, errlen);
+  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, err, errlen);
+  if (!rc) have_cp = !(rc = cuda_program_init(&cp, &prog, image, n, 0, err, errlen));
+  /* the weights: into host copies of the parameters, then to the device (rounded there) */
+  if (!rc) {
+    host = calloc((size_t)prog.n_globals + 1, sizeof *host);
+    views = calloc((size_t)prog.n_globals + 1, sizeof *views);
+    if (!host || !views) rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+  }
+  for (int i = 0; !rc && i < prog.n_globals; i++) {
+    const RtGlobal *g = &prog.globals[i];
+    if (g->region != RT_REGION_PARAMS) continue;
+    if (!(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
+      snprintf(err, errlen, "out of memory");
+      rc = EXIT_RUN;
+      break;
+    }
+    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i]};
+    memcpy(views[nv].shape, g->shape, sizeof g->shape);
+    nv++;
+  }
+  if (!rc) rc = load_weights_views(views, nv, weights, err, errlen);
+  for (int i = 0; !rc && i < prog.n_globals; i++)
+    if (host[i]) rc = cuda_global_write(&cp, i, host[i], err, errlen);
+  if (!rc) rc = read_batch(tokens, B, T, V, in, tg, err, errlen);
+  double t0 = seconds_now();
+  if (!rc) {
+    void *args[2] = {in, tg}, *rets[2] = {logits, &loss};
+    rc = cuda_program_call(&cp, cuda_find_func(&cp, "forward"), args, rets, err, errlen);
+  }
+  if (!rc) {
+    printf("loss %.6f\n", loss);
+    fprintf(stderr, "loom: eval of %lld tokens took %.3f s on %s (%s)\n", (long long)(B * T), seconds_now() - t0,
+            info.name, info.arch);
+  }
+  if (!rc && grads) {
+    void *args[2] = {in, tg}, *rets[1] = {&loss2};
+    rc = cuda_program_call(&cp, cuda_find_func(&cp, "grad_step"), args, rets, err, errlen);
+  }
+  if (!rc && out) {
+    st = calloc((size_t)prog.n_globals + 2, sizeof *st);
+    int k = 0;
+    st[k++] = (StTensor){"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits};
+    st[k++] = (StTensor){"loss", ST_F32, 0, {0}, 4, &loss};
+    for (int i = 0; grads && !rc && i < prog.n_globals; i++) {
+      const RtGlobal *g = &prog.globals[i];
+      if (g->region != RT_REGION_GRADS) continue;
+      if (!host[i] && !(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
+        snprintf(err, errlen, "out of memory");
+        rc = EXIT_RUN;
+        break;
+      }
+      rc = cuda_global_read(&cp, i, host[i], err, errlen);
+      st[k] = (StTensor){(char *)g->name, ST_F32, g->rank, {0}, (uint64_t)g->n * 4, host[i]};
+      memcpy(st[k].shape, g->shape, sizeof g->shape);
+      k++;
+    }
+    if (!rc) rc = st_write(out, st, k, NULL, NULL, 0, err, errlen);
+  }
+  if (host)
+    for (int i = 0; i < prog.n_globals; i++) free(host[i]);
+  free(host);
+  free(views);
+  free(st);
+  if (have_cp) cuda_program_free(&cp);
+  rt_program_free(&prog);
+  free(src);
+  free(image);
+  free(in);
+  free(tg);
+  free(logits);
+  return rc;
+}
+
 /* Every rank of a mesh: the forward pass partitioned by the shard pass, ranks as threads
    on the reference executor; the results come back whole. */
 static int eval_mesh(Input *in, const char *weights, const char *tokens, const char *out, char *err, size_t errlen) {
@@ -173,7 +277,8 @@ int cmd_eval(int argc, char **argv) {
     if ((r = arg_value(argc, argv, &i, "--out", &v))) { if (r < 0) goto missing; out = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--backend", &v))) {
       if (r < 0) goto missing;
-      if (strcmp(v, "cpu") && strcmp(v, "ref")) return usage_error("eval", "--backend takes cpu or ref");
+      if (strcmp(v, "cpu") && strcmp(v, "ref") && strcmp(v, "cuda"))
+        return usage_error("eval", "--backend takes cpu, ref or cuda");
       backend = v;
       continue;
     }
@@ -193,7 +298,7 @@ int cmd_eval(int argc, char **argv) {
   if (ends_with(spec, ".ir")) return usage_error("eval", "eval takes a model spec (.json), not an IR file");
   if (grads && !out) return usage_error("eval", "--grads writes its results to --out; give --out=FILE");
 
-  char err[IR_ERR_LEN], override_buf[3][256];
+  char err[IR_ERR_LEN] = "", override_buf[3][256];
   const char *overrides[3];
   int n_overrides = 0;
   if (batch) snprintf(override_buf[n_overrides], sizeof override_buf[0], "batch=%.100s", batch);
@@ -227,17 +332,26 @@ int cmd_eval(int argc, char **argv) {
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;
+  if (mesh_world(&m->mesh) > 1 && backend && !strcmp(backend, "cuda")) {
+    rc = usage_error("eval", "--backend cuda runs one rank (one GPU) for now; drop --mesh, or evaluate the mesh on the CPU");
+    goto done;
+  }
   if (mesh_world(&m->mesh) > 1) {
     rc = grads ? usage_error("eval", "--grads runs one rank; drop --mesh (or --grads)") : eval_mesh(&in, weights, tokens, out, err, sizeof err);
     m = in.m;
     goto done;
   }
-  bool cpu = !backend || !strcmp(backend, "cpu");
+  bool cuda = backend && !strcmp(backend, "cuda"), cpu = !backend || !strcmp(backend, "cpu");
   char pipeline[512];
   snprintf(pipeline, sizeof pipeline, "%s%s", grads ? "verify,canonicalize,mixed-precision,autodiff,cse,dce,verify" : DEFAULT_PIPELINE,
-           cpu ? "," LOWER_PIPELINE : "");
+           cpu || cuda ? "," LOWER_PIPELINE : "");
+  if (cuda) popt.target = TARGET_CUDA;
   rc = pipeline_run(m, pipeline, &popt, err, sizeof err);
   if (rc) goto done;
+  if (cuda) {
+    rc = eval_cuda(m, weights, tokens, out, grads, B, T, V, err, sizeof err);
+    goto done;
+  }
   if (cpu) {
     rc = eval_cpu(m, weights, tokens, out, grads, B, T, V, err, sizeof err);
     goto done;
@@ -305,5 +419,5 @@ done:
   tok_close(&shard);
   globals_free(g);
   module_free(m);
-  return report(rc, err);
+  return !err[0] && rc == EXIT_USAGE ? rc : report(rc, err);   /* usage errors printed themselves */
 }

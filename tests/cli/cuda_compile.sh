@@ -37,5 +37,10 @@ fi
 [ $rc -eq 2 ] && grep -q 'loom compile' "$tmp/log" && ok "train --arch: exit 2, points to loom compile" || { bad "train --arch: exit $rc"; cat "$tmp/log"; }
 "$LOOM" compile tests/golden/gpt2-tiny/train_spec.json --mesh dp=2 -o "$tmp/x" > "$tmp/log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q 'one rank' "$tmp/log" && ok "compile a cpu mesh: exit 2, $(grep error "$tmp/log" | cut -c1-100)..." || { bad "cpu mesh compile: exit $rc"; cat "$tmp/log"; }
+if ! command -v nvidia-smi > /dev/null; then
+  g=tests/golden/gpt2-tiny
+  "$LOOM" eval models/gpt2-tiny.json --weights $g/weights.safetensors --tokens $g/tokens.bin --backend cuda > "$tmp/log" 2>&1; rc=$?
+  [ $rc -eq 2 ] && grep -q 'backend cuda' "$tmp/log" && ok "eval --backend cuda without a GPU: exit 2" || { bad "eval cuda: exit $rc"; cat "$tmp/log"; }
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -3,6 +3,7 @@
 #   - fp32: 3 AdamW steps of every tiny model within 1e-4 of the golden (cuBLASLt f32
 #     compute, not TF32);
 #   - bf16: the same run within 2e-2 of the CPU backend's bf16 run;
+#   - loom eval --backend cuda: logits and loss within 1e-4 of the golden;
 #   - GPT-2 124M: 5 steps at batch 4, seq 1024 run and print their memory and speed.
 # Run by tests/gpu/run.sh as `bash tests/gpu/test_train.sh BUILD_DIR`; exit 77 = skipped.
 BUILD=${1:-build-gpu}
@@ -26,6 +27,12 @@ for m in gpt2-tiny llama-tiny llama-tiny-tied; do
     ok "$m bf16 on CUDA within 2e-2 of the CPU backend"
   else
     bad "$m bf16 on CUDA"; cat "$tmp/log"; grep FAIL "$tmp/diff" | head
+  fi
+  if "$LOOM" eval models/$m.json --weights $g/weights.safetensors --tokens $g/tokens.bin --backend cuda \
+       --out "$tmp/eval.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/eval.st" $g/expected.safetensors --rtol 1e-4 > "$tmp/diff" 2>&1; then
+    ok "$m eval on CUDA: logits and loss within 1e-4 of PyTorch"
+  else
+    bad "$m eval on CUDA"; cat "$tmp/log"; grep FAIL "$tmp/diff" | head
   fi
 done
 "$LOOM" data data/shakespeare.txt -o "$tmp/sh.bin" > /dev/null
