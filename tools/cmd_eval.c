@@ -27,8 +27,8 @@ static const char help[] =
   "  --batch=B         batch size (default: the spec's)\n"
   "  --seq=T           sequence length (default: the spec's)\n"
   "  --out=FILE        also write 'logits' [B,T,V] and 'loss' (f32) to a safetensors file\n"
-  "  --mesh=dp=2,tp=2  run every rank of the device mesh (threads of this process, the\n"
-  "                    reference executor) and write the gathered result\n"
+  "  --mesh=dp=2,tp=2  run every rank of the device mesh (threads of this process; the cpu\n"
+  "                    backend unless --backend ref) and write the gathered result\n"
   "  --backend=cpu|ref|cuda  cpu: fused kernels JIT-compiled with LLVM and OpenBLAS (default);\n"
   "                    ref: the reference executor, op by op; cuda: CUDA kernels compiled by\n"
   "                    NVRTC for GPU 0, cuBLASLt (needs a GPU)\n"
@@ -222,6 +222,40 @@ static int eval_cuda(const Module *m, const char *weights, const char *tokens, c
 
 /* Every rank of a mesh: the forward pass partitioned by the shard pass, ranks as threads
    on the reference executor; the results come back whole. */
+/* A mesh on the cpu backend: the partitioned program lowered once, every rank a thread. */
+static int eval_mesh_cpu(Input *in, const char *weights, const char *tokens, const char *out, char *err, size_t errlen) {
+  Module *m = in->m;
+  int64_t B = in->spec.batch, T = in->spec.seq, V = in->spec.model.vocab_size;
+  TrainSettings ts = train_defaults;
+  ts.bf16 = !strcmp(in->spec.precision, "bf16");
+  ts.sp = in->spec.sequence_parallel;
+  PassOptions popt;
+  memset(&popt, 0, sizeof popt);
+  popt.train = &ts;
+  int32_t *in_ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
+  float *logits = malloc(sizeof(float) * (size_t)(B * T * V)), loss = 0;
+  int rc = in_ids && tg && logits ? 0 : EXIT_RUN;
+  if (rc) snprintf(err, errlen, "out of memory");
+  if (!rc)
+    rc = pipeline_run(m, "verify,canonicalize,mixed-precision,shard,canonicalize,cse,dce,verify," LOWER_PIPELINE, &popt,
+                      err, errlen);
+  if (!rc) rc = read_batch(tokens, B, T, V, in_ids, tg, err, errlen);
+  double t0 = seconds_now();
+  if (!rc) rc = eval_cpu_mesh(m, weights, in_ids, tg, logits, &loss, err, errlen);
+  if (!rc) {
+    printf("loss %.6f\n", loss);
+    fprintf(stderr, "loom: eval of %lld tokens on %lld ranks took %.3f s on the cpu backend (kernel JIT included)\n", (long long)(B * T),
+            (long long)mesh_world(&m->mesh), seconds_now() - t0);
+    StTensor st[2] = {{"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits},
+                      {"loss", ST_F32, 0, {0}, 4, &loss}};
+    if (out) rc = st_write(out, st, 2, NULL, NULL, 0, err, errlen);
+  }
+  free(in_ids);
+  free(tg);
+  free(logits);
+  return rc;
+}
+
 static int eval_mesh(Input *in, const char *weights, const char *tokens, const char *out, char *err, size_t errlen) {
   Module *m = in->m;
   int64_t B = in->spec.batch, T = in->spec.seq, V = in->spec.model.vocab_size;
@@ -337,7 +371,9 @@ int cmd_eval(int argc, char **argv) {
     goto done;
   }
   if (mesh_world(&m->mesh) > 1) {
-    rc = grads ? usage_error("eval", "--grads runs one rank; drop --mesh (or --grads)") : eval_mesh(&in, weights, tokens, out, err, sizeof err);
+    rc = grads ? usage_error("eval", "--grads runs one rank; drop --mesh (or --grads)")
+         : backend && !strcmp(backend, "ref") ? eval_mesh(&in, weights, tokens, out, err, sizeof err)
+                                              : eval_mesh_cpu(&in, weights, tokens, out, err, sizeof err);
     m = in.m;
     goto done;
   }

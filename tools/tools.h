@@ -135,6 +135,10 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
 int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* train_mesh.c (loom only): the same for a partitioned module, every rank a thread. */
 int run_training_cpu_mesh(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* train_mesh.c (loom only): @forward of a partitioned, lowered module on every rank (threads),
+   weights from safetensors (whole, split to the ranks); rank 0's logits [B*T*V] and loss. */
+int eval_cpu_mesh(Module *m, const char *weights, const int32_t *inputs, const int32_t *targets, float *logits,
+                  float *loss, char *err, size_t errlen);
 /* train_cuda.c (loom only): m fused and planned for the CUDA target; runs it on GPU 0. */
 int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* Whether the CUDA backend can run here (a driver and a device); why not otherwise. */

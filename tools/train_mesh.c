@@ -23,7 +23,8 @@ typedef struct {
   CpuProgram *cp;      /* [world]; cp[0] is &b.cp */
   int world, f_grad, f_opt;
   int *gmap;           /* program global k -> module global index */
-  Tensor **tok, **tgt; /* per rank: its piece of the micro-batch (int64, as move_piece moves) */
+  Tensor *whole_tok, *whole_tgt;   /* the whole micro-batch (int64, as move_piece moves) */
+  Tensor **tok, **tgt; /* per rank: its piece */
   int32_t **tok32, **tgt32;
 } MeshCpu;
 
@@ -62,22 +63,23 @@ typedef struct {
   MeshCpu *mc;
   int rank, func;
   void *args[2];
-  float ret;
+  void *rets[2];       /* where the results go (rank 0), or NULL (the others: replicated) */
   int rc;
   char err[1024];
 } Job;
 
 static void *job_main(void *arg) {
   Job *j = arg;
-  void *rets[1] = {&j->ret};
-  j->rc = cpu_program_call(&j->mc->cp[j->rank], j->func, j->args, rets, j->err, sizeof j->err);
+  j->rc = cpu_program_call(&j->mc->cp[j->rank], j->func, j->args, j->rets, j->err, sizeof j->err);
   if (j->rc) local_world_abort(j->mc->rx.lw);   /* the others must not wait for this rank */
   return NULL;
 }
 
-/* Runs func on every rank (args per rank in jobs[k].args); the result is replicated (the
-   shard pass makes it so): rank 0's is returned. */
-static int run_all(MeshCpu *mc, Job *jobs, int func, float *out, char *err, size_t errlen) {
+/* Runs func on every rank (args per rank in jobs[k].args); the results are replicated (the
+   shard pass makes them so): rank 0's go to `rets`. */
+static int run_all(MeshCpu *mc, Job *jobs, int func, void *rets0, void *rets1, char *err, size_t errlen) {
+  jobs[0].rets[0] = rets0;
+  jobs[0].rets[1] = rets1;
   pthread_t *th = calloc((size_t)mc->world, sizeof *th);
   if (!th) {
     snprintf(err, errlen, "out of memory");
@@ -104,26 +106,20 @@ static int run_all(MeshCpu *mc, Job *jobs, int func, float *out, char *err, size
       rc = jobs[k].rc;
       snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
     }
-  if (!rc) *out = jobs[0].ret;
   return rc;
 }
 
-static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  MeshCpu *mc = self;
+/* Every rank's piece of a whole micro-batch, as int32 arguments of jobs[k]. */
+static void split_tokens(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, Job *jobs) {
   RefExec *r = &mc->rx;
-  for (int64_t k = 0; k < r->inputs->n; k++) {
-    r->inputs->i[k] = inputs[k];
-    r->targets->i[k] = targets[k];
-  }
-  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
-  if (!jobs) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
+  for (int64_t k = 0; k < mc->whole_tok->n; k++) {
+    mc->whole_tok->i[k] = inputs[k];
+    mc->whole_tgt->i[k] = targets[k];
   }
   for (int k = 0; k < mc->world; k++) {
     const int *coord = local_world_rank(r->lw, k)->coord;
-    move_piece(&r->m->mesh, r->inputs, mc->tok[k], coord, true);
-    move_piece(&r->m->mesh, r->targets, mc->tgt[k], coord, true);
+    move_piece(&r->m->mesh, mc->whole_tok, mc->tok[k], coord, true);
+    move_piece(&r->m->mesh, mc->whole_tgt, mc->tgt[k], coord, true);
     for (int64_t e = 0; e < mc->tok[k]->n; e++) {
       mc->tok32[k][e] = (int32_t)mc->tok[k]->i[e];
       mc->tgt32[k][e] = (int32_t)mc->tgt[k]->i[e];
@@ -131,7 +127,17 @@ static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, 
     jobs[k].args[0] = mc->tok32[k];
     jobs[k].args[1] = mc->tgt32[k];
   }
-  int rc = run_all(mc, jobs, mc->f_grad, loss, err, errlen);
+}
+
+static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  MeshCpu *mc = self;
+  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
+  if (!jobs) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  split_tokens(mc, inputs, targets, jobs);
+  int rc = run_all(mc, jobs, mc->f_grad, loss, NULL, err, errlen);
   free(jobs);
   return rc;
 }
@@ -147,7 +153,7 @@ static int optimizer_step(void *self, float lr, float t, float *grad_norm, char 
     jobs[k].args[0] = &lr;   /* replicated scalars: every rank reads the same */
     jobs[k].args[1] = &t;
   }
-  int rc = run_all(mc, jobs, mc->f_opt, grad_norm, err, errlen);
+  int rc = run_all(mc, jobs, mc->f_opt, grad_norm, NULL, err, errlen);
   free(jobs);
   return rc;
 }
@@ -162,8 +168,10 @@ static int threads_total(int asked) {
   return n > 0 ? (int)n : 1;
 }
 
-static int mesh_open(MeshCpu *mc, Module *m, const RunPlan *plan, char *err, size_t errlen) {
-  int rc = ref_exec_init(&mc->rx, m, plan->seed, plan->init, err, errlen);
+/* training: @grad_step and @optimizer_step (the Executor); else @forward (eval). */
+static int mesh_open(MeshCpu *mc, Module *m, uint64_t seed, const char *init, int threads, bool training, FILE *log,
+                     char *err, size_t errlen) {
+  int rc = ref_exec_open(&mc->rx, m, seed, init, training, err, errlen);
   if (rc) return rc;
   mc->world = mc->rx.world;
   unsigned char *bytes = NULL;
@@ -175,7 +183,7 @@ static int mesh_open(MeshCpu *mc, Module *m, const RunPlan *plan, char *err, siz
     rc = rt_program_save(&prog, &bytes, &n, err, errlen);
     rt_program_free(&prog);
   }
-  int per = threads_total(plan->threads) / mc->world;
+  int per = threads_total(threads) / mc->world;
   if (per < 1) per = 1;
   if (!rc) rc = cpu_backend_load(&mc->b, bytes, n, llvm, per, err, errlen);
   free(bytes);
@@ -203,13 +211,21 @@ static int mesh_open(MeshCpu *mc, Module *m, const RunPlan *plan, char *err, siz
       return EXIT_RUN;
     }
   }
-  mc->f_grad = cpu_find_func(&mc->b.cp, "grad_step");
+  mc->f_grad = cpu_find_func(&mc->b.cp, training ? "grad_step" : "forward");
   mc->f_opt = cpu_find_func(&mc->b.cp, "optimizer_step");
-  if (mc->f_grad < 0 || mc->f_opt < 0) {
-    snprintf(err, errlen, "the program has no grad_step and optimizer_step");
+  Func *tf = module_find_func(m, training ? "grad_step" : "forward");
+  if (mc->f_grad < 0 || (training && mc->f_opt < 0) || !tf || tf->args.n != 2) {
+    snprintf(err, errlen, "the program has no %s", training ? "@grad_step and @optimizer_step" : "@forward(tokens, targets)");
     return 2;
   }
-  const Type *tt = &((Value *)mc->rx.grad_step->args.items[0])->type;
+  const Type *tt = &((Value *)tf->args.items[0])->type;
+  Type whole = whole_type(m, tt);
+  mc->whole_tok = tensor_new(&whole);
+  mc->whole_tgt = tensor_new(&whole);
+  if (!mc->whole_tok || !mc->whole_tgt) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
   for (int k = 0; k < mc->world; k++) {
     if (k > 0 && (rc = cpu_program_init(&mc->cp[k], p, mc->b.fns, per, err, errlen))) {
       mc->world = k;   /* ranks 1..k-1 hold programs to free */
@@ -234,8 +250,8 @@ static int mesh_open(MeshCpu *mc, Module *m, const RunPlan *plan, char *err, siz
   mc->ex.optimizer_step = optimizer_step;
   mc->ex.sync_out = sync_out;
   mc->ex.sync_in = sync_in;
-  if (plan->opt.log)
-    fprintf(plan->opt.log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld), cpu backend, "
+  if (log)
+    fprintf(log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld), cpu backend, "
             "%d thread%s each\n", mc->world, (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP],
             (long long)m->mesh.size[AX_CP], (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP], per,
             per == 1 ? "" : "s");
@@ -251,6 +267,8 @@ static void mesh_close(MeshCpu *mc) {
     if (mc->tgt32) free(mc->tgt32[k]);
   }
   free(mc->tok), free(mc->tgt), free(mc->tok32), free(mc->tgt32), free(mc->gmap), free(mc->cp);
+  tensor_free(mc->whole_tok);
+  tensor_free(mc->whole_tgt);
   cpu_backend_free(&mc->b);
   ref_exec_free(&mc->rx);
 }
@@ -261,10 +279,33 @@ int run_training_cpu_mesh(Module *m, const RunPlan *plan, char *err, size_t errl
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = mesh_open(mc, m, plan, err, errlen);
+  int rc = mesh_open(mc, m, plan->seed, plan->init, plan->threads, true, plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mc->ex, plan, err, errlen);
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && prof && *prof) cpu_backend_profile(&mc->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
+  mesh_close(mc);
+  free(mc);
+  return rc;
+}
+
+int eval_cpu_mesh(Module *m, const char *weights, const int32_t *inputs, const int32_t *targets, float *logits,
+                  float *loss, char *err, size_t errlen) {
+  MeshCpu *mc = calloc(1, sizeof *mc);
+  Job *jobs = NULL;
+  if (!mc) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  int rc = mesh_open(mc, m, 0, weights, 0, false, NULL, err, errlen);
+  if (!rc && !(jobs = calloc((size_t)mc->world, sizeof *jobs))) {
+    snprintf(err, errlen, "out of memory");
+    rc = EXIT_RUN;
+  }
+  if (!rc) {
+    split_tokens(mc, inputs, targets, jobs);
+    rc = run_all(mc, jobs, mc->f_grad, logits, loss, err, errlen);
+  }
+  free(jobs);
   mesh_close(mc);
   free(mc);
   return rc;

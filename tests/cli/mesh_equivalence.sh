@@ -56,11 +56,12 @@ check gpt2-tiny "dp=2 x tp=2, ZeRO-1, --backend ref" --mesh dp=2,tp=2 --zero 1 -
 check llama-tiny "tp=2, sequence parallel, --backend ref" --mesh tp=2 --sequence-parallel true --backend ref
 check llama-tiny "dp=4, ZeRO-3, --backend ref" --mesh dp=4 --zero 3 --backend ref
 
-# loom eval --mesh: every rank runs the partitioned forward; the gathered logits and the
-# loss match the PyTorch goldens within 1e-5.
+# loom eval --mesh: every rank runs the partitioned forward (cpu backend; and on the
+# reference executor for dp=2,tp=2); the gathered logits and the loss match the PyTorch
+# goldens within 1e-5.
 for m in gpt2-tiny llama-tiny llama-tiny-tied; do
   g=tests/golden/$m
-  for mesh in dp=2 tp=2 dp=2,tp=2; do
+  for mesh in dp=2 tp=2 dp=2,tp=2 "dp=2,tp=2 --backend ref"; do
     if "$LOOM" eval models/$m.json --weights $g/weights.safetensors --tokens $g/tokens.bin --mesh $mesh \
          --out "$tmp/eval.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/eval.st" $g/expected.safetensors --rtol 1e-5 > "$tmp/diff" 2>&1; then
       ok "eval $m --mesh $mesh: gathered logits and loss match the PyTorch golden"
