@@ -20,9 +20,10 @@ static const char help[] =
   "steps, learning-rate schedule, seed, --init, --out and checkpoint options are defaults\n"
   "that EXE's own flags can change (EXE --help lists them, EXE --info shows what was compiled).\n"
   "With the cpu backend (the default) EXE carries the lowered program and its kernels,\n"
-  "JIT-compiled at start; with --backend ref it carries the IR; with --backend cuda it carries\n"
-  "the lowered program and a cubin that NVRTC compiled now, so it starts on the GPU without\n"
-  "compiling anything (needs a GPU of that architecture and a driver; no NVRTC).\n"
+  "JIT-compiled at start (with --mesh, every rank a thread); with --backend ref it carries the\n"
+  "IR; with --backend cuda it carries the lowered program and a cubin that NVRTC compiled now,\n"
+  "so it starts on the GPU without compiling anything (needs a GPU of that architecture and a\n"
+  "driver; no NVRTC).\n"
   "\n"
   "options besides loom train's:\n"
   "  --arch sm_XY[a]   with --backend cuda: the GPU to compile for (default: the one here), e.g.\n"
@@ -78,11 +79,6 @@ int cmd_compile(int argc, char **argv) {
   Input in;
   Backend backend;
   int rc = train_prepare(&ta, ta.spec, &in, &backend, err, sizeof err);
-  if (!rc && backend == BACKEND_CPU && mesh_world(&in.m->mesh) > 1) {
-    snprintf(err, sizeof err, "a compiled executable runs the cpu program on one rank for now; for a mesh of %lld "
-             "ranks compile with --backend ref, or train with loom train --mesh", (long long)mesh_world(&in.m->mesh));
-    rc = EXIT_USAGE;
-  }
   if (!rc) {
     RunSpec *s = &in.spec;
     char *base = spec_settings_json(s);
@@ -132,8 +128,15 @@ int cmd_compile(int argc, char **argv) {
     } else {
       text = module_to_string(in.m);
     }
-    /* parts: settings, then ref: the IR; cpu: program, LLVM IR; cuda: program, cubin, "cuda" */
-    if (!rc && cuda) {
+    /* parts: settings, then ref: the IR; cpu: program, LLVM IR; cuda: program, cubin, "cuda";
+       a cpu mesh: program, LLVM IR, the IR (the ranks' whole/piece bookkeeping), "mesh" */
+    bool mesh = backend == BACKEND_CPU && mesh_world(&in.m->mesh) > 1;
+    char *ir = !rc && mesh ? module_to_string(in.m) : NULL;
+    if (!rc && mesh) {
+      const void *parts[5] = {settings, prog, text, ir, "mesh"};
+      size_t sizes[5] = {strlen(settings), prog_n, strlen(text), strlen(ir), 4};
+      rc = payload_write(runner, ta.output, parts, sizes, 5, err, sizeof err);
+    } else if (!rc && cuda) {
       const void *parts[4] = {settings, prog, image, "cuda"};
       size_t sizes[4] = {strlen(settings), prog_n, image_n, 4};
       rc = payload_write(runner, ta.output, parts, sizes, 4, err, sizeof err);
@@ -150,6 +153,7 @@ int cmd_compile(int argc, char **argv) {
     free(text);
     free(prog);
     free(image);
+    free(ir);
   }
   module_free(in.m);
   return report(rc, err);

@@ -241,7 +241,13 @@ static int eval_mesh_cpu(Input *in, const char *weights, const char *tokens, con
                       err, errlen);
   if (!rc) rc = read_batch(tokens, B, T, V, in_ids, tg, err, errlen);
   double t0 = seconds_now();
-  if (!rc) rc = eval_cpu_mesh(m, weights, in_ids, tg, logits, &loss, err, errlen);
+  unsigned char *prog = NULL;
+  size_t n = 0;
+  char *llvm = NULL;
+  if (!rc) rc = lower_cpu_bytes(m, &prog, &n, &llvm, err, errlen);
+  if (!rc) rc = eval_cpu_mesh(m, prog, n, llvm, weights, in_ids, tg, logits, &loss, err, errlen);
+  free(prog);
+  free(llvm);
   if (!rc) {
     printf("loss %.6f\n", loss);
     fprintf(stderr, "loom: eval of %lld tokens on %lld ranks took %.3f s on the cpu backend (kernel JIT included)\n", (long long)(B * T),

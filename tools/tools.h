@@ -133,12 +133,17 @@ typedef struct {
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* train_lower.c (loom only): m lowered too; runs it on the cpu backend. */
 int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen);
-/* train_mesh.c (loom only): the same for a partitioned module, every rank a thread. */
-int run_training_cpu_mesh(Module *m, const RunPlan *plan, char *err, size_t errlen);
-/* train_mesh.c (loom only): @forward of a partitioned, lowered module on every rank (threads),
-   weights from safetensors (whole, split to the ranks); rank 0's logits [B*T*V] and loss. */
-int eval_cpu_mesh(Module *m, const char *weights, const int32_t *inputs, const int32_t *targets, float *logits,
-                  float *loss, char *err, size_t errlen);
+/* train_lower.c (loom only): m lowered by codegen/cpu, as bytes (rt_program_save) and the
+   kernels' LLVM IR (both malloc'd). */
+int lower_cpu_bytes(Module *m, unsigned char **prog, size_t *n, char **llvm, char *err, size_t errlen);
+/* exec_mesh.c: a partitioned module m (the bookkeeping of whole and per-rank tensors) and
+   its lowered program (prog, n, llvm) trained with every rank a thread. */
+int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
+                          char *err, size_t errlen);
+/* exec_mesh.c: @forward on every rank, weights from safetensors (whole, split to the
+   ranks); rank 0's logits [B*T*V] and loss. */
+int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const char *weights,
+                  const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err, size_t errlen);
 /* train_cuda.c (loom only): m fused and planned for the CUDA target; runs it on GPU 0. */
 int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* Whether the CUDA backend can run here (a driver and a device); why not otherwise. */

@@ -8,8 +8,30 @@
 #include "tools/exec_cpu.h"
 #include "tools/tools.h"
 
+int lower_cpu_bytes(Module *m, unsigned char **prog, size_t *n, char **llvm, char *err, size_t errlen) {
+  RtProgram p;
+  *prog = NULL;
+  *n = 0;
+  *llvm = NULL;
+  int rc = cpu_lower(m, &p, llvm, err, errlen);
+  if (!rc) {
+    rc = rt_program_save(&p, prog, n, err, errlen);
+    rt_program_free(&p);
+  }
+  return rc;
+}
+
 int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen) {
-  if (mesh_world(&m->mesh) > 1) return run_training_cpu_mesh(m, plan, err, errlen);
+  if (mesh_world(&m->mesh) > 1) {   /* every rank a thread */
+    unsigned char *prog;
+    size_t n;
+    char *llvm;
+    int rc = lower_cpu_bytes(m, &prog, &n, &llvm, err, errlen);
+    if (!rc) rc = run_training_cpu_mesh(m, prog, n, llvm, plan, err, errlen);
+    free(prog);
+    free(llvm);
+    return rc;
+  }
   CpuBackend b;
   unsigned char *bytes = NULL;
   size_t n = 0;

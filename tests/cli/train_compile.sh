@@ -34,5 +34,16 @@ runner="$(dirname "$LOOM")/loom-train"
 if [ $rc -eq 2 ] && grep -q "carries no compiled model" "$tmp/log"; then ok "the bare runner explains itself (exit 2)"; else bad "bare runner: exit $rc"; cat "$tmp/log"; fi
 "$LOOM" compile $spec > "$tmp/log" 2>&1; rc=$?
 if [ $rc -eq 2 ] && grep -q "\-o EXE" "$tmp/log"; then ok "compile without -o: exit 2"; else bad "compile without -o: exit $rc"; fi
+# a mesh: the executable runs every rank as a thread (cpu backend) and matches loom train's
+# single-rank run within 1e-5
+ST_DIFF=$2
+"$LOOM" train $spec -q --steps 3 --batch 4 --out "$tmp/single.st" > /dev/null 2>&1 || bad "single-rank train"
+if "$LOOM" compile $spec -q --mesh dp=2,tp=2 --zero 1 --batch 4 --steps 3 -o "$tmp/mesh" > "$tmp/log" 2>&1 &&
+   (cd "$tmp" && ./mesh --out m.st > run.log 2>&1) && grep -q "running 4 ranks as threads" "$tmp/run.log" &&
+   "$ST_DIFF" "$tmp/m.st" "$tmp/single.st" --rtol 1e-5 > "$tmp/diff" 2>&1; then
+  ok "compiled dp=2 x tp=2 ZeRO-1 executable: 4 ranks as threads, matches the single-rank run within 1e-5"
+else
+  bad "compiled mesh"; cat "$tmp/log" "$tmp/run.log" 2>/dev/null; tail -3 "$tmp/diff" 2>/dev/null
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -89,8 +89,9 @@ int main(int argc, char **argv) {
     return report(EXIT_RUN, "the compiled model in this executable is incomplete; compile it again");
   }
   settings_text = strndup((const char *)pl.parts[0], pl.sizes[0]);
-  /* parts after the settings: ref: the IR; cpu: program, LLVM IR; cuda: program, cubin, "cuda" */
-  bool cpu = pl.n_parts == 3, cuda = pl.n_parts == 4;
+  /* parts after the settings: ref: the IR; cpu: program, LLVM IR; cuda: program, cubin,
+     "cuda"; a cpu mesh: program, LLVM IR, the IR, "mesh" */
+  bool mesh = pl.n_parts == 5, cpu = pl.n_parts == 3 || mesh, cuda = pl.n_parts == 4;
   ir_text = cuda ? strdup("") : strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);
   json_t *s = json_loads(settings_text, 0, NULL);
   if (!s) {
@@ -172,6 +173,17 @@ int main(int argc, char **argv) {
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq"))};
   if (cuda) {   /* the lowered program and its cubin: no IR, no compiler */
     rc = run_cuda(s, &pl, &plan, err, sizeof err);
+    rc = report(rc, err);
+    goto done;
+  }
+  if (mesh) {   /* the lowered program for every rank; the IR for the whole/piece bookkeeping */
+    char *text = strndup((const char *)pl.parts[3], pl.sizes[3]);
+    Module *mm = NULL;
+    rc = text ? parse_module("<compiled program>", text, &mm, err, sizeof err) : EXIT_RUN;
+    if (!rc) rc = verify_module(mm, err, sizeof err);
+    if (!rc) rc = run_training_cpu_mesh(mm, pl.parts[1], pl.sizes[1], ir_text, &plan, err, sizeof err);
+    module_free(mm);
+    free(text);
     rc = report(rc, err);
     goto done;
   }

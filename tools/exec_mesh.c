@@ -1,17 +1,17 @@
-/* tools/train_mesh.c — training a partitioned module (a mesh of N ranks) on the cpu
-   backend.  The shard pass made one program that every rank runs on its own piece (SPMD),
-   so it is lowered and JIT-compiled once; each rank gets its own CpuProgram (arena,
-   parameters, gradients, optimizer state) and runs as a thread of this process, its
+/* tools/exec_mesh.c — a partitioned module (a mesh of N ranks) on the cpu backend, for
+   training and eval.  The shard pass made one program that every rank runs on its own
+   piece (SPMD), so it is lowered and JIT-compiled once; each rank gets its own CpuProgram
+   (arena, parameters, gradients, optimizer state) and runs as a thread of this process, its
    collectives going through runtime/comm_local.  The whole parameters, their split to the
    ranks and the gathering for checkpoints and --out are the reference executor's (RefExec,
-   tools/exec_ref.c): a cpu mesh run starts from exactly the pieces a ref mesh run does.
-   Only `loom` links this (it lowers a module). */
+   tools/exec_ref.c), which needs the module: `loom` passes the one it built, a compiled
+   executable the IR it carries.  The lowered program comes as bytes (rt_program_save) and
+   the kernels' LLVM IR, as compiled executables carry them. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "codegen/cpu/cpu.h"
 #include "tools/exec_cpu.h"
 #include "tools/exec_ref.h"
 #include "tools/tools.h"
@@ -169,26 +169,14 @@ static int threads_total(int asked) {
 }
 
 /* training: @grad_step and @optimizer_step (the Executor); else @forward (eval). */
-static int mesh_open(MeshCpu *mc, Module *m, uint64_t seed, const char *init, int threads, bool training, FILE *log,
-                     char *err, size_t errlen) {
+static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t n, const char *llvm, uint64_t seed,
+                     const char *init, int threads, bool training, FILE *log, char *err, size_t errlen) {
   int rc = ref_exec_open(&mc->rx, m, seed, init, training, err, errlen);
   if (rc) return rc;
   mc->world = mc->rx.world;
-  unsigned char *bytes = NULL;
-  size_t n = 0;
-  char *llvm = NULL;
-  RtProgram prog;
-  rc = cpu_lower(m, &prog, &llvm, err, errlen);
-  if (!rc) {
-    rc = rt_program_save(&prog, &bytes, &n, err, errlen);
-    rt_program_free(&prog);
-  }
   int per = threads_total(threads) / mc->world;
   if (per < 1) per = 1;
-  if (!rc) rc = cpu_backend_load(&mc->b, bytes, n, llvm, per, err, errlen);
-  free(bytes);
-  free(llvm);
-  if (rc) return rc;
+  if ((rc = cpu_backend_load(&mc->b, bytes, n, llvm, per, err, errlen))) return rc;
   const RtProgram *p = &mc->b.prog;
   mc->cp = calloc((size_t)mc->world, sizeof *mc->cp);
   mc->gmap = calloc((size_t)p->n_globals + 1, sizeof *mc->gmap);
@@ -273,13 +261,14 @@ static void mesh_close(MeshCpu *mc) {
   ref_exec_free(&mc->rx);
 }
 
-int run_training_cpu_mesh(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
+                          char *err, size_t errlen) {
   MeshCpu *mc = calloc(1, sizeof *mc);
   if (!mc) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = mesh_open(mc, m, plan->seed, plan->init, plan->threads, true, plan->opt.log, err, errlen);
+  int rc = mesh_open(mc, m, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mc->ex, plan, err, errlen);
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && prof && *prof) cpu_backend_profile(&mc->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
@@ -288,15 +277,15 @@ int run_training_cpu_mesh(Module *m, const RunPlan *plan, char *err, size_t errl
   return rc;
 }
 
-int eval_cpu_mesh(Module *m, const char *weights, const int32_t *inputs, const int32_t *targets, float *logits,
-                  float *loss, char *err, size_t errlen) {
+int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const char *weights,
+                  const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err, size_t errlen) {
   MeshCpu *mc = calloc(1, sizeof *mc);
   Job *jobs = NULL;
   if (!mc) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = mesh_open(mc, m, 0, weights, 0, false, NULL, err, errlen);
+  int rc = mesh_open(mc, m, prog, n, llvm, 0, weights, 0, false, NULL, err, errlen);
   if (!rc && !(jobs = calloc((size_t)mc->world, sizeof *jobs))) {
     snprintf(err, errlen, "out of memory");
     rc = EXIT_RUN;
