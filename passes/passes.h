@@ -74,6 +74,10 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
    RT_MAX_BUFS (passes may not include the runtime). */
 #define FUSE_MAX_BUFS 16
 
+/* flops.c: the model FLOPs of a function (matmuls, attention; see the file) and the report
+   of `loom ir --flops`. */
+void flops_of(const Func *f, double *matmul, double *attention);
+void flops_report(FILE *out, const Module *m);
 /* memory_plan.c: parameters, gradients, optimizer state and each function's arena peak. */
 void memory_report(FILE *out, Module *m, int target);
 /* shard.c: the collectives of a partitioned module, by function, kind and axis. */

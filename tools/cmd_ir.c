@@ -29,6 +29,8 @@ static const char help[] =
   "  --emit=llvm-opt        the same after LLVM's O2 for this CPU (shows the vectorized loops)\n"
   "  --emit=cuda            print the CUDA C of every kernel (one translation unit that NVRTC or\n"
   "                         nvcc compiles as it is); needs fuse and memory-plan with --target=cuda\n"
+  "  --flops                print each function's model FLOPs per call (matmuls and attention,\n"
+  "                         the 6N + 12LTD count of MFU) instead of the IR\n"
   "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
   "                         instead of the IR\n"
   "  --rank=R               print the program of rank R (SPMD: every rank runs the same\n"
@@ -50,7 +52,7 @@ static const char help[] =
 
 int cmd_ir(int argc, char **argv) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
-  bool memory = false, collectives = false;
+  bool memory = false, collectives = false, flops = false;
   const char *emit = NULL;
   long rank = -1;
   const char *overrides[8];
@@ -70,6 +72,7 @@ int cmd_ir(int argc, char **argv) {
     if (arg_flag(a, "--time-passes")) { opt.time_passes = true; continue; }
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
+    if (arg_flag(a, "--flops")) { flops = true; continue; }
     if ((r = arg_value(argc, argv, &i, "--emit", &v))) {
       if (r < 0 || (strcmp(v, "llvm") && strcmp(v, "llvm-opt") && strcmp(v, "cuda")))
         return usage_error("ir", "--emit takes llvm, llvm-opt or cuda");
@@ -188,6 +191,11 @@ int cmd_ir(int argc, char **argv) {
     free(opt_text);
     module_free(in.m);
     return report(rc, err);
+  }
+  if (flops) {
+    flops_report(stdout, in.m);
+    module_free(in.m);
+    return EXIT_OK;
   }
   if (collectives) {
     collective_report(stdout, in.m);
