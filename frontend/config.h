@@ -67,6 +67,7 @@ enum {
   SPEC_SET_OUT = 1u << 19,
   SPEC_SET_SAVE_DIR = 1u << 20,
   SPEC_SET_MODEL = 1u << 21,
+  SPEC_SET_BUCKET_MB = 1u << 22,
 };
 
 enum { MESH_DP, MESH_TP, MESH_CP, MESH_PP, MESH_EP, MESH_AXES };
@@ -85,6 +86,7 @@ typedef struct {
   int64_t mesh[MESH_AXES];        /* dp tp cp pp ep (index with MESH_*), default 1 each */
   int zero;                       /* ZeRO stage 0..3 */
   bool sequence_parallel;         /* with tp: norms and residuals split along the sequence */
+  double bucket_mb;               /* dp gradient all-reduce buckets in MB (10^6 bytes), default 25; 0 = off */
   int n_data;
   char data[SPEC_MAX_DATA][SPEC_PATH_MAX]; /* resolved relative to the spec's folder */
   char init[SPEC_PATH_MAX], out[SPEC_PATH_MAX], save_dir[SPEC_PATH_MAX]; /* "" if absent */
@@ -129,14 +131,14 @@ int config_errorf(char *err, size_t errlen, int rc, const char *fmt, ...)
 
 /* Defaults: batch 4, seq 0 (spec_load fills min(1024, max_pos)), steps 10, grad_accum 1,
  * warmup 0, lr 3e-4, min_lr 0, weight_decay 0.1, beta1 0.9, beta2 0.95, eps 1e-8,
- * grad_clip 1.0, precision "fp32", seed 1337, save_every 0, mesh 1 each, zero 0, no
+ * grad_clip 1.0, precision "fp32", seed 1337, save_every 0, mesh 1 each, zero 0, bucket_mb 25, no
  * data/init/out/save_dir, set_mask 0. The model is zeroed (arch GPT2). */
 void spec_defaults(RunSpec *s);
 
 /* Reads either a bare HF config.json (top level has "model_type"; everything else at its
  * defaults) or a loom run spec: {"model": {...config...} or "path/to/config.json", and
  * optionally batch, seq, steps, grad_accum, lr, min_lr, warmup, weight_decay, beta1,
- * beta2, eps, grad_clip, precision, mesh {"dp","tp","cp","pp","ep"}, zero, seed,
+ * beta2, eps, grad_clip, precision, mesh {"dp","tp","cp","pp","ep"}, zero, bucket_mb, seed,
  * save_every, data (string or array), init, out, save_dir}. Relative paths are resolved
  * against the spec file's folder. Keys starting with "_" are comments and ignored; any
  * other unknown key is an error with a "did you mean" suggestion.

@@ -15,6 +15,7 @@ static const char *const SPEC_KEYS[] = {
     "model", "batch",        "seq",   "steps",     "grad_accum", "lr",   "min_lr", "warmup",
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
     "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
+    "bucket_mb",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -32,7 +33,7 @@ static const struct {
     {"checkpoint_every", "save_every"}, {"output_dir", "save_dir"}, {"checkpoint_dir", "save_dir"},
     {"config", "model"},         {"train_data", "data"},         {"dp", "mesh"},
     {"tp", "mesh"},              {"cp", "mesh"},                 {"pp", "mesh"},
-    {"ep", "mesh"},
+    {"ep", "mesh"},              {"bucket_cap_mb", "bucket_mb"}, {"bucket_size", "bucket_mb"},
 };
 
 static const char *const AXES[MESH_AXES] = {"dp", "tp", "cp", "pp", "ep"};
@@ -64,6 +65,7 @@ void spec_defaults(RunSpec *s) {
   snprintf(s->precision, sizeof s->precision, "fp32");
   for (int i = 0; i < MESH_AXES; i++) s->mesh[i] = 1;
   s->zero = 0;
+  s->bucket_mb = 25.0;
 }
 
 static void default_seq(RunSpec *s) {
@@ -307,6 +309,9 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
   NUM("eps", eps, POSITIVE, "set it to Adam's epsilon (e.g. 1e-8)", SPEC_SET_EPS)
   NUM("grad_clip", grad_clip, NONNEG, "set it to the global gradient-norm limit (0 = no clipping)",
       SPEC_SET_GRAD_CLIP)
+  NUM("bucket_mb", bucket_mb, NONNEG,
+      "set it to the size in MB of the data-parallel gradient all-reduce buckets (e.g. 25; 0 = one per gradient)",
+      SPEC_SET_BUCKET_MB)
   PATH("init", init, "give the path of a safetensors file to start from", SPEC_SET_INIT)
   PATH("out", out, "give the path to write the trained weights to", SPEC_SET_OUT)
   PATH("save_dir", save_dir, "give the folder for checkpoints", SPEC_SET_SAVE_DIR)

@@ -33,6 +33,7 @@ typedef struct {
   bool bf16;                 /* mixed precision: bf16 compute, f32 master weights */
   int zero;                  /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
   bool sp;                   /* sequence parallel: activations between tp regions split along the sequence */
+  double bucket_mb;          /* data-parallel gradient all-reduce buckets, MB (10^6 bytes); 0: one per gradient */
 } TrainSettings;
 extern const TrainSettings train_defaults;
 
@@ -67,7 +68,7 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
 /* The pipeline `loom ir` runs when none is given, the one training adds, and lowering.
    In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
-#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,canonicalize,cse,dce,verify"
+#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,bucket,canonicalize,cse,dce,verify"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's

@@ -42,6 +42,7 @@ static const char help[] =
   "  --mesh=dp=2,...        the device mesh; the shard pass partitions the training program\n"
   "  --zero=0|1|2|3         ZeRO stage over dp\n"
   "  --sequence-parallel=true|false  with tp: norms and residuals split along the sequence\n"
+  "  --bucket-mb=X          dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
@@ -117,9 +118,10 @@ int cmd_ir(int argc, char **argv) {
     static const char *const spec_flags[][2] = {{"--batch", "batch"},           {"--seq", "seq"},
                                                 {"--precision", "precision"},   {"--grad-accum", "grad_accum"},
                                                 {"--mesh", "mesh"},             {"--zero", "zero"},
-                                                {"--sequence-parallel", "sequence_parallel"}};
+                                                {"--sequence-parallel", "sequence_parallel"},
+                                                {"--bucket-mb", "bucket_mb"}};
     bool matched = false;
-    for (int k = 0; k < 7 && !matched; k++)
+    for (int k = 0; k < (int)(sizeof spec_flags / sizeof spec_flags[0]) && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {
         if (r < 0) return usage_error("ir", "%s needs a value", spec_flags[k][0]);
         if (n_overrides == 8) return usage_error("ir", "too many overrides");
@@ -154,7 +156,7 @@ int cmd_ir(int argc, char **argv) {
   if (in.from_spec) {
     const RunSpec *sp = &in.spec;
     ts = (TrainSettings){sp->grad_accum, sp->beta1, sp->beta2, sp->eps, sp->weight_decay, sp->grad_clip,
-                         !strcmp(sp->precision, "bf16"), sp->zero, sp->sequence_parallel};
+                         !strcmp(sp->precision, "bf16"), sp->zero, sp->sequence_parallel, sp->bucket_mb};
   }
   opt.train = &ts;
   rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);

@@ -28,6 +28,7 @@ static const char help[] =
   "  --mesh dp=N,tp=M      the device mesh (axes dp tp cp pp ep; this version partitions dp, tp)\n"
   "  --zero 0|1|2|3        ZeRO stage over dp: shard optimizer state, + gradients, + parameters\n"
   "  --sequence-parallel true|false  with tp: norms and residuals split along the sequence\n"
+  "  --bucket-mb X         dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
   "parameters and checkpoints:\n"
   "  --init W.safetensors  start from these weights (HF names); default: seeded init\n"
   "  --seed S              seed of the initialization (default 1337)\n"

@@ -12,7 +12,7 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--beta1", "beta1"}, {"--beta2", "beta2"}, {"--eps", "eps"}, {"--grad-clip", "grad_clip"},
   {"--precision", "precision"}, {"--init", "init"}, {"--out", "out"}, {"--save-dir", "save_dir"},
   {"--save-every", "save_every"}, {"--seed", "seed"}, {"--mesh", "mesh"}, {"--zero", "zero"},
-  {"--sequence-parallel", "sequence_parallel"},
+  {"--sequence-parallel", "sequence_parallel"}, {"--bucket-mb", "bucket_mb"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
 
@@ -152,7 +152,7 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
     return EXIT_USAGE;
   }
   TrainSettings ts = {s->grad_accum, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip,
-                      !strcmp(s->precision, "bf16"), s->zero, s->sequence_parallel};
+                      !strcmp(s->precision, "bf16"), s->zero, s->sequence_parallel, s->bucket_mb};
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;

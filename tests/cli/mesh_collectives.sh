@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Collectives and memory per rank against the Ultra-Scale Playbook's formulas, on GPT-2 124M
 # (N = 124,439,808 parameters, so Psi = 4N bytes of f32 gradients) with dp=2:
-#  - plain DP all-reduces Psi of gradients once per optimizer step; in a ring one rank sends
-#    2(n-1)/n Psi = Psi;
+#  - plain DP all-reduces Psi of gradients once per optimizer step (in buckets); in a ring
+#    one rank sends 2(n-1)/n Psi = Psi;
 #  - ZeRO-1 reduce-scatters the gradients ((n-1)/n Psi) and all-gathers the parameters after
 #    the update ((n-1)/n Psi): the same bytes as plain DP;
 #  - ZeRO-2 moves the reduce-scatter into the micro-batch step; ZeRO-3 adds parameter
@@ -17,8 +17,15 @@ N=124439808 PSI=$((4 * 124439808)) HALF=$((2 * 124439808))
 run() { "$LOOM" ir models/gpt2-124M.json --passes=train --mesh dp=2 --batch 2 --zero "$@"; }
 
 z0=$(run 0 --collectives) z1=$(run 1 --collectives) z2=$(run 2 --collectives) z3=$(run 3 --collectives)
-s0=$(echo "$z0" | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $4 == "x148" {print $(NF-1)}')
-[ "$s0" = "$PSI" ] && ok "plain DP: 148 gradient all-reduces, one rank sends Psi = $PSI bytes" || { bad "plain DP sent $s0, want $PSI"; echo "$z0"; }
+# plain DP: the 148 gradients' all-reduces go in buckets of at most 25 MB (the default
+# bucket_mb; wte's 154 MB gradient is a bucket alone); --bucket-mb 0 keeps one per gradient
+read -r n0 s0 <<< "$(echo "$z0" | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print substr($4, 2), $(NF-1)}')"
+[ "$s0" = "$PSI" ] && [ "${n0:-0}" -ge 19 ] && [ "${n0:-999}" -lt 148 ] &&
+  ok "plain DP: the 148 gradients in $n0 bucketed all-reduces (25 MB), one rank sends Psi = $PSI bytes" || { bad "plain DP: $n0 all-reduces sent $s0, want Psi = $PSI in 19..147"; echo "$z0"; }
+u0=$(run 0 --collectives --bucket-mb 0 | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print $4, $(NF-1)}')
+[ "$u0" = "x148 $PSI" ] && ok "plain DP with --bucket-mb 0: 148 all-reduces, the same $PSI bytes" || bad "unbucketed: got '$u0'"
+u1=$(run 0 --collectives --bucket-mb 1000 | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print substr($4, 2)}')
+[ "$u1" = "$(( (148 + 14) / 15 ))" ] && ok "plain DP with --bucket-mb 1000: $u1 all-reduces (15 gradients at most per bucket)" || bad "1000 MB buckets: got '$u1' all-reduces, want $(( (148 + 14) / 15 ))"
 rs1=$(echo "$z1" | awk '$1 == "@optimizer_step" && $2 == "reduce_scatter" {print $(NF-1)}')
 ag1=$(echo "$z1" | awk '$1 == "@optimizer_step" && $2 == "all_gather" {print $(NF-1)}')
 [ "$rs1" = "$HALF" ] && [ "$ag1" = "$HALF" ] && [ $((rs1 + ag1)) = "$s0" ] &&
@@ -53,7 +60,7 @@ want_gs="x$((2 * L + 1 + 3 + 2 * L + 1 + 2)) $(((4 * L + 2) * A + 5 * ROW))"
   { bad "dp2 x tp2 grad_step: got '$gs', want '$want_gs'"; echo "$t1"; }
 ! echo "$t1" | grep -v "@forward" | grep -q "all_gather .* tp " &&
   ok "dp2 x tp2: no tp all-gather in training (logits stay vocabulary-split)" || bad "a tp all-gather in training"
-dp0=$(echo "$t0" | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" && $4 == "x148" {print $(NF-1)}')
+dp0=$(echo "$t0" | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print $(NF-1)}')
 rs=$(echo "$t1" | awk '$1 == "@optimizer_step" && $2 == "reduce_scatter" && $3 == "dp" {print $(NF-1)}')
 ag=$(echo "$t1" | awk '$1 == "@optimizer_step" && $2 == "all_gather" && $3 == "dp" {print $(NF-1)}')
 [ -n "$dp0" ] && [ $((rs + ag)) = "$dp0" ] &&
