@@ -87,19 +87,37 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* NN-name.ir; once the module is partitioned, one file per rank (NN-name.rankR.ir, up to
+   64 ranks), each headed by the rank's coordinates: every rank runs the same program
+   (SPMD) on its own piece, so the files differ in that header only. */
+#define DUMP_MAX_RANKS 64
 static int dump(const Module *m, const char *dir, int index, const char *name, char *err, size_t errlen) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%02d-%s.ir", dir, index, name);
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    snprintf(err, errlen, "cannot write IR dump %s: %s", path, strerror(errno));
-    return IR_ERUN;
-  }
-  fprintf(f, "# loom IR %s %s\n", index ? "after pass" : "before the pipeline:", name);
-  print_module(f, m);
-  if (fclose(f)) {
-    snprintf(err, errlen, "cannot write IR dump %s: %s", path, strerror(errno));
-    return IR_ERUN;
+  int64_t world = m->local ? mesh_world(&m->mesh) : 1, files = world > 1 && world <= DUMP_MAX_RANKS ? world : 1;
+  for (int64_t r = 0; r < files; r++) {
+    char path[4096];
+    if (files > 1) snprintf(path, sizeof path, "%s/%02d-%s.rank%lld.ir", dir, index, name, (long long)r);
+    else snprintf(path, sizeof path, "%s/%02d-%s.ir", dir, index, name);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+      snprintf(err, errlen, "cannot write IR dump %s: %s", path, strerror(errno));
+      return IR_ERUN;
+    }
+    fprintf(f, "# loom IR %s %s\n", index ? "after pass" : "before the pipeline:", name);
+    if (files > 1) {
+      int64_t c[AX_COUNT];
+      mesh_rank_coords(&m->mesh, r, c);
+      fprintf(f, "# rank %lld of %lld: dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld; every rank runs this program (SPMD) on "
+              "its own piece of each value\n", (long long)r, (long long)world, (long long)c[AX_DP], (long long)c[AX_TP],
+              (long long)c[AX_CP], (long long)c[AX_PP], (long long)c[AX_EP]);
+    } else if (world > 1) {
+      fprintf(f, "# %lld ranks (more than %d: one file for all; every rank runs this program on its own piece)\n",
+              (long long)world, DUMP_MAX_RANKS);
+    }
+    print_module(f, m);
+    if (fclose(f)) {
+      snprintf(err, errlen, "cannot write IR dump %s: %s", path, strerror(errno));
+      return IR_ERUN;
+    }
   }
   return 0;
 }

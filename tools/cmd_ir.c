@@ -20,7 +20,8 @@ static const char help[] =
   "  --list-passes          list the available passes and exit\n"
   "  --print-ir-after=NAME  print the IR after each run of pass NAME (repeatable; A,B allowed)\n"
   "  --print-ir-after-all   print the IR after every pass\n"
-  "  --dump-dir=DIR         write DIR/00-input.ir, DIR/01-<pass>.ir, ... (sort and diff well)\n"
+  "  --dump-dir=DIR         write DIR/00-input.ir, DIR/01-<pass>.ir, ... (sort and diff well);\n"
+  "                         after shard, one file per rank: NN-<pass>.rankR.ir (up to 64 ranks)\n"
   "  --verify-each          run the verifier after every pass\n"
   "  --time-passes          print the time each pass took\n"
   "  --memory               print the memory plan (parameters, gradients, optimizer state,\n"
@@ -211,13 +212,8 @@ int cmd_ir(int argc, char **argv) {
       module_free(in.m);
       return report(EXIT_USAGE, err);
     }
-    /* coordinates as runtime/comm.h numbers ranks: pp, dp, ep, cp, tp from outer to inner */
-    static const int order[AX_COUNT] = {AX_PP, AX_DP, AX_EP, AX_CP, AX_TP};
-    int64_t coord[AX_COUNT], rest = rank;
-    for (int k = AX_COUNT - 1; k >= 0; k--) {
-      coord[order[k]] = rest % in.m->mesh.size[order[k]];
-      rest /= in.m->mesh.size[order[k]];
-    }
+    int64_t coord[AX_COUNT];
+    mesh_rank_coords(&in.m->mesh, rank, coord);
     printf("# rank %ld of %lld: dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld. Every rank runs this program (SPMD) on its\n"
            "# own piece of each value: along a dim split over an axis, the piece at its coordinate.\n",
            rank, (long long)world, (long long)coord[AX_DP], (long long)coord[AX_TP], (long long)coord[AX_CP],

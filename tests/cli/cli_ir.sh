@@ -77,6 +77,12 @@ expect_exit 0 "loom ir --dump-dir=DIR into an existing directory" "$LOOM" ir mod
 check "  wrote 01-dce.ir" [ -f "$TMP/dumps/01-dce.ir" ]
 expect_exit 1 "loom ir --dump-dir under a missing parent" "$LOOM" ir models/gpt2-tiny.json --dump-dir "$TMP/no/such/dir"
 expect_stderr_contains "cannot create dump directory"
+# a mesh: one file per rank per pass once the program is partitioned, headed by the rank
+expect_exit 0 "loom ir --dump-dir on dp=2 x tp=2" "$LOOM" ir models/gpt2-tiny.json --passes=train --mesh dp=2,tp=2 --dump-dir "$TMP/mesh"
+check "  before shard one file per pass (05-optimizer.ir)" [ -f "$TMP/mesh/05-optimizer.ir" ]
+check "  after shard 4 files per pass (06-shard.rank0..3.ir)" [ "$(ls "$TMP/mesh" | grep -c '^06-shard\.rank[0-3]\.ir$')" -eq 4 ]
+check "  rank 2's file says dp=1 tp=0" grep -q '^# rank 2 of 4: dp=1 tp=0' "$TMP/mesh/06-shard.rank2.ir"
+expect_exit 0 "  a rank's dump parses and verifies" "$LOOM" ir "$TMP/mesh/06-shard.rank3.ir" --passes=verify
 
 # ---- --time-passes
 expect_exit 0 "loom ir --time-passes" "$LOOM" ir $BIG --time-passes
