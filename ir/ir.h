@@ -235,6 +235,10 @@ Op *func_add_call(Func *f, Func *callee, Value **operands, int n_operands);
 void value_set_name(Module *m, Value *v, const char *name);
 /* Numbers args, then op results in order (Value.id), returns the count. */
 int func_number(Func *f);
+/* `%p2, %m2, %v2 = adamw $p, $m, $v, ...` (op i of f) whose results are only `assign`ed
+   back to $p, $m and $v, with nothing between that reads or writes those globals: the
+   adamw may update the globals in place.  assigns[] gets the three assigns' indices. */
+bool adamw_assigned_back(const Func *f, int i, int assigns[3]);
 
 /* Attribute setters/getters by name; getters return the default when unset. */
 void op_set_int(Op *op, const char *name, int64_t v);

@@ -180,3 +180,38 @@ bool op_bool(const Op *op, const char *name) {
   const Attr *a = op_attr(op, name);
   return a ? a->i != 0 : false;
 }
+
+static bool op_uses(const Op *o, const Value *v) {
+  for (int k = 0; k < o->n_operands; k++)
+    if (o->operands[k] == v) return true;
+  return false;
+}
+
+bool adamw_assigned_back(const Func *f, int i, int assigns[3]) {
+  const Op *op = f->ops.items[i];
+  if (op->kind != OP_ADAMW) return false;
+  for (int k = 0; k < 3; k++)
+    if (op->operands[k]->kind != VAL_GLOBAL || op->results[k]->type.dtype != op->operands[k]->type.dtype) return false;
+  int n_found = 0;
+  for (int k = 0; k < 3; k++) assigns[k] = -1;
+  for (int j = i + 1; j < f->ops.n; j++) {
+    const Op *o = f->ops.items[j];
+    bool ours = false;
+    if (o->kind == OP_ASSIGN)
+      for (int k = 0; k < 3; k++)
+        if (assigns[k] < 0 && o->operands[1] == op->results[k] && o->operands[0] == op->operands[k]) {
+          assigns[k] = j;
+          n_found++;
+          ours = true;
+        }
+    if (ours) continue;
+    for (int k = 0; k < 3; k++) {
+      if (op_uses(o, op->results[k])) return false;
+      if (n_found < 3 && op_uses(o, op->operands[k])) return false;
+    }
+  }
+  for (int k = 0; k < f->rets.n; k++)
+    for (int r = 0; r < 3; r++)
+      if (f->rets.items[k] == op->results[r]) return false;
+  return n_found == 3;
+}

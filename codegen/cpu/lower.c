@@ -31,6 +31,8 @@ typedef struct {
   int *kernel_index;          /* per func index: index in p->kernel_names, or -1 */
   int64_t *global_offset;     /* per global */
   RtRegion *global_region;
+  bool *skip;                 /* per op of the current function: lowered with another op */
+  bool adamw_in_place;        /* the current adamw updates its globals (its assigns skipped) */
   char *err;
   size_t errlen;
 } Lower;
@@ -421,6 +423,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     return 0;
   case OP_ADAMW:
     BUILTIN(RT_B_ADAMW);
+    if (L->adamw_in_place) st->n_out = 0;   /* p, m, v updated where they are */
     INT(type_numel(x));
     st->f[0] = op_float(op, "beta1");
     st->f[1] = op_float(op, "beta2");
@@ -440,6 +443,86 @@ static int lower_builtin(Lower *L, Steps *s) {
 
 /* ---------------------------------------------------------------- functions */
 
+/* Does the step write buffer k (an output, or what a builtin updates in place)? */
+static bool writes(const RtStep *st, int k) {
+  if (k >= st->n_in) return true;
+  if (st->kind != RT_STEP_BUILTIN) return false;
+  if (st->which == RT_B_ADAMW && st->n_out == 0) return k < 3;
+  return (st->which == RT_B_ACCUMULATE || st->which == RT_B_ASSIGN) && k == 0;
+}
+
+/* Do steps t and u conflict: one writes bytes the other reads or writes? */
+static bool conflict(const RtStep *t, const RtStep *u) {
+  for (int i = 0; i < t->n_in + t->n_out; i++)
+    for (int j = 0; j < u->n_in + u->n_out; j++)
+      if ((writes(t, i) || writes(u, j)) && overlap(&t->bufs[i], &u->bufs[j])) return true;
+  return false;
+}
+
+/* b directly follows a in a region (the next 64-byte-aligned place) and is alike. */
+static bool follows(const RtBuf *a, const RtBuf *b) {
+  return a->region == b->region && a->is_int == b->is_int && a->round == b->round && a->region != RT_REGION_ARENA &&
+         b->offset == align64(a->offset + 4 * a->n);
+}
+
+/* Can step u (an in-place adamw or a fill of a global) extend step h over a longer span? */
+static bool extends(const RtStep *h, const RtStep *u) {
+  if (h->kind != RT_STEP_BUILTIN || u->kind != RT_STEP_BUILTIN || h->which != u->which) return false;
+  if (h->which == RT_B_ADAMW) {
+    if (h->n_out || u->n_out) return false;   /* in place only */
+    for (int k = 0; k < 4; k++)
+      if (h->f[k] != u->f[k]) return false;
+    for (int k = 4; k < 7; k++)   /* gscale, lr, t: the same scalars */
+      if (h->bufs[k].region != u->bufs[k].region || h->bufs[k].offset != u->bufs[k].offset) return false;
+    for (int k = 0; k < 4; k++)   /* p, m, v, g: each right after the span so far, by the same amount */
+      if (!follows(&h->bufs[k], &u->bufs[k]) || u->bufs[k].offset - h->bufs[k].offset != u->bufs[0].offset - h->bufs[0].offset)
+        return false;
+    return true;
+  }
+  return h->which == RT_B_FILL && h->n_in == 0 && u->n_in == 0 && h->f[0] == u->f[0] && follows(&h->bufs[0], &u->bufs[0]);
+}
+
+/* AdamW over all parameters in a few steps: consecutive in-place adamw updates whose p, m,
+   v and g are each contiguous (cpu_lower places a weight-decay group's parameters, their
+   gradients and moments in the same order) run as one step over the span, and the fills
+   that zero contiguous gradients as one fill.  A step moves into an earlier one only if
+   no step emitted since conflicts with it (writes what it reads or writes, or reads what
+   it writes).  The 64-byte gaps between tensors are zero in every region and stay zero
+   under both (adamw of zeros is zero), so results are the same bits as one step per
+   tensor. */
+static void merge_updates(RtFunc *rf) {
+  int out = 0;
+  for (int s = 0; s < rf->n_steps; s++) {
+    RtStep *u = &rf->steps[s];
+    bool mergeable = u->kind == RT_STEP_BUILTIN && (u->which == RT_B_ADAMW || u->which == RT_B_FILL);
+    int into = -1;
+    for (int t = out - 1; mergeable && t >= 0; t--) {
+      if (extends(&rf->steps[t], u)) {
+        into = t;
+        break;
+      }
+      if (conflict(&rf->steps[t], u)) break;   /* u may not move before t */
+    }
+    if (into >= 0) {   /* h covers [its start, the end of u) in each of its buffers */
+      RtStep *h = &rf->steps[into];
+      int64_t n = (u->bufs[0].offset - h->bufs[0].offset) / 4 + u->bufs[0].n;
+      for (int k = 0; k < (u->which == RT_B_ADAMW ? 4 : 1); k++) h->bufs[k].n = n;
+      h->i[0] = n;
+      int tensors = 2;
+      if (sscanf(h->label, "%*[^[][%d tensors]", &tensors) == 1) tensors++;
+      char first[sizeof h->label];
+      memcpy(first, h->label, sizeof first);
+      char *cut = strstr(first, " [");
+      if (cut) *cut = 0;
+      snprintf(h->label, sizeof h->label, "%.70s [%d tensors]", first, tensors);
+      continue;
+    }
+    if (out != s) rf->steps[out] = *u;
+    out++;
+  }
+  rf->n_steps = out;
+}
+
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
@@ -457,18 +540,89 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
     if (buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
   Steps s = {0};
   int rc = 0;
+  L->skip = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
+  if (!L->skip) return lfail(L, "out of memory");
   for (int i = 0; i < f->ops.n && !rc; i++) {
     L->op = f->ops.items[i];
+    if (L->skip[i]) continue;
+    int assigns[3];
+    L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_assigned_back(f, i, assigns);
+    if (L->adamw_in_place)
+      for (int k = 0; k < 3; k++) L->skip[assigns[k]] = true;
     switch (L->op->kind) {
     case OP_CALL: rc = lower_call(L, &s); break;
     case OP_MATMUL: rc = lower_matmul(L, &s); break;
     default: rc = lower_builtin(L, &s); break;
     }
   }
+  free(L->skip);
+  L->skip = NULL;
   L->op = NULL;
   rf->steps = s.items;
   rf->n_steps = s.n;
+  if (!rc) merge_updates(rf);
   return rc;
+}
+
+/* The order globals are placed in their regions: parameters grouped by the weight decay
+   their AdamW uses (the first group seen first), module order within a group; each
+   parameter's gradient, first moment and second moment in the same order (all first
+   moments, then all second moments), so a group is one span in every region and its
+   updates merge (merge_updates).  Other globals follow in module order.  Returns a
+   malloc'd permutation of the global indices, or NULL. */
+static int *placement_order(const Module *m) {
+  int ng = m->globals.n;
+  int *order = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
+  int64_t *key = malloc(sizeof(int64_t) * (size_t)(ng ? ng : 1));
+  double *wd = malloc(sizeof(double) * (size_t)(ng ? ng : 1)), groups[64];
+  int n_groups = 0;
+  if (!order || !key || !wd) {
+    free(order), free(key), free(wd);
+    return NULL;
+  }
+  for (int i = 0; i < ng; i++) wd[i] = -1;   /* no adamw: its own group */
+  const Func *opt = module_find_func(m, "optimizer_step");
+  for (int k = 0; opt && k < opt->ops.n; k++) {
+    const Op *op = opt->ops.items[k];
+    if (op->kind == OP_ADAMW && op->operands[0]->kind == VAL_GLOBAL)
+      wd[op->operands[0]->global->index] = op_float(op, "weight_decay");
+  }
+  /* rank of a parameter: group, then module index */
+  int64_t *prank = malloc(sizeof(int64_t) * (size_t)(ng ? ng : 1));
+  if (!prank) {
+    free(order), free(key), free(wd);
+    return NULL;
+  }
+  for (int i = 0; i < ng; i++) {
+    const Global *g = m->globals.items[i];
+    int grp = 63;
+    if (g->kind == GLOBAL_PARAM) {
+      for (grp = 0; grp < n_groups && groups[grp] != wd[i]; grp++) {}
+      if (grp == n_groups && n_groups < 63) groups[n_groups++] = wd[i];
+      else if (grp == n_groups) grp = 63;
+    }
+    prank[i] = (int64_t)grp * (ng + 1) + i;
+  }
+  static const char *const prefixes[] = {GRAD_PREFIX_, "adam_m.", "adam_v."};
+  int64_t span = (int64_t)64 * (ng + 1);
+  for (int i = 0; i < ng; i++) {
+    const Global *g = m->globals.items[i];
+    key[i] = g->kind == GLOBAL_PARAM ? prank[i] : 3 * span + i;   /* other state last */
+    for (int p = 0; p < 3 && g->kind != GLOBAL_PARAM; p++) {
+      size_t n = strlen(prefixes[p]);
+      const Global *of = strncmp(g->name, prefixes[p], n) ? NULL : module_find_global(m, g->name + n);
+      if (of && of->kind == GLOBAL_PARAM) key[i] = (p == 2 ? span : 0) + prank[of->index];
+    }
+  }
+  for (int i = 0; i < ng; i++) order[i] = i;
+  for (int i = 1; i < ng; i++)   /* insertion sort by key: stable, a few hundred globals */
+    for (int j = i; j > 0 && key[order[j - 1]] > key[order[j]]; j--) {
+      int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  free(prank), free(key), free(wd);
+  return order;
 }
 
 int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, size_t errlen) {
@@ -494,9 +648,15 @@ int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, s
     goto done;
   }
 
-  /* globals: one region per kind, module order, 64-byte aligned */
+  /* globals: one region per kind, 64-byte aligned, in placement order */
   out->n_globals = ng;
-  for (int i = 0; i < ng && !rc; i++) {
+  int *order = placement_order(m);
+  if (!order) {
+    rc = lfail(&L, "out of memory");
+    goto done;
+  }
+  for (int k = 0; k < ng && !rc; k++) {
+    int i = order[k];
     const Global *g = m->globals.items[i];
     const Type *t = &g->value->type;
     RtGlobal *rg = &out->globals[i];
@@ -525,6 +685,7 @@ int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, s
     L.global_offset[i] = off;
     L.global_region[i] = r;
   }
+  free(order);
   for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = align64(out->region_bytes[r]);
 
   /* kernels: index, symbol and parallel extent */

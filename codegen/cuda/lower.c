@@ -844,41 +844,11 @@ static int lower_builtin(Lower *L, Steps *s) {
 
 /* ---------------------------------------------------------------- functions */
 
-static bool uses(const Op *o, const Value *v) {
-  for (int k = 0; k < o->n_operands; k++)
-    if (o->operands[k] == v) return true;
-  return false;
-}
-
-/* `%p2, %m2, %v2 = adamw $p, $m, $v, ...` whose results are only `assign`ed back to $p, $m
-   and $v, with nothing between that reads or writes those globals: the adamw may write the
-   globals itself.  Marks the assigns to skip. */
+/* `%p2, %m2, %v2 = adamw $p, ...` whose results are only assigned back (ir/module.c):
+   the adamw writes the globals itself.  Marks the assigns to skip. */
 static bool adamw_in_place(Lower *L, int i) {
-  const Func *f = L->f;
-  const Op *op = f->ops.items[i];
-  for (int k = 0; k < 3; k++)
-    if (op->operands[k]->kind != VAL_GLOBAL || op->results[k]->type.dtype != op->operands[k]->type.dtype) return false;
-  int found[3] = {-1, -1, -1}, n_found = 0;
-  for (int j = i + 1; j < f->ops.n; j++) {
-    const Op *o = f->ops.items[j];
-    bool ours = false;
-    if (o->kind == OP_ASSIGN)
-      for (int k = 0; k < 3; k++)
-        if (found[k] < 0 && o->operands[1] == op->results[k] && o->operands[0] == op->operands[k]) {
-          found[k] = j;
-          n_found++;
-          ours = true;
-        }
-    if (ours) continue;
-    for (int k = 0; k < 3; k++) {
-      if (uses(o, op->results[k])) return false;
-      if (n_found < 3 && uses(o, op->operands[k])) return false;
-    }
-  }
-  for (int k = 0; k < f->rets.n; k++)
-    for (int r = 0; r < 3; r++)
-      if (f->rets.items[k] == op->results[r]) return false;
-  if (n_found < 3) return false;
+  int found[3];
+  if (!adamw_assigned_back(L->f, i, found)) return false;
   for (int k = 0; k < 3; k++) L->skip[found[k]] = true;
   return true;
 }

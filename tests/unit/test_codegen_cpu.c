@@ -510,6 +510,22 @@ static void test_models(void) {
       }
       check(!rc, "model %s: cpu_lower: %d functions, %d steps, %d kernel calls%s%s", label, rc ? 0 : p.n_funcs, steps,
             kernels, rc ? ": " : "", rc ? err : "");
+      /* AdamW over all parameters: one in-place step per weight-decay group (2: decayed
+         matrices, undecayed vectors), no assigns left, one fill per group of gradients */
+      int adamw = 0, adamw_out = 0, assigns = 0, fills = 0, opt_f = -1;
+      for (int f = 0; !rc && f < p.n_funcs; f++)
+        if (!strcmp(p.funcs[f].name, "optimizer_step")) opt_f = f;
+      for (int q = 0; opt_f >= 0 && q < p.funcs[opt_f].n_steps; q++) {
+        const RtStep *st = &p.funcs[opt_f].steps[q];
+        if (st->kind != RT_STEP_BUILTIN) continue;
+        adamw += st->which == RT_B_ADAMW;
+        adamw_out += st->which == RT_B_ADAMW && st->n_out;
+        assigns += st->which == RT_B_ASSIGN;
+        fills += st->which == RT_B_FILL && st->bufs[0].region == RT_REGION_GRADS;
+      }
+      check(!rc && adamw == 2 && adamw_out == 0 && assigns == 0 && fills == 2,
+            "model %s: optimizer_step updates every parameter in %d in-place adamw steps (%d not in place), %d "
+            "assigns, %d gradient fills (want 2, 0, 0, 2)", label, adamw, adamw_out, assigns, fills);
       if (!rc) rt_program_free(&p);
       check_module_kernels(label, m, true);
       module_free(m);
