@@ -11,9 +11,6 @@
 
 #include "runtime/cpu_kernels.h"
 
-#ifndef M_PI
-#define M_PI 3.14159265358979323846
-#endif
 
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
   va_list ap;
@@ -272,46 +269,8 @@ float *cpu_global(CpuProgram *cp, int g) {
   return (float *)(cp->regions[gl->region] + gl->offset);
 }
 
-/* The reference executor's generator (ir/interp.c), copied: runtime/ may not include ir/. */
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-
-static uint64_t name_seed(uint64_t seed, const char *name) {
-  uint64_t h = seed ^ 0x5851F42D4C957F2Dull;
-  for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211ull;
-  return h;
-}
-
 void cpu_globals_init(CpuProgram *cp, uint64_t seed) {
-  for (int g = 0; g < cp->p->n_globals; g++) {
-    const RtGlobal *gl = &cp->p->globals[g];
-    float *t = cpu_global(cp, g);
-    uint64_t s = name_seed(seed, gl->name);
-    for (int64_t k = 0; k < gl->n; k++) {
-      double v = 0;
-      switch (gl->init) {
-      case RT_INIT_ZEROS: v = 0; break;
-      case RT_INIT_ONES: v = 1; break;
-      case RT_INIT_CONST: v = gl->init_value; break;
-      case RT_INIT_NORMAL: {
-        double u1 = uniform01(&s), u2 = uniform01(&s);
-        v = gl->init_value * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-        break;
-      }
-      }
-      t[k] = rt_round((RtRound)gl->round, (float)v);
-    }
-    /* Rows past the checkpoint shape (a padded vocabulary) are zero. */
-    int64_t saved = 1;
-    for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];
-    for (int64_t k = saved; k < gl->n; k++) t[k] = 0;
-  }
+  for (int g = 0; g < cp->p->n_globals; g++) rt_global_init_values(&cp->p->globals[g], seed, cpu_global(cp, g));
 }
 
 /* ---------------------------------------------------------------- profile */

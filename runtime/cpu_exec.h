@@ -62,9 +62,8 @@ int cpu_find_func(const CpuProgram *cp, const char *name);   /* -1 if absent */
 
 /* A global's storage (f32), or NULL for a bad index. */
 float *cpu_global(CpuProgram *cp, int g);
-/* Initializes every global as the reference executor's globals_init does (ir/interp.c):
-   per global a splitmix64 stream seeded from `seed` and its name (FNV-style), normal values
-   by Box-Muller, rounded to the global's format: bitwise the reference's parameters. */
+/* Initializes every global as the reference executor's globals_init does (ir/interp.c),
+   through rt_global_init_values (runtime/program.h): bitwise the reference's parameters. */
 void cpu_globals_init(CpuProgram *cp, uint64_t seed);
 
 /* Profile: steps of `func` by accumulated time; writes up to max step indices, slowest

@@ -418,42 +418,40 @@ void cpu_accumulate(ThreadPool *tp, void *dst, const void *x, bool is_int, int64
   ew_run(tp, n, acc_chunk, &c);
 }
 
-CV_HOT static void adamw_chunk(void *c, int64_t b, int64_t e) {
-  const EwCtx *k = c;
+/* One element of the update: the reference's expressions, operation for operation (bitwise
+   equal results). */
+typedef struct {
+  float decay, omb1, omb2, gscale, b1, b2, bc2_sqrt, eps, step_size;
+} AdamConst;
+
+static inline void adamw_one(const AdamConst *c, float g, float p, float m, float v, float *p2, float *m2, float *v2) {
+  float gk = g * c->gscale;
+  float pk = p * c->decay;
+  float mk = c->b1 * m + c->omb1 * gk;
+  float vk = c->b2 * v + c->omb2 * gk * gk;
+  float denom = sqrtf(vk) / c->bc2_sqrt + c->eps;
+  *m2 = mk;
+  *v2 = vk;
+  *p2 = pk - c->step_size * mk / denom;
+}
+
+CV_HOT static void adamw_chunk(void *ctx, int64_t b, int64_t e) {
+  const EwCtx *k = ctx;
   const float *p = k->p, *m = k->m, *v = k->v, *g = k->g;
   float *p2 = k->p2, *m2 = k->m2, *v2 = k->v2;
-  const float decay = 1.0f - k->lr * k->wd, omb1 = 1.0f - k->b1, omb2 = 1.0f - k->b2, gscale = k->gscale,
-              b1 = k->b1, b2 = k->b2, bc2_sqrt = k->bc2_sqrt, eps = k->eps, step_size = k->step_size;
-  /* The reference's expressions, operation for operation (bitwise equal results).  A block
-     of CV_W elements is read before any of it is written, so the outputs may be the inputs
-     (element for element); the fixed-width inner loops are what the vectorizer widens. */
+  const AdamConst c = {1.0f - k->lr * k->wd, 1.0f - k->b1, 1.0f - k->b2, k->gscale, k->b1, k->b2, k->bc2_sqrt,
+                       k->eps, k->step_size};
+  /* A block of CV_W elements is read before any of it is written, so the outputs may be the
+     inputs (element for element); the fixed-width inner loops are what the vectorizer widens. */
   int64_t i = b;
   for (; i + CV_W <= e; i += CV_W) {
     float tp[CV_W], tm[CV_W], tv[CV_W];
-    for (int j = 0; j < CV_W; j++) {
-      float gk = g[i + j] * gscale;
-      float pk = p[i + j] * decay;
-      float mk = b1 * m[i + j] + omb1 * gk;
-      float vk = b2 * v[i + j] + omb2 * gk * gk;
-      float denom = sqrtf(vk) / bc2_sqrt + eps;
-      tm[j] = mk;
-      tv[j] = vk;
-      tp[j] = pk - step_size * mk / denom;
-    }
+    for (int j = 0; j < CV_W; j++) adamw_one(&c, g[i + j], p[i + j], m[i + j], v[i + j], &tp[j], &tm[j], &tv[j]);
     for (int j = 0; j < CV_W; j++) m2[i + j] = tm[j];
     for (int j = 0; j < CV_W; j++) v2[i + j] = tv[j];
     for (int j = 0; j < CV_W; j++) p2[i + j] = tp[j];
   }
-  for (; i < e; i++) {
-    float gk = g[i] * gscale;
-    float pk = p[i] * decay;
-    float mk = b1 * m[i] + omb1 * gk;
-    float vk = b2 * v[i] + omb2 * gk * gk;
-    float denom = sqrtf(vk) / bc2_sqrt + eps;
-    m2[i] = mk;
-    v2[i] = vk;
-    p2[i] = pk - step_size * mk / denom;
-  }
+  for (; i < e; i++) adamw_one(&c, g[i], p[i], m[i], v[i], &p2[i], &m2[i], &v2[i]);
 }
 
 void cpu_adamw(ThreadPool *tp, const float *p, const float *m, const float *v, const float *g, float gscale,

@@ -10,10 +10,6 @@
 
 #include "runtime/cpu_kernels.h"   /* rt_round: the one definition of every narrow format */
 
-#ifndef M_PI
-#define M_PI 3.14159265358979323846
-#endif
-
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -216,39 +212,6 @@ RtStorage cuda_global_storage(const RtProgram *p, int g) {
   return b ? (RtStorage)b->storage : storage_of_round(gl->round);
 }
 
-/* The reference executor's generator (ir/interp.c, as runtime/cpu_exec.c copies it). */
-static uint64_t splitmix64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-
-static uint64_t name_seed(uint64_t seed, const char *name) {
-  uint64_t h = seed ^ 0x5851F42D4C957F2Dull;
-  for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211ull;
-  return h;
-}
-
-void cuda_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
-  uint64_t s = name_seed(seed, gl->name);
-  for (int64_t k = 0; k < gl->n; k++) {
-    double v = 0;
-    switch (gl->init) {
-    case RT_INIT_ZEROS: v = 0; break;
-    case RT_INIT_ONES: v = 1; break;
-    case RT_INIT_CONST: v = gl->init_value; break;
-    case RT_INIT_NORMAL: {
-      double u1 = uniform01(&s), u2 = uniform01(&s);
-      v = gl->init_value * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-      break;
-    }
-    }
-    t[k] = rt_round((RtRound)gl->round, (float)v);
-  }
-}
 
 /* ------------------------------------------------------------------ checking */
 
@@ -954,7 +917,7 @@ int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) 
     const RtGlobal *gl = &cp->p->globals[g];
     float *t = malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1));
     if (!t) return fail(err, errlen, 1, "out of memory initializing $%s", gl->name);
-    cuda_global_init_values(gl, seed, t);
+    rt_global_init_values(gl, seed, t);
     int rc = cuda_global_write(cp, g, t, err, errlen);
     free(t);
     if (rc) return rc;

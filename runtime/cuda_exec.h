@@ -79,8 +79,6 @@ void cuda_storage_to_f32(RtStorage s, const void *in, float *out, int64_t n);
 
 /* The storage global g is held in (see the top of this file). */
 RtStorage cuda_global_storage(const RtProgram *p, int g);
-/* The values cpu_globals_init gives global gl (f32, rounded to its format): bitwise. */
-void cuda_global_init_values(const RtGlobal *gl, uint64_t seed, float *out);
 
 /* Checks a program for this backend with no device: buffers inside their regions at their
    storage's size and aligned to it, kernels named, launch dimensions set, GEMM operand

@@ -5,10 +5,12 @@
  * n_funcs, n_globals, n_kernels, region_bytes[], kernel names, globals, and per function
  * its header and steps.  The reader checks every count against the bytes left.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/cpu_kernels.h"
 #include "runtime/program.h"
 
 static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '1'};
@@ -122,4 +124,48 @@ oom:
   rt_program_free(out);
   snprintf(err, errlen, "out of memory loading the compiled program");
   return 1;
+}
+
+/* ---------------------------------------------------------------- initial values */
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+/* The reference executor's generator (ir/interp.c), copied: runtime/ may not include ir/. */
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+static uint64_t name_seed(uint64_t seed, const char *name) {
+  uint64_t h = seed ^ 0x5851F42D4C957F2Dull;
+  for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211ull;
+  return h;
+}
+
+void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
+  uint64_t s = name_seed(seed, gl->name);
+  for (int64_t k = 0; k < gl->n; k++) {
+    double v = 0;
+    switch (gl->init) {
+    case RT_INIT_ZEROS: v = 0; break;
+    case RT_INIT_ONES: v = 1; break;
+    case RT_INIT_CONST: v = gl->init_value; break;
+    case RT_INIT_NORMAL: {
+      double u1 = uniform01(&s), u2 = uniform01(&s);
+      v = gl->init_value * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+      break;
+    }
+    }
+    t[k] = rt_round((RtRound)gl->round, (float)v);
+  }
+  /* Rows past the checkpoint shape (a padded vocabulary) are zero. */
+  int64_t saved = 1;
+  for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];
+  for (int64_t k = saved; k < gl->n; k++) t[k] = 0;
 }

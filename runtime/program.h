@@ -150,6 +150,12 @@ typedef struct {
 /* runtime/jit.c: frees what a program owns (steps, globals, kernel names). */
 void rt_program_free(RtProgram *p);
 
+/* runtime/program.c: the values global gl starts with, as the reference executor's
+   globals_init gives them (ir/interp.c): a splitmix64 stream seeded from `seed` and the
+   global's name, normal values by Box-Muller, rounded to the global's format; rows past
+   the checkpoint shape (a padded vocabulary) zero.  out holds gl->n floats. */
+void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *out);
+
 /* runtime/program.c: a program as bytes, for compiled executables.  The reader checks
    every count and size and refuses a damaged or foreign blob (returns 2). */
 int rt_program_save(const RtProgram *p, unsigned char **bytes, size_t *n, char *err, size_t errlen);

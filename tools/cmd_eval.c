@@ -222,8 +222,40 @@ static int eval_cuda(const Module *m, const char *weights, const char *tokens, c
 
 /* Every rank of a mesh: the forward pass partitioned by the shard pass, ranks as threads
    on the reference executor; the results come back whole. */
-/* A mesh on the cpu backend: the partitioned program lowered once, every rank a thread. */
-static int eval_mesh_cpu(Input *in, const char *weights, const char *tokens, const char *out, char *err, size_t errlen) {
+/* The partitioned forward on the reference executor's ranks (threads). */
+static int ref_mesh_forward(Module *m, const char *weights, const int32_t *in_ids, const int32_t *tg, float *logits,
+                            float *loss, char *err, size_t errlen) {
+  RefExec rx;
+  Tensor *args[2] = {0}, *rets[2] = {0};
+  int rc = ref_exec_open(&rx, m, 0, weights, false, err, errlen);
+  Func *f = module_find_func(m, "forward");
+  for (int k = 0; !rc && k < 2; k++) {
+    Type t = whole_type(m, &((Value *)f->args.items[k])->type);
+    if (!(args[k] = tensor_new(&t))) {
+      snprintf(err, errlen, "out of memory");
+      rc = EXIT_RUN;
+      break;
+    }
+    for (int64_t j = 0; j < args[k]->n; j++) args[k]->i[j] = (k ? tg : in_ids)[j];
+  }
+  if (!rc) rc = ref_exec_run(&rx, f, args, rets, err, errlen);
+  if (!rc) {
+    memcpy(logits, rets[0]->f, sizeof(float) * (size_t)rets[0]->n);
+    *loss = rets[1]->f[0];
+  }
+  for (int k = 0; k < 2; k++) {
+    tensor_free(args[k]);
+    tensor_free(rets[k]);
+  }
+  ref_exec_free(&rx);
+  return rc;
+}
+
+/* eval --mesh: every rank runs the partitioned forward, on the cpu backend (one lowered
+   program, every rank a thread with its own CpuProgram) or the reference executor; the
+   gathered logits and the loss. */
+static int eval_mesh(Input *in, const char *weights, const char *tokens, const char *out, bool cpu, char *err,
+                     size_t errlen) {
   Module *m = in->m;
   int64_t B = in->spec.batch, T = in->spec.seq, V = in->spec.model.vocab_size;
   TrainSettings ts = train_defaults;
@@ -236,22 +268,27 @@ static int eval_mesh_cpu(Input *in, const char *weights, const char *tokens, con
   float *logits = malloc(sizeof(float) * (size_t)(B * T * V)), loss = 0;
   int rc = in_ids && tg && logits ? 0 : EXIT_RUN;
   if (rc) snprintf(err, errlen, "out of memory");
-  if (!rc)
-    rc = pipeline_run(m, "verify,canonicalize,mixed-precision,shard,canonicalize,cse,dce,verify," LOWER_PIPELINE, &popt,
-                      err, errlen);
+  const char *partition = "verify,canonicalize,mixed-precision,shard,canonicalize,cse,dce,verify";
+  if (!rc) rc = pipeline_run(m, partition, &popt, err, errlen);
+  if (!rc && cpu) rc = pipeline_run(m, LOWER_PIPELINE, &popt, err, errlen);
   if (!rc) rc = read_batch(tokens, B, T, V, in_ids, tg, err, errlen);
   double t0 = seconds_now();
-  unsigned char *prog = NULL;
-  size_t n = 0;
-  char *llvm = NULL;
-  if (!rc) rc = lower_cpu_bytes(m, &prog, &n, &llvm, err, errlen);
-  if (!rc) rc = eval_cpu_mesh(m, prog, n, llvm, weights, in_ids, tg, logits, &loss, err, errlen);
-  free(prog);
-  free(llvm);
+  if (!rc && cpu) {
+    unsigned char *prog = NULL;
+    size_t n = 0;
+    char *llvm = NULL;
+    rc = lower_cpu_bytes(m, &prog, &n, &llvm, err, errlen);
+    if (!rc) rc = eval_cpu_mesh(m, prog, n, llvm, weights, in_ids, tg, logits, &loss, err, errlen);
+    free(prog);
+    free(llvm);
+  } else if (!rc) {
+    rc = ref_mesh_forward(m, weights, in_ids, tg, logits, &loss, err, errlen);
+  }
   if (!rc) {
     printf("loss %.6f\n", loss);
-    fprintf(stderr, "loom: eval of %lld tokens on %lld ranks took %.3f s on the cpu backend (kernel JIT included)\n", (long long)(B * T),
-            (long long)mesh_world(&m->mesh), seconds_now() - t0);
+    fprintf(stderr, "loom: eval of %lld tokens on %lld ranks took %.3f s on the %s\n", (long long)(B * T),
+            (long long)mesh_world(&m->mesh), seconds_now() - t0,
+            cpu ? "cpu backend (kernel JIT included)" : "reference executor");
     StTensor st[2] = {{"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits},
                       {"loss", ST_F32, 0, {0}, 4, &loss}};
     if (out) rc = st_write(out, st, 2, NULL, NULL, 0, err, errlen);
@@ -259,47 +296,6 @@ static int eval_mesh_cpu(Input *in, const char *weights, const char *tokens, con
   free(in_ids);
   free(tg);
   free(logits);
-  return rc;
-}
-
-static int eval_mesh(Input *in, const char *weights, const char *tokens, const char *out, char *err, size_t errlen) {
-  Module *m = in->m;
-  int64_t B = in->spec.batch, T = in->spec.seq, V = in->spec.model.vocab_size;
-  TrainSettings ts = train_defaults;
-  ts.bf16 = !strcmp(in->spec.precision, "bf16");
-  ts.sp = in->spec.sequence_parallel;
-  PassOptions popt;
-  memset(&popt, 0, sizeof popt);
-  popt.train = &ts;
-  int rc = pipeline_run(m, "verify,canonicalize,mixed-precision,shard,canonicalize,cse,dce,verify", &popt, err, errlen);
-  RefExec rx;
-  memset(&rx, 0, sizeof rx);
-  Tensor *args[2] = {0}, *rets[2] = {0};
-  int32_t *in_ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
-  if (!rc) rc = read_batch(tokens, B, T, V, in_ids, tg, err, errlen);
-  if (!rc) rc = ref_exec_open(&rx, m, 0, weights, false, err, errlen);
-  Func *f = module_find_func(m, "forward");
-  for (int k = 0; !rc && k < 2; k++) {
-    Type t = whole_type(m, &((Value *)f->args.items[k])->type);
-    args[k] = tensor_new(&t);
-    for (int64_t j = 0; j < B * T; j++) args[k]->i[j] = (k ? tg : in_ids)[j];
-  }
-  double t0 = seconds_now();
-  if (!rc) rc = ref_exec_run(&rx, f, args, rets, err, errlen);
-  if (!rc) {
-    printf("loss %.6f\n", rets[1]->f[0]);
-    fprintf(stderr, "loom: eval of %lld tokens on %d ranks took %.3f s on the reference executor\n", (long long)(B * T),
-            rx.world, seconds_now() - t0);
-    const char *names[2] = {"logits", "loss"};
-    if (out) rc = write_tensors(out, names, rets, 2, err, errlen);
-  }
-  for (int k = 0; k < 2; k++) {
-    tensor_free(args[k]);
-    tensor_free(rets[k]);
-  }
-  ref_exec_free(&rx);
-  free(in_ids);
-  free(tg);
   return rc;
 }
 
@@ -378,8 +374,7 @@ int cmd_eval(int argc, char **argv) {
   }
   if (mesh_world(&m->mesh) > 1) {
     rc = grads ? usage_error("eval", "--grads runs one rank; drop --mesh (or --grads)")
-         : backend && !strcmp(backend, "ref") ? eval_mesh(&in, weights, tokens, out, err, sizeof err)
-                                              : eval_mesh_cpu(&in, weights, tokens, out, err, sizeof err);
+               : eval_mesh(&in, weights, tokens, out, !backend || strcmp(backend, "ref"), err, sizeof err);
     m = in.m;
     goto done;
   }

@@ -190,9 +190,8 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   }
   /* program globals <-> module globals, by name; same element counts and float */
   for (int k = 0; k < p->n_globals; k++) {
-    mc->gmap[k] = -1;
-    for (int i = 0; i < m->globals.n; i++)
-      if (!strcmp(((Global *)m->globals.items[i])->name, p->globals[k].name)) mc->gmap[k] = i;
+    const Global *gl = module_find_global(m, p->globals[k].name);
+    mc->gmap[k] = gl ? gl->index : -1;
     const Tensor *t = mc->gmap[k] < 0 ? NULL : mc->rx.g[0]->t[mc->gmap[k]];
     if (!t || !t->f || t->n != p->globals[k].n) {
       snprintf(err, errlen, "internal: the lowered global %s does not match the module's", p->globals[k].name);

@@ -17,47 +17,10 @@
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/text.h"
 
 #define SPACE_MAX 16   /* loop dims of one kernel */
 #define NAME_LEN 48
-
-/* ---------------------------------------------------------------- text */
-
-typedef struct {
-  char *s;
-  size_t n, cap;
-  bool oom;
-} Str;
-
-static inline void str_vadd(Str *b, const char *fmt, va_list ap) {
-  if (b->oom) return;
-  va_list ap2;
-  va_copy(ap2, ap);
-  int need = vsnprintf(NULL, 0, fmt, ap2);
-  va_end(ap2);
-  if (need < 0) return;
-  if (b->n + (size_t)need + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (b->n + (size_t)need + 1 > cap) cap *= 2;
-    char *s = realloc(b->s, cap);
-    if (!s) {
-      b->oom = true;
-      return;
-    }
-    b->s = s;
-    b->cap = cap;
-  }
-  vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
-  b->n += (size_t)need;
-}
-
-static inline void str_add(Str *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static inline void str_add(Str *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  str_vadd(b, fmt, ap);
-  va_end(ap);
-}
 
 /* An SSA name ("%t12") or a constant ("0x3FE0000000000000", "7"). */
 typedef struct {

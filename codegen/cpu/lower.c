@@ -491,7 +491,8 @@ static bool extends(const RtStep *h, const RtStep *u) {
    under both (adamw of zeros is zero), so results are the same bits as one step per
    tensor. */
 static void merge_updates(RtFunc *rf) {
-  int out = 0;
+  int out = 0, *tensors = calloc((size_t)rf->n_steps + 1, sizeof *tensors);   /* per kept step: merged into it */
+  if (!tensors) return;   /* unmerged is correct, only slower */
   for (int s = 0; s < rf->n_steps; s++) {
     RtStep *u = &rf->steps[s];
     bool mergeable = u->kind == RT_STEP_BUILTIN && (u->which == RT_B_ADAMW || u->which == RT_B_FILL);
@@ -508,19 +509,22 @@ static void merge_updates(RtFunc *rf) {
       int64_t n = (u->bufs[0].offset - h->bufs[0].offset) / 4 + u->bufs[0].n;
       for (int k = 0; k < (u->which == RT_B_ADAMW ? 4 : 1); k++) h->bufs[k].n = n;
       h->i[0] = n;
-      int tensors = 2;
-      if (sscanf(h->label, "%*[^[][%d tensors]", &tensors) == 1) tensors++;
-      char first[sizeof h->label];
-      memcpy(first, h->label, sizeof first);
-      char *cut = strstr(first, " [");
-      if (cut) *cut = 0;
-      snprintf(h->label, sizeof h->label, "%.70s [%d tensors]", first, tensors);
+      tensors[into]++;
       continue;
     }
     if (out != s) rf->steps[out] = *u;
-    out++;
+    tensors[out++] = 1;
   }
   rf->n_steps = out;
+  for (int t = 0; t < out; t++)   /* "adamw %57 [10 tensors]" in profiles and traces */
+    if (tensors[t] > 1) {
+      RtStep *h = &rf->steps[t];
+      char tail[32];
+      int k = snprintf(tail, sizeof tail, " [%d tensors]", tensors[t]);
+      size_t len = strlen(h->label), at = len + (size_t)k < sizeof h->label ? len : sizeof h->label - 1 - (size_t)k;
+      memcpy(h->label + at, tail, (size_t)k + 1);
+    }
+  free(tensors);
 }
 
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {

@@ -10,17 +10,8 @@
 #include <string.h>
 
 #include "codegen/cuda/cuda.h"
+#include "codegen/text.h"
 
-/* Growable text. */
-typedef struct {
-  char *s;
-  size_t n, cap;
-  bool oom;
-} CStr;
-
-void cstr_vadd(CStr *b, const char *fmt, va_list ap);
-void cstr_add(CStr *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void cstr_free(CStr *b);
 
 /* How a fused kernel walks its iteration space. */
 typedef enum {
@@ -53,7 +44,7 @@ typedef struct {
 /* The body of a fused kernel: the text after "extern \"C\" __global__ void NAME(LoomArgs a)"
    (starting with "{"), and how to launch it; with info->split > 1 also the body of its finish
    kernel in *fin.  Fails naming the op on what is unsupported. */
-int cuda_kernel_body(const Func *k, CStr *out, CStr *fin, CudaKernelInfo *info, char *err, size_t errlen);
+int cuda_kernel_body(const Func *k, Str *out, Str *fin, CudaKernelInfo *info, char *err, size_t errlen);
 
 /* A float constant as CUDA C text that reads back as the same float. */
 void cuda_float_literal(float f, char *buf, size_t n);

@@ -30,40 +30,6 @@
 
 /* ---------------------------------------------------------------- text */
 
-void cstr_vadd(CStr *b, const char *fmt, va_list ap) {
-  if (b->oom) return;
-  va_list ap2;
-  va_copy(ap2, ap);
-  int need = vsnprintf(NULL, 0, fmt, ap2);
-  va_end(ap2);
-  if (need < 0) return;
-  if (b->n + (size_t)need + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 4096;
-    while (b->n + (size_t)need + 1 > cap) cap *= 2;
-    char *s = realloc(b->s, cap);
-    if (!s) {
-      b->oom = true;
-      return;
-    }
-    b->s = s;
-    b->cap = cap;
-  }
-  vsnprintf(b->s + b->n, b->cap - b->n, fmt, ap);
-  b->n += (size_t)need;
-}
-
-void cstr_add(CStr *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  cstr_vadd(b, fmt, ap);
-  va_end(ap);
-}
-
-void cstr_free(CStr *b) {
-  free(b->s);
-  memset(b, 0, sizeof *b);
-}
-
 void cuda_float_literal(float f, char *buf, size_t n) {
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -112,7 +78,7 @@ typedef struct {
 
 typedef struct {
   const Func *f;
-  CStr *o;                  /* the point body being written */
+  Str *o;                  /* the point body being written */
   int64_t N;
   int n_ids;
   Name *memo;               /* per value id: its local at the point ("" = not yet) */
@@ -148,12 +114,12 @@ static int kfail(KG *k, const Op *op, const char *fmt, ...) {
 
 static void line(KG *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void line(KG *k, const char *fmt, ...) {
-  cstr_add(k->o, "%s", k->indent);
+  str_add(k->o, "%s", k->indent);
   va_list ap;
   va_start(ap, fmt);
-  cstr_vadd(k->o, fmt, ap);
+  str_vadd(k->o, fmt, ap);
   va_end(ap);
-  cstr_add(k->o, "\n");
+  str_add(k->o, "\n");
 }
 
 static int64_t prod(const Type *t, int from, int to) {
@@ -226,12 +192,12 @@ static Name local(KG *k, const char *type, const char *prefix, const char *fmt, 
     __attribute__((format(printf, 4, 5)));
 static Name local(KG *k, const char *type, const char *prefix, const char *fmt, ...) {
   Name n = name_f("%s%d", prefix, k->tmp++);
-  cstr_add(k->o, "%sconst %s %s = ", k->indent, type, n.s);
+  str_add(k->o, "%sconst %s %s = ", k->indent, type, n.s);
   va_list ap;
   va_start(ap, fmt);
-  cstr_vadd(k->o, fmt, ap);
+  str_vadd(k->o, fmt, ap);
   va_end(ap);
-  cstr_add(k->o, ";\n");
+  str_add(k->o, ";\n");
   return n;
 }
 
@@ -509,7 +475,7 @@ static void emit_point(KG *k, KRed *reds, int n_red) {
   for (int q = 0; q < n_red; q++) emit_accumulate(k, &reds[q], vals[reds[q].slot]);
 }
 
-int cuda_kernel_body(const Func *f, CStr *out, CStr *fin, CudaKernelInfo *info, char *err, size_t errlen) {
+int cuda_kernel_body(const Func *f, Str *out, Str *fin, CudaKernelInfo *info, char *err, size_t errlen) {
   memset(info, 0, sizeof *info);
   KG kg = {.f = f, .err = err, .errlen = errlen, .indent = "    "};
   KG *k = &kg;
@@ -569,8 +535,8 @@ int cuda_kernel_body(const Func *f, CStr *out, CStr *fin, CudaKernelInfo *info, 
   k->memo = calloc((size_t)(k->n_ids ? k->n_ids : 1), sizeof(Name));
   if (!k->memo) return kfail(k, NULL, "out of memory");
   bool wide = k->N > INT32_MAX;
-  CStr point = {0};
-  CStr *o = out;
+  Str point = {0};
+  Str *o = out;
 
   /* the walk */
   KRun runs[IR_MAX_RANK];
@@ -647,43 +613,43 @@ int cuda_kernel_body(const Func *f, CStr *out, CStr *fin, CudaKernelInfo *info, 
   emit_point(k, reds, n_red);
   if (point.oom) kfail(k, NULL, "out of memory");
   if (k->rc) {
-    cstr_free(&point);
+    str_free(&point);
     free(k->memo);
     return k->rc;
   }
 
   /* the kernel */
   k->o = o;
-  cstr_add(o, "{\n  typedef unsigned %s I;\n", wide ? "long long" : "int");
+  str_add(o, "{\n  typedef unsigned %s I;\n", wide ? "long long" : "int");
   for (int b = 0; b < f->args.n; b++) {
     const Value *v = f->args.items[b];
-    cstr_add(o, "  const %s *a%d = (const %s *)a.buf[%d];\n", elem_type(v->type.dtype), b, elem_type(v->type.dtype), b);
+    str_add(o, "  const %s *a%d = (const %s *)a.buf[%d];\n", elem_type(v->type.dtype), b, elem_type(v->type.dtype), b);
   }
   for (int s = 0; s < f->rets.n; s++) {
     const Value *v = f->rets.items[s];
     if (G > 1 && is_reduction_result(v)) continue;   /* the finish kernel stores those */
-    cstr_add(o, "  %s *r%d = (%s *)a.buf[%d];\n", elem_type(v->type.dtype), s, elem_type(v->type.dtype), f->args.n + s);
+    str_add(o, "  %s *r%d = (%s *)a.buf[%d];\n", elem_type(v->type.dtype), s, elem_type(v->type.dtype), f->args.n + s);
   }
   const char *u = wide ? "ull" : "u";
   switch (info->mode) {
   case CK_ELEMENTWISE:
-    if (k->used_shape) cstr_add(o, "  const I n = %lld%s;\n", (long long)k->N, u);
-    else cstr_add(o, "  const I n = (I)a.i[0];\n");
-    cstr_add(o, "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {\n");
-    cstr_add(o, "%s", point.s ? point.s : "");
-    cstr_add(o, "  }\n");
+    if (k->used_shape) str_add(o, "  const I n = %lld%s;\n", (long long)k->N, u);
+    else str_add(o, "  const I n = (I)a.i[0];\n");
+    str_add(o, "  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {\n");
+    str_add(o, "%s", point.s ? point.s : "");
+    str_add(o, "  }\n");
     break;
   case CK_SERIAL:
-    cstr_add(o, "  for (I o = (I)blockIdx.x * blockDim.x + threadIdx.x; o < %lld%s; o += (I)gridDim.x * blockDim.x) {\n",
+    str_add(o, "  for (I o = (I)blockIdx.x * blockDim.x + threadIdx.x; o < %lld%s; o += (I)gridDim.x * blockDim.x) {\n",
              (long long)info->out_n, u);
     for (int q = 0; q < n_red; q++)
-      cstr_add(o, "    %s %s = %s;\n", reds[q].fl ? "float" : "long long", reds[q].acc.s, acc_init(&reds[q]));
-    cstr_add(o, "    for (I j = 0; j < %lld%s; j++) {\n", (long long)info->count, u);
-    cstr_add(o, "%s", point.s);
-    cstr_add(o, "    }\n");
+      str_add(o, "    %s %s = %s;\n", reds[q].fl ? "float" : "long long", reds[q].acc.s, acc_init(&reds[q]));
+    str_add(o, "    for (I j = 0; j < %lld%s; j++) {\n", (long long)info->count, u);
+    str_add(o, "%s", point.s);
+    str_add(o, "    }\n");
     k->indent = "    ";
     for (int q = 0; q < n_red; q++) emit_final(k, &reds[q], reds[q].acc.s, info->count);
-    cstr_add(o, "  }\n");
+    str_add(o, "  }\n");
     break;
   case CK_ROW: {
     bool any_f = false, any_i = false;
@@ -691,30 +657,30 @@ int cuda_kernel_body(const Func *f, CStr *out, CStr *fin, CudaKernelInfo *info, 
       if (reds[q].fl) any_f = true;
       else any_i = true;
     }
-    if (any_f) cstr_add(o, "  __shared__ float loom_rf[32];\n");
-    if (any_i) cstr_add(o, "  __shared__ long long loom_ri[32];\n");
+    if (any_f) str_add(o, "  __shared__ float loom_rf[32];\n");
+    if (any_i) str_add(o, "  __shared__ long long loom_ri[32];\n");
     if (G > 1) {
-      cstr_add(o, "  char *sp = (char *)a.buf[%d];\n", f->args.n + f->rets.n);
-      cstr_add(o, "  for (I ob = blockIdx.x; ob < %lld%s; ob += gridDim.x) {\n", (long long)(info->out_n * G), u);
-      cstr_add(o, "    const I o = ob / %lld%s, part = ob %% %lld%s;\n", (long long)G, u, (long long)G, u);
-      cstr_add(o, "    const I j_end = part * %lld%s + %lld%s < %lld%s ? part * %lld%s + %lld%s : %lld%s;\n",
+      str_add(o, "  char *sp = (char *)a.buf[%d];\n", f->args.n + f->rets.n);
+      str_add(o, "  for (I ob = blockIdx.x; ob < %lld%s; ob += gridDim.x) {\n", (long long)(info->out_n * G), u);
+      str_add(o, "    const I o = ob / %lld%s, part = ob %% %lld%s;\n", (long long)G, u, (long long)G, u);
+      str_add(o, "    const I j_end = part * %lld%s + %lld%s < %lld%s ? part * %lld%s + %lld%s : %lld%s;\n",
                (long long)chunk, u, (long long)chunk, u, (long long)info->count, u, (long long)chunk, u, (long long)chunk,
                u, (long long)info->count, u);
     } else {
-      cstr_add(o, "  for (I o = blockIdx.x; o < %lld%s; o += gridDim.x) {\n", (long long)info->out_n, u);
+      str_add(o, "  for (I o = blockIdx.x; o < %lld%s; o += gridDim.x) {\n", (long long)info->out_n, u);
     }
     for (int q = 0; q < n_red; q++)
-      cstr_add(o, "    %s %s = %s;\n", reds[q].fl ? "float" : "long long", reds[q].acc.s, acc_init(&reds[q]));
+      str_add(o, "    %s %s = %s;\n", reds[q].fl ? "float" : "long long", reds[q].acc.s, acc_init(&reds[q]));
     if (G > 1)
-      cstr_add(o, "    for (I j = part * %lld%s + threadIdx.x; j < j_end; j += blockDim.x) {\n", (long long)chunk, u);
+      str_add(o, "    for (I j = part * %lld%s + threadIdx.x; j < j_end; j += blockDim.x) {\n", (long long)chunk, u);
     else
-      cstr_add(o, "    for (I j = threadIdx.x; j < %lld%s; j += blockDim.x) {\n", (long long)info->count, u);
-    cstr_add(o, "%s", point.s);
-    cstr_add(o, "    }\n");
+      str_add(o, "    for (I j = threadIdx.x; j < %lld%s; j += blockDim.x) {\n", (long long)info->count, u);
+    str_add(o, "%s", point.s);
+    str_add(o, "    }\n");
     for (int q = 0; q < n_red; q++)
-      cstr_add(o, "    %s = loom_block_reduce<%s, %s>(%s, %s, %s);\n", reds[q].acc.s, reds[q].fl ? "float" : "long long",
+      str_add(o, "    %s = loom_block_reduce<%s, %s>(%s, %s, %s);\n", reds[q].acc.s, reds[q].fl ? "float" : "long long",
                reds[q].is_max ? "true" : "false", reds[q].acc.s, reds[q].fl ? "loom_rf" : "loom_ri", acc_init(&reds[q]));
-    cstr_add(o, "    if (threadIdx.x == 0) {\n");
+    str_add(o, "    if (threadIdx.x == 0) {\n");
     k->indent = "      ";
     if (G > 1)
       for (int q = 0, off = 0; q < n_red; q++) {
@@ -724,7 +690,7 @@ int cuda_kernel_body(const Func *f, CStr *out, CStr *fin, CudaKernelInfo *info, 
       }
     else
       for (int q = 0; q < n_red; q++) emit_final(k, &reds[q], reds[q].acc.s, info->count);
-    cstr_add(o, "    }\n  }\n");
+    str_add(o, "    }\n  }\n");
     break;
   }
   case CK_COLUMN: {
@@ -733,45 +699,45 @@ int cuda_kernel_body(const Func *f, CStr *out, CStr *fin, CudaKernelInfo *info, 
       if (reds[q].fl) nf++;
       else ni++;
     }
-    if (nf) cstr_add(o, "  __shared__ float loom_cf[%d][%u][32];\n", nf, by);
-    if (ni) cstr_add(o, "  __shared__ long long loom_ci[%d][%u][32];\n", ni, by);
+    if (nf) str_add(o, "  __shared__ float loom_cf[%d][%u][32];\n", nf, by);
+    if (ni) str_add(o, "  __shared__ long long loom_ci[%d][%u][32];\n", ni, by);
     if (G > 1) {
-      cstr_add(o, "  char *sp = (char *)a.buf[%d];\n", f->args.n + f->rets.n);
-      cstr_add(o, "  for (I obp = blockIdx.x; obp < %lld%s; obp += gridDim.x) {\n", (long long)info->work, u);
-      cstr_add(o, "    const I ob = obp / %lld%s, part = obp %% %lld%s;\n", (long long)G, u, (long long)G, u);
-      cstr_add(o, "    const I j_end = part * %lld%s + %lld%s < %lld%s ? part * %lld%s + %lld%s : %lld%s;\n",
+      str_add(o, "  char *sp = (char *)a.buf[%d];\n", f->args.n + f->rets.n);
+      str_add(o, "  for (I obp = blockIdx.x; obp < %lld%s; obp += gridDim.x) {\n", (long long)info->work, u);
+      str_add(o, "    const I ob = obp / %lld%s, part = obp %% %lld%s;\n", (long long)G, u, (long long)G, u);
+      str_add(o, "    const I j_end = part * %lld%s + %lld%s < %lld%s ? part * %lld%s + %lld%s : %lld%s;\n",
                (long long)chunk, u, (long long)chunk, u, (long long)info->count, u, (long long)chunk, u, (long long)chunk,
                u, (long long)info->count, u);
     } else {
-      cstr_add(o, "  for (I ob = blockIdx.x; ob < %lld%s; ob += gridDim.x) {\n", (long long)info->work, u);
+      str_add(o, "  for (I ob = blockIdx.x; ob < %lld%s; ob += gridDim.x) {\n", (long long)info->work, u);
     }
-    cstr_add(o, "    const I o = ob * 32u + threadIdx.x;\n");
+    str_add(o, "    const I o = ob * 32u + threadIdx.x;\n");
     for (int q = 0; q < n_red; q++)
-      cstr_add(o, "    %s %s = %s;\n", reds[q].fl ? "float" : "long long", reds[q].acc.s, acc_init(&reds[q]));
-    cstr_add(o, "    if (o < %lld%s)\n", (long long)info->out_n, u);
+      str_add(o, "    %s %s = %s;\n", reds[q].fl ? "float" : "long long", reds[q].acc.s, acc_init(&reds[q]));
+    str_add(o, "    if (o < %lld%s)\n", (long long)info->out_n, u);
     if (G > 1)
-      cstr_add(o, "    for (I j = part * %lld%s + threadIdx.y; j < j_end; j += %uu) {\n", (long long)chunk, u, by);
+      str_add(o, "    for (I j = part * %lld%s + threadIdx.y; j < j_end; j += %uu) {\n", (long long)chunk, u, by);
     else
-      cstr_add(o, "    for (I j = threadIdx.y; j < %lld%s; j += %uu) {\n", (long long)info->count, u, by);
-    cstr_add(o, "%s", point.s);
-    cstr_add(o, "    }\n");
+      str_add(o, "    for (I j = threadIdx.y; j < %lld%s; j += %uu) {\n", (long long)info->count, u, by);
+    str_add(o, "%s", point.s);
+    str_add(o, "    }\n");
     for (int q = 0, fi = 0, ii = 0; q < n_red; q++)
-      cstr_add(o, "    %s[%d][threadIdx.y][threadIdx.x] = %s;\n", reds[q].fl ? "loom_cf" : "loom_ci",
+      str_add(o, "    %s[%d][threadIdx.y][threadIdx.x] = %s;\n", reds[q].fl ? "loom_cf" : "loom_ci",
                reds[q].fl ? fi++ : ii++, reds[q].acc.s);
-    cstr_add(o, "    __syncthreads();\n");
-    cstr_add(o, "    if (threadIdx.y == 0 && o < %lld%s) {\n", (long long)info->out_n, u);
+    str_add(o, "    __syncthreads();\n");
+    str_add(o, "    if (threadIdx.y == 0 && o < %lld%s) {\n", (long long)info->out_n, u);
     for (int q = 0, fi = 0, ii = 0; q < n_red; q++) {
       const KRed *r = &reds[q];
       const char *arr = r->fl ? "loom_cf" : "loom_ci";
       int idx = r->fl ? fi++ : ii++;
-      cstr_add(o, "      %s t%d = %s[%d][0][threadIdx.x];\n", r->fl ? "float" : "long long", q, arr, idx);
-      cstr_add(o, "      for (int y = 1; y < %u; y++) {\n", by);
+      str_add(o, "      %s t%d = %s[%d][0][threadIdx.x];\n", r->fl ? "float" : "long long", q, arr, idx);
+      str_add(o, "      for (int y = 1; y < %u; y++) {\n", by);
       Name tq = name_f("t%d", q), uq = name_f("%s[%d][y][threadIdx.x]", arr, idx);
       KRed tmp = *r;
       tmp.acc = tq;
       k->indent = "        ";
       emit_accumulate(k, &tmp, uq);
-      cstr_add(o, "      }\n");
+      str_add(o, "      }\n");
       k->indent = "      ";
       if (G > 1) {
         int off = 0;
@@ -781,39 +747,39 @@ int cuda_kernel_body(const Func *f, CStr *out, CStr *fin, CudaKernelInfo *info, 
         emit_final(k, r, tq.s, info->count);
       }
     }
-    cstr_add(o, "    }\n    __syncthreads();\n  }\n");
+    str_add(o, "    }\n    __syncthreads();\n  }\n");
     break;
   }
   }
-  cstr_add(o, "}\n");
+  str_add(o, "}\n");
   if (G > 1 && fin) {
     /* the finish kernel: one thread per output, the parts in order */
-    CStr *fo = fin;
-    cstr_add(fo, "{\n  typedef unsigned %s I;\n  const char *sp = (const char *)a.buf[0];\n", wide ? "long long" : "int");
+    Str *fo = fin;
+    str_add(fo, "{\n  typedef unsigned %s I;\n  const char *sp = (const char *)a.buf[0];\n", wide ? "long long" : "int");
     for (int q = 0; q < n_red; q++) {
       const Value *v = f->rets.items[reds[q].slot];
-      cstr_add(fo, "  %s *r%d = (%s *)a.buf[%d];\n", elem_type(v->type.dtype), reds[q].slot, elem_type(v->type.dtype), 1 + q);
+      str_add(fo, "  %s *r%d = (%s *)a.buf[%d];\n", elem_type(v->type.dtype), reds[q].slot, elem_type(v->type.dtype), 1 + q);
     }
-    cstr_add(fo, "  for (I o = (I)blockIdx.x * blockDim.x + threadIdx.x; o < %lld%s; o += (I)gridDim.x * blockDim.x) {\n",
+    str_add(fo, "  for (I o = (I)blockIdx.x * blockDim.x + threadIdx.x; o < %lld%s; o += (I)gridDim.x * blockDim.x) {\n",
              (long long)info->out_n, u);
     k->o = fo;
     for (int q = 0, off = 0; q < n_red; q++) {
       const KRed *r = &reds[q];
       const char *ty = r->fl ? "float" : "long long";
-      cstr_add(fo, "    %s %s = ((const %s *)(sp + %d))[o * %lld%s];\n", ty, r->acc.s, ty, off, (long long)G, u);
-      cstr_add(fo, "    for (I p = 1; p < %lld%s; p++) {\n", (long long)G, u);
+      str_add(fo, "    %s %s = ((const %s *)(sp + %d))[o * %lld%s];\n", ty, r->acc.s, ty, off, (long long)G, u);
+      str_add(fo, "    for (I p = 1; p < %lld%s; p++) {\n", (long long)G, u);
       Name pv = name_f("((const %s *)(sp + %d))[o * %lld%s + p]", ty, off, (long long)G, u);
       k->indent = "      ";
       emit_accumulate(k, r, pv);
-      cstr_add(fo, "    }\n");
+      str_add(fo, "    }\n");
       k->indent = "    ";
       emit_final(k, r, r->acc.s, info->count);
       off += (int)(((r->fl ? 4 : 8) * info->out_n * G + 63) / 64 * 64);
     }
-    cstr_add(fo, "  }\n}\n");
+    str_add(fo, "  }\n}\n");
     if (fo->oom) kfail(k, NULL, "out of memory");
   }
-  cstr_free(&point);
+  str_free(&point);
   free(k->memo);
   if (o->oom) return kfail(k, NULL, "out of memory");
   return k->rc;

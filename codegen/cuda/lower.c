@@ -28,7 +28,7 @@ typedef struct {
   /* kernel symbols of the translation unit, in order of first use */
   char (*names)[KNAME];
   int n_names, cap_names;
-  CStr text;                 /* the kernels and wrappers */
+  Str text;                 /* the kernels and wrappers */
   /* fused kernels, per func index of the module */
   int *fused_symbol;
   int *fused_fin;            /* the finish kernel of a split reduction, or -1 */
@@ -182,7 +182,7 @@ static int add_symbol(Lower *L, const char *name, const char *text) {
     L->cap_names = cap;
   }
   snprintf(L->names[L->n_names], KNAME, "%s", name);
-  cstr_add(&L->text, "%s", text);
+  str_add(&L->text, "%s", text);
   return L->n_names++;
 }
 
@@ -190,14 +190,14 @@ static int add_symbol(Lower *L, const char *name, const char *text) {
 static int builtin_symbol(Lower *L, const char *name, int max_threads, const char *call) {
   int i = find_symbol(L, name);
   if (i >= 0) return i;
-  CStr t = {0};
-  cstr_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a) { %s(a); }\n", max_threads, name, call);
+  Str t = {0};
+  str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a) { %s(a); }\n", max_threads, name, call);
   if (t.oom) {
     lfail(L, "out of memory");
     return -1;
   }
   i = add_symbol(L, name, t.s);
-  cstr_free(&t);
+  str_free(&t);
   return i;
 }
 
@@ -211,20 +211,20 @@ static uint64_t fnv(const char *s) {
 static int fused_kernel(Lower *L, int fi) {
   if (L->fused_symbol[fi] >= 0) return 0;
   const Func *k = L->m->funcs.items[fi];
-  CStr body = {0}, fin = {0};
+  Str body = {0}, fin = {0};
   CudaKernelInfo *info = &L->fused_info[fi];
   if (cuda_kernel_body(k, &body, &fin, info, L->err, L->errlen)) {
-    cstr_free(&body);
-    cstr_free(&fin);
+    str_free(&body);
+    str_free(&fin);
     return IR_EINPUT;
   }
   /* the key: launch bounds and body */
-  CStr key = {0};
+  Str key = {0};
   uint32_t threads = info->block[0] * info->block[1] * info->block[2];
-  cstr_add(&key, "__launch_bounds__(%u) %s", threads, body.s);
-  cstr_free(&body);
+  str_add(&key, "__launch_bounds__(%u) %s", threads, body.s);
+  str_free(&body);
   if (key.oom) {
-    cstr_free(&fin);
+    str_free(&fin);
     return lfail(L, "out of memory");
   }
   uint64_t h = fnv(key.s);
@@ -233,36 +233,36 @@ static int fused_kernel(Lower *L, int fi) {
     if (L->body_hash[b] == h && !strcmp(L->bodies[b], key.s)) {
       L->fused_symbol[fi] = L->body_symbol[b];
       L->fused_fin[fi] = L->body_fin[b];
-      cstr_free(&key);
-      cstr_free(&fin);
+      str_free(&key);
+      str_free(&fin);
       return 0;
     }
   char name[KNAME];
   snprintf(name, sizeof name, "k%d_%s", L->n_bodies, k->name);   /* truncated at 31: the number keeps it unique */
   for (char *c = name; *c; c++)
     if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9'))) *c = '_';
-  CStr t = {0};
-  cstr_add(&t, "\n/* kernel @%s: N = %lld, %s */\nextern \"C\" __global__ void %.*s %s", k->name, (long long)info->N,
+  Str t = {0};
+  str_add(&t, "\n/* kernel @%s: N = %lld, %s */\nextern \"C\" __global__ void %.*s %s", k->name, (long long)info->N,
            info->mode == CK_ELEMENTWISE ? "elementwise" : info->mode == CK_SERIAL ? "reductions, a thread per output"
            : info->mode == CK_ROW ? "reductions, a block per output" : "reductions, 32 outputs per block",
            (int)(strchr(key.s, ' ') - key.s), key.s, name);
-  cstr_add(&t, "(LoomArgs a) %s", strchr(key.s, ' ') + 1);
+  str_add(&t, "(LoomArgs a) %s", strchr(key.s, ' ') + 1);
   int sym = t.oom ? -1 : add_symbol(L, name, t.s);
-  cstr_free(&t);
+  str_free(&t);
   int fsym = -1;
   if (sym >= 0 && info->split > 1) {
     /* its finish kernel: f<n>_<func> */
     name[0] = 'f';
-    cstr_add(&t, "\n/* kernel @%s, finish: the %lld parts of each of its %lld reduction outputs, in order */\n"
+    str_add(&t, "\n/* kernel @%s, finish: the %lld parts of each of its %lld reduction outputs, in order */\n"
              "extern \"C\" __global__ void __launch_bounds__(%u) %s(LoomArgs a) %s", k->name, (long long)info->split,
              (long long)info->out_n, info->fin_block, name, fin.s ? fin.s : "{}\n");
     fsym = t.oom ? -1 : add_symbol(L, name, t.s);
-    cstr_free(&t);
+    str_free(&t);
     if (fsym < 0) sym = -1;
   }
-  cstr_free(&fin);
+  str_free(&fin);
   if (sym < 0) {
-    cstr_free(&key);
+    str_free(&key);
     return L->err[0] ? IR_EINPUT : lfail(L, "out of memory");
   }
   int nb = L->n_bodies + 1;
@@ -275,7 +275,7 @@ static int fused_kernel(Lower *L, int fi) {
   int *fins = realloc(L->body_fin, sizeof *fins * (size_t)nb);
   if (fins) L->body_fin = fins;
   if (!bodies || !hashes || !syms || !fins) {
-    cstr_free(&key);
+    str_free(&key);
     return lfail(L, "out of memory");
   }
   L->bodies[L->n_bodies] = key.s;   /* owned now */
@@ -891,13 +891,13 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   return rc;
 }
 
-static void header(CStr *o, const Module *m) {
-  cstr_add(o, "/* CUDA translation unit of module @%s, generated by loom (codegen/cuda).\n", m->name ? m->name : "?");
-  cstr_add(o, "   Compile as is with NVRTC or nvcc; every kernel is extern \"C\" and takes one LoomArgs\n"
+static void header(Str *o, const Module *m) {
+  str_add(o, "/* CUDA translation unit of module @%s, generated by loom (codegen/cuda).\n", m->name ? m->name : "?");
+  str_add(o, "   Compile as is with NVRTC or nvcc; every kernel is extern \"C\" and takes one LoomArgs\n"
               "   (runtime/program.h): buffer addresses (inputs, then outputs), then i[] and f[] of its step. */\n");
-  cstr_add(o, "struct LoomArgs {\n  void *buf[%d];\n  long long i[%d];\n  double f[4];\n};\n\n", RT_MAX_BUFS, RT_MAX_INTS);
-  cstr_add(o, "%s", cuda_prelude_text);
-  cstr_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
+  str_add(o, "struct LoomArgs {\n  void *buf[%d];\n  long long i[%d];\n  double f[4];\n};\n\n", RT_MAX_BUFS, RT_MAX_INTS);
+  str_add(o, "%s", cuda_prelude_text);
+  str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }
 
 int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, size_t errlen) {
@@ -985,11 +985,11 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     else memcpy(out->kernel_names, L.names, sizeof *out->kernel_names * (size_t)L.n_names);
   }
   if (!rc && cuda_source) {
-    CStr tu = {0};
+    Str tu = {0};
     header(&tu, m);
-    cstr_add(&tu, "%s", L.text.s ? L.text.s : "");
+    str_add(&tu, "%s", L.text.s ? L.text.s : "");
     if (tu.oom) {
-      cstr_free(&tu);
+      str_free(&tu);
       rc = lfail(&L, "out of memory");
     } else {
       *cuda_source = tu.s;
@@ -1003,7 +1003,7 @@ done:
   free(L.fused_fin);
   free(L.fused_info);
   free(L.names);
-  cstr_free(&L.text);
+  str_free(&L.text);
   for (int b = 0; b < L.n_bodies; b++) free(L.bodies[b]);
   free(L.bodies);
   free(L.body_hash);

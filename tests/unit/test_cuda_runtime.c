@@ -458,7 +458,7 @@ static void test_global_init(void) {
   cpu_globals_init(&cp, 1234);
   for (int k = 0; k < 3; k++) {
     float *t = malloc(sizeof(float) * (size_t)g[k].n);
-    cuda_global_init_values(&g[k], 1234, t);
+    rt_global_init_values(&g[k], 1234, t);
     CHECK(!memcmp(t, cpu_global(&cp, k), sizeof(float) * (size_t)g[k].n), "$%s: the CUDA initial values are the CPU's",
           g[k].name);
     free(t);
@@ -877,7 +877,7 @@ static int gpu_gemm_program(bool check_mem) {
   for (int k = 0; k < GM * GK; k++) A[k] = next_normal();
   for (int k = 0; k < GK * GN; k++) B[k] = next_normal();
   CHECK(!cuda_global_read(&cp, 0, E, err, sizeof err), "cuda_global_read: %s", err);
-  cuda_global_init_values(&g.g[0], 99, Ewant);
+  rt_global_init_values(&g.g[0], 99, Ewant);
   CHECK(!memcmp(E, Ewant, sizeof E), "the bf16 parameter holds the CPU's initial values, bitwise");
   void *args[2] = {A, B}, *rets[5] = {C, Cb, D, H, F};
   rc = cuda_program_call(&cp, 0, args, rets, err, sizeof err);
@@ -960,7 +960,7 @@ static void gpu_executor(void) {
   }
   CHECK(!cuda_executor_set_shape(&ce, 2, 4, err, sizeof err) && ce.ex.batch == 2, "set_shape");
   float w[EV], g[EV] = {0}, m[EV] = {0};
-  cuda_global_init_values(&e.g[0], 7, w);
+  rt_global_init_values(&e.g[0], 7, w);
   CHECK(!memcmp(ce.ex.params[0].data, w, sizeof w), "params hold the initial values");
   int bad = 0;
   for (int step = 1; step <= 2; step++) {
