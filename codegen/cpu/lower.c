@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/lower_common.h"
 
-#define GRAD_PREFIX_ "grad."
 
 typedef struct {
   const Module *m;
@@ -39,47 +39,20 @@ typedef struct {
 
 static int lfail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int lfail(Lower *L, const char *fmt, ...) {
-  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  int rc = cg_vfail(L->err, L->errlen, L->f, L->op, fmt, ap);
   va_end(ap);
-  if (L->op) {
-    char text[512];
-    snprintf(L->err, L->errlen, "@%s: op '%s' (%s): %s", L->f->name, op_info(L->op->kind)->name,
-             op_to_string(L->op, text, sizeof text), msg);
-  } else if (L->f) {
-    snprintf(L->err, L->errlen, "@%s: %s", L->f->name, msg);
-  } else {
-    snprintf(L->err, L->errlen, "%s", msg);
-  }
-  return IR_EINPUT;
+  return rc;
 }
 
-static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
-
-static uint8_t round_of(DType dt) {
-  switch (dt) {
-  case DT_BF16: return RT_ROUND_BF16;
-  case DT_F16: return RT_ROUND_F16;
-  case DT_F8E4M3: return RT_ROUND_F8E4M3;
-  case DT_F8E5M2: return RT_ROUND_F8E5M2;
-  default: return RT_ROUND_NONE;
-  }
-}
-
-static RtRegion region_of(const Global *g) {
-  if (g->kind == GLOBAL_PARAM) return RT_REGION_PARAMS;
-  if (!strncmp(g->name, GRAD_PREFIX_, strlen(GRAD_PREFIX_))) return RT_REGION_GRADS;
-  return RT_REGION_OPTIM;
-}
 
 /* The buffer of a value: a global's region, or the function's arena. */
 static int buf_of(Lower *L, const Value *v, RtBuf *b) {
   memset(b, 0, sizeof *b);
   b->n = type_numel(&v->type);
   b->is_int = !dtype_is_float(v->type.dtype);
-  b->round = round_of(v->type.dtype);
+  b->round = cg_round_of(v->type.dtype);
   b->storage = b->is_int ? RT_ST_I32 : RT_ST_F32;   /* the CPU holds floats as f32 */
   if (v->kind == VAL_GLOBAL) {
     b->region = (uint8_t)L->global_region[v->global->index];
@@ -462,7 +435,7 @@ static bool conflict(const RtStep *t, const RtStep *u) {
 /* b directly follows a in a region (the next 64-byte-aligned place) and is alike. */
 static bool follows(const RtBuf *a, const RtBuf *b) {
   return a->region == b->region && a->is_int == b->is_int && a->round == b->round && a->region != RT_REGION_ARENA &&
-         b->offset == align64(a->offset + 4 * a->n);
+         b->offset == cg_align64(a->offset + 4 * a->n);
 }
 
 /* Can step u (an in-place adamw or a fill of a global) extend step h over a longer span? */
@@ -607,7 +580,7 @@ static int *placement_order(const Module *m) {
     }
     prank[i] = (int64_t)grp * (ng + 1) + i;
   }
-  static const char *const prefixes[] = {GRAD_PREFIX_, "adam_m.", "adam_v."};
+  static const char *const prefixes[] = {CG_GRAD_PREFIX, "adam_m.", "adam_v."};
   int64_t span = (int64_t)64 * (ng + 1);
   for (int i = 0; i < ng; i++) {
     const Global *g = m->globals.items[i];
@@ -662,35 +635,19 @@ int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, s
   for (int k = 0; k < ng && !rc; k++) {
     int i = order[k];
     const Global *g = m->globals.items[i];
-    const Type *t = &g->value->type;
     RtGlobal *rg = &out->globals[i];
-    if (strlen(g->name) >= sizeof rg->name) {
+    RtRegion r = cg_region_of(g);
+    int64_t off = cg_align64(out->region_bytes[r]);
+    if (cg_describe_global(g, rg, off)) {
       rc = lfail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
       break;
     }
-    RtRegion r = region_of(g);
-    int64_t off = align64(out->region_bytes[r]);
-    snprintf(rg->name, sizeof rg->name, "%s", g->name);
-    rg->region = r;
-    rg->offset = off;
-    rg->n = type_numel(t);
-    rg->rank = t->rank;
-    for (int d = 0; d < t->rank; d++) rg->shape[d] = t->dims[d];
-    if (g->hf_rank) {   /* the outside world (checkpoints, --out) sees the checkpoint shape */
-      rg->rank = g->hf_rank;
-      for (int d = 0; d < g->hf_rank; d++) rg->shape[d] = g->hf_dims[d];
-    }
-    static const RtInitKind kinds[] = {[INIT_ZEROS] = RT_INIT_ZEROS, [INIT_ONES] = RT_INIT_ONES,
-                                       [INIT_NORMAL] = RT_INIT_NORMAL, [INIT_CONST] = RT_INIT_CONST};
-    rg->init = kinds[g->init.kind];
-    rg->init_value = g->init.value;
-    rg->round = round_of(t->dtype);
     out->region_bytes[r] = off + 4 * rg->n;
     L.global_offset[i] = off;
     L.global_region[i] = r;
   }
   free(order);
-  for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = align64(out->region_bytes[r]);
+  for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = cg_align64(out->region_bytes[r]);
 
   /* kernels: index, symbol and parallel extent */
   for (int i = 0; i < nf && !rc; i++) {

@@ -14,8 +14,8 @@
  */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/cuda/prelude.h"
+#include "codegen/lower_common.h"
 
-#define GRAD_PREFIX_ "grad."
 #define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
 
 typedef struct {
@@ -47,33 +47,11 @@ typedef struct {
 
 static int lfail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int lfail(Lower *L, const char *fmt, ...) {
-  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  int rc = cg_vfail(L->err, L->errlen, L->f, L->op, fmt, ap);
   va_end(ap);
-  if (L->op) {
-    char text[512];
-    snprintf(L->err, L->errlen, "@%s: op '%s' (%s): %s", L->f->name, op_info(L->op->kind)->name,
-             op_to_string(L->op, text, sizeof text), msg);
-  } else if (L->f) {
-    snprintf(L->err, L->errlen, "@%s: %s", L->f->name, msg);
-  } else {
-    snprintf(L->err, L->errlen, "%s", msg);
-  }
-  return IR_EINPUT;
-}
-
-static int64_t align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
-
-static uint8_t round_of(DType dt) {
-  switch (dt) {
-  case DT_BF16: return RT_ROUND_BF16;
-  case DT_F16: return RT_ROUND_F16;
-  case DT_F8E4M3: return RT_ROUND_F8E4M3;
-  case DT_F8E5M2: return RT_ROUND_F8E5M2;
-  default: return RT_ROUND_NONE;
-  }
+  return rc;
 }
 
 /* The storage of a dtype in memory on CUDA; -1 when unsupported. */
@@ -112,11 +90,6 @@ static const char *st_struct(int st) {
   return s[st];
 }
 
-static RtRegion region_of(const Global *g) {
-  if (g->kind == GLOBAL_PARAM) return RT_REGION_PARAMS;
-  if (!strncmp(g->name, GRAD_PREFIX_, strlen(GRAD_PREFIX_))) return RT_REGION_GRADS;
-  return RT_REGION_OPTIM;
-}
 
 static const char *vname(const Value *v) {
   return v->kind == VAL_GLOBAL ? v->global->name : v->name ? v->name : "?";
@@ -350,9 +323,9 @@ static int add_scratch(Lower *L, RtStep *st, int64_t at, int64_t n) {
   b->region = RT_REGION_ARENA;
   b->storage = RT_ST_F32;
   b->round = RT_ROUND_NONE;
-  b->offset = align64(L->f->arena_bytes) + at;
+  b->offset = cg_align64(L->f->arena_bytes) + at;
   b->n = n;
-  if (at + 4 * n > L->scratch) L->scratch = align64(at + 4 * n);
+  if (at + 4 * n > L->scratch) L->scratch = cg_align64(at + 4 * n);
   return 0;
 }
 
@@ -630,7 +603,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     const Type *q = &op->operands[1]->type, *kt = &op->operands[2]->type;
     if (attention_dims(L, q, kt)) return IR_EINPUT;
     int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
-    int64_t rows = B * H * T, l_at = 0, d_at = align64(4 * rows);
+    int64_t rows = B * H * T, l_at = 0, d_at = cg_align64(4 * rows);
     int64_t ints[7] = {B, T, H, D, S, KV, op_bool(op, "causal")};
     snprintf(extra, sizeof extra, "%lld", (long long)D);
     snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
@@ -887,7 +860,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->skip = NULL;
   rf->steps = s.items;
   rf->n_steps = s.n;
-  rf->arena_bytes = L->scratch ? align64(f->arena_bytes) + L->scratch : f->arena_bytes;
+  rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
   return rc;
 }
 
@@ -929,7 +902,9 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     const Global *g = m->globals.items[i];
     const Type *t = &g->value->type;
     RtGlobal *rg = &out->globals[i];
-    if (strlen(g->name) >= sizeof rg->name) {
+    RtRegion r = cg_region_of(g);
+    int64_t off = cg_align64(out->region_bytes[r]);
+    if (cg_describe_global(g, rg, off)) {
       rc = lfail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
       break;
     }
@@ -939,28 +914,11 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
                  dtype_name(t->dtype));
       break;
     }
-    RtRegion r = region_of(g);
-    int64_t off = align64(out->region_bytes[r]);
-    snprintf(rg->name, sizeof rg->name, "%s", g->name);
-    rg->region = r;
-    rg->offset = off;
-    rg->n = type_numel(t);
-    rg->rank = t->rank;
-    for (int d = 0; d < t->rank; d++) rg->shape[d] = t->dims[d];
-    if (g->hf_rank) {   /* the outside world (checkpoints, --out) sees the checkpoint shape */
-      rg->rank = g->hf_rank;
-      for (int d = 0; d < g->hf_rank; d++) rg->shape[d] = g->hf_dims[d];
-    }
-    static const RtInitKind kinds[] = {[INIT_ZEROS] = RT_INIT_ZEROS, [INIT_ONES] = RT_INIT_ONES,
-                                       [INIT_NORMAL] = RT_INIT_NORMAL, [INIT_CONST] = RT_INIT_CONST};
-    rg->init = kinds[g->init.kind];
-    rg->init_value = g->init.value;
-    rg->round = round_of(t->dtype);
     out->region_bytes[r] = off + (int64_t)st_size(st) * rg->n;
     L.global_offset[i] = off;
     L.global_region[i] = r;
   }
-  for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = align64(out->region_bytes[r]);
+  for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = cg_align64(out->region_bytes[r]);
 
   /* program functions (kernels are compiled as their calls are met) */
   for (int i = 0; i < nf && !rc; i++) {

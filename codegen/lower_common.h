@@ -1,0 +1,33 @@
+/* codegen/lower_common.h — what the CPU and CUDA lowerings (codegen/cpu/lower.c,
+   codegen/cuda/lower.c) share: error messages with their place, alignment, rounding
+   formats, the region of a global and the description of a global in the lowered program. */
+#ifndef LOOM_CODEGEN_LOWER_COMMON_H
+#define LOOM_CODEGEN_LOWER_COMMON_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "ir/ir.h"
+#include "runtime/program.h"
+
+/* Gradient accumulators are named "<prefix><parameter>" (passes/passes.h's GRAD_PREFIX:
+   codegen does not include passes/). */
+#define CG_GRAD_PREFIX "grad."
+
+/* "@func: op 'kind' (the op as text): message", or "@func: message", or the message: into
+   err; returns IR_EINPUT. */
+int cg_vfail(char *err, size_t errlen, const Func *f, const Op *op, const char *fmt, va_list ap);
+
+static inline int64_t cg_align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
+
+/* The rounding that emulates a narrow float dtype (RT_ROUND_NONE for the others). */
+uint8_t cg_round_of(DType dt);
+
+/* Parameters, gradient accumulators, or other state (optimizer moments). */
+RtRegion cg_region_of(const Global *g);
+
+/* rg = global g at `offset` of its region: name, element count, the shape checkpoints see,
+   initializer and rounding.  Returns -1 (rg untouched) when the name does not fit. */
+int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset);
+
+#endif
