@@ -2,6 +2,7 @@
 #include "codegen/lower_common.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int cg_vfail(char *err, size_t errlen, const Func *f, const Op *op, const char *fmt, va_list ap) {
@@ -54,4 +55,65 @@ int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset) {
   rg->init_value = g->init.value;
   rg->round = cg_round_of(t->dtype);
   return 0;
+}
+
+/* The order globals are placed in their regions: parameters grouped by the weight decay
+   their AdamW uses (the first group seen first), module order within a group; each
+   parameter's gradient, first moment and second moment in the same order (all first
+   moments, then all second moments), so a group is one span in every region and its
+   updates merge (merge_updates in each lowering).  Other globals follow in module order.  Returns a
+   malloc'd permutation of the global indices, or NULL. */
+int *cg_placement_order(const Module *m) {
+  int ng = m->globals.n;
+  int *order = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
+  int64_t *key = malloc(sizeof(int64_t) * (size_t)(ng ? ng : 1));
+  double *wd = malloc(sizeof(double) * (size_t)(ng ? ng : 1)), groups[64];
+  int n_groups = 0;
+  if (!order || !key || !wd) {
+    free(order), free(key), free(wd);
+    return NULL;
+  }
+  for (int i = 0; i < ng; i++) wd[i] = -1;   /* no adamw: its own group */
+  const Func *opt = module_find_func(m, "optimizer_step");
+  for (int k = 0; opt && k < opt->ops.n; k++) {
+    const Op *op = opt->ops.items[k];
+    if (op->kind == OP_ADAMW && op->operands[0]->kind == VAL_GLOBAL)
+      wd[op->operands[0]->global->index] = op_float(op, "weight_decay");
+  }
+  /* rank of a parameter: group, then module index */
+  int64_t *prank = malloc(sizeof(int64_t) * (size_t)(ng ? ng : 1));
+  if (!prank) {
+    free(order), free(key), free(wd);
+    return NULL;
+  }
+  for (int i = 0; i < ng; i++) {
+    const Global *g = m->globals.items[i];
+    int grp = 63;
+    if (g->kind == GLOBAL_PARAM) {
+      for (grp = 0; grp < n_groups && groups[grp] != wd[i]; grp++) {}
+      if (grp == n_groups && n_groups < 63) groups[n_groups++] = wd[i];
+      else if (grp == n_groups) grp = 63;
+    }
+    prank[i] = (int64_t)grp * (ng + 1) + i;
+  }
+  static const char *const prefixes[] = {CG_GRAD_PREFIX, "adam_m.", "adam_v."};
+  int64_t span = (int64_t)64 * (ng + 1);
+  for (int i = 0; i < ng; i++) {
+    const Global *g = m->globals.items[i];
+    key[i] = g->kind == GLOBAL_PARAM ? prank[i] : 3 * span + i;   /* other state last */
+    for (int p = 0; p < 3 && g->kind != GLOBAL_PARAM; p++) {
+      size_t n = strlen(prefixes[p]);
+      const Global *of = strncmp(g->name, prefixes[p], n) ? NULL : module_find_global(m, g->name + n);
+      if (of && of->kind == GLOBAL_PARAM) key[i] = (p == 2 ? span : 0) + prank[of->index];
+    }
+  }
+  for (int i = 0; i < ng; i++) order[i] = i;
+  for (int i = 1; i < ng; i++)   /* insertion sort by key: stable, a few hundred globals */
+    for (int j = i; j > 0 && key[order[j - 1]] > key[order[j]]; j--) {
+      int t = order[j];
+      order[j] = order[j - 1];
+      order[j - 1] = t;
+    }
+  free(prank), free(key), free(wd);
+  return order;
 }

@@ -30,4 +30,10 @@ RtRegion cg_region_of(const Global *g);
    initializer and rounding.  Returns -1 (rg untouched) when the name does not fit. */
 int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset);
 
+/* The order globals are placed in their regions: parameters grouped by the weight decay of
+   their AdamW, each gradient and moment in its parameter's order, so that a group's AdamW
+   updates are one span in every region.  A malloc'd permutation of the global indices, or
+   NULL when out of memory. */
+int *cg_placement_order(const Module *m);
+
 #endif

@@ -9,8 +9,10 @@
  * cuda.h for the conventions and the scratch memory some builtins use.
  *
  * Memory: every value at its memory-plan offset (memory-plan with target CUDA: each dtype's
- * size); globals in their regions (parameters, "grad.*", the rest), in module order, each
- * dtype's size, 64-byte aligned.
+ * size); globals in their regions (parameters, "grad.*", the rest), in placement order
+ * (cg_placement_order), each dtype's size, 64-byte aligned.  AdamW over a weight-decay group's
+ * parameters, and the fills that zero their gradients, merge into one launch each
+ * (merge_updates): a multi-tensor AdamW over one contiguous span per region.
  */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/cuda/prelude.h"
@@ -826,6 +828,102 @@ static bool adamw_in_place(Lower *L, int i) {
   return true;
 }
 
+/* Is step st a launch of the prelude's kernel family `base` ("loom_adamw_", "loom_fill_")? */
+static bool launches(const Lower *L, const RtStep *st, const char *base) {
+  return st->kind == RT_STEP_KERNEL && st->which >= 0 && st->which < L->n_names &&
+         !strncmp(L->names[st->which], base, strlen(base));
+}
+
+/* b starts where span a ends in a region (the next 64-byte-aligned place) and is alike;
+   *dist: b's offset from a's, in elements. */
+static bool follows(const RtBuf *a, const RtBuf *b, int64_t *dist) {
+  int sz = st_size(a->storage);
+  if (a->region != b->region || a->region == RT_REGION_ARENA || a->storage != b->storage || a->round != b->round ||
+      b->offset != cg_align64(a->offset + sz * a->n))
+    return false;
+  *dist = (b->offset - a->offset) / sz;
+  return true;
+}
+
+static bool same_place(const RtBuf *a, const RtBuf *b) { return a->region == b->region && a->offset == b->offset; }
+
+/* Can step u (an in-place AdamW or a fill of a global) extend step h over a longer span? */
+static bool extends(const Lower *L, const RtStep *h, const RtStep *u) {
+  if (h->which != u->which) return false;
+  int64_t d0 = 0, d = 0;
+  if (launches(L, h, "loom_adamw_") && launches(L, u, "loom_adamw_")) {
+    for (int k = 0; k < 3; k++)   /* in place only */
+      if (!same_place(&h->bufs[7 + k], &h->bufs[k]) || !same_place(&u->bufs[7 + k], &u->bufs[k])) return false;
+    for (int k = 0; k < 4; k++)
+      if (h->f[k] != u->f[k]) return false;
+    for (int k = 4; k < 7; k++)   /* gscale, lr, t: the same scalars */
+      if (!same_place(&h->bufs[k], &u->bufs[k])) return false;
+    for (int k = 0; k < 4; k++) {   /* p, m, v, g: each right after the span so far, by as many elements */
+      if (!follows(&h->bufs[k], &u->bufs[k], &d) || (k > 0 && d != d0)) return false;
+      d0 = d;
+    }
+    return true;
+  }
+  return launches(L, h, "loom_fill_") && launches(L, u, "loom_fill_") && h->n_in == 0 && u->n_in == 0 &&
+         h->f[0] == u->f[0] && follows(&h->bufs[0], &u->bufs[0], &d);
+}
+
+/* Does step t or u write bytes the other reads or writes? */
+static bool conflict(const RtStep *t, const RtStep *u) {
+  for (int i = 0; i < t->n_in + t->n_out; i++)
+    for (int j = 0; j < u->n_in + u->n_out; j++)
+      if ((i >= t->n_in || j >= u->n_in) && overlap(&t->bufs[i], &u->bufs[j])) return true;
+  return false;
+}
+
+/* The multi-tensor AdamW: consecutive in-place AdamW launches whose p, m, v and g each
+   follow one another (cg_placement_order puts a weight-decay group's parameters, gradients
+   and moments in the same order) become one launch over the span, and the fills that zero
+   contiguous gradients one fill.  A launch moves into an earlier one only if no launch in
+   between conflicts with it.  The 64-byte gaps between tensors are zero in every region
+   (allocations start zeroed) and stay zero under both (AdamW of zeros is zero), so the
+   results are those of one launch per tensor, bit for bit. */
+static void merge_updates(const Lower *L, RtFunc *rf) {
+  int out = 0, *tensors = calloc((size_t)rf->n_steps + 1, sizeof *tensors);   /* per kept step: merged into it */
+  if (!tensors) return;   /* unmerged is correct, only slower */
+  for (int s = 0; s < rf->n_steps; s++) {
+    RtStep *u = &rf->steps[s];
+    bool mergeable = launches(L, u, "loom_adamw_") || launches(L, u, "loom_fill_");
+    int into = -1;
+    for (int t = out - 1; mergeable && t >= 0; t--) {
+      if (extends(L, &rf->steps[t], u)) {
+        into = t;
+        break;
+      }
+      if (conflict(&rf->steps[t], u)) break;   /* u may not move before t */
+    }
+    if (into < 0) {
+      if (out != s) rf->steps[out] = *u;
+      tensors[out++] = 1;
+      continue;
+    }
+    RtStep *h = &rf->steps[into];   /* h covers [its start, the end of u) in each of its buffers */
+    int64_t n = (u->bufs[0].offset - h->bufs[0].offset) / st_size(u->bufs[0].storage) + u->bufs[0].n;
+    bool adamw = launches(L, h, "loom_adamw_");
+    for (int k = 0; k < (adamw ? 4 : 1); k++) h->bufs[k].n = n;
+    for (int k = 7; adamw && k < 10; k++) h->bufs[k].n = n;
+    h->i[0] = n;
+    bool vec = strstr(L->names[h->which], "_v4") != NULL;   /* 4 per thread; every span stays a multiple of 4 */
+    launch_ew(h, vec ? n / 4 : n);
+    tensors[into]++;
+  }
+  rf->n_steps = out;
+  for (int t = 0; t < out; t++)   /* "adamw $p (in place) [10 tensors]" in profiles */
+    if (tensors[t] > 1) {
+      RtStep *h = &rf->steps[t];
+      char tail[32];
+      int k = snprintf(tail, sizeof tail, " [%d tensors]", tensors[t]);
+      size_t len = strlen(h->label), at = len + (size_t)k < sizeof h->label ? len : sizeof h->label - 1 - (size_t)k;
+      memcpy(h->label + at, tail, (size_t)k + 1);
+    }
+  free(tensors);
+}
+
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
@@ -861,6 +959,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
+  if (!rc) merge_updates(L, rf);
   return rc;
 }
 
@@ -896,9 +995,13 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   }
   for (int i = 0; i < nf; i++) L.fused_symbol[i] = L.fused_fin[i] = -1;
 
-  /* globals: one region per kind, module order, each dtype's size, 64-byte aligned */
+  /* globals: one region per kind, in placement order (cg_placement_order: a weight-decay
+     group's AdamW updates merge), each dtype's size, 64-byte aligned */
   out->n_globals = ng;
-  for (int i = 0; i < ng && !rc; i++) {
+  int *order = cg_placement_order(m);
+  if (!order) rc = lfail(&L, "out of memory");
+  for (int k = 0; k < ng && !rc; k++) {
+    int i = order[k];
     const Global *g = m->globals.items[i];
     const Type *t = &g->value->type;
     RtGlobal *rg = &out->globals[i];
@@ -918,6 +1021,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     L.global_offset[i] = off;
     L.global_region[i] = r;
   }
+  free(order);
   for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = cg_align64(out->region_bytes[r]);
 
   /* program functions (kernels are compiled as their calls are met) */

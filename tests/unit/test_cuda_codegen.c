@@ -251,6 +251,28 @@ static void test_tiny_models(void) {
         ok = ad->bufs[7 + b].region == ad->bufs[b].region && ad->bufs[7 + b].offset == ad->bufs[b].offset &&
              ad->bufs[b].region != RT_REGION_ARENA;
       check(ok, "tiny %s: adamw writes p, m, v in place; their assigns have no steps", label);
+      /* the multi-tensor AdamW: one launch per weight-decay group (decayed matrices,
+         undecayed vectors) over its span, and one fill per group of gradients */
+      int adamw = 0, fills = 0, covered = 0, params = 0;
+      for (int k = 0; os && k < os->n_steps; k++) {
+        const RtStep *st = &os->steps[k];
+        if (st->kind != RT_STEP_KERNEL) continue;
+        bool is_adamw = !strncmp(p.kernel_names[st->which], "loom_adamw_", 11);
+        adamw += is_adamw;
+        fills += !strncmp(p.kernel_names[st->which], "loom_fill_", 10) && st->bufs[0].region == RT_REGION_GRADS;
+        if (is_adamw) {
+          bool launch_covers = (int64_t)st->grid[0] * st->block[0] * 4 >= st->i[0] || st->grid[0] == 65536;
+          if (!launch_covers || st->bufs[0].n != st->i[0] || st->bufs[9].n != st->i[0]) covered = -1000;
+          for (int g = 0; g < p.n_globals; g++)   /* the parameters inside this launch's span */
+            if (p.globals[g].region == RT_REGION_PARAMS && p.globals[g].offset >= st->bufs[0].offset &&
+                p.globals[g].offset + 4 * p.globals[g].n <= st->bufs[0].offset + 4 * st->i[0])
+              covered++;
+        }
+      }
+      for (int g = 0; g < p.n_globals; g++) params += p.globals[g].region == RT_REGION_PARAMS;
+      check(adamw == 2 && fills == 2 && covered == params,
+            "tiny %s: optimizer_step: %d adamw launches over %d of %d parameters, %d gradient fills (want 2, all, 2)",
+            label, adamw, covered, params, fills);
       /* the gradient norm: a long reduction to one value, split into parts */
       const RtStep *parts = NULL;
       for (int k = 0; os && k < os->n_steps && !parts; k++)

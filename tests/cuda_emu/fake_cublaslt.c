@@ -1,0 +1,352 @@
+/* tests/cuda_emu/fake_cublaslt.c — a test double of cuBLASLt for the emulated device.
+ *
+ * Built as a shared library and loaded by the loom runtime through LOOM_LIBCUBLASLT on
+ * machines without a GPU.  On the emulated device, device pointers are host pointers and
+ * streams are synchronous, so cublasLtMatmul computes D = alpha op(A) op(B) + beta C on
+ * the host right away.  Only what loom uses is here: f32 scale, f32 / f16 / bf16 data,
+ * column-major strided batches, transposes, no epilogues.  Not for performance.
+ *
+ * Written from the cuBLASLt documentation's semantics (and the prototypes of cublasLt.h):
+ *   gcc -std=c11 -O2 -fPIC -shared -I/usr/local/cuda/include fake_cublaslt.c -o libfakelt.so -lm
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#define ALGO_MAGIC 0x10f7a1e0u /* what the heuristic hands out and the matmul wants back */
+
+typedef struct {
+  cublasComputeType_t compute;
+  int32_t trans_a, trans_b; /* cublasOperation_t: N or T */
+} Desc;
+
+typedef struct {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+  int32_t batch;
+  int64_t stride; /* elements between batch items */
+} Layout;
+
+typedef struct {
+  uint64_t max_workspace;
+  uint32_t align[4]; /* minimum alignment of A, B, C, D in bytes */
+} Pref;
+
+/* ------------------------------------------------------------------ numbers */
+
+static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static int elem_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+static float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  if (e == 0) return u2f(sign | f2u(ldexpf((float)m, -24)));  /* zero or subnormal */
+  if (e == 31) return u2f(sign | 0x7F800000u | (m << 13));    /* inf or NaN */
+  return u2f(sign | ((e + 112) << 23) | (m << 13));
+}
+
+static uint16_t f32_to_f16(float f) {
+  uint32_t x = f2u(f), sign = (x >> 16) & 0x8000, ax = x & 0x7FFFFFFF;
+  if (ax > 0x7F800000) return (uint16_t)(sign | 0x7E00);
+  if (ax >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* 65520 and up round to inf */
+  if (ax < 0x38800000)                                     /* below 2^-14: subnormal, units of 2^-24 */
+    return (uint16_t)(sign | (uint32_t)rintf(u2f(ax) * 0x1p24f)); /* rintf: nearest even */
+  uint32_t r = ax + 0xFFF + ((ax >> 13) & 1);              /* round to nearest even at bit 13 */
+  return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t x = f2u(f);
+  if ((x & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((x >> 16) | 0x40); /* keep NaN quiet */
+  return (uint16_t)((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+}
+
+/* TF32 keeps 10 mantissa bits: what FAST_TF32 tensor cores read of an f32 input. */
+static float to_tf32(float f) {
+  uint32_t x = f2u(f);
+  if ((x & 0x7F800000) == 0x7F800000) return f;
+  return u2f((x + 0xFFF + ((x >> 13) & 1)) & ~0x1FFFu);
+}
+
+static float load(cudaDataType_t t, const void *p, int64_t i) {
+  if (t == CUDA_R_32F) return ((const float *)p)[i];
+  uint16_t h = ((const uint16_t *)p)[i];
+  return t == CUDA_R_16BF ? u2f((uint32_t)h << 16) : f16_to_f32(h);
+}
+
+static void store(cudaDataType_t t, void *p, int64_t i, float v) {
+  if (t == CUDA_R_32F) ((float *)p)[i] = v;
+  else ((uint16_t *)p)[i] = t == CUDA_R_16BF ? f32_to_bf16(v) : f32_to_f16(v);
+}
+
+/* ------------------------------------------------------------------ handles and descriptors */
+
+cublasStatus_t CUBLASWINAPI cublasLtCreate(cublasLtHandle_t *lightHandle) {
+  if (!lightHandle) return CUBLAS_STATUS_INVALID_VALUE;
+  *lightHandle = (cublasLtHandle_t)calloc(1, 16);
+  return *lightHandle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtDestroy(cublasLtHandle_t lightHandle) {
+  free(lightHandle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+size_t CUBLASWINAPI cublasLtGetVersion(void) { return 130000; }
+
+const char *CUBLASWINAPI cublasLtGetStatusName(cublasStatus_t status) {
+  switch (status) {
+  case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+  case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+  case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+  case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+  case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+  case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+  case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  default: return "CUBLAS_STATUS_UNKNOWN";
+  }
+}
+
+const char *CUBLASWINAPI cublasLtGetStatusString(cublasStatus_t status) { return cublasLtGetStatusName(status); }
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmulDesc, cublasComputeType_t computeType,
+                                                     cudaDataType_t scaleType) {
+  if (!matmulDesc) return CUBLAS_STATUS_INVALID_VALUE;
+  *matmulDesc = NULL;
+  if ((computeType != CUBLAS_COMPUTE_32F && computeType != CUBLAS_COMPUTE_32F_FAST_TF32 &&
+       computeType != CUBLAS_COMPUTE_32F_PEDANTIC) || scaleType != CUDA_R_32F)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  Desc *d = calloc(1, sizeof *d);
+  if (!d) return CUBLAS_STATUS_ALLOC_FAILED;
+  d->compute = computeType;
+  d->trans_a = d->trans_b = CUBLAS_OP_N;
+  *matmulDesc = (cublasLtMatmulDesc_t)d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
+  free(matmulDesc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                                           cublasLtMatmulDescAttributes_t attr, const void *buf,
+                                                           size_t sizeInBytes) {
+  Desc *d = (Desc *)matmulDesc;
+  if (!d || !buf || sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE; /* all ours are 32-bit */
+  int32_t v;
+  memcpy(&v, buf, 4);
+  switch (attr) {
+  case CUBLASLT_MATMUL_DESC_TRANSA:
+  case CUBLASLT_MATMUL_DESC_TRANSB:
+    if (v == CUBLAS_OP_C) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (v != CUBLAS_OP_N && v != CUBLAS_OP_T) return CUBLAS_STATUS_INVALID_VALUE;
+    *(attr == CUBLASLT_MATMUL_DESC_TRANSA ? &d->trans_a : &d->trans_b) = v;
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_EPILOGUE:
+    return (uint32_t)v == CUBLASLT_EPILOGUE_DEFAULT ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+  default: return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cudaDataType type,
+                                                       uint64_t rows, uint64_t cols, int64_t ld) {
+  if (!matLayout) return CUBLAS_STATUS_INVALID_VALUE;
+  *matLayout = NULL;
+  if (type != CUDA_R_32F && type != CUDA_R_16F && type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (ld < 0 || (uint64_t)ld < rows) return CUBLAS_STATUS_INVALID_VALUE; /* columns would overlap */
+  Layout *l = calloc(1, sizeof *l);
+  if (!l) return CUBLAS_STATUS_ALLOC_FAILED;
+  *l = (Layout){.type = type, .rows = rows, .cols = cols, .ld = ld, .batch = 1, .stride = 0};
+  *matLayout = (cublasLtMatrixLayout_t)l;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout) {
+  free(matLayout);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t matLayout,
+                                                             cublasLtMatrixLayoutAttribute_t attr, const void *buf,
+                                                             size_t sizeInBytes) {
+  Layout *l = (Layout *)matLayout;
+  if (!l || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  int32_t v32;
+  switch (attr) {
+  case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
+    if (sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&v32, buf, 4);
+    if (v32 < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    l->batch = v32;
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+    if (sizeInBytes != 8) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&l->stride, buf, 8);
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATRIX_LAYOUT_ORDER:
+    if (sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&v32, buf, 4);
+    return v32 == CUBLASLT_ORDER_COL ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+  default: return CUBLAS_STATUS_INVALID_VALUE;
+  }
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
+  if (!pref) return CUBLAS_STATUS_INVALID_VALUE;
+  Pref *p = calloc(1, sizeof *p);
+  *pref = (cublasLtMatmulPreference_t)p;
+  if (!p) return CUBLAS_STATUS_ALLOC_FAILED;
+  for (int i = 0; i < 4; i++) p->align[i] = 256; /* the documented default */
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  free(pref);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                                 cublasLtMatmulPreferenceAttributes_t attr,
+                                                                 const void *buf, size_t sizeInBytes) {
+  Pref *p = (Pref *)pref;
+  if (!p || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+    if (sizeInBytes != 8) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&p->max_workspace, buf, 8);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+    if (sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, 4);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+/* ------------------------------------------------------------------ the problem */
+
+typedef struct { int64_t m, n, k, batch; } Shape;
+
+/* op(A) m x k, op(B) k x n, C and D m x n, one batch count: false on any mismatch. */
+static bool check_shape(const Desc *d, const Layout *a, const Layout *b, const Layout *c, const Layout *dd, Shape *s) {
+  uint64_t m = d->trans_a == CUBLAS_OP_T ? a->cols : a->rows, k = d->trans_a == CUBLAS_OP_T ? a->rows : a->cols;
+  uint64_t bk = d->trans_b == CUBLAS_OP_T ? b->cols : b->rows, n = d->trans_b == CUBLAS_OP_T ? b->rows : b->cols;
+  if (bk != k || c->rows != m || c->cols != n || dd->rows != m || dd->cols != n) return false;
+  if (a->batch != b->batch || a->batch != c->batch || a->batch != dd->batch) return false;
+  *s = (Shape){(int64_t)m, (int64_t)n, (int64_t)k, a->batch};
+  return true;
+}
+
+/* f32 throughout, or f16 / bf16 inputs with the same type or f32 out. */
+static bool check_types(const Layout *a, const Layout *b, const Layout *c, const Layout *d) {
+  if (a->type != b->type || c->type != d->type) return false;
+  return a->type == c->type || c->type == CUDA_R_32F;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
+                                                           cublasLtMatmulDesc_t operationDesc,
+                                                           cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+                                                           cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+                                                           cublasLtMatmulPreference_t preference,
+                                                           int requestedAlgoCount,
+                                                           cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
+                                                           int *returnAlgoCount) {
+  if (returnAlgoCount) *returnAlgoCount = 0;
+  if (!lightHandle || !operationDesc || !Adesc || !Bdesc || !Cdesc || !Ddesc || !preference ||
+      requestedAlgoCount <= 0 || !heuristicResultsArray || !returnAlgoCount)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const Layout *L[4] = {(Layout *)Adesc, (Layout *)Bdesc, (Layout *)Cdesc, (Layout *)Ddesc};
+  const Pref *p = (const Pref *)preference;
+  Shape s;
+  if (!check_shape((Desc *)operationDesc, L[0], L[1], L[2], L[3], &s) || !check_types(L[0], L[1], L[2], L[3]))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  for (int i = 0; i < 4; i++) /* no kernel reads elements split across pointers */
+    if (p->align[i] % (uint32_t)elem_size(L[i]->type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  cublasLtMatmulHeuristicResult_t *r = &heuristicResultsArray[0];
+  memset(r, 0, sizeof *r);
+  r->algo.data[0] = ALGO_MAGIC; /* workspaceSize stays 0 */
+  r->state = CUBLAS_STATUS_SUCCESS;
+  r->wavesCount = 1.0f;
+  *returnAlgoCount = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ the matmul */
+
+/* Copies op(X) of one batch item as floats, nv vectors of nk each, a vector's k contiguous:
+   out[v*nk + kk].  k_contig says X holds a vector's k at stride 1 (else at stride ld). */
+static void pack(float *out, const void *x, const Layout *l, bool k_contig, int64_t nv, int64_t nk, bool tf32) {
+  for (int64_t v = 0; v < nv; v++)
+    for (int64_t kk = 0; kk < nk; kk++) {
+      float f = load(l->type, x, k_contig ? kk + v * l->ld : v + kk * l->ld);
+      out[v * nk + kk] = tf32 ? to_tf32(f) : f;
+    }
+}
+
+/* Four rows of op(A) against one column of op(B): four accumulators hide the add latency
+   while each still sums k in order 0..K-1. */
+static void dot4(const float *a, const float *b, int64_t k, float *out) {
+  float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (int64_t kk = 0; kk < k; kk++) {
+    s0 += a[kk] * b[kk];
+    s1 += a[k + kk] * b[kk];
+    s2 += a[2 * k + kk] * b[kk];
+    s3 += a[3 * k + kk] * b[kk];
+  }
+  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+static const char *batch_ptr(const void *p, const Layout *l, int64_t b) {
+  return (const char *)p + b * l->stride * elem_size(l->type);
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                                           const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
+                                           const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
+                                           const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
+                                           cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
+                                           void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
+  (void)workspace, (void)workspaceSizeInBytes, (void)stream; /* no workspace; the stream is synchronous */
+  if (!lightHandle || !computeDesc || !alpha || !beta || !A || !B || !D || !Adesc || !Bdesc || !Cdesc || !Ddesc)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const Desc *d = (const Desc *)computeDesc;
+  const Layout *la = (Layout *)Adesc, *lb = (Layout *)Bdesc, *lc = (Layout *)Cdesc, *ld = (Layout *)Ddesc;
+  Shape s;
+  if (!check_shape(d, la, lb, lc, ld, &s) || (algo && algo->data[0] != ALGO_MAGIC)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!check_types(la, lb, lc, ld)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  float al = *(const float *)alpha, be = *(const float *)beta;
+  if (be != 0 && !C) return CUBLAS_STATUS_INVALID_VALUE;
+  bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && la->type == CUDA_R_32F;
+  float *pa = calloc((size_t)(s.m * s.k + 4 * s.k + 1), sizeof(float)); /* zeroed room for dot4 past row m */
+  float *pb = malloc((size_t)(s.n * s.k + 1) * sizeof(float));
+  if (!pa || !pb) {
+    free(pa), free(pb);
+    return CUBLAS_STATUS_ALLOC_FAILED;
+  }
+  for (int64_t b = 0; b < s.batch; b++) {
+    pack(pa, batch_ptr(A, la, b), la, d->trans_a == CUBLAS_OP_T, s.m, s.k, tf32); /* rows of op(A) */
+    pack(pb, batch_ptr(B, lb, b), lb, d->trans_b == CUBLAS_OP_N, s.n, s.k, tf32); /* columns of op(B) */
+    const char *cb = C ? batch_ptr(C, lc, b) : NULL;
+    void *db = (void *)batch_ptr(D, ld, b);
+    for (int64_t j = 0; j < s.n; j++)
+      for (int64_t i = 0; i < s.m; i += 4) {
+        float acc[4];
+        dot4(pa + i * s.k, pb + j * s.k, s.k, acc);
+        for (int64_t r = 0; r < 4 && i + r < s.m; r++) {
+          float v = al * acc[r];
+          /* beta == 0: C is not read, it may hold NaN (documented cuBLAS behaviour) */
+          if (be != 0) v += be * load(lc->type, cb, i + r + j * lc->ld);
+          store(ld->type, db, i + r + j * ld->ld, v);
+        }
+      }
+  }
+  free(pa), free(pb);
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,431 @@
+/* tests/cuda_emu/fake_cuda.c — a test double of the CUDA driver (libcuda) for the emulated
+ * device.
+ *
+ * `loom` loads it through LOOM_LIBCUDA.  One device, "loom emulated device": compute
+ * capability LOOM_EMU_CC (default 90), 132 SMs, 227 KiB of opt-in shared memory, 80 GiB.
+ * Device memory is host memory (a CUdeviceptr is a host address); every allocation ends at a
+ * guard page, so a kernel that writes past an allocation faults at once.  Streams are
+ * synchronous.  A "module" is the shared object fake_nvrtc.c made; a launch runs it through
+ * its loom_emu_launch (emu.h).  A failed launch (a deadlock, a warp op with exited lanes, a
+ * bad launch shape) prints what happened and is sticky, as a kernel fault is on a GPU: every
+ * later synchronization fails until cuDevicePrimaryCtxReset.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define TOTAL_MEM (80ull << 30)
+#define SMEM_OPTIN 232448
+#define SMEM_DEFAULT 49152
+
+typedef int (*LaunchFn)(void *fn, void *arg, const unsigned grid[3], const unsigned block[3], unsigned smem, char *err,
+                        size_t errlen);
+
+typedef struct Function Function;
+typedef struct {
+  void *lib;
+  LaunchFn launch;
+  Function *functions;   /* freed with the module */
+} Module;
+
+struct Function {
+  Function *next;
+  Module *mod;
+  void *fn;
+  int max_dynamic_smem;
+  char name[128];
+};
+
+typedef struct {
+  void *base, *ptr;
+  size_t map_bytes, bytes;
+} Alloc;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static Alloc *allocs;
+static int n_allocs, cap_allocs;
+static size_t allocated;
+static CUresult sticky = CUDA_SUCCESS;
+static int initialized;
+static __thread CUcontext current;
+static int ctx_token;   /* the primary context is &ctx_token */
+
+static int cc(void) {
+  const char *e = getenv("LOOM_EMU_CC");
+  int v = e && *e ? atoi(e) : 90;
+  return v >= 50 && v < 200 ? v : 90;
+}
+
+CUresult cuGetErrorName(CUresult r, const char **s) {
+  if (!s) return CUDA_ERROR_INVALID_VALUE;
+  switch (r) {
+  case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+  case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+  case CUDA_ERROR_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+  case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+  case CUDA_ERROR_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+  case CUDA_ERROR_INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
+  case CUDA_ERROR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+  case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; break;
+  case CUDA_ERROR_LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; break;
+  case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *s = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; break;
+  default: *s = "CUDA_ERROR_UNKNOWN"; return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorString(CUresult r, const char **s) {
+  CUresult rc = cuGetErrorName(r, s);
+  if (rc == CUDA_SUCCESS && r == CUDA_ERROR_LAUNCH_FAILED) *s = "unspecified launch failure (emulated device; see stderr)";
+  return rc;
+}
+
+CUresult cuInit(unsigned flags) {
+  if (flags) return CUDA_ERROR_INVALID_VALUE;
+  initialized = 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int *v) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *n) {
+  if (!n) return CUDA_ERROR_INVALID_VALUE;
+  if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+  if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "loom emulated device (sm_%d)", cc());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  switch (a) {
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = cc() / 10; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = cc() % 10; break;
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 132; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = SMEM_OPTIN; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *v = SMEM_DEFAULT; break;
+  case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+  case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *v = 32; break;
+  default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem(size_t *bytes, CUdevice d) {
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = (size_t)TOTAL_MEM;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d) {
+  if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *ctx = (CUcontext)&ctx_token;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return d == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
+
+CUresult cuDevicePrimaryCtxReset(CUdevice d) {
+  if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
+  pthread_mutex_lock(&mu);
+  sticky = CUDA_SUCCESS;
+  pthread_mutex_unlock(&mu);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext c) {
+  current = c;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *c) {
+  if (!c) return CUDA_ERROR_INVALID_VALUE;
+  *c = current;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *d) {
+  if (!d) return CUDA_ERROR_INVALID_VALUE;
+  *d = 0;
+  return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static CUresult sync_status(void) {
+  pthread_mutex_lock(&mu);
+  CUresult r = sticky;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+CUresult cuCtxSynchronize(void) { return sync_status(); }
+CUresult cuStreamSynchronize(CUstream s) { return s ? sync_status() : CUDA_ERROR_INVALID_HANDLE; }
+CUresult cuStreamQuery(CUstream s) { return s ? sync_status() : CUDA_ERROR_INVALID_HANDLE; }
+
+CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+  (void)flags;
+  if (!s) return CUDA_ERROR_INVALID_VALUE;
+  *s = (CUstream)malloc(16);
+  return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuStreamDestroy(CUstream s) {
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  free(s);
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ memory */
+
+CUresult cuMemAlloc(CUdeviceptr *p, size_t bytes) {
+  if (!p || !bytes) return CUDA_ERROR_INVALID_VALUE;
+  size_t page = 4096, data = (bytes + 255) / 256 * 256, map = (data + page - 1) / page * page + page;
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_SUCCESS;
+  if (allocated + data > TOTAL_MEM) r = CUDA_ERROR_OUT_OF_MEMORY;
+  void *base = r ? MAP_FAILED : mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (!r && base == MAP_FAILED) r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (!r && n_allocs == cap_allocs) {
+    int cap = cap_allocs ? 2 * cap_allocs : 64;
+    Alloc *a = realloc(allocs, (size_t)cap * sizeof *a);
+    if (!a) r = CUDA_ERROR_OUT_OF_MEMORY;
+    else allocs = a, cap_allocs = cap;
+  }
+  if (!r) {
+    mprotect((char *)base + map - page, page, PROT_NONE);
+    /* 256-aligned, ending as close to the guard page as that allows */
+    char *ptr = (char *)base + (map - page - data);
+    allocs[n_allocs++] = (Alloc){base, ptr, map, data};
+    allocated += data;
+    *p = (CUdeviceptr)(uintptr_t)ptr;
+  } else if (base != MAP_FAILED) {
+    munmap(base, map);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+CUresult cuMemFree(CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < n_allocs; i++)
+    if ((uintptr_t)allocs[i].ptr == (uintptr_t)p) {
+      munmap(allocs[i].base, allocs[i].map_bytes);
+      allocated -= allocs[i].bytes;
+      allocs[i] = allocs[--n_allocs];
+      r = CUDA_SUCCESS;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+CUresult cuMemGetInfo(size_t *free_bytes, size_t *total) {
+  if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  *total = (size_t)TOTAL_MEM;
+  *free_bytes = (size_t)TOTAL_MEM - allocated;
+  pthread_mutex_unlock(&mu);
+  return CUDA_SUCCESS;
+}
+
+/* Both ends of a device range must lie in one allocation. */
+static int in_device(CUdeviceptr p, size_t n) {
+  int ok = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < n_allocs && !ok; i++) {
+    uintptr_t lo = (uintptr_t)allocs[i].ptr, hi = lo + allocs[i].bytes;
+    ok = (uintptr_t)p >= lo && (uintptr_t)p + n <= hi;
+  }
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
+
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+  (void)s;
+  if (!n) return CUDA_SUCCESS;
+  if (!src || !in_device(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  memcpy((void *)(uintptr_t)dst, src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+  (void)s;
+  if (!n) return CUDA_SUCCESS;
+  if (!dst || !in_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  memcpy(dst, (const void *)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  (void)s;
+  if (!n) return CUDA_SUCCESS;
+  if (!in_device(dst, n) || !in_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
+  (void)s;
+  if (!n) return CUDA_SUCCESS;
+  if (!in_device(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  memset((void *)(uintptr_t)dst, v, n);
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ modules and launches */
+
+static void jit_log(unsigned n, const CUjit_option *opts, void **vals, const char *msg) {
+  char *buf = NULL;
+  size_t cap = 0;
+  for (unsigned i = 0; i < n; i++) {
+    if (opts[i] == CU_JIT_ERROR_LOG_BUFFER) buf = vals[i];
+    if (opts[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) cap = (size_t)(uintptr_t)vals[i];
+  }
+  if (buf && cap) snprintf(buf, cap, "%s", msg);
+}
+
+CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_option *opts, void **vals) {
+  if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned char *b = image;
+  if (memcmp(b, "\x7f" "ELF", 4)) {
+    jit_log(n, opts, vals, "the emulated device loads only what the fake NVRTC made (an ELF shared object)");
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  /* The image's size: the end of its section header table (an ELF64 file ends with it). */
+  uint64_t shoff, size;
+  uint16_t shentsize, shnum;
+  memcpy(&shoff, b + 0x28, 8);
+  memcpy(&shentsize, b + 0x3A, 2);
+  memcpy(&shnum, b + 0x3C, 2);
+  size = shoff + (uint64_t)shentsize * shnum;
+  const char *tmp = getenv("TMPDIR");
+  char path[1024];
+  snprintf(path, sizeof path, "%s/loom-emu-module-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  int fd = mkstemp(path);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  int ok = write(fd, image, size) == (ssize_t)size;
+  close(fd);
+  void *lib = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+  unlink(path);
+  LaunchFn launch = lib ? (LaunchFn)dlsym(lib, "loom_emu_launch") : NULL;
+  if (!launch) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "not an emulator module (a real cubin?): %s", lib ? "no loom_emu_launch" : dlerror());
+    jit_log(n, opts, vals, msg);
+    if (lib) dlclose(lib);
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  Module *mod = calloc(1, sizeof *mod);
+  if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
+  mod->lib = lib;
+  mod->launch = launch;
+  *m = (CUmodule)mod;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule m) {
+  if (!m) return CUDA_ERROR_INVALID_HANDLE;
+  Module *mod = (Module *)m;
+  while (mod->functions) {
+    Function *f = mod->functions;
+    mod->functions = f->next;
+    free(f);
+  }
+  dlclose(mod->lib);
+  free(mod);
+  return CUDA_SUCCESS;
+}
+
+/* A function lives as long as its module. */
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+  if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+  Module *mod = (Module *)m;
+  void *fn = dlsym(mod->lib, name);
+  if (!fn) return CUDA_ERROR_NOT_FOUND;
+  Function *fu = calloc(1, sizeof *fu);
+  if (!fu) return CUDA_ERROR_OUT_OF_MEMORY;
+  fu->mod = mod;
+  fu->next = mod->functions;
+  mod->functions = fu;
+  fu->fn = fn;
+  fu->max_dynamic_smem = SMEM_DEFAULT;
+  snprintf(fu->name, sizeof fu->name, "%s", name);
+  *f = (CUfunction)fu;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  if (a != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) return CUDA_ERROR_INVALID_VALUE;
+  if (v < 0 || v > SMEM_OPTIN) return CUDA_ERROR_INVALID_VALUE;
+  ((Function *)f)->max_dynamic_smem = v;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
+  if (!v) return CUDA_ERROR_INVALID_VALUE;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  switch (a) {
+  case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+  case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = ((Function *)f)->max_dynamic_smem; break;
+  default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, CUstream s, void **params, void **extra) {
+  (void)s;
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  Function *fu = (Function *)f;
+  if (extra || !params || !params[0]) return CUDA_ERROR_INVALID_VALUE;
+  if (!gx || !gy || !gz || !bx || !by || !bz || gx > 0x7fffffffu || gy > 65535 || gz > 65535 || bx > 1024 || by > 1024 ||
+      bz > 64 || (unsigned long long)bx * by * bz > 1024) {
+    fprintf(stderr, "loom-emu: %s launched with grid (%u,%u,%u) block (%u,%u,%u): out of the device's limits\n", fu->name,
+            gx, gy, gz, bx, by, bz);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if ((int)smem > fu->max_dynamic_smem) {
+    fprintf(stderr, "loom-emu: %s asks for %u bytes of dynamic shared memory; its limit is %d (cuFuncSetAttribute)\n",
+            fu->name, smem, fu->max_dynamic_smem);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_lock(&mu);
+  CUresult r = sticky;
+  if (r == CUDA_SUCCESS) {
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    char err[700] = "";
+    if (fu->mod->launch(fu->fn, params[0], grid, block, smem, err, sizeof err)) {
+      fprintf(stderr, "loom-emu: kernel %s: %s\n", fu->name, err);
+      r = sticky = CUDA_ERROR_LAUNCH_FAILED;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The CUDA backend on the emulated device (see emu.h): loom's own NVRTC, driver and cuBLASLt
+# calls go to the test doubles built beside it, and the CUDA translation unit runs as host
+# code.  Runs tests/gpu/test_train.sh (the GPU session's training and golden checks) in its
+# emulated mode, then longer sequences against the CPU backend, the same bits with the
+# threads of every block run in reverse order, and a compiled executable's embedded module.
+#   bash tests/cuda_emu/run.sh LOOM ST_DIFF LIBCUDA LIBNVRTC LIBCUBLASLT
+# Not a GPU check: speed, registers and the memory model stay owed to tests/gpu/run.sh.
+LOOM=$1 ST_DIFF=$2
+export LOOM_LIBCUDA=$3 LOOM_LIBNVRTC=$4 LOOM_LIBCUBLASLT=$5
+for f in "$LOOM_LIBCUDA" "$LOOM_LIBNVRTC" "$LOOM_LIBCUBLASLT"; do
+  [ -f "$f" ] || { echo "FAIL: $f not built"; exit 1; }
+done
+command -v "${LOOM_EMU_CXX:-g++}" > /dev/null || { echo "SKIPPED: no C++ compiler for the emulated device"; exit 0; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+export LOOM_CACHE_DIR=$tmp/cache TMPDIR=$tmp
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+LOOM_EMULATED=1 bash tests/gpu/test_train.sh "$(dirname "$LOOM")" "$LOOM" "$ST_DIFF" && ok "tests/gpu/test_train.sh on the emulated device" ||
+  bad "tests/gpu/test_train.sh on the emulated device"
+
+# Longer sequences than the goldens': several attention tiles per row and per block
+# (forward tiles of 64 queries x 64 keys, backward 32 keys), causal tiles skipped.
+"$LOOM" data data/shakespeare.txt -o "$tmp/d.bin" > /dev/null
+for ms in gpt2-tiny:64 llama-tiny:128; do
+  m=${ms%:*} T=${ms#*:}
+  run() { "$LOOM" eval models/$m.json --weights tests/golden/$m/weights.safetensors --tokens "$tmp/d.bin" --seq $T --batch 2 \
+            --grads --out "$1" "${@:2}" > "$tmp/log" 2>&1 || cat "$tmp/log"; }
+  run "$tmp/cpu.st" --backend cpu
+  run "$tmp/cuda.st" --backend cuda
+  "$ST_DIFF" "$tmp/cuda.st" "$tmp/cpu.st" --rtol 1e-4 > "$tmp/diff" 2>&1 &&
+    ok "$m seq $T: logits, loss and every gradient within 1e-4 of the CPU backend" ||
+    { bad "$m seq $T against the CPU"; grep FAIL "$tmp/diff" | head -5; }
+  LOOM_EMU_ORDER=reverse run "$tmp/rev.st" --backend cuda
+  "$ST_DIFF" "$tmp/rev.st" "$tmp/cuda.st" --rtol 0 > "$tmp/diff" 2>&1 &&
+    ok "$m seq $T: the same bits with every block's threads run in reverse order" ||
+    { bad "$m seq $T in reverse thread order"; grep FAIL "$tmp/diff" | head -5; }
+done
+
+if "$LOOM" compile models/gpt2-tiny.json --backend cuda --data "$tmp/d.bin" -o "$tmp/exe" > "$tmp/log" 2>&1 &&
+   "$tmp/exe" --steps 2 > "$tmp/run" 2>&1 && grep -q '^done' "$tmp/run"; then
+  ok "loom compile --backend cuda: the executable trains from its embedded module"
+else
+  bad "compiled executable"; cat "$tmp/log" "$tmp/run" 2> /dev/null | tail -20
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
