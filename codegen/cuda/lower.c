@@ -507,6 +507,14 @@ static uint32_t fa_smem(int which, int64_t D) {
   }
 }
 
+/* Attention on tensor cores (loom_attn_fwd_tc): q, k and v all bf16 or all f16, the head
+   size a multiple of 16.  f32 attention stays on CUDA cores, in f32 (TF32 would not hold
+   the f32 results to 1e-4 of the reference). */
+static bool tensor_cores(const RtStep *st, int64_t D) {
+  int t = st->bufs[0].storage;
+  return (t == RT_ST_BF16 || t == RT_ST_F16) && st->bufs[1].storage == t && st->bufs[2].storage == t && D % 16 == 0;
+}
+
 static int lower_builtin(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
@@ -599,6 +607,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->smem = fa_smem(0, q->dims[3]);
     snprintf(extra, sizeof extra, "%lld", (long long)q->dims[3]);
     snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
+    if (tensor_cores(st, q->dims[3])) {
+      st->smem = (uint32_t)(2 * (64 * (q->dims[3] + 8) + q->dims[3] * 72));
+      return instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
+    }
     return instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
   }
   case OP_ATTENTION_GRAD: {

@@ -21,6 +21,19 @@ bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 LOOM_EMULATED=1 bash tests/gpu/test_train.sh "$(dirname "$LOOM")" "$LOOM" "$ST_DIFF" && ok "tests/gpu/test_train.sh on the emulated device" ||
   bad "tests/gpu/test_train.sh on the emulated device"
 
+# The attention kernels alone against a double-precision reference (attention.cc), built
+# on a translation unit loom emits (the templates are its prelude's).
+"$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target=cuda --emit=cuda -o "$tmp/tu.cu" > "$tmp/log" 2>&1 || cat "$tmp/log"
+sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_emu_dyn_smem();/' "$tmp/tu.cu" > "$tmp/tu_emu.cu"
+if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
+     -DTU="\"$tmp/tu_emu.cu\"" tests/cuda_emu/attention.cc -o "$tmp/attention" > "$tmp/log" 2>&1 &&
+   "$tmp/attention" > "$tmp/att" 2>&1; then
+  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16) within 2e-5 of a double reference"
+  sed 's/^/     /' "$tmp/att"
+else
+  bad "attention kernels"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
+fi
+
 # Longer sequences than the goldens': several attention tiles per row and per block
 # (forward tiles of 64 queries x 64 keys, backward 32 keys), causal tiles skipped.
 "$LOOM" data data/shakespeare.txt -o "$tmp/d.bin" > /dev/null
@@ -33,6 +46,14 @@ for ms in gpt2-tiny:64 llama-tiny:128; do
   "$ST_DIFF" "$tmp/cuda.st" "$tmp/cpu.st" --rtol 1e-4 > "$tmp/diff" 2>&1 &&
     ok "$m seq $T: logits, loss and every gradient within 1e-4 of the CPU backend" ||
     { bad "$m seq $T against the CPU"; grep FAIL "$tmp/diff" | head -5; }
+  sed '0,/{/s/{/{"precision": "bf16", /' models/$m.json > "$tmp/bf16.json"
+  run16() { "$LOOM" eval "$tmp/bf16.json" --weights tests/golden/$m/weights.safetensors --tokens "$tmp/d.bin" --seq $T \
+              --batch 2 --grads --out "$1" "${@:2}" > "$tmp/log" 2>&1 || cat "$tmp/log"; }
+  run16 "$tmp/cpu16.st" --backend cpu
+  run16 "$tmp/cuda16.st" --backend cuda
+  "$ST_DIFF" "$tmp/cuda16.st" "$tmp/cpu16.st" --rtol 2e-2 > "$tmp/diff" 2>&1 &&
+    ok "$m seq $T bf16 (attention on tensor cores): every gradient within 2e-2 of the CPU backend" ||
+    { bad "$m seq $T bf16 against the CPU"; grep FAIL "$tmp/diff" | head -5; }
   LOOM_EMU_ORDER=reverse run "$tmp/rev.st" --backend cuda
   "$ST_DIFF" "$tmp/rev.st" "$tmp/cuda.st" --rtol 0 > "$tmp/diff" 2>&1 &&
     ok "$m seq $T: the same bits with every block's threads run in reverse order" ||

@@ -210,9 +210,11 @@ static void test_tiny_models(void) {
             "tiny %s: the first norm runs %s, rows 64, D 64, a block per row", label, want);
       /* attention forward */
       const RtStep *at = gs ? find_step(gs, "attention %", 0) : NULL;
-      snprintf(want, sizeof want, "loom_attn_fwd_%c%c%c%c_16", s, s, s, s);
+      /* bf16: on tensor cores (K row-major and V transposed in shared memory, 16-bit) */
+      snprintf(want, sizeof want, "loom_attn_fwd%s_%c%c%c%c_16", bf16 ? "_tc" : "", s, s, s, s);
+      uint32_t want_smem = bf16 ? 2 * (64 * (16 + 8) + 16 * 72) : 4 * (3 * 64 * 17 + 64 * 65);
       check(at && at->which == kernel_index(&p, want) && at->block[0] == 128 && at->grid[0] == 2 * 4 &&
-                at->grid[1] == 1 && at->smem == 4 * (3 * 64 * 17 + 64 * 65) && at->i[3] == 16 &&
+                at->grid[1] == 1 && at->smem == want_smem && at->i[3] == 16 &&
                 at->i[5] == (gpt2 ? 4 : 2) && at->i[6] == 1,
             "tiny %s: attention runs %s: grid (B*H, T/64), 128 threads, %u bytes of shared memory", label, want,
             at ? at->smem : 0);
@@ -380,11 +382,12 @@ static void test_program(void) {
               s[3].i[1] == 8 && s[3].i[2] == 8 && s[3].block[0] == 256 &&
               buf_is(&s[3].bufs[3], RT_REGION_ARENA, 3136, 8, RT_ST_F32),
           "program: the fused kernel k0: N 64, 8 outputs of 8 elements (a thread each)");
-    check(s[4].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[4].which], "loom_attn_fwd_bbbb_64") &&
+    check(s[4].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[4].which], "loom_attn_fwd_tc_bbbb_64") &&
               s[4].grid[0] == 2 && s[4].grid[1] == 1 && s[4].block[0] == 128 &&
-              s[4].smem == 4 * (3 * 64 * 65 + 64 * 65) && s[4].i[0] == 1 && s[4].i[1] == 8 && s[4].i[2] == 2 &&
+              s[4].smem == 2 * (64 * 72 + 64 * 72) && s[4].i[0] == 1 && s[4].i[1] == 8 && s[4].i[2] == 2 &&
               s[4].i[3] == 64 && s[4].i[4] == 8 && s[4].i[5] == 2 && s[4].i[6] == 1 && s[4].f[0] == 0.125,
-          "program: attention runs loom_attn_fwd_bbbb_64 with %u bytes of dynamic shared memory", s[4].smem);
+          "program: bf16 attention runs on tensor cores, loom_attn_fwd_tc_bbbb_64, with %u bytes of dynamic shared "
+          "memory", s[4].smem);
     check(s[5].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[5].which], "loom_lngrad_bbbb") &&
               s[5].n_in == 3 && s[5].n_out == 2 && s[5].grid[0] == 8 &&
               buf_is(&s[5].bufs[4], RT_REGION_ARENA, 8192, 8 * 2 * 8, RT_ST_F32) &&
