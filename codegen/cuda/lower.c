@@ -507,12 +507,14 @@ static uint32_t fa_smem(int which, int64_t D) {
   }
 }
 
-/* Attention on tensor cores (loom_attn_fwd_tc): q, k and v all bf16 or all f16, the head
-   size a multiple of 16.  f32 attention stays on CUDA cores, in f32 (TF32 would not hold
+/* Attention on tensor cores (loom_attn_*_tc): the first n_operands buffers (q, k, v; dout,
+   q, k, v) all bf16 or all f16, the head size a multiple of 16.  f32 attention stays on CUDA cores, in f32 (TF32 would not hold
    the f32 results to 1e-4 of the reference). */
-static bool tensor_cores(const RtStep *st, int64_t D) {
+static bool tensor_cores(const RtStep *st, int n_operands, int64_t D) {
   int t = st->bufs[0].storage;
-  return (t == RT_ST_BF16 || t == RT_ST_F16) && st->bufs[1].storage == t && st->bufs[2].storage == t && D % 16 == 0;
+  for (int k = 1; k < n_operands; k++)
+    if (st->bufs[k].storage != t) return false;
+  return (t == RT_ST_BF16 || t == RT_ST_F16) && D % 16 == 0;
 }
 
 static int lower_builtin(Lower *L, Steps *s) {
@@ -607,7 +609,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->smem = fa_smem(0, q->dims[3]);
     snprintf(extra, sizeof extra, "%lld", (long long)q->dims[3]);
     snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
-    if (tensor_cores(st, q->dims[3])) {
+    if (tensor_cores(st, 3, q->dims[3])) {
       st->smem = (uint32_t)(2 * (64 * (q->dims[3] + 8) + q->dims[3] * 72));
       return instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
     }
@@ -633,7 +635,12 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->grid[0] = (uint32_t)(B * H);
     st->grid[1] = clamp_grid((T + 63) / 64, 65535);
     st->smem = fa_smem(1, D);
-    if (instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128)) return IR_EINPUT;
+    bool tc = tensor_cores(st, 4, D);
+    int64_t tile = D <= 64 ? 64 : 32;   /* the tensor-core kernels' key (dq) and query (dk dv) tiles */
+    if (tc) st->smem = (uint32_t)(2 * (2 * tile * (D + 8) + D * (tile + 8)));
+    if (tc ? instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, 4), extra, suffix, 128)
+           : instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
+      return IR_EINPUT;
     RtBuf lb = st->bufs[5], db = st->bufs[6];
     /* 2: dk, dv */
     st = new_step(L, s, RT_STEP_KERNEL, 0, " (dk dv)");
@@ -649,6 +656,11 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->grid[0] = (uint32_t)(B * KV);
     st->grid[1] = clamp_grid((S + 31) / 32, 65535);
     st->smem = fa_smem(2, D);
+    if (tc) {
+      st->grid[1] = clamp_grid((S + 63) / 64, 65535);
+      st->smem = (uint32_t)(2 * (2 * 64 * (D + 8) + 2 * tile * (D + 8) + 2 * D * (tile + 8)) + 8 * tile);
+      return instantiate(L, st, "attn_dkdv_tc", "loom_attn_bwd_dkdv_tc", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
+    }
     return instantiate(L, st, "attn_dkdv", "loom_attn_bwd_dkdv", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
   }
   case OP_ROPE:

@@ -1,10 +1,10 @@
 /* tests/cuda_emu/attention.cc — the flash-attention kernels of codegen/cuda/prelude.h on the
- * emulated device against a double-precision reference: the tensor-core forward
- * (loom_attn_fwd_tc, bf16 and f16) and the CUDA-core one (loom_attn_fwd), causal and not,
+ * emulated device against a double-precision reference: forward (out) and backward (dq; dk,
+ * dv) on tensor cores (loom_attn_*_tc, bf16 and f16) and on CUDA cores, causal and not,
  * grouped KV heads, query and key lengths that are not multiples of the tiles, head sizes
  * 16, 64 and 128.  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
  * translation unit from `loom ir --emit=cuda` (the templates come from its prelude).
- * Exit 0 when every case is within 2e-5 of the largest output. */
+ * Exit 0 when every result of every case is within 2e-5 of its largest element. */
 #include TU
 #include "emu_tail.h"
 
@@ -21,75 +21,123 @@ struct Case {
 static u16 to16(float x, bool bf) { return bf ? loom_f32_to_bf16(x) : loom_f32_to_f16(x); }
 static float from16(u16 h, bool bf) { return bf ? loom_bf16_to_f32(h) : loom_f16_to_f32(h); }
 
-template <class S16, int D>
-static void tc(LoomArgs a) { loom_attn_fwd_tc<S16, S16, S16, loom_sf32, D>(a); }
-template <class S16, int D>
-static void simt(LoomArgs a) { loom_attn_fwd<S16, S16, S16, loom_sf32, D>(a); }
+template <class S, int D>
+static void fwd_tc(LoomArgs a) { loom_attn_fwd_tc<S, S, S, loom_sf32, D>(a); }
+template <class S, int D>
+static void fwd(LoomArgs a) { loom_attn_fwd<S, S, S, loom_sf32, D>(a); }
+template <class S, int D>
+static void dq_tc(LoomArgs a) { loom_attn_bwd_dq_tc<S, S, S, S, loom_sf32, D>(a); }
+template <class S, int D>
+static void dq(LoomArgs a) { loom_attn_bwd_dq<S, S, S, S, loom_sf32, D>(a); }
+template <class S, int D>
+static void dkdv_tc(LoomArgs a) { loom_attn_bwd_dkdv_tc<S, S, S, S, loom_sf32, loom_sf32, D>(a); }
+template <class S, int D>
+static void dkdv(LoomArgs a) { loom_attn_bwd_dkdv<S, S, S, S, loom_sf32, loom_sf32, D>(a); }
 
-template <int D>
-static int launch(const Case &c, bool tensor_cores, LoomArgs *a) {
-  unsigned grid[3] = {(unsigned)(c.B * c.H), (unsigned)((c.T + 63) / 64), 1}, block[3] = {128, 1, 1};
-  unsigned smem = tensor_cores ? 2 * (64 * (D + 8) + D * 72) : 4 * (3 * 64 * (D + 1) + 64 * 65);
-  void (*fn)(LoomArgs);
-  if (tensor_cores) fn = c.bf16 ? tc<loom_sbf16, D> : tc<loom_sf16, D>;
-  else fn = c.bf16 ? simt<loom_sbf16, D> : simt<loom_sf16, D>;
+static int launch(void (*fn)(LoomArgs), LoomArgs *a, unsigned gx, unsigned gy, unsigned smem, const char *what) {
+  unsigned grid[3] = {gx, gy, 1}, block[3] = {128, 1, 1};
   char err[600];
-  if (loom_emu_launch((void *)fn, a, grid, block, smem, err, sizeof err)) {
-    printf("FAIL launch: %s\n", err);
-    return 1;
-  }
-  return 0;
+  if (!loom_emu_launch((void *)fn, a, grid, block, smem, err, sizeof err)) return 0;
+  printf("FAIL launch of %s: %s\n", what, err);
+  return 1;
 }
 
-static int run(const Case &c, bool tensor_cores) {
+/* Forward, then backward (dq, L, Dsum; then dk, dv), with the launch shapes of
+   codegen/cuda/lower.c. */
+template <class S, int D>
+static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs *kv) {
+  const unsigned bh = (unsigned)(c.B * c.H), tq = (unsigned)((c.T + 63) / 64), L1 = D + 1, L8 = D + 8;
+  const unsigned bn = D <= 64 ? 64 : 32;
+  if (tcore)
+    return launch(fwd_tc<S, D>, f, bh, tq, 2 * (64 * L8 + D * 72), "forward") ||
+           launch(dq_tc<S, D>, q, bh, tq, 2 * (2 * bn * L8 + D * (bn + 8)), "dq") ||
+           launch(dkdv_tc<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
+                  2 * (2 * 64 * L8 + 2 * bn * L8 + 2 * D * (bn + 8)) + 8 * bn, "dk dv");
+  return launch(fwd<S, D>, f, bh, tq, 4 * (3 * 64 * L1 + 64 * 65), "forward") ||
+         launch(dq<S, D>, q, bh, tq, 4 * (2 * 64 * L1 + 2 * 32 * L1 + 64 * 33), "dq") ||
+         launch(dkdv<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 31) / 32),
+                4 * (2 * 32 * L1 + 2 * 64 * L1 + 2 * 32 * 65 + 128), "dk dv");
+}
+
+/* max |got - want| / max |want| (infinite when got holds a NaN: an unwritten element) */
+static double rel(const std::vector<float> &got, const std::vector<double> &want) {
+  double err = 0, big = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    err = got[i] != got[i] ? INFINITY : fmax(err, fabs(got[i] - want[i]));
+    big = fmax(big, fabs(want[i]));
+  }
+  return big > 0 ? err / big : err;
+}
+
+static int run(const Case &c, bool tcore) {
   std::mt19937 rng(c.T * 131 + c.D);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<u16> q((size_t)c.B * c.T * c.H * c.D), k((size_t)c.B * c.S * c.KV * c.D), v(k.size());
-  std::vector<float> o(q.size(), NAN);
+  const size_t nq = (size_t)c.B * c.T * c.H * c.D, nk = (size_t)c.B * c.S * c.KV * c.D;
+  std::vector<u16> q(nq), k(nk), v(nk), go(nq);
   for (auto &x : q) x = to16(2.0f * nd(rng), c.bf16);
   for (auto &x : k) x = to16(2.0f * nd(rng), c.bf16);
   for (auto &x : v) x = to16(nd(rng), c.bf16);
-  LoomArgs a;
-  memset(&a, 0, sizeof a);
-  a.buf[0] = q.data(), a.buf[1] = k.data(), a.buf[2] = v.data(), a.buf[3] = o.data();
-  const long long ints[7] = {c.B, c.T, c.H, c.D, c.S, c.KV, c.causal};
-  for (int i = 0; i < 7; i++) a.i[i] = ints[i];
+  for (auto &x : go) x = to16(nd(rng), c.bf16);
+  std::vector<float> o(nq, NAN), dq_(nq, NAN), dk_(nk, NAN), dv_(nk, NAN), Ls((size_t)c.B * c.H * c.T, NAN),
+      Ds(Ls.size(), NAN);
   const double scale = 1.0 / sqrt((double)c.D);
-  a.f[0] = scale;
-  int rc = c.D == 16 ? launch<16>(c, tensor_cores, &a) : c.D == 64 ? launch<64>(c, tensor_cores, &a) : launch<128>(c, tensor_cores, &a);
+  LoomArgs f, bq, bkv;
+  memset(&f, 0, sizeof f);
+  const long long ints[7] = {c.B, c.T, c.H, c.D, c.S, c.KV, c.causal};
+  for (int i = 0; i < 7; i++) f.i[i] = ints[i];
+  f.f[0] = scale;
+  bq = bkv = f;
+  void *fb[4] = {q.data(), k.data(), v.data(), o.data()};
+  void *qb[7] = {go.data(), q.data(), k.data(), v.data(), dq_.data(), Ls.data(), Ds.data()};
+  void *kb[8] = {go.data(), q.data(), k.data(), v.data(), Ls.data(), Ds.data(), dk_.data(), dv_.data()};
+  memcpy(f.buf, fb, sizeof fb), memcpy(bq.buf, qb, sizeof qb), memcpy(bkv.buf, kb, sizeof kb);
+  int rc;
+  if (c.bf16) rc = c.D == 16 ? kernels<loom_sbf16, 16>(c, tcore, &f, &bq, &bkv)
+                 : c.D == 64 ? kernels<loom_sbf16, 64>(c, tcore, &f, &bq, &bkv)
+                             : kernels<loom_sbf16, 128>(c, tcore, &f, &bq, &bkv);
+  else rc = c.D == 16 ? kernels<loom_sf16, 16>(c, tcore, &f, &bq, &bkv)
+            : c.D == 64 ? kernels<loom_sf16, 64>(c, tcore, &f, &bq, &bkv)
+                        : kernels<loom_sf16, 128>(c, tcore, &f, &bq, &bkv);
   if (rc) return 1;
-  double err = 0, big = 0;
+  /* the reference: P = softmax(scale q k^T), dP = dout v^T, dS = P (dP - rowsum(P dP)) */
+  std::vector<double> O(nq, 0), dQ(nq, 0), dK(nk, 0), dV(nk, 0);
+  auto at_q = [&](int b, int t, int h) { return (((size_t)b * c.T + t) * c.H + h) * c.D; };
+  auto at_k = [&](int b, int j, int h) { return (((size_t)b * c.S + j) * c.KV + h) * c.D; };
   for (int b = 0; b < c.B; b++)
     for (int t = 0; t < c.T; t++)
       for (int h = 0; h < c.H; h++) {
         const int kh = h / (c.H / c.KV);
-        std::vector<double> s(c.S);
-        double m = -INFINITY, l = 0;
+        std::vector<double> p(c.S, 0.0), dp(c.S, 0.0);
+        double m = -INFINITY, l = 0, dsum = 0;
         for (int j = 0; j < c.S; j++) {
-          s[j] = -INFINITY;
+          p[j] = -INFINITY;
           if (c.causal && j > t) continue;
           double d = 0;
-          for (int e = 0; e < c.D; e++)
-            d += (double)from16(q[(((size_t)b * c.T + t) * c.H + h) * c.D + e], c.bf16) *
-                 from16(k[(((size_t)b * c.S + j) * c.KV + kh) * c.D + e], c.bf16);
-          s[j] = d * scale;
-          m = fmax(m, s[j]);
+          for (int e = 0; e < c.D; e++) d += (double)from16(q[at_q(b, t, h) + e], c.bf16) * from16(k[at_k(b, j, kh) + e], c.bf16);
+          p[j] = d * scale;
+          m = fmax(m, p[j]);
         }
-        for (int j = 0; j < c.S; j++) l += s[j] == -INFINITY ? 0 : exp(s[j] - m);
-        for (int e = 0; e < c.D; e++) {
-          double acc = 0;
-          for (int j = 0; j < c.S; j++)
-            if (s[j] != -INFINITY) acc += exp(s[j] - m) * from16(v[(((size_t)b * c.S + j) * c.KV + kh) * c.D + e], c.bf16);
-          const double ref = acc / l, got = o[(((size_t)b * c.T + t) * c.H + h) * c.D + e];
-          err = fmax(err, fabs(got - ref));   /* NaN (an unwritten output) fails below */
-          if (got != got) err = INFINITY;
-          big = fmax(big, fabs(ref));
+        for (int j = 0; j < c.S; j++) l += p[j] == -INFINITY ? 0 : exp(p[j] - m);
+        for (int j = 0; j < c.S; j++) {
+          p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - m) / l;
+          for (int e = 0; e < c.D; e++) dp[j] += (double)from16(go[at_q(b, t, h) + e], c.bf16) * from16(v[at_k(b, j, kh) + e], c.bf16);
+          dsum += p[j] * dp[j];
+        }
+        for (int j = 0; j < c.S; j++) {
+          const double ds = p[j] * (dp[j] - dsum) * scale;
+          for (int e = 0; e < c.D; e++) {
+            O[at_q(b, t, h) + e] += p[j] * from16(v[at_k(b, j, kh) + e], c.bf16);
+            dQ[at_q(b, t, h) + e] += ds * from16(k[at_k(b, j, kh) + e], c.bf16);
+            dK[at_k(b, j, kh) + e] += ds * from16(q[at_q(b, t, h) + e], c.bf16);
+            dV[at_k(b, j, kh) + e] += p[j] * from16(go[at_q(b, t, h) + e], c.bf16);
+          }
         }
       }
-  const bool ok = err <= 2e-5 * big;
-  printf("%s %s %s D %d, B %d T %d S %d, H %d KV %d%s: max error %.2e of max |out| %.3f\n", ok ? "ok  " : "FAIL",
-         tensor_cores ? "tensor cores" : "CUDA cores  ", c.bf16 ? "bf16" : "f16 ", c.D, c.B, c.T, c.S, c.H, c.KV,
-         c.causal ? ", causal" : "", err, big);
+  const double eo = rel(o, O), eq = rel(dq_, dQ), ek = rel(dk_, dK), ev = rel(dv_, dV);
+  const bool ok = eo <= 2e-5 && eq <= 2e-5 && ek <= 2e-5 && ev <= 2e-5;
+  printf("%s %s %s D %d, B %d T %d S %d, H %d KV %d%s: relative errors out %.1e dq %.1e dk %.1e dv %.1e\n",
+         ok ? "ok  " : "FAIL", tcore ? "tensor cores" : "CUDA cores  ", c.bf16 ? "bf16" : "f16 ", c.D, c.B, c.T, c.S, c.H,
+         c.KV, c.causal ? ", causal" : "", eo, eq, ek, ev);
   return ok ? 0 : 1;
 }
 

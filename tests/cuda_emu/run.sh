@@ -55,8 +55,10 @@ for ms in gpt2-tiny:64 llama-tiny:128; do
     ok "$m seq $T bf16 (attention on tensor cores): every gradient within 2e-2 of the CPU backend" ||
     { bad "$m seq $T bf16 against the CPU"; grep FAIL "$tmp/diff" | head -5; }
   LOOM_EMU_ORDER=reverse run "$tmp/rev.st" --backend cuda
+  LOOM_EMU_ORDER=reverse run16 "$tmp/rev16.st" --backend cuda
   "$ST_DIFF" "$tmp/rev.st" "$tmp/cuda.st" --rtol 0 > "$tmp/diff" 2>&1 &&
-    ok "$m seq $T: the same bits with every block's threads run in reverse order" ||
+    "$ST_DIFF" "$tmp/rev16.st" "$tmp/cuda16.st" --rtol 0 >> "$tmp/diff" 2>&1 &&
+    ok "$m seq $T: the same bits (f32, and bf16 on tensor cores) with every block's threads run in reverse order" ||
     { bad "$m seq $T in reverse thread order"; grep FAIL "$tmp/diff" | head -5; }
 done
 

@@ -229,6 +229,15 @@ static void test_tiny_models(void) {
                 dq[1].grid[0] == (uint32_t)(2 * (gpt2 ? 4 : 2)) && dq[1].grid[1] == 1;
       check(ok, "tiny %s: attention_grad is two steps (dq; dk dv) sharing L and Dsum in scratch past the arena",
             label);
+      /* bf16: both on tensor cores; dk dv then in tiles of 64 keys */
+      char want_dq[64], want_kv[64];
+      snprintf(want_dq, sizeof want_dq, "loom_attn_dq%s_%c%c%c%c%c_16", bf16 ? "_tc" : "", s, s, s, s, s);
+      snprintf(want_kv, sizeof want_kv, "loom_attn_dkdv%s_%c%c%c%c%c%c_16", bf16 ? "_tc" : "", s, s, s, s, s, s);
+      check(dq && dq->which == kernel_index(&p, want_dq) && dq[1].which == kernel_index(&p, want_kv) &&
+                dq->smem == (bf16 ? 2u * (2 * 64 * 24 + 16 * 72) : 4u * (2 * 64 * 17 + 2 * 32 * 17 + 64 * 33)) &&
+                dq[1].smem == (bf16 ? 2u * (4 * 64 * 24 + 2 * 16 * 72) + 8 * 64 : 4u * (2 * 32 * 17 + 2 * 64 * 17 + 2 * 32 * 65 + 128)),
+            "tiny %s: attention_grad runs %s and %s (%u and %u bytes of shared memory)", label, want_dq, want_kv,
+            dq ? dq->smem : 0, dq ? dq[1].smem : 0);
       /* layernorm_grad / rmsnorm_grad: partial sums in scratch, then their sum */
       const RtStep *ng = gs ? find_step(gs, gpt2 ? "layernorm_grad" : "rmsnorm_grad", 0) : NULL;
       ok = ng && strstr(ng->label, "(dx)") && strstr(ng[1].label, "(dw)") && ng->n_out == 2 && irgs &&
