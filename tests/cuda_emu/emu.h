@@ -279,6 +279,16 @@ static int loom_emu_launch_with(void (*call)(void *, void *), void *fn, void *ar
 
 static inline void *loom_emu_dyn_smem() { return loom_emu::dyn_smem; }
 
+/* LOOM_CHECK_ALIGN of the prelude: a wide access at an address that is not a multiple of its
+   size faults on a GPU. */
+static inline void loom_emu_check_align(const void *p, unsigned n, const char *what) {
+  if ((uintptr_t)p % n == 0) return;
+  char msg[200];
+  snprintf(msg, sizeof msg, "a %u-byte access at %p (%.100s), not %u-byte aligned: a misaligned-address fault on a GPU",
+           n, p, what, n);
+  loom_emu::fail("%s", msg);
+}
+
 /* ------------------------------------------------------------------ barriers and warp ops */
 static inline void __syncthreads() {
   using namespace loom_emu;
