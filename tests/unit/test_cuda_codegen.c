@@ -501,6 +501,12 @@ static void test_models_nvrtc(bool full) {
     const RtFunc *gs = find_func(&p, "grad_step");
     const RtStep *at = gs ? find_step(gs, "attention %", 0) : NULL;
     check(at && at->i[3] == 64, "nvrtc %s: head size 64", label);
+    const RtFunc *os = find_func(&p, "optimizer_step");
+    int adamw = 0, params = 0;
+    for (int k = 0; os && k < os->n_steps; k++)
+      adamw += os->steps[k].kind == RT_STEP_KERNEL && !strncmp(p.kernel_names[os->steps[k].which], "loom_adamw_", 11);
+    for (int g = 0; g < p.n_globals; g++) params += p.globals[g].region == RT_REGION_PARAMS;
+    check(adamw == 2, "nvrtc %s: AdamW over %d parameter tensors in %d launches (want 2)", label, params, adamw);
     static const char *archs[] = {"sm_90a", "sm_80"};
     for (int a = 0; a < 2; a++) {
       if (a == 1 && !full && c != 3) continue;
