@@ -12,8 +12,11 @@
 #
 # Variables: LOOM (default build-gpu/loom, else build/loom), STEPS (20; the first 3 steps
 # are dropped), PEAK_TFLOPS (989: H100/H200 SXM bf16 dense), GPT2_BATCH (16), LLAMA_BATCH
-# (4), PRECISION (bf16).  Published anchors: llm.c trains GPT-2 124M at ~470K tokens/s on
-# one H100; ~1B Llama trainers report 45-50% MFU.
+# (4), PRECISION (bf16), MODELS (e.g. "models/gpt2-tiny.json:2:32", instead of the two),
+# EMULATED=1 (run on the emulated device of tests/cuda_emu, LOOM_LIB* set: checks this
+# script end to end without a GPU; its figures are the emulator's, not a GPU's).
+# Published anchors: llm.c trains GPT-2 124M at ~470K tokens/s on one H100; ~1B Llama
+# trainers report 45-50% MFU.
 set -u
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-$( [ -x build-gpu/loom ] && echo build-gpu/loom || echo build/loom )}
@@ -22,9 +25,16 @@ PEAK=${PEAK_TFLOPS:-989}
 PREC=${PRECISION:-bf16}
 [ -x "$LOOM" ] || { echo "bench/gpu_step.sh: $LOOM is missing: build loom first (cmake -B build-gpu && cmake --build build-gpu)"; exit 1; }
 models=("models/gpt2-124M.json ${GPT2_BATCH:-16} 1024" "models/llama-1B.json ${LLAMA_BATCH:-4} 2048")
+if [ -n "${MODELS:-}" ]; then
+  models=()
+  for m in $MODELS; do IFS=: read -r spec B T <<< "$m"; models+=("$spec $B $T"); done
+fi
 
 gpu=""
-if [ -z "${DRY:-}" ]; then
+if [ -n "${EMULATED:-}" ] && [ -z "${DRY:-}" ]; then
+  gpu="the emulated device (tests/cuda_emu; not a GPU: its figures measure the emulator)"
+  echo "device: $gpu"
+elif [ -z "${DRY:-}" ]; then
   if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     echo "SKIPPED: no GPU (nvidia-smi finds none); DRY=1 prints the predictions without one"
     exit 0
@@ -50,7 +60,7 @@ for m in "${models[@]}"; do
   cache=$tmp/cache-$name
   # cold: an empty NVRTC cache; one step
   LOOM_CACHE_DIR=$cache "$LOOM" train "$spec" "${shape[@]}" --backend cuda --steps 1 --data "$tmp/data.bin" > "$tmp/cold.log" 2>&1
-  cold=$(sed -n 's/.* in \([0-9.]*\) s$/\1/p' "$tmp/cold.log" | head -1)
+  cold=$(sed -n 's/^cuda: .* kernels compiled for .* in \([0-9.]*\) s$/\1/p' "$tmp/cold.log" | head -1)
   # warm cache, timed steps; nvidia-smi samples the device's memory meanwhile
   ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0; sleep 0.2; done ) > "$tmp/smi" 2>/dev/null &
   smi=$!
@@ -62,8 +72,8 @@ for m in "${models[@]}"; do
     rows+=("| $name | $B x $T | | failed (exit $rc) | | | $pred | | $cold | |")
     continue
   fi
-  warm=$(sed -n 's/.* in \([0-9.]*\) s (from the cache)$/\1/p' "$tmp/run.log" | head -1)
-  alloc=$(sed -n 's/^cuda: device memory \([0-9.]*\) MiB.*/\1 MiB/p' "$tmp/run.log" | head -1)
+  warm=$(sed -n 's/^cuda: .* kernels compiled for .* in \([0-9.]*\) s (from the cache)$/\1/p' "$tmp/run.log" | head -1)
+  alloc=$(sed -n 's/^cuda: device memory \([0-9.]*\) MiB (\(.*\))$/\1 MiB (\2)/p' "$tmp/run.log" | head -1)
   peak_smi=$(sort -n "$tmp/smi" | tail -1)
   ms=$(awk -F'|' '/^step/ {n++; if (n > 3) {gsub(/ ms/, "", $5); print $5 + 0}}' "$tmp/run.log" | sort -n |
        awk '{v[NR] = $1} END {if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}')

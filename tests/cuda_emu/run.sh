@@ -68,5 +68,12 @@ if "$LOOM" compile models/gpt2-tiny.json --backend cuda --data "$tmp/d.bin" -o "
 else
   bad "compiled executable"; cat "$tmp/log" "$tmp/run" 2> /dev/null | tail -20
 fi
+# bench/gpu_step.sh end to end (its parsing of loom's output), on a tiny model
+if EMULATED=1 MODELS="models/gpt2-tiny.json:2:32" STEPS=4 LOOM=$LOOM bash bench/gpu_step.sh > "$tmp/bench" 2>&1 &&
+   grep -Eq '^\| gpt2-tiny \| 2 x 32 \| 0\.000 \| [0-9.]+ \| [0-9]+ \| [0-9.]+% \| [0-9.]+ MiB \| [0-9.]+ MiB \(arenas .*\| [0-9.]+ \| [0-9.]+ \|$' "$tmp/bench"; then
+  ok "bench/gpu_step.sh runs end to end on the emulated device (its table filled)"
+else
+  bad "bench/gpu_step.sh on the emulated device"; tail -8 "$tmp/bench"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
