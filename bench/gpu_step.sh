@@ -12,7 +12,8 @@
 #
 # Variables: LOOM (default build-gpu/loom, else build/loom), STEPS (20; the first 3 steps
 # are dropped), PEAK_TFLOPS (989: H100/H200 SXM bf16 dense), GPT2_BATCH (16), LLAMA_BATCH
-# (4), PRECISION (bf16), MODELS (e.g. "models/gpt2-tiny.json:2:32", instead of the two),
+# (4), PRECISION (bf16), VOCAB_MULTIPLE (128: the vocabulary padded for aligned GEMMs,
+# GPT-2's 50257 -> 50304, as llm.c does; MFU still counts the real vocabulary's FLOPs), MODELS (e.g. "models/gpt2-tiny.json:2:32", instead of the two),
 # EMULATED=1 (run on the emulated device of tests/cuda_emu, LOOM_LIB* set: checks this
 # script end to end without a GPU; its figures are the emulator's, not a GPU's).
 # Published anchors: llm.c trains GPT-2 124M at ~470K tokens/s on one H100; ~1B Llama
@@ -23,6 +24,7 @@ LOOM=${LOOM:-$( [ -x build-gpu/loom ] && echo build-gpu/loom || echo build/loom 
 STEPS=${STEPS:-20}
 PEAK=${PEAK_TFLOPS:-989}
 PREC=${PRECISION:-bf16}
+VM=${VOCAB_MULTIPLE:-128}
 [ -x "$LOOM" ] || { echo "bench/gpu_step.sh: $LOOM is missing: build loom first (cmake -B build-gpu && cmake --build build-gpu)"; exit 1; }
 models=("models/gpt2-124M.json ${GPT2_BATCH:-16} 1024" "models/llama-1B.json ${LLAMA_BATCH:-4} 2048")
 if [ -n "${MODELS:-}" ]; then
@@ -51,6 +53,7 @@ for m in "${models[@]}"; do
   name=$(basename "$spec" .json)
   shape=(--batch "$B" --seq "$T" --precision "$PREC")
   flops=$("$LOOM" ir "$spec" --passes=train "${shape[@]}" --flops | awk '$1 == "@grad_step" {print $2}')
+  shape+=(--vocab-multiple "$VM")
   pred=$("$LOOM" ir "$spec" --passes=train,lower --target=cuda "${shape[@]}" --memory | awk '$1 == "total" {print $2, $3}')
   echo "== $name: batch $B x seq $T, $PREC: $flops FLOP per step; memory plan (cuda) $pred"
   if [ -n "${DRY:-}" ]; then
@@ -88,5 +91,5 @@ echo
 echo "| model | batch x seq | TFLOP/step | ms/step (median) | tokens/s | MFU | predicted memory | measured memory | compile cold (s) | compile warm (s) |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done
-[ -n "$gpu" ] && echo "device: $gpu; $PREC; MFU against ${PEAK} TFLOP/s; FLOPs from loom ir --flops"
+[ -n "$gpu" ] && echo "device: $gpu; $PREC; vocabulary padded to a multiple of $VM; MFU against ${PEAK} TFLOP/s; FLOPs of the unpadded model from loom ir --flops"
 exit 0

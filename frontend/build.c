@@ -74,8 +74,8 @@ static Value *rope(Graph *g, Value *x, const char *name) {
   return build_end(&g->b, name);
 }
 
-/* Vocabulary padding.  When tensor parallelism does not divide the vocabulary, the graph
-   holds V rounded up to a multiple of tp: the embedding tables get zero rows past the real
+/* Vocabulary padding.  When tensor parallelism (or the spec's vocab_multiple) does not
+   divide the vocabulary, the graph holds V rounded up to a multiple of both: the embedding tables get zero rows past the real
    vocabulary (not in checkpoints: loaders fill them with zeros, writers drop them), the
    padded logits are set to -inf before the loss, so they never touch it nor any gradient,
    and @forward returns the real vocabulary's logits. */
@@ -248,8 +248,16 @@ int frontend_build(const RunSpec *spec, const char *name, Module **out, char *er
   g.c = &spec->model;
   g.B = spec->batch;
   g.T = spec->seq;
-  int64_t tp = spec->mesh[MESH_TP];
-  g.V = (spec->model.vocab_size + tp - 1) / tp * tp;
+  /* the vocabulary the graph holds: a multiple of tp (each rank a whole share) and of
+     vocab_multiple (aligned GEMMs: e.g. 128), padded as vocab_param describes */
+  int64_t tp = spec->mesh[MESH_TP], mult = spec->vocab_multiple > 0 ? spec->vocab_multiple : 1, a = tp, b = mult;
+  while (b) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  int64_t lcm = tp / a * mult;
+  g.V = (spec->model.vocab_size + lcm - 1) / lcm * lcm;
   Func *f = module_add_func(g.m, "forward");
   g.b.f = f;
   int64_t bt[] = {g.B, g.T};

@@ -68,6 +68,7 @@ enum {
   SPEC_SET_SAVE_DIR = 1u << 20,
   SPEC_SET_MODEL = 1u << 21,
   SPEC_SET_BUCKET_MB = 1u << 22,
+  SPEC_SET_VOCAB_MULTIPLE = 1u << 23,
 };
 
 enum { MESH_DP, MESH_TP, MESH_CP, MESH_PP, MESH_EP, MESH_AXES };
@@ -87,6 +88,7 @@ typedef struct {
   int zero;                       /* ZeRO stage 0..3 */
   bool sequence_parallel;         /* with tp: norms and residuals split along the sequence */
   double bucket_mb;               /* dp gradient all-reduce buckets in MB (10^6 bytes), default 25; 0 = off */
+  int64_t vocab_multiple;         /* the graph's vocabulary rounded up to a multiple of it (and of tp); default 1 */
   int n_data;
   char data[SPEC_MAX_DATA][SPEC_PATH_MAX]; /* resolved relative to the spec's folder */
   char init[SPEC_PATH_MAX], out[SPEC_PATH_MAX], save_dir[SPEC_PATH_MAX]; /* "" if absent */

@@ -15,7 +15,7 @@ static const char *const SPEC_KEYS[] = {
     "model", "batch",        "seq",   "steps",     "grad_accum", "lr",   "min_lr", "warmup",
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
     "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
-    "bucket_mb",
+    "bucket_mb", "vocab_multiple",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -34,6 +34,7 @@ static const struct {
     {"config", "model"},         {"train_data", "data"},         {"dp", "mesh"},
     {"tp", "mesh"},              {"cp", "mesh"},                 {"pp", "mesh"},
     {"ep", "mesh"},              {"bucket_cap_mb", "bucket_mb"}, {"bucket_size", "bucket_mb"},
+    {"make_vocab_size_divisible_by", "vocab_multiple"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
 };
 
 static const char *const AXES[MESH_AXES] = {"dp", "tp", "cp", "pp", "ep"};
@@ -66,6 +67,7 @@ void spec_defaults(RunSpec *s) {
   for (int i = 0; i < MESH_AXES; i++) s->mesh[i] = 1;
   s->zero = 0;
   s->bucket_mb = 25.0;
+  s->vocab_multiple = 1;
 }
 
 static void default_seq(RunSpec *s) {
@@ -309,6 +311,9 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
   NUM("eps", eps, POSITIVE, "set it to Adam's epsilon (e.g. 1e-8)", SPEC_SET_EPS)
   NUM("grad_clip", grad_clip, NONNEG, "set it to the global gradient-norm limit (0 = no clipping)",
       SPEC_SET_GRAD_CLIP)
+  INT("vocab_multiple", vocab_multiple, 1, 1 << 20, "a positive integer",
+      "set it to round the vocabulary up to a multiple of it (e.g. 128: GPT-2's 50257 becomes 50304; "
+      "the padded logits are masked, so results do not change)", SPEC_SET_VOCAB_MULTIPLE)
   NUM("bucket_mb", bucket_mb, NONNEG,
       "set it to the size in MB of the data-parallel gradient all-reduce buckets (e.g. 25; 0 = one per gradient)",
       SPEC_SET_BUCKET_MB)

@@ -68,7 +68,8 @@ int cuda_storage_size(RtStorage s) {
   case RT_ST_BF16:
   case RT_ST_F16: return 2;
   case RT_ST_F8E4M3:
-  case RT_ST_F8E5M2: return 1;
+  case RT_ST_F8E5M2:
+  case RT_ST_BOOL: return 1;
   }
   return 0;
 }
@@ -81,6 +82,7 @@ const char *cuda_storage_name(RtStorage s) {
   case RT_ST_F16: return "f16";
   case RT_ST_F8E4M3: return "f8e4m3";
   case RT_ST_F8E5M2: return "f8e5m2";
+  case RT_ST_BOOL: return "bool";
   }
   return "unknown";
 }
@@ -154,6 +156,9 @@ void cuda_f32_to_storage(RtStorage s, const float *in, void *out, int64_t n) {
   case RT_ST_F8E5M2:
     for (int64_t k = 0; k < n; k++) ((uint8_t *)out)[k] = (uint8_t)mini_encode(rt_round(RT_ROUND_F8E5M2, in[k]), E5M2);
     break;
+  case RT_ST_BOOL:   /* in holds int32 0/1, as every integer on the host side */
+    for (int64_t k = 0; k < n; k++) ((uint8_t *)out)[k] = ((const int32_t *)(const void *)in)[k] != 0;
+    break;
   }
 }
 
@@ -173,6 +178,9 @@ void cuda_storage_to_f32(RtStorage s, const void *in, float *out, int64_t n) {
     break;
   case RT_ST_F8E5M2:
     for (int64_t k = 0; k < n; k++) out[k] = mini_decode(((const uint8_t *)in)[k], E5M2);
+    break;
+  case RT_ST_BOOL:
+    for (int64_t k = 0; k < n; k++) ((int32_t *)(void *)out)[k] = ((const uint8_t *)in)[k];
     break;
   }
 }
@@ -221,9 +229,9 @@ static int64_t region_size(const RtProgram *p, int func, int region) {
 
 static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
   const char *fn = p->funcs[func].name;
-  int sz = b->storage <= RT_ST_F8E5M2 ? cuda_storage_size((RtStorage)b->storage) : 0;
+  int sz = b->storage <= RT_ST_BOOL ? cuda_storage_size((RtStorage)b->storage) : 0;
   if (!sz) return fail(err, errlen, 2, "@%s: %s: buffer has an unknown storage (%d)", fn, what, b->storage);
-  if (b->is_int != (b->storage == RT_ST_I32))
+  if (b->is_int != (b->storage == RT_ST_I32 || b->storage == RT_ST_BOOL))
     return fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
                 cuda_storage_name((RtStorage)b->storage));
   if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz || b->n < 0 ||

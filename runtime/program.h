@@ -23,7 +23,7 @@ typedef enum { RT_ROUND_NONE, RT_ROUND_BF16, RT_ROUND_F16, RT_ROUND_F8E4M3, RT_R
 
 /* How a buffer's elements are stored.  The CPU backend stores every float as f32 (and
    emulates narrow dtypes with RtBuf.round); the CUDA backend stores each dtype natively. */
-typedef enum { RT_ST_F32, RT_ST_I32, RT_ST_BF16, RT_ST_F16, RT_ST_F8E4M3, RT_ST_F8E5M2 } RtStorage;
+typedef enum { RT_ST_F32, RT_ST_I32, RT_ST_BF16, RT_ST_F16, RT_ST_F8E4M3, RT_ST_F8E5M2, RT_ST_BOOL /* 1 byte, 0 or 1 */ } RtStorage;
 
 typedef struct {
   uint8_t region;      /* RtRegion */

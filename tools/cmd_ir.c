@@ -44,6 +44,7 @@ static const char help[] =
   "  --zero=0|1|2|3         ZeRO stage over dp\n"
   "  --sequence-parallel=true|false  with tp: norms and residuals split along the sequence\n"
   "  --bucket-mb=X          dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
+  "  --vocab-multiple=N     the vocabulary padded to a multiple of N (masked; e.g. 128 aligns GPT-2's GEMMs)\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
@@ -120,7 +121,8 @@ int cmd_ir(int argc, char **argv) {
                                                 {"--precision", "precision"},   {"--grad-accum", "grad_accum"},
                                                 {"--mesh", "mesh"},             {"--zero", "zero"},
                                                 {"--sequence-parallel", "sequence_parallel"},
-                                                {"--bucket-mb", "bucket_mb"}};
+                                                {"--bucket-mb", "bucket_mb"},
+                                                {"--vocab-multiple", "vocab_multiple"}};
     bool matched = false;
     for (int k = 0; k < (int)(sizeof spec_flags / sizeof spec_flags[0]) && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {

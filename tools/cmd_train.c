@@ -29,6 +29,8 @@ static const char help[] =
   "  --zero 0|1|2|3        ZeRO stage over dp: shard optimizer state, + gradients, + parameters\n"
   "  --sequence-parallel true|false  with tp: norms and residuals split along the sequence\n"
   "  --bucket-mb X         dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
+  "  --vocab-multiple N    pad the vocabulary to a multiple of N (masked logits, the same results;\n"
+  "                        e.g. 128: GPT-2's 50257 -> 50304, aligned GEMMs on a GPU)\n"
   "parameters and checkpoints:\n"
   "  --init W.safetensors  start from these weights (HF names); default: seeded init\n"
   "  --seed S              seed of the initialization (default 1337)\n"

@@ -12,7 +12,7 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--beta1", "beta1"}, {"--beta2", "beta2"}, {"--eps", "eps"}, {"--grad-clip", "grad_clip"},
   {"--precision", "precision"}, {"--init", "init"}, {"--out", "out"}, {"--save-dir", "save_dir"},
   {"--save-every", "save_every"}, {"--seed", "seed"}, {"--mesh", "mesh"}, {"--zero", "zero"},
-  {"--sequence-parallel", "sequence_parallel"}, {"--bucket-mb", "bucket_mb"},
+  {"--sequence-parallel", "sequence_parallel"}, {"--bucket-mb", "bucket_mb"}, {"--vocab-multiple", "vocab_multiple"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
 

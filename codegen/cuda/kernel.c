@@ -143,6 +143,7 @@ static const char *elem_type(DType dt) {
   case DT_F8E4M3:
   case DT_F8E5M2: return "unsigned char";
   case DT_I32: return "int";
+  case DT_BOOL: return "unsigned char";
   default: return NULL;
   }
 }
@@ -153,7 +154,8 @@ static const char *load_fn(DType dt) {
   case DT_F16: return "loom_f16_to_f32";
   case DT_F8E4M3: return "loom_f8e4m3_to_f32";
   case DT_F8E5M2: return "loom_f8e5m2_to_f32";
-  case DT_I32: return "(long long)";
+  case DT_I32:
+  case DT_BOOL: return "(long long)";
   default: return "";
   }
 }
@@ -165,6 +167,7 @@ static const char *store_fn(DType dt) {
   case DT_F8E4M3: return "loom_f32_to_f8e4m3";
   case DT_F8E5M2: return "loom_f32_to_f8e5m2";
   case DT_I32: return "(int)";
+  case DT_BOOL: return "(unsigned char)";
   default: return "";
   }
 }
@@ -484,7 +487,7 @@ int cuda_kernel_body(const Func *f, Str *out, Str *fin, CudaKernelInfo *info, ch
     const Value *v = f->args.items[i];
     if (type_numel(&v->type) > k->N) k->N = type_numel(&v->type);
     if (!elem_type(v->type.dtype))
-      return kfail(k, NULL, "argument %d is %s: the CUDA backend holds only f32, bf16, f16, f8 and i32 tensors in "
+      return kfail(k, NULL, "argument %d is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors in "
                    "memory", i, dtype_name(v->type.dtype));
   }
   for (int i = 0; i < f->ops.n; i++) {
@@ -505,7 +508,7 @@ int cuda_kernel_body(const Func *f, Str *out, Str *fin, CudaKernelInfo *info, ch
     const Value *v = f->rets.items[s];
     if (v->kind == VAL_GLOBAL) return kfail(k, NULL, "returns the global $%s", v->global->name);
     if (!elem_type(v->type.dtype))
-      return kfail(k, NULL, "result %d is %s: the CUDA backend holds only f32, bf16, f16, f8 and i32 tensors in "
+      return kfail(k, NULL, "result %d is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors in "
                    "memory", s, dtype_name(v->type.dtype));
     if (!is_reduction_result(v)) {
       if (type_numel(&v->type) != k->N)

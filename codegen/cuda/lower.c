@@ -65,6 +65,7 @@ static int storage_of(DType dt) {
   case DT_F8E4M3: return RT_ST_F8E4M3;
   case DT_F8E5M2: return RT_ST_F8E5M2;
   case DT_I32: return RT_ST_I32;
+  case DT_BOOL: return RT_ST_BOOL;
   default: return -1;
   }
 }
@@ -74,21 +75,23 @@ static int st_size(int st) {
   case RT_ST_BF16:
   case RT_ST_F16: return 2;
   case RT_ST_F8E4M3:
-  case RT_ST_F8E5M2: return 1;
+  case RT_ST_F8E5M2:
+  case RT_ST_BOOL: return 1;
   default: return 4;
   }
 }
 
 static char st_letter(int st) {
   static const char l[] = {[RT_ST_F32] = 'f', [RT_ST_I32] = 'i', [RT_ST_BF16] = 'b',
-                           [RT_ST_F16] = 'h', [RT_ST_F8E4M3] = 'e', [RT_ST_F8E5M2] = 'm'};
+                           [RT_ST_F16] = 'h', [RT_ST_F8E4M3] = 'e', [RT_ST_F8E5M2] = 'm',
+                           [RT_ST_BOOL] = 'o'};
   return l[st];
 }
 
 static const char *st_struct(int st) {
   static const char *const s[] = {[RT_ST_F32] = "loom_sf32", [RT_ST_I32] = "loom_si32", [RT_ST_BF16] = "loom_sbf16",
                                   [RT_ST_F16] = "loom_sf16", [RT_ST_F8E4M3] = "loom_sf8e4m3",
-                                  [RT_ST_F8E5M2] = "loom_sf8e5m2"};
+                                  [RT_ST_F8E5M2] = "loom_sf8e5m2", [RT_ST_BOOL] = "loom_sbool"};
   return s[st];
 }
 
@@ -102,7 +105,7 @@ static int buf_of(Lower *L, const Value *v, RtBuf *b) {
   memset(b, 0, sizeof *b);
   int st = storage_of(v->type.dtype);
   if (st < 0)
-    return lfail(L, "value %s%s is %s: the CUDA backend holds only f32, bf16, f16, f8 and i32 tensors in memory",
+    return lfail(L, "value %s%s is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors in memory",
                  v->kind == VAL_GLOBAL ? "$" : "%", vname(v), dtype_name(v->type.dtype));
   b->n = type_numel(&v->type);
   b->is_int = !dtype_is_float(v->type.dtype);
@@ -1037,7 +1040,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     }
     int st = storage_of(t->dtype);
     if (st < 0) {
-      rc = lfail(&L, "global $%s is %s: the CUDA backend holds only f32, bf16, f16, f8 and i32 tensors", g->name,
+      rc = lfail(&L, "global $%s is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors", g->name,
                  dtype_name(t->dtype));
       break;
     }

@@ -91,7 +91,7 @@ static Module *build_model(const char *path, int64_t batch, int64_t seq, bool bf
 }
 
 static int st_bytes(int st) {
-  return st == RT_ST_BF16 || st == RT_ST_F16 ? 2 : st == RT_ST_F8E4M3 || st == RT_ST_F8E5M2 ? 1 : 4;
+  return st == RT_ST_BF16 || st == RT_ST_F16 ? 2 : st == RT_ST_F8E4M3 || st == RT_ST_F8E5M2 || st == RT_ST_BOOL ? 1 : 4;
 }
 
 static bool valid_symbol(const char *s) {
