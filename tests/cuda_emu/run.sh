@@ -18,8 +18,22 @@ pass=0 fail=0
 ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 
+"$LOOM" data data/shakespeare.txt -o "$tmp/d.bin" > /dev/null
 LOOM_EMULATED=1 bash tests/gpu/test_train.sh "$(dirname "$LOOM")" "$LOOM" "$ST_DIFF" && ok "tests/gpu/test_train.sh on the emulated device" ||
   bad "tests/gpu/test_train.sh on the emulated device"
+
+# The CPU benchmark's model (head size 64, vocabulary 4096) in bf16 at seq 128: one step's
+# gradients within 2e-2 of the CPU backend (the tensor-core attention at head size 64)
+"$LOOM" train models/bench-gpt2-small.json --steps 1 --batch 1 --seq 64 --data "$tmp/d.bin" --out "$tmp/w.st" > "$tmp/log" 2>&1 ||
+  cat "$tmp/log"
+sed 's/"precision": *"fp32"/"precision": "bf16"/' models/bench-gpt2-small.json > "$tmp/bench16.json"
+for b in cpu cuda; do
+  "$LOOM" eval "$tmp/bench16.json" --weights "$tmp/w.st" --tokens "$tmp/d.bin" --batch 1 --seq 128 --grads --backend $b \
+    --out "$tmp/bench_$b.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
+done
+"$ST_DIFF" "$tmp/bench_cuda.st" "$tmp/bench_cpu.st" --rtol 2e-2 > "$tmp/diff" 2>&1 &&
+  ok "bench-gpt2-small bf16 seq 128: logits, loss and every gradient within 2e-2 of the CPU backend" ||
+  { bad "bench-gpt2-small bf16 against the CPU"; grep FAIL "$tmp/diff" | head -5; }
 
 # A padded vocabulary on CUDA (as the GPU benchmark may run GPT-2: 50257 -> 50304).  The
 # tied Llama's 250 -> 288 leaves threads of the loss kernel with masked logits only.
@@ -48,7 +62,6 @@ fi
 
 # Longer sequences than the goldens': several attention tiles per row and per block
 # (forward tiles of 64 queries x 64 keys, backward 32 keys), causal tiles skipped.
-"$LOOM" data data/shakespeare.txt -o "$tmp/d.bin" > /dev/null
 for ms in gpt2-tiny:64 llama-tiny:128; do
   m=${ms%:*} T=${ms#*:}
   run() { "$LOOM" eval models/$m.json --weights tests/golden/$m/weights.safetensors --tokens "$tmp/d.bin" --seq $T --batch 2 \
