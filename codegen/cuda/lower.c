@@ -995,6 +995,9 @@ static void header(Str *o, const Module *m) {
   str_add(o, "   Compile as is with NVRTC or nvcc; every kernel is extern \"C\" and takes one LoomArgs\n"
               "   (runtime/program.h): buffer addresses (inputs, then outputs), then i[] and f[] of its step. */\n");
   str_add(o, "struct LoomArgs {\n  void *buf[%d];\n  long long i[%d];\n  double f[4];\n};\n\n", RT_MAX_BUFS, RT_MAX_INTS);
+  /* a benchmarking knob: flash-attention's numerics on tensor cores (see the prelude) */
+  const char *round = getenv("LOOM_CUDA_ATTN_ROUND");
+  if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
   str_add(o, "%s", cuda_prelude_text);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }

@@ -8,6 +8,10 @@
 #include TU
 #include "emu_tail.h"
 
+#ifndef ATT_TOL   /* -DLOOM_ATTN_SPLIT=0 (P and dS rounded once, as flash-attention) with -DATT_TOL=... */
+#define ATT_TOL 2e-5
+#endif
+
 #include <random>
 #include <vector>
 
@@ -134,7 +138,7 @@ static int run(const Case &c, bool tcore) {
         }
       }
   const double eo = rel(o, O), eq = rel(dq_, dQ), ek = rel(dk_, dK), ev = rel(dv_, dV);
-  const bool ok = eo <= 2e-5 && eq <= 2e-5 && ek <= 2e-5 && ev <= 2e-5;
+  const bool ok = eo <= ATT_TOL && eq <= ATT_TOL && ek <= ATT_TOL && ev <= ATT_TOL;
   printf("%s %s %s D %d, B %d T %d S %d, H %d KV %d%s: relative errors out %.1e dq %.1e dk %.1e dv %.1e\n",
          ok ? "ok  " : "FAIL", tcore ? "tensor cores" : "CUDA cores  ", c.bf16 ? "bf16" : "f16 ", c.D, c.B, c.T, c.S, c.H,
          c.KV, c.causal ? ", causal" : "", eo, eq, ek, ev);

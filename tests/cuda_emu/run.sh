@@ -59,6 +59,13 @@ if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -
 else
   bad "attention kernels"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
 fi
+if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
+     -DTU="\"$tmp/tu_emu.cu\"" -DLOOM_ATTN_SPLIT=0 -DATT_TOL=5e-3 tests/cuda_emu/attention.cc -o "$tmp/attention0" \
+     > "$tmp/log" 2>&1 && "$tmp/attention0" > "$tmp/att" 2>&1; then
+  ok "attention kernels with LOOM_CUDA_ATTN_ROUND=1's rounding (P, dS in one bf16 part) within 5e-3"
+else
+  bad "attention kernels, rounded P"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
+fi
 
 # Longer sequences than the goldens': several attention tiles per row and per block
 # (forward tiles of 64 queries x 64 keys, backward 32 keys), causal tiles skipped.
