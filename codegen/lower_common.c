@@ -117,3 +117,11 @@ int *cg_placement_order(const Module *m) {
   free(prank), free(key), free(wd);
   return order;
 }
+
+void cg_label_merged(RtStep *st, int tensors) {
+  if (tensors <= 1) return;
+  char tail[32];
+  int k = snprintf(tail, sizeof tail, " [%d tensors]", tensors);
+  size_t len = strlen(st->label), at = len + (size_t)k < sizeof st->label ? len : sizeof st->label - 1 - (size_t)k;
+  memcpy(st->label + at, tail, (size_t)k + 1);
+}

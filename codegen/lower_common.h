@@ -36,4 +36,8 @@ int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset);
    NULL when out of memory. */
 int *cg_placement_order(const Module *m);
 
+/* A step that merged `tensors` updates says so in profiles and traces: "adamw %57 [10
+   tensors]" (the label's end gives way when it is full).  Nothing for 1. */
+void cg_label_merged(RtStep *st, int tensors);
+
 #endif

@@ -940,14 +940,7 @@ static void merge_updates(const Lower *L, RtFunc *rf) {
     tensors[into]++;
   }
   rf->n_steps = out;
-  for (int t = 0; t < out; t++)   /* "adamw $p (in place) [10 tensors]" in profiles */
-    if (tensors[t] > 1) {
-      RtStep *h = &rf->steps[t];
-      char tail[32];
-      int k = snprintf(tail, sizeof tail, " [%d tensors]", tensors[t]);
-      size_t len = strlen(h->label), at = len + (size_t)k < sizeof h->label ? len : sizeof h->label - 1 - (size_t)k;
-      memcpy(h->label + at, tail, (size_t)k + 1);
-    }
+  for (int t = 0; t < out; t++) cg_label_merged(&rf->steps[t], tensors[t]);
   free(tensors);
 }
 
