@@ -88,19 +88,27 @@ static Value *vocab_param(Graph *g, Value *table) {
   return table;
 }
 
+/* logits + mask, mask[v] = -inf past the real vocabulary and 0 before it: a [V] vector
+   broadcast over the rows.  The gradient of the add passes dlogits through unchanged, so
+   the backward keeps nothing of the mask (a where over the logits would keep a bool tensor
+   of their size: 0.77 GiB for GPT-2 124M at 16 x 1024). */
 static Value *mask_padding(Graph *g, Value *logits) {
   if (g->V == g->c->vocab_size) return logits;
-  Type ti = logits->type;
-  ti.dtype = DT_I32;
+  int64_t dv[] = {g->V};
+  Type ti = type_make(DT_I32, 1, dv), tf = type_make(logits->type.dtype, 1, dv);
   Value *col = build_typed(&g->b, OP_IOTA, NULL, ti, NULL);
-  op_set_int(col->def, "dim", ti.rank - 1);
+  op_set_int(col->def, "dim", 0);
   Value *lim = build_typed(&g->b, OP_CONSTANT, NULL, ti, NULL);
   op_set_float(lim->def, "value", (double)g->c->vocab_size);
   Value *pad = build2(&g->b, OP_GE, col, lim, "vocab_padding");
-  Value *ninf = build_typed(&g->b, OP_CONSTANT, NULL, logits->type, NULL);
+  Value *ninf = build_typed(&g->b, OP_CONSTANT, NULL, tf, NULL);
   op_set_float(ninf->def, "value", -INFINITY);
-  Value *ops[3] = {pad, ninf, logits};
-  return build(&g->b, OP_WHERE, ops, 3, "logits");
+  Value *zero = build_typed(&g->b, OP_CONSTANT, NULL, tf, NULL);
+  op_set_float(zero->def, "value", 0.0);
+  Value *ops[3] = {pad, ninf, zero};
+  Value *mask = build(&g->b, OP_WHERE, ops, 3, "vocab_mask");
+  Value *bm = build_typed(&g->b, OP_BROADCAST, mask, logits->type, NULL);
+  return build2(&g->b, OP_ADD, logits, bm, "logits");
 }
 
 static Value *unpadded(Graph *g, Value *logits) {
