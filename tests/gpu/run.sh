@@ -13,8 +13,9 @@
 #      kernel, a bad module, a faulting kernel and recovery from it), a one-rank NCCL world;
 #   3. runs every tests/gpu/test_*.sh as `bash SCRIPT BUILD_DIR` (GPU vs CPU per op and for
 #      a whole training step, goldens: one script each; exit 0 = pass, 77 = skipped);
-#   4. reruns test_cuda_runtime --gpu --no-fault under compute-sanitizer (memcheck), when the
-#      toolkit has it.
+#   4. reruns test_cuda_runtime --gpu --no-fault under compute-sanitizer (memcheck), and a
+#      training step of gpt2-tiny and llama-tiny in fp32 and bf16 under memcheck and
+#      racecheck, when the toolkit has it.
 # It ends with "N passed, N failed" and exits 1 if anything failed.
 set -u
 cd "$(dirname "$0")/../.."
@@ -77,6 +78,20 @@ if [ -x "$sanitizer" ]; then
   echo "== compute-sanitizer memcheck: test_cuda_runtime --gpu --no-fault"
   timeout 1800 "$sanitizer" --tool memcheck --error-exitcode 99 "$BUILD/test_cuda_runtime" --gpu --no-fault
   result "compute-sanitizer memcheck" $?
+  # loom's generated kernels: a training step of the tiny models in f32 and bf16 (the
+  # tensor-core attention), under memcheck and racecheck (shared-memory hazards)
+  for tool in memcheck racecheck; do
+    for m in gpt2-tiny llama-tiny; do
+      for prec in fp32 bf16; do
+        echo "== compute-sanitizer $tool: loom train $m --precision $prec --backend cuda --steps 1"
+        timeout 1800 "$sanitizer" --tool $tool --error-exitcode 99 "$BUILD/loom" train tests/golden/$m/train_spec.json -q \
+          --backend cuda --precision $prec --steps 1 > "$BUILD.sanitizer.log" 2>&1
+        rc=$?
+        [ $rc -ne 0 ] && tail -20 "$BUILD.sanitizer.log"
+        result "compute-sanitizer $tool: $m $prec training step" $rc
+      done
+    done
+  done
 else
   echo "SKIP: compute-sanitizer not found"
 fi
