@@ -100,6 +100,21 @@ if "$LOOM" compile models/gpt2-tiny.json --backend cuda --data "$tmp/d.bin" -o "
 else
   bad "compiled executable"; cat "$tmp/log" "$tmp/run" 2> /dev/null | tail -20
 fi
+# Checkpoints on CUDA: stopped after step 2 of 5 and resumed, bitwise equal to the
+# uninterrupted run (llama-tiny: two shards, grad_accum 2), f32 and bf16
+spec=tests/golden/llama-tiny/train_spec.json
+for prec in fp32 bf16; do
+  run=("$LOOM" train $spec -q --steps 5 --precision $prec --backend cuda)
+  "${run[@]}" --out "$tmp/full.st" > /dev/null 2>&1
+  "${run[@]}" --save-dir "$tmp/ck-$prec" --save-every 2 > /dev/null 2>&1
+  rm -rf "$tmp/ck-$prec/step_00000004" "$tmp/ck-$prec/step_00000005"
+  if "${run[@]}" --resume "$tmp/ck-$prec" --out "$tmp/resumed.st" > "$tmp/log" 2>&1 && cmp -s "$tmp/full.st" "$tmp/resumed.st"; then
+    ok "$prec on CUDA: resumed at step 2 of 5, bitwise equal to the uninterrupted run"
+  else
+    bad "$prec on CUDA: resume"; cat "$tmp/log"
+  fi
+done
+
 # bench/gpu_step.sh end to end (its parsing of loom's output), on a tiny model
 if EMULATED=1 MODELS="models/gpt2-tiny.json:2:32" STEPS=4 LOOM=$LOOM bash bench/gpu_step.sh > "$tmp/bench" 2>&1 &&
    grep -Eq '^\| gpt2-tiny \| 2 x 32 \| 0\.000 \| [0-9.]+ \| [0-9]+ \| [0-9.]+% \| [0-9.]+ MiB \| [0-9.]+ MiB \(arenas .*\| [0-9.]+ \| [0-9.]+ \|$' "$tmp/bench"; then
