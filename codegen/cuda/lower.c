@@ -944,6 +944,144 @@ static void merge_updates(const Lower *L, RtFunc *rf) {
   free(tensors);
 }
 
+/* ---------------------------------------------------------------- the gradient norm
+
+   The optimizer's global norm is a chain: per gradient g, s = call k(g) with k
+   `square` then `reduce_sum` over every dim; the sums are added one by one (call of a
+   kernel that adds two scalars).  That is two launches per parameter (GPT-2 124M: 295).
+   When the chain's ops are consecutive, every sum and partial total feeds only the next
+   add, and its gradients are f32 in the gradient region, it runs instead as
+   loom_sumsq_parts over each contiguous span of those gradients (the 64-byte gaps are zero)
+   and one loom_sum_parts of all the parts into the chain's total: deterministic, a few
+   launches, a different order of additions (within f32 rounding of the chain's). */
+
+static bool is_sumsq_kernel(const Func *k) {
+  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 2) return false;
+  const Op *sq = k->ops.items[0], *rs = k->ops.items[1];
+  const Value *x = k->args.items[0];
+  return sq->kind == OP_SQUARE && sq->operands[0] == x && rs->kind == OP_REDUCE_SUM && rs->operands[0] == sq->results[0] &&
+         rs->results[0]->type.rank == 0 && k->rets.items[0] == rs->results[0] && x->type.dtype == DT_F32;
+}
+
+static bool is_scalar_add_kernel(const Func *k) {
+  if (!k || !k->is_kernel || k->args.n != 2 || k->rets.n != 1 || k->ops.n != 1) return false;
+  const Op *ad = k->ops.items[0];
+  return ad->kind == OP_ADD && ad->results[0]->type.rank == 0 && ad->results[0]->type.dtype == DT_F32 &&
+         k->rets.items[0] == ad->results[0] && ad->operands[0] != ad->operands[1] &&
+         ad->operands[0]->kind == VAL_ARG && ad->operands[1]->kind == VAL_ARG;
+}
+
+typedef struct {
+  int first, last;        /* op indices of the chain */
+  int n_grads;
+  int *grads;             /* global indices, in chain order */
+} NormChain;
+
+/* Uses of v as an operand of f's ops or as a result of f. */
+static int uses(const Func *f, const Value *v) {
+  int n = 0;
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) n += op->operands[k] == v;
+  }
+  for (int r = 0; r < f->rets.n; r++) n += f->rets.items[r] == v;
+  return n;
+}
+
+/* The longest norm chain starting at op `at` (0 when there is none of 4 gradients or more). */
+static int find_norm_chain(Lower *L, const Func *f, int at, NormChain *c) {
+  memset(c, 0, sizeof *c);
+  c->grads = malloc(sizeof(int) * (size_t)(f->ops.n + 1));
+  if (!c->grads) return 0;
+  const Value *total = NULL;   /* the chain's running total (or its only sum so far) */
+  int i = at, pending = 0;     /* sums not yet added */
+  const Value *sums[2] = {0};
+  for (; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    if (op->kind != OP_CALL) break;
+    if (is_sumsq_kernel(op->callee)) {
+      const Value *g = op->operands[0];
+      if (g->kind != VAL_GLOBAL || L->global_region[g->global->index] != RT_REGION_GRADS || pending == 2 ||
+          uses(f, op->results[0]) != 1)
+        break;
+      c->grads[c->n_grads++] = g->global->index;
+      sums[pending++] = op->results[0];
+      continue;
+    }
+    if (!is_scalar_add_kernel(op->callee)) break;
+    const Value *a = op->operands[0], *b = op->operands[1];
+    /* total + sum, or the first two sums */
+    bool ok = (total && pending == 1 && ((a == total && b == sums[0]) || (b == total && a == sums[0]))) ||
+              (!total && pending == 2 && ((a == sums[0] && b == sums[1]) || (a == sums[1] && b == sums[0])));
+    if (!ok || (total && uses(f, total) != 1)) break;
+    total = op->results[0];
+    pending = 0;
+  }
+  /* end on an add, with every sum added */
+  while (i > at && pending) {
+    i--, pending--, c->n_grads--;
+  }
+  c->first = at;
+  c->last = i - 1;
+  if (c->n_grads < 4 || !total || f->ops.items[c->last] == NULL ||
+      ((const Op *)f->ops.items[c->last])->results[0] != total) {
+    free(c->grads);
+    memset(c, 0, sizeof *c);
+    return 0;
+  }
+  return 1;
+}
+
+/* The chain's steps: parts per span, then their sum into the chain's total. */
+static int lower_norm_chain(Lower *L, Steps *s, const NormChain *c) {
+  const Func *f = L->f;
+  const RtProgram *p = L->p;
+  int n = c->n_grads, *order = malloc(sizeof(int) * (size_t)n);
+  if (!order) return lfail(L, "out of memory");
+  memcpy(order, c->grads, sizeof(int) * (size_t)n);
+  for (int a = 1; a < n; a++)   /* by offset in the region */
+    for (int b = a; b > 0 && L->global_offset[order[b - 1]] > L->global_offset[order[b]]; b--) {
+      int t = order[b];
+      order[b] = order[b - 1];
+      order[b - 1] = t;
+    }
+  L->op = f->ops.items[c->last];
+  int64_t parts_at = 0;   /* floats of scratch so far */
+  int rc = 0;
+  for (int a = 0; a < n && !rc;) {
+    int64_t start = L->global_offset[order[a]], end = start + 4 * p->globals[order[a]].n;
+    int b = a + 1;
+    while (b < n && L->global_offset[order[b]] == cg_align64(end)) end = L->global_offset[order[b]] + 4 * p->globals[order[b]].n, b++;
+    int64_t count = (end - start) / 4, per = 8192, blocks = (count + per - 1) / per;
+    if (blocks > 1024) per = (count + 1023) / 1024, blocks = (count + per - 1) / per;
+    RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, "");
+    if (!st) return free(order), IR_EINPUT;
+    snprintf(st->label, sizeof st->label, "gradient norm: sum of squares [%d tensors]", b - a);
+    st->n_in = 1;
+    st->bufs[0] = (RtBuf){.region = RT_REGION_GRADS, .storage = RT_ST_F32, .offset = start, .n = count};
+    rc = add_scratch(L, st, 4 * parts_at, blocks);
+    st->i[0] = count;
+    st->i[1] = per;
+    st->block[0] = 256;
+    st->grid[0] = (uint32_t)blocks;
+    if (!rc) rc = instantiate(L, st, "sumsq", "loom_sumsq_parts", (const int[]){0, -1}, NULL, "", 256);
+    parts_at += blocks;
+    a = b;
+  }
+  free(order);
+  if (rc) return rc;
+  RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, "");
+  if (!st) return IR_EINPUT;
+  snprintf(st->label, sizeof st->label, "gradient norm: sum of %lld parts", (long long)parts_at);
+  if (add_scratch(L, st, 0, parts_at)) return IR_EINPUT;   /* the parts: input 0 */
+  st->n_in = 1;
+  st->n_out = 1;
+  if (buf_of(L, ((const Op *)f->ops.items[c->last])->results[0], &st->bufs[1])) return IR_EINPUT;
+  st->i[0] = parts_at;
+  st->block[0] = 256;
+  return instantiate(L, st, "sumparts", "loom_sum_parts", (const int[]){1, -1}, NULL, "", 256);
+}
+
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
@@ -966,6 +1104,13 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   for (int i = 0; i < f->ops.n && !rc; i++) {
     L->op = f->ops.items[i];
     if (L->skip[i]) continue;
+    NormChain nc;
+    if (L->op->kind == OP_CALL && find_norm_chain(L, f, i, &nc)) {
+      rc = lower_norm_chain(L, &s, &nc);
+      free(nc.grads);
+      i = nc.last;
+      continue;
+    }
     L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, i);
     switch (L->op->kind) {
     case OP_CALL: rc = lower_call(L, &s); break;

@@ -35,6 +35,16 @@ done
   ok "bench-gpt2-small bf16 seq 128: logits, loss and every gradient within 2e-2 of the CPU backend" ||
   { bad "bench-gpt2-small bf16 against the CPU"; grep FAIL "$tmp/diff" | head -5; }
 
+# 4096 rows (batch 64 x seq 64): the bias gradients' column sums have few outputs and long
+# columns, so their fused kernels split the reduction in parts (two kernels each)
+for b in cpu cuda; do
+  "$LOOM" eval models/gpt2-tiny.json --weights tests/golden/gpt2-tiny/weights.safetensors --tokens "$tmp/d.bin" --batch 64 \
+    --seq 64 --grads --backend $b --out "$tmp/rows_$b.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
+done
+"$ST_DIFF" "$tmp/rows_cuda.st" "$tmp/rows_cpu.st" --rtol 1e-4 > "$tmp/diff" 2>&1 &&
+  ok "gpt2-tiny batch 64 x seq 64 (split reductions): every gradient within 1e-4 of the CPU backend" ||
+  { bad "gpt2-tiny batch 64 x seq 64"; grep FAIL "$tmp/diff" | head -5; }
+
 # A padded vocabulary on CUDA (as the GPU benchmark may run GPT-2: 50257 -> 50304).  The
 # tied Llama's 250 -> 288 leaves threads of the loss kernel with masked logits only.
 for m in gpt2-tiny llama-tiny-tied; do
