@@ -110,6 +110,11 @@ if "$LOOM" compile models/gpt2-tiny.json --backend cuda --data "$tmp/d.bin" -o "
 else
   bad "compiled executable"; cat "$tmp/log" "$tmp/run" 2> /dev/null | tail -20
 fi
+# the same executable (compiled for this device, sm_90a) on an sm_80 device: refused, saying how to fix it
+LOOM_EMU_CC=80 "$tmp/exe" --steps 1 > "$tmp/run" 2>&1; rc=$?
+[ $rc -ne 0 ] && grep -q "compiled for sm_90a.*--arch sm_80" "$tmp/run" &&
+  ok "an sm_90a executable on an sm_80 device: exit $rc, $(cut -c1-90 "$tmp/run" | tail -1)..." ||
+  { bad "architecture mismatch: exit $rc"; cat "$tmp/run"; }
 # Checkpoints on CUDA: stopped after step 2 of 5 and resumed, bitwise equal to the
 # uninterrupted run (llama-tiny: two shards, grad_accum 2), f32 and bf16
 spec=tests/golden/llama-tiny/train_spec.json
