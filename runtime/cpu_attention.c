@@ -279,9 +279,31 @@ int cpu_attention(ThreadPool *tp, const float *q, const float *k, const float *v
 
 /* ---------------------------------------------------------------- backward */
 
+/* One block of rows: P = softmax(scale q·kᵀ) into p and dP = dout·vᵀ into dp, the rows'
+   statistics (max, sum, delta = P·dP), dS = scale P (dP - delta) into ds (p or dp: the
+   two-pass form overwrites P, the one-pass form keeps it), then dq += dS·k.  Rows past
+   g->nr read row 0's dS. */
+static void rows_dq(const AttnCtx *a, const Rows *g, const float *const *q, const float *const *dout, const float *kt,
+                    const float *vt, const float *kr, float **p, float **dp, float **ds, float *const *dq) {
+  int64_t npad = round8(g->nmax);
+  a->tiles->scores4(p, q, kt, a->ld, a->Dh, npad);
+  a->tiles->scores4(dp, dout, vt, a->ld, a->Dh, npad);
+  for (int r = 0; r < g->nr; r++) {
+    float *st = a->stats + 3 * g->row[r], *pr = p[r], *dsr = ds[r];
+    const float *dpr = dp[r];
+    int64_t n = g->n[r];
+    softmax_scaled(pr, n, a->scale, &st[0], &st[1]);
+    float delta = cv_dot(pr, dpr, n);
+    st[2] = delta;
+    for (int64_t s = 0; s < n; s++) dsr[s] = pr[s] * (dpr[s] - delta) * a->scale;
+  }
+  for (int r = g->nr; r < RB; r++) ds[r] = ds[0];
+  a->tiles->pv4(dq, (const float *const *)ds, g, kr, a->KV * a->Dh, a->Dh);
+}
+
 static void bwd_q_items(void *ctx, int thread, int64_t ib, int64_t ie) {
   const AttnCtx *a = ctx;
-  int64_t Dh = a->Dh, ld = a->ld, rs = a->KV * Dh;
+  int64_t Dh = a->Dh, ld = a->ld;
   float *pb = a->scratch + (size_t)thread * a->stride, *dpb = pb + RB * ld;
   for (int64_t i = ib; i < ie; i++) {
     int64_t b, kvh, t0, t1;
@@ -300,20 +322,7 @@ static void bwd_q_items(void *ctx, int thread, int64_t ib, int64_t ie) {
         p[r] = pb + r * ld;
         dp[r] = dpb + r * ld;
       }
-      int64_t npad = round8(g.nmax);
-      a->tiles->scores4(p, q, kt, ld, Dh, npad);
-      a->tiles->scores4(dp, dout, vt, ld, Dh, npad);
-      for (int r = 0; r < g.nr; r++) {
-        float *st = a->stats + 3 * g.row[r], *pr = p[r];
-        const float *dpr = dp[r];
-        int64_t n = g.n[r];
-        softmax_scaled(pr, n, a->scale, &st[0], &st[1]);
-        float delta = cv_dot(pr, dpr, n);
-        st[2] = delta;
-        for (int64_t s = 0; s < n; s++) pr[s] = pr[s] * (dpr[s] - delta) * a->scale;   /* ds */
-      }
-      for (int r = g.nr; r < RB; r++) p[r] = p[0];
-      a->tiles->pv4(dq, (const float *const *)p, &g, kr, rs, Dh);
+      rows_dq(a, &g, q, dout, kt, vt, kr, p, dp, p, dq);
     }
   }
 }
@@ -373,7 +382,7 @@ static void bwd_kv_items(void *ctx, int thread, int64_t ib, int64_t ie) {
    results are the same bits (a unit test checks it; LOOM_CPU_ATTN_TWO_PASS=1 forces the
    two-pass form). */
 static void bwd_item_rows(const AttnCtx *a, int64_t b, int64_t kvh, float *P, float *DS) {
-  int64_t Dh = a->Dh, ld = a->ld, rs = a->KV * Dh, R = a->T * a->G, bk = (b * a->KV + kvh) * Dh * ld;
+  int64_t Dh = a->Dh, ld = a->ld, R = a->T * a->G, bk = (b * a->KV + kvh) * Dh * ld;
   const float *kt = a->kT + bk, *vt = a->vT + bk, *kr = a->k + (b * a->S * a->KV + kvh) * Dh;
   for (int64_t r0 = 0; r0 < R; r0 += RB) {
     Rows g;
@@ -387,19 +396,7 @@ static void bwd_item_rows(const AttnCtx *a, int64_t b, int64_t kvh, float *P, fl
       p[r] = P + (r0 + r) * ld;   /* P and DS have R rounded up to RB rows */
       dp[r] = DS + (r0 + r) * ld;
     }
-    int64_t npad = round8(g.nmax);
-    a->tiles->scores4(p, q, kt, ld, Dh, npad);
-    a->tiles->scores4(dp, dout, vt, ld, Dh, npad);
-    for (int r = 0; r < g.nr; r++) {
-      float *st = a->stats + 3 * g.row[r], *pr = p[r], *dpr = dp[r];
-      int64_t n = g.n[r];
-      softmax_scaled(pr, n, a->scale, &st[0], &st[1]);
-      float delta = cv_dot(pr, dpr, n);
-      st[2] = delta;
-      for (int64_t s = 0; s < n; s++) dpr[s] = pr[s] * (dpr[s] - delta) * a->scale;   /* ds */
-    }
-    for (int r = g.nr; r < RB; r++) dp[r] = dp[0];
-    a->tiles->pv4(dq, (const float *const *)dp, &g, kr, rs, Dh);
+    rows_dq(a, &g, q, dout, kt, vt, kr, p, dp, dp, dq);   /* keeps P, and dS in DS */
   }
 }
 
