@@ -972,9 +972,9 @@ static bool is_scalar_add_kernel(const Func *k) {
 }
 
 typedef struct {
-  int first, last;        /* op indices of the chain */
+  int last;               /* the op index of the chain's last add */
   int n_grads;
-  int *grads;             /* global indices, in chain order */
+  int *grads;             /* global indices */
 } NormChain;
 
 /* Uses of v as an operand of f's ops or as a result of f. */
@@ -991,8 +991,10 @@ static int uses(const Func *f, const Value *v) {
 /* The longest norm chain starting at op `at` (0 when there is none of 4 gradients or more). */
 static int find_norm_chain(Lower *L, const Func *f, int at, NormChain *c) {
   memset(c, 0, sizeof *c);
-  c->grads = malloc(sizeof(int) * (size_t)(f->ops.n + 1));
-  if (!c->grads) return 0;
+  const Op *op0 = f->ops.items[at];
+  if (op0->kind != OP_CALL || !is_sumsq_kernel(op0->callee)) return 0;
+  c->grads = malloc(sizeof(int) * (size_t)f->ops.n);
+  if (!c->grads) return 0;   /* unmerged is correct, only slower */
   const Value *total = NULL;   /* the chain's running total (or its only sum so far) */
   int i = at, pending = 0;     /* sums not yet added */
   const Value *sums[2] = {0};
@@ -1017,14 +1019,10 @@ static int find_norm_chain(Lower *L, const Func *f, int at, NormChain *c) {
     total = op->results[0];
     pending = 0;
   }
-  /* end on an add, with every sum added */
-  while (i > at && pending) {
-    i--, pending--, c->n_grads--;
-  }
-  c->first = at;
-  c->last = i - 1;
-  if (c->n_grads < 4 || !total || f->ops.items[c->last] == NULL ||
-      ((const Op *)f->ops.items[c->last])->results[0] != total) {
+  /* end on the last add: the sums after it are not the chain's */
+  c->n_grads -= pending;
+  c->last = i - 1 - pending;
+  if (c->n_grads < 4 || !total) {
     free(c->grads);
     memset(c, 0, sizeof *c);
     return 0;
@@ -1033,12 +1031,10 @@ static int find_norm_chain(Lower *L, const Func *f, int at, NormChain *c) {
 }
 
 /* The chain's steps: parts per span, then their sum into the chain's total. */
-static int lower_norm_chain(Lower *L, Steps *s, const NormChain *c) {
+static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
   const Func *f = L->f;
   const RtProgram *p = L->p;
-  int n = c->n_grads, *order = malloc(sizeof(int) * (size_t)n);
-  if (!order) return lfail(L, "out of memory");
-  memcpy(order, c->grads, sizeof(int) * (size_t)n);
+  int n = c->n_grads, *order = c->grads;
   for (int a = 1; a < n; a++)   /* by offset in the region */
     for (int b = a; b > 0 && L->global_offset[order[b - 1]] > L->global_offset[order[b]]; b--) {
       int t = order[b];
@@ -1051,11 +1047,11 @@ static int lower_norm_chain(Lower *L, Steps *s, const NormChain *c) {
   for (int a = 0; a < n && !rc;) {
     int64_t start = L->global_offset[order[a]], end = start + 4 * p->globals[order[a]].n;
     int b = a + 1;
-    while (b < n && L->global_offset[order[b]] == cg_align64(end)) end = L->global_offset[order[b]] + 4 * p->globals[order[b]].n, b++;
+    for (; b < n && L->global_offset[order[b]] == cg_align64(end); b++) end = L->global_offset[order[b]] + 4 * p->globals[order[b]].n;
     int64_t count = (end - start) / 4, per = 8192, blocks = (count + per - 1) / per;
     if (blocks > 1024) per = (count + 1023) / 1024, blocks = (count + per - 1) / per;
     RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, "");
-    if (!st) return free(order), IR_EINPUT;
+    if (!st) return IR_EINPUT;
     snprintf(st->label, sizeof st->label, "gradient norm: sum of squares [%d tensors]", b - a);
     st->n_in = 1;
     st->bufs[0] = (RtBuf){.region = RT_REGION_GRADS, .storage = RT_ST_F32, .offset = start, .n = count};
@@ -1068,7 +1064,6 @@ static int lower_norm_chain(Lower *L, Steps *s, const NormChain *c) {
     parts_at += blocks;
     a = b;
   }
-  free(order);
   if (rc) return rc;
   RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, "");
   if (!st) return IR_EINPUT;
