@@ -1,7 +1,6 @@
 /* runtime/cpu_exec.c — see cpu_exec.h. */
 #include "runtime/cpu_exec.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/cpu_gemm.h"
 #include "runtime/cpu_kernels.h"
 
 
@@ -153,8 +153,7 @@ int cpu_program_init(CpuProgram *cp, const RtProgram *p, void *const *kernel_fns
     memcpy(&fnp, &kernel_fns[k], sizeof fnp);
     cp->kernels[k] = fnp;
   }
-  cp->blas_threads = tp_size(cp->tp);
-  openblas_set_num_threads(cp->blas_threads);
+  cpu_gemm_blas_single();
   return 0;
 }
 
@@ -192,27 +191,9 @@ static void kernel_chunk(void *c, int64_t b, int64_t e) {
   k->fn(k->args, b, e);
 }
 
-static void gemm(const RtStep *st, float *A, float *B, float *C) {
+static void gemm(ThreadPool *tp, const RtStep *st, float *A, float *B, float *C) {
   const int64_t *i = st->i;
-  int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
-  bool ta = i[4], tb = i[5];
-  if (M == 0 || N == 0) return;
-  /* A batch against one shared B (stride 0: activations [B,T,K] times a weight) whose A
-     and C batches are contiguous is one GEMM with batch*M rows: OpenBLAS is ~20% faster on
-     [2048,256]x[256,256] than on eight [256,256]x[256,256]. */
-  if (batch > 1 && i[7] == 0 && !ta && i[6] == M * K && i[8] == M * N && batch * M <= INT32_MAX) {
-    M *= batch;
-    batch = 1;
-  }
-  for (int64_t b = 0; b < batch; b++) {
-    float *c = C + b * i[8];
-    if (K == 0) {   /* an empty sum; BLAS would reject the leading dimension 0 */
-      memset(c, 0, sizeof(float) * (size_t)(M * N));
-      continue;
-    }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
-                (int)K, 1.0f, A + b * i[6], (int)(ta ? M : K), B + b * i[7], (int)(tb ? K : N), 0.0f, c, (int)N);
-  }
+  cpu_gemm(tp, i[0], i[1], i[2], i[3], i[4], i[5], A, i[6], B, i[7], C, i[8]);
 }
 
 static double now_s(void) {
@@ -224,9 +205,6 @@ static double now_s(void) {
 int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
   if (func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
   const RtFunc *fn = &cp->p->funcs[func];
-  /* OpenBLAS's thread count is process-wide: another program may have changed it. */
-  int bt = cp->blas_threads > 0 ? cp->blas_threads : 1;
-  if (openblas_get_num_threads() != bt) openblas_set_num_threads(bt);
   for (int a = 0; a < fn->n_args; a++)
     memcpy(buf_addr(cp, func, &fn->args[a]), args[a], 4 * (size_t)fn->args[a].n);
   for (int s = 0; s < fn->n_steps; s++) {
@@ -242,7 +220,7 @@ int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, c
       tp_run(cp->tp, st->i[0], kernel_chunk, &kc);
       break;
     }
-    case RT_STEP_GEMM: gemm(st, (float *)ptrs[0], (float *)ptrs[1], (float *)ptrs[2]); break;
+    case RT_STEP_GEMM: gemm(cp->tp, st, (float *)ptrs[0], (float *)ptrs[1], (float *)ptrs[2]); break;
     case RT_STEP_BUILTIN: rc = cpu_builtin_run(cp->tp, cp->comm, st, (void *const *)ptrs, msg, sizeof msg); break;
     }
     if (rc) {

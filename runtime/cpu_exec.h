@@ -5,17 +5,18 @@
  * thread pool.  Steps run in order; inside a step the work is split across the pool:
  *   RT_STEP_KERNEL   a JIT-compiled kernel `void k(char **args, int64_t begin, int64_t end)`
  *                    over its parallel extent i[0], in contiguous chunks, one per thread;
- *   RT_STEP_GEMM     cblas_sgemm per batch (OpenBLAS threads itself: its thread count is set
- *                    to the pool's size, and GEMMs never run inside pool threads);
+ *   RT_STEP_GEMM     runtime/cpu_gemm.h: tiles of C whose shapes depend on (M, N, K) only,
+ *                    each one single-threaded cblas_sgemm, run by the pool (OpenBLAS never
+ *                    threads itself);
  *   RT_STEP_BUILTIN  runtime/cpu_kernels.h.
  * After every step, float outputs with RtBuf.round set are rounded to that format.
  *
  * The program is checked once at init (buffers inside their regions, builtin sizes, GEMM
  * extents, kernel functions present), so a malformed program is an error, not a crash.
- * Results do not depend on the thread count, provided the JIT kernels compute each index
- * of their extent independently (as codegen's kernels do) and the BLAS is deterministic
- * for a fixed thread count (OpenBLAS sgemm is; a different OpenBLAS thread count may
- * change GEMM results in the last bits).
+ * Results are bitwise the same for any thread count: the JIT kernels compute each index of
+ * their extent independently (as codegen's kernels do), the builtins never split a float
+ * sum at a thread boundary (cpu_kernels.h), and every GEMM tile is one single-threaded
+ * BLAS call whose shape does not depend on the thread count (cpu_gemm.h).
  *
  * Errors: 0 ok, 2 bad input (malformed program, token id out of range), 1 run-time failure.
  */
@@ -38,9 +39,6 @@ typedef struct {
   CpuKernelFn *kernels;         /* [p->n_kernels] */
   char *regions[RT_REGION_COUNT];   /* RT_REGION_ARENA unused: arenas are per function */
   char **arenas;                /* [p->n_funcs] */
-  /* OpenBLAS's thread count for this program's GEMMs (set before each call; OpenBLAS has
-     one process-wide count).  cpu_program_init sets the pool's size; a caller may lower it. */
-  int blas_threads;
   /* The rank's collectives (runtime/comm.h) when the program is one rank of a mesh; NULL
      (cpu_program_init's default) for one rank. */
   Comm *comm;

@@ -219,7 +219,6 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
       return rc;
     }
     if (k == 0) mc->cp[0] = mc->b.cp;
-    mc->cp[k].blas_threads = 1;   /* the ranks are the parallelism: each GEMM on its rank's thread */
     mc->cp[k].comm = local_world_rank(mc->rx.lw, k);
     pieces_to_cpu(mc, k);
     mc->tok[k] = tensor_new(tt);
