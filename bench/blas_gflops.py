@@ -118,7 +118,7 @@ def blas_description():
         return ("openblas", "BLAS_INFO=%s -> %s (OpenBLAS %s, core %s, %d threads)" % (
             info, path, lib.openblas_get_config().decode(), lib.openblas_get_corename().decode(), n))
     blas = [p for p in mapped_libs(("blas",))]
-    if any("mkl" in p for p in mapped_libs(("mkl",))):
+    if info == "mkl" or any("mkl" in p for p in mapped_libs(("mkl",))):
         return ("mkl", "BLAS_INFO=%s (MKL)" % info)
     return ("reference" if blas else "none",
             "BLAS_INFO=%s -> %s (no OpenBLAS symbols: likely the netlib reference BLAS, slow)"

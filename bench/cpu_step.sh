@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# One training step of models/bench-gpt2-small.json on the CPU: PyTorch eager vs loom,
-# same shapes, same thread count.  Prints the ratio torch_ms / loom_ms (> 1: loom faster).
+# One training step of models/bench-gpt2-small.json on the CPU: PyTorch vs loom, same
+# shapes, same thread count.  Prints the ratio torch_ms / loom_ms (> 1: loom faster) for
+# each PyTorch baseline:
+#   - Debian's python3-torch (1.13 on OpenBLAS), eager: always (SYSTEM_PYTHON);
+#   - a current PyTorch from a virtual environment, eager and torch.compile'd, when one is
+#     given: PYTHON=/path/to/venv/bin/python bash bench/cpu_step.sh
 #
 #   bash bench/cpu_step.sh
 #
@@ -15,7 +19,11 @@
 #   WARMUP       torch's untimed steps (default 3)
 #   LOOM         the loom binary (default build/loom)
 #   SPEC         run spec (default models/bench-gpt2-small.json)
-#   PYTHON       python with torch (default /usr/bin/python3, Debian's python3-torch)
+#   SYSTEM_PYTHON  python with Debian's torch (default /usr/bin/python3, python3-torch);
+#                also runs the GEMM checks
+#   PYTHON       a python with a current torch (e.g. a venv: pip install torch numpy), run
+#                eager and with --compile (torch >= 2.0); unset: only Debian's torch
+#   COMPILE_WARMUP  warmup steps of the compiled run, which compile the model (default 3)
 #   TORCH_OMP_WAIT_POLICIES  space-separated OMP_WAIT_POLICY settings to run torch with
 #                (default "default passive"); the fastest is the baseline (see README)
 #   SKIP_BLAS=1  skip the GEMM checks
@@ -32,17 +40,25 @@ STEPS=${STEPS:-10}
 WARMUP=${WARMUP:-3}
 LOOM=${LOOM:-build/loom}
 SPEC=${SPEC:-models/bench-gpt2-small.json}
-PYTHON=${PYTHON:-/usr/bin/python3}
+SYSTEM_PYTHON=${SYSTEM_PYTHON:-/usr/bin/python3}
+PYTHON=${PYTHON:-}
+COMPILE_WARMUP=${COMPILE_WARMUP:-3}
 POLICIES=${TORCH_OMP_WAIT_POLICIES:-default passive}
 [[ $THREADS =~ ^[1-9][0-9]*$ ]] || die "THREADS must be a positive integer (got '$THREADS')"
 [[ $STEPS =~ ^[1-9][0-9]*$ ]] || die "STEPS must be a positive integer (got '$STEPS')"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "WARMUP must be a non-negative integer (got '$WARMUP')"
+[[ $COMPILE_WARMUP =~ ^[0-9]+$ ]] && (( COMPILE_WARMUP >= 2 )) || die "COMPILE_WARMUP must be an integer >= 2 (got '$COMPILE_WARMUP')"
 
 # --- prerequisites -------------------------------------------------------------------
-command -v "$PYTHON" >/dev/null 2>&1 || die "no python at '$PYTHON' (set PYTHON=...)"
-if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
-  die "PyTorch is not installed for $PYTHON, so there is no baseline to compare with.
-  Debian 12: sudo apt-get install -y python3-torch libopenblas0   (or set PYTHON= to a python with torch)"
+command -v "$SYSTEM_PYTHON" >/dev/null 2>&1 || die "no python at '$SYSTEM_PYTHON' (set SYSTEM_PYTHON=...)"
+if ! "$SYSTEM_PYTHON" -c "import torch" >/dev/null 2>&1; then
+  die "PyTorch is not installed for $SYSTEM_PYTHON, so there is no baseline to compare with.
+  Debian 12: sudo apt-get install -y python3-torch libopenblas0   (or set SYSTEM_PYTHON= to a python with torch)"
+fi
+if [[ -n $PYTHON ]]; then
+  command -v "$PYTHON" >/dev/null 2>&1 || die "no python at PYTHON='$PYTHON'"
+  "$PYTHON" -c "import torch" >/dev/null 2>&1 || die "PyTorch is not installed for PYTHON=$PYTHON
+  (python3 -m venv VENV && VENV/bin/pip install torch numpy)"
 fi
 [[ -f $SPEC ]] || die "no run spec at $SPEC"
 [[ -x $LOOM ]] || die "no loom binary at '$LOOM' (build it: cmake -S . -B build && cmake --build build -j; or set LOOM=...)"
@@ -66,7 +82,7 @@ TORCH_GF=na CBLAS_GF=na BLAS_KIND=na
 if [[ ${SKIP_BLAS:-0} != 1 ]]; then
   echo
   echo "== 1. f32 GEMM throughput at this model's shapes (bench/blas_gflops.py, threads $THREADS)"
-  out=$("$PYTHON" bench/blas_gflops.py --threads "$THREADS" 2>&1) || { echo "$out"; die "blas_gflops.py failed"; }
+  out=$("$SYSTEM_PYTHON" bench/blas_gflops.py --threads "$THREADS" 2>&1) || { echo "$out"; die "blas_gflops.py failed"; }
   echo "$out" | grep -v '^BLAS_SUMMARY'
   line=$(grep '^BLAS_SUMMARY' <<<"$out")
   TORCH_GF=$(kv torch_model_gflops "$line"); BLAS_KIND=$(kv blas "$line")
@@ -92,28 +108,58 @@ if [[ ${SKIP_BLAS:-0} != 1 ]]; then
   fi
 fi
 
-# --- 2. PyTorch eager ---------------------------------------------------------------------
-echo
-echo "== 2. PyTorch eager (bench/torch_gpt2_step.py, threads $THREADS, $WARMUP warmup + $STEPS timed steps)"
-TORCH_MS="" TORCH_LINE="" TORCH_SUM="" TORCH_POLICY=""
-for pol in $POLICIES; do
-  if [[ $pol == default ]]; then
-    envs=(env -u OMP_WAIT_POLICY)
+# --- 2. PyTorch ---------------------------------------------------------------------------
+# torch_run LABEL PY ARGS...: runs torch_gpt2_step.py once per OMP_WAIT_POLICY setting and
+# keeps the fastest; sets R_MS, R_LINE, R_SUM, R_POLICY.
+torch_run() {
+  local label=$1 py=$2 pol envs out sum ms
+  shift 2
+  echo
+  echo "== 2. $label (bench/torch_gpt2_step.py $*, threads $THREADS, $STEPS timed steps)"
+  R_MS="" R_LINE="" R_SUM="" R_POLICY=""
+  for pol in $POLICIES; do
+    if [[ $pol == default ]]; then
+      envs=(env -u OMP_WAIT_POLICY)
+    else
+      envs=(env "OMP_WAIT_POLICY=$pol")
+    fi
+    echo "-- OMP_WAIT_POLICY=$pol"
+    out=$("${envs[@]}" "$py" bench/torch_gpt2_step.py --spec "$SPEC" --threads "$THREADS" --steps "$STEPS" "$@" 2>&1) \
+      || { echo "$out"; die "torch_gpt2_step.py failed ($label)"; }
+    echo "$out" | grep -v -e '^TORCH_SUMMARY' -e 'Logging before InitGoogleLogging' -e 'CPUAllocator.cpp'
+    sum=$(grep '^TORCH_SUMMARY' <<<"$out")
+    ms=$(kv ms "$sum")
+    if [[ -z $R_MS ]] || awk -v a="$ms" -v b="$R_MS" 'BEGIN { exit !(a < b) }'; then
+      R_MS=$ms R_SUM=$sum R_POLICY=$pol
+      R_LINE=$(grep '^torch [a-z]*:' <<<"$out")
+    fi
+  done
+  [[ -n $R_MS ]] || die "no torch timing ($label)"
+}
+
+# Each baseline: label | ms | summary line | policy | TORCH_SUMMARY
+BASE_LABELS=() BASE_MS=() BASE_LINES=() BASE_POLICIES=() BASE_SUMS=()
+add_base() {
+  BASE_LABELS+=("$1") BASE_MS+=("$R_MS") BASE_LINES+=("$R_LINE") BASE_POLICIES+=("$R_POLICY") BASE_SUMS+=("$R_SUM")
+}
+sysver=$("$SYSTEM_PYTHON" -c "import torch; print(torch.__version__)" 2>/dev/null)
+torch_run "PyTorch $sysver eager ($SYSTEM_PYTHON)" "$SYSTEM_PYTHON" --warmup "$WARMUP"
+add_base "torch $sysver eager ($SYSTEM_PYTHON)"
+if [[ -n $PYTHON ]]; then
+  ver=$("$PYTHON" -c "import torch; print(torch.__version__)" 2>/dev/null)
+  if [[ $(realpath "$(command -v "$PYTHON")") != $(realpath "$(command -v "$SYSTEM_PYTHON")") ]]; then
+    torch_run "PyTorch $ver eager ($PYTHON)" "$PYTHON" --warmup "$WARMUP"
+    add_base "torch $ver eager ($PYTHON)"
+  fi
+  if "$PYTHON" -c "import torch, sys; sys.exit(not hasattr(torch, 'compile'))"; then
+    torch_run "PyTorch $ver torch.compile ($PYTHON)" "$PYTHON" --compile --warmup "$COMPILE_WARMUP" --no-profile
+    add_base "torch $ver compiled ($PYTHON)"
   else
-    envs=(env "OMP_WAIT_POLICY=$pol")
+    echo
+    echo "== 2. torch.compile: SKIPPED (torch $ver at $PYTHON has no torch.compile; it needs >= 2.0)"
   fi
-  echo "-- OMP_WAIT_POLICY=$pol"
-  out=$("${envs[@]}" "$PYTHON" bench/torch_gpt2_step.py --spec "$SPEC" --threads "$THREADS" \
-          --warmup "$WARMUP" --steps "$STEPS" 2>&1) || { echo "$out"; die "torch_gpt2_step.py failed"; }
-  echo "$out" | grep -v -e '^TORCH_SUMMARY' -e 'Logging before InitGoogleLogging' -e 'CPUAllocator.cpp'
-  sum=$(grep '^TORCH_SUMMARY' <<<"$out")
-  ms=$(kv ms "$sum")
-  if [[ -z $TORCH_MS ]] || awk -v a="$ms" -v b="$TORCH_MS" 'BEGIN { exit !(a < b) }'; then
-    TORCH_MS=$ms TORCH_SUM=$sum TORCH_POLICY=$pol
-    TORCH_LINE=$(grep '^torch eager:' <<<"$out")
-  fi
-done
-[[ -n $TORCH_MS ]] || die "no torch timing"
+fi
+TORCH_SUM=${BASE_SUMS[0]}
 
 # --- 3. loom ------------------------------------------------------------------------------
 echo
@@ -172,10 +218,14 @@ TOK=$("$PYTHON" -c "import json,sys; s=json.load(open(sys.argv[1])); print(s['ba
 echo
 echo "== summary (threads $THREADS, $GFLOP GFLOP per step, $TOK tokens per step)"
 echo "GEMM:  torch matmul $TORCH_GF GFLOP/s, OpenBLAS cblas_sgemm $CBLAS_GF GFLOP/s (harmonic mean over the model's GEMM shapes; BLAS $BLAS_KIND)"
-echo "$TORCH_LINE  [OMP_WAIT_POLICY=$TORCH_POLICY, $(kv gflops "$TORCH_SUM") GFLOP/s]"
 awk -v ms="$LOOM_MS" -v tok="$TOK" -v gf="$GFLOP" -v rss="$LOOM_RSS" -v n="${#times[@]}" -v sk="$skipped" -v ex="$EXEC" \
   'BEGIN { printf "loom:        %.1f ms/step, %.0f tok/s, %.2f GFLOP/s, peak RSS %s MB (median of %d step(s), %s; %s)\n", ms, tok / (ms / 1000), gf / (ms / 1000), rss, n, sk, ex }'
-awk -v t="$TORCH_MS" -v l="$LOOM_MS" \
-  'BEGIN { r = t / l
-           if (r > 1) what = sprintf("loom is %.2fx faster", r); else what = sprintf("loom is %.1fx slower", 1 / r)
-           printf "ratio torch_ms / loom_ms = %.4g  (%s)\n", r, what }'
+for k in "${!BASE_MS[@]}"; do
+  echo "${BASE_LINES[$k]}  [OMP_WAIT_POLICY=${BASE_POLICIES[$k]}, $(kv gflops "${BASE_SUMS[$k]}") GFLOP/s]"
+done
+for k in "${!BASE_MS[@]}"; do
+  awk -v t="${BASE_MS[$k]}" -v l="$LOOM_MS" -v what="${BASE_LABELS[$k]}" \
+    'BEGIN { r = t / l
+             if (r > 1) how = sprintf("loom is %.2fx faster", r); else how = sprintf("loom is %.2fx slower", 1 / r)
+             printf "ratio torch_ms / loom_ms = %.4g  (%s; baseline %s, %.1f ms)\n", r, how, what, t }'
+done

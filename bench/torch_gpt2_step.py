@@ -1,8 +1,13 @@
 #!/usr/bin/python3
-"""PyTorch eager baseline: one f32 training step of the GPT-2 in a loom run spec, on the CPU.
+"""PyTorch baseline: one f32 training step of the GPT-2 in a loom run spec, on the CPU.
 
     /usr/bin/python3 bench/torch_gpt2_step.py [--spec models/bench-gpt2-small.json]
-        [--threads N] [--warmup 3] [--steps 10] [--no-profile]
+        [--threads N] [--warmup 3] [--steps 10] [--no-profile] [--compile]
+
+Eager by default; --compile wraps the model in torch.compile (torch >= 2.0; the forward
+and, through AOTAutograd, the backward are compiled by Inductor into C++/OpenMP kernels
+around the BLAS; the optimizer step stays eager).  Compilation happens in the warmup
+steps, which are not timed (give --warmup >= 2 with --compile).
 
 The model is written as a careful PyTorch user writes GPT-2 (nanoGPT style): nn.Embedding
 for tokens and positions, nn.LayerNorm, nn.Linear for c_attn / c_proj / c_fc / c_proj,
@@ -76,6 +81,8 @@ def parse_args(argv):
     ap.add_argument("--no-profile", action="store_true",
                     help="skip the profiler step that measures tensor memory")
     ap.add_argument("--per-step", action="store_true", help="print every timed step")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (torch >= 2.0); the warmup steps compile it")
     a = ap.parse_args(argv)
     if a.threads < 1 or a.steps < 1 or a.warmup < 0:
         ap.error("--threads and --steps must be >= 1, --warmup >= 0")
@@ -341,6 +348,13 @@ def main():
     batches = [torch.randint(0, V, (B, T + 1), generator=g) for _ in range(total)]
     batches = [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in batches]
     params = list(model.parameters())
+    run_model = model
+    if a.compile:
+        if not hasattr(torch, "compile"):
+            sys.exit("torch_gpt2_step.py: --compile needs torch >= 2.0 (this is torch %s)" % torch.__version__)
+        if a.warmup < 2:
+            sys.exit("torch_gpt2_step.py: --compile needs --warmup >= 2 (the first steps compile)")
+        run_model = torch.compile(model)
     rss_model = proc_status_kb("VmRSS")
 
     step_no = [0]
@@ -348,7 +362,7 @@ def main():
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        loss = run_model(x, y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(params, tr["grad_clip"]) if tr["grad_clip"] > 0 else None
         lr = lr_at(step_no[0], tr)
@@ -363,12 +377,15 @@ def main():
         torch.__version__, a.threads, torch.get_num_threads(), blas_desc))
     print("model: GPT-2 L=%d D=%d H=%d V=%d, %d parameters; batch %d x seq %d = %d tokens/step" % (
         cfg["n_layer"], cfg["n_embd"], cfg["n_head"], V, nparams, B, T, B * T))
+    mode = "compiled" if a.compile else "eager"
+    print("mode: %s%s" % (mode, " (torch.compile, Inductor; compiled during the warmup steps)" if a.compile else ""))
     print("attention: %s; AdamW: %s; clip_grad_norm_(%g); zero_grad(set_to_none=True)" % (
         "F.scaled_dot_product_attention(is_causal=True)" if HAS_SDPA else
         "explicit q@k^T + masked_fill + softmax + @v (this torch has no F.scaled_dot_product_attention)",
         opt_impl, tr["grad_clip"]))
 
     i = 0
+    t_warm = time.perf_counter()
     for _ in range(a.warmup):
         t0 = time.perf_counter()
         step(*batches[i])
@@ -376,6 +393,8 @@ def main():
         if a.per_step:
             print("warmup step | loss %.4f | norm %.3f | %8.1f ms" % (
                 last["loss"], last["norm"], 1e3 * (time.perf_counter() - t0)))
+    if a.compile:
+        print("warmup (compilation included): %.1f s for %d steps" % (time.perf_counter() - t_warm, a.warmup))
     rss_before = proc_status_kb("VmRSS")
     hwm_ok = reset_peak_rss()
     times = []
@@ -418,13 +437,13 @@ def main():
     short_ver = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     print("TORCH_SUMMARY ms=%.3f min_ms=%.3f tok_s=%.1f gflops=%.1f gflop_step=%.3f "
           "peak_rss_mb=%.1f step_rss_growth_mb=%.1f "
-          "prof_step_peak_mb=%s threads=%d torch=%s blas=%s optimizer=%s attention=%s" % (
+          "prof_step_peak_mb=%s threads=%d torch=%s blas=%s optimizer=%s attention=%s mode=%s" % (
               ms, 1e3 * min(times), tok_s, flops / med / 1e9, flops / 1e9,
               peak_rss / MB, (peak_rss - rss_before) / MB,
               "%.1f" % (prof_peak / 2**20) if prof_peak is not None else "na", a.threads,
-              torch.__version__, blas_kind, opt_impl, "sdpa" if HAS_SDPA else "explicit"))
-    print("torch eager: %.1f ms/step, %.0f tok/s, peak RSS %.0f MB (threads %d, torch %s, BLAS %s)"
-          % (ms, tok_s, peak_rss / MB, a.threads, short_ver, blas_kind))
+              torch.__version__, blas_kind, opt_impl, "sdpa" if HAS_SDPA else "explicit", mode))
+    print("torch %s: %.1f ms/step, %.0f tok/s, peak RSS %.0f MB (threads %d, torch %s, BLAS %s)"
+          % (mode, ms, tok_s, peak_rss / MB, a.threads, short_ver, blas_kind))
 
 
 if __name__ == "__main__":
