@@ -299,8 +299,8 @@ def profiler_peak_bytes(step_fn):
     except Exception:
         deltas = [(e.time_range.start, int(e.cpu_memory_usage)) for e in prof.events()
                   if e.name == "[memory]"]
-    if not deltas:
-        return None
+    if not deltas or not any(d for _, d in deltas):
+        return None  # no memory events (torch 2.x records them elsewhere): say "na", not 0
     deltas.sort(key=lambda d: d[0])  # stable: ties keep the recorded order
     live = peak = 0
     for _, d in deltas:

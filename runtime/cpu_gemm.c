@@ -5,7 +5,8 @@
 #include <string.h>
 
 enum {
-  TILE = 256,             /* the starting tile side */
+  TILE_M = 512,           /* the starting tile: 512 rows... */
+  TILE_N = 256,           /* ...by 256 columns */
   TILE_MIN = 64,          /* never halve a side below this */
   TILES_WANTED = 8,       /* halve while there are fewer tiles than this... */
   TILE_ALIGN = 16,        /* (halves rounded up to a multiple of 16: OpenBLAS's sgemm unroll) */
@@ -16,7 +17,7 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 CpuGemmTiles cpu_gemm_tiles(int64_t M, int64_t N, int64_t K) {
-  CpuGemmTiles t = {min64(M, TILE), min64(N, TILE), 0, 0};
+  CpuGemmTiles t = {min64(M, TILE_M), min64(N, TILE_N), 0, 0};
   if (t.tm < 1) t.tm = 1;
   if (t.tn < 1) t.tn = 1;
   for (;;) {

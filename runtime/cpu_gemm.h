@@ -11,11 +11,12 @@
  * count, on any CPU.  (Across CPU models it is not: OpenBLAS picks its kernels by CPU; see
  * README "Determinism".)
  *
- * The tiles: 256 x 256 (or the whole dimension where it is smaller), halved along the longer
+ * The tiles: 512 x 256 (or the whole dimension where it is smaller), halved along the longer
  * side while there are fewer than 8 tiles and a tile holds more than 2 MFLOP, never below 64
- * rows or columns.  Splitting C along M makes each tile pack B again, along N pack A again;
- * at 256 x 256 that costs a few percent, and on the bench model's shapes the tiles run as
- * fast as OpenBLAS's own two threads (bench/README.md).
+ * rows or columns.  Splitting C along M makes each tile pack B again, along N pack A again,
+ * and each call has its own edges: on one thread the tiles cost 3-6% more GEMM time than one
+ * call over C (512 x 256 the least of the shapes tried), on two they run as fast as
+ * OpenBLAS's own two threads (bench/README.md, 2026-11-24).
  */
 #ifndef LOOM_RUNTIME_CPU_GEMM_H
 #define LOOM_RUNTIME_CPU_GEMM_H

@@ -51,13 +51,11 @@ double seconds_now(void) {
 
 
 void cpu_run_setup(char **argv) {
+  (void)argv;
 #ifdef M_MMAP_THRESHOLD
   if (!getenv("GLIBC_TUNABLES")) {
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
 #endif
-  if (getenv("OPENBLAS_THREAD_TIMEOUT") || getenv("LOOM_NO_REEXEC")) return;
-  if (setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1)) return;
-  execv("/proc/self/exe", argv);
 }

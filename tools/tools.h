@@ -45,17 +45,14 @@ bool arg_flag(const char *arg, const char *name);
 int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int report(int rc, const char *msg);   /* prints "loom: error: msg" when rc != 0; returns rc */
 bool ends_with(const char *s, const char *suffix);
-/* OpenBLAS's pthreads workers busy-wait ~2^28 cycles after every GEMM (its THREAD_TIMEOUT),
-   taking the cores the runtime's thread pool needs for the next step: ~10% of a CPU training
-   step.  OPENBLAS_THREAD_TIMEOUT=4 makes them sleep at once, but OpenBLAS reads it when the
-   library loads, before main.  So commands that run the CPU backend call this first: unless
-   the variable is set (or LOOM_NO_REEXEC is), it sets it and executes itself again once
-   (/proc/self/exe, same arguments); if that fails, it returns and the run goes on as is.
-   It also keeps freed memory in the heap (glibc's mallopt: blocks under 64 MiB never
-   mmap'd, the heap trimmed only past 1 GiB of free top): the runtime's builtins take
-   per-call scratch of a few MiB, which glibc otherwise unmaps and the kernel zero-fills
-   again on the next call (~4,000 page faults, ~10 ms per step of bench-gpt2-small).  Not
-   done when GLIBC_TUNABLES is set (the user's malloc settings win). */
+/* Commands that run the CPU backend call this first.  It keeps freed memory in the heap
+   (glibc's mallopt: blocks under 64 MiB never mmap'd, the heap trimmed only past 1 GiB of
+   free top): the runtime's builtins take per-call scratch of a few MiB, which glibc
+   otherwise unmaps and the kernel zero-fills again on the next call (~4,000 page faults,
+   ~10 ms per step of bench-gpt2-small).  Not done when GLIBC_TUNABLES is set (the user's
+   malloc settings win).  (Until 2026-11-24 it also re-executed loom with
+   OPENBLAS_THREAD_TIMEOUT=4, so that OpenBLAS's workers would not spin after each GEMM;
+   OpenBLAS no longer threads at all, runtime/cpu_gemm.h, and that is gone.) */
 void cpu_run_setup(char **argv);
 double seconds_now(void);
 

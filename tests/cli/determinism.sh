@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Results do not depend on the thread count (README "Determinism"): every tiny model, in
-# f32 and bf16, and a dp=2 x tp=2 mesh, train with --threads 1, 2 and 3 on the cpu backend
-# and must write bitwise the same final parameters, losses and gradient norms.
+# f32 and bf16, the bench model at 512 tokens, and dp=2 x tp=2 meshes train with --threads
+# 1, 2 and 3 on the cpu backend and must write bitwise the same final parameters, losses and
+# gradient norms.
 #
 # The batch is raised to 8 x 64 (512 tokens) so that the GEMMs are big enough to be cut into
 # several tiles (runtime/cpu_gemm.h) and the builtins and JIT kernels split across threads;
@@ -47,6 +48,9 @@ for m in gpt2-tiny llama-tiny llama-tiny-tied; do
   same_bits "$m f32" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64
   same_bits "$m bf16" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 --precision bf16
 done
+# The bench model's shapes (D 256, MLP 1024, vocabulary 4096; batch 2 x 256 = 512 tokens):
+# [512,256]x[256,768], the [4096,512]x[512,256] lm_head weight gradient, ...
+same_bits "bench-gpt2-small f32, 512 tokens" models/bench-gpt2-small.json --backend cpu "${D[@]}" --steps 1 --batch 2
 spec=tests/golden/llama-tiny/train_spec.json
 same_bits "llama-tiny dp=2 x tp=2, ZeRO-1, sequence parallel" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 \
   --mesh dp=2,tp=2 --zero 1 --sequence-parallel true

@@ -124,18 +124,22 @@ static void check_tiling(void) {
         if (t.tm < 1 || t.tn < 1 || t.ntm * t.tm < M || (t.ntm - 1) * t.tm >= M || t.ntn * t.tn < N ||
             (t.ntn - 1) * t.tn >= N)
           bad_cover++;
-        if (t.tm < (M < 64 ? M : 64) || t.tn < (N < 64 ? N : 64) || t.tm > 256 || t.tn > 256) bad_min++;
+        if (t.tm < (M < 64 ? M : 64) || t.tn < (N < 64 ? N : 64) || t.tm > 512 || t.tn > 256) bad_min++;
         /* big enough to split into 8 tiles of >= 1 MFLOP with sides >= 64: it must be */
         if (M >= 256 && N >= 256 && 2.0 * (double)M * (double)N * (double)K >= 16e6 && t.ntm * t.ntn < 8) bad_count++;
       }
   check(bad_cover == 0, "tiling: the tiles cover C exactly, for every shape tried");
-  check(bad_min == 0, "tiling: tile sides between min(dim, 64) and 256");
+  check(bad_min == 0, "tiling: tile sides between min(dim, 64) and 512 x 256");
   check(bad_count == 0, "tiling: at least 8 tiles wherever M, N >= 256 and the GEMM holds >= 16 MFLOP");
   CpuGemmTiles t = cpu_gemm_tiles(2048, 768, 256);
   char what[160];
-  snprintf(what, sizeof what, "tiling: [2048,256]x[256,768] is cut into 256x256 tiles (got %lldx%lld, %lld tiles)",
+  snprintf(what, sizeof what, "tiling: [2048,256]x[256,768] is cut into 512x256 tiles (got %lldx%lld, %lld tiles)",
            (long long)t.tm, (long long)t.tn, (long long)(t.ntm * t.ntn));
-  check(t.tm == 256 && t.tn == 256 && t.ntm * t.ntn == 24, what);
+  check(t.tm == 512 && t.tn == 256 && t.ntm * t.ntn == 12, what);
+  t = cpu_gemm_tiles(256, 768, 2048);   /* a weight gradient: 1 x 3 tiles would leave threads idle */
+  snprintf(what, sizeof what, "tiling: [2048,256]^T x [2048,768] is cut into at least 8 tiles (got %lldx%lld, %lld)",
+           (long long)t.tm, (long long)t.tn, (long long)(t.ntm * t.ntn));
+  check(t.ntm * t.ntn >= 8, what);
 }
 
 int main(void) {
