@@ -92,7 +92,7 @@ static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *er
       if ((rc = check_buf(cp, f, &fn->rets[a], "result", err, errlen))) return rc;
     for (int s = 0; s < fn->n_steps; s++) {
       const RtStep *st = &fn->steps[s];
-      if (st->n_in < 0 || st->n_out < 0 || st->n_in + st->n_out > RT_MAX_BUFS)
+      if (st->n_in < 0 || st->n_out < 0 || st->n_in > RT_MAX_BUFS || st->n_out > RT_MAX_BUFS - st->n_in)
         return fail(err, errlen, 2, "@%s: step %d has too many buffers", fn->name, s);
       for (int b = 0; b < st->n_in + st->n_out; b++)
         if ((rc = check_buf(cp, f, &st->bufs[b], st->label, err, errlen))) return rc;

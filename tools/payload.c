@@ -60,17 +60,11 @@ int payload_write(const char *runner, const char *out, const void *const *parts,
   return rc;
 }
 
-int payload_read_self(Payload *p, char *err, size_t errlen) {
-  memset(p, 0, sizeof *p);
-  int rc = rt_read_file("/proc/self/exe", &p->file, &p->file_size, err, errlen);
-  if (rc) return EXIT_RUN;
-  const uint8_t *bin = p->file;
-  size_t n = p->file_size;
+int payload_parse(Payload *p, const uint8_t *bin, size_t n, char *err, size_t errlen) {
+  p->n_parts = 0;
   uint64_t off, size;
   if (n < 24 || memcmp(bin + n - 24, magic, 8) || (off = get_u64(bin + n - 16)) > n - 24 ||
       (size = get_u64(bin + n - 8)) != n - 24 - off || size < 8) {
-    free(p->file);
-    p->file = NULL;
     snprintf(err, errlen, "this executable carries no compiled model: it is the bare runner that 'loom compile' "
              "copies, or the file was changed after compiling; make one with 'loom compile SPEC -o EXE'");
     return EXIT_USAGE;
@@ -81,8 +75,7 @@ int payload_read_self(Payload *p, char *err, size_t errlen) {
   for (uint64_t i = 0; i < count; i++) {
     uint64_t len;
     if (p->n_parts == PAYLOAD_MAX_PARTS || end - at < 8 || (len = get_u64(at)) > (uint64_t)(end - at - 8)) {
-      free(p->file);
-      p->file = NULL;
+      p->n_parts = 0;
       snprintf(err, errlen, "the compiled model in this executable is damaged; compile it again");
       return EXIT_RUN;
     }
@@ -91,4 +84,15 @@ int payload_read_self(Payload *p, char *err, size_t errlen) {
     at += 8 + len;
   }
   return 0;
+}
+
+int payload_read_self(Payload *p, char *err, size_t errlen) {
+  memset(p, 0, sizeof *p);
+  int rc = rt_read_file("/proc/self/exe", &p->file, &p->file_size, err, errlen);
+  if (rc) return EXIT_RUN;
+  if ((rc = payload_parse(p, p->file, p->file_size, err, errlen))) {
+    free(p->file);
+    p->file = NULL;
+  }
+  return rc;
 }

@@ -114,6 +114,9 @@ typedef struct {
 int payload_write(const char *runner, const char *out, const void *const *parts, const size_t *sizes, int n_parts,
                   char *err, size_t errlen);
 int payload_read_self(Payload *p, char *err, size_t errlen);
+/* The parts of an executable's bytes bin[0, n) (borrowed: parts point into bin); p->file is
+   left as it is.  payload_read_self is this over /proc/self/exe. */
+int payload_parse(Payload *p, const uint8_t *bin, size_t n, char *err, size_t errlen);
 
 /* ---- train_common.c ---- */
 #include "runtime/trainer.h"

@@ -1,0 +1,59 @@
+/* tests/fuzz/fuzz_payload.c — what a compiled executable reads from its own file: the
+ * payload and trailer (payload_parse, which payload_read_self runs over /proc/self/exe), the
+ * settings JSON, and for a cpu payload the lowered program (rt_program_load) and the checks
+ * cpu_program_init runs before anything executes (buffers inside their regions, builtin
+ * sizes, GEMM extents).  The input is the tail of an executable: payload then trailer
+ * (offset 0).  Invariant: a refusal has a message; nothing reads outside the input.
+ * Programs whose regions exceed 64 MiB are checked by rt_program_load only (the harness
+ * would spend its time zeroing memory). */
+#include "runtime/cpu_exec.h"
+#include "runtime/program.h"
+#include "tests/fuzz/fuzz_util.h"
+#include "tools/tools.h"
+
+#include <jansson.h>
+
+static void dummy_kernel(char **args, int64_t b, int64_t e) { abort(); }   /* never run */
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  char err[IR_ERR_LEN] = "";
+  Payload p;
+  memset(&p, 0, sizeof p);
+  if (payload_parse(&p, data, size, err, sizeof err)) {
+    fuzz_check_message("payload_parse", err);
+    return 0;
+  }
+  for (int i = 0; i < p.n_parts; i++)
+    if (p.parts[i] < data || p.parts[i] + p.sizes[i] > data + size) fuzz_fail("part %d lies outside the input", i);
+  if (p.n_parts >= 1) {
+    json_t *s = json_loadb((const char *)p.parts[0], p.sizes[0], 0, NULL);
+    json_decref(s);
+  }
+  if (p.n_parts == 3 || p.n_parts == 5) {   /* cpu: program, LLVM IR (, IR, "mesh") */
+    RtProgram prog;
+    if (rt_program_load(p.parts[1], p.sizes[1], &prog, err, sizeof err)) {
+      fuzz_check_message("rt_program_load", err);
+      return 0;
+    }
+    int64_t total = 0;
+    bool small = true;
+    for (int r = 0; r < RT_REGION_COUNT; r++) {
+      if (prog.region_bytes[r] > (64 << 20)) small = false;
+      total += prog.region_bytes[r] > 0 ? prog.region_bytes[r] : 0;
+    }
+    for (int f = 0; f < prog.n_funcs && small; f++)
+      if (prog.funcs[f].arena_bytes > (64 << 20) || (total += prog.funcs[f].arena_bytes) > (64 << 20)) small = false;
+    if (small && prog.n_kernels >= 0 && prog.n_kernels < 100000) {
+      void **fns = calloc((size_t)prog.n_kernels + 1, sizeof(void *));
+      CpuKernelFn k = dummy_kernel;
+      for (int i = 0; i < prog.n_kernels; i++) memcpy(&fns[i], &k, sizeof k);
+      CpuProgram cp;
+      err[0] = 0;
+      if (cpu_program_init(&cp, &prog, fns, 1, err, sizeof err)) fuzz_check_message("cpu_program_init", err);
+      else cpu_program_free(&cp);
+      free(fns);
+    }
+    rt_program_free(&prog);
+  }
+  return 0;
+}

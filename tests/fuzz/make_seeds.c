@@ -1,0 +1,174 @@
+/* tests/fuzz/make_seeds.c — writes the seed files of the binary formats with loom's own
+ * writers, so that every seed is a file loom really makes (plus a few damaged ones, as the
+ * CLI tests make them).  Run once; the output is checked in:
+ *
+ *   cmake --build build --target fuzz_make_seeds loom
+ *   build/loom compile tests/golden/gpt2-tiny/train_spec.json --backend cpu -o /tmp/exe-cpu
+ *   build/fuzz_make_seeds tests/fuzz/corpus /tmp/exe-cpu
+ *
+ * Writes corpus/safetensors/, corpus/tokens/, corpus/checkpoint/ (in fuzz_checkpoint.c's
+ * container format) and corpus/payload/ (the tail of each executable given: payload and
+ * trailer, offset 0). */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "runtime/checkpoint.h"
+#include "runtime/safetensors.h"
+#include "runtime/tokens.h"
+
+static const char *out_dir;
+static char err[2048];
+
+static void die(const char *what) {
+  fprintf(stderr, "make_seeds: %s: %s\n", what, err);
+  exit(1);
+}
+
+static char *path_of(const char *sub, const char *name) {
+  static char p[4096];
+  snprintf(p, sizeof p, "%s/%s", out_dir, sub);
+  mkdir(p, 0755);
+  snprintf(p, sizeof p, "%s/%s/%s", out_dir, sub, name);
+  return p;
+}
+
+static uint8_t *slurp(const char *path, size_t *n) {
+  uint8_t *b;
+  if (rt_read_file(path, &b, n, err, sizeof err)) die(path);
+  return b;
+}
+
+static void put(const char *sub, const char *name, const void *p, size_t n) {
+  FILE *f = fopen(path_of(sub, name), "wb");
+  if (!f || (n && fwrite(p, 1, n, f) != n) || fclose(f)) {
+    snprintf(err, sizeof err, "cannot write");
+    die(name);
+  }
+}
+
+static void safetensors_seeds(void) {
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[4] = {0.5f, -1, 2, 0}, s = 3;
+  uint16_t h[3] = {0x3f80, 0x4000, 0xbf80};
+  StTensor t[4] = {{"a", ST_F32, 2, {2, 3}, sizeof a, a},
+                   {"model.layers.0.b", ST_F32, 1, {4}, sizeof b, b},
+                   {"scalar", ST_F32, 0, {0}, sizeof s, &s},
+                   {"half", ST_BF16, 1, {3}, sizeof h, h}};
+  const char *mk[1] = {"format"}, *mv[1] = {"pt"};
+  if (st_write(path_of("safetensors", "four_tensors.safetensors"), t, 4, mk, mv, 1, err, sizeof err)) die("st_write");
+  if (st_write(path_of("safetensors", "empty.safetensors"), t, 0, NULL, NULL, 0, err, sizeof err)) die("st_write");
+  size_t n;
+  uint8_t *f = slurp(path_of("safetensors", "four_tensors.safetensors"), &n);
+  put("safetensors", "truncated.safetensors", f, n - 5);
+  uint8_t huge[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, '{', '}'};
+  put("safetensors", "header_length_huge.safetensors", huge, sizeof huge);
+  uint8_t notjson[16] = {8, 0, 0, 0, 0, 0, 0, 0, 'n', 'o', 't', ' ', 'j', 's', 'o', 'n'};
+  put("safetensors", "header_not_json.safetensors", notjson, sizeof notjson);
+  free(f);
+}
+
+static void token_seeds(void) {
+  uint32_t tok[20];
+  for (int i = 0; i < 20; i++) tok[i] = (uint32_t)(i * 37 % 256);
+  if (tok_write(path_of("tokens", "u16_20.bin"), tok, 20, 2, err, sizeof err)) die("tok_write");
+  if (tok_write(path_of("tokens", "u32_20.bin"), tok, 20, 4, err, sizeof err)) die("tok_write");
+  if (tok_write(path_of("tokens", "u16_0.bin"), tok, 0, 2, err, sizeof err)) die("tok_write");
+  tok[3] = 300;   /* outside a 256 vocabulary */
+  if (tok_write(path_of("tokens", "u16_vocab_300.bin"), tok, 20, 2, err, sizeof err)) die("tok_write");
+  size_t n;
+  uint8_t *f = slurp(path_of("tokens", "u16_20.bin"), &n);
+  put("tokens", "truncated.bin", f, n - 3);
+  free(f);
+}
+
+static void checkpoint_seeds(void) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/.ckpt-tmp", out_dir);
+  float w[4] = {1, 2, 3, 4}, m[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+  CkptTensor p = {"w", 1, {4}, w}, s = {"adam_m.w", 1, {4}, m};
+  const char *js = "{\"step\": 3, \"data\": {\"shard\": 0, \"pos\": 12}, \"seed\": 1337, \"losses\": [5.5, 5.25, "
+                   "5.0], \"grad_norms\": [1, 0.9, 0.8], \"lrs\": [0.001, 0.001, 0.001], \"settings\": {}}";
+  if (ckpt_save(dir, 3, &p, 1, &s, 1, js, err, sizeof err)) die("ckpt_save");
+  static const char *const files[4] = {"DONE", "state.json", "model.safetensors", "optimizer.safetensors"};
+  for (int flag = 0; flag < 2; flag++) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *o = open_memstream(&buf, &len);
+    fputc(flag, o);
+    for (int i = 0; i < 4; i++) {
+      char fp[4200];
+      snprintf(fp, sizeof fp, "%s/step_00000003/%s", dir, files[i]);
+      size_t n;
+      uint8_t *f = slurp(fp, &n);
+      if (i) fputs("\n@@loom-fuzz-file@@\n", o);
+      fwrite(f, 1, n, o);
+      free(f);
+    }
+    fclose(o);
+    put("checkpoint", flag ? "step3_done_regenerated" : "step3_done_as_saved", buf, len);
+    free(buf);
+  }
+  char cmd[4300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd)) fprintf(stderr, "make_seeds: could not remove %s\n", dir);
+}
+
+/* The payload of a compiled executable, rebuilt with offset 0 and the large text parts (the
+   LLVM IR, the IR) emptied: the harness does not read them, and small seeds fuzz faster. */
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+static void put_u64(FILE *o, uint64_t v) {
+  for (int i = 0; i < 8; i++) fputc((int)(v >> (8 * i)) & 255, o);
+}
+
+static void payload_seed(const char *exe, int k) {
+  size_t n;
+  uint8_t *b = slurp(exe, &n);
+  if (n < 24 || memcmp(b + n - 24, "LOOMPAY1", 8)) {
+    snprintf(err, sizeof err, "no LOOMPAY1 trailer");
+    die(exe);
+  }
+  const uint8_t *at = b + get_u64(b + n - 16);
+  uint64_t count = get_u64(at);
+  at += 8;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *o = open_memstream(&buf, &len);
+  put_u64(o, count);
+  for (uint64_t i = 0; i < count; i++) {
+    uint64_t sz = get_u64(at);
+    bool keep = i < 2 || sz < 256;
+    put_u64(o, keep ? sz : 0);
+    if (keep) fwrite(at + 8, 1, sz, o);
+    at += 8 + sz;
+  }
+  uint64_t size = (uint64_t)ftell(o);
+  fwrite("LOOMPAY1", 1, 8, o);
+  put_u64(o, 0);
+  put_u64(o, size);
+  fclose(o);
+  char name[64];
+  snprintf(name, sizeof name, "executable_%d.payload", k);
+  put("payload", name, buf, len);
+  free(buf);
+  free(b);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: fuzz_make_seeds OUT_DIR [COMPILED_EXECUTABLE...]\n");
+    return 2;
+  }
+  out_dir = argv[1];
+  mkdir(out_dir, 0755);
+  safetensors_seeds();
+  token_seeds();
+  checkpoint_seeds();
+  for (int i = 2; i < argc; i++) payload_seed(argv[i], i - 1);
+  return 0;
+}
