@@ -38,10 +38,15 @@ static void *buf_addr(const CpuProgram *cp, int func, const RtBuf *b) {
 
 /* ---------------------------------------------------------------- checking the program */
 
+/* offset + 4 * n <= size, without overflow (all three from the program file). */
+static bool fits(int64_t offset, int64_t n, int64_t size) {
+  return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / 4;
+}
+
 static int check_buf(const CpuProgram *cp, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
   const char *fn = cp->p->funcs[func].name;
-  if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % 4 || b->n < 0 ||
-      b->n > (INT64_C(1) << 48) || b->offset + 4 * b->n > region_size(cp, func, b->region)) {
+  if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset % 4 ||
+      !fits(b->offset, b->n, region_size(cp, func, b->region))) {
     snprintf(err, errlen, "@%s: %s: buffer (region %d, offset %lld, %lld elements) is outside its region", fn, what,
              b->region, (long long)b->offset, (long long)b->n);
     return 2;
@@ -61,7 +66,9 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   int64_t need[3] = {M * K, K * N, M * N}, stride[3] = {i[6], i[7], i[8]};
   for (int k = 0; k < 3; k++) {
     if (st->bufs[k].is_int) return fail(err, errlen, 2, "GEMM %s: buffer %d is not f32", st->label, k);
-    if (batch > 0 && need[k] > 0 && (batch - 1) * stride[k] + need[k] > st->bufs[k].n)
+    /* (batch - 1) * stride + need <= n, without overflow */
+    if (batch > 0 && need[k] > 0 &&
+        (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
       return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
   }
   return 0;
@@ -74,7 +81,7 @@ static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *er
   for (int g = 0; g < p->n_globals; g++) {
     const RtGlobal *gl = &p->globals[g];
     if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || gl->offset < 0 || gl->offset % 4 ||
-        gl->n < 0 || gl->offset + 4 * gl->n > p->region_bytes[gl->region] || gl->rank < 0 || gl->rank > 8)
+        !fits(gl->offset, gl->n, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
       return fail(err, errlen, 2, "global $%s (%d) is outside its region", gl->name, g);
   }
   for (int k = 0; k < p->n_kernels; k++)

@@ -223,6 +223,11 @@ RtStorage cuda_global_storage(const RtProgram *p, int g) {
 
 /* ------------------------------------------------------------------ checking */
 
+/* offset + sz * n <= size, without overflow (all from the program file; sz > 0). */
+static bool fits(int64_t offset, int64_t n, int64_t sz, int64_t size) {
+  return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / sz;
+}
+
 static int64_t region_size(const RtProgram *p, int func, int region) {
   return region == RT_REGION_ARENA ? p->funcs[func].arena_bytes : p->region_bytes[region];
 }
@@ -234,8 +239,8 @@ static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *w
   if (b->is_int != (b->storage == RT_ST_I32 || b->storage == RT_ST_BOOL))
     return fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
                 cuda_storage_name((RtStorage)b->storage));
-  if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz || b->n < 0 ||
-      b->n > (INT64_C(1) << 48) || b->offset + sz * b->n > region_size(p, func, b->region))
+  if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz ||
+      !fits(b->offset, b->n, sz, region_size(p, func, b->region)))
     return fail(err, errlen, 2,
                 "@%s: %s: buffer (region %d, offset %lld, %lld %s elements) is outside its region or misaligned", fn,
                 what, b->region, (long long)b->offset, (long long)b->n, cuda_storage_name((RtStorage)b->storage));
@@ -265,7 +270,8 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   int64_t need[3] = {M * K, K * N, M * N}, stride[3] = {i[6], i[7], i[8]};
   for (int k = 0; k < 3; k++)
-    if (batch > 0 && need[k] > 0 && (batch - 1) * stride[k] + need[k] > st->bufs[k].n)
+    if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
+        (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
       return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
   return 0;
 }
@@ -281,7 +287,7 @@ int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
     RtStorage s = cuda_global_storage(p, g);
     int sz = cuda_storage_size(s);
     if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
-        gl->offset % sz || gl->n < 0 || gl->n > (INT64_C(1) << 48) || gl->offset + sz * gl->n > p->region_bytes[gl->region] ||
+        gl->offset % sz || !fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) ||
         gl->rank < 0 || gl->rank > 8)
       return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
                   cuda_storage_name(s));

@@ -4,7 +4,7 @@
  * cpu_program_init runs before anything executes (buffers inside their regions, builtin
  * sizes, GEMM extents).  The input is the tail of an executable: payload then trailer
  * (offset 0).  Invariant: a refusal has a message; nothing reads outside the input.
- * Programs whose regions exceed 64 MiB are checked by rt_program_load only (the harness
+ * Programs whose regions exceed 4 MiB are checked by rt_program_load only (the harness
  * would spend its time zeroing memory). */
 #include "runtime/cpu_exec.h"
 #include "runtime/program.h"
@@ -38,11 +38,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t total = 0;
     bool small = true;
     for (int r = 0; r < RT_REGION_COUNT; r++) {
-      if (prog.region_bytes[r] > (64 << 20)) small = false;
+      if (prog.region_bytes[r] > (4 << 20)) small = false;
       total += prog.region_bytes[r] > 0 ? prog.region_bytes[r] : 0;
     }
     for (int f = 0; f < prog.n_funcs && small; f++)
-      if (prog.funcs[f].arena_bytes > (64 << 20) || (total += prog.funcs[f].arena_bytes) > (64 << 20)) small = false;
+      if (prog.funcs[f].arena_bytes > (4 << 20) || (total += prog.funcs[f].arena_bytes) > (4 << 20)) small = false;
     if (small && prog.n_kernels >= 0 && prog.n_kernels < 100000) {
       void **fns = calloc((size_t)prog.n_kernels + 1, sizeof(void *));
       CpuKernelFn k = dummy_kernel;
