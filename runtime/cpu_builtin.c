@@ -81,7 +81,7 @@ static void nonneg(Chk *c, int from, int to) {
 
 static int64_t prod(const int64_t *d, int n) {
   int64_t p = 1;
-  for (int k = 0; k < n; k++) p *= d[k];
+  for (int k = 0; k < n; k++) p = rt_smul(p, d[k]);
   return p;
 }
 
@@ -117,7 +117,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
   case RT_B_RMSNORM_GRAD:
   case RT_B_SOFTMAX_GRAD: {
     nonneg(&c, 0, 2);
-    int64_t N = i[0] * i[1], D = i[1];
+    int64_t N = rt_smul(i[0], i[1]), D = i[1];
     int w = st->which;
     if (w == RT_B_SOFTMAX) want(&c, 0, N, 0), want(&c, 1, N, 0);
     else if (w == RT_B_SOFTMAX_GRAD) want(&c, 0, N, 0), want(&c, 1, N, 0), want(&c, 2, N, 0);
@@ -132,7 +132,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
   case RT_B_ATTENTION:
   case RT_B_ATTENTION_GRAD: {
     nonneg(&c, 0, 6);
-    int64_t nq = i[0] * i[1] * i[2] * i[3], nk = i[0] * i[4] * i[5] * i[3];
+    int64_t nq = rt_smul(rt_smul(i[0], i[1]), rt_smul(i[2], i[3])), nk = rt_smul(rt_smul(i[0], i[4]), rt_smul(i[5], i[3]));
     if (i[5] <= 0 || i[2] % i[5]) bad(&c, "query heads must be a multiple of kv heads");
     if (i[6] && i[1] > i[4]) bad(&c, "causal attention with more queries than keys");
     int o = st->which == RT_B_ATTENTION_GRAD;
@@ -144,24 +144,24 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
   }
   case RT_B_ROPE:
     nonneg(&c, 0, 4);
-    want(&c, 0, i[0] * i[1] * i[2] * i[3], 0), want(&c, 1, i[0] * i[1] * i[2] * i[3], 0);
+    want(&c, 0, prod(i, 4), 0), want(&c, 1, prod(i, 4), 0);
     break;
   case RT_B_CROSS_ENTROPY:
     nonneg(&c, 0, 2);
-    want(&c, 0, i[0] * i[1], 0), want(&c, 1, i[0], 1), want(&c, 2, i[0], 0);
+    want(&c, 0, rt_smul(i[0], i[1]), 0), want(&c, 1, i[0], 1), want(&c, 2, i[0], 0);
     break;
   case RT_B_CROSS_ENTROPY_GRAD:
     nonneg(&c, 0, 2);
-    want(&c, 0, i[0], 0), want(&c, 1, i[0] * i[1], 0), want(&c, 2, i[0], 1), want(&c, 3, i[0] * i[1], 0);
+    want(&c, 0, i[0], 0), want(&c, 1, rt_smul(i[0], i[1]), 0), want(&c, 2, i[0], 1), want(&c, 3, rt_smul(i[0], i[1]), 0);
     break;
   case RT_B_EMBEDDING:
     nonneg(&c, 0, 4);
-    want(&c, 0, i[1] * i[2], 0), want(&c, 1, i[0], 1), want(&c, 2, i[0] * i[2], 0);
+    want(&c, 0, rt_smul(i[1], i[2]), 0), want(&c, 1, i[0], 1), want(&c, 2, rt_smul(i[0], i[2]), 0);
     if (i[3] > COMM_AXES) bad(&c, "vocab axis out of range");
     break;
   case RT_B_EMBEDDING_GRAD:
     nonneg(&c, 0, 4);
-    want(&c, 0, i[0] * i[2], 0), want(&c, 1, i[0], 1), want(&c, 2, i[1] * i[2], 0);
+    want(&c, 0, rt_smul(i[0], i[2]), 0), want(&c, 1, i[0], 1), want(&c, 2, rt_smul(i[1], i[2]), 0);
     if (i[3] > COMM_AXES) bad(&c, "vocab axis out of range");
     break;
   case RT_B_TARGET_PICK:
@@ -194,10 +194,10 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
       int64_t dim = i[1 + d], a = i[1 + r + d], b = i[1 + 2 * r + d];
       if (st->which == RT_B_SLICE) {
         if (a < 0 || a > b || b > dim) bad(&c, "slice bounds outside the operand");
-        n *= b - a;
+        n = rt_smul(n, rt_ssub(b, a));
       } else {
         if (a < 0 || b < 0) bad(&c, "negative padding");
-        n *= a + dim + b;
+        n = rt_smul(n, rt_sadd(rt_sadd(a, dim), b));
       }
     }
     want(&c, 0, prod(i + 1, r), -1), want(&c, 1, n, st->bufs[0].is_int);
@@ -211,10 +211,10 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     nonneg(&c, 1, 3 + st->n_in);
     int64_t total = 0;
     for (int j = 0; j < st->n_in; j++) {
-      want(&c, j, i[1] * i[3 + j] * i[2], st->bufs[0].is_int);
-      total += i[3 + j];
+      want(&c, j, rt_smul(rt_smul(i[1], i[3 + j]), i[2]), st->bufs[0].is_int);
+      total = rt_sadd(total, i[3 + j]);
     }
-    want(&c, st->n_in, i[1] * total * i[2], st->bufs[0].is_int);
+    want(&c, st->n_in, rt_smul(rt_smul(i[1], total), i[2]), st->bufs[0].is_int);
     break;
   }
   case RT_B_BROADCAST: {
@@ -223,7 +223,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     int64_t n = prod(i + 1, r), last = 0;
     for (int d = 0; d < r; d++) {
       if (i[1 + r + d] < 0) bad(&c, "negative stride");
-      if (i[1 + d] > 0) last += (i[1 + d] - 1) * i[1 + r + d];
+      if (i[1 + d] > 0) last = rt_sadd(last, rt_smul(i[1 + d] - 1, i[1 + r + d]));
     }
     if (n > 0 && last >= st->bufs[0].n) bad(&c, "strides reach outside the operand");
     want(&c, 1, n, st->bufs[0].is_int);

@@ -51,12 +51,12 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
   switch ((RtBuiltin)st->which) {
   case RT_B_TARGET_PICK:
     if (i[2] > COMM_AXES) snprintf(what, sizeof what, "vocab axis out of range");
-    else if (b[0].n != i[0] * i[1] || b[0].is_int || b[1].n != i[0] || !b[1].is_int || b[2].n != i[0] || b[2].is_int)
+    else if (b[0].n != rt_smul(i[0], i[1]) || b[0].is_int || b[1].n != i[0] || !b[1].is_int || b[2].n != i[0] || b[2].is_int)
       snprintf(what, sizeof what, "wants x f32[rows*V], targets int32[rows] -> y f32[rows]");
     break;
   case RT_B_ONEHOT:
     if (i[2] > COMM_AXES) snprintf(what, sizeof what, "vocab axis out of range");
-    else if (b[0].n != i[0] || !b[0].is_int || b[1].n != i[0] * i[1] || b[1].is_int)
+    else if (b[0].n != i[0] || !b[0].is_int || b[1].n != rt_smul(i[0], i[1]) || b[1].is_int)
       snprintf(what, sizeof what, "wants targets int32[rows] -> y f32[rows*V]");
     break;
   case RT_B_ALL_REDUCE:
@@ -65,7 +65,7 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
     break;
   case RT_B_ALL_GATHER:
   case RT_B_REDUCE_SCATTER: {
-    int64_t piece = i[2] * i[3] * i[4], whole = piece * i[1];
+    int64_t piece = rt_smul(rt_smul(i[2], i[3]), i[4]), whole = rt_smul(piece, i[1]);
     bool gather = st->which == RT_B_ALL_GATHER;
     if (i[0] >= COMM_AXES || i[1] < 1) snprintf(what, sizeof what, "axis or size out of range");
     else if (nx != (gather ? piece : whole) || ny != (gather ? whole : piece))
@@ -74,12 +74,12 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
   }
   case RT_B_ALL_TO_ALL:
     if (i[0] >= COMM_AXES || i[1] < 1) snprintf(what, sizeof what, "axis or size out of range");
-    else if (nx != i[2] * i[1] * i[3] * i[4] || ny != i[5] * i[1] * i[6] * i[7] || nx != ny)
+    else if (nx != rt_smul(rt_smul(i[2], i[1]), rt_smul(i[3], i[4])) || ny != rt_smul(rt_smul(i[5], i[1]), rt_smul(i[6], i[7])) || nx != ny)
       snprintf(what, sizeof what, "buffer sizes do not match the split and concat dims");
     break;
   case RT_B_SHARD_SLICE:
   case RT_B_SHARD_PAD: {
-    int64_t piece = i[3] * i[4] * i[5], whole = piece * i[2];
+    int64_t piece = rt_smul(rt_smul(i[3], i[4]), i[5]), whole = rt_smul(piece, i[2]);
     bool slice = st->which == RT_B_SHARD_SLICE;
     if (i[0] >= COMM_AXES || i[1] < 1 || i[2] < 1 || i[1] % i[2])
       snprintf(what, sizeof what, "axis, size or parts out of range (parts must divide size)");
