@@ -1,4 +1,4 @@
-/* bench/attention_cpu.c — times loom's CPU attention kernels (runtime/cpu_attention.c) alone.
+/* bench/attention_cpu.c — times loom's CPU attention kernels (runtime/cpu/cpu_attention.c) alone.
  *
  *   build/bench_attention_cpu [B T H Dh KV] [--threads N] [--reps R]
  *
@@ -12,8 +12,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/cpu_kernels.h"
-#include "runtime/threadpool.h"
+#include "runtime/cpu/cpu_kernels.h"
+#include "runtime/cpu/threadpool.h"
 
 static double now(void) {
   struct timespec t;

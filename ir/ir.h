@@ -62,7 +62,7 @@ extern const char *const mesh_axis_names[AX_COUNT];
 typedef struct { int64_t size[AX_COUNT]; } Mesh;
 int64_t mesh_world(const Mesh *m);
 /* The coordinates of a rank (0 <= rank < mesh_world): digits in the mixed radix pp, dp, ep,
-   cp, tp from outer to inner, so a tensor-parallel group is consecutive (runtime/comm.h). */
+   cp, tp from outer to inner, so a tensor-parallel group is consecutive (runtime/comm/comm.h). */
 void mesh_rank_coords(const Mesh *m, int64_t rank, int64_t coord[AX_COUNT]);
 
 /* Sharding of one value: for every mesh axis, replicated, split along a tensor

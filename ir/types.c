@@ -72,7 +72,7 @@ int64_t mesh_world(const Mesh *m) {
 }
 
 void mesh_rank_coords(const Mesh *m, int64_t rank, int64_t coord[AX_COUNT]) {
-  /* runtime/comm.h's numbering: pp, dp, ep, cp, tp from outer to inner */
+  /* runtime/comm/comm.h's numbering: pp, dp, ep, cp, tp from outer to inner */
   static const int order[AX_COUNT] = {AX_PP, AX_DP, AX_EP, AX_CP, AX_TP};
   for (int k = AX_COUNT - 1; k >= 0; k--) {
     coord[order[k]] = rank % m->size[order[k]];

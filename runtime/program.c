@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cpu_kernels.h"
+#include "runtime/cpu/cpu_kernels.h"
 #include "runtime/program.h"
 
 static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '1'};

@@ -4,7 +4,7 @@
  * steps over buffers.  A buffer is a region (the function's arena, or the parameters,
  * gradient accumulators or optimizer state) plus a byte offset.  Steps are JIT-compiled
  * kernels (codegen/cpu), GEMMs (a CPU BLAS), or builtins: the runtime's own kernels for
- * composite ops and data movement (runtime/cpu_kernels.c).  See docs/lowering.md.
+ * composite ops and data movement (runtime/cpu/cpu_kernels.c).  See docs/lowering.md.
  *
  * Storage on the CPU: every float tensor is held as f32 (a bf16 value is an f32 rounded to
  * bf16, as the reference executor holds it); integer tensors (token ids) as int32.
@@ -74,7 +74,7 @@ typedef enum {
   RT_B_TARGET_PICK,        /* x[rows,V] targets(int) -> y[rows] = x[r, target - c*V] (0 if another rank's);
                               i: rows, V, vocab axis + 1 */
   RT_B_ONEHOT,             /* targets(int) -> y[rows,V];  i: rows, V, vocab axis + 1 */
-  /* Collectives over a mesh axis (runtime/comm.h; the program's Comm, see cpu_exec.h).  A
+  /* Collectives over a mesh axis (runtime/comm/comm.h; the program's Comm, see cpu_exec.h).  A
      dim is given as outer x mid x inner; "chunk r" is mid x inner at [o][r*mid ..]. */
   RT_B_ALL_REDUCE,         /* x -> y = sum (or max) over the axis;  i: n, axis, size, max */
   RT_B_ALL_GATHER,         /* x[outer,mid,inner] -> y[outer,size*mid,inner], rank r's x at chunk r;
@@ -147,7 +147,7 @@ typedef struct {
   char (*kernel_names)[32];                /* symbol of kernel k in the JIT'd code */
 } RtProgram;
 
-/* runtime/jit.c: frees what a program owns (steps, globals, kernel names). */
+/* runtime/cpu/jit.c: frees what a program owns (steps, globals, kernel names). */
 void rt_program_free(RtProgram *p);
 
 /* runtime/program.c: the values global gl starts with, as the reference executor's

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/checkpoint.h"
-#include "runtime/data.h"
+#include "runtime/io/checkpoint.h"
+#include "runtime/io/data.h"
 #include "runtime/trainer.h"
 
 double train_lr_at(const TrainOptions *o, int64_t s) {

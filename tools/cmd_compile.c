@@ -7,8 +7,8 @@
 
 #include "codegen/cpu/cpu.h"
 #include "codegen/cuda/cuda.h"
-#include "runtime/cuda_api.h"
-#include "runtime/nvrtc.h"
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/cuda/nvrtc.h"
 #include "tools/tools.h"
 
 static const char help[] =

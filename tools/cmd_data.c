@@ -1,7 +1,7 @@
 /* tools/cmd_data.c — `loom data`: text files to a byte-level llm.c token shard. */
 #include <string.h>
 
-#include "runtime/textdata.h"
+#include "runtime/io/textdata.h"
 #include "tools/tools.h"
 
 static const char help[] =

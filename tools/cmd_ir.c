@@ -4,7 +4,7 @@
 
 #include "codegen/cpu/cpu.h"
 #include "codegen/cuda/cuda.h"
-#include "runtime/jit.h"
+#include "runtime/cpu/jit.h"
 #include "tools/tools.h"
 
 static const char help[] =

@@ -3,7 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/textdata.h"
+#include "runtime/io/textdata.h"
 #include "tools/tools.h"
 
 static const char help[] =

@@ -6,8 +6,8 @@
 
 #include <stdio.h>
 
-#include "runtime/cpu_exec.h"
-#include "runtime/jit.h"
+#include "runtime/cpu/cpu_exec.h"
+#include "runtime/cpu/jit.h"
 #include "runtime/program.h"
 
 typedef struct {

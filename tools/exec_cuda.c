@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cuda_exec.h"
+#include "runtime/cuda/cuda_exec.h"
 #include "tools/tools.h"
 
 int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,

@@ -5,7 +5,7 @@
 #define LOOM_TOOLS_EXEC_REF_H
 
 #include "ir/ir.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 #include "runtime/trainer.h"
 
 typedef struct {

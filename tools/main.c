@@ -15,6 +15,7 @@ static const struct {
   {"train", cmd_train, "train a model on token shards (no spec: the built-in demo)"},
   {"compile", cmd_compile, "write a standalone training executable for a model spec"},
   {"data", cmd_data, "turn text files into a byte-level token shard"},
+  {"diff", cmd_diff, "compare the tensors of two safetensors files (golden tests)"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 

@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 #include "tools/tools.h"
 
 static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'A', 'Y', '1'};

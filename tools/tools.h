@@ -36,6 +36,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_data(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
 
 /* ---- args.c ---- */
 /* Matches "--name=value" or "--name value" at argv[*i]; advances *i past what it used.
@@ -52,7 +53,7 @@ bool ends_with(const char *s, const char *suffix);
    ~10 ms per step of bench-gpt2-small).  Not done when GLIBC_TUNABLES is set (the user's
    malloc settings win).  (Until 2026-11-24 it also re-executed loom with
    OPENBLAS_THREAD_TIMEOUT=4, so that OpenBLAS's workers would not spin after each GEMM;
-   OpenBLAS no longer threads at all, runtime/cpu_gemm.h, and that is gone.) */
+   OpenBLAS no longer threads at all, runtime/cpu/cpu_gemm.h, and that is gone.) */
 void cpu_run_setup(char **argv);
 double seconds_now(void);
 
@@ -61,7 +62,7 @@ double seconds_now(void);
    match with a "transformer." prefix), converting F32/BF16/F16 to the parameter dtype. */
 int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, size_t errlen);
 /* The same for the CPU backend: into the runtime's parameter region, no IR needed. */
-#include "runtime/cpu_exec.h"
+#include "runtime/cpu/cpu_exec.h"
 int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *err, size_t errlen);
 /* Into an executor's host copies (RtTensor: name, checkpoint shape, f32 data). */
 int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t errlen);

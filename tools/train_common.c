@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 #include "tools/exec_ref.h"
 #include "tools/tools.h"
 

@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "codegen/cuda/cuda.h"
-#include "runtime/cuda_api.h"
-#include "runtime/cuda_exec.h"
-#include "runtime/nvrtc.h"
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/nvrtc.h"
 #include "tools/tools.h"
 
 bool cuda_backend_available(char *why, size_t n) {

@@ -2,8 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cpu_kernels.h"
-#include "runtime/safetensors.h"
+#include "runtime/cpu/cpu_kernels.h"
+#include "runtime/io/safetensors.h"
 #include "tools/tools.h"
 
 static float half_to_float(uint16_t h) {

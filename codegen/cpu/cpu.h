@@ -9,7 +9,7 @@
  *   lower.c        every program function (after `fuse` and `memory-plan`) -> an RtFunc of
  *                  RtSteps over (region, offset) buffers: see runtime/program.h
  *
- * Kernel calling convention (what the runtime calls; runtime/jit.h loads the code):
+ * Kernel calling convention (what the runtime calls; runtime/cpu/jit.h loads the code):
  *
  *     void <kernel name>(char **args, int64_t begin, int64_t end)
  *

@@ -1,5 +1,5 @@
 /* codegen/cuda/cuda.h — the CUDA backend: one CUDA C++ translation unit per program (compiled
- * by NVRTC, runtime/nvrtc.h), program functions as steps over native-dtype buffers.
+ * by NVRTC, runtime/cuda/nvrtc.h), program functions as steps over native-dtype buffers.
  *
  *   kernel.c   a fused `kernel func` -> one extern "C" __global__ kernel (grid-stride loops;
  *              reductions per output row, column or thread: deterministic orders)

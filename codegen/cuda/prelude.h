@@ -763,7 +763,7 @@ static const char cuda_prelude_text[] =
   "/* ---------------------------------------------------------------- adamw\n"
   "   bufs: p m v g gscale lr t -> p2 m2 v2 (outputs may be the inputs);  i: n;\n"
   "   f: beta1, beta2, eps, weight_decay.  The CPU runtime's expressions, operation for\n"
-  "   operation (no FMA contraction: the same bits as runtime/cpu_kernels.c for f32).\n"
+  "   operation (no FMA contraction: the same bits as runtime/cpu/cpu_kernels.c for f32).\n"
   "   VEC: 4 elements per access (every buffer f32 and n % 4 == 0; offsets are 64-byte aligned). */\n"
   "struct alignas(16) loom_f4 { float x, y, z, w; };\n"
   "struct loom_adam_k {\n"

@@ -5,7 +5,7 @@
 # gradient norms.
 #
 # The batch is raised to 8 x 64 (512 tokens) so that the GEMMs are big enough to be cut into
-# several tiles (runtime/cpu_gemm.h) and the builtins and JIT kernels split across threads;
+# several tiles (runtime/cpu/cpu_gemm.h) and the builtins and JIT kernels split across threads;
 # at the specs' 2 x 32 most of the work runs on one thread whatever --threads says.  Before
 # loom tiled its GEMMs itself, this test failed on AMD EPYC (Zen) with Debian's OpenBLAS
 # 0.3.21, whose threaded sgemm gives other bits for 1 and 2 threads.

@@ -12,8 +12,8 @@
  * Invariant: a refusal has a message; an accepted resume continues to --steps 4. */
 #include <sys/stat.h>
 
-#include "runtime/checkpoint.h"
-#include "runtime/tokens.h"
+#include "runtime/io/checkpoint.h"
+#include "runtime/io/tokens.h"
 #include "runtime/trainer.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -6,7 +6,7 @@
  * (offset 0).  Invariant: a refusal has a message; nothing reads outside the input.
  * Programs whose regions exceed 4 MiB are checked by rt_program_load only (the harness
  * would spend its time zeroing memory). */
-#include "runtime/cpu_exec.h"
+#include "runtime/cpu/cpu_exec.h"
 #include "runtime/program.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tools/tools.h"
@@ -37,12 +37,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int64_t total = 0;
     bool small = true;
-    for (int r = 0; r < RT_REGION_COUNT; r++) {
+    for (int r = 0; r < RT_REGION_COUNT && small; r++) {   /* each <= 4 MiB before adding: no overflow */
       if (prog.region_bytes[r] > (4 << 20)) small = false;
-      total += prog.region_bytes[r] > 0 ? prog.region_bytes[r] : 0;
+      else total += prog.region_bytes[r] > 0 ? prog.region_bytes[r] : 0;
     }
     for (int f = 0; f < prog.n_funcs && small; f++)
-      if (prog.funcs[f].arena_bytes > (4 << 20) || (total += prog.funcs[f].arena_bytes) > (4 << 20)) small = false;
+      if (prog.funcs[f].arena_bytes > (4 << 20) || (total += prog.funcs[f].arena_bytes > 0 ? prog.funcs[f].arena_bytes : 0) > (4 << 20))
+        small = false;
     if (small && prog.n_kernels >= 0 && prog.n_kernels < 100000) {
       void **fns = calloc((size_t)prog.n_kernels + 1, sizeof(void *));
       CpuKernelFn k = dummy_kernel;

@@ -2,7 +2,7 @@
  * and checkpoint goes through.  Invariants: a refusal has a message; a file it accepts has
  * tensors whose bytes lie inside the file (every byte is read here, so ASan sees any that
  * does not), whose byte counts match dtype x shape, and which st_find finds by name. */
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -3,8 +3,8 @@
  * windows as the shard holds plus a wrap).  Invariants: a refusal has a message; an accepted
  * shard's tokens are all readable (count * token_bytes inside the file) and every window the
  * loader hands out holds tokens below the vocabulary, targets shifted by one. */
-#include "runtime/data.h"
-#include "runtime/tokens.h"
+#include "runtime/io/data.h"
+#include "runtime/io/tokens.h"
 #include "tests/fuzz/fuzz_util.h"
 
 enum { B = 2, T = 3, VOCAB = 256 };

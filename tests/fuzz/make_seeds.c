@@ -15,9 +15,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "runtime/checkpoint.h"
-#include "runtime/safetensors.h"
-#include "runtime/tokens.h"
+#include "runtime/io/checkpoint.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/io/tokens.h"
 
 static const char *out_dir;
 static char err[2048];

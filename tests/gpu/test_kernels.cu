@@ -1,5 +1,5 @@
 // tests/gpu/test_kernels.cu — the hand-written kernels that `test_cuda_runtime --gpu` runs
-// through runtime/cuda_exec.c (the LoomArgs contract of runtime/program.h).
+// through runtime/cuda/cuda_exec.c (the LoomArgs contract of runtime/program.h).
 //
 // The test embeds them as PTX (tests/gpu/test_kernels_ptx.h), so the GPU machine needs no
 // compiler.  Regenerate after an edit with tests/gpu/gen_ptx.sh (nvcc -ptx, no FMA

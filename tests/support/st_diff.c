@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 
 static const char usage[] =
   "usage: st_diff A.safetensors B.safetensors [--rtol 1e-5] [--only name1,name2] [--prefix P]\n"

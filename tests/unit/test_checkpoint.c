@@ -1,6 +1,6 @@
 /* Unit tests for runtime/checkpoint: round trip, choice of the newest complete step,
  * refusal of damaged checkpoints, and writers killed with SIGKILL at random moments. */
-#include "runtime/checkpoint.h"
+#include "runtime/io/checkpoint.h"
 
 #include <dirent.h>
 #include <signal.h>

@@ -36,7 +36,7 @@
 #include "ir/fmath.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/jit.h"
+#include "runtime/cpu/jit.h"
 
 static int n_pass, n_fail;
 

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 static int passed, failed;
 #define CHECK(cond, ...)                          \

@@ -1,4 +1,4 @@
-/* tests/unit/test_cpu_exec.c — the CPU program executor (runtime/cpu_exec.h) on hand-built
+/* tests/unit/test_cpu_exec.c — the CPU program executor (runtime/cpu/cpu_exec.h) on hand-built
  * lowered programs.
  *
  *  1. A forward program: GEMM (x @ W), a hand-written "JIT" kernel (bias + gelu, its output
@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "ir/ir.h"
-#include "runtime/cpu_exec.h"
-#include "runtime/cpu_kernels.h"
+#include "runtime/cpu/cpu_exec.h"
+#include "runtime/cpu/cpu_kernels.h"
 
 static int n_pass, n_fail;
 static uint64_t rng = 7;

@@ -1,4 +1,4 @@
-/* tests/unit/test_cpu_gemm.c — runtime/cpu_gemm.h: the same bits for any thread count.
+/* tests/unit/test_cpu_gemm.c — runtime/cpu/cpu_gemm.h: the same bits for any thread count.
  *
  * For each shape (the ones that differed between 1 and 2 OpenBLAS threads on an AMD EPYC
  * with Debian's OpenBLAS 0.3.21 and its Zen kernels, the model's transposed weight-gradient
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cpu_gemm.h"
-#include "runtime/threadpool.h"
+#include "runtime/cpu/cpu_gemm.h"
+#include "runtime/cpu/threadpool.h"
 
 static int n_pass, n_fail;
 static uint64_t rng = 777;

@@ -1,4 +1,4 @@
-/* tests/unit/test_cpu_kernels.c — every builtin of the CPU runtime (runtime/cpu_kernels.h)
+/* tests/unit/test_cpu_kernels.c — every builtin of the CPU runtime (runtime/cpu/cpu_kernels.h)
  * against the reference executor (ir/interp.c), which defines what each op means.
  *
  * Each case builds a one-op module with the Builder API, fills its arguments (and the
@@ -30,8 +30,8 @@
 #include <string.h>
 
 #include "ir/ir.h"
-#include "runtime/cpu_kernels.h"
-#include "runtime/threadpool.h"
+#include "runtime/cpu/cpu_kernels.h"
+#include "runtime/cpu/threadpool.h"
 
 static int n_pass, n_fail;
 static uint64_t rng = 12345;

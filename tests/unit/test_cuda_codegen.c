@@ -1,11 +1,11 @@
 /* tests/unit/test_cuda_codegen.c — the CUDA backend without a GPU: lowering (codegen/cuda)
- * and compilation with NVRTC (runtime/nvrtc.h).
+ * and compilation with NVRTC (runtime/cuda/nvrtc.h).
  *
  *   lowering     gpt2-tiny, llama-tiny (fp32, bf16) through train,lower with target CUDA:
  *                cuda_lower succeeds; every step is a GEMM or a kernel of the program with a
  *                launch shape; buffers hold each dtype natively (bf16 values as RT_ST_BF16,
  *                round NONE) inside their region; the builtins have the kernels of their
- *                storage signature (and runtime/cuda_exec.h's cuda_program_check accepts
+ *                storage signature (and runtime/cuda/cuda_exec.h's cuda_program_check accepts
  *                the program); attention_grad is two steps sharing scratch past the
  *                memory plan's arena; adamw in place; long reductions split in two
  *                steps; kernel names are symbols of the translation unit
@@ -42,8 +42,8 @@
 #include "frontend/config.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/cuda_exec.h"
-#include "runtime/nvrtc.h"
+#include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/nvrtc.h"
 
 static int n_pass, n_fail;
 
@@ -120,7 +120,7 @@ static const RtFunc *find_func(const RtProgram *p, const char *name) {
 }
 
 /* Structural checks of a lowered program (and the CUDA runtime's own check of what it will
-   run, runtime/cuda_exec.h); returns the first problem or NULL. */
+   run, runtime/cuda/cuda_exec.h); returns the first problem or NULL. */
 static const char *program_problem(const RtProgram *p, const Module *m, const char *tu, char *why, size_t n) {
   char rt[IR_ERR_LEN];
   if (cuda_program_check(p, rt, sizeof rt)) return snprintf(why, n, "cuda_program_check: %.400s", rt), why;

@@ -28,11 +28,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "runtime/comm_nccl.h"
-#include "runtime/cpu_exec.h"
-#include "runtime/cpu_kernels.h"
-#include "runtime/cuda_api.h"
-#include "runtime/cuda_exec.h"
+#include "runtime/comm/comm_nccl.h"
+#include "runtime/cpu/cpu_exec.h"
+#include "runtime/cpu/cpu_kernels.h"
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/cuda/cuda_exec.h"
 #include "tests/gpu/test_kernels_ptx.h"
 
 static int passed, failed;

@@ -1,6 +1,6 @@
 /* Unit tests for runtime/data: the training data loader's exact window order, checked
  * against the PyTorch goldens' train.json ("windows": [shard, pos] of each micro-batch). */
-#include "runtime/data.h"
+#include "runtime/io/data.h"
 
 #include <jansson.h>
 #include <stdio.h>

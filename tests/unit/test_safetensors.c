@@ -1,5 +1,5 @@
 /* Unit tests for runtime/safetensors: round trips, layout, every rejection, fuzzing. */
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 
 #include <dirent.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
 /* Unit tests for runtime/textdata: byte-level text -> llm.c shard, and the demo text in
  * data/ that the training demo reads. */
-#include "runtime/data.h"
-#include "runtime/textdata.h"
-#include "runtime/tokens.h"
+#include "runtime/io/data.h"
+#include "runtime/io/textdata.h"
+#include "runtime/io/tokens.h"
 
 #include <stdio.h>
 #include <stdlib.h>

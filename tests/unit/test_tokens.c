@@ -1,5 +1,5 @@
 /* Unit tests for runtime/tokens: llm.c token shards. */
-#include "runtime/tokens.h"
+#include "runtime/io/tokens.h"
 
 #include <dirent.h>
 #include <stdio.h>

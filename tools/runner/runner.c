@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/cuda_api.h"
+#include "runtime/cuda/cuda_api.h"
 #include "tools/exec_cpu.h"
 #include "tools/tools.h"
 

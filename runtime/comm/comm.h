@@ -1,0 +1,49 @@
+/* runtime/comm/comm.h — collectives among the ranks of a device mesh.
+ *
+ * Ranks and coordinates: the mesh has axes dp, tp, cp, pp, ep (index 0..4, as in the IR).
+ * A rank's coordinates are its digits in the mixed radix with, from outermost to
+ * innermost, pp, dp, ep, cp, tp:
+ *     rank = (((pp * DP + dp) * EP + ep) * CP + cp) * TP + tp
+ * so the ranks of one tensor-parallel group are consecutive (the same node), as in
+ * Megatron-LM.  A collective on axis a runs among the ranks that share every coordinate
+ * but a's, ordered by their coordinate on a.
+ *
+ * comm_local.c implements it for N threads of one process (the CPU backends and the
+ * equivalence tests); comm_nccl.c over NCCL for one process per GPU.
+ */
+#ifndef LOOM_RUNTIME_COMM_H
+#define LOOM_RUNTIME_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { COMM_DP, COMM_TP, COMM_CP, COMM_PP, COMM_EP, COMM_AXES };
+
+int mesh_rank_of(const int64_t mesh[COMM_AXES], const int coord[COMM_AXES]);
+void mesh_coords_of(const int64_t mesh[COMM_AXES], int rank, int coord[COMM_AXES]);
+
+typedef struct Comm Comm;   /* one rank's handle */
+struct Comm {
+  int rank, world;
+  int coord[COMM_AXES];
+  int64_t mesh[COMM_AXES];
+  void *impl;
+  /* Flat f32 collectives over one axis; 0 on success, 1 when the world was aborted. */
+  int (*all_reduce)(Comm *c, int axis, float *buf, int64_t n, bool max);
+  int (*all_gather)(Comm *c, int axis, const float *in, float *out, int64_t n);
+  int (*reduce_scatter)(Comm *c, int axis, const float *in, float *out, int64_t n_out);
+  int (*all_to_all)(Comm *c, int axis, const float *in, float *out, int64_t n_chunk);
+  int (*barrier)(Comm *c);   /* all ranks of the world */
+};
+
+/* ---- comm_local.c: N ranks as N threads of this process ---- */
+typedef struct LocalWorld LocalWorld;
+LocalWorld *local_world_new(const int64_t mesh[COMM_AXES], char *err, size_t errlen);
+Comm *local_world_rank(LocalWorld *w, int rank);
+/* Wakes every rank waiting in a collective; they and all later collectives return 1.
+   A rank that fails calls this so the others do not wait forever. */
+void local_world_abort(LocalWorld *w);
+void local_world_free(LocalWorld *w);
+
+#endif

@@ -1,0 +1,736 @@
+/* runtime/comm/comm_nccl.c — see comm_nccl.h. */
+#define LOOM_CUDA_INTERNAL 1
+#include "runtime/comm/comm_nccl.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/cuda/cuda_api.h"
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* ================================================================== bootstrap variables */
+
+static const char *env_first(const char *const *names, int n) {
+  for (int i = 0; i < n; i++) {
+    const char *v = getenv(names[i]);
+    if (v && *v) return v;
+  }
+  return NULL;
+}
+
+static int parse_int(const char *s, const char *what, int lo, int hi, int *out, char *err, size_t errlen) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return fail(err, errlen, 2, "%s=%s is not a number in [%d, %d]", what, s, lo, hi);
+  *out = (int)v;
+  return 0;
+}
+
+int nccl_bootstrap_from_env(NcclBootstrap *b, char *err, size_t errlen) {
+  memset(b, 0, sizeof *b);
+  b->device = -1;
+  b->timeout_s = 300;
+  b->world = 1;
+  static const char *const rank_v[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+  static const char *const world_v[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
+  static const char *const local_v[] = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"};
+  const char *r = env_first(rank_v, 4), *w = env_first(world_v, 4), *l = env_first(local_v, 4);
+  const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT"), *t = getenv("LOOM_NCCL_TIMEOUT");
+  const char *id = getenv("NCCL_COMM_ID");
+  if (w && parse_int(w, "WORLD_SIZE", 1, 1 << 20, &b->world, err, errlen)) return 2;
+  if (r && parse_int(r, "RANK", 0, b->world - 1, &b->rank, err, errlen)) return 2;
+  if (!r && b->world > 1) return fail(err, errlen, 2, "WORLD_SIZE is %d but RANK is not set", b->world);
+  if (l && parse_int(l, "LOCAL_RANK", 0, 1 << 16, &b->device, err, errlen)) return 2;
+  if (t) {
+    char *end;
+    b->timeout_s = strtod(t, &end);
+    if (end == t || *end || !(b->timeout_s > 0)) return fail(err, errlen, 2, "LOOM_NCCL_TIMEOUT=%s is not a positive number of seconds", t);
+  }
+  b->use_comm_id = id && *id;
+  snprintf(b->addr, sizeof b->addr, "%s", addr && *addr ? addr : "127.0.0.1");
+  b->port = 29500;
+  if (port && parse_int(port, "MASTER_PORT", 1, 65535, &b->port, err, errlen)) return 2;
+  if (b->world > 1 && !b->use_comm_id && (!addr || !*addr || !port || !*port))
+    return fail(err, errlen, 2,
+                "a world of %d ranks needs MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) or NCCL_COMM_ID",
+                b->world);
+  return 0;
+}
+
+/* ================================================================== rendezvous (TCP) */
+
+#define RDZV_MAGIC "LOOMRDZ1"
+enum { ST_OK = 0, ST_WORLD = 1, ST_RANK = 2, ST_DUP = 3 };
+enum { HELLO_BYTES = 16, REPLY_BYTES = 16 + NCCL_ID_BYTES };
+
+static int ms_left(double deadline) {
+  double left = deadline - now_s();
+  return left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
+}
+
+/* Reads or writes exactly n bytes before the deadline.  0 ok, -1 closed or failed, -2 timeout. */
+static int io_full(int fd, void *buf, size_t n, bool wr, double deadline) {
+  size_t done = 0;
+  while (done < n) {
+    struct pollfd p = {fd, wr ? POLLOUT : POLLIN, 0};
+    int ms = ms_left(deadline);
+    if (!ms) return -2;
+    int pr = poll(&p, 1, ms);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr < 0) return -1;
+    if (pr == 0) return -2;
+    ssize_t k = wr ? send(fd, (char *)buf + done, n - done, MSG_NOSIGNAL) : recv(fd, (char *)buf + done, n - done, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (k <= 0) return -1;
+    done += (size_t)k;
+  }
+  return 0;
+}
+
+static void put_u32(unsigned char *p, uint32_t v) {
+  uint32_t n = htonl(v);
+  memcpy(p, &n, 4);
+}
+
+static uint32_t get_u32(const unsigned char *p) {
+  uint32_t n;
+  memcpy(&n, p, 4);
+  return ntohl(n);
+}
+
+static int listen_on(int port, char *err, size_t errlen) {
+  int one = 1, zero = 0, fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {   /* dual stack: IPv4 and IPv6 clients alike */
+    struct sockaddr_in6 a6;
+    memset(&a6, 0, sizeof a6);
+    a6.sin6_family = AF_INET6;
+    a6.sin6_addr = in6addr_any;
+    a6.sin6_port = htons((uint16_t)port);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (bind(fd, (struct sockaddr *)&a6, sizeof a6) == 0 && listen(fd, 128) == 0) return fd;
+    close(fd);
+  }
+  fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -fail(err, errlen, 1, "rank 0: socket: %s", strerror(errno));
+  struct sockaddr_in a4;
+  memset(&a4, 0, sizeof a4);
+  a4.sin_family = AF_INET;
+  a4.sin_addr.s_addr = htonl(INADDR_ANY);
+  a4.sin_port = htons((uint16_t)port);
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, (struct sockaddr *)&a4, sizeof a4) || listen(fd, 128)) {
+    int e = errno;
+    close(fd);
+    return -fail(err, errlen, 1, "rank 0: cannot listen on port %d for the rendezvous: %s (is MASTER_PORT in use?)", port,
+                 strerror(e));
+  }
+  return fd;
+}
+
+static int serve(int port, int world, const unsigned char id[NCCL_ID_BYTES], double timeout_s, char *err,
+                 size_t errlen) {
+  int lfd = listen_on(port, err, errlen);
+  if (lfd < 0) return 1;
+  double deadline = now_s() + timeout_s;
+  bool *seen = calloc((size_t)world, 1);
+  if (!seen) {
+    close(lfd);
+    return fail(err, errlen, 1, "out of memory");
+  }
+  int served = 0, rc = 0;
+  while (served < world - 1 && !rc) {
+    struct pollfd p = {lfd, POLLIN, 0};
+    int ms = ms_left(deadline);
+    int pr = ms ? poll(&p, 1, ms) : 0;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) {   /* timeout: name who is missing */
+      char missing[256] = "";
+      size_t used = 0;
+      int n_missing = 0;
+      for (int r = 1; r < world; r++)
+        if (!seen[r] && n_missing++ < 16) {
+          int w = snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", r);
+          if (w > 0 && used + (size_t)w < sizeof missing) used += (size_t)w;
+        }
+      rc = fail(err, errlen, 1, "rank 0: rendezvous on port %d: rank%s %s%s did not arrive within %g s (%d of %d did)", port,
+                n_missing > 1 ? "s" : "", missing, n_missing > 16 ? ", ..." : "", timeout_s, served + 1, world);
+      break;
+    }
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0) continue;
+    /* A client has a few seconds to say who it is; a stray connection cannot stall us. */
+    double cd = now_s() + 5 < deadline ? now_s() + 5 : deadline;
+    unsigned char hello[HELLO_BYTES], reply[REPLY_BYTES];
+    if (io_full(fd, hello, sizeof hello, false, cd) || memcmp(hello, RDZV_MAGIC, 8)) {
+      close(fd);   /* not one of ours */
+      continue;
+    }
+    uint32_t r = get_u32(hello + 8), w = get_u32(hello + 12);
+    uint32_t st = w != (uint32_t)world ? ST_WORLD : r < 1 || r >= (uint32_t)world ? ST_RANK : seen[r] ? ST_DUP : ST_OK;
+    memset(reply, 0, sizeof reply);
+    memcpy(reply, RDZV_MAGIC, 8);
+    put_u32(reply + 8, st);
+    put_u32(reply + 12, (uint32_t)world);
+    if (st == ST_OK) memcpy(reply + 16, id, NCCL_ID_BYTES);
+    int wr = io_full(fd, reply, sizeof reply, true, cd);
+    close(fd);
+    if (st == ST_WORLD)
+      rc = fail(err, errlen, 2, "rank 0: rank %u says the world has %u ranks; rank 0 has WORLD_SIZE %d", r, w, world);
+    else if (st == ST_RANK)
+      rc = fail(err, errlen, 2, "rank 0: a process says it is rank %u of a world of %d", r, world);
+    else if (st == ST_DUP)
+      rc = fail(err, errlen, 2, "rank 0: two processes say they are rank %u (RANK set twice?)", r);
+    else if (!wr) {
+      seen[r] = true;
+      served++;
+    }
+  }
+  free(seen);
+  close(lfd);
+  return rc;
+}
+
+/* One connection attempt to addr:port within the deadline; the socket or -1. */
+static int try_connect(const struct addrinfo *ai, double deadline) {
+  int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+  if (fd < 0) return -1;
+  int fl = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+  if (r < 0 && errno == EINPROGRESS) {
+    struct pollfd p = {fd, POLLOUT, 0};
+    int ms = ms_left(deadline);
+    if (ms > 1000) ms = 1000;
+    int e = 0;
+    socklen_t el = sizeof e;
+    if (poll(&p, 1, ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0) r = 0;
+    else errno = e ? e : ETIMEDOUT;
+  }
+  if (r < 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+static int fetch(const char *addr, int port, int rank, int world, unsigned char id[NCCL_ID_BYTES], double timeout_s,
+                 char *err, size_t errlen) {
+  double deadline = now_s() + timeout_s;
+  char ps[16];
+  snprintf(ps, sizeof ps, "%d", port);
+  int fd = -1, last_errno = 0;
+  char last[256] = "no attempt";
+  while (fd < 0) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int g = getaddrinfo(addr, ps, &hints, &res);
+    if (g) snprintf(last, sizeof last, "%s", gai_strerror(g));
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+      fd = try_connect(ai, deadline);
+      if (fd < 0) last_errno = errno;
+    }
+    if (res) freeaddrinfo(res);
+    if (fd >= 0) break;
+    if (!g) snprintf(last, sizeof last, "%s", strerror(last_errno));
+    if (!ms_left(deadline))
+      return fail(err, errlen, 1, "rank %d: could not reach rank 0 at %s:%d within %g s (%s)", rank, addr, port, timeout_s,
+                  last);
+    sleep_s(0.05);   /* rank 0 may not be listening yet */
+  }
+  unsigned char hello[HELLO_BYTES], reply[REPLY_BYTES];
+  memcpy(hello, RDZV_MAGIC, 8);
+  put_u32(hello + 8, (uint32_t)rank);
+  put_u32(hello + 12, (uint32_t)world);
+  int rc = io_full(fd, hello, sizeof hello, true, deadline);
+  if (!rc) rc = io_full(fd, reply, sizeof reply, false, deadline);
+  close(fd);
+  if (rc == -2) return fail(err, errlen, 1, "rank %d: rank 0 at %s:%d did not answer within %g s", rank, addr, port, timeout_s);
+  if (rc || memcmp(reply, RDZV_MAGIC, 8))
+    return fail(err, errlen, 1, "rank %d: the rendezvous at %s:%d failed (is something else on that port?)", rank, addr, port);
+  uint32_t st = get_u32(reply + 8), w0 = get_u32(reply + 12);
+  if (st == ST_WORLD)
+    return fail(err, errlen, 2, "rank %d: WORLD_SIZE is %d here but %u on rank 0", rank, world, w0);
+  if (st == ST_DUP) return fail(err, errlen, 2, "rank %d: another process already claimed rank %d", rank, rank);
+  if (st != ST_OK) return fail(err, errlen, 2, "rank %d: rank 0 refused rank %d of a world of %d", rank, rank, world);
+  memcpy(id, reply + 16, NCCL_ID_BYTES);
+  return 0;
+}
+
+int nccl_rendezvous(const char *addr, int port, int rank, int world, unsigned char id[NCCL_ID_BYTES], double timeout_s,
+                    char *err, size_t errlen) {
+  if (world < 1 || rank < 0 || rank >= world) return fail(err, errlen, 2, "rank %d of a world of %d", rank, world);
+  if (port < 1 || port > 65535) return fail(err, errlen, 2, "rendezvous port %d is not a TCP port", port);
+  if (world == 1) return 0;
+  return rank == 0 ? serve(port, world, id, timeout_s, err, errlen)
+                   : fetch(addr, port, rank, world, id, timeout_s, err, errlen);
+}
+
+static const char *const axis_name[COMM_AXES] = {"dp", "tp", "cp", "pp", "ep"};
+
+static int check_mesh(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, int64_t *world, char *err, size_t errlen) {
+  *world = 1;
+  for (int a = 0; a < COMM_AXES; a++) {
+    if (mesh[a] < 1 || mesh[a] > 65536) return fail(err, errlen, 2, "mesh axis %s has size %lld", axis_name[a], (long long)mesh[a]);
+    *world *= mesh[a];
+  }
+  if (*world != bs->world)
+    return fail(err, errlen, 2, "the mesh has %lld ranks but WORLD_SIZE is %d", (long long)*world, bs->world);
+  if (bs->rank < 0 || bs->rank >= bs->world) return fail(err, errlen, 2, "rank %d of a world of %d", bs->rank, bs->world);
+  return 0;
+}
+
+#ifdef LOOM_HAVE_CUDA_HEADERS
+/* ================================================================== NCCL */
+#include <nccl.h>
+
+#define LOOM_NCCL_FUNCS(X)                                                                                         \
+  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommSplit) X(ncclCommGetAsyncError)          \
+  X(ncclCommAbort) X(ncclCommFinalize) X(ncclCommDestroy) X(ncclAllReduce) X(ncclAllGather) X(ncclReduceScatter)   \
+  X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd) X(ncclGetErrorString) X(ncclGetLastError)
+
+typedef struct {
+  LOOM_NCCL_FUNCS(LOOM_API_FIELD)
+} NcclApi;
+
+static pthread_mutex_t nccl_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool nccl_tried, nccl_ok;
+static char nccl_msg[1024];
+static NcclApi nccl;
+
+#define LOOM_STR2(x) #x
+#define LOOM_STR(x) LOOM_STR2(x)
+#define LOOM_API_NAME(f) LOOM_STR(f),
+#define LOOM_API_COUNT(f) +1
+
+static const NcclApi *nccl_api(char *err, size_t errlen) {
+  pthread_mutex_lock(&nccl_mu);
+  if (!nccl_tried) {
+    nccl_tried = true;
+    static const char *const libs[] = {"libnccl.so.2", "libnccl.so"};
+    char why[800];
+    void *h = cuda_dlopen_first("LOOM_LIBNCCL", libs, 2, why, sizeof why);
+    if (!h) {
+      snprintf(nccl_msg, sizeof nccl_msg, "NCCL not found (%s): multi-GPU runs need libnccl.so.2 (NCCL >= 2.18)", why);
+    } else {
+      static const char *const names[] = {LOOM_NCCL_FUNCS(LOOM_API_NAME)};
+      enum { N_NCCL = 0 LOOM_NCCL_FUNCS(LOOM_API_COUNT) };
+      void *slots[N_NCCL];
+      _Static_assert(sizeof slots == sizeof(NcclApi), "NCCL table layout");
+      nccl_ok = true;
+      for (int i = 0; i < N_NCCL && nccl_ok; i++)
+        if (!(slots[i] = dlsym(h, names[i]))) {
+          snprintf(nccl_msg, sizeof nccl_msg, "libnccl lacks %s: loom needs NCCL >= 2.18 (ncclCommSplit)", names[i]);
+          nccl_ok = false;
+        }
+      if (nccl_ok) memcpy(&nccl, slots, sizeof slots);
+      /* Never dlclosed: NCCL keeps threads of its own. */
+    }
+  }
+  bool ok = nccl_ok;
+  if (!ok) snprintf(err, errlen, "%s", nccl_msg);
+  pthread_mutex_unlock(&nccl_mu);
+  return ok ? &nccl : NULL;
+}
+
+int nccl_version(char *err, size_t errlen) {
+  const NcclApi *n = nccl_api(err, errlen);
+  int v = 0;
+  if (!n) return 0;
+  if (n->ncclGetVersion(&v) != ncclSuccess) return fail(err, errlen, 0, "ncclGetVersion failed");
+  return v;
+}
+
+typedef struct {
+  const NcclApi *n;
+  const CudaDriverApi *d;
+  void *ctx;
+  int device;
+  ncclComm_t world;
+  ncclComm_t axis[COMM_AXES];   /* NULL: the axis has size 1; == world: as large as the world */
+  CUstream own, stream;
+  bool wait;
+  CUdeviceptr scratch;          /* one float, for barriers */
+  double timeout_s;
+  atomic_bool aborted;
+  pthread_mutex_t mu;
+  char last[1024];
+} World;
+
+static void abort_all(World *w) {
+  bool was = atomic_exchange(&w->aborted, true);
+  if (was) return;
+  for (int a = 0; a < COMM_AXES; a++)
+    if (w->axis[a] && w->axis[a] != w->world) w->n->ncclCommAbort(w->axis[a]);
+  if (w->world) w->n->ncclCommAbort(w->world);
+  for (int a = 0; a < COMM_AXES; a++) w->axis[a] = NULL;
+  w->world = NULL;
+}
+
+static int nccl_fail(World *w, int rank, ncclResult_t r, ncclComm_t c, const char *what, char *err, size_t errlen) {
+  const char *s = w->n->ncclGetErrorString ? w->n->ncclGetErrorString(r) : "";
+  const char *last = c && w->n->ncclGetLastError ? w->n->ncclGetLastError(c) : NULL;
+  snprintf(err, errlen, "rank %d: %s: %s%s%s", rank, what, s, last && *last ? ": " : "", last && *last ? last : "");
+  return 1;
+}
+
+/* Polls a non-blocking communicator until its last operation leaves ncclInProgress. */
+static int ready(World *w, int rank, ncclComm_t c, ncclResult_t r, const char *what, char *err, size_t errlen) {
+  double deadline = now_s() + w->timeout_s, pause = 1e-5;
+  if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(w, rank, r, c, what, err, errlen);
+  for (;;) {
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t q = w->n->ncclCommGetAsyncError(c, &st);
+    if (q != ncclSuccess) return nccl_fail(w, rank, q, c, what, err, errlen);
+    if (st == ncclSuccess) return 0;
+    if (st != ncclInProgress) return nccl_fail(w, rank, st, c, what, err, errlen);
+    if (now_s() > deadline)
+      return fail(err, errlen, 1, "rank %d: %s did not finish within %g s (LOOM_NCCL_TIMEOUT)", rank, what, w->timeout_s);
+    sleep_s(pause);
+    if (pause < 1e-3) pause *= 2;
+  }
+}
+
+/* Waits for the stream while watching every communicator for asynchronous errors. */
+static int drain(World *w, int rank, const char *what, char *err, size_t errlen) {
+  double deadline = now_s() + w->timeout_s, pause = 1e-6;
+  for (;;) {
+    CUresult q = w->d->cuStreamQuery(w->stream);
+    if (q == CUDA_SUCCESS) return 0;
+    if (q != CUDA_ERROR_NOT_READY) {
+      char where[160];
+      snprintf(where, sizeof where, "rank %d, %s", rank, what);
+      return cuda_cu_fail(q, "cuStreamQuery", where, err, errlen);
+    }
+    for (int a = -1; a < COMM_AXES; a++) {
+      ncclComm_t c = a < 0 ? w->world : w->axis[a];
+      if (!c || (a >= 0 && c == w->world)) continue;
+      ncclResult_t st = ncclSuccess;
+      if (w->n->ncclCommGetAsyncError(c, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress)
+        return nccl_fail(w, rank, st, c, what, err, errlen);
+    }
+    if (now_s() > deadline)
+      return fail(err, errlen, 1, "rank %d: %s did not complete within %g s (a rank died or hangs? LOOM_NCCL_TIMEOUT)", rank,
+                  what, w->timeout_s);
+    sleep_s(pause);
+    if (pause < 1e-4) pause *= 2;
+  }
+}
+
+static World *world_of(Comm *c) { return c->impl; }
+
+/* Records the failure, aborts every communicator, returns 1. */
+static int coll_fail(Comm *c, const char *msg) {
+  World *w = world_of(c);
+  pthread_mutex_lock(&w->mu);
+  if (!w->last[0]) snprintf(w->last, sizeof w->last, "%s", msg);
+  pthread_mutex_unlock(&w->mu);
+  abort_all(w);
+  return 1;
+}
+
+/* The communicator of an axis (NULL for a size-1 axis), or an error if aborted. */
+static int coll_begin(Comm *c, int axis, ncclComm_t *comm) {
+  World *w = world_of(c);
+  if (atomic_load(&w->aborted) || axis < 0 || axis >= COMM_AXES) return 1;
+  *comm = w->axis[axis];
+  char err[256];
+  if (cuda_set_current(w->ctx, err, sizeof err)) return coll_fail(c, err);
+  return 0;
+}
+
+static int coll_end(Comm *c, ncclComm_t comm, ncclResult_t r, const char *name, int axis, int64_t n) {
+  World *w = world_of(c);
+  char what[128], err[1024];
+  snprintf(what, sizeof what, "%s on axis %s (%lld floats)", name, axis >= 0 ? axis_name[axis] : "world", (long long)n);
+  if (comm && ready(w, c->rank, comm, r, what, err, sizeof err)) return coll_fail(c, err);
+  if (w->wait && drain(w, c->rank, what, err, sizeof err)) return coll_fail(c, err);
+  return 0;
+}
+
+static int local_copy(Comm *c, const float *in, float *out, int64_t n, const char *name, int axis) {
+  World *w = world_of(c);
+  if (in == out || n == 0) return coll_end(c, NULL, ncclSuccess, name, axis, n);
+  char where[128], err[512];
+  snprintf(where, sizeof where, "(rank %d, %s on a size-1 axis)", c->rank, name);
+  if (cuda_cu_fail(w->d->cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)out, (CUdeviceptr)(uintptr_t)in, sizeof(float) * (size_t)n,
+                                            w->stream),
+                   "cuMemcpyDtoDAsync", where, err, sizeof err))
+    return coll_fail(c, err);
+  return coll_end(c, NULL, ncclSuccess, name, axis, n);
+}
+
+static int n_all_reduce(Comm *c, int axis, float *buf, int64_t n, bool max) {
+  ncclComm_t comm;
+  if (coll_begin(c, axis, &comm)) return 1;
+  if (!comm) return coll_end(c, NULL, ncclSuccess, "all_reduce", axis, n);
+  World *w = world_of(c);
+  ncclResult_t r = w->n->ncclAllReduce(buf, buf, (size_t)n, ncclFloat32, max ? ncclMax : ncclSum, comm, w->stream);
+  return coll_end(c, comm, r, "all_reduce", axis, n);
+}
+
+static int n_all_gather(Comm *c, int axis, const float *in, float *out, int64_t n) {
+  ncclComm_t comm;
+  if (coll_begin(c, axis, &comm)) return 1;
+  if (!comm) return local_copy(c, in, out, n, "all_gather", axis);
+  World *w = world_of(c);
+  ncclResult_t r = w->n->ncclAllGather(in, out, (size_t)n, ncclFloat32, comm, w->stream);
+  return coll_end(c, comm, r, "all_gather", axis, n);
+}
+
+static int n_reduce_scatter(Comm *c, int axis, const float *in, float *out, int64_t n_out) {
+  ncclComm_t comm;
+  if (coll_begin(c, axis, &comm)) return 1;
+  if (!comm) return local_copy(c, in, out, n_out, "reduce_scatter", axis);
+  World *w = world_of(c);
+  ncclResult_t r = w->n->ncclReduceScatter(in, out, (size_t)n_out, ncclFloat32, ncclSum, comm, w->stream);
+  return coll_end(c, comm, r, "reduce_scatter", axis, n_out);
+}
+
+static int n_all_to_all(Comm *c, int axis, const float *in, float *out, int64_t n_chunk) {
+  ncclComm_t comm;
+  if (coll_begin(c, axis, &comm)) return 1;
+  if (!comm) return local_copy(c, in, out, n_chunk, "all_to_all", axis);
+  World *w = world_of(c);
+  int size = (int)c->mesh[axis];
+  /* Grouped sends and receives (ncclAlltoAll is only in NCCL >= 2.28). */
+  ncclResult_t r = w->n->ncclGroupStart();
+  for (int p = 0; r == ncclSuccess && p < size; p++) {
+    r = w->n->ncclSend(in + (int64_t)p * n_chunk, (size_t)n_chunk, ncclFloat32, p, comm, w->stream);
+    if (r == ncclSuccess || r == ncclInProgress)
+      r = w->n->ncclRecv(out + (int64_t)p * n_chunk, (size_t)n_chunk, ncclFloat32, p, comm, w->stream);
+    if (r == ncclInProgress) r = ncclSuccess;
+  }
+  ncclResult_t e = w->n->ncclGroupEnd();
+  return coll_end(c, comm, r != ncclSuccess ? r : e, "all_to_all", axis, n_chunk);
+}
+
+static int n_barrier(Comm *c) {
+  World *w = world_of(c);
+  if (atomic_load(&w->aborted)) return 1;
+  char err[256];
+  if (cuda_set_current(w->ctx, err, sizeof err)) return coll_fail(c, err);
+  if (!w->world) return 0;
+  float *s = (float *)(uintptr_t)w->scratch;
+  ncclResult_t r = w->n->ncclAllReduce(s, s, 1, ncclFloat32, ncclSum, w->world, w->stream);
+  bool keep = w->wait;
+  w->wait = true;   /* a barrier always waits */
+  int rc = coll_end(c, w->world, r, "barrier", -1, 1);
+  w->wait = keep;
+  return rc;
+}
+
+const char *nccl_last_error(const Comm *c) { return c && c->impl ? ((World *)c->impl)->last : ""; }
+
+void nccl_world_abort(Comm *c) {
+  if (c && c->impl) abort_all(c->impl);
+}
+
+int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen) {
+  World *w = world_of(c);
+  w->stream = stream ? (CUstream)stream : w->own;
+  w->wait = wait;
+  return 0;
+}
+
+int nccl_wait(Comm *c, char *err, size_t errlen) {
+  World *w = world_of(c);
+  if (atomic_load(&w->aborted)) return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (cuda_set_current(w->ctx, err, errlen)) return 1;
+  if (drain(w, c->rank, "waiting for the enqueued collectives", err, errlen)) {
+    coll_fail(c, err);
+    return 1;
+  }
+  return 0;
+}
+
+void nccl_world_free(Comm *c) {
+  if (!c) return;
+  World *w = c->impl;
+  if (w) {
+    char err[512];
+    bool ctx_ok = w->ctx && !cuda_set_current(w->ctx, err, sizeof err);
+    if (!atomic_load(&w->aborted) && ctx_ok && w->stream) w->d->cuStreamSynchronize(w->stream);
+    /* Finalize (flushes, non-blocking: poll), then destroy; abort whatever does not finish. */
+    ncclComm_t all[COMM_AXES + 1];
+    int n = 0;
+    for (int a = 0; a < COMM_AXES; a++)
+      if (w->axis[a] && w->axis[a] != w->world) all[n++] = w->axis[a];
+    if (w->world) all[n++] = w->world;
+    bool bad = atomic_load(&w->aborted);
+    for (int i = 0; i < n && !bad; i++)
+      bad = ready(w, c->rank, all[i], w->n->ncclCommFinalize(all[i]), "ncclCommFinalize", err, sizeof err) != 0;
+    if (bad) abort_all(w);
+    else
+      for (int i = 0; i < n; i++) w->n->ncclCommDestroy(all[i]);
+    if (ctx_ok) {
+      if (w->scratch) w->d->cuMemFree(w->scratch);
+      if (w->own) w->d->cuStreamDestroy(w->own);
+    }
+    if (w->ctx) cuda_device_release(w->device);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+  }
+  free(c);
+}
+
+int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm **out, char *err, size_t errlen) {
+  *out = NULL;
+  NcclBootstrap env;
+  if (!bs) {
+    int rc = nccl_bootstrap_from_env(&env, err, errlen);
+    if (rc) return rc;
+    bs = &env;
+  }
+  int64_t world;
+  int rc0 = check_mesh(mesh, bs, &world, err, errlen);
+  if (rc0) return rc0;
+  const int rank = bs->rank;
+  /* The device first: without a driver there is nothing NCCL could do. */
+  char why[1024];
+  if (!cuda_available(why, sizeof why)) return fail(err, errlen, 1, "rank %d: NCCL needs a GPU: %s", rank, why);
+  const NcclApi *n = nccl_api(err, errlen);
+  if (!n) return 1;
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d) return 1;
+  Comm *c = calloc(1, sizeof *c);
+  World *w = calloc(1, sizeof *w);
+  if (!c || !w) {
+    free(c);
+    free(w);
+    return fail(err, errlen, 1, "out of memory");
+  }
+  pthread_mutex_init(&w->mu, NULL);
+  atomic_init(&w->aborted, false);
+  w->n = n;
+  w->d = d;
+  w->wait = true;
+  w->timeout_s = bs->timeout_s > 0 ? bs->timeout_s : 300;
+  c->impl = w;
+  c->rank = rank;
+  c->world = bs->world;
+  memcpy(c->mesh, mesh, sizeof c->mesh);
+  mesh_coords_of(c->mesh, rank, c->coord);
+  c->all_reduce = n_all_reduce;
+  c->all_gather = n_all_gather;
+  c->reduce_scatter = n_reduce_scatter;
+  c->all_to_all = n_all_to_all;
+  c->barrier = n_barrier;
+  int count = 0, rc = cuda_device_count(&count, err, errlen);
+  w->device = bs->device >= 0 ? bs->device : count > 0 ? rank % count : 0;
+  if (!rc && w->device >= count)
+    rc = fail(err, errlen, 2, "rank %d: LOCAL_RANK %d but this machine has %d GPU%s", rank, w->device, count,
+              count == 1 ? "" : "s");
+  if (!rc && cuda_device_retain(w->device, &w->ctx, err, errlen)) rc = 1;
+  char where[96];
+  snprintf(where, sizeof where, "(rank %d, NCCL set-up)", rank);
+  if (!rc) rc = cuda_cu_fail(d->cuStreamCreate(&w->own, CU_STREAM_NON_BLOCKING), "cuStreamCreate", where, err, errlen);
+  w->stream = w->own;
+  if (!rc) rc = cuda_cu_fail(d->cuMemAlloc(&w->scratch, sizeof(float)), "cuMemAlloc", where, err, errlen);
+  /* The unique id: rank 0 makes it and hands it out; with NCCL_COMM_ID every rank makes the
+     same one from that address. */
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  _Static_assert(sizeof id == NCCL_ID_BYTES, "ncclUniqueId size");
+  if (!rc && (rank == 0 || bs->use_comm_id)) {
+    ncclResult_t r = n->ncclGetUniqueId(&id);
+    if (r != ncclSuccess) rc = nccl_fail(w, rank, r, NULL, "ncclGetUniqueId", err, errlen);
+  }
+  if (!rc && !bs->use_comm_id)
+    rc = nccl_rendezvous(bs->addr, bs->port, rank, bs->world, (unsigned char *)id.internal, w->timeout_s, err, errlen);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  cfg.commName = "loom";
+  if (!rc) {
+    ncclResult_t r = n->ncclCommInitRankConfig(&w->world, bs->world, id, rank, &cfg);
+    if (w->world) rc = ready(w, rank, w->world, r, "ncclCommInitRankConfig (the world)", err, errlen);
+    else rc = nccl_fail(w, rank, r, NULL, "ncclCommInitRankConfig (the world)", err, errlen);
+  }
+  /* One communicator per axis, every rank in the same order (dp, tp, cp, pp, ep). */
+  for (int a = 0; !rc && a < COMM_AXES; a++) {
+    if (mesh[a] == 1) continue;
+    if (mesh[a] == world) {
+      w->axis[a] = w->world;
+      continue;
+    }
+    int co[COMM_AXES];
+    memcpy(co, c->coord, sizeof co);
+    co[a] = 0;
+    int color = mesh_rank_of(c->mesh, co), key = c->coord[a];
+    char what[96];
+    snprintf(what, sizeof what, "ncclCommSplit (axis %s, color %d, key %d)", axis_name[a], color, key);
+    ncclComm_t sub = NULL;
+    ncclResult_t r = n->ncclCommSplit(w->world, color, key, &sub, &cfg);
+    /* The split is an operation of the parent as well: both must settle. */
+    rc = ready(w, rank, w->world, r, what, err, errlen);
+    if (!rc && !sub) rc = fail(err, errlen, 1, "rank %d: %s gave no communicator", rank, what);
+    w->axis[a] = sub;
+    if (!rc) rc = ready(w, rank, sub, ncclSuccess, what, err, errlen);
+  }
+  if (rc) {
+    abort_all(w);
+    nccl_world_free(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+#else /* built without the CUDA headers */
+
+#define NO_CUDA "this loom was built without the CUDA headers (cuda.h, nccl.h): NCCL is not available"
+
+int nccl_version(char *err, size_t errlen) { return fail(err, errlen, 0, "%s", NO_CUDA); }
+int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm **out, char *err, size_t errlen) {
+  *out = NULL;
+  NcclBootstrap env;
+  int64_t world;
+  int rc = bs ? 0 : nccl_bootstrap_from_env(&env, err, errlen);
+  if (!rc) rc = check_mesh(mesh, bs ? bs : &env, &world, err, errlen);
+  return rc ? rc : fail(err, errlen, 1, "rank %d: %s", (bs ? bs : &env)->rank, NO_CUDA);
+}
+void nccl_world_free(Comm *c) { free(c); }
+void nccl_world_abort(Comm *c) { (void)c; }
+const char *nccl_last_error(const Comm *c) { return ""; }
+int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int nccl_wait(Comm *c, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+
+#endif

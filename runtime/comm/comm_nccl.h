@@ -1,0 +1,79 @@
+/* runtime/comm/comm_nccl.h — runtime/comm/comm.h's Comm over NCCL: one process per GPU.
+ *
+ * Start-up (nccl_world_new), every rank of the world in the same order:
+ *   1. the bootstrap: RANK, WORLD_SIZE, LOCAL_RANK (the CUDA device; else rank % devices),
+ *      MASTER_ADDR, MASTER_PORT as torchrun and Slurm scripts set them (SLURM_PROCID /
+ *      SLURM_NTASKS / SLURM_LOCALID and OMPI_COMM_WORLD_* are read when RANK is absent);
+ *   2. the ncclUniqueId: rank 0 makes it and serves it over TCP on MASTER_PORT (all
+ *      interfaces); the others connect to MASTER_ADDR:MASTER_PORT, retrying until rank 0 is
+ *      up, and read it (nccl_rendezvous).  With NCCL_COMM_ID=host:port set, NCCL's own
+ *      bootstrap is used instead and no port is opened here;
+ *   3. a world communicator (ncclCommInitRankConfig), then one per mesh axis of size > 1
+ *      (ncclCommSplit of the world: color = the rank's other coordinates linearised, key =
+ *      its coordinate on the axis, so a communicator's ranks are in coordinate order as
+ *      comm.h requires).  An axis as large as the world uses the world communicator.
+ * Every communicator is non-blocking (config.blocking = 0): each NCCL call is followed by
+ * polling ncclCommGetAsyncError until it leaves ncclInProgress, and a collective by polling
+ * its stream, both within LOOM_NCCL_TIMEOUT seconds (default 300; the rendezvous and the
+ * communicators' creation use it too).  On an error or a timeout every communicator is
+ * aborted (ncclCommAbort), the message (naming the rank, the collective and the axis) is
+ * kept for nccl_last_error, and this and every later collective returns 1.
+ *
+ * The buffers of every collective are DEVICE addresses (float, on this rank's GPU), not host
+ * memory: a Comm made here cannot serve the CPU backends (use comm_local.c).  Collectives
+ * run on the Comm's stream (its own, or the one given to nccl_set_stream, e.g. the
+ * program's, so that they are ordered with its kernels).  By default a collective returns
+ * once it has completed; nccl_set_stream(.., wait = false) makes them return once enqueued,
+ * and nccl_wait then waits for all of them.
+ *
+ * Without a driver, a device or libnccl.so.2 (LOOM_LIBNCCL names another file)
+ * nccl_world_new fails with a message; nothing is linked at build time.
+ */
+#ifndef LOOM_RUNTIME_COMM_NCCL_H
+#define LOOM_RUNTIME_COMM_NCCL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/comm/comm.h"
+
+#define NCCL_ID_BYTES 128
+
+typedef struct {
+  int rank, world;
+  int device;              /* CUDA device; -1: rank % the number of devices */
+  char addr[256];          /* MASTER_ADDR (rank 0's host) */
+  int port;                /* MASTER_PORT */
+  double timeout_s;        /* LOOM_NCCL_TIMEOUT, default 300 */
+  bool use_comm_id;        /* NCCL_COMM_ID is set: NCCL bootstraps itself */
+} NcclBootstrap;
+
+/* Reads the variables above.  A world of 1 needs none of them. */
+int nccl_bootstrap_from_env(NcclBootstrap *b, char *err, size_t errlen);
+
+/* The ncclUniqueId exchange (no NCCL needed): rank 0 serves id (input) to the world - 1
+   others on port; they connect to addr:port and receive it (output).  Each side checks the
+   other's world size and rank; rank 0 fails naming the ranks that did not arrive within
+   timeout_s, the others when rank 0 cannot be reached within it. */
+int nccl_rendezvous(const char *addr, int port, int rank, int world, unsigned char id[NCCL_ID_BYTES], double timeout_s,
+                    char *err, size_t errlen);
+
+/* The world of this process's rank (b NULL: nccl_bootstrap_from_env).  mesh: the sizes of
+   dp, tp, cp, pp, ep; their product must be the world size. */
+int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *b, Comm **out, char *err, size_t errlen);
+/* Finalizes and destroys the communicators (aborts them if that fails or the world was
+   aborted) and releases the device.  NULL is fine. */
+void nccl_world_free(Comm *c);
+/* Aborts every communicator: collectives in flight on any rank fail instead of hanging. */
+void nccl_world_abort(Comm *c);
+/* Why the last collective failed ("" if none did). */
+const char *nccl_last_error(const Comm *c);
+/* stream: a CUstream of this rank's device (NULL: the Comm's own).  wait: as above. */
+int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen);
+/* Waits for every collective enqueued on the Comm's stream (with the timeout). */
+int nccl_wait(Comm *c, char *err, size_t errlen);
+/* NCCL's version code (e.g. 22809), or 0 with a message when it cannot be loaded. */
+int nccl_version(char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,354 @@
+/* runtime/cpu/cpu_exec.c — see cpu_exec.h. */
+#include "runtime/cpu/cpu_exec.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/cpu/cpu_gemm.h"
+#include "runtime/cpu/cpu_kernels.h"
+
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+static char *alloc_region(int64_t bytes) {
+  size_t n = ((size_t)(bytes > 0 ? bytes : 0) + 63) / 64 * 64;
+  char *r = aligned_alloc(64, n ? n : 64);
+  if (r) memset(r, 0, n ? n : 64);
+  return r;
+}
+
+static int64_t region_size(const CpuProgram *cp, int func, int region) {
+  return region == RT_REGION_ARENA ? cp->p->funcs[func].arena_bytes : cp->p->region_bytes[region];
+}
+
+static void *buf_addr(const CpuProgram *cp, int func, const RtBuf *b) {
+  char *base = b->region == RT_REGION_ARENA ? cp->arenas[func] : cp->regions[b->region];
+  return base + b->offset;
+}
+
+/* ---------------------------------------------------------------- checking the program */
+
+/* offset + 4 * n <= size, without overflow (all three from the program file). */
+static bool fits(int64_t offset, int64_t n, int64_t size) {
+  return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / 4;
+}
+
+static int check_buf(const CpuProgram *cp, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
+  const char *fn = cp->p->funcs[func].name;
+  if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset % 4 ||
+      !fits(b->offset, b->n, region_size(cp, func, b->region))) {
+    snprintf(err, errlen, "@%s: %s: buffer (region %d, offset %lld, %lld elements) is outside its region", fn, what,
+             b->region, (long long)b->offset, (long long)b->n);
+    return 2;
+  }
+  return 0;
+}
+
+static int check_gemm(const RtStep *st, char *err, size_t errlen) {
+  const int64_t *i = st->i;
+  if (st->n_in != 2 || st->n_out != 1) return fail(err, errlen, 2, "GEMM %s: needs buffers A B -> C", st->label);
+  for (int k = 0; k < 9; k++)
+    if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
+  if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
+  if (i[1] > INT32_MAX || i[2] > INT32_MAX || i[3] > INT32_MAX)   /* CBLAS takes int sizes */
+    return fail(err, errlen, 2, "GEMM %s: a dimension exceeds the BLAS's int range", st->label);
+  int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
+  int64_t need[3] = {M * K, K * N, M * N}, stride[3] = {i[6], i[7], i[8]};
+  for (int k = 0; k < 3; k++) {
+    if (st->bufs[k].is_int) return fail(err, errlen, 2, "GEMM %s: buffer %d is not f32", st->label, k);
+    /* (batch - 1) * stride + need <= n, without overflow */
+    if (batch > 0 && need[k] > 0 &&
+        (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
+      return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
+  }
+  return 0;
+}
+
+static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *err, size_t errlen) {
+  const RtProgram *p = cp->p;
+  for (int r = 1; r < RT_REGION_COUNT; r++)
+    if (p->region_bytes[r] < 0) return fail(err, errlen, 2, "region %d has a negative size", r);
+  for (int g = 0; g < p->n_globals; g++) {
+    const RtGlobal *gl = &p->globals[g];
+    if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || gl->offset < 0 || gl->offset % 4 ||
+        !fits(gl->offset, gl->n, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
+      return fail(err, errlen, 2, "global $%s (%d) is outside its region", gl->name, g);
+  }
+  for (int k = 0; k < p->n_kernels; k++)
+    if (!kernel_fns || !kernel_fns[k])
+      return fail(err, errlen, 2, "kernel %s (%d) has no compiled function", p->kernel_names[k], k);
+  for (int f = 0; f < p->n_funcs; f++) {
+    const RtFunc *fn = &p->funcs[f];
+    int rc;
+    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > 8 || fn->n_rets < 0 || fn->n_rets > 8 ||
+        (fn->n_steps > 0 && !fn->steps))
+      return fail(err, errlen, 2, "@%s: malformed function header", fn->name);
+    for (int a = 0; a < fn->n_args; a++)
+      if ((rc = check_buf(cp, f, &fn->args[a], "argument", err, errlen))) return rc;
+    for (int a = 0; a < fn->n_rets; a++)
+      if ((rc = check_buf(cp, f, &fn->rets[a], "result", err, errlen))) return rc;
+    for (int s = 0; s < fn->n_steps; s++) {
+      const RtStep *st = &fn->steps[s];
+      if (st->n_in < 0 || st->n_out < 0 || st->n_in > RT_MAX_BUFS || st->n_out > RT_MAX_BUFS - st->n_in)
+        return fail(err, errlen, 2, "@%s: step %d has too many buffers", fn->name, s);
+      for (int b = 0; b < st->n_in + st->n_out; b++)
+        if ((rc = check_buf(cp, f, &st->bufs[b], st->label, err, errlen))) return rc;
+      char msg[512] = "";
+      switch (st->kind) {
+      case RT_STEP_KERNEL:
+        if (st->which < 0 || st->which >= p->n_kernels || st->i[0] < 0)
+          return fail(err, errlen, 2, "@%s: step %d names no kernel or has a negative extent", fn->name, s);
+        break;
+      case RT_STEP_GEMM: rc = check_gemm(st, msg, sizeof msg); break;
+      case RT_STEP_BUILTIN: rc = cpu_builtin_check(st, msg, sizeof msg); break;
+      default: return fail(err, errlen, 2, "@%s: step %d has an unknown kind", fn->name, s);
+      }
+      if (rc) {
+        snprintf(err, errlen, "@%s: step %d: %s", fn->name, s, msg);
+        return rc;
+      }
+    }
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- init and free */
+
+int cpu_program_init(CpuProgram *cp, const RtProgram *p, void *const *kernel_fns, int n_threads, char *err,
+                     size_t errlen) {
+  memset(cp, 0, sizeof *cp);
+  cp->p = p;
+  if (p->n_funcs < 0 || p->n_globals < 0 || p->n_kernels < 0 || (p->n_funcs && !p->funcs) ||
+      (p->n_globals && !p->globals))
+    return fail(err, errlen, 2, "malformed program");
+  int rc = check_program(cp, kernel_fns, err, errlen);
+  if (rc) return rc;
+  cp->tp = tp_new(n_threads);
+  if (!cp->tp) cp->tp = tp_new(1);   /* no threads to be had: run on the caller's */
+  size_t nf = (size_t)(p->n_funcs ? p->n_funcs : 1), nk = (size_t)(p->n_kernels ? p->n_kernels : 1);
+  cp->kernels = calloc(nk, sizeof(CpuKernelFn));
+  cp->arenas = calloc(nf, sizeof(char *));
+  cp->step_seconds = calloc(nf, sizeof(double *));
+  cp->step_runs = calloc(nf, sizeof(int64_t *));
+  bool ok = cp->tp && cp->kernels && cp->arenas && cp->step_seconds && cp->step_runs;
+  for (int r = 1; ok && r < RT_REGION_COUNT; r++) ok = (cp->regions[r] = alloc_region(p->region_bytes[r])) != NULL;
+  for (int f = 0; ok && f < p->n_funcs; f++) {
+    size_t ns = (size_t)(p->funcs[f].n_steps ? p->funcs[f].n_steps : 1);
+    cp->arenas[f] = alloc_region(p->funcs[f].arena_bytes);
+    cp->step_seconds[f] = calloc(ns, sizeof(double));
+    cp->step_runs[f] = calloc(ns, sizeof(int64_t));
+    ok = cp->arenas[f] && cp->step_seconds[f] && cp->step_runs[f];
+  }
+  if (!ok) {
+    cpu_program_free(cp);
+    return fail(err, errlen, 1, "out of memory allocating the program's buffers");
+  }
+  for (int k = 0; k < p->n_kernels; k++) {
+    /* A JIT'd symbol address arrives as void*; converting it to a function pointer is what
+       dlsym users do (POSIX guarantees it works). */
+    CpuKernelFn fnp;
+    memcpy(&fnp, &kernel_fns[k], sizeof fnp);
+    cp->kernels[k] = fnp;
+  }
+  cpu_gemm_blas_single();
+  return 0;
+}
+
+void cpu_program_free(CpuProgram *cp) {
+  if (!cp->p) return;
+  for (int f = 0; f < cp->p->n_funcs; f++) {
+    if (cp->arenas) free(cp->arenas[f]);
+    if (cp->step_seconds) free(cp->step_seconds[f]);
+    if (cp->step_runs) free(cp->step_runs[f]);
+  }
+  for (int r = 0; r < RT_REGION_COUNT; r++) free(cp->regions[r]);
+  free(cp->arenas);
+  free(cp->step_seconds);
+  free(cp->step_runs);
+  free(cp->kernels);
+  tp_free(cp->tp);
+  memset(cp, 0, sizeof *cp);
+}
+
+int cpu_find_func(const CpuProgram *cp, const char *name) {
+  for (int f = 0; f < cp->p->n_funcs; f++)
+    if (!strcmp(cp->p->funcs[f].name, name)) return f;
+  return -1;
+}
+
+/* ---------------------------------------------------------------- running */
+
+typedef struct {
+  CpuKernelFn fn;
+  char **args;
+} KernelCtx;
+
+static void kernel_chunk(void *c, int64_t b, int64_t e) {
+  const KernelCtx *k = c;
+  k->fn(k->args, b, e);
+}
+
+static void gemm(ThreadPool *tp, const RtStep *st, float *A, float *B, float *C) {
+  const int64_t *i = st->i;
+  cpu_gemm(tp, i[0], i[1], i[2], i[3], i[4], i[5], A, i[6], B, i[7], C, i[8]);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
+  if (func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
+  const RtFunc *fn = &cp->p->funcs[func];
+  for (int a = 0; a < fn->n_args; a++)
+    memcpy(buf_addr(cp, func, &fn->args[a]), args[a], 4 * (size_t)fn->args[a].n);
+  for (int s = 0; s < fn->n_steps; s++) {
+    const RtStep *st = &fn->steps[s];
+    char *ptrs[RT_MAX_BUFS];
+    int nb = st->n_in + st->n_out, rc = 0;
+    for (int b = 0; b < nb; b++) ptrs[b] = buf_addr(cp, func, &st->bufs[b]);
+    double t0 = now_s();
+    char msg[1024] = "";
+    switch (st->kind) {
+    case RT_STEP_KERNEL: {
+      KernelCtx kc = {cp->kernels[st->which], ptrs};
+      tp_run(cp->tp, st->i[0], kernel_chunk, &kc);
+      break;
+    }
+    case RT_STEP_GEMM: gemm(cp->tp, st, (float *)ptrs[0], (float *)ptrs[1], (float *)ptrs[2]); break;
+    case RT_STEP_BUILTIN: rc = cpu_builtin_run(cp->tp, cp->comm, st, (void *const *)ptrs, msg, sizeof msg); break;
+    }
+    if (rc) {
+      snprintf(err, errlen, "@%s: step %d (%s): %s", fn->name, s, st->label, msg);
+      return rc;
+    }
+    if (st->kind != RT_STEP_BUILTIN)   /* builtins round what they write themselves */
+      for (int b = st->n_in; b < nb; b++)
+        if (!st->bufs[b].is_int && st->bufs[b].round != RT_ROUND_NONE)
+          rt_round_buf(cp->tp, (float *)ptrs[b], st->bufs[b].n, (RtRound)st->bufs[b].round);
+    cp->step_seconds[func][s] += now_s() - t0;
+    cp->step_runs[func][s]++;
+  }
+  for (int r = 0; r < fn->n_rets; r++)
+    if (rets[r]) memcpy(rets[r], buf_addr(cp, func, &fn->rets[r]), 4 * (size_t)fn->rets[r].n);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- globals */
+
+float *cpu_global(CpuProgram *cp, int g) {
+  if (g < 0 || g >= cp->p->n_globals) return NULL;
+  const RtGlobal *gl = &cp->p->globals[g];
+  return (float *)(cp->regions[gl->region] + gl->offset);
+}
+
+void cpu_globals_init(CpuProgram *cp, uint64_t seed) {
+  for (int g = 0; g < cp->p->n_globals; g++) rt_global_init_values(&cp->p->globals[g], seed, cpu_global(cp, g));
+}
+
+/* ---------------------------------------------------------------- profile */
+
+int cpu_profile_top(const CpuProgram *cp, int func, int *steps, int max) {
+  if (func < 0 || func >= cp->p->n_funcs) return 0;
+  int n = 0, ns = cp->p->funcs[func].n_steps;
+  const double *sec = cp->step_seconds[func];
+  for (int s = 0; s < ns; s++) {   /* insertion into the sorted top list */
+    int k = n < max ? n++ : max;
+    if (k == max && (max == 0 || sec[s] <= sec[steps[max - 1]])) continue;
+    if (k == max) k = max - 1;
+    while (k > 0 && sec[steps[k - 1]] < sec[s]) {
+      steps[k] = steps[k - 1];
+      k--;
+    }
+    steps[k] = s;
+  }
+  return n;
+}
+
+void cpu_profile_reset(CpuProgram *cp) {
+  for (int f = 0; f < cp->p->n_funcs; f++) {
+    memset(cp->step_seconds[f], 0, sizeof(double) * (size_t)cp->p->funcs[f].n_steps);
+    memset(cp->step_runs[f], 0, sizeof(int64_t) * (size_t)cp->p->funcs[f].n_steps);
+  }
+}
+
+/* ---------------------------------------------------------------- executor */
+
+static int ex_grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
+                        size_t errlen) {
+  CpuExecutor *ce = self;
+  void *args[2] = {(void *)inputs, (void *)targets}, *rets[8] = {loss};
+  return cpu_program_call(ce->cp, ce->f_grad, args, rets, err, errlen);
+}
+
+static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
+  CpuExecutor *ce = self;
+  void *args[2] = {&lr, &t}, *rets[8] = {grad_norm};
+  return cpu_program_call(ce->cp, ce->f_opt, args, rets, err, errlen);
+}
+
+static RtTensor view(CpuProgram *cp, int g) {
+  const RtGlobal *gl = &cp->p->globals[g];
+  RtTensor v = {gl->name, gl->rank, {0}, cpu_global(cp, g)};
+  for (int d = 0; d < gl->rank; d++) v.shape[d] = gl->shape[d];
+  return v;
+}
+
+int cpu_executor_init(CpuExecutor *ce, CpuProgram *cp, char *err, size_t errlen) {
+  memset(ce, 0, sizeof *ce);
+  ce->cp = cp;
+  ce->f_grad = cpu_find_func(cp, "grad_step");
+  ce->f_opt = cpu_find_func(cp, "optimizer_step");
+  const RtFunc *g = ce->f_grad >= 0 ? &cp->p->funcs[ce->f_grad] : NULL;
+  const RtFunc *o = ce->f_opt >= 0 ? &cp->p->funcs[ce->f_opt] : NULL;
+  if (!g || !o || g->n_args != 2 || !g->args[0].is_int || !g->args[1].is_int || g->args[0].n != g->args[1].n ||
+      g->n_rets < 1 || g->rets[0].is_int || g->rets[0].n != 1 || o->n_args != 2 || o->args[0].is_int ||
+      o->args[0].n != 1 || o->args[1].is_int || o->args[1].n != 1 || o->n_rets < 1 || o->rets[0].n != 1 ||
+      o->rets[0].is_int)
+    return fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
+                "@optimizer_step(lr, step) -> grad_norm");
+  int ng = cp->p->n_globals;
+  ce->ex.params = calloc((size_t)ng + 1, sizeof(RtTensor));
+  ce->ex.state = calloc((size_t)ng + 1, sizeof(RtTensor));
+  if (!ce->ex.params || !ce->ex.state) {
+    cpu_executor_free(ce);
+    return fail(err, errlen, 1, "out of memory");
+  }
+  for (int k = 0; k < ng; k++) {
+    if (cp->p->globals[k].region == RT_REGION_PARAMS) ce->ex.params[ce->ex.n_params++] = view(cp, k);
+    else if (cp->p->globals[k].region == RT_REGION_OPTIM) ce->ex.state[ce->ex.n_state++] = view(cp, k);
+  }
+  ce->ex.self = ce;
+  ce->ex.batch = 1;
+  ce->ex.seq = g->args[0].n;
+  ce->ex.grad_step = ex_grad_step;
+  ce->ex.optimizer_step = ex_optimizer_step;
+  return 0;
+}
+
+int cpu_executor_set_shape(CpuExecutor *ce, int64_t batch, int64_t seq, char *err, size_t errlen) {
+  int64_t n = ce->cp->p->funcs[ce->f_grad].args[0].n;
+  if (batch <= 0 || seq <= 0 || batch * seq != n)
+    return fail(err, errlen, 2, "a batch of %lld tokens cannot be %lld x %lld", (long long)n, (long long)batch, (long long)seq);
+  ce->ex.batch = batch;
+  ce->ex.seq = seq;
+  return 0;
+}
+
+void cpu_executor_free(CpuExecutor *ce) {
+  free(ce->ex.params);
+  free(ce->ex.state);
+  memset(ce, 0, sizeof *ce);
+}

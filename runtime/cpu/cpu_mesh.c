@@ -1,0 +1,189 @@
+/* runtime/cpu/cpu_mesh.c — the builtins whose result depends on the rank: collectives over a
+   mesh axis (through the program's Comm, runtime/comm/comm.h), shard_slice / shard_pad, and the
+   pieces of a vocabulary-parallel embedding and cross-entropy.  Each does what the op of
+   the same name does in the reference executor (ir/interp.c, ir/interp_ops.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cpu/cpu_kernels.h"
+
+static const char *const axis_names[COMM_AXES] = {"dp", "tp", "cp", "pp", "ep"};
+
+/* The rank's coordinate on `axis` (0 without a Comm). */
+static int64_t coord_of(const Comm *comm, int64_t axis) { return comm ? comm->coord[axis] : 0; }
+
+/* Moves chunk c of n along a dim (outer, m, inner) between layouts:
+   to_chunks: x[o][c*m + j][i] -> buf[c][o][j][i];  else the reverse. */
+static void rechunk(float *dst, const float *src, int64_t n, int64_t outer, int64_t m, int64_t inner, bool to_chunks) {
+  for (int64_t c = 0; c < n; c++)
+    for (int64_t o = 0; o < outer; o++) {
+      const int64_t a = ((o * n + c) * m) * inner, b = ((c * outer + o) * m) * inner;
+      if (to_chunks) memcpy(dst + b, src + a, sizeof(float) * (size_t)(m * inner));
+      else memcpy(dst + a, src + b, sizeof(float) * (size_t)(m * inner));
+    }
+}
+
+static int need_comm(const Comm *comm, int64_t axis, int64_t size, const RtStep *st, char *err, size_t errlen) {
+  if (size == 1) return 0;
+  if (!comm) {
+    snprintf(err, errlen, "%s runs over %s=%lld ranks, but the program runs as one rank (give it the mesh)", st->label,
+             axis_names[axis], (long long)size);
+    return 2;
+  }
+  if (comm->mesh[axis] != size) {
+    snprintf(err, errlen, "%s runs over %s=%lld ranks, but the mesh has %s=%lld", st->label, axis_names[axis],
+             (long long)size, axis_names[axis], (long long)comm->mesh[axis]);
+    return 2;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- checks */
+
+int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
+  const int64_t *i = st->i;
+  const RtBuf *b = st->bufs;
+  char what[160] = "";
+  int64_t nx = b[0].n, ny = st->n_in + st->n_out > 1 ? b[st->n_in].n : 0;
+  for (int k = 0; k < 9; k++)
+    if (i[k] < 0) snprintf(what, sizeof what, "negative size");
+  switch ((RtBuiltin)st->which) {
+  case RT_B_TARGET_PICK:
+    if (i[2] > COMM_AXES) snprintf(what, sizeof what, "vocab axis out of range");
+    else if (b[0].n != rt_smul(i[0], i[1]) || b[0].is_int || b[1].n != i[0] || !b[1].is_int || b[2].n != i[0] || b[2].is_int)
+      snprintf(what, sizeof what, "wants x f32[rows*V], targets int32[rows] -> y f32[rows]");
+    break;
+  case RT_B_ONEHOT:
+    if (i[2] > COMM_AXES) snprintf(what, sizeof what, "vocab axis out of range");
+    else if (b[0].n != i[0] || !b[0].is_int || b[1].n != rt_smul(i[0], i[1]) || b[1].is_int)
+      snprintf(what, sizeof what, "wants targets int32[rows] -> y f32[rows*V]");
+    break;
+  case RT_B_ALL_REDUCE:
+    if (i[1] >= COMM_AXES || i[2] < 1) snprintf(what, sizeof what, "axis or size out of range");
+    else if (nx != i[0] || ny != i[0]) snprintf(what, sizeof what, "x and y must hold n elements");
+    break;
+  case RT_B_ALL_GATHER:
+  case RT_B_REDUCE_SCATTER: {
+    int64_t piece = rt_smul(rt_smul(i[2], i[3]), i[4]), whole = rt_smul(piece, i[1]);
+    bool gather = st->which == RT_B_ALL_GATHER;
+    if (i[0] >= COMM_AXES || i[1] < 1) snprintf(what, sizeof what, "axis or size out of range");
+    else if (nx != (gather ? piece : whole) || ny != (gather ? whole : piece))
+      snprintf(what, sizeof what, "buffer sizes do not match outer x mid x inner");
+    break;
+  }
+  case RT_B_ALL_TO_ALL:
+    if (i[0] >= COMM_AXES || i[1] < 1) snprintf(what, sizeof what, "axis or size out of range");
+    else if (nx != rt_smul(rt_smul(i[2], i[1]), rt_smul(i[3], i[4])) || ny != rt_smul(rt_smul(i[5], i[1]), rt_smul(i[6], i[7])) || nx != ny)
+      snprintf(what, sizeof what, "buffer sizes do not match the split and concat dims");
+    break;
+  case RT_B_SHARD_SLICE:
+  case RT_B_SHARD_PAD: {
+    int64_t piece = rt_smul(rt_smul(i[3], i[4]), i[5]), whole = rt_smul(piece, i[2]);
+    bool slice = st->which == RT_B_SHARD_SLICE;
+    if (i[0] >= COMM_AXES || i[1] < 1 || i[2] < 1 || i[1] % i[2])
+      snprintf(what, sizeof what, "axis, size or parts out of range (parts must divide size)");
+    else if (nx != (slice ? whole : piece) || ny != (slice ? piece : whole) || b[0].is_int != b[1].is_int)
+      snprintf(what, sizeof what, "buffer sizes do not match outer x mid x inner");
+    break;
+  }
+  default: snprintf(what, sizeof what, "not a mesh builtin"); break;
+  }
+  if (!what[0] && st->which >= RT_B_ALL_REDUCE && st->which <= RT_B_ALL_TO_ALL && (b[0].is_int || b[1].is_int))
+    snprintf(what, sizeof what, "collectives move f32 values");
+  if (what[0]) {
+    snprintf(err, errlen, "builtin %s (%s): %s", cpu_builtin_name((RtBuiltin)st->which), st->label, what);
+    return 2;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- run */
+
+int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen) {
+  const int64_t *i = st->i;
+  int rc = 0;
+  switch ((RtBuiltin)st->which) {
+  case RT_B_TARGET_PICK: {
+    const float *x = bufs[0];
+    const int32_t *t = bufs[1];
+    float *y = bufs[2];
+    int64_t V = i[1], off = i[2] ? coord_of(comm, i[2] - 1) * V : 0;
+    for (int64_t r = 0; r < i[0]; r++) {
+      int64_t id = (int64_t)t[r] - off;
+      y[r] = id >= 0 && id < V ? x[r * V + id] : 0.0f;
+    }
+    return 0;
+  }
+  case RT_B_ONEHOT: {
+    const int32_t *t = bufs[0];
+    float *y = bufs[1];
+    int64_t V = i[1], off = i[2] ? coord_of(comm, i[2] - 1) * V : 0;
+    cpu_fill(tp, y, false, 0, i[0] * V);
+    for (int64_t r = 0; r < i[0]; r++) {
+      int64_t id = (int64_t)t[r] - off;
+      if (id >= 0 && id < V) y[r * V + id] = 1.0f;
+    }
+    return 0;
+  }
+  case RT_B_SHARD_SLICE:
+  case RT_B_SHARD_PAD: {
+    int64_t size = i[1], parts = i[2], outer = i[3], mid = i[4], inner = i[5];
+    int64_t chunk = coord_of(comm, i[0]) / (size / parts);
+    bool slice = st->which == RT_B_SHARD_SLICE;
+    char *x = bufs[0], *y = bufs[1];   /* 4-byte elements, f32 or int32 */
+    if (parts == 1) {   /* the whole dim: a copy (the buffers may be one) */
+      if (x != y) memmove(y, x, 4 * (size_t)(outer * mid * inner));
+      return 0;
+    }
+    if (!slice) memset(y, 0, 4 * (size_t)(outer * parts * mid * inner));
+    for (int64_t o = 0; o < outer; o++) {
+      int64_t whole = ((o * parts + chunk) * mid) * inner, part = (o * mid) * inner;
+      if (slice) memcpy(y + 4 * part, x + 4 * whole, 4 * (size_t)(mid * inner));
+      else memcpy(y + 4 * whole, x + 4 * part, 4 * (size_t)(mid * inner));
+    }
+    return 0;
+  }
+  default: break;
+  }
+  /* collectives */
+  int64_t axis = st->which == RT_B_ALL_REDUCE ? i[1] : i[0], size = st->which == RT_B_ALL_REDUCE ? i[2] : i[1];
+  if ((rc = need_comm(comm, axis, size, st, err, errlen))) return rc;
+  const float *x = bufs[0];
+  float *y = bufs[1], *tmp = NULL;
+  int64_t nx = st->bufs[0].n, ny = st->bufs[1].n;
+  if (size == 1) {   /* one rank on the axis: the identity */
+    if (x != y) memcpy(y, x, sizeof(float) * (size_t)ny);
+    return 0;
+  }
+  switch ((RtBuiltin)st->which) {
+  case RT_B_ALL_REDUCE:
+    if (x != y) memcpy(y, x, sizeof(float) * (size_t)ny);
+    rc = comm->all_reduce(comm, (int)axis, y, ny, i[3] != 0);
+    break;
+  case RT_B_ALL_GATHER:   /* rank r's piece lands at chunk r of the dim */
+    if (!(tmp = malloc(sizeof(float) * (size_t)ny))) goto oom;
+    rc = comm->all_gather(comm, (int)axis, x, tmp, nx);
+    if (!rc) rechunk(y, tmp, size, i[2], i[3], i[4], false);
+    break;
+  case RT_B_REDUCE_SCATTER:   /* rank r keeps the sum of chunk r */
+    if (!(tmp = malloc(sizeof(float) * (size_t)nx))) goto oom;
+    rechunk(tmp, x, size, i[2], i[3], i[4], true);
+    rc = comm->reduce_scatter(comm, (int)axis, tmp, y, ny);
+    break;
+  case RT_B_ALL_TO_ALL:
+    if (!(tmp = malloc(sizeof(float) * 2 * (size_t)nx))) goto oom;
+    rechunk(tmp, x, size, i[2], i[3], i[4], true);
+    rc = comm->all_to_all(comm, (int)axis, tmp, tmp + nx, nx / size);
+    if (!rc) rechunk(y, tmp + nx, size, i[5], i[6], i[7], false);
+    break;
+  default: snprintf(err, errlen, "unknown mesh builtin %d", st->which); return 2;
+  }
+  free(tmp);
+  if (rc) snprintf(err, errlen, "%s over %s failed (another rank stopped)", cpu_builtin_name((RtBuiltin)st->which),
+                   axis_names[axis]);
+  return rc ? 1 : 0;
+oom:
+  snprintf(err, errlen, "out of memory in %s", cpu_builtin_name((RtBuiltin)st->which));
+  return 1;
+}

@@ -1,0 +1,1072 @@
+/* runtime/cuda/cuda_exec.c — see cuda_exec.h. */
+#define LOOM_CUDA_INTERNAL 1
+#include "runtime/cuda/cuda_exec.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cpu/cpu_kernels.h"   /* rt_round: the one definition of every narrow format */
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* ================================================================== pure helpers */
+
+void cuda_pack_args(const RtStep *st, const uint64_t base[RT_REGION_COUNT], CudaLoomArgs *out) {
+  memset(out, 0, sizeof *out);
+  int nb = st->n_in + st->n_out;
+  if (nb < 0) nb = 0;
+  if (nb > RT_MAX_BUFS) nb = RT_MAX_BUFS;
+  for (int k = 0; k < nb; k++) {
+    const RtBuf *b = &st->bufs[k];
+    uint64_t a = b->region < RT_REGION_COUNT ? base[b->region] + (uint64_t)b->offset : 0;
+    out->buf[k] = (void *)(uintptr_t)a;
+  }
+  for (int k = 0; k < RT_MAX_INTS; k++) out->i[k] = (long long)st->i[k];
+  for (int k = 0; k < 4; k++) out->f[k] = st->f[k];
+}
+
+static int64_t at_least_1(int64_t x) { return x > 0 ? x : 1; }
+
+CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb) {
+  CudaGemmLayout L;
+  memset(&L, 0, sizeof L);
+  L.m = N;
+  L.n = M;
+  L.k = K;
+  /* Lt's A = our B.  tb = 0: B is row-major [K,N] = column-major [N,K], already op(A) for
+     Lt's m x k.  tb = 1: B is row-major [N,K] = column-major [K,N], transposed by Lt. */
+  L.trans_a = tb ? 1 : 0;
+  L.a_rows = tb ? K : N;
+  L.a_cols = tb ? N : K;
+  /* Lt's B = our A.  ta = 0: A row-major [M,K] = column-major [K,M] (Lt's k x n).
+     ta = 1: A row-major [K,M] = column-major [M,K], transposed by Lt. */
+  L.trans_b = ta ? 1 : 0;
+  L.b_rows = ta ? M : K;
+  L.b_cols = ta ? K : M;
+  /* C row-major [M,N] = column-major [N,M]. */
+  L.c_rows = N;
+  L.c_cols = M;
+  L.lda = at_least_1(L.a_rows);
+  L.ldb = at_least_1(L.b_rows);
+  L.ldc = at_least_1(L.c_rows);
+  return L;
+}
+
+int cuda_storage_size(RtStorage s) {
+  switch (s) {
+  case RT_ST_F32:
+  case RT_ST_I32: return 4;
+  case RT_ST_BF16:
+  case RT_ST_F16: return 2;
+  case RT_ST_F8E4M3:
+  case RT_ST_F8E5M2:
+  case RT_ST_BOOL: return 1;
+  }
+  return 0;
+}
+
+const char *cuda_storage_name(RtStorage s) {
+  switch (s) {
+  case RT_ST_F32: return "f32";
+  case RT_ST_I32: return "i32";
+  case RT_ST_BF16: return "bf16";
+  case RT_ST_F16: return "f16";
+  case RT_ST_F8E4M3: return "f8e4m3";
+  case RT_ST_F8E5M2: return "f8e5m2";
+  case RT_ST_BOOL: return "bool";
+  }
+  return "unknown";
+}
+
+/* A float format with `eb` exponent and `mb` mantissa bits, bias, and inf/NaN as in IEEE
+   (has_inf) or as e4m3fn (no inf; all ones is NaN). */
+typedef struct {
+  int eb, mb, bias;
+  bool has_inf;
+} MiniFmt;
+static const MiniFmt F16 = {5, 10, 15, true}, E4M3 = {4, 3, 7, false}, E5M2 = {5, 2, 15, true};
+
+/* v must be representable (rt_round'ed to the format). */
+static uint32_t mini_encode(float v, MiniFmt f) {
+  uint32_t sign = signbit(v) ? 1u << (f.eb + f.mb) : 0, emax = (1u << f.eb) - 1, mmask = (1u << f.mb) - 1;
+  if (isnan(v)) return f.has_inf ? sign | emax << f.mb | 1u << (f.mb - 1) : sign | emax << f.mb | mmask;
+  if (isinf(v)) return f.has_inf ? sign | emax << f.mb : sign | emax << f.mb | (mmask - 1);   /* e4m3: saturate */
+  float a = fabsf(v);
+  if (a == 0) return sign;
+  int e;
+  frexpf(a, &e);
+  int E = e - 1;
+  if (E >= 1 - f.bias) {
+    uint32_t m = (uint32_t)ldexpf(a, f.mb - E) - (1u << f.mb);
+    return sign | (uint32_t)(E + f.bias) << f.mb | (m & mmask);
+  }
+  return sign | ((uint32_t)ldexpf(a, f.mb - (1 - f.bias)) & mmask);
+}
+
+static float mini_decode(uint32_t b, MiniFmt f) {
+  uint32_t emax = (1u << f.eb) - 1, mmask = (1u << f.mb) - 1;
+  bool neg = (b >> (f.eb + f.mb)) & 1;
+  uint32_t E = (b >> f.mb) & emax, m = b & mmask;
+  float v;
+  if (f.has_inf && E == emax) v = m ? NAN : INFINITY;
+  else if (!f.has_inf && E == emax && m == mmask) v = NAN;
+  else if (E) v = ldexpf(1.0f + ldexpf((float)m, -f.mb), (int)E - f.bias);
+  else v = ldexpf((float)m, 1 - f.bias - f.mb);
+  return neg ? -v : v;
+}
+
+static uint16_t to_bf16(float x) {
+  float r = rt_round(RT_ROUND_BF16, x);
+  uint32_t u;
+  memcpy(&u, &r, 4);
+  if (isnan(x)) return (uint16_t)((u >> 16) | 0x7FC0);   /* a NaN whose payload is in the low bits stays NaN */
+  return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float r;
+  memcpy(&r, &u, 4);
+  return r;
+}
+
+void cuda_f32_to_storage(RtStorage s, const float *in, void *out, int64_t n) {
+  if (n <= 0) return;
+  switch (s) {
+  case RT_ST_F32:
+  case RT_ST_I32: memcpy(out, in, 4 * (size_t)n); break;
+  case RT_ST_BF16:
+    for (int64_t k = 0; k < n; k++) ((uint16_t *)out)[k] = to_bf16(in[k]);
+    break;
+  case RT_ST_F16:
+    for (int64_t k = 0; k < n; k++) ((uint16_t *)out)[k] = (uint16_t)mini_encode(rt_round(RT_ROUND_F16, in[k]), F16);
+    break;
+  case RT_ST_F8E4M3:
+    for (int64_t k = 0; k < n; k++) ((uint8_t *)out)[k] = (uint8_t)mini_encode(rt_round(RT_ROUND_F8E4M3, in[k]), E4M3);
+    break;
+  case RT_ST_F8E5M2:
+    for (int64_t k = 0; k < n; k++) ((uint8_t *)out)[k] = (uint8_t)mini_encode(rt_round(RT_ROUND_F8E5M2, in[k]), E5M2);
+    break;
+  case RT_ST_BOOL:   /* in holds int32 0/1, as every integer on the host side */
+    for (int64_t k = 0; k < n; k++) ((uint8_t *)out)[k] = ((const int32_t *)(const void *)in)[k] != 0;
+    break;
+  }
+}
+
+void cuda_storage_to_f32(RtStorage s, const void *in, float *out, int64_t n) {
+  if (n <= 0) return;
+  switch (s) {
+  case RT_ST_F32:
+  case RT_ST_I32: memcpy(out, in, 4 * (size_t)n); break;
+  case RT_ST_BF16:
+    for (int64_t k = 0; k < n; k++) out[k] = from_bf16(((const uint16_t *)in)[k]);
+    break;
+  case RT_ST_F16:
+    for (int64_t k = 0; k < n; k++) out[k] = mini_decode(((const uint16_t *)in)[k], F16);
+    break;
+  case RT_ST_F8E4M3:
+    for (int64_t k = 0; k < n; k++) out[k] = mini_decode(((const uint8_t *)in)[k], E4M3);
+    break;
+  case RT_ST_F8E5M2:
+    for (int64_t k = 0; k < n; k++) out[k] = mini_decode(((const uint8_t *)in)[k], E5M2);
+    break;
+  case RT_ST_BOOL:
+    for (int64_t k = 0; k < n; k++) ((int32_t *)(void *)out)[k] = ((const uint8_t *)in)[k];
+    break;
+  }
+}
+
+static RtStorage storage_of_round(int round) {
+  switch (round) {
+  case RT_ROUND_BF16: return RT_ST_BF16;
+  case RT_ROUND_F16: return RT_ST_F16;
+  case RT_ROUND_F8E4M3: return RT_ST_F8E4M3;
+  case RT_ROUND_F8E5M2: return RT_ST_F8E5M2;
+  default: return RT_ST_F32;
+  }
+}
+
+/* A buffer naming the first element of global gl (the storage evidence), or NULL. */
+static const RtBuf *global_evidence(const RtProgram *p, const RtGlobal *gl) {
+  for (int f = 0; f < p->n_funcs; f++) {
+    const RtFunc *fn = &p->funcs[f];
+    for (int a = 0; a < fn->n_args && a < 8; a++)
+      if (fn->args[a].region == gl->region && fn->args[a].offset == gl->offset && !fn->args[a].is_int) return &fn->args[a];
+    for (int a = 0; a < fn->n_rets && a < 8; a++)
+      if (fn->rets[a].region == gl->region && fn->rets[a].offset == gl->offset && !fn->rets[a].is_int) return &fn->rets[a];
+    for (int s = 0; s < fn->n_steps && fn->steps; s++) {
+      const RtStep *st = &fn->steps[s];
+      int nb = st->n_in + st->n_out;
+      for (int b = 0; b < nb && b < RT_MAX_BUFS; b++)
+        if (st->bufs[b].region == gl->region && st->bufs[b].offset == gl->offset && !st->bufs[b].is_int && st->bufs[b].n > 0)
+          return &st->bufs[b];
+    }
+  }
+  return NULL;
+}
+
+RtStorage cuda_global_storage(const RtProgram *p, int g) {
+  const RtGlobal *gl = &p->globals[g];
+  const RtBuf *b = global_evidence(p, gl);
+  return b ? (RtStorage)b->storage : storage_of_round(gl->round);
+}
+
+
+/* ------------------------------------------------------------------ checking */
+
+/* offset + sz * n <= size, without overflow (all from the program file; sz > 0). */
+static bool fits(int64_t offset, int64_t n, int64_t sz, int64_t size) {
+  return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / sz;
+}
+
+static int64_t region_size(const RtProgram *p, int func, int region) {
+  return region == RT_REGION_ARENA ? p->funcs[func].arena_bytes : p->region_bytes[region];
+}
+
+static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
+  const char *fn = p->funcs[func].name;
+  int sz = b->storage <= RT_ST_BOOL ? cuda_storage_size((RtStorage)b->storage) : 0;
+  if (!sz) return fail(err, errlen, 2, "@%s: %s: buffer has an unknown storage (%d)", fn, what, b->storage);
+  if (b->is_int != (b->storage == RT_ST_I32 || b->storage == RT_ST_BOOL))
+    return fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
+                cuda_storage_name((RtStorage)b->storage));
+  if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz ||
+      !fits(b->offset, b->n, sz, region_size(p, func, b->region)))
+    return fail(err, errlen, 2,
+                "@%s: %s: buffer (region %d, offset %lld, %lld %s elements) is outside its region or misaligned", fn,
+                what, b->region, (long long)b->offset, (long long)b->n, cuda_storage_name((RtStorage)b->storage));
+  return 0;
+}
+
+static bool gemm_type_ok(RtStorage s) { return s == RT_ST_F32 || s == RT_ST_BF16 || s == RT_ST_F16; }
+
+static int check_gemm(const RtStep *st, char *err, size_t errlen) {
+  const int64_t *i = st->i;
+  if (st->n_in != 2 || st->n_out != 1) return fail(err, errlen, 2, "GEMM %s: needs buffers A B -> C", st->label);
+  for (int k = 0; k < 9; k++)
+    if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
+  if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
+  if (i[0] > INT32_MAX) return fail(err, errlen, 2, "GEMM %s: batch count over 2^31", st->label);
+  for (int k = 1; k <= 3; k++)
+    if (i[k] > (INT64_C(1) << 40)) return fail(err, errlen, 2, "GEMM %s: dimension i[%d] too large", st->label, k);
+  RtStorage a = (RtStorage)st->bufs[0].storage, b = (RtStorage)st->bufs[1].storage, c = (RtStorage)st->bufs[2].storage;
+  if (!gemm_type_ok(a) || a != b || !(c == a || c == RT_ST_F32))
+    return fail(err, errlen, 2,
+                "GEMM %s: operands %s x %s -> %s are not supported on CUDA (f32, bf16 or f16 operands of one type; the "
+                "result in that type or f32)",
+                st->label, cuda_storage_name(a), cuda_storage_name(b), cuda_storage_name(c));
+  if (st->bufs[2].round != RT_ROUND_NONE && storage_of_round(st->bufs[2].round) != c)
+    return fail(err, errlen, 2, "GEMM %s: the result is held as %s but rounded to another format: store it in that format",
+                st->label, cuda_storage_name(c));
+  int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
+  int64_t need[3] = {M * K, K * N, M * N}, stride[3] = {i[6], i[7], i[8]};
+  for (int k = 0; k < 3; k++)
+    if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
+        (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
+      return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
+  return 0;
+}
+
+int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
+  if (p->n_funcs < 0 || p->n_globals < 0 || p->n_kernels < 0 || (p->n_funcs && !p->funcs) ||
+      (p->n_globals && !p->globals) || (p->n_kernels && !p->kernel_names))
+    return fail(err, errlen, 2, "malformed program");
+  for (int r = 1; r < RT_REGION_COUNT; r++)
+    if (p->region_bytes[r] < 0) return fail(err, errlen, 2, "region %d has a negative size", r);
+  for (int g = 0; g < p->n_globals; g++) {
+    const RtGlobal *gl = &p->globals[g];
+    RtStorage s = cuda_global_storage(p, g);
+    int sz = cuda_storage_size(s);
+    if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
+        gl->offset % sz || !fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) ||
+        gl->rank < 0 || gl->rank > 8)
+      return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
+                  cuda_storage_name(s));
+  }
+  for (int f = 0; f < p->n_funcs; f++) {
+    const RtFunc *fn = &p->funcs[f];
+    int rc;
+    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > 8 || fn->n_rets < 0 || fn->n_rets > 8 ||
+        fn->n_steps < 0 || (fn->n_steps > 0 && !fn->steps))
+      return fail(err, errlen, 2, "@%s: malformed function header", fn->name);
+    for (int a = 0; a < fn->n_args; a++)
+      if ((rc = check_buf(p, f, &fn->args[a], "argument", err, errlen))) return rc;
+    for (int a = 0; a < fn->n_rets; a++)
+      if ((rc = check_buf(p, f, &fn->rets[a], "result", err, errlen))) return rc;
+    for (int s = 0; s < fn->n_steps; s++) {
+      const RtStep *st = &fn->steps[s];
+      if (st->n_in < 0 || st->n_out < 0 || st->n_in > RT_MAX_BUFS || st->n_out > RT_MAX_BUFS - st->n_in)
+        return fail(err, errlen, 2, "@%s: step %d has too many buffers", fn->name, s);
+      for (int b = 0; b < st->n_in + st->n_out; b++)
+        if ((rc = check_buf(p, f, &st->bufs[b], st->label, err, errlen))) return rc;
+      char msg[512] = "";
+      switch (st->kind) {
+      case RT_STEP_KERNEL: {
+        if (st->which < 0 || st->which >= p->n_kernels)
+          return fail(err, errlen, 2, "@%s: step %d (%s) names no kernel of the module", fn->name, s, st->label);
+        uint64_t threads = (uint64_t)st->block[0] * st->block[1] * st->block[2];
+        if (!st->grid[0] || !st->grid[1] || !st->grid[2] || !threads || threads > 1024 || st->grid[1] > 65535 ||
+            st->grid[2] > 65535 || st->block[2] > 64)
+          return fail(err, errlen, 2, "@%s: step %d (%s): bad launch dimensions grid %ux%ux%u block %ux%ux%u", fn->name,
+                      s, st->label, st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1], st->block[2]);
+        break;
+      }
+      case RT_STEP_GEMM: rc = check_gemm(st, msg, sizeof msg); break;
+      case RT_STEP_BUILTIN:
+        return fail(err, errlen, 2,
+                    "@%s: step %d (%s) is a CPU builtin: the cuda lowering makes every builtin a kernel (was the program "
+                    "lowered for the cpu?)",
+                    fn->name, s, st->label);
+      default: return fail(err, errlen, 2, "@%s: step %d has an unknown kind", fn->name, s);
+      }
+      if (rc) return fail(err, errlen, rc, "@%s: step %d: %s", fn->name, s, msg);
+    }
+  }
+  /* A global's storage is that of the buffers naming it: they must agree. */
+  for (int g = 0; g < p->n_globals; g++) {
+    const RtGlobal *gl = &p->globals[g];
+    RtStorage s = cuda_global_storage(p, g);
+    for (int f = 0; f < p->n_funcs; f++)
+      for (int k = 0; k < p->funcs[f].n_steps; k++) {
+        const RtStep *st = &p->funcs[f].steps[k];
+        for (int b = 0; b < st->n_in + st->n_out; b++)
+          if (st->bufs[b].region == gl->region && st->bufs[b].offset == gl->offset && st->bufs[b].n > 0 &&
+              st->bufs[b].storage != s)
+            return fail(err, errlen, 2, "global $%s is held as %s but step %d of @%s (%s) reads it as %s", gl->name,
+                        cuda_storage_name(s), k, p->funcs[f].name, st->label,
+                        cuda_storage_name((RtStorage)st->bufs[b].storage));
+      }
+  }
+  return 0;
+}
+
+#define DEFAULT_WORKSPACE ((size_t)32 << 20)
+
+void cuda_program_memory_plan(const RtProgram *p, size_t workspace_bytes, CudaMemory *m) {
+  memset(m, 0, sizeof *m);
+  bool gemms = false;
+  for (int f = 0; f < p->n_funcs; f++) {
+    m->arenas += p->funcs[f].arena_bytes;
+    if (p->funcs[f].arena_bytes > m->max_arena) m->max_arena = p->funcs[f].arena_bytes;
+    for (int s = 0; s < p->funcs[f].n_steps; s++) gemms |= p->funcs[f].steps[s].kind == RT_STEP_GEMM;
+  }
+  for (int r = 1; r < RT_REGION_COUNT; r++) m->regions += p->region_bytes[r];
+  m->workspace = gemms ? (int64_t)(workspace_bytes ? workspace_bytes : DEFAULT_WORKSPACE) : 0;
+  m->total = m->arenas + m->regions + m->workspace;
+}
+
+void cuda_options_default(CudaOptions *o) {
+  memset(o, 0, sizeof *o);
+  const char *t = getenv("LOOM_TF32"), *s = getenv("LOOM_CUDA_SYNC");
+  o->tf32 = t && *t && strcmp(t, "0");
+  o->sync_each_step = s && *s && strcmp(s, "0");
+}
+
+int cuda_find_func(const CudaProgram *cp, const char *name) {
+  if (!cp->p) return -1;
+  for (int f = 0; f < cp->p->n_funcs; f++)
+    if (!strcmp(cp->p->funcs[f].name, name)) return f;
+  return -1;
+}
+
+uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b) {
+  uint64_t base = b->region == RT_REGION_ARENA ? (cp->arenas ? cp->arenas[func] : 0) : cp->regions[b->region];
+  return base + (uint64_t)b->offset;
+}
+
+int cuda_program_init(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device, char *err,
+                      size_t errlen) {
+  CudaOptions o;
+  cuda_options_default(&o);
+  return cuda_program_init_opts(cp, p, image, n, device, &o, err, errlen);
+}
+
+#ifdef LOOM_HAVE_CUDA_HEADERS
+/* ================================================================== on the device */
+
+struct CudaGemmPlan {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+  bool empty;       /* batch, M or N is 0: nothing to compute */
+  bool zero;        /* K = 0: C = 0 */
+  bool per_batch;   /* no algorithm for the strided batch: one matmul per batch */
+};
+
+#define CU(fn, args, where) cuda_cu_fail(d->fn args, #fn, where, err, errlen)
+#define LT(fn, args, where) cuda_lt_fail(l->fn args, #fn, where, err, errlen)
+
+static void step_where(const CudaProgram *cp, int f, int s, char *w, size_t n) {
+  snprintf(w, n, "at @%s step %d (%s)", cp->p->funcs[f].name, s, cp->p->funcs[f].steps[s].label);
+}
+
+static void plan_free(const CublasLtApi *l, CudaGemmPlan *g) {
+  if (!g) return;
+  if (l) {
+    if (g->a) l->cublasLtMatrixLayoutDestroy(g->a);
+    if (g->b) l->cublasLtMatrixLayoutDestroy(g->b);
+    if (g->c) l->cublasLtMatrixLayoutDestroy(g->c);
+    if (g->desc) l->cublasLtMatmulDescDestroy(g->desc);
+  }
+  free(g);
+}
+
+static cudaDataType_t lt_type(RtStorage s) {
+  return s == RT_ST_BF16 ? CUDA_R_16BF : s == RT_ST_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* The alignment cuBLASLt may assume for a pointer and, batched, every pointer after it. */
+static uint32_t ptr_align(uint64_t addr, uint64_t stride_bytes) {
+  uint64_t x = addr | stride_bytes;
+  uint32_t a = 256;
+  while (a > 1 && x % a) a >>= 1;
+  return a;
+}
+
+static int make_layout(const CublasLtApi *l, cublasLtMatrixLayout_t *out, RtStorage s, int64_t rows, int64_t cols,
+                       int64_t ld, int64_t batch, int64_t stride, const char *where, char *err, size_t errlen) {
+  if (LT(cublasLtMatrixLayoutCreate, (out, lt_type(s), (uint64_t)rows, (uint64_t)cols, ld), where)) return 1;
+  if (batch > 1) {
+    int32_t bc = (int32_t)batch;
+    int64_t so = stride;
+    if (LT(cublasLtMatrixLayoutSetAttribute, (*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc), where) ||
+        LT(cublasLtMatrixLayoutSetAttribute, (*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &so, sizeof so), where))
+      return 1;
+  }
+  return 0;
+}
+
+/* Layouts, preference and the heuristic's best algorithm for `batch` (1 when per batch).
+   Returns 0 with *found set, or 1 on a cuBLASLt failure. */
+static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t pa, uint64_t pb, uint64_t pc,
+                    int64_t batch, bool *found, const char *where, char *err, size_t errlen) {
+  const CublasLtApi *l = cp->lt ? cuda_cublaslt(NULL, 0) : NULL;
+  const int64_t *i = st->i;
+  CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
+  RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage, sc = (RtStorage)st->bufs[2].storage;
+  *found = false;
+  if (g->a) l->cublasLtMatrixLayoutDestroy(g->a);
+  if (g->b) l->cublasLtMatrixLayoutDestroy(g->b);
+  if (g->c) l->cublasLtMatrixLayoutDestroy(g->c);
+  g->a = g->b = g->c = NULL;
+  /* Lt's A is our B (stride i[7]), Lt's B our A (i[6]). */
+  if (make_layout(l, &g->a, sb, L.a_rows, L.a_cols, L.lda, batch, i[7], where, err, errlen) ||
+      make_layout(l, &g->b, sa, L.b_rows, L.b_cols, L.ldb, batch, i[6], where, err, errlen) ||
+      make_layout(l, &g->c, sc, L.c_rows, L.c_cols, L.ldc, batch, i[8], where, err, errlen))
+    return 1;
+  /* Per batch, every batch's pointer must be as aligned as the first: strides count either way. */
+  uint64_t nb = (uint64_t)i[0] > 1 ? 1 : 0;
+  uint32_t al_a = ptr_align(pb, nb * (uint64_t)i[7] * (uint64_t)cuda_storage_size(sb));
+  uint32_t al_b = ptr_align(pa, nb * (uint64_t)i[6] * (uint64_t)cuda_storage_size(sa));
+  uint32_t al_c = ptr_align(pc, nb * (uint64_t)i[8] * (uint64_t)cuda_storage_size(sc));
+  uint64_t ws = cp->mem.workspace > 0 ? (uint64_t)cp->mem.workspace : 0;
+  cublasLtMatmulPreference_t pref = NULL;
+  int rc = LT(cublasLtMatmulPreferenceCreate, (&pref), where);
+  if (!rc)
+    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), where);
+  if (!rc)
+    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
+            where);
+  if (!rc)
+    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
+            where);
+  if (!rc)
+    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
+            where);
+  if (!rc)
+    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
+            where);
+  if (!rc) {
+    cublasLtMatmulHeuristicResult_t res;
+    int count = 0;
+    memset(&res, 0, sizeof res);
+    cublasStatus_t s = l->cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)cp->lt, g->desc, g->a, g->b, g->c, g->c, pref,
+                                                         1, &res, &count);
+    /* NOT_SUPPORTED / no result: no algorithm for this shape (the caller may try per batch). */
+    if (s == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= ws) {
+      g->algo = res.algo;
+      *found = true;
+    } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+      rc = cuda_lt_fail(s, "cublasLtMatmulAlgoGetHeuristic", where, err, errlen);
+    }
+  }
+  if (pref) l->cublasLtMatmulPreferenceDestroy(pref);
+  return rc;
+}
+
+static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *err, size_t errlen) {
+  const RtStep *st = &cp->p->funcs[f].steps[s];
+  const int64_t *i = st->i;
+  char where[256];
+  step_where(cp, f, s, where, sizeof where);
+  CudaGemmPlan *g = calloc(1, sizeof *g);
+  if (!g) return fail(err, errlen, 1, "out of memory %s", where);
+  *out = g;
+  if (i[0] == 0 || i[1] == 0 || i[2] == 0) {
+    g->empty = true;
+    return 0;
+  }
+  if (i[3] == 0) {
+    g->zero = true;
+    return 0;
+  }
+  const CublasLtApi *l = cuda_cublaslt(err, errlen);
+  if (!l) return 1;
+  RtStorage sa = (RtStorage)st->bufs[0].storage;
+  cublasComputeType_t ct = sa == RT_ST_F32 && cp->opt.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
+  int32_t ta = L.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = L.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (LT(cublasLtMatmulDescCreate, (&g->desc, ct, CUDA_R_32F), where) ||
+      LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), where) ||
+      LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), where))
+    return 1;
+  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
+           pc = cuda_buf_addr(cp, f, &st->bufs[2]);
+  bool found = false;
+  if (plan_try(cp, g, st, pa, pb, pc, i[0], &found, where, err, errlen)) return 1;
+  if (!found && i[0] > 1) {
+    g->per_batch = true;
+    if (plan_try(cp, g, st, pa, pb, pc, 1, &found, where, err, errlen)) return 1;
+  }
+  if (!found)
+    return fail(err, errlen, 2, "cuBLASLt has no algorithm for GEMM %s: %s x %s -> %s, M %lld N %lld K %lld, ta %d tb %d, batch %lld",
+                where, cuda_storage_name(sa), cuda_storage_name((RtStorage)st->bufs[1].storage),
+                cuda_storage_name((RtStorage)st->bufs[2].storage), (long long)i[1], (long long)i[2], (long long)i[3],
+                (int)i[4], (int)i[5], (long long)i[0]);
+  return 0;
+}
+
+static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  const RtStep *st = &cp->p->funcs[f].steps[s];
+  const CudaGemmPlan *g = cp->plans[f][s];
+  const int64_t *i = st->i;
+  if (g->empty) return 0;
+  int esz_a = cuda_storage_size((RtStorage)st->bufs[0].storage), esz_b = cuda_storage_size((RtStorage)st->bufs[1].storage),
+      esz_c = cuda_storage_size((RtStorage)st->bufs[2].storage);
+  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
+           pc = cuda_buf_addr(cp, f, &st->bufs[2]);
+  CUstream stream = (CUstream)cp->stream;
+  if (g->zero) {
+    for (int64_t b = 0; b < i[0]; b++)
+      if (CU(cuMemsetD8Async, ((CUdeviceptr)(pc + (uint64_t)(b * i[8] * esz_c)), 0, (size_t)(i[1] * i[2] * esz_c), stream),
+             where))
+        return 1;
+    return 0;
+  }
+  const CublasLtApi *l = cuda_cublaslt(err, errlen);
+  if (!l) return 1;
+  float alpha = 1.0f, beta = 0.0f;
+  int64_t nb = g->per_batch ? i[0] : 1;
+  for (int64_t b = 0; b < nb; b++) {
+    const void *A = (const void *)(uintptr_t)(pb + (uint64_t)(b * i[7] * esz_b));   /* Lt's A: our B */
+    const void *B = (const void *)(uintptr_t)(pa + (uint64_t)(b * i[6] * esz_a));   /* Lt's B: our A */
+    void *C = (void *)(uintptr_t)(pc + (uint64_t)(b * i[8] * esz_c));
+    if (LT(cublasLtMatmul,
+           ((cublasLtHandle_t)cp->lt, g->desc, &alpha, A, g->a, B, g->b, &beta, C, g->c, C, g->c, &g->algo,
+            (void *)(uintptr_t)cp->workspace, (size_t)cp->mem.workspace, stream),
+           where))
+      return 1;
+  }
+  return 0;
+}
+
+static int dev_alloc(CudaProgram *cp, uint64_t *out, int64_t bytes, const char *what, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  *out = 0;
+  if (bytes <= 0) return 0;
+  CUdeviceptr p = 0;
+  CUresult r = d->cuMemAlloc(&p, (size_t)bytes);
+  if (r != CUDA_SUCCESS) {
+    char where[640];
+    size_t fr = 0, tot = 0;
+    d->cuMemGetInfo(&fr, &tot);
+    snprintf(where, sizeof where, "allocating %s (%.1f MiB; %.1f of %.1f MiB free on %s)", what,
+             (double)bytes / 1048576.0, (double)fr / 1048576.0, (double)tot / 1048576.0, cp->info.name);
+    return cuda_cu_fail(r, "cuMemAlloc", where, err, errlen);
+  }
+  *out = (uint64_t)p;
+  return CU(cuMemsetD8Async, (p, 0, (size_t)bytes, (CUstream)cp->stream), what);
+}
+
+static bool looks_binary(const unsigned char *b, size_t n) {
+  if (n >= 4 && b[0] == 0x7F && b[1] == 'E' && b[2] == 'L' && b[3] == 'F') return true;   /* cubin */
+  if (n >= 4 && b[0] == 0x50 && b[1] == 0xED && b[2] == 0x55 && b[3] == 0xBA) return true; /* fatbin */
+  return false;
+}
+
+static int load_module(CudaProgram *cp, const void *image, size_t n, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  const unsigned char *b = image;
+  char *copy = NULL;
+  const void *img = image;
+  if (!looks_binary(b, n) && (n == 0 || b[n - 1] != 0)) {   /* PTX text must end in a NUL */
+    copy = malloc(n + 1);
+    if (!copy) return fail(err, errlen, 1, "out of memory");
+    memcpy(copy, image, n);
+    copy[n] = 0;
+    img = copy;
+  }
+  enum { LOG_BYTES = 8192 };
+  char *jit_log = calloc(1, LOG_BYTES);
+  CUjit_option opts[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *vals[2] = {jit_log, (void *)(uintptr_t)(jit_log ? LOG_BYTES - 1 : 0)};
+  CUmodule m = NULL;
+  CUresult r = d->cuModuleLoadDataEx(&m, img, jit_log ? 2 : 0, opts, vals);
+  free(copy);
+  int rc = 0;
+  if (r != CUDA_SUCCESS) {
+    char where[1024];
+    snprintf(where, sizeof where, "loading the program's CUDA module (%zu bytes, for %s %s)%s%.400s", n, cp->info.name,
+             cp->info.arch, jit_log && jit_log[0] ? ": " : "", jit_log ? jit_log : "");
+    rc = cuda_cu_fail(r, "cuModuleLoadData", where, err, errlen);
+  }
+  free(jit_log);
+  cp->module = m;
+  return rc;
+}
+
+static int load_kernels(CudaProgram *cp, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  const RtProgram *p = cp->p;
+  cp->fns = calloc((size_t)(p->n_kernels ? p->n_kernels : 1), sizeof(void *));
+  if (!cp->fns) return fail(err, errlen, 1, "out of memory");
+  for (int k = 0; k < p->n_kernels; k++) {
+    char name[sizeof p->kernel_names[0] + 1];
+    memcpy(name, p->kernel_names[k], sizeof p->kernel_names[0]);
+    name[sizeof p->kernel_names[0]] = 0;
+    CUfunction fn = NULL;
+    char where[128];
+    snprintf(where, sizeof where, "(kernel %s, #%d, is not in the CUDA module)", name, k);
+    if (CU(cuModuleGetFunction, (&fn, (CUmodule)cp->module, name), where)) return 1;
+    cp->fns[k] = fn;
+    /* Launch limits of this kernel, checked once against every step that launches it. */
+    uint32_t smem = 0, threads = 0;
+    for (int f = 0; f < p->n_funcs; f++)
+      for (int s = 0; s < p->funcs[f].n_steps; s++) {
+        const RtStep *st = &p->funcs[f].steps[s];
+        if (st->kind != RT_STEP_KERNEL || st->which != k) continue;
+        if (st->smem > smem) smem = st->smem;
+        uint32_t t = st->block[0] * st->block[1] * st->block[2];
+        if (t > threads) threads = t;
+      }
+    snprintf(where, sizeof where, "(kernel %s)", name);
+    if (smem > 48 * 1024) {
+      if ((int)smem > cp->info.max_smem_optin)
+        return fail(err, errlen, 2, "kernel %s asks for %u bytes of shared memory; %s allows %d", name, smem,
+                    cp->info.name, cp->info.max_smem_optin);
+      if (CU(cuFuncSetAttribute, (fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem), where)) return 1;
+    }
+    int max_threads = 0;
+    if (CU(cuFuncGetAttribute, (&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn), where)) return 1;
+    if (threads > (uint32_t)max_threads)
+      return fail(err, errlen, 2, "kernel %s is launched with %u threads per block; compiled it allows %d (registers?)",
+                  name, threads, max_threads);
+  }
+  return 0;
+}
+
+int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device,
+                           const CudaOptions *opt, char *err, size_t errlen) {
+  memset(cp, 0, sizeof *cp);
+  cp->p = p;
+  cp->device = -1;
+  if (opt) cp->opt = *opt;
+  else cuda_options_default(&cp->opt);
+  int rc = cuda_program_check(p, err, errlen);
+  if (rc) {
+    cp->p = NULL;
+    return rc;
+  }
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d) {
+    cp->p = NULL;
+    return 1;
+  }
+  if (cuda_device_query(device, &cp->info, err, errlen) || cuda_device_retain(device, &cp->ctx, err, errlen)) {
+    cp->p = NULL;
+    return 1;
+  }
+  cp->device = device;
+  size_t nf = (size_t)(p->n_funcs ? p->n_funcs : 1);
+  CudaMemory plan;
+  cuda_program_memory_plan(p, cp->opt.workspace_bytes, &plan);
+  cp->arenas = calloc(nf, sizeof *cp->arenas);
+  cp->plans = calloc(nf, sizeof *cp->plans);
+  cp->gstorage = calloc((size_t)(p->n_globals ? p->n_globals : 1), sizeof *cp->gstorage);
+  rc = cp->arenas && cp->plans && cp->gstorage ? 0 : fail(err, errlen, 1, "out of memory");
+  for (int f = 0; !rc && f < p->n_funcs; f++)
+    if (!(cp->plans[f] = calloc((size_t)(p->funcs[f].n_steps ? p->funcs[f].n_steps : 1), sizeof(CudaGemmPlan *))))
+      rc = fail(err, errlen, 1, "out of memory");
+  for (int g = 0; !rc && g < p->n_globals; g++) cp->gstorage[g] = cuda_global_storage(p, g);
+  /* Host staging: the largest function's arguments, or its results, in their storage. */
+  for (int f = 0; !rc && f < p->n_funcs; f++) {
+    size_t in = 0, out = 0;
+    for (int a = 0; a < p->funcs[f].n_args; a++)
+      in += ((size_t)p->funcs[f].args[a].n * (size_t)cuda_storage_size((RtStorage)p->funcs[f].args[a].storage) + 63) / 64 * 64;
+    for (int a = 0; a < p->funcs[f].n_rets; a++)
+      out += ((size_t)p->funcs[f].rets[a].n * (size_t)cuda_storage_size((RtStorage)p->funcs[f].rets[a].storage) + 63) / 64 * 64;
+    if (in > cp->staging_bytes) cp->staging_bytes = in;
+    if (out > cp->staging_bytes) cp->staging_bytes = out;
+  }
+  if (!rc && !(cp->staging = malloc(cp->staging_bytes ? cp->staging_bytes : 64))) rc = fail(err, errlen, 1, "out of memory");
+  CUstream stream = NULL;
+  if (!rc) rc = CU(cuStreamCreate, (&stream, CU_STREAM_NON_BLOCKING), "");
+  cp->stream = stream;
+  if (!rc && p->n_kernels > 0) {
+    if (!image || !n) rc = fail(err, errlen, 2, "the program has %d kernels but no CUDA module", p->n_kernels);
+    else rc = load_module(cp, image, n, err, errlen);
+    if (!rc) rc = load_kernels(cp, err, errlen);
+  }
+  static const char *const region_name[RT_REGION_COUNT] = {"the arena", "the parameters", "the gradient accumulators",
+                                                            "the optimizer state"};
+  for (int r = 1; !rc && r < RT_REGION_COUNT; r++)
+    if (!(rc = dev_alloc(cp, &cp->regions[r], p->region_bytes[r], region_name[r], err, errlen)))
+      cp->mem.regions += p->region_bytes[r];
+  for (int f = 0; !rc && f < p->n_funcs; f++) {
+    char what[128];
+    snprintf(what, sizeof what, "the arena of @%s", p->funcs[f].name);
+    if (!(rc = dev_alloc(cp, &cp->arenas[f], p->funcs[f].arena_bytes, what, err, errlen))) {
+      cp->mem.arenas += p->funcs[f].arena_bytes;
+      if (p->funcs[f].arena_bytes > cp->mem.max_arena) cp->mem.max_arena = p->funcs[f].arena_bytes;
+    }
+  }
+  if (!rc && plan.workspace > 0) {
+    const CublasLtApi *l = cuda_cublaslt(err, errlen);
+    cublasLtHandle_t h = NULL;
+    rc = l ? 0 : 1;
+    if (!rc && LT(cublasLtCreate, (&h), "")) {
+      char m[700];
+      snprintf(m, sizeof m, "%s (the driver supports CUDA %d.%d; cuBLASLt %zu)", err, d->driver_version / 1000,
+               d->driver_version % 1000 / 10, l->cublasLtGetVersion());
+      snprintf(err, errlen, "%s", m);
+      rc = 1;
+    }
+    cp->lt = h;
+    if (!rc && !(rc = dev_alloc(cp, &cp->workspace, plan.workspace, "the cuBLASLt workspace", err, errlen)))
+      cp->mem.workspace = plan.workspace;
+  }
+  for (int f = 0; !rc && f < p->n_funcs; f++)
+    for (int s = 0; !rc && s < p->funcs[f].n_steps; s++)
+      if (p->funcs[f].steps[s].kind == RT_STEP_GEMM) rc = plan_gemm(cp, f, s, &cp->plans[f][s], err, errlen);
+  if (!rc) rc = CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the program's memory)");
+  cp->mem.total = cp->mem.arenas + cp->mem.regions + cp->mem.workspace;
+  if (!rc && cuda_device_query(device, &cp->info, err, errlen)) rc = 1;   /* free memory, now */
+  if (rc) cuda_program_free(cp);
+  return rc;
+}
+
+void cuda_program_free(CudaProgram *cp) {
+  if (!cp->p) return;
+  const CudaDriverApi *d = cuda_driver(NULL, 0);
+  const CublasLtApi *l = cp->lt ? cuda_cublaslt(NULL, 0) : NULL;
+  bool spoiled = false;
+  if (d && cp->ctx) {
+    d->cuCtxSetCurrent((CUcontext)cp->ctx);
+    if (cp->stream) d->cuStreamSynchronize((CUstream)cp->stream);   /* errors here change nothing: free anyway */
+    spoiled = cp->broken && d->cuCtxSynchronize() != CUDA_SUCCESS;
+  }
+  for (int f = 0; cp->plans && f < cp->p->n_funcs; f++) {
+    for (int s = 0; cp->plans[f] && s < cp->p->funcs[f].n_steps; s++) plan_free(l, cp->plans[f][s]);
+    free(cp->plans[f]);
+  }
+  free(cp->plans);
+  if (d && cp->ctx) {
+    if (l && cp->lt) l->cublasLtDestroy((cublasLtHandle_t)cp->lt);
+    for (int f = 0; cp->arenas && f < cp->p->n_funcs; f++)
+      if (cp->arenas[f]) d->cuMemFree((CUdeviceptr)cp->arenas[f]);
+    for (int r = 1; r < RT_REGION_COUNT; r++)
+      if (cp->regions[r]) d->cuMemFree((CUdeviceptr)cp->regions[r]);
+    if (cp->workspace) d->cuMemFree((CUdeviceptr)cp->workspace);
+    if (cp->stream) d->cuStreamDestroy((CUstream)cp->stream);
+    if (cp->module) d->cuModuleUnload((CUmodule)cp->module);
+  }
+  /* A fault spoiled the context for the whole process: give the next user a fresh one. */
+  if (spoiled) cuda_device_recover(cp->device);
+  if (cp->device >= 0 && cp->ctx) cuda_device_release(cp->device);
+  free(cp->arenas);
+  free(cp->fns);
+  free(cp->gstorage);
+  free(cp->staging);
+  memset(cp, 0, sizeof *cp);
+}
+
+static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  const RtStep *st = &cp->p->funcs[f].steps[s];
+  uint64_t base[RT_REGION_COUNT];
+  for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arenas[f] : cp->regions[r];
+  CudaLoomArgs args;
+  cuda_pack_args(st, base, &args);
+  void *params[1] = {&args};
+  return CU(cuLaunchKernel,
+            ((CUfunction)cp->fns[st->which], st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1],
+             st->block[2], st->smem, (CUstream)cp->stream, params, NULL),
+            where);
+}
+
+int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
+  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
+  if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  const RtFunc *fn = &cp->p->funcs[func];
+  CUstream stream = (CUstream)cp->stream;
+  char where[256];
+  snprintf(where, sizeof where, "copying the arguments of @%s", fn->name);
+  int rc = 0;
+  size_t off = 0;
+  for (int a = 0; !rc && a < fn->n_args; a++) {
+    const RtBuf *b = &fn->args[a];
+    size_t bytes = (size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage);
+    cuda_f32_to_storage((RtStorage)b->storage, args[a], cp->staging + off, b->n);
+    if (bytes)
+      rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, func, b), cp->staging + off, bytes, stream), where);
+    off += (bytes + 63) / 64 * 64;
+  }
+  for (int s = 0; !rc && s < fn->n_steps; s++) {
+    const RtStep *st = &fn->steps[s];
+    step_where(cp, func, s, where, sizeof where);
+    rc = st->kind == RT_STEP_GEMM ? run_gemm(cp, func, s, where, err, errlen) : launch(cp, func, s, where, err, errlen);
+    if (!rc && cp->opt.sync_each_step) rc = CU(cuStreamSynchronize, (stream), where);
+  }
+  off = 0;
+  snprintf(where, sizeof where, "copying the results of @%s", fn->name);
+  for (int r = 0; !rc && r < fn->n_rets; r++) {
+    const RtBuf *b = &fn->rets[r];
+    size_t bytes = (size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage);
+    if (rets[r] && bytes)
+      rc = CU(cuMemcpyDtoHAsync, (cp->staging + off, (CUdeviceptr)cuda_buf_addr(cp, func, b), bytes, stream), where);
+    off += (bytes + 63) / 64 * 64;
+  }
+  if (!rc) {
+    snprintf(where, sizeof where, "after @%s (a kernel or GEMM of it failed; LOOM_CUDA_SYNC=1 names the step)", fn->name);
+    rc = CU(cuStreamSynchronize, (stream), where);
+  }
+  off = 0;
+  for (int r = 0; !rc && r < fn->n_rets; r++) {
+    const RtBuf *b = &fn->rets[r];
+    size_t bytes = (size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage);
+    if (rets[r]) cuda_storage_to_f32((RtStorage)b->storage, cp->staging + off, rets[r], b->n);
+    off += (bytes + 63) / 64 * 64;
+  }
+  if (rc) {
+    cp->broken = true;
+    /* Let queued work finish (or fail) before anyone frees what it uses. */
+    d->cuStreamSynchronize(stream);
+  }
+  return rc;
+}
+
+/* Host <-> device copy of n elements of storage s at addr, converting from/to f32 (int32). */
+static int xfer(CudaProgram *cp, uint64_t addr, RtStorage s, int64_t n, float *out, const float *in, const char *what,
+                char *err, size_t errlen) {
+  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  size_t bytes = (size_t)n * (size_t)cuda_storage_size(s);
+  if (!bytes) return 0;
+  void *tmp = malloc(bytes);
+  if (!tmp) return fail(err, errlen, 1, "out of memory %s", what);
+  CUstream stream = (CUstream)cp->stream;
+  int rc;
+  if (in) {
+    cuda_f32_to_storage(s, in, tmp, n);
+    rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)addr, tmp, bytes, stream), what);
+  } else {
+    rc = CU(cuMemcpyDtoHAsync, (tmp, (CUdeviceptr)addr, bytes, stream), what);
+  }
+  if (!rc) rc = CU(cuStreamSynchronize, (stream), what);
+  if (!rc && out) cuda_storage_to_f32(s, tmp, out, n);
+  free(tmp);
+  return rc;
+}
+
+static int global_xfer(CudaProgram *cp, int g, float *out, const float *in, char *err, size_t errlen) {
+  if (!cp->p || g < 0 || g >= cp->p->n_globals) return fail(err, errlen, 2, "no global #%d in the program", g);
+  const RtGlobal *gl = &cp->p->globals[g];
+  char what[320];
+  snprintf(what, sizeof what, "(%s global $%s)", in ? "writing" : "reading", gl->name);
+  return xfer(cp, cp->regions[gl->region] + (uint64_t)gl->offset, cp->gstorage[g], gl->n, out, in, what, err, errlen);
+}
+
+int cuda_global_read(CudaProgram *cp, int g, float *out, char *err, size_t errlen) {
+  return global_xfer(cp, g, out, NULL, err, errlen);
+}
+
+int cuda_global_write(CudaProgram *cp, int g, const float *in, char *err, size_t errlen) {
+  return global_xfer(cp, g, NULL, in, err, errlen);
+}
+
+static int buf_xfer(CudaProgram *cp, int func, const RtBuf *b, void *out, const void *in, char *err, size_t errlen) {
+  if (!cp->p || func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
+  char what[200];
+  snprintf(what, sizeof what, "(%s a buffer of @%s)", in ? "writing" : "reading", cp->p->funcs[func].name);
+  if (check_buf(cp->p, func, b, "buffer", err, errlen)) return 2;
+  return xfer(cp, cuda_buf_addr(cp, func, b), (RtStorage)b->storage, b->n, out, in, what, err, errlen);
+}
+
+int cuda_buf_read(CudaProgram *cp, int func, const RtBuf *b, void *out, char *err, size_t errlen) {
+  return buf_xfer(cp, func, b, out, NULL, err, errlen);
+}
+
+int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, char *err, size_t errlen) {
+  return buf_xfer(cp, func, b, NULL, in, err, errlen);
+}
+
+int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) {
+  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  for (int g = 0; g < cp->p->n_globals; g++) {
+    const RtGlobal *gl = &cp->p->globals[g];
+    float *t = malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1));
+    if (!t) return fail(err, errlen, 1, "out of memory initializing $%s", gl->name);
+    rt_global_init_values(gl, seed, t);
+    int rc = cuda_global_write(cp, g, t, err, errlen);
+    free(t);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+#else /* built without the CUDA headers */
+
+#define NO_CUDA "this loom was built without the CUDA headers (cuda.h): use --backend cpu"
+
+int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device,
+                           const CudaOptions *opt, char *err, size_t errlen) {
+  memset(cp, 0, sizeof *cp);
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+void cuda_program_free(CudaProgram *cp) { memset(cp, 0, sizeof *cp); }
+int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
+  return fail(err, errlen, cp->p ? 1 : 2, "%s", NO_CUDA);
+}
+int cuda_global_read(CudaProgram *cp, int g, float *out, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int cuda_global_write(CudaProgram *cp, int g, const float *in, char *err, size_t errlen) {
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int cuda_buf_read(CudaProgram *cp, int func, const RtBuf *b, void *out, char *err, size_t errlen) {
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, char *err, size_t errlen) {
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+
+#endif
+
+/* ================================================================== executor */
+
+static int ex_grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
+                        size_t errlen) {
+  CudaExecutor *ce = self;
+  void *args[2] = {(void *)inputs, (void *)targets}, *rets[8] = {loss};
+  return cuda_program_call(ce->cp, ce->f_grad, args, rets, err, errlen);
+}
+
+static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
+  CudaExecutor *ce = self;
+  void *args[2] = {&lr, &t}, *rets[8] = {grad_norm};
+  return cuda_program_call(ce->cp, ce->f_opt, args, rets, err, errlen);
+}
+
+static RtTensor *tensor_at(CudaExecutor *ce, int k) {
+  return k < ce->ex.n_params ? &ce->ex.params[k] : &ce->ex.state[k - ce->ex.n_params];
+}
+
+static int ex_sync_out(void *self, char *err, size_t errlen) {
+  CudaExecutor *ce = self;
+  for (int k = 0; k < ce->ex.n_params + ce->ex.n_state; k++)
+    if (cuda_global_read(ce->cp, ce->gidx[k], tensor_at(ce, k)->data, err, errlen)) return 1;
+  return 0;
+}
+
+static int ex_sync_in(void *self, char *err, size_t errlen) {
+  CudaExecutor *ce = self;
+  for (int k = 0; k < ce->ex.n_params + ce->ex.n_state; k++)
+    if (cuda_global_write(ce->cp, ce->gidx[k], tensor_at(ce, k)->data, err, errlen)) return 1;
+  return 0;
+}
+
+int cuda_executor_init(CudaExecutor *ce, CudaProgram *cp, char *err, size_t errlen) {
+  memset(ce, 0, sizeof *ce);
+  ce->cp = cp;
+  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  ce->f_grad = cuda_find_func(cp, "grad_step");
+  ce->f_opt = cuda_find_func(cp, "optimizer_step");
+  const RtFunc *g = ce->f_grad >= 0 ? &cp->p->funcs[ce->f_grad] : NULL;
+  const RtFunc *o = ce->f_opt >= 0 ? &cp->p->funcs[ce->f_opt] : NULL;
+  if (!g || !o || g->n_args != 2 || !g->args[0].is_int || !g->args[1].is_int || g->args[0].n != g->args[1].n ||
+      g->n_rets < 1 || g->rets[0].is_int || g->rets[0].n != 1 || o->n_args != 2 || o->args[0].is_int ||
+      o->args[0].n != 1 || o->args[1].is_int || o->args[1].n != 1 || o->n_rets < 1 || o->rets[0].n != 1 ||
+      o->rets[0].is_int)
+    return fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
+                "@optimizer_step(lr, step) -> grad_norm");
+  int ng = cp->p->n_globals;
+  ce->ex.params = calloc((size_t)ng + 1, sizeof(RtTensor));
+  ce->ex.state = calloc((size_t)ng + 1, sizeof(RtTensor));
+  ce->gidx = calloc((size_t)ng + 1, sizeof(int));
+  bool ok = ce->ex.params && ce->ex.state && ce->gidx;
+  int np = 0, ns = 0;
+  for (int k = 0; ok && k < ng; k++) {
+    const RtGlobal *gl = &cp->p->globals[k];
+    if (gl->region != RT_REGION_PARAMS && gl->region != RT_REGION_OPTIM) continue;
+    RtTensor v = {gl->name, gl->rank, {0}, malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1))};
+    for (int dd = 0; dd < gl->rank; dd++) v.shape[dd] = gl->shape[dd];
+    ok = v.data != NULL;
+    if (gl->region == RT_REGION_PARAMS) ce->ex.params[np++] = v;
+    else ce->ex.state[ns++] = v;
+  }
+  ce->ex.n_params = np;
+  ce->ex.n_state = ns;
+  if (!ok) {
+    cuda_executor_free(ce);
+    return fail(err, errlen, 1, "out of memory");
+  }
+  /* gidx in tensor order: params first, then state. */
+  int kp = 0, ks = np;
+  for (int k = 0; k < ng; k++) {
+    if (cp->p->globals[k].region == RT_REGION_PARAMS) ce->gidx[kp++] = k;
+    else if (cp->p->globals[k].region == RT_REGION_OPTIM) ce->gidx[ks++] = k;
+  }
+  ce->ex.self = ce;
+  ce->ex.batch = 1;
+  ce->ex.seq = g->args[0].n;
+  ce->ex.grad_step = ex_grad_step;
+  ce->ex.optimizer_step = ex_optimizer_step;
+  ce->ex.sync_out = ex_sync_out;
+  ce->ex.sync_in = ex_sync_in;
+  int rc = ex_sync_out(ce, err, errlen);
+  if (rc) cuda_executor_free(ce);
+  return rc;
+}
+
+int cuda_executor_set_shape(CudaExecutor *ce, int64_t batch, int64_t seq, char *err, size_t errlen) {
+  int64_t n = ce->cp->p->funcs[ce->f_grad].args[0].n;
+  if (batch <= 0 || seq <= 0 || batch * seq != n)
+    return fail(err, errlen, 2, "a batch of %lld tokens cannot be %lld x %lld", (long long)n, (long long)batch,
+                (long long)seq);
+  ce->ex.batch = batch;
+  ce->ex.seq = seq;
+  return 0;
+}
+
+void cuda_executor_free(CudaExecutor *ce) {
+  for (int k = 0; ce->ex.params && k < ce->ex.n_params; k++) free(ce->ex.params[k].data);
+  for (int k = 0; ce->ex.state && k < ce->ex.n_state; k++) free(ce->ex.state[k].data);
+  free(ce->ex.params);
+  free(ce->ex.state);
+  free(ce->gidx);
+  memset(ce, 0, sizeof *ce);
+}

@@ -1,0 +1,174 @@
+/* runtime/cuda/cuda_exec.h — runs a lowered program (runtime/program.h) on one NVIDIA GPU.
+ *
+ * The GPU twin of runtime/cpu/cpu_exec.h.  A CudaProgram owns, on one device: its primary
+ * context (retained), the program's CUDA module (a cubin, fatbin or NUL-terminated PTX
+ * image, from codegen/cuda + NVRTC), one CUfunction per RtProgram.kernel_names entry, one
+ * device allocation per global region (parameters, gradient accumulators, optimizer state),
+ * one arena per function (RtFunc.arena_bytes), a stream, a cuBLASLt handle and workspace,
+ * and a cuBLASLt plan (descriptors, layouts, heuristic's algorithm) per GEMM step, made once
+ * at init.  Memory starts zeroed.  Steps run in order on the stream:
+ *   RT_STEP_KERNEL  cuLaunchKernel of kernel `which` with one parameter, a LoomArgs filled
+ *                   from the step (cuda_pack_args), with the step's grid, block and smem;
+ *   RT_STEP_GEMM    cublasLtMatmul, C[b] = op(A[b]) op(B[b]), row-major through the
+ *                   transpose trick (cuda_gemm_layout), batched with strides (a stride of 0
+ *                   shares the operand); operands in their storage: f32 x f32 -> f32
+ *                   (CUBLAS_COMPUTE_32F, or 32F_FAST_TF32 when CudaOptions.tf32), bf16 x bf16
+ *                   or f16 x f16 -> the same or f32 (f32 accumulate);
+ *   RT_STEP_BUILTIN is not a CUDA step: the cuda lowering turns builtins into kernels.
+ * Every buffer holds its RtBuf.storage natively (f32, i32, bf16, f16, f8e4m3, f8e5m2); the
+ * host side of every call (args, rets, globals) is f32, or int32 for integer buffers, and
+ * is converted (RNE, bitwise as rt_round) on the way.  A global's storage is that of the
+ * buffers that name its first element, else the one its RtGlobal.round implies
+ * (cuda_global_storage).
+ *
+ * Errors: 0 ok, 2 bad input (malformed program, unsupported GEMM types), 1 run-time failure.
+ * Every driver / cuBLASLt failure names the call, its error string and the step ("@grad_step
+ * step 12 (layernorm %h0.ln_1)").  Kernels fail asynchronously: a fault shows at the next
+ * synchronization, the end of the call, unless CudaOptions.sync_each_step (or
+ * LOOM_CUDA_SYNC=1) synchronizes after every step so that the message names the step.
+ * A failed init frees everything it made.  After a failed call the program refuses further
+ * calls (a kernel fault spoils the context): free it.  Freeing a program whose context a
+ * fault spoiled resets the device's primary context (cuda_device_recover: everything else in
+ * that context, in this process, is gone too), so the process can go on with a new program.
+ */
+#ifndef LOOM_RUNTIME_CUDA_EXEC_H
+#define LOOM_RUNTIME_CUDA_EXEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/program.h"
+#include "runtime/trainer.h"
+
+/* ------------------------------------------------------------------ pure helpers (no GPU) */
+
+/* The one parameter of every CUDA kernel (program.h):
+     struct LoomArgs { void *buf[RT_MAX_BUFS]; long long i[RT_MAX_INTS]; double f[4]; };
+   480 bytes: buf at 0, i at 128, f at 448. */
+typedef struct {
+  void *buf[RT_MAX_BUFS];
+  long long i[RT_MAX_INTS];
+  double f[4];
+} CudaLoomArgs;
+
+/* Fills a LoomArgs for step st: buf[k] = base[st->bufs[k].region] + st->bufs[k].offset for
+   k < n_in + n_out (base[RT_REGION_ARENA] is the calling function's arena), NULL after;
+   i[] and f[] copied as they are. */
+void cuda_pack_args(const RtStep *st, const uint64_t base[RT_REGION_COUNT], CudaLoomArgs *out);
+
+/* cuBLASLt is column-major.  A row-major C[M,N] = op(A) op(B) is computed as the
+   column-major C^T[N,M] = op(B)^T op(A)^T: Lt's A is our B, Lt's B our A, and a row-major
+   [R,C] matrix is read as a column-major [C,R] one with leading dimension C. */
+typedef struct {
+  int64_t m, n, k;           /* Lt's problem: m = N, n = M, k = K */
+  int trans_a, trans_b;      /* 1: CUBLAS_OP_T on Lt's A (= our B, when tb) / Lt's B (= our A, when ta) */
+  int64_t a_rows, a_cols, lda;   /* Lt's A as stored (column-major) */
+  int64_t b_rows, b_cols, ldb;
+  int64_t c_rows, c_cols, ldc;
+} CudaGemmLayout;
+CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb);
+
+int cuda_storage_size(RtStorage s);          /* bytes per element; 0 for an unknown storage */
+const char *cuda_storage_name(RtStorage s);  /* "f32", "bf16", ... */
+/* Host conversions.  To a narrow storage: rounded as rt_round (RNE; f8e4m3 saturates, f16
+   and f8e5m2 overflow to inf); i32 is copied as int32.  From one: exact. */
+void cuda_f32_to_storage(RtStorage s, const float *in, void *out, int64_t n);
+void cuda_storage_to_f32(RtStorage s, const void *in, float *out, int64_t n);
+
+/* The storage global g is held in (see the top of this file). */
+RtStorage cuda_global_storage(const RtProgram *p, int g);
+
+/* Checks a program for this backend with no device: buffers inside their regions at their
+   storage's size and aligned to it, kernels named, launch dimensions set, GEMM operand
+   storages supported and extents inside their buffers.  0 or 2 with a message. */
+int cuda_program_check(const RtProgram *p, char *err, size_t errlen);
+
+/* Device memory the program needs: what cuda_program_init allocates. */
+typedef struct {
+  int64_t arenas;      /* sum over functions of arena_bytes */
+  int64_t max_arena;   /* the largest one (what a shared arena would need) */
+  int64_t regions;     /* params + grads + optimizer state */
+  int64_t workspace;   /* cuBLASLt workspace */
+  int64_t total;
+} CudaMemory;
+void cuda_program_memory_plan(const RtProgram *p, size_t workspace_bytes, CudaMemory *m);
+
+/* ------------------------------------------------------------------ the program */
+
+typedef struct {
+  bool tf32;               /* f32 GEMMs on tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) */
+  bool sync_each_step;     /* synchronize after every step: faults name their step */
+  size_t workspace_bytes;  /* cuBLASLt workspace (0: 32 MiB) */
+} CudaOptions;
+
+typedef struct CudaGemmPlan CudaGemmPlan;
+
+typedef struct {
+  const RtProgram *p;      /* borrowed: must outlive the CudaProgram */
+  int device;
+  CudaDeviceInfo info;
+  CudaOptions opt;
+  void *ctx;               /* CUcontext (the device's primary context) */
+  void *module;            /* CUmodule */
+  void *stream;            /* CUstream */
+  void *lt;                /* cublasLtHandle_t */
+  void **fns;              /* CUfunction per kernel [p->n_kernels] */
+  uint64_t regions[RT_REGION_COUNT];   /* device bases; [RT_REGION_ARENA] unused */
+  uint64_t *arenas;        /* [p->n_funcs] */
+  uint64_t workspace;
+  CudaGemmPlan ***plans;   /* [func][step], NULL for non-GEMM steps */
+  RtStorage *gstorage;     /* [p->n_globals] */
+  unsigned char *staging;  /* host bytes for args / rets conversions */
+  size_t staging_bytes;
+  CudaMemory mem;          /* what was actually allocated */
+  bool broken;             /* a call failed: only free is allowed */
+} CudaProgram;
+
+/* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1. */
+void cuda_options_default(CudaOptions *o);
+/* image: the CUDA module (cubin / fatbin / PTX text, n bytes; PTX needs no terminating NUL).
+   device: the CUDA device index. */
+int cuda_program_init(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device, char *err,
+                      size_t errlen);
+int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device,
+                           const CudaOptions *opt, char *err, size_t errlen);
+void cuda_program_free(CudaProgram *cp);
+int cuda_find_func(const CudaProgram *cp, const char *name);   /* -1 if absent */
+
+/* As cpu_program_call: args[k] host buffers of RtFunc.args[k] (n elements, f32 or int32),
+   rets[k] caller buffers (f32 or int32; NULL: not wanted).  Returns once the results are
+   on the host. */
+int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen);
+
+/* Globals and buffers as f32 (int32 for integer buffers) on the host, converted from and to
+   their storage (writing rounds to it). */
+int cuda_global_read(CudaProgram *cp, int g, float *out, char *err, size_t errlen);
+int cuda_global_write(CudaProgram *cp, int g, const float *in, char *err, size_t errlen);
+int cuda_buf_read(CudaProgram *cp, int func, const RtBuf *b, void *out, char *err, size_t errlen);
+int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, char *err, size_t errlen);
+/* Every global as cpu_globals_init sets it (same values, bitwise, in the global's format). */
+int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen);
+/* A device address (tests, NCCL): base of the buffer's region + offset. */
+uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b);
+
+/* ------------------------------------------------------------------ the training executor */
+
+/* runtime/trainer.h's Executor over @grad_step(tokens, targets: int32) -> loss and
+   @optimizer_step(lr, step: f32) -> grad_norm, as cpu_executor.  params (RT_REGION_PARAMS)
+   and state (RT_REGION_OPTIM) are host f32 copies: sync_out copies the device's values into
+   them (init does it once), sync_in writes them to the device.  Whoever writes into them
+   (loading weights, a resume) calls ex.sync_in afterwards. */
+typedef struct {
+  Executor ex;
+  CudaProgram *cp;
+  int f_grad, f_opt;
+  int *gidx;               /* [n_params + n_state]: the global behind each tensor */
+} CudaExecutor;
+
+int cuda_executor_init(CudaExecutor *ce, CudaProgram *cp, char *err, size_t errlen);
+int cuda_executor_set_shape(CudaExecutor *ce, int64_t batch, int64_t seq, char *err, size_t errlen);
+void cuda_executor_free(CudaExecutor *ce);
+
+#endif

@@ -1,0 +1,533 @@
+/* runtime/cuda/nvrtc.c — NVRTC through dlopen, and the on-disk cache of compiled kernels
+ * (see nvrtc.h). */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "runtime/cuda/nvrtc.h"
+
+/* ------------------------------------------------------------------ SHA-256 */
+
+typedef struct {
+  uint32_t h[8];
+  uint64_t len;
+  unsigned char buf[64];
+  size_t nbuf;
+} Sha256;
+
+static const uint32_t sha_k[64] = {
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
+  0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
+  0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
+  0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
+  0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
+  0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+static uint32_t ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+static void sha_block(Sha256 *s, const unsigned char *p) {
+  uint32_t w[64];
+  for (int i = 0; i < 16; i++)
+    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+  for (int i = 16; i < 64; i++) {
+    uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  uint32_t a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3], e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
+  for (int i = 0; i < 64; i++) {
+    uint32_t t1 = h + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] + w[i];
+    uint32_t t2 = (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+    h = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
+  }
+  s->h[0] += a;
+  s->h[1] += b;
+  s->h[2] += c;
+  s->h[3] += d;
+  s->h[4] += e;
+  s->h[5] += f;
+  s->h[6] += g;
+  s->h[7] += h;
+}
+
+static void sha_init(Sha256 *s) {
+  static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  memcpy(s->h, h0, sizeof h0);
+  s->len = 0;
+  s->nbuf = 0;
+}
+
+static void sha_update(Sha256 *s, const void *data, size_t n) {
+  const unsigned char *p = data;
+  s->len += n;
+  while (n) {
+    size_t take = 64 - s->nbuf < n ? 64 - s->nbuf : n;
+    memcpy(s->buf + s->nbuf, p, take);
+    s->nbuf += take;
+    p += take;
+    n -= take;
+    if (s->nbuf == 64) {
+      sha_block(s, s->buf);
+      s->nbuf = 0;
+    }
+  }
+}
+
+static void sha_final(Sha256 *s, unsigned char out[32]) {
+  uint64_t bits = s->len * 8;
+  unsigned char pad = 0x80;
+  sha_update(s, &pad, 1);
+  unsigned char zero = 0;
+  while (s->nbuf != 56) sha_update(s, &zero, 1);
+  unsigned char lenb[8];
+  for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)(bits >> (56 - 8 * i));
+  sha_update(s, lenb, 8);
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 4; j++) out[4 * i + j] = (unsigned char)(s->h[i] >> (24 - 8 * j));
+}
+
+static void hex_of(const unsigned char *d, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[d[i] >> 4];
+    out[2 * i + 1] = digits[d[i] & 15];
+  }
+  out[2 * n] = 0;
+}
+
+void nvrtc_sha256_hex(const void *data, size_t n, char out[65]) {
+  Sha256 s;
+  unsigned char d[32];
+  sha_init(&s);
+  sha_update(&s, data, n);
+  sha_final(&s, d);
+  hex_of(d, 32, out);
+}
+
+/* ------------------------------------------------------------------ loading NVRTC */
+
+typedef int nvrtcResult_;   /* nvrtcResult: 0 = NVRTC_SUCCESS */
+typedef struct nvrtcProgram_ *nvrtcProgram_;
+
+typedef struct {
+  void *lib;
+  const char *(*GetErrorString)(nvrtcResult_);
+  nvrtcResult_ (*Version)(int *, int *);
+  nvrtcResult_ (*CreateProgram)(nvrtcProgram_ *, const char *, const char *, int, const char *const *,
+                                const char *const *);
+  nvrtcResult_ (*DestroyProgram)(nvrtcProgram_ *);
+  nvrtcResult_ (*CompileProgram)(nvrtcProgram_, int, const char *const *);
+  nvrtcResult_ (*GetProgramLogSize)(nvrtcProgram_, size_t *);
+  nvrtcResult_ (*GetProgramLog)(nvrtcProgram_, char *);
+  nvrtcResult_ (*GetPTXSize)(nvrtcProgram_, size_t *);
+  nvrtcResult_ (*GetPTX)(nvrtcProgram_, char *);
+  nvrtcResult_ (*GetCUBINSize)(nvrtcProgram_, size_t *);
+  nvrtcResult_ (*GetCUBIN)(nvrtcProgram_, char *);
+  int major, minor;
+} NvrtcApi;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static NvrtcApi api;
+static char load_error[2200];
+
+static void *try_open(const char *path, char *tried, size_t n) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char *e = dlerror();
+    size_t k = strlen(tried);
+    if (k < n) snprintf(tried + k, n - k, "%s%s", k ? "; " : "", e ? e : path);
+  }
+  return h;
+}
+
+static void load_nvrtc(void) {
+  char tried[2048] = "";   /* load_error holds it whole */
+  void *h = NULL;
+  const char *env = getenv("LOOM_LIBNVRTC");
+  if (env && *env) {
+    h = try_open(env, tried, sizeof tried);
+  } else {
+    static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so"};
+    for (size_t i = 0; !h && i < sizeof names / sizeof names[0]; i++) h = try_open(names[i], tried, sizeof tried);
+    const char *homes[2] = {getenv("CUDA_HOME"), "/usr/local/cuda"};
+    for (int d = 0; !h && d < 2; d++) {
+      if (!homes[d] || !*homes[d]) continue;
+      for (size_t i = 0; !h && i < sizeof names / sizeof names[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/lib64/%s", homes[d], names[i]);
+        h = try_open(path, tried, sizeof tried);
+      }
+    }
+  }
+  if (!h) {
+    snprintf(load_error, sizeof load_error, "NVRTC not available (%s)", tried);
+    return;
+  }
+  api.lib = h;
+#define SYM(field, name)                                                                     \
+  do {                                                                                       \
+    *(void **)(&api.field) = dlsym(h, name);                                                 \
+    if (!api.field) {                                                                        \
+      snprintf(load_error, sizeof load_error, "NVRTC not available: the library has no %s", name); \
+      return;                                                                                \
+    }                                                                                        \
+  } while (0)
+  SYM(GetErrorString, "nvrtcGetErrorString");
+  SYM(Version, "nvrtcVersion");
+  SYM(CreateProgram, "nvrtcCreateProgram");
+  SYM(DestroyProgram, "nvrtcDestroyProgram");
+  SYM(CompileProgram, "nvrtcCompileProgram");
+  SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
+  SYM(GetProgramLog, "nvrtcGetProgramLog");
+  SYM(GetPTXSize, "nvrtcGetPTXSize");
+  SYM(GetPTX, "nvrtcGetPTX");
+  SYM(GetCUBINSize, "nvrtcGetCUBINSize");
+  SYM(GetCUBIN, "nvrtcGetCUBIN");
+#undef SYM
+  if (api.Version(&api.major, &api.minor) != 0) {
+    snprintf(load_error, sizeof load_error, "NVRTC not available: nvrtcVersion failed");
+    return;
+  }
+}
+
+static const NvrtcApi *nvrtc_api(char *err, size_t errlen) {
+  pthread_once(&load_once, load_nvrtc);
+  if (load_error[0]) {
+    if (err && errlen) snprintf(err, errlen, "%s", load_error);
+    return NULL;
+  }
+  return &api;
+}
+
+int nvrtc_available(int *major, int *minor, char *why, size_t n) {
+  const NvrtcApi *a = nvrtc_api(why, n);
+  if (!a) return 0;
+  if (major) *major = a->major;
+  if (minor) *minor = a->minor;
+  return 1;
+}
+
+/* ------------------------------------------------------------------ the cache */
+
+#define CACHE_MAGIC "LOOMNVR1"
+#define CACHE_HEADER 88   /* magic 8, flags 8, length 8, payload sha 32, key 32 */
+
+void nvrtc_cache_dir(char *out, size_t n) {
+  const char *d = getenv("LOOM_CACHE_DIR");
+  if (d) {
+    if (!*d || !strcmp(d, "off")) snprintf(out, n, "%s", "");
+    else snprintf(out, n, "%s", d);
+    return;
+  }
+  const char *x = getenv("XDG_CACHE_HOME");
+  if (x && *x) {
+    snprintf(out, n, "%s/loom", x);
+    return;
+  }
+  const char *home = getenv("HOME");
+  if (home && *home) snprintf(out, n, "%s/.cache/loom", home);
+  else snprintf(out, n, "%s", "");
+}
+
+static void cache_key(const char *source, const char *arch, const char *const *opts, int n_opts, int major, int minor,
+                      unsigned char key[32]) {
+  Sha256 s;
+  sha_init(&s);
+  char head[128];
+  int k = snprintf(head, sizeof head, "loom-nvrtc-cache 1|nvrtc %d.%d|%s|%d", major, minor, arch, n_opts);
+  sha_update(&s, head, (size_t)k + 1);
+  for (int i = 0; i < n_opts; i++) sha_update(&s, opts[i], strlen(opts[i]) + 1);
+  sha_update(&s, source, strlen(source));
+  sha_final(&s, key);
+}
+
+static int cache_file(const char *dir, const unsigned char key[32], char *out, size_t n) {
+  char hex[65];
+  hex_of(key, 32, hex);
+  int k = snprintf(out, n, "%s/%s.bin", dir, hex);
+  return k < 0 || (size_t)k >= n;
+}
+
+int nvrtc_cache_path(const char *source, const char *arch, const char *const *opts, int n_opts, char *out, size_t n,
+                     char *err, size_t errlen) {
+  const NvrtcApi *a = nvrtc_api(err, errlen);
+  if (!a) return 1;
+  char dir[1024];
+  nvrtc_cache_dir(dir, sizeof dir);
+  if (!dir[0]) {
+    snprintf(err, errlen, "the NVRTC cache is off (LOOM_CACHE_DIR=%s)", getenv("LOOM_CACHE_DIR") ? "off" : "");
+    return 1;
+  }
+  unsigned char key[32];
+  cache_key(source, arch, opts, n_opts, a->major, a->minor, key);
+  if (cache_file(dir, key, out, n)) {
+    snprintf(err, errlen, "the cache path is too long");
+    return 1;
+  }
+  return 0;
+}
+
+static void put_u64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint64_t get_u64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+/* Reads a cache entry; 0 and the payload when it is whole and belongs to key. */
+static int cache_read(const char *path, const unsigned char key[32], unsigned char **image, size_t *n, bool *is_cubin) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return 1;
+  unsigned char h[CACHE_HEADER];
+  int rc = 1;
+  unsigned char *data = NULL;
+  if (fread(h, 1, CACHE_HEADER, f) != CACHE_HEADER) goto done;
+  if (memcmp(h, CACHE_MAGIC, 8) || memcmp(h + 56, key, 32)) goto done;
+  uint64_t len = get_u64(h + 16);
+  if (len == 0 || len > ((uint64_t)1 << 34)) goto done;
+  data = malloc((size_t)len + 1);
+  if (!data) goto done;
+  if (fread(data, 1, (size_t)len, f) != len) goto done;
+  unsigned char extra;
+  if (fread(&extra, 1, 1, f) != 0) goto done;   /* trailing bytes: not ours */
+  Sha256 s;
+  unsigned char sum[32];
+  sha_init(&s);
+  sha_update(&s, data, (size_t)len);
+  sha_final(&s, sum);
+  if (memcmp(sum, h + 24, 32)) goto done;
+  data[len] = 0;
+  *image = data;
+  *n = (size_t)len;
+  *is_cubin = h[8] & 1;
+  data = NULL;
+  rc = 0;
+done:
+  free(data);
+  fclose(f);
+  return rc;
+}
+
+static int mkdirs(const char *dir) {
+  char p[1024];
+  snprintf(p, sizeof p, "%s", dir);
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(p, 0755) && errno != EEXIST) return 1;
+    *s = '/';
+  }
+  if (mkdir(p, 0755) && errno != EEXIST) return 1;
+  return 0;
+}
+
+/* Writes an entry atomically (temporary file + rename); failures are silent (the cache is
+   an optimization). */
+static void cache_write(const char *dir, const char *path, const unsigned char key[32], const unsigned char *image,
+                        size_t n, bool is_cubin) {
+  if (mkdirs(dir)) return;
+  static int counter;
+  char tmp[1300];
+  int k = snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%d", path, (long)getpid(),
+                   __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+  if (k < 0 || (size_t)k >= sizeof tmp) return;
+  FILE *f = fopen(tmp, "wb");
+  if (!f) return;
+  unsigned char h[CACHE_HEADER];
+  memset(h, 0, sizeof h);
+  memcpy(h, CACHE_MAGIC, 8);
+  h[8] = is_cubin ? 1 : 0;
+  put_u64(h + 16, n);
+  Sha256 s;
+  sha_init(&s);
+  sha_update(&s, image, n);
+  sha_final(&s, h + 24);
+  memcpy(h + 56, key, 32);
+  bool ok = fwrite(h, 1, sizeof h, f) == sizeof h && fwrite(image, 1, n, f) == n;
+  ok = fflush(f) == 0 && ok;
+  ok = fsync(fileno(f)) == 0 && ok;
+  if (fclose(f) != 0) ok = false;
+  if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+/* ------------------------------------------------------------------ compiling */
+
+static void first_error_line(const char *log, char *out, size_t n) {
+  const char *p = log ? strstr(log, "error") : NULL;
+  if (!p) {
+    snprintf(out, n, "%s", log && *log ? log : "(no log)");
+  } else {
+    while (p > log && p[-1] != '\n') p--;
+    size_t len = strcspn(p, "\n");
+    snprintf(out, n, "%.*s", (int)len, p);
+  }
+  out[strcspn(out, "\n")] = 0;
+}
+
+static int compile_now(const NvrtcApi *a, const char *source, const char *arch, const char *const *opts, int n_opts,
+                       unsigned char **image, size_t *n, bool *is_cubin, char **log, char *err, size_t errlen) {
+  bool cubin = strncmp(arch, "compute_", 8) != 0;
+  nvrtcProgram_ prog = NULL;
+  nvrtcResult_ r = a->CreateProgram(&prog, source, "loom.cu", 0, NULL, NULL);
+  if (r != 0) {
+    snprintf(err, errlen, "nvrtcCreateProgram: %s", a->GetErrorString(r));
+    return 1;
+  }
+  const char **all = calloc((size_t)n_opts + 1, sizeof *all);
+  char archopt[64];
+  snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+  if (!all) {
+    a->DestroyProgram(&prog);
+    snprintf(err, errlen, "out of memory");
+    return 1;
+  }
+  all[0] = archopt;
+  for (int i = 0; i < n_opts; i++) all[i + 1] = opts[i];
+  r = a->CompileProgram(prog, n_opts + 1, all);
+  free(all);
+  size_t log_n = 0;
+  char *text = NULL;
+  if (a->GetProgramLogSize(prog, &log_n) == 0 && log_n) {
+    text = malloc(log_n + 1);
+    if (text && a->GetProgramLog(prog, text) == 0) text[log_n] = 0;
+    else if (text) text[0] = 0;
+  }
+  if (!text) text = calloc(1, 1);
+  int rc = 0;
+  if (r != 0) {
+    char line[512];
+    first_error_line(text, line, sizeof line);
+    snprintf(err, errlen, "NVRTC could not compile loom.cu for %s (%s): %s", arch, a->GetErrorString(r), line);
+    rc = 1;
+  } else {
+    size_t sz = 0;
+    r = cubin ? a->GetCUBINSize(prog, &sz) : a->GetPTXSize(prog, &sz);
+    unsigned char *img = r == 0 && sz ? malloc(sz + 1) : NULL;
+    if (!img) {
+      snprintf(err, errlen, "%s: %s", cubin ? "nvrtcGetCUBINSize" : "nvrtcGetPTXSize",
+               r ? a->GetErrorString(r) : "out of memory or empty result");
+      rc = 1;
+    } else {
+      r = cubin ? a->GetCUBIN(prog, (char *)img) : a->GetPTX(prog, (char *)img);
+      if (r != 0) {
+        snprintf(err, errlen, "%s: %s", cubin ? "nvrtcGetCUBIN" : "nvrtcGetPTX", a->GetErrorString(r));
+        free(img);
+        rc = 1;
+      } else {
+        img[sz] = 0;
+        *image = img;
+        *n = sz;
+        *is_cubin = cubin;
+      }
+    }
+  }
+  a->DestroyProgram(&prog);
+  if (log) *log = text;
+  else free(text);
+  return rc;
+}
+
+int nvrtc_compile_cached(const char *source, const char *arch, const char *const *opts, int n_opts,
+                         unsigned char **image, size_t *n, bool *is_cubin, char **log, bool *cache_hit, char *err,
+                         size_t errlen) {
+  *image = NULL;
+  *n = 0;
+  *is_cubin = false;
+  if (log) *log = NULL;
+  if (cache_hit) *cache_hit = false;
+  const NvrtcApi *a = nvrtc_api(err, errlen);
+  if (!a) return 1;
+  if (!source || !arch || !*arch || strlen(arch) > 32) {
+    snprintf(err, errlen, "nvrtc_compile: no source or a bad architecture name");
+    return 1;
+  }
+  char dir[1024], path[1200];
+  nvrtc_cache_dir(dir, sizeof dir);
+  unsigned char key[32];
+  cache_key(source, arch, opts, n_opts, a->major, a->minor, key);
+  bool use_cache = dir[0] && !cache_file(dir, key, path, sizeof path);
+  if (use_cache && !cache_read(path, key, image, n, is_cubin)) {
+    if (log) *log = calloc(1, 1);
+    if (cache_hit) *cache_hit = true;
+    return 0;
+  }
+  if (compile_now(a, source, arch, opts, n_opts, image, n, is_cubin, log, err, errlen)) return 1;
+  if (use_cache) cache_write(dir, path, key, *image, *n, *is_cubin);
+  return 0;
+}
+
+int nvrtc_compile(const char *source, const char *arch, const char *const *opts, int n_opts,
+                  unsigned char **cubin_or_ptx, size_t *n, bool *is_cubin, char **log, char *err, size_t errlen) {
+  return nvrtc_compile_cached(source, arch, opts, n_opts, cubin_or_ptx, n, is_cubin, log, NULL, err, errlen);
+}
+
+/* ------------------------------------------------------------------ symbols */
+
+static uint64_t rd(const unsigned char *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+static bool cubin_has(const unsigned char *img, size_t n, const char *name) {
+  if (n < 64 || memcmp(img, "\x7f" "ELF", 4) || img[4] != 2 || img[5] != 1) return false;   /* ELF64, little endian */
+  uint64_t shoff = rd(img + 0x28, 8), shentsize = rd(img + 0x3A, 2), shnum = rd(img + 0x3C, 2);
+  if (shentsize < 64 || shoff > n || shnum > (n - shoff) / shentsize) return false;
+  size_t name_len = strlen(name);
+  for (uint64_t i = 0; i < shnum; i++) {
+    const unsigned char *sh = img + shoff + i * shentsize;
+    if (rd(sh + 4, 4) != 2) continue;   /* SHT_SYMTAB */
+    uint64_t off = rd(sh + 0x18, 8), size = rd(sh + 0x20, 8), link = rd(sh + 0x28, 4), ent = rd(sh + 0x38, 8);
+    if (ent < 24 || off > n || size > n - off || link >= shnum) continue;
+    const unsigned char *st = img + shoff + link * shentsize;
+    uint64_t soff = rd(st + 0x18, 8), ssize = rd(st + 0x20, 8);
+    if (soff > n || ssize > n - soff) continue;
+    for (uint64_t k = 0; k + ent <= size; k += ent) {
+      const unsigned char *sym = img + off + k;
+      uint64_t nm = rd(sym, 4);
+      unsigned info = sym[4];
+      if ((info & 15) != 2 || (info >> 4) != 1) continue;   /* STT_FUNC, STB_GLOBAL */
+      if (nm + name_len >= ssize) continue;
+      const char *s = (const char *)img + soff + nm;
+      if (!memcmp(s, name, name_len) && s[name_len] == 0) return true;
+    }
+  }
+  return false;
+}
+
+static bool ptx_has(const unsigned char *img, size_t n, const char *name) {
+  size_t name_len = strlen(name);
+  const char *s = (const char *)img, *end = s + n;
+  for (const char *p = s; p + 7 + name_len < end; p++) {
+    if (memcmp(p, ".entry ", 7)) continue;
+    const char *q = p + 7;
+    while (q < end && *q == ' ') q++;
+    if ((size_t)(end - q) > name_len && !memcmp(q, name, name_len) &&
+        (q[name_len] == '(' || q[name_len] == ' ' || q[name_len] == '\n' || q[name_len] == '\r'))
+      return true;
+  }
+  return false;
+}
+
+bool nvrtc_image_has_kernel(const unsigned char *image, size_t n, bool is_cubin, const char *name) {
+  if (!image || !name || !*name) return false;
+  return is_cubin ? cubin_has(image, n, name) : ptx_has(image, n, name);
+}

@@ -1,0 +1,62 @@
+/* runtime/cuda/nvrtc.h — CUDA C++ source -> cubin (or PTX) with NVRTC, loaded at run time, and
+ * an on-disk cache of the results.
+ *
+ * NVRTC is never linked: the first call dlopens it (LOOM_LIBNVRTC if set, else
+ * libnvrtc.so.13, libnvrtc.so, then the same names under $CUDA_HOME/lib64 and
+ * /usr/local/cuda/lib64) and resolves the functions it uses.  When it cannot be loaded every
+ * call fails with a sentence saying so ("NVRTC not available: ..."); nvrtc_available() asks
+ * without failing.
+ *
+ * The cache: one file per (source, arch, options, NVRTC version), named by the SHA-256 of
+ * those, in $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom, else $HOME/.cache/loom (created
+ * when missing).  LOOM_CACHE_DIR=off (or an empty value) disables it.  Files are written to a
+ * temporary name and renamed into place (atomic: concurrent compilers of the same program
+ * never see half a file).  Each file carries a header with the payload's size and SHA-256;
+ * an entry that does not check out (truncated, corrupted, foreign) is ignored, recompiled
+ * and replaced.  A cache that cannot be written is not an error (the result is still
+ * returned).
+ *
+ * Thread-safe.  Errors: 0 on success, 1 with a message in err.
+ */
+#ifndef LOOM_RUNTIME_NVRTC_H
+#define LOOM_RUNTIME_NVRTC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* 1 when NVRTC loads (its version in major and minor when they are not NULL), else 0 and a sentence in
+   why (may be NULL). */
+int nvrtc_available(int *major, int *minor, char *why, size_t n);
+
+/* Compiles `source` (one CUDA C++ translation unit, named "loom.cu" in messages) for `arch`:
+   a real architecture ("sm_80", "sm_90a") gives a cubin (*is_cubin = true), a virtual one
+   ("compute_80") PTX text with its terminating NUL (*is_cubin = false).  opts are extra
+   NVRTC options (e.g. "-lineinfo"); --gpu-architecture is added from arch.
+   *image (malloc'd, *n bytes) is the result; *log (malloc'd, may be "", may be NULL if not
+   wanted) NVRTC's log: warnings on success, the errors with "loom.cu(LINE): error: ..." when
+   compilation fails (then the function returns 1 and err holds the first error line).
+   *cache_hit (may be NULL) says whether the result came from the cache. */
+int nvrtc_compile_cached(const char *source, const char *arch, const char *const *opts, int n_opts,
+                         unsigned char **image, size_t *n, bool *is_cubin, char **log, bool *cache_hit, char *err,
+                         size_t errlen);
+
+/* The same without the cache_hit report (the interface codegen/cuda and the runtime use). */
+int nvrtc_compile(const char *source, const char *arch, const char *const *opts, int n_opts,
+                  unsigned char **cubin_or_ptx, size_t *n, bool *is_cubin, char **log, char *err, size_t errlen);
+
+/* The cache directory that would be used (without creating it), or "" when caching is off. */
+void nvrtc_cache_dir(char *out, size_t n);
+/* The file of the cache entry for these inputs (NVRTC must load: its version is part of the
+   key); 0 on success. */
+int nvrtc_cache_path(const char *source, const char *arch, const char *const *opts, int n_opts, char *out, size_t n,
+                     char *err, size_t errlen);
+
+/* Does a compiled image define the kernel `name` (an extern "C" __global__ function)?
+   cubin: a global function symbol of the ELF; PTX: an ".entry name" directive. */
+bool nvrtc_image_has_kernel(const unsigned char *image, size_t n, bool is_cubin, const char *name);
+
+/* SHA-256 of a byte string, as 64 hex digits and a NUL (used for the cache key; exposed for
+   tests). */
+void nvrtc_sha256_hex(const void *data, size_t n, char out[65]);
+
+#endif
