@@ -348,3 +348,16 @@ out:
   free(only_copy);
   return rc;
 }
+
+double diff_rel_err(const StTensor *a, const StTensor *b, double *max_abs, double *max_ref, char *err, size_t errlen) {
+  Row r;
+  memset(&r, 0, sizeof r);
+  compare(&r, a, b, 0, 0);
+  if (r.status == 2) {
+    snprintf(err, errlen, "%s", r.error);
+    return -1;
+  }
+  if (max_abs) *max_abs = isnan(r.rel) ? INFINITY : r.max_abs;
+  if (max_ref) *max_ref = r.max_ref;
+  return isnan(r.rel) ? INFINITY : r.rel;
+}

@@ -37,6 +37,12 @@ int cmd_train(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+/* cmd_diff.c: max|a-b| / max|b| of two tensors (F32, F64, BF16, F16; B the reference);
+   INFINITY where one holds a NaN the other does not; -1 with a message when the shapes or
+   dtypes cannot be compared.  max_abs, max_ref (may be NULL): max|a-b| and max|b|. */
+#include "runtime/io/safetensors.h"
+double diff_rel_err(const StTensor *a, const StTensor *b, double *max_abs, double *max_ref, char *err, size_t errlen);
 
 /* ---- args.c ---- */
 /* Matches "--name=value" or "--name value" at argv[*i]; advances *i past what it used.

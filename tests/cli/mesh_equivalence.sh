@@ -63,7 +63,7 @@ for m in gpt2-tiny llama-tiny llama-tiny-tied; do
   g=tests/golden/$m
   for mesh in dp=2 tp=2 dp=2,tp=2 "dp=2,tp=2 --backend ref"; do
     if "$LOOM" eval models/$m.json --weights $g/weights.safetensors --tokens $g/tokens.bin --mesh $mesh \
-         --out "$tmp/eval.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/eval.st" $g/expected.safetensors --rtol 1e-5 > "$tmp/diff" 2>&1; then
+         --out "$tmp/eval.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/eval.st" $g/expected.safetensors --rtol 1e-5 logits loss > "$tmp/diff" 2>&1; then
       ok "eval $m --mesh $mesh: gathered logits and loss match the PyTorch golden"
     else
       bad "eval $m --mesh $mesh"; cat "$tmp/log" "$tmp/diff"

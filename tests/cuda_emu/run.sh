@@ -22,6 +22,14 @@ bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 LOOM_EMULATED=1 bash tests/gpu/test_train.sh "$(dirname "$LOOM")" "$LOOM" "$ST_DIFF" && ok "tests/gpu/test_train.sh on the emulated device" ||
   bad "tests/gpu/test_train.sh on the emulated device"
 
+# loom check on the emulated device: every golden's forward, gradients and 3 training steps
+# on cuda, at the default tolerances (README "Golden folders")
+for g in gpt2-tiny llama-tiny llama-tiny-tied; do
+  "$LOOM" check tests/golden/$g --backend cuda > "$tmp/check" 2>&1 &&
+    ok "loom check tests/golden/$g --backend cuda: $(grep -E '^cuda ' "$tmp/check" | tr -s ' ' | cut -c1-150)" ||
+    { bad "loom check tests/golden/$g --backend cuda"; cat "$tmp/check"; }
+done
+
 # The CPU benchmark's model (head size 64, vocabulary 4096) in bf16 at seq 128: one step's
 # gradients within 2e-2 of the CPU backend (the tensor-core attention at head size 64)
 "$LOOM" train models/bench-gpt2-small.json --steps 1 --batch 1 --seq 64 --data "$tmp/d.bin" --out "$tmp/w.st" > "$tmp/log" 2>&1 ||

@@ -442,8 +442,11 @@ def generate(name):
 
 def main(argv):
     names = argv[1:] or list(SPECS)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import golden_dir  # the golden-folder files `loom check` reads
     for n in names:
         r = generate(n)
+        golden_dir.convert(n)
         print("%-16s loss %.6f (ln V %.4f, logits std %.3f)" % (n, r["loss"], r["ln_V"], r["logits_std"]))
         print("%-16s train losses %s" % ("", " ".join("%.6f" % v for v in r["losses"])))
         print("%-16s grad norms   %s" % ("", " ".join("%.6f" % v for v in r["grad_norms"])))

@@ -51,7 +51,7 @@ for m in gpt2-tiny llama-tiny llama-tiny-tied; do
     bad "$m bf16 training on CUDA"; cat "$tmp/log"; grep FAIL "$tmp/diff" | head
   fi
   if "$LOOM" eval models/$m.json --weights $g/weights.safetensors --tokens $g/tokens.bin --backend cuda \
-       --out "$tmp/eval.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/eval.st" $g/expected.safetensors --rtol 1e-4 > "$tmp/diff" 2>&1; then
+       --out "$tmp/eval.st" > "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/eval.st" $g/expected.safetensors --rtol 1e-4 logits loss > "$tmp/diff" 2>&1; then
     ok "$m eval on CUDA: logits and loss within 1e-4 of PyTorch"
   else
     bad "$m eval on CUDA"; cat "$tmp/log"; grep FAIL "$tmp/diff" | head
