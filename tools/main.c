@@ -16,6 +16,7 @@ static const struct {
   {"compile", cmd_compile, "write a standalone training executable for a model spec"},
   {"data", cmd_data, "turn text files into a byte-level token shard"},
   {"diff", cmd_diff, "compare the tensors of two safetensors files (golden tests)"},
+  {"make-golden", cmd_make_golden, "write a golden folder for a model with PyTorch + transformers"},
   {"check", cmd_check, "run a golden folder on every backend and layout and compare"},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])

@@ -37,6 +37,7 @@ int cmd_train(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_make_golden(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 /* cmd_diff.c: max|a-b| / max|b| of two tensors (F32, F64, BF16, F16; B the reference);
    INFINITY where one holds a NaN the other does not; -1 with a message when the shapes or
