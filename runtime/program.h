@@ -161,4 +161,20 @@ void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *out);
 int rt_program_save(const RtProgram *p, unsigned char **bytes, size_t *n, char *err, size_t errlen);
 int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *err, size_t errlen);
 
+/* Sizes read from a program file, combined without overflow by the checks of both runtimes:
+   they saturate at INT64_MAX (or INT64_MIN), which no buffer's element count matches, so the
+   check refuses. */
+static inline int64_t rt_smul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? ((a < 0) != (b < 0) ? INT64_MIN : INT64_MAX) : r;
+}
+static inline int64_t rt_sadd(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? (a < 0 ? INT64_MIN : INT64_MAX) : r;
+}
+static inline int64_t rt_ssub(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_sub_overflow(a, b, &r) ? (a < 0 ? INT64_MIN : INT64_MAX) : r;
+}
+
 #endif

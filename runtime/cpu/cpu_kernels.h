@@ -30,21 +30,6 @@
 #include "runtime/program.h"
 #include "runtime/cpu/threadpool.h"
 
-/* ---- sizes read from a program file, combined without overflow: they saturate at
-   INT64_MAX (or INT64_MIN), which no buffer's element count matches, so the check refuses. */
-static inline int64_t rt_smul(int64_t a, int64_t b) {
-  int64_t r;
-  return __builtin_mul_overflow(a, b, &r) ? ((a < 0) != (b < 0) ? INT64_MIN : INT64_MAX) : r;
-}
-static inline int64_t rt_sadd(int64_t a, int64_t b) {
-  int64_t r;
-  return __builtin_add_overflow(a, b, &r) ? (a < 0 ? INT64_MIN : INT64_MAX) : r;
-}
-static inline int64_t rt_ssub(int64_t a, int64_t b) {
-  int64_t r;
-  return __builtin_sub_overflow(a, b, &r) ? (a < 0 ? INT64_MIN : INT64_MAX) : r;
-}
-
 /* ---- rounding to narrow float formats (bitwise as ir/types.c dtype_round) ---- */
 float rt_round(RtRound r, float x);
 void rt_round_buf(ThreadPool *tp, float *x, int64_t n, RtRound r);

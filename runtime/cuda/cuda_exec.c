@@ -205,7 +205,8 @@ static const RtBuf *global_evidence(const RtProgram *p, const RtGlobal *gl) {
       if (fn->rets[a].region == gl->region && fn->rets[a].offset == gl->offset && !fn->rets[a].is_int) return &fn->rets[a];
     for (int s = 0; s < fn->n_steps && fn->steps; s++) {
       const RtStep *st = &fn->steps[s];
-      int nb = st->n_in + st->n_out;
+      /* the counts are not checked yet (cuda_program_check asks this first): clamp them */
+      int64_t nb = rt_sadd(st->n_in < 0 ? 0 : st->n_in, st->n_out < 0 ? 0 : st->n_out);
       for (int b = 0; b < nb && b < RT_MAX_BUFS; b++)
         if (st->bufs[b].region == gl->region && st->bufs[b].offset == gl->offset && !st->bufs[b].is_int && st->bufs[b].n > 0)
           return &st->bufs[b];
@@ -268,7 +269,7 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
     return fail(err, errlen, 2, "GEMM %s: the result is held as %s but rounded to another format: store it in that format",
                 st->label, cuda_storage_name(c));
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
-  int64_t need[3] = {M * K, K * N, M * N}, stride[3] = {i[6], i[7], i[8]};
+  int64_t need[3] = {rt_smul(M, K), rt_smul(K, N), rt_smul(M, N)}, stride[3] = {i[6], i[7], i[8]};
   for (int k = 0; k < 3; k++)
     if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
         (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
@@ -313,7 +314,9 @@ int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
       case RT_STEP_KERNEL: {
         if (st->which < 0 || st->which >= p->n_kernels)
           return fail(err, errlen, 2, "@%s: step %d (%s) names no kernel of the module", fn->name, s, st->label);
-        uint64_t threads = (uint64_t)st->block[0] * st->block[1] * st->block[2];
+        uint64_t threads = st->block[0] > 1024 || st->block[1] > 1024 || st->block[2] > 1024
+                               ? UINT64_MAX   /* no product to wrap around */
+                               : (uint64_t)st->block[0] * st->block[1] * st->block[2];
         if (!st->grid[0] || !st->grid[1] || !st->grid[2] || !threads || threads > 1024 || st->grid[1] > 65535 ||
             st->grid[2] > 65535 || st->block[2] > 64)
           return fail(err, errlen, 2, "@%s: step %d (%s): bad launch dimensions grid %ux%ux%u block %ux%ux%u", fn->name,

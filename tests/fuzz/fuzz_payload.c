@@ -1,12 +1,14 @@
 /* tests/fuzz/fuzz_payload.c — what a compiled executable reads from its own file: the
  * payload and trailer (payload_parse, which payload_read_self runs over /proc/self/exe), the
- * settings JSON, and for a cpu payload the lowered program (rt_program_load) and the checks
- * cpu_program_init runs before anything executes (buffers inside their regions, builtin
- * sizes, GEMM extents).  The input is the tail of an executable: payload then trailer
+ * settings JSON, the lowered program (rt_program_load) of a cpu or cuda payload, and the
+ * checks both runtimes run before anything executes: cuda_program_check (what
+ * cuda_program_init runs before it touches a device) and cpu_program_init's (buffers inside
+ * their regions, builtin sizes, GEMM extents).  The input is the tail of an executable: payload then trailer
  * (offset 0).  Invariant: a refusal has a message; nothing reads outside the input.
  * Programs whose regions exceed 4 MiB are checked by rt_program_load only (the harness
  * would spend its time zeroing memory). */
 #include "runtime/cpu/cpu_exec.h"
+#include "runtime/cuda/cuda_exec.h"
 #include "runtime/program.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tools/tools.h"
@@ -29,10 +31,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_t *s = json_loadb((const char *)p.parts[0], p.sizes[0], 0, NULL);
     json_decref(s);
   }
-  if (p.n_parts == 3 || p.n_parts == 5) {   /* cpu: program, LLVM IR (, IR, "mesh") */
+  if (p.n_parts >= 3 && p.n_parts <= 5) {   /* cpu: program, LLVM IR (, IR, "mesh"); cuda: program, cubin, "cuda" */
     RtProgram prog;
     if (rt_program_load(p.parts[1], p.sizes[1], &prog, err, sizeof err)) {
       fuzz_check_message("rt_program_load", err);
+      return 0;
+    }
+    err[0] = 0;
+    if (cuda_program_check(&prog, err, sizeof err)) fuzz_check_message("cuda_program_check", err);
+    if (p.n_parts == 4) {
+      rt_program_free(&prog);
       return 0;
     }
     int64_t total = 0;

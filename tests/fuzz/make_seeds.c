@@ -4,7 +4,9 @@
  *
  *   cmake --build build --target fuzz_make_seeds loom
  *   build/loom compile tests/golden/gpt2-tiny/train_spec.json --backend cpu -o /tmp/exe-cpu
- *   build/fuzz_make_seeds tests/fuzz/corpus /tmp/exe-cpu
+ *   build/loom compile tests/golden/llama-tiny/train_spec.json --backend cpu --mesh dp=2 -o /tmp/exe-mesh
+ *   build/loom compile tests/golden/gpt2-tiny/train_spec.json --backend cuda --arch sm_90a -o /tmp/exe-cuda
+ *   build/fuzz_make_seeds tests/fuzz/corpus /tmp/exe-cpu /tmp/exe-mesh /tmp/exe-cuda
  *
  * Writes corpus/safetensors/, corpus/tokens/, corpus/checkpoint/ (in fuzz_checkpoint.c's
  * container format) and corpus/payload/ (the tail of each executable given: payload and

@@ -45,7 +45,8 @@ one() {   # harness: replay, then fuzz; writes $LOGS/NAME.result
   mkdir -p "$regress"
   local files
   files=$(find "$corpus" "$regress" -type f 2> /dev/null | wc -l)
-  if ! "$bin" -runs=0 -timeout=30 -rss_limit_mb=4096 "$corpus" "$regress" > "$LOGS/$h.replay" 2>&1; then
+  if ! "$bin" -runs=0 -timeout=30 -rss_limit_mb=4096 -artifact_prefix="$FINDINGS/$name-" "$corpus" "$regress" \
+      > "$LOGS/$h.replay" 2>&1; then
     echo "FAIL $h: replaying $files corpus and regression files" > "$LOGS/$h.result"
     grep -E -m 12 'ERROR|SUMMARY|invariant|Test unit written|runtime error' "$LOGS/$h.replay" | sed 's/^/    /' >> "$LOGS/$h.result"
     return
