@@ -31,20 +31,25 @@ def die(msg, code=2):
     sys.exit(code)
 
 
-try:
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-except ImportError as e:
-    die("%s needs PyTorch and numpy (%s): %s" % (sys.executable, e, INSTALL))
-try:
-    import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-except ImportError as e:
-    die("%s has no Hugging Face transformers (%s): %s" % (sys.executable, e, INSTALL))
+def import_packages():
+    """numpy, torch, transformers and tests/golden/gen_golden.py's helpers (writers, parameter
+    shapes and init, lr schedule), imported once the spec has been read, so that a bad spec
+    is reported as such whatever the python has."""
+    global np, torch, F, transformers, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, gg
+    try:
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+    except ImportError as e:
+        die("%s needs PyTorch and numpy (%s): %s" % (sys.executable, e, INSTALL))
+    try:
+        import transformers
+        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        die("%s has no Hugging Face transformers (%s): %s" % (sys.executable, e, INSTALL))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
+    import gen_golden as gg
 
-sys.path.insert(0, os.path.join(ROOT, "tests", "golden"))
-import gen_golden as gg  # noqa: E402  (writers, parameter shapes and init, lr schedule)
 
 DEFAULTS = dict(batch=4, steps=3, grad_accum=1, lr=3e-4, min_lr=0.0, warmup=0, weight_decay=0.1,
                 beta1=0.9, beta2=0.95, eps=1e-8, grad_clip=1.0)
@@ -81,6 +86,13 @@ def load_spec(path):
 def hf_model(cfg, path):
     mt = cfg.get("model_type")
     keys = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    try:
+        return build(mt, keys)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        die("%s: transformers %s cannot build this %s config: %s" % (path, transformers.__version__, mt, e))
+
+
+def build(mt, keys):
     if mt == "gpt2":
         c = GPT2Config(**keys)
         c.attn_pdrop = c.embd_pdrop = c.resid_pdrop = 0.0
@@ -91,7 +103,52 @@ def hf_model(cfg, path):
         c.attention_dropout = 0.0
         c._attn_implementation = "eager"
         return LlamaForCausalLM(c), ""
-    die("%s: model_type '%s': make-golden writes goldens for gpt2 and llama" % (path, mt))
+
+
+def llama_float64(model, model_cfg, path):
+    """transformers' Llama computes three things in float32 whatever the model's dtype (they
+    are meant for half precision): RoPE's inv_freq, angles and cos/sin (an angle t*inv_freq
+    near t = 1000 is then off by ~6e-5), RMSNorm, and the eager attention's softmax.  The
+    golden is float64 throughout, so these are redone here with transformers' own formulas
+    (default RoPE with attention_scaling 1; x * rsqrt(mean(x^2) + eps) * w; the eager
+    attention with repeat_kv) without the float32 casts."""
+    from transformers.models.llama import modeling_llama as ml
+    rot = model.model.rotary_emb
+    if rot.rope_type != "default":
+        die("%s: rope type '%s': make-golden writes goldens for the default RoPE only" % (path, rot.rope_type))
+    c = model.config
+    base = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", None))
+    want = (model_cfg.get("rope_parameters") or {}).get("rope_theta", model_cfg.get("rope_theta", 10000.0))
+    if base is None or float(base) != float(want):
+        die("%s: rope_theta is %s in the config but transformers %s reads %s: use a newer transformers"
+            % (path, want, transformers.__version__, base))
+    dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    rot.inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+    def rope(x, position_ids):
+        freqs = position_ids[..., None].to(torch.float64) * rot.inv_freq.to(device=x.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * rot.attention_scaling).to(x.dtype), (emb.sin() * rot.attention_scaling).to(x.dtype)
+
+    rot.forward = rope
+
+    def rmsnorm(m):
+        return lambda h: m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
+
+    for m in model.modules():
+        if isinstance(m, ml.LlamaRMSNorm):
+            m.forward = rmsnorm(m)
+
+    def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        k = ml.repeat_kv(key, module.num_key_value_groups)
+        v = ml.repeat_kv(value, module.num_key_value_groups)
+        w = torch.matmul(query, k.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            w = w + attention_mask
+        w = torch.nn.functional.softmax(w, dim=-1)
+        return torch.matmul(w, v).transpose(1, 2).contiguous(), w
+
+    ml.eager_attention_forward = eager
 
 
 def main(argv):
@@ -104,28 +161,51 @@ def main(argv):
     if a.steps is not None and a.steps < 0:
         die("--steps must be >= 0")
     cfg, spec = load_spec(a.spec)
-    V = int(cfg.get("vocab_size", 0))
-    P_max = int(cfg.get("n_positions") or cfg.get("max_position_embeddings") or 1024)
-    B = int(spec.get("batch", DEFAULTS["batch"]))
-    T = int(spec.get("seq", min(1024, P_max)))
-    tr = {k: spec.get(k, DEFAULTS[k]) for k in TRAIN_KEYS}
-    tr["steps"] = a.steps if a.steps is not None else int(spec.get("steps", DEFAULTS["steps"]))
-    if B < 1 or T < 1 or V < 1 or T > P_max:
-        die("%s: batch %d, seq %d, vocab %d, positions %d: need batch, seq, vocab >= 1 and seq <= positions"
-            % (a.spec, B, T, V, P_max))
+    if cfg.get("model_type") not in ("gpt2", "llama"):
+        die("%s: model_type '%s': make-golden writes goldens for gpt2 and llama" % (a.spec, cfg.get("model_type")))
+
+    def num(src, key, default, kind, lo):
+        v = src.get(key, default)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= lo and (kind is float or v == int(v))
+        if not ok:
+            die("%s: \"%s\" is %s: expected %s >= %s" % (a.spec, key, json.dumps(v),
+                "a whole number" if kind is int else "a number", lo))
+        return kind(v)
+
+    P_max = cfg.get("n_positions") or cfg.get("max_position_embeddings")
+    P_max = num({"positions": P_max or (1024 if cfg["model_type"] == "gpt2" else 2048)}, "positions", 0, int, 1)
+    V = num(cfg, "vocab_size", None, int, 1)
+    B = num(spec, "batch", DEFAULTS["batch"], int, 1)
+    T = num(spec, "seq", min(1024, P_max), int, 1)
+    tr = {k: num(spec, k, DEFAULTS[k], int if k in ("grad_accum", "warmup") else float, 1 if k == "grad_accum" else 0)
+          for k in TRAIN_KEYS}
+    tr["steps"] = a.steps if a.steps is not None else num(spec, "steps", DEFAULTS["steps"], int, 0)
+    if cfg["model_type"] == "gpt2" and T > P_max:
+        die("%s: seq %d is longer than the model's %d positions (n_positions)" % (a.spec, T, P_max))
+    import_packages()
+    try:
+        shapes = gg.gpt2_param_shapes(cfg) if cfg["model_type"] == "gpt2" else gg.llama_param_shapes(cfg)
+    except KeyError as e:
+        die("%s: the %s config has no %s" % (a.spec, cfg["model_type"], e))
     torch.set_num_threads(1)
     torch.manual_seed(a.seed)
     model, prefix = hf_model(cfg, a.spec)
     model = model.double()
     model.eval()  # no dropout; gradients still flow
+    if model.config._attn_implementation != "eager":
+        die("internal: transformers chose attention '%s', not eager" % model.config._attn_implementation, 1)
+    if cfg["model_type"] == "llama":
+        llama_float64(model, cfg, a.spec)
 
     rng = np.random.default_rng(a.seed)
-    shapes = gg.gpt2_param_shapes(cfg) if cfg["model_type"] == "gpt2" else gg.llama_param_shapes(cfg)
     named = gg.init_params(shapes, rng)
     n_tok = max(B * T + 1, tr["steps"] * tr["grad_accum"] * B * T + 1)
     tokens = rng.integers(0, V, size=n_tok)
     wide = V > 65536
-    os.makedirs(a.out, exist_ok=True)
+    try:
+        os.makedirs(a.out, exist_ok=True)
+    except OSError as e:
+        die("cannot create the folder %s: %s" % (a.out, e.strerror))
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
         f.write("\n")

@@ -21,7 +21,8 @@ expect_stderr_contains "none.json: no such file"
 expect_exit 2 "bad --steps" "$LOOM" make-golden models/gpt2-tiny.json -o "$TMP/g" --steps -1
 expect_stderr_contains "--steps needs a whole number >= 0"
 
-# A python that cannot import torch or transformers (no site-packages at all).
+# A python that cannot import torch or transformers (no site-packages at all).  The spec is
+# read before the packages are needed, so a bad spec is still reported as one.
 if command -v python3 > /dev/null; then
   printf '#!/bin/sh\nexec python3 -I -S "$@"\n' > "$TMP/bare-python"
   chmod +x "$TMP/bare-python"
@@ -29,7 +30,31 @@ if command -v python3 > /dev/null; then
     models/gpt2-tiny.json -o "$TMP/g"
   expect_stderr_contains "pip install torch transformers numpy"
   expect_stderr_contains "LOOM_PYTHON="
+  check "  and it wrote nothing" test ! -e "$TMP/g"
+  printf '{"model_type": "mistral", "vocab_size": 100}\n' > "$TMP/mistral.json"
+  LOOM_PYTHON=$TMP/bare-python expect_exit 2 "a model_type other than gpt2 and llama" "$LOOM" make-golden \
+    "$TMP/mistral.json" -o "$TMP/g"
+  expect_stderr_contains "mistral.json: model_type 'mistral': make-golden writes goldens for gpt2 and llama"
+  printf '{"model_type": "gpt2",\n' > "$TMP/broken.json"
+  LOOM_PYTHON=$TMP/bare-python expect_exit 2 "a spec that is not JSON" "$LOOM" make-golden "$TMP/broken.json" -o "$TMP/g"
+  expect_stderr_contains "broken.json: not JSON"
+  printf '{"model": "missing/config.json"}\n' > "$TMP/spec.json"
+  LOOM_PYTHON=$TMP/bare-python expect_exit 2 "a run spec whose model file is missing" "$LOOM" make-golden \
+    "$TMP/spec.json" -o "$TMP/g"
+  expect_stderr_contains "spec.json: \"model\" names $TMP/missing/config.json, which cannot be read"
+  printf '{"model": "%s/tests/golden/gpt2-tiny/config.json", "batch": "two"}\n' "$PWD" > "$TMP/spec.json"
+  LOOM_PYTHON=$TMP/bare-python expect_exit 2 "a run spec with a bad batch" "$LOOM" make-golden "$TMP/spec.json" -o "$TMP/g"
+  expect_stderr_contains 'spec.json: "batch" is "two": expected a whole number >= 1'
 fi
+# A python with torch but without transformers (Debian's python3-torch), when there is one.
+for py in /usr/bin/python3 python3; do
+  if "$py" -c 'import numpy, torch' 2> /dev/null && ! "$py" -c 'import transformers' 2> /dev/null; then
+    LOOM_PYTHON=$py expect_exit 2 "$py: torch but no transformers" "$LOOM" make-golden models/gpt2-tiny.json -o "$TMP/g"
+    expect_stderr_contains "has no Hugging Face transformers"
+    expect_stderr_contains "pip install torch transformers numpy"
+    break
+  fi
+done
 LOOM_PYTHON=$TMP/no-such-python expect_exit 2 "LOOM_PYTHON that does not exist" "$LOOM" make-golden \
   models/gpt2-tiny.json -o "$TMP/g"
 expect_stderr_contains "cannot run $TMP/no-such-python"
@@ -39,15 +64,32 @@ expect_stderr_contains "generator script $TMP/none.py is missing"
 
 if [ -n "${LOOM_TEST_PYTHON:-}" ]; then
   for m in gpt2-tiny llama-tiny llama-tiny-tied; do
+    G=$TMP/$m
     LOOM_PYTHON=$LOOM_TEST_PYTHON expect_exit 0 "make-golden for $m's config, 2 steps" "$LOOM" make-golden \
-      tests/golden/$m/train_spec.json -o "$TMP/$m" --steps 2
+      tests/golden/$m/train_spec.json -o "$G" --steps 2
     check "  the folder holds config.json, weights.safetensors, tokens.bin, golden.json, expected.safetensors" \
-      sh -c "cd '$TMP/$m' && ls config.json weights.safetensors tokens.bin golden.json expected.safetensors > /dev/null"
-    expect_exit 0 "  loom check passes it on ref and cpu, one rank and dp=2" "$LOOM" check "$TMP/$m" --backend ref,cpu \
+      sh -c "cd '$G' && ls config.json weights.safetensors tokens.bin golden.json expected.safetensors > /dev/null"
+    check "  golden.json: batch 2, seq 32, 2 steps, grad_accum 2 (the run spec's)" \
+      sh -c "tr -d ' \n' < '$G/golden.json' | grep -q '\"batch\":2,\"seq\":32,\"steps\":2,\"grad_accum\":2,'"
+    if [ $m = gpt2-tiny ]; then
+      expect_exit 0 "  expected.safetensors lists its tensors" "$LOOM" diff "$G/expected.safetensors" \
+        "$G/expected.safetensors"
+      for t in logits loss grad.wte.weight grad.h.1.attn.c_attn.bias wte.weight losses grad_norms lrs; do
+        expect_stdout_contains "PASS  $t "
+      done
+      expect_exit 0 "  loom eval on the folder's config, weights and tokens" "$LOOM" eval "$G/config.json" \
+        --weights "$G/weights.safetensors" --tokens "$G/tokens.bin" --batch 2 --seq 32 --grads --out "$TMP/eval.st"
+      expect_exit 0 "  its logits and loss are transformers' within 1e-5" "$LOOM" diff "$TMP/eval.st" \
+        "$G/expected.safetensors" logits loss --rtol 1e-5
+      # (the other way round, so that every tensor of eval.st is compared: logits, loss, grad.*)
+      expect_exit 0 "  and its gradients within 1e-4" "$LOOM" diff "$G/expected.safetensors" "$TMP/eval.st" --rtol 1e-4
+      expect_stdout_contains "PASS  grad.h.0.attn.c_attn.weight "
+    fi
+    expect_exit 0 "  loom check passes it on ref and cpu, one rank and dp=2" "$LOOM" check "$G" --backend ref,cpu \
       --mesh dp=2
     sed 's/^/    | /' "$OUT"
   done
 else
-  echo "SKIP the full make-golden run: set LOOM_TEST_PYTHON to a python with torch, transformers and numpy"
+  echo "SKIP full make-golden run: set LOOM_TEST_PYTHON to a python with torch and transformers"
 fi
 finish
