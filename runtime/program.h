@@ -177,4 +177,10 @@ static inline int64_t rt_ssub(int64_t a, int64_t b) {
   return __builtin_sub_overflow(a, b, &r) ? (a < 0 ? INT64_MIN : INT64_MAX) : r;
 }
 
+/* offset + sz * n <= size without overflow (all from a program file; sz > 0): a buffer of n
+   elements of sz bytes at offset lies inside a region of size bytes. */
+static inline bool rt_fits(int64_t offset, int64_t n, int64_t sz, int64_t size) {
+  return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / sz;
+}
+
 #endif

@@ -38,15 +38,10 @@ static void *buf_addr(const CpuProgram *cp, int func, const RtBuf *b) {
 
 /* ---------------------------------------------------------------- checking the program */
 
-/* offset + 4 * n <= size, without overflow (all three from the program file). */
-static bool fits(int64_t offset, int64_t n, int64_t size) {
-  return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / 4;
-}
-
 static int check_buf(const CpuProgram *cp, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
   const char *fn = cp->p->funcs[func].name;
   if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset % 4 ||
-      !fits(b->offset, b->n, region_size(cp, func, b->region))) {
+      !rt_fits(b->offset, b->n, 4, region_size(cp, func, b->region))) {
     snprintf(err, errlen, "@%s: %s: buffer (region %d, offset %lld, %lld elements) is outside its region", fn, what,
              b->region, (long long)b->offset, (long long)b->n);
     return 2;
@@ -81,7 +76,7 @@ static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *er
   for (int g = 0; g < p->n_globals; g++) {
     const RtGlobal *gl = &p->globals[g];
     if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || gl->offset < 0 || gl->offset % 4 ||
-        !fits(gl->offset, gl->n, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
+        !rt_fits(gl->offset, gl->n, 4, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
       return fail(err, errlen, 2, "global $%s (%d) is outside its region", gl->name, g);
   }
   for (int k = 0; k < p->n_kernels; k++)

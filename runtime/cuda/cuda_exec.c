@@ -224,11 +224,6 @@ RtStorage cuda_global_storage(const RtProgram *p, int g) {
 
 /* ------------------------------------------------------------------ checking */
 
-/* offset + sz * n <= size, without overflow (all from the program file; sz > 0). */
-static bool fits(int64_t offset, int64_t n, int64_t sz, int64_t size) {
-  return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / sz;
-}
-
 static int64_t region_size(const RtProgram *p, int func, int region) {
   return region == RT_REGION_ARENA ? p->funcs[func].arena_bytes : p->region_bytes[region];
 }
@@ -241,7 +236,7 @@ static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *w
     return fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
                 cuda_storage_name((RtStorage)b->storage));
   if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz ||
-      !fits(b->offset, b->n, sz, region_size(p, func, b->region)))
+      !rt_fits(b->offset, b->n, sz, region_size(p, func, b->region)))
     return fail(err, errlen, 2,
                 "@%s: %s: buffer (region %d, offset %lld, %lld %s elements) is outside its region or misaligned", fn,
                 what, b->region, (long long)b->offset, (long long)b->n, cuda_storage_name((RtStorage)b->storage));
@@ -288,7 +283,7 @@ int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
     RtStorage s = cuda_global_storage(p, g);
     int sz = cuda_storage_size(s);
     if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
-        gl->offset % sz || !fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) ||
+        gl->offset % sz || !rt_fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) ||
         gl->rank < 0 || gl->rank > 8)
       return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
                   cuda_storage_name(s));

@@ -20,6 +20,7 @@
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/io/tokens.h"
+#include "tools/tools.h"
 
 static const char *out_dir;
 static char err[2048];
@@ -119,11 +120,6 @@ static void checkpoint_seeds(void) {
 
 /* The payload of a compiled executable, rebuilt with offset 0 and the large text parts (the
    LLVM IR, the IR) emptied: the harness does not read them, and small seeds fuzz faster. */
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
 static void put_u64(FILE *o, uint64_t v) {
   for (int i = 0; i < 8; i++) fputc((int)(v >> (8 * i)) & 255, o);
 }
@@ -131,23 +127,17 @@ static void put_u64(FILE *o, uint64_t v) {
 static void payload_seed(const char *exe, int k) {
   size_t n;
   uint8_t *b = slurp(exe, &n);
-  if (n < 24 || memcmp(b + n - 24, "LOOMPAY1", 8)) {
-    snprintf(err, sizeof err, "no LOOMPAY1 trailer");
-    die(exe);
-  }
-  const uint8_t *at = b + get_u64(b + n - 16);
-  uint64_t count = get_u64(at);
-  at += 8;
+  Payload p;
+  memset(&p, 0, sizeof p);
+  if (payload_parse(&p, b, n, err, sizeof err)) die(exe);
   char *buf = NULL;
   size_t len = 0;
   FILE *o = open_memstream(&buf, &len);
-  put_u64(o, count);
-  for (uint64_t i = 0; i < count; i++) {
-    uint64_t sz = get_u64(at);
-    bool keep = i < 2 || sz < 256;
-    put_u64(o, keep ? sz : 0);
-    if (keep) fwrite(at + 8, 1, sz, o);
-    at += 8 + sz;
+  put_u64(o, (uint64_t)p.n_parts);
+  for (int i = 0; i < p.n_parts; i++) {
+    bool keep = i < 2 || p.sizes[i] < 256;
+    put_u64(o, keep ? p.sizes[i] : 0);
+    if (keep) fwrite(p.parts[i], 1, p.sizes[i], o);
   }
   uint64_t size = (uint64_t)ftell(o);
   fwrite("LOOMPAY1", 1, 8, o);
