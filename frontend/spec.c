@@ -3,8 +3,10 @@
  * config.json is a spec with every setting at its default. Unknown keys are errors with a
  * "did you mean", since a silently ignored typo trains with the wrong settings. */
 #include "frontend/config.h"
+#include "ir/ir.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,7 +17,7 @@ static const char *const SPEC_KEYS[] = {
     "model", "batch",        "seq",   "steps",     "grad_accum", "lr",   "min_lr", "warmup",
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
     "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
-    "bucket_mb", "vocab_multiple",
+    "bucket_mb", "vocab_multiple", "pp_schedule", "pp_virtual", "pp_split",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -34,7 +36,9 @@ static const struct {
     {"config", "model"},         {"train_data", "data"},         {"dp", "mesh"},
     {"tp", "mesh"},              {"cp", "mesh"},                 {"pp", "mesh"},
     {"ep", "mesh"},              {"bucket_cap_mb", "bucket_mb"}, {"bucket_size", "bucket_mb"},
-    {"make_vocab_size_divisible_by", "vocab_multiple"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
+    {"make_vocab_size_divisible_by", "vocab_multiple"}, {"pipeline_schedule", "pp_schedule"},
+    {"virtual_pipeline_model_parallel_size", "pp_virtual"}, {"num_virtual_stages", "pp_virtual"},
+    {"pipeline_split", "pp_split"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
 };
 
 static const char *const AXES[MESH_AXES] = {"dp", "tp", "cp", "pp", "ep"};
@@ -323,6 +327,45 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
 #undef INT
 #undef NUM
 #undef PATH
+  if (strcmp(key, "pp_schedule") == 0) {
+    const char *p = json_is_string(v) ? json_string_value(v) : NULL;
+    int k = p ? pipe_kind_parse(p) : -1;
+    if (k < 0)
+      return bad(r, key, "\"afab\", \"1f1b\", \"interleaved\", \"zb-h1\" or \"dualpipev\"", v,
+                 "name a pipeline schedule (1f1b is the default)");
+    s->pp_schedule = k;
+    return 0;
+  }
+  if (strcmp(key, "pp_virtual") == 0)
+    return int_setting(r, key, v, 1, 64, "an integer from 1 to 64",
+                       "set it to the model chunks per pipeline rank (2 or more needs \"pp_schedule\": \"interleaved\")",
+                       &s->pp_virtual);
+  if (strcmp(key, "pp_split") == 0) {
+    /* [0, 6, 12, 18] or "0,6,12,18": the first layer of every chunk */
+    const char *fix = "give the first layer of every pipeline chunk, starting at 0, e.g. [0, 6, 12, 18]";
+    int n = 0;
+    if (json_is_array(v)) {
+      if (json_array_size(v) < 1 || json_array_size(v) > 256) return bad(r, key, "1 to 256 layer numbers", v, fix);
+      for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0) return bad(r, key, "non-negative integers", v, fix);
+        s->pp_split[n++] = json_integer_value(e);
+      }
+    } else if (json_is_string(v) || json_is_integer(v)) {
+      char buf[2048];
+      if (json_is_integer(v)) snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
+      else snprintf(buf, sizeof buf, "%s", json_string_value(v));
+      for (char *p = buf, *end; *p; p = *end ? end + 1 : end) {
+        long long x = strtoll(p, &end, 10);
+        if (end == p || (*end && *end != ',') || x < 0 || n == 256) return bad(r, key, "comma-separated layer numbers", v, fix);
+        s->pp_split[n++] = x;
+      }
+    } else {
+      return bad(r, key, "an array of layer numbers", v, fix);
+    }
+    s->n_pp_split = n;
+    return 0;
+  }
   if (strcmp(key, "sequence_parallel") == 0) {
     if (!json_is_boolean(v))
       return bad(r, key, "true or false", v, "set it to true to split norms and residuals along the sequence over tp");
@@ -516,6 +559,10 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
   if (pp > m->n_layer)
     FAIL("%s: key \"mesh.pp\": %lld pipeline stages for %lld layers leaves stages empty; set pp "
          "to at most %lld", f, (long long)pp, (long long)m->n_layer, (long long)m->n_layer);
+  int64_t virt = s->pp_virtual ? s->pp_virtual : (s->pp_schedule == PIPE_INTERLEAVED || s->pp_schedule == PIPE_DUALPIPEV ? 2 : 1);
+  if (pp > 1 && pp * virt > m->n_layer)
+    FAIL("%s: key \"pp_virtual\": pp = %lld x %lld chunks per rank needs %lld layers, and the model has %lld; "
+         "lower pp_virtual or pp", f, (long long)pp, (long long)virt, (long long)(pp * virt), (long long)m->n_layer);
   if (s->mesh[MESH_EP] != 1)
     FAIL("%s: key \"mesh.ep\": expert parallelism (ep = %lld) needs a mixture-of-experts model, "
          "and %s is dense (mixture-of-experts is not yet supported); set ep to 1", f,

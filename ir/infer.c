@@ -330,6 +330,23 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     for (int r = 0; r < 3; r++) out[r] = type_make(op->operands[r]->type.dtype, x->rank, x->dims);
     return 0;
   }
+  case OP_SEND:
+  case OP_RECV: {
+    int axis = mesh_axis_parse(op_attr(op, "axis")->s);
+    if (axis < 0) return fail(err, errlen, "axis '%s' is not a mesh axis (dp, tp, cp, pp, ep)", op_attr(op, "axis")->s);
+    int64_t n = op_int(op, "n"), peer = op_int(op, "peer");
+    if (n < 2) return fail(err, errlen, "point-to-point needs an axis of 2 or more ranks (n=%lld)", (long long)n);
+    if (peer < 0 || peer >= n) return fail(err, errlen, "peer %lld is not a coordinate of %s=%lld", (long long)peer,
+                                           mesh_axis_names[axis], (long long)n);
+    if (op_int(op, "tag") < 0) return fail(err, errlen, "tag must be 0 or more");
+    if (op->kind == OP_SEND) {
+      if (!dtype_is_float(x->dtype)) return fail(err, errlen, "send moves float values, not %s", TS(x));
+      return 0;
+    }
+    r = op->results[0]->type;
+    if (!dtype_is_float(r.dtype)) return fail(err, errlen, "recv moves float values, not %s", TS(&r));
+    break;
+  }
   case OP_ALL_REDUCE:
   case OP_ALL_GATHER:
   case OP_REDUCE_SCATTER:

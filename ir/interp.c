@@ -135,6 +135,20 @@ static void rechunk(float *dst, const float *src, int64_t n, int64_t outer, int6
 static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *err, size_t errlen) {
   int axis = mesh_axis_parse(op_attr(op, "axis")->s);
   int64_t n = op_int(op, "n");
+  if (op->kind == OP_SEND || op->kind == OP_RECV) {
+    bool send = op->kind == OP_SEND;
+    if (!comm || !(send ? comm->send : comm->recv)) {
+      snprintf(err, errlen, "%s needs a partner on %s, but the program runs without point-to-point transfers",
+               send ? "send" : "recv", mesh_axis_names[axis]);
+      return IR_ERUN;
+    }
+    int peer = (int)op_int(op, "peer");
+    int64_t tag = op_int(op, "tag");
+    int rc = send ? comm->send(comm, axis, peer, tag, x->f, x->n) : comm->recv(comm, axis, peer, tag, y->f, y->n);
+    if (rc) snprintf(err, errlen, "%s with %s rank %d failed (another rank failed, or the sizes differ)",
+                     send ? "send" : "recv", mesh_axis_names[axis], peer);
+    return rc ? IR_ERUN : 0;
+  }
   if (n > 1 && !comm) {
     snprintf(err, errlen, "this collective runs over %s=%lld ranks, but the program runs as one rank", mesh_axis_names[axis],
              (long long)n);
@@ -273,7 +287,7 @@ int interp_run_comm(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets,
         tensor_free(res[r]);
       }
     } else if (op_info(op->kind)->cls == CLASS_COLLECTIVE) {
-      rc = collective(op, in[0], out[0], comm, msg, sizeof msg);
+      rc = collective(op, op->n_operands ? in[0] : NULL, op->n_results ? out[0] : NULL, comm, msg, sizeof msg);
     } else {
       rc = interp_op_rank(op, in, out, comm ? comm->coord : NULL, msg, sizeof msg);
     }

@@ -108,7 +108,8 @@ enum {
   OPF_FLOAT_ONLY = 1 << 2,
   OPF_W1 = 1 << 3,           /* writes operand 0 (a global) */
   OPF_W3 = 1 << 4,           /* writes operands 0, 1 and 2 (globals) */
-  OPF_EFFECT = OPF_W1 | OPF_W3,
+  OPF_SIDE = 1 << 5,         /* talks to another rank (send, recv): never removed, merged or moved */
+  OPF_EFFECT = OPF_W1 | OPF_W3 | OPF_SIDE,
 };
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_BOOL, ATTR_INTS, ATTR_DTYPE, ATTR_STR, ATTR_FUNC } AttrKind;
@@ -205,12 +206,27 @@ struct Func {
   PtrVec rets;          /* Value* */
 };
 
+/* Pipeline parallelism: set by the pipeline pass (passes/pipeline.c), printed as
+   `pipeline "1f1b" virtual=1 micro=4 chunks=2`.  The per-chunk functions @fwd.cK, @bwd.cK
+   (zero-bubble schedules: @bwd_b.cK and @bwd_w.cK) and @optimizer_step.sR were made for
+   this schedule; the ordered actions of every pp rank follow from it (ir/schedule.h). */
+typedef enum { PIPE_NONE, PIPE_AFAB, PIPE_1F1B, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_DUALPIPEV, PIPE_COUNT } PipeKind;
+extern const char *const pipe_kind_names[PIPE_COUNT];   /* "", "afab", "1f1b", "interleaved", "zb-h1", "dualpipev" */
+int pipe_kind_parse(const char *s);                      /* PIPE_* or -1 */
+typedef struct {
+  int kind;             /* PipeKind; PIPE_NONE: not pipelined */
+  int64_t virt;         /* chunks per pp rank */
+  int64_t micro;        /* micro-batches per step (grad_accum) */
+  int64_t chunks;       /* pp x virt */
+} PipeInfo;
+
 struct Module {
   Arena *arena;
   const char *name;
   bool local;           /* partitioned by the shard pass: shapes are per rank */
   const char *source;   /* file it was parsed from, for messages; NULL if built */
   Mesh mesh;
+  PipeInfo pipe;
   PtrVec globals;       /* Global* */
   PtrVec funcs;         /* Func* */
 };
@@ -331,6 +347,9 @@ struct IrComm {
   int (*all_gather)(IrComm *c, int axis, const float *in, float *out, int64_t n); /* out: size*n, rank order */
   int (*reduce_scatter)(IrComm *c, int axis, const float *in, float *out, int64_t n_out); /* in: size*n_out */
   int (*all_to_all)(IrComm *c, int axis, const float *in, float *out, int64_t n_chunk);   /* size chunks each way */
+  /* Point-to-point with the rank at coordinate `peer` on `axis` (NULL where no program sends). */
+  int (*send)(IrComm *c, int axis, int peer, int64_t tag, const float *buf, int64_t n);
+  int (*recv)(IrComm *c, int axis, int peer, int64_t tag, float *buf, int64_t n);
 };
 /* interp_run for one rank; comm may be NULL when every collective axis has size 1. */
 int interp_run_comm(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets, IrComm *comm, char *err,

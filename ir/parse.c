@@ -590,7 +590,7 @@ static int parse_top(Parser *ps) {
   if (tok_word(ps, "mesh")) {
     next(ps);
     bool seen[AX_COUNT] = {0};
-    while (tok_is(ps, TK_IDENT) && !tok_word(ps, "param") && !tok_word(ps, "state") && !tok_word(ps, "func") &&
+    while (tok_is(ps, TK_IDENT) && !tok_word(ps, "param") && !tok_word(ps, "state") && !tok_word(ps, "func") && !tok_word(ps, "pipeline") &&
            !tok_word(ps, "kernel")) {
       if (tok_word(ps, "local")) {   /* partitioned: shapes are per rank */
         ps->m->local = true;
@@ -609,6 +609,30 @@ static int parse_top(Parser *ps) {
       if (parse_int(ps, &ps->m->mesh.size[axis], "the axis size")) return IR_EINPUT;
       if (ps->m->mesh.size[axis] < 1) return error_at(ps, &at, "mesh axis sizes must be at least 1");
     }
+  }
+  if (tok_word(ps, "pipeline")) {   /* pipeline "1f1b" virtual=1 micro=4 chunks=2 */
+    next(ps);
+    if (!tok_is(ps, TK_STRING)) return expected(ps, "a quoted schedule name (\"afab\", \"1f1b\", \"interleaved\", \"zb-h1\", \"dualpipev\")");
+    char *name = arena_strndup(ps->m->arena, ps->tok.s + 1, ps->tok.n - 2);
+    if ((ps->m->pipe.kind = pipe_kind_parse(name)) < 0)
+      return error_at(ps, &ps->tok, "unknown pipeline schedule (afab, 1f1b, interleaved, zb-h1 or dualpipev)");
+    next(ps);
+    const char *keys[3] = {"virtual", "micro", "chunks"};
+    int64_t *dst[3] = {&ps->m->pipe.virt, &ps->m->pipe.micro, &ps->m->pipe.chunks};
+    for (int k = 0; k < 3; k++) {
+      if (!tok_word(ps, keys[k])) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "'%s='", keys[k]);
+        return expected(ps, buf);
+      }
+      next(ps);
+      if (expect(ps, TK_EQ, "'='")) return IR_EINPUT;
+      Tok at = ps->tok;
+      if (parse_int(ps, dst[k], keys[k])) return IR_EINPUT;
+      if (*dst[k] < 1 || *dst[k] > 1 << 20) return error_at(ps, &at, "must be between 1 and 2^20");
+    }
+    if (ps->m->pipe.chunks != ps->m->pipe.virt * ps->m->mesh.size[AX_PP])
+      return error_at(ps, &ps->tok, "chunks must be pp x virtual");
   }
   while (tok_word(ps, "param") || tok_word(ps, "state"))
     if (parse_global(ps)) return IR_EINPUT;

@@ -186,6 +186,9 @@ void print_module(FILE *out, const Module *m) {
   fprintf(out, "module @%s {\n  mesh", m->name);
   for (int a = 0; a < AX_COUNT; a++) fprintf(out, " %s=%lld", mesh_axis_names[a], (long long)m->mesh.size[a]);
   fputs(m->local ? " local\n" : "\n", out);
+  if (m->pipe.kind)
+    fprintf(out, "  pipeline \"%s\" virtual=%lld micro=%lld chunks=%lld\n", pipe_kind_names[m->pipe.kind],
+            (long long)m->pipe.virt, (long long)m->pipe.micro, (long long)m->pipe.chunks);
   if (m->globals.n) fputc('\n', out);
   for (int i = 0; i < m->globals.n; i++) {
     const Global *g = m->globals.items[i];

@@ -155,6 +155,14 @@ void type_fprint(FILE *f, const Type *t) {
   fputs(type_str(t, buf, sizeof buf), f);
 }
 
+const char *const pipe_kind_names[PIPE_COUNT] = {"", "afab", "1f1b", "interleaved", "zb-h1", "dualpipev"};
+
+int pipe_kind_parse(const char *s) {
+  for (int k = 1; k < PIPE_COUNT; k++)
+    if (s && !strcmp(s, pipe_kind_names[k])) return k;
+  return -1;
+}
+
 int mesh_axis_parse(const char *name) {
   for (int a = 0; a < AX_COUNT; a++)
     if (name && !strcmp(name, mesh_axis_names[a])) return a;

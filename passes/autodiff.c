@@ -371,6 +371,8 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   int rc = 0;
   if (loss->kind == VAL_RESULT && ad.needs[loss->id]) {
     ad.adj[loss->id] = constant(&ad, loss->type, 1.0 / (double)(ts->grad_accum > 0 ? ts->grad_accum : 1));
+    /* The backward starts here: the pipeline pass finds the seed by this name. */
+    value_set_name(m, ad.adj[loss->id], "loss_seed");
     for (int i = n_fwd - 1; i >= 0 && !rc; i--) {
       Op *op = f->ops.items[i];
       Value *dy[8];

@@ -16,9 +16,10 @@
 
 #include "passes/passes.h"
 
-static void count(const Func *f, double *mm, double *attn) {
-  for (int i = 0; i < f->ops.n; i++) {
-    const Op *op = f->ops.items[i];
+static void count(const Func *f, double *mm, double *attn);
+
+static void count_op(const Op *op, double *mm, double *attn) {
+  {
     if (op->kind == OP_MATMUL) {
       const Type *a = &op->operands[0]->type, *c = &op->results[0]->type;
       int64_t M = c->dims[c->rank - 2], N = c->dims[c->rank - 1];
@@ -34,6 +35,16 @@ static void count(const Func *f, double *mm, double *attn) {
       count(op->callee, mm, attn);
     }
   }
+}
+
+static void count(const Func *f, double *mm, double *attn) {
+  for (int i = 0; i < f->ops.n; i++) count_op(f->ops.items[i], mm, attn);
+}
+
+double flops_op(const Op *op) {
+  double mm = 0, at = 0;
+  count_op(op, &mm, &at);
+  return mm + at;
 }
 
 void flops_of(const Func *f, double *matmul, double *attention) {

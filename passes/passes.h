@@ -12,6 +12,10 @@
  *   fuse.c          pass "fuse": elementwise/broadcast/reduction chains -> kernel funcs + call
  *   memory_plan.c   pass "memory-plan": arena offsets (liveness, aliasing, in place); memory_report()
  *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted (dp, ZeRO)
+ *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp)
+ *   verify_collectives.c  pass "verify-collectives": every rank's collectives and transfers
+ *                   match and cannot deadlock under the schedule
+ *   (ir/schedule.c: the pipeline schedules as data, which the pass and the runtime share)
  */
 #ifndef LOOM_PASSES_H
 #define LOOM_PASSES_H
@@ -34,6 +38,11 @@ typedef struct {
   int zero;                  /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
   bool sp;                   /* sequence parallel: activations between tp regions split along the sequence */
   double bucket_mb;          /* data-parallel gradient all-reduce buckets, MB (10^6 bytes); 0: one per gradient */
+  /* pipeline parallelism (the pipeline pass, when the mesh has pp > 1) */
+  int pp_schedule;           /* PipeKind; 0: 1f1b */
+  int pp_virtual;            /* chunks per pp rank; 0: the schedule's default */
+  int n_pp_split;            /* pp_split: the first layer of every chunk (n = pp x virtual), or 0: balanced */
+  int64_t pp_split[256];
 } TrainSettings;
 extern const TrainSettings train_defaults;
 
@@ -68,7 +77,7 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
 /* The pipeline `loom ir` runs when none is given, the one training adds, and lowering.
    In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
-#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,bucket,canonicalize,cse,dce,verify"
+#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,bucket,canonicalize,cse,dce,verify"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's
@@ -78,6 +87,7 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
 /* flops.c: the model FLOPs of a function (matmuls, attention; see the file) and the report
    of `loom ir --flops`. */
 void flops_of(const Func *f, double *matmul, double *attention);
+double flops_op(const Op *op);   /* one op's (matmul + attention) */
 void flops_report(FILE *out, const Module *m);
 /* memory_plan.c: parameters, gradients, optimizer state and each function's arena peak. */
 void memory_report(FILE *out, Module *m, int target);

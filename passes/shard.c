@@ -996,7 +996,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     return IR_EINPUT;
   }
   for (int a = 0; a < AX_COUNT; a++)
-    if (a != AX_DP && a != AX_TP && m->mesh.size[a] > 1) {
+    if (a != AX_DP && a != AX_TP && a != AX_PP && m->mesh.size[a] > 1) {   /* pp: the pipeline pass cuts the step */
       snprintf(err, errlen, "shard: %s=%lld is not supported yet (this version partitions over dp, with ZeRO 0-3, "
                "and tp); run with %s=1", mesh_axis_names[a], (long long)m->mesh.size[a], mesh_axis_names[a]);
       return IR_EINPUT;

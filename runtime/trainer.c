@@ -163,11 +163,13 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   r->losses = calloc((size_t)o->steps + 1, sizeof(float));
   r->grad_norms = calloc((size_t)o->steps + 1, sizeof(float));
   r->lrs = calloc((size_t)o->steps + 1, sizeof(float));
-  int32_t *inputs = malloc(sizeof(int32_t) * (size_t)(B * T)), *targets = malloc(sizeof(int32_t) * (size_t)(B * T));
+  int64_t rows = ex->pipeline_step ? G : 1;   /* a pipeline takes the step's micro-batches at once */
+  int32_t *inputs = malloc(sizeof(int32_t) * (size_t)(rows * B * T)), *targets = malloc(sizeof(int32_t) * (size_t)(rows * B * T));
+  float *mb_losses = malloc(sizeof(float) * (size_t)G);
   DataLoader dl;
   memset(&dl, 0, sizeof dl);
   int rc = 0;
-  if (!r->losses || !r->grad_norms || !r->lrs || !inputs || !targets) {
+  if (!r->losses || !r->grad_norms || !r->lrs || !inputs || !targets || !mb_losses) {
     snprintf(err, errlen, "out of memory");
     rc = 1;
     goto done;
@@ -178,11 +180,17 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
     float loss_sum = 0;
-    for (int64_t g = 0; g < G; g++) {
-      float loss;
-      data_next(&dl, inputs, targets);
-      if ((rc = ex->grad_step(ex->self, inputs, targets, &loss, err, errlen))) goto done;
-      loss_sum += loss;
+    if (ex->pipeline_step) {
+      for (int64_t g = 0; g < G; g++) data_next(&dl, inputs + g * B * T, targets + g * B * T);
+      if ((rc = ex->pipeline_step(ex->self, G, inputs, targets, mb_losses, err, errlen))) goto done;
+      for (int64_t g = 0; g < G; g++) loss_sum += mb_losses[g];
+    } else {
+      for (int64_t g = 0; g < G; g++) {
+        float loss;
+        data_next(&dl, inputs, targets);
+        if ((rc = ex->grad_step(ex->self, inputs, targets, &loss, err, errlen))) goto done;
+        loss_sum += loss;
+      }
     }
     float loss = loss_sum / (float)G, lr = (float)train_lr_at(o, s), norm;
     if ((rc = ex->optimizer_step(ex->self, lr, (float)(s + 1), &norm, err, errlen))) goto done;
@@ -218,6 +226,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
 done:
   data_close(&dl);
   free(inputs);
+  free(mb_losses);
   free(targets);
   return rc;
 }

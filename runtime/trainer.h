@@ -25,6 +25,10 @@ typedef struct {
   int64_t batch, seq;   /* the micro-batch the program was built for */
   /* One micro-batch: inputs and targets are [batch, seq] row-major. Returns its loss. */
   int (*grad_step)(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen);
+  /* Instead of grad_step (a pipeline runs a step's micro-batches interleaved): all n of
+     them, inputs and targets [n][batch*seq]; their losses into losses[n]. */
+  int (*pipeline_step)(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
+                       size_t errlen);
   /* The optimizer step at learning rate lr and 1-based step count t; returns the global
      gradient norm before clipping. */
   int (*optimizer_step)(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen);

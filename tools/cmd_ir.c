@@ -5,6 +5,7 @@
 #include "codegen/cpu/cpu.h"
 #include "codegen/cuda/cuda.h"
 #include "runtime/cpu/jit.h"
+#include "ir/schedule.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -33,6 +34,10 @@ static const char help[] =
   "  --flops                print each function's model FLOPs per call (matmuls and attention,\n"
   "                         the 6N + 12LTD count of MFU) instead of the IR\n"
   "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
+  "  --schedule             a pipelined module (--mesh pp=N): every pp rank's actions as a table,\n"
+  "                         the predicted bubble (equal unit costs) and held activations\n"
+  "  --trace-out F.json     the predicted timeline (Chrome/Perfetto trace, one track per pp rank;\n"
+  "                         each action's time from its function's FLOPs at 1 TFLOP/s)\n"
   "                         instead of the IR\n"
   "  --rank=R               print the program of rank R (SPMD: every rank runs the same\n"
   "                         program on its own piece; the header names R's coordinates)\n"
@@ -53,13 +58,57 @@ static const char help[] =
   "  loom ir models/gpt2-124M.json --passes=train,lower --memory --target=cuda\n"
   "  loom ir models/llama-tiny.json -o llama.ir && loom ir llama.ir --passes=cse,dce\n";
 
+/* `--schedule` / `--trace-out`: the action table with the predicted bubble (unit costs) to
+   out (NULL: none), and the FLOP-weighted predicted timeline to trace_out. */
+static int pipe_schedule_report(const Module *m, FILE *out, const char *trace_out, char *err, size_t errlen) {
+  Schedule s;
+  int rc = schedule_build(m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro, &s, err, errlen);
+  if (rc) return rc;
+  if (s.chunks > 256) {
+    schedule_free(&s);
+    snprintf(err, errlen, "more than 256 chunks");
+    return EXIT_USAGE;
+  }
+  double unit[256][3], flop[256][3];
+  for (int c = 0; c < s.chunks; c++) {
+    const char *pre[3][2] = {{"fwd", "fwd"}, {"bwd", "bwd_b"}, {"bwd", "bwd_w"}};
+    for (int k = 0; k < 3; k++) {
+      unit[c][k] = 1;
+      double mm = 0, at = 0;
+      char name[64];
+      snprintf(name, sizeof name, "%s.c%d", pre[k][s.split_bw], c);
+      const Func *f = module_find_func(m, name);
+      if (f && (k < 2 || s.split_bw)) flops_of(f, &mm, &at);
+      flop[c][k] = (mm + at) * 1e-6;   /* microseconds at 1 TFLOP/s */
+    }
+    if (!s.split_bw) flop[c][2] = 0;
+  }
+  SimResult sim;
+  rc = schedule_simulate(&s, (const double (*)[3])unit, &sim, err, errlen);
+  if (!rc && out) schedule_print(out, &s, &sim);
+  if (!rc) sim_result_free(&sim, s.p);
+  if (!rc && trace_out) {
+    rc = schedule_simulate(&s, (const double (*)[3])flop, &sim, err, errlen);
+    if (!rc) {
+      rc = schedule_write_trace(trace_out, &s, sim.start, sim.end, "predicted: loom ir, each action's FLOPs at 1 TFLOP/s",
+                                err, errlen);
+      if (!rc && out) fprintf(out, "# FLOP-weighted: makespan %.1f us at 1 TFLOP/s, bubble %.4f; wrote %s\n", sim.makespan,
+                              sim.bubble, trace_out);
+      sim_result_free(&sim, s.p);
+    }
+  }
+  schedule_free(&s);
+  return rc;
+}
+
 int cmd_ir(int argc, char **argv) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
-  bool memory = false, collectives = false, flops = false;
+  bool memory = false, collectives = false, flops = false, schedule = false;
+  const char *trace_out = NULL;
   const char *emit = NULL;
   long rank = -1;
-  const char *overrides[8];
-  char override_buf[8][128];
+  const char *overrides[16];
+  char override_buf[16][128];
   int n_overrides = 0;
   PassOptions opt;
   memset(&opt, 0, sizeof opt);
@@ -76,6 +125,12 @@ int cmd_ir(int argc, char **argv) {
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
     if (arg_flag(a, "--flops")) { flops = true; continue; }
+    if (arg_flag(a, "--schedule")) { schedule = true; continue; }
+    if ((r = arg_value(argc, argv, &i, "--trace-out", &v))) {
+      if (r < 0) return usage_error("ir", "--trace-out needs a file name (FILE.json)");
+      trace_out = v;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--emit", &v))) {
       if (r < 0 || (strcmp(v, "llvm") && strcmp(v, "llvm-opt") && strcmp(v, "cuda")))
         return usage_error("ir", "--emit takes llvm, llvm-opt or cuda");
@@ -122,12 +177,15 @@ int cmd_ir(int argc, char **argv) {
                                                 {"--mesh", "mesh"},             {"--zero", "zero"},
                                                 {"--sequence-parallel", "sequence_parallel"},
                                                 {"--bucket-mb", "bucket_mb"},
-                                                {"--vocab-multiple", "vocab_multiple"}};
+                                                {"--vocab-multiple", "vocab_multiple"},
+                                                {"--pp-schedule", "pp_schedule"},
+                                                {"--pp-virtual", "pp_virtual"},
+                                                {"--pp-split", "pp_split"}};
     bool matched = false;
     for (int k = 0; k < (int)(sizeof spec_flags / sizeof spec_flags[0]) && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {
         if (r < 0) return usage_error("ir", "%s needs a value", spec_flags[k][0]);
-        if (n_overrides == 8) return usage_error("ir", "too many overrides");
+        if (n_overrides == 16) return usage_error("ir", "too many overrides");
         char json[200];
         if (k == 4 && mesh_flag_json(v, json, sizeof json))
           return usage_error("ir", "--mesh takes axis=size pairs such as dp=2,tp=2, not '%s'", v);
@@ -158,8 +216,7 @@ int cmd_ir(int argc, char **argv) {
   TrainSettings ts = train_defaults;
   if (in.from_spec) {
     const RunSpec *sp = &in.spec;
-    ts = (TrainSettings){sp->grad_accum, sp->beta1, sp->beta2, sp->eps, sp->weight_decay, sp->grad_clip,
-                         !strcmp(sp->precision, "bf16"), sp->zero, sp->sequence_parallel, sp->bucket_mb};
+    ts = spec_train_settings(sp);
   }
   opt.train = &ts;
   rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);
@@ -194,6 +251,15 @@ int cmd_ir(int argc, char **argv) {
     }
     free(text);
     free(opt_text);
+    module_free(in.m);
+    return report(rc, err);
+  }
+  if (schedule || trace_out) {
+    if (!in.m->pipe.kind) {
+      module_free(in.m);
+      return report(EXIT_USAGE, "--schedule and --trace-out need a pipelined module: --mesh pp=N with --passes=train");
+    }
+    rc = pipe_schedule_report(in.m, schedule ? stdout : NULL, trace_out, err, sizeof err);
     module_free(in.m);
     return report(rc, err);
   }

@@ -31,6 +31,13 @@ static const char help[] =
   "  --bucket-mb X         dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
   "  --vocab-multiple N    pad the vocabulary to a multiple of N (masked logits, the same results;\n"
   "                        e.g. 128: GPT-2's 50257 -> 50304, aligned GEMMs on a GPU)\n"
+  "pipeline parallelism (--mesh pp=N; runs on --backend ref for now):\n"
+  "  --pp-schedule S       afab, 1f1b (default), interleaved, zb-h1 or dualpipev; micro-batches\n"
+  "                        per step: --grad-accum\n"
+  "  --pp-virtual V        model chunks per pp rank (interleaved: 2 or more; default 2)\n"
+  "  --pp-split 0,6,12,18  the first layer of every chunk (default: balanced by FLOPs)\n"
+  "  --trace-out F.json    the last step's measured timeline, one track per pp rank\n"
+  "                        (chrome://tracing or ui.perfetto.dev)\n"
   "parameters and checkpoints:\n"
   "  --init W.safetensors  start from these weights (HF names); default: seeded init\n"
   "  --seed S              seed of the initialization (default 1337)\n"
@@ -124,7 +131,7 @@ int cmd_train(int argc, char **argv) {
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
                      ta.quiet ? NULL : stdout},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
-                    s->batch, s->seq};
+                    s->batch, s->seq, ta.trace_out};
     rc = backend == BACKEND_CPU    ? run_training_cpu(in.m, &plan, err, sizeof err)
          : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)
                                    : run_training(in.m, &plan, err, sizeof err);

@@ -68,10 +68,14 @@ static void scatter_global(RefExec *r, int gi) {
   }
 }
 
-/* Every rank -> whole (replicated pieces are equal on every rank; rank order wins). */
+/* Every rank -> whole (replicated pieces are equal on every rank; rank order wins).  In a
+   pipeline only the stage that updates a global holds its truth. */
 static void gather_global(RefExec *r, int gi) {
-  for (int rank = 0; rank < r->world; rank++)
-    move_piece(&r->m->mesh, r->full[gi], r->g[rank]->t[gi], local_world_rank(r->lw, rank)->coord, false);
+  for (int rank = 0; rank < r->world; rank++) {
+    const int *coord = local_world_rank(r->lw, rank)->coord;
+    if (r->owner && r->owner[gi] >= 0 && coord[AX_PP] != r->owner[gi]) continue;
+    move_piece(&r->m->mesh, r->full[gi], r->g[rank]->t[gi], coord, false);
+  }
 }
 
 static bool exposed(const Global *gl) {
@@ -133,7 +137,7 @@ typedef struct {
 static void *rank_main(void *arg) {
   RankJob *j = arg;
   RefExec *r = j->r;
-  CommAdapter ad = {{NULL, {0}, ad_all_reduce, ad_all_gather, ad_reduce_scatter, ad_all_to_all}, NULL};
+  CommAdapter ad = {{NULL, {0}, ad_all_reduce, ad_all_gather, ad_reduce_scatter, ad_all_to_all, NULL, NULL}, NULL};
   IrComm *comm = NULL;
   if (r->lw) {
     ad.comm = local_world_rank(r->lw, j->rank);
@@ -249,7 +253,12 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   r->world = (int)mesh_world(&m->mesh);
   r->grad_step = module_find_func(m, "grad_step");
   r->optimizer_step = module_find_func(m, "optimizer_step");
-  if (training && (!r->grad_step || !r->optimizer_step || r->grad_step->args.n != 2 || r->optimizer_step->args.n != 2)) {
+  if (m->pipe.kind) r->grad_step = module_find_func(m, "fwd.c0"), r->optimizer_step = module_find_func(m, "optimizer_step.s0");
+  if (training && m->pipe.kind && (!r->grad_step || r->grad_step->args.n < 2)) {
+    snprintf(err, errlen, "the pipelined module has no @fwd.c0(tokens, targets): run the pipeline pass (--passes=train)");
+    return 2;
+  }
+  if (training && !m->pipe.kind && (!r->grad_step || !r->optimizer_step || r->grad_step->args.n != 2 || r->optimizer_step->args.n != 2)) {
     snprintf(err, errlen, "the module has no @grad_step(tokens, targets) and @optimizer_step(lr, step); "
              "run the autodiff and optimizer passes (loom ir --passes=train)");
     return 2;
@@ -320,10 +329,12 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
     r->ex.sync_out = sync_out;
     r->ex.sync_in = sync_in;
   }
+  if (m->pipe.kind) return pipe_exec_setup(r, err, errlen);
   return 0;
 }
 
 void ref_exec_free(RefExec *r) {
+  pipe_exec_free(r);
   if (r->g) {
     if (r->world == 1) free(r->g[0]);
     else

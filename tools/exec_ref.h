@@ -6,6 +6,7 @@
 
 #include "ir/ir.h"
 #include "runtime/comm/comm.h"
+#include "ir/schedule.h"
 #include "runtime/trainer.h"
 
 typedef struct {
@@ -18,6 +19,12 @@ typedef struct {
   Func *grad_step, *optimizer_step;
   Tensor *inputs, *targets, *lr, *step;   /* whole batch (the ranks take their part) */
   float last_loss, last_norm;
+  /* a pipelined module (tools/exec_pipe.c) */
+  Schedule *sched;        /* the action lists */
+  double **act_start, **act_end;   /* per rank, per action of the last step: microseconds */
+  double busy_us[64], span_us[64]; /* per pp rank, summed over steps */
+  int64_t pipe_steps;
+  int *owner;             /* per global: the pp coordinate whose copy is the truth, or -1 */
 } RefExec;
 
 /* The module holds @grad_step(tokens, targets) -> loss and @optimizer_step(lr, step) ->
@@ -32,6 +39,13 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
                   size_t errlen);
 /* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
 int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
+
+/* exec_pipe.c: a pipelined module (m->pipe.kind): the action lists, the pipeline step,
+   the per-rank optimizer steps; the measured trace of the last step. */
+int pipe_exec_setup(RefExec *r, char *err, size_t errlen);
+void pipe_exec_free(RefExec *r);
+int pipe_exec_trace(RefExec *r, const char *path, char *err, size_t errlen);
+
 
 /* Copies between a whole tensor and the piece of it that the rank at coord holds (the
    piece's type says how it is split): to_piece whole -> piece, else piece -> whole. */

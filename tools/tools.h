@@ -95,6 +95,7 @@ typedef struct {
   char ovbuf[64][16400];         /* "key=value" run-spec overrides from flags */
   const char *ov[64];
   int n_ov;
+  const char *trace_out;   /* --trace-out FILE.json: the measured pipeline timeline */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
@@ -105,6 +106,8 @@ int mesh_flag_json(const char *text, char *out, size_t n);
 int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, char *err, size_t errlen);
 /* The settings a run records in checkpoints and compiled executables (malloc'd JSON). */
 char *spec_settings_json(const RunSpec *s);
+/* The training passes' settings from a run spec (train_args.c). */
+TrainSettings spec_train_settings(const RunSpec *s);
 
 /* ---- payload.c ---- */
 /* A compiled executable is the runner binary followed by a payload and a 24-byte trailer:
@@ -136,6 +139,7 @@ typedef struct {
   Backend backend;    /* cpu: fused kernels, JIT, BLAS (the module must be lowered); ref: the reference executor */
   int threads;        /* cpu backend threads (0: LOOM_THREADS or all cores) */
   int64_t batch, seq;
+  const char *trace_out;   /* a pipeline's measured timeline (Chrome trace JSON), or NULL */
 } RunPlan;
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);

@@ -13,8 +13,19 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--precision", "precision"}, {"--init", "init"}, {"--out", "out"}, {"--save-dir", "save_dir"},
   {"--save-every", "save_every"}, {"--seed", "seed"}, {"--mesh", "mesh"}, {"--zero", "zero"},
   {"--sequence-parallel", "sequence_parallel"}, {"--bucket-mb", "bucket_mb"}, {"--vocab-multiple", "vocab_multiple"},
+  {"--pp-schedule", "pp_schedule"}, {"--pp-virtual", "pp_virtual"}, {"--pp-split", "pp_split"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
+
+TrainSettings spec_train_settings(const RunSpec *s) {
+  TrainSettings ts = train_defaults;
+  ts.grad_accum = s->grad_accum, ts.beta1 = s->beta1, ts.beta2 = s->beta2, ts.eps = s->eps;
+  ts.weight_decay = s->weight_decay, ts.grad_clip = s->grad_clip, ts.bf16 = !strcmp(s->precision, "bf16");
+  ts.zero = s->zero, ts.sp = s->sequence_parallel, ts.bucket_mb = s->bucket_mb;
+  ts.pp_schedule = s->pp_schedule, ts.pp_virtual = (int)s->pp_virtual, ts.n_pp_split = s->n_pp_split;
+  memcpy(ts.pp_split, s->pp_split, sizeof ts.pp_split);
+  return ts;
+}
 
 /* The settings a checkpoint records, to tell runs apart. */
 char *spec_settings_json(const RunSpec *s) {
@@ -94,6 +105,11 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       t->threads = (int)n;
       continue;
     }
+    if ((r = arg_value(argc, argv, &i, "--trace-out", &v))) {
+      if (r < 0) return usage_error(cmd, "--trace-out needs a file name (FILE.json)");
+      t->trace_out = v;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "-o", &v))) {
       if (r < 0) return usage_error(cmd, "-o needs a file name");
       t->output = v;
@@ -146,13 +162,20 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
     *backend = !strcmp(t->backend, "cpu") ? BACKEND_CPU : !strcmp(t->backend, "cuda") ? BACKEND_CUDA : BACKEND_REF;
   else
     *backend = world > 1 ? BACKEND_CPU : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
+  if (s->mesh[MESH_PP] > 1) {   /* pipelines run on the reference executor for now */
+    if (t->backend && *backend != BACKEND_REF) {
+      snprintf(err, errlen, "pp=%lld runs on --backend ref for now (the %s backend's lowering of the per-chunk "
+               "functions and their transfers is not built yet); use --backend ref", (long long)s->mesh[MESH_PP], t->backend);
+      return EXIT_USAGE;
+    }
+    *backend = BACKEND_REF;
+  }
   if (*backend == BACKEND_CUDA && world > 1) {
     snprintf(err, errlen, "--backend cuda runs one rank (one GPU) for now; a mesh of %lld ranks runs on the CPU "
              "(--backend cpu or ref)", (long long)world);
     return EXIT_USAGE;
   }
-  TrainSettings ts = {s->grad_accum, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip,
-                      !strcmp(s->precision, "bf16"), s->zero, s->sequence_parallel, s->bucket_mb};
+  TrainSettings ts = spec_train_settings(s);
   PassOptions popt;
   memset(&popt, 0, sizeof popt);
   popt.train = &ts;

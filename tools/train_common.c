@@ -53,6 +53,29 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
             (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP], (long long)m->mesh.size[AX_CP],
             (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP]);
   if (!rc) rc = train_and_write(&rx.ex, plan, err, errlen);
+  if (!rc && rx.sched && rx.pipe_steps) {
+    /* measured idle against the schedule's prediction with equal unit costs */
+    const Schedule *s = rx.sched;
+    double cost[256][3];
+    for (int c = 0; c < 256; c++) cost[c][0] = cost[c][1] = cost[c][2] = 1;
+    SimResult sim;
+    if (s->chunks <= 256 && !schedule_simulate(s, (const double (*)[3])cost, &sim, err, errlen)) {
+      if (plan->opt.log) {
+        fprintf(plan->opt.log, "pipeline %s, pp=%d, %d micro-batches: predicted bubble %.3f (equal F, B, W); measured idle "
+                "per rank:", pipe_kind_names[s->kind], s->p, s->m, sim.bubble);
+        for (int q = 0; q < s->p; q++) {
+          double busy = rx.busy_us[q], span = rx.span_us[q];
+          fprintf(plan->opt.log, " %.3f", busy > 0 ? (span - busy) / busy : 0);
+        }
+        fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)rx.pipe_steps);
+      }
+      sim_result_free(&sim, s->p);
+    }
+    if (plan->trace_out) {
+      rc = pipe_exec_trace(&rx, plan->trace_out, err, errlen);
+      if (!rc && plan->opt.log) fprintf(plan->opt.log, "wrote the measured timeline to %s\n", plan->trace_out);
+    }
+  }
   ref_exec_free(&rx);
   return rc;
 }

@@ -35,6 +35,11 @@ struct Comm {
   int (*reduce_scatter)(Comm *c, int axis, const float *in, float *out, int64_t n_out);
   int (*all_to_all)(Comm *c, int axis, const float *in, float *out, int64_t n_chunk);
   int (*barrier)(Comm *c);   /* all ranks of the world */
+  /* Point-to-point with the rank at coordinate `peer` on `axis` (the others the same).
+     send copies and returns (buffered); recv waits for the message of that sender and tag
+     (tags tell messages apart, so they may arrive in any order).  NULL where unsupported. */
+  int (*send)(Comm *c, int axis, int peer, int64_t tag, const float *buf, int64_t n);
+  int (*recv)(Comm *c, int axis, int peer, int64_t tag, float *buf, int64_t n);
 };
 
 /* ---- comm_local.c: N ranks as N threads of this process ---- */

@@ -5,6 +5,8 @@
  * from the others' buffers (sums in coordinate order, so every rank gets bitwise the same
  * result whatever the timing), waits again so no one reuses a buffer still being read.
  * The barrier can be aborted, so a rank that fails cannot leave the others hanging.
+ * Point-to-point (pipeline transfers): every rank has a mailbox; send appends a copy,
+ * recv waits for the message with its sender and tag and takes it.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,7 +30,21 @@ typedef struct {
   float **out;        /* per member: its output (all_to_all) */
 } Group;
 
+typedef struct Msg {
+  struct Msg *next;
+  int from;
+  int64_t tag, n;
+  float *data;
+} Msg;
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  Msg *head;
+} Mailbox;
+
 struct LocalWorld {
+  Mailbox *boxes;             /* per rank */
   int64_t mesh[COMM_AXES];
   int world;
   atomic_bool aborted;
@@ -168,6 +184,60 @@ static int all_to_all(Comm *c, int axis, const float *in, float *out, int64_t n_
 
 static int barrier(Comm *c) { return bar_wait(&((LocalWorld *)c->impl)->all.bar); }
 
+static int peer_rank(Comm *c, int axis, int peer) {
+  int coord[COMM_AXES];
+  memcpy(coord, c->coord, sizeof coord);
+  coord[axis] = peer;
+  return mesh_rank_of(c->mesh, coord);
+}
+
+static int p2p_send(Comm *c, int axis, int peer, int64_t tag, const float *buf, int64_t n) {
+  LocalWorld *w = c->impl;
+  if (peer < 0 || peer >= c->mesh[axis] || atomic_load(&w->aborted)) return 1;
+  Msg *m = malloc(sizeof *m);
+  float *d = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  if (!m || !d) {
+    free(m), free(d);
+    return 1;
+  }
+  memcpy(d, buf, sizeof(float) * (size_t)n);
+  *m = (Msg){NULL, c->rank, tag, n, d};
+  Mailbox *b = &w->boxes[peer_rank(c, axis, peer)];
+  pthread_mutex_lock(&b->mu);
+  Msg **tail = &b->head;
+  while (*tail) tail = &(*tail)->next;
+  *tail = m;
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  return 0;
+}
+
+static int p2p_recv(Comm *c, int axis, int peer, int64_t tag, float *buf, int64_t n) {
+  LocalWorld *w = c->impl;
+  if (peer < 0 || peer >= c->mesh[axis]) return 1;
+  int from = peer_rank(c, axis, peer);
+  Mailbox *b = &w->boxes[c->rank];
+  pthread_mutex_lock(&b->mu);
+  for (;;) {
+    if (atomic_load(&w->aborted)) {
+      pthread_mutex_unlock(&b->mu);
+      return 1;
+    }
+    for (Msg **p = &b->head; *p; p = &(*p)->next)
+      if ((*p)->from == from && (*p)->tag == tag) {
+        Msg *m = *p;
+        *p = m->next;
+        pthread_mutex_unlock(&b->mu);
+        int rc = m->n == n ? 0 : 1;
+        if (!rc) memcpy(buf, m->data, sizeof(float) * (size_t)n);
+        free(m->data);
+        free(m);
+        return rc;
+      }
+    pthread_cond_wait(&b->cv, &b->mu);
+  }
+}
+
 LocalWorld *local_world_new(const int64_t mesh[COMM_AXES], char *err, size_t errlen) {
   LocalWorld *w = calloc(1, sizeof *w);
   if (!w) {
@@ -191,6 +261,11 @@ LocalWorld *local_world_new(const int64_t mesh[COMM_AXES], char *err, size_t err
     for (int i = 0; i < w->n_groups[a]; i++) group_init(&w->groups[a][i], (int)mesh[a], &w->aborted);
   }
   group_init(&w->all, w->world, &w->aborted);
+  w->boxes = calloc((size_t)w->world, sizeof(Mailbox));
+  for (int r = 0; r < w->world; r++) {
+    pthread_mutex_init(&w->boxes[r].mu, NULL);
+    pthread_cond_init(&w->boxes[r].cv, NULL);
+  }
   w->ranks = calloc((size_t)w->world, sizeof(Comm));
   for (int r = 0; r < w->world; r++) {
     Comm *c = &w->ranks[r];
@@ -204,6 +279,8 @@ LocalWorld *local_world_new(const int64_t mesh[COMM_AXES], char *err, size_t err
     c->reduce_scatter = reduce_scatter;
     c->all_to_all = all_to_all;
     c->barrier = barrier;
+    c->send = p2p_send;
+    c->recv = p2p_recv;
   }
   return w;
 }
@@ -223,6 +300,11 @@ void local_world_abort(LocalWorld *w) {
   pthread_mutex_lock(&w->all.bar.mu);
   pthread_cond_broadcast(&w->all.bar.cv);
   pthread_mutex_unlock(&w->all.bar.mu);
+  for (int r = 0; r < w->world; r++) {
+    pthread_mutex_lock(&w->boxes[r].mu);
+    pthread_cond_broadcast(&w->boxes[r].cv);
+    pthread_mutex_unlock(&w->boxes[r].mu);
+  }
 }
 
 void local_world_free(LocalWorld *w) {
@@ -232,6 +314,16 @@ void local_world_free(LocalWorld *w) {
     free(w->groups[a]);
   }
   group_free(&w->all);
+  for (int r = 0; r < w->world; r++) {
+    for (Msg *m = w->boxes[r].head, *nx; m; m = nx) {
+      nx = m->next;
+      free(m->data);
+      free(m);
+    }
+    pthread_mutex_destroy(&w->boxes[r].mu);
+    pthread_cond_destroy(&w->boxes[r].cv);
+  }
+  free(w->boxes);
   pthread_mutex_destroy(&w->abort_mu);
   free(w->ranks);
   free(w);

@@ -170,7 +170,7 @@ int main(int argc, char **argv) {
                    json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
                    quiet ? NULL : stdout},
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
-                  json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq"))};
+                  json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL};
   if (cuda) {   /* the lowered program and its cubin: no IR, no compiler */
     rc = run_cuda(s, &pl, &plan, err, sizeof err);
     rc = report(rc, err);

@@ -1,0 +1,386 @@
+/* ir/schedule.c — the pipeline schedules (ir/schedule.h): building the action
+   lists, simulating them against unit costs, the table and the trace. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/schedule.h"
+
+int schedule_chunk_rank(int kind, int p, int v, int c) {
+  (void)v;
+  if (kind == PIPE_DUALPIPEV) return c < p ? c : 2 * p - 1 - c;
+  return c % p;
+}
+
+int schedule_default_virtual(int kind) { return kind == PIPE_INTERLEAVED || kind == PIPE_DUALPIPEV ? 2 : 1; }
+
+static void push(Schedule *s, int r, int kind, int mb, int chunk) {
+  s->acts[r][s->n[r]++] = (Action){kind, mb, chunk};
+}
+
+/* Megatron's interleaved order: the k-th forward (or backward) of rank r. */
+static void interleaved_unit(const Schedule *s, int r, int k, bool fwd, int *mb, int *chunk) {
+  int p = s->p, v = s->v;
+  int local = (k / p) % v;
+  if (!fwd) local = v - 1 - local;
+  *mb = (k / (p * v)) * p + k % p;
+  *chunk = local * p + r;
+}
+
+/* The greedy list scheduler of the zero-bubble schedules: whenever a rank is free it runs a
+   ready B (input gradients are on the critical path), else a ready F while fewer than `cap` micro-batch chunks have run F but not B
+   on it, else a pending W; when nothing is ready it waits
+   for the next action to finish anywhere.  Unit costs F = B = W = 1. */
+static int greedy(Schedule *s, char *err, size_t errlen) {
+  int p = s->p, C = s->chunks, m = s->m;
+  /* done times per (mb, chunk, kind); -1 not yet scheduled */
+  double *fin = malloc(sizeof(double) * (size_t)(m * C * 3));
+  double *free_at = calloc((size_t)p, sizeof(double));
+  int *inflight = calloc((size_t)p, sizeof(int)), *fnext = calloc((size_t)p * 2, sizeof(int));
+  if (!fin || !free_at || !inflight || !fnext) {
+    free(fin), free(free_at), free(inflight), free(fnext);
+    snprintf(err, errlen, "out of memory");
+    return IR_ERUN;
+  }
+  for (int i = 0; i < m * C * 3; i++) fin[i] = -1;
+#define FIN(mb, c, k) fin[((mb) * C + (c)) * 3 + (k)]
+  int total = 0, want = p * s->v * m * 3;
+  while (total < want) {
+    /* The free rank of earliest time; among equals one that has not yet found nothing to do
+       at that time (fnext[q] = 1: rank q waited at free_at[q]). */
+    int r = -1;
+    for (int q = 0; q < p; q++)
+      if (s->n[q] < s->v * m * 3 &&
+          (r < 0 || free_at[q] < free_at[r] || (free_at[q] == free_at[r] && fnext[r] && !fnext[q])))
+        r = q;
+    double t = free_at[r];
+    int cap = s->kind == PIPE_DUALPIPEV ? 2 * p : p - r;
+    int best_k = -1, best_mb = 0, best_c = 0;
+    /* B: the ready one of the latest chunk, then the lowest micro-batch. */
+    for (int c = C - 1; c >= 0 && best_k < 0; c--) {
+      if (schedule_chunk_rank(s->kind, p, s->v, c) != r) continue;
+      for (int mb = 0; mb < m; mb++) {
+        if (FIN(mb, c, ACT_B) >= 0 || FIN(mb, c, ACT_F) < 0 || FIN(mb, c, ACT_F) > t) continue;
+        double dep = c == C - 1 ? FIN(mb, c, ACT_F) : FIN(mb, c + 1, ACT_B);
+        if (dep < 0 || dep > t) continue;
+        best_k = ACT_B, best_mb = mb, best_c = c;
+        break;
+      }
+    }
+    /* F: micro-batches in order; of the ready ones the latest chunk (finish what started). */
+    if (best_k < 0 && inflight[r] < cap)
+      for (int c = C - 1; c >= 0 && best_k < 0; c--) {
+        if (schedule_chunk_rank(s->kind, p, s->v, c) != r) continue;
+        for (int mb = 0; mb < m; mb++) {
+          if (FIN(mb, c, ACT_F) >= 0) continue;
+          double dep = c == 0 ? 0 : FIN(mb, c - 1, ACT_F);
+          if (dep >= 0 && dep <= t) best_k = ACT_F, best_mb = mb, best_c = c;
+          break;   /* forwards of a chunk run in micro-batch order */
+        }
+      }
+    /* W: the oldest pending. */
+    if (best_k < 0)
+      for (int mb = 0; mb < m && best_k < 0; mb++)
+        for (int c = C - 1; c >= 0; c--)
+          if (schedule_chunk_rank(s->kind, p, s->v, c) == r && FIN(mb, c, ACT_B) >= 0 && FIN(mb, c, ACT_B) <= t &&
+              FIN(mb, c, ACT_W) < 0) {
+            best_k = ACT_W, best_mb = mb, best_c = c;
+            break;
+          }
+    if (best_k < 0) {   /* wait for the next finish anywhere, or for a rank free at t to act */
+      bool other = false;
+      for (int q = 0; q < p; q++) other |= q != r && s->n[q] < s->v * m * 3 && free_at[q] == t && !fnext[q];
+      fnext[r] = 1;
+      if (other) continue;
+      double next = INFINITY;
+      for (int i = 0; i < m * C * 3; i++)
+        if (fin[i] > t && fin[i] < next) next = fin[i];
+      for (int q = 0; q < p; q++)
+        if (s->n[q] < s->v * m * 3 && free_at[q] > t && free_at[q] < next) next = free_at[q];
+      if (!isfinite(next)) {
+        free(fin), free(free_at), free(inflight), free(fnext);
+        snprintf(err, errlen, "internal error: the %s scheduler found no action for pp rank %d", pipe_kind_names[s->kind], r);
+        return IR_ERUN;
+      }
+      for (int q = 0; q < p; q++)
+        if (free_at[q] == t) free_at[q] = next, fnext[q] = 0;
+      continue;
+    }
+    fnext[r] = 0;
+    push(s, r, best_k, best_mb, best_c);
+    FIN(best_mb, best_c, best_k) = t + 1;
+    free_at[r] = t + 1;
+    inflight[r] += best_k == ACT_F ? 1 : best_k == ACT_B ? -1 : 0;
+    total++;
+  }
+#undef FIN
+  free(fin), free(free_at), free(inflight), free(fnext);
+  return 0;
+}
+
+int schedule_build(int kind, int p, int v, int m, Schedule *s, char *err, size_t errlen) {
+  memset(s, 0, sizeof *s);
+  if (kind <= PIPE_NONE || kind >= PIPE_COUNT) {
+    snprintf(err, errlen, "unknown pipeline schedule (afab, 1f1b, interleaved, zb-h1 or dualpipev)");
+    return IR_EINPUT;
+  }
+  const char *name = pipe_kind_names[kind];
+  if (p < 2 || p > 64) {
+    snprintf(err, errlen, "a pipeline needs 2 to 64 pp ranks, not %d", p);
+    return IR_EINPUT;
+  }
+  if (m < 1 || m > 4096) {
+    snprintf(err, errlen, "a pipeline needs 1 to 4096 micro-batches (grad_accum), not %d", m);
+    return IR_EINPUT;
+  }
+  if (kind == PIPE_INTERLEAVED) {
+    if (v < 2) {
+      snprintf(err, errlen, "the interleaved schedule needs --pp-virtual 2 or more (chunks per rank); with 1 it is 1f1b");
+      return IR_EINPUT;
+    }
+    if (m % p) {
+      snprintf(err, errlen, "the interleaved schedule runs micro-batches in groups of pp=%d, so grad_accum (%d) must be a "
+               "multiple of %d: use --grad-accum %d or %d", p, m, p, m > p ? m / p * p : p, (m / p + 1) * p);
+      return IR_EINPUT;
+    }
+  } else if (kind == PIPE_DUALPIPEV) {
+    if (v != 2) {
+      snprintf(err, errlen, "dualpipev holds exactly 2 chunks per rank (a V); drop --pp-virtual or give 2, not %d", v);
+      return IR_EINPUT;
+    }
+  } else if (v != 1) {
+    snprintf(err, errlen, "--pp-virtual %d needs the interleaved schedule (%s runs one chunk per rank): use "
+             "--pp-schedule interleaved, or drop --pp-virtual", v, name);
+    return IR_EINPUT;
+  }
+  s->kind = kind, s->p = p, s->v = v, s->m = m, s->chunks = p * v;
+  s->split_bw = kind == PIPE_ZBH1 || kind == PIPE_DUALPIPEV;
+  s->n = calloc((size_t)p, sizeof(int));
+  s->acts = calloc((size_t)p, sizeof(Action *));
+  if (!s->n || !s->acts) goto oom;
+  for (int r = 0; r < p; r++)
+    if (!(s->acts[r] = malloc(sizeof(Action) * (size_t)(v * m * 3)))) goto oom;
+  for (int r = 0; r < p; r++) {
+    if (kind == PIPE_AFAB) {
+      for (int mb = 0; mb < m; mb++) push(s, r, ACT_F, mb, r);
+      for (int mb = 0; mb < m; mb++) push(s, r, ACT_B, mb, r);
+    } else if (kind == PIPE_1F1B) {
+      int warm = p - 1 - r < m ? p - 1 - r : m;
+      for (int i = 0; i < warm; i++) push(s, r, ACT_F, i, r);
+      for (int i = 0; i < m - warm; i++) {
+        push(s, r, ACT_F, warm + i, r);
+        push(s, r, ACT_B, i, r);
+      }
+      for (int i = m - warm; i < m; i++) push(s, r, ACT_B, i, r);
+    } else if (kind == PIPE_INTERLEAVED) {
+      int total = m * v, warm = (p - r - 1) * 2 + (v - 1) * p, mb, c;
+      if (warm > total) warm = total;
+      for (int k = 0; k < warm; k++) interleaved_unit(s, r, k, true, &mb, &c), push(s, r, ACT_F, mb, c);
+      for (int i = 0; i < total - warm; i++) {
+        interleaved_unit(s, r, warm + i, true, &mb, &c), push(s, r, ACT_F, mb, c);
+        interleaved_unit(s, r, i, false, &mb, &c), push(s, r, ACT_B, mb, c);
+      }
+      for (int k = total - warm; k < total; k++) interleaved_unit(s, r, k, false, &mb, &c), push(s, r, ACT_B, mb, c);
+    }
+  }
+  if (s->split_bw) {
+    int rc = greedy(s, err, errlen);
+    if (rc) {
+      schedule_free(s);
+      return rc;
+    }
+  }
+  return 0;
+oom:
+  schedule_free(s);
+  snprintf(err, errlen, "out of memory");
+  return IR_ERUN;
+}
+
+void schedule_free(Schedule *s) {
+  if (s->acts)
+    for (int r = 0; r < s->p; r++) free(s->acts[r]);
+  free(s->acts);
+  free(s->n);
+  memset(s, 0, sizeof *s);
+}
+
+static const char *const act_letter = "FBW";
+
+static void act_name(const Action *a, char *buf, size_t n) {
+  snprintf(buf, n, "%c%d.%d", act_letter[a->kind], a->mb, a->chunk);
+}
+
+int schedule_simulate(const Schedule *s, const double (*cost)[3], SimResult *res, char *err, size_t errlen) {
+  memset(res, 0, sizeof *res);
+  int p = s->p, C = s->chunks, m = s->m;
+  if (p > 64) {
+    snprintf(err, errlen, "at most 64 pp ranks");
+    return IR_EINPUT;
+  }
+  double *fin = malloc(sizeof(double) * (size_t)(m * C * 3));
+  int *pos = calloc((size_t)p, sizeof(int)), *f_live = calloc((size_t)p, sizeof(int)), *w_live = calloc((size_t)p, sizeof(int));
+  double *t = calloc((size_t)p, sizeof(double));
+  int rc = 0;
+  if (!fin || !pos || !f_live || !w_live || !t) {
+    rc = IR_ERUN;
+    snprintf(err, errlen, "out of memory");
+    goto out;
+  }
+  for (int r = 0; r < p; r++) {
+    res->start[r] = calloc((size_t)s->n[r] + 1, sizeof(double));
+    res->end[r] = calloc((size_t)s->n[r] + 1, sizeof(double));
+    if (!res->start[r] || !res->end[r]) {
+      rc = IR_ERUN;
+      snprintf(err, errlen, "out of memory");
+      goto out;
+    }
+  }
+  for (int i = 0; i < m * C * 3; i++) fin[i] = -1;
+#define FIN(mb, c, k) fin[((mb) * C + (c)) * 3 + (k)]
+  for (;;) {
+    bool progress = false, left = false;
+    for (int r = 0; r < p; r++) {
+      while (pos[r] < s->n[r]) {
+        const Action *a = &s->acts[r][pos[r]];
+        left = true;
+        if (a->mb < 0 || a->mb >= m || a->chunk < 0 || a->chunk >= C ||
+            schedule_chunk_rank(s->kind, p, s->v, a->chunk) != r || FIN(a->mb, a->chunk, a->kind) >= 0) {
+          char nm[32];
+          act_name(a, nm, sizeof nm);
+          snprintf(err, errlen, "pp rank %d, action %d (%s): not an action of this rank, or a repeat", r, pos[r], nm);
+          rc = IR_EINPUT;
+          goto out;
+        }
+        double dep = 0;
+        bool ready = true;
+        if (a->kind == ACT_F) {
+          if (a->chunk > 0) ready = (dep = FIN(a->mb, a->chunk - 1, ACT_F)) >= 0;
+        } else if (a->kind == ACT_B) {
+          ready = FIN(a->mb, a->chunk, ACT_F) >= 0;
+          if (ready && a->chunk < C - 1) ready = (dep = FIN(a->mb, a->chunk + 1, ACT_B)) >= 0;
+        } else {
+          ready = s->split_bw && (dep = FIN(a->mb, a->chunk, ACT_B)) >= 0;
+        }
+        if (!ready) break;
+        double st = t[r] > dep ? t[r] : dep;
+        double c = cost[a->chunk][a->kind] + (a->kind == ACT_B && !s->split_bw ? cost[a->chunk][ACT_W] : 0);
+        res->start[r][pos[r]] = st;
+        res->end[r][pos[r]] = t[r] = st + c;
+        res->busy[r] += c;
+        FIN(a->mb, a->chunk, a->kind) = st + c;
+        if (a->kind == ACT_F) f_live[r]++;
+        if (a->kind == ACT_B) f_live[r]--, w_live[r] += s->split_bw;
+        if (a->kind == ACT_W) w_live[r]--;
+        if (f_live[r] > res->peak_f[r]) res->peak_f[r] = f_live[r];
+        if (w_live[r] > res->peak_w[r]) res->peak_w[r] = w_live[r];
+        pos[r]++;
+        progress = true;
+      }
+    }
+    if (!left) break;
+    if (!progress) {   /* every rank with actions left waits on one that cannot come */
+      int k = snprintf(err, errlen, "the %s lists deadlock:", pipe_kind_names[s->kind]);
+      for (int r = 0; r < p && k < (int)errlen; r++) {
+        if (pos[r] >= s->n[r]) continue;
+        const Action *a = &s->acts[r][pos[r]];
+        char nm[32];
+        act_name(a, nm, sizeof nm);
+        const char *why = a->kind == ACT_F ? "the forward of the chunk before" : a->kind == ACT_B ? "the backward of the chunk after" : "its own B";
+        k += snprintf(err + k, errlen - (size_t)k, " pp rank %d waits at action %d (%s) for %s;", r, pos[r], nm, why);
+      }
+      rc = IR_EINPUT;
+      goto out;
+    }
+  }
+#undef FIN
+  for (int r = 0; r < p; r++)
+    if (t[r] > res->makespan) res->makespan = t[r];
+  double sum = 0;
+  for (int r = 0; r < p; r++) {
+    res->idle[r] = res->makespan - res->busy[r];
+    sum += res->busy[r] > 0 ? res->idle[r] / res->busy[r] : 0;
+  }
+  res->bubble = sum / p;
+out:
+  free(fin), free(pos), free(f_live), free(w_live), free(t);
+  if (rc) sim_result_free(res, p);
+  return rc;
+}
+
+void sim_result_free(SimResult *r, int p) {
+  for (int k = 0; k < p && k < 64; k++) {
+    free(r->start[k]);
+    free(r->end[k]);
+    r->start[k] = r->end[k] = NULL;
+  }
+}
+
+double schedule_bubble_formula(int kind, int p, int v, int m) {
+  switch (kind) {
+  case PIPE_AFAB:
+  case PIPE_1F1B: return (double)(p - 1) / m;
+  case PIPE_INTERLEAVED: return (double)(p - 1) / ((double)v * m);
+  case PIPE_ZBH1: return (double)(p - 1) / (3.0 * m);
+  default: return -1;
+  }
+}
+
+void schedule_print(FILE *out, const Schedule *s, const SimResult *sim) {
+  fprintf(out, "# pipeline schedule %s: pp=%d, %d chunk%s per rank, %d micro-batches (grad_accum)\n",
+          pipe_kind_names[s->kind], s->p, s->v, s->v > 1 ? "s" : "", s->m);
+  fprintf(out, "# F<mb>.<chunk>: forward, B: backward%s; transfers: F receives chunk-1's output and sends its own to "
+          "chunk+1, B the other way\n", s->split_bw ? " (input gradients), W: weight gradients" : "");
+  for (int r = 0; r < s->p; r++) {
+    fprintf(out, "rank %-2d |", r);
+    for (int i = 0; i < s->n[r]; i++) {
+      char nm[32];
+      act_name(&s->acts[r][i], nm, sizeof nm);
+      fprintf(out, " %-7s", nm);
+    }
+    fputc('\n', out);
+  }
+  if (!sim) return;
+  double f = schedule_bubble_formula(s->kind, s->p, s->v, s->m);
+  fprintf(out, "# unit costs F=B=W=1 per chunk (B+W=2 where not split): makespan %.0f, bubble %.4f", sim->makespan, sim->bubble);
+  if (f >= 0) fprintf(out, " (formula %.4f)", f);
+  fputc('\n', out);
+  fprintf(out, "# held activations (peak micro-batch chunks forwarded, not yet B):");
+  for (int r = 0; r < s->p; r++) fprintf(out, " %d", sim->peak_f[r]);
+  if (s->split_bw) {
+    fprintf(out, "; waiting for W:");
+    for (int r = 0; r < s->p; r++) fprintf(out, " %d", sim->peak_w[r]);
+  }
+  fputc('\n', out);
+}
+
+int schedule_write_trace(const char *path, const Schedule *s, double *const *start, double *const *end,
+                         const char *what, char *err, size_t errlen) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    snprintf(err, errlen, "cannot write the trace %s: %s", path, strerror(errno));
+    return IR_EINPUT;
+  }
+  fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"schedule\":\"%s\",\"pp\":%d,\"virtual\":%d,\"micro\":%d,"
+          "\"source\":\"%s\"},\"traceEvents\":[\n", pipe_kind_names[s->kind], s->p, s->v, s->m, what);
+  for (int r = 0; r < s->p; r++)
+    fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"pp rank %d\"}},\n", r, r);
+  bool first = true;
+  for (int r = 0; r < s->p; r++)
+    for (int i = 0; i < s->n[r]; i++) {
+      const Action *a = &s->acts[r][i];
+      char nm[32];
+      act_name(a, nm, sizeof nm);
+      fprintf(f, "%s{\"name\":\"%s\",\"cat\":\"%c\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,"
+              "\"args\":{\"mb\":%d,\"chunk\":%d,\"kind\":\"%c\"}}", first ? "" : ",\n", nm, act_letter[a->kind], r,
+              start[r][i], end[r][i] - start[r][i], a->mb, a->chunk, act_letter[a->kind]);
+      first = false;
+    }
+  fputs("\n]}\n", f);
+  if (fclose(f)) {
+    snprintf(err, errlen, "cannot write the trace %s: %s", path, strerror(errno));
+    return IR_EINPUT;
+  }
+  return 0;
+}
