@@ -137,7 +137,7 @@ static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *er
   int64_t n = op_int(op, "n");
   if (op->kind == OP_SEND || op->kind == OP_RECV) {
     bool send = op->kind == OP_SEND;
-    if (!comm || !(send ? comm->send : comm->recv)) {
+    if (!comm || (send ? !comm->send : !comm->recv)) {
       snprintf(err, errlen, "%s needs a partner on %s, but the program runs without point-to-point transfers",
                send ? "send" : "recv", mesh_axis_names[axis]);
       return IR_ERUN;
