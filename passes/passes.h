@@ -11,7 +11,8 @@
  *   optimizer.c     pass "optimizer": @optimizer_step (norm, clipping, AdamW, zeroing)
  *   fuse.c          pass "fuse": elementwise/broadcast/reduction chains -> kernel funcs + call
  *   memory_plan.c   pass "memory-plan": arena offsets (liveness, aliasing, in place); memory_report()
- *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted (dp, ZeRO)
+ *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted; the
+ *                   axes' own rules in shard_dp.c (dp, ZeRO) and shard_tp.c (tp, sp)
  *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp)
  *   verify_collectives.c  pass "verify-collectives": every rank's collectives and transfers
  *                   match and cannot deadlock under the schedule

@@ -1,70 +1,42 @@
 /* passes/shard.c — pass "shard": turns the global training program into the program of
  * one rank of the device mesh (SPMD: every rank runs it, on its own piece of the data).
+ * This file holds what every mesh axis shares: the plan's driver, the sharding rules that
+ * hold on any axis, the partitioner and the collectives it inserts, and the
+ * `--collectives` report.  Each axis's own rules live in a file of their own, behind the
+ * hooks of passes/shard_internal.h:
+ *     shard_dp.c   dp: tokens split along the batch, ZeRO-1/2/3 placements
+ *     shard_tp.c   tp: Megatron's parameter layouts, sequence parallel, the
+ *                  vocabulary-parallel and head-parallel per-rank forms
+ * (cp, pp and ep will get shard_cp.c, shard_pp.c and shard_ep.c.)
  *
  * Placements.  On each mesh axis a value is replicated (R), split along a dim (S(d)), or
  * partial (P: each rank holds a summand).  The plan fixes the placements of the inputs and
  * globals (see plan_globals): tokens S(0) over dp; parameters R over dp; gradient
  * accumulators P over dp (reduced once per optimizer step); with ZeRO-1 the optimizer
- * moments are S(d) over dp, with ZeRO-2 the gradients too, with ZeRO-3 the parameters.
+ * moments are S(d) over dp, with ZeRO-2 the gradients too, with ZeRO-3 the parameters;
+ * over tp, parameters by their Megatron layout.
  *
  * Rules.  Walking each function in order, every op's sharding rule (rule(), one case per
  * op, next to its derivative rule in spirit: both say how the op treats its operands)
- * gives the placements it needs for its operands and the placements of its results.
- * Where an operand sits differently, reshard() inserts the collective:
+ * gives the placements it needs for its operands and the placements of its results.  An
+ * axis's own rule for an op, where it has one, comes first.  Where an operand sits
+ * differently, shard_reshard() inserts the collective:
  *     P -> R all_reduce      P -> S(d) reduce_scatter     S(d) -> R all_gather
  *     S(d) -> S(e) all_to_all      R -> S(d) shard_slice (no communication)
  * Then the op is emitted with per-rank shapes.  Results of a function are made R.
  *
- * This version plans the dp axis (data parallel, ZeRO 0-3); a mesh with other axes larger
- * than 1 is refused with a clear message.  docs/sharding.md lists every op's rule.
+ * This version partitions over dp (ZeRO 0-3) and tp (with sequence parallel); pp passes
+ * through to the pipeline pass; a mesh with cp or ep larger than 1 is refused with a clear
+ * message.  docs/sharding.md lists every op's rule.
  */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes.h"
-
-typedef struct {
-  int8_t kind;   /* SH_R, SH_S, SH_P */
-  int8_t dim;
-} Place;
-
-typedef struct {
-  Module *m;
-  Func *f;             /* the function being built (per-rank) */
-  Value **map;         /* source value id -> per-rank value */
-  int zero;
-  bool sp;             /* sequence parallel over tp */
-  bool in_step;        /* building @grad_step or @forward (activations flow there) */
-  int *zero_dim;       /* per global index: the dim ZeRO splits over dp, or -1 */
-  bool *undecided;     /* per global index: a gradient whose placement off dp the first accumulate decides */
-  int64_t heads, kv_heads;   /* of the model's attention (0: none) */
-  /* reshard cache: (value, placement on an axis) -> converted value; cleared when the
-     global it reads is written, never kept for ZeRO-3 parameters (re-gathered at each use) */
-  struct { Value *from, *to; Sharding want; } *cache;
-  int n_cache, cap_cache;
-  char *err;
-  size_t errlen;
-  int failed;
-} Sharder;
-
-static Place place_of(const Value *v, int axis) {
-  Place p = {v->type.sh.kind[axis], v->type.sh.dim[axis]};
-  return p;
-}
-
-static void set_place(Sharding *s, int axis, Place p) {
-  s->kind[axis] = p.kind;
-  s->dim[axis] = p.kind == SH_S ? p.dim : 0;
-}
-
-static bool place_eq(Place a, Place b) { return a.kind == b.kind && (a.kind != SH_S || a.dim == b.dim); }
-
-static const Place R = {SH_R, 0}, P = {SH_P, 0};   /* replicated; partial sums */
-static Place S(int d) { return (Place){SH_S, (int8_t)d}; }
+#include "shard_internal.h"
 
 /* Per-rank dims of a global type under a sharding. */
-static Type local_type(const Module *m, Type global, const Sharding *sh) {
+Type shard_local_type(const Module *m, Type global, const Sharding *sh) {
   Type t = global;
   t.sh = *sh;
   for (int a = 0; a < AX_COUNT; a++)
@@ -73,7 +45,7 @@ static Type local_type(const Module *m, Type global, const Sharding *sh) {
 }
 
 /* The global dims of a per-rank value. */
-static Type global_type(const Module *m, const Value *v) {
+Type shard_global_type(const Module *m, const Value *v) {
   Type t = v->type;
   for (int a = 0; a < AX_COUNT; a++)
     if (t.sh.kind[a] == SH_S) t.dims[t.sh.dim[a]] *= m->mesh.size[a];
@@ -81,8 +53,7 @@ static Type global_type(const Module *m, const Value *v) {
   return t;
 }
 
-static int fail(Sharder *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(Sharder *s, const char *fmt, ...) {
+int shard_fail(Sharder *s, const char *fmt, ...) {
   if (!s->failed) {
     va_list ap;
     va_start(ap, fmt);
@@ -95,8 +66,8 @@ static int fail(Sharder *s, const char *fmt, ...) {
 
 /* ---- collectives ---- */
 
-static Value *collective_parts(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, int64_t dim2, Place result,
-                               const char *reduce, int64_t parts) {
+Value *shard_collective_parts(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, int64_t dim2, Place result,
+                              const char *reduce, int64_t parts) {
   Op *op = op_new(s->m, k, &x, 1, &x->type);
   op->attrs[0] = (Attr){.kind = ATTR_STR, .s = mesh_axis_names[axis], .set = true};
   op_set_int(op, "n", s->m->mesh.size[axis]);
@@ -114,7 +85,7 @@ static Value *collective_parts(Sharder *s, OpKind k, Value *x, int axis, int64_t
   Type t;
   char msg[512];
   if (infer_types(op, &t, msg, sizeof msg)) {
-    fail(s, "shard: cannot build %s: %s", op_info(k)->name, msg);
+    shard_fail(s, "shard: cannot build %s: %s", op_info(k)->name, msg);
     return x;
   }
   t.sh = x->type.sh;
@@ -125,9 +96,9 @@ static Value *collective_parts(Sharder *s, OpKind k, Value *x, int axis, int64_t
   return op->results[0];
 }
 
-static Value *collective(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, int64_t dim2, Place result,
-                         const char *reduce) {
-  return collective_parts(s, k, x, axis, dim, dim2, result, reduce, s->m->mesh.size[axis]);
+Value *shard_collective(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, int64_t dim2, Place result,
+                        const char *reduce) {
+  return shard_collective_parts(s, k, x, axis, dim, dim2, result, reduce, s->m->mesh.size[axis]);
 }
 
 /* Moves v to placement `want` on one axis. */
@@ -135,26 +106,23 @@ static Value *reshard_axis(Sharder *s, Value *v, int axis, Place want) {
   Place have = place_of(v, axis);
   if (place_eq(have, want)) return v;
   if (have.kind == SH_P) {
-    if (want.kind == SH_R) return collective(s, OP_ALL_REDUCE, v, axis, 0, 0, R, "sum");
-    if (want.kind == SH_S) return collective(s, OP_REDUCE_SCATTER, v, axis, want.dim, 0, want, NULL);
+    if (want.kind == SH_R) return shard_collective(s, OP_ALL_REDUCE, v, axis, 0, 0, R, "sum");
+    if (want.kind == SH_S) return shard_collective(s, OP_REDUCE_SCATTER, v, axis, want.dim, 0, want, NULL);
   }
   if (have.kind == SH_S) {
-    if (want.kind == SH_R) return collective(s, OP_ALL_GATHER, v, axis, have.dim, 0, R, NULL);
-    if (want.kind == SH_S) return collective(s, OP_ALL_TO_ALL, v, axis, want.dim, have.dim, want, NULL);
+    if (want.kind == SH_R) return shard_collective(s, OP_ALL_GATHER, v, axis, have.dim, 0, R, NULL);
+    if (want.kind == SH_S) return shard_collective(s, OP_ALL_TO_ALL, v, axis, want.dim, have.dim, want, NULL);
   }
-  if (have.kind == SH_R && want.kind == SH_S) return collective(s, OP_SHARD_SLICE, v, axis, want.dim, 0, want, NULL);
-  fail(s, "shard: no way to move a value from %s to partial over %s", have.kind == SH_R ? "replicated" : "split",
-       mesh_axis_names[axis]);
+  if (have.kind == SH_R && want.kind == SH_S)
+    return shard_collective(s, OP_SHARD_SLICE, v, axis, want.dim, 0, want, NULL);
+  shard_fail(s, "shard: no way to move a value from %s to partial over %s", have.kind == SH_R ? "replicated" : "split",
+             mesh_axis_names[axis]);
   return v;
 }
 
-static bool is_zero3_param(Sharder *s, const Value *v) {
-  return s->zero >= 3 && v->kind == VAL_GLOBAL && v->global->kind == GLOBAL_PARAM && s->zero_dim[v->global->index] >= 0;
-}
-
-static Value *reshard(Sharder *s, Value *v, const Sharding *want) {
+Value *shard_reshard(Sharder *s, Value *v, const Sharding *want) {
   if (sharding_eq(&v->type.sh, want)) return v;
-  bool cacheable = !is_zero3_param(s, v);
+  bool cacheable = !shard_dp_zero3_param(s, v);
   for (int i = 0; cacheable && i < s->n_cache; i++)
     if (s->cache[i].from == v && sharding_eq(&s->cache[i].want, want)) return s->cache[i].to;
   Value *x = v;
@@ -189,12 +157,6 @@ static void cache_forget_global(Sharder *s, const Value *g) {
 }
 
 /* ---- the rules: per axis, what each op needs and gives ---- */
-
-typedef struct {
-  Place need[256];   /* per operand */
-  Place give[IR_MAX_RESULTS];
-  int hint[256];     /* per operand: the dim a partial operand would rather be scattered to, or -1 */
-} Decision;
 
 /* Is the op linear in its operands, so partial sums pass through (with the others R)?
    add/sub: all operands partial; mul: one partial; div: the numerator; others: one operand. */
@@ -237,15 +199,12 @@ static void rule_elementwise(Sharder *s, const Op *op, const Place *in, int axis
     if (in[i].kind == SH_S && target.kind == SH_R && op->results[0]->type.rank > 0) target = in[i];
     any_p |= in[i].kind == SH_P;
   }
-  /* Sequence parallel: a partial activation [B,T,...] is reduce-scattered along the
-     sequence (Megatron-SP), not all-reduced. */
-  if (target.kind == SH_R && s->sp && axis == AX_TP && s->in_step && op->results[0]->type.rank >= 3 &&
-      !partial_passes(op, in) && any_p)
-    target = S(1);
-  /* ZeRO: a partial gradient is reduce-scattered to the rank's shard, not all-reduced. */
-  if (target.kind == SH_R && !partial_passes(op, in))
-    for (int i = 0; i < op->n_operands; i++)
-      if (in[i].kind == SH_P && d->hint[i] >= 0) target = S(d->hint[i]);
+  /* A partial operand the op is not linear in is reduced: to R, unless its axis reduces
+     it to a split (sequence parallel on tp, the ZeRO shard of a gradient on dp). */
+  if (target.kind == SH_R && any_p && !partial_passes(op, in)) {
+    if (axis == AX_TP) target = shard_tp_partial_target(s, op);
+    else if (axis == AX_DP) target = shard_dp_partial_target(op, in, d);
+  }
   if (any_p && target.kind == SH_R && partial_passes(op, in)) {
     for (int i = 0; i < op->n_operands; i++) d->need[i] = in[i].kind == SH_P ? P : R;
     d->give[0] = P;
@@ -260,6 +219,8 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
   int64_t n = s->m->mesh.size[axis];
   for (int i = 0; i < op->n_operands; i++) d->need[i] = in[i];
   for (int r = 0; r < op->n_results; r++) d->give[r] = R;
+  /* An axis's own rules first, then the rules that hold on every axis. */
+  if (axis == AX_TP && shard_tp_rule(s, op, in, gin, d)) return;
   if (info->cls == CLASS_ELEMENTWISE || op->kind == OP_CAST) {
     rule_elementwise(s, op, in, axis, d);
     return;
@@ -424,13 +385,7 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
   }
   case OP_EMBEDDING_GRAD: {   /* dy ids -> dtable: rows split means partial tables */
     Place dy = in[0], ids = in[1];
-    int last = gin[0].rank - 1;
-    if (axis == AX_TP && op->results[0]->type.dims[0] % n == 0 && !(dy.kind == SH_S && dy.dim == last)) {
-      /* tensor parallel: the table is vocabulary-parallel; each rank scatters into its rows */
-      d->need[0] = d->need[1] = R;
-      d->give[0] = S(0);
-      return;
-    }
+    int last = gin[0].rank - 1;   /* (tp's vocabulary-parallel table: shard_tp_rule) */
     if (dy.kind == SH_P) {
       d->need[1] = R;
       d->give[0] = P;
@@ -531,32 +486,6 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
 
 /* ---- the plan ---- */
 
-/* The dim ZeRO splits over dp: the first dim the dp size divides (after other axes). */
-static int zero_dim_of(const Module *m, const Type *t) {
-  int64_t dp = m->mesh.size[AX_DP];
-  for (int d = 0; d < t->rank; d++) {
-    int64_t local = t->dims[d];
-    for (int a = 0; a < AX_COUNT; a++)
-      if (t->sh.kind[a] == SH_S && t->sh.dim[a] == d) local /= m->mesh.size[a];
-    if (local % dp == 0) return d;
-  }
-  return -1;
-}
-
-/* Head counts from the first attention op (tp keeps whole heads per rank). */
-static void find_heads(Sharder *s) {
-  for (int i = 0; i < s->m->funcs.n && !s->heads; i++) {
-    const Func *f = s->m->funcs.items[i];
-    for (int k = 0; k < f->ops.n; k++) {
-      const Op *op = f->ops.items[k];
-      if (op->kind != OP_ATTENTION) continue;
-      s->heads = op->operands[0]->type.dims[2];
-      s->kv_heads = op->operands[1]->type.dims[2];
-      break;
-    }
-  }
-}
-
 static const Global *param_of_state(const Module *m, const Global *g) {
   const char *prefixes[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
   for (int i = 0; i < 3; i++) {
@@ -564,32 +493,6 @@ static const Global *param_of_state(const Module *m, const Global *g) {
     if (!strncmp(g->name, prefixes[i], l)) return module_find_global(m, g->name + l);
   }
   return NULL;
-}
-
-/* Tensor parallelism (Megatron-LM): the dim of a parameter split over tp, by its Hugging
-   Face name; -1 for replicated.  Column-parallel (split outputs): GPT-2 c_attn (whole heads
-   of q, k, v: [D,3,D]) and c_fc, Llama q/k/v and gate/up; row-parallel (split inputs):
-   c_proj, o_proj, down; vocabulary-parallel: the token embedding and the LM head.  Key and
-   value projections stay whole when tp does not divide the KV heads (their heads are then
-   sliced per rank at the attention). */
-static int tp_dim_of(const Sharder *s, const Global *p) {
-  static const struct { const char *suffix; int dim; } plan[] = {
-    {".attn.c_attn.weight", -2}, {".attn.c_attn.bias", -2}, {".attn.c_proj.weight", 0}, {".mlp.c_fc.weight", 1},
-    {".mlp.c_fc.bias", 0}, {".mlp.c_proj.weight", 0}, {"wte.weight", 0}, {".q_proj.weight", 0}, {".k_proj.weight", -3},
-    {".v_proj.weight", -3}, {".o_proj.weight", 1}, {".gate_proj.weight", 0}, {".up_proj.weight", 0},
-    {".down_proj.weight", 1}, {"embed_tokens.weight", 0}, {"lm_head.weight", 0},
-  };
-  int64_t tp = s->m->mesh.size[AX_TP];
-  size_t len = strlen(p->name);
-  for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
-    size_t sl = strlen(plan[i].suffix);
-    if (len < sl || strcmp(p->name + len - sl, plan[i].suffix)) continue;
-    int d = plan[i].dim;
-    if (d == -2) d = p->value->type.rank - 1;          /* the last dim */
-    if (d == -3) d = s->kv_heads % tp == 0 ? 0 : -1;   /* whole KV heads per rank, or replicated */
-    return d;
-  }
-  return -1;
 }
 
 /* Placements of the globals over tp and dp, then their per-rank types. */
@@ -607,37 +510,18 @@ static int plan_globals(Sharder *s) {
     if (!p) continue;
     bool grad = g != p && !strncmp(g->name, GRAD_PREFIX, strlen(GRAD_PREFIX));
     Sharding sh = plan[i];
-    if (tp) {
-      int d = tp_dim_of(s, p);
-      if (d >= 0 && p->value->type.dims[d] % m->mesh.size[AX_TP]) {
-        snprintf(s->err, s->errlen, "shard: tp=%lld does not divide dim %d (%lld) of $%s; choose a tp that divides it",
-                 (long long)m->mesh.size[AX_TP], d, (long long)p->value->type.dims[d], p->name);
-        free(plan);
-        return IR_EINPUT;
-      }
-      if (grad) s->undecided[i] = true;   /* placed where its gradient arrives */
-      else if (d >= 0) set_place(&sh, AX_TP, S(d));
+    /* The parameter as the axes before dp place it: ZeRO splits what they leave a rank. */
+    Type param = p->value->type;
+    if (tp && shard_tp_plan_global(s, i, p, grad, &sh, &param)) {
+      free(plan);
+      return IR_EINPUT;
     }
-    if (dp) {
-      Type planned = p->value->type;
-      if (tp && tp_dim_of(s, p) >= 0) set_place(&planned.sh, AX_TP, S(tp_dim_of(s, p)));
-      int zd = zero_dim_of(m, &planned);
-      Place want = R;
-      if (g->kind == GLOBAL_PARAM) {
-        if (s->zero >= 3 && zd >= 0) want = S(zd);
-      } else if (grad) {
-        want = (s->zero >= 2 && zd >= 0) ? S(zd) : P;   /* partial sums until the optimizer step */
-      } else if (s->zero >= 1 && zd >= 0) {
-        want = S(zd);
-      }
-      s->zero_dim[i] = zd;
-      set_place(&sh, AX_DP, want);
-    }
+    if (dp) shard_dp_plan_global(s, i, g, grad, &param, &sh);
     plan[i] = sh;
   }
   for (int i = 0; i < m->globals.n; i++) {
     Global *g = m->globals.items[i];
-    g->value->type = local_type(m, g->value->type, &plan[i]);
+    g->value->type = shard_local_type(m, g->value->type, &plan[i]);
   }
   free(plan);
   return 0;
@@ -649,31 +533,27 @@ static void decide_gradient(Sharder *s, Value *dst, const Value *v) {
   int gi = dst->global->index;
   if (!s->undecided[gi]) return;
   s->undecided[gi] = false;
-  Type whole = global_type(s->m, dst);
+  Type whole = shard_global_type(s->m, dst);
   Sharding sh = dst->type.sh;
   for (int a = 0; a < AX_COUNT; a++)
     if (a != AX_DP) {
       sh.kind[a] = v->type.sh.kind[a];
       sh.dim[a] = v->type.sh.dim[a];
     }
-  dst->type = local_type(s->m, whole, &sh);
+  dst->type = shard_local_type(s->m, whole, &sh);
 }
 
-/* ---- one function ---- */
-
-static Value *map_operand(Sharder *s, Value *v) { return v->kind == VAL_GLOBAL ? v : s->map[v->id]; }
-
-/* ---- ops the partitioner rewrites (the per-rank form is not the same op) ---- */
+/* ---- building per-rank ops (the axes' rewrites use these too) ---- */
 
 /* An op on per-rank values with result placements `sh`; attributes copied from `like`. */
-static Value *local_op(Sharder *s, OpKind k, Value **ops, int n, const Type *declared, Sharding sh, const Op *like) {
+Value *shard_local_op(Sharder *s, OpKind k, Value **ops, int n, const Type *declared, Sharding sh, const Op *like) {
   Type t = declared ? *declared : ops[0]->type;
   Op *op = op_new(s->m, k, ops, n, &t);
   if (like) memcpy(op->attrs, like->attrs, sizeof op->attrs);
   if (!(op_info(k)->flags & OPF_TYPED)) {
     char msg[512];
     if (infer_types(op, &t, msg, sizeof msg)) {
-      fail(s, "shard: %s: %s", op_info(k)->name, msg);
+      shard_fail(s, "shard: %s: %s", op_info(k)->name, msg);
       return ops[0];
     }
   }
@@ -683,113 +563,16 @@ static Value *local_op(Sharder *s, OpKind k, Value **ops, int n, const Type *dec
   return op->results[0];
 }
 
-static Value *reduce_last(Sharder *s, OpKind k, Value *x, Sharding sh) {
-  int64_t last = x->type.rank - 1;
-  Value *v = local_op(s, k, &x, 1, NULL, sh, NULL);
-  op_set_ints(s->m, v->def, "dims", &last, 1);
-  Type t;
-  char msg[256];
-  infer_types(v->def, &t, msg, sizeof msg);
-  t.sh = sh;
-  v->type = t;
-  return v;
-}
-
-/* A per-row value [...] broadcast over the last dim of `like` [...,V]: reshape to [...,1] first. */
-static Value *bcast_to(Sharder *s, Value *x, const Value *like) {
-  Type k = x->type;
-  k.dims[k.rank++] = 1;
-  x = local_op(s, OP_RESHAPE, &x, 1, &k, x->type.sh, NULL);
-  Type t = like->type;
-  t.dtype = x->type.dtype;
-  return local_op(s, OP_BROADCAST, &x, 1, &t, like->type.sh, NULL);
-}
-
-static Value *set_vocab_axis(Sharder *s, Value *v, int axis) {
+Value *shard_set_vocab_axis(Value *v, int axis) {
   Attr *a = &v->def->attrs[op_attr_index(v->def->kind, "vocab_axis")];
   a->s = mesh_axis_names[axis];
   a->set = true;
-  (void)s;
   return v;
 }
 
-/* Cross-entropy over logits whose vocabulary is split over `axis` (the LM head is
-   vocabulary-parallel): the row max, the sum of exponentials and the target's logit are
-   each all-reduced over [B,T] -- the [B,T,V] logits are never gathered (Megatron's
-   vocabulary-parallel cross-entropy).  The gradient recomputes the same statistics:
-   dlogits = dloss * (exp(z) / sum - onehot(target)), each rank for its columns. */
-static void emit_vocab_ce(Sharder *s, const Op *op, Value **ops, int axis) {
-  bool grad = op->kind == OP_CROSS_ENTROPY_GRAD;
-  Value *L = ops[grad ? 1 : 0], *tg = ops[grad ? 2 : 1];
-  DType dt = L->type.dtype;
-  if (dt != DT_F32) {   /* the statistics in f32, as the fused op computes them */
-    Type t = L->type;
-    t.dtype = DT_F32;
-    L = local_op(s, OP_CAST, &L, 1, &t, L->type.sh, NULL);
-  }
-  Sharding rows = L->type.sh, partial;
-  set_place(&rows, axis, R);
-  partial = rows;
-  set_place(&partial, axis, P);
-  tg = reshard(s, tg, &rows);
-  Value *m = collective(s, OP_ALL_REDUCE, reduce_last(s, OP_REDUCE_MAX, L, partial), axis, 0, 0, R, "max");
-  Value *zz[2] = {L, bcast_to(s, m, L)};
-  Value *z = local_op(s, OP_SUB, zz, 2, NULL, L->type.sh, NULL);
-  Value *e = local_op(s, OP_EXP, &z, 1, NULL, L->type.sh, NULL);
-  Value *sum = collective(s, OP_ALL_REDUCE, reduce_last(s, OP_REDUCE_SUM, e, partial), axis, 0, 0, R, "sum");
-  if (!grad) {
-    Value *pick[2] = {z, tg};
-    Value *t = set_vocab_axis(s, local_op(s, OP_TARGET_PICK, pick, 2, NULL, partial, NULL), axis);
-    Value *tz = collective(s, OP_ALL_REDUCE, t, axis, 0, 0, R, "sum");
-    Value *lt[2] = {local_op(s, OP_LOG, &sum, 1, NULL, rows, NULL), tz};
-    s->map[op->results[0]->id] = local_op(s, OP_SUB, lt, 2, NULL, rows, NULL);
-    return;
-  }
-  Value *dloss = reshard(s, ops[0], &rows);
-  Value *ps[2] = {e, bcast_to(s, sum, L)};
-  Value *p = local_op(s, OP_DIV, ps, 2, NULL, L->type.sh, NULL);
-  Type oh_t = L->type;
-  Value *oh = set_vocab_axis(s, local_op(s, OP_ONEHOT, &tg, 1, &oh_t, L->type.sh, NULL), axis);
-  Value *po[2] = {p, oh};
-  Value *diff = local_op(s, OP_SUB, po, 2, NULL, L->type.sh, NULL);
-  Value *dg[2] = {diff, bcast_to(s, dloss, L)};
-  Value *g = local_op(s, OP_MUL, dg, 2, NULL, L->type.sh, NULL);
-  if (dt != DT_F32) {
-    Type t = g->type;
-    t.dtype = dt;
-    g = local_op(s, OP_CAST, &g, 1, &t, g->type.sh, NULL);
-  }
-  s->map[op->results[0]->id] = g;
-}
+/* ---- one function ---- */
 
-/* Attention with query heads split over `axis` but too few KV heads to split (tp > KV,
-   tp a multiple of KV): every rank holds all KV heads and slices the one its query heads
-   read; in the backward the gradient of that head goes back into a whole-size partial
-   sum. */
-static void emit_kv_replicated(Sharder *s, const Op *op, Value **ops, int axis, int64_t kv) {
-  bool grad = op->kind == OP_ATTENTION_GRAD;
-  int q = grad ? 1 : 0;
-  Sharding whole_kv = ops[q]->type.sh;
-  set_place(&whole_kv, axis, R);
-  Value *args[4];
-  for (int i = 0; i < op->n_operands; i++) args[i] = ops[i];
-  for (int i = q + 1; i < q + 3; i++) {
-    Value *x = reshard(s, ops[i], &whole_kv);
-    args[i] = collective_parts(s, OP_SHARD_SLICE, x, axis, 2, 0, S(2), NULL, kv);
-  }
-  Type types[3];
-  for (int r = 0; r < op->n_results; r++) types[r] = (grad ? args[r + 1] : args[0])->type;
-  Op *c = op_new_n(s->m, op->kind, args, op->n_operands, types, op->n_results);
-  memcpy(c->attrs, op->attrs, sizeof c->attrs);
-  ptrvec_push(s->m->arena, &s->f->ops, c);
-  for (int r = 0; r < op->n_results; r++) {
-    c->results[r]->name = op->results[r]->name;
-    s->map[op->results[r]->id] = c->results[r];
-  }
-  if (grad)
-    for (int r = 1; r < 3; r++)
-      s->map[op->results[r]->id] = collective_parts(s, OP_SHARD_PAD, c->results[r], axis, 2, 0, P, NULL, kv);
-}
+static Value *map_operand(Sharder *s, Value *v) { return v->kind == VAL_GLOBAL ? v : s->map[v->id]; }
 
 static void emit(Sharder *s, Op *op) {
   const OpInfo *info = op_info(op->kind);
@@ -799,7 +582,7 @@ static void emit(Sharder *s, Op *op) {
   Type gin[256];
   for (int i = 0; i < nops; i++) {
     ops[i] = map_operand(s, op->operands[i]);
-    gin[i] = global_type(m, ops[i]);
+    gin[i] = shard_global_type(m, ops[i]);
   }
   /* A partial operand that was already reduced for an earlier op is read reduced: the
      collective is not repeated (e.g. a gradient reduced for the input-gradient matmul is
@@ -815,32 +598,14 @@ static void emit(Sharder *s, Op *op) {
     for (int k = 0; partial && k < s->n_cache; k++)
       if (s->cache[k].from == ops[i] && sharding_eq(&s->cache[k].want, &reduced)) {
         ops[i] = s->cache[k].to;
-        gin[i] = global_type(m, ops[i]);
+        gin[i] = shard_global_type(m, ops[i]);
         break;
       }
   }
-  /* Ops whose per-rank form is a different computation. */
-  for (int a = 0; a < AX_COUNT; a++) {
-    int64_t n = m->mesh.size[a];
-    if (n == 1) continue;
-    if (op->kind == OP_CROSS_ENTROPY || op->kind == OP_CROSS_ENTROPY_GRAD) {
-      const Value *L = ops[op->kind == OP_CROSS_ENTROPY ? 0 : 1];
-      Place p = place_of(L, a);
-      if (p.kind == SH_S && p.dim == L->type.rank - 1) {
-        emit_vocab_ce(s, op, ops, a);
-        return;
-      }
-    }
-    if (op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD) {
-      int q = op->kind == OP_ATTENTION ? 0 : 1;
-      Place pq = place_of(ops[q], a);
-      int64_t kv = gin[q + 1].dims[2];
-      if (pq.kind == SH_S && pq.dim == 2 && kv % n && n % kv == 0) {
-        emit_kv_replicated(s, op, ops, a, kv);
-        return;
-      }
-    }
-  }
+  /* Ops whose per-rank form is a different computation (vocabulary-parallel
+     cross-entropy, KV heads sliced per rank: shard_tp.c). */
+  for (int a = 0; a < AX_COUNT; a++)
+    if (m->mesh.size[a] > 1 && shard_tp_rewrite(s, op, ops, gin, a)) return;
   /* Decide per axis, then move the operands where the rule needs them. */
   Decision dec;
   Sharding need[256], give[IR_MAX_RESULTS];
@@ -851,11 +616,8 @@ static void emit(Sharder *s, Op *op) {
     Place in[256];
     for (int i = 0; i < nops; i++) {
       in[i] = place_of(ops[i], a);
-      /* ZeRO-3 splits a parameter's storage, not the computation: rules see it whole, so
-         it is gathered before each use (and the optimizer, elementwise on shards, does not). */
-      if (a == AX_DP && is_zero3_param(s, ops[i])) in[i] = R;
-      const Value *v = ops[i];
-      dec.hint[i] = a == AX_DP && s->zero >= 1 && v->kind == VAL_GLOBAL ? s->zero_dim[v->global->index] : -1;
+      dec.hint[i] = -1;
+      if (a == AX_DP) shard_dp_operand(s, ops[i], &in[i], &dec.hint[i]);   /* ZeRO-3 parameters seen whole */
     }
     rule(s, op, in, gin, a, &dec);
     for (int i = 0; i < nops; i++) set_place(&need[i], a, dec.need[i]);
@@ -866,7 +628,7 @@ static void emit(Sharder *s, Op *op) {
   if (op->kind == OP_ACCUMULATE && ops[0]->kind == VAL_GLOBAL) decide_gradient(s, ops[0], ops[1]);
   for (int i = 0; i < writes; i++) need[i] = ops[i]->type.sh;
   if (op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN) need[1] = ops[0]->type.sh;
-  for (int i = writes; i < nops; i++) ops[i] = reshard(s, ops[i], &need[i]);
+  for (int i = writes; i < nops; i++) ops[i] = shard_reshard(s, ops[i], &need[i]);
   for (int i = 0; i < writes; i++) cache_forget_global(s, ops[i]);
 
   /* Partition rewrites: a mean over a split dim is a sum over the whole count; a max over
@@ -890,7 +652,7 @@ static void emit(Sharder *s, Op *op) {
         }
     }
   Type types[IR_MAX_RESULTS];
-  for (int r = 0; r < op->n_results; r++) types[r] = local_type(m, op->results[r]->type, &give[r]);
+  for (int r = 0; r < op->n_results; r++) types[r] = shard_local_type(m, op->results[r]->type, &give[r]);
   Op *c = op_new_n(m, kind, ops, nops, types, op->n_results);
   memcpy(c->attrs, op->attrs, sizeof c->attrs);
   c->line = op->line;
@@ -913,7 +675,8 @@ static void emit(Sharder *s, Op *op) {
     char msg[512];
     if (infer_types(c, t, msg, sizeof msg)) {
       char text[256];
-      fail(s, "shard: the per-rank form of an op does not check: %s\n  %s", msg, op_to_string(op, text, sizeof text));
+      shard_fail(s, "shard: the per-rank form of an op does not check: %s\n  %s", msg,
+                 op_to_string(op, text, sizeof text));
       return;
     }
     for (int r = 0; r < c->n_results; r++) {
@@ -930,7 +693,7 @@ static void emit(Sharder *s, Op *op) {
   if (op->kind == OP_EMBEDDING || op->kind == OP_EMBEDDING_GRAD)
     for (int a = 0; a < AX_COUNT; a++) {
       Place p = op->kind == OP_EMBEDDING ? place_of(ops[0], a) : (Place){give[0].kind[a], give[0].dim[a]};
-      if (p.kind == SH_S && p.dim == 0) set_vocab_axis(s, c->results[0], a);
+      if (p.kind == SH_S && p.dim == 0) shard_set_vocab_axis(c->results[0], a);
     }
   ptrvec_push(m->arena, &s->f->ops, c);
   if (mean_scale) {
@@ -944,7 +707,7 @@ static void emit(Sharder *s, Op *op) {
   }
   if (max_axis >= 0) {
     Value *v = c->results[0];
-    s->map[op->results[0]->id] = collective(s, OP_ALL_REDUCE, v, max_axis, 0, 0, R, "max");
+    s->map[op->results[0]->id] = shard_collective(s, OP_ALL_REDUCE, v, max_axis, 0, 0, R, "max");
   }
 }
 
@@ -959,20 +722,12 @@ static int shard_func(Sharder *s, Func *src) {
   int n = func_number(src);
   s->map = calloc((size_t)n + 1, sizeof *s->map);
   s->n_cache = 0;
-  /* Token inputs are split over dp along the batch; other arguments are replicated. */
+  /* The arguments' placements: the tokens split over dp (shard_dp_plan_arg); others replicated. */
   for (int i = 0; i < src->args.n; i++) {
     Value *a = src->args.items[i];
     Sharding sh = a->type.sh;
-    if (m->mesh.size[AX_DP] > 1 && a->type.rank >= 1 && !dtype_is_float(a->type.dtype)) {
-      if (a->type.dims[0] % m->mesh.size[AX_DP]) {
-        fail(s, "shard: the batch of @%s's argument %%%s (%lld) does not split over dp=%lld; make the batch a "
-                    "multiple of dp", src->name, a->name ? a->name : "?", (long long)a->type.dims[0],
-                    (long long)m->mesh.size[AX_DP]);
-        break;
-      }
-      set_place(&sh, AX_DP, S(0));
-    }
-    s->map[a->id] = func_add_arg(f, a->name, local_type(m, a->type, &sh));
+    if (m->mesh.size[AX_DP] > 1 && shard_dp_plan_arg(s, src, a, &sh)) break;
+    s->map[a->id] = func_add_arg(f, a->name, shard_local_type(m, a->type, &sh));
   }
   for (int i = 0; i < src->ops.n && !s->failed; i++) emit(s, src->ops.items[i]);
   /* What a function returns is whole on every rank. */
@@ -980,7 +735,7 @@ static int shard_func(Sharder *s, Func *src) {
     Value *v = map_operand(s, src->rets.items[i]);
     Sharding whole;
     memset(&whole, 0, sizeof whole);
-    func_add_ret(f, reshard(s, v, &whole));
+    func_add_ret(f, shard_reshard(s, v, &whole));
   }
   free(s->map);
   s->map = NULL;
@@ -1012,7 +767,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   s.errlen = errlen;
   s.zero_dim = calloc((size_t)m->globals.n + 1, sizeof(int));
   s.undecided = calloc((size_t)m->globals.n + 1, sizeof(bool));
-  find_heads(&s);
+  shard_tp_init(&s);
   int n_funcs = m->funcs.n, rc = plan_globals(&s);
   for (int i = 0; i < n_funcs && !rc; i++) {
     Func *f = m->funcs.items[i];
@@ -1030,7 +785,8 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   return rc;
 }
 
-const Pass pass_shard = {"shard", "partition the program over the mesh (dp, ZeRO 0-3): per-rank shapes and collectives", run};
+const Pass pass_shard = {"shard",
+                         "partition the program over the mesh (dp, ZeRO 0-3): per-rank shapes and collectives", run};
 
 /* ---- `loom ir --collectives`: what each rank sends per call of each function ---- */
 
@@ -1055,7 +811,8 @@ int collective_summary(const Module *m, const char *func, CollectiveCount *out, 
     if (f->is_kernel || (func && strcmp(f->name, func))) continue;
     for (int k = 0; k < f->ops.n; k++) {
       const Op *op = f->ops.items[k];
-      if (op_info(op->kind)->cls != CLASS_COLLECTIVE || op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD) continue;
+      if (op_info(op->kind)->cls != CLASS_COLLECTIVE || op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD)
+        continue;
       int axis = mesh_axis_parse(op_attr(op, "axis")->s), j = 0;
       while (j < n_out && !(out[j].kind == op->kind && out[j].axis == axis && out[j].func == f)) j++;
       if (j == n_out) {
