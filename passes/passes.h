@@ -60,6 +60,10 @@ typedef struct {
   bool verify_each;             /* run the verifier after every pass */
   bool time_passes;             /* report the time of every pass */
   FILE *print_to;               /* where printed IR and timings go (default stderr) */
+  /* verify-collectives: other programs for some ranks (`loom ir --rank-ir R=FILE`) */
+  const Module *rank_ir[16];
+  int rank_ir_rank[16];
+  int n_rank_ir;
 } PassOptions;
 
 struct PassContext {
@@ -78,7 +82,8 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
 /* The pipeline `loom ir` runs when none is given, the one training adds, and lowering.
    In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
-#define TRAIN_PIPELINE "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,bucket,canonicalize,cse,dce,verify"
+#define TRAIN_PIPELINE \
+  "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,bucket,canonicalize,cse,dce,verify,verify-collectives"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's
@@ -102,6 +107,10 @@ typedef struct {
 } CollectiveCount;
 int collective_summary(const Module *m, const char *func, CollectiveCount *out, int max);
 void collective_report(FILE *out, const Module *m);
+
+/* verify_collectives.c: rank k runs mods[k] (world of them, one mesh); 0 when their
+   collectives and transfers match and cannot deadlock, else the first violation. */
+int verify_collectives_ranks(const Module *const *mods, int world, char *err, size_t errlen);
 
 /* Checks that no two buffers alive at the same time share bytes (except aliases). */
 int memory_plan_check(Func *f, int target, char *err, size_t errlen);

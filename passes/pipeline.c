@@ -114,15 +114,18 @@ static int classify(PP *pp) {
     if (seed) {
       ph = PH_B, unit = pp->n_units - 1, seen_seed = true;
     } else {
-      bool any_b = false, any_dyn = false;
+      /* An op of the tokens or targets and constants alone (a one-hot of the targets) is
+         floating too: every chunk function has the arguments, so it is cloned where used. */
+      bool any_b = false, any_dyn = false, any_arg = false, any_global = false;
       for (int k = 0; k < op->n_operands; k++) {
         Value *v = op->operands[k];
         if (v->kind == VAL_GLOBAL) {
+          any_global = true;
           if (k >= op_n_writes(op->kind)) unit = unit > global_unit(v->global) ? unit : global_unit(v->global);
           continue;
         }
         if (is_arg(v)) {
-          any_dyn = true;
+          any_arg = true;
           continue;
         }
         int vp = pp->vphase[v->id];
@@ -131,7 +134,7 @@ static int classify(PP *pp) {
         if (vp != PH_B && pp->vunit[v->id] > unit) unit = pp->vunit[v->id];
       }
       if (any_b || op_n_writes(op->kind)) ph = PH_B;
-      else if (any_dyn) ph = PH_F;
+      else if (any_dyn || (any_arg && any_global)) ph = PH_F;
       if (ph == PH_B) unit = -1;   /* set below, once reaches are known */
     }
     pp->phase[i] = ph;
@@ -178,13 +181,14 @@ static int classify(PP *pp) {
   for (int i = 0; i < g->ops.n; i++) {   /* a floating value's reach: that of its parameters */
     Op *op = g->ops.items[i];
     if (pp->phase[i] != PH_FLOAT) continue;
-    int u = 0;
+    int u = -1;   /* made of no parameter: it binds no unit */
     for (int k = 0; k < op->n_operands; k++) {
       Value *v = op->operands[k];
-      int x = v->kind == VAL_GLOBAL ? preach[v->global->index] : v->kind == VAL_RESULT ? greach[v->id] : 0;
+      int x = v->kind == VAL_GLOBAL ? preach[v->global->index]
+              : v->kind == VAL_RESULT && greach[v->id] < pp->n_units ? greach[v->id] : -1;
       if (x > u) u = x;
     }
-    for (int r = 0; r < op->n_results; r++) greach[op->results[r]->id] = u;
+    for (int r = 0; r < op->n_results; r++) greach[op->results[r]->id] = u < 0 ? pp->n_units : u;
   }
   /* Backward units: the smallest over operands (adjoints: their unit; forward values,
      parameters and floating values: their reach). */

@@ -1,5 +1,6 @@
 /* tools/cmd_ir.c — `loom ir`: build or parse a module, run a pipeline, print the IR. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
@@ -34,6 +35,8 @@ static const char help[] =
   "  --flops                print each function's model FLOPs per call (matmuls and attention,\n"
   "                         the 6N + 12LTD count of MFU) instead of the IR\n"
   "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
+  "  --rank-ir R=FILE.ir    verify-collectives: rank R runs FILE's program (e.g. a hand-edited\n"
+  "                         per-rank dump) instead of the input's\n"
   "  --schedule             a pipelined module (--mesh pp=N): every pp rank's actions as a table,\n"
   "                         the predicted bubble (equal unit costs) and held activations\n"
   "  --trace-out F.json     the predicted timeline (Chrome/Perfetto trace, one track per pp rank;\n"
@@ -165,6 +168,22 @@ int cmd_ir(int argc, char **argv) {
         if (opt.n_print_after == 64) return usage_error("ir", "too many --print-ir-after passes");
         opt.print_after[opt.n_print_after++] = tok;
       }
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--rank-ir", &v))) {
+      /* R=FILE: rank R runs FILE's program (verify-collectives checks hand-edited per-rank dumps) */
+      char *end;
+      long rk = r < 0 ? -1 : strtol(v, &end, 10);
+      if (r < 0 || rk < 0 || *end != '=' || !end[1]) return usage_error("ir", "--rank-ir takes R=FILE.ir (a rank and its program)");
+      if (opt.n_rank_ir == 16) return usage_error("ir", "at most 16 --rank-ir");
+      Module *rm = NULL;
+      char perr[IR_ERR_LEN];
+      if (parse_module_file(end + 1, &rm, perr, sizeof perr) || verify_module(rm, perr, sizeof perr)) {
+        module_free(rm);
+        return report(EXIT_USAGE, perr);
+      }
+      opt.rank_ir[opt.n_rank_ir] = rm;
+      opt.rank_ir_rank[opt.n_rank_ir++] = (int)rk;
       continue;
     }
     if ((r = arg_value(argc, argv, &i, "--dump-dir", &v))) {

@@ -74,6 +74,9 @@ for m in gpt2-tiny-4l llama-tiny-4l; do
     --mesh pp=2,tp=2 --sequence-parallel true
   eq $m 4 1 "pp=2 1f1b, --pp-split 0,3" --mesh pp=2 --pp-split 0,3
 done
+BASE=(--mesh dp=2,tp=2 --sequence-parallel true --zero 1) eq gpt2-tiny-4l 4 1 \
+  "pp=2 x dp=2 x tp=2 sp ZeRO-1, interleaved v=2 (against dp=2 x tp=2)" --mesh pp=2,dp=2,tp=2 --sequence-parallel true \
+  --zero 1 --pp-schedule interleaved
 for s in afab 1f1b interleaved zb-h1 dualpipev; do
   extra=(); [ $s = interleaved ] && extra=(--pp-virtual 2)
   eq llama-tiny-4l 4 0 "pp=2 $s" --mesh pp=2 --pp-schedule $s "${extra[@]}"
