@@ -7,6 +7,7 @@
 #include "codegen/cuda/cuda.h"
 #include "runtime/cpu/jit.h"
 #include "ir/schedule.h"
+#include "tools/exec_ref.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -305,6 +306,56 @@ int cmd_ir(int argc, char **argv) {
            "# own piece of each value: along a dim split over an axis, the piece at its coordinate.\n",
            rank, (long long)world, (long long)coord[AX_DP], (long long)coord[AX_TP], (long long)coord[AX_CP],
            (long long)coord[AX_PP], (long long)coord[AX_EP]);
+  }
+  if (memory && in.m->pipe.kind) {   /* per pp rank: its state and the stash its schedule holds at most */
+    Schedule s;
+    if ((rc = schedule_build(in.m->pipe.kind, (int)in.m->mesh.size[AX_PP], (int)in.m->pipe.virt, (int)in.m->pipe.micro, &s,
+                             err, sizeof err))) {
+      module_free(in.m);
+      return report(rc, err);
+    }
+    int64_t peak[64], fb[256], wb[256];
+    pipe_stash_peaks(in.m, &s, peak, fb, wb);
+    printf("pipeline %s, pp=%d, %d micro-batches; per rank (each of its dp/tp ranks holds the same), 4 bytes an element:\n",
+           pipe_kind_names[s.kind], s.p, s.m);
+    printf("  %-6s %14s %14s %14s   %s\n", "rank", "params+grads", "adam m+v", "stash peak", "stash per micro-batch (F->B | B->W)");
+    for (int q = 0; q < s.p; q++) {
+      /* globals this rank's functions touch */
+      int64_t pg = 0, mv = 0;
+      for (int gi = 0; gi < in.m->globals.n; gi++) {
+        const Global *gl = in.m->globals.items[gi];
+        bool used = false;
+        for (int fi = 0; fi < in.m->funcs.n && !used; fi++) {
+          const Func *f = in.m->funcs.items[fi];
+          int c = -1, rr = -1;
+          if (sscanf(f->name, "optimizer_step.s%d", &rr) == 1) {
+            if (rr != q) continue;
+          } else if (sscanf(f->name, "fwd.c%d", &c) == 1 || sscanf(f->name, "bwd.c%d", &c) == 1 ||
+                     sscanf(f->name, "bwd_b.c%d", &c) == 1 || sscanf(f->name, "bwd_w.c%d", &c) == 1) {
+            if (schedule_chunk_rank(s.kind, s.p, s.v, c) != q) continue;
+          } else {
+            continue;
+          }
+          for (int i = 0; i < f->ops.n && !used; i++) {
+            const Op *op = f->ops.items[i];
+            for (int k = 0; k < op->n_operands && !used; k++) used = op->operands[k]->kind == VAL_GLOBAL && op->operands[k]->global == gl;
+          }
+        }
+        if (!used) continue;
+        int64_t b = 4 * type_numel(&gl->value->type);
+        if (!strncmp(gl->name, ADAM_M_PREFIX, strlen(ADAM_M_PREFIX)) || !strncmp(gl->name, ADAM_V_PREFIX, strlen(ADAM_V_PREFIX))) mv += b;
+        else pg += b;
+      }
+      printf("  %-6d %14lld %14lld %14lld  ", q, (long long)pg, (long long)mv, (long long)peak[q]);
+      for (int c = 0; c < s.chunks; c++)
+        if (schedule_chunk_rank(s.kind, s.p, s.v, c) == q) printf(" c%d: %lld | %lld", c, (long long)fb[c], (long long)wb[c]);
+      printf("\n");
+    }
+    printf("(the stash: what each forward keeps for its backward, explicit as @fwd.cK's results; afab holds every "
+           "micro-batch's, 1f1b at most pp - rank)\n");
+    schedule_free(&s);
+    module_free(in.m);
+    return EXIT_OK;
   }
   if (memory) {
     bool planned = true;

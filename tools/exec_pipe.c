@@ -149,10 +149,17 @@ static void *pipe_rank(void *arg) {
       first = 1;
     }
     int nout = f->rets.n - first;
+    if (first) memmove(rets, rets + 1, sizeof(Tensor *) * (size_t)nout);
     if (a->kind == ACT_F) stash[slot] = rets, nst[slot] = nout;
     else if (a->kind == ACT_B && s->split_bw) wst[slot] = rets, nwst[slot] = nout;
     else free_list(rets, f->rets.n);
-    if (first) memmove(rets, rets + 1, sizeof(Tensor *) * (size_t)nout);
+    /* the stash this rank holds now, measured from the tensors themselves */
+    int64_t held = 0;
+    for (int k = 0; k < j->n_micro * C; k++) {
+      for (int t = 0; stash[k] && t < nst[k]; t++) held += 4 * stash[k][t]->n;
+      for (int t = 0; wst[k] && t < nwst[k]; t++) held += 4 * wst[k][t]->n;
+    }
+    if (held > r->stash_peak[j->rank]) r->stash_peak[j->rank] = held;
   }
   for (int k = 0; k < j->n_micro * C; k++) {
     if (stash[k]) free_list(stash[k], nst[k]);
@@ -283,6 +290,7 @@ int pipe_exec_setup(RefExec *r, char *err, size_t errlen) {
     r->act_start[k] = calloc((size_t)r->sched->n[q] + 1, sizeof(double));
     r->act_end[k] = calloc((size_t)r->sched->n[q] + 1, sizeof(double));
   }
+  r->stash_peak = calloc((size_t)r->world, sizeof(int64_t));
   r->owner = calloc((size_t)m->globals.n + 1, sizeof(int));
   for (int i = 0; i < m->globals.n; i++) r->owner[i] = owner_of(m, m->globals.items[i]);
   r->ex.grad_step = NULL;
@@ -296,7 +304,7 @@ void pipe_exec_free(RefExec *r) {
     for (int k = 0; k < r->world && r->act_start; k++) free(r->act_start[k]), free(r->act_end[k]);
     schedule_free(r->sched);
   }
-  free(r->act_start), free(r->act_end), free(r->sched), free(r->owner);
+  free(r->act_start), free(r->act_end), free(r->sched), free(r->owner), free(r->stash_peak);
 }
 
 int pipe_exec_trace(RefExec *r, const char *path, char *err, size_t errlen) {
@@ -312,3 +320,31 @@ int pipe_exec_trace(RefExec *r, const char *path, char *err, size_t errlen) {
   return schedule_write_trace(path, r->sched, st, en, "measured: loom train, reference executor, the last step", err, errlen);
 }
 
+
+/* What one micro-batch of a chunk leaves held: @fwd.cK's results but the loss (until B),
+   @bwd_b.cK's (until W); 4 bytes an element, as the reference executor and the cpu
+   backend hold them. */
+static int64_t rets_bytes(const Func *f, int skip) {
+  int64_t b = 0;
+  for (int i = skip; f && i < f->rets.n; i++) b += 4 * type_numel(&((Value *)f->rets.items[i])->type);
+  return b;
+}
+
+int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes) {
+  for (int c = 0; c < s->chunks; c++) {
+    f_bytes[c] = rets_bytes(chunk_func(m, "fwd", c), c == s->chunks - 1);
+    w_bytes[c] = s->split_bw ? rets_bytes(chunk_func(m, "bwd_b", c), 0) : 0;
+  }
+  for (int q = 0; q < s->p; q++) {
+    int64_t live = 0;
+    peak[q] = 0;
+    for (int i = 0; i < s->n[q]; i++) {
+      const Action *a = &s->acts[q][i];
+      if (a->kind == ACT_F) live += f_bytes[a->chunk];
+      else if (a->kind == ACT_B) live += w_bytes[a->chunk] - f_bytes[a->chunk];
+      else live -= w_bytes[a->chunk];
+      if (live > peak[q]) peak[q] = live;
+    }
+  }
+  return 0;
+}

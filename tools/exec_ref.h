@@ -25,6 +25,7 @@ typedef struct {
   double busy_us[64], span_us[64]; /* per pp rank, summed over steps */
   int64_t pipe_steps;
   int *owner;             /* per global: the pp coordinate whose copy is the truth, or -1 */
+  int64_t *stash_peak;    /* per rank: the most stash bytes held at once (measured) */
 } RefExec;
 
 /* The module holds @grad_step(tokens, targets) -> loss and @optimizer_step(lr, step) ->
@@ -45,6 +46,9 @@ int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *
 int pipe_exec_setup(RefExec *r, char *err, size_t errlen);
 void pipe_exec_free(RefExec *r);
 int pipe_exec_trace(RefExec *r, const char *path, char *err, size_t errlen);
+/* Predicted stash: bytes one micro-batch of chunk c holds from F to B (f_bytes[c]) and from
+   B to W (w_bytes[c]), and each pp rank's peak under the schedule's order (peak[q]). */
+int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes);
 
 
 /* Copies between a whole tensor and the piece of it that the rank at coord holds (the

@@ -68,6 +68,16 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
           fprintf(plan->opt.log, " %.3f", busy > 0 ? (span - busy) / busy : 0);
         }
         fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)rx.pipe_steps);
+        int64_t peak[64], fb[256], wb[256];
+        pipe_stash_peaks(m, s, peak, fb, wb);
+        fprintf(plan->opt.log, "stash peak per pp rank, predicted / measured (bytes):");
+        for (int q = 0; q < s->p; q++) {
+          int coord[COMM_AXES] = {0};
+          coord[COMM_PP] = q;
+          int k = mesh_rank_of(local_world_rank(rx.lw, 0)->mesh, coord);
+          fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)rx.stash_peak[k]);
+        }
+        fputc('\n', plan->opt.log);
       }
       sim_result_free(&sim, s->p);
     }
