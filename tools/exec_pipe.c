@@ -21,6 +21,7 @@ typedef struct {
   IrComm ir;
   Comm *comm;
   int64_t mb;   /* the current micro-batch (-1: the optimizer step) */
+  double waited_us;   /* time spent in recv during the current action (idle, not work) */
 } PipeComm;
 
 static int64_t full_tag(PipeComm *pc, int64_t tag) { return ((pc->mb + 1) << 32) | tag; }
@@ -44,9 +45,13 @@ static int pc_send(IrComm *c, int axis, int peer, int64_t tag, const float *buf,
   PipeComm *pc = (PipeComm *)c;
   return pc->comm->send(pc->comm, axis, peer, full_tag(pc, tag), buf, n);
 }
+static double now_us(void);
 static int pc_recv(IrComm *c, int axis, int peer, int64_t tag, float *buf, int64_t n) {
   PipeComm *pc = (PipeComm *)c;
-  return pc->comm->recv(pc->comm, axis, peer, full_tag(pc, tag), buf, n);
+  double t = now_us();
+  int rc = pc->comm->recv(pc->comm, axis, peer, full_tag(pc, tag), buf, n);
+  pc->waited_us += now_us() - t;
+  return rc;
 }
 
 static double now_us(void) {
@@ -83,7 +88,7 @@ static void *pipe_rank(void *arg) {
   PipeJob *j = arg;
   RefExec *r = j->r;
   const Module *m = r->m;
-  PipeComm pc = {{NULL, {0}, pc_all_reduce, pc_all_gather, pc_reduce_scatter, pc_all_to_all, pc_send, pc_recv}, NULL, -1};
+  PipeComm pc = {{NULL, {0}, pc_all_reduce, pc_all_gather, pc_reduce_scatter, pc_all_to_all, pc_send, pc_recv}, NULL, -1, 0};
   pc.comm = local_world_rank(r->lw, j->rank);
   memcpy(pc.ir.coord, pc.comm->coord, sizeof pc.ir.coord);
   int q = pc.comm->coord[COMM_PP];
@@ -130,8 +135,10 @@ static void *pipe_rank(void *arg) {
     for (int k = 0; k < nin; k++) args[na++] = in[k];
     Tensor **rets = calloc((size_t)f->rets.n + 1, sizeof(Tensor *));
     double t = now_us();
+    pc.waited_us = 0;
     j->rc = interp_run_comm(f, r->g[j->rank], args, rets, &pc.ir, j->err, sizeof j->err);
-    r->act_start[j->rank][i] = t - j->t0;
+    /* a chunk function receives first: its wait for the neighbour is idle time before the work */
+    r->act_start[j->rank][i] = t + pc.waited_us - j->t0;
     r->act_end[j->rank][i] = now_us() - j->t0;
     if (in) {
       free_list(in, nin);
