@@ -105,7 +105,18 @@ static int pipe_schedule_report(const Module *m, FILE *out, const char *trace_ou
   return rc;
 }
 
+static int cmd_ir_body(int argc, char **argv, PassOptions *optp);
+
+/* The --rank-ir modules outlive every return of the body: freed here, once. */
 int cmd_ir(int argc, char **argv) {
+  PassOptions opt;
+  memset(&opt, 0, sizeof opt);
+  int rc = cmd_ir_body(argc, argv, &opt);
+  for (int k = 0; k < opt.n_rank_ir; k++) module_free((Module *)opt.rank_ir[k]);
+  return rc;
+}
+
+static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
   bool memory = false, collectives = false, flops = false, schedule = false;
   const char *trace_out = NULL;
@@ -114,8 +125,6 @@ int cmd_ir(int argc, char **argv) {
   const char *overrides[16];
   char override_buf[16][128];
   int n_overrides = 0;
-  PassOptions opt;
-  memset(&opt, 0, sizeof opt);
   static char print_after_buf[4096];
   size_t pa_used = 0;
   for (int i = 1; i < argc; i++) {
@@ -123,9 +132,9 @@ int cmd_ir(int argc, char **argv) {
     int r;
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "--list-passes")) { pass_list(stdout); return EXIT_OK; }
-    if (arg_flag(a, "--print-ir-after-all")) { opt.print_after_all = true; continue; }
-    if (arg_flag(a, "--verify-each")) { opt.verify_each = true; continue; }
-    if (arg_flag(a, "--time-passes")) { opt.time_passes = true; continue; }
+    if (arg_flag(a, "--print-ir-after-all")) { optp->print_after_all = true; continue; }
+    if (arg_flag(a, "--verify-each")) { optp->verify_each = true; continue; }
+    if (arg_flag(a, "--time-passes")) { optp->time_passes = true; continue; }
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
     if (arg_flag(a, "--flops")) { flops = true; continue; }
@@ -149,7 +158,7 @@ int cmd_ir(int argc, char **argv) {
     }
     if ((r = arg_value(argc, argv, &i, "--target", &v))) {
       if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "cuda"))) return usage_error("ir", "--target takes cpu or cuda");
-      opt.target = strcmp(v, "cpu") ? TARGET_CUDA : TARGET_CPU;
+      optp->target = strcmp(v, "cpu") ? TARGET_CUDA : TARGET_CPU;
       continue;
     }
     if ((r = arg_value(argc, argv, &i, "--passes", &v))) {
@@ -166,8 +175,8 @@ int cmd_ir(int argc, char **argv) {
       pa_used += len + 1;
       for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
         if (!pass_lookup(tok)) return usage_error("ir", "--print-ir-after=%s: unknown pass (see --list-passes)", tok);
-        if (opt.n_print_after == 64) return usage_error("ir", "too many --print-ir-after passes");
-        opt.print_after[opt.n_print_after++] = tok;
+        if (optp->n_print_after == 64) return usage_error("ir", "too many --print-ir-after passes");
+        optp->print_after[optp->n_print_after++] = tok;
       }
       continue;
     }
@@ -176,20 +185,20 @@ int cmd_ir(int argc, char **argv) {
       char *end;
       long rk = r < 0 ? -1 : strtol(v, &end, 10);
       if (r < 0 || rk < 0 || *end != '=' || !end[1]) return usage_error("ir", "--rank-ir takes R=FILE.ir (a rank and its program)");
-      if (opt.n_rank_ir == 16) return usage_error("ir", "at most 16 --rank-ir");
+      if (optp->n_rank_ir == 16) return usage_error("ir", "at most 16 --rank-ir");
       Module *rm = NULL;
       char perr[IR_ERR_LEN];
       if (parse_module_file(end + 1, &rm, perr, sizeof perr) || verify_module(rm, perr, sizeof perr)) {
         module_free(rm);
         return report(EXIT_USAGE, perr);
       }
-      opt.rank_ir[opt.n_rank_ir] = rm;
-      opt.rank_ir_rank[opt.n_rank_ir++] = (int)rk;
+      optp->rank_ir[optp->n_rank_ir] = rm;
+      optp->rank_ir_rank[optp->n_rank_ir++] = (int)rk;
       continue;
     }
     if ((r = arg_value(argc, argv, &i, "--dump-dir", &v))) {
       if (r < 0) return usage_error("ir", "--dump-dir needs a directory");
-      opt.dump_dir = v;
+      optp->dump_dir = v;
       continue;
     }
     static const char *const spec_flags[][2] = {{"--batch", "batch"},           {"--seq", "seq"},
@@ -238,8 +247,8 @@ int cmd_ir(int argc, char **argv) {
     const RunSpec *sp = &in.spec;
     ts = spec_train_settings(sp);
   }
-  opt.train = &ts;
-  rc = pipeline_run(in.m, pipeline, &opt, err, sizeof err);
+  optp->train = &ts;
+  rc = pipeline_run(in.m, pipeline, optp, err, sizeof err);
   if (rc) {
     module_free(in.m);
     return report(rc, err);
@@ -253,7 +262,7 @@ int cmd_ir(int argc, char **argv) {
       return usage_error("ir", "--emit=%s prints the kernels of a fused module: add fuse to --passes (e.g. --passes=train,lower)", emit);
     }
     bool cuda = !strcmp(emit, "cuda");
-    if (cuda && opt.target != TARGET_CUDA) {
+    if (cuda && optp->target != TARGET_CUDA) {
       module_free(in.m);
       return usage_error("ir", "--emit=cuda needs the memory plan of the CUDA target: add --target=cuda");
     }
@@ -363,11 +372,11 @@ int cmd_ir(int argc, char **argv) {
       Func *f = in.m->funcs.items[i];
       if (!f->is_kernel && f->arena_bytes < 0) planned = false;
     }
-    if (!planned && (rc = pipeline_run(in.m, "memory-plan", &opt, err, sizeof err))) {
+    if (!planned && (rc = pipeline_run(in.m, "memory-plan", optp, err, sizeof err))) {
       module_free(in.m);
       return report(rc, err);
     }
-    memory_report(stdout, in.m, opt.target);
+    memory_report(stdout, in.m, optp->target);
     module_free(in.m);
     return EXIT_OK;
   }
