@@ -1,7 +1,7 @@
 /* runtime/program.c — a lowered program as bytes (compiled executables carry it).
  *
  * Layout, little-endian as the host writes it (a blob is only read on the kind of machine
- * that compiled it, so structs are written whole): "LOOMPRG1", u32 sizeof RtStep, then
+ * that compiled it, so structs are written whole): "LOOMPRG2", u32 sizeof RtStep, then
  * n_funcs, n_globals, n_kernels, region_bytes[], kernel names, globals, and per function
  * its header and steps.  The reader checks every count against the bytes left.
  */
@@ -13,7 +13,7 @@
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/program.h"
 
-static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '1'};
+static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '2'};
 
 typedef struct {
   unsigned char *p;
@@ -106,8 +106,8 @@ int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *
     if (!get(&in, f, sizeof *f)) goto bad;
     f->steps = NULL;
     f->name[sizeof f->name - 1] = 0;
-    if (f->n_steps < 0 || (size_t)f->n_steps > (in.n - in.at) / sizeof(RtStep) || f->n_args < 0 || f->n_args > 8 ||
-        f->n_rets < 0 || f->n_rets > 8)
+    if (f->n_steps < 0 || (size_t)f->n_steps > (in.n - in.at) / sizeof(RtStep) || f->n_args < 0 ||
+        f->n_args > RT_MAX_FUNC_IO || f->n_rets < 0 || f->n_rets > RT_MAX_FUNC_IO)
       goto bad;
     f->steps = calloc((size_t)f->n_steps + 1, sizeof(RtStep));
     if (!f->steps) goto oom;

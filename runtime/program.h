@@ -87,6 +87,12 @@ typedef enum {
                               i: axis, size, parts, outer, mid, inner */
   RT_B_SHARD_PAD,          /* x[outer,mid,inner] -> y[outer,parts*mid,inner]: zeros, x at that chunk;
                               i: as shard_slice */
+  /* Point-to-point on a mesh axis (a pipeline's activations and their gradients): the peer
+     is the rank whose coordinate on the axis is `peer`, the others the same.  The Comm's
+     send is buffered; recv waits for the message of that peer and tag.  A pipeline driver
+     tells micro-batches apart with its own Comm, which adds the micro-batch to the tag. */
+  RT_B_SEND,               /* x ->;    i: n, axis, size, peer, tag */
+  RT_B_RECV,               /* -> y;    i: n, axis, size, peer, tag */
   RT_B_COUNT
 } RtBuiltin;
 
@@ -115,13 +121,16 @@ typedef struct {
    RT_STEP_GEMM: C[b] = op(A[b]) @ op(B[b]) for b < batch;
      bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared) */
 
+/* The most arguments and results of a lowered function: a pipeline chunk's backward takes
+   its forward's stash (every activation it keeps) as arguments. */
+#define RT_MAX_FUNC_IO 256
 typedef struct {
   char name[64];
   int n_steps;
   RtStep *steps;
   int64_t arena_bytes;
   int n_args, n_rets;
-  RtBuf args[8], rets[8];
+  RtBuf args[RT_MAX_FUNC_IO], rets[RT_MAX_FUNC_IO];
 } RtFunc;
 
 /* A global (parameter, gradient accumulator, optimizer state): its region and place. */

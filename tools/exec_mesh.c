@@ -12,21 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tools/exec_cpu.h"
-#include "tools/exec_ref.h"
+#include "tools/exec_mesh.h"
 #include "tools/tools.h"
-
-typedef struct {
-  Executor ex;
-  RefExec rx;          /* whole tensors, each rank's pieces, the LocalWorld */
-  CpuBackend b;        /* the lowered program, its JIT'd kernels, rank 0's CpuProgram */
-  CpuProgram *cp;      /* [world]; cp[0] is &b.cp */
-  int world, f_grad, f_opt;
-  int *gmap;           /* program global k -> module global index */
-  Tensor *whole_tok, *whole_tgt;   /* the whole micro-batch (int64, as move_piece moves) */
-  Tensor **tok, **tgt; /* per rank: its piece */
-  int32_t **tok32, **tgt32;
-} MeshCpu;
 
 /* ---- a rank's pieces <-> its CpuProgram's globals ---- */
 
@@ -198,10 +185,11 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
       return EXIT_RUN;
     }
   }
-  mc->f_grad = cpu_find_func(&mc->b.cp, training ? "grad_step" : "forward");
-  mc->f_opt = cpu_find_func(&mc->b.cp, "optimizer_step");
-  Func *tf = module_find_func(m, training ? "grad_step" : "forward");
-  if (mc->f_grad < 0 || (training && mc->f_opt < 0) || !tf || tf->args.n != 2) {
+  bool pipe = training && m->pipe.kind;   /* a pipeline: per-chunk functions (exec_mesh_pipe.c) */
+  mc->f_grad = cpu_find_func(&mc->b.cp, pipe ? "fwd.c0" : training ? "grad_step" : "forward");
+  mc->f_opt = cpu_find_func(&mc->b.cp, pipe ? "optimizer_step.s0" : "optimizer_step");
+  Func *tf = module_find_func(m, pipe ? "fwd.c0" : training ? "grad_step" : "forward");
+  if (mc->f_grad < 0 || (training && mc->f_opt < 0) || !tf || (pipe ? tf->args.n < 2 : tf->args.n != 2)) {
     snprintf(err, errlen, "the program has no %s", training ? "@grad_step and @optimizer_step" : "@forward(tokens, targets)");
     return 2;
   }
@@ -236,6 +224,7 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   mc->ex.optimizer_step = optimizer_step;
   mc->ex.sync_out = sync_out;
   mc->ex.sync_in = sync_in;
+  if (pipe && (rc = pipe_cpu_setup(mc, err, errlen))) return rc;
   if (log)
     fprintf(log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld), cpu backend, "
             "%d thread%s each\n", mc->world, (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP],
@@ -245,6 +234,7 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
 }
 
 static void mesh_close(MeshCpu *mc) {
+  pipe_cpu_free(mc);
   for (int k = 1; mc->cp && k < mc->world; k++) cpu_program_free(&mc->cp[k]);
   for (int k = 0; k < mc->world; k++) {
     if (mc->tok) tensor_free(mc->tok[k]);
@@ -268,6 +258,7 @@ int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const 
   }
   int rc = mesh_open(mc, m, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mc->ex, plan, err, errlen);
+  if (!rc && mc->rx.sched) rc = pipe_run_report(&mc->rx, plan, "cpu backend", err, errlen);
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && prof && *prof) cpu_backend_profile(&mc->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
   mesh_close(mc);

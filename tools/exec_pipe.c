@@ -314,7 +314,7 @@ void pipe_exec_free(RefExec *r) {
   free(r->act_start), free(r->act_end), free(r->sched), free(r->owner), free(r->stash_peak);
 }
 
-int pipe_exec_trace(RefExec *r, const char *path, char *err, size_t errlen) {
+int pipe_exec_trace(RefExec *r, const char *path, const char *backend, char *err, size_t errlen) {
   /* the last step's timeline of the first rank of every stage */
   double *st[64], *en[64];
   for (int q = 0; q < r->sched->p && q < 64; q++) {
@@ -324,7 +324,9 @@ int pipe_exec_trace(RefExec *r, const char *path, char *err, size_t errlen) {
     st[q] = r->act_start[k];
     en[q] = r->act_end[k];
   }
-  return schedule_write_trace(path, r->sched, st, en, "measured: loom train, reference executor, the last step", err, errlen);
+  char what[128];
+  snprintf(what, sizeof what, "measured: loom train, %s, the last step", backend);
+  return schedule_write_trace(path, r->sched, st, en, what, err, errlen);
 }
 
 

@@ -8,6 +8,7 @@
 #include "runtime/comm/comm.h"
 #include "ir/schedule.h"
 #include "runtime/trainer.h"
+#include "tools/tools.h"
 
 typedef struct {
   Executor ex;
@@ -45,11 +46,14 @@ int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *
    the per-rank optimizer steps; the measured trace of the last step. */
 int pipe_exec_setup(RefExec *r, char *err, size_t errlen);
 void pipe_exec_free(RefExec *r);
-int pipe_exec_trace(RefExec *r, const char *path, char *err, size_t errlen);
+int pipe_exec_trace(RefExec *r, const char *path, const char *backend, char *err, size_t errlen);
 /* Predicted stash: bytes one micro-batch of chunk c holds from F to B (f_bytes[c]) and from
    B to W (w_bytes[c]), and each pp rank's peak under the schedule's order (peak[q]). */
 int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes);
 
+/* train_common.c: after a pipelined run, the measured idle per pp rank beside the predicted
+   bubble and the stash peaks (to plan->opt.log), and the timeline (plan->trace_out). */
+int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen);
 
 /* Copies between a whole tensor and the piece of it that the rank at coord holds (the
    piece's type says how it is split): to_piece whole -> piece, else piece -> whole. */

@@ -162,14 +162,6 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
     *backend = !strcmp(t->backend, "cpu") ? BACKEND_CPU : !strcmp(t->backend, "cuda") ? BACKEND_CUDA : BACKEND_REF;
   else
     *backend = world > 1 ? BACKEND_CPU : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
-  if (s->mesh[MESH_PP] > 1) {   /* pipelines run on the reference executor for now */
-    if (t->backend && *backend != BACKEND_REF) {
-      snprintf(err, errlen, "pp=%lld runs on --backend ref for now (the %s backend's lowering of the per-chunk "
-               "functions and their transfers is not built yet); use --backend ref", (long long)s->mesh[MESH_PP], t->backend);
-      return EXIT_USAGE;
-    }
-    *backend = BACKEND_REF;
-  }
   if (*backend == BACKEND_CUDA && world > 1) {
     snprintf(err, errlen, "--backend cuda runs one rank (one GPU) for now; a mesh of %lld ranks runs on the CPU "
              "(--backend cpu or ref)", (long long)world);

@@ -44,6 +44,46 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
   return rc;
 }
 
+/* After a pipelined run: the measured idle per pp rank beside the predicted bubble, the
+   predicted and measured stash peaks, and the measured timeline (--trace-out). */
+int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen) {
+  int rc = 0;
+  if (r->pipe_steps) {
+    /* measured idle against the schedule's prediction with equal unit costs */
+    const Schedule *s = r->sched;
+    double cost[256][3];
+    for (int c = 0; c < 256; c++) cost[c][0] = cost[c][1] = cost[c][2] = 1;
+    SimResult sim;
+    if (s->chunks <= 256 && !schedule_simulate(s, (const double (*)[3])cost, &sim, err, errlen)) {
+      if (plan->opt.log) {
+        fprintf(plan->opt.log, "pipeline %s, pp=%d, %d micro-batches: predicted bubble %.3f (equal F, B, W); measured idle "
+                "per rank:", pipe_kind_names[s->kind], s->p, s->m, sim.bubble);
+        for (int q = 0; q < s->p; q++) {
+          double busy = r->busy_us[q], span = r->span_us[q];
+          fprintf(plan->opt.log, " %.3f", busy > 0 ? (span - busy) / busy : 0);
+        }
+        fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)r->pipe_steps);
+        int64_t peak[64], fb[256], wb[256];
+        pipe_stash_peaks(r->m, s, peak, fb, wb);
+        fprintf(plan->opt.log, "stash peak per pp rank, predicted / measured (bytes):");
+        for (int q = 0; q < s->p; q++) {
+          int coord[COMM_AXES] = {0};
+          coord[COMM_PP] = q;
+          int k = mesh_rank_of(local_world_rank(r->lw, 0)->mesh, coord);
+          fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)r->stash_peak[k]);
+        }
+        fputc('\n', plan->opt.log);
+      }
+      sim_result_free(&sim, s->p);
+    }
+    if (plan->trace_out) {
+      rc = pipe_exec_trace(r, plan->trace_out, backend, err, errlen);
+      if (!rc && plan->opt.log) fprintf(plan->opt.log, "wrote the measured timeline to %s\n", plan->trace_out);
+    }
+  }
+  return rc;
+}
+
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
   int rc;
   RefExec rx;
@@ -53,39 +93,7 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
             (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP], (long long)m->mesh.size[AX_CP],
             (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP]);
   if (!rc) rc = train_and_write(&rx.ex, plan, err, errlen);
-  if (!rc && rx.sched && rx.pipe_steps) {
-    /* measured idle against the schedule's prediction with equal unit costs */
-    const Schedule *s = rx.sched;
-    double cost[256][3];
-    for (int c = 0; c < 256; c++) cost[c][0] = cost[c][1] = cost[c][2] = 1;
-    SimResult sim;
-    if (s->chunks <= 256 && !schedule_simulate(s, (const double (*)[3])cost, &sim, err, errlen)) {
-      if (plan->opt.log) {
-        fprintf(plan->opt.log, "pipeline %s, pp=%d, %d micro-batches: predicted bubble %.3f (equal F, B, W); measured idle "
-                "per rank:", pipe_kind_names[s->kind], s->p, s->m, sim.bubble);
-        for (int q = 0; q < s->p; q++) {
-          double busy = rx.busy_us[q], span = rx.span_us[q];
-          fprintf(plan->opt.log, " %.3f", busy > 0 ? (span - busy) / busy : 0);
-        }
-        fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)rx.pipe_steps);
-        int64_t peak[64], fb[256], wb[256];
-        pipe_stash_peaks(m, s, peak, fb, wb);
-        fprintf(plan->opt.log, "stash peak per pp rank, predicted / measured (bytes):");
-        for (int q = 0; q < s->p; q++) {
-          int coord[COMM_AXES] = {0};
-          coord[COMM_PP] = q;
-          int k = mesh_rank_of(local_world_rank(rx.lw, 0)->mesh, coord);
-          fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)rx.stash_peak[k]);
-        }
-        fputc('\n', plan->opt.log);
-      }
-      sim_result_free(&sim, s->p);
-    }
-    if (plan->trace_out) {
-      rc = pipe_exec_trace(&rx, plan->trace_out, err, errlen);
-      if (!rc && plan->opt.log) fprintf(plan->opt.log, "wrote the measured timeline to %s\n", plan->trace_out);
-    }
-  }
+  if (!rc && rx.sched) rc = pipe_run_report(&rx, plan, "reference executor", err, errlen);
   ref_exec_free(&rx);
   return rc;
 }

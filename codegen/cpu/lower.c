@@ -290,6 +290,18 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(op_int(op, "n"));
     INT(!strcmp(op_attr(op, "reduce")->s, "max"));
     return 0;
+  case OP_SEND:
+  case OP_RECV: {   /* the value moved: the operand of send, the result of recv */
+    const Value *v = op->kind == OP_SEND ? op->operands[0] : op->results[0];
+    if (!dtype_is_float(v->type.dtype)) return lfail(L, "point-to-point moves float values");
+    BUILTIN(op->kind == OP_SEND ? RT_B_SEND : RT_B_RECV);
+    INT(type_numel(&v->type));
+    INT(mesh_axis_parse(op_attr(op, "axis")->s));
+    INT(op_int(op, "n"));
+    INT(op_int(op, "peer"));
+    INT(op_int(op, "tag"));
+    return 0;
+  }
   case OP_ALL_GATHER:
   case OP_REDUCE_SCATTER:
   case OP_SHARD_SLICE:
@@ -500,8 +512,10 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   snprintf(rf->name, sizeof rf->name, "%s", f->name);
   if (f->arena_bytes < 0) return lfail(L, "has no arena size; run the memory-plan pass first");
   rf->arena_bytes = f->arena_bytes;
-  if (f->args.n > 8 || f->rets.n > 8)
-    return lfail(L, "has %d arguments and %d results; a lowered function holds at most 8 of each", f->args.n, f->rets.n);
+  if (f->args.n > RT_MAX_FUNC_IO || f->rets.n > RT_MAX_FUNC_IO)
+    return lfail(L, "has %d arguments and %d results; a lowered function holds at most %d of each (RT_MAX_FUNC_IO): "
+                 "a pipeline chunk this long keeps too many activations, use more stages or --pp-virtual",
+                 f->args.n, f->rets.n, RT_MAX_FUNC_IO);
   rf->n_args = f->args.n;
   rf->n_rets = f->rets.n;
   for (int i = 0; i < f->args.n; i++)

@@ -85,7 +85,8 @@ static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *er
   for (int f = 0; f < p->n_funcs; f++) {
     const RtFunc *fn = &p->funcs[f];
     int rc;
-    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > 8 || fn->n_rets < 0 || fn->n_rets > 8 ||
+    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > RT_MAX_FUNC_IO || fn->n_rets < 0 ||
+        fn->n_rets > RT_MAX_FUNC_IO ||
         (fn->n_steps > 0 && !fn->steps))
       return fail(err, errlen, 2, "@%s: malformed function header", fn->name);
     for (int a = 0; a < fn->n_args; a++)

@@ -87,6 +87,11 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
       snprintf(what, sizeof what, "buffer sizes do not match outer x mid x inner");
     break;
   }
+  case RT_B_SEND:
+  case RT_B_RECV:   /* i: n, axis, size, peer, tag */
+    if (i[1] >= COMM_AXES || i[2] < 1 || i[3] >= i[2]) snprintf(what, sizeof what, "axis, size or peer out of range");
+    else if (nx != i[0] || b[0].is_int) snprintf(what, sizeof what, "the buffer must hold n f32 elements");
+    break;
   default: snprintf(what, sizeof what, "not a mesh builtin"); break;
   }
   if (!what[0] && st->which >= RT_B_ALL_REDUCE && st->which <= RT_B_ALL_TO_ALL && (b[0].is_int || b[1].is_int))
@@ -143,6 +148,21 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
       else memcpy(y + 4 * whole, x + 4 * part, 4 * (size_t)(mid * inner));
     }
     return 0;
+  }
+  case RT_B_SEND:
+  case RT_B_RECV: {   /* i: n, axis, size, peer, tag */
+    bool send = st->which == RT_B_SEND;
+    if ((rc = need_comm(comm, i[1], i[2], st, err, errlen))) return rc;
+    if (i[2] == 1 || (send && !comm->send) || (!send && !comm->recv)) {
+      snprintf(err, errlen, "%s: point-to-point over %s=%lld needs a mesh whose communicator has %s", st->label,
+               axis_names[i[1]], (long long)i[2], send ? "send" : "recv");
+      return 2;
+    }
+    if (send) rc = comm->send(comm, (int)i[1], (int)i[3], i[4], bufs[0], i[0]);
+    else rc = comm->recv(comm, (int)i[1], (int)i[3], i[4], bufs[0], i[0]);
+    if (rc) snprintf(err, errlen, "%s with the rank at %s=%lld failed (another rank stopped)", cpu_builtin_name((RtBuiltin)st->which),
+                     axis_names[i[1]], (long long)i[3]);
+    return rc ? 1 : 0;
   }
   default: break;
   }

@@ -199,9 +199,9 @@ static RtStorage storage_of_round(int round) {
 static const RtBuf *global_evidence(const RtProgram *p, const RtGlobal *gl) {
   for (int f = 0; f < p->n_funcs; f++) {
     const RtFunc *fn = &p->funcs[f];
-    for (int a = 0; a < fn->n_args && a < 8; a++)
+    for (int a = 0; a < fn->n_args && a < RT_MAX_FUNC_IO; a++)
       if (fn->args[a].region == gl->region && fn->args[a].offset == gl->offset && !fn->args[a].is_int) return &fn->args[a];
-    for (int a = 0; a < fn->n_rets && a < 8; a++)
+    for (int a = 0; a < fn->n_rets && a < RT_MAX_FUNC_IO; a++)
       if (fn->rets[a].region == gl->region && fn->rets[a].offset == gl->offset && !fn->rets[a].is_int) return &fn->rets[a];
     for (int s = 0; s < fn->n_steps && fn->steps; s++) {
       const RtStep *st = &fn->steps[s];
@@ -291,7 +291,8 @@ int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
   for (int f = 0; f < p->n_funcs; f++) {
     const RtFunc *fn = &p->funcs[f];
     int rc;
-    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > 8 || fn->n_rets < 0 || fn->n_rets > 8 ||
+    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > RT_MAX_FUNC_IO || fn->n_rets < 0 ||
+        fn->n_rets > RT_MAX_FUNC_IO ||
         fn->n_steps < 0 || (fn->n_steps > 0 && !fn->steps))
       return fail(err, errlen, 2, "@%s: malformed function header", fn->name);
     for (int a = 0; a < fn->n_args; a++)
