@@ -28,10 +28,10 @@ static void interleaved_unit(const Schedule *s, int r, int k, bool fwd, int *mb,
   *chunk = local * p + r;
 }
 
-/* The greedy list scheduler of the zero-bubble schedules: whenever a rank is free it runs a
-   ready B (input gradients are on the critical path), else a ready F while fewer than `cap` micro-batch chunks have run F but not B
-   on it, else a pending W; when nothing is ready it waits
-   for the next action to finish anywhere.  Unit costs F = B = W = 1. */
+/* The greedy list scheduler of dualpipev: whenever a rank is free it runs a ready B (input
+   gradients are on the critical path), else a ready F while fewer than 2p micro-batch
+   chunks have run F but not B on it, else a pending W; when nothing is ready it waits for
+   the next action to finish anywhere.  Unit costs F = B = W = 1. */
 static int greedy(Schedule *s, char *err, size_t errlen) {
   int p = s->p, C = s->chunks, m = s->m;
   /* done times per (mb, chunk, kind); -1 not yet scheduled */
@@ -55,7 +55,7 @@ static int greedy(Schedule *s, char *err, size_t errlen) {
           (r < 0 || free_at[q] < free_at[r] || (free_at[q] == free_at[r] && fnext[r] && !fnext[q])))
         r = q;
     double t = free_at[r];
-    int cap = s->kind == PIPE_DUALPIPEV ? 2 * p : p - r;
+    int cap = 2 * p;   /* dualpipev: two chunks per rank */
     int best_k = -1, best_mb = 0, best_c = 0;
     /* B: the ready one of the latest chunk, then the lowest micro-batch. */
     for (int c = C - 1; c >= 0 && best_k < 0; c--) {
@@ -182,9 +182,23 @@ int schedule_build(int kind, int p, int v, int m, Schedule *s, char *err, size_t
         interleaved_unit(s, r, i, false, &mb, &c), push(s, r, ACT_B, mb, c);
       }
       for (int k = total - warm; k < total; k++) interleaved_unit(s, r, k, false, &mb, &c), push(s, r, ACT_B, mb, c);
+    } else if (kind == PIPE_ZBH1) {
+      /* The zero-bubble paper's ZB-H1: p - r forwards, then B_k, W_(k-r), F_(k+p-r) for each
+         k, then the Ws left.  Rank r defers its weight gradients by r micro-batches, so the
+         last ranks pass input gradients upstream without waiting for their W and the first
+         rank's drain is filled; a rank holds at most p micro-batches from F to W (1F1B's
+         peak, on rank 0). */
+      int warm = p - r < m ? p - r : m, wnext = 0;
+      for (int i = 0; i < warm; i++) push(s, r, ACT_F, i, r);
+      for (int k = 0; k < m; k++) {
+        push(s, r, ACT_B, k, r);
+        if (k - r >= 0) push(s, r, ACT_W, wnext++, r);
+        if (k + warm < m) push(s, r, ACT_F, k + warm, r);
+      }
+      while (wnext < m) push(s, r, ACT_W, wnext++, r);
     }
   }
-  if (s->split_bw) {
+  if (kind == PIPE_DUALPIPEV) {
     int rc = greedy(s, err, errlen);
     if (rc) {
       schedule_free(s);
