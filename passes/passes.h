@@ -16,6 +16,8 @@
  *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp)
  *   verify_collectives.c  pass "verify-collectives": every rank's collectives and transfers
  *                   match and cannot deadlock under the schedule
+ *   flops.c, timing.c  analyses, not passes: model FLOPs (`--flops`) and the predicted step
+ *                   time on a hardware description (`--time`, passes/timing.h)
  *   (ir/schedule.c: the pipeline schedules as data, which the pass and the runtime share)
  */
 #ifndef LOOM_PASSES_H

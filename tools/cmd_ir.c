@@ -36,6 +36,11 @@ static const char help[] =
   "  --flops                print each function's model FLOPs per call (matmuls and attention,\n"
   "                         the 6N + 12LTD count of MFU) instead of the IR\n"
   "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
+  "  --time                print the predicted time of one training step (compute, memory-bound\n"
+  "                         ops, collectives per axis and link, pipeline bubble, tokens/s, MFU)\n"
+  "                         on the hardware of --hw instead of the IR; use after --passes=train,lower\n"
+  "  --hw NAME|FILE.json    the hardware for --time: h100 (default), h200, a100, b200 (models/hardware/)\n"
+  "                         or a description of your own (README: \"Predicted step time\")\n"
   "  --rank-ir R=FILE.ir    verify-collectives: rank R runs FILE's program (e.g. a hand-edited\n"
   "                         per-rank dump) instead of the input's\n"
   "  --schedule             a pipelined module (--mesh pp=N): every pp rank's actions as a table,\n"
@@ -118,8 +123,8 @@ int cmd_ir(int argc, char **argv) {
 
 static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
-  bool memory = false, collectives = false, flops = false, schedule = false;
-  const char *trace_out = NULL;
+  bool memory = false, collectives = false, flops = false, schedule = false, timing = false;
+  const char *trace_out = NULL, *hw_arg = NULL;
   const char *emit = NULL;
   long rank = -1;
   const char *overrides[16];
@@ -138,6 +143,12 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
     if (arg_flag(a, "--flops")) { flops = true; continue; }
+    if (arg_flag(a, "--time")) { timing = true; continue; }
+    if ((r = arg_value(argc, argv, &i, "--hw", &v))) {
+      if (r < 0) return usage_error("ir", "--hw needs a hardware name (h100, h200, a100, b200) or a JSON file");
+      hw_arg = v;
+      continue;
+    }
     if (arg_flag(a, "--schedule")) { schedule = true; continue; }
     if ((r = arg_value(argc, argv, &i, "--trace-out", &v))) {
       if (r < 0) return usage_error("ir", "--trace-out needs a file name (FILE.json)");
@@ -289,6 +300,22 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
       return report(EXIT_USAGE, "--schedule and --trace-out need a pipelined module: --mesh pp=N with --passes=train");
     }
     rc = pipe_schedule_report(in.m, schedule ? stdout : NULL, trace_out, err, sizeof err);
+    module_free(in.m);
+    return report(rc, err);
+  }
+  if (timing) {
+    Hardware hw;
+    StepTime t;
+    rc = hardware_load(hw_arg ? hw_arg : "h100", &hw, err, sizeof err);
+    int64_t ga = in.from_spec ? in.spec.grad_accum : 1;
+    if (!rc) rc = timing_predict(in.m, &hw, ga, &t, err, sizeof err);
+    if (!rc) {
+      double tokens = in.from_spec ? (double)in.spec.batch * (double)in.spec.seq * (double)ga *
+                                         (double)in.m->mesh.size[AX_DP] : 0;
+      if (in.m->pipe.chunks > 0 && in.from_spec) tokens = (double)in.spec.batch * (double)in.spec.seq *
+                                                            (double)in.m->pipe.micro * (double)in.m->mesh.size[AX_DP];
+      timing_report(stdout, in.m, &hw, &t, tokens);
+    }
     module_free(in.m);
     return report(rc, err);
   }

@@ -24,6 +24,7 @@
 #include "frontend/config.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "passes/timing.h"
 
 enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
 
@@ -75,6 +76,9 @@ int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *
 int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t errlen);
 /* Writes tensors (f32) under the given names. */
 int write_tensors(const char *path, const char *const *names, Tensor *const *tensors, int n, char *err, size_t errlen);
+
+/* ---- hardware.c: a hardware description (models/hardware/NAME.json or a path) ---- */
+int hardware_load(const char *hw_arg, Hardware *hw, char *err, size_t errlen);
 
 /* ---- a model: from a spec (built by the frontend) or an .ir file (parsed) ---- */
 typedef struct {
