@@ -9,8 +9,10 @@
  * over the link its axis group spans (timing.c has the formulas).  A step is grad_accum
  * calls of @grad_step and one @optimizer_step; a pipeline's step is its schedule simulated
  * with each chunk function's time (ir/schedule.c), which gives the bubble, plus the slowest
- * stage's optimizer step.  Collectives block today (nothing overlaps them), so all their
- * time is exposed.
+ * stage's optimizer step.  Within a function, compute runs on one clock and collectives
+ * one after another on the rank's communication queue: a blocking collective waits for
+ * itself, an async one (X_start ... wait, the overlap pass's) runs while the ops between
+ * its start and its wait compute, and only the wait's idle time is exposed.
  */
 #ifndef LOOM_PASSES_TIMING_H
 #define LOOM_PASSES_TIMING_H
@@ -57,7 +59,7 @@ typedef struct {
   double memory_s;            /* ops bound by memory traffic (fused kernels, data movement, optimizer) */
   double overhead_s;          /* per-op overhead */
   double comm_s[AX_COUNT];    /* collective and transfer time per axis */
-  double exposed_comm_s;      /* the part of comm_s nothing overlaps */
+  double exposed_comm_s;      /* the time ranks wait for collectives (comm_s less what compute hides) */
   double bubble_s;            /* pipeline: the slowest rank's idle time in the schedule */
   double optimizer_s;         /* @optimizer_step (the slowest stage's with pp) */
   double step_s;              /* one optimizer step, per rank (ranks run in lockstep) */
