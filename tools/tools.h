@@ -41,6 +41,7 @@ int cmd_diff(int argc, char **argv);
 int cmd_make_golden(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 /* cmd_diff.c: max|a-b| / max|b| of two tensors (F32, F64, BF16, F16; B the reference);
    INFINITY where one holds a NaN the other does not; -1 with a message when the shapes or
    dtypes cannot be compared.  max_abs, max_ref (may be NULL): max|a-b| and max|b|. */
