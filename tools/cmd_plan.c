@@ -85,28 +85,34 @@ int64_t plan_rank_memory(const Module *m, int target) {
     return -1;
   int64_t peak[64], fb[256], wb[256], worst = 0;
   pipe_stash_peaks(m, &s, peak, fb, wb);
-  for (int q = 0; q < s.p && q < 64; q++) {
-    int64_t state = 0, arena = 0;
-    for (int gi = 0; gi < m->globals.n; gi++) {
-      const Global *gl = m->globals.items[gi];
-      bool used = false;
-      for (int fi = 0; fi < m->funcs.n && !used; fi++) {
-        const Func *f = m->funcs.items[fi];
-        if (pipe_func_rank(&s, f->name) != q) continue;
-        for (int i = 0; i < f->ops.n && !used; i++) {
-          const Op *op = f->ops.items[i];
-          for (int k = 0; k < op->n_operands && !used; k++)
-            used = op->operands[k]->kind == VAL_GLOBAL && op->operands[k]->global == gl;
-        }
-      }
-      if (used) state += type_numel(&gl->value->type) * elem(gl->value, target);
-    }
-    for (int fi = 0; fi < m->funcs.n; fi++) {
-      const Func *f = m->funcs.items[fi];
-      if (pipe_func_rank(&s, f->name) == q && f->arena_bytes > arena) arena = f->arena_bytes;
-    }
-    if (state + arena + peak[q] > worst) worst = state + arena + peak[q];
+  /* each function's rank, and each global's bytes on every rank that reads or writes it */
+  int np = s.p < 64 ? s.p : 64;
+  int64_t state[64] = {0}, arena[64] = {0};
+  int *frank = malloc(sizeof(int) * (size_t)(m->funcs.n + 1));
+  char *seen = calloc((size_t)m->globals.n * (size_t)np + 1, 1);
+  if (!frank || !seen) {
+    free(frank), free(seen);
+    schedule_free(&s);
+    return -1;
   }
+  for (int fi = 0; fi < m->funcs.n; fi++) {
+    const Func *f = m->funcs.items[fi];
+    int q = frank[fi] = pipe_func_rank(&s, f->name);
+    if (q < 0 || q >= np) continue;
+    if (f->arena_bytes > arena[q]) arena[q] = f->arena_bytes;
+    for (int i = 0; i < f->ops.n; i++) {
+      const Op *op = f->ops.items[i];
+      for (int k = 0; k < op->n_operands; k++) {
+        const Value *v = op->operands[k];
+        if (v->kind != VAL_GLOBAL || seen[(size_t)v->global->index * (size_t)np + (size_t)q]) continue;
+        seen[(size_t)v->global->index * (size_t)np + (size_t)q] = 1;
+        state[q] += type_numel(&v->type) * elem(v, target);
+      }
+    }
+  }
+  for (int q = 0; q < np; q++)
+    if (state[q] + arena[q] + peak[q] > worst) worst = state[q] + arena[q] + peak[q];
+  free(frank), free(seen);
   schedule_free(&s);
   return worst;
 }
@@ -127,6 +133,19 @@ static double now_s(void) {
 
 /* Compiles c with `layers` layers; its predicted step and memory.  2 when the layout is
    not one loom can build (the message says why), 1 on a failure. */
+/* The training and lowering pipelines without their verifier passes (verify,
+   verify-collectives): a candidate's program is checked when it is compiled to run. */
+static const char *plan_pipeline(void) {
+  static char buf[1024];
+  if (buf[0]) return buf;
+  char all[1024];
+  snprintf(all, sizeof all, "%s,%s", TRAIN_PIPELINE, LOWER_PIPELINE);
+  for (char *tok = strtok(all, ","); tok; tok = strtok(NULL, ","))
+    if (strcmp(tok, "verify") && strcmp(tok, "verify-collectives"))
+      snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", buf[0] ? "," : "", tok);
+  return buf;
+}
+
 static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem, Module **keep, char *err,
                        size_t errlen) {
   static RunSpec s;   /* large (paths): not on the stack */
@@ -136,6 +155,13 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   s.mesh[MESH_DP] = c->dp, s.mesh[MESH_TP] = c->tp, s.mesh[MESH_PP] = c->pp;
   s.zero = c->zero, s.sequence_parallel = c->sp, s.batch = c->batch, s.grad_accum = c->ga;
   s.pp_schedule = c->sched ? c->sched : 0, s.pp_virtual = c->pp > 1 ? c->v : 0, s.n_pp_split = 0;
+  /* screening (fewer layers than the model): the same layers in every chunk, so the cost is
+     linear in the layers a chunk holds; the whole model gets the pass's balanced split */
+  int64_t chunks = c->pp * c->v;
+  if (c->pp > 1 && layers < x->base->model.n_layer && layers % chunks == 0 && chunks <= 256) {
+    s.n_pp_split = (int)chunks;
+    for (int64_t k = 0; k < chunks; k++) s.pp_split[k] = k * (layers / chunks);
+  }
   int rc = spec_validate(&s, err, errlen);
   if (rc) return rc;
   Module *m = NULL;
@@ -145,7 +171,7 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   PassOptions opt;
   memset(&opt, 0, sizeof opt);
   opt.train = &ts, opt.target = x->target;
-  if (!rc) rc = pipeline_run(m, "train,lower", &opt, err, errlen);
+  if (!rc) rc = pipeline_run(m, plan_pipeline(), &opt, err, errlen);
   if (!rc) rc = timing_predict(m, x->hw, c->ga, t, err, errlen);
   if (!rc) *mem = plan_rank_memory(m, x->target);
   x->compiles++, x->compile_s += now_s() - t0;
@@ -341,6 +367,8 @@ int cmd_plan(int argc, char **argv) {
             int64_t ga = seqs / batch;
             for (int sched = pp > 1 ? PIPE_AFAB : PIPE_NONE; sched <= (pp > 1 ? PIPE_DUALPIPEV : PIPE_NONE); sched++) {
               if (fix_sched > 0 && pp > 1 && sched != fix_sched) continue;
+              /* afab has 1f1b's bubble and holds every micro-batch: searched only when asked for */
+              if (fix_sched <= 0 && sched == PIPE_AFAB) continue;
               int64_t vv = sched == PIPE_INTERLEAVED ? (fix_v ? fix_v : 2) : sched == PIPE_DUALPIPEV ? 2 : 1;
               if (pp > 1 && pp * vv > L) continue;
               if (sched == PIPE_INTERLEAVED && ga % pp) continue;
@@ -398,26 +426,42 @@ int cmd_plan(int argc, char **argv) {
   n = kept;
   qsort(cs, (size_t)n, sizeof *cs, cmp_step);
 
-  /* ---- exact: compile the best whole, in order, until `top` fit ---- */
-  int shown = 0, closest = -1;
-  Cand *best = malloc(sizeof *best * (size_t)(top > 0 ? top : 1));
-  for (int i = 0; i < n && shown < top; i++) {
+  /* ---- exact: compile the best 2 x top whole (the screening's order is close, not exact),
+     then rank those that fit by their exact step ---- */
+  int shown = 0, closest = -1, exact_n = 0;
+  Cand *best = malloc(sizeof *best * (size_t)(2 * top));
+  for (int i = 0; i < n && exact_n < 2 * top; i++) {
     Cand *c = &cs[i];
     if (!c->fits && c->mem > 1.5 * hw.mem_bytes) continue;   /* screened far out of memory */
     int64_t mem = 0;
-    if (compile_one(&x, c, L, &c->t, &mem, NULL, err, sizeof err)) continue;
+    if (compile_one(&x, c, L, &c->t, &mem, NULL, err, sizeof err)) {
+      if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", err);
+      continue;
+    }
+    if (getenv("LOOM_PLAN_DEBUG")) {
+      char lay[160];
+      layout_text(c, lay, sizeof lay);
+      fprintf(stderr, "exact %s: step %.2f ms (screened %.2f), memory %.2f GiB (screened %.2f)\n", lay, c->t.step_s * 1e3,
+              c->step_s * 1e3, mem / 1073741824.0, c->mem / 1073741824.0);
+    }
     c->step_s = c->t.step_s, c->mem = (double)mem, c->exact = true, c->fits = c->mem <= hw.mem_bytes;
-    if (c->fits) best[shown++] = *c;
+    if (c->fits) best[exact_n++] = *c;
     else if (closest < 0 || c->mem < cs[closest].mem) closest = i;
   }
+  qsort(best, (size_t)exact_n, sizeof *best, cmp_step);
+  if (closest < 0)   /* nothing compiled whole: the screening's least memory */
+    for (int i = 0; i < n; i++)
+      if (!cs[i].exact && (closest < 0 || cs[i].mem < cs[closest].mem)) closest = i;
+  shown = exact_n < top ? exact_n : top;
   double elapsed = now_s() - t_start;
   double tokens = (double)gbt;
   if (!shown) {
     if (closest >= 0) {
       char lay[160];
       layout_text(&cs[closest], lay, sizeof lay);
-      snprintf(err, sizeof err, "no layout fits %s's %.1f GiB: the closest, %s, needs %.1f GiB a device; use more devices, "
-               "a smaller micro-batch (--batch) or bf16", hw.name, hw.mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0);
+      snprintf(err, sizeof err, "no layout fits %s's %.1f GiB: the closest, %s, needs %.1f GiB a device%s; use more devices, "
+               "a smaller micro-batch (--batch) or bf16", hw.name, hw.mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
+               cs[closest].exact ? "" : " (screened: extrapolated from 1 and 2 layers a chunk)");
     } else {
       snprintf(err, sizeof err, "no layout of %lld devices could be built%s%s", (long long)gpus, refused ? ": " : "",
                first_refusal);
