@@ -128,9 +128,13 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
 /* ---------------------------------------------------------------- run */
 
 int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen) {
+  RtStep sync;
+  if (st->which == RT_B_COLL_START) {   /* no communication thread: the collective runs now */
+    cpu_coll_unwrap(st, &sync);
+    st = &sync;
+  }
   const int64_t *i = st->i;
   int rc = 0;
-  RtStep sync;
   switch ((RtBuiltin)st->which) {
   case RT_B_TARGET_PICK: {
     const float *x = bufs[0];
@@ -172,11 +176,6 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
     }
     return 0;
   }
-  case RT_B_COLL_START:   /* no communication thread: the collective runs now (below) */
-    cpu_coll_unwrap(st, &sync);
-    st = &sync;
-    i = st->i;
-    break;
   case RT_B_COLL_WAIT: return 0;   /* its start has run it */
   case RT_B_SEND:
   case RT_B_RECV: {   /* i: n, axis, size, peer, tag */
@@ -221,7 +220,8 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
     rc = comm->reduce_scatter(comm, (int)axis, tmp, y, ny);
     break;
   case RT_B_ALL_TO_ALL:
-    if (!(tmp = malloc(sizeof(float) * 2 * (size_t)nx))) goto oom;
+    /* calloc: GCC cannot see that rechunk fills the send half (-Wmaybe-uninitialized) */
+    if (!(tmp = calloc(2 * (size_t)nx, sizeof(float)))) goto oom;
     rechunk(tmp, x, size, i[2], i[3], i[4], true);
     rc = comm->all_to_all(comm, (int)axis, tmp, tmp + nx, nx / size);
     if (!rc) rechunk(y, tmp + nx, size, i[5], i[6], i[7], false);

@@ -14,6 +14,7 @@
 #     tracks;
 #   - exposed communication is reported on every step line and in the summary;
 #   - verify-collectives reads starts: two starts swapped on one rank are refused;
+#   - the cuda lowering refuses starts and waits as clearly as collectives;
 #   - a bad --overlap value is refused.
 LOOM=$1 ST_DIFF=$2
 . "$(dirname "$0")/lib.sh"
@@ -121,6 +122,11 @@ PY
 expect_exit 2 "two starts swapped on rank 1" "$LOOM" ir "$TMP/tp.ir" --passes=verify-collectives --rank-ir 1="$TMP/swap.ir"
 expect_stderr_contains "the tp group of rank 0 disagrees"
 expect_stderr_contains "_start"
+
+# ---- the CUDA lowering refuses the async halves as it refuses collectives (issue 15) ----
+expect_exit 2 "cuda lowering of an overlapped mesh program" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/gpt2-tiny.json \
+  --passes=train,lower --mesh dp=2 --zero 3 --target cuda --emit=cuda
+expect_stderr_contains "collectives and their async start/wait halves are not supported by the CUDA backend yet"
 
 # ---- bad input ----
 expect_exit 2 "--overlap maybe" "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --steps 1 --overlap maybe
