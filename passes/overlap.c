@@ -40,6 +40,9 @@
 
 #include "passes.h"
 
+/* Collectives of computed values in flight behind one, at most (sink_waits). */
+#define OVERLAP_WINDOW 4
+
 /* ---------------------------------------------------------------- splitting */
 
 /* Replaces every collective over more than one rank by its start and its wait (in place:
@@ -141,14 +144,32 @@ static void sink_unpacking(Func *f) {
   }
 }
 
-/* Sinks every wait to just before its first reader, or a write to its start's global. */
+/* A collective of a computed value (not a global: a gradient's reduce-scatter, a tp
+   all-reduce) holds its operand and its result from start to wait. */
+static bool of_computed(const Op *start) { return start->operands[0]->kind != VAL_GLOBAL; }
+
+/* Sinks every wait to just before its first reader, or a write to its start's global, or --
+   for a collective of a computed value -- the start of the OVERLAP_WINDOW-th such collective
+   after its own: a gradient's reduce-scatter is waited for while the next few run, not at
+   the end of the backward (where the accumulates are), which would hold every full
+   gradient until then. */
 static void sink_waits(Func *f) {
   for (int i = f->ops.n - 1; i >= 0; i--) {
     Op *op = f->ops.items[i];
     if (op->kind != OP_WAIT) continue;
-    const Value *x = op->operands[0]->def->operands[0];
+    const Op *start = op->operands[0]->def;
+    const Value *x = start->operands[0];
+    int limit = f->ops.n, seen = 0;
+    if (of_computed(start))
+      for (int j = index_of(f, start) + 1; j < f->ops.n; j++) {
+        const Op *o = f->ops.items[j];
+        if (op_is_start(o->kind) && of_computed(o) && ++seen == OVERLAP_WINDOW) {
+          limit = j;
+          break;
+        }
+      }
     int to = i + 1;
-    for (; to < f->ops.n; to++) {
+    for (; to < limit; to++) {
       const Op *o = f->ops.items[to];
       if (reads(o, op->results[0]) || (x->kind == VAL_GLOBAL && writes_global(o, x->global))) break;
     }
