@@ -317,6 +317,10 @@ static void mesh_close(MeshCpu *mc) {
     if (mc->cp) mc->cp[k].engine = NULL;
   }
   free(mc->engines);
+  if (mc->cp && mc->world > 0) {   /* rank 0's CpuProgram is a copy of b.cp: what it allocated since is its own */
+    free(mc->cp[0].async);
+    free(mc->cp[0].trace);
+  }
   for (int k = 1; mc->cp && k < mc->world; k++) cpu_program_free(&mc->cp[k]);
   for (int k = 0; k < mc->world; k++) {
     if (mc->tok) tensor_free(mc->tok[k]);
