@@ -47,8 +47,8 @@ struct Comm {
    were submitted: every rank submits its collectives in the same order (verify-collectives),
    so the groups match as they do when the rank's own thread runs them.  A job's ticket is
    its position in that order; waiting for ticket t returns when job t (and so every job
-   before it) is done.  After a job fails, the later ones are not run and every wait
-   returns the first failure. */
+   before it) is done.  After a job fails, the later ones are not run, and the waits for it
+   and for every later job return its failure. */
 typedef struct CommEngine CommEngine;
 typedef int (*CommJobFn)(void *arg, char *err, size_t errlen);
 CommEngine *comm_engine_new(char *err, size_t errlen);

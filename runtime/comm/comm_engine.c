@@ -27,7 +27,8 @@ struct CommEngine {
   Job ring[COMM_RING];
   int64_t submitted, done;   /* tickets [done, submitted) are queued or running */
   bool stop;
-  int rc;                    /* the first failure */
+  int rc;                    /* the first failure, of job failed_at */
+  int64_t failed_at;
   char err[1024];
 };
 
@@ -53,6 +54,7 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&e->mu);
     if (rc && !e->rc) {
       e->rc = rc;
+      e->failed_at = e->done;
       snprintf(e->err, sizeof e->err, "%s", msg);
     }
     e->done++;
@@ -103,7 +105,7 @@ int comm_engine_wait(CommEngine *e, int64_t ticket, char *err, size_t errlen) {
     return 1;
   }
   while (e->done <= ticket) pthread_cond_wait(&e->done_cv, &e->mu);
-  int rc = e->rc;
+  int rc = e->rc && e->failed_at <= ticket ? e->rc : 0;   /* jobs before the failure did their work */
   if (rc) snprintf(err, errlen, "%s", e->err);
   pthread_mutex_unlock(&e->mu);
   return rc;
