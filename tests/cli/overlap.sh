@@ -4,7 +4,7 @@
 #   - bitwise: 3 training steps with --overlap true and --overlap false give the same losses,
 #     gradient norms and final parameters to the bit (st_diff --rtol 0), for the tiny GPT-2
 #     and Llama on one rank (no collectives: the pass has nothing to do), dp=2 with ZeRO 0, 1,
-#     2 and 3, tp=2, and tp=2 with sequence parallelism;
+#     2 and 3, tp=2, and tp=2 with sequence parallelism (and ZeRO-3 on the reference executor);
 #   - the pass did something: with overlap the training IR holds starts and waits, without
 #     none; ZeRO-3 gathers layer h.1's parameters only once layer h.0 has begun (not all at
 #     the top), and the gradients' reduce-scatters are waited for at the end of the backward;
@@ -42,6 +42,8 @@ for m in gpt2-tiny llama-tiny; do
   bitwise $m "tp=2" --mesh tp=2
   bitwise $m "tp=2 with sp" --mesh tp=2 --sequence-parallel true
 done
+# the reference executor runs starts and waits too (a start completes its collective at once)
+bitwise gpt2-tiny "dp=2 ZeRO-3, reference executor" --mesh dp=2 --zero 3 --backend ref
 
 # ---- what the pass moved (the tiny GPT-2 at dp=2 with ZeRO-3) ----
 expect_exit 0 "the training IR with overlap" "$LOOM" ir models/gpt2-tiny.json --passes=train --mesh dp=2 --zero 3
