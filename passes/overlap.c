@@ -9,7 +9,10 @@
  * What moves, in one function at a time (of a partitioned module; pipelined modules keep
  * their collectives synchronous for now):
  *   - every wait sinks to just before the first op that reads its result, or that writes the
- *     global its start reads (the communication thread still reads it), or the return;
+ *     global its start reads (the communication thread still reads it), or the return; a
+ *     collective of a computed value (a gradient's reduce-scatter, a tp all-reduce) is waited
+ *     for at the latest when the OVERLAP_WINDOW-th such collective after it starts, so the
+ *     backward's gradients are not all held in flight to its end (where they are accumulated);
  *   - before that, the cheap data movement that only unpacks a collective's result (the
  *     slices of a gradient bucket, reshapes) sinks to its first reader, so that the wait
  *     can follow it;
@@ -23,6 +26,10 @@
  *     name up to its first all-digit part ("h.3.", "model.layers.3."); the other parameters
  *     form groups of their own.  Gathers are grouped in program order, so the backward's
  *     gathers (last layer first) prefetch in its own direction.
+ * ZeRO-0/1 all-reduce the accumulated gradients in @optimizer_step (after the last
+ * micro-batch), so there their buckets overlap each other and the updates, not the backward;
+ * reducing them in the backward (possible with grad_accum 1) would need the reduced values
+ * in a buffer of their own, and is not done here.
  * Starts may pass each other (every rank runs the same program, so every member of a group
  * issues them in the same order; verify-collectives checks it), waits too.  Nothing else
  * moves, and no op computes anything differently: the collectives are the same collectives,
