@@ -17,7 +17,7 @@ static const char *const SPEC_KEYS[] = {
     "model", "batch",        "seq",   "steps",     "grad_accum", "lr",   "min_lr", "warmup",
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
     "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
-    "bucket_mb", "vocab_multiple", "pp_schedule", "pp_virtual", "pp_split",
+    "bucket_mb", "vocab_multiple", "pp_schedule", "pp_virtual", "pp_split", "overlap",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -72,6 +72,7 @@ void spec_defaults(RunSpec *s) {
   s->zero = 0;
   s->bucket_mb = 25.0;
   s->vocab_multiple = 1;
+  s->overlap = true;
 }
 
 static void default_seq(RunSpec *s) {
@@ -364,6 +365,12 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
       return bad(r, key, "an array of layer numbers", v, fix);
     }
     s->n_pp_split = n;
+    return 0;
+  }
+  if (strcmp(key, "overlap") == 0) {
+    if (!json_is_boolean(v))
+      return bad(r, key, "true or false", v, "set it to false to run every collective where it is (no overlap pass)");
+    s->overlap = json_is_true(v);
     return 0;
   }
   if (strcmp(key, "sequence_parallel") == 0) {

@@ -145,6 +145,12 @@ const OpInfo *op_info(OpKind k);
 int op_n_writes(OpKind k);      /* how many leading operands the op writes (0 if pure) */
 int op_lookup(const char *name, size_t n, OpKind *out);   /* 0 ok, -1 unknown */
 const char *op_class_name(OpClass c);
+/* Async collectives (ops.def): the start of a collective kind (all_reduce, all_gather,
+   reduce_scatter, all_to_all), or OP_COUNT when it has none; and back from a start to the
+   collective it begins (any other kind: itself). */
+OpKind op_start_of(OpKind k);
+OpKind op_sync_of(OpKind k);
+bool op_is_start(OpKind k);
 int op_attr_index(OpKind k, const char *name);            /* -1 if the op has no such attr */
 
 /* ---------------------------------------------------------------- module.c */

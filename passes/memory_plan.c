@@ -6,6 +6,8 @@
  *     last op that reads it (values a function returns live to its end).
  *   - First fit over the free space, 64-byte aligned, in op order.
  *   - A reshape shares its operand's buffer (same bytes, another shape): no copy.
+ *   - Async collectives: a wait shares its start's buffer, and a start's operand stays
+ *     alive until the wait (the communication thread reads it while compute goes on).
  *   - In place: a kernel call may write an output into the buffer of an input of the same
  *     size that dies at that call (kernels read element i before writing element i).
  *   - Storage: the CPU holds every element in 4 bytes (floats as f32, ids as int32); the
@@ -88,11 +90,23 @@ static int64_t fl_take(FreeList *fl, int64_t size) {
   return at;
 }
 
-/* The value whose buffer v uses (through reshapes), or v. */
+/* The value whose buffer v uses (through reshapes and waits), or v. */
 static Value *root_of(Value *v) {
-  while (v->kind == VAL_RESULT && v->def->kind == OP_RESHAPE && v->def->operands[0]->kind != VAL_GLOBAL)
+  while (v->kind == VAL_RESULT && (v->def->kind == OP_RESHAPE || v->def->kind == OP_WAIT) &&
+         v->def->operands[0]->kind != VAL_GLOBAL)
     v = v->def->operands[0];
   return v;
+}
+
+/* Buffers in flight: a collective start reads its operand until its wait, so the operand
+   lives at least to the wait (the start's result lives on as the wait's, root_of). */
+static void extend_in_flight(Func *f, int64_t *last) {
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    if (op->kind != OP_WAIT || op->operands[0]->kind != VAL_RESULT || !op_is_start(op->operands[0]->def->kind)) continue;
+    Value *x = op->operands[0]->def->operands[0];
+    if (x->kind != VAL_GLOBAL && last[root_of(x)->id] < i) last[root_of(x)->id] = i;
+  }
 }
 
 static void plan_func(Func *f, int target) {
@@ -110,6 +124,7 @@ static void plan_func(Func *f, int target) {
     Value *v = f->rets.items[i];
     if (v->kind != VAL_GLOBAL) last[root_of(v)->id] = f->ops.n;
   }
+  extend_in_flight(f, last);
   FreeList fl = {0};
   for (int i = 0; i < f->args.n; i++) {
     Value *v = f->args.items[i];
@@ -121,7 +136,7 @@ static void plan_func(Func *f, int target) {
     bool *reused = calloc((size_t)op->n_operands + 1, 1);
     for (int r = 0; r < op->n_results; r++) {
       Value *v = op->results[r];
-      if (op->kind == OP_RESHAPE && op->operands[0]->kind != VAL_GLOBAL) {
+      if ((op->kind == OP_RESHAPE || op->kind == OP_WAIT) && op->operands[0]->kind != VAL_GLOBAL) {
         v->offset = root_of(v)->offset;
         continue;
       }
@@ -198,6 +213,7 @@ int memory_plan_check(Func *f, int target, char *err, size_t errlen) {
     Value *v = f->args.items[i];
     if (last[v->id] < 0) last[v->id] = f->ops.n;   /* never read: kept, as the planner does */
   }
+  extend_in_flight(f, last);
   int rc = 0;
   for (int a = 0; a < n && !rc; a++) {
     Value *x = val[a];

@@ -14,6 +14,8 @@
  *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted; the
  *                   axes' own rules in shard_dp.c (dp, ZeRO) and shard_tp.c (tp, sp)
  *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp)
+ *   overlap.c       pass "overlap": collectives as start/wait, starts hoisted and waits sunk
+ *                   (ZeRO-3 gathers one layer ahead); --overlap false leaves them
  *   verify_collectives.c  pass "verify-collectives": every rank's collectives and transfers
  *                   match and cannot deadlock under the schedule
  *   flops.c, timing.c  analyses, not passes: model FLOPs (`--flops`) and the predicted step
@@ -41,6 +43,7 @@ typedef struct {
   int zero;                  /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
   bool sp;                   /* sequence parallel: activations between tp regions split along the sequence */
   double bucket_mb;          /* data-parallel gradient all-reduce buckets, MB (10^6 bytes); 0: one per gradient */
+  bool overlap;              /* the overlap pass: collectives as start/wait, moved apart (default true) */
   /* pipeline parallelism (the pipeline pass, when the mesh has pp > 1) */
   int pp_schedule;           /* PipeKind; 0: 1f1b */
   int pp_virtual;            /* chunks per pp rank; 0: the schedule's default */
@@ -85,7 +88,8 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
    In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
 #define TRAIN_PIPELINE \
-  "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,bucket,canonicalize,cse,dce,verify,verify-collectives"
+  "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,bucket,canonicalize,cse,dce,overlap,verify," \
+  "verify-collectives"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's

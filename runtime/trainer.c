@@ -176,7 +176,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   }
   if ((rc = data_open(&dl, o->data, o->n_data, B, T, o->vocab, err, errlen))) goto done;
   if (o->resume && (rc = resume(ex, o, r, &dl, err, errlen))) goto done;
-  double start = now_s(), first_loss = NAN;
+  double start = now_s(), first_loss = NAN, comm_total = 0;
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
     float loss_sum = 0;
@@ -200,9 +200,16 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     r->lrs[s] = lr;
     r->n = s + 1;
     if (s == r->first_step) first_loss = loss;
+    char comm[96] = "";
+    if (ex->comm_wait_ms) {   /* exposed communication: ranks blocked on collectives */
+      double mean, most;
+      ex->comm_wait_ms(ex->self, &mean, &most);
+      comm_total += mean;
+      snprintf(comm, sizeof comm, " | comm wait %.1f ms (max %.1f)", mean, most);
+    }
     if (o->log)
-      fprintf(o->log, "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s\n", (long long)(s + 1),
-              (long long)o->steps, loss, lr, norm, dt * 1e3, (double)(G * B * T) / dt);
+      fprintf(o->log, "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s\n", (long long)(s + 1),
+              (long long)o->steps, loss, lr, norm, dt * 1e3, (double)(G * B * T) / dt, comm);
     if (!isfinite(loss) || !isfinite(norm)) {
       snprintf(err, errlen, "the %s became %s at step %lld; lower the learning rate (--lr) or check the data",
                isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? norm : loss) ? "nan" : "infinite",
@@ -222,6 +229,10 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     fprintf(o->log, "done: %lld steps in %.2f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s\n", (long long)run,
             r->seconds, first_loss, r->losses[o->steps - 1], r->seconds * 1e3 / (double)run,
             (double)(run * G * B * T) / r->seconds);
+    if (ex->comm_wait_ms)
+      fprintf(o->log, "comm wait: %.1f ms/step on average over ranks (%.1f%% of the step): time ranks were blocked on "
+              "collectives, not hidden behind compute\n", comm_total / (double)run,
+              100.0 * comm_total / (r->seconds * 1e3));
   }
 done:
   data_close(&dl);

@@ -41,6 +41,10 @@ typedef struct {
      --out), sync_in splits them back to the ranks (after a resume). */
   int (*sync_out)(void *self, char *err, size_t errlen);
   int (*sync_in)(void *self, char *err, size_t errlen);
+  /* Optional (NULL: not measured): the exposed communication since the last call, the
+     milliseconds ranks spent blocked on collectives and transfers (mean over ranks, and the
+     most any rank spent).  The loop calls it after every step and prints it. */
+  void (*comm_wait_ms)(void *self, double *mean, double *max);
 } Executor;
 
 typedef struct {

@@ -58,6 +58,7 @@ static const char help[] =
   "  --zero=0|1|2|3         ZeRO stage over dp\n"
   "  --sequence-parallel=true|false  with tp: norms and residuals split along the sequence\n"
   "  --bucket-mb=X          dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
+  "  --overlap=true|false   the overlap pass: collectives as start/wait, overlapped with compute (default true)\n"
   "  --vocab-multiple=N     the vocabulary padded to a multiple of N (masked; e.g. 128 aligns GPT-2's GEMMs)\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
@@ -220,7 +221,8 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
                                                 {"--vocab-multiple", "vocab_multiple"},
                                                 {"--pp-schedule", "pp_schedule"},
                                                 {"--pp-virtual", "pp_virtual"},
-                                                {"--pp-split", "pp_split"}};
+                                                {"--pp-split", "pp_split"},
+                                                {"--overlap", "overlap"}};
     bool matched = false;
     for (int k = 0; k < (int)(sizeof spec_flags / sizeof spec_flags[0]) && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {

@@ -172,6 +172,8 @@ void cpu_program_free(CpuProgram *cp) {
   free(cp->step_seconds);
   free(cp->step_runs);
   free(cp->kernels);
+  free(cp->async);
+  free(cp->trace);
   tp_free(cp->tp);
   memset(cp, 0, sizeof *cp);
 }
@@ -217,7 +219,9 @@ int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, c
     for (int b = 0; b < nb; b++) ptrs[b] = buf_addr(cp, func, &st->bufs[b]);
     double t0 = now_s();
     char msg[1024] = "";
-    switch (st->kind) {
+    bool comm_step = false;
+    rc = cpu_async_step(cp, st, (void *const *)ptrs, &comm_step, msg, sizeof msg);
+    if (!comm_step) switch (st->kind) {
     case RT_STEP_KERNEL: {
       KernelCtx kc = {cp->kernels[st->which], ptrs};
       tp_run(cp->tp, st->i[0], kernel_chunk, &kc);
@@ -234,7 +238,9 @@ int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, c
       for (int b = st->n_in; b < nb; b++)
         if (!st->bufs[b].is_int && st->bufs[b].round != RT_ROUND_NONE)
           rt_round_buf(cp->tp, (float *)ptrs[b], st->bufs[b].n, (RtRound)st->bufs[b].round);
-    cp->step_seconds[func][s] += now_s() - t0;
+    double t1 = now_s();
+    if (!comm_step || st->which == RT_B_COLL_WAIT) cpu_trace_add(cp, st->label, t0, t1, 0);
+    cp->step_seconds[func][s] += t1 - t0;
     cp->step_runs[func][s]++;
   }
   for (int r = 0; r < fn->n_rets; r++)
