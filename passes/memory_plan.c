@@ -282,6 +282,29 @@ static int64_t live_after(Func *f, int at, int target) {
   return bytes;
 }
 
+int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena) {
+  int64_t st = 0, ar = 0;
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    st += type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+  }
+  for (int i = 0; i < m->funcs.n; i++) {
+    const Func *f = m->funcs.items[i];
+    if (!f->is_kernel && f->arena_bytes > ar) ar = f->arena_bytes;
+  }
+  if (state) *state = st;
+  if (arena) *arena = ar;
+  return st + ar;
+}
+
+int64_t memory_activations(Func *f, int target) {
+  const Value *loss = f->rets.n ? f->rets.items[f->rets.n - 1] : NULL;
+  if (!loss || loss->kind != VAL_RESULT) return 0;
+  for (int k = 0; k < f->ops.n; k++)
+    if (f->ops.items[k] == loss->def) return live_after(f, k, target);
+  return 0;
+}
+
 void memory_report(FILE *out, Module *m, int target) {
   int64_t params = 0, grads = 0, optim = 0, other = 0;
   for (int i = 0; i < m->globals.n; i++) {
