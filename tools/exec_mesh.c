@@ -258,6 +258,7 @@ int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const 
   }
   int rc = mesh_open(mc, m, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mc->ex, plan, err, errlen);
+  if (!rc && !mc->rx.sched) cpu_arena_report(plan->opt.log, mc->cp, mc->world);
   if (!rc && mc->rx.sched) rc = pipe_run_report(&mc->rx, plan, "cpu backend", err, errlen);
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && prof && *prof) cpu_backend_profile(&mc->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
