@@ -584,8 +584,8 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
   if (rc_) return rc_;
   human(y, sizeof y, p0);
   human(z, sizeof z, a0);
-  fprintf(out, "recompute auto: budget %s per rank; planned peak without recomputation %s (state %s + arena %s)\n", b,
-          y, x, z);
+  fprintf(out, "recompute auto: budget %s per rank (budget %lld bytes); planned peak without recomputation %s (state %s "
+          "+ arena %s)\n", b, (long long)budget, y, x, z);
   if (p0 <= budget) {
     fprintf(out, "recompute auto: it fits: nothing is recomputed\n");
     return 0;
