@@ -109,6 +109,10 @@ int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t
 /* What the forward leaves alive for the backward: live bytes right after the op that
    computes f's returned loss (0 when f returns no computed value). */
 int64_t memory_activations(Func *f, int target);
+/* The most bytes alive at once in f under its plan (a value from its op to its last reader;
+   outputs written in place over a dying input count once): what a plan without
+   fragmentation would need.  Needs memory-plan's offsets. */
+int64_t memory_live_peak(Func *f, int target);
 /* shard.c: the collectives of a partitioned module, by function, kind and axis. */
 typedef struct {
   const Func *func;

@@ -88,8 +88,11 @@ void cpu_arena_report(FILE *out, const CpuProgram *cps, int n) {
       int64_t t = cpu_arena_touched(&cps[k], f);
       fprintf(out, "%s %lld", k ? "," : "", (long long)((t + 63) / 64 * 64));
     }
-    fprintf(out, " (%s: the highest byte its first call wrote, to the plan's 64-byte alignment)\n",
-            n > 1 ? "per rank" : "one rank");
+    int64_t t0 = (cpu_arena_touched(&cps[0], f) + 63) / 64 * 64;
+    fprintf(out, " (%s: the highest byte its first call wrote, to the plan's 64-byte alignment)%s\n",
+            n > 1 ? "per rank" : "one rank",
+            t0 < p->funcs[f].arena_bytes ? "; less than planned: the plan reserved bytes no step writes (an adamw "
+            "whose results are assigned back updates the parameters and moments in place)" : "");
   }
 }
 
