@@ -78,6 +78,7 @@ typedef struct {
   bool *fwd;          /* op -> computes something the loss depends on (the forward) */
   int *layer;         /* op -> its transformer layer, -1 before the first, n_layers after the last */
   bool *param_only;   /* op -> reads parameters and constants only */
+  bool *other_param;  /* op -> parameter-only, and reads a parameter of no layer */
   bool *bwd_read;     /* value id -> a backward op reads it or a reshape of it (set on roots) */
   bool *in_r;         /* op -> recomputed */
 } RC;
@@ -123,6 +124,7 @@ static void rc_free(RC *rc) {
   free(rc->fwd);
   free(rc->layer);
   free(rc->param_only);
+  free(rc->other_param);
   free(rc->bwd_read);
   free(rc->in_r);
   memset(rc, 0, sizeof *rc);
@@ -138,9 +140,10 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
   rc->fwd = calloc((size_t)n + 1, 1);
   rc->layer = calloc((size_t)n + 1, sizeof(int));
   rc->param_only = calloc((size_t)n + 1, 1);
+  rc->other_param = calloc((size_t)n + 1, 1);
   rc->bwd_read = calloc((size_t)nv, 1);
   rc->in_r = calloc((size_t)n + 1, 1);
-  if (!rc->ops || !rc->def || !rc->fwd || !rc->layer || !rc->param_only || !rc->bwd_read || !rc->in_r) {
+  if (!rc->ops || !rc->def || !rc->fwd || !rc->layer || !rc->param_only || !rc->other_param || !rc->bwd_read || !rc->in_r) {
     rc_free(rc);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
@@ -179,24 +182,32 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
       }
       continue;
     }
+    /* lp: the largest layer of the parameters read (directly, or through parameter-only
+       ops such as bf16 casts, ZeRO-3 gathers, slices); other: a parameter of no layer is
+       read (final norm, embeddings); lo: the largest layer of the activations read. */
     int lp = -1, lo = -1;
-    bool other_global = false, po = true;
+    bool other = false, po = true;
     for (int k = 0; k < op->n_operands; k++) {
       Value *v = op->operands[k];
       if (v->kind == VAL_GLOBAL) {
         int l = layer_of_name(v->global->name);
         if (l > lp) lp = l;
-        other_global |= l < 0;
+        other |= l < 0;
+      } else if (is_local(v) && rc->param_only[rc->def[v->id]]) {
+        int d = rc->def[v->id];
+        if (rc->layer[d] > lp) lp = rc->layer[d];
+        other |= rc->other_param[d];
       } else if (is_local(v)) {
         int d = rc->def[v->id];
         if (rc->layer[d] > lo) lo = rc->layer[d];
-        po &= rc->param_only[d];
+        po = false;
       } else {
         po = false;   /* the tokens, the targets */
       }
     }
     rc->param_only[i] = po;
-    rc->layer[i] = lp >= 0 ? lp : other_global && lo >= 0 ? rc->n_layers : lo;
+    rc->other_param[i] = po && other;
+    rc->layer[i] = po ? lp : lp >= 0 ? lp : other && lo >= 0 ? rc->n_layers : lo;
   }
   return 0;
 }
