@@ -232,8 +232,8 @@ static void materialize(Rewrite *w, int i) {
   if (w->cloned[i]) return;
   w->cloned[i] = true;
   Op *op = rc->ops[i];
-  Value *operands[256];
-  for (int k = 0; k < op->n_operands && k < 256; k++) {
+  Value *small[16], **operands = op->n_operands <= 16 ? small : malloc(sizeof(Value *) * (size_t)op->n_operands);
+  for (int k = 0; k < op->n_operands; k++) {
     Value *v = op->operands[k];
     if (is_local(v) && rc->in_r[rc->def[v->id]]) {
       materialize(w, rc->def[v->id]);
@@ -244,6 +244,7 @@ static void materialize(Rewrite *w, int i) {
   Type types[IR_MAX_RESULTS];
   for (int r = 0; r < op->n_results; r++) types[r] = op->results[r]->type;
   Op *c = op_new(rc->m, op->kind, operands, op->n_operands, types);
+  if (operands != small) free(operands);
   memcpy(c->attrs, op->attrs, sizeof c->attrs);
   c->callee = op->callee;
   for (int r = 0; r < op->n_results; r++) {
@@ -291,6 +292,16 @@ static int rewrite(RC *rc, bool by_layer, double *flops, double *work) {
   bool *wanted = calloc((size_t)rc->n_vals + 1, 1);
   compute_need(rc, w.need, wanted);
   free(wanted);
+  /* Unnamed clones are %rc.N: N past any such name the function has (recompute ran before). */
+  for (int i = 0; i < rc->n_ops; i++) {
+    Op *op = rc->ops[i];
+    for (int r = 0; r < op->n_results; r++) {
+      const char *nm = op->results[r]->name;
+      char *end;
+      long k = nm && !strncmp(nm, "rc.", 3) && isdigit((unsigned char)nm[3]) ? strtol(nm + 3, &end, 10) : -1;
+      if (k >= 0 && !*end && k >= w.named) w.named = (int)k + 1;
+    }
+  }
   for (int i = 0; i < rc->n_ops; i++) {
     Op *op = rc->ops[i];
     if (!rc->fwd[i]) {
