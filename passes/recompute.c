@@ -675,7 +675,8 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
       human(y, sizeof y, peak);
       human(z, sizeof z, arena);
       fprintf(out, "recompute auto: chose the first %d of %d greedy moves (by bytes saved per FLOP): planned peak %s "
-              "(state %s + arena %s), under the budget %s\n", hi, mv.n, y, x, z, b);
+              "(state %s + arena %s), under the budget %s (the lowered program's plan, which the backends allocate: "
+              "--passes=train,lower --memory prints it)\n", hi, mv.n, y, x, z, b);
     }
   }
   free(mv.ops), free(mv.end);
