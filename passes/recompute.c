@@ -54,10 +54,13 @@
  *      composites eight, collectives four, reshapes none).  Greedily take the move with
  *      the most bytes saved per FLOP, recompute K, repeat until nothing is kept but what
  *      no move can free: an ordered list of moves.
- *   3. Verify against the real plan: the peak of 17 evenly spaced prefixes of that list,
- *      then a bisection between the last prefix that did not fit and the first that did,
- *      gives the shortest prefix that fits.  When none does, the budget is refused with
- *      the smallest peak of every plan tried (the prefixes, full and selective).
+ *   3. Verify against the real plan: the real peak of evenly spaced prefixes of that list
+ *      (0, 1/16, 2/16, ... of it, in order, until one fits), then a bisection between the
+ *      last prefix that did not fit and the first that did, gives the shortest prefix that
+ *      fits (the real peak need not fall at every move, so this is the shortest found, not
+ *      a proven minimum).  When no sample fits, the budget is refused with the smallest
+ *      peak of every plan tried (the 17 prefixes, full and selective).  Parameter-only ops
+ *      (above) are part of every prefix.
  * The chosen values and the planned peak before and after are printed.
  * With pipeline parallelism (pp > 1) the pass refuses: the stash the pipeline pass builds
  * would have to carry the recomputed layers' inputs (not done yet).
