@@ -7,6 +7,7 @@
 #   - memory: every run's planned @grad_step arena equals the arena the cpu backend measured
 #     (the highest byte its first call wrote; runtime/cpu/cpu_exec.h), on every rank, and
 #     equals what `loom ir --passes=train,lower --memory` plans (its total less the state).
+#   - every class at once (selective:norm,act,eltwise,rope,attn) on Llama, bitwise too;
 #   - the clones are visible (%rc.*), survive cse, and the IR round-trips with them.
 #   - auto fits gpt2-tiny-4l (batch 8) and GPT-2 124M (8 x 1024) under three budgets each
 #     (the planned peak of --memory is under the budget); an impossible budget is refused
@@ -77,6 +78,17 @@ for m in gpt2-tiny llama-tiny gpt2-tiny-4l llama-tiny-4l; do
     done
   done
 done
+
+# Every op class at once (rope and attention recomputed too) on Llama: still the same bits.
+"$LOOM" train models/llama-tiny.json --batch 8 --data "$TMP/d.bin" --steps 3 --lr 1e-3 --out "$TMP/n.st" > /dev/null 2>&1
+"$LOOM" train models/llama-tiny.json --batch 8 --data "$TMP/d.bin" --steps 3 --lr 1e-3 \
+  --recompute selective:norm,act,eltwise,rope,attn --out "$TMP/all.st" > "$TMP/all.log" 2>&1
+if grep -q "^recompute selective:norm,act,eltwise,rope,attn: [1-9]" "$TMP/all.log" &&
+   "$ST_DIFF" "$TMP/all.st" "$TMP/n.st" --rtol 0 --atol 0 > "$TMP/diff.txt" 2>&1; then
+  pass "llama-tiny: selective:norm,act,eltwise,rope,attn gives parameters and losses bitwise equal to none"
+else
+  fail "llama-tiny: selective with every class" "$(tail -2 "$TMP/all.log")" "$(tail -1 "$TMP/diff.txt")"
+fi
 
 # The clones in the IR: named %rc.*, kept apart from their originals by cse, round-tripping.
 run "$LOOM" ir models/gpt2-tiny.json --passes=train --recompute full -o "$TMP/full.ir"
