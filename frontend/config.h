@@ -94,6 +94,9 @@ typedef struct {
   int64_t pp_virtual;             /* chunks per pp rank; 0 = the schedule's default (2 for interleaved) */
   int n_pp_split;                 /* pp_split: the first layer of every chunk; 0 = balanced by FLOPs */
   int64_t pp_split[256];
+  int recompute;                  /* RecomputeMode (ir.h); spec "recompute": "none" (default), "selective[:classes]", "full", "auto" */
+  unsigned recompute_classes;     /* selective: RC_* bits */
+  int64_t memory_budget;          /* bytes per rank ("memory_budget": "40GiB"); 0 = none */
   int n_data;
   char data[SPEC_MAX_DATA][SPEC_PATH_MAX]; /* resolved relative to the spec's folder */
   char init[SPEC_PATH_MAX], out[SPEC_PATH_MAX], save_dir[SPEC_PATH_MAX]; /* "" if absent */

@@ -298,6 +298,73 @@ static int64_t live_after(Func *f, int at, int target) {
   return bytes;
 }
 
+int64_t memory_live_peak(Func *f, int target) {
+  int n = func_number(f), nops = f->ops.n;
+  int64_t *last = malloc(sizeof(int64_t) * ((size_t)n + 1)), *delta = calloc((size_t)nops + 2, sizeof(int64_t));
+  for (int i = 0; i < n; i++) last[i] = -1;
+  for (int i = 0; i < nops; i++) {
+    Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++)
+      if (op->operands[k]->kind != VAL_GLOBAL) last[root_of(op->operands[k])->id] = i;
+  }
+  for (int i = 0; i < f->rets.n; i++)
+    if (((Value *)f->rets.items[i])->kind != VAL_GLOBAL) last[root_of(f->rets.items[i])->id] = nops;
+  for (int i = 0; i < f->args.n; i++) {
+    Value *v = f->args.items[i];
+    delta[0] += value_bytes(v, target);
+    delta[(last[v->id] < 0 ? nops : last[v->id]) + 1] -= value_bytes(v, target);
+  }
+  for (int i = 0; i < nops; i++) {
+    Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) {
+      Value *v = op->results[r];
+      if (root_of(v) != v) continue;
+      bool in_place = false;   /* written over an input that dies here: no bytes of its own */
+      for (int k = 0; k < op->n_operands && !in_place; k++) {
+        Value *in = op->operands[k];
+        in_place = in->kind != VAL_GLOBAL && root_of(in) == in && last[in->id] == i && in->offset == v->offset &&
+                   v->offset >= 0;
+      }
+      /* in place: the input's bytes (counted through op i) carry the output from op i + 1 */
+      int64_t b = value_bytes(v, target), from = in_place ? i + 1 : i, to = last[v->id] < i ? i : last[v->id];
+      if (from > to) continue;
+      delta[from] += b;
+      delta[to + 1] -= b;
+    }
+  }
+  int64_t cur = 0, best = 0;
+  for (int i = 0; i <= nops; i++) {
+    cur += delta[i];
+    if (cur > best) best = cur;
+  }
+  free(last);
+  free(delta);
+  return best;
+}
+
+int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena) {
+  int64_t st = 0, ar = 0;
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    st += type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+  }
+  for (int i = 0; i < m->funcs.n; i++) {
+    const Func *f = m->funcs.items[i];
+    if (!f->is_kernel && f->arena_bytes > ar) ar = f->arena_bytes;
+  }
+  if (state) *state = st;
+  if (arena) *arena = ar;
+  return st + ar;
+}
+
+int64_t memory_activations(Func *f, int target) {
+  const Value *loss = f->rets.n ? f->rets.items[f->rets.n - 1] : NULL;
+  if (!loss || loss->kind != VAL_RESULT) return 0;
+  for (int k = 0; k < f->ops.n; k++)
+    if (f->ops.items[k] == loss->def) return live_after(f, k, target);
+  return 0;
+}
+
 void memory_report(FILE *out, Module *m, int target) {
   int64_t params = 0, grads = 0, optim = 0, other = 0;
   for (int i = 0; i < m->globals.n; i++) {
@@ -347,6 +414,11 @@ void memory_report(FILE *out, Module *m, int target) {
       fprintf(out, "  @%-16s peak %12s\n", f->name, d);
     }
     if (f->arena_bytes > peak_arena) peak_arena = f->arena_bytes;
+    int64_t live = act ? memory_live_peak(f, target) : 0;
+    if (live && live < f->arena_bytes - f->arena_bytes / 100) {   /* more than 1% apart */
+      human(e, sizeof e, live);
+      fprintf(out, "  %-17s most alive at once %s: the rest of the arena is the first-fit plan's fragmentation\n", "", e);
+    }
   }
   human(t, sizeof t, params + grads + optim + other + peak_arena);
   fprintf(out, "  total             %12s  (%lld bytes: state + the largest function arena)\n", t,

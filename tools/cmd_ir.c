@@ -60,6 +60,9 @@ static const char help[] =
   "  --bucket-mb=X          dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
   "  --overlap=true|false   the overlap pass: collectives as start/wait, overlapped with compute (default true)\n"
   "  --vocab-multiple=N     the vocabulary padded to a multiple of N (masked; e.g. 128 aligns GPT-2's GEMMs)\n"
+  "  --recompute=none|selective[:norm,act,eltwise,rope,attn]|full|auto   activation recomputation\n"
+  "                         (the recompute pass; the default selective classes: norm,act,eltwise)\n"
+  "  --memory-budget=40GiB  recompute auto: the planned peak per rank to fit (B, KB, MB, GB, KiB, MiB, GiB)\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
@@ -222,7 +225,9 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
                                                 {"--pp-schedule", "pp_schedule"},
                                                 {"--pp-virtual", "pp_virtual"},
                                                 {"--pp-split", "pp_split"},
-                                                {"--overlap", "overlap"}};
+                                                {"--overlap", "overlap"},
+                                                {"--recompute", "recompute"},
+                                                {"--memory-budget", "memory_budget"}};
     bool matched = false;
     for (int k = 0; k < (int)(sizeof spec_flags / sizeof spec_flags[0]) && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {

@@ -15,6 +15,7 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--sequence-parallel", "sequence_parallel"}, {"--bucket-mb", "bucket_mb"}, {"--vocab-multiple", "vocab_multiple"},
   {"--pp-schedule", "pp_schedule"}, {"--pp-virtual", "pp_virtual"}, {"--pp-split", "pp_split"},
   {"--overlap", "overlap"},
+  {"--recompute", "recompute"}, {"--memory-budget", "memory_budget"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
 
@@ -26,6 +27,7 @@ TrainSettings spec_train_settings(const RunSpec *s) {
   ts.overlap = s->overlap;
   ts.pp_schedule = s->pp_schedule, ts.pp_virtual = (int)s->pp_virtual, ts.n_pp_split = s->n_pp_split;
   memcpy(ts.pp_split, s->pp_split, sizeof ts.pp_split);
+  ts.recompute = s->recompute, ts.recompute_classes = s->recompute_classes, ts.memory_budget = s->memory_budget;
   return ts;
 }
 

@@ -136,11 +136,15 @@ int cpu_program_init(CpuProgram *cp, const RtProgram *p, void *const *kernel_fns
   cp->arenas = calloc(nf, sizeof(char *));
   cp->step_seconds = calloc(nf, sizeof(double *));
   cp->step_runs = calloc(nf, sizeof(int64_t *));
-  bool ok = cp->tp && cp->kernels && cp->arenas && cp->step_seconds && cp->step_runs;
+  cp->arena_touched = malloc(nf * sizeof(int64_t));
+  for (size_t f = 0; cp->arena_touched && f < nf; f++) cp->arena_touched[f] = -1;
+  bool ok = cp->tp && cp->kernels && cp->arenas && cp->step_seconds && cp->step_runs && cp->arena_touched;
   for (int r = 1; ok && r < RT_REGION_COUNT; r++) ok = (cp->regions[r] = alloc_region(p->region_bytes[r])) != NULL;
   for (int f = 0; ok && f < p->n_funcs; f++) {
     size_t ns = (size_t)(p->funcs[f].n_steps ? p->funcs[f].n_steps : 1);
     cp->arenas[f] = alloc_region(p->funcs[f].arena_bytes);
+    if (cp->arenas[f])   /* the sentinel the first call's measurement looks for */
+      for (int64_t w = 0; w < (p->funcs[f].arena_bytes + 63) / 64 * 16; w++) ((uint32_t *)cp->arenas[f])[w] = ARENA_SENTINEL;
     cp->step_seconds[f] = calloc(ns, sizeof(double));
     cp->step_runs[f] = calloc(ns, sizeof(int64_t));
     ok = cp->arenas[f] && cp->step_seconds[f] && cp->step_runs[f];
@@ -171,6 +175,7 @@ void cpu_program_free(CpuProgram *cp) {
   free(cp->arenas);
   free(cp->step_seconds);
   free(cp->step_runs);
+  free(cp->arena_touched);
   free(cp->kernels);
   free(cp->async);
   free(cp->trace);
@@ -243,9 +248,19 @@ int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, c
     cp->step_seconds[func][s] += t1 - t0;
     cp->step_runs[func][s]++;
   }
+  if (cp->arena_touched[func] < 0) {   /* the first call: how high in the arena did it write? */
+    const uint32_t *w = (const uint32_t *)cp->arenas[func];
+    int64_t n = fn->arena_bytes / 4;
+    while (n > 0 && w[n - 1] == ARENA_SENTINEL) n--;
+    cp->arena_touched[func] = 4 * n;
+  }
   for (int r = 0; r < fn->n_rets; r++)
     if (rets[r]) memcpy(rets[r], buf_addr(cp, func, &fn->rets[r]), 4 * (size_t)fn->rets[r].n);
   return 0;
+}
+
+int64_t cpu_arena_touched(const CpuProgram *cp, int func) {
+  return func >= 0 && func < cp->p->n_funcs && cp->arena_touched ? cp->arena_touched[func] : -1;
 }
 
 /* ---------------------------------------------------------------- globals */

@@ -57,6 +57,10 @@ typedef struct {
   bool tracing;
   struct CpuTraceEvent *trace;
   int n_trace, cap_trace;
+  /* The measured arena: [func] the bytes up to the highest byte the function's first call
+     wrote in its arena (-1 before that call).  Arenas start filled with a sentinel word
+     (ARENA_SENTINEL), and after the first call the arena is scanned down from its end. */
+  int64_t *arena_touched;
   /* profile: accumulated wall seconds and runs of every step, [func][step] */
   double **step_seconds;
   int64_t **step_runs;
@@ -86,6 +90,9 @@ void cpu_program_free(CpuProgram *cp);
    int32), copied in; rets[k] caller buffers of RtFunc.rets[k], copied out. */
 int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen);
 int cpu_find_func(const CpuProgram *cp, const char *name);   /* -1 if absent */
+#define ARENA_SENTINEL 0x7FA5A5A5u   /* a signaling-NaN bit pattern no kernel writes */
+/* cp->arena_touched[func], or -1 (not called yet, or no such function). */
+int64_t cpu_arena_touched(const CpuProgram *cp, int func);
 
 /* A global's storage (f32), or NULL for a bad index. */
 float *cpu_global(CpuProgram *cp, int g);
