@@ -5,8 +5,9 @@
  * The search: every dp x tp x pp with product N (tp within a node), ZeRO stage (0-3; 0-1
  * with pp), sequence parallelism with tp, micro-batch size (sequences per dp rank; the
  * gradient accumulation follows from the global batch), pipeline schedule and virtual
- * stages.  Flags fix any of them (--mesh, --zero, --batch, --pp-schedule, --pp-virtual).
- * Context and expert parallelism and recomputation are not in loom yet and not searched.
+ * stages, recomputation (none, selective, full; pipelines only none).  Flags fix any of
+ * them (--mesh, --zero, --batch, --pp-schedule, --pp-virtual, --recompute).  Context and
+ * expert parallelism are not in loom yet and not searched.
  *
  * Speed: a candidate is not compiled whole.  Layouts differ in their repeated layers, so
  * each is compiled with 1 and with 2 layers per pipeline chunk, and its step time and
@@ -29,10 +30,11 @@ static const char help[] =
   "\n"
   "Searches the layouts of SPEC's model on N devices: dp x tp x pp, ZeRO stage, sequence\n"
   "parallelism, micro-batch size and gradient accumulation (reaching the global batch),\n"
-  "pipeline schedule and virtual stages.  Each candidate is compiled, its memory per device\n"
+  "pipeline schedule and virtual stages, activation recomputation (none, selective, full; not\n"
+  "with pp, which the recompute pass refuses).  Each candidate is compiled, its memory per device\n"
   "taken from the memory plan and its step time predicted (`loom ir --time`); those that do\n"
   "not fit are dropped and the rest ranked by tokens/s.  Not searched yet (not in loom yet):\n"
-  "context parallelism (cp), expert parallelism (ep), activation recomputation.\n"
+  "context parallelism (cp) and expert parallelism (ep).\n"
   "\n"
   "options:\n"
   "  --gpus N                  devices (required)\n"
@@ -41,7 +43,7 @@ static const char help[] =
   "  --seq T                   sequence length (default: the spec's)\n"
   "  --precision fp32|bf16     (default: the spec's)\n"
   "  --mesh dp=2,tp=4,...      fix these axes; the others are searched\n"
-  "  --zero S, --batch B, --pp-schedule S, --pp-virtual V   fix those choices (--batch: sequences\n"
+  "  --zero S, --batch B, --pp-schedule S, --pp-virtual V, --recompute R   fix those choices (--batch: sequences\n"
   "                            per micro-batch over all dp ranks, as loom train's)\n"
   "  --target cuda|cpu         storage sizes of the memory plan (default cuda)\n"
   "  --top K                   print the K best (default 10)\n"
@@ -55,6 +57,7 @@ static const char help[] =
 typedef struct {
   int64_t dp, tp, pp, v;
   int zero, sched;    /* sched: PipeKind, PIPE_NONE without pp */
+  int rc;             /* RecomputeMode: none, selective (the default classes), full */
   bool sp;
   int64_t batch, ga;  /* the spec's batch (mbs x dp) and grad_accum */
   double step_s, mem;
@@ -65,7 +68,8 @@ typedef struct {
 static int64_t elem(const Value *v, int target) { return target == TARGET_CUDA ? dtype_size(v->type.dtype) : 4; }
 
 /* The largest memory of any rank: its state (parameters, gradients, optimizer state) plus
-   the largest arena of its functions, plus with pp the stash its schedule holds at most. */
+   the largest arena of the functions a training step runs (@grad_step, @optimizer_step; not
+   @forward, the evaluation), plus with pp the stash its schedule holds at most. */
 int64_t plan_rank_memory(const Module *m, int target) {
   if (!m->pipe.kind) {
     int64_t state = 0, arena = 0;
@@ -73,9 +77,9 @@ int64_t plan_rank_memory(const Module *m, int target) {
       const Global *g = m->globals.items[i];
       state += type_numel(&g->value->type) * elem(g->value, target);
     }
-    for (int i = 0; i < m->funcs.n; i++) {
+    for (int i = 0; i < m->funcs.n; i++) {   /* @forward (evaluation) is not part of a step */
       const Func *f = m->funcs.items[i];
-      if (!f->is_kernel && f->arena_bytes > arena) arena = f->arena_bytes;
+      if (!f->is_kernel && strcmp(f->name, "forward") && f->arena_bytes > arena) arena = f->arena_bytes;
     }
     return state + arena;
   }
@@ -154,6 +158,7 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   for (int k = 0; k < MESH_AXES; k++) s.mesh[k] = 1;
   s.mesh[MESH_DP] = c->dp, s.mesh[MESH_TP] = c->tp, s.mesh[MESH_PP] = c->pp;
   s.zero = c->zero, s.sequence_parallel = c->sp, s.batch = c->batch, s.grad_accum = c->ga;
+  s.recompute = c->rc, s.recompute_classes = RC_DEFAULT_CLASSES;
   s.pp_schedule = c->sched ? c->sched : 0, s.pp_virtual = c->pp > 1 ? c->v : 0, s.n_pp_split = 0;
   /* screening (fewer layers than the model): the same layers in every chunk, so the cost is
      linear in the layers a chunk holds; the whole model gets the pass's balanced split */
@@ -185,7 +190,8 @@ static void layout_text(const Cand *c, char *buf, size_t n) {
                    (long long)c->pp);
   if (c->pp > 1) k += snprintf(buf + k, n - (size_t)k, " %s%s", pipe_kind_names[c->sched], c->v > 1 ? "" : "");
   if (c->pp > 1 && c->v > 1) k += snprintf(buf + k, n - (size_t)k, " v=%lld", (long long)c->v);
-  snprintf(buf + k, n - (size_t)k, " zero=%d mbs=%lld ga=%lld", c->zero, (long long)(c->batch / c->dp), (long long)c->ga);
+  k += snprintf(buf + k, n - (size_t)k, " zero=%d mbs=%lld ga=%lld", c->zero, (long long)(c->batch / c->dp), (long long)c->ga);
+  if (c->rc) snprintf(buf + k, n - (size_t)k, " rc=%s", recompute_mode_names[c->rc]);
 }
 
 static const char *biggest_loss(const Cand *c, double *s) {
@@ -225,6 +231,8 @@ static int emit_spec(const char *path, const char *spec_path, const RunSpec *bas
   json_object_set_new(out, "precision", json_string(base->precision));
   json_object_set_new(out, "zero", json_integer(c->zero));
   json_object_set_new(out, "sequence_parallel", json_boolean(c->sp));
+  json_object_set_new(out, "recompute", json_string(recompute_mode_names[c->rc]));
+  json_object_del(out, "memory_budget");
   json_object_del(out, "pp_schedule"), json_object_del(out, "pp_virtual"), json_object_del(out, "pp_split");
   if (c->pp > 1) {
     json_object_set_new(out, "pp_schedule", json_string(pipe_kind_names[c->sched]));
@@ -247,7 +255,7 @@ static bool divides(int64_t a, int64_t b) { return a > 0 && b % a == 0; }
 int cmd_plan(int argc, char **argv) {
   const char *spec_path = NULL, *hw_arg = "h100", *emit = NULL, *v;
   int64_t gpus = 0, gbt = 0, seq = 0, fix_batch = 0, fix_v = 0, fix_mesh[AX_COUNT] = {0, 0, 0, 0, 0};
-  int fix_zero = -1, fix_sched = -1, top = 10, explain = 0, target = TARGET_CUDA;
+  int fix_zero = -1, fix_sched = -1, fix_rc = -1, top = 10, explain = 0, target = TARGET_CUDA;
   const char *precision = NULL;
   bool json = false;
   for (int i = 1; i < argc; i++) {
@@ -293,6 +301,13 @@ int cmd_plan(int argc, char **argv) {
     if ((r = arg_value(argc, argv, &i, "--target", &v))) {
       if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "cuda"))) return usage_error("plan", "--target takes cpu or cuda");
       target = strcmp(v, "cpu") ? TARGET_CUDA : TARGET_CPU;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--recompute", &v))) {
+      fix_rc = -1;
+      for (int k = 0; r >= 0 && k <= RECOMPUTE_FULL; k++)
+        if (!strcmp(v, recompute_mode_names[k])) fix_rc = k;
+      if (fix_rc < 0) return usage_error("plan", "--recompute takes none, selective or full (auto is what the search does)");
       continue;
     }
     if ((r = arg_value(argc, argv, &i, "--pp-schedule", &v))) {
@@ -372,16 +387,20 @@ int cmd_plan(int argc, char **argv) {
               int64_t vv = sched == PIPE_INTERLEAVED ? (fix_v ? fix_v : 2) : sched == PIPE_DUALPIPEV ? 2 : 1;
               if (pp > 1 && pp * vv > L) continue;
               if (sched == PIPE_INTERLEAVED && ga % pp) continue;
-              if (n == cap) {
-                Cand *nc = realloc(cs, sizeof *cs * (size_t)(cap *= 2));
-                if (!nc) {
-                  free(cs);
-                  return report(EXIT_RUN, "out of memory");
+              for (int rcm = RECOMPUTE_NONE; rcm <= RECOMPUTE_FULL; rcm++) {
+                /* the recompute pass refuses pipelines */
+                if ((fix_rc >= 0 && rcm != fix_rc) || (pp > 1 && rcm)) continue;
+                if (n == cap) {
+                  Cand *nc = realloc(cs, sizeof *cs * (size_t)(cap *= 2));
+                  if (!nc) {
+                    free(cs);
+                    return report(EXIT_RUN, "out of memory");
+                  }
+                  cs = nc;
                 }
-                cs = nc;
+                cs[n++] = (Cand){.dp = dp, .tp = tp, .pp = pp, .v = pp > 1 ? vv : 1, .zero = zero, .sched = sched,
+                                 .rc = rcm, .sp = sp, .batch = batch, .ga = ga};
               }
-              cs[n++] = (Cand){.dp = dp, .tp = tp, .pp = pp, .v = pp > 1 ? vv : 1, .zero = zero, .sched = sched, .sp = sp,
-                               .batch = batch, .ga = ga};
             }
           }
       }
@@ -477,11 +496,11 @@ int cmd_plan(int argc, char **argv) {
       const char *loss = biggest_loss(c, &loss_s);
       printf("  {\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": 1, \"ep\": 1, \"sequence_parallel\": %s, "
              "\"zero\": %d, \"pp_schedule\": \"%s\", \"pp_virtual\": %lld, \"batch\": %lld, \"micro_batch_per_rank\": %lld, "
-             "\"grad_accum\": %lld, \"memory_bytes\": %.0f, \"step_s\": %.6g, \"tokens_per_s_per_gpu\": %.6g, \"mfu\": %.4f, "
+             "\"grad_accum\": %lld, \"recompute\": \"%s\", \"memory_bytes\": %.0f, \"step_s\": %.6g, \"tokens_per_s_per_gpu\": %.6g, \"mfu\": %.4f, "
              "\"biggest_loss\": \"%s\", \"biggest_loss_s\": %.6g}%s\n",
              i + 1, (long long)c->dp, (long long)c->tp, (long long)c->pp, c->sp ? "true" : "false", c->zero,
              c->pp > 1 ? pipe_kind_names[c->sched] : "", (long long)c->v, (long long)c->batch, (long long)(c->batch / c->dp),
-             (long long)c->ga, c->mem, c->step_s, tokens / c->step_s / (double)gpus, c->t.mfu, loss, loss_s,
+             (long long)c->ga, recompute_mode_names[c->rc], c->mem, c->step_s, tokens / c->step_s / (double)gpus, c->t.mfu, loss, loss_s,
              i + 1 < shown ? "," : "");
     }
     printf("]\n");
