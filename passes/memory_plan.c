@@ -409,9 +409,10 @@ void memory_report(FILE *out, Module *m, int target) {
     if (act) {
       human(e, sizeof e, act);
       human(t, sizeof t, f->arena_bytes - act);
-      fprintf(out, "  @%-16s peak %12s = activations %s + workspace %s\n", f->name, d, e, t);
+      fprintf(out, "  @%-16s peak %12s = activations %s + workspace %s  (%lld bytes)\n", f->name, d, e, t,
+              (long long)f->arena_bytes);
     } else {
-      fprintf(out, "  @%-16s peak %12s\n", f->name, d);
+      fprintf(out, "  @%-16s peak %12s  (%lld bytes)\n", f->name, d, (long long)f->arena_bytes);
     }
     if (f->arena_bytes > peak_arena) peak_arena = f->arena_bytes;
     int64_t live = act ? memory_live_peak(f, target) : 0;
