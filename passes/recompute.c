@@ -555,7 +555,7 @@ static int real_peak(Module *m, const bool *in_r, const PassOptions *opt, int ta
   memset(&po, 0, sizeof po);
   po.train = opt ? opt->train : NULL;
   po.target = target;
-  rc = pipeline_run(c, "bucket,canonicalize,cse,dce,fuse,memory-plan", &po, err, errlen);
+  rc = pipeline_run(c, "bucket,canonicalize,cse,dce,overlap,fuse,memory-plan", &po, err, errlen);
   if (!rc) *peak = memory_planned_peak(c, target, NULL, arena);
   module_free(c);
   return rc;

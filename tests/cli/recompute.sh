@@ -3,7 +3,9 @@
 #   - bitwise: 3 training steps with --recompute selective, full and auto give exactly the
 #     parameters and losses of --recompute none (loom diff --rtol 0), for the four tiny models
 #     on one rank, on dp=2 with ZeRO-3 and on tp=2 (cpu backend, batch 8; auto with a budget halfway
-#     between none's and selective's planned peaks, so it must recompute something).
+#     between none's and selective's planned peaks, so it must recompute something; where
+#     selective's peak is not below none's, as on GPT-2 with ZeRO-3 and overlap, auto must
+#     refuse a budget under none's instead).
 #   - memory: every run's planned @grad_step arena equals the arena the cpu backend measured
 #     (the highest byte its first call wrote; runtime/cpu/cpu_exec.h), on every rank, and
 #     equals what `loom ir --passes=train,lower --memory` plans (its total less the state).
@@ -60,7 +62,17 @@ for m in gpt2-tiny llama-tiny gpt2-tiny-4l llama-tiny-4l; do
     "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 3 --lr 1e-3 --out "$ref" > "$TMP/none.log" 2>&1 \
       || { fail "$tag: recompute none did not run" "$(tail -3 "$TMP/none.log")"; continue; }
     check_measured "$TMP/none.log" "$tag none" "${base[@]}"
+    if [ "$sel_t" -ge "$none_t" ]; then
+      # With ZeRO-3 and overlap the arena holds gathers in flight and first-fit gaps, and
+      # selective's clones do not lower it: no budget below none's is reachable, so auto
+      # must refuse one, naming none's peak as the smallest it reaches.
+      expect_exit 2 "$tag: selective's peak $sel_t >= none's $none_t: auto refuses a budget of none's - 1" \
+        "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 1 --recompute auto --memory-budget $((none_t - 1))
+      expect_stderr_contains "the smallest planned peak recomputation reaches is"
+      expect_stderr_contains "($none_t bytes"
+    fi
     for p in selective full auto; do
+      [ $p = auto ] && [ "$sel_t" -ge "$none_t" ] && continue
       flags=(--recompute $p)
       [ $p = auto ] && flags+=(--memory-budget $budget)
       out=$TMP/$p.st
