@@ -14,7 +14,8 @@
  * memory are extrapolated linearly to the model's layers per chunk.  The best candidates
  * are then compiled whole, in order, until --top of them fit: the figures printed are the
  * whole program's (memory exactly memory-plan's), marked "exact"; the screening figures
- * of the rest are never printed as results.
+ * of the rest are never printed as results.  LOOM_PLAN_DEBUG=1 prints, to stderr, why a
+ * layout is not buildable and each whole compile beside its screening figures.
  */
 #include <math.h>
 #include <stdlib.h>
