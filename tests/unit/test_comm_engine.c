@@ -9,29 +9,13 @@
  *     holds are taken (submit waits for room).
  */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/comm/comm.h"
 
-static int n_pass, n_fail;
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...) {
-  if (ok) {
-    n_pass++;
-    return;
-  }
-  n_fail++;
-  va_list ap;
-  va_start(ap, fmt);
-  printf("FAIL ");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-}
+#include "tests/unit/check.h"
 
 /* ---- order, threads, failures ---- */
 

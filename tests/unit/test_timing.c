@@ -11,26 +11,11 @@
  *     a node take the inter-node link; another placement moves them.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 
 #include "passes/timing.h"
 
-static int n_pass, n_fail;
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...) {
-  if (ok) {
-    n_pass++;
-    return;
-  }
-  n_fail++;
-  va_list ap;
-  va_start(ap, fmt);
-  printf("FAIL ");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-}
+#include "tests/unit/check.h"
 
 static bool near(double a, double b) { return fabs(a - b) <= 1e-12 * fabs(b) + 1e-300; }
 
