@@ -2,6 +2,7 @@
    lists, simulating them against unit costs, the table and the trace. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,6 +120,50 @@ static int greedy(Schedule *s, char *err, size_t errlen) {
   return 0;
 }
 
+/* ---- dualpipev's schedules, memoized (see schedule_build) ---- */
+#define SCHED_CACHE 8
+static Schedule sched_cache[SCHED_CACHE];
+static int sched_cache_next;
+static pthread_mutex_t sched_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Deep copy of src's lists into dst (dst's kind, p, v, m already set); false when out of memory. */
+static bool copy_lists(Schedule *dst, const Schedule *src) {
+  for (int r = 0; r < src->p; r++) {
+    dst->acts[r] = malloc(sizeof(Action) * (size_t)(src->n[r] ? src->n[r] : 1));
+    if (!dst->acts[r]) return false;
+    memcpy(dst->acts[r], src->acts[r], sizeof(Action) * (size_t)src->n[r]);
+    dst->n[r] = src->n[r];
+  }
+  return true;
+}
+
+/* s has its kind, p, v, m and empty lists (the n and acts arrays allocated). */
+static bool cache_get(Schedule *s) {
+  bool hit = false;
+  pthread_mutex_lock(&sched_cache_lock);
+  for (int i = 0; i < SCHED_CACHE && !hit; i++) {
+    const Schedule *c = &sched_cache[i];
+    if (c->acts && c->kind == s->kind && c->p == s->p && c->v == s->v && c->m == s->m) {
+      for (int r = 0; r < s->p; r++) free(s->acts[r]), s->acts[r] = NULL;
+      hit = copy_lists(s, c);
+    }
+  }
+  pthread_mutex_unlock(&sched_cache_lock);
+  return hit;
+}
+
+static void cache_put(const Schedule *s) {
+  pthread_mutex_lock(&sched_cache_lock);
+  Schedule *c = &sched_cache[sched_cache_next];
+  schedule_free(c);
+  *c = (Schedule){.kind = s->kind, .p = s->p, .v = s->v, .m = s->m, .chunks = s->chunks, .split_bw = s->split_bw};
+  c->n = calloc((size_t)s->p, sizeof(int));
+  c->acts = calloc((size_t)s->p, sizeof(Action *));
+  if (!c->n || !c->acts || !copy_lists(c, s)) schedule_free(c);
+  else sched_cache_next = (sched_cache_next + 1) % SCHED_CACHE;
+  pthread_mutex_unlock(&sched_cache_lock);
+}
+
 int schedule_build(int kind, int p, int v, int m, Schedule *s, char *err, size_t errlen) {
   memset(s, 0, sizeof *s);
   if (kind <= PIPE_NONE || kind >= PIPE_COUNT) {
@@ -199,11 +244,15 @@ int schedule_build(int kind, int p, int v, int m, Schedule *s, char *err, size_t
     }
   }
   if (kind == PIPE_DUALPIPEV) {
+    /* The greedy scheduler is O(m^2) per rank and schedules are pure functions of (p, m):
+       the last few are kept (loom plan builds the same one many times). */
+    if (cache_get(s)) return 0;
     int rc = greedy(s, err, errlen);
     if (rc) {
       schedule_free(s);
       return rc;
     }
+    cache_put(s);
   }
   return 0;
 oom:

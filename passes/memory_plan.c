@@ -253,6 +253,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     Func *f = m->funcs.items[i];
     if (f->is_kernel) continue;
     plan_func(f, target);
+    if (ctx->opt && ctx->opt->no_self_checks) continue;
     int rc = memory_plan_check(f, target, err, errlen);
     if (rc) return rc;
   }

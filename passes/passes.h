@@ -70,6 +70,7 @@ typedef struct {
   const char *dump_dir;         /* write NN-<pass>.ir files here */
   bool verify_each;             /* run the verifier after every pass */
   bool time_passes;             /* report the time of every pass */
+  bool no_self_checks;          /* memory-plan skips its own overlap check (loom plan's screening) */
   FILE *print_to;               /* where printed IR and timings go (default stderr) */
   /* verify-collectives: other programs for some ranks (`loom ir --rank-ir R=FILE`) */
   const Module *rank_ir[16];

@@ -177,6 +177,9 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   PassOptions opt;
   memset(&opt, 0, sizeof opt);
   opt.train = &ts, opt.target = x->target;
+  /* memory-plan's own overlap check is O(values^2): the plan's figures are the same without
+     it, and `loom train` checks the program it runs */
+  opt.no_self_checks = true;
   if (!rc) rc = pipeline_run(m, plan_pipeline(), &opt, err, errlen);
   if (!rc) rc = timing_predict(m, x->hw, c->ga, t, err, errlen);
   if (!rc) *mem = plan_rank_memory(m, x->target);
