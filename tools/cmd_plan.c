@@ -428,7 +428,12 @@ int cmd_plan(int argc, char **argv) {
     StepTime t1, t2;
     int64_t m1 = 0, m2 = 0;
     char e[IR_ERR_LEN];
-    if (compile_one(&x, c, chunks, &t1, &m1, NULL, e, sizeof e) || compile_one(&x, c, 2 * chunks, &t2, &m2, NULL, e, sizeof e)) {
+    /* two layers a chunk or more already: the model itself is as cheap to compile */
+    bool whole = 2 * chunks >= L;
+    int bad = whole ? compile_one(&x, c, L, &t1, &m1, NULL, e, sizeof e)
+                    : compile_one(&x, c, chunks, &t1, &m1, NULL, e, sizeof e) ||
+                          compile_one(&x, c, 2 * chunks, &t2, &m2, NULL, e, sizeof e);
+    if (bad) {
       if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", e);
       if (getenv("LOOM_PLAN_DEBUG")) {
         char lay[160];
@@ -438,8 +443,8 @@ int cmd_plan(int argc, char **argv) {
       continue;
     }
     double k = (double)L / (double)chunks - 1;
-    c->step_s = t1.step_s + k * (t2.step_s - t1.step_s);
-    c->mem = (double)m1 + k * (double)(m2 - m1);
+    c->step_s = whole ? t1.step_s : t1.step_s + k * (t2.step_s - t1.step_s);
+    c->mem = whole ? (double)m1 : (double)m1 + k * (double)(m2 - m1);
     c->fits = c->mem <= hw.mem_bytes;
     cs[kept++] = *c;
     if (!json && (i % 16 == 15 || i == n - 1))
