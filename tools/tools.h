@@ -6,7 +6,7 @@
  *   cmd_eval.c  loom eval   forward + loss of a model on a token shard
  *   cmd_train.c loom train  train a model (or the built-in demo)
  *   cmd_compile.c loom compile  a standalone training executable (runner + payload)
- *   cmd_data.c  loom data   text to a byte-level token shard
+ *   cmd_data.c  loom data   text to token shards (byte-level or tokenizer.json), --decode
  *   input.c     a model from a spec or an .ir file
  *   payload.c   the compiled program appended to the runner, and reading it back
  *   runner/runner.c  loom-train: the runner of compiled executables
