@@ -43,18 +43,8 @@ static const char help[] =
   "  loom data books/*.txt --tokenizer tokenizer.json --val-frac 0.01 --shard-tokens 100000000 -o books\n"
   "  loom data --decode books_val_000000.bin --tokenizer tokenizer.json | head\n";
 
-/* Largest chunk of one file encoded at once; files are cut only after a newline followed by
-   an ASCII letter, where neither GPT-2's nor Llama 3's pre-tokenizer regex matches across. */
+/* Largest chunk of one file encoded at once (see tokenizer_cut). */
 #define CHUNK (4u << 20)
-
-static size_t cut_point(const uint8_t *p, size_t n) {
-  if (n <= CHUNK) return n;
-  for (size_t i = CHUNK; i < n; i++) {
-    uint8_t c = p[i] | 0x20;
-    if (p[i - 1] == '\n' && c >= 'a' && c <= 'z') return i;
-  }
-  return n;
-}
 
 static void progress(bool quiet, double t0, double bytes, double total, int64_t tokens, bool last) {
   if (quiet) return;
@@ -152,7 +142,7 @@ static int encode_files(const char *const *inputs, int n, const char *tok_path, 
     if ((rc = rt_read_file(inputs[i], &buf, &size, err, errlen))) break;
     if (eot >= 0 && tokids_push(ids, (uint32_t)eot)) rc = 1;
     for (size_t at = 0; at < size && !rc;) {
-      size_t m = cut_point(buf + at, size - at);
+      size_t m = tokenizer_cut(t, buf + at, size - at, CHUNK);
       rc = tokenizer_encode(t, buf + at, m, ids, err, errlen);
       if (rc == 2) {   /* name the file and the byte in it */
         int64_t bad = utf8_invalid_at(buf + at, m);

@@ -159,6 +159,7 @@ struct Tokenizer {
   AddedToken *added;
   int n_added;
   bool added_first[256];       /* a byte some added token starts with */
+  bool added_newline;          /* an added token holds a newline (tokenizer_cut never cuts) */
   int64_t vocab_size;
   int64_t *dec_off;            /* [vocab_size]: offset into dec_bytes, -1 for an id without a token */
   uint32_t *dec_len;
@@ -485,6 +486,7 @@ static int load_added(Tokenizer *t, json_t *root, char *err, size_t errlen) {
     a->id = (uint32_t)json_integer_value(json_object_get(v, "id"));
     if (!(a->content = (uint8_t *)strdup(c)) || set_decode(t, a->id, a->content, a->len)) return 1;
     t->added_first[a->content[0]] = true;
+    if (memchr(a->content, '\n', a->len)) t->added_newline = true;
   }
   return 0;
 }
@@ -744,6 +746,17 @@ static int pre_tokenize(Tokenizer *t, int k, const uint8_t *s, size_t n, TokIds 
   }
   free(own);
   return rc;
+}
+
+size_t tokenizer_cut(const Tokenizer *t, const uint8_t *p, size_t n, size_t max) {
+  if (n <= max || max < 2 || t->added_newline) return n;
+  for (int k = 0; k < t->n_steps; k++)
+    if (t->steps[k].prefix_space) return n;   /* every piece would get a space */
+  for (size_t i = max; i < n; i++) {
+    uint8_t c = p[i] | 0x20;
+    if (p[i - 1] == '\n' && p[i - 2] >= 0x21 && p[i - 2] <= 0x7E && c >= 'a' && c <= 'z') return i;
+  }
+  return n;
 }
 
 int tokenizer_encode(Tokenizer *t, const uint8_t *text, size_t n, TokIds *out, char *err, size_t errlen) {

@@ -51,6 +51,13 @@ int64_t tokenizer_default_eot(const Tokenizer *t);
 /* Appends the ids of UTF-8 text to out.  The tokenizer keeps a cache of words, so one
    Tokenizer is used by one thread at a time. */
 int tokenizer_encode(Tokenizer *t, const uint8_t *text, size_t n, TokIds *out, char *err, size_t errlen);
+/* Where a long text may be cut into pieces encoded one by one with the same ids as the whole:
+   the first offset >= max with a visible ASCII character and '\n' before it and an ASCII
+   letter after (neither GPT-2's nor Llama 3's pre-tokenizer regex matches across it; tested
+   on the goldens), or n: always n when an added token holds a newline or a ByteLevel step
+   adds a prefix space.
+   Lets `loom data` encode a large file in chunks and report progress. */
+size_t tokenizer_cut(const Tokenizer *t, const uint8_t *text, size_t n, size_t max);
 /* Byte offset of the first invalid UTF-8 sequence in text[0, n), or -1 when it is valid. */
 int64_t utf8_invalid_at(const uint8_t *text, size_t n);
 
