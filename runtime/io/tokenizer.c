@@ -19,6 +19,10 @@
 #include <string.h>
 
 #define GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+/* Llama 3's pattern and Qwen2's (the same with single digits): tokenizer_cut is known to be
+   safe for these and GPT-2's. */
+#define LLAMA3_PATTERN "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define QWEN2_PATTERN "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define MAX_STEPS 8
 #define CACHE_WORD_MAX 64          /* words up to this many bytes are cached */
 #define CACHE_IDS_MAX (1u << 22)   /* ids held by the cache before it starts over */
@@ -94,7 +98,7 @@ static int bm_put(BytesMap *m, const uint8_t *k, size_t n, uint32_t val) {
   uint64_t h = hash_bytes(k, n);
   BmEntry *e = bm_slot(m, k, n, h);
   if (e->used) return 1;
-  if (m->arena_n + n > m->arena_cap) {
+  if (m->arena_n + n > m->arena_cap || !m->arena) {
     size_t nc = m->arena_cap ? m->arena_cap * 2 : 1 << 16;
     while (nc < m->arena_n + n) nc *= 2;
     uint8_t *na = realloc(m->arena, nc);
@@ -159,7 +163,8 @@ struct Tokenizer {
   AddedToken *added;
   int n_added;
   bool added_first[256];       /* a byte some added token starts with */
-  bool added_newline;          /* an added token holds a newline (tokenizer_cut never cuts) */
+  bool cut_unsafe;             /* tokenizer_cut never cuts: an added token holds a newline, a step
+                                  adds a prefix space or has a regex not known to allow it */
   int64_t vocab_size;
   int64_t *dec_off;            /* [vocab_size]: offset into dec_bytes, -1 for an id without a token */
   uint32_t *dec_len;
@@ -232,6 +237,9 @@ static int add_step(Tokenizer *t, const char *pattern, bool literal, bool prefix
   }
   PreStep *s = &t->steps[t->n_steps++];
   s->prefix_space = prefix_space;
+  if (prefix_space || (pattern && (literal || (strcmp(pattern, GPT2_PATTERN) && strcmp(pattern, LLAMA3_PATTERN) &&
+                                               strcmp(pattern, QWEN2_PATTERN)))))
+    t->cut_unsafe = true;
   if (!pattern) return 0;
     int code;
   PCRE2_SIZE at;
@@ -283,7 +291,7 @@ static int read_pre(Tokenizer *t, json_t *p, char *err, size_t errlen) {
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return 0;
+  if (*p && need <= *cap) return 0;
   size_t nc = *cap ? *cap : 64;
   while (nc < need) nc *= 2;
   void *np = realloc(*p, nc * elem);
@@ -486,7 +494,7 @@ static int load_added(Tokenizer *t, json_t *root, char *err, size_t errlen) {
     a->id = (uint32_t)json_integer_value(json_object_get(v, "id"));
     if (!(a->content = (uint8_t *)strdup(c)) || set_decode(t, a->id, a->content, a->len)) return 1;
     t->added_first[a->content[0]] = true;
-    if (memchr(a->content, '\n', a->len)) t->added_newline = true;
+    if (memchr(a->content, '\n', a->len)) t->cut_unsafe = true;
   }
   return 0;
 }
@@ -577,6 +585,12 @@ void tokenizer_free(Tokenizer *t) {
 }
 
 int64_t tokenizer_vocab_size(const Tokenizer *t) { return t->vocab_size; }
+
+bool tokenizer_adds_prefix_space(const Tokenizer *t) {
+  for (int k = 0; k < t->n_steps; k++)
+    if (t->steps[k].prefix_space) return true;
+  return false;
+}
 
 int64_t tokenizer_token_id(const Tokenizer *t, const char *content) {
   size_t n = strlen(content);
@@ -749,9 +763,7 @@ static int pre_tokenize(Tokenizer *t, int k, const uint8_t *s, size_t n, TokIds 
 }
 
 size_t tokenizer_cut(const Tokenizer *t, const uint8_t *p, size_t n, size_t max) {
-  if (n <= max || max < 2 || t->added_newline) return n;
-  for (int k = 0; k < t->n_steps; k++)
-    if (t->steps[k].prefix_space) return n;   /* every piece would get a space */
+  if (n <= max || max < 2 || t->cut_unsafe) return n;
   for (size_t i = max; i < n; i++) {
     uint8_t c = p[i] | 0x20;
     if (p[i - 1] == '\n' && p[i - 2] >= 0x21 && p[i - 2] <= 0x7E && c >= 'a' && c <= 'z') return i;

@@ -23,6 +23,7 @@
 #ifndef LOOM_RUNTIME_TOKENIZER_H
 #define LOOM_RUNTIME_TOKENIZER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,6 +42,9 @@ void tokenizer_free(Tokenizer *t);   /* safe on NULL */
 
 /* The highest id + 1 (vocabulary and added tokens). */
 int64_t tokenizer_vocab_size(const Tokenizer *t);
+/* Whether a ByteLevel step adds a space before pieces (add_prefix_space): then decoding gives
+   the text with those spaces. */
+bool tokenizer_adds_prefix_space(const Tokenizer *t);
 /* The id of an added token's content (or a vocabulary entry's, in the byte-level alphabet),
    or -1. */
 int64_t tokenizer_token_id(const Tokenizer *t, const char *content);
@@ -54,8 +58,8 @@ int tokenizer_encode(Tokenizer *t, const uint8_t *text, size_t n, TokIds *out, c
 /* Where a long text may be cut into pieces encoded one by one with the same ids as the whole:
    the first offset >= max with a visible ASCII character and '\n' before it and an ASCII
    letter after (neither GPT-2's nor Llama 3's pre-tokenizer regex matches across it; tested
-   on the goldens), or n: always n when an added token holds a newline or a ByteLevel step
-   adds a prefix space.
+   on the goldens), or n: always n unless every regex step is GPT-2's, Llama 3's or Qwen2's
+   pattern, no ByteLevel step adds a prefix space and no added token holds a newline.
    Lets `loom data` encode a large file in chunks and report progress. */
 size_t tokenizer_cut(const Tokenizer *t, const uint8_t *text, size_t n, size_t max);
 /* Byte offset of the first invalid UTF-8 sequence in text[0, n), or -1 when it is valid. */
