@@ -96,6 +96,10 @@ typedef struct {
   const char *ov[64];
   int n_ov;
   const char *trace_out;   /* --trace-out FILE.json: the measured pipeline timeline */
+  const char *val_data[64];     /* --val-data: validation shards */
+  int n_val;
+  int64_t val_every, val_tokens;
+  const char *log_path;         /* --log FILE.jsonl */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
