@@ -15,6 +15,7 @@ static const struct {
   {"train", cmd_train, "train a model on token shards (no spec: the built-in demo)"},
   {"compile", cmd_compile, "write a standalone training executable for a model spec"},
   {"data", cmd_data, "turn text files into token shards (byte-level or a tokenizer.json), and back"},
+  {"plot", cmd_plot, "draw a training log's loss, validation-loss and lr curves as SVG"},
   {"diff", cmd_diff, "compare the tensors of two safetensors files (golden tests)"},
   {"make-golden", cmd_make_golden, "write a golden folder for a model with PyTorch + transformers"},
   {"check", cmd_check, "run a golden folder on every backend and layout and compare"},

@@ -7,6 +7,7 @@
  *   cmd_train.c loom train  train a model (or the built-in demo)
  *   cmd_compile.c loom compile  a standalone training executable (runner + payload)
  *   cmd_data.c  loom data   text to token shards (byte-level or tokenizer.json), --decode
+ *   cmd_plot.c  loom plot   a --log FILE.jsonl's curves as SVG
  *   input.c     a model from a spec or an .ir file
  *   payload.c   the compiled program appended to the runner, and reading it back
  *   runner/runner.c  loom-train: the runner of compiled executables
@@ -37,6 +38,7 @@ int cmd_train(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 int cmd_make_golden(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 /* cmd_diff.c: max|a-b| / max|b| of two tensors (F32, F64, BF16, F16; B the reference);
