@@ -75,7 +75,20 @@ expect_stderr_contains "a validation shard, --val-data"
 expect_exit 2 "--val-tokens 0" run_train --val-data "$VAL" --val-tokens 0
 expect_exit 2 "validation with a pipeline" "$LOOM" train models/gpt2-tiny-4l.json --data "$TRAIN" --steps 2 --mesh pp=2 --val-data "$VAL"
 expect_stderr_contains "pipeline parallelism has no forward-only schedule"
-expect_exit 2 "loom compile --val-data" "$LOOM" compile $SPEC --data "$TRAIN" --val-data "$VAL" -o "$TMP/exe"
+expect_exit 2 "loom compile --val-data (an option of the executable)" "$LOOM" compile $SPEC --data "$TRAIN" --val-data "$VAL" -o "$TMP/exe"
+expect_stderr_contains "given to the executable when it runs"
+
+# a compiled executable validates and logs too (cpu, and a dp=2 mesh)
+for mesh in "" "--mesh dp=2"; do
+  expect_exit 0 "loom compile $mesh" "$LOOM" compile $SPEC --data "$TRAIN" --steps 8 --lr 3e-3 --warmup 2 $mesh -o "$TMP/exe"
+  expect_exit 0 "  the executable with --val-data --val-every 3 --log" "$TMP/exe" --val-data "$VAL" --val-every 3 --log "$TMP/exe.jsonl"
+  a=$(grep -o '"val_loss":[^,]*' "$TMP/cpu.jsonl" | cut -d: -f2 | tr '\n' ' ')
+  b=$(grep -o '"val_loss":[^,]*' "$TMP/exe.jsonl" | cut -d: -f2 | tr '\n' ' ')
+  check "  its val losses ($b) within 1e-4 of loom train's ($a)" awk -v a="$a" -v b="$b" \
+    'BEGIN { n = split(a, x, " "); m = split(b, y, " "); if (n != m || n != 3) exit 1; for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d > 1e-4 || d < -1e-4) exit 1 } }'
+done
+expect_exit 2 "the executable: --val-every without --val-data" "$TMP/exe" --val-every 3
+expect_stderr_contains "need --val-data"
 expect_exit 1 "--log into a missing folder" run_train --log "$TMP/no/such/dir/m.jsonl"
 expect_stderr_contains "cannot open the metrics log"
 printf '{"step": 1, "loss": 2}\nnot json\n' > "$TMP/bad.jsonl"
