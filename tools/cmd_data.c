@@ -162,9 +162,8 @@ static int encode_files(const char *const *inputs, int n, const char *tok_path, 
   return rc;
 }
 
-int cmd_data(int argc, char **argv) {
+static int data_main(int argc, char **argv, const char **inputs) {
   const char *out = NULL, *v, *tok_path = NULL, *eot = NULL, *decode_path = NULL;
-  const char *inputs[4096];
   double val_frac = 0;
   long long shard_tokens = 0;
   bool quiet = false, split = false;
@@ -209,7 +208,6 @@ int cmd_data(int argc, char **argv) {
       continue;
     }
     if (argv[i][0] == '-' && argv[i][1]) return usage_error("data", "unknown option '%s'", argv[i]);
-    if (n == 4096) return usage_error("data", "too many input files (at most 4096)");
     inputs[n++] = argv[i];
   }
   char err[IR_ERR_LEN] = "";
@@ -269,4 +267,12 @@ int cmd_data(int argc, char **argv) {
   }
   tokids_free(&ids);
   return report(rc, err);
+}
+
+int cmd_data(int argc, char **argv) {
+  const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);   /* every argument could be a file */
+  if (!inputs) return report(EXIT_RUN, "out of memory");
+  int rc = data_main(argc, argv, inputs);
+  free(inputs);
+  return rc;
 }
