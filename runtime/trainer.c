@@ -303,12 +303,14 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       r->val_losses[s] = val;
     }
     double elapsed = now_s() - start, eta = elapsed / (double)(s + 1 - r->first_step) * (double)(o->steps - s - 1);
+    double mfu = o->flops_per_step > 0 && o->peak_flops > 0 ? o->flops_per_step / dt / o->peak_flops : NAN;
     if (o->log) {
-      char vs[32] = "", es[32];
+      char vs[32] = "", ms[32] = "", es[32];
       if (!isnan(val)) snprintf(vs, sizeof vs, " | val %.4f", val);
+      if (!isnan(mfu)) snprintf(ms, sizeof ms, " | mfu %.1f%%", 100 * mfu);
       format_eta(es, sizeof es, eta);
-      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s | eta %s\n",
-              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, es);
+      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s | eta %s\n",
+              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, ms, es);
     }
     if (metrics) {
       struct rusage ru;
@@ -320,6 +322,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       put_num(metrics, "grad_norm", norm);
       put_num(metrics, "tokens_per_s", (double)(G * B * T) / dt);
       put_num(metrics, "step_ms", dt * 1e3);
+      if (!isnan(mfu)) put_num(metrics, "mfu", mfu);
       fprintf(metrics, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
       put_num(metrics, "elapsed_s", elapsed);
       put_num(metrics, "eta_s", eta);

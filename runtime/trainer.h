@@ -67,6 +67,9 @@ typedef struct {
   /* Metrics (NULL: none): one JSON object per step appended to this file (JSON Lines); a
      resumed run first drops the lines of steps after its checkpoint. */
   const char *metrics_path;
+  /* MFU (both > 0): model FLOPs of one optimizer step on one rank (all its micro-batches) and
+     the device's peak FLOP/s; the step line and the log get flops / step time / peak. */
+  double flops_per_step, peak_flops;
 } TrainOptions;
 
 typedef struct {

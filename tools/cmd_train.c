@@ -45,8 +45,10 @@ static const char help[] =
   "  --val-every N         steps between validations (default: a tenth of the run)\n"
   "  --val-tokens K        tokens per validation: the first K of the shards, in whole micro-batches,\n"
   "                        the same ones every time (default: 10 micro-batches)\n"
+  "  --peak-tflops X       one device's peak TFLOP/s: the step line and the log get MFU, the model\n"
+  "                        FLOPs of a rank's step (loom ir --flops) / step time / peak\n"
   "  --log FILE.jsonl      one JSON object per step (step, loss, val_loss, lr, grad_norm, tokens_per_s,\n"
-  "                        step_ms, tokens, elapsed_s, eta_s, max_rss_mb, time); a fresh run starts\n"
+  "                        step_ms, mfu, tokens, elapsed_s, eta_s, max_rss_mb, time); a fresh run starts\n"
   "                        the file, a --resume'd one keeps the lines up to its checkpoint and appends;\n"
   "                        'loom plot FILE.jsonl -o curves.svg' draws it\n"
   "parameters and checkpoints:\n"
@@ -142,9 +144,19 @@ int cmd_train(int argc, char **argv) {
     char *settings = spec_settings_json(s);
     RunPlan plan = {{s->steps, s->grad_accum, s->warmup, s->lr, s->min_lr, data, s->n_data, s->model.vocab_size,
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
-                     ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path},
+                     ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
+                     ta.peak_tflops * 1e12},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out};
+    /* MFU's numerator: the model FLOPs of one rank's @grad_step (passes/flops.c) per micro-batch */
+    Func *gs = module_find_func(in.m, "grad_step");
+    if (ta.peak_tflops > 0 && gs) {
+      double mm = 0, at = 0;
+      flops_of(gs, &mm, &at);
+      plan.opt.flops_per_step = (mm + at) * (double)s->grad_accum;
+    } else if (ta.peak_tflops > 0 && !ta.quiet) {
+      printf("note: no MFU for a pipelined run yet (--peak-tflops is ignored)\n");
+    }
     rc = backend == BACKEND_CPU    ? run_training_cpu(in.m, &plan, err, sizeof err)
          : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)
                                    : run_training(in.m, &plan, err, sizeof err);

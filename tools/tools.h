@@ -102,6 +102,7 @@ typedef struct {
   int n_val;
   int64_t val_every, val_tokens;
   const char *log_path;         /* --log FILE.jsonl */
+  double peak_tflops;           /* --peak-tflops: one device's peak, for MFU (0: none) */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);

@@ -99,6 +99,15 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       *(every ? &t->val_every : &t->val_tokens) = n;
       continue;
     }
+    if ((r = arg_value(argc, argv, &i, "--peak-tflops", &v))) {
+      char *end;
+      double x = r < 0 ? -1 : strtod(v, &end);
+      if (r < 0 || !*v || *end || !(x > 0 && x < 1e9))
+        return usage_error(cmd, "--peak-tflops takes one device's peak in TFLOP/s for the run's precision (e.g. 989 "
+                           "for an H100's bf16 dense)");
+      t->peak_tflops = x;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--log", &v))) {
       if (r < 0 || !*v) return usage_error(cmd, "--log needs a file name (FILE.jsonl)");
       t->log_path = v;

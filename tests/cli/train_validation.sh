@@ -53,6 +53,19 @@ l1=$(grep -o '"loss":[^,]*' "$TMP/r.jsonl" | tr '\n' ' ')
 l2=$(grep -o '"loss":[^,]*' "$TMP/cpu.jsonl" | tr '\n' ' ')
 check "and the losses of the uninterrupted run" [ "$l1" = "$l2" ]
 
+# MFU: the model FLOPs of a step (loom ir --flops, @grad_step x grad_accum) / step time / peak
+expect_exit 0 "--peak-tflops 2 --grad-accum 2" run_train --peak-tflops 2 --grad-accum 2 --log "$TMP/mfu.jsonl"
+expect_stdout_contains "| mfu "
+"$LOOM" ir $SPEC --passes=train --flops > "$TMP/flops" 2>&1
+fl=$(awk '$1 == "@grad_step" { print $2 }' "$TMP/flops")
+line=$(sed -n 5p "$TMP/mfu.jsonl")
+mfu=$(echo "$line" | grep -o '"mfu":[^,]*' | cut -d: -f2)
+ms=$(echo "$line" | grep -o '"step_ms":[^,]*' | cut -d: -f2)
+check "mfu $mfu = 2 x $fl FLOP / $ms ms / 2 TFLOP/s (to 1e-6)" awk -v m="$mfu" -v f="$fl" -v t="$ms" \
+  'BEGIN { want = 2 * f / (t / 1000) / 2e12; d = (m - want) / want; exit !(f > 0 && d < 1e-6 && d > -1e-6) }'
+expect_exit 2 "--peak-tflops 0" run_train --peak-tflops 0
+expect_stderr_contains "--peak-tflops takes"
+
 # loom plot
 expect_exit 0 "loom plot" "$LOOM" plot "$TMP/cpu.jsonl" -o "$TMP/c.svg" --title 'tiny <run>'
 check "  an SVG document" sh -c "head -1 '$TMP/c.svg' | grep -q '<?xml' && tail -1 '$TMP/c.svg' | grep -qx '</svg>'"
