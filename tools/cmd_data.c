@@ -101,7 +101,7 @@ static int decode(const char *shard, const char *tok_path, const char *out, char
   }
   if (!rc) {
     FILE *f = out ? fopen(out, "wb") : stdout;
-    if (!f || fwrite(text, 1, len, f) != len || (out ? fclose(f) : fflush(f))) {
+    if (!f || (len && fwrite(text, 1, len, f) != len) || (out ? fclose(f) : fflush(f))) {
       snprintf(err, errlen, "cannot write %s", out ? out : "standard output");
       rc = 1;
     }

@@ -93,7 +93,7 @@ static void golden(const char *name, bool roundtrip) {
       TokIds parts = {0};
       if (tokenizer_encode(t, (const uint8_t *)text, cut, &parts, err, sizeof err) ||
           tokenizer_encode(t, (const uint8_t *)text + cut, n - cut, &parts, err, sizeof err) || parts.n != ids.n ||
-          memcmp(parts.ids, ids.ids, sizeof *ids.ids * (size_t)ids.n)) {
+          (ids.n && memcmp(parts.ids, ids.ids, sizeof *ids.ids * (size_t)ids.n))) {
         if (bad++ < 5) fprintf(stderr, "  %s: document %d cut at byte %zu encodes differently\n", name, d, cut);
       }
       cuts++;
@@ -103,7 +103,7 @@ static void golden(const char *name, bool roundtrip) {
     if (!roundtrip) continue;
     size_t len = 0;
     rc = tokenizer_decode(t, ids.ids, ids.n, &dec, &len, &dec_cap, err, sizeof err);
-    if (rc || len != n || memcmp(dec, text, n)) {
+    if (rc || len != n || (n && memcmp(dec, text, n))) {
       if (bad++ < 5) fprintf(stderr, "  %s: document %d does not decode to its text\n", name, d);
     }
   }
