@@ -243,8 +243,8 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   int64_t val_windows = 0, val_every = o->val_every > 0 ? o->val_every : (o->steps >= 10 ? o->steps / 10 : 1);
   if (o->n_val > 0) {
     if (!ex->eval_step) {
-      snprintf(err, errlen, "validation (--val-data) is not available with this backend and layout yet (pipeline "
-               "parallelism has no forward-only schedule); drop --val-data or train without --mesh pp");
+      snprintf(err, errlen, "validation (--val-data) is not available with this executor (it has no forward-only "
+               "step); drop --val-data");
       rc = 2;
       goto done;
     }

@@ -41,7 +41,7 @@ static const char help[] =
   "validation and metrics:\n"
   "  --val-data SHARD...   validation shards (loom data --val-frac makes them): the step line shows\n"
   "                        'val' (the mean loss by the forward pass alone, no update) every\n"
-  "                        --val-every steps and after the last; every backend and mesh but pp\n"
+  "                        --val-every steps and after the last; every backend and mesh\n"
   "  --val-every N         steps between validations (default: a tenth of the run)\n"
   "  --val-tokens K        tokens per validation: the first K of the shards, in whole micro-batches,\n"
   "                        the same ones every time (default: 10 micro-batches)\n"
