@@ -87,12 +87,16 @@ typedef struct {
   int64_t mesh[MESH_AXES];        /* dp tp cp pp ep (index with MESH_*), default 1 each */
   int zero;                       /* ZeRO stage 0..3 */
   bool sequence_parallel;         /* with tp: norms and residuals split along the sequence */
+  bool overlap;                   /* the overlap pass: async collectives (default true) */
   double bucket_mb;               /* dp gradient all-reduce buckets in MB (10^6 bytes), default 25; 0 = off */
   int64_t vocab_multiple;         /* the graph's vocabulary rounded up to a multiple of it (and of tp); default 1 */
   int pp_schedule;                /* PipeKind (ir.h): afab 1f1b interleaved zb-h1 dualpipev; 0 = 1f1b */
   int64_t pp_virtual;             /* chunks per pp rank; 0 = the schedule's default (2 for interleaved) */
   int n_pp_split;                 /* pp_split: the first layer of every chunk; 0 = balanced by FLOPs */
   int64_t pp_split[256];
+  int recompute;                  /* RecomputeMode (ir.h); spec "recompute": "none" (default), "selective[:classes]", "full", "auto" */
+  unsigned recompute_classes;     /* selective: RC_* bits */
+  int64_t memory_budget;          /* bytes per rank ("memory_budget": "40GiB"); 0 = none */
   int n_data;
   char data[SPEC_MAX_DATA][SPEC_PATH_MAX]; /* resolved relative to the spec's folder */
   char init[SPEC_PATH_MAX], out[SPEC_PATH_MAX], save_dir[SPEC_PATH_MAX]; /* "" if absent */

@@ -17,7 +17,8 @@ static const char *const SPEC_KEYS[] = {
     "model", "batch",        "seq",   "steps",     "grad_accum", "lr",   "min_lr", "warmup",
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
     "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
-    "bucket_mb", "vocab_multiple", "pp_schedule", "pp_virtual", "pp_split",
+    "bucket_mb", "vocab_multiple", "pp_schedule", "pp_virtual", "pp_split", "overlap",
+    "recompute", "memory_budget",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -38,7 +39,8 @@ static const struct {
     {"ep", "mesh"},              {"bucket_cap_mb", "bucket_mb"}, {"bucket_size", "bucket_mb"},
     {"make_vocab_size_divisible_by", "vocab_multiple"}, {"pipeline_schedule", "pp_schedule"},
     {"virtual_pipeline_model_parallel_size", "pp_virtual"}, {"num_virtual_stages", "pp_virtual"},
-    {"pipeline_split", "pp_split"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
+    {"pipeline_split", "pp_split"}, {"activation_checkpointing", "recompute"},
+    {"recompute_granularity", "recompute"}, {"memory_limit", "memory_budget"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
 };
 
 static const char *const AXES[MESH_AXES] = {"dp", "tp", "cp", "pp", "ep"};
@@ -72,6 +74,7 @@ void spec_defaults(RunSpec *s) {
   s->zero = 0;
   s->bucket_mb = 25.0;
   s->vocab_multiple = 1;
+  s->overlap = true;
 }
 
 static void default_seq(RunSpec *s) {
@@ -336,6 +339,25 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
     s->pp_schedule = k;
     return 0;
   }
+  if (strcmp(key, "recompute") == 0) {
+    char why[300];
+    const char *p = json_is_string(v) ? json_string_value(v) : NULL;
+    int mode;
+    if (!p || recompute_parse(p, &mode, &s->recompute_classes, why, sizeof why))
+      return bad(r, key, "\"none\", \"selective\", \"selective:norm,act,...\", \"full\" or \"auto\"", v,
+                 p ? why : "name a recomputation policy (none is the default)");
+    s->recompute = mode;
+    return 0;
+  }
+  if (strcmp(key, "memory_budget") == 0) {
+    char buf[64] = "";
+    if (json_is_string(v)) snprintf(buf, sizeof buf, "%s", json_string_value(v));
+    else if (json_is_number(v)) snprintf(buf, sizeof buf, "%.17g", json_number_value(v));
+    if (!buf[0] || bytes_parse(buf, &s->memory_budget))
+      return bad(r, key, "a size per rank such as \"40GiB\" or \"512MB\"", v,
+                 "give the memory one rank may use, with a unit: B, KB, MB, GB, KiB, MiB or GiB");
+    return 0;
+  }
   if (strcmp(key, "pp_virtual") == 0)
     return int_setting(r, key, v, 1, 64, "an integer from 1 to 64",
                        "set it to the model chunks per pipeline rank (2 or more needs \"pp_schedule\": \"interleaved\")",
@@ -364,6 +386,12 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
       return bad(r, key, "an array of layer numbers", v, fix);
     }
     s->n_pp_split = n;
+    return 0;
+  }
+  if (strcmp(key, "overlap") == 0) {
+    if (!json_is_boolean(v))
+      return bad(r, key, "true or false", v, "set it to false to run every collective where it is (no overlap pass)");
+    s->overlap = json_is_true(v);
     return 0;
   }
   if (strcmp(key, "sequence_parallel") == 0) {
@@ -563,6 +591,16 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
   if (pp > 1 && pp * virt > m->n_layer)
     FAIL("%s: key \"pp_virtual\": pp = %lld x %lld chunks per rank needs %lld layers, and the model has %lld; "
          "lower pp_virtual or pp", f, (long long)pp, (long long)virt, (long long)(pp * virt), (long long)m->n_layer);
+  if (s->recompute == RECOMPUTE_AUTO && s->memory_budget <= 0)
+    FAIL("%s: key \"recompute\": auto chooses what to recompute to fit a memory budget, and none is given; "
+         "set \"memory_budget\" (--memory-budget 40GiB, per rank) or choose selective or full", f);
+  if (s->memory_budget > 0 && s->recompute != RECOMPUTE_AUTO)
+    FAIL("%s: key \"memory_budget\": the budget is what recompute auto fits, but recompute is %s; "
+         "set \"recompute\": \"auto\" (--recompute auto) or drop the budget", f, recompute_mode_names[s->recompute]);
+  if (pp > 1 && s->recompute != RECOMPUTE_NONE)
+    FAIL("%s: key \"recompute\": recomputation with pipeline parallelism (pp = %lld) is not supported yet (the "
+         "pipeline pass cuts the step into chunks whose stash would have to carry the recomputed layers' inputs); "
+         "use recompute none with pp, or recompute with dp/tp only", f, (long long)pp);
   if (s->mesh[MESH_EP] != 1)
     FAIL("%s: key \"mesh.ep\": expert parallelism (ep = %lld) needs a mixture-of-experts model, "
          "and %s is dense (mixture-of-experts is not yet supported); set ep to 1", f,

@@ -347,24 +347,32 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     if (!dtype_is_float(r.dtype)) return fail(err, errlen, "recv moves float values, not %s", TS(&r));
     break;
   }
+  case OP_WAIT:   /* the started collective's result, once it is done */
+    r = type_make(x->dtype, x->rank, x->dims);
+    break;
+  case OP_ALL_REDUCE_START:
+  case OP_ALL_GATHER_START:
+  case OP_REDUCE_SCATTER_START:
+  case OP_ALL_TO_ALL_START:
   case OP_ALL_REDUCE:
   case OP_ALL_GATHER:
   case OP_REDUCE_SCATTER:
   case OP_ALL_TO_ALL:
   case OP_SHARD_SLICE:
   case OP_SHARD_PAD: {
+    const OpKind ck = op_sync_of(op->kind);   /* a start has the shape rule of its collective */
     int64_t n = op_int(op, "n");
     if (mesh_axis_parse(op_attr(op, "axis")->s) < 0)
       return fail(err, errlen, "axis '%s' is not a mesh axis (dp, tp, cp, pp, ep)", op_attr(op, "axis")->s);
     if (n < 1) return fail(err, errlen, "n must be at least 1");
     r = type_make(x->dtype, x->rank, x->dims);
-    if (op->kind == OP_ALL_REDUCE) {
+    if (ck == OP_ALL_REDUCE) {
       const char *red = op_attr(op, "reduce")->s;
       if (strcmp(red, "sum") && strcmp(red, "max")) return fail(err, errlen, "reduce must be sum or max, not '%s'", red);
       if (!dtype_is_float(x->dtype)) return fail(err, errlen, "all_reduce needs a float value, got %s", TS(x));
       break;
     }
-    if (op->kind == OP_ALL_TO_ALL) {
+    if (ck == OP_ALL_TO_ALL) {
       int64_t sd = op_int(op, "split"), cd = op_int(op, "concat");
       if (sd < 0 || sd >= x->rank || cd < 0 || cd >= x->rank) return fail(err, errlen, "split/concat dims out of range for %s", TS(x));
       if (x->dims[sd] % n) return fail(err, errlen, "dim %lld of %s does not split %lld ways", (long long)sd, TS(x), (long long)n);
@@ -374,8 +382,8 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     }
     int64_t d = op_int(op, "dim");
     if (d < 0 || d >= x->rank) return fail(err, errlen, "dim %lld is out of range for %s", (long long)d, TS(x));
-    if (op->kind == OP_ALL_GATHER) r.dims[d] *= n;
-    else if (op->kind == OP_REDUCE_SCATTER) {
+    if (ck == OP_ALL_GATHER) r.dims[d] *= n;
+    else if (ck == OP_REDUCE_SCATTER) {
       if (x->dims[d] % n) return fail(err, errlen, "dim %lld of %s does not split %lld ways", (long long)d, TS(x), (long long)n);
       r.dims[d] /= n;
     } else {

@@ -133,10 +133,16 @@ static void rechunk(float *dst, const float *src, int64_t n, int64_t outer, int6
 }
 
 static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *err, size_t errlen) {
+  if (op->kind == OP_WAIT) {   /* the reference runs a start to completion: the wait has it */
+    memcpy(y->f ? (void *)y->f : (void *)y->i, x->f ? (void *)x->f : (void *)x->i,
+           (size_t)x->n * (x->f ? sizeof(float) : sizeof(int64_t)));
+    return 0;
+  }
+  const OpKind kind = op_sync_of(op->kind);   /* a start does its collective, at once */
   int axis = mesh_axis_parse(op_attr(op, "axis")->s);
   int64_t n = op_int(op, "n");
-  if (op->kind == OP_SEND || op->kind == OP_RECV) {
-    bool send = op->kind == OP_SEND;
+  if (kind == OP_SEND || kind == OP_RECV) {
+    bool send = kind == OP_SEND;
     if (!comm || (send ? !comm->send : !comm->recv)) {
       snprintf(err, errlen, "%s needs a partner on %s, but the program runs without point-to-point transfers",
                send ? "send" : "recv", mesh_axis_names[axis]);
@@ -155,10 +161,10 @@ static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *er
     return IR_ERUN;
   }
   int coord = comm ? comm->coord[axis] : 0;
-  if (op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD) {
+  if (kind == OP_SHARD_SLICE || kind == OP_SHARD_PAD) {
     /* A chunk of `dim` split in `parts`; ranks n/parts apart share one. */
     int64_t parts = op_int(op, "parts"), outer, mid, inner, chunk = coord / (n / parts);
-    bool slice = op->kind == OP_SHARD_SLICE;
+    bool slice = kind == OP_SHARD_SLICE;
     split_at(&(slice ? y : x)->type, (int)op_int(op, "dim"), &outer, &mid, &inner);
     for (int64_t o = 0; o < outer; o++) {
       int64_t whole = ((o * parts + chunk) * mid) * inner, part = (o * mid) * inner;
@@ -185,7 +191,7 @@ static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *er
   int rc = 0;
   int64_t outer, mid, inner;
   float *tmp = NULL;
-  switch (op->kind) {
+  switch (kind) {
   case OP_ALL_REDUCE:
     memcpy(y->f, x->f, sizeof(float) * (size_t)x->n);
     rc = comm->all_reduce(comm, axis, y->f, y->n, !strcmp(op_attr(op, "reduce")->s, "max"));
@@ -218,7 +224,7 @@ static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *er
   default: break;
   }
   free(tmp);
-  if (rc) snprintf(err, errlen, "%s over %s failed", op_info(op->kind)->name, mesh_axis_names[axis]);
+  if (rc) snprintf(err, errlen, "%s over %s failed", op_info(kind)->name, mesh_axis_names[axis]);
   return rc ? IR_ERUN : 0;
 }
 

@@ -145,6 +145,12 @@ const OpInfo *op_info(OpKind k);
 int op_n_writes(OpKind k);      /* how many leading operands the op writes (0 if pure) */
 int op_lookup(const char *name, size_t n, OpKind *out);   /* 0 ok, -1 unknown */
 const char *op_class_name(OpClass c);
+/* Async collectives (ops.def): the start of a collective kind (all_reduce, all_gather,
+   reduce_scatter, all_to_all), or OP_COUNT when it has none; and back from a start to the
+   collective it begins (any other kind: itself). */
+OpKind op_start_of(OpKind k);
+OpKind op_sync_of(OpKind k);
+bool op_is_start(OpKind k);
 int op_attr_index(OpKind k, const char *name);            /* -1 if the op has no such attr */
 
 /* ---------------------------------------------------------------- module.c */
@@ -213,6 +219,19 @@ struct Func {
 typedef enum { PIPE_NONE, PIPE_AFAB, PIPE_1F1B, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_DUALPIPEV, PIPE_COUNT } PipeKind;
 extern const char *const pipe_kind_names[PIPE_COUNT];   /* "", "afab", "1f1b", "interleaved", "zb-h1", "dualpipev" */
 int pipe_kind_parse(const char *s);                      /* PIPE_* or -1 */
+/* Recomputation (passes/recompute.c; `--recompute`, spec "recompute"): none, selective (the
+   op classes below; "selective:norm,act" names them), full (each layer's input saved, the
+   layer run again in the backward), auto (what fits `--memory-budget` at the least work). */
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL, RECOMPUTE_AUTO, RECOMPUTE_COUNT } RecomputeMode;
+enum { RC_NORM = 1, RC_ACT = 2, RC_ELTWISE = 4, RC_ROPE = 8, RC_ATTN = 16, RC_N_CLASSES = 5 };
+#define RC_DEFAULT_CLASSES (RC_NORM | RC_ACT | RC_ELTWISE)
+extern const char *const recompute_mode_names[RECOMPUTE_COUNT];   /* "none", "selective", "full", "auto" */
+extern const char *const recompute_class_names[RC_N_CLASSES];     /* "norm", "act", "eltwise", "rope", "attn" */
+/* "none" | "selective[:class,...]" | "full" | "auto": 0, or -1 with the reason in why. */
+int recompute_parse(const char *s, int *mode, unsigned *classes, char *why, size_t n);
+/* "40GiB", "512MB", "1.5e9", "123B": bytes (KB/MB/GB/TB powers of 1000, KiB/MiB/GiB/TiB of
+   1024); 0, or -1 when it is not a size. */
+int bytes_parse(const char *s, int64_t *out);
 typedef struct {
   int kind;             /* PipeKind; PIPE_NONE: not pipelined */
   int64_t virt;         /* chunks per pp rank */

@@ -125,3 +125,27 @@ bool attr_eq(const Attr *a, const Attr *b) {
   default: return a->i == b->i;
   }
 }
+
+/* ---------------------------------------------------------------- async collectives */
+
+static const OpKind start_pairs[][2] = {
+  {OP_ALL_REDUCE, OP_ALL_REDUCE_START},
+  {OP_ALL_GATHER, OP_ALL_GATHER_START},
+  {OP_REDUCE_SCATTER, OP_REDUCE_SCATTER_START},
+  {OP_ALL_TO_ALL, OP_ALL_TO_ALL_START},
+};
+#define N_START_PAIRS (int)(sizeof start_pairs / sizeof start_pairs[0])
+
+OpKind op_start_of(OpKind k) {
+  for (int i = 0; i < N_START_PAIRS; i++)
+    if (start_pairs[i][0] == k) return start_pairs[i][1];
+  return OP_COUNT;
+}
+
+OpKind op_sync_of(OpKind k) {
+  for (int i = 0; i < N_START_PAIRS; i++)
+    if (start_pairs[i][1] == k) return start_pairs[i][0];
+  return k;
+}
+
+bool op_is_start(OpKind k) { return op_sync_of(k) != k; }

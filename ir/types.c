@@ -1,5 +1,6 @@
 /* ir/types.c — dtypes, shapes, shardings, and rounding to narrow float formats. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir.h"
@@ -160,6 +161,66 @@ const char *const pipe_kind_names[PIPE_COUNT] = {"", "afab", "1f1b", "interleave
 int pipe_kind_parse(const char *s) {
   for (int k = 1; k < PIPE_COUNT; k++)
     if (s && !strcmp(s, pipe_kind_names[k])) return k;
+  return -1;
+}
+
+const char *const recompute_mode_names[RECOMPUTE_COUNT] = {"none", "selective", "full", "auto"};
+const char *const recompute_class_names[RC_N_CLASSES] = {"norm", "act", "eltwise", "rope", "attn"};
+
+int recompute_parse(const char *s, int *mode, unsigned *classes, char *why, size_t n) {
+  *classes = 0;
+  if (!s) s = "";
+  const char *colon = strchr(s, ':');
+  size_t len = colon ? (size_t)(colon - s) : strlen(s);
+  *mode = -1;
+  for (int k = 0; k < RECOMPUTE_COUNT; k++)
+    if (strlen(recompute_mode_names[k]) == len && !strncmp(s, recompute_mode_names[k], len)) *mode = k;
+  if (*mode < 0) {
+    snprintf(why, n, "'%s' is not a recomputation policy: use none, selective, selective:norm,act,... (classes: norm, "
+             "act, eltwise, rope, attn), full or auto (with a memory budget)", s);
+    return -1;
+  }
+  if (!colon) {
+    if (*mode == RECOMPUTE_SELECTIVE) *classes = RC_DEFAULT_CLASSES;
+    return 0;
+  }
+  if (*mode != RECOMPUTE_SELECTIVE) {
+    snprintf(why, n, "'%s': only selective takes op classes (selective:norm,act)", s);
+    return -1;
+  }
+  for (const char *p = colon + 1, *end; ; p = end + 1) {
+    end = strchr(p, ',');
+    size_t l = end ? (size_t)(end - p) : strlen(p);
+    int c = -1;
+    for (int k = 0; k < RC_N_CLASSES; k++)
+      if (strlen(recompute_class_names[k]) == l && !strncmp(p, recompute_class_names[k], l)) c = k;
+    if (c < 0) {
+      snprintf(why, n, "'%s': unknown op class '%.*s' (classes: norm, act, eltwise, rope, attn)", s, (int)l, p);
+      return -1;
+    }
+    *classes |= 1u << c;
+    if (!end) break;
+  }
+  return 0;
+}
+
+int bytes_parse(const char *s, int64_t *out) {
+  static const struct { const char *unit; double scale; } units[] = {
+    {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0},
+    {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"kB", 1e3}, {"B", 1}, {"", 1},
+  };
+  if (!s || !*s) return -1;
+  char *end;
+  double x = strtod(s, &end);
+  if (end == s || !(x > 0) || x > 9e18) return -1;
+  while (*end == ' ') end++;
+  for (size_t k = 0; k < sizeof units / sizeof units[0]; k++)
+    if (!strcmp(end, units[k].unit)) {
+      double b = x * units[k].scale;
+      if (b > 9e18 || b < 1) return -1;
+      *out = (int64_t)b;
+      return 0;
+    }
   return -1;
 }
 

@@ -81,7 +81,7 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
       return op_error(vf, op, "operand %d (%%%s) is used before it is defined", i, v->name ? v->name : "?");
     }
   }
-  if (info->cls == CLASS_COLLECTIVE) {
+  if (info->cls == CLASS_COLLECTIVE && op->kind != OP_WAIT) {
     int axis = mesh_axis_parse(op_attr(op, "axis")->s);
     if (axis >= 0 && op_int(op, "n") != vf->m->mesh.size[axis])
       return op_error(vf, op, "n=%lld but the mesh has %s=%lld", (long long)op_int(op, "n"), mesh_axis_names[axis],
@@ -172,6 +172,41 @@ static int check_kernel_space(Verifier *vf, const Func *f) {
   return rc;
 }
 
+/* Async collectives: a wait reads the result of a start, and every start's result is read
+   by exactly one wait (not returned, not read by anything else: until the wait it is still
+   being written). */
+static int check_start_wait(Verifier *vf, const Func *f, int n_ids) {
+  int *waits = calloc((size_t)(n_ids ? n_ids : 1), sizeof *waits);
+  int rc = 0;
+  for (int i = 0; i < f->ops.n && !rc; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands && !rc; k++) {
+      const Value *v = op->operands[k];
+      bool started = v->kind == VAL_RESULT && op_is_start(v->def->kind);
+      if (op->kind == OP_WAIT && !started)
+        rc = op_error(vf, op, "waits for a value no collective start produced (wait reads the result of "
+                      "all_reduce_start, all_gather_start, reduce_scatter_start or all_to_all_start)");
+      else if (started && op->kind != OP_WAIT)
+        rc = op_error(vf, op, "reads operand %d, the result of a collective start, which is only valid after its wait; "
+                      "read the wait's result", k);
+      else if (started && ++waits[v->id] > 1)
+        rc = op_error(vf, op, "waits a second time for the same collective start");
+    }
+  }
+  for (int i = 0; i < f->rets.n && !rc; i++) {
+    const Value *v = f->rets.items[i];
+    if (v->kind == VAL_RESULT && op_is_start(v->def->kind))
+      rc = op_error(vf, NULL, "returns value %d, the result of a collective start, without waiting for it", i);
+  }
+  for (int i = 0; i < f->ops.n && !rc; i++) {
+    const Op *op = f->ops.items[i];
+    if (op_is_start(op->kind) && !waits[op->results[0]->id])
+      rc = op_error(vf, op, "is never waited for (every collective start needs its wait in the same function)");
+  }
+  free(waits);
+  return rc;
+}
+
 int verify_func(const Func *f, char *err, size_t errlen) {
   Verifier vf = {f->module, f, err, errlen};
   int n = func_number((Func *)f);
@@ -192,6 +227,7 @@ int verify_func(const Func *f, char *err, size_t errlen) {
     if (v->kind != VAL_GLOBAL && !defined[v->id]) rc = op_error(&vf, NULL, "returned value %d is not defined", i);
   }
   if (!rc && f->is_kernel) rc = check_kernel_space(&vf, f);
+  if (!rc) rc = check_start_wait(&vf, f, n);
   free(defined);
   return rc;
 }

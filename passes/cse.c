@@ -1,10 +1,15 @@
 /* passes/cse.c — pass "cse": two ops of the same kind, operands (in either order when
    the op commutes), attributes and result types compute the same thing; the later one
-   is replaced by the earlier.  Ops with effects are never merged. */
+   is replaced by the earlier.  Ops with effects are never merged, nor collectives, nor
+   the clones the recompute pass makes (results named %rc.*). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
+
+static bool recomputed(const Op *op) {
+  return op->n_results > 0 && op->results[0]->name && !strncmp(op->results[0]->name, "rc.", 3);
+}
 
 static uint64_t mix(uint64_t h, uint64_t x) { return (h ^ x) * 1099511628211ull; }
 
@@ -53,7 +58,9 @@ static int cse_func(Func *f) {
       Value *v = op->operands[k];
       if (v->kind == VAL_RESULT && repl[v->id]) op->operands[k] = repl[v->id];
     }
-    if (op_info(op->kind)->cls == CLASS_COLLECTIVE) {   /* ZeRO-3 gathers again in the backward, on purpose */
+    /* ZeRO-3 gathers again in the backward, on purpose; and a recomputed op (%rc.*, the
+       recompute pass) is a clone of a forward op made so the original need not be kept. */
+    if (op_info(op->kind)->cls == CLASS_COLLECTIVE || recomputed(op)) {
       f->ops.items[kept++] = op;
       continue;
     }

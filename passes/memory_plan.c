@@ -6,6 +6,8 @@
  *     last op that reads it (values a function returns live to its end).
  *   - First fit over the free space, 64-byte aligned, in op order.
  *   - A reshape shares its operand's buffer (same bytes, another shape): no copy.
+ *   - Async collectives: a wait shares its start's buffer, and a start's operand stays
+ *     alive until the wait (the communication thread reads it while compute goes on).
  *   - In place: a kernel call may write an output into the buffer of an input of the same
  *     size that dies at that call (kernels read element i before writing element i).
  *   - Storage: the CPU holds every element in 4 bytes (floats as f32, ids as int32); the
@@ -88,11 +90,23 @@ static int64_t fl_take(FreeList *fl, int64_t size) {
   return at;
 }
 
-/* The value whose buffer v uses (through reshapes), or v. */
+/* The value whose buffer v uses (through reshapes and waits), or v. */
 static Value *root_of(Value *v) {
-  while (v->kind == VAL_RESULT && v->def->kind == OP_RESHAPE && v->def->operands[0]->kind != VAL_GLOBAL)
+  while (v->kind == VAL_RESULT && (v->def->kind == OP_RESHAPE || v->def->kind == OP_WAIT) &&
+         v->def->operands[0]->kind != VAL_GLOBAL)
     v = v->def->operands[0];
   return v;
+}
+
+/* Buffers in flight: a collective start reads its operand until its wait, so the operand
+   lives at least to the wait (the start's result lives on as the wait's, root_of). */
+static void extend_in_flight(Func *f, int64_t *last) {
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    if (op->kind != OP_WAIT || op->operands[0]->kind != VAL_RESULT || !op_is_start(op->operands[0]->def->kind)) continue;
+    Value *x = op->operands[0]->def->operands[0];
+    if (x->kind != VAL_GLOBAL && last[root_of(x)->id] < i) last[root_of(x)->id] = i;
+  }
 }
 
 static void plan_func(Func *f, int target) {
@@ -110,6 +124,7 @@ static void plan_func(Func *f, int target) {
     Value *v = f->rets.items[i];
     if (v->kind != VAL_GLOBAL) last[root_of(v)->id] = f->ops.n;
   }
+  extend_in_flight(f, last);
   FreeList fl = {0};
   for (int i = 0; i < f->args.n; i++) {
     Value *v = f->args.items[i];
@@ -121,7 +136,7 @@ static void plan_func(Func *f, int target) {
     bool *reused = calloc((size_t)op->n_operands + 1, 1);
     for (int r = 0; r < op->n_results; r++) {
       Value *v = op->results[r];
-      if (op->kind == OP_RESHAPE && op->operands[0]->kind != VAL_GLOBAL) {
+      if ((op->kind == OP_RESHAPE || op->kind == OP_WAIT) && op->operands[0]->kind != VAL_GLOBAL) {
         v->offset = root_of(v)->offset;
         continue;
       }
@@ -198,6 +213,7 @@ int memory_plan_check(Func *f, int target, char *err, size_t errlen) {
     Value *v = f->args.items[i];
     if (last[v->id] < 0) last[v->id] = f->ops.n;   /* never read: kept, as the planner does */
   }
+  extend_in_flight(f, last);
   int rc = 0;
   for (int a = 0; a < n && !rc; a++) {
     Value *x = val[a];
@@ -282,6 +298,73 @@ static int64_t live_after(Func *f, int at, int target) {
   return bytes;
 }
 
+int64_t memory_live_peak(Func *f, int target) {
+  int n = func_number(f), nops = f->ops.n;
+  int64_t *last = malloc(sizeof(int64_t) * ((size_t)n + 1)), *delta = calloc((size_t)nops + 2, sizeof(int64_t));
+  for (int i = 0; i < n; i++) last[i] = -1;
+  for (int i = 0; i < nops; i++) {
+    Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++)
+      if (op->operands[k]->kind != VAL_GLOBAL) last[root_of(op->operands[k])->id] = i;
+  }
+  for (int i = 0; i < f->rets.n; i++)
+    if (((Value *)f->rets.items[i])->kind != VAL_GLOBAL) last[root_of(f->rets.items[i])->id] = nops;
+  for (int i = 0; i < f->args.n; i++) {
+    Value *v = f->args.items[i];
+    delta[0] += value_bytes(v, target);
+    delta[(last[v->id] < 0 ? nops : last[v->id]) + 1] -= value_bytes(v, target);
+  }
+  for (int i = 0; i < nops; i++) {
+    Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) {
+      Value *v = op->results[r];
+      if (root_of(v) != v) continue;
+      bool in_place = false;   /* written over an input that dies here: no bytes of its own */
+      for (int k = 0; k < op->n_operands && !in_place; k++) {
+        Value *in = op->operands[k];
+        in_place = in->kind != VAL_GLOBAL && root_of(in) == in && last[in->id] == i && in->offset == v->offset &&
+                   v->offset >= 0;
+      }
+      /* in place: the input's bytes (counted through op i) carry the output from op i + 1 */
+      int64_t b = value_bytes(v, target), from = in_place ? i + 1 : i, to = last[v->id] < i ? i : last[v->id];
+      if (from > to) continue;
+      delta[from] += b;
+      delta[to + 1] -= b;
+    }
+  }
+  int64_t cur = 0, best = 0;
+  for (int i = 0; i <= nops; i++) {
+    cur += delta[i];
+    if (cur > best) best = cur;
+  }
+  free(last);
+  free(delta);
+  return best;
+}
+
+int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena) {
+  int64_t st = 0, ar = 0;
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    st += type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+  }
+  for (int i = 0; i < m->funcs.n; i++) {
+    const Func *f = m->funcs.items[i];
+    if (!f->is_kernel && f->arena_bytes > ar) ar = f->arena_bytes;
+  }
+  if (state) *state = st;
+  if (arena) *arena = ar;
+  return st + ar;
+}
+
+int64_t memory_activations(Func *f, int target) {
+  const Value *loss = f->rets.n ? f->rets.items[f->rets.n - 1] : NULL;
+  if (!loss || loss->kind != VAL_RESULT) return 0;
+  for (int k = 0; k < f->ops.n; k++)
+    if (f->ops.items[k] == loss->def) return live_after(f, k, target);
+  return 0;
+}
+
 void memory_report(FILE *out, Module *m, int target) {
   int64_t params = 0, grads = 0, optim = 0, other = 0;
   for (int i = 0; i < m->globals.n; i++) {
@@ -326,11 +409,17 @@ void memory_report(FILE *out, Module *m, int target) {
     if (act) {
       human(e, sizeof e, act);
       human(t, sizeof t, f->arena_bytes - act);
-      fprintf(out, "  @%-16s peak %12s = activations %s + workspace %s\n", f->name, d, e, t);
+      fprintf(out, "  @%-16s peak %12s = activations %s + workspace %s  (%lld bytes)\n", f->name, d, e, t,
+              (long long)f->arena_bytes);
     } else {
-      fprintf(out, "  @%-16s peak %12s\n", f->name, d);
+      fprintf(out, "  @%-16s peak %12s  (%lld bytes)\n", f->name, d, (long long)f->arena_bytes);
     }
     if (f->arena_bytes > peak_arena) peak_arena = f->arena_bytes;
+    int64_t live = act ? memory_live_peak(f, target) : 0;
+    if (live && live < f->arena_bytes - f->arena_bytes / 100) {   /* more than 1% apart */
+      human(e, sizeof e, live);
+      fprintf(out, "  %-17s most alive at once %s: the rest of the arena is the first-fit plan's fragmentation\n", "", e);
+    }
   }
   human(t, sizeof t, params + grads + optim + other + peak_arena);
   fprintf(out, "  total             %12s  (%lld bytes: state + the largest function arena)\n", t,

@@ -14,8 +14,14 @@
  *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted; the
  *                   axes' own rules in shard_dp.c (dp, ZeRO) and shard_tp.c (tp, sp)
  *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp)
+ *   recompute.c     pass "recompute": forward ops cloned into the backward instead of kept
+ *                   (--recompute selective|full|auto; auto fits --memory-budget)
+ *   overlap.c       pass "overlap": collectives as start/wait, starts hoisted and waits sunk
+ *                   (ZeRO-3 gathers one layer ahead); --overlap false leaves them
  *   verify_collectives.c  pass "verify-collectives": every rank's collectives and transfers
  *                   match and cannot deadlock under the schedule
+ *   flops.c, timing.c  analyses, not passes: model FLOPs (`--flops`) and the predicted step
+ *                   time on a hardware description (`--time`, passes/timing.h)
  *   (ir/schedule.c: the pipeline schedules as data, which the pass and the runtime share)
  */
 #ifndef LOOM_PASSES_H
@@ -39,11 +45,16 @@ typedef struct {
   int zero;                  /* ZeRO stage over dp: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters */
   bool sp;                   /* sequence parallel: activations between tp regions split along the sequence */
   double bucket_mb;          /* data-parallel gradient all-reduce buckets, MB (10^6 bytes); 0: one per gradient */
+  bool overlap;              /* the overlap pass: collectives as start/wait, moved apart (default true) */
   /* pipeline parallelism (the pipeline pass, when the mesh has pp > 1) */
   int pp_schedule;           /* PipeKind; 0: 1f1b */
   int pp_virtual;            /* chunks per pp rank; 0: the schedule's default */
   int n_pp_split;            /* pp_split: the first layer of every chunk (n = pp x virtual), or 0: balanced */
   int64_t pp_split[256];
+  /* recomputation (the recompute pass) */
+  int recompute;             /* RecomputeMode (ir.h); 0: none */
+  unsigned recompute_classes;/* selective: RC_* op classes */
+  int64_t memory_budget;     /* auto: bytes per rank the planned peak must fit */
 } TrainSettings;
 extern const TrainSettings train_defaults;
 
@@ -83,7 +94,8 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
    In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
 #define TRAIN_PIPELINE \
-  "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,bucket,canonicalize,cse,dce,verify,verify-collectives"
+  "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,recompute,bucket,canonicalize,cse,dce,overlap," \
+  "verify,verify-collectives"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's
@@ -97,6 +109,16 @@ double flops_op(const Op *op);   /* one op's (matmul + attention) */
 void flops_report(FILE *out, const Module *m);
 /* memory_plan.c: parameters, gradients, optimizer state and each function's arena peak. */
 void memory_report(FILE *out, Module *m, int target);
+/* The planned peak per rank: state (every global) + the largest function arena (after
+   memory-plan); the two parts into *state and *arena when not NULL. */
+int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena);
+/* What the forward leaves alive for the backward: live bytes right after the op that
+   computes f's returned loss (0 when f returns no computed value). */
+int64_t memory_activations(Func *f, int target);
+/* The most bytes alive at once in f under its plan (a value from its op to its last reader;
+   outputs written in place over a dying input count once): what a plan without
+   fragmentation would need.  Needs memory-plan's offsets. */
+int64_t memory_live_peak(Func *f, int target);
 /* shard.c: the collectives of a partitioned module, by function, kind and axis. */
 typedef struct {
   const Func *func;

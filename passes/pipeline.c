@@ -107,6 +107,9 @@ static int classify(PP *pp) {
   }
   pp->n_units = nl + 2;
   bool seen_seed = false;
+  /* floating values made of a parameter (a bf16 cast of a weight): an op that reads one and
+     an argument is the forward's, as an op reading the parameter itself is */
+  bool *vparam = calloc((size_t)pp->n_vals + 1, 1);
   for (int i = 0; i < g->ops.n; i++) {
     Op *op = g->ops.items[i];
     int ph = PH_FLOAT, unit = 0;
@@ -131,6 +134,7 @@ static int classify(PP *pp) {
         int vp = pp->vphase[v->id];
         any_b |= vp == PH_B;
         any_dyn |= vp == PH_F;
+        any_global |= vp == PH_FLOAT && vparam[v->id];
         if (vp != PH_B && pp->vunit[v->id] > unit) unit = pp->vunit[v->id];
       }
       if (any_b || op_n_writes(op->kind)) ph = PH_B;
@@ -139,12 +143,18 @@ static int classify(PP *pp) {
     }
     pp->phase[i] = ph;
     pp->unit[i] = unit;
+    bool made_of_param = false;
+    for (int k = 0; k < op->n_operands && ph == PH_FLOAT; k++)
+      made_of_param |= op->operands[k]->kind == VAL_GLOBAL ||
+                       (op->operands[k]->kind == VAL_RESULT && vparam[op->operands[k]->id]);
     for (int r = 0; r < op->n_results; r++) {
+      vparam[op->results[r]->id] = made_of_param;
       pp->vphase[op->results[r]->id] = ph;
       pp->vunit[op->results[r]->id] = unit;
       pp->def[op->results[r]->id] = op;
     }
   }
+  free(vparam);
   if (!seen_seed)
     return fail(pp, IR_EINPUT, "@grad_step has no %%loss_seed (the backward's start, named by autodiff): the pipeline pass "
                 "needs the step as autodiff made it (loom ir --passes=train)");

@@ -797,7 +797,7 @@ static double ring_bytes(const Op *op, int64_t n) {
   int64_t in = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
   int64_t out = type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype);
   double size = (double)(in > out ? in : out);
-  switch (op->kind) {
+  switch (op_sync_of(op->kind)) {
   case OP_ALL_REDUCE: return 2.0 * (double)(n - 1) / (double)n * size;
   case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_ALL_TO_ALL: return (double)(n - 1) / (double)n * size;
   default: return 0;   /* shard_slice / shard_pad: local */
@@ -811,13 +811,15 @@ int collective_summary(const Module *m, const char *func, CollectiveCount *out, 
     if (f->is_kernel || (func && strcmp(f->name, func))) continue;
     for (int k = 0; k < f->ops.n; k++) {
       const Op *op = f->ops.items[k];
-      if (op_info(op->kind)->cls != CLASS_COLLECTIVE || op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD)
+      if (op_info(op->kind)->cls != CLASS_COLLECTIVE || op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD ||
+          op->kind == OP_WAIT)
         continue;
+      OpKind kind = op_sync_of(op->kind);   /* a start counts as its collective */
       int axis = mesh_axis_parse(op_attr(op, "axis")->s), j = 0;
-      while (j < n_out && !(out[j].kind == op->kind && out[j].axis == axis && out[j].func == f)) j++;
+      while (j < n_out && !(out[j].kind == kind && out[j].axis == axis && out[j].func == f)) j++;
       if (j == n_out) {
         if (n_out == max) continue;
-        out[n_out++] = (CollectiveCount){f, op->kind, axis, 0, 0, 0};
+        out[n_out++] = (CollectiveCount){f, kind, axis, 0, 0, 0};
       }
       out[j].count++;
       out[j].payload += type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);

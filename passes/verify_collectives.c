@@ -5,7 +5,8 @@
  * pipelined module the functions of its pp coordinate's actions (ir/schedule.h), micro-batch
  * by micro-batch, then @optimizer_step.sR; otherwise @grad_step then @optimizer_step (or, in
  * a module without them, every function in order).  Each collective (all_reduce,
- * all_gather, reduce_scatter, all_to_all) and each send and recv is an event.  The
+ * all_gather, reduce_scatter, all_to_all, or the start of one) and each send and recv is
+ * an event.  The
  * simulation then runs all ranks with the runtime's semantics: a send returns at once (it
  * is buffered), a recv waits for the message of its peer with its tag (plus the micro-batch),
  * a collective waits until every member of its axis group reaches a collective.  It proves:
@@ -43,8 +44,13 @@ static void push(Events *e, const Func *f, const Op *op, int index, int64_t mb) 
   e->ev[e->n++] = (Event){f, op, index, mb};
 }
 
+/* A start is the event of its collective: the runtime's communication thread runs a rank's
+   collectives in the order their starts are issued.  Simulating each start as if it blocked
+   until its group completes it only blocks more than the runtime does (there the rank goes
+   on and blocks at the wait, and every earlier start completes first), so what passes here
+   cannot deadlock there.  Waits are not events. */
 static bool is_comm(const Op *op) {
-  return op->kind == OP_ALL_REDUCE || op->kind == OP_ALL_GATHER || op->kind == OP_REDUCE_SCATTER ||
+  return op_is_start(op->kind) || op->kind == OP_ALL_REDUCE || op->kind == OP_ALL_GATHER || op->kind == OP_REDUCE_SCATTER ||
          op->kind == OP_ALL_TO_ALL || op->kind == OP_SEND || op->kind == OP_RECV;
 }
 
@@ -133,7 +139,7 @@ typedef struct {
 } Msg;
 
 static bool same_collective(const Op *a, const Op *b) {
-  if (a->kind != b->kind || !type_shape_eq(ev_type(a), ev_type(b))) return false;
+  if (op_sync_of(a->kind) != op_sync_of(b->kind) || !type_shape_eq(ev_type(a), ev_type(b))) return false;
   const OpInfo *info = op_info(a->kind);
   for (int k = 0; k < info->n_attrs; k++)
     if (!attr_eq(&a->attrs[k], &b->attrs[k])) return false;

@@ -93,10 +93,19 @@ typedef enum {
      tells micro-batches apart with its own Comm, which adds the micro-batch to the tag. */
   RT_B_SEND,               /* x ->;    i: n, axis, size, peer, tag */
   RT_B_RECV,               /* -> y;    i: n, axis, size, peer, tag */
+  /* Async collectives (the overlap pass): a start hands a collective to the rank's
+     communication thread and returns; its wait blocks until it is done.  Until then the
+     collective reads x and writes y (the wait lists both, so no step that touches them is
+     moved across it).  Handles number a function's starts; each is waited once, in the
+     same function.  Without a communication thread the start runs the collective at once. */
+  RT_B_COLL_START,         /* x -> y;  i: the collective (RT_B_ALL_REDUCE .. RT_B_ALL_TO_ALL), handle, then
+                              that collective's own i[] */
+  RT_B_COLL_WAIT,          /* x -> y (the start's buffers, not touched);  i: handle */
   RT_B_COUNT
 } RtBuiltin;
 
 #define RT_MAX_BUFS 16
+#define RT_MAX_HANDLES 65536   /* collective starts in one function, at most */
 #define RT_MAX_INTS 40
 typedef struct {
   RtStepKind kind;

@@ -273,7 +273,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       goto done;
     }
   }
-  double start = now_s(), first_loss = NAN;
+  double start = now_s(), first_loss = NAN, comm_total = 0;
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
     float loss_sum = 0;
@@ -297,10 +297,22 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     r->lrs[s] = lr;
     r->n = s + 1;
     if (s == r->first_step) first_loss = loss;
+    char comm[96] = "";
+    double comm_mean = NAN;
+    if (ex->comm_wait_ms) {   /* exposed communication: ranks blocked on collectives */
+      double most;
+      ex->comm_wait_ms(ex->self, &comm_mean, &most);
+      comm_total += comm_mean;
+      snprintf(comm, sizeof comm, " | comm wait %.1f ms (max %.1f)", comm_mean, most);
+    }
     float val = NAN;
     if (o->n_val > 0 && ((s + 1) % val_every == 0 || s + 1 == o->steps)) {
       if ((rc = validate(ex, &vl, val_windows, inputs, targets, &val, err, errlen))) goto done;
       r->val_losses[s] = val;
+      if (ex->comm_wait_ms) {   /* the validation's waits are not the next step's */
+        double m0, m1;
+        ex->comm_wait_ms(ex->self, &m0, &m1);
+      }
     }
     double elapsed = now_s() - start, eta = elapsed / (double)(s + 1 - r->first_step) * (double)(o->steps - s - 1);
     double mfu = o->flops_per_step > 0 && o->peak_flops > 0 ? o->flops_per_step / dt / o->peak_flops : NAN;
@@ -309,8 +321,9 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       if (!isnan(val)) snprintf(vs, sizeof vs, " | val %.4f", val);
       if (!isnan(mfu)) snprintf(ms, sizeof ms, " | mfu %.1f%%", 100 * mfu);
       format_eta(es, sizeof es, eta);
-      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s | eta %s\n",
-              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, ms, es);
+      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s | eta %s%s\n",
+              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, ms, es,
+              comm);
     }
     if (metrics) {
       struct rusage ru;
@@ -323,6 +336,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       put_num(metrics, "tokens_per_s", (double)(G * B * T) / dt);
       put_num(metrics, "step_ms", dt * 1e3);
       if (!isnan(mfu)) put_num(metrics, "mfu", mfu);
+      if (!isnan(comm_mean)) put_num(metrics, "comm_wait_ms", comm_mean);
       fprintf(metrics, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
       put_num(metrics, "elapsed_s", elapsed);
       put_num(metrics, "eta_s", eta);
@@ -353,6 +367,10 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     fprintf(o->log, "done: %lld steps in %.2f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s\n", (long long)run,
             r->seconds, first_loss, r->losses[o->steps - 1], r->seconds * 1e3 / (double)run,
             (double)(run * G * B * T) / r->seconds);
+    if (ex->comm_wait_ms)
+      fprintf(o->log, "comm wait: %.1f ms/step on average over ranks (%.1f%% of the step): time ranks were blocked on "
+              "collectives, not hidden behind compute\n", comm_total / (double)run,
+              100.0 * comm_total / (r->seconds * 1e3));
   }
 done:
   if (metrics && fclose(metrics) && !rc) {

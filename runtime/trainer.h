@@ -44,6 +44,10 @@ typedef struct {
   /* Optional (NULL: this executor cannot validate): the loss of one micro-batch by the
      program's @forward, with no effect on parameters, gradients or optimizer state. */
   int (*eval_step)(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen);
+  /* Optional (NULL: not measured): the exposed communication since the last call, the
+     milliseconds ranks spent blocked on collectives and transfers (mean over ranks, and the
+     most any rank spent).  The loop calls it after every step and prints it. */
+  void (*comm_wait_ms)(void *self, double *mean, double *max);
 } Executor;
 
 typedef struct {

@@ -36,6 +36,11 @@ static const char help[] =
   "  --flops                print each function's model FLOPs per call (matmuls and attention,\n"
   "                         the 6N + 12LTD count of MFU) instead of the IR\n"
   "  --collectives          print each function's collectives per rank (count, bytes, axis)\n"
+  "  --time                print the predicted time of one training step (compute, memory-bound\n"
+  "                         ops, collectives per axis and link, pipeline bubble, tokens/s, MFU)\n"
+  "                         on the hardware of --hw instead of the IR; use after --passes=train,lower\n"
+  "  --hw NAME|FILE.json    the hardware for --time: h100 (default), h200, a100, b200 (models/hardware/)\n"
+  "                         or a description of your own (README: \"Predicted step time\")\n"
   "  --rank-ir R=FILE.ir    verify-collectives: rank R runs FILE's program (e.g. a hand-edited\n"
   "                         per-rank dump) instead of the input's\n"
   "  --schedule             a pipelined module (--mesh pp=N): every pp rank's actions as a table,\n"
@@ -53,7 +58,11 @@ static const char help[] =
   "  --zero=0|1|2|3         ZeRO stage over dp\n"
   "  --sequence-parallel=true|false  with tp: norms and residuals split along the sequence\n"
   "  --bucket-mb=X          dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
+  "  --overlap=true|false   the overlap pass: collectives as start/wait, overlapped with compute (default true)\n"
   "  --vocab-multiple=N     the vocabulary padded to a multiple of N (masked; e.g. 128 aligns GPT-2's GEMMs)\n"
+  "  --recompute=none|selective[:norm,act,eltwise,rope,attn]|full|auto   activation recomputation\n"
+  "                         (the recompute pass; the default selective classes: norm,act,eltwise)\n"
+  "  --memory-budget=40GiB  recompute auto: the planned peak per rank to fit (B, KB, MB, GB, KiB, MiB, GiB)\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
@@ -118,8 +127,8 @@ int cmd_ir(int argc, char **argv) {
 
 static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
-  bool memory = false, collectives = false, flops = false, schedule = false;
-  const char *trace_out = NULL;
+  bool memory = false, collectives = false, flops = false, schedule = false, timing = false;
+  const char *trace_out = NULL, *hw_arg = NULL;
   const char *emit = NULL;
   long rank = -1;
   const char *overrides[16];
@@ -138,6 +147,12 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
     if (arg_flag(a, "--flops")) { flops = true; continue; }
+    if (arg_flag(a, "--time")) { timing = true; continue; }
+    if ((r = arg_value(argc, argv, &i, "--hw", &v))) {
+      if (r < 0) return usage_error("ir", "--hw needs a hardware name (h100, h200, a100, b200) or a JSON file");
+      hw_arg = v;
+      continue;
+    }
     if (arg_flag(a, "--schedule")) { schedule = true; continue; }
     if ((r = arg_value(argc, argv, &i, "--trace-out", &v))) {
       if (r < 0) return usage_error("ir", "--trace-out needs a file name (FILE.json)");
@@ -209,7 +224,10 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
                                                 {"--vocab-multiple", "vocab_multiple"},
                                                 {"--pp-schedule", "pp_schedule"},
                                                 {"--pp-virtual", "pp_virtual"},
-                                                {"--pp-split", "pp_split"}};
+                                                {"--pp-split", "pp_split"},
+                                                {"--overlap", "overlap"},
+                                                {"--recompute", "recompute"},
+                                                {"--memory-budget", "memory_budget"}};
     bool matched = false;
     for (int k = 0; k < (int)(sizeof spec_flags / sizeof spec_flags[0]) && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {
@@ -289,6 +307,22 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
       return report(EXIT_USAGE, "--schedule and --trace-out need a pipelined module: --mesh pp=N with --passes=train");
     }
     rc = pipe_schedule_report(in.m, schedule ? stdout : NULL, trace_out, err, sizeof err);
+    module_free(in.m);
+    return report(rc, err);
+  }
+  if (timing) {
+    Hardware hw;
+    StepTime t;
+    rc = hardware_load(hw_arg ? hw_arg : "h100", &hw, err, sizeof err);
+    int64_t ga = in.from_spec ? in.spec.grad_accum : 1;
+    if (!rc) rc = timing_predict(in.m, &hw, ga, &t, err, sizeof err);
+    if (!rc) {
+      double tokens = in.from_spec ? (double)in.spec.batch * (double)in.spec.seq * (double)ga *
+                                         (double)in.m->mesh.size[AX_DP] : 0;
+      if (in.m->pipe.chunks > 0 && in.from_spec) tokens = (double)in.spec.batch * (double)in.spec.seq *
+                                                            (double)in.m->pipe.micro * (double)in.m->mesh.size[AX_DP];
+      timing_report(stdout, in.m, &hw, &t, tokens);
+    }
     module_free(in.m);
     return report(rc, err);
   }

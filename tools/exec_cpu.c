@@ -91,6 +91,24 @@ void cpu_backend_profile(const CpuBackend *b, FILE *out, int top) {
   free(steps);
 }
 
+void cpu_arena_report(FILE *out, const CpuProgram *cps, int n) {
+  if (!out || n < 1) return;
+  const RtProgram *p = cps[0].p;
+  for (int f = 0; f < p->n_funcs; f++) {
+    if (cpu_arena_touched(&cps[0], f) < 0) continue;
+    fprintf(out, "memory @%s: planned arena %lld bytes, measured", p->funcs[f].name, (long long)p->funcs[f].arena_bytes);
+    for (int k = 0; k < n; k++) {
+      int64_t t = cpu_arena_touched(&cps[k], f);
+      fprintf(out, "%s %lld", k ? "," : "", (long long)((t + 63) / 64 * 64));
+    }
+    int64_t t0 = (cpu_arena_touched(&cps[0], f) + 63) / 64 * 64;
+    fprintf(out, " (%s: the highest byte its first call wrote, to the plan's 64-byte alignment)%s\n",
+            n > 1 ? "per rank" : "one rank",
+            t0 < p->funcs[f].arena_bytes ? "; less than planned: the plan reserved bytes no step writes (an adamw "
+            "whose results are assigned back updates the parameters and moments in place)" : "");
+  }
+}
+
 void cpu_backend_free(CpuBackend *b) {
   if (b->have_ce) cpu_executor_free(&b->ce);
   if (b->have_cp) cpu_program_free(&b->cp);

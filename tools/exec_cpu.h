@@ -30,6 +30,9 @@ int cpu_backend_executor(CpuBackend *b, int64_t batch, int64_t seq, char *err, s
 /* Per function: time per call by step kind, then the `top` slowest steps with their share
    (LOOM_PROFILE=N asks `loom train --backend cpu` for this with top N). */
 void cpu_backend_profile(const CpuBackend *b, FILE *out, int top);
+/* For every function called: its planned arena and, per rank (cps[0..n)), the measured one
+   (runtime/cpu/cpu_exec.h: the highest byte its first call wrote). */
+void cpu_arena_report(FILE *out, const CpuProgram *cps, int n);
 void cpu_backend_free(CpuBackend *b);
 
 #endif

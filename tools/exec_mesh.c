@@ -7,6 +7,7 @@
    tools/exec_ref.c), which needs the module: `loom` passes the one it built, a compiled
    executable the IR it carries.  The lowered program comes as bytes (rt_program_save) and
    the kernels' LLVM IR, as compiled executables carry them. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,8 +117,70 @@ static void split_tokens(MeshCpu *mc, const int32_t *inputs, const int32_t *targ
   }
 }
 
+/* The timeline keeps the last step: a step's first micro-batch clears the last one's. */
+static void step_begins(MeshCpu *mc) {
+  if (mc->step_open) return;
+  mc->step_open = true;
+  for (int k = 0; k < mc->world; k++) mc->cp[k].n_trace = 0;
+}
+
+static void comm_wait_ms(void *self, double *mean, double *most) {
+  MeshCpu *mc = self;
+  *mean = *most = 0;
+  for (int k = 0; k < mc->world; k++) {
+    double ms = mc->cp[k].comm_wait_s * 1e3;
+    *mean += ms / mc->world;
+    if (ms > *most) *most = ms;
+    mc->cp[k].comm_wait_s = 0;
+  }
+}
+
+/* --trace-out: the last step as a Chrome/Perfetto trace, two tracks per rank (compute: the
+   rank's steps, with its waits; communication: its collectives as they ran). */
+static int write_trace(MeshCpu *mc, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    snprintf(err, errlen, "cannot write the trace %s: %s", path, strerror(errno));
+    return EXIT_USAGE;
+  }
+  double t0 = 0;
+  bool any = false;
+  for (int k = 0; k < mc->world; k++)
+    for (int e = 0; e < mc->cp[k].n_trace; e++)
+      if (!any || mc->cp[k].trace[e].t0 < t0) t0 = mc->cp[k].trace[e].t0, any = true;
+  fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"source\":\"measured: loom train, cpu backend, the last step\","
+          "\"ranks\":%d,\"overlap\":%s},\"traceEvents\":[\n", mc->world, mc->engines ? "true" : "false");
+  for (int k = 0; k < mc->world; k++)
+    fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d compute\"}},\n"
+            "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,\"args\":{\"name\":\"rank %d comm\"}},\n",
+            2 * k, k, 2 * k + 1, k);
+  bool first = true;
+  for (int k = 0; k < mc->world; k++)
+    for (int e = 0; e < mc->cp[k].n_trace; e++) {
+      const CpuTraceEvent *ev = &mc->cp[k].trace[e];
+      char name[128];
+      size_t n = 0;
+      for (const char *c = ev->label; *c && n + 2 < sizeof name; c++) {   /* JSON-safe */
+        if (*c == '"' || *c == '\\') name[n++] = '\\';
+        name[n++] = (unsigned char)*c < 32 ? ' ' : *c;
+      }
+      name[n] = 0;
+      fprintf(f, "%s{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+              first ? "" : ",\n", name, ev->track ? "comm" : "compute", 2 * k + ev->track, (ev->t0 - t0) * 1e6,
+              (ev->t1 - ev->t0) * 1e6);
+      first = false;
+    }
+  fputs("\n]}\n", f);
+  if (fclose(f)) {
+    snprintf(err, errlen, "cannot write the trace %s: %s", path, strerror(errno));
+    return EXIT_RUN;
+  }
+  return 0;
+}
+
 static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   MeshCpu *mc = self;
+  step_begins(mc);
   Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
   if (!jobs) {
     snprintf(err, errlen, "out of memory");
@@ -156,6 +219,7 @@ static int optimizer_step(void *self, float lr, float t, float *grad_norm, char 
   }
   int rc = run_all(mc, jobs, mc->f_opt, grad_norm, NULL, err, errlen);
   free(jobs);
+  mc->step_open = false;
   return rc;
 }
 
@@ -171,7 +235,7 @@ static int threads_total(int asked) {
 
 /* training: @grad_step and @optimizer_step (the Executor); else @forward (eval). */
 static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t n, const char *llvm, uint64_t seed,
-                     const char *init, int threads, bool training, FILE *log, char *err, size_t errlen) {
+                     const char *init, int threads, bool training, bool tracing, FILE *log, char *err, size_t errlen) {
   int rc = ref_exec_open(&mc->rx, m, seed, init, training, err, errlen);
   if (rc) return rc;
   mc->world = mc->rx.world;
@@ -241,6 +305,19 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   mc->f_forward = training && !pipe ? cpu_find_func(&mc->b.cp, "forward") : -1;
   mc->ex.eval_step = mc->f_forward >= 0 ? eval_step : NULL;
   if (pipe && (rc = pipe_cpu_setup(mc, err, errlen))) return rc;
+  /* async collectives: a communication thread per rank (runtime/cpu/cpu_async.c) */
+  if (!pipe && cpu_program_has_async(p)) {
+    if (!(mc->engines = calloc((size_t)mc->world, sizeof *mc->engines))) {
+      snprintf(err, errlen, "out of memory");
+      return EXIT_RUN;
+    }
+    for (int k = 0; k < mc->world; k++) {
+      if (!(mc->engines[k] = comm_engine_new(err, errlen))) return EXIT_RUN;
+      mc->cp[k].engine = mc->engines[k];
+    }
+  }
+  for (int k = 0; k < mc->world && tracing && !pipe; k++) mc->cp[k].tracing = true;
+  mc->ex.comm_wait_ms = pipe ? NULL : comm_wait_ms;
   if (log)
     fprintf(log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld), cpu backend, "
             "%d thread%s each\n", mc->world, (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP],
@@ -251,6 +328,15 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
 
 static void mesh_close(MeshCpu *mc) {
   pipe_cpu_free(mc);
+  for (int k = 0; mc->engines && k < mc->world; k++) {   /* before the programs whose slots they read */
+    comm_engine_free(mc->engines[k]);
+    if (mc->cp) mc->cp[k].engine = NULL;
+  }
+  free(mc->engines);
+  if (mc->cp && mc->world > 0) {   /* rank 0's CpuProgram is a copy of b.cp: what it allocated since is its own */
+    free(mc->cp[0].async);
+    free(mc->cp[0].trace);
+  }
   for (int k = 1; mc->cp && k < mc->world; k++) cpu_program_free(&mc->cp[k]);
   for (int k = 0; k < mc->world; k++) {
     if (mc->tok) tensor_free(mc->tok[k]);
@@ -272,8 +358,16 @@ int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const 
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = mesh_open(mc, m, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->opt.log, err, errlen);
+  int rc = mesh_open(mc, m, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->trace_out != NULL,
+                     plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mc->ex, plan, err, errlen);
+  if (!rc && !mc->rx.sched) cpu_arena_report(plan->opt.log, mc->cp, mc->world);
+  if (!rc && plan->trace_out && !mc->rx.sched) {
+    rc = write_trace(mc, plan->trace_out, err, errlen);
+    if (!rc && plan->opt.log)
+      fprintf(plan->opt.log, "wrote the measured timeline to %s (the last step; per rank a compute and a comm track)\n",
+              plan->trace_out);
+  }
   if (!rc && mc->rx.sched) rc = pipe_run_report(&mc->rx, plan, "cpu backend", err, errlen);
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && prof && *prof) cpu_backend_profile(&mc->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
@@ -290,7 +384,7 @@ int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *ll
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = mesh_open(mc, m, prog, n, llvm, 0, weights, 0, false, NULL, err, errlen);
+  int rc = mesh_open(mc, m, prog, n, llvm, 0, weights, 0, false, false, NULL, err, errlen);
   if (!rc && !(jobs = calloc((size_t)mc->world, sizeof *jobs))) {
     snprintf(err, errlen, "out of memory");
     rc = EXIT_RUN;

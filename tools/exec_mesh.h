@@ -32,6 +32,9 @@ typedef struct {
   int *f_stage_opt;    /* per pp rank: @optimizer_step.sR */
   int32_t **mtok, **mtgt;         /* per rank: every micro-batch's piece, [n_micro][piece] */
   int64_t n_micro, piece;
+  /* async collectives (the overlap pass): each rank's communication thread, or NULL */
+  CommEngine **engines;           /* [world] */
+  bool step_open;                 /* a training step has begun (its timeline is being recorded) */
 } MeshCpu;
 
 /* exec_mesh_pipe.c: the function indices, the tagging communicators and the Executor's

@@ -435,3 +435,13 @@ int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t 
   }
   return 0;
 }
+
+int pipe_func_rank(const Schedule *s, const char *name) {
+  int c = -1, r = -1;
+  char tail;
+  if (sscanf(name, "optimizer_step.s%d%c", &r, &tail) == 1) return r >= 0 && r < s->p ? r : -1;
+  if (sscanf(name, "fwd.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd.c%d%c", &c, &tail) == 1 ||
+      sscanf(name, "bwd_b.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd_w.c%d%c", &c, &tail) == 1)
+    return c >= 0 && c < s->chunks ? schedule_chunk_rank(s->kind, s->p, s->v, c) : -1;
+  return -1;
+}

@@ -25,6 +25,7 @@
 #include "frontend/config.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "passes/timing.h"
 
 enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
 
@@ -41,6 +42,8 @@ int cmd_diff(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_make_golden(int argc, char **argv);
 int cmd_check(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 /* cmd_diff.c: max|a-b| / max|b| of two tensors (F32, F64, BF16, F16; B the reference);
    INFINITY where one holds a NaN the other does not; -1 with a message when the shapes or
    dtypes cannot be compared.  max_abs, max_ref (may be NULL): max|a-b| and max|b|. */
@@ -77,6 +80,9 @@ int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *
 int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t errlen);
 /* Writes tensors (f32) under the given names. */
 int write_tensors(const char *path, const char *const *names, Tensor *const *tensors, int n, char *err, size_t errlen);
+
+/* ---- hardware.c: a hardware description (models/hardware/NAME.json or a path) ---- */
+int hardware_load(const char *hw_arg, Hardware *hw, char *err, size_t errlen);
 
 /* ---- a model: from a spec (built by the frontend) or an .ir file (parsed) ---- */
 typedef struct {

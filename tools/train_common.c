@@ -98,6 +98,9 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
             (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP]);
   if (!rc) rc = train_and_write(&rx.ex, plan, err, errlen);
   if (!rc && rx.sched) rc = pipe_run_report(&rx, plan, "reference executor", err, errlen);
+  if (!rc && !rx.sched && plan->trace_out && plan->opt.log)
+    fprintf(plan->opt.log, "note: --trace-out records pipelines and meshes on the cpu backend; this run writes no "
+            "timeline (use --backend cpu)\n");
   ref_exec_free(&rx);
   return rc;
 }

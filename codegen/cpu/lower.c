@@ -33,6 +33,8 @@ typedef struct {
   RtRegion *global_region;
   bool *skip;                 /* per op of the current function: lowered with another op */
   bool adamw_in_place;        /* the current adamw updates its globals (its assigns skipped) */
+  int *handle;                /* per value id of the current function: a collective start's handle */
+  int n_handles;
   char *err;
   size_t errlen;
 } Lower;
@@ -209,7 +211,8 @@ static int lower_builtin(Lower *L, Steps *s) {
   do {                                              \
     if (push_int(L, st, &n, (v))) return IR_EINPUT; \
   } while (0)
-  switch (op->kind) {
+  const OpKind kind = op_sync_of(op->kind);   /* a start: its collective's step (lower_func wraps it) */
+  switch (kind) {
   case OP_LAYERNORM:
   case OP_RMSNORM:
   case OP_LAYERNORM_GRAD:
@@ -292,9 +295,9 @@ static int lower_builtin(Lower *L, Steps *s) {
     return 0;
   case OP_SEND:
   case OP_RECV: {   /* the value moved: the operand of send, the result of recv */
-    const Value *v = op->kind == OP_SEND ? op->operands[0] : op->results[0];
+    const Value *v = kind == OP_SEND ? op->operands[0] : op->results[0];
     if (!dtype_is_float(v->type.dtype)) return lfail(L, "point-to-point moves float values");
-    BUILTIN(op->kind == OP_SEND ? RT_B_SEND : RT_B_RECV);
+    BUILTIN(kind == OP_SEND ? RT_B_SEND : RT_B_RECV);
     INT(type_numel(&v->type));
     INT(mesh_axis_parse(op_attr(op, "axis")->s));
     INT(op_int(op, "n"));
@@ -307,16 +310,16 @@ static int lower_builtin(Lower *L, Steps *s) {
   case OP_SHARD_SLICE:
   case OP_SHARD_PAD: {
     /* the piece's type: x for all_gather and shard_pad, y for reduce_scatter and shard_slice */
-    bool piece_is_x = op->kind == OP_ALL_GATHER || op->kind == OP_SHARD_PAD;
+    bool piece_is_x = kind == OP_ALL_GATHER || kind == OP_SHARD_PAD;
     const Type *piece = piece_is_x ? x : y;
     int dim = (int)op_int(op, "dim");
-    BUILTIN(op->kind == OP_ALL_GATHER       ? RT_B_ALL_GATHER
-            : op->kind == OP_REDUCE_SCATTER ? RT_B_REDUCE_SCATTER
-            : op->kind == OP_SHARD_SLICE    ? RT_B_SHARD_SLICE
+    BUILTIN(kind == OP_ALL_GATHER       ? RT_B_ALL_GATHER
+            : kind == OP_REDUCE_SCATTER ? RT_B_REDUCE_SCATTER
+            : kind == OP_SHARD_SLICE    ? RT_B_SHARD_SLICE
                                             : RT_B_SHARD_PAD);
     INT(mesh_axis_parse(op_attr(op, "axis")->s));
     INT(op_int(op, "n"));
-    if (op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD) INT(op_int(op, "parts"));
+    if (kind == OP_SHARD_SLICE || kind == OP_SHARD_PAD) INT(op_int(op, "parts"));
     INT(prod_dims(piece, 0, dim));
     INT(piece->dims[dim]);
     INT(prod_dims(piece, dim + 1, piece->rank));
@@ -505,6 +508,38 @@ static void merge_updates(RtFunc *rf) {
   free(tensors);
 }
 
+/* A collective start: the collective's step (just lowered) becomes RT_B_COLL_START with the
+   collective and the start's handle in front of its ints (program.h). */
+static int wrap_start(Lower *L, Steps *s) {
+  RtStep *st = &s->items[s->n - 1];
+  if (st->kind != RT_STEP_BUILTIN || st->which < RT_B_ALL_REDUCE || st->which > RT_B_ALL_TO_ALL)
+    return lfail(L, "internal: a collective start did not lower to a collective");
+  if (st->i[RT_MAX_INTS - 1] || st->i[RT_MAX_INTS - 2]) return lfail(L, "internal: no room for the start's handle");
+  if (L->n_handles >= RT_MAX_HANDLES) return lfail(L, "starts more than %d collectives in one function", RT_MAX_HANDLES);
+  int h = L->n_handles++;
+  L->handle[L->op->results[0]->id] = h;
+  memmove(st->i + 2, st->i, sizeof(int64_t) * (RT_MAX_INTS - 2));
+  st->i[0] = st->which;
+  st->i[1] = h;
+  st->which = RT_B_COLL_START;
+  return 0;
+}
+
+/* A wait: RT_B_COLL_WAIT over its start's operand and result (the collective reads and
+   writes them until here, so no step touching them is moved across it). */
+static int lower_wait(Lower *L, Steps *s) {
+  const Op *op = L->op, *start = op->operands[0]->def;
+  if (op->operands[0]->kind != VAL_RESULT || !op_is_start(start->kind)) return lfail(L, "waits for no collective start");
+  if (op->operands[0]->offset != op->results[0]->offset)
+    return lfail(L, "the wait's result must share its start's buffer (run the memory-plan pass)");
+  RtStep *st = new_step(L, s, RT_STEP_BUILTIN, RT_B_COLL_WAIT);
+  if (!st) return IR_EINPUT;
+  st->n_in = st->n_out = 1;
+  if (buf_of(L, start->operands[0], &st->bufs[0]) || buf_of(L, op->results[0], &st->bufs[1])) return IR_EINPUT;
+  st->i[0] = L->handle[op->operands[0]->id];
+  return 0;
+}
+
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
@@ -525,7 +560,13 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   Steps s = {0};
   int rc = 0;
   L->skip = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
-  if (!L->skip) return lfail(L, "out of memory");
+  L->handle = calloc((size_t)func_number((Func *)f) + 1, sizeof(int));
+  L->n_handles = 0;
+  if (!L->skip || !L->handle) {
+    free(L->skip);
+    free(L->handle);
+    return lfail(L, "out of memory");
+  }
   for (int i = 0; i < f->ops.n && !rc; i++) {
     L->op = f->ops.items[i];
     if (L->skip[i]) continue;
@@ -536,11 +577,15 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
     switch (L->op->kind) {
     case OP_CALL: rc = lower_call(L, &s); break;
     case OP_MATMUL: rc = lower_matmul(L, &s); break;
+    case OP_WAIT: rc = lower_wait(L, &s); break;
     default: rc = lower_builtin(L, &s); break;
     }
+    if (!rc && op_is_start(L->op->kind)) rc = wrap_start(L, &s);
   }
   free(L->skip);
+  free(L->handle);
   L->skip = NULL;
+  L->handle = NULL;
   L->op = NULL;
   rf->steps = s.items;
   rf->n_steps = s.n;

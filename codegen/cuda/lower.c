@@ -840,7 +840,9 @@ static int lower_builtin(Lower *L, Steps *s) {
   if (info->cls == CLASS_ELEMENTWISE || info->cls == CLASS_REDUCTION)
     return lfail(L, "is outside a kernel func; the CUDA backend runs elementwise ops and reductions only in fused "
                  "kernels (run the fuse pass first)");
-  if (info->cls == CLASS_COLLECTIVE) return lfail(L, "collectives are not supported by the CUDA backend yet");
+  if (info->cls == CLASS_COLLECTIVE)   /* the async halves (the overlap pass) with them: a comm stream comes with issue 15 */
+    return lfail(L, "collectives%s are not supported by the CUDA backend yet (a mesh runs on the cpu backend)",
+                 op_is_start(op->kind) || op->kind == OP_WAIT ? " and their async start/wait halves" : "");
   return lfail(L, "is not supported by the CUDA backend");
 }
 

@@ -42,6 +42,27 @@ struct Comm {
   int (*recv)(Comm *c, int axis, int peer, int64_t tag, float *buf, int64_t n);
 };
 
+/* ---- comm_engine.c: a rank's communication thread ----
+   Jobs (a rank's collectives) run one at a time on the engine's thread, in the order they
+   were submitted: every rank submits its collectives in the same order (verify-collectives),
+   so the groups match as they do when the rank's own thread runs them.  A job's ticket is
+   its position in that order; waiting for ticket t returns when job t (and so every job
+   before it) is done.  After a job fails, the later ones are not run, and the waits for it
+   and for every later job return its failure. */
+typedef struct CommEngine CommEngine;
+typedef int (*CommJobFn)(void *arg, char *err, size_t errlen);
+CommEngine *comm_engine_new(char *err, size_t errlen);
+/* Queues fn(arg); arg must live until the job is waited for.  Returns its ticket, or -1
+   when the engine has stopped. */
+int64_t comm_engine_submit(CommEngine *e, CommJobFn fn, void *arg);
+/* Blocks until job `ticket` is done; 0, or the first failure's code and message. */
+int comm_engine_wait(CommEngine *e, int64_t ticket, char *err, size_t errlen);
+/* When job `ticket` ran on the engine's thread (CLOCK_MONOTONIC seconds); the last 4096 jobs
+   are kept.  0 when unknown. */
+void comm_engine_job_times(const CommEngine *e, int64_t ticket, double *begin, double *end);
+/* Stops the thread (after the queued jobs) and frees the engine. */
+void comm_engine_free(CommEngine *e);
+
 /* ---- comm_local.c: N ranks as N threads of this process ---- */
 typedef struct LocalWorld LocalWorld;
 LocalWorld *local_world_new(const int64_t mesh[COMM_AXES], char *err, size_t errlen);

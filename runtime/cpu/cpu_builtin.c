@@ -44,6 +44,8 @@ static const struct {
   [RT_B_SHARD_PAD] = {"shard_pad", 1, 1},
   [RT_B_SEND] = {"send", 1, 0},
   [RT_B_RECV] = {"recv", 0, 1},
+  [RT_B_COLL_START] = {"collective_start", 1, 1},
+  [RT_B_COLL_WAIT] = {"collective_wait", 1, 1},
 };
 
 const char *cpu_builtin_name(RtBuiltin b) { return (unsigned)b < RT_B_COUNT ? info[b].name : "?"; }
@@ -175,7 +177,9 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
   case RT_B_SHARD_SLICE:
   case RT_B_SHARD_PAD:
   case RT_B_SEND:
-  case RT_B_RECV: return cpu_mesh_builtin_check(st, err, errlen);
+  case RT_B_RECV:
+  case RT_B_COLL_START:
+  case RT_B_COLL_WAIT: return cpu_mesh_builtin_check(st, err, errlen);
   case RT_B_TRANSPOSE: {
     int r = ranked(&c, 2);
     if (r < 0) break;
@@ -327,7 +331,9 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
   case RT_B_SHARD_SLICE:
   case RT_B_SHARD_PAD:
   case RT_B_SEND:
-  case RT_B_RECV: rc = cpu_mesh_builtin_run(tp, comm, st, bufs, err, errlen); break;
+  case RT_B_RECV:
+  case RT_B_COLL_START:
+  case RT_B_COLL_WAIT: rc = cpu_mesh_builtin_run(tp, comm, st, bufs, err, errlen); break;
   case RT_B_TRANSPOSE: cpu_transpose(tp, b[0], b[1], (int)i[0], i + 1, i + 1 + i[0]); break;
   case RT_B_SLICE: cpu_slice(tp, b[0], b[1], (int)i[0], i + 1, i + 1 + i[0], i + 1 + 2 * i[0]); break;
   case RT_B_PAD: cpu_pad(tp, b[0], b[1], (int)i[0], i + 1, i + 1 + i[0], i + 1 + 2 * i[0]); break;

@@ -136,11 +136,15 @@ int cpu_program_init(CpuProgram *cp, const RtProgram *p, void *const *kernel_fns
   cp->arenas = calloc(nf, sizeof(char *));
   cp->step_seconds = calloc(nf, sizeof(double *));
   cp->step_runs = calloc(nf, sizeof(int64_t *));
-  bool ok = cp->tp && cp->kernels && cp->arenas && cp->step_seconds && cp->step_runs;
+  cp->arena_touched = malloc(nf * sizeof(int64_t));
+  for (size_t f = 0; cp->arena_touched && f < nf; f++) cp->arena_touched[f] = -1;
+  bool ok = cp->tp && cp->kernels && cp->arenas && cp->step_seconds && cp->step_runs && cp->arena_touched;
   for (int r = 1; ok && r < RT_REGION_COUNT; r++) ok = (cp->regions[r] = alloc_region(p->region_bytes[r])) != NULL;
   for (int f = 0; ok && f < p->n_funcs; f++) {
     size_t ns = (size_t)(p->funcs[f].n_steps ? p->funcs[f].n_steps : 1);
     cp->arenas[f] = alloc_region(p->funcs[f].arena_bytes);
+    if (cp->arenas[f])   /* the sentinel the first call's measurement looks for */
+      for (int64_t w = 0; w < (p->funcs[f].arena_bytes + 63) / 64 * 16; w++) ((uint32_t *)cp->arenas[f])[w] = ARENA_SENTINEL;
     cp->step_seconds[f] = calloc(ns, sizeof(double));
     cp->step_runs[f] = calloc(ns, sizeof(int64_t));
     ok = cp->arenas[f] && cp->step_seconds[f] && cp->step_runs[f];
@@ -171,7 +175,10 @@ void cpu_program_free(CpuProgram *cp) {
   free(cp->arenas);
   free(cp->step_seconds);
   free(cp->step_runs);
+  free(cp->arena_touched);
   free(cp->kernels);
+  free(cp->async);
+  free(cp->trace);
   tp_free(cp->tp);
   memset(cp, 0, sizeof *cp);
 }
@@ -217,7 +224,9 @@ int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, c
     for (int b = 0; b < nb; b++) ptrs[b] = buf_addr(cp, func, &st->bufs[b]);
     double t0 = now_s();
     char msg[1024] = "";
-    switch (st->kind) {
+    bool comm_step = false;
+    rc = cpu_async_step(cp, st, (void *const *)ptrs, &comm_step, msg, sizeof msg);
+    if (!comm_step) switch (st->kind) {
     case RT_STEP_KERNEL: {
       KernelCtx kc = {cp->kernels[st->which], ptrs};
       tp_run(cp->tp, st->i[0], kernel_chunk, &kc);
@@ -234,12 +243,24 @@ int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, c
       for (int b = st->n_in; b < nb; b++)
         if (!st->bufs[b].is_int && st->bufs[b].round != RT_ROUND_NONE)
           rt_round_buf(cp->tp, (float *)ptrs[b], st->bufs[b].n, (RtRound)st->bufs[b].round);
-    cp->step_seconds[func][s] += now_s() - t0;
+    double t1 = now_s();
+    if (!comm_step || st->which == RT_B_COLL_WAIT) cpu_trace_add(cp, st->label, t0, t1, 0);
+    cp->step_seconds[func][s] += t1 - t0;
     cp->step_runs[func][s]++;
+  }
+  if (cp->arena_touched[func] < 0) {   /* the first call: how high in the arena did it write? */
+    const uint32_t *w = (const uint32_t *)cp->arenas[func];
+    int64_t n = fn->arena_bytes / 4;
+    while (n > 0 && w[n - 1] == ARENA_SENTINEL) n--;
+    cp->arena_touched[func] = 4 * n;
   }
   for (int r = 0; r < fn->n_rets; r++)
     if (rets[r]) memcpy(rets[r], buf_addr(cp, func, &fn->rets[r]), 4 * (size_t)fn->rets[r].n);
   return 0;
+}
+
+int64_t cpu_arena_touched(const CpuProgram *cp, int func) {
+  return func >= 0 && func < cp->p->n_funcs && cp->arena_touched ? cp->arena_touched[func] : -1;
 }
 
 /* ---------------------------------------------------------------- globals */

@@ -42,10 +42,43 @@ typedef struct {
   /* The rank's collectives (runtime/comm/comm.h) when the program is one rank of a mesh; NULL
      (cpu_program_init's default) for one rank. */
   Comm *comm;
+  /* Async collectives (RT_B_COLL_START / RT_B_COLL_WAIT, runtime/cpu/cpu_async.c): the rank's
+     communication thread, set by the mesh driver (NULL: starts run their collective at
+     once), and one slot per handle.  With an engine every collective of the program goes
+     through it, in program order. */
+  CommEngine *engine;
+  struct CpuAsync *async;
+  int n_async;
+  /* Exposed communication: seconds this rank's thread spent blocked on collectives and
+     transfers (waits, and synchronous collectives), since the driver last reset it. */
+  double comm_wait_s;
+  /* A timeline (--trace-out), when tracing is set: compute steps (track 0) and collectives
+     as the communication thread ran them (track 1), CLOCK_MONOTONIC seconds. */
+  bool tracing;
+  struct CpuTraceEvent *trace;
+  int n_trace, cap_trace;
+  /* The measured arena: [func] the bytes up to the highest byte the function's first call
+     wrote in its arena (-1 before that call).  Arenas start filled with a sentinel word
+     (ARENA_SENTINEL), and after the first call the arena is scanned down from its end. */
+  int64_t *arena_touched;
   /* profile: accumulated wall seconds and runs of every step, [func][step] */
   double **step_seconds;
   int64_t **step_runs;
 } CpuProgram;
+
+typedef struct CpuTraceEvent {
+  const char *label;   /* the step's label (lives as long as the program) */
+  double t0, t1;
+  int track;           /* 0 compute, 1 communication */
+} CpuTraceEvent;
+
+/* cpu_async.c: does the program start collectives asynchronously?  (the mesh driver then
+   gives each rank an engine) */
+bool cpu_program_has_async(const RtProgram *p);
+/* cpu_async.c: runs a communication step (a start, a wait, a collective, send or recv) of
+   rank cp; *handled = false when st is not one (the caller runs it). */
+int cpu_async_step(CpuProgram *cp, const RtStep *st, void *const *bufs, bool *handled, char *err, size_t errlen);
+void cpu_trace_add(CpuProgram *cp, const char *label, double t0, double t1, int track);
 
 /* kernel_fns[k] is the JIT-compiled function of kernel k (p->kernel_names[k]); n_threads as
    tp_new (<= 0: LOOM_THREADS or the number of CPUs).  Global regions start zeroed. */
@@ -57,6 +90,9 @@ void cpu_program_free(CpuProgram *cp);
    int32), copied in; rets[k] caller buffers of RtFunc.rets[k], copied out. */
 int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen);
 int cpu_find_func(const CpuProgram *cp, const char *name);   /* -1 if absent */
+#define ARENA_SENTINEL 0x7FA5A5A5u   /* a signaling-NaN bit pattern no kernel writes */
+/* cp->arena_touched[func], or -1 (not called yet, or no such function). */
+int64_t cpu_arena_touched(const CpuProgram *cp, int func);
 
 /* A global's storage (f32), or NULL for a bad index. */
 float *cpu_global(CpuProgram *cp, int g);

@@ -44,6 +44,8 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
    target_pick, onehot); comm NULL: one rank (coordinates 0, collectives over 1 rank). */
 int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen);
 int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen);
+/* The collective an RT_B_COLL_START step starts, as its own step (which and i[] unpacked). */
+void cpu_coll_unwrap(const RtStep *start, RtStep *out);
 const char *cpu_builtin_name(RtBuiltin b);
 
 /* ---- normalization, softmax (rows of D; rows are split across threads) ---- */

@@ -39,12 +39,34 @@ static int need_comm(const Comm *comm, int64_t axis, int64_t size, const RtStep 
   return 0;
 }
 
+void cpu_coll_unwrap(const RtStep *start, RtStep *out) {
+  *out = *start;
+  out->which = (int)start->i[0];
+  memmove(out->i, start->i + 2, sizeof(int64_t) * (RT_MAX_INTS - 2));
+  out->i[RT_MAX_INTS - 2] = out->i[RT_MAX_INTS - 1] = 0;
+}
+
 /* ---------------------------------------------------------------- checks */
 
 int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
   const int64_t *i = st->i;
   const RtBuf *b = st->bufs;
   char what[160] = "";
+  if (st->which == RT_B_COLL_START || st->which == RT_B_COLL_WAIT) {
+    if (st->n_in != 1 || st->n_out != 1) snprintf(what, sizeof what, "wants one input and one output");
+    else if (i[st->which == RT_B_COLL_START ? 1 : 0] < 0 || i[st->which == RT_B_COLL_START ? 1 : 0] >= RT_MAX_HANDLES)
+      snprintf(what, sizeof what, "handle out of range (0 to %d)", RT_MAX_HANDLES - 1);
+    else if (st->which == RT_B_COLL_START && (i[0] < RT_B_ALL_REDUCE || i[0] > RT_B_ALL_TO_ALL))
+      snprintf(what, sizeof what, "starts builtin %lld, which is not a collective", (long long)i[0]);
+    if (what[0]) {
+      snprintf(err, errlen, "builtin %s (%s): %s", cpu_builtin_name((RtBuiltin)st->which), st->label, what);
+      return 2;
+    }
+    if (st->which == RT_B_COLL_WAIT) return 0;
+    RtStep sync;
+    cpu_coll_unwrap(st, &sync);
+    return cpu_mesh_builtin_check(&sync, err, errlen);
+  }
   int64_t nx = b[0].n, ny = st->n_in + st->n_out > 1 ? b[st->n_in].n : 0;
   for (int k = 0; k < 9; k++)
     if (i[k] < 0) snprintf(what, sizeof what, "negative size");
@@ -106,6 +128,11 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
 /* ---------------------------------------------------------------- run */
 
 int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen) {
+  RtStep sync;
+  if (st->which == RT_B_COLL_START) {   /* no communication thread: the collective runs now */
+    cpu_coll_unwrap(st, &sync);
+    st = &sync;
+  }
   const int64_t *i = st->i;
   int rc = 0;
   switch ((RtBuiltin)st->which) {
@@ -149,6 +176,7 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
     }
     return 0;
   }
+  case RT_B_COLL_WAIT: return 0;   /* its start has run it */
   case RT_B_SEND:
   case RT_B_RECV: {   /* i: n, axis, size, peer, tag */
     bool send = st->which == RT_B_SEND;
@@ -192,7 +220,8 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
     rc = comm->reduce_scatter(comm, (int)axis, tmp, y, ny);
     break;
   case RT_B_ALL_TO_ALL:
-    if (!(tmp = malloc(sizeof(float) * 2 * (size_t)nx))) goto oom;
+    /* calloc: GCC cannot see that rechunk fills the send half (-Wmaybe-uninitialized) */
+    if (!(tmp = calloc(2 * (size_t)nx, sizeof(float)))) goto oom;
     rechunk(tmp, x, size, i[2], i[3], i[4], true);
     rc = comm->all_to_all(comm, (int)axis, tmp, tmp + nx, nx / size);
     if (!rc) rechunk(y, tmp + nx, size, i[5], i[6], i[7], false);

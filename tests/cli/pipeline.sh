@@ -2,10 +2,11 @@
 # tests/cli/pipeline.sh — pipeline parallelism (pass "pipeline", ir/schedule.h) against the
 # single-rank run of the same backend: the cpu backend (the whole matrix below) and the
 # reference executor (every schedule at pp=2, and the bitwise checks); ranks are threads,
-# transfers through the in-process communicator.  Models: 4-layer tiny GPT-2 (tied embeddings: the two copies'
-# gradients are exchanged between the first and last stage) and 4-layer tiny Llama.
-#   - every schedule at pp=2 and pp=4 with grad_accum 4 and 8 (interleaved with v=2: pp=2 x 2
-#     chunks, and pp=4 x 2 needs 8 layers: pp=2 only; dualpipev likewise): 5 steps from the
+# transfers through the in-process communicator.  Models: 4- and 8-layer tiny GPT-2 (tied embeddings: the two copies'
+# gradients are exchanged between the first and last stage) and 4- and 8-layer tiny Llama.
+#   - every schedule at pp=2 and pp=4 with grad_accum 4 and 8 (interleaved with v=2, and
+#     dualpipev, which has 2 chunks per rank: pp=4 x 2 chunks needs 8 layers, so those run on
+#     the 8-layer tiny models at pp=4 and on the 4-layer ones at pp=2): 5 steps from the
 #     same init and data, losses and every final parameter within 1e-5 of the single-rank run,
 #     relative to the tensor's largest value.  pp=2 x dp=2 with ZeRO-1 and pp=2 x tp=2 with
 #     sequence parallelism against the same dp (tp) run without pp: at this learning rate
@@ -71,6 +72,10 @@ for m in gpt2-tiny-4l llama-tiny-4l; do
       done
     done
     eq $m $ga 1 "pp=2 interleaved v=2 grad_accum $ga" --mesh pp=2 --pp-schedule interleaved --pp-virtual 2
+    # pp=4 with 2 chunks per rank needs 8 layers: the 8-layer tiny models
+    m8=${m%-4l}-8l
+    eq $m8 $ga 1 "pp=4 interleaved v=2 grad_accum $ga" --mesh pp=4 --pp-schedule interleaved --pp-virtual 2
+    eq $m8 $ga 1 "pp=4 dualpipev grad_accum $ga" --mesh pp=4 --pp-schedule dualpipev
   done
   # against the same dp or tp layout without pp (mesh_equivalence.sh holds those to one rank)
   BASE=(--mesh dp=2 --zero 1) eq $m 4 1 "pp=2 x dp=2 ZeRO-1 (against dp=2 ZeRO-1)" --mesh pp=2,dp=2 --zero 1
@@ -89,6 +94,19 @@ for BK in cpu ref; do
   done
 done
 BK=cpu
+# bf16 (the weights' casts are cloned into the chunks that read them): the untied Llama
+# bitwise the single-rank bf16 run without clipping; the tied GPT-2 runs (its two copies'
+# gradients are summed in f32 across stages, where one rank sums the shared cast's adjoint in
+# bf16: see the README) and its losses stay within 1e-3 of one rank's.
+for s in 1f1b interleaved zb-h1; do
+  extra=(); [ $s = interleaved ] && extra=(--pp-virtual 2)
+  BASE=(--precision bf16) eq llama-tiny-4l 4 0 "pp=2 $s bf16" --mesh pp=2 --pp-schedule $s --precision bf16 "${extra[@]}"
+done
+"$LOOM" train models/gpt2-tiny-4l.json --data "$TMP/d.bin" -q --steps 5 --batch 2 --grad-accum 4 --lr 1e-3 --precision bf16 \
+  --out "$TMP/g1.st" > /dev/null 2>&1
+expect_exit 0 "gpt2 (tied) pp=2 bf16" "$LOOM" train models/gpt2-tiny-4l.json --data "$TMP/d.bin" -q --steps 5 --batch 2 \
+  --grad-accum 4 --lr 1e-3 --precision bf16 --mesh pp=2 --out "$TMP/g2.st"
+check "  its losses within 1e-3 of one rank's" "$ST_DIFF" "$TMP/g2.st" "$TMP/g1.st" --rtol 1e-3 losses
 
 expect_exit 2 "more chunks than layers" "$LOOM" train models/gpt2-tiny-4l.json --data "$TMP/d.bin" --steps 1 \
   --mesh pp=4 --pp-schedule interleaved --pp-virtual 2 --grad-accum 4
@@ -134,5 +152,21 @@ for r in range(4):
   assert sorted((e['cat'],e['args']['mb'],e['args']['chunk']) for e in mine)==sorted([(k,mb,r) for k in 'FB' for mb in range(4)]), mine
   # 1F1B on rank r: 3-r warm-up forwards first
   assert [e['cat'] for e in sorted(mine,key=lambda e:e['ts'])][:4-r]==['F']*(4-r)
+"
+# zb-h1's measured trace: every rank's F, B and W events, in time order, are its action list
+# as `loom ir --schedule` prints it (F<mb>.<chunk>).
+"$LOOM" ir models/gpt2-tiny-4l.json --passes=train --mesh pp=2 --grad-accum 4 --pp-schedule zb-h1 --schedule > "$TMP/zb.sched"
+expect_exit 0 "a measured zb-h1 trace" "$LOOM" train models/gpt2-tiny-4l.json --data "$TMP/d.bin" --steps 2 --mesh pp=2 \
+  --grad-accum 4 --pp-schedule zb-h1 --trace-out "$TMP/zb.json"
+check "  the zb-h1 trace: 2 tracks, F/B/W events in the order of the schedule's action lists" python3 -c "
+import json
+t=json.load(open('$TMP/zb.json'))['traceEvents']
+ev=[e for e in t if e['ph']=='X']
+rows=[l.split('|')[1].split() for l in open('$TMP/zb.sched') if l.startswith('rank ')]
+assert len(rows)==2 and len([e for e in t if e['ph']=='M'])==2, rows
+for r in range(2):
+  got=['%s%d.%d'%(e['cat'],e['args']['mb'],e['args']['chunk']) for e in sorted([e for e in ev if e['tid']==r],key=lambda e:e['ts'])]
+  assert 'W0.%d'%r in got, got
+  assert got==rows[r], (r, got, rows[r])
 "
 finish

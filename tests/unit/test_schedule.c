@@ -21,23 +21,7 @@
 
 #include "ir/schedule.h"
 
-static int n_pass, n_fail;
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#include <stdarg.h>
-static void check(bool ok, const char *fmt, ...) {
-  if (ok) {
-    n_pass++;
-    return;
-  }
-  n_fail++;
-  va_list ap;
-  va_start(ap, fmt);
-  printf("FAIL ");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-}
+#include "tests/unit/check.h"
 
 static double unit[256][3];
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# bench/plan_tables.sh — `loom plan` for the shipped models on N devices of every hardware
+# description, with the planner's own time: what docs/planning.md shows.
+# usage: bash bench/plan_tables.sh [BUILD_DIR] [GPUS...]   (default GPUS: 8 64; LIMIT=seconds a plan)
+BUILD=${1:-build}; shift
+GPUS=${*:-8 64}
+LIMIT=${LIMIT:-300}
+LOOM=$BUILD/loom
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores; $(date -u +%F)"
+for spec in "models/gpt2-124M.json --seq 1024 --global-batch-tokens 524288" \
+            "models/llama-1B.json --seq 2048 --global-batch-tokens 1048576"; do
+  for n in $GPUS; do
+    for hw in h100 h200 a100 b200; do
+      echo
+      echo "### $(echo $spec | cut -d' ' -f1) on $n x $hw"
+      echo '```'
+      echo "\$ loom plan $spec --gpus $n --hw $hw --precision bf16 --top 5"
+      start=$(date +%s.%N)
+      timeout "$LIMIT" "$LOOM" plan $spec --gpus $n --hw $hw --precision bf16 --top 5 2>/dev/null
+      rc=$?
+      [ $rc = 124 ] && echo "(stopped after $LIMIT s: the planner is not fast enough for this yet)"
+      echo "# planner wall time: $(echo "$(date +%s.%N) - $start" | bc) s"
+      echo '```'
+    done
+  done
+done

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/cli/plan.sh — `loom plan` (tools/cmd_plan.c): the search over layouts.
+#   - every candidate printed fits the device, the table is ranked by predicted step, and a
+#     fixed axis (--mesh tp=2) holds in every row;
+#   - the planner's memory per rank is memory-plan's for that compiled program: for the best
+#     layouts (one rank, dp, tp; ZeRO; recompute) `loom ir --memory` with the same flags gives
+#     the same bytes (state + the largest arena of @grad_step and @optimizer_step);
+#   - --emit-spec writes a run spec `loom train` runs as it is;
+#   - impossible requests (nothing fits, a batch no layout reaches, cp) are refused with the fix.
+LOOM=$1
+. "$(dirname "$0")/lib.sh"
+"$LOOM" data data/shakespeare.txt -o "$TMP/d.bin" > /dev/null 2>&1
+M=models/gpt2-tiny-4l.json
+P=(--gpus 4 --target cpu --precision fp32 --seq 32 --global-batch-tokens 1024)
+
+expect_exit 0 "loom plan on 4 ranks (cpu storage)" "$LOOM" plan $M "${P[@]}" --mesh pp=1 --json
+cp "$OUT" "$TMP/plan.json"
+check "  the table: ranked by step, every row fits, 10 rows" python3 -c "
+import json
+t = json.load(open('$TMP/plan.json'))
+assert len(t) == 10, len(t)
+s = [c['step_s'] for c in t]
+assert s == sorted(s), s
+assert all(c['memory_bytes'] <= 80e9 for c in t)
+assert all(c['dp'] * c['tp'] * c['pp'] == 4 for c in t)
+"
+# the first rows of a plan: their memory against loom ir --memory's with the same flags
+check_memory() {   # plan.json rows
+  python3 - "$1" "$2" > "$TMP/layouts" <<'PY'
+import json, sys
+for c in json.load(open(sys.argv[1]))[:int(sys.argv[2])]:
+    print(int(c['memory_bytes']), f"--mesh dp={c['dp']},tp={c['tp']} --zero {c['zero']} --sequence-parallel {str(c['sequence_parallel']).lower()} "
+          f"--batch {c['batch']} --grad-accum {c['grad_accum']} --recompute {c['recompute']}")
+PY
+  while read -r want flags; do
+    "$LOOM" ir $M --passes=train,lower --seq 32 --precision fp32 $flags --memory > "$TMP/mem" 2>&1
+    got=$(awk '/^  (parameters|gradients|optimizer state|other state) / { gsub(/[()]/, "", $0); for (i = 1; i <= NF; i++) if ($(i+1) == "bytes") s += $i }
+               /@(grad_step|optimizer_step) +peak/ { gsub(/[()]/, "", $0); for (i = 1; i <= NF; i++) if ($(i+1) == "bytes" && $i > a) a = $i }
+               END { printf "%.0f", s + a }' "$TMP/mem")
+    check "  memory of [$flags]: planner $want = memory-plan $got" test "$want" = "$got"
+  done < "$TMP/layouts"
+}
+check_memory "$TMP/plan.json" 5
+
+expect_exit 0 "--mesh tp=2 fixes tp" "$LOOM" plan $M "${P[@]}" --mesh tp=2,pp=1 --json
+check "  every row has tp=2" python3 -c "
+import json; t = json.load(open('$OUT')); assert t and all(c['tp'] == 2 for c in t)"
+cp "$OUT" "$TMP/tp.json"
+check_memory "$TMP/tp.json" 3
+expect_exit 0 "ZeRO-3 fixed" "$LOOM" plan $M "${P[@]}" --mesh pp=1 --zero 3 --json
+cp "$OUT" "$TMP/z3.json"
+check_memory "$TMP/z3.json" 2
+expect_exit 0 "--explain 1" "$LOOM" plan $M "${P[@]}" --top 3 --explain 1
+expect_stdout_contains "predicted step on"
+expect_exit 0 "--emit-spec" "$LOOM" plan $M "${P[@]}" --top 3 --emit-spec "$TMP/best.json"
+expect_exit 0 "  the emitted spec trains as it is" "$LOOM" train "$TMP/best.json" --data "$TMP/d.bin" --steps 1 -q
+sed 's/"memory_gb": 80/"memory_gb": 0.000001/' models/hardware/h100-sxm.json > "$TMP/tiny.json"
+expect_exit 2 "nothing fits a 1 KB device" "$LOOM" plan $M "${P[@]}" --hw "$TMP/tiny.json"
+expect_stderr_contains "no layout fits"
+expect_stderr_contains "the closest"
+expect_exit 2 "a global batch that is not whole sequences" "$LOOM" plan $M --gpus 4 --seq 32 --global-batch-tokens 1000
+expect_stderr_contains "use a multiple of 32"
+expect_exit 2 "a fixed dp that does not divide" "$LOOM" plan $M --gpus 4 --mesh dp=3
+expect_stderr_contains "does not divide --gpus 4"
+expect_exit 2 "cp is not partitioned yet" "$LOOM" plan $M --gpus 4 --mesh cp=2
+expect_stderr_contains "does not partition cp yet"
+expect_exit 2 "--gpus is required" "$LOOM" plan $M
+expect_stderr_contains "--gpus N is required"
+finish
