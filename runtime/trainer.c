@@ -8,7 +8,10 @@
 
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/data.h"
+#include "runtime/io/safetensors.h" /* rt_read_file, RtAtomic */
 #include "runtime/trainer.h"
+
+#include <sys/resource.h>
 
 double train_lr_at(const TrainOptions *o, int64_t s) {
   if (s < o->warmup) return o->lr * (double)(s + 1) / (double)o->warmup;
@@ -25,6 +28,7 @@ static double now_s(void) {
 }
 
 void train_result_free(TrainResult *r) {
+  free(r->val_losses);
   free(r->losses);
   free(r->grad_norms);
   free(r->lrs);
@@ -156,6 +160,66 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
   return rc;
 }
 
+/* ---- validation ---- */
+
+/* The mean loss over the first windows of the val shards (the same every time). */
+static int validate(Executor *ex, DataLoader *vl, int64_t windows, int32_t *inputs, int32_t *targets, float *out,
+                    char *err, size_t errlen) {
+  double sum = 0;
+  if (data_set_position(vl, 0, 0, err, errlen)) return 2;
+  for (int64_t w = 0; w < windows; w++) {
+    float loss;
+    data_next(vl, inputs, targets);
+    int rc = ex->eval_step(ex->self, inputs, targets, &loss, err, errlen);
+    if (rc) return rc;
+    sum += loss;
+  }
+  *out = (float)(sum / (double)windows);
+  return 0;
+}
+
+/* ---- metrics (JSON Lines) ---- */
+
+static void put_num(FILE *f, const char *key, double v) {
+  if (isfinite(v)) fprintf(f, ",\"%s\":%.9g", key, v);
+  else fprintf(f, ",\"%s\":null", key);
+}
+
+/* A resumed run keeps the lines of steps up to its checkpoint and drops the later ones (a
+   run that went past the checkpoint before it stopped), so every step has one line. */
+static int metrics_trim(const char *path, int64_t upto, char *err, size_t errlen) {
+  uint8_t *buf;
+  size_t size;
+  FILE *probe = fopen(path, "rb");
+  if (!probe) return 0;   /* nothing to keep */
+  fclose(probe);
+  int rc = rt_read_file(path, &buf, &size, err, errlen);
+  if (rc) return rc;
+  RtAtomic a;
+  rc = rt_atomic_open(&a, path, err, errlen);
+  for (size_t at = 0; !rc && at < size;) {
+    const uint8_t *nl = memchr(buf + at, '\n', size - at);
+    size_t len = nl ? (size_t)(nl - (buf + at)) + 1 : size - at;
+    json_t *line = json_loadb((const char *)buf + at, len, JSON_DISABLE_EOF_CHECK, NULL);
+    json_t *step = json_object_get(line, "step");
+    if (nl && json_is_integer(step) && json_integer_value(step) <= upto) rc = rt_atomic_write(&a, buf + at, len, err, errlen);
+    json_decref(line);
+    at += len;
+  }
+  if (!rc) rc = rt_atomic_commit(&a, err, errlen);
+  rt_atomic_abort(&a);
+  free(buf);
+  return rc;
+}
+
+static void format_eta(char *out, size_t n, double s) {
+  if (!isfinite(s) || s < 0) s = 0;
+  long t = (long)(s + 0.5);
+  if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+  else snprintf(out, n, "%lds", t);
+}
+
 int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
   err[0] = 0;
@@ -166,16 +230,49 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   int64_t rows = ex->pipeline_step ? G : 1;   /* a pipeline takes the step's micro-batches at once */
   int32_t *inputs = malloc(sizeof(int32_t) * (size_t)(rows * B * T)), *targets = malloc(sizeof(int32_t) * (size_t)(rows * B * T));
   float *mb_losses = malloc(sizeof(float) * (size_t)G);
-  DataLoader dl;
+  DataLoader dl, vl;
   memset(&dl, 0, sizeof dl);
+  memset(&vl, 0, sizeof vl);
+  FILE *metrics = NULL;
   int rc = 0;
   if (!r->losses || !r->grad_norms || !r->lrs || !inputs || !targets || !mb_losses) {
     snprintf(err, errlen, "out of memory");
     rc = 1;
     goto done;
   }
+  int64_t val_windows = 0, val_every = o->val_every > 0 ? o->val_every : (o->steps >= 10 ? o->steps / 10 : 1);
+  if (o->n_val > 0) {
+    if (!ex->eval_step) {
+      snprintf(err, errlen, "validation (--val-data) is not available with this executor (it has no forward-only "
+               "step); drop --val-data");
+      rc = 2;
+      goto done;
+    }
+    val_windows = o->val_tokens > 0 ? (o->val_tokens + B * T - 1) / (B * T) : 10;
+    r->val_losses = malloc(sizeof(float) * (size_t)(o->steps + 1));
+    if (!r->val_losses) {
+      snprintf(err, errlen, "out of memory");
+      rc = 1;
+      goto done;
+    }
+    for (int64_t k = 0; k <= o->steps; k++) r->val_losses[k] = NAN;
+    if ((rc = data_open(&vl, o->val_data, o->n_val, B, T, o->vocab, err, errlen))) {
+      size_t k = strlen(err);
+      snprintf(err + k, errlen - k, " (a validation shard, --val-data)");
+      goto done;
+    }
+  }
   if ((rc = data_open(&dl, o->data, o->n_data, B, T, o->vocab, err, errlen))) goto done;
   if (o->resume && (rc = resume(ex, o, r, &dl, err, errlen))) goto done;
+  if (o->metrics_path) {
+    if (r->first_step > 0 && (rc = metrics_trim(o->metrics_path, r->first_step, err, errlen))) goto done;
+    if (!(metrics = fopen(o->metrics_path, r->first_step > 0 ? "a" : "w"))) {
+      snprintf(err, errlen, "%s: cannot open the metrics log for writing (--log); check the folder exists and is "
+               "writable", o->metrics_path);
+      rc = 1;
+      goto done;
+    }
+  }
   double start = now_s(), first_loss = NAN, comm_total = 0;
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
@@ -201,15 +298,56 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     r->n = s + 1;
     if (s == r->first_step) first_loss = loss;
     char comm[96] = "";
+    double comm_mean = NAN;
     if (ex->comm_wait_ms) {   /* exposed communication: ranks blocked on collectives */
-      double mean, most;
-      ex->comm_wait_ms(ex->self, &mean, &most);
-      comm_total += mean;
-      snprintf(comm, sizeof comm, " | comm wait %.1f ms (max %.1f)", mean, most);
+      double most;
+      ex->comm_wait_ms(ex->self, &comm_mean, &most);
+      comm_total += comm_mean;
+      snprintf(comm, sizeof comm, " | comm wait %.1f ms (max %.1f)", comm_mean, most);
     }
-    if (o->log)
-      fprintf(o->log, "step %5lld/%lld | loss %.4f | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s\n", (long long)(s + 1),
-              (long long)o->steps, loss, lr, norm, dt * 1e3, (double)(G * B * T) / dt, comm);
+    float val = NAN;
+    if (o->n_val > 0 && ((s + 1) % val_every == 0 || s + 1 == o->steps)) {
+      if ((rc = validate(ex, &vl, val_windows, inputs, targets, &val, err, errlen))) goto done;
+      r->val_losses[s] = val;
+      if (ex->comm_wait_ms) {   /* the validation's waits are not the next step's */
+        double m0, m1;
+        ex->comm_wait_ms(ex->self, &m0, &m1);
+      }
+    }
+    double elapsed = now_s() - start, eta = elapsed / (double)(s + 1 - r->first_step) * (double)(o->steps - s - 1);
+    double mfu = o->flops_per_step > 0 && o->peak_flops > 0 ? o->flops_per_step / dt / o->peak_flops : NAN;
+    if (o->log) {
+      char vs[32] = "", ms[32] = "", es[32];
+      if (!isnan(val)) snprintf(vs, sizeof vs, " | val %.4f", val);
+      if (!isnan(mfu)) snprintf(ms, sizeof ms, " | mfu %.1f%%", 100 * mfu);
+      format_eta(es, sizeof es, eta);
+      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s | eta %s%s\n",
+              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, ms, es,
+              comm);
+    }
+    if (metrics) {
+      struct rusage ru;
+      getrusage(RUSAGE_SELF, &ru);
+      fprintf(metrics, "{\"step\":%lld", (long long)(s + 1));
+      put_num(metrics, "loss", loss);
+      if (!isnan(val)) put_num(metrics, "val_loss", val);
+      put_num(metrics, "lr", lr);
+      put_num(metrics, "grad_norm", norm);
+      put_num(metrics, "tokens_per_s", (double)(G * B * T) / dt);
+      put_num(metrics, "step_ms", dt * 1e3);
+      if (!isnan(mfu)) put_num(metrics, "mfu", mfu);
+      if (!isnan(comm_mean)) put_num(metrics, "comm_wait_ms", comm_mean);
+      fprintf(metrics, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
+      put_num(metrics, "elapsed_s", elapsed);
+      put_num(metrics, "eta_s", eta);
+      put_num(metrics, "max_rss_mb", (double)ru.ru_maxrss / 1024.0);
+      fprintf(metrics, ",\"time\":%lld}\n", (long long)time(NULL));
+      if (fflush(metrics)) {
+        snprintf(err, errlen, "%s: cannot write the metrics log (disk full?)", o->metrics_path);
+        rc = 1;
+        goto done;
+      }
+    }
     if (!isfinite(loss) || !isfinite(norm)) {
       snprintf(err, errlen, "the %s became %s at step %lld; lower the learning rate (--lr) or check the data",
                isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? norm : loss) ? "nan" : "infinite",
@@ -235,6 +373,11 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
               100.0 * comm_total / (r->seconds * 1e3));
   }
 done:
+  if (metrics && fclose(metrics) && !rc) {
+    snprintf(err, errlen, "%s: cannot write the metrics log", o->metrics_path);
+    rc = 1;
+  }
+  data_close(&vl);
   data_close(&dl);
   free(inputs);
   free(mb_losses);

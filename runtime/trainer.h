@@ -41,6 +41,9 @@ typedef struct {
      --out), sync_in splits them back to the ranks (after a resume). */
   int (*sync_out)(void *self, char *err, size_t errlen);
   int (*sync_in)(void *self, char *err, size_t errlen);
+  /* Optional (NULL: this executor cannot validate): the loss of one micro-batch by the
+     program's @forward, with no effect on parameters, gradients or optimizer state. */
+  int (*eval_step)(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen);
   /* Optional (NULL: not measured): the exposed communication since the last call, the
      milliseconds ranks spent blocked on collectives and transfers (mean over ranks, and the
      most any rank spent).  The loop calls it after every step and prints it. */
@@ -59,12 +62,25 @@ typedef struct {
   const char *settings_json; /* the run's settings, stored in each checkpoint's state.json */
   uint64_t seed;
   FILE *log;                 /* one line per step and a summary (NULL: silent) */
+  /* Validation (n_val > 0): every val_every steps and after the last, the mean loss of the
+     first val_tokens tokens of the val shards (whole micro-batch windows, at least one, the
+     same ones every time) by ex->eval_step.  val_every 0: every tenth of the run. */
+  const char *const *val_data;
+  int n_val;
+  int64_t val_every, val_tokens;
+  /* Metrics (NULL: none): one JSON object per step appended to this file (JSON Lines); a
+     resumed run first drops the lines of steps after its checkpoint. */
+  const char *metrics_path;
+  /* MFU (both > 0): model FLOPs of one optimizer step on one rank (all its micro-batches) and
+     the device's peak FLOP/s; the step line and the log get flops / step time / peak. */
+  double flops_per_step, peak_flops;
 } TrainOptions;
 
 typedef struct {
   int64_t first_step;        /* 0, or the step a resumed run continued from */
   int64_t n;                 /* steps recorded: all of them, including before a resume */
   float *losses, *grad_norms, *lrs;
+  float *val_losses;         /* NAN where no validation ran (NULL without validation) */
   double seconds;            /* wall time of this run's steps */
 } TrainResult;
 

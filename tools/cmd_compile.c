@@ -47,6 +47,9 @@ int cmd_compile(int argc, char **argv) {
   if (!ta.spec) return usage_error("compile", "no model spec given");
   if (!ta.output) return usage_error("compile", "no output: give -o EXE");
   if (ta.resume) return usage_error("compile", "--resume is an option of the executable, not of compile");
+  if (ta.n_val || ta.val_every || ta.val_tokens || ta.log_path)
+    return usage_error("compile", "--val-data, --val-every, --val-tokens and --log are given to the executable when "
+                       "it runs (./EXE --val-data SHARD... --log FILE.jsonl), not compiled in");
   char err[IR_ERR_LEN] = "", runner[PATH_MAX];
   /* The runner is built next to loom. */
   ssize_t len = readlink("/proc/self/exe", runner, sizeof runner - 16);

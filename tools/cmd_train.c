@@ -46,6 +46,20 @@ static const char help[] =
   "                        selective:norm,act,eltwise,rope,attn names the classes), full (only each\n"
   "                        layer's input kept), auto (what fits --memory-budget at the least work)\n"
   "  --memory-budget SIZE  with auto: the planned peak per rank, e.g. 40GiB or 512MB\n"
+  "validation and metrics:\n"
+  "  --val-data SHARD...   validation shards (loom data --val-frac makes them): the step line shows\n"
+  "                        'val' (the mean loss by the forward pass alone, no update) every\n"
+  "                        --val-every steps and after the last; every backend and mesh\n"
+  "  --val-every N         steps between validations (default: a tenth of the run)\n"
+  "  --val-tokens K        tokens per validation: the first K of the shards, in whole micro-batches,\n"
+  "                        the same ones every time (default: 10 micro-batches)\n"
+  "  --peak-tflops X       one device's peak TFLOP/s: the step line and the log get MFU, the model\n"
+  "                        FLOPs of a rank's step (loom ir --flops) / step time / peak\n"
+  "  --log FILE.jsonl      one JSON object per step (step, loss, val_loss, lr, grad_norm, tokens_per_s,\n"
+  "                        step_ms, mfu, comm_wait_ms, tokens, elapsed_s, eta_s, max_rss_mb, time); a\n"
+  "                        fresh run starts the file, a --resume'd one keeps the lines up to its\n"
+  "                        checkpoint and appends;\n"
+  "                        'loom plot FILE.jsonl -o curves.svg' draws it\n"
   "parameters and checkpoints:\n"
   "  --init W.safetensors  start from these weights (HF names); default: seeded init\n"
   "  --seed S              seed of the initialization (default 1337)\n"
@@ -114,6 +128,8 @@ int cmd_train(int argc, char **argv) {
   if (parsed >= 0) return parsed;
   if (ta.output) return usage_error("train", "-o is for 'loom compile'; use --out W.safetensors for the final weights");
   if (ta.arch) return usage_error("train", "--arch is for 'loom compile --backend cuda'; loom train compiles for the GPU it runs on");
+  if (!ta.n_val && (ta.val_every || ta.val_tokens))
+    return usage_error("train", "--val-every and --val-tokens need --val-data SHARD... (make one with 'loom data ... --val-frac F')");
   const char *spec = ta.spec;
   if (spec && ends_with(spec, ".ir")) return usage_error("train", "train takes a model spec (.json), not an IR file");
   char err[IR_ERR_LEN] = "", demo_dir[512] = "", demo_spec_path[700];
@@ -137,9 +153,19 @@ int cmd_train(int argc, char **argv) {
     char *settings = spec_settings_json(s);
     RunPlan plan = {{s->steps, s->grad_accum, s->warmup, s->lr, s->min_lr, data, s->n_data, s->model.vocab_size,
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
-                     ta.quiet ? NULL : stdout},
+                     ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
+                     ta.peak_tflops * 1e12},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out};
+    /* MFU's numerator: the model FLOPs of one rank's @grad_step (passes/flops.c) per micro-batch */
+    Func *gs = module_find_func(in.m, "grad_step");
+    if (ta.peak_tflops > 0 && gs) {
+      double mm = 0, at = 0;
+      flops_of(gs, &mm, &at);
+      plan.opt.flops_per_step = (mm + at) * (double)s->grad_accum;
+    } else if (ta.peak_tflops > 0 && !ta.quiet) {
+      printf("note: no MFU for a pipelined run yet (--peak-tflops is ignored)\n");
+    }
     rc = backend == BACKEND_CPU    ? run_training_cpu(in.m, &plan, err, sizeof err)
          : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)
                                    : run_training(in.m, &plan, err, sizeof err);

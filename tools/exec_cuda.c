@@ -8,6 +8,18 @@
 #include "runtime/cuda/cuda_exec.h"
 #include "tools/tools.h"
 
+/* Validation: the program's @forward -> (logits, loss), only the loss copied out. */
+static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  CudaExecutor *ce = self;
+  int f = cuda_find_func(ce->cp, "forward");
+  if (f < 0 || ce->cp->p->funcs[f].n_rets != 2) {
+    snprintf(err, errlen, "the program has no @forward(tokens, targets) -> (logits, loss) to validate with");
+    return EXIT_USAGE;
+  }
+  void *args[2] = {(void *)inputs, (void *)targets}, *rets[8] = {NULL, loss};
+  return cuda_program_call(ce->cp, f, args, rets, err, errlen);
+}
+
 int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
                        size_t errlen) {
   CudaProgram cp;
@@ -18,6 +30,7 @@ int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t
   if (!rc) rc = cuda_globals_init(&cp, plan->seed, err, errlen);
   if (!rc) have_ce = !(rc = cuda_executor_init(&ce, &cp, err, errlen));
   if (!rc) rc = cuda_executor_set_shape(&ce, plan->batch, plan->seq, err, errlen);
+  if (!rc && cuda_find_func(&cp, "forward") >= 0) ce.ex.eval_step = eval_step;
   if (!rc && plan->init) {   /* into the host copies, then to the device */
     rc = load_weights_views(ce.ex.params, ce.ex.n_params, plan->init, err, errlen);
     if (!rc) rc = ce.ex.sync_in(ce.ex.self, err, errlen);

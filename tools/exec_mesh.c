@@ -192,6 +192,20 @@ static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, 
   return rc;
 }
 
+/* Validation: @forward on every rank; rank 0's (replicated) loss. */
+static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  MeshCpu *mc = self;
+  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
+  if (!jobs) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  split_tokens(mc, inputs, targets, jobs);
+  int rc = run_all(mc, jobs, mc->f_forward, NULL, loss, err, errlen);
+  free(jobs);
+  return rc;
+}
+
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   MeshCpu *mc = self;
   Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
@@ -288,6 +302,8 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   mc->ex.optimizer_step = optimizer_step;
   mc->ex.sync_out = sync_out;
   mc->ex.sync_in = sync_in;
+  mc->f_forward = training && !pipe ? cpu_find_func(&mc->b.cp, "forward") : -1;
+  mc->ex.eval_step = mc->f_forward >= 0 ? eval_step : NULL;
   if (pipe && (rc = pipe_cpu_setup(mc, err, errlen))) return rc;
   /* async collectives: a communication thread per rank (runtime/cpu/cpu_async.c) */
   if (!pipe && cpu_program_has_async(p)) {

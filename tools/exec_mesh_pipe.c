@@ -193,16 +193,9 @@ static int run_all(MeshCpu *mc, PipeJob *jobs, char *err, size_t errlen) {
   return rc;
 }
 
-static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
-                         size_t errlen) {
-  MeshCpu *mc = self;
+/* every rank's piece of each of n micro-batches */
+static void fill_pieces(MeshCpu *mc, int64_t n, const int32_t *inputs, const int32_t *targets) {
   RefExec *r = &mc->rx;
-  if (n != mc->n_micro) {
-    snprintf(err, errlen, "the pipeline was built for %lld micro-batches per step, not %lld", (long long)mc->n_micro,
-             (long long)n);
-    return EXIT_USAGE;
-  }
-  /* every rank's piece of every micro-batch */
   int64_t BT = mc->whole_tok->n;
   for (int64_t g = 0; g < n; g++) {
     for (int64_t e = 0; e < BT; e++) mc->whole_tok->i[e] = inputs[g * BT + e], mc->whole_tgt->i[e] = targets[g * BT + e];
@@ -216,6 +209,48 @@ static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int
       }
     }
   }
+}
+
+/* Validation: one micro-batch's forward through every chunk (exec_pipe.c's forward-only
+   schedule); the last step's timeline and the stash peaks are kept. */
+static int pipe_eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
+                          size_t errlen) {
+  MeshCpu *mc = self;
+  RefExec *r = &mc->rx;
+  Schedule ev, *train = r->sched;
+  PipeSaved sv;
+  memset(&ev, 0, sizeof ev);
+  memset(&sv, 0, sizeof sv);
+  PipeJob *jobs = calloc((size_t)mc->world, sizeof *jobs);
+  int rc = 0;
+  if (!jobs || pipe_forward_schedule(train, &ev) || pipe_save(r, &sv)) {
+    snprintf(err, errlen, "out of memory");
+    rc = EXIT_RUN;
+  }
+  if (!rc) {
+    fill_pieces(mc, 1, inputs, targets);
+    double t0 = now_us();
+    for (int k = 0; k < mc->world; k++) jobs[k] = (PipeJob){.mc = mc, .rank = k, .losses = loss, .t0 = t0};
+    r->sched = &ev;
+    rc = run_all(mc, jobs, err, errlen);
+    r->sched = train;
+  }
+  pipe_restore(r, &sv);
+  schedule_free(&ev);
+  free(jobs);
+  return rc;
+}
+
+static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
+                         size_t errlen) {
+  MeshCpu *mc = self;
+  RefExec *r = &mc->rx;
+  if (n != mc->n_micro) {
+    snprintf(err, errlen, "the pipeline was built for %lld micro-batches per step, not %lld", (long long)mc->n_micro,
+             (long long)n);
+    return EXIT_USAGE;
+  }
+  fill_pieces(mc, n, inputs, targets);
   PipeJob *jobs = calloc((size_t)mc->world, sizeof *jobs);
   if (!jobs) {
     snprintf(err, errlen, "out of memory");
@@ -313,6 +348,7 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
   mc->ex.grad_step = NULL;
   mc->ex.pipeline_step = pipeline_step;
   mc->ex.optimizer_step = pipe_optimizer_step;
+  mc->ex.eval_step = pipe_eval_step;
   return 0;
 }
 

@@ -198,13 +198,9 @@ static int run_all(RefExec *r, PipeJob *jobs, char *err, size_t errlen) {
   return rc;
 }
 
-static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
-                         size_t errlen) {
-  RefExec *r = self;
-  if (n != r->sched->m) {
-    snprintf(err, errlen, "the pipeline was built for %d micro-batches per step, not %lld", r->sched->m, (long long)n);
-    return EXIT_USAGE;
-  }
+/* Runs the current schedule (r->sched) over n micro-batches: every rank a thread. */
+static int run_micro_batches(RefExec *r, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses,
+                             char *err, size_t errlen) {
   int64_t BT = r->inputs->n;
   PipeJob *jobs = calloc((size_t)r->world, sizeof *jobs);
   const Type *lt = &((Value *)module_find_func(r->m, "fwd.c0")->args.items[0])->type;
@@ -229,6 +225,17 @@ static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int
     free(jobs[k].tok), free(jobs[k].tgt);
   }
   free(jobs);
+  return rc;
+}
+
+static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
+                         size_t errlen) {
+  RefExec *r = self;
+  if (n != r->sched->m) {
+    snprintf(err, errlen, "the pipeline was built for %d micro-batches per step, not %lld", r->sched->m, (long long)n);
+    return EXIT_USAGE;
+  }
+  int rc = run_micro_batches(r, n, inputs, targets, losses, err, errlen);
   if (!rc) {   /* measured idle per pp rank (rank 0 of each stage's group speaks for it) */
     for (int q = 0; q < r->sched->p; q++) {
       int coord[COMM_AXES] = {0};
@@ -280,6 +287,76 @@ static int owner_of(const Module *m, const Global *gl) {
   return -1;
 }
 
+/* ---- validation: one micro-batch's forward through every chunk ---- */
+
+int pipe_forward_schedule(const Schedule *t, Schedule *ev) {
+  memset(ev, 0, sizeof *ev);
+  ev->kind = t->kind, ev->p = t->p, ev->v = t->v, ev->m = 1, ev->chunks = t->chunks, ev->split_bw = t->split_bw;
+  ev->n = calloc((size_t)t->p, sizeof *ev->n);
+  ev->acts = calloc((size_t)t->p, sizeof *ev->acts);
+  if (!ev->n || !ev->acts) return -1;
+  for (int q = 0; q < t->p; q++) {
+    if (!(ev->acts[q] = calloc((size_t)t->chunks, sizeof(Action)))) return -1;
+    for (int c = 0; c < t->chunks; c++)   /* chunk order: each receives what the one before sent */
+      if (schedule_chunk_rank(t->kind, t->p, t->v, c) == q) ev->acts[q][ev->n[q]++] = (Action){ACT_F, 0, c};
+  }
+  return 0;
+}
+
+int pipe_save(RefExec *r, PipeSaved *sv) {
+  memset(sv, 0, sizeof *sv);
+  sv->start = calloc((size_t)r->world, sizeof(double *));
+  sv->end = calloc((size_t)r->world, sizeof(double *));
+  sv->peak = malloc(sizeof(int64_t) * (size_t)r->world);
+  if (!sv->start || !sv->end || !sv->peak) return -1;
+  memcpy(sv->peak, r->stash_peak, sizeof(int64_t) * (size_t)r->world);
+  for (int k = 0; k < r->world; k++) {
+    size_t n = (size_t)r->sched->n[local_world_rank(r->lw, k)->coord[COMM_PP]] + 1;
+    if (!(sv->start[k] = malloc(n * sizeof(double))) || !(sv->end[k] = malloc(n * sizeof(double)))) return -1;
+    memcpy(sv->start[k], r->act_start[k], n * sizeof(double));
+    memcpy(sv->end[k], r->act_end[k], n * sizeof(double));
+  }
+  return 0;
+}
+
+void pipe_restore(RefExec *r, PipeSaved *sv) {
+  for (int k = 0; k < r->world; k++) {
+    size_t n = (size_t)r->sched->n[local_world_rank(r->lw, k)->coord[COMM_PP]] + 1;
+    if (sv->start && sv->start[k]) memcpy(r->act_start[k], sv->start[k], n * sizeof(double));
+    if (sv->end && sv->end[k]) memcpy(r->act_end[k], sv->end[k], n * sizeof(double));
+    if (sv->start) free(sv->start[k]);
+    if (sv->end) free(sv->end[k]);
+  }
+  if (sv->peak) memcpy(r->stash_peak, sv->peak, sizeof(int64_t) * (size_t)r->world);
+  free(sv->start), free(sv->end), free(sv->peak);
+  memset(sv, 0, sizeof *sv);
+}
+
+/* The loss of one micro-batch by every chunk's forward (F actions only, in chunk order on
+   every rank; the stash they leave is dropped).  The last step's timeline and the stash
+   peaks are the training steps' (saved and restored around it). */
+static int pipe_eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
+                          size_t errlen) {
+  RefExec *r = self;
+  Schedule ev, *train = r->sched;
+  PipeSaved sv;
+  memset(&ev, 0, sizeof ev);
+  memset(&sv, 0, sizeof sv);
+  int rc = 0;
+  if (pipe_forward_schedule(train, &ev) || pipe_save(r, &sv)) {
+    snprintf(err, errlen, "out of memory");
+    rc = EXIT_RUN;
+  }
+  if (!rc) {
+    r->sched = &ev;
+    rc = run_micro_batches(r, 1, inputs, targets, loss, err, errlen);
+    r->sched = train;
+  }
+  pipe_restore(r, &sv);
+  schedule_free(&ev);
+  return rc;
+}
+
 int pipe_exec_setup(RefExec *r, char *err, size_t errlen) {
   const Module *m = r->m;
   Func *f0 = module_find_func(m, "fwd.c0");
@@ -303,6 +380,7 @@ int pipe_exec_setup(RefExec *r, char *err, size_t errlen) {
   r->ex.grad_step = NULL;
   r->ex.pipeline_step = pipeline_step;
   r->ex.optimizer_step = pipe_optimizer_step;
+  r->ex.eval_step = pipe_eval_step;
   return 0;
 }
 

@@ -224,6 +224,26 @@ static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, 
   return run_scalar(r, r->grad_step, args, loss, err, errlen);
 }
 
+/* Validation: @forward(tokens, targets) -> (logits, loss); nothing else changes. */
+static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  RefExec *r = self;
+  Func *f = module_find_func(r->m, "forward");
+  if (!f || f->args.n != 2 || f->rets.n != 2) {
+    snprintf(err, errlen, "the module has no @forward(tokens, targets) -> (logits, loss) to validate with");
+    return 2;
+  }
+  for (int64_t k = 0; k < r->inputs->n; k++) {
+    r->inputs->i[k] = inputs[k];
+    r->targets->i[k] = targets[k];
+  }
+  Tensor *args[2] = {r->inputs, r->targets}, *rets[2] = {NULL, NULL};
+  int rc = ref_exec_run(r, f, args, rets, err, errlen);
+  if (!rc) *loss = rets[1]->f[0];
+  tensor_free(rets[0]);
+  tensor_free(rets[1]);
+  return rc;
+}
+
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   RefExec *r = self;
   r->lr->f[0] = lr;
@@ -325,6 +345,7 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   r->ex.seq = tokens.dims[1];
   r->ex.grad_step = grad_step;
   r->ex.optimizer_step = optimizer_step;
+  if (!m->pipe.kind && module_find_func(m, "forward")) r->ex.eval_step = eval_step;
   if (r->world > 1) {
     r->ex.sync_out = sync_out;
     r->ex.sync_in = sync_in;

@@ -47,6 +47,16 @@ int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *
 int pipe_exec_setup(RefExec *r, char *err, size_t errlen);
 void pipe_exec_free(RefExec *r);
 int pipe_exec_trace(RefExec *r, const char *path, const char *backend, char *err, size_t errlen);
+/* Validation of a pipeline: a schedule of one micro-batch's forward actions (every chunk in
+   order on its rank; free it with schedule_free), and the action times and stash peaks a
+   validation run would overwrite, saved and restored (pipe_restore frees the copy). */
+int pipe_forward_schedule(const Schedule *train, Schedule *ev);
+typedef struct {
+  double **start, **end;
+  int64_t *peak;
+} PipeSaved;
+int pipe_save(RefExec *r, PipeSaved *sv);
+void pipe_restore(RefExec *r, PipeSaved *sv);
 /* Predicted stash: bytes one micro-batch of chunk c holds from F to B (f_bytes[c]) and from
    B to W (w_bytes[c]), and each pp rank's peak under the schedule's order (peak[q]). */
 int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes);

@@ -6,7 +6,8 @@
  *   cmd_eval.c  loom eval   forward + loss of a model on a token shard
  *   cmd_train.c loom train  train a model (or the built-in demo)
  *   cmd_compile.c loom compile  a standalone training executable (runner + payload)
- *   cmd_data.c  loom data   text to a byte-level token shard
+ *   cmd_data.c  loom data   text to token shards (byte-level or tokenizer.json), --decode
+ *   cmd_plot.c  loom plot   a --log FILE.jsonl's curves as SVG
  *   input.c     a model from a spec or an .ir file
  *   payload.c   the compiled program appended to the runner, and reading it back
  *   runner/runner.c  loom-train: the runner of compiled executables
@@ -38,6 +39,7 @@ int cmd_train(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_data(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 int cmd_make_golden(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
@@ -102,6 +104,11 @@ typedef struct {
   const char *ov[64];
   int n_ov;
   const char *trace_out;   /* --trace-out FILE.json: the measured pipeline timeline */
+  const char *val_data[64];     /* --val-data: validation shards */
+  int n_val;
+  int64_t val_every, val_tokens;
+  const char *log_path;         /* --log FILE.jsonl */
+  double peak_tflops;           /* --peak-tflops: one device's peak, for MFU (0: none) */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);

@@ -85,6 +85,38 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       json_decref(arr);
       continue;
     }
+    if (!strcmp(a, "--val-data") || !strncmp(a, "--val-data=", 11)) {
+      /* --val-data A B C (until the next option) or --val-data=A */
+      if (a[10] == '=') t->val_data[t->n_val++] = a + 11;
+      else
+        while (i + 1 < argc && argv[i + 1][0] != '-' && t->n_val < 64) t->val_data[t->n_val++] = argv[++i];
+      if (!t->n_val) return usage_error(cmd, "--val-data needs one or more token shards");
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--val-every", &v)) || (r = arg_value(argc, argv, &i, "--val-tokens", &v))) {
+      bool every = !strncmp(a, "--val-every", 11);
+      char *end;
+      long long n = r < 0 ? -1 : strtoll(v, &end, 10);
+      if (r < 0 || !*v || *end || n < 1)
+        return usage_error(cmd, "%s takes a positive number of %s", every ? "--val-every" : "--val-tokens",
+                           every ? "steps" : "tokens");
+      *(every ? &t->val_every : &t->val_tokens) = n;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--peak-tflops", &v))) {
+      char *end;
+      double x = r < 0 ? -1 : strtod(v, &end);
+      if (r < 0 || !*v || *end || !(x > 0 && x < 1e9))
+        return usage_error(cmd, "--peak-tflops takes one device's peak in TFLOP/s for the run's precision (e.g. 989 "
+                           "for an H100's bf16 dense)");
+      t->peak_tflops = x;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--log", &v))) {
+      if (r < 0 || !*v) return usage_error(cmd, "--log needs a file name (FILE.jsonl)");
+      t->log_path = v;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--resume", &v))) {
       if (r < 0) return usage_error(cmd, "--resume needs a checkpoint folder");
       t->resume = v;

@@ -11,7 +11,7 @@
    step the loss, the gradient norm before clipping and the learning rate. */
 static int write_out(const Executor *ex, const TrainResult *res, const char *path, FILE *log, char *err, size_t errlen) {
   int n = ex->n_params, k = 0;
-  StTensor *st = calloc((size_t)n + 3, sizeof *st);
+  StTensor *st = calloc((size_t)n + 4, sizeof *st);
   if (!st) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
@@ -30,8 +30,12 @@ static int write_out(const Executor *ex, const TrainResult *res, const char *pat
   const char *names[3] = {"losses", "grad_norms", "lrs"};
   for (int h = 0; h < 3; h++, k++)
     st[k] = (StTensor){(char *)names[h], ST_F32, 1, {res->n}, (uint64_t)res->n * 4, hist[h]};
+  if (res->val_losses)   /* NaN at the steps without a validation */
+    st[k++] = (StTensor){"val_losses", ST_F32, 1, {res->n}, (uint64_t)res->n * 4, res->val_losses};
   int rc = st_write(path, st, k, NULL, NULL, 0, err, errlen);
-  if (!rc && log) fprintf(log, "wrote %s (%d parameters, and losses, grad_norms and lrs [%lld])\n", path, n, (long long)res->n);
+  if (!rc && log)
+    fprintf(log, "wrote %s (%d parameters, and losses, grad_norms%s and lrs [%lld])\n", path, n,
+            res->val_losses ? ", val_losses" : "", (long long)res->n);
   free(st);
   return rc;
 }

@@ -138,6 +138,21 @@ for prec in fp32 bf16; do
   fi
 done
 
+# Validation (--val-data) on CUDA: @forward's loss, as the CPU backend's
+"$LOOM" data data/shakespeare.txt --val-frac 0.05 -o "$tmp/sp" > /dev/null
+for b in cpu cuda; do
+  "$LOOM" train models/gpt2-tiny.json --backend $b --data "$tmp/sp_train_000000.bin" --val-data "$tmp/sp_val_000000.bin" \
+    --steps 2 --val-tokens 128 --log "$tmp/val_$b.jsonl" > "$tmp/log" 2>&1 || cat "$tmp/log"
+done
+a=$(grep -o '"val_loss":[^,]*' "$tmp/val_cpu.jsonl" | cut -d: -f2 | tr '\n' ' ')
+b=$(grep -o '"val_loss":[^,]*' "$tmp/val_cuda.jsonl" | cut -d: -f2 | tr '\n' ' ')
+if [ -n "$a" ] && awk -v a="$a" -v b="$b" 'BEGIN { n = split(a, x, " "); if (split(b, y, " ") != n) exit 1;
+    for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d > 1e-4 || d < -1e-4) exit 1 } }'; then
+  ok "validation loss on CUDA ($b) within 1e-4 of the CPU backend's ($a)"
+else
+  bad "validation loss on CUDA ($b) against the CPU backend's ($a)"
+fi
+
 # bench/gpu_step.sh end to end (its parsing of loom's output), on a tiny model
 if EMULATED=1 MODELS="models/gpt2-tiny.json:2:32" STEPS=4 LOOM=$LOOM bash bench/gpu_step.sh > "$tmp/bench" 2>&1 &&
    grep -Eq '^\| gpt2-tiny \| 2 x 32 \| 0\.000 \| [0-9.]+ \| [0-9]+ \| [0-9.]+% \| [0-9.]+ MiB \| [0-9.]+ MiB \(arenas .*\| [0-9.]+ \| [0-9.]+ \|$' "$tmp/bench"; then

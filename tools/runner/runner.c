@@ -23,6 +23,9 @@ static void help(const json_t *s) {
          "  --save-dir D --save-every K    checkpoints\n"
          "  --resume D        continue from a checkpoint\n"
          "  --threads N       threads of the cpu backend (default: LOOM_THREADS or every core)\n"
+         "  --val-data SHARD...  validation loss on the step line (as loom train; --val-every N,\n"
+         "                    --val-tokens K)\n"
+         "  --log FILE.jsonl  one JSON object per step (as loom train)\n"
          "  --info            print the compiled settings (JSON) and exit\n"
          "  -q, --quiet       no per-step lines\n",
          "EXE", json_string_value(json_object_get(s, "spec")), (long long)json_integer_value(json_object_get(s, "batch")),
@@ -110,6 +113,9 @@ int main(int argc, char **argv) {
   int n_data = 0;
   json_t *jd = json_object_get(s, "data");
   for (size_t i = 0; i < json_array_size(jd) && n_data < 64; i++) data[n_data++] = json_string_value(json_array_get(jd, i));
+  const char *val_data[64], *log_path = NULL;
+  int n_val = 0;
+  int64_t val_every = 0, val_tokens = 0;
   bool quiet = false, cli_data = false;
   int threads = 0;
   for (int i = 1; i < argc; i++) {
@@ -122,6 +128,16 @@ int main(int argc, char **argv) {
       if (!cli_data) n_data = 0;
       cli_data = true;
       while (i + 1 < argc && argv[i + 1][0] != '-' && n_data < 64) data[n_data++] = argv[++i];
+      continue;
+    }
+    if (!strcmp(a, "--val-data")) {
+      while (i + 1 < argc && argv[i + 1][0] != '-' && n_val < 64) val_data[n_val++] = argv[++i];
+      if (!n_val) { rc = usage_error("train", "--val-data needs one or more token shards"); goto done; }
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--log", &v))) {
+      if (r < 0 || !*v) { rc = usage_error("train", "--log needs a file name (FILE.jsonl)"); goto done; }
+      log_path = v;
       continue;
     }
     char *end = NULL;
@@ -140,6 +156,8 @@ int main(int argc, char **argv) {
     NUM("--lr", lr, strtod)
     NUM("--min-lr", min_lr, strtod)
     NUM("--threads", threads, strtoi)
+    NUM("--val-every", val_every, strtoi)
+    NUM("--val-tokens", val_tokens, strtoi)
     if ((r = arg_value(argc, argv, &i, "--init", &v)) || (r = arg_value(argc, argv, &i, "--out", &v)) ||
         (r = arg_value(argc, argv, &i, "--save-dir", &v)) || (r = arg_value(argc, argv, &i, "--resume", &v))) {
       if (r < 0) { rc = usage_error("train", "%s needs a value", a); goto done; }
@@ -158,6 +176,10 @@ int main(int argc, char **argv) {
     rc = usage_error("train", "unknown option '%s'", a);
     goto done;
   }
+  if (val_every < 0 || val_tokens < 0 || (!n_val && (val_every || val_tokens))) {
+    rc = usage_error("train", "--val-every and --val-tokens take positive numbers and need --val-data SHARD...");
+    goto done;
+  }
   if (steps < 1 || warmup < 0 || lr < 0 || min_lr < 0 || save_every < 0) {
     rc = usage_error("train", "--steps must be >= 1; --warmup, --lr, --min-lr and --save-every >= 0");
     goto done;
@@ -168,7 +190,7 @@ int main(int argc, char **argv) {
   }
   RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
                    json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
-                   quiet ? NULL : stdout},
+                   quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0},
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL};
   if (cuda) {   /* the lowered program and its cubin: no IR, no compiler */
