@@ -488,8 +488,10 @@ int cmd_plan(int argc, char **argv) {
       char lay[160];
       layout_text(&cs[closest], lay, sizeof lay);
       snprintf(err, sizeof err, "no layout fits %s's %.1f GiB: the closest, %s, needs %.1f GiB a device%s; use more devices, "
-               "a smaller micro-batch (--batch) or bf16", hw.name, hw.mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
-               cs[closest].exact ? "" : " (screened: extrapolated from 1 and 2 layers a chunk)");
+               "a shorter --seq%s (recomputation is searched without pp only, and context parallelism is not in loom "
+               "yet)", hw.name, hw.mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
+               cs[closest].exact ? "" : " (screened: extrapolated from 1 and 2 layers a chunk)",
+               strcmp(base.precision, "bf16") ? " or --precision bf16" : "");
     } else {
       snprintf(err, sizeof err, "no layout of %lld devices could be built%s%s", (long long)gpus, refused ? ": " : "",
                first_refusal);
