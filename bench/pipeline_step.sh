@@ -24,7 +24,7 @@ for s in afab 1f1b interleaved zb-h1 dualpipev; do
   extra=(); [ $s = interleaved ] && extra=(--pp-virtual 2)
   "$LOOM" train "$MODEL" --data "$tmp/d.bin" --steps "$STEPS" --batch "$BATCH" --seq "$SEQ" --grad-accum "$GA" \
     --backend "$BACKEND" --mesh pp=2 --pp-schedule $s "${extra[@]}" > "$tmp/log" 2>&1 || { echo "$s: failed"; cat "$tmp/log"; continue; }
-  ms=$(grep '^step' "$tmp/log" | tail -n +2 | awk '{ for (i = 1; i <= NF; i++) if ($(i+1) == "ms") print $i }' | sort -n |
+  ms=$(grep '^step' "$tmp/log" | tail -n +2 | awk '{ for (i = 1; i <= NF; i++) if ($(i+1) == "ms") { print $i; break } }' | sort -n |
        awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
   bub=$(grep -o 'predicted bubble [0-9.]*' "$tmp/log" | awk '{ print $3 }')
   idle=$(grep -o 'measured idle per rank: [0-9. ]*' "$tmp/log" | sed 's/measured idle per rank: //')

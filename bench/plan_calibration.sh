@@ -40,7 +40,7 @@ for l in "${layouts[@]}"; do
   pred=$("$LOOM" ir "$SPEC" --passes=train,lower --time --hw "$tmp/cpu.json" $flags 2>&1 | awk '$1 == "step" { print $2 }')
   "$LOOM" train "$SPEC" --data "$tmp/d.bin" --steps "$STEPS" --backend cpu --threads $world $flags > "$tmp/log" 2>&1 ||
     { echo "$name: loom train failed"; tail -3 "$tmp/log"; continue; }
-  meas=$(grep '^step' "$tmp/log" | tail -n +2 | awk '{ for (i = 1; i < NF; i++) if ($(i+1) == "ms") print $i }' | sort -n |
+  meas=$(grep '^step' "$tmp/log" | tail -n +2 | awk '{ for (i = 1; i < NF; i++) if ($(i+1) == "ms") { print $i; break } }' | sort -n |
          awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
   [ -z "$pred" ] || [ -z "$meas" ] && { echo "$name: no figure (pred '$pred', measured '$meas')"; continue; }
   printf "%-30s %12.1f %12.1f %+7.1f%%\n" "$name" "$pred" "$meas" "$(echo "$pred $meas" | awk '{ print ($1 / $2 - 1) * 100 }')"
