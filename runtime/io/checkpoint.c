@@ -12,16 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "runtime/io/seterr.h"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 static const char *const FILES[3] = {"model.safetensors", "optimizer.safetensors",
                                      "state.json"};

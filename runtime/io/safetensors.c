@@ -10,20 +10,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "runtime/io/seterr.h"
 
 /* Names are printed with at most this many characters so a hostile name cannot bury the
  * rest of the message. */
 #define NM "%.200s"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 /* ---- dtypes ---------------------------------------------------------------------------- */
 

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "runtime/io/seterr.h"
 
 #define GPT2_PATTERN "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 /* Llama 3's pattern and Qwen2's (the same with single digits): tokenizer_cut is known to be
@@ -27,14 +28,6 @@
 #define CACHE_WORD_MAX 64          /* words up to this many bytes are cached */
 #define CACHE_IDS_MAX (1u << 22)   /* ids held by the cache before it starts over */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 /* ---- hash tables ---- */
 
