@@ -64,6 +64,11 @@ static const char help[] =
   "  --init W.safetensors  start from these weights (HF names); default: seeded init\n"
   "  --seed S              seed of the initialization (default 1337)\n"
   "  --out W.safetensors   write the final parameters, and losses, grad_norms and lrs [steps]\n"
+  "  --out DIR/            (a folder: ends with / or exists) a folder transformers loads as it is:\n"
+  "                        config.json, model.safetensors (the model's tensors only), generation_config.json,\n"
+  "                        metrics.json (losses, grad_norms, lrs, val_losses)\n"
+  "  --dtype f32|bf16      the weights of --out DIR/ (default f32)\n"
+  "  --tokenizer T.json    copied into --out DIR/ as tokenizer.json\n"
   "  --save-dir D          write checkpoints to D (at the end, and every --save-every K steps)\n"
   "  --save-every K\n"
   "  --resume D            continue from the newest complete checkpoint in D (or a step folder);\n"
@@ -156,7 +161,7 @@ int cmd_train(int argc, char **argv) {
                      ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
                      ta.peak_tflops * 1e12},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
-                    s->batch, s->seq, ta.trace_out};
+                    s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16};
     /* MFU's numerator: the model FLOPs of one rank's @grad_step (passes/flops.c) per micro-batch */
     Func *gs = module_find_func(in.m, "grad_step");
     if (ta.peak_tflops > 0 && gs) {

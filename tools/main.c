@@ -19,6 +19,7 @@ static const struct {
   {"diff", cmd_diff, "compare the tensors of two safetensors files (golden tests)"},
   {"make-golden", cmd_make_golden, "write a golden folder for a model with PyTorch + transformers"},
   {"check", cmd_check, "run a golden folder on every backend and layout and compare"},
+  {"export", cmd_export, "a checkpoint as a folder Hugging Face transformers loads"},
   {"plan", cmd_plan, "the best layouts of a model on N devices, with memory and step time predicted"},
   {"calibrate", cmd_calibrate, "measure this CPU for the time model (a hardware description)"},
 };

@@ -109,6 +109,8 @@ typedef struct {
   int64_t val_every, val_tokens;
   const char *log_path;         /* --log FILE.jsonl */
   double peak_tflops;           /* --peak-tflops: one device's peak, for MFU (0: none) */
+  const char *tokenizer;        /* --tokenizer T.json: copied into a Hugging Face --out DIR/ */
+  bool out_bf16;                /* --dtype bf16: a Hugging Face --out DIR/'s weights in bf16 */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
@@ -153,6 +155,10 @@ typedef struct {
   int threads;        /* cpu backend threads (0: LOOM_THREADS or all cores) */
   int64_t batch, seq;
   const char *trace_out;   /* a pipeline's measured timeline (Chrome trace JSON), or NULL */
+  /* --out DIR/ (a Hugging Face folder, hf_export.c): the spec the config comes from (NULL:
+     unknown, refused), the tokenizer to copy, bf16 weights */
+  const char *spec_path, *tokenizer;
+  bool out_bf16;
 } RunPlan;
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
@@ -173,6 +179,20 @@ int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *ll
 int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* Whether the CUDA backend can run here (a driver and a device); why not otherwise. */
 bool cuda_backend_available(char *why, size_t n);
+/* ---- hf_export.c: a folder transformers loads (loom train --out DIR/, loom export) ---- */
+typedef struct {
+  int64_t n;
+  const float *losses, *grad_norms, *lrs, *val_losses;   /* val_losses may be NULL */
+} HfMetrics;
+/* Writes config.json, model.safetensors (params: f32 tensors under HF names; bf16 converts),
+   generation_config.json, tokenizer.json (a copy of tokenizer, or none) and metrics.json
+   (metrics may be NULL) into dir, created if needed. */
+int hf_export_dir(const char *dir, const char *spec_path, const StTensor *params, int n, bool bf16,
+                  const char *tokenizer, const HfMetrics *metrics, FILE *log, char *err, size_t errlen);
+/* --out names a folder: it ends with '/' or is an existing directory. */
+bool hf_export_wanted(const char *out);
+int cmd_export(int argc, char **argv);
+
 /* The loop and --out for any executor. */
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen);
 

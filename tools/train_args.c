@@ -141,6 +141,17 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       t->threads = (int)n;
       continue;
     }
+    if ((r = arg_value(argc, argv, &i, "--tokenizer", &v))) {
+      if (r < 0) return usage_error(cmd, "--tokenizer needs a tokenizer.json (copied into --out DIR/)");
+      t->tokenizer = v;
+      continue;
+    }
+    if ((r = arg_value(argc, argv, &i, "--dtype", &v))) {
+      if (r < 0 || (strcmp(v, "f32") && strcmp(v, "bf16")))
+        return usage_error(cmd, "--dtype takes f32 or bf16 (the weights of a Hugging Face --out DIR/)");
+      t->out_bf16 = !strcmp(v, "bf16");
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--trace-out", &v))) {
       if (r < 0) return usage_error(cmd, "--trace-out needs a file name (FILE.json)");
       t->trace_out = v;

@@ -9,7 +9,9 @@
 
 /* The final parameters under their HF names (whole: the executor gathered them), and per
    step the loss, the gradient norm before clipping and the learning rate. */
-static int write_out(const Executor *ex, const TrainResult *res, const char *path, FILE *log, char *err, size_t errlen) {
+static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *plan, char *err, size_t errlen) {
+  const char *path = plan->out;
+  FILE *log = plan->opt.log;
   int n = ex->n_params, k = 0;
   StTensor *st = calloc((size_t)n + 4, sizeof *st);
   if (!st) {
@@ -25,6 +27,20 @@ static int write_out(const Executor *ex, const TrainResult *res, const char *pat
     for (int d = 0; d < t->rank; d++) count *= (st[k].shape[d] = t->shape[d]);
     st[k].nbytes = (uint64_t)count * 4;
     st[k].data = t->data;
+  }
+  if (hf_export_wanted(path)) {   /* a folder for transformers: the weights alone, metrics apart */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (size_t l = strlen(dir); l > 1 && dir[l - 1] == '/'; l--) dir[l - 1] = 0;
+    HfMetrics hm = {res->n, res->losses, res->grad_norms, res->lrs, res->val_losses};
+    int rc = hf_export_dir(dir, plan->spec_path, st, n, plan->out_bf16, plan->tokenizer, &hm, log, err, errlen);
+    free(st);
+    return rc;
+  }
+  if (plan->out_bf16 || plan->tokenizer) {
+    free(st);
+    snprintf(err, errlen, "--dtype and --tokenizer are for a Hugging Face folder: give --out DIR/ (with the slash)");
+    return EXIT_USAGE;
   }
   const float *hist[3] = {res->losses, res->grad_norms, res->lrs};
   const char *names[3] = {"losses", "grad_norms", "lrs"};
@@ -43,7 +59,7 @@ static int write_out(const Executor *ex, const TrainResult *res, const char *pat
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen) {
   TrainResult res;
   int rc = train_run(ex, &plan->opt, &res, err, errlen);
-  if (!rc && plan->out) rc = write_out(ex, &res, plan->out, plan->opt.log, err, errlen);
+  if (!rc && plan->out) rc = write_out(ex, &res, plan, err, errlen);
   train_result_free(&res);
   return rc;
 }

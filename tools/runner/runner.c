@@ -192,7 +192,8 @@ int main(int argc, char **argv) {
                    json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
                    quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0},
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
-                  json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL};
+                  json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL,
+                  NULL, NULL, false};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
   if (cuda) {   /* the lowered program and its cubin: no IR, no compiler */
     rc = run_cuda(s, &pl, &plan, err, sizeof err);
     rc = report(rc, err);
