@@ -75,7 +75,7 @@ int cmd_export(int argc, char **argv) {
     ckpt = argv[i];
   }
   if (!ckpt || !out) return usage_error("export", "give a checkpoint and -o DIR (loom export CHECKPOINT -o DIR)");
-  char err[1024] = "", stepdir[4096];
+  char err[12288] = "", stepdir[4096];
   int64_t step = 0;
   int rc = ckpt_latest(ckpt, stepdir, sizeof stepdir, &step, err, sizeof err);
   if (rc) return report(rc, err);
