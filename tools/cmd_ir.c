@@ -317,10 +317,9 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
     int64_t ga = in.from_spec ? in.spec.grad_accum : 1;
     if (!rc) rc = timing_predict(in.m, &hw, ga, &t, err, sizeof err);
     if (!rc) {
-      double tokens = in.from_spec ? (double)in.spec.batch * (double)in.spec.seq * (double)ga *
-                                         (double)in.m->mesh.size[AX_DP] : 0;
-      if (in.m->pipe.chunks > 0 && in.from_spec) tokens = (double)in.spec.batch * (double)in.spec.seq *
-                                                            (double)in.m->pipe.micro * (double)in.m->mesh.size[AX_DP];
+      /* the spec's batch is the whole micro-batch (dp ranks split it); a pipeline's micro-batch
+         count is grad_accum too */
+      double tokens = in.from_spec ? (double)in.spec.batch * (double)in.spec.seq * (double)ga : 0;
       timing_report(stdout, in.m, &hw, &t, tokens);
     }
     module_free(in.m);
