@@ -149,13 +149,9 @@ static double op_time(const Op *op, Acc *a) {
     }
     return s;
   }
-  double flops = 0, bytes = op_io_bytes(op), eff = hw->eff_matmul;
-  if (op->kind == OP_MATMUL || op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD) {
-    flops = flops_op(op);
-    if (op->kind != OP_MATMUL) eff = hw->eff_attention;
-  } else if (op->kind == OP_CALL && op->callee) {
-    flops = flops_op(op);   /* a kernel's matmuls, if any */
-  }
+  /* flops_op: matmul and attention FLOPs, a call's through its kernel; 0 for the rest */
+  double flops = flops_op(op), bytes = op_io_bytes(op);
+  double eff = op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD ? hw->eff_attention : hw->eff_matmul;
   double tc = flops > 0 ? flops / (peak_of(hw, compute_dtype(op)) * eff) : 0;
   double tm = bytes / (hw->mem_bw * hw->eff_memory);
   a->t->model_flops += a->scale * flops;

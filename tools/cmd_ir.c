@@ -369,15 +369,7 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
         bool used = false;
         for (int fi = 0; fi < in.m->funcs.n && !used; fi++) {
           const Func *f = in.m->funcs.items[fi];
-          int c = -1, rr = -1;
-          if (sscanf(f->name, "optimizer_step.s%d", &rr) == 1) {
-            if (rr != q) continue;
-          } else if (sscanf(f->name, "fwd.c%d", &c) == 1 || sscanf(f->name, "bwd.c%d", &c) == 1 ||
-                     sscanf(f->name, "bwd_b.c%d", &c) == 1 || sscanf(f->name, "bwd_w.c%d", &c) == 1) {
-            if (schedule_chunk_rank(s.kind, s.p, s.v, c) != q) continue;
-          } else {
-            continue;
-          }
+          if (pipe_func_rank(&s, f->name) != q) continue;
           for (int i = 0; i < f->ops.n && !used; i++) {
             const Op *op = f->ops.items[i];
             for (int k = 0; k < op->n_operands && !used; k++) used = op->operands[k]->kind == VAL_GLOBAL && op->operands[k]->global == gl;

@@ -10,11 +10,11 @@
  * expert parallelism are not in loom yet and not searched.
  *
  * Speed: a candidate is not compiled whole.  Layouts differ in their repeated layers, so
- * each is compiled with 1 and with 2 layers per pipeline chunk, and its step time and
- * memory are extrapolated linearly to the model's layers per chunk.  The best candidates
- * are then compiled whole, in order, until --top of them fit: the figures printed are the
- * whole program's (memory exactly memory-plan's), marked "exact"; the screening figures
- * of the rest are never printed as results.  LOOM_PLAN_DEBUG=1 prints, to stderr, why a
+ * each is compiled with 1 and with 2 layers per pipeline chunk (equal chunks; the model
+ * itself when that is as small), and its step time and memory are extrapolated linearly to
+ * the model's layers per chunk.  The best 2 x --top that fit are then compiled whole and
+ * ranked by those figures: every printed row is the whole program's (memory exactly
+ * memory-plan's); the screening figures are never printed as results.  LOOM_PLAN_DEBUG=1 prints, to stderr, why a
  * layout is not buildable and each whole compile beside its screening figures.
  */
 #include <math.h>
@@ -192,7 +192,7 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
 static void layout_text(const Cand *c, char *buf, size_t n) {
   int k = snprintf(buf, n, "dp=%lld tp=%lld%s pp=%lld", (long long)c->dp, (long long)c->tp, c->sp ? "+sp" : "",
                    (long long)c->pp);
-  if (c->pp > 1) k += snprintf(buf + k, n - (size_t)k, " %s%s", pipe_kind_names[c->sched], c->v > 1 ? "" : "");
+  if (c->pp > 1) k += snprintf(buf + k, n - (size_t)k, " %s", pipe_kind_names[c->sched]);
   if (c->pp > 1 && c->v > 1) k += snprintf(buf + k, n - (size_t)k, " v=%lld", (long long)c->v);
   k += snprintf(buf + k, n - (size_t)k, " zero=%d mbs=%lld ga=%lld", c->zero, (long long)(c->batch / c->dp), (long long)c->ga);
   if (c->rc) snprintf(buf + k, n - (size_t)k, " rc=%s", recompute_mode_names[c->rc]);
