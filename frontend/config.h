@@ -88,6 +88,8 @@ typedef struct {
   int zero;                       /* ZeRO stage 0..3 */
   bool sequence_parallel;         /* with tp: norms and residuals split along the sequence */
   bool overlap;                   /* the overlap pass: async collectives (default true) */
+  bool cp_contiguous;             /* cp_balance "contiguous" (default "zigzag": rank i holds chunks i and 2cp-1-i) */
+  bool cp_allgather;              /* cp_attn "allgather" (default "ring": K/V travel around the cp ring) */
   double bucket_mb;               /* dp gradient all-reduce buckets in MB (10^6 bytes), default 25; 0 = off */
   int64_t vocab_multiple;         /* the graph's vocabulary rounded up to a multiple of it (and of tp); default 1 */
   int pp_schedule;                /* PipeKind (ir.h): afab 1f1b interleaved zb-h1 dualpipev; 0 = 1f1b */

@@ -18,7 +18,7 @@ static const char *const SPEC_KEYS[] = {
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
     "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
     "bucket_mb", "vocab_multiple", "pp_schedule", "pp_virtual", "pp_split", "overlap",
-    "recompute", "memory_budget",
+    "recompute", "memory_budget", "cp_balance", "cp_attn",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -40,7 +40,8 @@ static const struct {
     {"make_vocab_size_divisible_by", "vocab_multiple"}, {"pipeline_schedule", "pp_schedule"},
     {"virtual_pipeline_model_parallel_size", "pp_virtual"}, {"num_virtual_stages", "pp_virtual"},
     {"pipeline_split", "pp_split"}, {"activation_checkpointing", "recompute"},
-    {"recompute_granularity", "recompute"}, {"memory_limit", "memory_budget"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
+    {"recompute_granularity", "recompute"}, {"context_parallel_balance", "cp_balance"},
+    {"cp_comm_type", "cp_attn"}, {"context_parallel_attention", "cp_attn"}, {"memory_limit", "memory_budget"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
 };
 
 static const char *const AXES[MESH_AXES] = {"dp", "tp", "cp", "pp", "ep"};
@@ -388,6 +389,18 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
     s->n_pp_split = n;
     return 0;
   }
+  if (strcmp(key, "cp_balance") == 0 || strcmp(key, "cp_attn") == 0) {
+    bool bal = key[3] == 'b';
+    const char *p = json_is_string(v) ? json_string_value(v) : NULL;
+    const char *a = bal ? "zigzag" : "ring", *b = bal ? "contiguous" : "allgather";
+    if (!p || (strcmp(p, a) && strcmp(p, b)))
+      return bad(r, key, bal ? "\"zigzag\" or \"contiguous\"" : "\"ring\" or \"allgather\"", v,
+                 bal ? "choose how the sequence is split over cp (zigzag, the default, evens out causal work)"
+                     : "choose how attention sees the other cp ranks' keys (ring, the default, or allgather)");
+    if (bal) s->cp_contiguous = !strcmp(p, b);
+    else s->cp_allgather = !strcmp(p, b);
+    return 0;
+  }
   if (strcmp(key, "overlap") == 0) {
     if (!json_is_boolean(v))
       return bad(r, key, "true or false", v, "set it to false to run every collective where it is (no overlap pass)");
@@ -584,6 +597,11 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
     FAIL("%s: key \"mesh.cp\": context parallelism splits the sequence, but seq (%lld) is not "
          "divisible by cp = %lld; choose a seq that is a multiple of cp", f, (long long)s->seq,
          (long long)cp);
+  if (cp > 1 && !s->cp_contiguous && s->seq % (2 * cp) != 0)
+    FAIL("%s: key \"mesh.cp\": zig-zag context parallelism gives each rank two chunks of the sequence, "
+         "but seq (%lld) is not divisible by 2 x cp = %lld; choose a seq that is a multiple of %lld, or "
+         "set \"cp_balance\": \"contiguous\" (--cp-balance contiguous)", f, (long long)s->seq, (long long)(2 * cp),
+         (long long)(2 * cp));
   if (pp > m->n_layer)
     FAIL("%s: key \"mesh.pp\": %lld pipeline stages for %lld layers leaves stages empty; set pp "
          "to at most %lld", f, (long long)pp, (long long)m->n_layer, (long long)m->n_layer);

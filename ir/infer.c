@@ -226,6 +226,44 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     r = type_make(x->dtype, x->rank, x->dims);
     break;
   }
+  case OP_ATTENTION_BLOCK:
+  case OP_ATTENTION_BLOCK_GRAD: {
+    bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;
+    const Type *q = &op->operands[grad]->type, *k = &op->operands[grad + 1]->type, *v = &op->operands[grad + 2]->type;
+    if (q->rank != 4 || k->rank != 4 || !type_shape_eq(k, v) || k->dims[0] != q->dims[0] || k->dims[3] != q->dims[3] ||
+        k->dims[2] < 1 || q->dims[2] % k->dims[2])
+      return fail(err, errlen, "%s needs q[B,Tq,H,Dh], k and v [B,Tk,KV,Dh] with H a multiple of KV; got %s, %s, %s",
+                  op_info(op->kind)->name, TS(q), TS(k), TS(v));
+    const char *ax = op_attr(op, "seq_axis")->s;
+    int64_t n = op_int(op, "seq_n"), shift = op_int(op, "kv_shift");
+    if (ax && ax[0] && mesh_axis_parse(ax) < 0)
+      return fail(err, errlen, "seq_axis '%s' is not a mesh axis (dp, tp, cp, pp, ep)", ax);
+    if (n < 1 || shift < -1 || shift >= n)
+      return fail(err, errlen, "seq_n %lld and kv_shift %lld: need seq_n >= 1 and -1 <= kv_shift < seq_n", (long long)n,
+                  (long long)shift);
+    if (op_bool(op, "zigzag") && q->dims[1] % 2)
+      return fail(err, errlen, "zigzag positions need an even number of rows per rank, got %s", TS(q));
+    int64_t want = shift < 0 ? n * q->dims[1] : q->dims[1];
+    if (k->dims[1] != want)
+      return fail(err, errlen, "%s with kv_shift %lld needs %lld keys (the queries' %lld%s), got %s", op_info(op->kind)->name,
+                  (long long)shift, (long long)want, (long long)q->dims[1], shift < 0 ? " times seq_n" : "", TS(k));
+    int64_t lse_dims[3] = {q->dims[0], q->dims[1], q->dims[2]};
+    if (!grad) {
+      out[0] = type_make(DT_F32, 4, q->dims);
+      out[1] = type_make(DT_F32, 3, lse_dims);
+      return 0;
+    }
+    for (int i = 4; i < 6; i++) {
+      const Type *t = &op->operands[i]->type;
+      if (t->dtype != DT_F32 || t->rank != 3 || memcmp(t->dims, lse_dims, sizeof lse_dims))
+        return fail(err, errlen, "attention_block_grad's lse and delta must be f32 [B,Tq,H] like q %s, got %s", TS(q), TS(t));
+    }
+    if (!type_shape_eq(x, q)) return fail(err, errlen, "dout %s is not shaped like q %s", TS(x), TS(q));
+    out[0] = type_make(DT_F32, 4, q->dims);
+    out[1] = type_make(DT_F32, 4, k->dims);
+    out[2] = type_make(DT_F32, 4, k->dims);
+    return 0;
+  }
   case OP_ROPE:
     if (x->rank != 4 || x->dims[3] % 2)
       return fail(err, errlen, "rope needs x[B,T,H,Dh] with an even Dh, got %s", TS(x));
@@ -336,8 +374,9 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     if (axis < 0) return fail(err, errlen, "axis '%s' is not a mesh axis (dp, tp, cp, pp, ep)", op_attr(op, "axis")->s);
     int64_t n = op_int(op, "n"), peer = op_int(op, "peer");
     if (n < 2) return fail(err, errlen, "point-to-point needs an axis of 2 or more ranks (n=%lld)", (long long)n);
-    if (peer < 0 || peer >= n) return fail(err, errlen, "peer %lld is not a coordinate of %s=%lld", (long long)peer,
-                                           mesh_axis_names[axis], (long long)n);
+    if (op_bool(op, "rel") ? (peer < 1 || peer >= n) : (peer < 0 || peer >= n))
+      return fail(err, errlen, "peer %lld is not a %s of %s=%lld", (long long)peer,
+                  op_bool(op, "rel") ? "relative coordinate (1 .. n-1)" : "coordinate", mesh_axis_names[axis], (long long)n);
     if (op_int(op, "tag") < 0) return fail(err, errlen, "tag must be 0 or more");
     if (op->kind == OP_SEND) {
       if (!dtype_is_float(x->dtype)) return fail(err, errlen, "send moves float values, not %s", TS(x));

@@ -149,6 +149,7 @@ static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *er
       return IR_ERUN;
     }
     int peer = (int)op_int(op, "peer");
+    if (op_bool(op, "rel")) peer = (int)((comm->coord[axis] + peer) % n);   /* a ring: relative to this rank */
     int64_t tag = op_int(op, "tag");
     int rc = send ? comm->send(comm, axis, peer, tag, x->f, x->n) : comm->recv(comm, axis, peer, tag, y->f, y->n);
     if (rc) snprintf(err, errlen, "%s with %s rank %d failed (another rank failed, or the sizes differ)",

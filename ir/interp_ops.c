@@ -302,15 +302,30 @@ static int attention(const Op *op, Tensor **in, Tensor *out, char *err, size_t e
   return 0;
 }
 
+/* Where a sequence is split over a mesh axis (seq_axis, seq_n, zigzag: rope and the
+   attention blocks), the rank's coordinate there and the layout; positions by ir_seq_pos. */
+typedef struct {
+  int64_t c, n;
+  bool zigzag;
+} SeqSplit;
+
+static SeqSplit seq_split(const Op *op, const int *coord) {
+  const Attr *a = op_attr(op, "seq_axis");
+  int axis = a && a->s && a->s[0] ? mesh_axis_parse(a->s) : -1;
+  SeqSplit sp = {axis >= 0 && coord ? coord[axis] : 0, op_int(op, "seq_n"), op_bool(op, "zigzag")};
+  return sp;
+}
+
 /* rope, rotate-half: dim i pairs with i + Dh/2; angle = pos * theta^(-2i/Dh). */
-static void rope(const Op *op, const Tensor *x, Tensor *y) {
+static void rope(const Op *op, const Tensor *x, Tensor *y, const int *coord) {
   int64_t B = x->type.dims[0], T = x->type.dims[1], H = x->type.dims[2], Dh = x->type.dims[3], half = Dh / 2;
   double theta = op_float(op, "theta");
   int64_t offset = op_int(op, "offset");
   double sign = op_bool(op, "inverse") ? -1.0 : 1.0;
+  SeqSplit sp = seq_split(op, coord);
   for (int64_t t = 0; t < T; t++)
     for (int64_t i = 0; i < half; i++) {
-      double angle = (double)(t + offset) * pow(theta, -2.0 * (double)i / (double)Dh);
+      double angle = (double)(ir_seq_pos(sp.c, t, T, sp.n, sp.zigzag) + offset) * pow(theta, -2.0 * (double)i / (double)Dh);
       float c = (float)cos(angle), s = (float)(sign * sin(angle));
       for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -320,6 +335,95 @@ static void rope(const Op *op, const Tensor *x, Tensor *y) {
           yr[i + half] = xr[i + half] * c + xr[i] * s;
         }
     }
+}
+
+/* The global positions of an attention block's query rows and keys (see ops.def). */
+static void block_positions(const Op *op, const int *coord, int64_t Tq, int64_t Tk, int64_t *qpos, int64_t *kpos) {
+  SeqSplit sp = seq_split(op, coord);
+  int64_t shift = op_int(op, "kv_shift");
+  for (int64_t t = 0; t < Tq; t++) qpos[t] = ir_seq_pos(sp.c, t, Tq, sp.n, sp.zigzag);
+  for (int64_t j = 0; j < Tk; j++) {
+    int64_t r = shift < 0 ? j / Tq : ((sp.c - shift) % sp.n + sp.n) % sp.n, t = shift < 0 ? j % Tq : j;
+    kpos[j] = ir_seq_pos(r, t, Tq, sp.n, sp.zigzag);
+  }
+}
+
+#define LSE_NONE (-1e30f)   /* the lse of a row that sees no key of the block */
+
+/* attention_block: o and lse of one block of keys (ops.def); attention_block_grad: its
+   share of dq, dk, dv given the whole rows' lse and delta. */
+static int attention_block(const Op *op, Tensor **in, Tensor **out, const int *coord, char *err, size_t errlen) {
+  bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;
+  const Tensor *dout = grad ? in[0] : NULL, *q = in[grad], *k = in[grad + 1], *v = in[grad + 2];
+  int64_t B = q->type.dims[0], T = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
+  int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
+  float scale = (float)op_float(op, "scale");
+  bool causal = op_bool(op, "causal");
+  int64_t *qpos = malloc(sizeof(int64_t) * (size_t)(T + S + 1)), *kpos = qpos + T;
+  float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
+  if (!qpos || !p) {
+    free(qpos);
+    free(p);
+    return fail(err, errlen, "out of memory in an attention block");
+  }
+  block_positions(op, coord, T, S, qpos, kpos);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++) {
+        int64_t row = (b * T + t) * H + h, kvh = h / group;
+        const float *qv = q->f + row * Dh;
+        float mx = -INFINITY;
+        for (int64_t s = 0; s < S; s++) {
+          p[s] = -INFINITY;
+          if (causal && kpos[s] > qpos[t]) continue;
+          const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
+          p[s] = dot * scale;
+          mx = p[s] > mx ? p[s] : mx;
+        }
+        if (!grad) {
+          float *o = out[0]->f + row * Dh;
+          if (mx == -INFINITY) {   /* no key of this block is seen */
+            out[1]->f[row] = LSE_NONE;
+            continue;
+          }
+          float sum = 0;
+          for (int64_t s = 0; s < S; s++) {
+            p[s] = p[s] == -INFINITY ? 0.0f : expf(p[s] - mx);
+            sum += p[s];
+          }
+          for (int64_t s = 0; s < S; s++) {
+            if (p[s] == 0) continue;
+            const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
+            for (int64_t d = 0; d < Dh; d++) o[d] += p[s] / sum * vv[d];
+          }
+          out[1]->f[row] = mx + logf(sum);
+          continue;
+        }
+        float lse = in[4]->f[row], delta = in[5]->f[row];
+        const float *dov = dout->f + row * Dh;
+        float *dqv = out[0]->f + row * Dh;
+        for (int64_t s = 0; s < S; s++) {
+          if (p[s] == -INFINITY) continue;
+          float pr = expf(p[s] - lse);
+          const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh, *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
+          float *dvv = out[2]->f + ((b * S + s) * KV + kvh) * Dh, *dkv = out[1]->f + ((b * S + s) * KV + kvh) * Dh;
+          float dp = 0;
+          for (int64_t d = 0; d < Dh; d++) {
+            dp += dov[d] * vv[d];
+            dvv[d] += pr * dov[d];
+          }
+          float ds = pr * (dp - delta) * scale;
+          for (int64_t d = 0; d < Dh; d++) {
+            dqv[d] += ds * kv[d];
+            dkv[d] += ds * qv[d];
+          }
+        }
+      }
+  free(qpos);
+  free(p);
+  return 0;
 }
 
 static int cross_entropy(const Tensor *logits, const Tensor *targets, Tensor *loss, char *err, size_t errlen) {
@@ -597,7 +701,9 @@ int interp_op_rank(const Op *op, Tensor **in, Tensor **out, const int *coord, ch
     return 0;
   }
   case OP_ATTENTION: return attention(op, in, y, err, errlen);
-  case OP_ROPE: rope(op, in[0], y); return 0;
+  case OP_ROPE: rope(op, in[0], y, coord); return 0;
+  case OP_ATTENTION_BLOCK:
+  case OP_ATTENTION_BLOCK_GRAD: return attention_block(op, in, out, coord, err, errlen);
   case OP_CROSS_ENTROPY: return cross_entropy(in[0], in[1], y, err, errlen);
   case OP_PAD: pad(op, in[0], y); return 0;
   case OP_LAYERNORM_GRAD:

@@ -375,4 +375,14 @@ int interp_run_comm(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets,
                     size_t errlen);
 int mesh_axis_parse(const char *name);   /* AX_* or -1 */
 
+/* Context parallelism: the global position of row t of the L rows that rank c of n holds
+   of a sequence of n*L positions.  Contiguous: chunk c.  Zigzag: the sequence in 2n
+   half-chunks of L/2, rank c holding half-chunks c and 2n-1-c, so every rank has as much
+   causal work.  (runtime/program.h has the runtime's copy, rt_seq_pos.) */
+static inline int64_t ir_seq_pos(int64_t c, int64_t t, int64_t L, int64_t n, bool zigzag) {
+  if (!zigzag) return c * L + t;
+  int64_t h = L / 2;
+  return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);
+}
+
 #endif

@@ -46,6 +46,9 @@ typedef struct {
   bool sp;                   /* sequence parallel: activations between tp regions split along the sequence */
   double bucket_mb;          /* data-parallel gradient all-reduce buckets, MB (10^6 bytes); 0: one per gradient */
   bool overlap;              /* the overlap pass: collectives as start/wait, moved apart (default true) */
+  /* context parallelism (shard_cp.c, when the mesh has cp > 1) */
+  bool cp_contiguous;        /* the sequence in cp contiguous chunks (default: zigzag's 2cp half-chunks) */
+  bool cp_allgather;         /* attention gathers K/V over cp (default: a ring of point-to-point transfers) */
   /* pipeline parallelism (the pipeline pass, when the mesh has pp > 1) */
   int pp_schedule;           /* PipeKind; 0: 1f1b */
   int pp_virtual;            /* chunks per pp rank; 0: the schedule's default */

@@ -7,7 +7,8 @@
  *     shard_dp.c   dp: tokens split along the batch, ZeRO-1/2/3 placements
  *     shard_tp.c   tp: Megatron's parameter layouts, sequence parallel, the
  *                  vocabulary-parallel and head-parallel per-rank forms
- * (cp, pp and ep will get shard_cp.c, shard_pp.c and shard_ep.c.)
+ *     shard_cp.c   cp: the sequence split (contiguous or zigzag), ring attention
+ * (pp is the pipeline pass's, after this one; ep will get shard_ep.c.)
  *
  * Placements.  On each mesh axis a value is replicated (R), split along a dim (S(d)), or
  * partial (P: each rank holds a summand).  The plan fixes the placements of the inputs and
@@ -25,8 +26,8 @@
  *     S(d) -> S(e) all_to_all      R -> S(d) shard_slice (no communication)
  * Then the op is emitted with per-rank shapes.  Results of a function are made R.
  *
- * This version partitions over dp (ZeRO 0-3) and tp (with sequence parallel); pp passes
- * through to the pipeline pass; a mesh with cp or ep larger than 1 is refused with a clear
+ * This version partitions over dp (ZeRO 0-3), tp (with sequence parallel) and cp; pp
+ * passes through to the pipeline pass; a mesh with ep larger than 1 is refused with a clear
  * message.  docs/sharding.md lists every op's rule.
  */
 #include <stdarg.h>
@@ -105,6 +106,10 @@ Value *shard_collective(Sharder *s, OpKind k, Value *x, int axis, int64_t dim, i
 static Value *reshard_axis(Sharder *s, Value *v, int axis, Place want) {
   Place have = place_of(v, axis);
   if (place_eq(have, want)) return v;
+  if (axis == AX_CP) {   /* a zigzag split moves through its permutation */
+    Value *z = shard_cp_reshard(s, v, have, want);
+    if (z) return z;
+  }
   if (have.kind == SH_P) {
     if (want.kind == SH_R) return shard_collective(s, OP_ALL_REDUCE, v, axis, 0, 0, R, "sum");
     if (want.kind == SH_S) return shard_collective(s, OP_REDUCE_SCATTER, v, axis, want.dim, 0, want, NULL);
@@ -221,6 +226,7 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
   for (int r = 0; r < op->n_results; r++) d->give[r] = R;
   /* An axis's own rules first, then the rules that hold on every axis. */
   if (axis == AX_TP && shard_tp_rule(s, op, in, gin, d)) return;
+  if (axis == AX_CP && shard_cp_rule(s, op, in, gin, d)) return;
   if (info->cls == CLASS_ELEMENTWISE || op->kind == OP_CAST) {
     rule_elementwise(s, op, in, axis, d);
     return;
@@ -517,6 +523,9 @@ static int plan_globals(Sharder *s) {
       return IR_EINPUT;
     }
     if (dp) shard_dp_plan_global(s, i, g, grad, &param, &sh);
+    /* cp: a gradient arrives as partial sums over the rank's positions (or whole, when
+       computed from gathered values); it is placed as it arrives */
+    if (grad && m->mesh.size[AX_CP] > 1) s->undecided[i] = true;
     plan[i] = sh;
   }
   for (int i = 0; i < m->globals.n; i++) {
@@ -604,7 +613,8 @@ static void emit(Sharder *s, Op *op) {
   }
   /* Ops whose per-rank form is a different computation (vocabulary-parallel
      cross-entropy, KV heads sliced per rank: shard_tp.c). */
-  for (int a = 0; a < AX_COUNT; a++)
+  bool cp_attention = m->mesh.size[AX_CP] > 1 && (op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD);
+  for (int a = 0; a < AX_COUNT && !cp_attention; a++)
     if (m->mesh.size[a] > 1 && shard_tp_rewrite(s, op, ops, gin, a)) return;
   /* Decide per axis, then move the operands where the rule needs them. */
   Decision dec;
@@ -630,6 +640,10 @@ static void emit(Sharder *s, Op *op) {
   if (op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN) need[1] = ops[0]->type.sh;
   for (int i = writes; i < nops; i++) ops[i] = shard_reshard(s, ops[i], &need[i]);
   for (int i = 0; i < writes; i++) cache_forget_global(s, ops[i]);
+  if (cp_attention) {   /* the ring (or all-gather) over cp: shard_cp.c */
+    shard_cp_emit_attention(s, op, ops);
+    return;
+  }
 
   /* Partition rewrites: a mean over a split dim is a sum over the whole count; a max over
      one is a local max and an all_reduce. */
@@ -689,6 +703,7 @@ static void emit(Sharder *s, Op *op) {
     c->results[r]->name = op->results[r]->name;
     s->map[op->results[r]->id] = c->results[r];
   }
+  if (op->kind == OP_ROPE && m->mesh.size[AX_CP] > 1) shard_cp_mark_positions(s, c);
   /* A vocabulary split over an axis: the per-rank embedding places its rows by coordinate. */
   if (op->kind == OP_EMBEDDING || op->kind == OP_EMBEDDING_GRAD)
     for (int a = 0; a < AX_COUNT; a++) {
@@ -751,9 +766,9 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     return IR_EINPUT;
   }
   for (int a = 0; a < AX_COUNT; a++)
-    if (a != AX_DP && a != AX_TP && a != AX_PP && m->mesh.size[a] > 1) {   /* pp: the pipeline pass cuts the step */
+    if (a == AX_EP && m->mesh.size[a] > 1) {   /* pp: the pipeline pass cuts the step */
       snprintf(err, errlen, "shard: %s=%lld is not supported yet (this version partitions over dp, with ZeRO 0-3, "
-               "and tp); run with %s=1", mesh_axis_names[a], (long long)m->mesh.size[a], mesh_axis_names[a]);
+               "tp and cp); run with %s=1", mesh_axis_names[a], (long long)m->mesh.size[a], mesh_axis_names[a]);
       return IR_EINPUT;
     }
   const TrainSettings *ts = ctx->opt && ctx->opt->train ? ctx->opt->train : &train_defaults;
@@ -763,6 +778,9 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   s.m = m;
   s.zero = ts->zero;
   s.sp = ts->sp;
+  s.cp_zigzag = !ts->cp_contiguous;
+  s.cp_allgather = ts->cp_allgather;
+  s.cp_tag = 1 << 20;   /* apart from the pipeline's tags */
   s.err = err;
   s.errlen = errlen;
   s.zero_dim = calloc((size_t)m->globals.n + 1, sizeof(int));

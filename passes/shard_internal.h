@@ -5,6 +5,7 @@
  *   shard_dp.c  the dp axis: tokens split along the batch, ZeRO-1/2/3 placements
  *   shard_tp.c  the tp axis: Megatron's parameter layouts, sequence parallel, the
  *               vocabulary-parallel and head-parallel per-rank forms
+ *   shard_cp.c  the cp axis: the sequence split (contiguous or zigzag), ring attention
  *
  * An axis's file answers the driver's questions about that axis only (where a global
  * sits, how an operand is seen, where a partial value is reduced to, which ops it rules or
@@ -22,6 +23,13 @@ typedef struct {
   int8_t dim;
 } Place;
 
+/* A forward attention over cp: its source q, k, v and the per-rank merged output and lse,
+   kept for the backward of the same attention. */
+typedef struct {
+  const Value *q, *k, *v;
+  Value *o, *lse;
+} CpForward;
+
 typedef struct {
   Module *m;
   Func *f;             /* the function being built (per-rank) */
@@ -32,6 +40,11 @@ typedef struct {
   int *zero_dim;       /* dp: per global index, the dim ZeRO splits over dp, or -1 */
   bool *undecided;     /* per global index: a gradient whose placement off dp the first accumulate decides */
   int64_t heads, kv_heads;   /* tp: of the model's attention (0: none) */
+  bool cp_zigzag;            /* cp: the zigzag layout (else contiguous chunks) */
+  bool cp_allgather;         /* cp: attention all-gathers K/V (else the ring) */
+  int64_t cp_tag;            /* cp: the next point-to-point tag */
+  CpForward cp_fwd[512];
+  int n_cp_fwd;
   /* reshard cache: (value, placement on an axis) -> converted value; cleared when the
      global it reads is written, never kept for ZeRO-3 parameters (re-gathered at each use) */
   struct { Value *from, *to; Sharding want; } *cache;
@@ -108,5 +121,16 @@ bool shard_tp_rule(const Sharder *s, const Op *op, const Place *in, const Type *
 /* The per-rank forms that are a different computation (vocabulary-parallel cross-entropy,
    KV heads sliced per rank); true when op was emitted that way over `axis`. */
 bool shard_tp_rewrite(Sharder *s, const Op *op, Value **ops, const Type *gin, int axis);
+
+/* ---- shard_cp.c: the cp axis (context parallelism) ---- */
+
+/* cp's own rule for an op (the split's start, rope, attention); false when it has none. */
+bool shard_cp_rule(const Sharder *s, const Op *op, const Place *in, const Type *gin, Decision *d);
+/* A move on cp of a zigzag split (through the storage-order permutation); NULL: the plain one. */
+Value *shard_cp_reshard(Sharder *s, Value *v, Place have, Place want);
+/* The per-rank attention (ring or all-gather) of an attention or attention_grad. */
+void shard_cp_emit_attention(Sharder *s, const Op *op, Value **ops);
+/* Sets rope's seq_axis/seq_n/zigzag when its operand is split over cp. */
+void shard_cp_mark_positions(Sharder *s, Op *c);
 
 #endif

@@ -68,6 +68,14 @@ static const Func *find(const Module *m, const char *fmt, int k) {
   return module_find_func(m, name);
 }
 
+/* The peer's coordinate on the axis of a send or recv (rel: relative to rank r's). */
+static int64_t peer_coord(const Mesh *mesh, int r, int axis, const Op *op) {
+  int64_t peer = op_int(op, "peer"), c[AX_COUNT];
+  if (!op_bool(op, "rel")) return peer;
+  mesh_rank_coords(mesh, r, c);
+  return (c[axis] + peer) % mesh->size[axis];
+}
+
 static int expand(const Module *m, const int coord[AX_COUNT], Events *e, char *err, size_t errlen) {
   if (m->pipe.kind) {
     Schedule s;
@@ -180,12 +188,12 @@ int verify_collectives_ranks(const Module *const *mods, int world, char *err, si
         }
         if (op->kind == OP_SEND) {
           if (n_msgs == cap_msgs) msgs = realloc(msgs, sizeof(Msg) * (size_t)(cap_msgs = cap_msgs ? cap_msgs * 2 : 256));
-          msgs[n_msgs++] = (Msg){r, rank_at(mesh, r, axis, op_int(op, "peer")), e->mb, op_int(op, "tag"), e, false};
+          msgs[n_msgs++] = (Msg){r, rank_at(mesh, r, axis, peer_coord(mesh, r, axis, op)), e->mb, op_int(op, "tag"), e, false};
           pos[r]++, progress = true;
           continue;
         }
         if (op->kind == OP_RECV) {
-          int from = rank_at(mesh, r, axis, op_int(op, "peer"));
+          int from = rank_at(mesh, r, axis, peer_coord(mesh, r, axis, op));
           Msg *hit = NULL;
           for (int k = 0; k < n_msgs && !hit; k++)
             if (!msgs[k].taken && msgs[k].to == r && msgs[k].from == from && msgs[k].tag == op_int(op, "tag") &&

@@ -57,6 +57,8 @@ static const char help[] =
   "  --mesh=dp=2,...        the device mesh; the shard pass partitions the training program\n"
   "  --zero=0|1|2|3         ZeRO stage over dp\n"
   "  --sequence-parallel=true|false  with tp: norms and residuals split along the sequence\n"
+  "  --cp-balance=zigzag|contiguous, --cp-attn=ring|allgather   with cp: how the sequence splits and\n"
+  "                         how attention sees the other ranks' keys (see loom train --help)\n"
   "  --bucket-mb=X          dp gradient all-reduces in buckets of X MB (default 25; 0: one each)\n"
   "  --overlap=true|false   the overlap pass: collectives as start/wait, overlapped with compute (default true)\n"
   "  --vocab-multiple=N     the vocabulary padded to a multiple of N (masked; e.g. 128 aligns GPT-2's GEMMs)\n"
@@ -226,6 +228,8 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
                                                 {"--pp-virtual", "pp_virtual"},
                                                 {"--pp-split", "pp_split"},
                                                 {"--overlap", "overlap"},
+                                                {"--cp-balance", "cp_balance"},
+                                                {"--cp-attn", "cp_attn"},
                                                 {"--recompute", "recompute"},
                                                 {"--memory-budget", "memory_budget"}};
     bool matched = false;

@@ -123,6 +123,14 @@ static int ad_all_to_all(IrComm *c, int axis, const float *in, float *out, int64
   Comm *k = ((CommAdapter *)c)->comm;
   return k->all_to_all(k, axis, in, out, n);
 }
+static int ad_send(IrComm *c, int axis, int peer, int64_t tag, const float *buf, int64_t n) {
+  Comm *k = ((CommAdapter *)c)->comm;
+  return k->send(k, axis, peer, tag, buf, n);
+}
+static int ad_recv(IrComm *c, int axis, int peer, int64_t tag, float *buf, int64_t n) {
+  Comm *k = ((CommAdapter *)c)->comm;
+  return k->recv(k, axis, peer, tag, buf, n);
+}
 
 typedef struct {
   RefExec *r;
@@ -137,7 +145,7 @@ typedef struct {
 static void *rank_main(void *arg) {
   RankJob *j = arg;
   RefExec *r = j->r;
-  CommAdapter ad = {{NULL, {0}, ad_all_reduce, ad_all_gather, ad_reduce_scatter, ad_all_to_all, NULL, NULL}, NULL};
+  CommAdapter ad = {{NULL, {0}, ad_all_reduce, ad_all_gather, ad_reduce_scatter, ad_all_to_all, ad_send, ad_recv}, NULL};   /* p2p: cp's ring */
   IrComm *comm = NULL;
   if (r->lw) {
     ad.comm = local_world_rank(r->lw, j->rank);

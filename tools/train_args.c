@@ -14,7 +14,7 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--save-every", "save_every"}, {"--seed", "seed"}, {"--mesh", "mesh"}, {"--zero", "zero"},
   {"--sequence-parallel", "sequence_parallel"}, {"--bucket-mb", "bucket_mb"}, {"--vocab-multiple", "vocab_multiple"},
   {"--pp-schedule", "pp_schedule"}, {"--pp-virtual", "pp_virtual"}, {"--pp-split", "pp_split"},
-  {"--overlap", "overlap"},
+  {"--overlap", "overlap"}, {"--cp-balance", "cp_balance"}, {"--cp-attn", "cp_attn"},
   {"--recompute", "recompute"}, {"--memory-budget", "memory_budget"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
@@ -24,7 +24,7 @@ TrainSettings spec_train_settings(const RunSpec *s) {
   ts.grad_accum = s->grad_accum, ts.beta1 = s->beta1, ts.beta2 = s->beta2, ts.eps = s->eps;
   ts.weight_decay = s->weight_decay, ts.grad_clip = s->grad_clip, ts.bf16 = !strcmp(s->precision, "bf16");
   ts.zero = s->zero, ts.sp = s->sequence_parallel, ts.bucket_mb = s->bucket_mb;
-  ts.overlap = s->overlap;
+  ts.overlap = s->overlap, ts.cp_contiguous = s->cp_contiguous, ts.cp_allgather = s->cp_allgather;
   ts.pp_schedule = s->pp_schedule, ts.pp_virtual = (int)s->pp_virtual, ts.n_pp_split = s->n_pp_split;
   memcpy(ts.pp_split, s->pp_split, sizeof ts.pp_split);
   ts.recompute = s->recompute, ts.recompute_classes = s->recompute_classes, ts.memory_budget = s->memory_budget;
