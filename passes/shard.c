@@ -633,6 +633,7 @@ static void emit(Sharder *s, Op *op) {
     for (int i = 0; i < nops; i++) set_place(&need[i], a, dec.need[i]);
     for (int r = 0; r < op->n_results; r++) set_place(&give[r], a, dec.give[r]);
   }
+  if (s->cp_merged) shard_cp_check(s, op, give);
   /* Effects: the destination global's placement is fixed; the value must match it. */
   int writes = op_n_writes(op->kind);
   if (op->kind == OP_ACCUMULATE && ops[0]->kind == VAL_GLOBAL) decide_gradient(s, ops[0], ops[1]);
@@ -736,6 +737,7 @@ static int shard_func(Sharder *s, Func *src) {
   s->in_step = !strcmp(src->name, "grad_step") || !strcmp(src->name, "forward");
   int n = func_number(src);
   s->map = calloc((size_t)n + 1, sizeof *s->map);
+  s->cp_merged = m->mesh.size[AX_CP] > 1 ? calloc((size_t)n + 1, sizeof *s->cp_merged) : NULL;
   s->n_cache = 0;
   /* The arguments' placements: the tokens split over dp (shard_dp_plan_arg); others replicated. */
   for (int i = 0; i < src->args.n; i++) {
@@ -753,7 +755,9 @@ static int shard_func(Sharder *s, Func *src) {
     func_add_ret(f, shard_reshard(s, v, &whole));
   }
   free(s->map);
+  free(s->cp_merged);
   s->map = NULL;
+  s->cp_merged = NULL;
   if (s->failed) return IR_EINPUT;
   for (int i = 0; i < m->funcs.n; i++)
     if (m->funcs.items[i] == src) m->funcs.items[i] = f;
@@ -810,15 +814,17 @@ const Pass pass_shard = {"shard",
 
 /* Bytes one rank sends in the ring algorithm, for a collective over n ranks whose per-rank
    buffer (the larger of input and output) holds `size` bytes:
-     all_reduce 2(n-1)/n size; all_gather, reduce_scatter, all_to_all (n-1)/n size. */
+     all_reduce 2(n-1)/n size; all_gather, reduce_scatter, all_to_all (n-1)/n size;
+     send: size (a pipeline's activations, cp's ring). */
 static double ring_bytes(const Op *op, int64_t n) {
   int64_t in = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
-  int64_t out = type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype);
+  int64_t out = op->n_results ? type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype) : 0;
   double size = (double)(in > out ? in : out);
   switch (op_sync_of(op->kind)) {
   case OP_ALL_REDUCE: return 2.0 * (double)(n - 1) / (double)n * size;
   case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_ALL_TO_ALL: return (double)(n - 1) / (double)n * size;
-  default: return 0;   /* shard_slice / shard_pad: local */
+  case OP_SEND: return size;   /* point-to-point: the whole value, once */
+  default: return 0;   /* shard_slice / shard_pad: local; recv: its send counts */
   }
 }
 
@@ -830,7 +836,7 @@ int collective_summary(const Module *m, const char *func, CollectiveCount *out, 
     for (int k = 0; k < f->ops.n; k++) {
       const Op *op = f->ops.items[k];
       if (op_info(op->kind)->cls != CLASS_COLLECTIVE || op->kind == OP_SHARD_SLICE || op->kind == OP_SHARD_PAD ||
-          op->kind == OP_WAIT)
+          op->kind == OP_WAIT || op->kind == OP_RECV)
         continue;
       OpKind kind = op_sync_of(op->kind);   /* a start counts as its collective */
       int axis = mesh_axis_parse(op_attr(op, "axis")->s), j = 0;

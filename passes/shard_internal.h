@@ -43,6 +43,7 @@ typedef struct {
   bool cp_zigzag;            /* cp: the zigzag layout (else contiguous chunks) */
   bool cp_allgather;         /* cp: attention all-gathers K/V (else the ring) */
   int64_t cp_tag;            /* cp: the next point-to-point tag */
+  bool *cp_merged;           /* cp: per source value, a flattened [B*T,...] split over cp (shard_cp_rule) */
   CpForward cp_fwd[512];
   int n_cp_fwd;
   /* reshard cache: (value, placement on an axis) -> converted value; cleared when the
@@ -125,12 +126,14 @@ bool shard_tp_rewrite(Sharder *s, const Op *op, Value **ops, const Type *gin, in
 /* ---- shard_cp.c: the cp axis (context parallelism) ---- */
 
 /* cp's own rule for an op (the split's start, rope, attention); false when it has none. */
-bool shard_cp_rule(const Sharder *s, const Op *op, const Place *in, const Type *gin, Decision *d);
+bool shard_cp_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, Decision *d);
 /* A move on cp of a zigzag split (through the storage-order permutation); NULL: the plain one. */
 Value *shard_cp_reshard(Sharder *s, Value *v, Place have, Place want);
 /* The per-rank attention (ring or all-gather) of an attention or attention_grad. */
 void shard_cp_emit_attention(Sharder *s, const Op *op, Value **ops);
 /* Sets rope's seq_axis/seq_n/zigzag when its operand is split over cp. */
 void shard_cp_mark_positions(Sharder *s, Op *c);
+/* Fails when a flattened [B*T,...] value split over cp reaches an op other than a contraction. */
+void shard_cp_check(Sharder *s, const Op *op, const Sharding *give);
 
 #endif

@@ -36,6 +36,14 @@ typedef struct {
 
 typedef enum { RT_STEP_KERNEL, RT_STEP_GEMM, RT_STEP_BUILTIN } RtStepKind;
 
+/* Context parallelism: the global position of row t of the L rows rank c of n holds
+   (contiguous chunks, or zigzag's half-chunks c and 2n-1-c); ir_seq_pos's copy. */
+static inline int64_t rt_seq_pos(int64_t c, int64_t t, int64_t L, int64_t n, bool zigzag) {
+  if (!zigzag) return c * L + t;
+  int64_t h = L / 2;
+  return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);
+}
+
 /* Builtins.  Buffers are listed inputs first, then outputs; every output is fully
    overwritten (never accumulated into) unless the builtin says "+=".  Sizes are in i[],
    float attributes in f[].  The meaning of each is the op of the same name in ir/ops.def
@@ -49,7 +57,11 @@ typedef enum {
   RT_B_SOFTMAX_GRAD,       /* dy y -> dx;            i: rows, D */
   RT_B_ATTENTION,          /* q k v -> out;          i: B, T, H, Dh, S, KV, causal;  f: scale */
   RT_B_ATTENTION_GRAD,     /* dout q k v -> dq dk dv; i: as attention;             f: scale */
-  RT_B_ROPE,               /* x -> y;                i: B, T, H, Dh, offset, inverse;  f: theta */
+  RT_B_ROPE,               /* x -> y;                i: B, T, H, Dh, offset, inverse, seq axis + 1, seq_n,
+                              zigzag (positions: rt_seq_pos of the rank's coordinate on that axis);  f: theta */
+  RT_B_ATTN_BLOCK,         /* q k v -> o lse (f32);  i: B, Tq, H, Dh, Tk, KV, causal, seq axis + 1, seq_n, zigzag,
+                              kv_shift;  f: scale (the op attention_block) */
+  RT_B_ATTN_BLOCK_GRAD,    /* dout q k v lse delta -> dq dk dv (f32);  i, f: as attn_block */
   RT_B_CROSS_ENTROPY,      /* logits targets(int) -> loss;           i: rows, V */
   RT_B_CROSS_ENTROPY_GRAD, /* dloss logits targets(int) -> dlogits;  i: rows, V */
   RT_B_EMBEDDING,          /* table ids(int) -> y;   i: n_ids, V, D, vocab axis + 1 (0: none; else the
@@ -91,8 +103,8 @@ typedef enum {
      is the rank whose coordinate on the axis is `peer`, the others the same.  The Comm's
      send is buffered; recv waits for the message of that peer and tag.  A pipeline driver
      tells micro-batches apart with its own Comm, which adds the micro-batch to the tag. */
-  RT_B_SEND,               /* x ->;    i: n, axis, size, peer, tag */
-  RT_B_RECV,               /* -> y;    i: n, axis, size, peer, tag */
+  RT_B_SEND,               /* x ->;    i: n, axis, size, peer, tag, rel (1: peer = (coordinate + peer) mod size) */
+  RT_B_RECV,               /* -> y;    i: n, axis, size, peer, tag, rel */
   /* Async collectives (the overlap pass): a start hands a collective to the rank's
      communication thread and returns; its wait blocks until it is done.  Until then the
      collective reads x and writes y (the wait lists both, so no step that touches them is

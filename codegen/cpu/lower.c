@@ -196,6 +196,12 @@ static int64_t vocab_axis1(const Op *op) {
   return a && a->s && a->s[0] ? mesh_axis_parse(a->s) + 1 : 0;
 }
 
+/* A seq_axis attribute (context parallelism) as "axis + 1" (0: the sequence is whole). */
+static int64_t seq_axis1(const Op *op) {
+  const Attr *a = op_attr(op, "seq_axis");
+  return a && a->s && a->s[0] ? mesh_axis_parse(a->s) + 1 : 0;
+}
+
 static int lower_builtin(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
@@ -255,8 +261,27 @@ static int lower_builtin(Lower *L, Steps *s) {
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     INT(op_int(op, "offset"));
     INT(op_bool(op, "inverse"));
+    INT(seq_axis1(op));
+    INT(op_int(op, "seq_n"));
+    INT(op_bool(op, "zigzag"));
     st->f[0] = op_float(op, "theta");
     return 0;
+  case OP_ATTENTION_BLOCK:
+  case OP_ATTENTION_BLOCK_GRAD: {
+    bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;
+    const Type *q = &op->operands[grad]->type, *kt = &op->operands[grad + 1]->type;
+    BUILTIN(grad ? RT_B_ATTN_BLOCK_GRAD : RT_B_ATTN_BLOCK);
+    for (int d = 0; d < 4; d++) INT(q->dims[d]);
+    INT(kt->dims[1]);
+    INT(kt->dims[2]);
+    INT(op_bool(op, "causal"));
+    INT(seq_axis1(op));
+    INT(op_int(op, "seq_n"));
+    INT(op_bool(op, "zigzag"));
+    INT(op_int(op, "kv_shift"));
+    st->f[0] = op_float(op, "scale");
+    return 0;
+  }
   case OP_CROSS_ENTROPY:
   case OP_CROSS_ENTROPY_GRAD: {
     const Type *logits = &op->operands[op->kind == OP_CROSS_ENTROPY ? 0 : 1]->type;
@@ -303,6 +328,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(op_int(op, "n"));
     INT(op_int(op, "peer"));
     INT(op_int(op, "tag"));
+    INT(op_bool(op, "rel"));
     return 0;
   }
   case OP_ALL_GATHER:

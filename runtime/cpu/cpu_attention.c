@@ -501,16 +501,18 @@ typedef struct {
   float *y, *cs;
   const double *inv_freq;
   int64_t T, H, Dh, half, offset, rows;
+  int64_t seq_c, seq_n;   /* context parallelism: positions of the rank's rows (rt_seq_pos) */
+  bool zigzag;
   double sign;
 } RopeCtx;
 
-/* cos/sin table [T][2][half], with the reference's angle: (t + offset) * theta^(-2i/Dh) in
+/* cos/sin table [T][2][half], with the reference's angle: (pos(t) + offset) * theta^(-2i/Dh) in
    double, then rounded to float. */
 static void rope_table(void *c, int64_t t0, int64_t t1) {
   const RopeCtx *r = c;
   for (int64_t t = t0; t < t1; t++)
     for (int64_t i = 0; i < r->half; i++) {
-      double angle = (double)(t + r->offset) * r->inv_freq[i];
+      double angle = (double)(rt_seq_pos(r->seq_c, t, r->T, r->seq_n, r->zigzag) + r->offset) * r->inv_freq[i];
       r->cs[2 * t * r->half + i] = (float)cos(angle);
       r->cs[(2 * t + 1) * r->half + i] = (float)(r->sign * sin(angle));
     }
@@ -549,10 +551,11 @@ static void rope_rows(void *c, int64_t r0, int64_t r1) {
 }
 
 int cpu_rope(ThreadPool *tp, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t Dh,
-             int64_t offset, bool inverse, double theta, char *err, size_t errlen) {
+             int64_t offset, bool inverse, double theta, int64_t seq_c, int64_t seq_n, bool zigzag, char *err,
+             size_t errlen) {
   int64_t half = Dh / 2;
   RopeCtx r = {.x = x, .y = y, .T = T, .H = H, .Dh = Dh, .half = half, .offset = offset, .rows = B * T * H,
-               .sign = inverse ? -1.0 : 1.0};
+               .sign = inverse ? -1.0 : 1.0, .seq_c = seq_c, .seq_n = seq_n ? seq_n : 1, .zigzag = zigzag};
   double *inv = malloc(sizeof(double) * (size_t)(half ? half : 1));
   r.cs = cv_alloc(2 * (size_t)(T * half));
   if (!inv || !r.cs) {

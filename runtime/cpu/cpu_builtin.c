@@ -18,6 +18,8 @@ static const struct {
   [RT_B_ATTENTION] = {"attention", 3, 1},
   [RT_B_ATTENTION_GRAD] = {"attention_grad", 4, 3},
   [RT_B_ROPE] = {"rope", 1, 1},
+  [RT_B_ATTN_BLOCK] = {"attention_block", 3, 2},
+  [RT_B_ATTN_BLOCK_GRAD] = {"attention_block_grad", 6, 3},
   [RT_B_CROSS_ENTROPY] = {"cross_entropy", 2, 1},
   [RT_B_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", 3, 1},
   [RT_B_EMBEDDING] = {"embedding", 2, 1},
@@ -149,7 +151,25 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
   case RT_B_ROPE:
     nonneg(&c, 0, 4);
     want(&c, 0, prod(i, 4), 0), want(&c, 1, prod(i, 4), 0);
+    if (i[6] < 0 || i[6] > 5 || i[7] < 1 || (i[8] && i[1] % 2)) bad(&c, "the sequence split (axis, size, zigzag) is not valid");
     break;
+  case RT_B_ATTN_BLOCK:
+  case RT_B_ATTN_BLOCK_GRAD: {
+    nonneg(&c, 0, 6);
+    int64_t nq = rt_smul(rt_smul(i[0], i[1]), rt_smul(i[2], i[3])), nk = rt_smul(rt_smul(i[0], i[4]), rt_smul(i[5], i[3]));
+    int64_t nl = rt_smul(rt_smul(i[0], i[1]), i[2]);
+    if (i[5] <= 0 || i[2] % i[5]) bad(&c, "query heads must be a multiple of kv heads");
+    if (i[7] < 0 || i[7] > 5 || i[8] < 1 || i[10] < -1 || i[10] >= i[8] || (i[9] && i[1] % 2) ||
+        i[4] != (i[10] < 0 ? rt_smul(i[8], i[1]) : i[1]))
+      bad(&c, "the sequence split (axis, size, zigzag, kv_shift, keys) is not valid");
+    if (st->which == RT_B_ATTN_BLOCK) {
+      want(&c, 0, nq, 0), want(&c, 1, nk, 0), want(&c, 2, nk, 0), want(&c, 3, nq, 0), want(&c, 4, nl, 0);
+    } else {
+      want(&c, 0, nq, 0), want(&c, 1, nq, 0), want(&c, 2, nk, 0), want(&c, 3, nk, 0), want(&c, 4, nl, 0);
+      want(&c, 5, nl, 0), want(&c, 6, nq, 0), want(&c, 7, nk, 0), want(&c, 8, nk, 0);
+    }
+    break;
+  }
   case RT_B_CROSS_ENTROPY:
     nonneg(&c, 0, 2);
     want(&c, 0, rt_smul(i[0], i[1]), 0), want(&c, 1, i[0], 1), want(&c, 2, i[0], 0);
@@ -281,6 +301,9 @@ static void round_out(ThreadPool *tp, const RtStep *st, void *const *bufs, int k
 }
 
 /* The rank's coordinate on vocab axis + 1 (0: not split), times V: the first row it holds. */
+/* The rank's coordinate on a split sequence's axis ("axis + 1"; 0: whole, coordinate 0). */
+static int64_t seq_coord(const Comm *comm, int64_t axis1) { return axis1 && comm ? comm->coord[axis1 - 1] : 0; }
+
 static int64_t vocab_off(const Comm *comm, int64_t axis1, int64_t V) {
   return axis1 && comm ? comm->coord[axis1 - 1] * V : 0;
 }
@@ -310,7 +333,18 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
     rc = cpu_attention_grad(tp, b[0], b[1], b[2], b[3], b[4], b[5], b[6], i[0], i[1], i[2], i[3], i[4], i[5],
                             i[6] != 0, (float)f[0], err, errlen);
     break;
-  case RT_B_ROPE: rc = cpu_rope(tp, b[0], b[1], i[0], i[1], i[2], i[3], i[4], i[5] != 0, f[0], err, errlen); break;
+  case RT_B_ROPE:
+    rc = cpu_rope(tp, b[0], b[1], i[0], i[1], i[2], i[3], i[4], i[5] != 0, f[0], seq_coord(comm, i[6]), i[7], i[8] != 0,
+                  err, errlen);
+    break;
+  case RT_B_ATTN_BLOCK:
+  case RT_B_ATTN_BLOCK_GRAD: {
+    CpuAttnBlock ab = {.B = i[0], .Tq = i[1], .H = i[2], .Dh = i[3], .Tk = i[4], .KV = i[5], .causal = i[6] != 0,
+                       .c = seq_coord(comm, i[7]), .n = i[8], .zigzag = i[9] != 0, .kv_shift = i[10], .scale = (float)f[0]};
+    if (st->which == RT_B_ATTN_BLOCK) rc = cpu_attn_block(tp, &ab, b[0], b[1], b[2], b[3], b[4], err, errlen);
+    else rc = cpu_attn_block_grad(tp, &ab, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], err, errlen);
+    break;
+  }
   case RT_B_CROSS_ENTROPY: rc = cpu_cross_entropy(tp, b[0], b[1], b[2], i[0], i[1], err, errlen); break;
   case RT_B_CROSS_ENTROPY_GRAD:
     rc = cpu_cross_entropy_grad(tp, b[0], b[1], b[2], b[3], i[0], i[1], err, errlen);

@@ -72,7 +72,22 @@ int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const 
                        int64_t KV, bool causal, float scale, char *err, size_t errlen);
 /* x,y[B,T,H,Dh] (may be the same buffer) */
 int cpu_rope(ThreadPool *tp, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t Dh,
-             int64_t offset, bool inverse, double theta, char *err, size_t errlen);
+             int64_t offset, bool inverse, double theta, int64_t seq_c, int64_t seq_n, bool zigzag, char *err,
+             size_t errlen);
+
+/* ---- ring attention's blocks (runtime/cpu/cpu_attn_block.c): the ops attention_block and
+   attention_block_grad (ir/ops.def); c is the rank's coordinate on the split sequence's axis */
+typedef struct {
+  int64_t B, Tq, H, Dh, Tk, KV;
+  bool causal, zigzag;
+  int64_t c, n, kv_shift;
+  float scale;
+} CpuAttnBlock;
+int cpu_attn_block(ThreadPool *tp, const CpuAttnBlock *a, const float *q, const float *k, const float *v, float *o,
+                   float *lse, char *err, size_t errlen);
+int cpu_attn_block_grad(ThreadPool *tp, const CpuAttnBlock *a, const float *dout, const float *q, const float *k,
+                        const float *v, const float *lse, const float *delta, float *dq, float *dk, float *dv, char *err,
+                        size_t errlen);
 
 /* ---- losses ---- */
 int cpu_cross_entropy(ThreadPool *tp, const float *logits, const int32_t *targets, float *loss, int64_t rows,

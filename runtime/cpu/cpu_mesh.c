@@ -178,7 +178,7 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
   }
   case RT_B_COLL_WAIT: return 0;   /* its start has run it */
   case RT_B_SEND:
-  case RT_B_RECV: {   /* i: n, axis, size, peer, tag */
+  case RT_B_RECV: {   /* i: n, axis, size, peer, tag, rel */
     bool send = st->which == RT_B_SEND;
     if ((rc = need_comm(comm, i[1], i[2], st, err, errlen))) return rc;
     if (i[2] == 1 || (send && !comm->send) || (!send && !comm->recv)) {
@@ -186,10 +186,11 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
                axis_names[i[1]], (long long)i[2], send ? "send" : "recv");
       return 2;
     }
-    if (send) rc = comm->send(comm, (int)i[1], (int)i[3], i[4], bufs[0], i[0]);
-    else rc = comm->recv(comm, (int)i[1], (int)i[3], i[4], bufs[0], i[0]);
+    int64_t peer = i[5] ? (comm->coord[i[1]] + i[3]) % i[2] : i[3];   /* rel: a ring (context parallelism) */
+    if (send) rc = comm->send(comm, (int)i[1], (int)peer, i[4], bufs[0], i[0]);
+    else rc = comm->recv(comm, (int)i[1], (int)peer, i[4], bufs[0], i[0]);
     if (rc) snprintf(err, errlen, "%s with the rank at %s=%lld failed (another rank stopped)", cpu_builtin_name((RtBuiltin)st->which),
-                     axis_names[i[1]], (long long)i[3]);
+                     axis_names[i[1]], (long long)peer);
     return rc ? 1 : 0;
   }
   default: break;
