@@ -97,6 +97,26 @@ static int global_unit(const Global *gl) {
 static bool is_arg(const Value *v) { return v->kind == VAL_ARG; }
 static const Global *param_of(Module *m, const Global *gl);
 
+/* A recv of a ring on a mesh axis (cp's K/V and dK/dV: rel peers) belongs with its send,
+   the op before it in @grad_step with the same axis and tag: both go to one unit. */
+static const Op *ring_send(const Func *g, int i) {
+  const Op *r = g->ops.items[i];
+  if (!op_bool(r, "rel")) return NULL;
+  for (int k = i - 1; k >= 0; k--) {
+    const Op *o = g->ops.items[k];
+    if (o->kind == OP_SEND && op_bool(o, "rel") && op_int(o, "tag") == op_int(r, "tag") &&
+        !strcmp(op_attr(o, "axis")->s, op_attr(r, "axis")->s))
+      return o;
+  }
+  return NULL;
+}
+
+static int ring_send_index(const Func *g, const Op *s) {
+  for (int k = 0; k < g->ops.n; k++)
+    if (g->ops.items[k] == s) return k;
+  return 0;
+}
+
 /* Phase and unit of every op (the forward's units, reaches, the backward's units). */
 static int classify(PP *pp) {
   Func *g = pp->g;
@@ -109,13 +129,17 @@ static int classify(PP *pp) {
   bool seen_seed = false;
   /* floating values made of a parameter (a bf16 cast of a weight): an op that reads one and
      an argument is the forward's, as an op reading the parameter itself is */
-  bool *vparam = calloc((size_t)pp->n_vals + 1, 1);
+  bool *vparam = calloc((size_t)pp->n_vals + 1, 1), *varg = calloc((size_t)pp->n_vals + 1, 1);
   for (int i = 0; i < g->ops.n; i++) {
     Op *op = g->ops.items[i];
     int ph = PH_FLOAT, unit = 0;
     bool seed = op->n_results == 1 && op->results[0]->name && !strcmp(op->results[0]->name, "loss_seed");
+    const Op *sent = op->kind == OP_RECV ? ring_send(g, i) : NULL;
     if (seed) {
       ph = PH_B, unit = pp->n_units - 1, seen_seed = true;
+    } else if (sent) {   /* a ring's recv (context parallelism) goes where its send is */
+      int si = ring_send_index(g, sent);
+      ph = pp->phase[si], unit = pp->unit[si];
     } else {
       /* An op of the tokens or targets and constants alone (a one-hot of the targets) is
          floating too: every chunk function has the arguments, so it is cloned where used. */
@@ -132,6 +156,7 @@ static int classify(PP *pp) {
           continue;
         }
         int vp = pp->vphase[v->id];
+        any_arg |= vp == PH_FLOAT && varg[v->id];   /* the tokens permuted (cp's zigzag) are tokens still */
         any_b |= vp == PH_B;
         any_dyn |= vp == PH_F;
         any_global |= vp == PH_FLOAT && vparam[v->id];
@@ -147,14 +172,19 @@ static int classify(PP *pp) {
     for (int k = 0; k < op->n_operands && ph == PH_FLOAT; k++)
       made_of_param |= op->operands[k]->kind == VAL_GLOBAL ||
                        (op->operands[k]->kind == VAL_RESULT && vparam[op->operands[k]->id]);
+    bool made_of_arg = false;
+    for (int k = 0; k < op->n_operands && ph == PH_FLOAT; k++)
+      made_of_arg |= is_arg(op->operands[k]) || (op->operands[k]->kind == VAL_RESULT && varg[op->operands[k]->id]);
     for (int r = 0; r < op->n_results; r++) {
       vparam[op->results[r]->id] = made_of_param;
+      varg[op->results[r]->id] = made_of_arg;
       pp->vphase[op->results[r]->id] = ph;
       pp->vunit[op->results[r]->id] = unit;
       pp->def[op->results[r]->id] = op;
     }
   }
   free(vparam);
+  free(varg);
   if (!seen_seed)
     return fail(pp, IR_EINPUT, "@grad_step has no %%loss_seed (the backward's start, named by autodiff): the pipeline pass "
                 "needs the step as autodiff made it (loom ir --passes=train)");
@@ -214,6 +244,8 @@ static int classify(PP *pp) {
         u = pp->vphase[v->id] == PH_B ? pp->vunit[v->id] : pp->vphase[v->id] == PH_F ? pp->reach[v->id] : greach[v->id];
       if (u < unit) unit = u;
     }
+    const Op *sent = op->kind == OP_RECV ? ring_send(g, i) : NULL;
+    if (sent) unit = pp->unit[ring_send_index(g, sent)];   /* with its send */
     if (op->kind == OP_ACCUMULATE) {   /* a gradient is accumulated where its parameter is read */
       const Global *p = param_of(pp->m, op->operands[0]->global);
       if (p && preach[p->index] < unit) unit = preach[p->index];

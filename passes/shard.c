@@ -784,7 +784,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   s.sp = ts->sp;
   s.cp_zigzag = !ts->cp_contiguous;
   s.cp_allgather = ts->cp_allgather;
-  s.cp_tag = 1 << 20;   /* apart from the pipeline's tags */
+  s.cp_tag = 1 << 24;   /* apart from the pipeline pass's tags (tied gradients: 1<<20 + global) */
   s.err = err;
   s.errlen = errlen;
   s.zero_dim = calloc((size_t)m->globals.n + 1, sizeof(int));

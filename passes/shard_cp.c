@@ -38,7 +38,6 @@
 
 #include "shard_internal.h"
 
-#define CP_TAG_BASE (1 << 20)   /* cp's point-to-point tags, apart from the pipeline's */
 
 /* An op built with its attributes set before its type is inferred (push: into the function). */
 static Value *typed(Sharder *s, Op *op, Sharding sh) {

@@ -4,7 +4,8 @@
 # the same losses and final parameters within 1e-5 (relative, per tensor) for gpt2-tiny and
 # llama-tiny (GQA: 4 heads, 2 KV heads) at cp=2 and cp=4, zigzag and contiguous, ring and
 # all-gather attention; cp=2 x dp=2 with ZeRO-1; cp=2 x tp=2 with sequence parallel; the
-# reference executor at cp=2; bf16 at cp=2 within 2e-2.  Then the long-context check
+# reference executor at cp=2; bf16 at cp=2 within 2e-2; cp=2 x pp=2 with every schedule
+# (and x dp=2 with ZeRO-1).  Then the long-context check
 # (llama-tiny at sequence 1024: cp=4 matches cp=1 within 1e-5, and `--memory` shows the
 # step's peak at about a quarter), the ring's bytes in `--collectives` against the
 # formula, the IR a rank runs, and the refusals.
@@ -43,10 +44,27 @@ for m in gpt2-tiny llama-tiny; do
   check $m --mesh cp=2 --backend ref
 done
 RTOL=2e-2 check llama-tiny --mesh cp=2 --precision bf16
+# with pipeline parallelism: the ring's transfers go with their chunk (pipeline.c), every
+# schedule; 4 layers for the two-chunk ones (Adam's eps 1e-4 as the goldens', so that the
+# float noise of a different summation order is not magnified by 1/sqrt(v) over 4 steps)
+for sch in 1f1b zb-h1; do check llama-tiny --mesh cp=2,pp=2 --grad-accum 4 --pp-schedule $sch; done
+check gpt2-tiny --mesh cp=2,pp=2 --grad-accum 4 --pp-schedule afab
+pp4() {   # flags...
+  local a=(-q --data "$tmp/shk.bin" --steps 4 --batch 4 --grad-accum 4 --eps 1e-4)
+  [ -f "$tmp/4l.st" ] || "$LOOM" train models/llama-tiny-4l.json "${a[@]}" --out "$tmp/4l.st" > /dev/null 2>&1
+  if "$LOOM" train models/llama-tiny-4l.json "${a[@]}" "$@" --out "$tmp/run.st" > "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/run.st" "$tmp/4l.st" --rtol 1e-5 > "$tmp/diff" 2>&1; then
+    ok "llama-tiny-4l $*: matches one rank within 1e-5 ($(tail -1 "$tmp/diff" | grep -o '[0-9]* tensors'))"
+  else bad "llama-tiny-4l $*"; cat "$tmp/log"; grep FAIL "$tmp/diff" | head -5; fi
+}
+"$LOOM" data data/shakespeare.txt -o "$tmp/shk.bin" > /dev/null 2>&1
+pp4 --mesh cp=2,pp=2 --pp-schedule interleaved
+pp4 --mesh cp=2,pp=2 --pp-schedule dualpipev
+pp4 --mesh cp=2,pp=2,dp=2 --zero 1
+pp4 --mesh cp=2,pp=2 --backend ref
 
 # Long context: llama-tiny at sequence 1024 (positions beyond its 128 are RoPE angles, as
 # in transformers), cp=4 against cp=1; the planned peak of a rank's step is about 1/4.
-"$LOOM" data data/shakespeare.txt -o "$tmp/shk.bin" > /dev/null 2>&1
 long=(train tests/golden/llama-tiny/train_spec.json -q --data "$tmp/shk.bin" --steps 5 --batch 2 --seq 1024)
 if "$LOOM" "${long[@]}" --out "$tmp/l1.st" > "$tmp/log" 2>&1 && "$LOOM" "${long[@]}" --mesh cp=4 --out "$tmp/l4.st" >> "$tmp/log" 2>&1 &&
    "$ST_DIFF" "$tmp/l4.st" "$tmp/l1.st" --rtol 1e-5 > "$tmp/diff" 2>&1; then
