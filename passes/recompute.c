@@ -88,8 +88,12 @@ typedef struct {
 
 /* ---- analysis ---- */
 
+/* Never cloned: effects, calls, and context parallelism's attention blocks (each is paired
+   with the ring's transfers around it, and its output and lse are what the backward's ring
+   reads: they are kept, as a flash-attention's output and row statistics are). */
 static bool clonable(const Op *op) {
-  return !(op_info(op->kind)->flags & OPF_EFFECT) && op->kind != OP_CALL;
+  return !(op_info(op->kind)->flags & OPF_EFFECT) && op->kind != OP_CALL && op->kind != OP_ATTENTION_BLOCK &&
+         op->kind != OP_ATTENTION_BLOCK_GRAD;
 }
 
 static bool is_local(const Value *v) { return v->kind == VAL_RESULT; }
@@ -175,6 +179,25 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
       if (is_local(op->operands[k])) live[op->operands[k]->id] = true;
   }
   free(live);
+  /* A ring's transfers in the forward (context parallelism: a recv whose value a forward op
+     reads, and its send, the one before with the same axis and tag) are the forward's:
+     never cloned, and not backward readers of what they send. */
+  for (int i = 0; i < n; i++) {
+    Op *op = rc->ops[i];
+    if (op->kind != OP_RECV || !op_bool(op, "rel")) continue;
+    bool read = false;
+    for (int j = i + 1; j < n && !read; j++)
+      for (int k = 0; k < rc->ops[j]->n_operands && !read; k++) read = rc->fwd[j] && rc->ops[j]->operands[k] == op->results[0];
+    if (!read) continue;
+    rc->fwd[i] = true;
+    for (int j = i - 1; j >= 0; j--) {
+      Op *s = rc->ops[j];
+      if (s->kind == OP_SEND && op_int(s, "tag") == op_int(op, "tag") && !strcmp(op_attr(s, "axis")->s, op_attr(op, "axis")->s)) {
+        rc->fwd[j] = true;
+        break;
+      }
+    }
+  }
   /* Layers, parameter-only ops, and what the backward reads. */
   for (int i = 0; i < n; i++) {
     Op *op = rc->ops[i];

@@ -63,6 +63,19 @@ pp4 --mesh cp=2,pp=2 --pp-schedule dualpipev
 pp4 --mesh cp=2,pp=2,dp=2 --zero 1
 pp4 --mesh cp=2,pp=2 --backend ref
 
+# Recomputation with cp: the same bits as none (the ring's transfers and blocks are never
+# cloned; the merge, norms and activations around them are).
+for m in gpt2-tiny llama-tiny; do
+  spec=tests/golden/$m/train_spec.json
+  "$LOOM" train $spec -q --steps 3 --batch 4 --mesh cp=2 --out "$tmp/rc-none.st" > /dev/null 2>&1
+  for rc in selective full; do
+    if "$LOOM" train $spec -q --steps 3 --batch 4 --mesh cp=2 --recompute $rc --out "$tmp/rc.st" > "$tmp/log" 2>&1 &&
+       "$ST_DIFF" "$tmp/rc.st" "$tmp/rc-none.st" --rtol 0 > "$tmp/diff" 2>&1; then
+      ok "$m cp=2 --recompute $rc: bitwise the run without recomputation"
+    else bad "$m cp=2 --recompute $rc"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -3; fi
+  done
+done
+
 # Long context: llama-tiny at sequence 1024 (positions beyond its 128 are RoPE angles, as
 # in transformers), cp=4 against cp=1; the planned peak of a rank's step is about 1/4.
 long=(train tests/golden/llama-tiny/train_spec.json -q --data "$tmp/shk.bin" --steps 5 --batch 2 --seq 1024)
