@@ -26,6 +26,13 @@ static void count_op(const Op *op, double *mm, double *attn) {
       int64_t K = a->dims[a->rank - (op_bool(op, "ta") ? 2 : 1)];
       double batch = M * N != 0 ? (double)type_numel(c) / (double)(M * N) : 0;
       *mm += 2.0 * batch * (double)M * (double)N * (double)K;
+    } else if (op->kind == OP_ATTENTION_BLOCK || op->kind == OP_ATTENTION_BLOCK_GRAD) {
+      /* a ring's block: its Tq x Tk square (over the blocks of every rank, the T x T of
+         the whole attention, as attention counts it) */
+      bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;
+      const Type *q = &op->operands[grad ? 1 : 0]->type, *k = &op->operands[grad ? 2 : 1]->type;
+      double pairs = (double)q->dims[0] * (double)q->dims[2] * (double)q->dims[1] * (double)k->dims[1];
+      *attn += (grad ? 8.0 : 4.0) * pairs * (double)q->dims[3];
     } else if (op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD) {
       bool grad = op->kind == OP_ATTENTION_GRAD;
       const Type *q = &op->operands[grad ? 1 : 0]->type, *k = &op->operands[grad ? 2 : 1]->type;

@@ -119,6 +119,14 @@ static double op_time(const Op *op, Acc *a) {
     return 0;
   }
   int coll = collective_of(op);
+  /* A ring's transfers (context parallelism): the send goes on the communication link while
+     the rank computes; the recv waits for it (every rank sends alike, so the block it waits
+     for arrives when its own send is done). */
+  bool ring = (op->kind == OP_SEND || op->kind == OP_RECV) && op_bool(op, "rel");
+  if (ring && op->kind == OP_RECV) {
+    wait_until(a, a->comm_free);
+    return 0;
+  }
   if (coll >= 0) {
     const Attr *ax = op_attr(op, "axis");
     int axis = ax ? mesh_axis_parse(ax->s) : -1;
@@ -137,6 +145,7 @@ static double op_time(const Op *op, Acc *a) {
     a->t->comm_s[axis] += a->scale * s;
     double begin = a->comm_free > a->clock ? a->comm_free : a->clock;
     a->comm_free = begin + s;
+    if (ring) return s;   /* its recv waits */
     if (coll != (int)op->kind && op->n_results == 1) {   /* a start: its wait comes later */
       if (a->n_pending == a->cap_pending) {
         a->cap_pending = a->cap_pending ? 2 * a->cap_pending : 64;
@@ -151,7 +160,9 @@ static double op_time(const Op *op, Acc *a) {
   }
   /* flops_op: matmul and attention FLOPs, a call's through its kernel; 0 for the rest */
   double flops = flops_op(op), bytes = op_io_bytes(op);
-  double eff = op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD ? hw->eff_attention : hw->eff_matmul;
+  bool attn = op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD || op->kind == OP_ATTENTION_BLOCK ||
+              op->kind == OP_ATTENTION_BLOCK_GRAD;
+  double eff = attn ? hw->eff_attention : hw->eff_matmul;
   double tc = flops > 0 ? flops / (peak_of(hw, compute_dtype(op)) * eff) : 0;
   double tm = bytes / (hw->mem_bw * hw->eff_memory);
   a->t->model_flops += a->scale * flops;
