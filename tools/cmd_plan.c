@@ -2,12 +2,13 @@
  * its step predicted by the time model (passes/timing.h), those that fit ranked by
  * throughput.
  *
- * The search: every dp x tp x pp with product N (tp within a node), ZeRO stage (0-3; 0-1
- * with pp), sequence parallelism with tp, micro-batch size (sequences per dp rank; the
+ * The search: every dp x tp x cp x pp with product N (tp within a node; cp where the
+ * sequence splits into 2cp zigzag half-chunks), ZeRO stage (0-3; 0-1 with pp), sequence
+ * parallelism with tp, micro-batch size (sequences per dp rank; the
  * gradient accumulation follows from the global batch), pipeline schedule and virtual
  * stages, recomputation (none, selective, full; pipelines only none).  Flags fix any of
- * them (--mesh, --zero, --batch, --pp-schedule, --pp-virtual, --recompute).  Context and
- * expert parallelism are not in loom yet and not searched.
+ * them (--mesh, --zero, --batch, --pp-schedule, --pp-virtual, --recompute).  Expert
+ * parallelism is not in loom yet and not searched.
  *
  * Speed: a candidate is not compiled whole.  Layouts differ in their repeated layers, so
  * each is compiled with 1 and with 2 layers per pipeline chunk (equal chunks; the model
@@ -29,13 +30,13 @@
 static const char help[] =
   "usage: loom plan SPEC.json --gpus N [options]\n"
   "\n"
-  "Searches the layouts of SPEC's model on N devices: dp x tp x pp, ZeRO stage, sequence\n"
+  "Searches the layouts of SPEC's model on N devices: dp x tp x cp x pp, ZeRO stage, sequence\n"
   "parallelism, micro-batch size and gradient accumulation (reaching the global batch),\n"
   "pipeline schedule and virtual stages, activation recomputation (none, selective, full; not\n"
   "with pp, which the recompute pass refuses).  Each candidate is compiled, its memory per device\n"
   "taken from the memory plan and its step time predicted (`loom ir --time`); those that do\n"
-  "not fit are dropped and the rest ranked by tokens/s.  Not searched yet (not in loom yet):\n"
-  "context parallelism (cp) and expert parallelism (ep).\n"
+  "not fit are dropped and the rest ranked by tokens/s.  Context parallelism (cp) is searched\n"
+  "with zigzag ring attention.  Not searched yet (not in loom yet): expert parallelism (ep).\n"
   "\n"
   "options:\n"
   "  --gpus N                  devices (required)\n"
@@ -56,7 +57,7 @@ static const char help[] =
   "  loom plan models/llama-1B.json --gpus 8 --hw h100 --global-batch-tokens 1048576\n";
 
 typedef struct {
-  int64_t dp, tp, pp, v;
+  int64_t dp, tp, cp, pp, v;
   int zero, sched;    /* sched: PipeKind, PIPE_NONE without pp */
   int rc;             /* RecomputeMode: none, selective (the default classes), full */
   bool sp;
@@ -157,7 +158,7 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   s = *x->base;
   s.model.n_layer = layers;
   for (int k = 0; k < MESH_AXES; k++) s.mesh[k] = 1;
-  s.mesh[MESH_DP] = c->dp, s.mesh[MESH_TP] = c->tp, s.mesh[MESH_PP] = c->pp;
+  s.mesh[MESH_DP] = c->dp, s.mesh[MESH_TP] = c->tp, s.mesh[MESH_CP] = c->cp, s.mesh[MESH_PP] = c->pp;
   s.zero = c->zero, s.sequence_parallel = c->sp, s.batch = c->batch, s.grad_accum = c->ga;
   s.recompute = c->rc, s.recompute_classes = RC_DEFAULT_CLASSES;
   s.pp_schedule = c->sched ? c->sched : 0, s.pp_virtual = c->pp > 1 ? c->v : 0, s.n_pp_split = 0;
@@ -190,8 +191,9 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
 }
 
 static void layout_text(const Cand *c, char *buf, size_t n) {
-  int k = snprintf(buf, n, "dp=%lld tp=%lld%s pp=%lld", (long long)c->dp, (long long)c->tp, c->sp ? "+sp" : "",
-                   (long long)c->pp);
+  int k = snprintf(buf, n, "dp=%lld tp=%lld%s", (long long)c->dp, (long long)c->tp, c->sp ? "+sp" : "");
+  if (c->cp > 1) k += snprintf(buf + k, n - (size_t)k, " cp=%lld", (long long)c->cp);
+  k += snprintf(buf + k, n - (size_t)k, " pp=%lld", (long long)c->pp);
   if (c->pp > 1) k += snprintf(buf + k, n - (size_t)k, " %s", pipe_kind_names[c->sched]);
   if (c->pp > 1 && c->v > 1) k += snprintf(buf + k, n - (size_t)k, " v=%lld", (long long)c->v);
   k += snprintf(buf + k, n - (size_t)k, " zero=%d mbs=%lld ga=%lld", c->zero, (long long)(c->batch / c->dp), (long long)c->ga);
@@ -227,6 +229,7 @@ static int emit_spec(const char *path, const char *spec_path, const RunSpec *bas
   json_t *mesh = json_object();
   json_object_set_new(mesh, "dp", json_integer(c->dp));
   json_object_set_new(mesh, "tp", json_integer(c->tp));
+  if (c->cp > 1) json_object_set_new(mesh, "cp", json_integer(c->cp));
   json_object_set_new(mesh, "pp", json_integer(c->pp));
   json_object_set_new(out, "mesh", mesh);
   json_object_set_new(out, "batch", json_integer(c->batch));
@@ -329,7 +332,7 @@ int cmd_plan(int argc, char **argv) {
         int ax = mesh_axis_parse(tok);
         long long n = eq ? strtoll(eq + 1, &end, 10) : 0;
         if (ax < 0 || !eq || *end || n < 1) return usage_error("plan", "--mesh takes axis=size pairs such as tp=8,pp=4");
-        if (ax == AX_CP || ax == AX_EP) {
+        if (ax == AX_EP) {
           if (n > 1) return usage_error("plan", "--mesh %s=%lld: loom does not partition %s yet", tok, n, tok);
           continue;
         }
@@ -375,38 +378,43 @@ int cmd_plan(int argc, char **argv) {
     if (!divides(tp, gpus) || (fix_mesh[AX_TP] && tp != fix_mesh[AX_TP]) || tp > hw.devices_per_node) continue;
     for (int64_t pp = 1; pp <= gpus / tp; pp++) {
       if (!divides(pp, gpus / tp) || (fix_mesh[AX_PP] && pp != fix_mesh[AX_PP]) || pp > L) continue;
-      int64_t dp = gpus / tp / pp;
-      if (fix_mesh[AX_DP] && dp != fix_mesh[AX_DP]) continue;
-      for (int zero = 0; zero <= 3; zero++) {
-        if ((fix_zero >= 0 && zero != fix_zero) || (dp == 1 && zero) || (pp > 1 && zero > 1)) continue;
-        for (int sp = 0; sp <= (tp > 1); sp++)
-          for (int64_t mbs = 1; mbs * dp <= seqs; mbs *= 2) {
-            int64_t batch = mbs * dp;
-            if ((fix_batch && batch != fix_batch) || seqs % batch) continue;
-            int64_t ga = seqs / batch;
-            for (int sched = pp > 1 ? PIPE_AFAB : PIPE_NONE; sched <= (pp > 1 ? PIPE_DUALPIPEV : PIPE_NONE); sched++) {
-              if (fix_sched > 0 && pp > 1 && sched != fix_sched) continue;
-              /* afab has 1f1b's bubble and holds every micro-batch: searched only when asked for */
-              if (fix_sched <= 0 && sched == PIPE_AFAB) continue;
-              int64_t vv = sched == PIPE_INTERLEAVED ? (fix_v ? fix_v : 2) : sched == PIPE_DUALPIPEV ? 2 : 1;
-              if (pp > 1 && pp * vv > L) continue;
-              if (sched == PIPE_INTERLEAVED && ga % pp) continue;
-              for (int rcm = RECOMPUTE_NONE; rcm <= RECOMPUTE_FULL; rcm++) {
-                /* the recompute pass refuses pipelines */
-                if ((fix_rc >= 0 && rcm != fix_rc) || (pp > 1 && rcm)) continue;
-                if (n == cap) {
-                  Cand *nc = realloc(cs, sizeof *cs * (size_t)(cap *= 2));
-                  if (!nc) {
-                    free(cs);
-                    return report(EXIT_RUN, "out of memory");
+      for (int64_t cp = 1; cp <= gpus / tp / pp; cp++) {
+        /* cp: zigzag ring attention, the sequence in 2cp half-chunks */
+        if (!divides(cp, gpus / tp / pp) || (fix_mesh[AX_CP] && cp != fix_mesh[AX_CP]) || (cp > 1 && base.seq % (2 * cp)))
+          continue;
+        int64_t dp = gpus / tp / pp / cp;
+        if (fix_mesh[AX_DP] && dp != fix_mesh[AX_DP]) continue;
+        for (int zero = 0; zero <= 3; zero++) {
+          if ((fix_zero >= 0 && zero != fix_zero) || (dp == 1 && zero) || (pp > 1 && zero > 1)) continue;
+          for (int sp = 0; sp <= (tp > 1); sp++)
+            for (int64_t mbs = 1; mbs * dp <= seqs; mbs *= 2) {
+              int64_t batch = mbs * dp;
+              if ((fix_batch && batch != fix_batch) || seqs % batch) continue;
+              int64_t ga = seqs / batch;
+              for (int sched = pp > 1 ? PIPE_AFAB : PIPE_NONE; sched <= (pp > 1 ? PIPE_DUALPIPEV : PIPE_NONE); sched++) {
+                if (fix_sched > 0 && pp > 1 && sched != fix_sched) continue;
+                /* afab has 1f1b's bubble and holds every micro-batch: searched only when asked for */
+                if (fix_sched <= 0 && sched == PIPE_AFAB) continue;
+                int64_t vv = sched == PIPE_INTERLEAVED ? (fix_v ? fix_v : 2) : sched == PIPE_DUALPIPEV ? 2 : 1;
+                if (pp > 1 && pp * vv > L) continue;
+                if (sched == PIPE_INTERLEAVED && ga % pp) continue;
+                for (int rcm = RECOMPUTE_NONE; rcm <= RECOMPUTE_FULL; rcm++) {
+                  /* the recompute pass refuses pipelines */
+                  if ((fix_rc >= 0 && rcm != fix_rc) || (pp > 1 && rcm)) continue;
+                  if (n == cap) {
+                    Cand *nc = realloc(cs, sizeof *cs * (size_t)(cap *= 2));
+                    if (!nc) {
+                      free(cs);
+                      return report(EXIT_RUN, "out of memory");
+                    }
+                    cs = nc;
                   }
-                  cs = nc;
+                  cs[n++] = (Cand){.dp = dp, .tp = tp, .cp = cp, .pp = pp, .v = pp > 1 ? vv : 1, .zero = zero, .sched = sched,
+                                   .rc = rcm, .sp = sp, .batch = batch, .ga = ga};
                 }
-                cs[n++] = (Cand){.dp = dp, .tp = tp, .pp = pp, .v = pp > 1 ? vv : 1, .zero = zero, .sched = sched,
-                                 .rc = rcm, .sp = sp, .batch = batch, .ga = ga};
               }
             }
-          }
+        }
       }
     }
   }
@@ -488,8 +496,7 @@ int cmd_plan(int argc, char **argv) {
       char lay[160];
       layout_text(&cs[closest], lay, sizeof lay);
       snprintf(err, sizeof err, "no layout fits %s's %.1f GiB: the closest, %s, needs %.1f GiB a device%s; use more devices, "
-               "a shorter --seq%s (recomputation is searched without pp only, and context parallelism is not in loom "
-               "yet)", hw.name, hw.mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
+               "a shorter --seq%s (recomputation is searched without pp only)", hw.name, hw.mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
                cs[closest].exact ? "" : " (screened: extrapolated from 1 and 2 layers a chunk)",
                strcmp(base.precision, "bf16") ? " or --precision bf16" : "");
     } else {
@@ -505,11 +512,11 @@ int cmd_plan(int argc, char **argv) {
       const Cand *c = &best[i];
       double loss_s;
       const char *loss = biggest_loss(c, &loss_s);
-      printf("  {\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": 1, \"ep\": 1, \"sequence_parallel\": %s, "
+      printf("  {\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": %lld, \"ep\": 1, \"sequence_parallel\": %s, "
              "\"zero\": %d, \"pp_schedule\": \"%s\", \"pp_virtual\": %lld, \"batch\": %lld, \"micro_batch_per_rank\": %lld, "
              "\"grad_accum\": %lld, \"recompute\": \"%s\", \"memory_bytes\": %.0f, \"step_s\": %.6g, \"tokens_per_s_per_gpu\": %.6g, \"mfu\": %.4f, "
              "\"biggest_loss\": \"%s\", \"biggest_loss_s\": %.6g}%s\n",
-             i + 1, (long long)c->dp, (long long)c->tp, (long long)c->pp, c->sp ? "true" : "false", c->zero,
+             i + 1, (long long)c->dp, (long long)c->tp, (long long)c->pp, (long long)c->cp, c->sp ? "true" : "false", c->zero,
              c->pp > 1 ? pipe_kind_names[c->sched] : "", (long long)c->v, (long long)c->batch, (long long)(c->batch / c->dp),
              (long long)c->ga, recompute_mode_names[c->rc], c->mem, c->step_s, tokens / c->step_s / (double)gpus, c->t.mfu, loss, loss_s,
              i + 1 < shown ? "," : "");

@@ -57,6 +57,8 @@ same_bits "llama-tiny dp=2 x tp=2, ZeRO-1, sequence parallel" $spec --backend cp
 THREADS="1 8 12"
 same_bits "llama-tiny dp=2 x tp=2 (several threads a rank)" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 \
   --mesh dp=2,tp=2
+same_bits "llama-tiny cp=2 ring attention (several threads a rank)" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 \
+  --mesh cp=2
 spec=tests/golden/gpt2-tiny/train_spec.json
 same_bits "gpt2-tiny dp=2 x tp=2 (several threads a rank)" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 \
   --mesh dp=2,tp=2

@@ -6,7 +6,8 @@
 #     layouts (one rank, dp, tp; ZeRO; recompute) `loom ir --memory` with the same flags gives
 #     the same bytes (state + the largest arena of @grad_step and @optimizer_step);
 #   - --emit-spec writes a run spec `loom train` runs as it is;
-#   - impossible requests (nothing fits, a batch no layout reaches, cp) are refused with the fix.
+#   - impossible requests (nothing fits, a batch no layout reaches, ep) are refused with the fix;
+#   - cp is searched: --mesh cp=2 holds in every row, its memory is memory-plan's, its spec trains.
 LOOM=$1
 . "$(dirname "$0")/lib.sh"
 "$LOOM" data data/shakespeare.txt -o "$TMP/d.bin" > /dev/null 2>&1
@@ -22,14 +23,14 @@ assert len(t) == 10, len(t)
 s = [c['step_s'] for c in t]
 assert s == sorted(s), s
 assert all(c['memory_bytes'] <= 80e9 for c in t)
-assert all(c['dp'] * c['tp'] * c['pp'] == 4 for c in t)
+assert all(c['dp'] * c['tp'] * c['cp'] * c['pp'] == 4 for c in t)
 "
 # the first rows of a plan: their memory against loom ir --memory's with the same flags
 check_memory() {   # plan.json rows
   python3 - "$1" "$2" > "$TMP/layouts" <<'PY'
 import json, sys
 for c in json.load(open(sys.argv[1]))[:int(sys.argv[2])]:
-    print(int(c['memory_bytes']), f"--mesh dp={c['dp']},tp={c['tp']} --zero {c['zero']} --sequence-parallel {str(c['sequence_parallel']).lower()} "
+    print(int(c['memory_bytes']), f"--mesh dp={c['dp']},tp={c['tp']},cp={c['cp']} --zero {c['zero']} --sequence-parallel {str(c['sequence_parallel']).lower()} "
           f"--batch {c['batch']} --grad-accum {c['grad_accum']} --recompute {c['recompute']}")
 PY
   while read -r want flags; do
@@ -47,6 +48,15 @@ check "  every row has tp=2" python3 -c "
 import json; t = json.load(open('$OUT')); assert t and all(c['tp'] == 2 for c in t)"
 cp "$OUT" "$TMP/tp.json"
 check_memory "$TMP/tp.json" 3
+expect_exit 0 "--mesh cp=2 fixes cp (context parallelism, zigzag ring attention)" "$LOOM" plan $M "${P[@]}" --mesh cp=2,pp=1 --json
+check "  every row has cp=2" python3 -c "
+import json; t = json.load(open('$OUT')); assert t and all(c['cp'] == 2 and c['dp'] * c['tp'] * 2 == 4 for c in t)"
+cp "$OUT" "$TMP/cp.json"
+check_memory "$TMP/cp.json" 3
+expect_exit 0 "--emit-spec of a cp layout" "$LOOM" plan $M "${P[@]}" --mesh cp=2,pp=1 --top 1 --emit-spec "$TMP/cp-best.json"
+check "  the emitted spec has mesh.cp = 2" python3 -c "
+import json; assert json.load(open('$TMP/cp-best.json'))['mesh']['cp'] == 2"
+expect_exit 0 "  and trains as it is" "$LOOM" train "$TMP/cp-best.json" --data "$TMP/d.bin" --steps 1 -q
 expect_exit 0 "ZeRO-3 fixed" "$LOOM" plan $M "${P[@]}" --mesh pp=1 --zero 3 --json
 cp "$OUT" "$TMP/z3.json"
 check_memory "$TMP/z3.json" 2
@@ -62,8 +72,8 @@ expect_exit 2 "a global batch that is not whole sequences" "$LOOM" plan $M --gpu
 expect_stderr_contains "use a multiple of 32"
 expect_exit 2 "a fixed dp that does not divide" "$LOOM" plan $M --gpus 4 --mesh dp=3
 expect_stderr_contains "does not divide --gpus 4"
-expect_exit 2 "cp is not partitioned yet" "$LOOM" plan $M --gpus 4 --mesh cp=2
-expect_stderr_contains "does not partition cp yet"
+expect_exit 2 "ep is not partitioned yet" "$LOOM" plan $M --gpus 4 --mesh ep=2
+expect_stderr_contains "does not partition ep yet"
 expect_exit 2 "--gpus is required" "$LOOM" plan $M
 expect_stderr_contains "--gpus N is required"
 finish
