@@ -79,6 +79,11 @@ if "$LOOM" compile tests/golden/llama-tiny/train_spec.json --mesh cp=2 -o "$tmp/
   ok "a compiled executable with --mesh cp=2 matches one rank within 1e-5"
 else bad "compiled executable, cp=2"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -3; fi
 
+# loom check: the PyTorch goldens (forward, loss, 3 training steps) on cp layouts.
+if "$LOOM" check tests/golden/llama-tiny --backend cpu,ref --mesh cp=2 --mesh cp=4,dp=2 --precision fp32 > "$tmp/log" 2>&1; then
+  ok "loom check llama-tiny --mesh cp=2 --mesh cp=4,dp=2 (cpu and ref): every cell within its tolerance"
+else bad "loom check with cp"; tail -8 "$tmp/log"; fi
+
 # Recomputation with cp: the same bits as none (the ring's transfers and blocks are never
 # cloned; the merge, norms and activations around them are).
 for m in gpt2-tiny llama-tiny; do
