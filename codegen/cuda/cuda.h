@@ -34,9 +34,16 @@
  *                                     2: part -> dw [db]     i: nb, D, parts
  *       attention_grad                1: dout q k v -> dq L Dsum      (f32[B*H*T] each)
  *                                     2: dout q k v L Dsum -> dk dv
+ *       attention_block_grad          1: dout q k v lse delta -> dq;  2: the same -> dk dv
+ *                                     (no scratch)
  *       embedding_grad                1: fill dtable with 0;  2: dy ids -> dtable
  *   - an adamw whose three results are only assigned back to its p, m, v writes them there
  *     (outputs = the globals, label "... (in place)") and the three assigns get no step.
+ *   - context parallelism (rope, attention_block, attention_block_grad with seq_axis set):
+ *     those steps keep program.h's i[] and add one slot, the rank's coordinate on the seq
+ *     axis (CUDA_ROPE_COORD_INT, CUDA_ATTN_BLOCK_COORD_INT below), which the lowering writes
+ *     0.  Without a CUDA mesh (one GPU: coordinate 0) that is right; once CUDA meshes exist,
+ *     the runtime must write the rank's coordinate there before launching.
  * Steps run in program order on one stream (the scratch region is shared by all steps).
  * Every reduction has a fixed order: the same inputs give the same bits on every run.
  */
@@ -45,6 +52,11 @@
 
 #include "ir/ir.h"
 #include "runtime/program.h"
+
+/* The slot of the rank's coordinate on the seq axis in i[] of the kernels loom_rope_* (the
+   axis + 1 at i[6]) and loom_attnblk_* (the axis + 1 at i[7]); see "context parallelism". */
+#define CUDA_ROPE_COORD_INT 9
+#define CUDA_ATTN_BLOCK_COORD_INT 11
 
 /* Lowers every non-kernel function of m (after fuse and memory-plan with target CUDA: each
    value's offset counts each dtype's size) into *out (free with rt_program_free), and the

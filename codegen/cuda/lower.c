@@ -13,9 +13,15 @@
  * (cg_placement_order), each dtype's size, 64-byte aligned.  AdamW over a weight-decay group's
  * parameters, and the fills that zero their gradients, merge into one launch each
  * (merge_updates): a multi-tensor AdamW over one contiguous span per region.
+ *
+ * Why one file of ~1,300 lines: every builtin's lowering is a case of lower_builtin beside
+ * its launch shape and shared-memory size, and they share the step builders (new_step,
+ * set_bufs, instantiate); split it by op family (attention, data movement, optimizer) when
+ * the next large piece (NCCL collectives, issue 15) comes in.
  */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/cuda/prelude.h"
+#include "codegen/cuda/prelude_attn_block.h"
 #include "codegen/lower_common.h"
 
 #define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
@@ -520,6 +526,64 @@ static bool tensor_cores(const RtStep *st, int n_operands, int64_t D) {
   return (t == RT_ST_BF16 || t == RT_ST_F16) && D % 16 == 0;
 }
 
+/* seq_axis (rope and the attention blocks: the sequence split over a mesh axis) as program.h
+   has it: the axis + 1, 0 when the sequence is whole. */
+static int seq_axis1(Lower *L, int64_t *axis1) {
+  const Attr *a = op_attr(L->op, "seq_axis");
+  int axis = a && a->s && a->s[0] ? mesh_axis_parse(a->s) : -1;
+  if (axis < 0 && a && a->s && a->s[0]) return lfail(L, "seq_axis '%s' is not a mesh axis", a->s);
+  *axis1 = axis + 1;
+  return 0;
+}
+
+/* attention_block (one step: q k v -> o lse) and attention_block_grad (two: dout q k v lse
+   delta -> dq, then the same inputs -> dk dv): loom_attnblk_* of prelude_attn_block.h, on
+   CUDA cores in f32 whatever the inputs' dtypes (the outputs are f32; no scratch).  i[] is program.h's
+   RT_B_ATTN_BLOCK layout and one slot more: i[CUDA_ATTN_BLOCK_COORD_INT] (11), the rank's
+   coordinate on the seq axis, written 0 here.  The CUDA runtime has no mesh yet (one GPU,
+   where the coordinate is 0); once CUDA meshes exist, the runtime must write the rank's
+   coordinate on mesh axis i[7] - 1 into that slot (and rope's, CUDA_ROPE_COORD_INT) of
+   every such step before launching it, as the CPU runtime passes its coordinates. */
+static int lower_attention_block(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;
+  const Type *q = &op->operands[grad]->type, *kt = &op->operands[grad + 1]->type;
+  int64_t axis1 = 0;
+  if (attention_dims(L, q, kt) || seq_axis1(L, &axis1)) return IR_EINPUT;
+  int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
+  const int64_t ints[CUDA_ATTN_BLOCK_COORD_INT + 1] = {
+      B, T, H, D, S, KV, op_bool(op, "causal"), axis1, op_int(op, "seq_n"), op_bool(op, "zigzag"),
+      op_int(op, "kv_shift"), 0 /* the coordinate: see above */};
+  char extra[24], suffix[24];
+  snprintf(extra, sizeof extra, "%lld", (long long)D);
+  snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
+  static const char *const base[3] = {"attnblk_fwd", "attnblk_dq", "attnblk_dkdv"};
+  static const char *const label[3] = {"", " (dq)", " (dk dv)"};
+  for (int which = grad; which < (grad ? 3 : 1); which++) {   /* 0 forward; 1 dq, 2 dk dv */
+    RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, label[which]);
+    if (!st || set_bufs(L, st, (const Value *const *)op->operands, op->n_operands, false)) return IR_EINPUT;
+    /* the outputs: o, lse; dq; dk, dv */
+    int first = which == 2, n_out = which == 1 ? 1 : 2;
+    for (int r = 0; r < n_out; r++)
+      if (buf_of(L, op->results[first + r], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
+    memcpy(st->i, ints, sizeof ints);
+    st->f[0] = op_float(op, "scale");
+    st->block[0] = 128;   /* dk dv: a block per 32 keys and kv head; the others per 64 queries and head */
+    st->grid[0] = (uint32_t)(B * (which == 2 ? KV : H));
+    st->grid[1] = which == 2 ? clamp_grid((S + 31) / 32, 65535) : clamp_grid((T + 63) / 64, 65535);
+    /* the tiles of loom_attn_fwd, _bwd_dq, _bwd_dkdv, then the positions of the key tile (64
+       keys, 32 for dq) or of the query tile (64, dk dv) */
+    st->smem = fa_smem(which, D) + 8 * (which == 1 ? 32 : 64);
+    char tmpl[32];
+    snprintf(tmpl, sizeof tmpl, "loom_%s", base[which]);
+    /* templated on the storage of the inputs (q k v; dout q k v); the outputs are f32 */
+    if (instantiate(L, st, base[which], tmpl, grad ? (const int[]){0, 1, 2, 3, -1} : (const int[]){0, 1, 2, -1},
+                    extra, suffix, 128))
+      return IR_EINPUT;
+  }
+  return 0;
+}
+
 static int lower_builtin(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
@@ -666,15 +730,24 @@ static int lower_builtin(Lower *L, Steps *s) {
     }
     return instantiate(L, st, "attn_dkdv", "loom_attn_bwd_dkdv", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
   }
-  case OP_ROPE:
+  case OP_ATTENTION_BLOCK:
+  case OP_ATTENTION_BLOCK_GRAD: return lower_attention_block(L, s);
+  case OP_ROPE: {
+    int64_t axis1 = 0;
     if (x->dims[3] % 2) return lfail(L, "rope needs an even head size");
+    if (seq_axis1(L, &axis1)) return IR_EINPUT;
     STEP("");
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     INT(op_int(op, "offset"));
     INT(op_bool(op, "inverse"));
+    INT(axis1);
+    INT(op_int(op, "seq_n"));
+    INT(op_bool(op, "zigzag"));
+    INT(0);   /* i[CUDA_ROPE_COORD_INT]: the rank's coordinate, 0 until CUDA meshes (lower_attention_block) */
     st->f[0] = op_float(op, "theta");
     launch_ew(st, type_numel(x) / 2);
     return instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
+  }
   case OP_CROSS_ENTROPY:
   case OP_CROSS_ENTROPY_GRAD: {
     bool fwd = op->kind == OP_CROSS_ENTROPY;
@@ -1134,6 +1207,7 @@ static void header(Str *o, const Module *m) {
   const char *round = getenv("LOOM_CUDA_ATTN_ROUND");
   if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
   str_add(o, "%s", cuda_prelude_text);
+  str_add(o, "%s", cuda_prelude_attn_block_text);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }
 

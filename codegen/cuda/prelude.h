@@ -1,8 +1,9 @@
 /* codegen/cuda/prelude.h — the fixed part of every CUDA translation unit loom emits: storage
  * conversions, block reductions, and the templates of the builtin kernels (norms, softmax,
  * cross entropy, embedding, rope, data movement, adamw, flash attention on CUDA cores and
- * on tensor cores).  Generated from
- * a plain .cu file (one C string line per source line); included by codegen/cuda/lower.c only.
+ * on tensor cores; context parallelism's attention blocks follow in prelude_attn_block.h).
+ * Generated from a plain .cu file (one C string line per source line); included by
+ * codegen/cuda/lower.c only.
  * Kernels instantiate these templates through extern "C" wrappers emitted per program. */
 #ifndef LOOM_CODEGEN_CUDA_PRELUDE_H
 #define LOOM_CODEGEN_CUDA_PRELUDE_H
@@ -539,18 +540,32 @@ static const char cuda_prelude_text[] =
   "}\n"
   "\n"
   "/* ---------------------------------------------------------------- rope\n"
-  "   bufs: x -> y;  i: B, T, H, Dh, offset, inverse;  f: theta.  One thread per pair\n"
-  "   (j, j + Dh/2); the angle in double precision as the reference computes it. */\n"
+  "   bufs: x -> y;  i: B, T, H, Dh, offset, inverse, seq axis + 1, seq_n, zigzag, c;  f: theta.\n"
+  "   One thread per pair (j, j + Dh/2); the angle in double precision as the reference\n"
+  "   computes it.  Row t is at position loom_seq_pos(c, t, ...) + offset: with the sequence split\n"
+  "   over a mesh axis (context parallelism), the rank's rows are at their global positions.\n"
+  "   c = i[9] is the rank's coordinate on that axis (mesh axis i[6] - 1): the lowering writes\n"
+  "   0, and the runtime must write the coordinate there once CUDA meshes exist (as i[11] of\n"
+  "   the attention blocks, prelude_attn_block.h). */\n"
+  "/* ir_seq_pos (ir/ir.h): the global position of row t of the L rows that rank c of n holds;\n"
+  "   contiguous chunks, or zigzag's half-chunks c and 2n-1-c. */\n"
+  "LOOM_DEV long long loom_seq_pos(long long c, long long t, long long L, long long n, bool zigzag) {\n"
+  "  if (!zigzag) return c * L + t;\n"
+  "  const long long h = L / 2;\n"
+  "  return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);\n"
+  "}\n"
   "template <class SX, class SY>\n"
   "LOOM_DEV void loom_rope(const LoomArgs &a) {\n"
   "  const typename SX::T *x = LOOM_IN(SX, 0);\n"
   "  typename SY::T *y = LOOM_OUT(SY, 1);\n"
   "  const long long T = a.i[1], H = a.i[2], Dh = a.i[3], off = a.i[4], half = Dh / 2;\n"
   "  const long long n = a.i[0] * T * H * half;\n"
+  "  const long long rank = a.i[9], seq_n = a.i[7];\n"
+  "  const bool zigzag = a.i[8] != 0;\n"
   "  const double theta = a.f[0], sign = a.i[5] ? -1.0 : 1.0;\n"
   "  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {\n"
   "    long long j = k % half, bth = k / half, t = (bth / H) % T;\n"
-  "    double ang = (double)(t + off) * pow(theta, -2.0 * (double)j / (double)Dh);\n"
+  "    double ang = (double)(loom_seq_pos(rank, t, T, seq_n, zigzag) + off) * pow(theta, -2.0 * (double)j / (double)Dh);\n"
   "    float c = (float)cos(ang), s = (float)(sign * sin(ang));\n"
   "    long long base = bth * Dh;\n"
   "    float x0 = SX::ld(x, base + j), x1 = SX::ld(x, base + j + half);\n"

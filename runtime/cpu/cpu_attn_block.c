@@ -104,7 +104,7 @@ static void fwd_items(void *ctx, int64_t i0, int64_t i1) {
   Ctx *x = ctx;
   const CpuAttnBlock *a = x->a;
   int64_t Tq = a->Tq, Tk = a->Tk, H = a->H, Dh = a->Dh, KV = a->KV, G = H / KV;
-  float *S = malloc(sizeof(float) * (size_t)(Tq * Tk ? Tq * Tk : 1));
+  float *S = malloc(sizeof(float) * (size_t)(Tq * Tk > 0 ? Tq * Tk : 1));
   if (!S) {
     x->failed = 1;
     return;
@@ -143,7 +143,7 @@ static void bwd_items(void *ctx, int64_t i0, int64_t i1) {
   Ctx *x = ctx;
   const CpuAttnBlock *a = x->a;
   int64_t Tq = a->Tq, Tk = a->Tk, H = a->H, Dh = a->Dh, KV = a->KV, G = H / KV;
-  float *P = malloc(sizeof(float) * 2 * (size_t)(Tq * Tk ? Tq * Tk : 1)), *dS = P + Tq * Tk;
+  float *P = malloc(sizeof(float) * 2 * (size_t)(Tq * Tk > 0 ? Tq * Tk : 1)), *dS = P + Tq * Tk;
   if (!P) {
     x->failed = 1;
     return;

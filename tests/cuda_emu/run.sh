@@ -85,6 +85,25 @@ else
   bad "attention kernels, rounded P"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
 fi
 
+# Context parallelism's kernels alone (attn_block.cc: the attention blocks against a double
+# reference, every rank and kv_shift, in both thread orders; rope at global positions),
+# built on the translation unit of attn_block.ir, whose wrappers instantiate the templates
+# as the lowering does for rope, attention_block and attention_block_grad.
+"$LOOM" ir tests/cuda_emu/attn_block.ir --passes=verify,lower --target=cuda --emit=cuda -o "$tmp/ab.cu" > "$tmp/log" 2>&1 ||
+  cat "$tmp/log"
+sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_emu_dyn_smem();/' "$tmp/ab.cu" > "$tmp/ab_emu.cu"
+if ! grep -q 'loom_attnblk_dkdv_bbff_64(LoomArgs a) { loom_attnblk_dkdv<loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>' \
+     "$tmp/ab_emu.cu"; then
+  bad "attn_block.ir: no wrapper loom_attnblk_dkdv_bbff_64 (bf16 dout and q, f32 k and v) in its translation unit"
+elif "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
+       -DTU="\"$tmp/ab_emu.cu\"" tests/cuda_emu/attn_block.cc -o "$tmp/attn_block" > "$tmp/log" 2>&1 &&
+     "$tmp/attn_block" > "$tmp/ab" 2>&1; then
+  ok "context parallelism's attention blocks (f32, bf16, mixed) within 2e-5 of a double reference, the same bits in reverse thread order; its rope"
+  sed 's/^/     /' "$tmp/ab"
+else
+  bad "attention blocks (context parallelism)"; cat "$tmp/log" "$tmp/ab" 2> /dev/null | head -20
+fi
+
 # Longer sequences than the goldens': several attention tiles per row and per block
 # (forward tiles of 64 queries x 64 keys, backward 32 keys), causal tiles skipped.
 for ms in gpt2-tiny:64 llama-tiny:128; do
