@@ -151,7 +151,9 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
   case RT_B_ROPE:
     nonneg(&c, 0, 4);
     want(&c, 0, prod(i, 4), 0), want(&c, 1, prod(i, 4), 0);
-    if (i[6] < 0 || i[6] > 5 || i[7] < 1 || (i[8] && i[1] % 2)) bad(&c, "the sequence split (axis, size, zigzag) is not valid");
+    /* (i[6..8] all 0: a whole sequence, as programs lowered before cp wrote it) */
+    if (i[6] < 0 || i[6] > 5 || i[7] < 0 || (i[6] && i[7] < 1) || (i[8] && i[1] % 2))
+      bad(&c, "the sequence split (axis, size, zigzag) is not valid");
     break;
   case RT_B_ATTN_BLOCK:
   case RT_B_ATTN_BLOCK_GRAD: {
