@@ -11,6 +11,10 @@ typedef struct {
   const ModelConfig *c;
   int64_t B, T;
   int64_t V;          /* the vocabulary as the graph holds it: padded to a multiple of tp */
+  /* the decode graph (frontend_build_decode): the positions of the new tokens, [B,T] i32,
+     and the KV cache's rows; NULL for the training graph */
+  Value *pos;
+  int64_t tmax;
   char name[256];   /* scratch for value names */
 } Graph;
 
@@ -63,14 +67,33 @@ static Value *slice(Graph *g, Value *x, const int64_t *start, const int64_t *end
   return build_end(&g->b, name);
 }
 
-static Value *attention(Graph *g, Value *q, Value *k, Value *v, const char *name) {
-  Value *ops[3] = {q, k, v};
-  op_set_float(build_begin(&g->b, OP_ATTENTION, ops, 3), "scale", 1.0 / sqrt((double)g->c->head_dim));
+/* Causal attention of the sequence; in the decode graph, the new keys and values written to
+   layer l's KV cache (state kv_cache.l<l>.k / .v, [B,Tmax,KV,Dh]) and the new queries
+   attending to the cache up to their positions. */
+static Value *attention(Graph *g, Value *q, Value *k, Value *v, int l, const char *name) {
+  double scale = 1.0 / sqrt((double)g->c->head_dim);
+  if (!g->pos) {
+    Value *ops[3] = {q, k, v};
+    op_set_float(build_begin(&g->b, OP_ATTENTION, ops, 3), "scale", scale);
+    return build_end(&g->b, name);
+  }
+  Value *cache[2];
+  for (int j = 0; j < 2; j++) {
+    int64_t d[] = {g->B, g->tmax, k->type.dims[2], k->type.dims[3]};
+    char cname[96];
+    snprintf(cname, sizeof cname, "kv_cache.l%d.%s", l, j ? "v" : "k");
+    cache[j] = module_add_global(g->m, GLOBAL_STATE, cname, type_make(k->type.dtype, 4, d), (Init){INIT_ZEROS, 0})->value;
+    Value *w[3] = {cache[j], j ? v : k, g->pos};
+    func_add_op(g->b.f, OP_KV_WRITE, w, 3, NULL);
+  }
+  Value *ops[4] = {q, cache[0], cache[1], g->pos};
+  op_set_float(build_begin(&g->b, OP_ATTENTION_CACHED, ops, 4), "scale", scale);
   return build_end(&g->b, name);
 }
 
 static Value *rope(Graph *g, Value *x, const char *name) {
-  op_set_float(build_begin(&g->b, OP_ROPE, &x, 1), "theta", g->c->rope_theta);
+  Value *ops[2] = {x, g->pos};
+  op_set_float(build_begin(&g->b, g->pos ? OP_ROPE_AT : OP_ROPE, ops, g->pos ? 2 : 1), "theta", g->c->rope_theta);
   return build_end(&g->b, name);
 }
 
@@ -136,9 +159,13 @@ static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
   Type x_type = type_make(DT_F32, 3, btd);
 
   Value *x = build2(&g->b, OP_EMBEDDING, wte, tokens, "tok_emb");   /* [B,T,D] */
-  int64_t start[] = {0, 0}, end[] = {T, D};
-  Value *pos = slice(g, wpe, start, end, "pos_emb");                 /* rows 0..T-1: [T,D] */
-  x = build2(&g->b, OP_ADD, x, build_typed(&g->b, OP_BROADCAST, pos, x_type, NULL), "x");
+  if (g->pos) {   /* decode: the rows of the new tokens' positions */
+    x = build2(&g->b, OP_ADD, x, build2(&g->b, OP_EMBEDDING, wpe, g->pos, "pos_emb"), "x");
+  } else {
+    int64_t start[] = {0, 0}, end[] = {T, D};
+    Value *pos = slice(g, wpe, start, end, "pos_emb");                 /* rows 0..T-1: [T,D] */
+    x = build2(&g->b, OP_ADD, x, build_typed(&g->b, OP_BROADCAST, pos, x_type, NULL), "x");
+  }
   for (int l = 0; l < c->n_layer; l++) {
     Value *ln1w = param_l(g, "h.%d.ln_1.weight", l, t1(D), ones);
     Value *ln1b = param_l(g, "h.%d.ln_1.bias", l, t1(D), zeros);
@@ -167,7 +194,7 @@ static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
       qkv[j] = reshape(g, linear(g, h, wj, bj, false, NULL), 4, bthd, nm(g, j == 0 ? "h%d.q" : j == 1 ? "h%d.k" : "h%d.v", l));
     }
     Value *q = qkv[0], *k = qkv[1], *v = qkv[2];
-    Value *a = attention(g, q, k, v, nm(g, "h%d.attn", l));                     /* [B,T,H,Dh] */
+    Value *a = attention(g, q, k, v, l, nm(g, "h%d.attn", l));                  /* [B,T,H,Dh] */
     a = linear(g, reshape(g, a, 3, btd, NULL), prw, prb, false, nm(g, "h%d.attn_out", l));
     x = build2(&g->b, OP_ADD, x, a, nm(g, "h%d.x_attn", l));
     h = norm(g, x, ln2w, ln2b, nm(g, "h%d.ln_2", l));
@@ -180,7 +207,7 @@ static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
   x = norm(g, x, lnfw, lnfb, "ln_f");
   Value *logits = mask_padding(g, linear(g, x, wte, NULL, true, "logits"));   /* [B,T,V] */
   func_add_ret(f, unpadded(g, logits));
-  func_add_ret(f, loss(g, logits, targets));
+  if (targets) func_add_ret(f, loss(g, logits, targets));
 }
 
 static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
@@ -209,7 +236,7 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
     Value *v = reshape(g, linear(g, h, vw, NULL, true, NULL), 4, btkd, nm(g, "l%d.v", l));
     q = rope(g, q, nm(g, "l%d.q", l));
     k = rope(g, k, nm(g, "l%d.k", l));
-    Value *a = attention(g, q, k, v, nm(g, "l%d.attn", l));
+    Value *a = attention(g, q, k, v, l, nm(g, "l%d.attn", l));
     a = linear(g, reshape(g, a, 3, bth, NULL), ow, NULL, true, nm(g, "l%d.attn_out", l));
     x = build2(&g->b, OP_ADD, x, a, nm(g, "l%d.x_attn", l));
     h = norm(g, x, n2w, NULL, nm(g, "l%d.post_norm", l));
@@ -224,7 +251,7 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
   Value *head = c->tied ? emb : vocab_param(g, param(g, "lm_head.weight", t2(V, D), w));
   Value *logits = mask_padding(g, linear(g, x, head, NULL, true, "logits"));   /* [B,T,V] */
   func_add_ret(f, unpadded(g, logits));
-  func_add_ret(f, loss(g, logits, targets));
+  if (targets) func_add_ret(f, loss(g, logits, targets));
 }
 
 void frontend_module_name(const char *path, char *buf, size_t n) {
@@ -248,7 +275,7 @@ void frontend_module_name(const char *path, char *buf, size_t n) {
   buf[k] = 0;
 }
 
-int frontend_build(const RunSpec *spec, const char *name, Module **out, char *err, size_t errlen) {
+static int build_module(const RunSpec *spec, const char *name, int64_t tmax, Module **out, char *err, size_t errlen) {
   Graph g;
   memset(&g, 0, sizeof g);
   g.m = module_new(name);
@@ -266,11 +293,16 @@ int frontend_build(const RunSpec *spec, const char *name, Module **out, char *er
   }
   int64_t lcm = tp / a * mult;
   g.V = (spec->model.vocab_size + lcm - 1) / lcm * lcm;
-  Func *f = module_add_func(g.m, "forward");
+  Func *f = module_add_func(g.m, tmax ? "decode" : "forward");
   g.b.f = f;
   int64_t bt[] = {g.B, g.T};
-  Value *tokens = func_add_arg(f, "tokens", type_make(DT_I32, 2, bt));
-  Value *targets = func_add_arg(f, "targets", type_make(DT_I32, 2, bt));
+  Value *tokens = func_add_arg(f, "tokens", type_make(DT_I32, 2, bt)), *targets = NULL;
+  if (tmax) {
+    g.pos = func_add_arg(f, "positions", type_make(DT_I32, 2, bt));
+    g.tmax = tmax;
+  } else {
+    targets = func_add_arg(f, "targets", type_make(DT_I32, 2, bt));
+  }
   if (spec->model.arch == ARCH_GPT2) gpt2(&g, tokens, targets, f);
   else llama(&g, tokens, targets, f);
   if (g.b.err[0]) {
@@ -285,4 +317,16 @@ int frontend_build(const RunSpec *spec, const char *name, Module **out, char *er
   }
   *out = g.m;
   return 0;
+}
+
+int frontend_build(const RunSpec *spec, const char *name, Module **out, char *err, size_t errlen) {
+  return build_module(spec, name, 0, out, err, errlen);
+}
+
+int frontend_build_decode(const RunSpec *spec, const char *name, int64_t tmax, Module **out, char *err, size_t errlen) {
+  if (tmax < 1) {
+    snprintf(err, errlen, "the KV cache needs at least one row");
+    return IR_EINPUT;
+  }
+  return build_module(spec, name, tmax, out, err, errlen);
 }

@@ -264,6 +264,25 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     out[2] = type_make(DT_F32, 4, k->dims);
     return 0;
   }
+  case OP_ROPE_AT:
+  case OP_ATTENTION_CACHED: {
+    const Type *pos = &op->operands[op->n_operands - 1]->type;
+    if (x->rank != 4 || !dtype_is_float(x->dtype) || (op->kind == OP_ROPE_AT && x->dims[3] % 2))
+      return fail(err, errlen, "%s needs x[B,C,H,Dh] (float%s), got %s", op_info(op->kind)->name,
+                  op->kind == OP_ROPE_AT ? ", an even Dh" : "", TS(x));
+    if (!is_int_dtype(pos->dtype) || pos->rank != 2 || pos->dims[0] != x->dims[0] || pos->dims[1] != x->dims[1])
+      return fail(err, errlen, "%s's positions must be integers [B,C] like x's first dims, got %s for %s",
+                  op_info(op->kind)->name, TS(pos), TS(x));
+    if (op->kind == OP_ATTENTION_CACHED) {
+      const Type *k = &op->operands[1]->type, *v = &op->operands[2]->type;
+      if (k->rank != 4 || !type_shape_eq(k, v) || k->dims[0] != x->dims[0] || k->dims[3] != x->dims[3] || k->dims[2] < 1 ||
+          x->dims[2] % k->dims[2] || !dtype_is_float(k->dtype))
+        return fail(err, errlen, "attention_cached needs q[B,C,H,Dh] and caches [B,Tmax,KV,Dh] with H a multiple of KV; "
+                    "got %s, %s, %s", TS(x), TS(k), TS(v));
+    }
+    r = type_make(x->dtype, x->rank, x->dims);
+    break;
+  }
   case OP_ROPE:
     if (x->rank != 4 || x->dims[3] % 2)
       return fail(err, errlen, "rope needs x[B,T,H,Dh] with an even Dh, got %s", TS(x));
@@ -353,6 +372,16 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     return 0;
   case OP_FILL:
     return 0;
+  case OP_KV_WRITE: {
+    const Type *v = &op->operands[1]->type, *pos = &op->operands[2]->type;
+    if (x->rank != 4 || v->rank != 4 || v->dims[0] != x->dims[0] || v->dims[2] != x->dims[2] || v->dims[3] != x->dims[3] ||
+        v->dims[1] > x->dims[1] || v->dtype != x->dtype)
+      return fail(err, errlen, "kv_write needs a cache [B,Tmax,KV,Dh] and new rows [B,C,KV,Dh] of its dtype, got %s and %s",
+                  TS(x), TS(v));
+    if (!is_int_dtype(pos->dtype) || pos->rank != 2 || pos->dims[0] != v->dims[0] || pos->dims[1] != v->dims[1])
+      return fail(err, errlen, "kv_write's positions must be integers [B,C], got %s for %s", TS(pos), TS(v));
+    return 0;
+  }
   case OP_ADAMW: {
     for (int i = 1; i < 4; i++) {
       const Type *t = &op->operands[i]->type;

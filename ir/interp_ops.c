@@ -348,6 +348,91 @@ static void block_positions(const Op *op, const int *coord, int64_t Tq, int64_t 
   }
 }
 
+/* ---- generation with a KV cache ---- */
+
+/* The position of new token (b, c), checked against the cache's rows. */
+static int cache_pos(const Tensor *pos, int64_t i, int64_t tmax, int64_t *out, char *err, size_t errlen) {
+  int64_t p = pos->i[i];
+  if (p < 0 || p >= tmax) {
+    snprintf(err, errlen, "position %lld is outside the KV cache's %lld rows", (long long)p, (long long)tmax);
+    return IR_EINPUT;
+  }
+  *out = p;
+  return 0;
+}
+
+static int rope_at(const Op *op, Tensor **in, Tensor *y, char *err, size_t errlen) {
+  const Tensor *x = in[0], *pos = in[1];
+  int64_t B = x->type.dims[0], C = x->type.dims[1], H = x->type.dims[2], Dh = x->type.dims[3], half = Dh / 2;
+  double theta = op_float(op, "theta");
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t c = 0; c < C; c++) {
+      int64_t p = pos->i[b * C + c];
+      if (p < 0) return fail(err, errlen, "rope_at: a negative position");
+      for (int64_t i = 0; i < half; i++) {
+        double angle = (double)p * pow(theta, -2.0 * (double)i / (double)Dh);
+        float cs = (float)cos(angle), sn = (float)sin(angle);
+        for (int64_t h = 0; h < H; h++) {
+          const float *xr = x->f + ((b * C + c) * H + h) * Dh;
+          float *yr = y->f + ((b * C + c) * H + h) * Dh;
+          yr[i] = xr[i] * cs - xr[i + half] * sn;
+          yr[i + half] = xr[i + half] * cs + xr[i] * sn;
+        }
+      }
+    }
+  (void)err;
+  return 0;
+}
+
+static int attention_cached(const Op *op, Tensor **in, Tensor *y, char *err, size_t errlen) {
+  const Tensor *q = in[0], *k = in[1], *v = in[2], *pos = in[3];
+  int64_t B = q->type.dims[0], C = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
+  int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
+  float scale = (float)op_float(op, "scale");
+  float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
+  if (!p) return fail(err, errlen, "out of memory in attention_cached");
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t c = 0; c < C; c++) {
+      int64_t last;
+      if (cache_pos(pos, b * C + c, S, &last, err, errlen)) {
+        free(p);
+        return IR_EINPUT;
+      }
+      for (int64_t h = 0; h < H; h++) {
+        const float *qv = q->f + ((b * C + c) * H + h) * Dh;
+        int64_t kvh = h / group, n = last + 1;
+        for (int64_t s = 0; s < n; s++) {
+          const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
+          float dot = 0;
+          for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
+          p[s] = dot * scale;
+        }
+        softmax_rows(p, p, n);
+        float *o = y->f + ((b * C + c) * H + h) * Dh;
+        for (int64_t s = 0; s < n; s++) {
+          const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
+          for (int64_t d = 0; d < Dh; d++) o[d] += p[s] * vv[d];
+        }
+      }
+    }
+  free(p);
+  return 0;
+}
+
+static int kv_write(Tensor **in, char *err, size_t errlen) {
+  Tensor *cache = in[0];
+  const Tensor *x = in[1], *pos = in[2];
+  int64_t B = x->type.dims[0], C = x->type.dims[1], row = x->type.dims[2] * x->type.dims[3], S = cache->type.dims[1];
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t c = 0; c < C; c++) {
+      int64_t p;
+      if (cache_pos(pos, b * C + c, S, &p, err, errlen)) return IR_EINPUT;
+      for (int64_t e = 0; e < row; e++)
+        cache->f[(b * S + p) * row + e] = dtype_round(cache->type.dtype, x->f[(b * C + c) * row + e]);
+    }
+  return 0;
+}
+
 #define LSE_NONE (-1e30f)   /* the lse of a row that sees no key of the block */
 
 /* attention_block: o and lse of one block of keys (ops.def); attention_block_grad: its
@@ -704,6 +789,9 @@ int interp_op_rank(const Op *op, Tensor **in, Tensor **out, const int *coord, ch
   case OP_ROPE: rope(op, in[0], y, coord); return 0;
   case OP_ATTENTION_BLOCK:
   case OP_ATTENTION_BLOCK_GRAD: return attention_block(op, in, out, coord, err, errlen);
+  case OP_ROPE_AT: return rope_at(op, in, y, err, errlen);
+  case OP_ATTENTION_CACHED: return attention_cached(op, in, y, err, errlen);
+  case OP_KV_WRITE: return kv_write(in, err, errlen);
   case OP_CROSS_ENTROPY: return cross_entropy(in[0], in[1], y, err, errlen);
   case OP_PAD: pad(op, in[0], y); return 0;
   case OP_LAYERNORM_GRAD:

@@ -101,6 +101,8 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
   "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,recompute,bucket,canonicalize,cse,dce,overlap," \
   "verify,verify-collectives"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
+/* The decode graph (loom sample, frontend_build_decode): no training passes. */
+#define DECODE_PIPELINE "verify,canonicalize,cse,dce,fuse,memory-plan,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's
    RT_MAX_BUFS (passes may not include the runtime). */

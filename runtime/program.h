@@ -62,6 +62,11 @@ typedef enum {
   RT_B_ATTN_BLOCK,         /* q k v -> o lse (f32);  i: B, Tq, H, Dh, Tk, KV, causal, seq axis + 1, seq_n, zigzag,
                               kv_shift;  f: scale (the op attention_block) */
   RT_B_ATTN_BLOCK_GRAD,    /* dout q k v lse delta -> dq dk dv (f32);  i, f: as attn_block */
+  /* generation with a KV cache (loom sample); pos(int) [B,C] the new tokens' positions */
+  RT_B_ROPE_AT,            /* x pos -> y;            i: B, C, H, Dh;  f: theta */
+  RT_B_ATTN_CACHED,        /* q kcache vcache pos -> out;  i: B, C, H, Dh, Tmax, KV;  f: scale */
+  RT_B_KV_WRITE,           /* cache x pos -> (cache rows pos[b,c] = x[b,c], in place; cache listed once, as
+                              input 0);  i: B, C, Tmax, KV*Dh */
   RT_B_CROSS_ENTROPY,      /* logits targets(int) -> loss;           i: rows, V */
   RT_B_CROSS_ENTROPY_GRAD, /* dloss logits targets(int) -> dlogits;  i: rows, V */
   RT_B_EMBEDDING,          /* table ids(int) -> y;   i: n_ids, V, D, vocab axis + 1 (0: none; else the

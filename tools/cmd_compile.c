@@ -7,6 +7,7 @@
 
 #include "codegen/cpu/cpu.h"
 #include "codegen/cuda/cuda.h"
+#include "frontend/build.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/nvrtc.h"
 #include "tools/tools.h"
@@ -23,7 +24,8 @@ static const char help[] =
   "JIT-compiled at start (with --mesh, every rank a thread); with --backend ref it carries the\n"
   "IR; with --backend cuda it carries the lowered program and a cubin that NVRTC compiled now,\n"
   "so it starts on the GPU without compiling anything (needs a GPU of that architecture and a\n"
-  "driver; no NVRTC).\n"
+  "driver; no NVRTC).  A cpu EXE also carries the model's decode program (a KV cache of seq\n"
+  "positions): 'EXE sample --prompt TEXT' generates text from its checkpoints (EXE sample --help).\n"
   "\n"
   "options besides loom train's:\n"
   "  --arch sm_XY[a]   with --backend cuda: the GPU to compile for (default: the one here), e.g.\n"
@@ -32,6 +34,30 @@ static const char help[] =
   "examples:\n"
   "  loom compile models/gpt2-tiny.json --data shard.bin --steps 100 -o train-tiny && ./train-tiny\n"
   "  loom compile models/gpt2-124M.json --backend cuda --arch sm_90a --precision bf16 -o train-h100\n";
+
+/* The decode program of the spec's model (loom sample's: batch 1, fp32, a KV cache of the
+   spec's seq positions), lowered for the cpu backend. */
+static int decode_program(const RunSpec *spec, unsigned char **prog, size_t *n, char **llvm, char *err, size_t errlen) {
+  static RunSpec s;   /* large (paths): not on the stack */
+  s = *spec;
+  int64_t tmax = s.seq;
+  s.batch = 1, s.seq = 1, s.grad_accum = 1;
+  for (int k = 0; k < MESH_AXES; k++) s.mesh[k] = 1;
+  snprintf(s.precision, sizeof s.precision, "fp32");
+  Module *m = NULL;
+  RtProgram p;
+  PassOptions opt;
+  memset(&opt, 0, sizeof opt);
+  int rc = frontend_build_decode(&s, "decode", tmax, &m, err, errlen);
+  if (!rc) rc = pipeline_run(m, DECODE_PIPELINE, &opt, err, errlen);
+  if (!rc) rc = cpu_lower(m, &p, llvm, err, errlen);
+  if (!rc) {
+    rc = rt_program_save(&p, prog, n, err, errlen);
+    rt_program_free(&p);
+  }
+  module_free(m);
+  return rc;
+}
 
 /* Absolute path, so the executable runs from any folder. */
 static json_t *abs_path(const char *p) {
@@ -99,6 +125,13 @@ int cmd_compile(int argc, char **argv) {
     json_object_set_new(o, "save_dir", s->save_dir[0] ? json_string(s->save_dir) : json_null());
     json_object_set_new(o, "backend", json_string(backend == BACKEND_CPU ? "cpu" : cuda ? "cuda" : "ref"));
     if (cuda) json_object_set_new(o, "arch", json_string(arch));
+    /* sampling (cpu executables): the decode program's cache rows and the end-of-sequence ids */
+    int64_t eos[8];
+    int n_eos = sample_read_eos(ta.spec, eos, 8);
+    json_t *je = json_array();
+    for (int k = 0; k < n_eos; k++) json_array_append_new(je, json_integer(eos[k]));
+    json_object_set_new(o, "eos", je);
+    json_object_set_new(o, "sample_positions", json_integer(s->seq));
     char *settings = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
     json_decref(o);
     /* The program: the lowered program and its kernels' LLVM IR (cpu), the lowered program
@@ -135,19 +168,30 @@ int cmd_compile(int argc, char **argv) {
        a cpu mesh: program, LLVM IR, the IR (the ranks' whole/piece bookkeeping), "mesh" */
     bool mesh = backend == BACKEND_CPU && mesh_world(&in.m->mesh) > 1;
     char *ir = !rc && mesh ? module_to_string(in.m) : NULL;
+    /* a cpu executable ends with the decode program: its program, LLVM IR, "sample" */
+    unsigned char *dprog = NULL;
+    size_t dprog_n = 0;
+    char *dllvm = NULL;
+    if (!rc && backend == BACKEND_CPU) rc = decode_program(s, &dprog, &dprog_n, &dllvm, err, sizeof err);
     if (!rc && mesh) {
-      const void *parts[5] = {settings, prog, text, ir, "mesh"};
-      size_t sizes[5] = {strlen(settings), prog_n, strlen(text), strlen(ir), 4};
-      rc = payload_write(runner, ta.output, parts, sizes, 5, err, sizeof err);
+      const void *parts[8] = {settings, prog, text, ir, "mesh", dprog, dllvm, "sample"};
+      size_t sizes[8] = {strlen(settings), prog_n, strlen(text), strlen(ir), 4, dprog_n, strlen(dllvm), 6};
+      rc = payload_write(runner, ta.output, parts, sizes, 8, err, sizeof err);
     } else if (!rc && cuda) {
       const void *parts[4] = {settings, prog, image, "cuda"};
       size_t sizes[4] = {strlen(settings), prog_n, image_n, 4};
       rc = payload_write(runner, ta.output, parts, sizes, 4, err, sizeof err);
+    } else if (!rc && backend == BACKEND_CPU) {
+      const void *parts[6] = {settings, prog, text, dprog, dllvm, "sample"};
+      size_t sizes[6] = {strlen(settings), prog_n, strlen(text), dprog_n, strlen(dllvm), 6};
+      rc = payload_write(runner, ta.output, parts, sizes, 6, err, sizeof err);
     } else if (!rc) {
-      const void *parts[3] = {settings, backend == BACKEND_CPU ? (const void *)prog : (const void *)text, text};
-      size_t sizes[3] = {strlen(settings), backend == BACKEND_CPU ? prog_n : strlen(text), strlen(text)};
-      rc = payload_write(runner, ta.output, parts, sizes, backend == BACKEND_CPU ? 3 : 2, err, sizeof err);
+      const void *parts[2] = {settings, text};
+      size_t sizes[2] = {strlen(settings), strlen(text)};
+      rc = payload_write(runner, ta.output, parts, sizes, 2, err, sizeof err);
     }
+    free(dprog);
+    free(dllvm);
     if (!rc)
       printf("wrote %s: trains %s (%s, %s backend%s%s; run it with --help for its options)\n", ta.output, ta.spec,
              s->precision, backend == BACKEND_CPU ? "cpu" : cuda ? "cuda" : "reference", cuda ? ", cubin for " : "",

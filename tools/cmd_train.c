@@ -167,14 +167,26 @@ int cmd_train(int argc, char **argv) {
                      ta.peak_tflops * 1e12},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16};
-    /* MFU's numerator: the model FLOPs of one rank's @grad_step (passes/flops.c) per micro-batch */
+    /* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per
+       micro-batch; in a pipeline, every chunk's forward and backward functions per micro-batch,
+       over the pp ranks (the bubble is then lost time, as MFU counts it) */
     Func *gs = module_find_func(in.m, "grad_step");
     if (ta.peak_tflops > 0 && gs) {
       double mm = 0, at = 0;
       flops_of(gs, &mm, &at);
       plan.opt.flops_per_step = (mm + at) * (double)s->grad_accum;
-    } else if (ta.peak_tflops > 0 && !ta.quiet) {
-      printf("note: no MFU for a pipelined run yet (--peak-tflops is ignored)\n");
+    } else if (ta.peak_tflops > 0 && in.m->pipe.chunks > 0) {
+      double total = 0;
+      for (int i = 0; i < in.m->funcs.n; i++) {
+        const Func *f = in.m->funcs.items[i];
+        if (strncmp(f->name, "fwd.c", 5) && strncmp(f->name, "bwd.c", 5) && strncmp(f->name, "bwd_b.c", 7) &&
+            strncmp(f->name, "bwd_w.c", 7))
+          continue;
+        double mm = 0, at = 0;
+        flops_of(f, &mm, &at);
+        total += mm + at;
+      }
+      plan.opt.flops_per_step = total * (double)in.m->pipe.micro / (double)in.m->mesh.size[AX_PP];
     }
     rc = backend == BACKEND_CPU    ? run_training_cpu(in.m, &plan, err, sizeof err)
          : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)

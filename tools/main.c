@@ -12,6 +12,7 @@ static const struct {
 } commands[] = {
   {"ir", cmd_ir, "print a model's IR after a pass pipeline"},
   {"eval", cmd_eval, "forward pass and loss of a model on a token shard"},
+  {"sample", cmd_sample, "generate text from a trained model (KV cache; greedy, temperature, top-k, top-p)"},
   {"train", cmd_train, "train a model on token shards (no spec: the built-in demo)"},
   {"compile", cmd_compile, "write a standalone training executable for a model spec"},
   {"data", cmd_data, "turn text files into token shards (byte-level or a tokenizer.json), and back"},
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
     puts("loom " LOOM_VERSION);
     return EXIT_OK;
   }
-  if (!strcmp(cmd, "train") || !strcmp(cmd, "eval")) cpu_run_setup(argv);
+  if (!strcmp(cmd, "train") || !strcmp(cmd, "eval") || !strcmp(cmd, "sample")) cpu_run_setup(argv);
   for (int i = 0; i < N_COMMANDS; i++)
     if (!strcmp(commands[i].name, cmd)) return commands[i].run(argc - 1, argv + 1);
   fprintf(stderr, "loom: error: unknown command '%s'\n\n", cmd);

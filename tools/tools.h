@@ -4,6 +4,7 @@
  *   args.c      option parsing shared by the subcommands
  *   cmd_ir.c    loom ir     print the IR of a spec or an .ir file after a pipeline
  *   cmd_eval.c  loom eval   forward + loss of a model on a token shard
+ *   cmd_sample.c loom sample  text from a trained model (the decode graph, a KV cache)
  *   cmd_train.c loom train  train a model (or the built-in demo)
  *   cmd_compile.c loom compile  a standalone training executable (runner + payload)
  *   cmd_data.c  loom data   text to token shards (byte-level or tokenizer.json), --decode
@@ -35,6 +36,7 @@ typedef enum { BACKEND_CPU, BACKEND_REF, BACKEND_CUDA } Backend;
 
 int cmd_ir(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_sample(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_data(int argc, char **argv);
@@ -128,7 +130,8 @@ TrainSettings spec_train_settings(const RunSpec *s);
 /* A compiled executable is the runner binary followed by a payload and a 24-byte trailer:
    "LOOMPAY1", u64 payload offset, u64 payload size (little-endian).  The payload is u64
    part count, then each part as u64 size + bytes: part 0 is the settings (JSON text), then
-   the program: the IR text (backend ref) or the lowered program and the LLVM IR (cpu). */
+   the program: the IR text (backend ref) or the lowered program and the LLVM IR (cpu); a
+   cpu executable ends with its decode program, its LLVM IR and "sample" (EXE sample). */
 #define PAYLOAD_MAX_PARTS 8
 typedef struct {
   uint8_t *file;                       /* the whole executable, read (owned) */
@@ -143,6 +146,39 @@ int payload_read_self(Payload *p, char *err, size_t errlen);
 /* The parts of an executable's bytes bin[0, n) (borrowed: parts point into bin); p->file is
    left as it is.  payload_read_self is this over /proc/self/exe. */
 int payload_parse(Payload *p, const uint8_t *bin, size_t n, char *err, size_t errlen);
+
+/* ---- sample.c: generation with a KV cache (loom sample, compiled executables) ---- */
+#include "runtime/cpu/cpu_exec.h"
+#include "runtime/io/tokenizer.h"
+typedef struct {
+  double temperature, top_p;   /* 0: greedy; top_p 1: off */
+  int64_t top_k, max_new;      /* top_k 0: off */
+  uint64_t seed;
+  bool ids;                    /* print token ids, not text */
+  int64_t eos[8];              /* end-of-sequence ids (the config's eos_token_id) */
+  int n_eos;
+} SampleOpts;
+/* The options loom sample and a compiled executable's `sample` share (--weights, --prompt,
+   --tokenizer, --max-new-tokens, --temperature, --top-k, --top-p, --seed, --ids, --threads). */
+typedef struct {
+  const char *weights, *prompt, *tokenizer;
+  int threads;
+  SampleOpts o;
+} SampleArgs;
+void sample_args_init(SampleArgs *a);
+/* 1: argv[*i] was one of them (and its value consumed); 0: not one; -1: a bad value (the
+   usage error is printed). */
+int sample_arg(int argc, char **argv, int *i, SampleArgs *sa, const char *cmd);
+/* cmd_sample.c (loom only): the eos_token_id of a spec's model config. */
+int sample_read_eos(const char *spec_path, int64_t *eos, int max);
+/* --weights W as a safetensors path: the file, W/model.safetensors, or the newest step's of a
+   --save-dir. */
+int sample_weights_path(const char *w, char *out, size_t n, char *err, size_t errlen);
+/* The prompt's ids: by the tokenizer, or as bytes when there is none (V must be 256). */
+int sample_prompt_ids(Tokenizer *tok, int64_t V, const char *prompt, TokIds *out, char *err, size_t errlen);
+/* Runs cp's @decode over the prompt, then generates (to stdout as it goes); tmax: the cache's rows. */
+int sample_generate(CpuProgram *cp, Tokenizer *tok, int64_t V, const TokIds *prompt, const char *prompt_text,
+                    int64_t tmax, const SampleOpts *o, char *err, size_t errlen);
 
 /* ---- train_common.c ---- */
 #include "runtime/trainer.h"

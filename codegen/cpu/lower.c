@@ -266,6 +266,29 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(op_bool(op, "zigzag"));
     st->f[0] = op_float(op, "theta");
     return 0;
+  case OP_ROPE_AT:
+    BUILTIN(RT_B_ROPE_AT);
+    for (int d = 0; d < 4; d++) INT(x->dims[d]);
+    st->f[0] = op_float(op, "theta");
+    return 0;
+  case OP_ATTENTION_CACHED: {
+    const Type *kt = &op->operands[1]->type;
+    BUILTIN(RT_B_ATTN_CACHED);
+    for (int d = 0; d < 4; d++) INT(x->dims[d]);
+    INT(kt->dims[1]);
+    INT(kt->dims[2]);
+    st->f[0] = op_float(op, "scale");
+    return 0;
+  }
+  case OP_KV_WRITE: {
+    const Type *v = &op->operands[1]->type;
+    BUILTIN(RT_B_KV_WRITE);
+    INT(v->dims[0]);
+    INT(v->dims[1]);
+    INT(x->dims[1]);
+    INT(v->dims[2] * v->dims[3]);
+    return 0;
+  }
   case OP_ATTENTION_BLOCK:
   case OP_ATTENTION_BLOCK_GRAD: {
     bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;

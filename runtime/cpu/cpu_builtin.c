@@ -20,6 +20,9 @@ static const struct {
   [RT_B_ROPE] = {"rope", 1, 1},
   [RT_B_ATTN_BLOCK] = {"attention_block", 3, 2},
   [RT_B_ATTN_BLOCK_GRAD] = {"attention_block_grad", 6, 3},
+  [RT_B_ROPE_AT] = {"rope_at", 2, 1},
+  [RT_B_ATTN_CACHED] = {"attention_cached", 4, 1},
+  [RT_B_KV_WRITE] = {"kv_write", 3, 0},
   [RT_B_CROSS_ENTROPY] = {"cross_entropy", 2, 1},
   [RT_B_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", 3, 1},
   [RT_B_EMBEDDING] = {"embedding", 2, 1},
@@ -154,6 +157,24 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     /* (i[6..8] all 0: a whole sequence, as programs lowered before cp wrote it) */
     if (i[6] < 0 || i[6] > 5 || i[7] < 0 || (i[6] && i[7] < 1) || (i[8] && i[1] % 2))
       bad(&c, "the sequence split (axis, size, zigzag) is not valid");
+    break;
+  case RT_B_ROPE_AT:
+    nonneg(&c, 0, 4);
+    want(&c, 0, prod(i, 4), 0), want(&c, 1, rt_smul(i[0], i[1]), 1), want(&c, 2, prod(i, 4), 0);
+    if (i[3] % 2) bad(&c, "rope needs an even head size");
+    break;
+  case RT_B_ATTN_CACHED: {
+    nonneg(&c, 0, 6);
+    int64_t nq = prod(i, 4), nk = rt_smul(rt_smul(i[0], i[4]), rt_smul(i[5], i[3]));
+    if (i[5] <= 0 || i[2] % i[5]) bad(&c, "query heads must be a multiple of kv heads");
+    want(&c, 0, nq, 0), want(&c, 1, nk, 0), want(&c, 2, nk, 0), want(&c, 3, rt_smul(i[0], i[1]), 1), want(&c, 4, nq, 0);
+    break;
+  }
+  case RT_B_KV_WRITE:
+    nonneg(&c, 0, 4);
+    if (i[1] > i[2]) bad(&c, "more new rows than the cache holds");
+    want(&c, 0, rt_smul(rt_smul(i[0], i[2]), i[3]), 0), want(&c, 1, rt_smul(rt_smul(i[0], i[1]), i[3]), 0);
+    want(&c, 2, rt_smul(i[0], i[1]), 1);
     break;
   case RT_B_ATTN_BLOCK:
   case RT_B_ATTN_BLOCK_GRAD: {
@@ -339,6 +360,12 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
     rc = cpu_rope(tp, b[0], b[1], i[0], i[1], i[2], i[3], i[4], i[5] != 0, f[0], seq_coord(comm, i[6]), i[7], i[8] != 0,
                   err, errlen);
     break;
+  case RT_B_ROPE_AT: rc = cpu_rope_at(tp, b[0], b[1], b[2], i[0], i[1], i[2], i[3], f[0], err, errlen); break;
+  case RT_B_ATTN_CACHED:
+    rc = cpu_attention_cached(tp, b[0], b[1], b[2], b[3], b[4], i[0], i[1], i[2], i[3], i[4], i[5], (float)f[0], err,
+                              errlen);
+    break;
+  case RT_B_KV_WRITE: rc = cpu_kv_write(b[0], b[1], b[2], i[0], i[1], i[2], i[3], err, errlen); break;
   case RT_B_ATTN_BLOCK:
   case RT_B_ATTN_BLOCK_GRAD: {
     CpuAttnBlock ab = {.B = i[0], .Tq = i[1], .H = i[2], .Dh = i[3], .Tk = i[4], .KV = i[5], .causal = i[6] != 0,

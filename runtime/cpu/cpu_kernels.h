@@ -75,6 +75,16 @@ int cpu_rope(ThreadPool *tp, const float *x, float *y, int64_t B, int64_t T, int
              int64_t offset, bool inverse, double theta, int64_t seq_c, int64_t seq_n, bool zigzag, char *err,
              size_t errlen);
 
+/* ---- generation with a KV cache (runtime/cpu/cpu_decode.c): the ops rope_at,
+   attention_cached and kv_write (ir/ops.def); pos holds int32 positions [B,C] */
+int cpu_rope_at(ThreadPool *tp, const float *x, const int32_t *pos, float *y, int64_t B, int64_t C, int64_t H,
+                int64_t Dh, double theta, char *err, size_t errlen);
+int cpu_attention_cached(ThreadPool *tp, const float *q, const float *k, const float *v, const int32_t *pos, float *out,
+                         int64_t B, int64_t C, int64_t H, int64_t Dh, int64_t S, int64_t KV, float scale, char *err,
+                         size_t errlen);
+int cpu_kv_write(float *cache, const float *x, const int32_t *pos, int64_t B, int64_t C, int64_t S, int64_t row,
+                 char *err, size_t errlen);
+
 /* ---- ring attention's blocks (runtime/cpu/cpu_attn_block.c): the ops attention_block and
    attention_block_grad (ir/ops.def); c is the rank's coordinate on the split sequence's axis */
 typedef struct {

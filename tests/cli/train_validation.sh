@@ -85,6 +85,18 @@ mfu=$(echo "$line" | grep -o '"mfu":[^,]*' | cut -d: -f2)
 ms=$(echo "$line" | grep -o '"step_ms":[^,]*' | cut -d: -f2)
 check "mfu $mfu = 2 x $fl FLOP / $ms ms / 2 TFLOP/s (to 1e-6)" awk -v m="$mfu" -v f="$fl" -v t="$ms" \
   'BEGIN { want = 2 * f / (t / 1000) / 2e12; d = (m - want) / want; exit !(f > 0 && d < 1e-6 && d > -1e-6) }'
+# under pipeline parallelism: every chunk's functions x micro-batches, over the pp ranks: a
+# rank's share of the step's model FLOPs is half of the one-rank step's at pp=2
+"$LOOM" data data/shakespeare.txt -o "$TMP/shk.bin" > /dev/null 2>&1
+for pp in 1 2; do
+  expect_exit 0 "llama-tiny-4l --mesh pp=$pp --peak-tflops 1" "$LOOM" train models/llama-tiny-4l.json --data "$TMP/shk.bin" \
+    --steps 2 --batch 4 --grad-accum 4 --mesh pp=$pp --peak-tflops 1 -q --log "$TMP/mfu-pp$pp.jsonl"
+  l=$(sed -n 2p "$TMP/mfu-pp$pp.jsonl")
+  m=$(echo "$l" | grep -o '"mfu":[^,]*' | cut -d: -f2) t=$(echo "$l" | grep -o '"step_ms":[^,]*' | cut -d: -f2)
+  eval "f$pp=\$(awk -v m=\"$m\" -v t=\"$t\" 'BEGIN { printf \"%.6e\", m * t / 1000 * 1e12 }')"
+done
+check "pp=2: a rank's step FLOPs ($f2) are half of one rank's ($f1), to 1e-5" awk -v a="$f1" -v b="$f2" \
+  'BEGIN { d = (2 * b - a) / a; exit !(a > 0 && d < 1e-5 && d > -1e-5) }'
 expect_exit 2 "--peak-tflops 0" run_train --peak-tflops 0
 expect_stderr_contains "--peak-tflops takes"
 

@@ -27,6 +27,7 @@ static void help(const json_t *s) {
          "                    --val-tokens K)\n"
          "  --log FILE.jsonl  one JSON object per step (as loom train)\n"
          "  --info            print the compiled settings (JSON) and exit\n"
+         "EXE sample --prompt TEXT [...]   generate text from its checkpoints (EXE sample --help)\n"
          "  -q, --quiet       no per-step lines\n",
          "EXE", json_string_value(json_object_get(s, "spec")), (long long)json_integer_value(json_object_get(s, "batch")),
          (long long)json_integer_value(json_object_get(s, "seq")),
@@ -78,6 +79,61 @@ static int run_cuda(const json_t *s, const Payload *pl, RunPlan *plan, char *err
   return rc;
 }
 
+/* EXE sample: text from the model's decode program (a KV cache of the compiled seq
+   positions), with --weights W or the executable's own checkpoints (its --save-dir, newest
+   step) or --out weights. */
+static int run_sample(int argc, char **argv, const json_t *s, const Payload *pl, int dec, char *err, size_t errlen) {
+  SampleArgs sa;
+  sample_args_init(&sa);
+  for (int i = 2; i < argc; i++) {
+    if (arg_flag(argv[i], "-h") || arg_flag(argv[i], "--help")) {
+      printf("usage: EXE sample --prompt TEXT [options]\n\n"
+             "Generates text with the model this executable trains (a KV cache of %lld positions, cpu backend),\n"
+             "printing it as it goes; it stops after --max-new-tokens or at the end-of-sequence token.\n\n"
+             "options (as loom sample's):\n"
+             "  --weights W          safetensors, a folder with model.safetensors, or a --save-dir (default: the\n"
+             "                       compiled --save-dir's newest step, else the compiled --out)\n"
+             "  --prompt TEXT        the text to continue (required)\n"
+             "  --tokenizer T.json   without one, a 256-token vocabulary is read as bytes\n"
+             "  --max-new-tokens N (64)  --temperature T (1.0; 0: greedy)  --top-k K (0: all)  --top-p P (1.0)\n"
+             "  --seed S (1337)  --ids (print token ids)  --threads N\n",
+             (long long)json_integer_value(json_object_get(s, "sample_positions")));
+      return EXIT_OK;
+    }
+    int r = sample_arg(argc, argv, &i, &sa, "sample");
+    if (r < 0) return EXIT_USAGE;
+    if (!r) return usage_error("sample", "unknown option '%s' (see EXE sample --help)", argv[i]);
+  }
+  if (!sa.prompt || !sa.prompt[0]) return usage_error("sample", "--prompt is required and must not be empty");
+  const char *w = sa.weights;
+  if (!w) w = json_string_value(json_object_get(s, "save_dir"));
+  if (!w) w = json_string_value(json_object_get(s, "out"));
+  if (!w) return usage_error("sample", "no weights: give --weights W (this executable was compiled without --save-dir or --out)");
+  int64_t V = json_integer_value(json_object_get(s, "vocab")), tmax = json_integer_value(json_object_get(s, "sample_positions"));
+  json_t *je = json_object_get(s, "eos");
+  for (size_t k = 0; k < json_array_size(je) && sa.o.n_eos < 8; k++)
+    sa.o.eos[sa.o.n_eos++] = json_integer_value(json_array_get(je, k));
+  char wpath[4096], *llvm = strndup((const char *)pl->parts[dec + 1], pl->sizes[dec + 1]);
+  Tokenizer *tok = NULL;
+  TokIds ids = {0};
+  CpuBackend b;
+  memset(&b, 0, sizeof b);
+  int rc = llvm ? sample_weights_path(w, wpath, sizeof wpath, err, errlen) : EXIT_RUN;
+  if (!rc && sa.tokenizer) rc = tokenizer_load(sa.tokenizer, &tok, err, errlen);
+  if (!rc) rc = sample_prompt_ids(tok, V, sa.prompt, &ids, err, errlen);
+  if (!rc) rc = cpu_backend_load(&b, pl->parts[dec], pl->sizes[dec], llvm, sa.threads, err, errlen);
+  if (!rc) {
+    cpu_globals_init(&b.cp, 0);   /* the caches' zeros */
+    rc = load_weights_rt(&b.prog, &b.cp, wpath, err, errlen);
+  }
+  if (!rc) rc = sample_generate(&b.cp, tok, V, &ids, sa.prompt, tmax, &sa.o, err, errlen);
+  cpu_backend_free(&b);
+  tokids_free(&ids);
+  tokenizer_free(tok);
+  free(llvm);
+  return rc;
+}
+
 static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--precision", "--beta1", "--beta2",
                                     "--eps", "--weight-decay", "--grad-clip"};
 
@@ -92,6 +148,12 @@ int main(int argc, char **argv) {
     return report(EXIT_RUN, "the compiled model in this executable is incomplete; compile it again");
   }
   settings_text = strndup((const char *)pl.parts[0], pl.sizes[0]);
+  /* a cpu executable ends with its decode program: program, LLVM IR, "sample" */
+  int dec = -1;
+  if (pl.n_parts >= 4 && pl.sizes[pl.n_parts - 1] == 6 && !memcmp(pl.parts[pl.n_parts - 1], "sample", 6)) {
+    dec = pl.n_parts - 3;
+    pl.n_parts -= 3;
+  }
   /* parts after the settings: ref: the IR; cpu: program, LLVM IR; cuda: program, cubin,
      "cuda"; a cpu mesh: program, LLVM IR, the IR, "mesh" */
   bool mesh = pl.n_parts == 5, cpu = pl.n_parts == 3 || mesh, cuda = pl.n_parts == 4;
@@ -102,6 +164,12 @@ int main(int argc, char **argv) {
     free(ir_text);
     free(pl.file);
     return report(EXIT_RUN, "the compiled settings are damaged; recompile the executable");
+  }
+  if (argc > 1 && !strcmp(argv[1], "sample")) {
+    rc = dec < 0 ? usage_error("sample", "this executable carries no decode program (a cpu executable does; recompile "
+                                         "with 'loom compile ... --backend cpu')")
+                 : report(run_sample(argc, argv, s, &pl, dec, err, sizeof err), err);
+    goto done;
   }
   int64_t steps = json_integer_value(json_object_get(s, "steps")), warmup = json_integer_value(json_object_get(s, "warmup"));
   int64_t save_every = json_integer_value(json_object_get(s, "save_every"));

@@ -1,0 +1,161 @@
+/* tools/cmd_sample.c — `loom sample`: text from a trained model, one token at a time.
+ *
+ * The model's decode graph (frontend_build_decode: a KV cache per layer sized for the
+ * prompt and --max-new-tokens, @decode(tokens, positions) -> logits) is compiled like any
+ * program (DECODE_PIPELINE, codegen/cpu) and run by the cpu backend; tools/sample.c feeds
+ * it the prompt and picks the new tokens (greedy, temperature, top-k, top-p).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "codegen/cpu/cpu.h"
+#include "frontend/build.h"
+#include "runtime/io/checkpoint.h"
+#include "runtime/io/tokenizer.h"
+#include "tools/exec_cpu.h"
+#include "tools/tools.h"
+
+static const char help[] =
+  "usage: loom sample SPEC.json --weights W --prompt TEXT [options]\n"
+  "\n"
+  "Generates text with the model of SPEC (a run spec or a Hugging Face config.json) and the\n"
+  "weights W, printing it to standard output as it is generated.  Generation uses a KV cache\n"
+  "and runs on the cpu backend (CUDA: not yet).  It stops after --max-new-tokens or at the\n"
+  "model's end-of-sequence token (eos_token_id of its config).\n"
+  "\n"
+  "options:\n"
+  "  --weights W           a safetensors file (HF names), a folder holding model.safetensors\n"
+  "                        (loom train --out DIR/, loom export), or a --save-dir (its newest step)\n"
+  "  --prompt TEXT         the text to continue (required, not empty)\n"
+  "  --tokenizer T.json    a Hugging Face tokenizer.json; without one, a 256-token vocabulary is\n"
+  "                        read as bytes (the demo's models)\n"
+  "  --max-new-tokens N    tokens to generate at most (default 64)\n"
+  "  --temperature T       0: greedy (argmax); else sample softmax(logits / T) (default 1.0)\n"
+  "  --top-k K             sample among the K most likely tokens only (default 0: all)\n"
+  "  --top-p P             sample among the most likely tokens whose probabilities add up to P\n"
+  "                        (default 1.0: all)\n"
+  "  --seed S              the sampler's seed (default 1337)\n"
+  "  --ids                 print the generated token ids (one line, space-separated) instead of text\n"
+  "  --threads N           CPU threads (default: all cores)\n"
+  "  -h, --help            show this help\n"
+  "\n"
+  "example:\n"
+  "  loom train --out shk.safetensors && loom sample models/gpt2-shakespeare.json --weights shk.safetensors \\\n"
+  "             --prompt 'ROMEO:' --max-new-tokens 200 --temperature 0.8 --top-k 40\n";
+
+/* The end-of-sequence ids of the model's config (eos_token_id: a number or a list). */
+int sample_read_eos(const char *spec_path, int64_t *eos, int max) {
+  json_t *root;
+  char err[256];
+  if (config_read_json_file(spec_path, &root, err, sizeof err)) return 0;
+  json_t *cfg = json_object_get(root, "model"), *owned = NULL;
+  if (json_is_string(cfg)) {   /* a path, relative to the spec's folder */
+    char path[4096];
+    const char *slash = strrchr(spec_path, '/'), *name = json_string_value(cfg);
+    if (name[0] == '/' || !slash) snprintf(path, sizeof path, "%s", name);
+    else snprintf(path, sizeof path, "%.*s/%s", (int)(slash - spec_path), spec_path, name);
+    if (config_read_json_file(path, &owned, err, sizeof err)) owned = NULL;
+    cfg = owned;
+  } else if (!json_is_object(cfg)) {
+    cfg = root;   /* a bare config.json */
+  }
+  json_t *e = cfg ? json_object_get(cfg, "eos_token_id") : NULL;
+  int n = 0;
+  if (json_is_integer(e)) eos[n++] = json_integer_value(e);
+  for (size_t i = 0; json_is_array(e) && i < json_array_size(e) && n < max; i++)
+    if (json_is_integer(json_array_get(e, i))) eos[n++] = json_integer_value(json_array_get(e, i));
+  json_decref(owned);
+  json_decref(root);
+  return n;
+}
+
+
+int cmd_sample(int argc, char **argv) {
+  const char *spec_path = NULL;
+  SampleArgs sa;
+  sample_args_init(&sa);
+  char err[IR_ERR_LEN];
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      fputs(help, stdout);
+      return 0;
+    }
+    int r = sample_arg(argc, argv, &i, &sa, "sample");
+    if (r < 0) return EXIT_USAGE;
+    if (r) continue;
+    if (a[0] == '-') return usage_error("sample", "unknown option '%s' (see loom sample --help)", a);
+    if (spec_path) return usage_error("sample", "more than one spec ('%s' and '%s')", spec_path, a);
+    spec_path = a;
+  }
+  const char *weights = sa.weights, *prompt = sa.prompt, *tok_path = sa.tokenizer;
+  int64_t max_new = sa.o.max_new, threads = sa.threads;
+  if (!spec_path) return usage_error("sample", "no model spec (loom sample SPEC.json --weights W --prompt TEXT)");
+  if (!weights) return usage_error("sample", "--weights is required: the trained model's safetensors, folder or --save-dir");
+  if (!prompt || !prompt[0]) return usage_error("sample", "--prompt is required and must not be empty");
+
+  Input in;
+  memset(&in, 0, sizeof in);
+  int rc = input_load(spec_path, NULL, 0, &in, err, sizeof err);
+  if (rc) return report(rc, err);
+  if (!in.from_spec) {
+    module_free(in.m);
+    return usage_error("sample", "%s: give a run spec or config.json (an .ir file has no model to sample from)", spec_path);
+  }
+  RunSpec *spec = &in.spec;
+  module_free(in.m);
+  in.m = NULL;
+  int64_t V = spec->model.vocab_size;
+  Tokenizer *tok = NULL;
+  TokIds pids = {0};
+  char wpath[4096];
+  Module *m = NULL;
+  RtProgram prog;
+  memset(&prog, 0, sizeof prog);
+  CpuBackend b;
+  memset(&b, 0, sizeof b);
+  unsigned char *bytes = NULL;
+  size_t nb = 0;
+  char *llvm = NULL;
+
+  rc = sample_weights_path(weights, wpath, sizeof wpath, err, sizeof err);
+  if (!rc && tok_path) rc = tokenizer_load(tok_path, &tok, err, sizeof err);
+  if (!rc) rc = sample_prompt_ids(tok, V, prompt, &pids, err, sizeof err);
+  int64_t tmax = pids.n + max_new;
+  if (!rc && spec->model.arch == ARCH_GPT2 && tmax > spec->model.max_pos) {
+    snprintf(err, sizeof err, "the prompt (%lld tokens) and --max-new-tokens %lld need %lld positions, and the model "
+             "learned %lld (n_positions); shorten the prompt or ask for fewer tokens", (long long)pids.n,
+             (long long)max_new, (long long)tmax, (long long)spec->model.max_pos);
+    rc = EXIT_USAGE;
+  }
+  /* the decode program: one token a call, batch 1, fp32, a cache of the positions asked for */
+  if (!rc) {
+    spec->batch = 1, spec->seq = 1;
+    for (int k = 0; k < MESH_AXES; k++) spec->mesh[k] = 1;
+    snprintf(spec->precision, sizeof spec->precision, "fp32");
+    rc = frontend_build_decode(spec, "sample", tmax, &m, err, sizeof err);
+  }
+  PassOptions opt;
+  memset(&opt, 0, sizeof opt);
+  if (!rc) rc = pipeline_run(m, DECODE_PIPELINE, &opt, err, sizeof err);
+  if (!rc) rc = cpu_lower(m, &prog, &llvm, err, sizeof err);
+  if (!rc) rc = rt_program_save(&prog, &bytes, &nb, err, sizeof err);
+  if (!rc) rc = cpu_backend_load(&b, bytes, nb, llvm, (int)threads, err, sizeof err);
+  if (!rc) {
+    cpu_globals_init(&b.cp, 0);   /* the caches' zeros */
+    rc = load_weights_rt(&b.prog, &b.cp, wpath, err, sizeof err);
+  }
+  sa.o.n_eos = sample_read_eos(spec->path, sa.o.eos, 8);
+  if (!rc) rc = sample_generate(&b.cp, tok, V, &pids, prompt, tmax, &sa.o, err, sizeof err);
+  cpu_backend_free(&b);
+  rt_program_free(&prog);
+  free(bytes);
+  free(llvm);
+  module_free(m);
+  tokids_free(&pids);
+  tokenizer_free(tok);
+  return report(rc, err);
+}
