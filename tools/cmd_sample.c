@@ -12,6 +12,10 @@
 #include <sys/stat.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/cuda/cuda.h"
+#include "runtime/cuda/cuda_api.h"
+#include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/nvrtc.h"
 #include "frontend/build.h"
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/tokenizer.h"
@@ -23,8 +27,8 @@ static const char help[] =
   "\n"
   "Generates text with the model of SPEC (a run spec or a Hugging Face config.json) and the\n"
   "weights W, printing it to standard output as it is generated.  Generation uses a KV cache\n"
-  "and runs on the cpu backend (CUDA: not yet).  It stops after --max-new-tokens or at the\n"
-  "model's end-of-sequence token (eos_token_id of its config).\n"
+  "(on the cpu backend, or on GPU 0 with --backend cuda).  It stops after --max-new-tokens or\n"
+  "at the model's end-of-sequence token (eos_token_id of its config).\n"
   "\n"
   "options:\n"
   "  --weights W           a safetensors file (HF names), a folder holding model.safetensors\n"
@@ -40,6 +44,8 @@ static const char help[] =
   "  --seed S              the sampler's seed (default 1337)\n"
   "  --ids                 print the generated token ids (one line, space-separated) instead of text\n"
   "  --threads N           CPU threads (default: all cores)\n"
+  "  --backend cpu|cuda    cpu (default): kernels JIT-compiled with LLVM; cuda: CUDA kernels compiled\n"
+  "                        by NVRTC for GPU 0\n"
   "  -h, --help            show this help\n"
   "\n"
   "example:\n"
@@ -73,10 +79,80 @@ int sample_read_eos(const char *spec_path, int64_t *eos, int max) {
 }
 
 
+/* The decode program on GPU 0: compiled by NVRTC, the parameters written from W, the caches
+   zeroed (cuda_globals_init). */
+typedef struct {
+  RtProgram prog;   /* the CudaProgram reads it while it runs */
+  CudaProgram cp;
+  bool have;
+  int f;
+} CudaDecode;
+
+static int cuda_decode(void *ctx, int32_t tok, int32_t pos, float *logits, char *err, size_t errlen) {
+  CudaDecode *d = ctx;
+  void *args[2] = {&tok, &pos}, *rets[1] = {logits};
+  return cuda_program_call(&d->cp, d->f, args, rets, err, errlen);
+}
+
+static int cuda_open(Module *m, const char *wpath, CudaDecode *d, char *err, size_t errlen) {
+  char why[512];
+  if (!cuda_available(why, sizeof why)) {
+    snprintf(err, errlen, "--backend cuda: %s", why);
+    return EXIT_USAGE;
+  }
+  CudaDeviceInfo info;
+  RtProgram *pp = &d->prog, prog;
+  char *src = NULL;
+  unsigned char *image = NULL;
+  size_t n = 0;
+  bool is_cubin = false;
+  float **host = NULL;
+  RtTensor *views = NULL;
+  int rc = cuda_device_query(0, &info, err, errlen), nv = 0;
+  if (!rc) rc = cuda_lower(m, pp, &src, err, errlen);
+  prog = *pp;
+  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, err, errlen);
+  if (!rc) d->have = !(rc = cuda_program_init(&d->cp, pp, image, n, 0, err, errlen));
+  if (!rc) rc = cuda_globals_init(&d->cp, 0, err, errlen);   /* the caches' zeros */
+  if (!rc) {
+    host = calloc((size_t)prog.n_globals + 1, sizeof *host);
+    views = calloc((size_t)prog.n_globals + 1, sizeof *views);
+    if (!host || !views) rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+  }
+  for (int i = 0; !rc && i < prog.n_globals; i++) {
+    const RtGlobal *g = &prog.globals[i];
+    if (g->region != RT_REGION_PARAMS) continue;
+    if (!(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
+      snprintf(err, errlen, "out of memory");
+      rc = EXIT_RUN;
+      break;
+    }
+    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i]};
+    memcpy(views[nv].shape, g->shape, sizeof g->shape);
+    nv++;
+  }
+  if (!rc) rc = load_weights_views(views, nv, wpath, err, errlen);
+  for (int i = 0; !rc && i < prog.n_globals; i++)
+    if (host[i]) rc = cuda_global_write(&d->cp, i, host[i], err, errlen);
+  if (!rc && (d->f = cuda_find_func(&d->cp, "decode")) < 0) {
+    snprintf(err, errlen, "the program has no @decode to sample with");
+    rc = EXIT_RUN;
+  }
+  for (int i = 0; host && i < prog.n_globals; i++) free(host[i]);
+  free(host);
+  free(views);
+  free(src);
+  free(image);
+  return rc;
+}
+
 int cmd_sample(int argc, char **argv) {
   const char *spec_path = NULL;
   SampleArgs sa;
   sample_args_init(&sa);
+  bool cuda = false;
+  CudaDecode cd;
+  memset(&cd, 0, sizeof cd);
   char err[IR_ERR_LEN];
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -87,6 +163,12 @@ int cmd_sample(int argc, char **argv) {
     int r = sample_arg(argc, argv, &i, &sa, "sample");
     if (r < 0) return EXIT_USAGE;
     if (r) continue;
+    const char *v;
+    if ((r = arg_value(argc, argv, &i, "--backend", &v))) {
+      if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "cuda"))) return usage_error("sample", "--backend takes cpu or cuda");
+      cuda = !strcmp(v, "cuda");
+      continue;
+    }
     if (a[0] == '-') return usage_error("sample", "unknown option '%s' (see loom sample --help)", a);
     if (spec_path) return usage_error("sample", "more than one spec ('%s' and '%s')", spec_path, a);
     spec_path = a;
@@ -140,16 +222,25 @@ int cmd_sample(int argc, char **argv) {
   }
   PassOptions opt;
   memset(&opt, 0, sizeof opt);
+  opt.target = cuda ? TARGET_CUDA : TARGET_CPU;   /* the memory plan's storage sizes */
   if (!rc) rc = pipeline_run(m, DECODE_PIPELINE, &opt, err, sizeof err);
-  if (!rc) rc = cpu_lower(m, &prog, &llvm, err, sizeof err);
-  if (!rc) rc = rt_program_save(&prog, &bytes, &nb, err, sizeof err);
-  if (!rc) rc = cpu_backend_load(&b, bytes, nb, llvm, (int)threads, err, sizeof err);
-  if (!rc) {
-    cpu_globals_init(&b.cp, 0);   /* the caches' zeros */
-    rc = load_weights_rt(&b.prog, &b.cp, wpath, err, sizeof err);
+  if (!rc && cuda) {
+    rc = cuda_open(m, wpath, &cd, err, sizeof err);
+  } else if (!rc) {
+    rc = cpu_lower(m, &prog, &llvm, err, sizeof err);
+    if (!rc) rc = rt_program_save(&prog, &bytes, &nb, err, sizeof err);
+    if (!rc) rc = cpu_backend_load(&b, bytes, nb, llvm, (int)threads, err, sizeof err);
+    if (!rc) {
+      cpu_globals_init(&b.cp, 0);   /* the caches' zeros */
+      rc = load_weights_rt(&b.prog, &b.cp, wpath, err, sizeof err);
+    }
   }
   sa.o.n_eos = sample_read_eos(spec->path, sa.o.eos, 8);
-  if (!rc) rc = sample_generate(&b.cp, tok, V, &pids, prompt, tmax, &sa.o, err, sizeof err);
+  if (!rc && cuda) rc = sample_generate_with(cuda_decode, &cd, "cuda backend (GPU 0)", tok, V, &pids, prompt, tmax, &sa.o,
+                                            err, sizeof err);
+  else if (!rc) rc = sample_generate(&b.cp, tok, V, &pids, prompt, tmax, &sa.o, err, sizeof err);
+  if (cd.have) cuda_program_free(&cd.cp);
+  rt_program_free(&cd.prog);
   cpu_backend_free(&b);
   rt_program_free(&prog);
   free(bytes);

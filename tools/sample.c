@@ -133,13 +133,24 @@ int sample_prompt_ids(Tokenizer *tok, int64_t V, const char *prompt, TokIds *out
   return rc;
 }
 
+static int cpu_decode(void *ctx, int32_t tok, int32_t pos, float *logits, char *err, size_t errlen) {
+  CpuProgram *cp = ctx;
+  void *args[2] = {&tok, &pos}, *rets[1] = {logits};
+  return cpu_program_call(cp, cpu_find_func(cp, "decode"), args, rets, err, errlen);
+}
+
 int sample_generate(CpuProgram *cp, Tokenizer *tok, int64_t V, const TokIds *prompt, const char *prompt_text,
                     int64_t tmax, const SampleOpts *o, char *err, size_t errlen) {
-  int f = cpu_find_func(cp, "decode");
-  if (f < 0) {
+  if (cpu_find_func(cp, "decode") < 0) {
     snprintf(err, errlen, "the program has no @decode to sample with");
     return EXIT_RUN;
   }
+  return sample_generate_with(cpu_decode, cp, "cpu backend", tok, V, prompt, prompt_text, tmax, o, err, errlen);
+}
+
+int sample_generate_with(SampleDecodeFn call, void *ctx, const char *where, Tokenizer *tok, int64_t V,
+                         const TokIds *prompt, const char *prompt_text, int64_t tmax, const SampleOpts *o, char *err,
+                         size_t errlen) {
   if (prompt->n + o->max_new > tmax) {
     snprintf(err, errlen, "the prompt (%lld tokens) and %lld new tokens need %lld positions, and the KV cache holds %lld; "
              "shorten the prompt or ask for fewer tokens", (long long)prompt->n, (long long)o->max_new,
@@ -163,11 +174,7 @@ int sample_generate(CpuProgram *cp, Tokenizer *tok, int64_t V, const TokIds *pro
     fflush(stdout);
   }
   /* the prompt, one token a call: its keys and values go into the cache */
-  for (int64_t pos = 0; !rc && pos < prompt->n; pos++) {
-    int32_t t = (int32_t)prompt->ids[pos], p = (int32_t)pos;
-    void *args[2] = {&t, &p}, *rets[1] = {logits};
-    rc = cpu_program_call(cp, f, args, rets, err, errlen);
-  }
+  for (int64_t pos = 0; !rc && pos < prompt->n; pos++) rc = call(ctx, (int32_t)prompt->ids[pos], (int32_t)pos, logits, err, errlen);
   double t_first = seconds_now();
   /* then each new token from the last logits, fed back at the next position */
   for (int64_t pos = prompt->n; !rc && made < o->max_new; pos++) {
@@ -177,16 +184,14 @@ int sample_generate(CpuProgram *cp, Tokenizer *tok, int64_t V, const TokIds *pro
     bool stop = false;
     for (int e = 0; e < o->n_eos; e++) stop |= next == o->eos[e];
     if (rc || stop || made == o->max_new) break;
-    int32_t p = (int32_t)pos;
-    void *args[2] = {&next, &p}, *rets[1] = {logits};
-    rc = cpu_program_call(cp, f, args, rets, err, errlen);
+    rc = call(ctx, next, (int32_t)pos, logits, err, errlen);
   }
   if (!rc) {
     printf("\n");
     double t1 = seconds_now();
     fprintf(stderr, "loom: %lld prompt tokens in %.3f s, %lld new tokens in %.3f s (%.1f tokens/s), KV cache %lld "
-            "positions, cpu backend\n", (long long)prompt->n, t_first - t0, (long long)made, t1 - t_first,
-            (double)made / (t1 - t_first > 0 ? t1 - t_first : 1e-9), (long long)tmax);
+            "positions, %s\n", (long long)prompt->n, t_first - t0, (long long)made, t1 - t_first,
+            (double)made / (t1 - t_first > 0 ? t1 - t_first : 1e-9), (long long)tmax, where);
   }
   free(dbuf);
   free(cands);

@@ -176,7 +176,14 @@ int sample_read_eos(const char *spec_path, int64_t *eos, int max);
 int sample_weights_path(const char *w, char *out, size_t n, char *err, size_t errlen);
 /* The prompt's ids: by the tokenizer, or as bytes when there is none (V must be 256). */
 int sample_prompt_ids(Tokenizer *tok, int64_t V, const char *prompt, TokIds *out, char *err, size_t errlen);
-/* Runs cp's @decode over the prompt, then generates (to stdout as it goes); tmax: the cache's rows. */
+/* One call of a program's @decode(tokens[1,1], positions[1,1]) -> logits[1,1,V]. */
+typedef int (*SampleDecodeFn)(void *ctx, int32_t token, int32_t pos, float *logits, char *err, size_t errlen);
+/* Runs @decode over the prompt, then generates (to stdout as it goes); tmax: the cache's rows;
+   `where` names the backend in the closing line. */
+int sample_generate_with(SampleDecodeFn call, void *ctx, const char *where, Tokenizer *tok, int64_t V,
+                         const TokIds *prompt, const char *prompt_text, int64_t tmax, const SampleOpts *o, char *err,
+                         size_t errlen);
+/* The same on the cpu backend's program (its @decode). */
 int sample_generate(CpuProgram *cp, Tokenizer *tok, int64_t V, const TokIds *prompt, const char *prompt_text,
                     int64_t tmax, const SampleOpts *o, char *err, size_t errlen);
 

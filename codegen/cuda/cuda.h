@@ -5,7 +5,8 @@
  *              reductions per output row, column or thread: deterministic orders)
  *   lower.c    every program function (after `fuse` and `memory-plan` with target CUDA) ->
  *              RtSteps; the translation unit: prelude.h (conversions, the templates of the
- *              builtin kernels, flash attention), the fused kernels (identical ones shared),
+ *              builtin kernels, flash attention), prelude_attn_block.h (context parallelism),
+ *              prelude_decode.h (the KV cache), the fused kernels (identical ones shared),
  *              one extern "C" wrapper per builtin kernel and storage signature used
  *
  * The program (runtime/program.h, "On CUDA every step ..."):
@@ -44,6 +45,17 @@
  *     axis (CUDA_ROPE_COORD_INT, CUDA_ATTN_BLOCK_COORD_INT below), which the lowering writes
  *     0.  Without a CUDA mesh (one GPU: coordinate 0) that is right; once CUDA meshes exist,
  *     the runtime must write the rank's coordinate there before launching.
+ *   - generation with a KV cache (loom sample: rope_at, kv_write, attention_cached; kernels
+ *     of prelude_decode.h): one step each, program.h's i[] and f[] (RT_B_ROPE_AT,
+ *     RT_B_KV_WRITE, RT_B_ATTN_CACHED); the positions are an i32 buffer [B,C].  kv_write
+ *     writes its cache global in place: the cache is listed once, as input 0, and the step
+ *     has no outputs (as assign and accumulate list their global).  The caches are state
+ *     globals initialized to zeros (cuda_globals_init), and attention_cached reads rows
+ *     0..pos of them: rows a kv_write of this or an earlier call wrote when the host feeds
+ *     positions 0, 1, 2, ... in order.  No device-side error flag exists: the host checks
+ *     that every position is in [0, Tmax) before each call, as the CPU runtime does.  A
+ *     kernel that meets one outside (rope_at: a negative one) traps rather than clamp or skip:
+ *     the call fails (CUDA_ERROR_LAUNCH_FAILED) and the program is broken.
  * Steps run in program order on one stream (the scratch region is shared by all steps).
  * Every reduction has a fixed order: the same inputs give the same bits on every run.
  */

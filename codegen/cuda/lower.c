@@ -22,6 +22,7 @@
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/cuda/prelude.h"
 #include "codegen/cuda/prelude_attn_block.h"
+#include "codegen/cuda/prelude_decode.h"
 #include "codegen/lower_common.h"
 
 #define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
@@ -748,6 +749,44 @@ static int lower_builtin(Lower *L, Steps *s) {
     launch_ew(st, type_numel(x) / 2);
     return instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
   }
+  /* generation with a KV cache (prelude_decode.h): program.h's i[] layouts; positions i32 */
+  case OP_ROPE_AT:
+    if (x->dims[3] % 2) return lfail(L, "rope_at needs an even head size");
+    STEP("");
+    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    for (int d = 0; d < 4; d++) INT(x->dims[d]);
+    st->f[0] = op_float(op, "theta");
+    launch_ew(st, type_numel(x) / 2);
+    return instantiate(L, st, "rope_at", "loom_rope_at", IDX(0, 2), NULL, "", 1024);
+  case OP_ATTENTION_CACHED: {
+    const Type *kt = &op->operands[1]->type;
+    int64_t rows = x->dims[0] * x->dims[1] * x->dims[2], Dh = x->dims[3];
+    if (kt->dims[2] <= 0 || x->dims[2] % kt->dims[2])
+      return lfail(L, "%lld query heads do not share %lld kv heads evenly", (long long)x->dims[2], (long long)kt->dims[2]);
+    if (Dh > 4096) return lfail(L, "head size %lld: attention_cached on CUDA takes head sizes up to 4096", (long long)Dh);
+    STEP("");
+    if (st->bufs[3].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    for (int d = 0; d < 4; d++) INT(x->dims[d]);
+    INT(kt->dims[1]);
+    INT(kt->dims[2]);
+    st->f[0] = op_float(op, "scale");
+    st->block[0] = 128;   /* LOOM_AC_THREADS: a block per query row, grid-stride over the rows */
+    st->grid[0] = clamp_grid(rows, 65535);
+    st->smem = (uint32_t)(4 * (2 * Dh + 128));   /* the query, the output's sums, a tile's scores */
+    return instantiate(L, st, "attn_cached", "loom_attn_cached", IDX(0, 1, 2, 4), NULL, "", 128);
+  }
+  case OP_KV_WRITE: {
+    /* the cache is written in place: listed once, as input 0 (no outputs), like assign */
+    const Type *v = &op->operands[1]->type;
+    STEP("");
+    if (st->bufs[2].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    INT(v->dims[0]);
+    INT(v->dims[1]);
+    INT(x->dims[1]);
+    INT(v->dims[2] * v->dims[3]);
+    launch_ew(st, type_numel(v));
+    return instantiate(L, st, "kv_write", "loom_kv_write", IDX(0, 1), NULL, "", 1024);
+  }
   case OP_CROSS_ENTROPY:
   case OP_CROSS_ENTROPY_GRAD: {
     bool fwd = op->kind == OP_CROSS_ENTROPY;
@@ -1208,6 +1247,7 @@ static void header(Str *o, const Module *m) {
   if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
   str_add(o, "%s", cuda_prelude_text);
   str_add(o, "%s", cuda_prelude_attn_block_text);
+  str_add(o, "%s", cuda_prelude_decode_text);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }
 

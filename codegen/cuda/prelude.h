@@ -1,7 +1,8 @@
 /* codegen/cuda/prelude.h — the fixed part of every CUDA translation unit loom emits: storage
  * conversions, block reductions, and the templates of the builtin kernels (norms, softmax,
  * cross entropy, embedding, rope, data movement, adamw, flash attention on CUDA cores and
- * on tensor cores; context parallelism's attention blocks follow in prelude_attn_block.h).
+ * on tensor cores; context parallelism's attention blocks follow in prelude_attn_block.h, the
+ * KV cache's kernels in prelude_decode.h).
  * Generated from a plain .cu file (one C string line per source line); included by
  * codegen/cuda/lower.c only.
  * Kernels instantiate these templates through extern "C" wrappers emitted per program. */

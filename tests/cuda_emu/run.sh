@@ -104,6 +104,47 @@ else
   bad "attention blocks (context parallelism)"; cat "$tmp/log" "$tmp/ab" 2> /dev/null | head -20
 fi
 
+# Generation with a KV cache: decode.ir's @decode (a decode step as frontend_build_decode
+# writes it for loom sample) lowers for CUDA, and the kernels of rope_at, kv_write and
+# attention_cached alone (decode.cc) against a double reference, the same bits in reverse
+# thread order, positions outside the cache failing the launch; built on decode.ir's
+# translation unit, whose wrappers instantiate the templates as the lowering does.
+if "$LOOM" ir tests/cuda_emu/decode.ir --passes=verify,fuse,memory-plan --target=cuda --emit=cuda -o "$tmp/dec.cu" \
+     > "$tmp/log" 2>&1; then
+  ok "decode.ir (kv_write, rope_at, attention_cached in a Llama decode step; bf16) lowers for CUDA: $(grep -c '__global__' "$tmp/dec.cu") kernels"
+else
+  bad "decode.ir does not lower for CUDA"; cat "$tmp/log"
+fi
+sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_emu_dyn_smem();/' "$tmp/dec.cu" > "$tmp/dec_emu.cu"
+if ! grep -q 'loom_attn_cached_ffff(LoomArgs a) { loom_attn_cached<loom_sf32, loom_sf32, loom_sf32, loom_sf32>' "$tmp/dec_emu.cu" ||
+   ! grep -q 'loom_kv_write_bb(LoomArgs a) { loom_kv_write<loom_sbf16, loom_sbf16>' "$tmp/dec_emu.cu"; then
+  bad "decode.ir: no wrappers loom_attn_cached_ffff and loom_kv_write_bb in its translation unit"
+elif "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
+       -DTU="\"$tmp/dec_emu.cu\"" tests/cuda_emu/decode.cc -o "$tmp/decode" > "$tmp/log" 2>&1 &&
+     "$tmp/decode" > "$tmp/dec" 2>&1; then
+  ok "KV-cache kernels (rope_at, kv_write, attention_cached; f32, bf16, mixed; GQA) against a double reference, the same bits in reverse thread order"
+  sed 's/^/     /' "$tmp/dec"
+else
+  bad "KV-cache kernels (decode.cc)"; cat "$tmp/log" "$tmp/dec" 2> /dev/null | head -30
+fi
+
+# loom sample --backend cuda: greedy decoding of the whole decode program on the device gives
+# transformers' greedy generate, token for token (tests/golden/M/generate.json)
+for m in gpt2-tiny llama-tiny; do
+  g=tests/golden/$m
+  python3 -c "
+import json, sys
+for c in json.load(open('$g/generate.json'))['cases']:
+    print(c['max_new_tokens'], ' '.join(map(str, c['new_ids'])), c['prompt'].encode().hex(), sep='|')" > "$tmp/cases"
+  while IFS='|' read -r max want hex; do
+    prompt=$(python3 -c "import sys; sys.stdout.write(bytes.fromhex('$hex').decode())")
+    got=$("$LOOM" sample $g/train_spec.json --weights $g/weights.safetensors --prompt "$prompt" --max-new-tokens "$max" \
+          --temperature 0 --ids --backend cuda 2> "$tmp/log")
+    if [ "$got" = "$want" ]; then ok "loom sample --backend cuda, $m, prompt '$(echo "$prompt" | head -1)': transformers' greedy ids"
+    else bad "loom sample --backend cuda, $m: got '$got', want '$want'"; cat "$tmp/log"; fi
+  done < "$tmp/cases"
+done
+
 # Longer sequences than the goldens': several attention tiles per row and per block
 # (forward tiles of 64 queries x 64 keys, backward 32 keys), causal tiles skipped.
 for ms in gpt2-tiny:64 llama-tiny:128; do
