@@ -14,7 +14,7 @@
  * parameters, and the fills that zero their gradients, merge into one launch each
  * (merge_updates): a multi-tensor AdamW over one contiguous span per region.
  *
- * Why one file of ~1,300 lines: every builtin's lowering is a case of lower_builtin beside
+ * Why one file of ~1,400 lines: every builtin's lowering is a case of lower_builtin beside
  * its launch shape and shared-memory size, and they share the step builders (new_step,
  * set_bufs, instantiate); split it by op family (attention, data movement, optimizer) when
  * the next large piece (NCCL collectives, issue 15) comes in.
