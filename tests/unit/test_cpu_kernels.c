@@ -34,6 +34,9 @@
 #include "runtime/cpu/threadpool.h"
 
 static int n_pass, n_fail;
+/* The cp coordinate the reference and the builtins run as (ring attention's blocks, rope over
+   a split sequence); 0 elsewhere. */
+static int cp_coord;
 static uint64_t rng = 12345;
 static ThreadPool *tp1, *tp3;
 
@@ -156,7 +159,10 @@ static int run_cpu(Case *c, Tensor **g0, ThreadPool *tp, void **host, char *err,
       else ((int32_t *)host[k])[e] = (int32_t)src->i[e];
     }
   }
-  return cpu_builtin_run(tp, NULL, &c->st, host, err, errlen);
+  Comm comm;
+  memset(&comm, 0, sizeof comm);
+  comm.coord[AX_CP] = cp_coord;
+  return cpu_builtin_run(tp, &comm, &c->st, host, err, errlen);
 }
 
 /* tol: relative bound of float outputs (0: the default 1e-5). */
@@ -184,7 +190,7 @@ static void run(Case *c, const char *name, double tol) {
   char msg[512] = "";
   if (cpu_builtin_check(&c->st, err, sizeof err)) {
     snprintf(msg, sizeof msg, "check: %s", err);
-  } else if (interp_run(c->f, c->gs, c->args, rets, err, sizeof err)) {
+  } else if (interp_run_comm(c->f, c->gs, c->args, rets, &(IrComm){.coord = {[AX_CP] = cp_coord}}, err, sizeof err)) {
     snprintf(msg, sizeof msg, "reference: %s", err);
   } else if (run_cpu(c, g0, tp1, h1, err, sizeof err) || run_cpu(c, g0, tp3, h3, err, sizeof err)) {
     snprintf(msg, sizeof msg, "cpu: %s", err);
@@ -417,6 +423,94 @@ static void rope_case(const char *name, int64_t offset, bool inverse) {
   I(2, 50, 3, 64, offset, inverse);
   c.st.f[0] = 10000;
   run(&c, name, 0);
+}
+
+/* Ring attention's blocks (attention_block, attention_block_grad) on rank c of n, against the
+   reference: every kv_shift (-1: every rank's keys), both layouts, GQA. */
+static void attn_block_case(bool grad, int64_t n, int c_, int64_t shift, bool zigzag, bool causal) {
+  char name[96];
+  snprintf(name, sizeof name, "attention_block%s n=%lld c=%d kv%+lld %s%s", grad ? "_grad" : "", (long long)n, c_,
+           (long long)shift, zigzag ? "zigzag" : "contig", causal ? "" : " full");
+  int64_t B = 2, T = 6, H = 4, KV = 2, Dh = 16, S = shift < 0 ? n * T : T;
+  Case c;
+  begin(&c, grad ? RT_B_ATTN_BLOCK_GRAD : RT_B_ATTN_BLOCK);
+  Value *ops[6];
+  int o = 0;
+  if (grad) ops[o++] = arg(&c, DT_F32, 4, D(B, T, H, Dh), 1, 0);
+  ops[o++] = arg(&c, DT_F32, 4, D(B, T, H, Dh), 1, 0);
+  ops[o++] = arg(&c, DT_F32, 4, D(B, S, KV, Dh), 1, 0);
+  ops[o++] = arg(&c, DT_F32, 4, D(B, S, KV, Dh), 1, 0);
+  if (grad) {
+    ops[o++] = arg(&c, DT_F32, 3, D(B, T, H), 1, 0);   /* lse */
+    ops[o++] = arg(&c, DT_F32, 3, D(B, T, H), 0.3, 0); /* delta */
+  }
+  Op *op = build_begin(&c.b, grad ? OP_ATTENTION_BLOCK_GRAD : OP_ATTENTION_BLOCK, ops, o);
+  op_set_float(op, "scale", 0.25);
+  op_set_bool(op, "causal", causal);
+  Attr *a = &op->attrs[op_attr_index(op->kind, "seq_axis")];
+  a->s = "cp";
+  a->set = true;
+  op_set_int(op, "seq_n", n);
+  op_set_bool(op, "zigzag", zigzag);
+  op_set_int(op, "kv_shift", shift);
+  build_end(&c.b, NULL);
+  for (int r = 0; r < op->n_results; r++) ret(&c, op->results[r]);
+  I(B, T, H, Dh, S, KV, causal, AX_CP + 1, n, zigzag, shift);
+  c.st.f[0] = 0.25;
+  cp_coord = c_;
+  run(&c, name, 0);
+  cp_coord = 0;
+}
+
+static void rope_split_case(void) {
+  Case c;
+  begin(&c, RT_B_ROPE);
+  Value *x = arg(&c, DT_F32, 4, D(2, 8, 3, 16), 1, 0);
+  Op *op = build_begin(&c.b, OP_ROPE, &x, 1);
+  op_set_float(op, "theta", 10000);
+  Attr *a = &op->attrs[op_attr_index(OP_ROPE, "seq_axis")];
+  a->s = "cp";
+  a->set = true;
+  op_set_int(op, "seq_n", 3);
+  op_set_bool(op, "zigzag", true);
+  ret(&c, build_end(&c.b, NULL));
+  I(2, 8, 3, 16, 0, 0, AX_CP + 1, 3, 1);
+  c.st.f[0] = 10000;
+  cp_coord = 2;
+  run(&c, "rope zigzag cp rank 2 of 3", 0);
+  cp_coord = 0;
+}
+
+/* Generation with a KV cache: rope_at, attention_cached, kv_write (positions drawn in range). */
+static void decode_cases(void) {
+  int64_t B = 2, C = 3, H = 4, KV = 2, Dh = 16, S = 40;
+  Case c;
+  begin(&c, RT_B_ROPE_AT);
+  Value *x = arg(&c, DT_F32, 4, D(B, C, H, Dh), 1, 0), *pos = arg(&c, DT_I32, 2, D(B, C), 0, S);
+  Value *ops[4] = {x, pos};
+  op_set_float(build_begin(&c.b, OP_ROPE_AT, ops, 2), "theta", 10000);
+  ret(&c, build_end(&c.b, NULL));
+  I(B, C, H, Dh);
+  c.st.f[0] = 10000;
+  run(&c, "rope_at", 0);
+  begin(&c, RT_B_ATTN_CACHED);
+  ops[0] = arg(&c, DT_F32, 4, D(B, C, H, Dh), 1, 0);
+  ops[1] = arg(&c, DT_F32, 4, D(B, S, KV, Dh), 1, 0);
+  ops[2] = arg(&c, DT_F32, 4, D(B, S, KV, Dh), 1, 0);
+  ops[3] = arg(&c, DT_I32, 2, D(B, C), 0, S);
+  op_set_float(build_begin(&c.b, OP_ATTENTION_CACHED, ops, 4), "scale", 0.25);
+  ret(&c, build_end(&c.b, NULL));
+  I(B, C, H, Dh, S, KV);
+  c.st.f[0] = 0.25;
+  run(&c, "attention_cached GQA", 0);
+  begin(&c, RT_B_KV_WRITE);
+  Value *cache = global(&c, DT_F32, 4, D(B, S, KV, Dh), 1, false);
+  ops[0] = cache;
+  ops[1] = arg(&c, DT_F32, 4, D(B, C, KV, Dh), 1, 0);
+  ops[2] = arg(&c, DT_I32, 2, D(B, C), 0, S);
+  func_add_op(c.f, OP_KV_WRITE, ops, 3, NULL);
+  I(B, C, S, KV * Dh);
+  run(&c, "kv_write", 0);
 }
 
 static void loss_cases(void) {
@@ -694,6 +788,14 @@ int main(void) {
   attention_paths_case();
   rope_case("rope", 0, false);
   rope_case("rope inverse offset 5", 5, true);
+  rope_split_case();
+  for (int grad = 0; grad < 2; grad++)
+    for (int zz = 0; zz < 2; zz++)
+      for (int c_ = 0; c_ < 3; c_++)
+        for (int64_t shift = -1; shift < 3; shift++) attn_block_case(grad, 3, c_, shift, zz, true);
+  attn_block_case(false, 2, 1, 1, true, false);
+  attn_block_case(true, 2, 1, -1, false, false);
+  decode_cases();
   loss_cases();
   embedding_cases();
   data_cases();
