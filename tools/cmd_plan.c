@@ -19,9 +19,11 @@
  * layout is not buildable and each whole compile beside its screening figures.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ir/schedule.h"
 #include "tools/exec_ref.h"
@@ -129,7 +131,53 @@ typedef struct {
   int target;
   int compiles;
   double compile_s;
+  pthread_mutex_t lock;   /* the counters (screening runs on several threads) */
+  FILE *quiet;            /* /dev/null: where the passes' reports go */
 } Ctx;
+
+static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem, Module **keep, char *err,
+                       size_t errlen);
+
+/* Screening, one candidate: compiled with 1 and 2 layers a chunk (or whole when that is as
+   small), its step and memory extrapolated to the model's layers a chunk. */
+typedef struct {
+  Ctx *x;
+  Cand *cs;
+  bool *bad;
+  char (*why)[IR_ERR_LEN];
+  int n, next, done;
+  int64_t L;
+  const Hardware *hw;
+  pthread_mutex_t lock;
+} Screen;
+
+static void *screen_worker(void *arg) {
+  Screen *w = arg;
+  for (;;) {
+    pthread_mutex_lock(&w->lock);
+    int i = w->next++;
+    pthread_mutex_unlock(&w->lock);
+    if (i >= w->n) return NULL;
+    Cand *c = &w->cs[i];
+    int64_t chunks = c->pp * c->v, L = w->L;
+    StepTime t1, t2;
+    int64_t m1 = 0, m2 = 0;
+    /* two layers a chunk or more already: the model itself is as cheap to compile */
+    bool whole = 2 * chunks >= L;
+    w->bad[i] = whole ? compile_one(w->x, c, L, &t1, &m1, NULL, w->why[i], IR_ERR_LEN)
+                      : compile_one(w->x, c, chunks, &t1, &m1, NULL, w->why[i], IR_ERR_LEN) ||
+                            compile_one(w->x, c, 2 * chunks, &t2, &m2, NULL, w->why[i], IR_ERR_LEN);
+    if (!w->bad[i]) {
+      double k = (double)L / (double)chunks - 1;
+      c->step_s = whole ? t1.step_s : t1.step_s + k * (t2.step_s - t1.step_s);
+      c->mem = whole ? (double)m1 : (double)m1 + k * (double)(m2 - m1);
+      c->fits = c->mem <= w->hw->mem_bytes;
+    }
+    pthread_mutex_lock(&w->lock);
+    w->done++;
+    pthread_mutex_unlock(&w->lock);
+  }
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -154,39 +202,50 @@ static const char *plan_pipeline(void) {
 
 static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem, Module **keep, char *err,
                        size_t errlen) {
-  static RunSpec s;   /* large (paths): not on the stack */
-  s = *x->base;
-  s.model.n_layer = layers;
-  for (int k = 0; k < MESH_AXES; k++) s.mesh[k] = 1;
-  s.mesh[MESH_DP] = c->dp, s.mesh[MESH_TP] = c->tp, s.mesh[MESH_CP] = c->cp, s.mesh[MESH_PP] = c->pp;
-  s.zero = c->zero, s.sequence_parallel = c->sp, s.batch = c->batch, s.grad_accum = c->ga;
-  s.recompute = c->rc, s.recompute_classes = RC_DEFAULT_CLASSES;
-  s.pp_schedule = c->sched ? c->sched : 0, s.pp_virtual = c->pp > 1 ? c->v : 0, s.n_pp_split = 0;
+  RunSpec *sp = malloc(sizeof *sp);   /* large (paths): not on the stack; one per call (screening threads) */
+  if (!sp) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  *sp = *x->base;
+  sp->model.n_layer = layers;
+  for (int k = 0; k < MESH_AXES; k++) sp->mesh[k] = 1;
+  sp->mesh[MESH_DP] = c->dp, sp->mesh[MESH_TP] = c->tp, sp->mesh[MESH_CP] = c->cp, sp->mesh[MESH_PP] = c->pp;
+  sp->zero = c->zero, sp->sequence_parallel = c->sp, sp->batch = c->batch, sp->grad_accum = c->ga;
+  sp->recompute = c->rc, sp->recompute_classes = RC_DEFAULT_CLASSES;
+  sp->pp_schedule = c->sched ? c->sched : 0, sp->pp_virtual = c->pp > 1 ? c->v : 0, sp->n_pp_split = 0;
   /* screening (fewer layers than the model): the same layers in every chunk, so the cost is
      linear in the layers a chunk holds; the whole model gets the pass's balanced split */
   int64_t chunks = c->pp * c->v;
   if (c->pp > 1 && layers < x->base->model.n_layer && layers % chunks == 0 && chunks <= 256) {
-    s.n_pp_split = (int)chunks;
-    for (int64_t k = 0; k < chunks; k++) s.pp_split[k] = k * (layers / chunks);
+    sp->n_pp_split = (int)chunks;
+    for (int64_t k = 0; k < chunks; k++) sp->pp_split[k] = k * (layers / chunks);
   }
-  int rc = spec_validate(&s, err, errlen);
-  if (rc) return rc;
+  int rc = spec_validate(sp, err, errlen);
+  if (rc) {
+    free(sp);
+    return rc;
+  }
   Module *m = NULL;
   double t0 = now_s();
-  rc = frontend_build(&s, "plan", &m, err, errlen);
-  TrainSettings ts = spec_train_settings(&s);
+  rc = frontend_build(sp, "plan", &m, err, errlen);
+  TrainSettings ts = spec_train_settings(sp);
   PassOptions opt;
   memset(&opt, 0, sizeof opt);
   opt.train = &ts, opt.target = x->target;
   /* memory-plan's own overlap check is O(values^2): the plan's figures are the same without
      it, and `loom train` checks the program it runs */
   opt.no_self_checks = true;
+  opt.print_to = x->quiet;   /* the recompute pass's report of every candidate: not shown */
   if (!rc) rc = pipeline_run(m, plan_pipeline(), &opt, err, errlen);
   if (!rc) rc = timing_predict(m, x->hw, c->ga, t, err, errlen);
   if (!rc) *mem = plan_rank_memory(m, x->target);
+  pthread_mutex_lock(&x->lock);
   x->compiles++, x->compile_s += now_s() - t0;
+  pthread_mutex_unlock(&x->lock);
   if (!rc && keep) *keep = m;
   else module_free(m);
+  free(sp);
   return rc;
 }
 
@@ -426,38 +485,45 @@ int cmd_plan(int argc, char **argv) {
   }
 
   /* ---- screening: 1 and 2 layers a chunk, extrapolated ---- */
-  Ctx x = {&base, &hw, target, 0, 0};
+  Ctx x = {&base, &hw, target, 0, 0, PTHREAD_MUTEX_INITIALIZER, fopen("/dev/null", "w")};
   double t_start = now_s();
   int kept = 0, refused = 0;
   char first_refusal[IR_ERR_LEN] = "";
+  /* screening on every core: candidates are independent compiles */
+  (void)plan_pipeline();   /* its text is built once, before the threads */
+  Screen w = {&x, cs, calloc((size_t)n + 1, 1), calloc((size_t)n + 1, IR_ERR_LEN), n, 0, 0, L, &hw,
+              PTHREAD_MUTEX_INITIALIZER};
+  if (!w.bad || !w.why) {
+    free(w.bad), free(w.why), free(cs);
+    if (x.quiet) fclose(x.quiet);
+    return report(EXIT_RUN, "out of memory");
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nt = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+  if (getenv("LOOM_THREADS")) nt = atoi(getenv("LOOM_THREADS")) > 0 ? atoi(getenv("LOOM_THREADS")) : nt;
+  pthread_t th[64];
+  int started = 0;
+  for (int t = 1; t < nt && t < 64; t++)
+    if (!pthread_create(&th[started], NULL, screen_worker, &w)) started++;
+  screen_worker(&w);   /* this thread too */
+  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   for (int i = 0; i < n; i++) {
     Cand *c = &cs[i];
-    int64_t chunks = c->pp * c->v;
-    StepTime t1, t2;
-    int64_t m1 = 0, m2 = 0;
-    char e[IR_ERR_LEN];
-    /* two layers a chunk or more already: the model itself is as cheap to compile */
-    bool whole = 2 * chunks >= L;
-    int bad = whole ? compile_one(&x, c, L, &t1, &m1, NULL, e, sizeof e)
-                    : compile_one(&x, c, chunks, &t1, &m1, NULL, e, sizeof e) ||
-                          compile_one(&x, c, 2 * chunks, &t2, &m2, NULL, e, sizeof e);
-    if (bad) {
-      if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", e);
+    if (w.bad[i]) {
+      if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", w.why[i]);
       if (getenv("LOOM_PLAN_DEBUG")) {
         char lay[160];
         layout_text(c, lay, sizeof lay);
-        fprintf(stderr, "not buildable: %s: %s\n", lay, e);
+        fprintf(stderr, "not buildable: %s: %s\n", lay, w.why[i]);
       }
       continue;
     }
-    double k = (double)L / (double)chunks - 1;
-    c->step_s = whole ? t1.step_s : t1.step_s + k * (t2.step_s - t1.step_s);
-    c->mem = whole ? (double)m1 : (double)m1 + k * (double)(m2 - m1);
-    c->fits = c->mem <= hw.mem_bytes;
     cs[kept++] = *c;
-    if (!json && (i % 16 == 15 || i == n - 1))
-      fprintf(stderr, "\rscreening %d/%d candidates (%d compiles, %.1f s)", i + 1, n, x.compiles, now_s() - t_start);
   }
+  if (!json)
+    fprintf(stderr, "screened %d candidates (%d compiles on %d threads, %.1f s)\n", n, x.compiles, started + 1,
+            now_s() - t_start);
+  free(w.bad), free(w.why);
   if (!json) fprintf(stderr, "\n");
   n = kept;
   qsort(cs, (size_t)n, sizeof *cs, cmp_step);
@@ -504,6 +570,7 @@ int cmd_plan(int argc, char **argv) {
                first_refusal);
     }
     free(cs), free(best);
+    if (x.quiet) fclose(x.quiet);
     return report(EXIT_USAGE, err);
   }
   if (json) {
@@ -561,5 +628,6 @@ int cmd_plan(int argc, char **argv) {
   if (!rc && emit) rc = emit_spec(emit, spec_path, &base, &best[0], err, sizeof err);
   if (!rc && emit && !json) fprintf(stderr, "wrote %s (candidate 1)\n", emit);
   free(cs), free(best);
+  if (x.quiet) fclose(x.quiet);
   return report(rc, err);
 }
