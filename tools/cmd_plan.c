@@ -145,6 +145,7 @@ typedef struct {
   Cand *cs;
   bool *bad;
   char (*why)[IR_ERR_LEN];
+  const int *order;   /* the candidates of this round */
   int n, next, done;
   int64_t L;
   const Hardware *hw;
@@ -155,9 +156,10 @@ static void *screen_worker(void *arg) {
   Screen *w = arg;
   for (;;) {
     pthread_mutex_lock(&w->lock);
-    int i = w->next++;
+    int k = w->next++;
     pthread_mutex_unlock(&w->lock);
-    if (i >= w->n) return NULL;
+    if (k >= w->n) return NULL;
+    int i = w->order[k];
     Cand *c = &w->cs[i];
     int64_t chunks = c->pp * c->v, L = w->L;
     StepTime t1, t2;
@@ -491,24 +493,70 @@ int cmd_plan(int argc, char **argv) {
   char first_refusal[IR_ERR_LEN] = "";
   /* screening on every core: candidates are independent compiles */
   (void)plan_pipeline();   /* its text is built once, before the threads */
-  Screen w = {&x, cs, calloc((size_t)n + 1, 1), calloc((size_t)n + 1, IR_ERR_LEN), n, 0, 0, L, &hw,
+  /* Rounds, so that screened figures prune what cannot win:
+     - recomputation never makes a step faster (it adds work to save memory), so a layout
+       with it is screened only where the same layout without it was refused or does not fit
+       (first every candidate without recomputation, or with the one --recompute fixes);
+     - memory grows with the micro-batch, so a layout whose half micro-batch already needs
+       more than 1.5 x the device (far out, as the exact phase judges) is not screened.
+     Round r = phase x 64 + log2(micro-batch per rank). */
+  int *order = malloc(sizeof(int) * (size_t)(n + 1)), *half = malloc(sizeof(int) * (size_t)(n + 1));
+  int *none = malloc(sizeof(int) * (size_t)(n + 1));
+  bool *skip = calloc((size_t)n + 1, 1), *far = calloc((size_t)n + 1, 1);
+  Screen w = {&x, cs, calloc((size_t)n + 1, 1), calloc((size_t)n + 1, IR_ERR_LEN), order, 0, 0, 0, L, &hw,
               PTHREAD_MUTEX_INITIALIZER};
-  if (!w.bad || !w.why) {
-    free(w.bad), free(w.why), free(cs);
+  if (!w.bad || !w.why || !order || !skip || !far || !half || !none) {
+    free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none);
     if (x.quiet) fclose(x.quiet);
     return report(EXIT_RUN, "out of memory");
   }
+  /* siblings: the same layout with half the micro-batch, and without recomputation */
+  for (int i = 0; i < n; i++) {
+    const Cand *c = &cs[i];
+    half[i] = none[i] = -1;
+    for (int j = 0; j < n; j++) {
+      const Cand *b = &cs[j];
+      if (b->dp != c->dp || b->tp != c->tp || b->cp != c->cp || b->pp != c->pp || b->v != c->v || b->zero != c->zero ||
+          b->sched != c->sched || b->sp != c->sp)
+        continue;
+      if (b->rc == c->rc && 2 * b->batch == c->batch) half[i] = j;
+      if (c->rc != RECOMPUTE_NONE && b->rc == RECOMPUTE_NONE && b->batch == c->batch) none[i] = j;
+    }
+  }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int nt = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores;
+  int nt = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores, skipped = 0;
   if (getenv("LOOM_THREADS")) nt = atoi(getenv("LOOM_THREADS")) > 0 ? atoi(getenv("LOOM_THREADS")) : nt;
-  pthread_t th[64];
-  int started = 0;
-  for (int t = 1; t < nt && t < 64; t++)
-    if (!pthread_create(&th[started], NULL, screen_worker, &w)) started++;
-  screen_worker(&w);   /* this thread too */
-  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  for (int round = 0; round < 128; round++) {
+    w.n = w.next = 0;
+    for (int i = 0; i < n; i++) {
+      const Cand *c = &cs[i];
+      int phase = fix_rc >= 0 || c->rc == RECOMPUTE_NONE ? 0 : 1, level = 0;
+      for (int64_t m = c->batch / c->dp; m > 1; m /= 2) level++;
+      if (phase * 64 + level != round) continue;
+      int h = half[i], o = none[i];
+      if (h >= 0 && (far[h] || (!w.bad[h] && !skip[h] && cs[h].mem > 1.5 * hw.mem_bytes))) {
+        skip[i] = far[i] = true;
+        skipped++;
+        continue;
+      }
+      if (o >= 0 && !skip[o] && !w.bad[o] && cs[o].fits) {
+        skip[i] = true;
+        skipped++;
+        continue;
+      }
+      order[w.n++] = i;
+    }
+    if (!w.n) continue;
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 1; t < nt && t < 64 && t < w.n; t++)
+      if (!pthread_create(&th[started], NULL, screen_worker, &w)) started++;
+    screen_worker(&w);   /* this thread too */
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  }
   for (int i = 0; i < n; i++) {
     Cand *c = &cs[i];
+    if (skip[i]) continue;
     if (w.bad[i]) {
       if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", w.why[i]);
       if (getenv("LOOM_PLAN_DEBUG")) {
@@ -521,9 +569,10 @@ int cmd_plan(int argc, char **argv) {
     cs[kept++] = *c;
   }
   if (!json)
-    fprintf(stderr, "screened %d candidates (%d compiles on %d threads, %.1f s)\n", n, x.compiles, started + 1,
-            now_s() - t_start);
-  free(w.bad), free(w.why);
+    fprintf(stderr, "screened %d candidates (%d compiles on %d threads, %.1f s); %d skipped: recomputation where the "
+            "layout fits without it, or a micro-batch twice one far out of memory\n", n - skipped, x.compiles, nt,
+            now_s() - t_start, skipped);
+  free(w.bad), free(w.why), free(order), free(skip), free(far), free(half), free(none);
   if (!json) fprintf(stderr, "\n");
   n = kept;
   qsort(cs, (size_t)n, sizeof *cs, cmp_step);
