@@ -547,8 +547,8 @@ static Value *get(Out *o, Value *v);
 /* A floating op (parameters and constants only) cloned into o->f. */
 static Value *clone_float(Out *o, Value *v) {
   Op *d = o->pp->def[v->id];
-  Value *ops[IR_MAX_RESULTS];
-  for (int k = 0; k < d->n_operands; k++) ops[k] = get(o, d->operands[k]);
+  Value *ops[256];   /* (a concat of cp's zigzag permutation has 2cp operands; shard allows cp <= 128) */
+  for (int k = 0; k < d->n_operands && k < 256; k++) ops[k] = get(o, d->operands[k]);
   Type types[IR_MAX_RESULTS];
   for (int r = 0; r < d->n_results; r++) types[r] = d->results[r]->type;
   Op *c = op_new_n(o->pp->m, d->kind, ops, d->n_operands, types, d->n_results);

@@ -775,6 +775,11 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
                "tp and cp); run with %s=1", mesh_axis_names[a], (long long)m->mesh.size[a], mesh_axis_names[a]);
       return IR_EINPUT;
     }
+  if (m->mesh.size[AX_CP] > 128) {   /* the zigzag permutation is a concat of 2cp pieces; ops take at most 256 */
+    snprintf(err, errlen, "shard: cp=%lld: context parallelism over more than 128 ranks is not supported; use cp <= 128 "
+             "(and dp or pp for the rest)", (long long)m->mesh.size[AX_CP]);
+    return IR_EINPUT;
+  }
   const TrainSettings *ts = ctx->opt && ctx->opt->train ? ctx->opt->train : &train_defaults;
   if (mesh_world(&m->mesh) == 1) return 0;   /* one rank: nothing to partition */
   Sharder s;

@@ -34,6 +34,7 @@
  *     order; the block op knows every rank's positions), one block per rank, and dK/dV
  *     reduce-scattered back (Llama 3's long-context recipe).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "shard_internal.h"
@@ -66,7 +67,11 @@ static Value *permute(Sharder *s, Value *x, int d, bool to_storage) {
     return x;
   }
   int64_t h = T / (2 * n);
-  Value *parts[512];
+  Value **parts = malloc(sizeof(Value *) * (size_t)(2 * n));
+  if (!parts) {
+    shard_fail(s, "shard: out of memory");
+    return x;
+  }
   for (int64_t j = 0; j < 2 * n; j++) {
     int64_t r = j / 2, true_chunk = j % 2 ? 2 * n - 1 - r : r;
     /* to storage: slot j reads true chunk; from storage: true chunk i reads its slot */
@@ -83,6 +88,7 @@ static Value *permute(Sharder *s, Value *x, int d, bool to_storage) {
     parts[j] = typed(s, sl, x->type.sh);
   }
   Op *cat = op_new(s->m, OP_CONCAT, parts, (int)(2 * n), &x->type);
+  free(parts);
   op_set_int(cat, "dim", d);
   Value *y = typed(s, cat, x->type.sh);
   y->name = x->name;

@@ -440,8 +440,10 @@ int cmd_plan(int argc, char **argv) {
     for (int64_t pp = 1; pp <= gpus / tp; pp++) {
       if (!divides(pp, gpus / tp) || (fix_mesh[AX_PP] && pp != fix_mesh[AX_PP]) || pp > L) continue;
       for (int64_t cp = 1; cp <= gpus / tp / pp; cp++) {
-        /* cp: zigzag ring attention, the sequence in 2cp half-chunks */
-        if (!divides(cp, gpus / tp / pp) || (fix_mesh[AX_CP] && cp != fix_mesh[AX_CP]) || (cp > 1 && base.seq % (2 * cp)))
+        /* cp: zigzag ring attention, the sequence in 2cp half-chunks of 64 tokens or more
+           (shorter blocks leave the ring's transfers nothing to hide behind) */
+        if (!divides(cp, gpus / tp / pp) || (fix_mesh[AX_CP] && cp != fix_mesh[AX_CP]) ||
+            (cp > 1 && (base.seq % (2 * cp) || (!fix_mesh[AX_CP] && base.seq / (2 * cp) < 64))))
           continue;
         int64_t dp = gpus / tp / pp / cp;
         if (fix_mesh[AX_DP] && dp != fix_mesh[AX_DP]) continue;

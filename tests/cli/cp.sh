@@ -154,6 +154,7 @@ expect2 "seq 36 over zigzag cp=4" "2 x cp" train tests/golden/llama-tiny/train_s
 if "$LOOM" train tests/golden/llama-tiny/train_spec.json -q --steps 1 --seq 36 --mesh cp=4 --cp-balance contiguous > "$tmp/log" 2>&1; then
   ok "seq 36 over contiguous cp=4 runs"; else bad "seq 36 contiguous cp=4"; cat "$tmp/log"; fi
 expect2 "seq 30 over cp=4" "divisible by cp" train tests/golden/llama-tiny/train_spec.json -q --steps 1 --seq 30 --mesh cp=4
+expect2 "cp=256 (the zigzag permutation's 512 pieces)" "more than 128" ir models/llama-tiny.json --passes=train --mesh=cp=256 --seq=512
 expect2 "--cp-balance diagonal" "zigzag" train tests/golden/llama-tiny/train_spec.json -q --steps 1 --mesh cp=2 --cp-balance diagonal
 expect2 "--cp-attn ulysses" "allgather" train tests/golden/llama-tiny/train_spec.json -q --steps 1 --mesh cp=2 --cp-attn ulysses
 echo "$pass passed, $fail failed"
