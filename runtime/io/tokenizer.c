@@ -372,12 +372,11 @@ static int load_model(Tokenizer *t, json_t *root, char *err, size_t errlen) {
     }
     if (id > max_id) max_id = id;
   }
-  /* ids number the tokens from 0 (Hugging Face's are dense; added tokens follow the
-     vocabulary): a far larger id is a damaged file, and would size the decode table by it */
-  int64_t n_tokens = (int64_t)json_object_size(vocab) + (int64_t)json_array_size(added);
-  if (max_id >= 2 * n_tokens + 1024) {
-    seterr(err, errlen, "%s: token id %lld is far past the %lld tokens the file holds (ids number them from 0); is the "
-           "file damaged?", t->name, (long long)max_id, (long long)n_tokens);
+  /* the decode table is sized by the largest id: an id far past any real vocabulary (the
+     largest have about 256k tokens) is a damaged file, not a 4 GB table */
+  if (max_id >= (1 << 22)) {
+    seterr(err, errlen, "%s: token id %lld is above loom's limit of %d (the largest vocabularies hold about 256k "
+           "tokens); is the file damaged?", t->name, (long long)max_id, (1 << 22) - 1);
     return 2;
   }
   t->vocab_size = max_id + 1;
