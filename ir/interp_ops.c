@@ -272,32 +272,37 @@ static void softmax_rows(const float *x, float *y, int64_t n) {
 
 /* attention: for each (b, query t, head h): p = softmax(scale * q.k_s over allowed s),
    out = sum_s p_s v_s.  Query head h reads kv head h / (H/KV). */
+/* One row of attention: query (b, t, h) against the keys 0..n-1 of its kv head; out's row
+   (zeros) gets the softmax-weighted sum of the values.  p: S floats of scratch. */
+static void attend_row(const Tensor *q, const Tensor *k, const Tensor *v, Tensor *out, int64_t b, int64_t t, int64_t h,
+                       int64_t n, float scale, float *p) {
+  int64_t T = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
+  int64_t S = k->type.dims[1], KV = k->type.dims[2], kvh = h / (H / KV);
+  const float *qv = q->f + ((b * T + t) * H + h) * Dh;
+  for (int64_t s = 0; s < n; s++) {
+    const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
+    float dot = 0;
+    for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
+    p[s] = dot * scale;
+  }
+  softmax_rows(p, p, n);
+  float *o = out->f + ((b * T + t) * H + h) * Dh;
+  for (int64_t s = 0; s < n; s++) {
+    const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
+    for (int64_t d = 0; d < Dh; d++) o[d] += p[s] * vv[d];
+  }
+}
+
 static int attention(const Op *op, Tensor **in, Tensor *out, char *err, size_t errlen) {
   const Tensor *q = in[0], *k = in[1], *v = in[2];
-  int64_t B = q->type.dims[0], T = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
-  int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
+  int64_t B = q->type.dims[0], T = q->type.dims[1], H = q->type.dims[2], S = k->type.dims[1];
   float scale = (float)op_float(op, "scale");
   bool causal = op_bool(op, "causal");
   float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
   if (!p) return fail(err, errlen, "out of memory in attention");
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++)
-      for (int64_t h = 0; h < H; h++) {
-        const float *qv = q->f + ((b * T + t) * H + h) * Dh;
-        int64_t kvh = h / group, n = causal ? t + 1 : S;
-        for (int64_t s = 0; s < n; s++) {
-          const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
-          float dot = 0;
-          for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
-          p[s] = dot * scale;
-        }
-        softmax_rows(p, p, n);
-        float *o = out->f + ((b * T + t) * H + h) * Dh;
-        for (int64_t s = 0; s < n; s++) {
-          const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
-          for (int64_t d = 0; d < Dh; d++) o[d] += p[s] * vv[d];
-        }
-      }
+      for (int64_t h = 0; h < H; h++) attend_row(q, k, v, out, b, t, h, causal ? t + 1 : S, scale, p);
   free(p);
   return 0;
 }
@@ -386,8 +391,7 @@ static int rope_at(const Op *op, Tensor **in, Tensor *y, char *err, size_t errle
 
 static int attention_cached(const Op *op, Tensor **in, Tensor *y, char *err, size_t errlen) {
   const Tensor *q = in[0], *k = in[1], *v = in[2], *pos = in[3];
-  int64_t B = q->type.dims[0], C = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
-  int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
+  int64_t B = q->type.dims[0], C = q->type.dims[1], H = q->type.dims[2], S = k->type.dims[1];
   float scale = (float)op_float(op, "scale");
   float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
   if (!p) return fail(err, errlen, "out of memory in attention_cached");
@@ -398,22 +402,7 @@ static int attention_cached(const Op *op, Tensor **in, Tensor *y, char *err, siz
         free(p);
         return IR_EINPUT;
       }
-      for (int64_t h = 0; h < H; h++) {
-        const float *qv = q->f + ((b * C + c) * H + h) * Dh;
-        int64_t kvh = h / group, n = last + 1;
-        for (int64_t s = 0; s < n; s++) {
-          const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
-          float dot = 0;
-          for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
-          p[s] = dot * scale;
-        }
-        softmax_rows(p, p, n);
-        float *o = y->f + ((b * C + c) * H + h) * Dh;
-        for (int64_t s = 0; s < n; s++) {
-          const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
-          for (int64_t d = 0; d < Dh; d++) o[d] += p[s] * vv[d];
-        }
-      }
+      for (int64_t h = 0; h < H; h++) attend_row(q, k, v, y, b, c, h, last + 1, scale, p);   /* keys 0..pos */
     }
   free(p);
   return 0;

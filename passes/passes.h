@@ -154,5 +154,9 @@ int memory_plan_check(Func *f, int target, char *err, size_t errlen);
 void replace_uses(Func *f, Value **repl);
 /* Removes ops without effects whose results are never used; returns how many. */
 int remove_dead_ops(Func *f);
+/* The index of the send whose message f's op i (a recv with a relative peer: a cp ring's
+   K/V or dK/dV) receives: the nearest send before it on the same axis with the same tag;
+   -1 when op i is not such a recv. */
+int ring_send_of(const Func *f, int i);
 
 #endif

@@ -97,26 +97,6 @@ static int global_unit(const Global *gl) {
 static bool is_arg(const Value *v) { return v->kind == VAL_ARG; }
 static const Global *param_of(Module *m, const Global *gl);
 
-/* A recv of a ring on a mesh axis (cp's K/V and dK/dV: rel peers) belongs with its send,
-   the op before it in @grad_step with the same axis and tag: both go to one unit. */
-static const Op *ring_send(const Func *g, int i) {
-  const Op *r = g->ops.items[i];
-  if (!op_bool(r, "rel")) return NULL;
-  for (int k = i - 1; k >= 0; k--) {
-    const Op *o = g->ops.items[k];
-    if (o->kind == OP_SEND && op_bool(o, "rel") && op_int(o, "tag") == op_int(r, "tag") &&
-        !strcmp(op_attr(o, "axis")->s, op_attr(r, "axis")->s))
-      return o;
-  }
-  return NULL;
-}
-
-static int ring_send_index(const Func *g, const Op *s) {
-  for (int k = 0; k < g->ops.n; k++)
-    if (g->ops.items[k] == s) return k;
-  return 0;
-}
-
 /* Phase and unit of every op (the forward's units, reaches, the backward's units). */
 static int classify(PP *pp) {
   Func *g = pp->g;
@@ -134,11 +114,10 @@ static int classify(PP *pp) {
     Op *op = g->ops.items[i];
     int ph = PH_FLOAT, unit = 0;
     bool seed = op->n_results == 1 && op->results[0]->name && !strcmp(op->results[0]->name, "loss_seed");
-    const Op *sent = op->kind == OP_RECV ? ring_send(g, i) : NULL;
+    int si = ring_send_of(g, i);
     if (seed) {
       ph = PH_B, unit = pp->n_units - 1, seen_seed = true;
-    } else if (sent) {   /* a ring's recv (context parallelism) goes where its send is */
-      int si = ring_send_index(g, sent);
+    } else if (si >= 0) {   /* a ring's recv (context parallelism) goes where its send is */
       ph = pp->phase[si], unit = pp->unit[si];
     } else {
       /* An op of the tokens or targets and constants alone (a one-hot of the targets) is
@@ -244,8 +223,8 @@ static int classify(PP *pp) {
         u = pp->vphase[v->id] == PH_B ? pp->vunit[v->id] : pp->vphase[v->id] == PH_F ? pp->reach[v->id] : greach[v->id];
       if (u < unit) unit = u;
     }
-    const Op *sent = op->kind == OP_RECV ? ring_send(g, i) : NULL;
-    if (sent) unit = pp->unit[ring_send_index(g, sent)];   /* with its send */
+    int si = ring_send_of(g, i);
+    if (si >= 0) unit = pp->unit[si];   /* with its send */
     if (op->kind == OP_ACCUMULATE) {   /* a gradient is accumulated where its parameter is read */
       const Global *p = param_of(pp->m, op->operands[0]->global);
       if (p && preach[p->index] < unit) unit = preach[p->index];

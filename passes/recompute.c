@@ -182,22 +182,16 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
   /* A ring's transfers in the forward (context parallelism: a recv whose value a forward op
      reads, and its send, the one before with the same axis and tag) are the forward's:
      never cloned, and not backward readers of what they send. */
-  for (int i = 0; i < n; i++) {
-    Op *op = rc->ops[i];
-    if (op->kind != OP_RECV || !op_bool(op, "rel")) continue;
-    bool read = false;
-    for (int j = i + 1; j < n && !read; j++)
-      for (int k = 0; k < rc->ops[j]->n_operands && !read; k++) read = rc->fwd[j] && rc->ops[j]->operands[k] == op->results[0];
-    if (!read) continue;
-    rc->fwd[i] = true;
-    for (int j = i - 1; j >= 0; j--) {
-      Op *s = rc->ops[j];
-      if (s->kind == OP_SEND && op_int(s, "tag") == op_int(op, "tag") && !strcmp(op_attr(s, "axis")->s, op_attr(op, "axis")->s)) {
-        rc->fwd[j] = true;
-        break;
-      }
-    }
+  bool *fwd_read = calloc((size_t)nv, 1);   /* value id -> a forward op reads it */
+  for (int i = 0; fwd_read && i < n; i++)
+    for (int k = 0; rc->fwd[i] && k < rc->ops[i]->n_operands; k++)
+      if (is_local(rc->ops[i]->operands[k])) fwd_read[rc->ops[i]->operands[k]->id] = true;
+  for (int i = 0; fwd_read && i < n; i++) {
+    int si = ring_send_of(f, i);
+    if (si < 0 || !fwd_read[rc->ops[i]->results[0]->id]) continue;
+    rc->fwd[i] = rc->fwd[si] = true;
   }
+  free(fwd_read);
   /* Layers, parameter-only ops, and what the backward reads. */
   for (int i = 0; i < n; i++) {
     Op *op = rc->ops[i];

@@ -1,5 +1,6 @@
-/* passes/util.c — helpers shared by passes. */
+/* passes/util.c — helpers shared by passes (uses, dead ops, a ring recv's send). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "passes.h"
 
@@ -43,4 +44,16 @@ int remove_dead_ops(Func *f) {
   free(live);
   free(keep);
   return removed;
+}
+
+int ring_send_of(const Func *f, int i) {
+  const Op *r = f->ops.items[i];
+  if (r->kind != OP_RECV || !op_bool(r, "rel")) return -1;
+  for (int k = i - 1; k >= 0; k--) {
+    const Op *o = f->ops.items[k];
+    if (o->kind == OP_SEND && op_bool(o, "rel") && op_int(o, "tag") == op_int(r, "tag") &&
+        !strcmp(op_attr(o, "axis")->s, op_attr(r, "axis")->s))
+      return k;
+  }
+  return -1;
 }

@@ -141,35 +141,18 @@ static int eval_cuda(const Module *m, const char *weights, const char *tokens, c
   bool is_cubin = false;
   int32_t *in = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
   float *logits = malloc(sizeof(float) * (size_t)(B * T * V)), loss = 0, loss2 = 0, **host = NULL;
-  RtTensor *views = NULL;
   StTensor *st = NULL;
-  int rc = in && tg && logits ? 0 : EXIT_RUN, nv = 0;
+  int rc = in && tg && logits ? 0 : EXIT_RUN;
   if (rc) snprintf(err, errlen, "out of memory");
   if (!rc) rc = cuda_device_query(0, &info, err, errlen);
   if (!rc) rc = cuda_lower(m, &prog, &src, err, errlen);
   if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, err, errlen);
   if (!rc) have_cp = !(rc = cuda_program_init(&cp, &prog, image, n, 0, err, errlen));
-  /* the weights: into host copies of the parameters, then to the device (rounded there) */
-  if (!rc) {
-    host = calloc((size_t)prog.n_globals + 1, sizeof *host);
-    views = calloc((size_t)prog.n_globals + 1, sizeof *views);
-    if (!host || !views) rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+  if (!rc) rc = cuda_load_params(&cp, &prog, weights, err, errlen);
+  if (!rc && !(host = calloc((size_t)prog.n_globals + 1, sizeof *host))) {   /* the gradients read back */
+    snprintf(err, errlen, "out of memory");
+    rc = EXIT_RUN;
   }
-  for (int i = 0; !rc && i < prog.n_globals; i++) {
-    const RtGlobal *g = &prog.globals[i];
-    if (g->region != RT_REGION_PARAMS) continue;
-    if (!(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
-      snprintf(err, errlen, "out of memory");
-      rc = EXIT_RUN;
-      break;
-    }
-    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i]};
-    memcpy(views[nv].shape, g->shape, sizeof g->shape);
-    nv++;
-  }
-  if (!rc) rc = load_weights_views(views, nv, weights, err, errlen);
-  for (int i = 0; !rc && i < prog.n_globals; i++)
-    if (host[i]) rc = cuda_global_write(&cp, i, host[i], err, errlen);
   if (!rc) rc = read_batch(tokens, B, T, V, in, tg, err, errlen);
   double t0 = seconds_now();
   if (!rc) {
@@ -208,7 +191,6 @@ static int eval_cuda(const Module *m, const char *weights, const char *tokens, c
   if (host)
     for (int i = 0; i < prog.n_globals; i++) free(host[i]);
   free(host);
-  free(views);
   free(st);
   if (have_cp) cuda_program_free(&cp);
   rt_program_free(&prog);

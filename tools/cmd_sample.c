@@ -101,46 +101,21 @@ static int cuda_open(Module *m, const char *wpath, CudaDecode *d, char *err, siz
     return EXIT_USAGE;
   }
   CudaDeviceInfo info;
-  RtProgram *pp = &d->prog, prog;
+  RtProgram *pp = &d->prog;
   char *src = NULL;
   unsigned char *image = NULL;
   size_t n = 0;
   bool is_cubin = false;
-  float **host = NULL;
-  RtTensor *views = NULL;
-  int rc = cuda_device_query(0, &info, err, errlen), nv = 0;
+  int rc = cuda_device_query(0, &info, err, errlen);
   if (!rc) rc = cuda_lower(m, pp, &src, err, errlen);
-  prog = *pp;
   if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, err, errlen);
   if (!rc) d->have = !(rc = cuda_program_init(&d->cp, pp, image, n, 0, err, errlen));
   if (!rc) rc = cuda_globals_init(&d->cp, 0, err, errlen);   /* the caches' zeros */
-  if (!rc) {
-    host = calloc((size_t)prog.n_globals + 1, sizeof *host);
-    views = calloc((size_t)prog.n_globals + 1, sizeof *views);
-    if (!host || !views) rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
-  }
-  for (int i = 0; !rc && i < prog.n_globals; i++) {
-    const RtGlobal *g = &prog.globals[i];
-    if (g->region != RT_REGION_PARAMS) continue;
-    if (!(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
-      snprintf(err, errlen, "out of memory");
-      rc = EXIT_RUN;
-      break;
-    }
-    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i]};
-    memcpy(views[nv].shape, g->shape, sizeof g->shape);
-    nv++;
-  }
-  if (!rc) rc = load_weights_views(views, nv, wpath, err, errlen);
-  for (int i = 0; !rc && i < prog.n_globals; i++)
-    if (host[i]) rc = cuda_global_write(&d->cp, i, host[i], err, errlen);
+  if (!rc) rc = cuda_load_params(&d->cp, pp, wpath, err, errlen);
   if (!rc && (d->f = cuda_find_func(&d->cp, "decode")) < 0) {
     snprintf(err, errlen, "the program has no @decode to sample with");
     rc = EXIT_RUN;
   }
-  for (int i = 0; host && i < prog.n_globals; i++) free(host[i]);
-  free(host);
-  free(views);
   free(src);
   free(image);
   return rc;
@@ -179,17 +154,13 @@ int cmd_sample(int argc, char **argv) {
   if (!weights) return usage_error("sample", "--weights is required: the trained model's safetensors, folder or --save-dir");
   if (!prompt || !prompt[0]) return usage_error("sample", "--prompt is required and must not be empty");
 
-  Input in;
-  memset(&in, 0, sizeof in);
-  int rc = input_load(spec_path, NULL, 0, &in, err, sizeof err);
-  if (rc) return report(rc, err);
-  if (!in.from_spec) {
-    module_free(in.m);
+  if (ends_with(spec_path, ".ir"))
     return usage_error("sample", "%s: give a run spec or config.json (an .ir file has no model to sample from)", spec_path);
-  }
-  RunSpec *spec = &in.spec;
-  module_free(in.m);
-  in.m = NULL;
+  static RunSpec spec_store;   /* large (paths): not on the stack; only the decode graph is built from it */
+  RunSpec *spec = &spec_store;
+  int rc = spec_load(spec_path, spec, err, sizeof err);
+  if (!rc) rc = spec_validate(spec, err, sizeof err);
+  if (rc) return report(rc, err);
   int64_t V = spec->model.vocab_size;
   Tokenizer *tok = NULL;
   TokIds pids = {0};

@@ -20,6 +20,32 @@ static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, 
   return cuda_program_call(ce->cp, f, args, rets, err, errlen);
 }
 
+int cuda_load_params(CudaProgram *cp, const RtProgram *prog, const char *path, char *err, size_t errlen) {
+  float **host = calloc((size_t)prog->n_globals + 1, sizeof *host);
+  RtTensor *views = calloc((size_t)prog->n_globals + 1, sizeof *views);
+  int rc = host && views ? 0 : EXIT_RUN, nv = 0;
+  if (rc) snprintf(err, errlen, "out of memory");
+  for (int i = 0; !rc && i < prog->n_globals; i++) {
+    const RtGlobal *g = &prog->globals[i];
+    if (g->region != RT_REGION_PARAMS) continue;
+    if (!(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
+      snprintf(err, errlen, "out of memory");
+      rc = EXIT_RUN;
+      break;
+    }
+    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i]};
+    memcpy(views[nv].shape, g->shape, sizeof g->shape);
+    nv++;
+  }
+  if (!rc) rc = load_weights_views(views, nv, path, err, errlen);
+  for (int i = 0; !rc && i < prog->n_globals; i++)
+    if (host[i]) rc = cuda_global_write(cp, i, host[i], err, errlen);
+  for (int i = 0; host && i < prog->n_globals; i++) free(host[i]);
+  free(host);
+  free(views);
+  return rc;
+}
+
 int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
                        size_t errlen) {
   CudaProgram cp;

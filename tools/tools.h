@@ -241,6 +241,9 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
 
 /* ---- exec_cuda.c: a lowered CUDA program and its compiled image (cubin or PTX), trained
    on GPU 0 (loom train --backend cuda, and compiled executables that carry a cubin) ---- */
+#include "runtime/cuda/cuda_exec.h"
+/* The parameters of a safetensors file (HF names) into cp's device copies (rounded there). */
+int cuda_load_params(CudaProgram *cp, const RtProgram *prog, const char *path, char *err, size_t errlen);
 int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
                        size_t errlen);
 
