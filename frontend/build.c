@@ -16,6 +16,10 @@ typedef struct {
   Value *pos;
   int64_t tmax;
   char name[256];   /* scratch for value names */
+  /* mixture of experts: the load-balancing loss's sums over the sparse layers so far, the
+     assignments per expert and the router probabilities per expert ([E] f32) */
+  Value *aux_count, *aux_prob;
+  int n_sparse;
 } Graph;
 
 static const char *nm(Graph *g, const char *fmt, int layer) {
@@ -148,6 +152,101 @@ static Value *loss(Graph *g, Value *logits, Value *targets) {
   return build_end(&g->b, "loss");
 }
 
+static Type t3(int64_t a, int64_t b, int64_t c) { int64_t d[] = {a, b, c}; return type_make(DT_F32, 3, d); }
+
+/* A stack of E experts' weights: the IR's [E,...] global `P.experts.X`, E tensors
+   `P.experts.<e>.X.weight` in checkpoints (ir.h's hf_experts). */
+static Value *experts_param(Graph *g, const char *prefix, int l, const char *x, Type t, Init init) {
+  char fmt[256];
+  snprintf(fmt, sizeof fmt, "%s.experts.%s", prefix, x);
+  Value *p = param_l(g, fmt, l, t, init);
+  p->global->hf_experts = true;
+  return p;
+}
+
+static Value *with_int(Graph *g, OpKind k, Value **ops, int n, const char *attr, int64_t v, const char *name) {
+  op_set_int(build_begin(&g->b, k, ops, n), attr, v);
+  return build_end(&g->b, name);
+}
+
+/* The sparse MLP of layer l (Mixtral's block_sparse_moe, Qwen3-MoE's mlp) on h[B,T,D]: the
+   router's softmax over E experts, the top k per token (renormalized where the model does),
+   the token rows sorted by expert (moe_sort, moe_count, moe_dispatch), each expert's SwiGLU
+   as grouped matmuls over the sorted rows, and the weighted sum back per token
+   (moe_combine).  Adds the layer's share of the load-balancing loss to g->aux_*. */
+static Value *moe_mlp(Graph *g, Value *h, int l) {
+  const ModelConfig *c = g->c;
+  int64_t B = g->B, T = g->T, N = B * T, D = c->hidden, E = c->n_experts, k = c->top_k, F = c->moe_intermediate;
+  const char *pre = c->arch == ARCH_MIXTRAL ? "model.layers.%d.block_sparse_moe" : "model.layers.%d.mlp";
+  bool mixtral = c->arch == ARCH_MIXTRAL;
+  Init w = {INIT_NORMAL, 0.02}, proj = {INIT_NORMAL, 0.02 / sqrt(2.0 * (double)c->n_layer)};
+  char gname[256];
+  snprintf(gname, sizeof gname, "%s.gate.weight", pre);
+  Value *gate_w = param_l(g, gname, l, t2(E, D), w);
+  Value *w1 = experts_param(g, pre, l, mixtral ? "w1" : "gate_proj", t3(E, F, D), w);
+  Value *w3 = experts_param(g, pre, l, mixtral ? "w3" : "up_proj", t3(E, F, D), w);
+  Value *w2 = experts_param(g, pre, l, mixtral ? "w2" : "down_proj", t3(E, D, F), proj);
+  int64_t nd[] = {N, D}, nk[] = {N, k}, n1[] = {N, 1}, btd[] = {B, T, D};
+  Value *x = reshape(g, h, 2, nd, NULL);
+  Value *probs = build1(&g->b, OP_SOFTMAX, linear(g, x, gate_w, NULL, true, nm(g, "l%d.router_logits", l)),
+                        nm(g, "l%d.router_probs", l));                                         /* [N,E] */
+  Value *idx = with_int(g, OP_TOPK, &probs, 1, "k", k, nm(g, "l%d.experts", l));              /* [N,k] i32 */
+  Value *wts = build2(&g->b, OP_GATHER_LAST, probs, idx, NULL);                               /* [N,k] */
+  if (c->norm_topk) {
+    int64_t one = 1;
+    op_set_ints(g->m, build_begin(&g->b, OP_REDUCE_SUM, &wts, 1), "dims", &one, 1);
+    Value *sum = reshape(g, build_end(&g->b, NULL), 2, n1, NULL);
+    wts = build2(&g->b, OP_DIV, wts, build_typed(&g->b, OP_BROADCAST, sum, wts->type, NULL), NULL);
+  }
+  value_set_name(g->m, wts, nm(g, "l%d.routing_weights", l));
+  int64_t cap = 0;
+  if (c->capacity_factor > 0) cap = (int64_t)ceil(c->capacity_factor * (double)(N * k) / (double)E);
+  Value *pos = with_int(g, OP_MOE_SORT, &idx, 1, "experts", E, nm(g, "l%d.expert_pos", l));   /* [N*k] i32 */
+  op_set_int(pos->def, "capacity", cap);
+  Value *cnt = with_int(g, OP_MOE_COUNT, &idx, 1, "experts", E, nm(g, "l%d.expert_load", l)); /* [E] i32 */
+  op_set_int(cnt->def, "capacity", cap);
+  Value *ones = build_typed(&g->b, OP_CONSTANT, NULL, type_make(x->type.dtype, 2, nk), NULL);
+  op_set_float(ones->def, "value", 1.0);
+  Value *dops[3] = {x, pos, ones};
+  Value *xs = with_int(g, OP_MOE_DISPATCH, dops, 3, "rows", N * k, nm(g, "l%d.expert_in", l));  /* [N*k,D] */
+  Value *g1[3] = {xs, w1, cnt}, *g3[3] = {xs, w3, cnt};
+  Value *gate = build1(&g->b, OP_SILU, build(&g->b, OP_GROUPED_MATMUL, g1, 3, NULL), nm(g, "l%d.expert_gate", l));
+  Value *up = build(&g->b, OP_GROUPED_MATMUL, g3, 3, nm(g, "l%d.expert_up", l));
+  Value *a = build2(&g->b, OP_MUL, gate, up, nm(g, "l%d.expert_swiglu", l));                 /* [N*k,F] */
+  Value *g2[3] = {a, w2, cnt};
+  Value *ys = build(&g->b, OP_GROUPED_MATMUL, g2, 3, nm(g, "l%d.expert_out", l));            /* [N*k,D] */
+  Value *cops[3] = {ys, pos, wts};
+  Value *y = reshape(g, build(&g->b, OP_MOE_COMBINE, cops, 3, NULL), 3, btd, nm(g, "l%d.mlp_out", l));
+  if (c->router_aux && !g->pos) {   /* transformers' load_balancing_loss_func: counts without capacity */
+    Value *all = cap ? with_int(g, OP_MOE_COUNT, &idx, 1, "experts", E, NULL) : cnt;
+    Value *cf = build_typed(&g->b, OP_CAST, all, t1(E), NULL);
+    int64_t zero = 0;
+    op_set_ints(g->m, build_begin(&g->b, OP_REDUCE_SUM, &probs, 1), "dims", &zero, 1);
+    Value *ps = build_end(&g->b, NULL);
+    g->aux_count = g->aux_count ? build2(&g->b, OP_ADD, g->aux_count, cf, NULL) : cf;
+    g->aux_prob = g->aux_prob ? build2(&g->b, OP_ADD, g->aux_prob, ps, NULL) : ps;
+    g->n_sparse++;
+  }
+  return y;
+}
+
+/* loss + coef * E * sum_e f_e P_e: f_e the share of the k-per-token assignments that went to
+   expert e and P_e the mean router probability of e, both over every token of every sparse
+   layer (transformers' load_balancing_loss_func with no attention mask). */
+static Value *add_aux_loss(Graph *g, Value *loss) {
+  if (!g->aux_count) return loss;
+  const ModelConfig *c = g->c;
+  double n = (double)g->n_sparse * (double)(g->B * g->T);
+  Value *prod = build2(&g->b, OP_MUL, g->aux_count, g->aux_prob, NULL);
+  int64_t zero = 0;
+  op_set_ints(g->m, build_begin(&g->b, OP_REDUCE_SUM, &prod, 1), "dims", &zero, 1);
+  Value *aux = build_end(&g->b, NULL);
+  op_set_float(build_begin(&g->b, OP_SCALE, &aux, 1), "by", (double)c->n_experts / (n * n));
+  aux = build_end(&g->b, "aux_loss");
+  op_set_float(build_begin(&g->b, OP_SCALE, &aux, 1), "by", c->aux_coef);
+  return build2(&g->b, OP_ADD, loss, build_end(&g->b, NULL), "loss_total");
+}
+
 static void gpt2(Graph *g, Value *tokens, Value *targets, Func *f) {
   const ModelConfig *c = g->c;
   int64_t B = g->B, T = g->T, D = c->hidden, H = c->n_head, Dh = c->head_dim, I = c->intermediate, V = g->V;
@@ -226,13 +325,20 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
     Value *vw = param_l(g, "model.layers.%d.self_attn.v_proj.weight", l, t2(KV * Dh, D), w);
     Value *ow = param_l(g, "model.layers.%d.self_attn.o_proj.weight", l, t2(D, H * Dh), proj);
     Value *n2w = param_l(g, "model.layers.%d.post_attention_layernorm.weight", l, t1(D), ones);
-    Value *gw = param_l(g, "model.layers.%d.mlp.gate_proj.weight", l, t2(I, D), w);
-    Value *uw = param_l(g, "model.layers.%d.mlp.up_proj.weight", l, t2(I, D), w);
-    Value *dw = param_l(g, "model.layers.%d.mlp.down_proj.weight", l, t2(D, I), proj);
+    bool sparse = config_layer_is_moe(c, l);
+    Value *qn = c->qk_norm ? param_l(g, "model.layers.%d.self_attn.q_norm.weight", l, t1(Dh), ones) : NULL;
+    Value *kn = c->qk_norm ? param_l(g, "model.layers.%d.self_attn.k_norm.weight", l, t1(Dh), ones) : NULL;
+    Value *gw = sparse ? NULL : param_l(g, "model.layers.%d.mlp.gate_proj.weight", l, t2(I, D), w);
+    Value *uw = sparse ? NULL : param_l(g, "model.layers.%d.mlp.up_proj.weight", l, t2(I, D), w);
+    Value *dw = sparse ? NULL : param_l(g, "model.layers.%d.mlp.down_proj.weight", l, t2(D, I), proj);
 
     Value *h = norm(g, x, n1w, NULL, nm(g, "l%d.input_norm", l));
     Value *q = reshape(g, linear(g, h, qw, NULL, true, NULL), 4, bthd, NULL);   /* [B,T,H,Dh] */
     Value *k = reshape(g, linear(g, h, kw, NULL, true, NULL), 4, btkd, NULL);   /* [B,T,KV,Dh] */
+    if (c->qk_norm) {   /* Qwen3: RMSNorm over each head's Dh, before RoPE */
+      q = norm(g, q, qn, NULL, nm(g, "l%d.q_norm", l));
+      k = norm(g, k, kn, NULL, nm(g, "l%d.k_norm", l));
+    }
     Value *v = reshape(g, linear(g, h, vw, NULL, true, NULL), 4, btkd, nm(g, "l%d.v", l));
     q = rope(g, q, nm(g, "l%d.q", l));
     k = rope(g, k, nm(g, "l%d.k", l));
@@ -240,10 +346,14 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
     a = linear(g, reshape(g, a, 3, bth, NULL), ow, NULL, true, nm(g, "l%d.attn_out", l));
     x = build2(&g->b, OP_ADD, x, a, nm(g, "l%d.x_attn", l));
     h = norm(g, x, n2w, NULL, nm(g, "l%d.post_norm", l));
-    Value *gate = build1(&g->b, OP_SILU, linear(g, h, gw, NULL, true, NULL), nm(g, "l%d.gate", l));   /* [B,T,I] */
-    Value *up = linear(g, h, uw, NULL, true, nm(g, "l%d.up", l));
-    h = build2(&g->b, OP_MUL, gate, up, nm(g, "l%d.swiglu", l));
-    h = linear(g, h, dw, NULL, true, nm(g, "l%d.mlp_out", l));
+    if (sparse) {
+      h = moe_mlp(g, h, l);
+    } else {
+      Value *gate = build1(&g->b, OP_SILU, linear(g, h, gw, NULL, true, NULL), nm(g, "l%d.gate", l));   /* [B,T,I] */
+      Value *up = linear(g, h, uw, NULL, true, nm(g, "l%d.up", l));
+      h = build2(&g->b, OP_MUL, gate, up, nm(g, "l%d.swiglu", l));
+      h = linear(g, h, dw, NULL, true, nm(g, "l%d.mlp_out", l));
+    }
     x = build2(&g->b, OP_ADD, x, h, nm(g, "l%d.out", l));
   }
   Value *nw = param(g, "model.norm.weight", t1(D), ones);
@@ -251,7 +361,7 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
   Value *head = c->tied ? emb : vocab_param(g, param(g, "lm_head.weight", t2(V, D), w));
   Value *logits = mask_padding(g, linear(g, x, head, NULL, true, "logits"));   /* [B,T,V] */
   func_add_ret(f, unpadded(g, logits));
-  if (targets) func_add_ret(f, loss(g, logits, targets));
+  if (targets) func_add_ret(f, add_aux_loss(g, loss(g, logits, targets)));
 }
 
 void frontend_module_name(const char *path, char *buf, size_t n) {

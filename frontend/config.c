@@ -1,4 +1,4 @@
-/* frontend/config.c: Hugging Face config.json (gpt2, llama) -> ModelConfig, plus the JSON
+/* frontend/config.c: Hugging Face config.json (gpt2, llama, mixtral, qwen3_moe) -> ModelConfig, plus the JSON
  * helpers spec.c shares. Messages name the file, the key path, what was found and a fix. */
 #include "frontend/config.h"
 
@@ -24,6 +24,8 @@ const char *arch_name(ModelArch arch) {
   switch (arch) {
   case ARCH_GPT2: return "gpt2";
   case ARCH_LLAMA: return "llama";
+  case ARCH_MIXTRAL: return "mixtral";
+  case ARCH_QWEN3_MOE: return "qwen3_moe";
   }
   return "unknown";
 }
@@ -436,6 +438,101 @@ static int read_llama(const Reader *r, ModelConfig *m) {
   return 0;
 }
 
+bool config_layer_is_moe(const ModelConfig *c, int64_t l) {
+  if (c->n_experts <= 0) return false;
+  for (int i = 0; i < c->n_mlp_only; i++)
+    if (c->mlp_only[i] == l) return false;
+  return c->sparse_step <= 1 || (l + 1) % c->sparse_step == 0;
+}
+
+/* A router setting loom does not implement, when present with anything but its neutral value. */
+static int refuse_router(const Reader *r, const char *name, const char *neutral_str, double neutral_num) {
+  json_t *v = get(r, name);
+  if (!v) return 0;
+  bool ok = neutral_str ? json_is_string(v) && !strcmp(json_string_value(v), neutral_str)
+                        : json_is_number(v) && json_number_value(v) == neutral_num;
+  if (ok) return 0;
+  char what[160], found[96], fix[160];
+  config_describe_value(v, found, sizeof found);
+  snprintf(what, sizeof what, "the router setting %s = %s", name, found);
+  if (neutral_str) snprintf(fix, sizeof fix, "loom's router is a softmax over experts then top-k: set it to \"%s\" or remove it", neutral_str);
+  else snprintf(fix, sizeof fix, "loom's router is a softmax over experts then top-k: set it to %g or remove it", neutral_num);
+  return refuse(r, name, what, fix);
+}
+
+/* The mixture-of-experts keys of mixtral and qwen3_moe (after read_llama). */
+static int read_moe(const Reader *r, ModelConfig *m, bool qwen) {
+  int rc;
+  const char *experts_key = qwen ? "num_experts" : "num_local_experts";
+  m->arch = qwen ? ARCH_QWEN3_MOE : ARCH_MIXTRAL;
+  if ((rc = get_size(r, experts_key, NULL, true, "the number of experts per layer (e.g. 8)", &m->n_experts, NULL,
+                     NULL)) ||
+      (rc = get_size(r, "num_experts_per_tok", NULL, true, "how many experts each token goes to (e.g. 2)", &m->top_k,
+                     NULL, NULL)))
+    return rc;
+  m->moe_intermediate = m->intermediate;
+  if (qwen && (rc = get_size(r, "moe_intermediate_size", NULL, true, "the width of one expert's MLP (e.g. 768)",
+                             &m->moe_intermediate, NULL, NULL)))
+    return rc;
+  if (m->top_k > m->n_experts) {
+    char key[320];
+    return config_errorf(r->err, r->errlen, 2,
+                         "%s: key \"%s\": each token goes to %lld experts but a layer has only %lld (%s); "
+                         "set num_experts_per_tok to at most %lld",
+                         r->file, key_path(r, "num_experts_per_tok", key, sizeof key), (long long)m->top_k,
+                         (long long)m->n_experts, experts_key, (long long)m->n_experts);
+  }
+  m->norm_topk = true;
+  if (qwen && (rc = get_bool(r, "norm_topk_prob", false, &m->norm_topk))) return rc;
+  if ((rc = get_bool(r, "output_router_logits", false, &m->router_aux))) return rc;
+  json_t *coef = get(r, "router_aux_loss_coef");
+  m->aux_coef = 0.001;
+  if (coef) {
+    double d = json_is_number(coef) ? json_number_value(coef) : NAN;
+    if (!(isfinite(d) && d >= 0))
+      return bad_value(r, "router_aux_loss_coef", "a number >= 0", coef, "set it to e.g. 0.001");
+    m->aux_coef = d;
+  }
+  if ((rc = refuse_router(r, "router_jitter_noise", NULL, 0)) || (rc = refuse_router(r, "scoring_func", "softmax", 0)) ||
+      (rc = refuse_router(r, "topk_method", "greedy", 0)) || (rc = refuse_router(r, "n_shared_experts", NULL, 0)) ||
+      (rc = refuse_router(r, "shared_expert_intermediate_size", NULL, 0)) ||
+      (rc = refuse_router(r, "routed_scaling_factor", NULL, 1)) || (rc = refuse_router(r, "n_group", NULL, 1)) ||
+      (rc = refuse_router(r, "topk_group", NULL, 1)))
+    return rc;
+  m->sparse_step = 1;
+  if (qwen) {
+    bool has;
+    if ((rc = get_size(r, "decoder_sparse_step", NULL, false, "1 (every layer sparse) or the step between sparse layers",
+                       &m->sparse_step, &has, NULL)))
+      return rc;
+    if (!has) m->sparse_step = 1;
+    json_t *mlp_only = get(r, "mlp_only_layers");
+    if (mlp_only) {
+      if (!json_is_array(mlp_only) || json_array_size(mlp_only) > CONFIG_MAX_MLP_ONLY)
+        return bad_value(r, "mlp_only_layers", "an array of layer indices (at most 256)", mlp_only,
+                         "list the layers whose MLP is dense, e.g. [] or [0, 1]");
+      size_t i;
+      json_t *e;
+      json_array_foreach(mlp_only, i, e) {
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= m->n_layer)
+          return bad_value(r, "mlp_only_layers", "layer indices from 0 to num_hidden_layers - 1", mlp_only,
+                           "list existing layers only");
+        m->mlp_only[m->n_mlp_only++] = json_integer_value(e);
+      }
+    }
+    m->qk_norm = true;
+  }
+  /* Sliding-window attention: spec_validate refuses a window shorter than the sequence. */
+  bool use_window = true;
+  if (qwen && (rc = get_bool(r, "use_sliding_window", false, &use_window))) return rc;
+  bool has_window;
+  if ((rc = get_size(r, "sliding_window", NULL, false, "null (full attention) or the window in tokens",
+                     &m->sliding_window, &has_window, NULL)))
+    return rc;
+  if (!has_window || !use_window) m->sliding_window = 0;
+  return 0;
+}
+
 int config_from_json(json_t *obj, const char *file, const char *keyprefix, ModelConfig *out,
                      char *err, size_t errlen) {
   Reader r = {.obj = obj, .file = file ? file : "config", .err = err, .errlen = errlen};
@@ -472,14 +569,13 @@ int config_from_json(json_t *obj, const char *file, const char *keyprefix, Model
   const char *type = json_string_value(mt);
   if (strcmp(type, "gpt2") == 0) return read_gpt2(&r, out);
   if (strcmp(type, "llama") == 0) return read_llama(&r, out);
-  if (strcmp(type, "mixtral") == 0)
-    return config_errorf(err, errlen, 2,
-                         "%s: key \"%s\": model_type \"mixtral\" is not yet supported "
-                         "(mixture-of-experts lands with expert parallelism); supported: gpt2, llama",
-                         r.file, key_path(&r, "model_type", key, sizeof key));
+  if (strcmp(type, "mixtral") == 0 || strcmp(type, "qwen3_moe") == 0) {
+    int rc = read_llama(&r, out);
+    return rc ? rc : read_moe(&r, out, type[0] == 'q');
+  }
   return config_errorf(err, errlen, 2,
                        "%s: key \"%s\": model_type \"%.60s\" is not supported; supported: gpt2, "
-                       "llama",
+                       "llama, mixtral, qwen3_moe",
                        r.file, key_path(&r, "model_type", key, sizeof key), type);
 }
 
@@ -523,5 +619,9 @@ int64_t config_param_count(const ModelConfig *c) {
                       + H * D * C                        /* o */
                       + 3 * C * I                        /* gate, up, down */
                       + C;                               /* post_attention_layernorm */
-  return V * C + L * per_layer + C + (c->tied ? 0 : V * C);
+  int64_t total = V * C + L * per_layer + C + (c->tied ? 0 : V * C);
+  for (int64_t l = 0; l < L; l++)   /* a sparse layer: the router and E experts for the dense MLP */
+    if (config_layer_is_moe(c, l)) total += c->n_experts * C + c->n_experts * 3 * C * c->moe_intermediate - 3 * C * I;
+  if (c->qk_norm) total += L * 2 * D;
+  return total;
 }

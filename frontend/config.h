@@ -21,7 +21,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ARCH_GPT2, ARCH_LLAMA } ModelArch;
+/* Mixtral and Qwen3-MoE are Llama with mixture-of-experts MLPs (n_experts > 0). */
+typedef enum { ARCH_GPT2, ARCH_LLAMA, ARCH_MIXTRAL, ARCH_QWEN3_MOE } ModelArch;
+#define CONFIG_MAX_MLP_ONLY 256
 
 /* The largest size any dimension may have (keeps products of two sizes in int64). */
 #define CONFIG_MAX_SIZE 2147483647LL
@@ -40,7 +42,25 @@ typedef struct {
   double rope_theta;    /* llama only (0 for GPT-2) */
   bool tied;            /* lm_head shares the token embedding; GPT-2 always true */
   bool attention_bias, mlp_bias; /* llama; always false for now (true is refused) */
+  /* Mixture of experts (mixtral, qwen3_moe; 0 experts: a dense model).  A sparse layer's MLP
+     is n_experts SwiGLU experts of width moe_intermediate, top_k of them per token. */
+  int64_t n_experts;    /* num_local_experts / num_experts */
+  int64_t top_k;        /* num_experts_per_tok */
+  int64_t moe_intermediate; /* mixtral: intermediate_size; qwen3_moe: moe_intermediate_size */
+  bool norm_topk;       /* renormalize the k routing weights to sum 1 (mixtral always; qwen3: norm_topk_prob) */
+  bool router_aux;      /* output_router_logits: training adds aux_coef x the load-balancing loss */
+  double aux_coef;      /* router_aux_loss_coef */
+  double capacity_factor; /* 0: dropless (as Hugging Face); else each expert takes at most
+                             ceil(capacity_factor * tokens * top_k / n_experts) tokens (GShard) */
+  bool qk_norm;         /* qwen3_moe: RMSNorm over head_dim on each query and key head */
+  int64_t sparse_step;  /* qwen3_moe decoder_sparse_step (1: every layer) */
+  int n_mlp_only;       /* qwen3_moe mlp_only_layers: layers with a dense MLP */
+  int64_t mlp_only[CONFIG_MAX_MLP_ONLY];
+  int64_t sliding_window;   /* 0: full attention; else refused when shorter than the sequence */
 } ModelConfig;
+
+/* Layer l's MLP is a mixture of experts. */
+bool config_layer_is_moe(const ModelConfig *c, int64_t l);
 
 /* Bits of RunSpec.set_mask: which settings were given (by the file or spec_set) rather
  * than left at their defaults. */

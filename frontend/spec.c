@@ -619,10 +619,28 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
     FAIL("%s: key \"recompute\": recomputation with pipeline parallelism (pp = %lld) is not supported yet (the "
          "pipeline pass cuts the step into chunks whose stash would have to carry the recomputed layers' inputs); "
          "use recompute none with pp, or recompute with dp/tp only", f, (long long)pp);
-  if (s->mesh[MESH_EP] != 1)
-    FAIL("%s: key \"mesh.ep\": expert parallelism (ep = %lld) needs a mixture-of-experts model, "
-         "and %s is dense (mixture-of-experts is not yet supported); set ep to 1", f,
-         (long long)s->mesh[MESH_EP], arch_name(m->arch));
+  int64_t ep = s->mesh[MESH_EP];
+  if (ep != 1 && m->n_experts == 0)
+    FAIL("%s: key \"mesh.ep\": expert parallelism (ep = %lld) splits a mixture-of-experts model's experts, "
+         "and this %s model is dense; set ep to 1 (or use a mixtral or qwen3_moe model)", f,
+         (long long)ep, arch_name(m->arch));
+  if (m->n_experts > 0 && m->n_experts % ep != 0)
+    FAIL("%s: key \"mesh.ep\": expert parallelism splits the %lld experts of a layer, which do not divide "
+         "into ep = %lld groups; choose an ep that divides %lld", f, (long long)m->n_experts, (long long)ep,
+         (long long)m->n_experts);
+  if (m->n_experts > 0 && pp > 1)
+    FAIL("%s: key \"mesh.pp\": pipeline parallelism with a mixture-of-experts model is not supported yet (the "
+         "load-balancing loss spans every layer's routing); use pp = 1 with %s", f, arch_name(m->arch));
+  if (m->n_experts > 0 && cp > 1)
+    FAIL("%s: key \"mesh.cp\": context parallelism with a mixture-of-experts model is not supported yet; "
+         "use cp = 1 with %s", f, arch_name(m->arch));
+  if (m->sliding_window > 0 && m->sliding_window < s->seq)
+    FAIL("%s: key \"model.sliding_window\": the model attends within a window of %lld tokens, shorter than "
+         "seq (%lld), and loom's attention is full causal attention; set seq to at most %lld (or sliding_window "
+         "to null)", f, (long long)m->sliding_window, (long long)s->seq, (long long)m->sliding_window);
+  if (m->n_experts > 0 && m->moe_intermediate % tp != 0)
+    FAIL("%s: key \"mesh.tp\": tensor parallelism splits each expert's MLP width (%lld), which is not "
+         "divisible by tp = %lld; choose a tp that divides it", f, (long long)m->moe_intermediate, (long long)tp);
 #undef FAIL
   return 0;
 }

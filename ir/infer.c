@@ -483,6 +483,97 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     }
     return 0;
   }
+  /* ---- mixture of experts (ops.def) ---- */
+  case OP_TOPK: {
+    int64_t k = op_int(op, "k");
+    if (x->rank < 1 || !dtype_is_float(x->dtype) || k < 1 || k > x->dims[x->rank - 1])
+      return fail(err, errlen, "topk needs float x[...,E] and 1 <= k <= E, got k=%lld for %s", (long long)k, TS(x));
+    r = type_make(DT_I32, x->rank, x->dims);
+    r.dims[r.rank - 1] = k;
+    break;
+  }
+  case OP_GATHER_LAST:
+  case OP_SCATTER_LAST: {
+    const Type *idx = &op->operands[1]->type;
+    bool fwd = op->kind == OP_GATHER_LAST;
+    const Type *big = fwd ? x : &op->results[0]->type, *small = fwd ? NULL : x;
+    if (!is_int_dtype(idx->dtype) || idx->rank != big->rank || idx->rank < 1 ||
+        memcmp(idx->dims, big->dims, sizeof(int64_t) * (size_t)(idx->rank - 1)) || !dtype_is_float(big->dtype))
+      return fail(err, errlen, "%s needs x[...,E] (float) and integer idx[...,k] with the same leading dims: %s and %s",
+                  info->name, TS(big), TS(idx));
+    if (small && (small->rank != idx->rank || memcmp(small->dims, idx->dims, sizeof(int64_t) * (size_t)idx->rank)))
+      return fail(err, errlen, "scatter_last's dy must be shaped like idx %s, got %s", TS(idx), TS(small));
+    if (small && small->dtype != big->dtype)
+      return fail(err, errlen, "scatter_last's dy %s and result %s differ in dtype", TS(small), TS(big));
+    r = fwd ? type_make(x->dtype, idx->rank, idx->dims) : *big;
+    break;
+  }
+  case OP_MOE_SORT:
+  case OP_MOE_COUNT: {
+    int64_t e = op_int(op, "experts"), cap = op_int(op, "capacity");
+    if (!is_int_dtype(x->dtype) || x->rank != 2 || e < 1 || cap < 0)
+      return fail(err, errlen, "%s needs integer idx[N,k], experts >= 1 and capacity >= 0; got %s, experts=%lld", info->name,
+                  TS(x), (long long)e);
+    int64_t n = op->kind == OP_MOE_SORT ? x->dims[0] * x->dims[1] : e;
+    r = type_make(DT_I32, 1, &n);
+    break;
+  }
+  case OP_MOE_DISPATCH:
+  case OP_MOE_COMBINE:
+  case OP_MOE_WEIGHT_GRAD: {
+    /* dispatch x[N,D] pos w; combine y[R,D] pos w; weight_grad y[R,D] x[N,D] pos */
+    bool wg = op->kind == OP_MOE_WEIGHT_GRAD;
+    const Type *pos = &op->operands[wg ? 2 : 1]->type, *w = wg ? NULL : &op->operands[2]->type;
+    const Type *rows = op->kind == OP_MOE_DISPATCH ? NULL : x, *tok = op->kind == OP_MOE_DISPATCH ? x : wg ? &op->operands[1]->type : NULL;
+    if (pos->dtype != DT_I32 || pos->rank != 1 || x->rank != 2)
+      return fail(err, errlen, "%s needs 2-D rows and i32 positions pos[N*k]; got %s and %s", info->name, TS(x), TS(pos));
+    int64_t N = tok ? tok->dims[0] : w->dims[0], k = w ? w->dims[1] : (N ? pos->dims[0] / N : 0);
+    if ((w && (w->rank != 2 || w->dims[0] != N || w->dtype != x->dtype)) || N < 1 || k < 1 || N * k != pos->dims[0] ||
+        (tok && (tok->rank != 2 || tok->dtype != x->dtype)) || (rows && tok && rows->dims[1] != tok->dims[1]))
+      return fail(err, errlen, "%s: the tokens [N,D], weights [N,k] and positions [N*k] disagree: %s, %s, %s", info->name,
+                  TS(x), TS(pos), w ? TS(w) : TS(tok));
+    if (op->kind == OP_MOE_DISPATCH) {
+      int64_t R = op_int(op, "rows");
+      if (R < N * k) return fail(err, errlen, "moe_dispatch needs rows >= N*k = %lld, got %lld", (long long)(N * k), (long long)R);
+      int64_t d[2] = {R, x->dims[1]};
+      r = type_make(x->dtype, 2, d);
+    } else if (op->kind == OP_MOE_COMBINE) {
+      if (x->dims[0] < N * k) return fail(err, errlen, "moe_combine needs at least N*k = %lld rows, got %s", (long long)(N * k), TS(x));
+      int64_t d[2] = {N, x->dims[1]};
+      r = type_make(x->dtype, 2, d);
+    } else {
+      if (x->dims[0] < N * k) return fail(err, errlen, "moe_weight_grad needs at least N*k = %lld rows, got %s", (long long)(N * k), TS(x));
+      int64_t d[2] = {N, k};
+      r = type_make(x->dtype, 2, d);
+    }
+    break;
+  }
+  case OP_GROUPED_MATMUL:
+  case OP_GROUPED_MATMUL_WGRAD: {
+    const Type *b = &op->operands[1]->type, *cnt = &op->operands[2]->type;
+    bool wgrad = op->kind == OP_GROUPED_MATMUL_WGRAD;
+    if (x->rank != 2 || b->rank != (wgrad ? 2 : 3) || cnt->dtype != DT_I32 || cnt->rank != 1 || !dtype_is_float(x->dtype) ||
+        b->dtype != x->dtype)
+      return fail(err, errlen, "%s needs %s and i32 counts[G]; got %s, %s, %s", info->name,
+                  wgrad ? "dy[R,N], x[R,K]" : "x[R,K], w[E,N,K] (same float dtype)", TS(x), TS(b), TS(cnt));
+    if (wgrad) {
+      int64_t e = op_int(op, "experts");
+      if (b->dims[0] != x->dims[0] || e < 1 || cnt->dims[0] % e)
+        return fail(err, errlen, "grouped_matmul_wgrad: dy %s and x %s need the same rows, and the %lld groups a multiple of "
+                    "experts=%lld", TS(x), TS(b), (long long)cnt->dims[0], (long long)e);
+      int64_t d[3] = {e, x->dims[1], b->dims[1]};
+      r = type_make(x->dtype, 3, d);
+    } else {
+      bool tb = op_bool(op, "tb");
+      int64_t K = tb ? b->dims[2] : b->dims[1], N = tb ? b->dims[1] : b->dims[2];
+      if (K != x->dims[1] || cnt->dims[0] % b->dims[0])
+        return fail(err, errlen, "grouped_matmul: x %s and w %s (tb=%d) disagree in K, or the %lld groups are not a multiple "
+                    "of the %lld experts", TS(x), TS(b), tb, (long long)cnt->dims[0], (long long)b->dims[0]);
+      int64_t d[2] = {x->dims[0], N};
+      r = type_make(x->dtype, 2, d);
+    }
+    break;
+  }
   default:
     return fail(err, errlen, "no shape rule for op %s", info->name);
   }

@@ -715,6 +715,7 @@ int interp_op_rank(const Op *op, Tensor **in, Tensor **out, const int *coord, ch
     reduce(op, in[0], y);
     return 0;
   }
+  if (op->kind >= OP_TOPK && op->kind <= OP_GROUPED_MATMUL_WGRAD) return interp_moe_op(op, in, out, err, errlen);
   switch (op->kind) {
   case OP_MATMUL: return matmul(op, in[0], in[1], y, err, errlen);
   case OP_EMBEDDING: {

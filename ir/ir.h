@@ -200,7 +200,15 @@ struct Global {
      as the IR type. */
   int hf_rank;
   int64_t hf_dims[IR_MAX_RANK];
+  /* A stack of experts (mixture of experts): the global `P.experts.X` [E,...] is, in
+     checkpoints, E tensors `P.experts.<e>.X.weight` (Hugging Face's per-expert names; text
+     form `as experts`).  ir_expert_name gives them. */
+  bool hf_experts;
 };
+/* The checkpoint name of expert e of the stacked global `name` ("P.experts.X" ->
+   "P.experts.<e>.X.weight"; any prefix before P, e.g. "adam_m.", is kept).  0, or -1 when
+   the name has no ".experts." or buf is too small. */
+int ir_expert_name(const char *name, int64_t e, char *buf, size_t n);
 
 struct Func {
   const char *name;

@@ -1,4 +1,5 @@
 /* ir/module.c — building modules, functions, ops and values. */
+#include <stdio.h>
 #include <string.h>
 
 #include "ir.h"
@@ -214,4 +215,12 @@ bool adamw_assigned_back(const Func *f, int i, int assigns[3]) {
     for (int r = 0; r < 3; r++)
       if (f->rets.items[k] == op->results[r]) return false;
   return n_found == 3;
+}
+
+int ir_expert_name(const char *name, int64_t e, char *buf, size_t n) {
+  const char *at = NULL;
+  for (const char *p = strstr(name, ".experts."); p; p = strstr(p + 1, ".experts.")) at = p;
+  if (!at) return -1;
+  int w = snprintf(buf, n, "%.*s.experts.%lld.%s.weight", (int)(at - name), name, (long long)e, at + 9);
+  return w < 0 || (size_t)w >= n ? -1 : 0;
 }

@@ -556,6 +556,14 @@ static int parse_global(Parser *ps) {
   map_put(&ps->globals, g->name, g);
   if (tok_word(ps, "as")) {   /* the shape in checkpoints: same elements, another shape */
     next(ps);
+    if (tok_word(ps, "experts")) {   /* a stack of per-expert tensors */
+      Tok at = ps->tok;
+      next(ps);
+      if (t.rank < 2 || !strstr(g->name, ".experts."))
+        return error_at(ps, &at, "'as experts' needs a global named P.experts.X of rank 2 or more");
+      g->hf_experts = true;
+      return 0;
+    }
     Tok at = ps->tok;
     if (expect(ps, TK_LBRACK, "'[' starting the checkpoint shape")) return IR_EINPUT;
     int64_t numel = 1;

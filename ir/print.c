@@ -201,6 +201,7 @@ void print_module(FILE *out, const Module *m) {
       for (int d = 0; d < g->hf_rank; d++) fprintf(out, d ? ",%lld" : "%lld", (long long)g->hf_dims[d]);
       fputc(']', out);
     }
+    if (g->hf_experts) fputs(" as experts", out);
     fputc('\n', out);
   }
   for (int i = 0; i < m->funcs.n; i++) {

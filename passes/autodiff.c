@@ -303,6 +303,43 @@ static int rule(AD *ad, Op *op, Value **dy, char *err, size_t errlen) {
     contribute(ad, x, build(&ad->b, OP_CROSS_ENTROPY_GRAD, ops, 3, NULL));
     return 0;
   }
+  /* mixture of experts: the routing (topk, sort, count) is piecewise constant; the weights
+     and rows flow through gathers, the dispatch/combine adjoint pair and grouped matmuls */
+  case OP_TOPK: case OP_MOE_SORT: case OP_MOE_COUNT: return 0;
+  case OP_GATHER_LAST: {
+    Value *ops[2] = {g, b};
+    Op *o = func_add_op(ad->b.f, OP_SCATTER_LAST, ops, 2, &x->type);
+    contribute(ad, x, o->results[0]);
+    return 0;
+  }
+  case OP_SCATTER_LAST: contribute(ad, x, B2(ad, OP_GATHER_LAST, g, b)); return 0;
+  case OP_MOE_DISPATCH:
+  case OP_MOE_COMBINE: {
+    Value *w = op->operands[2];
+    bool disp = op->kind == OP_MOE_DISPATCH;
+    Value *ops[3] = {g, b, w};
+    Op *o = build_begin(&ad->b, disp ? OP_MOE_COMBINE : OP_MOE_DISPATCH, ops, 3);
+    if (!disp) op_set_int(o, "rows", x->type.dims[0]);
+    contribute(ad, x, build_end(&ad->b, NULL));
+    if (needs(ad, w)) {   /* the rows (sorted side) first, then the tokens */
+      Value *wg[3] = {disp ? g : x, disp ? x : g, b};
+      contribute(ad, w, build(&ad->b, OP_MOE_WEIGHT_GRAD, wg, 3, NULL));
+    }
+    return 0;
+  }
+  case OP_GROUPED_MATMUL: {
+    Value *w = b, *cnt = op->operands[2];
+    bool tb = op_bool(op, "tb");
+    Value *ops[3] = {g, w, cnt};
+    op_set_bool(build_begin(&ad->b, OP_GROUPED_MATMUL, ops, 3), "tb", !tb);
+    contribute(ad, x, build_end(&ad->b, NULL));
+    if (needs(ad, w)) {   /* tb: dw[e] = dy^T x ([N,K]); else dw[e] = x^T dy ([K,N]) */
+      Value *wg[3] = {tb ? g : x, tb ? x : g, cnt};
+      op_set_int(build_begin(&ad->b, OP_GROUPED_MATMUL_WGRAD, wg, 3), "experts", w->type.dims[0]);
+      contribute(ad, w, build_end(&ad->b, NULL));
+    }
+    return 0;
+  }
   default:
     return no_rule(op, err, errlen);
   }
@@ -399,6 +436,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     if (!acc) {
       acc = module_add_global(m, GLOBAL_STATE, name, gt, (Init){INIT_ZEROS, 0});
       acc->hf_rank = p->hf_rank;
+      acc->hf_experts = p->hf_experts;
       memcpy(acc->hf_dims, p->hf_dims, sizeof acc->hf_dims);
     }
     Value *g = ad.gadj[i];

@@ -29,6 +29,7 @@ static Global *state(Module *m, const char *prefix, const Global *p) {
   t.dtype = DT_F32;
   g = module_add_global(m, GLOBAL_STATE, name, t, (Init){INIT_ZEROS, 0});
   g->hf_rank = p->hf_rank;   /* checkpoints hold moments in the parameter's checkpoint shape */
+  g->hf_experts = p->hf_experts;
   memcpy(g->hf_dims, p->hf_dims, sizeof g->hf_dims);
   return g;
 }

@@ -404,6 +404,39 @@ static Value *c_cross_entropy(G *g) {
   return B2(g, OP_CROSS_ENTROPY, logits, targets);
 }
 
+/* A mixture-of-experts block with fixed routing (idx an argument, so no top-k choice sits
+   within +-h): router weights gathered from a softmax, tokens dispatched with weights of
+   their own, two grouped matmuls (tb and not), combined with the router weights.  With a
+   capacity, some assignments are dropped (their rows are zero, their weights get no
+   gradient). */
+static Value *moe_case(G *g, int64_t capacity) {
+  int N = 6, E = 4, k = 2, D = 4, F = 3;
+  Value *x = param(g, "x", T(2, N, D), NORMAL(1)), *logits = param(g, "logits", T(2, N, E), NORMAL(1));
+  Value *wd = param(g, "wd", T(2, N, k), NORMAL(1));
+  Value *w1 = param(g, "w1", T(3, E, F, D), NORMAL(1)), *w2 = param(g, "w2", T(3, E, F, D), NORMAL(1));
+  Value *idx = int_arg(g, "idx", TI(2, N, k), E);
+  Value *probs = B1(g, OP_SOFTMAX, logits);
+  Value *wr = B2(g, OP_GATHER_LAST, probs, idx);
+  Op *o = build_begin(&g->b, OP_MOE_SORT, &idx, 1);
+  op_set_int(o, "experts", E), op_set_int(o, "capacity", capacity);
+  Value *pos = build_end(&g->b, NULL);
+  o = build_begin(&g->b, OP_MOE_COUNT, &idx, 1);
+  op_set_int(o, "experts", E), op_set_int(o, "capacity", capacity);
+  Value *cnt = build_end(&g->b, NULL);
+  Value *dops[3] = {x, pos, wd};
+  op_set_int(build_begin(&g->b, OP_MOE_DISPATCH, dops, 3), "rows", N * k + 2);
+  Value *xs = build_end(&g->b, NULL);
+  Value *m1[3] = {xs, w1, cnt};
+  Value *h = B1(g, OP_TANH, build(&g->b, OP_GROUPED_MATMUL, m1, 3, NULL));
+  Value *m2[3] = {h, w2, cnt};
+  op_set_bool(build_begin(&g->b, OP_GROUPED_MATMUL, m2, 3), "tb", false);
+  Value *ys = build_end(&g->b, NULL);
+  Value *cops[3] = {ys, pos, wr};
+  return build(&g->b, OP_MOE_COMBINE, cops, 3, NULL);
+}
+static Value *c_moe(G *g) { return moe_case(g, 0); }
+static Value *c_moe_capacity(G *g) { return moe_case(g, 2); }
+
 /* A small model end to end: embedding -> layernorm -> linear+bias -> gelu -> linear (tied
    to the embedding) -> mean cross-entropy. */
 static Value *c_mlp_chain(G *g) {
@@ -504,6 +537,8 @@ static const Case cases[] = {
     {"attention causal MHA", c_attn_mha, 0, NULL},
     {"rope offset 3", c_rope, 0, NULL},
     {"rope inverse offset 3", c_rope_inv, 0, NULL},
+    {"moe dispatch/grouped_matmul/combine", c_moe, 0, NULL},
+    {"moe with capacity (drops)", c_moe_capacity, 0, NULL},
     {"cross_entropy", c_cross_entropy, 0, NULL},
     {"mlp chain (emb,ln,matmul,gelu,tied head,ce)", c_mlp_chain, 0, NULL},
 };
