@@ -54,6 +54,7 @@ int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset) {
   rg->init = kinds[g->init.kind];
   rg->init_value = g->init.value;
   rg->round = cg_round_of(t->dtype);
+  rg->experts = g->hf_experts;
   return 0;
 }
 

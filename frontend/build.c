@@ -188,8 +188,10 @@ static Value *moe_mlp(Graph *g, Value *h, int l) {
   Value *w2 = experts_param(g, pre, l, mixtral ? "w2" : "down_proj", t3(E, D, F), proj);
   int64_t nd[] = {N, D}, nk[] = {N, k}, n1[] = {N, 1}, btd[] = {B, T, D};
   Value *x = reshape(g, h, 2, nd, NULL);
-  Value *probs = build1(&g->b, OP_SOFTMAX, linear(g, x, gate_w, NULL, true, nm(g, "l%d.router_logits", l)),
-                        nm(g, "l%d.router_probs", l));                                         /* [N,E] */
+  /* the routing in f32 whatever the precision (as transformers' softmax(..., dtype=float)) */
+  Value *logits = linear(g, x, gate_w, NULL, true, nm(g, "l%d.router_logits", l));
+  Value *probs = build1(&g->b, OP_SOFTMAX, build_typed(&g->b, OP_CAST, logits, t2(N, E), NULL),
+                        nm(g, "l%d.router_probs", l));                                         /* [N,E] f32 */
   Value *idx = with_int(g, OP_TOPK, &probs, 1, "k", k, nm(g, "l%d.experts", l));              /* [N,k] i32 */
   Value *wts = build2(&g->b, OP_GATHER_LAST, probs, idx, NULL);                               /* [N,k] */
   if (c->norm_topk) {

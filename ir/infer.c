@@ -528,7 +528,7 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     if (pos->dtype != DT_I32 || pos->rank != 1 || x->rank != 2)
       return fail(err, errlen, "%s needs 2-D rows and i32 positions pos[N*k]; got %s and %s", info->name, TS(x), TS(pos));
     int64_t N = tok ? tok->dims[0] : w->dims[0], k = w ? w->dims[1] : (N ? pos->dims[0] / N : 0);
-    if ((w && (w->rank != 2 || w->dims[0] != N || w->dtype != x->dtype)) || N < 1 || k < 1 || N * k != pos->dims[0] ||
+    if ((w && (w->rank != 2 || w->dims[0] != N || !dtype_is_float(w->dtype))) || N < 1 || k < 1 || N * k != pos->dims[0] ||
         (tok && (tok->rank != 2 || tok->dtype != x->dtype)) || (rows && tok && rows->dims[1] != tok->dims[1]))
       return fail(err, errlen, "%s: the tokens [N,D], weights [N,k] and positions [N*k] disagree: %s, %s, %s", info->name,
                   TS(x), TS(pos), w ? TS(w) : TS(tok));
@@ -544,7 +544,7 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     } else {
       if (x->dims[0] < N * k) return fail(err, errlen, "moe_weight_grad needs at least N*k = %lld rows, got %s", (long long)(N * k), TS(x));
       int64_t d[2] = {N, k};
-      r = type_make(x->dtype, 2, d);
+      r = type_make(DT_F32, 2, d);   /* the routing weights' gradient: f32 like them */
     }
     break;
   }

@@ -1,5 +1,7 @@
 /* passes/canonicalize.c — pass "canonicalize": local rewrites to a simpler equal form.
- *   reshape/broadcast/cast to the operand's own type      -> the operand
+ *   reshape/broadcast/cast to the operand's own type      -> the operand (not a cast to f32:
+ *       the frontend writes one where a computation stays f32 under mixed precision, e.g.
+ *       a mixture of experts' routing; the mixed-precision pass runs after this one)
  *   reshape(reshape(x))                                   -> reshape(x)
  *   transpose with the identity permutation               -> the operand
  *   transpose(transpose(x))                               -> one transpose
@@ -52,6 +54,7 @@ static Value *fold(Module *m, Op *op, const bool *written) {
     /* fall through */
   case OP_BROADCAST:
   case OP_CAST:
+    if (op->kind == OP_CAST && rt->dtype == DT_F32) return NULL;
     return type_eq(&x->type, rt) ? x : NULL;
   case OP_TRANSPOSE: {
     const Attr *perm = &op->attrs[0];

@@ -67,6 +67,17 @@ typedef enum {
   RT_B_ATTN_CACHED,        /* q kcache vcache pos -> out;  i: B, C, H, Dh, Tmax, KV;  f: scale */
   RT_B_KV_WRITE,           /* cache x pos -> (cache rows pos[b,c] = x[b,c], in place; cache listed once, as
                               input 0);  i: B, C, Tmax, KV*Dh */
+  /* mixture of experts (ir/ops.def's topk .. grouped_matmul_wgrad; positions and counts int) */
+  RT_B_TOPK,               /* x -> idx(int);         i: rows, E, k */
+  RT_B_GATHER_LAST,        /* x idx(int) -> y;       i: rows, E, k */
+  RT_B_SCATTER_LAST,       /* dy idx(int) -> y;      i: rows, E, k */
+  RT_B_MOE_SORT,           /* idx(int) -> pos(int);  i: n (= N*k), experts, capacity */
+  RT_B_MOE_COUNT,          /* idx(int) -> count(int); i: n, experts, capacity */
+  RT_B_MOE_DISPATCH,       /* x pos(int) w -> y;     i: N, k, D, R */
+  RT_B_MOE_COMBINE,        /* y pos(int) w -> out;   i: N, k, D, R */
+  RT_B_MOE_WEIGHT_GRAD,    /* rows x pos(int) -> dw; i: N, k, D, R */
+  RT_B_GROUPED_MATMUL,     /* x w count(int) -> y;   i: R, K, N, E, G, tb */
+  RT_B_GROUPED_WGRAD,      /* dy x count(int) -> dw; i: R, K (x's), N (dy's), E, G */
   RT_B_CROSS_ENTROPY,      /* logits targets(int) -> loss;           i: rows, V */
   RT_B_CROSS_ENTROPY_GRAD, /* dloss logits targets(int) -> dlogits;  i: rows, V */
   RT_B_EMBEDDING,          /* table ids(int) -> y;   i: n_ids, V, D, vocab axis + 1 (0: none; else the
@@ -170,6 +181,7 @@ typedef struct {
   RtInitKind init;
   double init_value;         /* normal: std; const: the value */
   uint8_t round;             /* storage rounding of the global's dtype */
+  uint8_t experts;           /* a stack of experts: [E,...] is E checkpoint tensors (rt_expert_name) */
 } RtGlobal;
 
 typedef struct {

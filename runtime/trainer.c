@@ -384,3 +384,39 @@ done:
   free(targets);
   return rc;
 }
+
+int rt_expert_name(const char *name, int64_t e, char *buf, size_t n) {
+  const char *at = NULL;
+  for (const char *p = strstr(name, ".experts."); p; p = strstr(p + 1, ".experts.")) at = p;
+  if (!at) return -1;
+  int w = snprintf(buf, n, "%.*s.experts.%lld.%s.weight", (int)(at - name), name, (long long)e, at + 9);
+  return w < 0 || (size_t)w >= n ? -1 : 0;
+}
+
+int rt_views_add(RtTensor *out, int *n, const char *name, int rank, const int64_t *shape, float *data, bool experts) {
+  int k = rt_views_of(rank, shape, experts);
+  if (k == 1 && !(experts && rank >= 2)) {
+    RtTensor v = {name, rank, {0}, data, NULL};
+    for (int d = 0; d < rank; d++) v.shape[d] = shape[d];
+    out[(*n)++] = v;
+    return 0;
+  }
+  int64_t per = 1;
+  for (int d = 1; d < rank; d++) per *= shape[d];
+  for (int e = 0; e < k; e++) {
+    char buf[512];
+    RtTensor v = {NULL, rank - 1, {0}, data ? data + e * per : NULL, NULL};
+    if (rt_expert_name(name, e, buf, sizeof buf) || !(v.owned_name = strdup(buf))) return -1;
+    v.name = v.owned_name;
+    for (int d = 1; d < rank; d++) v.shape[d - 1] = shape[d];
+    out[(*n)++] = v;
+  }
+  return 0;
+}
+
+void rt_views_free(RtTensor *v, int n) {
+  for (int i = 0; v && i < n; i++) {
+    free(v[i].owned_name);
+    v[i].owned_name = NULL;
+  }
+}

@@ -18,7 +18,21 @@ typedef struct {
   int rank;
   int64_t shape[8];
   float *data;
+  char *owned_name;     /* the name when the view made it (freed by rt_views_free) */
 } RtTensor;
+
+/* The checkpoint name of expert e of a stack of experts "P.experts.X": "P.experts.<e>.X.weight"
+   (any prefix such as "adam_m." kept; ir_expert_name's copy).  0, or -1 when it does not fit. */
+int rt_expert_name(const char *name, int64_t e, char *buf, size_t n);
+/* How many views a global gets: 1, or shape[0] for a stack of experts. */
+static inline int rt_views_of(int rank, const int64_t *shape, bool experts) {
+  return experts && rank >= 2 ? (int)shape[0] : 1;
+}
+/* Appends a global's views to out[*n]: the global itself, or for a stack of experts one
+   view per expert (its checkpoint name and shape, data into the stack).  0, or -1 when out
+   of memory. */
+int rt_views_add(RtTensor *out, int *n, const char *name, int rank, const int64_t *shape, float *data, bool experts);
+void rt_views_free(RtTensor *v, int n);   /* the names the views made (not the array) */
 
 typedef struct {
   void *self;

@@ -280,8 +280,11 @@ typedef bool (*Select)(const char *name);
 static bool sel_logits(const char *n) { return !strcmp(n, "logits"); }
 static bool sel_loss(const char *n) { return !strcmp(n, "loss"); }
 static bool sel_grads(const char *n) { return !strncmp(n, "grad.", 5); }
+/* Everything a training run writes: the parameters, losses (not the golden's diagnostics of
+   one forward: a MoE model's ce_loss, aux_loss and router.* expert loads). */
 static bool sel_train(const char *n) {
-  return strcmp(n, "logits") && strcmp(n, "loss") && strncmp(n, "grad.", 5) && strcmp(n, "grad_norms") && strcmp(n, "lrs");
+  return strcmp(n, "logits") && strcmp(n, "loss") && strncmp(n, "grad.", 5) && strcmp(n, "grad_norms") && strcmp(n, "lrs") &&
+         strcmp(n, "ce_loss") && strcmp(n, "aux_loss") && strncmp(n, "router.", 7);
 }
 
 /* The cell over the tensors of ref that want selects, read from out.  Parameters may have

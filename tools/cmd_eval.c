@@ -97,20 +97,34 @@ static int eval_cpu(const Module *m, const char *weights, const char *tokens, co
     void *args[2] = {in, tg}, *rets[1] = {&loss2};
     rc = cpu_program_call(&b.cp, cpu_find_func(&b.cp, "grad_step"), args, rets, err, errlen);
   }
+  RtTensor *views = NULL;
+  int nv = 0;
   if (!rc && out) {
-    st = calloc((size_t)b.prog.n_globals + 2, sizeof *st);
-    int n = 0;
-    st[n++] = (StTensor){"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits};
-    st[n++] = (StTensor){"loss", ST_F32, 0, {0}, 4, &loss};
-    for (int i = 0; grads && i < b.prog.n_globals; i++) {
+    int max = 2;
+    for (int i = 0; i < b.prog.n_globals; i++) max += rt_views_of(b.prog.globals[i].rank, b.prog.globals[i].shape, b.prog.globals[i].experts);
+    st = calloc((size_t)max, sizeof *st);
+    views = calloc((size_t)max, sizeof *views);
+    if (!st || !views) rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+    for (int i = 0; !rc && grads && i < b.prog.n_globals; i++) {   /* in the checkpoint's names (one per expert) */
       const RtGlobal *g = &b.prog.globals[i];
-      if (g->region != RT_REGION_GRADS) continue;
-      st[n] = (StTensor){(char *)g->name, ST_F32, g->rank, {0}, (uint64_t)g->n * 4, cpu_global(&b.cp, i)};
-      memcpy(st[n].shape, g->shape, sizeof g->shape);
+      if (g->region == RT_REGION_GRADS && rt_views_add(views, &nv, g->name, g->rank, g->shape, cpu_global(&b.cp, i), g->experts))
+        rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+    }
+    int n = 0;
+    if (!rc) {
+      st[n++] = (StTensor){"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits};
+      st[n++] = (StTensor){"loss", ST_F32, 0, {0}, 4, &loss};
+    }
+    for (int k = 0; !rc && k < nv; k++) {
+      st[n] = (StTensor){(char *)views[k].name, ST_F32, views[k].rank, {0}, (uint64_t)st_numel(views[k].rank, views[k].shape) * 4,
+                         views[k].data};
+      memcpy(st[n].shape, views[k].shape, sizeof views[k].shape);
       n++;
     }
-    rc = st_write(out, st, n, NULL, NULL, 0, err, errlen);
+    if (!rc) rc = st_write(out, st, n, NULL, NULL, 0, err, errlen);
   }
+  rt_views_free(views, nv);
+  free(views);
   free(st);
   cpu_backend_free(&b);
   free(bytes);
@@ -340,7 +354,8 @@ int cmd_eval(int argc, char **argv) {
   TokShard shard;
   memset(&shard, 0, sizeof shard);
   Tensor *args[2] = {0}, *rets[2] = {0}, *grad_loss = NULL;
-  Tensor **outs = NULL, *views[1024];
+  Tensor **outs = NULL, **views = NULL;
+  char **vnames = NULL;
   int n_views = 0;
   const char **names = NULL;
 
@@ -397,10 +412,16 @@ int cmd_eval(int argc, char **argv) {
   double dt = seconds_now() - t0;
   printf("loss %.6f\n", rets[1]->f[0]);
   fprintf(stderr, "loom: eval of %lld tokens took %.3f s on the reference executor\n", (long long)(B * T), dt);
-  int n_out = 2;
-  outs = calloc((size_t)m->globals.n + 2, sizeof *outs);
-  names = calloc((size_t)m->globals.n + 2, sizeof *names);
-  if (!outs || !names) { snprintf(err, sizeof err, "out of memory"); rc = EXIT_RUN; goto done; }
+  int n_out = 2, n_max = 2;
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *gl = m->globals.items[i];
+    n_max += rt_views_of(gl->value->type.rank, g->t[i]->type.dims, gl->hf_experts);
+  }
+  outs = calloc((size_t)n_max, sizeof *outs);
+  names = calloc((size_t)n_max, sizeof *names);
+  views = calloc((size_t)n_max, sizeof *views);
+  vnames = calloc((size_t)n_max, sizeof *vnames);
+  if (!outs || !names || !views || !vnames) { snprintf(err, sizeof err, "out of memory"); rc = EXIT_RUN; goto done; }
   outs[0] = rets[0];
   outs[1] = rets[1];
   names[0] = "logits";
@@ -411,23 +432,38 @@ int cmd_eval(int argc, char **argv) {
     if ((rc = interp_run(gs, g, args, &grad_loss, err, sizeof err))) goto done;
     for (int i = 0; i < m->globals.n; i++) {
       const Global *gl = m->globals.items[i];
-      if (gl->kind == GLOBAL_STATE && !strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) {
-        names[n_out] = gl->name;
-        outs[n_out] = g->t[i];
-        if (gl->hf_rank) {   /* written in the checkpoint shape: a view with that type */
-          Tensor *v = malloc(sizeof *v);
-          *v = *g->t[i];
+      if (gl->kind != GLOBAL_STATE || strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) continue;
+      const Tensor *t = g->t[i];
+      int k = gl->hf_experts ? rt_views_of(t->type.rank, t->type.dims, true) : 1;
+      for (int e = 0; e < k; e++) {   /* written in the checkpoint shape (a stack of experts: one per expert) */
+        Tensor *v = malloc(sizeof *v);
+        char ename[600];
+        if (!v || (gl->hf_experts && (rt_expert_name(gl->name, e, ename, sizeof ename) || !(vnames[n_views] = strdup(ename))))) {
+          free(v);
+          snprintf(err, sizeof err, "out of memory");
+          rc = EXIT_RUN;
+          goto done;
+        }
+        *v = *t;
+        names[n_out] = gl->hf_experts ? vnames[n_views] : gl->name;
+        if (gl->hf_rank) {
           v->type.rank = gl->hf_rank;
           memcpy(v->type.dims, gl->hf_dims, sizeof v->type.dims);
-          outs[n_out] = views[n_views++] = v;
+        } else if (gl->hf_experts) {
+          v->n = t->n / k;
+          v->f = t->f + e * v->n;
+          v->type.rank = t->type.rank - 1;
+          memmove(v->type.dims, t->type.dims + 1, sizeof(int64_t) * (size_t)v->type.rank);
         }
-        n_out++;
+        outs[n_out++] = views[n_views++] = v;
       }
     }
   }
   if (out) rc = write_tensors(out, names, outs, n_out, err, sizeof err);
 done:
-  for (int k = 0; k < n_views; k++) free(views[k]);   /* views share the store's data */
+  for (int k = 0; k < n_views; k++) free(views[k]), free(vnames[k]);   /* views share the store's data */
+  free(views);
+  free(vnames);
   free(outs);
   free(names);
   tensor_free(grad_loss);

@@ -33,7 +33,7 @@ int cuda_load_params(CudaProgram *cp, const RtProgram *prog, const char *path, c
       rc = EXIT_RUN;
       break;
     }
-    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i]};
+    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i], NULL};
     memcpy(views[nv].shape, g->shape, sizeof g->shape);
     nv++;
   }

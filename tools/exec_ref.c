@@ -261,7 +261,7 @@ static int optimizer_step(void *self, float lr, float t, float *grad_norm, char 
 }
 
 static RtTensor view(const Global *gl, Tensor *t) {
-  RtTensor v = {gl->name, t->type.rank, {0}, t->f};
+  RtTensor v = {gl->name, t->type.rank, {0}, t->f, NULL};
   for (int d = 0; d < t->type.rank; d++) v.shape[d] = t->type.dims[d];
   if (gl->hf_rank) {   /* checkpoints and --out use the checkpoint shape */
     v.rank = gl->hf_rank;
@@ -336,8 +336,13 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   r->targets = tensor_new(&tokens);
   r->lr = tensor_new(&scalar);
   r->step = tensor_new(&scalar);
-  r->ex.params = calloc((size_t)ng + 1, sizeof(RtTensor));
-  r->ex.state = calloc((size_t)ng + 1, sizeof(RtTensor));
+  int nv = 0;
+  for (int i = 0; i < ng; i++) {
+    const Global *gl = m->globals.items[i];
+    nv += rt_views_of(r->full[i]->type.rank, r->full[i]->type.dims, gl->hf_experts);
+  }
+  r->ex.params = calloc((size_t)nv + 1, sizeof(RtTensor));
+  r->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
   if (!r->inputs || !r->targets || !r->lr || !r->step || !r->ex.params || !r->ex.state) {
     snprintf(err, errlen, "out of memory");
     return 1;
@@ -345,8 +350,13 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   for (int i = 0; i < ng; i++) {
     const Global *gl = m->globals.items[i];
     if (!exposed(gl)) continue;
-    if (gl->kind == GLOBAL_PARAM) r->ex.params[r->ex.n_params++] = view(gl, r->full[i]);
-    else r->ex.state[r->ex.n_state++] = view(gl, r->full[i]);
+    RtTensor v = view(gl, r->full[i]);
+    bool param = gl->kind == GLOBAL_PARAM;
+    if (rt_views_add(param ? r->ex.params : r->ex.state, param ? &r->ex.n_params : &r->ex.n_state, v.name, v.rank, v.shape,
+                     v.data, gl->hf_experts)) {
+      snprintf(err, errlen, "out of memory");
+      return 1;
+    }
   }
   r->ex.self = r;
   r->ex.batch = tokens.dims[0];
@@ -378,6 +388,8 @@ void ref_exec_free(RefExec *r) {
   tensor_free(r->targets);
   tensor_free(r->lr);
   tensor_free(r->step);
+  rt_views_free(r->ex.params, r->ex.n_params);
+  rt_views_free(r->ex.state, r->ex.n_state);
   free(r->ex.params);
   free(r->ex.state);
   memset(r, 0, sizeof *r);

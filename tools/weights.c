@@ -4,6 +4,7 @@
 
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/trainer.h"
 #include "tools/tools.h"
 
 static float half_to_float(uint16_t h) {
@@ -45,24 +46,63 @@ static int read_f32(const StTensor *st, float *dst, int64_t n, const char *path,
   return 0;
 }
 
-/* Reads the file's elements into t; elements past them (a padded vocabulary's rows) are 0. */
-static int convert(const StTensor *st, Tensor *t, const char *path, char *err, size_t errlen) {
-  int64_t n = st_numel(st->rank, st->shape);
-  if (n > t->n) n = t->n;
-  int rc = read_f32(st, t->f, n, path, err, errlen);
-  for (int64_t k = 0; !rc && k < t->n; k++) t->f[k] = k < n ? dtype_round(t->type.dtype, t->f[k]) : 0.0f;
-  return rc;
+/* One expert of transformers 5's fused expert tensors, for the per-expert name
+   "<P>.experts.<e>.<X>.weight" (the hub's): the tensors sit under <Q>.experts with Q = P, or
+   Mixtral's P ".block_sparse_moe" as ".mlp"; gate_up_proj [E,2F,D] holds the gate rows
+   (w1, gate_proj) then the up rows (w3, up_proj) of each expert, down_proj [E,D,F] the down
+   projections (w2, down_proj).  The slice is a view into the file (in *tmp), or NULL. */
+static const StTensor *fused_expert(const StFile *f, const char *name, StTensor *tmp) {
+  const char *at = strstr(name, ".experts.");
+  char *end;
+  if (!at) return NULL;
+  long long e = strtoll(at + 9, &end, 10);
+  if (end == at + 9 || *end != '.' || e < 0) return NULL;
+  const char *x = end + 1;
+  size_t xl = strlen(x), pl = (size_t)(at - name);
+  if (xl < 8 || strcmp(x + xl - 7, ".weight")) return NULL;
+  xl -= 7;
+  int part;   /* 0 gate, 1 up, 2 down */
+  if ((xl == 2 && !strncmp(x, "w1", 2)) || (xl == 9 && !strncmp(x, "gate_proj", 9))) part = 0;
+  else if ((xl == 2 && !strncmp(x, "w3", 2)) || (xl == 7 && !strncmp(x, "up_proj", 7))) part = 1;
+  else if ((xl == 2 && !strncmp(x, "w2", 2)) || (xl == 9 && !strncmp(x, "down_proj", 9))) part = 2;
+  else return NULL;
+  static const char moe[] = ".block_sparse_moe";
+  if (pl >= sizeof moe - 1 && !strncmp(at - (sizeof moe - 1), moe, sizeof moe - 1)) pl -= sizeof moe - 1;
+  char fused[600];
+  snprintf(fused, sizeof fused, "%.*s%s.experts.%s", (int)pl, name, pl == (size_t)(at - name) ? "" : ".mlp",
+           part == 2 ? "down_proj" : "gate_up_proj");
+  const StTensor *t = st_find(f, fused);
+  if (!t || t->rank != 3 || e >= t->shape[0] || (part < 2 && t->shape[1] % 2)) return NULL;
+  int64_t rows = part < 2 ? t->shape[1] / 2 : t->shape[1], cols = t->shape[2], es = st_dtype_size(t->dtype);
+  *tmp = *t;
+  tmp->rank = 2;
+  tmp->shape[0] = rows, tmp->shape[1] = cols;
+  tmp->nbytes = (uint64_t)(rows * cols * es);
+  tmp->data = (const uint8_t *)t->data + (e * t->shape[1] + (part == 1 ? rows : 0)) * cols * es;
+  return tmp;
 }
 
-/* The tensor for parameter `name`: as named, or with GPT-2's "transformer." prefix. */
-static const StTensor *find_param(const StFile *f, const char *name) {
+/* The tensor for checkpoint name `name`: as named, with GPT-2's "transformer." prefix,
+   under transformers 5's Mixtral names (block_sparse_moe as mlp), or one expert's slice of
+   the fused expert tensors (fused_expert, a view in *tmp). */
+static const StTensor *find_param_or_expert(const StFile *f, const char *name, StTensor *tmp) {
   const StTensor *st = st_find(f, name);
+  char alt[600];
   if (!st) {
-    char alt[512];
     snprintf(alt, sizeof alt, "transformer.%s", name);
     st = st_find(f, alt);
   }
-  return st;
+  const char *moe = strstr(name, ".block_sparse_moe.gate.");
+  if (!st && moe) {
+    snprintf(alt, sizeof alt, "%.*s.mlp.gate.%s", (int)(moe - name), name, moe + 23);
+    st = st_find(f, alt);
+  }
+  return st ? st : fused_expert(f, name, tmp);
+}
+
+static const StTensor *find_param(const StFile *f, const char *name) {
+  static _Thread_local StTensor tmp;
+  return find_param_or_expert(f, name, &tmp);
 }
 
 static int shape_mismatch(const char *path, const StTensor *st, int rank, const int64_t *dims, char *err, size_t errlen) {
@@ -81,6 +121,39 @@ static int shape_mismatch(const char *path, const StTensor *st, int rank, const 
   return EXIT_USAGE;
 }
 
+/* A parameter's tensors in file f: itself, or for a stack of experts each expert's (by its
+   checkpoint name), read into dst (n floats: rank/dims as the file holds them, elements past
+   the file's zero); rounding as `round`.  *used counts the file tensors read. */
+static int load_param(const StFile *f, const char *path, const char *name, bool experts, int rank, const int64_t *dims,
+                      float *dst, int64_t n, int round, int n_params, int *used, char *err, size_t errlen) {
+  int k = rt_views_of(rank, dims, experts), rc = 0;
+  int64_t per = n / (k ? k : 1);
+  for (int e = 0; e < k && !rc; e++) {
+    char ename[600];
+    const char *want = name;
+    if (experts && rank >= 2) {
+      if (rt_expert_name(name, e, ename, sizeof ename)) return EXIT_USAGE;
+      want = ename;
+    }
+    StTensor tmp;
+    const StTensor *st = find_param_or_expert(f, want, &tmp);
+    if (!st) {
+      snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
+               "model or config?)", path, want, n_params);
+      return EXIT_USAGE;
+    }
+    int r = experts && rank >= 2 ? rank - 1 : rank;
+    if ((rc = shape_mismatch(path, st, r, experts && rank >= 2 ? dims + 1 : dims, err, errlen))) return rc;
+    float *out = dst + e * per;
+    int64_t m = st_numel(st->rank, st->shape);   /* the checkpoint's elements; padded rows stay 0 */
+    if (m > per) m = per;
+    if (!(rc = read_f32(st, out, m, path, err, errlen)) && round) rt_round_buf(NULL, out, m, (RtRound)round);
+    for (int64_t j = m; j < per; j++) out[j] = 0;
+    (*used)++;
+  }
+  return rc;
+}
+
 int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *err, size_t errlen) {
   StFile f;
   int rc = st_read(path, &f, err, errlen), used = 0, n_params = 0;
@@ -89,20 +162,8 @@ int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *
   for (int i = 0; i < p->n_globals && !rc; i++) {
     const RtGlobal *g = &p->globals[i];
     if (g->region != RT_REGION_PARAMS) continue;
-    const StTensor *st = find_param(&f, g->name);
-    if (!st) {
-      snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
-               "model or config?)", path, g->name, n_params);
-      rc = EXIT_USAGE;
-      break;
-    }
-    if ((rc = shape_mismatch(path, st, g->rank, g->shape, err, errlen))) break;
-    float *dst = cpu_global(cp, i);
-    int64_t n = st_numel(st->rank, st->shape);   /* the checkpoint's elements; padded rows stay 0 */
-    if (n > g->n) n = g->n;
-    if (!(rc = read_f32(st, dst, n, path, err, errlen)) && g->round) rt_round_buf(NULL, dst, n, (RtRound)g->round);
-    for (int64_t k = n; k < g->n; k++) dst[k] = 0;
-    used++;
+    rc = load_param(&f, path, g->name, g->experts, g->rank, g->shape, cpu_global(cp, i), g->n, g->round, n_params, &used,
+                    err, errlen);
   }
   if (!rc && used < f.n)
     fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - used);
@@ -138,19 +199,10 @@ int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, s
   for (int i = 0; i < m->globals.n && !rc; i++) {
     const Global *gl = m->globals.items[i];
     if (gl->kind != GLOBAL_PARAM) continue;
-    const StTensor *st = find_param(&f, gl->name);
-    if (!st) {
-      snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
-               "model or config?)", path, gl->name, m->globals.n);
-      rc = EXIT_USAGE;
-      break;
-    }
     Tensor *t = g->t[i];
-    if ((rc = shape_mismatch(path, st, gl->hf_rank ? gl->hf_rank : t->type.rank, gl->hf_rank ? gl->hf_dims : t->type.dims,
-                             err, errlen)))
-      break;
-    rc = convert(st, t, path, err, errlen);
-    used++;
+    rc = load_param(&f, path, gl->name, gl->hf_experts, gl->hf_rank ? gl->hf_rank : t->type.rank,
+                    gl->hf_rank ? gl->hf_dims : t->type.dims, t->f, t->n, 0, m->globals.n, &used, err, errlen);
+    for (int64_t k = 0; !rc && k < t->n; k++) t->f[k] = dtype_round(t->type.dtype, t->f[k]);
   }
   if (!rc && used < f.n)
     fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - used);

@@ -289,6 +289,52 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(v->dims[2] * v->dims[3]);
     return 0;
   }
+  /* mixture of experts */
+  case OP_TOPK:
+  case OP_GATHER_LAST:
+  case OP_SCATTER_LAST: {
+    const Type *big = op->kind == OP_TOPK || op->kind == OP_GATHER_LAST ? x : y;
+    const Type *idx = op->kind == OP_TOPK ? y : &op->operands[1]->type;
+    BUILTIN(op->kind == OP_TOPK ? RT_B_TOPK : op->kind == OP_GATHER_LAST ? RT_B_GATHER_LAST : RT_B_SCATTER_LAST);
+    int64_t E = last_dim(big);
+    INT(E ? type_numel(big) / E : 0);
+    INT(E);
+    INT(last_dim(idx));
+    return 0;
+  }
+  case OP_MOE_SORT:
+  case OP_MOE_COUNT:
+    BUILTIN(op->kind == OP_MOE_SORT ? RT_B_MOE_SORT : RT_B_MOE_COUNT);
+    INT(type_numel(x));
+    INT(op_int(op, "experts"));
+    INT(op_int(op, "capacity"));
+    return 0;
+  case OP_MOE_DISPATCH:
+  case OP_MOE_COMBINE:
+  case OP_MOE_WEIGHT_GRAD: {
+    bool wg = op->kind == OP_MOE_WEIGHT_GRAD;
+    const Type *rows = op->kind == OP_MOE_DISPATCH ? y : x, *pos = &op->operands[wg ? 2 : 1]->type;
+    int64_t N = op->kind == OP_MOE_DISPATCH ? x->dims[0] : wg ? op->operands[1]->type.dims[0] : y->dims[0];
+    BUILTIN(op->kind == OP_MOE_DISPATCH ? RT_B_MOE_DISPATCH : op->kind == OP_MOE_COMBINE ? RT_B_MOE_COMBINE : RT_B_MOE_WEIGHT_GRAD);
+    INT(N);
+    INT(N ? type_numel(pos) / N : 0);
+    INT(rows->dims[1]);
+    INT(rows->dims[0]);
+    return 0;
+  }
+  case OP_GROUPED_MATMUL:
+  case OP_GROUPED_MATMUL_WGRAD: {
+    const Type *b = &op->operands[1]->type, *cnt = &op->operands[2]->type;
+    bool wg = op->kind == OP_GROUPED_MATMUL_WGRAD;
+    BUILTIN(wg ? RT_B_GROUPED_WGRAD : RT_B_GROUPED_MATMUL);
+    INT(x->dims[0]);
+    INT(wg ? b->dims[1] : x->dims[1]);
+    INT(wg ? x->dims[1] : y->dims[1]);
+    INT(wg ? op_int(op, "experts") : b->dims[0]);
+    INT(cnt->dims[0]);
+    INT(wg ? 1 : op_bool(op, "tb"));
+    return 0;
+  }
   case OP_ATTENTION_BLOCK:
   case OP_ATTENTION_BLOCK_GRAD: {
     bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;

@@ -23,6 +23,16 @@ static const struct {
   [RT_B_ROPE_AT] = {"rope_at", 2, 1},
   [RT_B_ATTN_CACHED] = {"attention_cached", 4, 1},
   [RT_B_KV_WRITE] = {"kv_write", 3, 0},
+  [RT_B_TOPK] = {"topk", 1, 1},
+  [RT_B_GATHER_LAST] = {"gather_last", 2, 1},
+  [RT_B_SCATTER_LAST] = {"scatter_last", 2, 1},
+  [RT_B_MOE_SORT] = {"moe_sort", 1, 1},
+  [RT_B_MOE_COUNT] = {"moe_count", 1, 1},
+  [RT_B_MOE_DISPATCH] = {"moe_dispatch", 3, 1},
+  [RT_B_MOE_COMBINE] = {"moe_combine", 3, 1},
+  [RT_B_MOE_WEIGHT_GRAD] = {"moe_weight_grad", 3, 1},
+  [RT_B_GROUPED_MATMUL] = {"grouped_matmul", 3, 1},
+  [RT_B_GROUPED_WGRAD] = {"grouped_matmul_wgrad", 3, 1},
   [RT_B_CROSS_ENTROPY] = {"cross_entropy", 2, 1},
   [RT_B_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", 3, 1},
   [RT_B_EMBEDDING] = {"embedding", 2, 1},
@@ -191,6 +201,47 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
       want(&c, 0, nq, 0), want(&c, 1, nq, 0), want(&c, 2, nk, 0), want(&c, 3, nk, 0), want(&c, 4, nl, 0);
       want(&c, 5, nl, 0), want(&c, 6, nq, 0), want(&c, 7, nk, 0), want(&c, 8, nk, 0);
     }
+    break;
+  }
+  case RT_B_TOPK:
+    nonneg(&c, 0, 3);
+    if (i[2] < 1 || i[2] > i[1]) bad(&c, "k must be between 1 and the experts");
+    want(&c, 0, rt_smul(i[0], i[1]), 0), want(&c, 1, rt_smul(i[0], i[2]), 1);
+    break;
+  case RT_B_GATHER_LAST:
+  case RT_B_SCATTER_LAST: {
+    nonneg(&c, 0, 3);
+    bool g = st->which == RT_B_GATHER_LAST;
+    int64_t big = rt_smul(i[0], i[1]), small = rt_smul(i[0], i[2]);
+    want(&c, 0, g ? big : small, 0), want(&c, 1, small, 1), want(&c, 2, g ? small : big, 0);
+    break;
+  }
+  case RT_B_MOE_SORT:
+  case RT_B_MOE_COUNT:
+    nonneg(&c, 0, 3);
+    if (i[1] < 1) bad(&c, "no experts");
+    want(&c, 0, i[0], 1), want(&c, 1, st->which == RT_B_MOE_SORT ? i[0] : i[1], 1);
+    break;
+  case RT_B_MOE_DISPATCH:
+  case RT_B_MOE_COMBINE:
+  case RT_B_MOE_WEIGHT_GRAD: {
+    nonneg(&c, 0, 4);
+    int64_t nk = rt_smul(i[0], i[1]), nd = rt_smul(i[0], i[2]), rd = rt_smul(i[3], i[2]);
+    if (i[3] < nk) bad(&c, "fewer rows than assignments");
+    if (st->which == RT_B_MOE_DISPATCH) want(&c, 0, nd, 0), want(&c, 1, nk, 1), want(&c, 2, nk, 0), want(&c, 3, rd, 0);
+    else if (st->which == RT_B_MOE_COMBINE) want(&c, 0, rd, 0), want(&c, 1, nk, 1), want(&c, 2, nk, 0), want(&c, 3, nd, 0);
+    else want(&c, 0, rd, 0), want(&c, 1, nd, 0), want(&c, 2, nk, 1), want(&c, 3, nk, 0);
+    break;
+  }
+  case RT_B_GROUPED_MATMUL:
+  case RT_B_GROUPED_WGRAD: {
+    nonneg(&c, 0, 5);
+    if (i[3] < 1 || i[4] % i[3] || i[0] > INT32_MAX || i[1] > INT32_MAX || i[2] > INT32_MAX)
+      bad(&c, "the groups must be a multiple of the experts, and the sizes fit int32");
+    int64_t w = rt_smul(i[3], rt_smul(i[1], i[2]));
+    if (st->which == RT_B_GROUPED_MATMUL)
+      want(&c, 0, rt_smul(i[0], i[1]), 0), want(&c, 1, w, 0), want(&c, 2, i[4], 1), want(&c, 3, rt_smul(i[0], i[2]), 0);
+    else want(&c, 0, rt_smul(i[0], i[2]), 0), want(&c, 1, rt_smul(i[0], i[1]), 0), want(&c, 2, i[4], 1), want(&c, 3, w, 0);
     break;
   }
   case RT_B_CROSS_ENTROPY:
@@ -374,6 +425,26 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
     else rc = cpu_attn_block_grad(tp, &ab, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], err, errlen);
     break;
   }
+  case RT_B_TOPK: cpu_topk(tp, b[0], b[1], i[0], i[1], i[2]); break;
+  case RT_B_GATHER_LAST:
+  case RT_B_SCATTER_LAST:
+    rc = cpu_gather_last(b[0], b[1], b[2], i[0], i[1], i[2], st->which == RT_B_SCATTER_LAST, err, errlen);
+    break;
+  case RT_B_MOE_SORT: rc = cpu_moe_sort(b[0], b[1], NULL, i[0], i[1], i[2], err, errlen); break;
+  case RT_B_MOE_COUNT: rc = cpu_moe_sort(b[0], NULL, b[1], i[0], i[1], i[2], err, errlen); break;
+  case RT_B_MOE_DISPATCH:
+  case RT_B_MOE_COMBINE:
+  case RT_B_MOE_WEIGHT_GRAD: {
+    int kind = st->which == RT_B_MOE_DISPATCH ? 0 : st->which == RT_B_MOE_COMBINE ? 1 : 2;
+    rc = cpu_moe_permute(tp, kind, b[0], kind == 2 ? b[1] : b[2], b[kind == 2 ? 2 : 1], b[3], i[0], i[1], i[2], i[3],
+                         err, errlen);
+    break;
+  }
+  case RT_B_GROUPED_MATMUL:
+  case RT_B_GROUPED_WGRAD:
+    rc = cpu_grouped_matmul(tp, st->which == RT_B_GROUPED_WGRAD, b[0], b[1], b[2], b[3], i[0], i[1], i[2], i[3], i[4],
+                            st->which == RT_B_GROUPED_WGRAD || i[5], err, errlen);
+    break;
   case RT_B_CROSS_ENTROPY: rc = cpu_cross_entropy(tp, b[0], b[1], b[2], i[0], i[1], err, errlen); break;
   case RT_B_CROSS_ENTROPY_GRAD:
     rc = cpu_cross_entropy_grad(tp, b[0], b[1], b[2], b[3], i[0], i[1], err, errlen);

@@ -318,7 +318,7 @@ static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, ch
 
 static RtTensor view(CpuProgram *cp, int g) {
   const RtGlobal *gl = &cp->p->globals[g];
-  RtTensor v = {gl->name, gl->rank, {0}, cpu_global(cp, g)};
+  RtTensor v = {gl->name, gl->rank, {0}, cpu_global(cp, g), NULL};
   for (int d = 0; d < gl->rank; d++) v.shape[d] = gl->shape[d];
   return v;
 }
@@ -337,15 +337,24 @@ int cpu_executor_init(CpuExecutor *ce, CpuProgram *cp, char *err, size_t errlen)
     return fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
                 "@optimizer_step(lr, step) -> grad_norm");
   int ng = cp->p->n_globals;
-  ce->ex.params = calloc((size_t)ng + 1, sizeof(RtTensor));
-  ce->ex.state = calloc((size_t)ng + 1, sizeof(RtTensor));
+  int nv = 0;
+  for (int k = 0; k < ng; k++) nv += rt_views_of(cp->p->globals[k].rank, cp->p->globals[k].shape, cp->p->globals[k].experts);
+  ce->ex.params = calloc((size_t)nv + 1, sizeof(RtTensor));
+  ce->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
   if (!ce->ex.params || !ce->ex.state) {
     cpu_executor_free(ce);
     return fail(err, errlen, 1, "out of memory");
   }
   for (int k = 0; k < ng; k++) {
-    if (cp->p->globals[k].region == RT_REGION_PARAMS) ce->ex.params[ce->ex.n_params++] = view(cp, k);
-    else if (cp->p->globals[k].region == RT_REGION_OPTIM) ce->ex.state[ce->ex.n_state++] = view(cp, k);
+    const RtGlobal *gl = &cp->p->globals[k];
+    RtTensor v = view(cp, k);
+    int rc = 0;
+    if (gl->region == RT_REGION_PARAMS) rc = rt_views_add(ce->ex.params, &ce->ex.n_params, v.name, v.rank, v.shape, v.data, gl->experts);
+    else if (gl->region == RT_REGION_OPTIM) rc = rt_views_add(ce->ex.state, &ce->ex.n_state, v.name, v.rank, v.shape, v.data, gl->experts);
+    if (rc) {
+      cpu_executor_free(ce);
+      return fail(err, errlen, 1, "out of memory");
+    }
   }
   ce->ex.self = ce;
   ce->ex.batch = 1;
@@ -365,6 +374,8 @@ int cpu_executor_set_shape(CpuExecutor *ce, int64_t batch, int64_t seq, char *er
 }
 
 void cpu_executor_free(CpuExecutor *ce) {
+  rt_views_free(ce->ex.params, ce->ex.n_params);
+  rt_views_free(ce->ex.state, ce->ex.n_state);
   free(ce->ex.params);
   free(ce->ex.state);
   memset(ce, 0, sizeof *ce);

@@ -82,6 +82,16 @@ int cpu_rope_at(ThreadPool *tp, const float *x, const int32_t *pos, float *y, in
 int cpu_attention_cached(ThreadPool *tp, const float *q, const float *k, const float *v, const int32_t *pos, float *out,
                          int64_t B, int64_t C, int64_t H, int64_t Dh, int64_t S, int64_t KV, float scale, char *err,
                          size_t errlen);
+/* cpu_moe.c: the mixture-of-experts ops (program.h's RT_B_TOPK .. RT_B_GROUPED_WGRAD). */
+void cpu_topk(ThreadPool *tp, const float *x, int32_t *idx, int64_t rows, int64_t E, int64_t k);
+int cpu_gather_last(const float *x, const int32_t *idx, float *y, int64_t rows, int64_t E, int64_t k, bool scatter,
+                    char *err, size_t errlen);
+int cpu_moe_sort(const int32_t *idx, int32_t *pos, int32_t *count, int64_t n, int64_t E, int64_t cap, char *err,
+                 size_t errlen);
+int cpu_moe_permute(ThreadPool *tp, int kind, const float *a, const float *b, const int32_t *pos, float *y, int64_t N,
+                    int64_t k, int64_t D, int64_t R, char *err, size_t errlen);
+int cpu_grouped_matmul(ThreadPool *tp, bool wgrad, const float *a, const float *b, const int32_t *cnt, float *y,
+                       int64_t R, int64_t K, int64_t N, int64_t E, int64_t G, bool tb, char *err, size_t errlen);
 int cpu_kv_write(float *cache, const float *x, const int32_t *pos, int64_t B, int64_t C, int64_t S, int64_t row,
                  char *err, size_t errlen);
 

@@ -1021,7 +1021,7 @@ int cuda_executor_init(CudaExecutor *ce, CudaProgram *cp, char *err, size_t errl
   for (int k = 0; ok && k < ng; k++) {
     const RtGlobal *gl = &cp->p->globals[k];
     if (gl->region != RT_REGION_PARAMS && gl->region != RT_REGION_OPTIM) continue;
-    RtTensor v = {gl->name, gl->rank, {0}, malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1))};
+    RtTensor v = {gl->name, gl->rank, {0}, malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1)), NULL};
     for (int dd = 0; dd < gl->rank; dd++) v.shape[dd] = gl->shape[dd];
     ok = v.data != NULL;
     if (gl->region == RT_REGION_PARAMS) ce->ex.params[np++] = v;

@@ -12,9 +12,10 @@ if [ -z "${ST_DIFF:-}" ] || [ ! -x "$ST_DIFF" ]; then
 fi
 
 # README numbers, to 4 decimals, as a cross-check of the printed line.
-declare -A LOSS=([gpt2-tiny]=6.2578 [llama-tiny]=6.3527 [llama-tiny-tied]=6.2798)
+declare -A LOSS=([gpt2-tiny]=6.2578 [llama-tiny]=6.3527 [llama-tiny-tied]=6.2798 [mixtral-tiny]=6.5818
+                 [qwen3-moe-tiny]=6.3778)
 
-for model in gpt2-tiny llama-tiny llama-tiny-tied; do
+for model in gpt2-tiny llama-tiny llama-tiny-tied mixtral-tiny qwen3-moe-tiny; do
   G=tests/golden/$model
   expect_exit 0 "loom eval $model" "$LOOM" eval models/$model.json --weights $G/weights.safetensors \
     --tokens $G/tokens.bin --out "$TMP/$model.safetensors"
@@ -39,5 +40,20 @@ expect_exit 0 "  prefixed weights: logits and loss within rtol 1e-5 of PyTorch" 
   $G/expected.safetensors --rtol 1e-5 logits loss
 expect_exit 0 "  prefixed weights give bit-identical outputs" "$ST_DIFF" "$TMP/prefixed_out.safetensors" \
   "$TMP/gpt2-tiny.safetensors" --rtol 0
+
+# Mixtral weights in transformers 5's fused layout (mlp.gate.weight, mlp.experts.gate_up_proj
+# [E,2F,D], mlp.experts.down_proj [E,D,F]; tests/golden/README.md): the same model.
+G=tests/golden/mixtral-tiny
+check "  the fused file has no per-expert tensor" sh -c "! grep -qa 'experts.0.w1' $G/weights_fused.safetensors"
+expect_exit 0 "loom eval mixtral-tiny from transformers 5's fused expert tensors" "$LOOM" eval models/mixtral-tiny.json \
+  --weights $G/weights_fused.safetensors --tokens $G/tokens.bin --out "$TMP/fused.safetensors"
+expect_stdout_contains "loss ${LOSS[mixtral-tiny]}"
+expect_exit 0 "  fused layout: bit-identical outputs to the hub's per-expert layout" "$ST_DIFF" "$TMP/fused.safetensors" \
+  "$TMP/mixtral-tiny.safetensors" --rtol 0
+# A checkpoint with an expert missing is refused with the tensor's name.
+st_edit_header $G/weights.safetensors "$TMP/noexpert.safetensors" 's/"model.layers.1.block_sparse_moe.experts.3.w2.weight"/"model.layers.1.block_sparse_moe.experts.3.w9.weight"/'
+expect_exit 2 "a Mixtral checkpoint without expert 3's w2 is refused" "$LOOM" eval models/mixtral-tiny.json \
+  --weights "$TMP/noexpert.safetensors" --tokens $G/tokens.bin
+expect_stderr_contains "has no tensor 'model.layers.1.block_sparse_moe.experts.3.w2.weight'"
 
 finish

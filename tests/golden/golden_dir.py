@@ -2,14 +2,15 @@
 """Adds the golden-folder files that `loom check` reads (README "Golden folders") to the
 checked-in goldens, from the files gen_golden.py writes:
 
-    python3 tests/golden/golden_dir.py            # all three folders
+    python3 tests/golden/golden_dir.py            # all five folders
     python3 tests/golden/golden_dir.py gpt2-tiny
 
 For tests/golden/M/ it writes
   config.json          the model's Hugging Face config (models/M.json's "model")
   golden.json          batch, seq and the training settings of train.json; "data" (train.json's
-                       shards) since llama-tiny trains on two shards
-  expected.safetensors logits and loss (as before), plus grad.<name> from grads.safetensors and
+                       shards) since llama-tiny trains on two shards; "min_topk_gap" for the MoE models
+  expected.safetensors logits and loss (as before; for the MoE models also ce_loss, aux_loss and
+                       router.l<N>.tokens_per_expert), plus grad.<name> from grads.safetensors and
                        the trained parameters, losses, grad_norms and lrs from train.safetensors
 Plain Python (no numpy, no torch): it only moves bytes.  gen_golden.py calls it after writing.
 """
@@ -64,13 +65,15 @@ def convert(model):
     for k in ("steps", "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "beta1", "beta2", "eps", "grad_clip"):
         golden[k] = tr[k]
     golden["data"] = tr["data"]
+    if "min_topk_gap" in tr:  # the MoE models: smallest top-k router gap over all their forwards
+        golden["min_topk_gap"] = tr["min_topk_gap"]
     golden["generator"] = "tests/golden/gen_golden.py (plain torch, float64), merged by golden_dir.py"
     with open(os.path.join(d, "golden.json"), "w") as f:
         json.dump(golden, f, indent=2)
         f.write("\n")
     exp, meta = read_st(os.path.join(d, "expected.safetensors"))
     names = {t[0] for t in exp}
-    keep = [t for t in exp if t[0] in ("logits", "loss")]
+    keep = [t for t in exp if t[0] in ("logits", "loss", "ce_loss", "aux_loss") or t[0].startswith("router.")]
     grads, _ = read_st(os.path.join(d, "grads.safetensors"))
     train, _ = read_st(os.path.join(d, "train.safetensors"))
     merged = keep + [t for t in grads if t[0].startswith("grad.")] + train
@@ -80,7 +83,7 @@ def convert(model):
 
 
 def main(argv):
-    for m in argv or ["gpt2-tiny", "llama-tiny", "llama-tiny-tied"]:
+    for m in argv or ["gpt2-tiny", "llama-tiny", "llama-tiny-tied", "mixtral-tiny", "qwen3-moe-tiny"]:
         convert(m)
 
 
