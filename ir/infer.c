@@ -415,6 +415,19 @@ int infer_types(const Op *op, Type *out, char *err, size_t errlen) {
     if (!dtype_is_float(r.dtype)) return fail(err, errlen, "recv moves float values, not %s", TS(&r));
     break;
   }
+  case OP_ALL_TO_ALLV: {
+    const Type *sc = &op->operands[1]->type, *rc = &op->operands[2]->type;
+    int64_t n = op_int(op, "n"), rows = op_int(op, "rows");
+    if (mesh_axis_parse(op_attr(op, "axis")->s) < 0)
+      return fail(err, errlen, "axis '%s' is not a mesh axis (dp, tp, cp, pp, ep)", op_attr(op, "axis")->s);
+    if (x->rank != 2 || !dtype_is_float(x->dtype) || n < 1 || rows < 0 || sc->dtype != DT_I32 || sc->rank != 1 ||
+        !type_shape_eq(sc, rc) || sc->dims[0] % n)
+      return fail(err, errlen, "all_to_allv needs float rows x[S,D], i32 send and recv counts [n*El] and rows >= 0; got "
+                  "%s, %s, %s", TS(x), TS(sc), TS(rc));
+    int64_t d[2] = {rows, x->dims[1]};
+    r = type_make(x->dtype, 2, d);
+    break;
+  }
   case OP_WAIT:   /* the started collective's result, once it is done */
     r = type_make(x->dtype, x->rank, x->dims);
     break;

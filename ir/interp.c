@@ -132,6 +132,50 @@ static void rechunk(float *dst, const float *src, int64_t n, int64_t outer, int6
     }
 }
 
+/* all_to_allv (ops.def) over the flat all_to_all: every rank sends n chunks of S rows (the
+   most it can send one rank: all its rows), its rows for rank j at the front of chunk j. */
+static int all_to_allv(const Op *op, Tensor **in, Tensor *y, IrComm *comm, char *err, size_t errlen) {
+  const Tensor *x = in[0], *sc = in[1], *rcv = in[2];
+  int axis = mesh_axis_parse(op_attr(op, "axis")->s);
+  int64_t n = op_int(op, "n"), S = x->type.dims[0], D = x->type.dims[1], G = sc->n, el = G / n, rows = y->type.dims[0];
+  int64_t sent = 0, got = 0;
+  for (int64_t g = 0; g < G; g++) {
+    if (sc->i[g] < 0 || rcv->i[g] < 0) return snprintf(err, errlen, "all_to_allv: negative counts"), IR_ERUN;
+    sent += sc->i[g], got += rcv->i[g];
+  }
+  if (sent > S || got > rows) {
+    snprintf(err, errlen, "all_to_allv: %lld rows to send of %lld, %lld to receive into %lld", (long long)sent, (long long)S,
+             (long long)got, (long long)rows);
+    return IR_ERUN;
+  }
+  if (n > 1 && !comm) {
+    snprintf(err, errlen, "all_to_allv runs over %s=%lld ranks, but the program runs as one rank", mesh_axis_names[axis], (long long)n);
+    return IR_ERUN;
+  }
+  float *buf = calloc((size_t)(2 * n * S * D + 1), sizeof(float));
+  if (!buf) return snprintf(err, errlen, "out of memory"), IR_ERUN;
+  float *snd = buf, *rcvb = buf + n * S * D;
+  int64_t at = 0;
+  for (int64_t j = 0; j < n; j++) {
+    int64_t c = 0;
+    for (int64_t e = 0; e < el; e++) c += sc->i[j * el + e];
+    memcpy(snd + j * S * D, x->f + at * D, sizeof(float) * (size_t)(c * D));
+    at += c;
+  }
+  int rc = n > 1 ? comm->all_to_all(comm, axis, snd, rcvb, S * D) : (memcpy(rcvb, snd, sizeof(float) * (size_t)(S * D)), 0);
+  at = 0;
+  for (int64_t i = 0; !rc && i < n; i++) {
+    int64_t c = 0;
+    for (int64_t e = 0; e < el; e++) c += rcv->i[i * el + e];
+    memcpy(y->f + at * D, rcvb + i * S * D, sizeof(float) * (size_t)(c * D));
+    at += c;
+  }
+  if (!rc) memset(y->f + at * D, 0, sizeof(float) * (size_t)((rows - at) * D));
+  free(buf);
+  if (rc) snprintf(err, errlen, "all_to_allv over %s failed", mesh_axis_names[axis]);
+  return rc ? IR_ERUN : 0;
+}
+
 static int collective(const Op *op, Tensor *x, Tensor *y, IrComm *comm, char *err, size_t errlen) {
   if (op->kind == OP_WAIT) {   /* the reference runs a start to completion: the wait has it */
     memcpy(y->f ? (void *)y->f : (void *)y->i, x->f ? (void *)x->f : (void *)x->i,
@@ -293,6 +337,8 @@ int interp_run_comm(const Func *f, GlobalStore *g, Tensor **args, Tensor **rets,
                         (size_t)out[r]->n * (out[r]->f ? sizeof(float) : sizeof(int64_t)));
         tensor_free(res[r]);
       }
+    } else if (op->kind == OP_ALL_TO_ALLV) {
+      rc = all_to_allv(op, in, out[0], comm, msg, sizeof msg);
     } else if (op_info(op->kind)->cls == CLASS_COLLECTIVE) {
       rc = collective(op, op->n_operands ? in[0] : NULL, op->n_results ? out[0] : NULL, comm, msg, sizeof msg);
     } else {

@@ -56,6 +56,15 @@ static int check_sharding(Verifier *vf, const Op *op, const Type *t, const char 
   return 0;
 }
 
+/* On every axis: the same placement, or a partial result from a replicated operand. */
+static bool partial_of_replicated(const Sharding *in, const Sharding *out) {
+  for (int a = 0; a < AX_COUNT; a++) {
+    bool same = in->kind[a] == out->kind[a] && (in->kind[a] != SH_S || in->dim[a] == out->dim[a]);
+    if (!same && !(out->kind[a] == SH_P && in->kind[a] == SH_R)) return false;
+  }
+  return true;
+}
+
 static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
   const OpInfo *info = op_info(op->kind);
   if (info->n_operands >= 0 ? op->n_operands != info->n_operands : op->n_operands < (op->kind == OP_CALL ? 0 : 1))
@@ -109,10 +118,13 @@ static int verify_op(Verifier *vf, const Op *op, const bool *defined) {
     if (type_numel(t) > IR_MAX_NUMEL) return op_error(vf, op, "result %d has more than 2^48 elements", r);
     if (check_sharding(vf, op, t, "result")) return IR_EINPUT;
   }
-  /* Elementwise ops compute each element where it lives: all shardings must agree. */
+  /* Elementwise ops compute each element where it lives: all shardings must agree, except
+     that a partial result may come of partial operands scaled by replicated ones (an op
+     linear in its partial operands: mul by a replicated factor, div of a partial numerator). */
   if (info->cls == CLASS_ELEMENTWISE)
     for (int i = 0; i < op->n_operands; i++)
-      if (!sharding_eq(&op->operands[i]->type.sh, &op->results[0]->type.sh)) {
+      if (!sharding_eq(&op->operands[i]->type.sh, &op->results[0]->type.sh) &&
+          !partial_of_replicated(&op->operands[i]->type.sh, &op->results[0]->type.sh)) {
         char a[256], b[256];
         return op_error(vf, op, "operand %d is sharded %s but the result %s; elementwise ops need equal shardings", i,
                         type_str(&op->operands[i]->type, a, sizeof a), type_str(&op->results[0]->type, b, sizeof b));

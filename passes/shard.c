@@ -8,7 +8,9 @@
  *     shard_tp.c   tp: Megatron's parameter layouts, sequence parallel, the
  *                  vocabulary-parallel and head-parallel per-rank forms
  *     shard_cp.c   cp: the sequence split (contiguous or zigzag), ring attention
- * (pp is the pipeline pass's, after this one; ep will get shard_ep.c.)
+ *     shard_ep.c   the mixture-of-experts ops on every axis; ep: experts split, the rows
+ *                  exchanged by all_to_allv
+ * (pp is the pipeline pass's, after this one.)
  *
  * Placements.  On each mesh axis a value is replicated (R), split along a dim (S(d)), or
  * partial (P: each rank holds a summand).  The plan fixes the placements of the inputs and
@@ -26,9 +28,9 @@
  *     S(d) -> S(e) all_to_all      R -> S(d) shard_slice (no communication)
  * Then the op is emitted with per-rank shapes.  Results of a function are made R.
  *
- * This version partitions over dp (ZeRO 0-3), tp (with sequence parallel) and cp; pp
- * passes through to the pipeline pass; a mesh with ep larger than 1 is refused with a clear
- * message.  docs/sharding.md lists every op's rule.
+ * This version partitions over dp (ZeRO 0-3), tp (with sequence parallel), cp and ep (the
+ * experts of a mixture of experts, shard_ep.c); pp passes through to the pipeline pass.
+ * docs/sharding.md lists every op's rule.
  */
 #include <stdarg.h>
 #include <stdlib.h>
@@ -227,6 +229,7 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
   /* An axis's own rules first, then the rules that hold on every axis. */
   if (axis == AX_TP && shard_tp_rule(s, op, in, gin, d)) return;
   if (axis == AX_CP && shard_cp_rule(s, op, in, gin, d)) return;
+  if (shard_moe_rule(s, op, in, gin, axis, d)) return;   /* mixture of experts: shard_ep.c */
   if (info->cls == CLASS_ELEMENTWISE || op->kind == OP_CAST) {
     rule_elementwise(s, op, in, axis, d);
     return;
@@ -522,6 +525,10 @@ static int plan_globals(Sharder *s) {
       free(plan);
       return IR_EINPUT;
     }
+    if (m->mesh.size[AX_EP] > 1) {   /* a stack of experts split over ep (before ZeRO picks its dim) */
+      shard_ep_plan_global(s, g, p, grad, &sh);
+      if (p->hf_experts) set_place(&param.sh, AX_EP, S(0));
+    }
     if (dp) shard_dp_plan_global(s, i, g, grad, &param, &sh);
     /* cp: a gradient arrives as partial sums over the rank's positions (or whole, when
        computed from gathered values); it is placed as it arrives */
@@ -645,6 +652,7 @@ static void emit(Sharder *s, Op *op) {
     shard_cp_emit_attention(s, op, ops);
     return;
   }
+  if (shard_ep_emit(s, op, ops, give)) return;   /* rows into and out of expert space: shard_ep.c */
 
   /* Partition rewrites: a mean over a split dim is a sum over the whole count; a max over
      one is a local max and an all_reduce. */
@@ -685,6 +693,7 @@ static void emit(Sharder *s, Op *op) {
     op_set_ints(m, c, op->kind == OP_SLICE ? "start" : "low", lo, a0->n);
     op_set_ints(m, c, op->kind == OP_SLICE ? "end" : "high", hi, a1->n);
   }
+  if (op->kind == OP_MOE_DISPATCH) op_set_int(c, "rows", types[0].dims[0]);   /* the rank's rows */
   if (!(info->flags & OPF_TYPED)) {
     Type t[IR_MAX_RESULTS];
     char msg[512];
@@ -712,6 +721,7 @@ static void emit(Sharder *s, Op *op) {
       if (p.kind == SH_S && p.dim == 0) shard_set_vocab_axis(c->results[0], a);
     }
   ptrvec_push(m->arena, &s->f->ops, c);
+  if (s->n_ep_space) shard_ep_check(s, op, ops, c->results);
   if (mean_scale) {
     Value *v = c->results[0];
     Op *sc = op_new(m, OP_SCALE, &v, 1, &v->type);
@@ -739,11 +749,13 @@ static int shard_func(Sharder *s, Func *src) {
   s->map = calloc((size_t)n + 1, sizeof *s->map);
   s->cp_merged = m->mesh.size[AX_CP] > 1 ? calloc((size_t)n + 1, sizeof *s->cp_merged) : NULL;
   s->n_cache = 0;
+  s->n_ep_space = s->n_ep_counts = 0;
   /* The arguments' placements: the tokens split over dp (shard_dp_plan_arg); others replicated. */
   for (int i = 0; i < src->args.n; i++) {
     Value *a = src->args.items[i];
     Sharding sh = a->type.sh;
     if (m->mesh.size[AX_DP] > 1 && shard_dp_plan_arg(s, src, a, &sh)) break;
+    if (m->mesh.size[AX_EP] > 1 && shard_ep_plan_arg(s, src, a, &sh)) break;
     s->map[a->id] = func_add_arg(f, a->name, shard_local_type(m, a->type, &sh));
   }
   for (int i = 0; i < src->ops.n && !s->failed; i++) emit(s, src->ops.items[i]);
@@ -769,12 +781,6 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     snprintf(err, errlen, "the module is already partitioned (mesh ... local)");
     return IR_EINPUT;
   }
-  for (int a = 0; a < AX_COUNT; a++)
-    if (a == AX_EP && m->mesh.size[a] > 1) {   /* pp: the pipeline pass cuts the step */
-      snprintf(err, errlen, "shard: %s=%lld is not supported yet (this version partitions over dp, with ZeRO 0-3, "
-               "tp and cp); run with %s=1", mesh_axis_names[a], (long long)m->mesh.size[a], mesh_axis_names[a]);
-      return IR_EINPUT;
-    }
   if (m->mesh.size[AX_CP] > 128) {   /* the zigzag permutation is a concat of 2cp pieces; ops take at most 256 */
     snprintf(err, errlen, "shard: cp=%lld: context parallelism over more than 128 ranks is not supported; use cp <= 128 "
              "(and dp or pp for the rest)", (long long)m->mesh.size[AX_CP]);
@@ -809,6 +815,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   free(s.zero_dim);
   free(s.undecided);
   free(s.cache);
+  free(s.ep_space);
   return rc;
 }
 

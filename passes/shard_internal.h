@@ -30,6 +30,15 @@ typedef struct {
   Value *o, *lse;
 } CpForward;
 
+/* ep: a value in expert space (rows of this rank's experts, from every rank), the local
+   counts of the rows it came from, and its local-row form once made (shard_ep.c). */
+typedef struct {
+  Value *v, *cnt, *local;
+} EpSpace;
+typedef struct {
+  Value *cnt, *rcnt;
+} EpCounts;
+
 typedef struct {
   Module *m;
   Func *f;             /* the function being built (per-rank) */
@@ -46,6 +55,10 @@ typedef struct {
   bool *cp_merged;           /* cp: per source value, a flattened [B*T,...] split over cp (shard_cp_rule) */
   CpForward cp_fwd[512];
   int n_cp_fwd;
+  EpSpace *ep_space;         /* ep: expert-space values of the function being built */
+  int n_ep_space, cap_ep_space;
+  EpCounts ep_counts[1024];  /* ep: each moe_count's all_to_all'd counts */
+  int n_ep_counts;
   /* reshard cache: (value, placement on an axis) -> converted value; cleared when the
      global it reads is written, never kept for ZeRO-3 parameters (re-gathered at each use) */
   struct { Value *from, *to; Sharding want; } *cache;
@@ -135,5 +148,19 @@ void shard_cp_emit_attention(Sharder *s, const Op *op, Value **ops);
 void shard_cp_mark_positions(Sharder *s, Op *c);
 /* Fails when a flattened [B*T,...] value split over cp reaches an op other than a contraction. */
 void shard_cp_check(Sharder *s, const Op *op, const Sharding *give);
+
+/* ---- shard_ep.c: the mixture-of-experts ops on every axis, and the ep axis ---- */
+
+/* The MoE ops' rule on any axis (rows split alike; local counts); false for other ops. */
+bool shard_moe_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int axis, Decision *d);
+/* Global g's placement over ep (p: its parameter): a stack of experts S(0), others R (gradients P). */
+void shard_ep_plan_global(Sharder *s, const Global *g, const Global *p, bool grad, Sharding *sh);
+/* Token inputs split over ep (with dp) along the batch. */
+int shard_ep_plan_arg(Sharder *s, const Func *src, const Value *a, Sharding *sh);
+/* The expert-parallel per-rank forms (all_to_allv into and out of expert space); true when
+   op was emitted so. */
+bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give);
+/* Marks elementwise results of expert-space values; fails when another op reads one. */
+void shard_ep_check(Sharder *s, const Op *op, Value **ops, Value *const *results);
 
 #endif

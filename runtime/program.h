@@ -115,6 +115,9 @@ typedef enum {
                               i: axis, size, parts, outer, mid, inner */
   RT_B_SHARD_PAD,          /* x[outer,mid,inner] -> y[outer,parts*mid,inner]: zeros, x at that chunk;
                               i: as shard_slice */
+  RT_B_ALL_TO_ALLV,         /* x[S,D] send(int)[size*El] recv(int)[size*El] -> y[rows,D]: rank j gets the rows of
+                              send's groups j*El.., the received rows packed by source rank, then zeros (ops.def's
+                              all_to_allv);  i: axis, size, S, D, rows, El */
   /* Point-to-point on a mesh axis (a pipeline's activations and their gradients): the peer
      is the rank whose coordinate on the axis is `peer`, the others the same.  The Comm's
      send is buffered; recv waits for the message of that peer and tag.  A pipeline driver

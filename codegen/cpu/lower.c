@@ -420,6 +420,15 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(prod_dims(piece, dim + 1, piece->rank));
     return 0;
   }
+  case OP_ALL_TO_ALLV:
+    BUILTIN(RT_B_ALL_TO_ALLV);
+    INT(mesh_axis_parse(op_attr(op, "axis")->s));
+    INT(op_int(op, "n"));
+    INT(x->dims[0]);
+    INT(x->dims[1]);
+    INT(y->dims[0]);
+    INT(op->operands[1]->type.dims[0] / op_int(op, "n"));
+    return 0;
   case OP_ALL_TO_ALL: {
     int64_t n_ax = op_int(op, "n");
     int sd = (int)op_int(op, "split"), cd = (int)op_int(op, "concat");

@@ -57,6 +57,7 @@ static const struct {
   [RT_B_ALL_TO_ALL] = {"all_to_all", 1, 1},
   [RT_B_SHARD_SLICE] = {"shard_slice", 1, 1},
   [RT_B_SHARD_PAD] = {"shard_pad", 1, 1},
+  [RT_B_ALL_TO_ALLV] = {"all_to_allv", 3, 1},
   [RT_B_SEND] = {"send", 1, 0},
   [RT_B_RECV] = {"recv", 0, 1},
   [RT_B_COLL_START] = {"collective_start", 1, 1},
@@ -269,6 +270,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
   case RT_B_REDUCE_SCATTER:
   case RT_B_ALL_TO_ALL:
   case RT_B_SHARD_SLICE:
+  case RT_B_ALL_TO_ALLV:
   case RT_B_SHARD_PAD:
   case RT_B_SEND:
   case RT_B_RECV:
@@ -464,6 +466,7 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
   case RT_B_ALL_TO_ALL:
   case RT_B_SHARD_SLICE:
   case RT_B_SHARD_PAD:
+  case RT_B_ALL_TO_ALLV:
   case RT_B_SEND:
   case RT_B_RECV:
   case RT_B_COLL_START:

@@ -109,6 +109,12 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
       snprintf(what, sizeof what, "buffer sizes do not match outer x mid x inner");
     break;
   }
+  case RT_B_ALL_TO_ALLV:   /* i: axis, size, S, D, rows, El */
+    if (i[0] >= COMM_AXES || i[1] < 1 || i[5] < 1) snprintf(what, sizeof what, "axis, size or experts out of range");
+    else if (nx != rt_smul(i[2], i[3]) || b[0].is_int || !b[1].is_int || !b[2].is_int || b[1].n != rt_smul(i[1], i[5]) ||
+             b[2].n != b[1].n || b[3].n != rt_smul(i[4], i[3]) || b[3].is_int)
+      snprintf(what, sizeof what, "wants x f32[S*D], send and recv int32[size*El] -> y f32[rows*D]");
+    break;
   case RT_B_SEND:
   case RT_B_RECV:   /* i: n, axis, size, peer, tag */
     if (i[1] >= COMM_AXES || i[2] < 1 || i[3] >= i[2]) snprintf(what, sizeof what, "axis, size or peer out of range");
@@ -177,6 +183,45 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
     return 0;
   }
   case RT_B_COLL_WAIT: return 0;   /* its start has run it */
+  case RT_B_ALL_TO_ALLV: {   /* over the flat all_to_all: n chunks of S rows each way (ir/interp.c's) */
+    int64_t n = i[1], S = i[2], D = i[3], rows = i[4], el = i[5], sent = 0, got = 0;
+    const float *x = bufs[0];
+    const int32_t *sc = bufs[1], *rcv = bufs[2];
+    float *y = bufs[3];
+    for (int64_t g = 0; g < n * el; g++) {
+      if (sc[g] < 0 || rcv[g] < 0) { snprintf(err, errlen, "%s: negative counts", st->label); return 2; }
+      sent += sc[g], got += rcv[g];
+    }
+    if (sent > S || got > rows) {
+      snprintf(err, errlen, "%s: %lld rows to send of %lld, %lld to receive into %lld", st->label, (long long)sent,
+               (long long)S, (long long)got, (long long)rows);
+      return 2;
+    }
+    if (n > 1 && (rc = need_comm(comm, i[0], n, st, err, errlen))) return rc;
+    float *buf = calloc((size_t)(2 * n * S * D + 1), sizeof(float));
+    if (!buf) goto oom;
+    float *snd = buf, *got_b = buf + n * S * D;
+    int64_t at = 0;
+    for (int64_t j = 0; j < n; j++) {
+      int64_t c = 0;
+      for (int64_t e = 0; e < el; e++) c += sc[j * el + e];
+      memcpy(snd + j * S * D, x + at * D, sizeof(float) * (size_t)(c * D));
+      at += c;
+    }
+    if (n > 1) rc = comm->all_to_all(comm, (int)i[0], snd, got_b, S * D);
+    else memcpy(got_b, snd, sizeof(float) * (size_t)(S * D));
+    at = 0;
+    for (int64_t k = 0; !rc && k < n; k++) {
+      int64_t c = 0;
+      for (int64_t e = 0; e < el; e++) c += rcv[k * el + e];
+      memcpy(y + at * D, got_b + k * S * D, sizeof(float) * (size_t)(c * D));
+      at += c;
+    }
+    if (!rc) memset(y + at * D, 0, sizeof(float) * (size_t)((rows - at) * D));
+    free(buf);
+    if (rc) snprintf(err, errlen, "all_to_allv over %s failed (another rank stopped)", axis_names[i[0]]);
+    return rc ? 1 : 0;
+  }
   case RT_B_SEND:
   case RT_B_RECV: {   /* i: n, axis, size, peer, tag, rel */
     bool send = st->which == RT_B_SEND;

@@ -33,7 +33,7 @@ sed 's/"n_head": 4/"n_head": "twelve"/' $SPEC >"$TMP/twelve.json"
 bad "n_head \"twelve\"" "twelve.json" 'model.n_head' "$LOOM" ir "$TMP/twelve.json"
 expect_stderr_contains '"twelve"'
 sed 's/"model_type": "gpt2"/"model_type": "mixtral"/' $SPEC >"$TMP/mixtral.json"
-bad "model_type mixtral" "mixtral.json" "not yet supported" "$LOOM" ir "$TMP/mixtral.json"
+bad "model_type mixtral with GPT-2's keys" "mixtral.json" "hidden_size" "$LOOM" ir "$TMP/mixtral.json"
 bad "missing model file" "nosuch.json" "cannot open" "$LOOM" ir "$TMP/nosuch.json"
 printf '{"model": "nosuch_config.json", "batch": 2}\n' >"$TMP/refers.json"
 bad "spec naming a missing config.json" "nosuch_config.json" "" "$LOOM" ir "$TMP/refers.json"

@@ -96,6 +96,12 @@ static json_t *parse_q(const char *text) { /* JSON with ' for " */
   "'intermediate_size': 128, 'num_hidden_layers': 2, 'num_attention_heads': 4, "            \
   "'num_key_value_heads': 2}, 'batch': 2, 'seq': 32}"
 
+#define MIXTRAL_SPEC                                                                        \
+  "{'model': {'model_type': 'mixtral', 'vocab_size': 256, 'hidden_size': 64, "              \
+  "'intermediate_size': 96, 'num_hidden_layers': 2, 'num_attention_heads': 4, "             \
+  "'num_key_value_heads': 2, 'num_local_experts': 4, 'num_experts_per_tok': 2}, "           \
+  "'batch': 2, 'seq': 32}"
+
 /* Base spec with `key` ("lr" or "model.n_head") set to `value` (JSON text, ' for ") or
  * removed (value NULL), written to case_<line>.json. */
 static void write_variant(Tmp *t, int line, const char *base, const char *key, const char *value,
@@ -430,12 +436,12 @@ static void test_file_errors(Tmp *t) {
   rc = spec_load(path, s, err, sizeof err);
   CHECK_E(rc == 2 && has(err, "flat.json: key \"batch\"") && has(err, "run spec"), err);
 
-  /* The mixtral config, bare and embedded. */
+  /* Mixtral-8x7B's published config.json loads as it is. */
   rc = spec_load("tests/unit/configs/mixtral_config.json", s, err, sizeof err);
-  CHECK_E(rc == 2 && has(err, "mixtral_config.json") &&
-              has(err, "model_type \"mixtral\" is not yet supported (mixture-of-experts lands "
-                       "with expert parallelism); supported: gpt2, llama"),
-          err);
+  CHECK_E(rc == 0, err);
+  CHECK(s->model.arch == ARCH_MIXTRAL && s->model.n_experts == 8 && s->model.top_k == 2 &&
+        s->model.moe_intermediate == 14336 && s->model.norm_topk && !s->model.router_aux &&
+        s->model.aux_coef == 0.02 && s->model.sliding_window == 0 && config_layer_is_moe(&s->model, 31));
 
   /* A spec whose model path points at a missing file, and at a broken config. */
   tmp_write(t, "missing_model.json", "{'model': 'sub/none.json'}", path, sizeof path);
@@ -467,8 +473,24 @@ static void test_model_errors(Tmp *t) {
   /* model_type */
   LOAD_ERROR(g, "model.model_type", NULL, "key \"model.model_type\": missing", "\"gpt2\" or \"llama\"");
   LOAD_ERROR(g, "model.model_type", "3", "key \"model.model_type\"", "expected a string");
-  LOAD_ERROR(g, "model.model_type", "'mixtral'", "model_type \"mixtral\" is not yet supported", "expert parallelism");
-  LOAD_ERROR(g, "model.model_type", "'bert'", "model_type \"bert\" is not supported", "supported: gpt2, llama");
+  LOAD_ERROR(g, "model.model_type", "'mixtral'", "key \"model.hidden_size\": missing", "model width");
+  LOAD_ERROR(g, "model.model_type", "'bert'", "model_type \"bert\" is not supported", "supported: gpt2, llama, mixtral, qwen3_moe");
+  /* mixture of experts: bad and unknown router settings, checked against the model */
+  const char *x = MIXTRAL_SPEC;
+  LOAD_ERROR(x, "model.num_experts_per_tok", "5", "each token goes to 5 experts but a layer has only 4", "at most 4");
+  LOAD_ERROR(x, "model.num_local_experts", NULL, "key \"model.num_local_experts\": missing", "number of experts");
+  LOAD_ERROR(x, "model.router_jitter_noise", "0.01", "router_jitter_noise", "not yet supported");
+  LOAD_ERROR(x, "model.scoring_func", "'sigmoid'", "scoring_func = \"sigmoid\"", "softmax over experts");
+  LOAD_ERROR(x, "model.n_shared_experts", "2", "n_shared_experts", "not yet supported");
+  LOAD_ERROR(x, "model.router_aux_loss_coef", "-1", "router_aux_loss_coef", "a number >= 0");
+  OK(x, "model.router_jitter_noise", "0.0");
+  OK(x, "model.scoring_func", "'softmax'");
+  INVALID(x, "mesh", "{'ep': 3}", "4 experts of a layer, which do not divide into ep = 3", "choose an ep that divides 4");
+  INVALID(x, "mesh", "{'ep': 8}", "do not divide into ep = 8", "choose an ep that divides 4");
+  INVALID(l, "mesh", "{'ep': 2}", "this llama model is dense", "set ep to 1");
+  INVALID(x, "model.sliding_window", "16", "window of 16 tokens, shorter than seq (32)", "at most 16");
+  OK(x, "model.sliding_window", "4096");
+  INVALID(x, "mesh", "{'pp': 2}", "pipeline parallelism with a mixture-of-experts model", "pp = 1");
   LOAD_ERROR(g, "model", "42", "key \"model\"", "found 42");
   /* sizes */
   LOAD_ERROR(g, "model.n_head", "'twelve'",
