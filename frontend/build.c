@@ -20,6 +20,7 @@ typedef struct {
      assignments per expert and the router probabilities per expert ([E] f32) */
   Value *aux_count, *aux_prob;
   int n_sparse;
+  double capacity_factor;   /* the run spec's (0: dropless) */
 } Graph;
 
 static const char *nm(Graph *g, const char *fmt, int layer) {
@@ -202,7 +203,7 @@ static Value *moe_mlp(Graph *g, Value *h, int l) {
   }
   value_set_name(g->m, wts, nm(g, "l%d.routing_weights", l));
   int64_t cap = 0;
-  if (c->capacity_factor > 0) cap = (int64_t)ceil(c->capacity_factor * (double)(N * k) / (double)E);
+  if (g->capacity_factor > 0) cap = (int64_t)ceil(g->capacity_factor * (double)(N * k) / (double)E);
   Value *pos = with_int(g, OP_MOE_SORT, &idx, 1, "experts", E, nm(g, "l%d.expert_pos", l));   /* [N*k] i32 */
   op_set_int(pos->def, "capacity", cap);
   Value *cnt = with_int(g, OP_MOE_COUNT, &idx, 1, "experts", E, nm(g, "l%d.expert_load", l)); /* [E] i32 */
@@ -393,6 +394,7 @@ static int build_module(const RunSpec *spec, const char *name, int64_t tmax, Mod
   g.m = module_new(name);
   for (int a = 0; a < AX_COUNT; a++) g.m->mesh.size[a] = spec->mesh[a];   /* MESH_* follow AX_* order */
   g.c = &spec->model;
+  g.capacity_factor = spec->capacity_factor;
   g.B = spec->batch;
   g.T = spec->seq;
   /* the vocabulary the graph holds: a multiple of tp (each rank a whole share) and of

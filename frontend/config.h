@@ -50,8 +50,6 @@ typedef struct {
   bool norm_topk;       /* renormalize the k routing weights to sum 1 (mixtral always; qwen3: norm_topk_prob) */
   bool router_aux;      /* output_router_logits: training adds aux_coef x the load-balancing loss */
   double aux_coef;      /* router_aux_loss_coef */
-  double capacity_factor; /* 0: dropless (as Hugging Face); else each expert takes at most
-                             ceil(capacity_factor * tokens * top_k / n_experts) tokens (GShard) */
   bool qk_norm;         /* qwen3_moe: RMSNorm over head_dim on each query and key head */
   int64_t sparse_step;  /* qwen3_moe decoder_sparse_step (1: every layer) */
   int n_mlp_only;       /* qwen3_moe mlp_only_layers: layers with a dense MLP */
@@ -119,6 +117,9 @@ typedef struct {
   int recompute;                  /* RecomputeMode (ir.h); spec "recompute": "none" (default), "selective[:classes]", "full", "auto" */
   unsigned recompute_classes;     /* selective: RC_* bits */
   int64_t memory_budget;          /* bytes per rank ("memory_budget": "40GiB"); 0 = none */
+  double capacity_factor;         /* mixture of experts: 0 = dropless (as Hugging Face, the default); else each expert
+                                     takes at most ceil(capacity_factor x tokens x top_k / experts) of a micro-batch's
+                                     assignments (GShard/Switch: the rest are dropped, which changes the model) */
   int n_data;
   char data[SPEC_MAX_DATA][SPEC_PATH_MAX]; /* resolved relative to the spec's folder */
   char init[SPEC_PATH_MAX], out[SPEC_PATH_MAX], save_dir[SPEC_PATH_MAX]; /* "" if absent */

@@ -18,7 +18,7 @@ static const char *const SPEC_KEYS[] = {
     "weight_decay", "beta1", "beta2", "eps",       "grad_clip",  "precision", "mesh", "zero",
     "seed",  "save_every",   "data",  "init",      "out",        "save_dir", "sequence_parallel",
     "bucket_mb", "vocab_multiple", "pp_schedule", "pp_virtual", "pp_split", "overlap",
-    "recompute", "memory_budget", "cp_balance", "cp_attn",
+    "recompute", "memory_budget", "cp_balance", "cp_attn", "capacity_factor",
 };
 #define N_SPEC_KEYS (sizeof SPEC_KEYS / sizeof SPEC_KEYS[0])
 
@@ -41,7 +41,7 @@ static const struct {
     {"virtual_pipeline_model_parallel_size", "pp_virtual"}, {"num_virtual_stages", "pp_virtual"},
     {"pipeline_split", "pp_split"}, {"activation_checkpointing", "recompute"},
     {"recompute_granularity", "recompute"}, {"context_parallel_balance", "cp_balance"},
-    {"cp_comm_type", "cp_attn"}, {"context_parallel_attention", "cp_attn"}, {"memory_limit", "memory_budget"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
+    {"cp_comm_type", "cp_attn"}, {"moe_capacity_factor", "capacity_factor"}, {"expert_capacity", "capacity_factor"}, {"context_parallel_attention", "cp_attn"}, {"memory_limit", "memory_budget"}, {"pad_vocab_size_to_multiple_of", "vocab_multiple"},
 };
 
 static const char *const AXES[MESH_AXES] = {"dp", "tp", "cp", "pp", "ep"};
@@ -325,6 +325,9 @@ static int apply(const SpecReader *r, const char *key, const json_t *v) {
   NUM("bucket_mb", bucket_mb, NONNEG,
       "set it to the size in MB of the data-parallel gradient all-reduce buckets (e.g. 25; 0 = one per gradient)",
       SPEC_SET_BUCKET_MB)
+  NUM("capacity_factor", capacity_factor, NONNEG,
+      "set it to the experts' capacity as a multiple of an even share of the tokens (e.g. 1.25), or 0 for dropless "
+      "routing (the default, as Hugging Face trains)", 0)
   PATH("init", init, "give the path of a safetensors file to start from", SPEC_SET_INIT)
   PATH("out", out, "give the path to write the trained weights to", SPEC_SET_OUT)
   PATH("save_dir", save_dir, "give the folder for checkpoints", SPEC_SET_SAVE_DIR)

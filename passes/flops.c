@@ -4,6 +4,11 @@
  *   matmul          2 * batch * M * N * K
  *   attention       2 products (q·kᵀ, p·v) over every (query, key) pair: 4 * B * H * T * S * Dh
  *   attention_grad  4 products (dp = dout·vᵀ, dv = pᵀ·dout, dq = ds·k, dk = dsᵀ·q): 8 * B*H*T*S*Dh
+ *   grouped_matmul(_wgrad)  2 * rows * N * K over the rows routed to experts: a mixture of
+ *                   experts' active-parameter FLOPs (each token through its k experts).  Under
+ *                   expert parallelism a rank's buffer holds ep x its own rows (the worst case:
+ *                   every rank sends it all); balanced routing brings it its own count, so the
+ *                   rows are counted as the buffer over ep (G groups / the rank's E experts).
  *
  * Causal attention is counted over the whole T×S square, as the usual model-FLOPs formula
  * does (6N + 12·L·T·D per token, PaLM appendix B), so a training step's count equals that
@@ -26,6 +31,13 @@ static void count_op(const Op *op, double *mm, double *attn) {
       int64_t K = a->dims[a->rank - (op_bool(op, "ta") ? 2 : 1)];
       double batch = M * N != 0 ? (double)type_numel(c) / (double)(M * N) : 0;
       *mm += 2.0 * batch * (double)M * (double)N * (double)K;
+    } else if (op->kind == OP_GROUPED_MATMUL || op->kind == OP_GROUPED_MATMUL_WGRAD) {
+      bool wg = op->kind == OP_GROUPED_MATMUL_WGRAD;
+      const Type *x = &op->operands[0]->type, *b = &op->operands[1]->type, *y = &op->results[0]->type;
+      double E = wg ? (double)op_int(op, "experts") : (double)b->dims[0], G = (double)op->operands[2]->type.dims[0];
+      double rows = (double)x->dims[0] * (G > 0 ? E / G : 1);
+      double N = wg ? (double)x->dims[1] : (double)y->dims[1], K = wg ? (double)b->dims[1] : (double)x->dims[1];
+      *mm += 2.0 * rows * N * K;
     } else if (op->kind == OP_ATTENTION_BLOCK || op->kind == OP_ATTENTION_BLOCK_GRAD) {
       /* a ring's block: its Tq x Tk square (over the blocks of every rank, the T x T of
          the whole attention, as attention counts it) */

@@ -694,6 +694,11 @@ static void emit(Sharder *s, Op *op) {
     op_set_ints(m, c, op->kind == OP_SLICE ? "end" : "high", hi, a1->n);
   }
   if (op->kind == OP_MOE_DISPATCH) op_set_int(c, "rows", types[0].dims[0]);   /* the rank's rows */
+  if ((op->kind == OP_MOE_SORT || op->kind == OP_MOE_COUNT) && op_int(op, "capacity") > 0) {
+    /* a capacity holds for the tokens a rank routes: its share of the micro-batch's */
+    int64_t whole = type_numel(&gin[0]), local = type_numel(&ops[0]->type), cap = op_int(op, "capacity");
+    op_set_int(c, "capacity", (cap * local + whole - 1) / whole);
+  }
   if (!(info->flags & OPF_TYPED)) {
     Type t[IR_MAX_RESULTS];
     char msg[512];
@@ -835,6 +840,7 @@ static double ring_bytes(const Op *op, int64_t n) {
   switch (op_sync_of(op->kind)) {
   case OP_ALL_REDUCE: return 2.0 * (double)(n - 1) / (double)n * size;
   case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_ALL_TO_ALL: return (double)(n - 1) / (double)n * size;
+  case OP_ALL_TO_ALLV: return (double)(n - 1) / (double)n * (double)in;   /* balanced routing: its rows, less its own experts' */
   case OP_SEND: return size;   /* point-to-point: the whole value, once */
   default: return 0;   /* shard_slice / shard_pad: local; recv: its send counts */
   }

@@ -65,6 +65,7 @@ static const char help[] =
   "  --recompute=none|selective[:norm,act,eltwise,rope,attn]|full|auto   activation recomputation\n"
   "                         (the recompute pass; the default selective classes: norm,act,eltwise)\n"
   "  --memory-budget=40GiB  recompute auto: the planned peak per rank to fit (B, KB, MB, GB, KiB, MiB, GiB)\n"
+  "  --capacity-factor=X    mixture of experts: tokens an expert takes, as a multiple of an even share (0: dropless)\n"
   "  -o OUT.ir              write the final IR to OUT.ir instead of standard output\n"
   "  -h, --help             show this help\n"
   "\n"
@@ -231,7 +232,8 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
                                                 {"--cp-balance", "cp_balance"},
                                                 {"--cp-attn", "cp_attn"},
                                                 {"--recompute", "recompute"},
-                                                {"--memory-budget", "memory_budget"}};
+                                                {"--memory-budget", "memory_budget"},
+                                                {"--capacity-factor", "capacity_factor"}};
     bool matched = false;
     for (int k = 0; k < (int)(sizeof spec_flags / sizeof spec_flags[0]) && !matched; k++)
       if ((r = arg_value(argc, argv, &i, spec_flags[k][0], &v))) {

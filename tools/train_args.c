@@ -15,7 +15,7 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--sequence-parallel", "sequence_parallel"}, {"--bucket-mb", "bucket_mb"}, {"--vocab-multiple", "vocab_multiple"},
   {"--pp-schedule", "pp_schedule"}, {"--pp-virtual", "pp_virtual"}, {"--pp-split", "pp_split"},
   {"--overlap", "overlap"}, {"--cp-balance", "cp_balance"}, {"--cp-attn", "cp_attn"},
-  {"--recompute", "recompute"}, {"--memory-budget", "memory_budget"},
+  {"--recompute", "recompute"}, {"--memory-budget", "memory_budget"}, {"--capacity-factor", "capacity_factor"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
 

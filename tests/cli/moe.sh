@@ -1,0 +1,70 @@
+# tests/cli/moe.sh — mixture of experts (Mixtral, Qwen3-MoE) and expert parallelism.
+#   - equivalence: every layout trains the golden run spec (batch 4, 5 steps, grad_accum 2,
+#     clipping) within 1e-5 of the single-rank run, on the cpu backend: ep=2, ep=4,
+#     dp=2 x ep=2 with ZeRO-1, ep=2 x tp=2 (and with sequence parallel), for mixtral-tiny
+#     (4 experts, top-2) and qwen3-moe-tiny (8 experts, a dense layer, q/k norms);
+#   - the expert-parallel program: all_to_allv in `--collectives`, the experts' stacks split;
+#   - --flops: active-parameter FLOPs (6 x active parameters x tokens);
+#   - capacity_factor: drops tokens, trains, and is a different model (the loss moves);
+#   - refusals: ep not dividing the experts, a dense model with ep, top-k above the experts,
+#     unknown router settings, pp or cp with experts, a sliding window shorter than seq.
+# usage: bash tests/cli/moe.sh PATH-TO-LOOM PATH-TO-ST_DIFF   (from the repository root)
+LOOM=${1:-}
+ST_DIFF=${2:-}
+. "$(dirname "$0")/lib.sh"
+
+for m in mixtral-tiny qwen3-moe-tiny; do
+  G=tests/golden/$m
+  BASE=($G/train_spec.json --batch 4 --steps 5 -q)
+  expect_exit 0 "$m: one rank, batch 4, 5 steps" "$LOOM" train "${BASE[@]}" --out "$TMP/$m.1.safetensors"
+  layouts=("ep=2" "ep=4" "dp=2,ep=2 --zero 1" "ep=2,tp=2")
+  [ $m = mixtral-tiny ] && layouts+=("ep=2,tp=2 --sequence-parallel true" "dp=2,ep=2 --zero 3")
+  for mesh in "${layouts[@]}"; do
+    # shellcheck disable=SC2086
+    expect_exit 0 "$m --mesh $mesh" "$LOOM" train "${BASE[@]}" --mesh $mesh --out "$TMP/$m.m.safetensors"
+    expect_exit 0 "  within 1e-5 of one rank (parameters, losses, grad norms)" "$ST_DIFF" "$TMP/$m.m.safetensors" \
+      "$TMP/$m.1.safetensors" --rtol 1e-5
+  done
+done
+
+# The per-rank program of ep=2: rows to the experts' ranks and back, experts split.
+expect_exit 0 "loom ir --mesh ep=2" "$LOOM" ir models/mixtral-tiny.json --passes=train --mesh ep=2
+cat "$OUT" "$ERR" > "$TMP/ep.ir"
+check "  the experts' stacks split over ep: 2 of 4 experts a rank" grep -q "experts.w1 : f32\[2,96,64\]<ep:s0>" "$TMP/ep.ir"
+check "  rows to the experts' ranks and back: 8 all_to_allv (2 layers x forward, back, and the backward's pair)" \
+  test "$(grep -c '= all_to_allv' "$TMP/ep.ir")" -ge 8
+expect_exit 0 "loom ir --mesh ep=2 --collectives" "$LOOM" ir models/mixtral-tiny.json --passes=train --mesh ep=2 --collectives
+expect_stdout_contains "all_to_allv"
+
+# Active-parameter FLOPs: mixtral-tiny has 115,200 matmul parameters active per token (the
+# LM head, attention, the router, 2 of 4 experts), 64 tokens: 6 x 115200 x 64 = 44,236,800.
+expect_exit 0 "loom ir --flops (mixtral-tiny)" "$LOOM" ir models/mixtral-tiny.json --passes=train --flops
+check "  matmul FLOPs of a step = 6 x active parameters x tokens" grep -q "matmul 4.424e-05" "$OUT" "$ERR"
+
+# capacity_factor: GShard-style drops (a different model than Hugging Face's dropless one).
+expect_exit 0 "capacity_factor 0.5 trains" "$LOOM" train tests/golden/mixtral-tiny/train_spec.json -q \
+  --capacity-factor 0.5 --out "$TMP/cap.safetensors"
+expect_exit 1 "  and changes the result (tokens were dropped)" "$ST_DIFF" "$TMP/cap.safetensors" \
+  tests/golden/mixtral-tiny/train.safetensors --rtol 1e-3 --only losses
+
+# Refusals.
+expect_exit 2 "ep=3 with 4 experts" "$LOOM" train models/mixtral-tiny.json --mesh ep=3
+expect_stderr_contains "choose an ep that divides 4"
+expect_exit 2 "ep=2 with a dense model" "$LOOM" train models/llama-tiny.json --mesh ep=2
+expect_stderr_contains "dense"
+expect_exit 2 "ep=4 with batch 2 (the batch splits over dp x ep)" "$LOOM" train models/mixtral-tiny.json --mesh ep=4
+expect_stderr_contains "does not split over dp x ep = 4"
+for edit in 's/"num_experts_per_tok": 2/"num_experts_per_tok": 5/|each token goes to 5 experts but a layer has only 4' \
+            's/"router_jitter_noise": 0.0/"router_jitter_noise": 0.1/|router_jitter_noise' \
+            's/"router_jitter_noise": 0.0/"scoring_func": "sigmoid"/|scoring_func' \
+            's/"sliding_window": null/"sliding_window": 16/|window of 16 tokens'; do
+  sed "${edit%%|*}" models/mixtral-tiny.json > "$TMP/bad.json"
+  expect_exit 2 "refused: ${edit#*|}" "$LOOM" train "$TMP/bad.json"
+  expect_stderr_contains "${edit#*|}"
+done
+expect_exit 2 "pp with experts" "$LOOM" train models/mixtral-tiny.json --mesh pp=2
+expect_stderr_contains "pipeline parallelism with a mixture-of-experts model"
+expect_exit 2 "cp with experts" "$LOOM" train models/mixtral-tiny.json --mesh cp=2
+expect_stderr_contains "context parallelism with a mixture-of-experts model"
+
+finish
