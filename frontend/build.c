@@ -220,9 +220,17 @@ static Value *moe_mlp(Graph *g, Value *h, int l) {
   Value *ys = build(&g->b, OP_GROUPED_MATMUL, g2, 3, nm(g, "l%d.expert_out", l));            /* [N*k,D] */
   Value *cops[3] = {ys, pos, wts};
   Value *y = reshape(g, build(&g->b, OP_MOE_COMBINE, cops, 3, NULL), 3, btd, nm(g, "l%d.mlp_out", l));
-  if (c->router_aux && !g->pos) {   /* transformers' load_balancing_loss_func: counts without capacity */
+  if (!g->pos) {
+    /* the routing's counts (without capacity): transformers' load_balancing_loss_func, and
+       state moe_load.l<N> (the tokens each expert was chosen for since the trainer last read
+       and zeroed it: the step line's expert load, --log-experts) */
     Value *all = cap ? with_int(g, OP_MOE_COUNT, &idx, 1, "experts", E, NULL) : cnt;
     Value *cf = build_typed(&g->b, OP_CAST, all, t1(E), NULL);
+    char lname[64];
+    snprintf(lname, sizeof lname, "moe_load.l%d", l);
+    Value *acc[2] = {module_add_global(g->m, GLOBAL_STATE, lname, t1(E), (Init){INIT_ZEROS, 0})->value, cf};
+    func_add_op(g->b.f, OP_ACCUMULATE, acc, 2, NULL);
+    if (!c->router_aux) return y;
     int64_t zero = 0;
     op_set_ints(g->m, build_begin(&g->b, OP_REDUCE_SUM, &probs, 1), "dims", &zero, 1);
     Value *ps = build_end(&g->b, NULL);

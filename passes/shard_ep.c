@@ -165,12 +165,12 @@ static EpSpace *space_of(Sharder *s, const Value *v) {
   return NULL;
 }
 
-static void mark(Sharder *s, Value *v, Value *cnt, Value *local) {
+static void mark(Sharder *s, Value *v, Value *cnt, Value *local, int64_t rows) {
   if (s->n_ep_space == s->cap_ep_space) {
     s->cap_ep_space = s->cap_ep_space ? 2 * s->cap_ep_space : 256;
     s->ep_space = realloc(s->ep_space, sizeof *s->ep_space * (size_t)s->cap_ep_space);
   }
-  s->ep_space[s->n_ep_space++] = (EpSpace){v, cnt, local};
+  s->ep_space[s->n_ep_space++] = (EpSpace){v, cnt, local, rows};
 }
 
 /* What this rank receives per (source rank, own expert): the all_to_all of the counts. */
@@ -193,12 +193,16 @@ static Value *to_experts(Sharder *s, Value *x, Value *cnt) {
   for (int i = 0; i < s->n_ep_space; i++)
     if (s->ep_space[i].local == x) return s->ep_space[i].v;
   Value *rc = recv_counts(s, cnt);
+  /* the most rows that can arrive: every rank's rows (dropless), or with a capacity C per
+     (rank, expert) at most C from each rank for each of this rank's experts: E x C */
   int64_t rows_out = x->type.dims[0] * s->m->mesh.size[AX_EP];
+  int64_t cap = cnt->kind == VAL_RESULT && cnt->def->kind == OP_MOE_COUNT ? op_int(cnt->def, "capacity") : 0;
+  if (cap > 0 && cap * cnt->type.dims[0] < rows_out) rows_out = cap * cnt->type.dims[0];
   Sharding sh = x->type.sh;
   set_place(&sh, AX_EP, R);
   Value *ops[3] = {x, cnt, rc};
   Value *y = new_op(s, OP_ALL_TO_ALLV, ops, 3, NULL, sh, set_axis, &rows_out);
-  mark(s, y, cnt, x);
+  mark(s, y, cnt, x, x->type.dims[0]);
   return y;
 }
 
@@ -208,7 +212,7 @@ static Value *to_local(Sharder *s, Value *y) {
   if (!e) return y;
   if (e->local) return e->local;
   Value *rc = recv_counts(s, e->cnt);
-  int64_t rows_out = y->type.dims[0] / s->m->mesh.size[AX_EP];
+  int64_t rows_out = e->rows;
   Sharding sh = y->type.sh;
   set_place(&sh, AX_EP, S(0));
   Value *ops[3] = {y, rc, e->cnt};
@@ -236,10 +240,11 @@ bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give) 
     if (place_of(ops[1], AX_EP).kind != SH_S) return false;
     Value *cnt = space_of(s, ops[0]) ? space_of(s, ops[0])->cnt : ops[2];
     Value *x = to_experts(s, ops[0], cnt), *a[3] = {x, ops[1], recv_counts(s, cnt)};
+    int64_t rows = space_of(s, x)->rows;
     Sharding sh = give[0];
     set_place(&sh, AX_EP, R);
     out = new_op(s, OP_GROUPED_MATMUL, a, 3, NULL, sh, copy_tb, op);
-    mark(s, out, cnt, NULL);
+    mark(s, out, cnt, NULL, rows);
     break;
   }
   case OP_GROUPED_MATMUL_WGRAD: {
@@ -274,7 +279,9 @@ void shard_ep_check(Sharder *s, const Op *op, Value **ops, Value *const *results
   for (int i = 0; i < op->n_operands && !e; i++) e = space_of(s, ops[i]);
   if (!e) return;
   if (op_info(op->kind)->cls == CLASS_ELEMENTWISE || op->kind == OP_CAST) {
-    for (int r = 0; r < op->n_results; r++) mark(s, results[r], space_of(s, ops[0]) ? space_of(s, ops[0])->cnt : e->cnt, NULL);
+    Value *cnt = e->cnt;
+    int64_t rows = e->rows;
+    for (int r = 0; r < op->n_results; r++) mark(s, results[r], cnt, NULL, rows);
     return;
   }
   char text[256];

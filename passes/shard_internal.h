@@ -34,6 +34,7 @@ typedef struct {
    counts of the rows it came from, and its local-row form once made (shard_ep.c). */
 typedef struct {
   Value *v, *cnt, *local;
+  int64_t rows;   /* the rank's local rows it came from */
 } EpSpace;
 typedef struct {
   Value *cnt, *rcnt;

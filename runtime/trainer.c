@@ -220,7 +220,81 @@ static void format_eta(char *out, size_t n, double s) {
   else snprintf(out, n, "%lds", t);
 }
 
+/* ---- mixture of experts: the expert load of each step ---- */
+
+typedef struct {
+  int n;
+  RtTensor *t[512];   /* moe_load.l<N>, in layer order */
+  float *vals;        /* the last read, every layer's counts one after another */
+  double worst;       /* max over layers of max/mean tokens per expert (NAN: not read) */
+} Loads;
+
+static int loads_find(const Executor *ex, Loads *L) {
+  int64_t total = 0;
+  L->n = 0;
+  L->worst = NAN;
+  for (int i = 0; i < ex->n_state && L->n < 512; i++)
+    if (!strncmp(ex->state[i].name, "moe_load.l", 10) && ex->state[i].rank == 1)
+      L->t[L->n++] = &ex->state[i], total += ex->state[i].shape[0];
+  L->vals = L->n ? calloc((size_t)total, sizeof(float)) : NULL;
+  return L->n && !L->vals ? 1 : 0;
+}
+
+static bool loads_live(const Executor *ex, const TrainOptions *o, const Loads *L) {
+  return L->n && (!ex->sync_out || o->log_experts);
+}
+
+/* Zeroes the counts (the executor's own copies too, through sync_in). */
+static int loads_zero(Executor *ex, const TrainOptions *o, Loads *L, char *err, size_t errlen) {
+  if (!loads_live(ex, o, L)) return 0;
+  for (int k = 0; k < L->n; k++) memset(L->t[k]->data, 0, sizeof(float) * (size_t)L->t[k]->shape[0]);
+  return ex->sync_in && ex->sync_in(ex->self, err, errlen) ? 1 : 0;
+}
+
+/* Reads the step's counts into L->vals and their worst max/mean, then zeroes them. */
+static int loads_read(Executor *ex, const TrainOptions *o, Loads *L, char *err, size_t errlen) {
+  L->worst = NAN;
+  if (!loads_live(ex, o, L)) return 0;
+  if (ex->sync_out && ex->sync_out(ex->self, err, errlen)) return 1;
+  float *v = L->vals;
+  for (int k = 0; k < L->n; k++) {
+    const RtTensor *t = L->t[k];
+    double sum = 0, max = 0;
+    for (int64_t e = 0; e < t->shape[0]; e++) v[e] = t->data[e], sum += v[e], max = v[e] > max ? v[e] : max;
+    double r = sum > 0 ? max / (sum / (double)t->shape[0]) : NAN;
+    if (!isnan(r) && (isnan(L->worst) || r > L->worst)) L->worst = r;
+    v += t->shape[0];
+  }
+  return loads_zero(ex, o, L, err, errlen);
+}
+
+/* --log-experts: a line per layer, tokens per expert and max/mean. */
+static void loads_print(FILE *f, const Loads *L) {
+  const float *v = L->vals;
+  for (int k = 0; k < L->n; k++) {
+    const RtTensor *t = L->t[k];
+    double sum = 0, max = 0;
+    fprintf(f, "  experts %-5s", t->name + 9);
+    for (int64_t e = 0; e < t->shape[0]; e++) fprintf(f, " %.0f", v[e]), sum += v[e], max = v[e] > max ? v[e] : max;
+    fprintf(f, " | max/mean %.2f\n", sum > 0 ? max / (sum / (double)t->shape[0]) : NAN);
+    v += t->shape[0];
+  }
+}
+
+static void loads_json(FILE *f, const Loads *L) {
+  const float *v = L->vals;
+  fprintf(f, ",\"expert_load\":[");
+  for (int k = 0; k < L->n; k++) {
+    fprintf(f, k ? ",[" : "[");
+    for (int64_t e = 0; e < L->t[k]->shape[0]; e++) fprintf(f, e ? ",%.0f" : "%.0f", v[e]);
+    fputc(']', f);
+    v += L->t[k]->shape[0];
+  }
+  fputc(']', f);
+}
+
 int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, size_t errlen) {
+  Loads loads = {0};   /* mixture of experts: the expert load of each step */
   memset(r, 0, sizeof *r);
   err[0] = 0;
   int64_t B = ex->batch, T = ex->seq, G = o->grad_accum > 0 ? o->grad_accum : 1;
@@ -273,6 +347,12 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       goto done;
     }
   }
+  if (loads_find(ex, &loads)) {
+    snprintf(err, errlen, "out of memory");
+    rc = 1;
+    goto done;
+  }
+  if ((rc = loads_zero(ex, o, &loads, err, errlen))) goto done;
   double start = now_s(), first_loss = NAN, comm_total = 0;
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
@@ -292,6 +372,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     float loss = loss_sum / (float)G, lr = (float)train_lr_at(o, s), norm;
     if ((rc = ex->optimizer_step(ex->self, lr, (float)(s + 1), &norm, err, errlen))) goto done;
     double dt = now_s() - t0;
+    if ((rc = loads_read(ex, o, &loads, err, errlen))) goto done;
     r->losses[s] = loss;
     r->grad_norms[s] = norm;
     r->lrs[s] = lr;
@@ -308,6 +389,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     float val = NAN;
     if (o->n_val > 0 && ((s + 1) % val_every == 0 || s + 1 == o->steps)) {
       if ((rc = validate(ex, &vl, val_windows, inputs, targets, &val, err, errlen))) goto done;
+      if ((rc = loads_zero(ex, o, &loads, err, errlen))) goto done;   /* the forward's counts are not the next step's */
       r->val_losses[s] = val;
       if (ex->comm_wait_ms) {   /* the validation's waits are not the next step's */
         double m0, m1;
@@ -317,13 +399,15 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     double elapsed = now_s() - start, eta = elapsed / (double)(s + 1 - r->first_step) * (double)(o->steps - s - 1);
     double mfu = o->flops_per_step > 0 && o->peak_flops > 0 ? o->flops_per_step / dt / o->peak_flops : NAN;
     if (o->log) {
-      char vs[32] = "", ms[32] = "", es[32];
+      char vs[32] = "", ms[32] = "", es[32], xs[40] = "";
       if (!isnan(val)) snprintf(vs, sizeof vs, " | val %.4f", val);
       if (!isnan(mfu)) snprintf(ms, sizeof ms, " | mfu %.1f%%", 100 * mfu);
+      if (!isnan(loads.worst)) snprintf(xs, sizeof xs, " | experts max/mean %.2f", loads.worst);
       format_eta(es, sizeof es, eta);
-      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s | eta %s%s\n",
-              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, ms, es,
+      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s%s | eta %s%s\n",
+              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, ms, xs, es,
               comm);
+      if (o->log_experts && !isnan(loads.worst)) loads_print(o->log, &loads);
     }
     if (metrics) {
       struct rusage ru;
@@ -337,6 +421,10 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       put_num(metrics, "step_ms", dt * 1e3);
       if (!isnan(mfu)) put_num(metrics, "mfu", mfu);
       if (!isnan(comm_mean)) put_num(metrics, "comm_wait_ms", comm_mean);
+      if (!isnan(loads.worst)) {
+        put_num(metrics, "expert_max_mean", loads.worst);
+        loads_json(metrics, &loads);
+      }
       fprintf(metrics, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
       put_num(metrics, "elapsed_s", elapsed);
       put_num(metrics, "eta_s", eta);
@@ -373,6 +461,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
               100.0 * comm_total / (r->seconds * 1e3));
   }
 done:
+  free(loads.vals);
   if (metrics && fclose(metrics) && !rc) {
     snprintf(err, errlen, "%s: cannot write the metrics log", o->metrics_path);
     rc = 1;

@@ -88,6 +88,12 @@ typedef struct {
   /* MFU (both > 0): model FLOPs of one optimizer step on one rank (all its micro-batches) and
      the device's peak FLOP/s; the step line and the log get flops / step time / peak. */
   double flops_per_step, peak_flops;
+  /* Mixture of experts: every step, the tokens each expert was chosen for, per layer (the
+     executor's state views moe_load.l<N>): the step line shows the worst layer's max/mean
+     load; log_experts adds a line per layer and the metrics "expert_load".  Executors whose
+     views are copies (meshes, cuda: sync_out) report them with log_experts only (each step
+     then syncs the state out and back). */
+  bool log_experts;
 } TrainOptions;
 
 typedef struct {

@@ -182,12 +182,16 @@ static int eval_cuda(const Module *m, const char *weights, const char *tokens, c
     void *args[2] = {in, tg}, *rets[1] = {&loss2};
     rc = cuda_program_call(&cp, cuda_find_func(&cp, "grad_step"), args, rets, err, errlen);
   }
+  RtTensor *views = NULL;
+  int nv = 0;
   if (!rc && out) {
-    st = calloc((size_t)prog.n_globals + 2, sizeof *st);
-    int k = 0;
-    st[k++] = (StTensor){"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits};
-    st[k++] = (StTensor){"loss", ST_F32, 0, {0}, 4, &loss};
-    for (int i = 0; grads && !rc && i < prog.n_globals; i++) {
+    int max = 2;
+    for (int i = 0; i < prog.n_globals; i++)
+      max += rt_views_of(prog.globals[i].rank, prog.globals[i].shape, prog.globals[i].experts);
+    st = calloc((size_t)max, sizeof *st);
+    views = calloc((size_t)max, sizeof *views);
+    if (!st || !views) rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+    for (int i = 0; grads && !rc && i < prog.n_globals; i++) {   /* in the checkpoint's names (one per expert) */
       const RtGlobal *g = &prog.globals[i];
       if (g->region != RT_REGION_GRADS) continue;
       if (!host[i] && !(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
@@ -196,12 +200,23 @@ static int eval_cuda(const Module *m, const char *weights, const char *tokens, c
         break;
       }
       rc = cuda_global_read(&cp, i, host[i], err, errlen);
-      st[k] = (StTensor){(char *)g->name, ST_F32, g->rank, {0}, (uint64_t)g->n * 4, host[i]};
-      memcpy(st[k].shape, g->shape, sizeof g->shape);
-      k++;
+      if (!rc && rt_views_add(views, &nv, g->name, g->rank, g->shape, host[i], g->experts))
+        rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+    }
+    int k = 0;
+    if (!rc) {
+      st[k++] = (StTensor){"logits", ST_F32, 3, {B, T, V}, (uint64_t)(B * T * V) * 4, logits};
+      st[k++] = (StTensor){"loss", ST_F32, 0, {0}, 4, &loss};
+    }
+    for (int v = 0; !rc && v < nv; v++, k++) {
+      st[k] = (StTensor){(char *)views[v].name, ST_F32, views[v].rank, {0},
+                         (uint64_t)st_numel(views[v].rank, views[v].shape) * 4, views[v].data};
+      memcpy(st[k].shape, views[v].shape, sizeof views[v].shape);
     }
     if (!rc) rc = st_write(out, st, k, NULL, NULL, 0, err, errlen);
   }
+  rt_views_free(views, nv);
+  free(views);
   if (host)
     for (int i = 0; i < prog.n_globals; i++) free(host[i]);
   free(host);

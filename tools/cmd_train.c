@@ -49,6 +49,9 @@ static const char help[] =
   "mixture of experts (Mixtral, Qwen3-MoE configs; --mesh ep=N splits the experts, cpu and ref backends):\n"
   "  --mesh ep=N           experts split over N ranks (N divides the experts); the batch splits over\n"
   "                        dp x ep; tokens travel to their experts' ranks by all_to_allv and back\n"
+  "  --log-experts         a line per layer every step: tokens per expert and max/mean (routing\n"
+  "                        collapse shows as a large max/mean); the step line shows the worst layer's\n"
+  "                        max/mean on one rank without it\n"
   "  --capacity-factor X   each expert takes at most ceil(X x tokens x top_k / experts) of a rank's\n"
   "                        assignments, the rest dropped (GShard); changes the model. Default 0:\n"
   "                        dropless, as Hugging Face trains\n"
@@ -170,7 +173,7 @@ int cmd_train(int argc, char **argv) {
     RunPlan plan = {{s->steps, s->grad_accum, s->warmup, s->lr, s->min_lr, data, s->n_data, s->model.vocab_size,
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
                      ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
-                     ta.peak_tflops * 1e12},
+                     ta.peak_tflops * 1e12, ta.log_experts},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16};
     /* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per

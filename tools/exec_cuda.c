@@ -21,26 +21,28 @@ static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, 
 }
 
 int cuda_load_params(CudaProgram *cp, const RtProgram *prog, const char *path, char *err, size_t errlen) {
+  int nmax = 1;
+  for (int i = 0; i < prog->n_globals; i++)
+    nmax += rt_views_of(prog->globals[i].rank, prog->globals[i].shape, prog->globals[i].experts);
   float **host = calloc((size_t)prog->n_globals + 1, sizeof *host);
-  RtTensor *views = calloc((size_t)prog->n_globals + 1, sizeof *views);
+  RtTensor *views = calloc((size_t)nmax, sizeof *views);   /* a stack of experts: one per expert */
   int rc = host && views ? 0 : EXIT_RUN, nv = 0;
   if (rc) snprintf(err, errlen, "out of memory");
   for (int i = 0; !rc && i < prog->n_globals; i++) {
     const RtGlobal *g = &prog->globals[i];
     if (g->region != RT_REGION_PARAMS) continue;
-    if (!(host[i] = calloc((size_t)g->n + 1, sizeof(float)))) {
+    if (!(host[i] = calloc((size_t)g->n + 1, sizeof(float))) ||
+        rt_views_add(views, &nv, g->name, g->rank, g->shape, host[i], g->experts)) {
       snprintf(err, errlen, "out of memory");
       rc = EXIT_RUN;
       break;
     }
-    views[nv] = (RtTensor){g->name, g->rank, {0}, host[i], NULL};
-    memcpy(views[nv].shape, g->shape, sizeof g->shape);
-    nv++;
   }
   if (!rc) rc = load_weights_views(views, nv, path, err, errlen);
   for (int i = 0; !rc && i < prog->n_globals; i++)
     if (host[i]) rc = cuda_global_write(cp, i, host[i], err, errlen);
   for (int i = 0; host && i < prog->n_globals; i++) free(host[i]);
+  rt_views_free(views, nv);
   free(host);
   free(views);
   return rc;

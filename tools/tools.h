@@ -111,6 +111,7 @@ typedef struct {
   int64_t val_every, val_tokens;
   const char *log_path;         /* --log FILE.jsonl */
   double peak_tflops;           /* --peak-tflops: one device's peak, for MFU (0: none) */
+  bool log_experts;             /* --log-experts: tokens per expert, per layer, every step */
   const char *tokenizer;        /* --tokenizer T.json: copied into a Hugging Face --out DIR/ */
   bool out_bf16;                /* --dtype bf16: a Hugging Face --out DIR/'s weights in bf16 */
 } TrainArgs;

@@ -6,7 +6,8 @@
  *   lower.c    every program function (after `fuse` and `memory-plan` with target CUDA) ->
  *              RtSteps; the translation unit: prelude.h (conversions, the templates of the
  *              builtin kernels, flash attention), prelude_attn_block.h (context parallelism),
- *              prelude_decode.h (the KV cache), the fused kernels (identical ones shared),
+ *              prelude_decode.h (the KV cache), prelude_moe.h (mixture of experts: routing,
+ *              permutations, grouped matmuls), the fused kernels (identical ones shared),
  *              one extern "C" wrapper per builtin kernel and storage signature used
  *
  * The program (runtime/program.h, "On CUDA every step ..."):
@@ -56,6 +57,23 @@
  *     that every position is in [0, Tmax) before each call, as the CPU runtime does.  A
  *     kernel that meets one outside (rope_at: a negative one) traps rather than clamp or skip:
  *     the call fails (CUDA_ERROR_LAUNCH_FAILED) and the program is broken.
+ *   - mixture of experts (topk .. grouped_matmul_wgrad; kernels of prelude_moe.h): program.h's
+ *     i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD); expert indices, positions and counts are i32
+ *     buffers.  One step each, except:
+ *       moe_count   1: idx -> parts (scratch);  2: parts -> count start offs
+ *       moe_sort    1, 2 as moe_count (count in scratch);  3: idx count start offs -> pos
+ *                   (a counting sort in chunks of up to 1024 assignments, a block each; the
+ *                   scratch is i32: parts and offs [chunks, E], count and start [E]; i[] adds
+ *                   one slot, the chunk, at CUDA_MOE_CHUNK_INT)
+ *       moe_dispatch  1: fill the rows with 0;  2: x pos w -> rows
+ *     The group counts of grouped_matmul and grouped_matmul_wgrad stay on the device (a
+ *     moe_count wrote them): both are tiled kernels of prelude_moe.h (64 x 64 outputs a block,
+ *     f32 accumulation), not cuBLASLt GEMMs, which would need each group's size on the host
+ *     (a synchronization per MoE layer and direction).  Every thread walks the counts, so a
+ *     block finds its group itself: grouped_matmul's grid is (columns / 64, an upper bound
+ *     ceil(R/64) + G + 1 of the groups' row tiles; the rest of the blocks exit or zero the rows
+ *     past the groups), grouped_matmul_wgrad's (K / 64, N / 64, E).  An index, position or
+ *     count out of range traps (as a bad KV-cache position does).
  * Steps run in program order on one stream (the scratch region is shared by all steps).
  * Every reduction has a fixed order: the same inputs give the same bits on every run.
  */
@@ -69,6 +87,10 @@
    axis + 1 at i[6]) and loom_attnblk_* (the axis + 1 at i[7]); see "context parallelism". */
 #define CUDA_ROPE_COORD_INT 9
 #define CUDA_ATTN_BLOCK_COORD_INT 11
+/* The slot of the chunk (assignments per block, at most 1024) in i[] of moe_sort's and
+   moe_count's kernels (loom_moe_hist, loom_moe_offsets, loom_moe_place): program.h's
+   n, experts, capacity, then the chunk. */
+#define CUDA_MOE_CHUNK_INT 3
 
 /* Lowers every non-kernel function of m (after fuse and memory-plan with target CUDA: each
    value's offset counts each dtype's size) into *out (free with rt_program_free), and the

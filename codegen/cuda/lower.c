@@ -1,7 +1,8 @@
 /* codegen/cuda/lower.c — program functions -> RtProgram for CUDA, and the translation unit.
  *
  * Like codegen/cpu/lower.c, one op becomes one step (a reshape between equal offsets none;
- * layernorm_grad, rmsnorm_grad, attention_grad and embedding_grad two), but every step that
+ * layernorm_grad, rmsnorm_grad, attention_grad, embedding_grad, moe_count and moe_dispatch
+ * two; moe_sort three), but every step that
  * is not a GEMM is RT_STEP_KERNEL: a fused kernel of kernel.c, or an extern "C" wrapper that
  * instantiates a template of prelude.h for the storage dtypes of the step's buffers (the
  * kernel's name spells them: f f32, b bf16, h f16, e f8e4m3, m f8e5m2, i i32; data movement
@@ -23,6 +24,7 @@
 #include "codegen/cuda/prelude.h"
 #include "codegen/cuda/prelude_attn_block.h"
 #include "codegen/cuda/prelude_decode.h"
+#include "codegen/cuda/prelude_moe.h"
 #include "codegen/lower_common.h"
 
 #define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
@@ -341,6 +343,15 @@ static int add_scratch(Lower *L, RtStep *st, int64_t at, int64_t n) {
   return 0;
 }
 
+/* The same for n i32 (the routing's counts and offsets). */
+static int add_scratch_i32(Lower *L, RtStep *st, int64_t at, int64_t n) {
+  if (add_scratch(L, st, at, n)) return IR_EINPUT;
+  RtBuf *b = &st->bufs[st->n_in + st->n_out - 1];
+  b->storage = RT_ST_I32;
+  b->is_int = 1;
+  return 0;
+}
+
 static int push_int(Lower *L, RtStep *st, int *n, int64_t v) {
   if (*n >= RT_MAX_INTS) return lfail(L, "needs more than %d integer parameters (RT_MAX_INTS)", RT_MAX_INTS);
   st->i[(*n)++] = v;
@@ -585,6 +596,71 @@ static int lower_attention_block(Lower *L, Steps *s) {
   return 0;
 }
 
+/* moe_sort and moe_count (prelude_moe.h): a counting sort in chunks of CUDA_MOE_CHUNK
+   assignments.  i[] is program.h's (n, experts, capacity) and one slot more,
+   i[CUDA_MOE_CHUNK_INT]: the chunk.  Scratch (i32): parts[P][E], offs[P][E], count[E],
+   start[E] (P chunks).  moe_count: 1 idx -> parts;  2 parts -> count (its result) start
+   offs.  moe_sort: the same with count in scratch, then 3 idx count start offs -> pos. */
+#define CUDA_MOE_CHUNK 1024   /* prelude_moe.h's LOOM_MOE_CHUNK: the most a chunk may hold */
+static int lower_moe_sort(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  bool sort = op->kind == OP_MOE_SORT;
+  int64_t n = type_numel(&op->operands[0]->type), E = op_int(op, "experts"), cap = op_int(op, "capacity");
+  if (E < 1 || E > INT32_MAX || n > INT32_MAX || cap < 0)
+    return lfail(L, "%lld experts, %lld assignments, capacity %lld: the CUDA routing takes 1 to 2^31-1 of each",
+                 (long long)E, (long long)n, (long long)cap);
+  int64_t P = (n + CUDA_MOE_CHUNK - 1) / CUDA_MOE_CHUNK;
+  int64_t parts_at = 0, offs_at = cg_align64(4 * P * E), count_at = offs_at + cg_align64(4 * P * E);
+  int64_t start_at = count_at + cg_align64(4 * E);
+  const int64_t ints[CUDA_MOE_CHUNK_INT + 1] = {n, E, cap, CUDA_MOE_CHUNK};
+  /* 1: each chunk's count per expert */
+  RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, " (counts per chunk)");
+  if (!st || set_bufs(L, st, (const Value *const *)op->operands, 1, false)) return IR_EINPUT;
+  if (st->bufs[0].storage != RT_ST_I32) return lfail(L, "expert indices must be i32");
+  if (add_scratch_i32(L, st, parts_at, P * E)) return IR_EINPUT;
+  memcpy(st->i, ints, sizeof ints);
+  st->block[0] = 256;
+  st->grid[0] = clamp_grid(P, 65535);
+  if (instantiate(L, st, "moe_hist", "loom_moe_hist", (const int[]){0, -1}, NULL, "", 256)) return IR_EINPUT;
+  RtBuf idx = st->bufs[0], parts = st->bufs[1];
+  /* 2: the counts kept, each expert's first row, each chunk's first rank per expert */
+  st = new_step(L, s, RT_STEP_KERNEL, 0, sort ? " (offsets)" : "");
+  if (!st) return IR_EINPUT;
+  st->n_in = 1;
+  st->bufs[0] = parts;
+  if (sort) {
+    if (add_scratch_i32(L, st, count_at, E)) return IR_EINPUT;
+  } else {
+    st->n_out = 1;
+    if (buf_of(L, op->results[0], &st->bufs[1])) return IR_EINPUT;
+    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "counts must be i32");
+  }
+  if (add_scratch_i32(L, st, start_at, E) || add_scratch_i32(L, st, offs_at, P * E)) return IR_EINPUT;
+  memcpy(st->i, ints, sizeof ints);
+  st->block[0] = 256;
+  if (instantiate(L, st, "moe_offsets", "loom_moe_offsets", (const int[]){0, -1}, NULL, "", 256)) return IR_EINPUT;
+  if (!sort) return 0;
+  RtBuf count = st->bufs[1], start = st->bufs[2], offs = st->bufs[3];
+  /* 3: every assignment's row (or -1) */
+  st = new_step(L, s, RT_STEP_KERNEL, 0, " (positions)");
+  if (!st) return IR_EINPUT;
+  st->n_in = 4;
+  st->bufs[0] = idx;
+  st->bufs[1] = count;
+  st->bufs[2] = start;
+  st->bufs[3] = offs;
+  st->n_out = 1;
+  if (buf_of(L, op->results[0], &st->bufs[4])) return IR_EINPUT;
+  if (st->bufs[4].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+  memcpy(st->i, ints, sizeof ints);
+  st->block[0] = 256;
+  st->grid[0] = clamp_grid(P, 65535);
+  return instantiate(L, st, "moe_place", "loom_moe_place", (const int[]){0, -1}, NULL, "", 256);
+}
+
+/* The grouped matmuls' tiles (prelude_moe.h's LOOM_GM_T): 64 x 64 outputs a block. */
+#define CUDA_GM_TILE 64
+
 static int lower_builtin(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
@@ -786,6 +862,93 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(v->dims[2] * v->dims[3]);
     launch_ew(st, type_numel(v));
     return instantiate(L, st, "kv_write", "loom_kv_write", IDX(0, 1), NULL, "", 1024);
+  }
+  /* mixture of experts (prelude_moe.h): program.h's i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD);
+     expert indices, positions and counts i32 */
+  case OP_TOPK:
+  case OP_GATHER_LAST:
+  case OP_SCATTER_LAST: {
+    const Type *big = op->kind == OP_SCATTER_LAST ? y : x;
+    const Type *idx = op->kind == OP_TOPK ? y : &op->operands[1]->type;
+    STEP("");
+    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "expert indices must be i32");
+    int64_t E = last_dim(big), rows = E ? type_numel(big) / E : 0, k = last_dim(idx);
+    INT(rows);
+    INT(E);
+    INT(k);
+    if (op->kind == OP_TOPK) {
+      if (k < 1 || k > E) return lfail(L, "k = %lld of %lld experts", (long long)k, (long long)E);
+      launch_ew(st, rows);
+      return instantiate(L, st, "topk", "loom_topk", IDX(0, 1), NULL, "", 1024);
+    }
+    launch_ew(st, rows * (op->kind == OP_GATHER_LAST ? k : E));
+    if (op->kind == OP_GATHER_LAST) return instantiate(L, st, "gather_last", "loom_gather_last", IDX(0, 2), NULL, "", 1024);
+    return instantiate(L, st, "scatter_last", "loom_scatter_last", IDX(0, 2), NULL, "", 1024);
+  }
+  case OP_MOE_SORT:
+  case OP_MOE_COUNT: return lower_moe_sort(L, s);
+  case OP_MOE_DISPATCH:
+  case OP_MOE_COMBINE:
+  case OP_MOE_WEIGHT_GRAD: {
+    bool wg = op->kind == OP_MOE_WEIGHT_GRAD, disp = op->kind == OP_MOE_DISPATCH;
+    const Type *rows = disp ? y : x, *pos = &op->operands[wg ? 2 : 1]->type;
+    int64_t N = disp ? x->dims[0] : wg ? op->operands[1]->type.dims[0] : y->dims[0];
+    int64_t k = N ? type_numel(pos) / N : 0, D = rows->dims[1], R = rows->dims[0];
+    if (disp) {   /* 1: rows no assignment reaches are 0 */
+      st = new_step(L, s, RT_STEP_KERNEL, 0, " (zero)");
+      if (!st) return IR_EINPUT;
+      st->n_out = 1;
+      if (buf_of(L, op->results[0], &st->bufs[0])) return IR_EINPUT;
+      n = 0;
+      INT(type_numel(y));
+      st->f[0] = 0;
+      launch_ew(st, type_numel(y));
+      if (instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024)) return IR_EINPUT;
+    }
+    STEP("");
+    if (st->bufs[wg ? 2 : 1].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    INT(N);
+    INT(k);
+    INT(D);
+    INT(R);
+    if (wg) {   /* a warp per assignment */
+      st->block[0] = 256;
+      st->grid[0] = clamp_grid((N * k + 7) / 8, 65535);
+      return instantiate(L, st, "moe_wgrad", "loom_moe_wgrad", IDX(0, 1, 3), NULL, "", 256);
+    }
+    launch_ew(st, (disp ? N * k : N) * D);
+    if (disp) return instantiate(L, st, "moe_dispatch", "loom_moe_dispatch", IDX(0, 2, 3), NULL, "", 1024);
+    return instantiate(L, st, "moe_combine", "loom_moe_combine", IDX(0, 2, 3), NULL, "", 1024);
+  }
+  case OP_GROUPED_MATMUL:
+  case OP_GROUPED_MATMUL_WGRAD: {
+    const Type *b = &op->operands[1]->type, *cnt = &op->operands[2]->type;
+    bool wg = op->kind == OP_GROUPED_MATMUL_WGRAD, tb = wg || op_bool(op, "tb");
+    int64_t R = x->dims[0], K = wg ? b->dims[1] : x->dims[1], N = wg ? x->dims[1] : y->dims[1];
+    int64_t E = wg ? op_int(op, "experts") : b->dims[0], G = cnt->dims[0];
+    if (E < 1 || G % E || R > INT32_MAX || K > INT32_MAX || N > INT32_MAX)
+      return lfail(L, "%lld groups on %lld experts: the groups must be a multiple of the experts, and the sizes fit "
+                   "int32", (long long)G, (long long)E);
+    STEP("");
+    if (st->bufs[2].storage != RT_ST_I32) return lfail(L, "group counts must be i32");
+    INT(R);
+    INT(K);
+    INT(N);
+    INT(E);
+    INT(G);
+    INT(tb);
+    st->block[0] = 256;
+    if (wg) {   /* a block per 64 x 64 tile of one expert's dw [N,K] */
+      st->grid[0] = clamp_grid((K + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
+      st->grid[1] = clamp_grid((N + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
+      st->grid[2] = clamp_grid(E, 65535);
+      return instantiate(L, st, "gmm_wgrad", "loom_grouped_wgrad", IDX(0, 1, 3), NULL, "", 256);
+    }
+    /* x: 64 columns; y: the row tiles, at most ceil(R/64) + G + 1 (each group's last tile may
+       be partial, and the rows past the groups are zeroed 64 at a time) */
+    st->grid[0] = clamp_grid((N + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
+    st->grid[1] = clamp_grid((R + CUDA_GM_TILE - 1) / CUDA_GM_TILE + G + 1, 65535);
+    return instantiate(L, st, "gmm", "loom_grouped_mm", IDX(0, 1, 3), tb ? "true" : "false", tb ? "_t" : "_n", 256);
   }
   case OP_CROSS_ENTROPY:
   case OP_CROSS_ENTROPY_GRAD: {
@@ -1248,6 +1411,7 @@ static void header(Str *o, const Module *m) {
   str_add(o, "%s", cuda_prelude_text);
   str_add(o, "%s", cuda_prelude_attn_block_text);
   str_add(o, "%s", cuda_prelude_decode_text);
+  str_add(o, "%s", cuda_prelude_moe_text);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }
 

@@ -22,7 +22,7 @@
 
 typedef struct CpuAsync {
   RtStep st;           /* the collective, unwrapped */
-  void *bufs[2];
+  void *bufs[4];       /* its buffers (all_to_allv has four; the others two) */
   Comm *comm;
   const char *label;   /* the start's label, in the program */
   int64_t ticket;
@@ -35,7 +35,10 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static bool is_collective(int which) { return which >= RT_B_ALL_REDUCE && which <= RT_B_ALL_TO_ALL; }
+/* Group collectives: the ones a start can begin, and all_to_allv (synchronous only). */
+static bool is_collective(int which) {
+  return (which >= RT_B_ALL_REDUCE && which <= RT_B_ALL_TO_ALL) || which == RT_B_ALL_TO_ALLV;
+}
 
 bool cpu_program_has_async(const RtProgram *p) {
   for (int f = 0; f < p->n_funcs; f++)
@@ -126,8 +129,7 @@ int cpu_async_step(CpuProgram *cp, const RtStep *st, void *const *bufs, bool *ha
     }
     if (start) cpu_coll_unwrap(st, &a->st);
     else a->st = *st;
-    a->bufs[0] = bufs[0];
-    a->bufs[1] = bufs[1];
+    for (int k = 0; k < 4; k++) a->bufs[k] = k < st->n_in + st->n_out ? bufs[k] : NULL;
     a->comm = cp->comm;
     a->label = st->label;
     a->ticket = comm_engine_submit(cp->engine, job, a);

@@ -980,21 +980,17 @@ static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, ch
   return cuda_program_call(ce->cp, ce->f_opt, args, rets, err, errlen);
 }
 
-static RtTensor *tensor_at(CudaExecutor *ce, int k) {
-  return k < ce->ex.n_params ? &ce->ex.params[k] : &ce->ex.state[k - ce->ex.n_params];
-}
-
 static int ex_sync_out(void *self, char *err, size_t errlen) {
   CudaExecutor *ce = self;
-  for (int k = 0; k < ce->ex.n_params + ce->ex.n_state; k++)
-    if (cuda_global_read(ce->cp, ce->gidx[k], tensor_at(ce, k)->data, err, errlen)) return 1;
+  for (int h = 0; h < ce->n_held; h++)
+    if (cuda_global_read(ce->cp, ce->held[h], ce->host[h], err, errlen)) return 1;
   return 0;
 }
 
 static int ex_sync_in(void *self, char *err, size_t errlen) {
   CudaExecutor *ce = self;
-  for (int k = 0; k < ce->ex.n_params + ce->ex.n_state; k++)
-    if (cuda_global_write(ce->cp, ce->gidx[k], tensor_at(ce, k)->data, err, errlen)) return 1;
+  for (int h = 0; h < ce->n_held; h++)
+    if (cuda_global_write(ce->cp, ce->held[h], ce->host[h], err, errlen)) return 1;
   return 0;
 }
 
@@ -1012,32 +1008,34 @@ int cuda_executor_init(CudaExecutor *ce, CudaProgram *cp, char *err, size_t errl
       o->rets[0].is_int)
     return fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
                 "@optimizer_step(lr, step) -> grad_norm");
-  int ng = cp->p->n_globals;
-  ce->ex.params = calloc((size_t)ng + 1, sizeof(RtTensor));
-  ce->ex.state = calloc((size_t)ng + 1, sizeof(RtTensor));
-  ce->gidx = calloc((size_t)ng + 1, sizeof(int));
-  bool ok = ce->ex.params && ce->ex.state && ce->gidx;
-  int np = 0, ns = 0;
-  for (int k = 0; ok && k < ng; k++) {
+  int ng = cp->p->n_globals, nv = 0;
+  for (int k = 0; k < ng; k++) {
     const RtGlobal *gl = &cp->p->globals[k];
-    if (gl->region != RT_REGION_PARAMS && gl->region != RT_REGION_OPTIM) continue;
-    RtTensor v = {gl->name, gl->rank, {0}, malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1)), NULL};
-    for (int dd = 0; dd < gl->rank; dd++) v.shape[dd] = gl->shape[dd];
-    ok = v.data != NULL;
-    if (gl->region == RT_REGION_PARAMS) ce->ex.params[np++] = v;
-    else ce->ex.state[ns++] = v;
+    if (gl->region == RT_REGION_PARAMS || gl->region == RT_REGION_OPTIM) nv += rt_views_of(gl->rank, gl->shape, gl->experts);
   }
-  ce->ex.n_params = np;
-  ce->ex.n_state = ns;
+  ce->ex.params = calloc((size_t)nv + 1, sizeof(RtTensor));
+  ce->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
+  ce->gidx = calloc((size_t)nv + 1, sizeof(int));
+  ce->held = calloc((size_t)ng + 1, sizeof(int));
+  ce->host = calloc((size_t)ng + 1, sizeof(float *));
+  bool ok = ce->ex.params && ce->ex.state && ce->gidx && ce->held && ce->host;
+  /* the parameters' views first, then the state's (gidx in that order) */
+  for (int pass = 0; ok && pass < 2; pass++)
+    for (int k = 0; ok && k < ng; k++) {
+      const RtGlobal *gl = &cp->p->globals[k];
+      if (gl->region != (pass ? RT_REGION_OPTIM : RT_REGION_PARAMS)) continue;
+      float *data = malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1));
+      if (!(ok = data != NULL)) break;
+      ce->held[ce->n_held] = k;
+      ce->host[ce->n_held++] = data;
+      RtTensor *out = pass ? ce->ex.state : ce->ex.params;
+      int *n = pass ? &ce->ex.n_state : &ce->ex.n_params, before = *n;
+      ok = !rt_views_add(out, n, gl->name, gl->rank, gl->shape, data, gl->experts);
+      for (int v = before; v < *n; v++) ce->gidx[(pass ? ce->ex.n_params : 0) + v] = k;
+    }
   if (!ok) {
     cuda_executor_free(ce);
     return fail(err, errlen, 1, "out of memory");
-  }
-  /* gidx in tensor order: params first, then state. */
-  int kp = 0, ks = np;
-  for (int k = 0; k < ng; k++) {
-    if (cp->p->globals[k].region == RT_REGION_PARAMS) ce->gidx[kp++] = k;
-    else if (cp->p->globals[k].region == RT_REGION_OPTIM) ce->gidx[ks++] = k;
   }
   ce->ex.self = ce;
   ce->ex.batch = 1;
@@ -1062,8 +1060,11 @@ int cuda_executor_set_shape(CudaExecutor *ce, int64_t batch, int64_t seq, char *
 }
 
 void cuda_executor_free(CudaExecutor *ce) {
-  for (int k = 0; ce->ex.params && k < ce->ex.n_params; k++) free(ce->ex.params[k].data);
-  for (int k = 0; ce->ex.state && k < ce->ex.n_state; k++) free(ce->ex.state[k].data);
+  for (int h = 0; ce->host && h < ce->n_held; h++) free(ce->host[h]);   /* the views' data */
+  rt_views_free(ce->ex.params, ce->ex.n_params);
+  rt_views_free(ce->ex.state, ce->ex.n_state);
+  free(ce->host);
+  free(ce->held);
   free(ce->ex.params);
   free(ce->ex.state);
   free(ce->gidx);

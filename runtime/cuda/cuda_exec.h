@@ -159,12 +159,18 @@ uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b);
    @optimizer_step(lr, step: f32) -> grad_norm, as cpu_executor.  params (RT_REGION_PARAMS)
    and state (RT_REGION_OPTIM) are host f32 copies: sync_out copies the device's values into
    them (init does it once), sync_in writes them to the device.  Whoever writes into them
-   (loading weights, a resume) calls ex.sync_in afterwards. */
+   (loading weights, a resume) calls ex.sync_in afterwards.  A stack of experts
+   (RtGlobal.experts, [E,...]) is seen outside as its E checkpoint tensors (rt_views_add:
+   "P.experts.<e>.X.weight"), views into one host copy of the global, as the cpu executor
+   shows it; sync_in/out copy each global once. */
 typedef struct {
   Executor ex;
   CudaProgram *cp;
   int f_grad, f_opt;
-  int *gidx;               /* [n_params + n_state]: the global behind each tensor */
+  int *gidx;               /* [n_params + n_state]: the global behind each tensor (E tensors share a stack's) */
+  int n_held;              /* globals with a host copy: the parameters and the optimizer state */
+  int *held;               /* [n_held]: their indices */
+  float **host;            /* [n_held]: their host copies (f32, RtGlobal.n each); the tensors point into them */
 } CudaExecutor;
 
 int cuda_executor_init(CudaExecutor *ce, CudaProgram *cp, char *err, size_t errlen);

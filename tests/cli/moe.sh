@@ -47,6 +47,19 @@ expect_exit 0 "capacity_factor 0.5 trains" "$LOOM" train tests/golden/mixtral-ti
 expect_exit 1 "  and changes the result (tokens were dropped)" "$ST_DIFF" "$TMP/cap.safetensors" \
   tests/golden/mixtral-tiny/train.safetensors --rtol 1e-3 --only losses
 
+# The expert load: the golden forward's batch routes 43 26 30 29 tokens to layer 0's experts
+# and 25 30 40 33 to layer 1's (PyTorch: router.l<N>.tokens_per_expert); one step on that
+# batch reports them, on one rank and on ep=2 (gathered), and in the metrics log.
+for mesh in "" "--mesh ep=2 --batch 2"; do
+  # shellcheck disable=SC2086
+  expect_exit 0 "--log-experts ${mesh:-(one rank)}" "$LOOM" train tests/golden/mixtral-tiny/train_spec.json --steps 1 \
+    --grad-accum 1 --data tests/golden/mixtral-tiny/tokens.bin --log-experts --log "$TMP/x.jsonl" $mesh
+  expect_stdout_contains "experts l0    43 26 30 29 | max/mean 1.34"
+  expect_stdout_contains "experts l1    25 30 40 33 | max/mean 1.25"
+  expect_stdout_contains "| experts max/mean 1.34"
+  check "  the metrics log has expert_load" grep -q '"expert_load":\[\[43,26,30,29\],\[25,30,40,33\]\]' "$TMP/x.jsonl"
+done
+
 # Refusals.
 expect_exit 2 "ep=3 with 4 experts" "$LOOM" train models/mixtral-tiny.json --mesh ep=3
 expect_stderr_contains "choose an ep that divides 4"

@@ -23,8 +23,9 @@ LOOM_EMULATED=1 bash tests/gpu/test_train.sh "$(dirname "$LOOM")" "$LOOM" "$ST_D
   bad "tests/gpu/test_train.sh on the emulated device"
 
 # loom check on the emulated device: every golden's forward, gradients and 3 training steps
-# on cuda, at the default tolerances (README "Golden folders")
-for g in gpt2-tiny llama-tiny llama-tiny-tied; do
+# on cuda, at the default tolerances (README "Golden folders"); qwen3-moe-tiny is a mixture of
+# experts (mixtral-tiny's checks follow below)
+for g in gpt2-tiny llama-tiny llama-tiny-tied qwen3-moe-tiny; do
   "$LOOM" check tests/golden/$g --backend cuda > "$tmp/check" 2>&1 &&
     ok "loom check tests/golden/$g --backend cuda: $(grep -E '^cuda ' "$tmp/check" | tr -s ' ' | cut -c1-150)" ||
     { bad "loom check tests/golden/$g --backend cuda"; cat "$tmp/check"; }
@@ -126,6 +127,98 @@ elif "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu
   sed 's/^/     /' "$tmp/dec"
 else
   bad "KV-cache kernels (decode.cc)"; cat "$tmp/log" "$tmp/dec" 2> /dev/null | head -30
+fi
+
+# Mixture of experts (kernels of prelude_moe.h): mixtral-tiny (4 experts, top-2, the
+# load-balancing loss) on CUDA against PyTorch's goldens: the forward within 1e-5, the
+# gradients of every parameter (a stack of experts as its per-expert tensors, the hub's names)
+# within 1e-4, the same bits with every block's threads in reverse order; 3 AdamW steps
+# (grad_accum 2, clipping) within 1e-4; bf16 against the CPU backend's bf16 within 2e-2 (the
+# losses of the 3 steps, and one step's logits, loss and gradients); a capacity that drops
+# assignments within 1e-5 of the CPU backend; a checkpoint (expert stacks and their AdamW
+# moments by expert) resumed bitwise; greedy sampling as the CPU's.
+g=tests/golden/mixtral-tiny
+worst() { awk '$1 == "PASS" || $1 == "FAIL" { if ($6 + 0 > m) m = $6 + 0 } END { printf "%.1e", m }' "$1"; }
+names=loss,$(grep -ao '"grad\.[^"]*"' $g/grads.safetensors | tr -d '"' | paste -sd,)
+moe_eval() { "$LOOM" eval models/mixtral-tiny.json --backend cuda --weights $g/weights.safetensors --tokens $g/tokens.bin \
+               --grads --out "$1" > "$tmp/log" 2>&1 || cat "$tmp/log"; }
+moe_eval "$tmp/moe.st"
+if "$ST_DIFF" "$tmp/moe.st" $g/expected.safetensors --rtol 1e-5 --only logits,loss > "$tmp/fwd" 2>&1 &&
+   "$ST_DIFF" "$tmp/moe.st" $g/grads.safetensors --rtol 1e-4 --only "$names" > "$tmp/diff" 2>&1; then
+  ok "mixtral-tiny on CUDA: logits and loss within $(worst "$tmp/fwd") (1e-5), the loss and gradients of all $(($(grep -c '^PASS' "$tmp/diff") - 1)) parameters (one per expert) within $(worst "$tmp/diff") (1e-4) of PyTorch"
+else
+  bad "mixtral-tiny eval on CUDA against PyTorch"; grep -v '^PASS' "$tmp/fwd" "$tmp/diff" | head -8
+fi
+LOOM_EMU_ORDER=reverse moe_eval "$tmp/moe_rev.st"
+"$ST_DIFF" "$tmp/moe_rev.st" "$tmp/moe.st" --rtol 0 > "$tmp/diff" 2>&1 &&
+  ok "mixtral-tiny on CUDA: the same bits with every block's threads run in reverse order" ||
+  { bad "mixtral-tiny in reverse thread order"; grep FAIL "$tmp/diff" | head -5; }
+if "$LOOM" train $g/train_spec.json -q --backend cuda --out "$tmp/moe_train.st" > "$tmp/log" 2>&1 &&
+   "$ST_DIFF" "$tmp/moe_train.st" $g/train.safetensors --rtol 1e-4 > "$tmp/diff" 2>&1; then
+  ok "mixtral-tiny on CUDA: 3 AdamW steps within $(worst "$tmp/diff") (1e-4) of PyTorch ($(grep -c '^PASS' "$tmp/diff") tensors: parameters, losses, norms, lrs)"
+else
+  bad "mixtral-tiny training on CUDA against PyTorch"; cat "$tmp/log"; grep -v '^PASS' "$tmp/diff" | head -8
+fi
+sed '0,/{/s/{/{"precision": "bf16", /' models/mixtral-tiny.json > "$tmp/moe16.json"
+for b in cpu cuda; do
+  "$LOOM" train $g/train_spec.json -q --precision bf16 --backend $b --out "$tmp/moe16_$b.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
+  "$LOOM" eval "$tmp/moe16.json" --backend $b --weights $g/weights.safetensors --tokens $g/tokens.bin --grads \
+    --out "$tmp/moe16e_$b.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
+done
+if "$ST_DIFF" "$tmp/moe16_cuda.st" "$tmp/moe16_cpu.st" --rtol 2e-2 --only losses > "$tmp/diff" 2>&1 &&
+   "$ST_DIFF" "$tmp/moe16e_cuda.st" "$tmp/moe16e_cpu.st" --rtol 2e-2 > "$tmp/diff2" 2>&1; then
+  ok "mixtral-tiny bf16 on CUDA: 3 steps' losses within $(worst "$tmp/diff"), one step's logits, loss and gradients within $(worst "$tmp/diff2") (2e-2) of the CPU backend's bf16"
+else
+  bad "mixtral-tiny bf16 on CUDA against the CPU backend"; grep -v '^PASS' "$tmp/diff" "$tmp/diff2" | head -8
+fi
+for b in cpu cuda; do   # capacity 16 of 128 assignments on 4 experts: drops in every layer
+  "$LOOM" train $g/train_spec.json -q --capacity-factor 0.5 --backend $b --out "$tmp/moecap_$b.st" > "$tmp/log" 2>&1 ||
+    cat "$tmp/log"
+done
+"$ST_DIFF" "$tmp/moecap_cuda.st" "$tmp/moecap_cpu.st" --rtol 1e-5 > "$tmp/diff" 2>&1 &&
+  ok "mixtral-tiny --capacity-factor 0.5 (dropped assignments) on CUDA: 3 steps within $(worst "$tmp/diff") (1e-5) of the CPU backend" ||
+  { bad "mixtral-tiny with a capacity on CUDA against the CPU backend"; grep -v '^PASS' "$tmp/diff" | head -5; }
+run=("$LOOM" train $g/train_spec.json -q --backend cuda)
+"${run[@]}" --save-dir "$tmp/ck-moe" --save-every 1 > /dev/null 2>&1
+rm -rf "$tmp/ck-moe/step_00000003"
+if "${run[@]}" --resume "$tmp/ck-moe" --out "$tmp/moe_resumed.st" > "$tmp/log" 2>&1 &&
+   cmp -s "$tmp/moe_train.st" "$tmp/moe_resumed.st" &&
+   grep -qa '"model.layers.1.block_sparse_moe.experts.3.w2.weight"' "$tmp/ck-moe/step_00000002/model.safetensors" &&
+   grep -qa 'experts.3.w2.weight"' "$tmp/ck-moe/step_00000002/optimizer.safetensors"; then
+  ok "mixtral-tiny on CUDA: resumed at step 2 of 3 from a checkpoint in per-expert names, bitwise equal to the uninterrupted run"
+else
+  bad "mixtral-tiny on CUDA: resume"; cat "$tmp/log"; ls "$tmp/ck-moe" 2> /dev/null
+fi
+for b in cpu cuda; do
+  "$LOOM" sample $g/train_spec.json --weights $g/weights.safetensors --prompt "Hello" --max-new-tokens 8 --temperature 0 \
+    --ids --backend $b > "$tmp/ids_$b" 2> "$tmp/log" || cat "$tmp/log"
+done
+[ -s "$tmp/ids_cuda" ] && cmp -s "$tmp/ids_cpu" "$tmp/ids_cuda" &&
+  ok "loom sample --backend cuda, mixtral-tiny: the CPU backend's greedy ids ($(cat "$tmp/ids_cuda"))" ||
+  bad "loom sample --backend cuda, mixtral-tiny: '$(cat "$tmp/ids_cuda")', the CPU's '$(cat "$tmp/ids_cpu")'"
+
+# The mixture-of-experts kernels alone: moe.ir (routing with a capacity, bf16 rows with f32
+# routing weights, 6 groups on 3 experts) lowers for CUDA, and moe.cc holds the kernels of
+# prelude_moe.h to references written from ir/interp_moe.c (exact for the routing and the
+# permutations), the same bits in reverse thread order and on smaller grids, bad indices,
+# positions and counts failing the launch; built on moe.ir's translation unit.
+if "$LOOM" ir tests/cuda_emu/moe.ir --passes=verify,fuse,memory-plan --target=cuda --emit=cuda -o "$tmp/moe.cu" \
+     > "$tmp/log" 2>&1; then
+  ok "moe.ir (topk .. grouped_matmul_wgrad: a capacity, bf16 with f32 routing, 6 groups on 3 experts) lowers for CUDA: $(grep -c '__global__' "$tmp/moe.cu") kernels"
+else
+  bad "moe.ir does not lower for CUDA"; cat "$tmp/log"
+fi
+sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_emu_dyn_smem();/' "$tmp/moe.cu" > "$tmp/moe_emu.cu"
+if ! grep -q 'loom_moe_dispatch_bfb(LoomArgs a) { loom_moe_dispatch<loom_sbf16, loom_sf32, loom_sbf16>' "$tmp/moe_emu.cu" ||
+   ! grep -q 'loom_gmm_bbb_n(LoomArgs a) { loom_grouped_mm<loom_sbf16, loom_sbf16, loom_sbf16, false>' "$tmp/moe_emu.cu"; then
+  bad "moe.ir: no wrappers loom_moe_dispatch_bfb and loom_gmm_bbb_n in its translation unit"
+elif "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
+       -DTU="\"$tmp/moe_emu.cu\"" tests/cuda_emu/moe.cc -o "$tmp/moe" > "$tmp/log" 2>&1 &&
+     "$tmp/moe" > "$tmp/moe_out" 2>&1; then
+  ok "mixture-of-experts kernels (routing, permutations, grouped matmuls; f32, bf16, mixed) against references, the same bits in reverse thread order"
+  sed 's/^/     /' "$tmp/moe_out"
+else
+  bad "mixture-of-experts kernels (moe.cc)"; cat "$tmp/log" "$tmp/moe_out" 2> /dev/null | head -30
 fi
 
 # loom sample --backend cuda: greedy decoding of the whole decode program on the device gives

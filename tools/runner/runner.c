@@ -26,6 +26,7 @@ static void help(const json_t *s) {
          "  --val-data SHARD...  validation loss on the step line (as loom train; --val-every N,\n"
          "                    --val-tokens K)\n"
          "  --log FILE.jsonl  one JSON object per step (as loom train)\n"
+         "  --log-experts     a mixture of experts' tokens per expert, per layer, every step\n"
          "  --info            print the compiled settings (JSON) and exit\n"
          "EXE sample --prompt TEXT [...]   generate text from its checkpoints (EXE sample --help)\n"
          "  -q, --quiet       no per-step lines\n",
@@ -184,7 +185,7 @@ int main(int argc, char **argv) {
   const char *val_data[64], *log_path = NULL;
   int n_val = 0;
   int64_t val_every = 0, val_tokens = 0;
-  bool quiet = false, cli_data = false;
+  bool quiet = false, cli_data = false, log_experts = false;
   int threads = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
@@ -192,6 +193,7 @@ int main(int argc, char **argv) {
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { help(s); rc = EXIT_OK; goto done; }
     if (arg_flag(a, "--info")) { puts(settings_text); rc = EXIT_OK; goto done; }
     if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { quiet = true; continue; }
+    if (arg_flag(a, "--log-experts")) { log_experts = true; continue; }
     if (!strcmp(a, "--data")) {
       if (!cli_data) n_data = 0;
       cli_data = true;
@@ -258,7 +260,7 @@ int main(int argc, char **argv) {
   }
   RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
                    json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
-                   quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0},
+                   quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0, log_experts},
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL,
                   NULL, NULL, false};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
