@@ -43,7 +43,7 @@ expect_exit 0 "a byte-level shard of the demo text" "$LOOM" data "$TMP/text.txt"
 D=(--data "$TMP/text.bin")
 
 THREADS="1 2 3"
-for m in gpt2-tiny llama-tiny llama-tiny-tied; do
+for m in gpt2-tiny llama-tiny llama-tiny-tied mixtral-tiny qwen3-moe-tiny; do
   spec=tests/golden/$m/train_spec.json
   same_bits "$m f32" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64
   same_bits "$m bf16" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 --precision bf16
@@ -59,6 +59,8 @@ same_bits "llama-tiny dp=2 x tp=2 (several threads a rank)" $spec --backend cpu 
   --mesh dp=2,tp=2
 same_bits "llama-tiny cp=2 ring attention (several threads a rank)" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 \
   --mesh cp=2
+same_bits "mixtral-tiny ep=2 x dp=2 (several threads a rank)" tests/golden/mixtral-tiny/train_spec.json --backend cpu \
+  "${D[@]}" --steps 2 --batch 8 --seq 64 --mesh ep=2,dp=2
 spec=tests/golden/gpt2-tiny/train_spec.json
 same_bits "gpt2-tiny dp=2 x tp=2 (several threads a rank)" $spec --backend cpu "${D[@]}" --steps 2 --batch 8 --seq 64 \
   --mesh dp=2,tp=2
