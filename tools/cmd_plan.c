@@ -7,8 +7,9 @@
  * parallelism with tp, micro-batch size (sequences per dp rank; the
  * gradient accumulation follows from the global batch), pipeline schedule and virtual
  * stages, recomputation (none, selective, full; pipelines only none).  Flags fix any of
- * them (--mesh, --zero, --batch, --pp-schedule, --pp-virtual, --recompute).  Expert
- * parallelism is not in loom yet and not searched.
+ * them (--mesh, --zero, --batch, --pp-schedule, --pp-virtual, --recompute).  For a
+ * mixture of experts, ep too (dividing the experts; the batch splits over dp x ep; no pp or
+ * cp with experts yet, as loom trains them).
  *
  * Speed: a candidate is not compiled whole.  Layouts differ in their repeated layers, so
  * each is compiled with 1 and with 2 layers per pipeline chunk (equal chunks; the model
@@ -38,7 +39,8 @@ static const char help[] =
   "with pp, which the recompute pass refuses).  Each candidate is compiled, its memory per device\n"
   "taken from the memory plan and its step time predicted (`loom ir --time`); those that do\n"
   "not fit are dropped and the rest ranked by tokens/s.  Context parallelism (cp) is searched\n"
-  "with zigzag ring attention.  Not searched yet (not in loom yet): expert parallelism (ep).\n"
+  "with zigzag ring attention; expert parallelism (ep) for a mixture of experts (Mixtral,\n"
+  "Qwen3-MoE: dropless, no pp or cp with experts yet, as loom trains them).\n"
   "\n"
   "options:\n"
   "  --gpus N                  devices (required)\n"
@@ -46,6 +48,8 @@ static const char help[] =
   "  --global-batch-tokens X   tokens per optimizer step (default: the spec's batch x seq x grad_accum)\n"
   "  --seq T                   sequence length (default: the spec's)\n"
   "  --precision fp32|bf16     (default: the spec's)\n"
+  "  --capacity-factor X       a mixture of experts' capacity (default: the spec's; 0: dropless, whose\n"
+  "                            expert-parallel buffers hold ep x a rank's rows: docs/moe.md)\n"
   "  --mesh dp=2,tp=4,...      fix these axes; the others are searched\n"
   "  --zero S, --batch B, --pp-schedule S, --pp-virtual V, --recompute R   fix those choices (--batch: sequences\n"
   "                            per micro-batch over all dp ranks, as loom train's)\n"
@@ -59,7 +63,7 @@ static const char help[] =
   "  loom plan models/llama-1B.json --gpus 8 --hw h100 --global-batch-tokens 1048576\n";
 
 typedef struct {
-  int64_t dp, tp, cp, pp, v;
+  int64_t dp, tp, cp, pp, v, ep;   /* ep: experts split (mixture of experts; the batch splits over dp x ep) */
   int zero, sched;    /* sched: PipeKind, PIPE_NONE without pp */
   int rc;             /* RecomputeMode: none, selective (the default classes), full */
   bool sp;
@@ -213,6 +217,7 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   sp->model.n_layer = layers;
   for (int k = 0; k < MESH_AXES; k++) sp->mesh[k] = 1;
   sp->mesh[MESH_DP] = c->dp, sp->mesh[MESH_TP] = c->tp, sp->mesh[MESH_CP] = c->cp, sp->mesh[MESH_PP] = c->pp;
+  sp->mesh[MESH_EP] = c->ep;
   sp->zero = c->zero, sp->sequence_parallel = c->sp, sp->batch = c->batch, sp->grad_accum = c->ga;
   sp->recompute = c->rc, sp->recompute_classes = RC_DEFAULT_CLASSES;
   sp->pp_schedule = c->sched ? c->sched : 0, sp->pp_virtual = c->pp > 1 ? c->v : 0, sp->n_pp_split = 0;
@@ -254,10 +259,12 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
 static void layout_text(const Cand *c, char *buf, size_t n) {
   int k = snprintf(buf, n, "dp=%lld tp=%lld%s", (long long)c->dp, (long long)c->tp, c->sp ? "+sp" : "");
   if (c->cp > 1) k += snprintf(buf + k, n - (size_t)k, " cp=%lld", (long long)c->cp);
+  if (c->ep > 1) k += snprintf(buf + k, n - (size_t)k, " ep=%lld", (long long)c->ep);
   k += snprintf(buf + k, n - (size_t)k, " pp=%lld", (long long)c->pp);
   if (c->pp > 1) k += snprintf(buf + k, n - (size_t)k, " %s", pipe_kind_names[c->sched]);
   if (c->pp > 1 && c->v > 1) k += snprintf(buf + k, n - (size_t)k, " v=%lld", (long long)c->v);
-  k += snprintf(buf + k, n - (size_t)k, " zero=%d mbs=%lld ga=%lld", c->zero, (long long)(c->batch / c->dp), (long long)c->ga);
+  k += snprintf(buf + k, n - (size_t)k, " zero=%d mbs=%lld ga=%lld", c->zero, (long long)(c->batch / (c->dp * c->ep)),
+                (long long)c->ga);
   if (c->rc) snprintf(buf + k, n - (size_t)k, " rc=%s", recompute_mode_names[c->rc]);
 }
 
@@ -291,6 +298,7 @@ static int emit_spec(const char *path, const char *spec_path, const RunSpec *bas
   json_object_set_new(mesh, "dp", json_integer(c->dp));
   json_object_set_new(mesh, "tp", json_integer(c->tp));
   if (c->cp > 1) json_object_set_new(mesh, "cp", json_integer(c->cp));
+  if (c->ep > 1) json_object_set_new(mesh, "ep", json_integer(c->ep));
   json_object_set_new(mesh, "pp", json_integer(c->pp));
   json_object_set_new(out, "mesh", mesh);
   json_object_set_new(out, "batch", json_integer(c->batch));
@@ -325,6 +333,7 @@ int cmd_plan(int argc, char **argv) {
   int64_t gpus = 0, gbt = 0, seq = 0, fix_batch = 0, fix_v = 0, fix_mesh[AX_COUNT] = {0, 0, 0, 0, 0};
   int fix_zero = -1, fix_sched = -1, fix_rc = -1, top = 10, explain = 0, target = TARGET_CUDA;
   const char *precision = NULL;
+  double capacity = -1;   /* --capacity-factor (mixture of experts); -1: the spec's */
   bool json = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -366,6 +375,12 @@ int cmd_plan(int argc, char **argv) {
       precision = v;
       continue;
     }
+    if ((r = arg_value(argc, argv, &i, "--capacity-factor", &v))) {
+      capacity = r < 0 ? -1 : strtod(v, &end);
+      if (r < 0 || *end || !(capacity >= 0 && capacity < 1e6))
+        return usage_error("plan", "--capacity-factor takes a number >= 0 (0: dropless)");
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--target", &v))) {
       if (r < 0 || (strcmp(v, "cpu") && strcmp(v, "cuda"))) return usage_error("plan", "--target takes cpu or cuda");
       target = strcmp(v, "cpu") ? TARGET_CUDA : TARGET_CPU;
@@ -393,10 +408,6 @@ int cmd_plan(int argc, char **argv) {
         int ax = mesh_axis_parse(tok);
         long long n = eq ? strtoll(eq + 1, &end, 10) : 0;
         if (ax < 0 || !eq || *end || n < 1) return usage_error("plan", "--mesh takes axis=size pairs such as tp=8,pp=4");
-        if (ax == AX_EP) {
-          if (n > 1) return usage_error("plan", "--mesh %s=%lld: loom does not partition %s yet", tok, n, tok);
-          continue;
-        }
         fix_mesh[ax] = n;
       }
       if (r < 0 || !buf[0]) return usage_error("plan", "--mesh takes axis=size pairs such as tp=8,pp=4");
@@ -415,6 +426,7 @@ int cmd_plan(int argc, char **argv) {
   if (rc) return report(rc, err);
   if (seq) base.seq = seq;
   if (precision) snprintf(base.precision, sizeof base.precision, "%s", precision);
+  if (capacity >= 0) base.capacity_factor = capacity;
   if (!gbt) gbt = base.batch * base.seq * (base.grad_accum > 0 ? base.grad_accum : 1);
   if (gbt % base.seq) {
     snprintf(err, sizeof err, "--global-batch-tokens %lld is not a whole number of %lld-token sequences; use a multiple "
@@ -445,13 +457,18 @@ int cmd_plan(int argc, char **argv) {
         if (!divides(cp, gpus / tp / pp) || (fix_mesh[AX_CP] && cp != fix_mesh[AX_CP]) ||
             (cp > 1 && (base.seq % (2 * cp) || (!fix_mesh[AX_CP] && base.seq / (2 * cp) < 64))))
           continue;
-        int64_t dp = gpus / tp / pp / cp;
+        /* ep (a mixture of experts: it divides the experts; no pp or cp with experts yet) */
+        int64_t E = base.model.n_experts;
+        if (E && (pp > 1 || cp > 1)) continue;
+        for (int64_t ep = 1; ep <= (E ? gpus / tp / pp / cp : 1); ep++) {
+        if (!divides(ep, gpus / tp / pp / cp) || (E && E % ep) || (fix_mesh[AX_EP] && ep != fix_mesh[AX_EP])) continue;
+        int64_t dp = gpus / tp / pp / cp / ep;
         if (fix_mesh[AX_DP] && dp != fix_mesh[AX_DP]) continue;
         for (int zero = 0; zero <= 3; zero++) {
           if ((fix_zero >= 0 && zero != fix_zero) || (dp == 1 && zero) || (pp > 1 && zero > 1)) continue;
           for (int sp = 0; sp <= (tp > 1); sp++)
-            for (int64_t mbs = 1; mbs * dp <= seqs; mbs *= 2) {
-              int64_t batch = mbs * dp;
+            for (int64_t mbs = 1; mbs * dp * ep <= seqs; mbs *= 2) {
+              int64_t batch = mbs * dp * ep;
               if ((fix_batch && batch != fix_batch) || seqs % batch) continue;
               int64_t ga = seqs / batch;
               for (int sched = pp > 1 ? PIPE_AFAB : PIPE_NONE; sched <= (pp > 1 ? PIPE_DUALPIPEV : PIPE_NONE); sched++) {
@@ -472,11 +489,12 @@ int cmd_plan(int argc, char **argv) {
                     }
                     cs = nc;
                   }
-                  cs[n++] = (Cand){.dp = dp, .tp = tp, .cp = cp, .pp = pp, .v = pp > 1 ? vv : 1, .zero = zero, .sched = sched,
-                                   .rc = rcm, .sp = sp, .batch = batch, .ga = ga};
+                  cs[n++] = (Cand){.dp = dp, .tp = tp, .cp = cp, .pp = pp, .v = pp > 1 ? vv : 1, .ep = ep, .zero = zero,
+                                   .sched = sched, .rc = rcm, .sp = sp, .batch = batch, .ga = ga};
                 }
               }
             }
+        }
         }
       }
     }
@@ -518,7 +536,7 @@ int cmd_plan(int argc, char **argv) {
     half[i] = none[i] = -1;
     for (int j = 0; j < n; j++) {
       const Cand *b = &cs[j];
-      if (b->dp != c->dp || b->tp != c->tp || b->cp != c->cp || b->pp != c->pp || b->v != c->v || b->zero != c->zero ||
+      if (b->dp != c->dp || b->tp != c->tp || b->cp != c->cp || b->pp != c->pp || b->v != c->v || b->ep != c->ep || b->zero != c->zero ||
           b->sched != c->sched || b->sp != c->sp)
         continue;
       if (b->rc == c->rc && 2 * b->batch == c->batch) half[i] = j;
@@ -533,7 +551,7 @@ int cmd_plan(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
       const Cand *c = &cs[i];
       int phase = fix_rc >= 0 || c->rc == RECOMPUTE_NONE ? 0 : 1, level = 0;
-      for (int64_t m = c->batch / c->dp; m > 1; m /= 2) level++;
+      for (int64_t m = c->batch / (c->dp * c->ep); m > 1; m /= 2) level++;
       if (phase * 64 + level != round) continue;
       int h = half[i], o = none[i];
       if (h >= 0 && (far[h] || (!w.bad[h] && !skip[h] && cs[h].mem > 1.5 * hw.mem_bytes))) {
@@ -630,12 +648,13 @@ int cmd_plan(int argc, char **argv) {
       const Cand *c = &best[i];
       double loss_s;
       const char *loss = biggest_loss(c, &loss_s);
-      printf("  {\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": %lld, \"ep\": 1, \"sequence_parallel\": %s, "
+      printf("  {\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": %lld, \"ep\": %lld, \"sequence_parallel\": %s, "
              "\"zero\": %d, \"pp_schedule\": \"%s\", \"pp_virtual\": %lld, \"batch\": %lld, \"micro_batch_per_rank\": %lld, "
              "\"grad_accum\": %lld, \"recompute\": \"%s\", \"memory_bytes\": %.0f, \"step_s\": %.6g, \"tokens_per_s_per_gpu\": %.6g, \"mfu\": %.4f, "
              "\"biggest_loss\": \"%s\", \"biggest_loss_s\": %.6g}%s\n",
-             i + 1, (long long)c->dp, (long long)c->tp, (long long)c->pp, (long long)c->cp, c->sp ? "true" : "false", c->zero,
-             c->pp > 1 ? pipe_kind_names[c->sched] : "", (long long)c->v, (long long)c->batch, (long long)(c->batch / c->dp),
+             i + 1, (long long)c->dp, (long long)c->tp, (long long)c->pp, (long long)c->cp, (long long)c->ep,
+             c->sp ? "true" : "false", c->zero, c->pp > 1 ? pipe_kind_names[c->sched] : "", (long long)c->v, (long long)c->batch,
+             (long long)(c->batch / (c->dp * c->ep)),
              (long long)c->ga, recompute_mode_names[c->rc], c->mem, c->step_s, tokens / c->step_s / (double)gpus, c->t.mfu, loss, loss_s,
              i + 1 < shown ? "," : "");
     }

@@ -27,6 +27,29 @@ for m in mixtral-tiny qwen3-moe-tiny; do
   done
 done
 
+# Recomputation does not change the bits (the MoE ops are cloned like the rest), on one rank
+# and on ep=2.
+for mesh in "" "--mesh ep=2"; do
+  # shellcheck disable=SC2086
+  expect_exit 0 "mixtral-tiny ${mesh:-one rank}, recompute none" "$LOOM" train tests/golden/mixtral-tiny/train_spec.json -q \
+    $mesh --out "$TMP/rc.none.safetensors"
+  for rc in selective full; do
+    # shellcheck disable=SC2086
+    expect_exit 0 "mixtral-tiny ${mesh:-one rank}, recompute $rc" "$LOOM" train tests/golden/mixtral-tiny/train_spec.json -q \
+      $mesh --recompute $rc --out "$TMP/rc.$rc.safetensors"
+    expect_exit 0 "  bitwise equal to none" "$ST_DIFF" "$TMP/rc.$rc.safetensors" "$TMP/rc.none.safetensors" --rtol 0
+  done
+done
+
+# The planner searches ep for a mixture of experts (and only ep, dp and tp: no pp or cp).
+expect_exit 0 "loom plan mixtral-tiny on 4 devices" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 \
+  --global-batch-tokens 256 --json
+check "  candidates with ep=2 among the best" grep -q '"ep": 2' "$OUT"
+check "  none with pp or cp" sh -c "! grep -qE '\"(pp|cp)\": [2-9]' '$OUT'"
+expect_exit 0 "loom plan --mesh ep=4" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 --global-batch-tokens 256 \
+  --mesh ep=4 --json
+check "  every layout it ranks has ep=4" sh -c "grep -q '\"ep\": 4' '$OUT' && ! grep -qE '\"ep\": [123],' '$OUT'"
+
 # The per-rank program of ep=2: rows to the experts' ranks and back, experts split.
 expect_exit 0 "loom ir --mesh ep=2" "$LOOM" ir models/mixtral-tiny.json --passes=train --mesh ep=2
 cat "$OUT" "$ERR" > "$TMP/ep.ir"
