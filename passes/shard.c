@@ -526,7 +526,7 @@ static int plan_globals(Sharder *s) {
       return IR_EINPUT;
     }
     if (m->mesh.size[AX_EP] > 1) {   /* a stack of experts split over ep (before ZeRO picks its dim) */
-      shard_ep_plan_global(s, g, p, grad, &sh);
+      shard_ep_plan_global(p, grad, &sh);
       if (p->hf_experts) set_place(&param.sh, AX_EP, S(0));
     }
     if (dp) shard_dp_plan_global(s, i, g, grad, &param, &sh);

@@ -109,11 +109,9 @@ bool shard_moe_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, 
 
 /* ---- ep: placements ---- */
 
-void shard_ep_plan_global(Sharder *s, const Global *g, const Global *p, bool grad, Sharding *sh) {
-  (void)s;
+void shard_ep_plan_global(const Global *p, bool grad, Sharding *sh) {
   if (p->hf_experts) set_place(sh, AX_EP, S(0));
   else set_place(sh, AX_EP, grad ? P : R);
-  (void)g;
 }
 
 int shard_ep_plan_arg(Sharder *s, const Func *src, const Value *a, Sharding *sh) {

@@ -155,7 +155,7 @@ void shard_cp_check(Sharder *s, const Op *op, const Sharding *give);
 /* The MoE ops' rule on any axis (rows split alike; local counts); false for other ops. */
 bool shard_moe_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int axis, Decision *d);
 /* Global g's placement over ep (p: its parameter): a stack of experts S(0), others R (gradients P). */
-void shard_ep_plan_global(Sharder *s, const Global *g, const Global *p, bool grad, Sharding *sh);
+void shard_ep_plan_global(const Global *p, bool grad, Sharding *sh);
 /* Token inputs split over ep (with dp) along the batch. */
 int shard_ep_plan_arg(Sharder *s, const Func *src, const Value *a, Sharding *sh);
 /* The expert-parallel per-rank forms (all_to_allv into and out of expert space); true when
