@@ -427,6 +427,11 @@ int cmd_plan(int argc, char **argv) {
   if (seq) base.seq = seq;
   if (precision) snprintf(base.precision, sizeof base.precision, "%s", precision);
   if (capacity >= 0) base.capacity_factor = capacity;
+  if (fix_mesh[AX_EP] > 1 && !base.model.n_experts) {
+    snprintf(err, sizeof err, "--mesh ep=%lld: expert parallelism splits a mixture of experts' experts, and %s's %s "
+             "model is dense; drop ep", (long long)fix_mesh[AX_EP], spec_path, arch_name(base.model.arch));
+    return report(EXIT_USAGE, err);
+  }
   if (!gbt) gbt = base.batch * base.seq * (base.grad_accum > 0 ? base.grad_accum : 1);
   if (gbt % base.seq) {
     snprintf(err, sizeof err, "--global-batch-tokens %lld is not a whole number of %lld-token sequences; use a multiple "

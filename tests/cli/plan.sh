@@ -72,8 +72,8 @@ expect_exit 2 "a global batch that is not whole sequences" "$LOOM" plan $M --gpu
 expect_stderr_contains "use a multiple of 32"
 expect_exit 2 "a fixed dp that does not divide" "$LOOM" plan $M --gpus 4 --mesh dp=3
 expect_stderr_contains "does not divide --gpus 4"
-expect_exit 2 "ep is not partitioned yet" "$LOOM" plan $M --gpus 4 --mesh ep=2
-expect_stderr_contains "does not partition ep yet"
+expect_exit 2 "ep with a dense model" "$LOOM" plan $M --gpus 4 --mesh ep=2
+expect_stderr_contains "expert parallelism splits a mixture of experts' experts"
 expect_exit 2 "--gpus is required" "$LOOM" plan $M
 expect_stderr_contains "--gpus N is required"
 finish
