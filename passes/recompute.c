@@ -58,9 +58,10 @@
  *      (0, 1/16, 2/16, ... of it, in order, until one fits), then a bisection between the
  *      last prefix that did not fit and the first that did, gives the shortest prefix that
  *      fits (the real peak need not fall at every move, so this is the shortest found, not
- *      a proven minimum).  When no sample fits, the budget is refused with the smallest
- *      peak of every plan tried (the 17 prefixes, full and selective).  Parameter-only ops
- *      (above) are part of every prefix.
+ *      a proven minimum).  When no sample fits, selective or else full is taken where it
+ *      fits; otherwise the budget is refused with the smallest peak of every plan tried
+ *      (the 17 prefixes, full and selective).  Parameter-only ops (above) are part of every
+ *      prefix.
  * The chosen values and the planned peak before and after are printed.
  * With pipeline parallelism (pp > 1) the pass refuses: the stash the pipeline pass builds
  * would have to carry the recomputed layers' inputs (not done yet).
@@ -670,14 +671,28 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
     if (peak <= budget) hi = mid;
     else lo = mid;
   }
-  if (!rc_ && hi < 0) {   /* nothing fits: the smallest peak of any plan tried, full and selective too */
+  if (!rc_ && hi < 0) {   /* no prefix fits: full and selective too (the real peak need not fall
+                             with every move), the cheaper that fits, else the smallest peak */
     const char *names[2] = {"full", "selective"};
+    int64_t pk[2] = {INT64_MAX, INT64_MAX};
     for (int p = 0; p < 2 && !rc_; p++) {
       memset(rc->in_r, 0, (size_t)rc->n_ops + 1);
       if (p == 0) policy_full(rc);
       else policy_selective(rc, RC_DEFAULT_CLASSES);
       if ((rc_ = real_peak(rc->m, rc->in_r, opt, target, &peak, &arena, err, errlen))) break;
+      pk[p] = peak;
       if (peak < best_peak) best_peak = peak, best_what = names[p];
+    }
+    int fit = pk[1] <= budget ? 1 : pk[0] <= budget ? 0 : -1;   /* selective adds no matmul: first */
+    if (!rc_ && fit >= 0) {
+      memset(rc->in_r, 0, (size_t)rc->n_ops + 1);
+      if (fit == 0) policy_full(rc);
+      else policy_selective(rc, RC_DEFAULT_CLASSES);
+      human(y, sizeof y, pk[fit]);
+      fprintf(out, "recompute auto: no prefix of the %d greedy moves fits; chose %s: planned peak %s, under the budget "
+              "%s\n", mv.n, names[fit], y, b);
+      free(mv.ops), free(mv.end);
+      return 0;
     }
     if (!rc_) {
       human(y, sizeof y, best_peak);
