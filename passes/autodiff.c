@@ -1,6 +1,6 @@
 /* passes/autodiff.c — pass "autodiff": from @forward (whose last result is the scalar
  * loss) build @grad_step: the forward ops, then the backward in reverse order, and for
- * every parameter `accumulate $grad.<name>, %d<name>`.  The loss is seeded with
+ * every parameter `accumulate $grad.<name>, %d<name>` as soon as its gradient is complete.  The loss is seeded with
  * 1/grad_accum, so after grad_accum micro-batches the accumulators hold the mean
  * gradient, as PyTorch's loss/grad_accum convention gives.
  *
@@ -345,6 +345,48 @@ static int rule(AD *ad, Op *op, Value **dy, char *err, size_t errlen) {
   }
 }
 
+/* The accumulates (and their casts to f32), appended after the backward's ops[0..n_body),
+   move up to just after the op that completes their gradient: a gradient is then dead as
+   soon as it is accumulated (the memory plan does not hold every weight gradient of the step
+   until its end).  Each accumulate writes its own global, which nothing else in the step
+   reads: the values are the same whatever the order.  (A ZeRO-2/3 gradient's reduce-scatter
+   then sits before its accumulate: the overlap pass sinks the two together.) */
+static void place_accumulates(Module *m, Func *f, int n_body) {
+  int n = f->ops.n;
+  if (n == n_body) return;
+  Op **tail = malloc(sizeof *tail * (size_t)(n - n_body));
+  const Op **anchor = malloc(sizeof *anchor * (size_t)(n - n_body));
+  bool *done = calloc((size_t)(n - n_body), 1);
+  if (!tail || !anchor || !done) {   /* out of memory: leave them at the end */
+    free(tail), free(anchor), free(done);
+    return;
+  }
+  for (int k = 0; k < n - n_body; k++) {
+    Op *op = f->ops.items[n_body + k];
+    tail[k] = op;
+    anchor[k] = NULL;
+    /* an accumulate (or the cast it reads) anchors on the body op defining its value */
+    const Value *v = op->kind == OP_ACCUMULATE ? op->operands[1] : op->operands[0];
+    if (v->kind == VAL_RESULT && v->def->kind == OP_CAST && op->kind == OP_ACCUMULATE) {
+      for (int j = 0; j < k; j++)
+        if (tail[j] == v->def) anchor[k] = anchor[j];
+      continue;
+    }
+    if (v->kind == VAL_RESULT) anchor[k] = v->def;
+  }
+  PtrVec out = {0};
+  for (int i = 0; i < n_body; i++) {
+    Op *op = f->ops.items[i];
+    ptrvec_push(m->arena, &out, op);
+    for (int k = 0; k < n - n_body; k++)
+      if (!done[k] && anchor[k] == op) ptrvec_push(m->arena, &out, tail[k]), done[k] = true;
+  }
+  for (int k = 0; k < n - n_body; k++)
+    if (!done[k]) ptrvec_push(m->arena, &out, tail[k]);
+  f->ops = out;
+  free(tail), free(anchor), free(done);
+}
+
 /* Clones @forward's ops into f, mapping values; returns the clone of the loss. */
 static Value *clone_forward(Module *m, const Func *fwd, Func *f) {
   int n = func_number((Func *)fwd);
@@ -424,7 +466,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     }
   }
   /* Accumulate every parameter's gradient into its f32 $grad.<name>. */
-  int n_globals = m->globals.n;
+  int n_globals = m->globals.n, n_body = f->ops.n;
   for (int i = 0; i < n_globals && !rc; i++) {
     Global *p = m->globals.items[i];
     if (p->kind != GLOBAL_PARAM || !dtype_is_float(p->value->type.dtype)) continue;
@@ -445,6 +487,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     Value *ops[2] = {acc->value, g};
     func_add_op(f, OP_ACCUMULATE, ops, 2, NULL);
   }
+  if (!rc) place_accumulates(m, f, n_body);
   func_add_ret(f, loss);
   free(ad.adj);
   free(ad.needs);

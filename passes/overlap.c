@@ -31,8 +31,9 @@
  * reducing them in the backward (possible with grad_accum 1) would need the reduced values
  * in a buffer of their own, and is not done here.
  * Starts may pass each other (every rank runs the same program, so every member of a group
- * issues them in the same order; verify-collectives checks it), waits too.  Nothing else
- * moves, and no op computes anything differently: the collectives are the same collectives,
+ * issues them in the same order; verify-collectives checks it), waits too; a gradient's
+ * accumulate that reads a wait's result sinks with it (it writes its own global, which
+ * nothing else in the step touches).  Nothing else moves, and no op computes anything differently: the collectives are the same collectives,
  * so the results are bitwise those of the synchronous program (tests/cli/overlap.sh).
  * Collectives over an axis of size 1 (the identity) stay as they are.
  *
@@ -118,6 +119,17 @@ static bool writes_global(const Op *op, const Global *g) {
   return false;
 }
 
+/* Does any op of [from, to) read or write global g? */
+static bool touched_between(const Func *f, const Global *g, int from, int to) {
+  for (int j = from; j < to && j < f->ops.n; j++) {
+    const Op *o = f->ops.items[j];
+    if (writes_global(o, g)) return true;
+    for (int k = 0; k < o->n_operands; k++)
+      if (o->operands[k]->kind == VAL_GLOBAL && o->operands[k]->global == g) return true;
+  }
+  return false;
+}
+
 /* The first index after `i` whose op reads any result of op i (f->ops.n: none does; the
    return counts as the end). */
 static int first_reader(const Func *f, int i) {
@@ -177,7 +189,16 @@ static void sink_waits(Func *f) {
       }
     int to = i + 1;
     for (; to < limit; to++) {
-      const Op *o = f->ops.items[to];
+      Op *o = f->ops.items[to];
+      /* the gradient accumulate that reads it (autodiff places it right after its gradient)
+         goes down with it, to the window's end, when nothing on the way touches its global */
+      if (o->kind == OP_ACCUMULATE && o->operands[1] == op->results[0] && o->operands[0]->kind == VAL_GLOBAL &&
+          !touched_between(f, o->operands[0]->global, to + 1, limit)) {
+        if (limit - 1 > to) move_op(f, to, limit - 1);
+        if (f->ops.items[to] == o) break;   /* already at the end of the window */
+        to--;
+        continue;
+      }
       if (reads(o, op->results[0]) || (x->kind == VAL_GLOBAL && writes_global(o, x->global))) break;
     }
     if (to - 1 > i) move_op(f, i, to - 1);
