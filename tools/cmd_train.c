@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/comm/launch.h"
 #include "runtime/io/textdata.h"
 #include "tools/tools.h"
 
@@ -145,6 +146,13 @@ int cmd_train(int argc, char **argv) {
   static TrainArgs ta;
   int parsed = train_args_parse("train", argc, argv, &ta, help);
   if (parsed >= 0) return parsed;
+  {   /* one process: refuse to be one of several a launcher started */
+    char lerr[1024];
+    LaunchEnv le;
+    int lrc = launch_env_read(&le, NULL, lerr, sizeof lerr);
+    if (!lrc) lrc = launch_env_single(&le, "loom train", lerr, sizeof lerr);
+    if (lrc) return report(lrc, lerr);
+  }
   if (ta.output) return usage_error("train", "-o is for 'loom compile'; use --out W.safetensors for the final weights");
   if (ta.arch) return usage_error("train", "--arch is for 'loom compile --backend cuda'; loom train compiles for the GPU it runs on");
   if (!ta.n_val && (ta.val_every || ta.val_tokens))

@@ -147,4 +147,21 @@ if "$LOOM" ir --list-passes | grep -q '^  autodiff '; then
   bad "unverified IR (bad_shapes) through --passes=autodiff" "bad_shapes.ir:" "error" "$LOOM" ir "$TMP/bad_shapes.ir" --passes=autodiff
 fi
 
+# One of several processes a launcher started: refused (loom runs one process; a mesh's ranks
+# are its threads), naming the launch, before anything is read or written.  Malformed launch
+# variables are named.
+expect_exit 2 "loom train as torchrun's rank 1 of 2" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "$LOOM" train models/gpt2-tiny.json \
+  --data "$TMP/none.bin" --out "$TMP/clobbered.safetensors"
+expect_stderr_contains "rank 1 of 2 started by torchrun (RANK=1)"
+check "  no output written" test ! -e "$TMP/clobbered.safetensors"
+expect_exit 2 "loom train as srun's task 0 of 4" env SLURM_PROCID=0 SLURM_NTASKS=4 "$LOOM" train models/gpt2-tiny.json
+expect_stderr_contains "rank 0 of 4 started by slurm (SLURM_PROCID=0)"
+expect_exit 2 "loom train as mpirun's rank 3 of 4" env OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=4 "$LOOM" train \
+  models/gpt2-tiny.json
+expect_stderr_contains "started by mpirun"
+expect_exit 2 "a malformed WORLD_SIZE" env RANK=0 WORLD_SIZE=two "$LOOM" train models/gpt2-tiny.json
+expect_stderr_contains "WORLD_SIZE is 'two', not a whole number"
+expect_exit 0 "a launch of one process trains" env RANK=0 WORLD_SIZE=1 "$LOOM" train models/gpt2-tiny.json --steps 1 -q \
+  --data tests/golden/gpt2-tiny/tokens.bin --batch 1 --seq 16
+
 finish

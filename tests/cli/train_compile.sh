@@ -45,5 +45,14 @@ if "$LOOM" compile $spec -q --mesh dp=2,tp=2 --zero 1 --batch 4 --steps 3 -o "$t
 else
   bad "compiled mesh"; cat "$tmp/log" "$tmp/run.log" 2>/dev/null; tail -3 "$tmp/diff" 2>/dev/null
 fi
+# A compiled executable started as one of several processes (srun's task 1 of 2) refuses,
+# naming the launch, and writes nothing.
+env SLURM_PROCID=1 SLURM_NTASKS=2 "$tmp/trainer" --out "$tmp/srun.safetensors" > "$tmp/log" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "rank 1 of 2 started by slurm" "$tmp/log" && [ ! -e "$tmp/srun.safetensors" ]; then
+  ok "the executable as srun's task 1 of 2: refused (exit 2), nothing written"
+else
+  bad "the executable as srun's task 1 of 2: exit $rc"; cat "$tmp/log"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/comm/launch.h"
 #include "runtime/cuda/cuda_api.h"
 #include "tools/exec_cpu.h"
 #include "tools/tools.h"
@@ -141,6 +142,10 @@ static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--preci
 int main(int argc, char **argv) {
   cpu_run_setup(argv);
   char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL;
+  LaunchEnv le;   /* one process: refuse to be one of several a launcher started */
+  int lrc = launch_env_read(&le, NULL, err, sizeof err);
+  if (!lrc) lrc = launch_env_single(&le, "a loom executable", err, sizeof err);
+  if (lrc) return report(lrc, err);
   Payload pl;
   int rc = payload_read_self(&pl, err, sizeof err);
   if (rc) return report(rc, err);
