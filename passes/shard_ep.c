@@ -129,32 +129,16 @@ int shard_ep_plan_arg(Sharder *s, const Func *src, const Value *a, Sharding *sh)
 
 /* ---- ep: expert space ---- */
 
-/* A per-rank op built here: attributes set by the caller's `attrs` before its type is inferred. */
-static Value *new_op(Sharder *s, OpKind k, Value **ops, int n, const Type *declared, Sharding sh,
-                     void (*attrs)(Sharder *, Op *, const void *), const void *ctx) {
-  Type t = declared ? *declared : ops[0]->type;
-  Op *op = op_new(s->m, k, ops, n, &t);
-  if (attrs) attrs(s, op, ctx);
-  if (!(op_info(k)->flags & OPF_TYPED)) {
-    char msg[512];
-    if (infer_types(op, &t, msg, sizeof msg)) {
-      shard_fail(s, "shard (ep): %s: %s", op_info(k)->name, msg);
-      return ops[0];
-    }
-  }
-  t.sh = sh;
-  op->results[0]->type = t;
-  ptrvec_push(s->m->arena, &s->f->ops, op);
-  return op->results[0];
-}
-
-static void set_axis(Sharder *s, Op *op, const void *rows_p) {
-  Attr *a = &op->attrs[op_attr_index(op->kind, "axis")];
-  a->s = mesh_axis_names[AX_EP];
-  a->set = true;
-  op_set_int(op, "n", s->m->mesh.size[AX_EP]);
-  if (op->kind == OP_ALL_TO_ALL) op_set_int(op, "split", 0), op_set_int(op, "concat", 0);
-  if (op->kind == OP_ALL_TO_ALLV) op_set_int(op, "rows", *(const int64_t *)rows_p);
+/* The attributes of an exchange over ep (all_to_all of the counts, all_to_allv of rows),
+   for shard_local_op to copy. */
+static Op ep_exchange(Sharder *s, OpKind k, int64_t rows) {
+  Op like = {.kind = k};
+  Attr *a = &like.attrs[op_attr_index(k, "axis")];
+  a->kind = ATTR_STR, a->s = mesh_axis_names[AX_EP], a->set = true;
+  op_set_int(&like, "n", s->m->mesh.size[AX_EP]);
+  if (k == OP_ALL_TO_ALL) op_set_int(&like, "split", 0), op_set_int(&like, "concat", 0);
+  if (k == OP_ALL_TO_ALLV) op_set_int(&like, "rows", rows);
+  return like;
 }
 
 static EpSpace *space_of(Sharder *s, const Value *v) {
@@ -177,9 +161,10 @@ static Value *recv_counts(Sharder *s, Value *cnt) {
     if (s->ep_counts[i].cnt == cnt) return s->ep_counts[i].rcnt;
   Type f = cnt->type;
   f.dtype = DT_F32;
-  Value *x = new_op(s, OP_CAST, &cnt, 1, &f, cnt->type.sh, NULL, NULL);
-  x = new_op(s, OP_ALL_TO_ALL, &x, 1, NULL, cnt->type.sh, set_axis, NULL);
-  Value *r = new_op(s, OP_CAST, &x, 1, &cnt->type, cnt->type.sh, NULL, NULL);
+  Op a2a = ep_exchange(s, OP_ALL_TO_ALL, 0);
+  Value *x = shard_local_op(s, OP_CAST, &cnt, 1, &f, cnt->type.sh, NULL);
+  x = shard_local_op(s, OP_ALL_TO_ALL, &x, 1, NULL, cnt->type.sh, &a2a);
+  Value *r = shard_local_op(s, OP_CAST, &x, 1, &cnt->type, cnt->type.sh, NULL);
   if (s->n_ep_counts < (int)(sizeof s->ep_counts / sizeof s->ep_counts[0])) s->ep_counts[s->n_ep_counts++] = (EpCounts){cnt, r};
   return r;
 }
@@ -199,7 +184,8 @@ static Value *to_experts(Sharder *s, Value *x, Value *cnt) {
   Sharding sh = x->type.sh;
   set_place(&sh, AX_EP, R);
   Value *ops[3] = {x, cnt, rc};
-  Value *y = new_op(s, OP_ALL_TO_ALLV, ops, 3, NULL, sh, set_axis, &rows_out);
+  Op a2av = ep_exchange(s, OP_ALL_TO_ALLV, rows_out);
+  Value *y = shard_local_op(s, OP_ALL_TO_ALLV, ops, 3, NULL, sh, &a2av);
   mark(s, y, cnt, x, x->type.dims[0]);
   return y;
 }
@@ -214,19 +200,10 @@ static Value *to_local(Sharder *s, Value *y) {
   Sharding sh = y->type.sh;
   set_place(&sh, AX_EP, S(0));
   Value *ops[3] = {y, rc, e->cnt};
-  Value *x = new_op(s, OP_ALL_TO_ALLV, ops, 3, NULL, sh, set_axis, &rows_out);
-  e = space_of(s, y);   /* (new_op may not move the table, but mark may have) */
+  Op a2av = ep_exchange(s, OP_ALL_TO_ALLV, rows_out);
+  Value *x = shard_local_op(s, OP_ALL_TO_ALLV, ops, 3, NULL, sh, &a2av);
   e->local = x;
   return x;
-}
-
-static void set_experts(Sharder *s, Op *op, const void *el) {
-  (void)s;
-  op_set_int(op, "experts", *(const int64_t *)el);
-}
-static void copy_tb(Sharder *s, Op *op, const void *like) {
-  (void)s;
-  op_set_bool(op, "tb", op_bool(like, "tb"));
 }
 
 bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give) {
@@ -241,7 +218,7 @@ bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give) 
     int64_t rows = space_of(s, x)->rows;
     Sharding sh = give[0];
     set_place(&sh, AX_EP, R);
-    out = new_op(s, OP_GROUPED_MATMUL, a, 3, NULL, sh, copy_tb, op);
+    out = shard_local_op(s, OP_GROUPED_MATMUL, a, 3, NULL, sh, op);
     mark(s, out, cnt, NULL, rows);
     break;
   }
@@ -253,14 +230,16 @@ bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give) 
     int64_t el = op_int(op, "experts") / m->mesh.size[AX_EP];
     Sharding sh = give[0];
     set_place(&sh, AX_EP, S(0));
-    out = new_op(s, OP_GROUPED_MATMUL_WGRAD, a, 3, NULL, sh, set_experts, &el);
+    Op like = *op;   /* the rank's experts */
+    op_set_int(&like, "experts", el);
+    out = shard_local_op(s, OP_GROUPED_MATMUL_WGRAD, a, 3, NULL, sh, &like);
     break;
   }
   case OP_MOE_COMBINE:
   case OP_MOE_WEIGHT_GRAD: {
     if (!space_of(s, ops[0])) return false;
     Value *a[3] = {to_local(s, ops[0]), ops[1], ops[2]};
-    out = new_op(s, op->kind, a, 3, NULL, give[0], NULL, NULL);
+    out = shard_local_op(s, op->kind, a, 3, NULL, give[0], op);
     break;
   }
   default: return false;

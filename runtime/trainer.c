@@ -252,6 +252,13 @@ static int loads_zero(Executor *ex, const TrainOptions *o, Loads *L, char *err, 
 }
 
 /* Reads the step's counts into L->vals and their worst max/mean, then zeroes them. */
+/* The busiest expert's tokens over the mean (NAN: no tokens). */
+static double max_over_mean(const float *v, int64_t n) {
+  double sum = 0, max = 0;
+  for (int64_t e = 0; e < n; e++) sum += v[e], max = v[e] > max ? v[e] : max;
+  return sum > 0 ? max / (sum / (double)n) : NAN;
+}
+
 static int loads_read(Executor *ex, const TrainOptions *o, Loads *L, char *err, size_t errlen) {
   L->worst = NAN;
   if (!loads_live(ex, o, L)) return 0;
@@ -259,9 +266,8 @@ static int loads_read(Executor *ex, const TrainOptions *o, Loads *L, char *err, 
   float *v = L->vals;
   for (int k = 0; k < L->n; k++) {
     const RtTensor *t = L->t[k];
-    double sum = 0, max = 0;
-    for (int64_t e = 0; e < t->shape[0]; e++) v[e] = t->data[e], sum += v[e], max = v[e] > max ? v[e] : max;
-    double r = sum > 0 ? max / (sum / (double)t->shape[0]) : NAN;
+    memcpy(v, t->data, sizeof(float) * (size_t)t->shape[0]);
+    double r = max_over_mean(v, t->shape[0]);
     if (!isnan(r) && (isnan(L->worst) || r > L->worst)) L->worst = r;
     v += t->shape[0];
   }
@@ -273,10 +279,9 @@ static void loads_print(FILE *f, const Loads *L) {
   const float *v = L->vals;
   for (int k = 0; k < L->n; k++) {
     const RtTensor *t = L->t[k];
-    double sum = 0, max = 0;
     fprintf(f, "  experts %-5s", t->name + 9);
-    for (int64_t e = 0; e < t->shape[0]; e++) fprintf(f, " %.0f", v[e]), sum += v[e], max = v[e] > max ? v[e] : max;
-    fprintf(f, " | max/mean %.2f\n", sum > 0 ? max / (sum / (double)t->shape[0]) : NAN);
+    for (int64_t e = 0; e < t->shape[0]; e++) fprintf(f, " %.0f", v[e]);
+    fprintf(f, " | max/mean %.2f\n", max_over_mean(v, t->shape[0]));
     v += t->shape[0];
   }
 }

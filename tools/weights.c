@@ -100,11 +100,6 @@ static const StTensor *find_param_or_expert(const StFile *f, const char *name, S
   return st ? st : fused_expert(f, name, tmp);
 }
 
-static const StTensor *find_param(const StFile *f, const char *name) {
-  static _Thread_local StTensor tmp;
-  return find_param_or_expert(f, name, &tmp);
-}
-
 static int shape_mismatch(const char *path, const StTensor *st, int rank, const int64_t *dims, char *err, size_t errlen) {
   bool same = st->rank == rank;
   for (int d = 0; same && d < rank; d++) same = st->shape[d] == dims[d];
@@ -176,7 +171,8 @@ int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t 
   int rc = st_read(path, &f, err, errlen);
   if (rc) return rc;
   for (int i = 0; i < n && !rc; i++) {
-    const StTensor *st = find_param(&f, ts[i].name);
+    StTensor tmp;
+    const StTensor *st = find_param_or_expert(&f, ts[i].name, &tmp);
     if (!st) {
       snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
                "model or config?)", path, ts[i].name, n);

@@ -661,6 +661,20 @@ static int lower_moe_sort(Lower *L, Steps *s) {
 /* The grouped matmuls' tiles (prelude_moe.h's LOOM_GM_T): 64 x 64 outputs a block. */
 #define CUDA_GM_TILE 64
 
+/* A step that fills the op's first result with zeros (loom_fill), before a step that writes
+   only some of it (embedding_grad's rows, moe_dispatch's reached rows). */
+static int zero_result(Lower *L, Steps *s) {
+  RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, " (zero)");
+  if (!st) return IR_EINPUT;
+  st->n_out = 1;
+  if (buf_of(L, L->op->results[0], &st->bufs[0])) return IR_EINPUT;
+  int n = 0;
+  if (push_int(L, st, &n, type_numel(&L->op->results[0]->type))) return IR_EINPUT;
+  st->f[0] = 0;
+  launch_ew(st, type_numel(&L->op->results[0]->type));
+  return instantiate(L, st, "fill", "loom_fill", (const int[]){0, -1}, NULL, "", 1024);
+}
+
 static int lower_builtin(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Type *x = op->n_operands ? &op->operands[0]->type : NULL;
@@ -894,17 +908,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     const Type *rows = disp ? y : x, *pos = &op->operands[wg ? 2 : 1]->type;
     int64_t N = disp ? x->dims[0] : wg ? op->operands[1]->type.dims[0] : y->dims[0];
     int64_t k = N ? type_numel(pos) / N : 0, D = rows->dims[1], R = rows->dims[0];
-    if (disp) {   /* 1: rows no assignment reaches are 0 */
-      st = new_step(L, s, RT_STEP_KERNEL, 0, " (zero)");
-      if (!st) return IR_EINPUT;
-      st->n_out = 1;
-      if (buf_of(L, op->results[0], &st->bufs[0])) return IR_EINPUT;
-      n = 0;
-      INT(type_numel(y));
-      st->f[0] = 0;
-      launch_ew(st, type_numel(y));
-      if (instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024)) return IR_EINPUT;
-    }
+    if (disp && zero_result(L, s)) return IR_EINPUT;   /* 1: rows no assignment reaches are 0 */
     STEP("");
     if (st->bufs[wg ? 2 : 1].storage != RT_ST_I32) return lfail(L, "positions must be i32");
     INT(N);
@@ -973,16 +977,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     return instantiate(L, st, "embedding", "loom_embedding_fwd", IDX(0, 2), NULL, "", 1024);
   }
   case OP_EMBEDDING_GRAD: {
-    /* 1: zero the table gradient */
-    st = new_step(L, s, RT_STEP_KERNEL, 0, " (zero)");
-    if (!st) return IR_EINPUT;
-    st->n_out = 1;
-    if (buf_of(L, op->results[0], &st->bufs[0])) return IR_EINPUT;
-    n = 0;
-    INT(type_numel(y));
-    st->f[0] = 0;
-    launch_ew(st, type_numel(y));
-    if (instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024)) return IR_EINPUT;
+    if (zero_result(L, s)) return IR_EINPUT;   /* 1: zero the table gradient */
     /* 2: the rows of the ids that occur */
     STEP("");
     if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "ids must be i32");

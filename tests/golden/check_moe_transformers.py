@@ -41,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import sys
 import tempfile
 
@@ -55,28 +54,8 @@ GOLDEN = os.path.join(ROOT, "tests", "golden")
 TOL = 1e-5
 
 torch.set_num_threads(1)
-
-
-def read_st(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, info in header.items():
-        assert info["dtype"] == "F32", (path, name)
-        b, e = info["data_offsets"]
-        out[name] = np.frombuffer(data[8 + n + b:8 + n + e], dtype="<f4").reshape(info["shape"])
-    return out
-
-
-def read_shard(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    hdr = np.frombuffer(data[:1024], dtype="<i4")
-    dt = "<u2" if hdr[0] == 20240520 else "<u4"
-    return np.frombuffer(data[1024:], dtype=dt)[:hdr[2]].astype(np.int64)
+sys.path.insert(0, GOLDEN)
+from gen_golden import read_safetensors, read_shard  # noqa: E402  (the goldens' own readers)
 
 
 def to_hf_layout(golden, hf_name):
@@ -134,9 +113,9 @@ def check(name, weights_file="weights.safetensors"):
         cfg = json.load(f)
     with open(os.path.join(folder, "golden.json")) as f:
         B, T = (lambda g: (g["batch"], g["seq"]))(json.load(f))
-    exp = read_st(os.path.join(folder, "expected.safetensors"))
-    grads = read_st(os.path.join(folder, "grads.safetensors"))
-    weights = read_st(os.path.join(folder, "weights.safetensors"))
+    exp = read_safetensors(os.path.join(folder, "expected.safetensors"))
+    grads = read_safetensors(os.path.join(folder, "grads.safetensors"))
+    weights = read_safetensors(os.path.join(folder, "weights.safetensors"))
     toks = read_shard(os.path.join(folder, "tokens.bin"))
     ids = torch.tensor(toks[0:B * T]).view(B, T)
     tgt = torch.tensor(toks[1:B * T + 1]).view(B, T)

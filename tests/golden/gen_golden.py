@@ -145,27 +145,34 @@ def llama_dims(cfg):
     return D, H, KVH, hd
 
 
-def llama_param_shapes(cfg):
-    V, L, Fh = cfg["vocab_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+def attention_shapes(p, cfg):
+    """A Llama-style layer's input norm and q/k/v/o projections (nn.Linear [out,in]), prefix p."""
     D, H, KVH, hd = llama_dims(cfg)
-    shapes = [("model.embed_tokens.weight", [V, D])]
-    for i in range(L):
-        p = "model.layers.%d." % i
-        shapes += [
-            (p + "input_layernorm.weight", [D]),
+    return [(p + "input_layernorm.weight", [D]),
             (p + "self_attn.q_proj.weight", [H * hd, D]),
             (p + "self_attn.k_proj.weight", [KVH * hd, D]),
             (p + "self_attn.v_proj.weight", [KVH * hd, D]),
-            (p + "self_attn.o_proj.weight", [D, H * hd]),
-            (p + "post_attention_layernorm.weight", [D]),
-            (p + "mlp.gate_proj.weight", [Fh, D]),
-            (p + "mlp.up_proj.weight", [Fh, D]),
-            (p + "mlp.down_proj.weight", [D, Fh]),
-        ]
-    shapes += [("model.norm.weight", [D])]
-    if not cfg.get("tie_word_embeddings", False):
-        shapes += [("lm_head.weight", [V, D])]
-    return shapes
+            (p + "self_attn.o_proj.weight", [D, H * hd])]
+
+
+def mlp_shapes(p, D, Fh):
+    """A SwiGLU MLP's gate, up and down projections under prefix p ("...mlp.")."""
+    return [(p + "gate_proj.weight", [Fh, D]), (p + "up_proj.weight", [Fh, D]), (p + "down_proj.weight", [D, Fh])]
+
+
+def head_shapes(cfg):
+    V, D = cfg["vocab_size"], llama_dims(cfg)[0]
+    return [("model.norm.weight", [D])] + ([] if cfg.get("tie_word_embeddings", False) else [("lm_head.weight", [V, D])])
+
+
+def llama_param_shapes(cfg):
+    V, L, Fh = cfg["vocab_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    D = llama_dims(cfg)[0]
+    shapes = [("model.embed_tokens.weight", [V, D])]
+    for i in range(L):
+        p = "model.layers.%d." % i
+        shapes += attention_shapes(p, cfg) + [(p + "post_attention_layernorm.weight", [D])] + mlp_shapes(p + "mlp.", D, Fh)
+    return shapes + head_shapes(cfg)
 
 
 def is_moe(cfg):
@@ -198,20 +205,14 @@ def moe_expert_names(cfg):
 def moe_param_shapes(cfg):
     """MixtralForCausalLM / Qwen3MoeForCausalLM parameter names (nn.Linear [out,in])."""
     V, L = cfg["vocab_size"], cfg["num_hidden_layers"]
-    D, H, KVH, hd = llama_dims(cfg)
+    D, _, _, hd = llama_dims(cfg)
     E, _, Fe = moe_dims(cfg)
     qwen = cfg["model_type"] == "qwen3_moe"
     blk, (wg, wu, wd) = moe_expert_names(cfg)
     shapes = [("model.embed_tokens.weight", [V, D])]
     for i in range(L):
         p = "model.layers.%d." % i
-        shapes += [
-            (p + "input_layernorm.weight", [D]),
-            (p + "self_attn.q_proj.weight", [H * hd, D]),
-            (p + "self_attn.k_proj.weight", [KVH * hd, D]),
-            (p + "self_attn.v_proj.weight", [KVH * hd, D]),
-            (p + "self_attn.o_proj.weight", [D, H * hd]),
-        ]
+        shapes += attention_shapes(p, cfg)
         if qwen:
             shapes += [(p + "self_attn.q_norm.weight", [hd]), (p + "self_attn.k_norm.weight", [hd])]
         shapes += [(p + "post_attention_layernorm.weight", [D])]
@@ -222,13 +223,8 @@ def moe_param_shapes(cfg):
                 shapes += [(q + wg + ".weight", [Fe, D]), (q + wu + ".weight", [Fe, D]),
                            (q + wd + ".weight", [D, Fe])]
         else:
-            Fh = cfg["intermediate_size"]
-            shapes += [(p + "mlp.gate_proj.weight", [Fh, D]), (p + "mlp.up_proj.weight", [Fh, D]),
-                       (p + "mlp.down_proj.weight", [D, Fh])]
-    shapes += [("model.norm.weight", [D])]
-    if not cfg.get("tie_word_embeddings", False):
-        shapes += [("lm_head.weight", [V, D])]
-    return shapes
+            shapes += mlp_shapes(p + "mlp.", D, cfg["intermediate_size"])
+    return shapes + head_shapes(cfg)
 
 
 def is_norm_weight(name):
