@@ -352,39 +352,42 @@ static int rule(AD *ad, Op *op, Value **dy, char *err, size_t errlen) {
    reads: the values are the same whatever the order.  (A ZeRO-2/3 gradient's reduce-scatter
    then sits before its accumulate: the overlap pass sinks the two together.) */
 static void place_accumulates(Module *m, Func *f, int n_body) {
-  int n = f->ops.n;
-  if (n == n_body) return;
-  Op **tail = malloc(sizeof *tail * (size_t)(n - n_body));
-  const Op **anchor = malloc(sizeof *anchor * (size_t)(n - n_body));
-  bool *done = calloc((size_t)(n - n_body), 1);
-  if (!tail || !anchor || !done) {   /* out of memory: leave them at the end */
-    free(tail), free(anchor), free(done);
+  int n = f->ops.n, n_tail = n - n_body, n_vals = func_number(f);
+  /* after[id]: the body op index a value's accumulate follows (-1: the end); next: each body
+     op's tail ops in their order, as linked lists (first/last by body index) */
+  int *after = malloc(sizeof(int) * (size_t)(n_vals + 1)), *where = malloc(sizeof(int) * (size_t)(n_tail + 1));
+  int *first = malloc(sizeof(int) * (size_t)(n_body + 1)), *last = malloc(sizeof(int) * (size_t)(n_body + 1));
+  int *next = malloc(sizeof(int) * (size_t)(n_tail + 1));
+  if (!after || !where || !first || !last || !next) {   /* out of memory: leave them at the end */
+    free(after), free(where), free(first), free(last), free(next);
     return;
   }
-  for (int k = 0; k < n - n_body; k++) {
-    Op *op = f->ops.items[n_body + k];
-    tail[k] = op;
-    anchor[k] = NULL;
-    /* an accumulate (or the cast it reads) anchors on the body op defining its value */
-    const Value *v = op->kind == OP_ACCUMULATE ? op->operands[1] : op->operands[0];
-    if (v->kind == VAL_RESULT && v->def->kind == OP_CAST && op->kind == OP_ACCUMULATE) {
-      for (int j = 0; j < k; j++)
-        if (tail[j] == v->def) anchor[k] = anchor[j];
-      continue;
-    }
-    if (v->kind == VAL_RESULT) anchor[k] = v->def;
+  for (int i = 0; i < f->args.n; i++) after[((Value *)f->args.items[i])->id] = -1;
+  for (int i = 0; i < n_body; i++) {
+    const Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) after[op->results[r]->id] = i;
+    first[i] = last[i] = -1;
   }
   PtrVec out = {0};
-  for (int i = 0; i < n_body; i++) {
-    Op *op = f->ops.items[i];
-    ptrvec_push(m->arena, &out, op);
-    for (int k = 0; k < n - n_body; k++)
-      if (!done[k] && anchor[k] == op) ptrvec_push(m->arena, &out, tail[k]), done[k] = true;
+  for (int k = 0; k < n_tail; k++) {
+    const Op *op = f->ops.items[n_body + k];
+    const Value *v = op->kind == OP_ACCUMULATE ? op->operands[1] : op->operands[0];
+    where[k] = v->kind == VAL_RESULT ? after[v->id] : -1;   /* an accumulate of a tail cast: the cast's place */
+    for (int r = 0; r < op->n_results; r++) after[op->results[r]->id] = where[k];
+    next[k] = -1;
+    if (where[k] < 0) continue;
+    if (last[where[k]] < 0) first[where[k]] = k;
+    else next[last[where[k]]] = k;
+    last[where[k]] = k;
   }
-  for (int k = 0; k < n - n_body; k++)
-    if (!done[k]) ptrvec_push(m->arena, &out, tail[k]);
+  for (int i = 0; i < n_body; i++) {
+    ptrvec_push(m->arena, &out, f->ops.items[i]);
+    for (int k = first[i]; k >= 0; k = next[k]) ptrvec_push(m->arena, &out, f->ops.items[n_body + k]);
+  }
+  for (int k = 0; k < n_tail; k++)
+    if (where[k] < 0) ptrvec_push(m->arena, &out, f->ops.items[n_body + k]);
   f->ops = out;
-  free(tail), free(anchor), free(done);
+  free(after), free(where), free(first), free(last), free(next);
 }
 
 /* Clones @forward's ops into f, mapping values; returns the clone of the loss. */
