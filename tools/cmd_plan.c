@@ -40,7 +40,7 @@ static const char help[] =
   "taken from the memory plan and its step time predicted (`loom ir --time`); those that do\n"
   "not fit are dropped and the rest ranked by tokens/s.  Context parallelism (cp) is searched\n"
   "with zigzag ring attention; expert parallelism (ep) for a mixture of experts (Mixtral,\n"
-  "Qwen3-MoE: dropless, no pp or cp with experts yet, as loom trains them).\n"
+  "Qwen3-MoE: no pp or cp with experts yet, as loom trains them; --capacity-factor as training).\n"
   "\n"
   "options:\n"
   "  --gpus N                  devices (required)\n"
