@@ -62,7 +62,8 @@ for m in "${models[@]}"; do
   fi
   cache=$tmp/cache-$name
   # cold: an empty NVRTC cache; one step
-  LOOM_CACHE_DIR=$cache "$LOOM" train "$spec" "${shape[@]}" --backend cuda --steps 1 --data "$tmp/data.bin" > "$tmp/cold.log" 2>&1
+  LOOM_CACHE_DIR=$cache "$LOOM" train "$spec" "${shape[@]}" --backend cuda --steps 1 --data "$tmp/data.bin" 2>&1 |
+    tee "$tmp/cold.log" | grep --line-buffered '^cuda: '   # live: compile, initialization, memory
   cold=$(sed -n 's/^cuda: .* kernels compiled for .* in \([0-9.]*\) s$/\1/p' "$tmp/cold.log" | head -1)
   # warm cache, timed steps; nvidia-smi samples the device's memory meanwhile
   ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0; sleep 0.2; done ) > "$tmp/smi" 2>/dev/null &

@@ -6,9 +6,12 @@
  * its header and steps.  The reader checks every count against the bytes left.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/program.h"
@@ -148,9 +151,12 @@ static uint64_t name_seed(uint64_t seed, const char *name) {
   return h;
 }
 
-void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
-  uint64_t s = name_seed(seed, gl->name);
-  for (int64_t k = 0; k < gl->n; k++) {
+/* Values [k0, k1) of a global. splitmix64 is a counter: the k-th normal draws from states
+   s0 + (2k+1)G and s0 + (2k+2)G, so any range starts where the sequential walk would be and
+   every split of the work gives the same bits. */
+static void init_range(const RtGlobal *gl, uint64_t s0, float *t, int64_t k0, int64_t k1) {
+  uint64_t s = s0 + (uint64_t)k0 * 2u * 0x9E3779B97F4A7C15ull;
+  for (int64_t k = k0; k < k1; k++) {
     double v = 0;
     switch (gl->init) {
     case RT_INIT_ZEROS: v = 0; break;
@@ -164,6 +170,42 @@ void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
     }
     t[k] = rt_round((RtRound)gl->round, (float)v);
   }
+}
+
+typedef struct {
+  const RtGlobal *gl;
+  uint64_t s0;
+  float *t;
+  int64_t k0, k1;
+} InitPart;
+
+static void *init_part(void *arg) {
+  InitPart *p = arg;
+  init_range(p->gl, p->s0, p->t, p->k0, p->k1);
+  return NULL;
+}
+
+void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
+  uint64_t s0 = name_seed(seed, gl->name);
+  /* A billion-parameter model draws billions of normals (a minute on one core): large
+     globals are split over the machine's cores. */
+  enum { MAX_PARTS = 32, MIN_PART = 1 << 20 };
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int parts = (int)(gl->n / MIN_PART);
+  if (parts > cores) parts = (int)cores;
+  if (parts > MAX_PARTS) parts = MAX_PARTS;
+  InitPart part[MAX_PARTS];
+  pthread_t tid[MAX_PARTS];
+  bool started[MAX_PARTS] = {false};
+  for (int i = 0; i < parts; i++) {
+    part[i] = (InitPart){gl, s0, t, gl->n * i / parts, gl->n * (i + 1) / parts};
+    started[i] = i > 0 && pthread_create(&tid[i], NULL, init_part, &part[i]) == 0;
+  }
+  if (parts < 2) init_range(gl, s0, t, 0, gl->n);
+  for (int i = 0; parts >= 2 && i < parts; i++)
+    if (!started[i]) init_part(&part[i]);   /* the caller's share, and any thread that did not start */
+  for (int i = 1; i < parts; i++)
+    if (started[i]) pthread_join(tid[i], NULL);
   /* Rows past the checkpoint shape (a padded vocabulary) are zero. */
   int64_t saved = 1;
   for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];

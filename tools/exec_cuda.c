@@ -55,7 +55,10 @@ int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t
   bool have_cp = false, have_ce = false;
   int rc = 0;
   have_cp = !(rc = cuda_program_init(&cp, prog, image, n, 0, err, errlen));
+  double t0 = seconds_now();
   if (!rc) rc = cuda_globals_init(&cp, plan->seed, err, errlen);
+  if (!rc && plan->opt.log && seconds_now() - t0 >= 1)   /* a billion parameters take a while */
+    fprintf(plan->opt.log, "cuda: parameters and optimizer state initialized in %.1f s\n", seconds_now() - t0);
   if (!rc) have_ce = !(rc = cuda_executor_init(&ce, &cp, err, errlen));
   if (!rc) rc = cuda_executor_set_shape(&ce, plan->batch, plan->seq, err, errlen);
   if (!rc && cuda_find_func(&cp, "forward") >= 0) ce.ex.eval_step = eval_step;

@@ -290,7 +290,24 @@ int cuda_device_retain(int device, void **ctx, char *err, size_t errlen) {
   char where[64];
   snprintf(where, sizeof where, "(device %d)", device);
   if (cuda_cu_fail(d->cuDeviceGet(&dev, device), "cuDeviceGet", where, err, errlen)) return 1;
-  if (cuda_cu_fail(d->cuDevicePrimaryCtxRetain(&c, dev), "cuDevicePrimaryCtxRetain", where, err, errlen)) return 1;
+  CUresult r = d->cuDevicePrimaryCtxRetain(&c, dev);
+  if (r == CUDA_ERROR_ILLEGAL_ADDRESS || r == CUDA_ERROR_LAUNCH_FAILED || r == CUDA_ERROR_ILLEGAL_INSTRUCTION ||
+      r == CUDA_ERROR_MISALIGNED_ADDRESS || r == CUDA_ERROR_HARDWARE_STACK_ERROR) {
+    /* A kernel fault earlier in this process left the primary context in a sticky error
+       (someone else, NCCL's runtime say, still holds it): reset it and try once more. */
+    d->cuDevicePrimaryCtxReset(dev);
+    r = d->cuDevicePrimaryCtxRetain(&c, dev);
+    if (r != CUDA_SUCCESS) {
+      const char *name = NULL;
+      d->cuGetErrorName(r, &name);
+      snprintf(err, errlen,
+               "device %d is unusable after an earlier kernel fault in this process (%s, and a context reset did not "
+               "clear it): CUDA needs the process restarted",
+               device, name ? name : "a sticky error");
+      return 1;
+    }
+  }
+  if (cuda_cu_fail(r, "cuDevicePrimaryCtxRetain", where, err, errlen)) return 1;
   if (cuda_cu_fail(d->cuCtxSetCurrent(c), "cuCtxSetCurrent", where, err, errlen)) {
     d->cuDevicePrimaryCtxRelease(dev);
     return 1;
@@ -309,10 +326,7 @@ int cuda_device_recover(int device) {
   const CudaDriverApi *d = cuda_driver(NULL, 0);
   CUdevice dev;
   if (!d || d->cuDeviceGet(&dev, device) != CUDA_SUCCESS) return 0;
-  CUresult r = d->cuCtxSynchronize();
-  if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_CONTEXT) return 0;
-  d->cuDevicePrimaryCtxReset(dev);
-  return 1;
+  return d->cuDevicePrimaryCtxReset(dev) == CUDA_SUCCESS;
 }
 
 int cuda_set_current(void *ctx, char *err, size_t errlen) {

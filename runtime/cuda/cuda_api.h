@@ -57,9 +57,11 @@ int cuda_device_retain(int device, void **ctx, char *err, size_t errlen);
 void cuda_device_release(int device);
 /* After a sticky error (a kernel fault) the primary context is unusable for everyone in the
    process, and libraries built on the CUDA runtime (cuBLASLt, NCCL) keep it retained, so
-   releasing it does not make a fresh one: when the context current on this thread reports
-   an error, this resets the device's primary context (frees everything in it, in this
-   process only) and returns 1; else it does nothing and returns 0. */
+   releasing it does not make a fresh one: this resets the device's primary context (frees
+   everything in it, in this process only) and returns 1 when the driver did. The caller
+   decides that a fault spoiled it. cuda_device_retain also resets once when the retain
+   itself reports a sticky error. CUDA documents such errors as needing a new process; on
+   an H200 (driver 580) a reset was needed, and what it gives is what tests/gpu checks. */
 int cuda_device_recover(int device);
 int cuda_set_current(void *ctx, char *err, size_t errlen);
 

@@ -354,10 +354,10 @@ void cuda_program_memory_plan(const RtProgram *p, size_t workspace_bytes, CudaMe
   memset(m, 0, sizeof *m);
   bool gemms = false;
   for (int f = 0; f < p->n_funcs; f++) {
-    m->arenas += p->funcs[f].arena_bytes;
     if (p->funcs[f].arena_bytes > m->max_arena) m->max_arena = p->funcs[f].arena_bytes;
     for (int s = 0; s < p->funcs[f].n_steps; s++) gemms |= p->funcs[f].steps[s].kind == RT_STEP_GEMM;
   }
+  m->arenas = m->max_arena;   /* one arena, shared: a call's temporaries live only during the call */
   for (int r = 1; r < RT_REGION_COUNT; r++) m->regions += p->region_bytes[r];
   m->workspace = gemms ? (int64_t)(workspace_bytes ? workspace_bytes : DEFAULT_WORKSPACE) : 0;
   m->total = m->arenas + m->regions + m->workspace;
@@ -731,13 +731,12 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   for (int r = 1; !rc && r < RT_REGION_COUNT; r++)
     if (!(rc = dev_alloc(cp, &cp->regions[r], p->region_bytes[r], region_name[r], err, errlen)))
       cp->mem.regions += p->region_bytes[r];
-  for (int f = 0; !rc && f < p->n_funcs; f++) {
-    char what[128];
-    snprintf(what, sizeof what, "the arena of @%s", p->funcs[f].name);
-    if (!(rc = dev_alloc(cp, &cp->arenas[f], p->funcs[f].arena_bytes, what, err, errlen))) {
-      cp->mem.arenas += p->funcs[f].arena_bytes;
-      if (p->funcs[f].arena_bytes > cp->mem.max_arena) cp->mem.max_arena = p->funcs[f].arena_bytes;
-    }
+  /* One arena for every function, as the memory plan (loom ir --memory) counts it: calls
+     never overlap (each ends with a synchronization after copying its results out), and no
+     function keeps anything in its arena from one call to the next. */
+  if (!rc && (rc = dev_alloc(cp, &cp->arena, plan.max_arena, "the arena", err, errlen)) == 0) {
+    cp->mem.arenas = cp->mem.max_arena = plan.max_arena;
+    for (int f = 0; f < p->n_funcs; f++) cp->arenas[f] = cp->arena;
   }
   if (!rc && plan.workspace > 0) {
     const CublasLtApi *l = cuda_cublaslt(err, errlen);
@@ -781,17 +780,17 @@ void cuda_program_free(CudaProgram *cp) {
   free(cp->plans);
   if (d && cp->ctx) {
     if (l && cp->lt) l->cublasLtDestroy((cublasLtHandle_t)cp->lt);
-    for (int f = 0; cp->arenas && f < cp->p->n_funcs; f++)
-      if (cp->arenas[f]) d->cuMemFree((CUdeviceptr)cp->arenas[f]);
+    if (cp->arena) d->cuMemFree((CUdeviceptr)cp->arena);
     for (int r = 1; r < RT_REGION_COUNT; r++)
       if (cp->regions[r]) d->cuMemFree((CUdeviceptr)cp->regions[r]);
     if (cp->workspace) d->cuMemFree((CUdeviceptr)cp->workspace);
     if (cp->stream) d->cuStreamDestroy((CUstream)cp->stream);
     if (cp->module) d->cuModuleUnload((CUmodule)cp->module);
   }
-  /* A fault spoiled the context for the whole process: give the next user a fresh one. */
-  if (spoiled) cuda_device_recover(cp->device);
+  /* A fault spoiled the context for the whole process: drop our reference, then reset it
+     (others may hold it: NCCL's CUDA runtime does until exit), so the next user gets a fresh one. */
   if (cp->device >= 0 && cp->ctx) cuda_device_release(cp->device);
+  if (spoiled) cuda_device_recover(cp->device);
   free(cp->arenas);
   free(cp->fns);
   free(cp->gstorage);
@@ -926,8 +925,18 @@ int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, ch
 
 int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) {
   if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   for (int g = 0; g < cp->p->n_globals; g++) {
     const RtGlobal *gl = &cp->p->globals[g];
+    if (gl->init == RT_INIT_ZEROS) {   /* Adam's moments, gradients: zero bytes in every storage, on the device */
+      char what[320];
+      snprintf(what, sizeof what, "(zeroing global $%s)", gl->name);
+      size_t bytes = (size_t)gl->n * (size_t)cuda_storage_size(cp->gstorage[g]);
+      CUdeviceptr at = (CUdeviceptr)(cp->regions[gl->region] + (uint64_t)gl->offset);
+      if (bytes && CU(cuMemsetD8Async, (at, 0, bytes, (CUstream)cp->stream), what)) return 1;
+      continue;
+    }
     float *t = malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1));
     if (!t) return fail(err, errlen, 1, "out of memory initializing $%s", gl->name);
     rt_global_init_values(gl, seed, t);
@@ -935,7 +944,7 @@ int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) 
     free(t);
     if (rc) return rc;
   }
-  return 0;
+  return CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the globals)");
 }
 
 #else /* built without the CUDA headers */

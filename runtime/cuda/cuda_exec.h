@@ -87,8 +87,8 @@ int cuda_program_check(const RtProgram *p, char *err, size_t errlen);
 
 /* Device memory the program needs: what cuda_program_init allocates. */
 typedef struct {
-  int64_t arenas;      /* sum over functions of arena_bytes */
-  int64_t max_arena;   /* the largest one (what a shared arena would need) */
+  int64_t arenas;      /* the arena the functions share: the largest arena_bytes */
+  int64_t max_arena;   /* the same (kept for callers that name it) */
   int64_t regions;     /* params + grads + optimizer state */
   int64_t workspace;   /* cuBLASLt workspace */
   int64_t total;
@@ -116,7 +116,8 @@ typedef struct {
   void *lt;                /* cublasLtHandle_t */
   void **fns;              /* CUfunction per kernel [p->n_kernels] */
   uint64_t regions[RT_REGION_COUNT];   /* device bases; [RT_REGION_ARENA] unused */
-  uint64_t *arenas;        /* [p->n_funcs] */
+  uint64_t *arenas;        /* [p->n_funcs]: each function's arena, all the shared one below */
+  uint64_t arena;          /* the one arena allocation */
   uint64_t workspace;
   CudaGemmPlan ***plans;   /* [func][step], NULL for non-GEMM steps */
   RtStorage *gstorage;     /* [p->n_globals] */

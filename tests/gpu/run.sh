@@ -75,8 +75,10 @@ done
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$sanitizer" ]; then
+  # --report-api-errors no: the test provokes API errors on purpose (a missing kernel, a bad
+  # module), and NCCL probes its kernels with calls that fail on an H200 (seen 2026-11-26)
   echo "== compute-sanitizer memcheck: test_cuda_runtime --gpu --no-fault"
-  timeout 1800 "$sanitizer" --tool memcheck --error-exitcode 99 "$BUILD/test_cuda_runtime" --gpu --no-fault
+  timeout 1800 "$sanitizer" --tool memcheck --report-api-errors no --error-exitcode 99 "$BUILD/test_cuda_runtime" --gpu --no-fault
   result "compute-sanitizer memcheck" $?
   # loom's generated kernels: a training step of the tiny models in f32 and bf16 (the
   # tensor-core attention), under memcheck and racecheck (shared-memory hazards)

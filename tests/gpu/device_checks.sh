@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# tests/gpu/device_checks.sh — OWED.md's checks in one short lease of a GPU machine.
+#
+#     bash tests/gpu/bundle.sh                               # here: .gpu/bundle.tar.xz
+#     run: bash tests/gpu/device_checks.sh SECONDS [PHASES]   # there, carry [".gpu"]
+#
+# PHASES (default "correct,bench,sanitize"; a check's own name runs it alone: runtime,
+# train, goldens, moe, misc):
+#   correct   checks 1, 2, 5, 6, 8, 9 (correctness), in parallel: the tiny models are small
+#             and the machine has 16 cores for NVRTC and the CPU backend's references;
+#   bench     checks 3 and 9's speed, alone on the GPU: bench/gpu_step.sh for GPT-2 124M,
+#             the Llama-1B shape and a mid-size Mixtral (STEPS, default 12);
+#   sanitize  compute-sanitizer memcheck and racecheck of training steps (check 1's tail).
+# Each check gets a timeout from what is left of SECONDS, so the script ends by itself inside
+# the call's limit. Every finished check's log is appended to $OUT/all.log at once (what a
+# killed run did finish still comes back); $OUT/summary.txt has one line a check.
+set -u
+cd "$(dirname "$0")/../.."
+BUDGET=${1:-400}
+PHASES=${2:-correct,bench,sanitize}
+OUT=${OUT:-/tmp/loom-gpu-out}
+mkdir -p "$OUT"
+B=build-gpu
+logs=$(mktemp -d)
+: > "$OUT/all.log"; : > "$OUT/summary.txt"
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((BUDGET - SECONDS)); }
+
+if [ -f .gpu/bundle.tar.xz ]; then
+  mkdir -p $B && tar xJf .gpu/bundle.tar.xz -C $B
+  export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+[ -x $B/loom ] || { say "no $B/loom: run tests/gpu/bundle.sh here and carry .gpu, or build $B there"; exit 1; }
+
+# The CUDA libraries loom dlopens: the system's if the loader finds them, else the toolkit's
+# or the Python packages' copies.
+findlib() {   # VAR NAME...
+  local var=$1; shift
+  for n in "$@"; do ldconfig -p 2>/dev/null | grep -q "$n " && return; done
+  local f
+  f=$(find /usr/local /opt /usr/lib -name "$1" 2>/dev/null | head -1)
+  [ -n "$f" ] && export "$var=$f"
+}
+findlib LOOM_LIBNVRTC libnvrtc.so.13 libnvrtc.so
+findlib LOOM_LIBCUBLASLT libcublasLt.so.13 libcublasLt.so.12
+findlib LOOM_LIBNCCL libnccl.so.2
+export LOOM_CACHE_DIR=$PWD/.gpu-cache
+{
+  echo "== machine"; nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm --format=csv
+  nproc; command -v nvcc && nvcc --version | tail -2
+  echo "LOOM_LIBNVRTC=${LOOM_LIBNVRTC:-system} LOOM_LIBCUBLASLT=${LOOM_LIBCUBLASLT:-system} LOOM_LIBNCCL=${LOOM_LIBNCCL:-system}"
+  $B/loom --version 2>&1 | head -2
+} 2>&1 | tee -a "$OUT/all.log"
+
+check() {   # NAME TIMEOUT COMMAND... : runs it, logs it, one summary line
+  local name=$1 t=$2; shift 2
+  local l; l=$(left)
+  [ "$t" -gt "$l" ] && t=$l
+  if [ "$t" -le 5 ]; then say "SKIP $name (no time left)"; return; fi
+  local start=$SECONDS
+  timeout "$t" bash -c "$*" > "$logs/$name.log" 2>&1
+  local rc=$?
+  { echo "======== $name (exit $rc, $((SECONDS - start)) s)"; tail -c 20000 "$logs/$name.log"; } >> "$OUT/all.log"
+  case $rc in
+    0) say "PASS $name ($((SECONDS - start)) s)" ;;
+    124) say "TIME $name (killed after $t s)" ;;
+    *) say "FAIL $name (exit $rc, $((SECONDS - start)) s)" ;;
+  esac
+}
+
+g=tests/golden
+want() { [[ ,$PHASES, == *,correct,* || ,$PHASES, == *,$1,* ]]; }
+if want runtime || want train || want goldens || want moe || want misc; then
+  want runtime && check runtime 150 "$B/test_cuda_runtime --gpu" &
+  want train && check train 300 "bash tests/gpu/test_train.sh $B" &
+  want goldens && check goldens 300 "for m in gpt2-tiny llama-tiny llama-tiny-tied; do $B/loom check $g/\$m --backend cuda,cpu --precision fp32,bf16 || exit 1; done" &
+  want moe && check moe 300 "set -e; m=$g/mixtral-tiny; $B/loom eval models/mixtral-tiny.json --backend cuda --weights \$m/weights.safetensors --tokens \$m/tokens.bin --out /tmp/moe.st; $B/loom diff /tmp/moe.st \$m/expected.safetensors --only logits,loss --rtol 1e-5; $B/loom train \$m/train_spec.json --backend cuda --out /tmp/moe-train.st -q; $B/loom diff /tmp/moe-train.st \$m/train.safetensors --rtol 1e-4; for b in cpu cuda; do $B/loom train \$m/train_spec.json --backend \$b --precision bf16 --out /tmp/moe16-\$b.st -q; done; $B/loom diff /tmp/moe16-cuda.st /tmp/moe16-cpu.st --only losses --rtol 2e-2; for x in mixtral-tiny qwen3-moe-tiny; do $B/loom check $g/\$x --backend cuda,cpu --precision fp32,bf16; done" &
+  want misc && check misc 240 "set -e; for r in selective full; do for x in none \$r; do $B/loom train $g/gpt2-tiny/train_spec.json --backend cuda --steps 3 --recompute \$x --out /tmp/rc-\$x.st -q; done; $B/loom diff /tmp/rc-\$r.st /tmp/rc-none.st --rtol 0; done; echo '-- compiled executable'; $B/loom compile $g/gpt2-tiny/train_spec.json --backend cuda --arch sm_90a -o /tmp/t && LOOM_LIBNVRTC=/nonexistent /tmp/t --steps 3; echo '-- sampling'; for m in gpt2-tiny llama-tiny; do $B/loom sample $g/\$m/train_spec.json --weights $g/\$m/weights.safetensors --prompt Hello --max-new-tokens 40 --temperature 0 --ids --backend cuda; cat $g/\$m/generate.json; echo; done" &
+  wait
+fi
+if [[ $PHASES == *bench* ]]; then
+  check bench 200 "STEPS=${STEPS:-12} LOOM=$B/loom bash bench/gpu_step.sh"
+  check bench-moe 120 "python3 -c \"import json; s=json.load(open('models/mixtral-tiny.json')); s['model'].update(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, num_local_experts=8, vocab_size=32000, max_position_embeddings=2048); json.dump(s, open('/tmp/mixtral-mid.json', 'w'))\" && STEPS=${STEPS:-12} LOOM=$B/loom MODELS=/tmp/mixtral-mid.json:8:1024 bash bench/gpu_step.sh"
+fi
+if [[ $PHASES == *sanitize* ]]; then
+  san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  check memcheck-runtime 120 "$san --tool memcheck --report-api-errors no --error-exitcode 99 $B/test_cuda_runtime --gpu --no-fault"
+  for tool in memcheck racecheck; do
+    for m in gpt2-tiny llama-tiny; do
+      check "$tool-$m-bf16" 90 "$san --tool $tool --error-exitcode 99 $B/loom train $g/$m/train_spec.json -q --backend cuda --precision bf16 --steps 1"
+    done
+  done
+fi
+say "done in $SECONDS s"
