@@ -22,6 +22,10 @@
  * bf16 alike within a bucket.  Gradients split over tp (S) keep their own all-reduce, and
  * ZeRO's reduce-scatters and all-gathers stay per tensor (each rank's shard of each
  * parameter; flat-buffer sharding would change the layout of the optimizer state).
+ * ZeRO-0 with one micro-batch a step all-reduces each gradient in @grad_step instead, as the
+ * backward makes it (shard_dp.c): those all-reduces are bucketed the same way, in program
+ * order, each bucket placed where its last gradient is complete, so the overlap pass can
+ * start it while the rest of the backward runs (DDP's buckets).
  * bucket_mb = 0 turns the pass off. */
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +41,8 @@ typedef struct {
   int order;       /* when the backward produces the gradient */
   int64_t n;       /* elements */
   double bytes;
+  Op *reader;      /* @grad_step: the accumulate that reads the all-reduce (moved after its bucket) */
+  int reader_pos;
 } Member;
 
 static bool dp_partial_only(const Type *t) {
@@ -50,62 +56,20 @@ static int by_order(const void *a, const void *b) {
   return (x->order > y->order) - (x->order < y->order);
 }
 
-static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
-  const TrainSettings *ts = ctx->opt && ctx->opt->train ? ctx->opt->train : &train_defaults;
-  Func *f = module_find_func(m, "optimizer_step"), *gs = module_find_func(m, "grad_step");
-  if (!m->local || ts->bucket_mb <= 0 || !f || m->mesh.size[AX_DP] < 2) return 0;
-  double cap = ts->bucket_mb * 1e6;
-  Member *mem = calloc((size_t)f->ops.n + 1, sizeof *mem);
-  int nm = 0;
-  if (!mem) {
-    snprintf(err, errlen, "bucket: out of memory");
-    return IR_ERUN;
-  }
-  /* when the backward produces each gradient: the index in @grad_step of the op that
-     computes the value accumulated into $grad.X */
-  int gn = gs ? func_number(gs) : 0;
-  int *def_pos = calloc((size_t)gn + 1, sizeof *def_pos);
-  if (!def_pos) {
-    free(mem);
-    snprintf(err, errlen, "bucket: out of memory");
-    return IR_ERUN;
-  }
-  for (int k = 0; gs && k < gs->ops.n; k++) {
-    const Op *o = gs->ops.items[k];
-    for (int r = 0; r < o->n_results; r++) def_pos[o->results[r]->id] = k;
-  }
-  for (int i = 0; i < f->ops.n; i++) {
-    Op *op = f->ops.items[i];
-    if (op->kind != OP_ALL_REDUCE || strcmp(op_attr(op, "axis")->s, "dp") || strcmp(op_attr(op, "reduce")->s, "sum"))
-      continue;
-    const Value *g = op->operands[0];
-    if (g->kind != VAL_GLOBAL || strncmp(g->global->name, GRAD_PREFIX, strlen(GRAD_PREFIX)) ||
-        !dtype_is_float(g->type.dtype) || !dp_partial_only(&g->type))
-      continue;
-    int order = gs ? gs->ops.n : 0;   /* not accumulated in @grad_step: last */
-    for (int k = 0; gs && k < gs->ops.n; k++) {
-      const Op *acc = gs->ops.items[k];
-      if (acc->kind == OP_ACCUMULATE && acc->operands[0] == g) {
-        const Value *x = acc->operands[1];
-        order = x->kind == VAL_RESULT ? def_pos[x->id] : k;
-        break;
-      }
-    }
-    int64_t n = type_numel(&g->type);
-    mem[nm++] = (Member){op, i, order, n, (double)n * dtype_size(g->type.dtype)};
-  }
-  free(def_pos);
-  /* stable: equal orders keep program order (qsort is not stable, so break ties by pos) */
-  for (int i = 0; i < nm; i++) mem[i].order = mem[i].order * (f->ops.n + 1) + mem[i].pos;
-  qsort(mem, (size_t)nm, sizeof *mem, by_order);
-
-  int n0 = f->ops.n, fn = func_number(f);
+/* Packs mem[0..nm) (sorted by production order) of function f into buckets of at most cap
+   bytes: each bucket's reshape, concat, all-reduce and slices are placed before its first
+   member's position (at_last = false: @optimizer_step's members read globals, there from
+   the top) or before its last member's (at_last = true: @grad_step's members reduce values
+   the backward computes, all of them there by the last). */
+static int pack(Module *m, Func *f, Member *mem, int nm, bool at_last, double cap, PassContext *ctx, char *err,
+                size_t errlen) {
+  int n0 = f->ops.n, fn = func_number(f), changed = 0;
   Value **repl = calloc((size_t)fn + 1, sizeof *repl), **old = calloc((size_t)fn + 1, sizeof *old);
-  /* per op index of @optimizer_step: the new ops to place before it, and whether it goes */
+  /* per op index of f: the new ops to place before it, and whether it goes */
   PtrVec *before = calloc((size_t)n0 + 1, sizeof *before);
   bool *drop = calloc((size_t)n0 + 1, sizeof *drop);
   if (!repl || !old || !before || !drop) {
-    free(mem), free(repl), free(old), free(before), free(drop);
+    free(repl), free(old), free(before), free(drop);
     snprintf(err, errlen, "bucket: out of memory");
     return IR_ERUN;
   }
@@ -122,8 +86,8 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
       s = e;
       continue;
     }
-    int first = mem[s].pos, k = e - s;
-    for (int j = s; j < e; j++) first = mem[j].pos < first ? mem[j].pos : first;
+    int at = mem[s].pos, k = e - s;
+    for (int j = s; j < e; j++) at = (at_last ? mem[j].pos > at : mem[j].pos < at) ? mem[j].pos : at;
     int mark = f->ops.n;
     Value **flat = calloc((size_t)k, sizeof *flat);
     for (int j = 0; j < k; j++) {
@@ -156,25 +120,29 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
       drop[mem[s + j].pos] = true;
       off = end;
     }
+    for (int j = 0; j < k; j++)   /* each accumulate follows its slice: the bucket is reduced by then */
+      if (mem[s + j].reader) {
+        ptrvec_push(m->arena, &f->ops, mem[s + j].reader);
+        drop[mem[s + j].reader_pos] = true;
+      }
     free(flat);
     if (b.err[0]) {
       snprintf(err, errlen, "bucket: %s", b.err);
       rc = IR_ERUN;
       break;
     }
-    for (int q = mark; q < f->ops.n; q++) ptrvec_push(m->arena, &before[first], f->ops.items[q]);
-    f->ops.n = mark;   /* placed below, before the bucket's first all-reduce */
-    ctx->changed++;
+    for (int q = mark; q < f->ops.n; q++) ptrvec_push(m->arena, &before[at], f->ops.items[q]);
+    f->ops.n = mark;   /* placed below, before the op at `at` */
+    changed++;
     s = e;
   }
-  if (!rc && ctx->changed) {
-    /* rebuild the op list: each bucket where its first all-reduce was; old ones dropped */
-    void **items = malloc(sizeof(void *) * (size_t)(f->ops.n + 1));
+  if (!rc && changed) {
+    ctx->changed += changed;
+    /* rebuild the op list: each bucket at its place; old all-reduces dropped */
     int out = 0, cap_items = f->ops.n + 1;
     for (int i = 0; i < n0; i++) cap_items += before[i].n;
-    void **all = realloc(items, sizeof(void *) * (size_t)cap_items);
+    void **all = malloc(sizeof(void *) * (size_t)cap_items);
     if (!all) {
-      free(items);
       rc = IR_ERUN;
       snprintf(err, errlen, "bucket: out of memory");
     } else {
@@ -202,7 +170,116 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
       }
     }
   }
-  free(mem), free(repl), free(old), free(before), free(drop);
+  free(repl), free(old), free(before), free(drop);
+  return rc;
+}
+
+static bool is_dp_sum(const Op *op) {
+  return op->kind == OP_ALL_REDUCE && !strcmp(op_attr(op, "axis")->s, "dp") && !strcmp(op_attr(op, "reduce")->s, "sum");
+}
+
+/* @optimizer_step's all-reduces of $grad.X, in the order the backward produces them. */
+static int optimizer_members(Func *f, Func *gs, Member *mem) {
+  int nm = 0;
+  /* when the backward produces each gradient: the index in @grad_step of the op that
+     computes the value accumulated into $grad.X */
+  int gn = gs ? func_number(gs) : 0;
+  int *def_pos = calloc((size_t)gn + 1, sizeof *def_pos);
+  if (!def_pos) return -1;
+  for (int k = 0; gs && k < gs->ops.n; k++) {
+    const Op *o = gs->ops.items[k];
+    for (int r = 0; r < o->n_results; r++) def_pos[o->results[r]->id] = k;
+  }
+  for (int i = 0; i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    if (!is_dp_sum(op)) continue;
+    const Value *g = op->operands[0];
+    if (g->kind != VAL_GLOBAL || strncmp(g->global->name, GRAD_PREFIX, strlen(GRAD_PREFIX)) ||
+        !dtype_is_float(g->type.dtype) || !dp_partial_only(&g->type))
+      continue;
+    int order = gs ? gs->ops.n : 0;   /* not accumulated in @grad_step: last */
+    for (int k = 0; gs && k < gs->ops.n; k++) {
+      const Op *acc = gs->ops.items[k];
+      if (acc->kind == OP_ACCUMULATE && acc->operands[0] == g) {
+        const Value *x = acc->operands[1];
+        order = x->kind == VAL_RESULT ? def_pos[x->id] : k;
+        break;
+      }
+    }
+    int64_t n = type_numel(&g->type);
+    mem[nm++] = (Member){op, i, order, n, (double)n * dtype_size(g->type.dtype), NULL, -1};
+  }
+  free(def_pos);
+  /* stable: equal orders keep program order (qsort is not stable, so break ties by pos) */
+  for (int i = 0; i < nm; i++) mem[i].order = mem[i].order * (f->ops.n + 1) + mem[i].pos;
+  qsort(mem, (size_t)nm, sizeof *mem, by_order);
+  return nm;
+}
+
+/* @grad_step's all-reduces of gradients the backward computes (ZeRO-0 with one micro-batch a
+   step: shard_dp.c), whose one reader accumulates into $grad.X, in program order. */
+static int step_members(Func *gs, Member *mem) {
+  int nm = 0, gn = func_number(gs);
+  int *uses = calloc((size_t)gn + 1, sizeof *uses), *reader = calloc((size_t)gn + 1, sizeof *reader);
+  int *n_acc = calloc((size_t)gs->module->globals.n + 1, sizeof *n_acc);
+  if (!uses || !reader || !n_acc) {
+    free(uses), free(reader), free(n_acc);
+    return -1;
+  }
+  for (int k = 0; k < gs->ops.n; k++) {
+    const Op *o = gs->ops.items[k];
+    bool acc = o->kind == OP_ACCUMULATE && o->operands[0]->kind == VAL_GLOBAL &&
+               !strncmp(o->operands[0]->global->name, GRAD_PREFIX, strlen(GRAD_PREFIX));
+    if (acc) n_acc[o->operands[0]->global->index]++;
+    for (int q = 0; q < o->n_operands; q++) {
+      const Value *v = o->operands[q];
+      if (v->kind != VAL_RESULT) continue;
+      uses[v->id]++;
+      if (acc && q == 1) reader[v->id] = k + 1;
+    }
+  }
+  for (int i = 0; i < gs->rets.n; i++) {
+    const Value *v = gs->rets.items[i];
+    if (v->kind == VAL_RESULT) uses[v->id]++;
+  }
+  for (int k = 0; k < gs->ops.n; k++) {
+    Op *op = gs->ops.items[k];
+    if (!is_dp_sum(op)) continue;
+    const Value *g = op->operands[0], *r = op->results[0];
+    /* one reader, an accumulate, the global's only one: the sum is then AR(g) however it is
+       packed (two accumulates of reduced parts would round differently from the reduction of
+       their sum, which the optimizer step's reduction computes) */
+    if (g->kind != VAL_RESULT || !dtype_is_float(g->type.dtype) || !dp_partial_only(&g->type) || uses[r->id] != 1 ||
+        !reader[r->id])
+      continue;
+    Op *acc = gs->ops.items[reader[r->id] - 1];
+    if (n_acc[acc->operands[0]->global->index] != 1) continue;
+    int64_t n = type_numel(&g->type);
+    mem[nm++] = (Member){op, k, k, n, (double)n * dtype_size(g->type.dtype), acc, reader[r->id] - 1};
+  }
+  free(uses), free(reader), free(n_acc);
+  return nm;
+}
+
+static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
+  const TrainSettings *ts = ctx->opt && ctx->opt->train ? ctx->opt->train : &train_defaults;
+  Func *f = module_find_func(m, "optimizer_step"), *gs = module_find_func(m, "grad_step");
+  if (!m->local || ts->bucket_mb <= 0 || !f || m->mesh.size[AX_DP] < 2) return 0;
+  double cap = ts->bucket_mb * 1e6;
+  int rc = 0;
+  for (int pass = 0; pass < 2 && !rc; pass++) {
+    Func *in = pass == 0 ? f : gs;
+    if (!in) continue;
+    Member *mem = calloc((size_t)in->ops.n + 1, sizeof *mem);
+    int nm = !mem ? -1 : pass == 0 ? optimizer_members(f, gs, mem) : step_members(gs, mem);
+    if (nm < 0) {
+      free(mem);
+      snprintf(err, errlen, "bucket: out of memory");
+      return IR_ERUN;
+    }
+    rc = pack(m, in, mem, nm, pass == 1, cap, ctx, err, errlen);
+    free(mem);
+  }
   return rc;
 }
 

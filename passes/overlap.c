@@ -26,14 +26,16 @@
  *     name up to its first all-digit part ("h.3.", "model.layers.3."); the other parameters
  *     form groups of their own.  Gathers are grouped in program order, so the backward's
  *     gathers (last layer first) prefetch in its own direction.
- * ZeRO-0/1 all-reduce the accumulated gradients in @optimizer_step (after the last
- * micro-batch), so there their buckets overlap each other and the updates, not the backward;
- * reducing them in the backward (possible with grad_accum 1) would need the reduced values
- * in a buffer of their own, and is not done here.
+ * ZeRO-0 with one micro-batch a step all-reduces the gradients in @grad_step (shard_dp.c),
+ * in buckets (bucket.c) followed by their slices and accumulates: a bucket's wait sinks to
+ * the window's end with its slices and accumulates, so it travels while the rest of the
+ * backward runs (DDP). With several micro-batches ZeRO-0/1 all-reduce the accumulated
+ * gradients in @optimizer_step (after the last micro-batch), so there their buckets overlap
+ * each other and the updates, not the backward.
  * Starts may pass each other (every rank runs the same program, so every member of a group
  * issues them in the same order; verify-collectives checks it), waits too; a gradient's
  * accumulate that reads a wait's result sinks with it (it writes its own global, which
- * nothing else in the step touches).  Nothing else moves, and no op computes anything differently: the collectives are the same collectives,
+ * nothing else in the step touches), and so do a bucket's slices and accumulates.  Nothing else moves, and no op computes anything differently: the collectives are the same collectives,
  * so the results are bitwise those of the synchronous program (tests/cli/overlap.sh).
  * Collectives over an axis of size 1 (the identity) stay as they are.
  *
@@ -172,6 +174,40 @@ static bool of_computed(const Op *start) { return start->operands[0]->kind != VA
    after its own: a gradient's reduce-scatter is waited for while the next few run, not at
    the end of the backward (where the accumulates are), which would hold every full
    gradient until then. */
+/* Is v the wait's result, seen through the data movement that unpacks it? */
+static bool from_this_wait(const Value *v, const Op *wait) {
+  while (v->kind == VAL_RESULT) {
+    if (v->def == wait) return true;
+    if (op_info(v->def->kind)->cls != CLASS_DATA || v->def->n_operands != 1) return false;
+    v = v->def->operands[0];
+  }
+  return false;
+}
+
+static bool is_unpack(const Op *o) {
+  return op_info(o->kind)->cls == CLASS_DATA && o->n_operands == 1 && !(op_info(o->kind)->flags & OPF_EFFECT);
+}
+
+/* Does op o (at index at, before limit) go down with the wait: a gradient accumulate that
+   reads the wait's result (directly, or through a bucket's slice and reshape) when nothing
+   before limit touches its global, or such an unpacking op whose every reader goes down too? */
+static bool goes_with(const Func *f, const Op *o, const Op *wait, int at, int limit, int depth) {
+  if (o->kind == OP_ACCUMULATE)
+    return o->operands[0]->kind == VAL_GLOBAL && from_this_wait(o->operands[1], wait) &&
+           !touched_between(f, o->operands[0]->global, at + 1, limit);
+  if (!is_unpack(o) || !from_this_wait(o->operands[0], wait) || depth > 8) return false;
+  bool any = false;
+  for (int j = at + 1; j < f->ops.n; j++) {
+    const Op *r = f->ops.items[j];
+    if (!reads(r, o->results[0])) continue;
+    if (j >= limit || !goes_with(f, r, wait, j, limit, depth + 1)) return false;
+    any = true;
+  }
+  for (int j = 0; j < f->rets.n; j++)
+    if (f->rets.items[j] == o->results[0]) return false;
+  return any;
+}
+
 static void sink_waits(Func *f) {
   for (int i = f->ops.n - 1; i >= 0; i--) {
     Op *op = f->ops.items[i];
@@ -188,14 +224,16 @@ static void sink_waits(Func *f) {
         }
       }
     int to = i + 1;
+    const Op *first_moved = NULL;
     for (; to < limit; to++) {
       Op *o = f->ops.items[to];
-      /* the gradient accumulate that reads it (autodiff places it right after its gradient)
-         goes down with it, to the window's end, when nothing on the way touches its global */
-      if (o->kind == OP_ACCUMULATE && o->operands[1] == op->results[0] && o->operands[0]->kind == VAL_GLOBAL &&
-          !touched_between(f, o->operands[0]->global, to + 1, limit)) {
-        if (limit - 1 > to) move_op(f, to, limit - 1);
-        if (f->ops.items[to] == o) break;   /* already at the end of the window */
+      if (o == first_moved) break;   /* the ops that went down: the wait goes just before them */
+      /* the gradient accumulate that reads it (autodiff places it right after its gradient;
+         the bucket pass after its bucket's slices) goes down with it, to the window's end */
+      if (goes_with(f, o, op, to, limit, 0)) {
+        if (to == limit - 1) break;
+        move_op(f, to, limit - 1);
+        if (!first_moved) first_moved = o;
         to--;
         continue;
       }

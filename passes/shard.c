@@ -797,6 +797,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   memset(&s, 0, sizeof s);
   s.m = m;
   s.zero = ts->zero;
+  s.dp_in_step = ts->zero == 0 && ts->grad_accum <= 1 && ts->overlap && m->mesh.size[AX_PP] == 1;
   s.sp = ts->sp;
   s.cp_zigzag = !ts->cp_contiguous;
   s.cp_allgather = ts->cp_allgather;

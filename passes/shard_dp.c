@@ -36,7 +36,13 @@ void shard_dp_plan_global(Sharder *s, int gi, const Global *g, bool grad, const 
   if (g->kind == GLOBAL_PARAM) {
     if (s->zero >= 3 && zd >= 0) want = S(zd);
   } else if (grad) {
-    want = (s->zero >= 2 && zd >= 0) ? S(zd) : P;   /* partial sums until the optimizer step */
+    /* partial sums until the optimizer step, except: ZeRO-2/3 reduce-scatter each
+       micro-batch's gradient to the rank's shard; ZeRO-0 with one micro-batch a step
+       all-reduces it in the backward (the playbook's overlap of gradient synchronization
+       with the backward; AR(0 + g) before, 0 + AR(g) now: the same bits).
+       With several micro-batches ZeRO-0/1 reduce once, in @optimizer_step (the volume
+       of one reduction, not grad_accum of them: the playbook's no_sync). */
+    want = (s->zero >= 2 && zd >= 0) ? S(zd) : s->dp_in_step ? R : P;
   } else if (s->zero >= 1 && zd >= 0) {
     want = S(zd);
   }

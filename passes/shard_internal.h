@@ -45,6 +45,8 @@ typedef struct {
   Func *f;             /* the function being built (per-rank) */
   Value **map;         /* source value id -> per-rank value */
   int zero;            /* dp: the ZeRO stage */
+  bool dp_in_step;     /* dp, ZeRO-0, one micro-batch a step, overlap on: gradients all-reduced
+                          in @grad_step as the backward makes them (shard_dp_plan_global) */
   bool sp;             /* tp: sequence parallel */
   bool in_step;        /* building @grad_step or @forward (activations flow there) */
   int *zero_dim;       /* dp: per global index, the dim ZeRO splits over dp, or -1 */

@@ -2,7 +2,8 @@
 # Collectives and memory per rank against the Ultra-Scale Playbook's formulas, on GPT-2 124M
 # (N = 124,439,808 parameters, so Psi = 4N bytes of f32 gradients) with dp=2:
 #  - plain DP all-reduces Psi of gradients once per optimizer step (in buckets); in a ring
-#    one rank sends 2(n-1)/n Psi = Psi;
+#    one rank sends 2(n-1)/n Psi = Psi: with two micro-batches after the last of them (in
+#    @optimizer_step), with one in the backward (@grad_step, the same buckets and bytes);
 #  - ZeRO-1 reduce-scatters the gradients ((n-1)/n Psi) and all-gathers the parameters after
 #    the update ((n-1)/n Psi): the same bytes as plain DP;
 #  - ZeRO-2 moves the reduce-scatter into the micro-batch step; ZeRO-3 adds parameter
@@ -16,16 +17,22 @@ bad() { echo "FAIL $1"; fail=$((fail + 1)); }
 N=124439808 PSI=$((4 * 124439808)) HALF=$((2 * 124439808))
 run() { "$LOOM" ir models/gpt2-124M.json --passes=train --mesh dp=2 --batch 2 --zero "$@"; }
 
-z0=$(run 0 --collectives) z1=$(run 1 --collectives) z2=$(run 2 --collectives) z3=$(run 3 --collectives)
+z0=$(run 0 --collectives --grad-accum 2) z1=$(run 1 --collectives) z2=$(run 2 --collectives) z3=$(run 3 --collectives)
 # plain DP: the 148 gradients' all-reduces go in buckets of at most 25 MB (the default
 # bucket_mb; wte's 154 MB gradient is a bucket alone); --bucket-mb 0 keeps one per gradient
 read -r n0 s0 <<< "$(echo "$z0" | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print substr($4, 2), $(NF-1)}')"
 [ "$s0" = "$PSI" ] && [ "${n0:-0}" -ge 19 ] && [ "${n0:-999}" -lt 148 ] &&
   ok "plain DP: the 148 gradients in $n0 bucketed all-reduces (25 MB), one rank sends Psi = $PSI bytes" || { bad "plain DP: $n0 all-reduces sent $s0, want Psi = $PSI in 19..147"; echo "$z0"; }
-u0=$(run 0 --collectives --bucket-mb 0 | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print $4, $(NF-1)}')
+u0=$(run 0 --collectives --grad-accum 2 --bucket-mb 0 | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print $4, $(NF-1)}')
 [ "$u0" = "x148 $PSI" ] && ok "plain DP with --bucket-mb 0: 148 all-reduces, the same $PSI bytes" || bad "unbucketed: got '$u0'"
-u1=$(run 0 --collectives --bucket-mb 1000 | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print substr($4, 2)}')
+u1=$(run 0 --collectives --grad-accum 2 --bucket-mb 1000 | awk '$1 == "@optimizer_step" && $2 == "all_reduce" && $3 == "dp" {print substr($4, 2)}')
 [ "$u1" = "$(( (148 + 14) / 15 ))" ] && ok "plain DP with --bucket-mb 1000: $u1 all-reduces (15 gradients at most per bucket)" || bad "1000 MB buckets: got '$u1' all-reduces, want $(( (148 + 14) / 15 ))"
+# one micro-batch: the same buckets in the backward (and the loss's 4 bytes), none after it
+g1=$(run 0 --collectives)
+read -r gn gs0 <<< "$(echo "$g1" | awk '$1 == "@grad_step" && $2 == "all_reduce" && $3 == "dp" {print substr($4, 2), $(NF-1)}')"
+[ "$gs0" = "$((PSI + 4))" ] && [ "$gn" = "$((n0 + 1))" ] && ! echo "$g1" | grep -q "@optimizer_step  all_reduce      dp" &&
+  ok "plain DP, one micro-batch: the $n0 buckets all-reduced in the backward (Psi + the loss's 4 bytes), none in @optimizer_step" ||
+  { bad "plain DP, one micro-batch: @grad_step x$gn $gs0 bytes, want x$((n0 + 1)) $((PSI + 4))"; echo "$g1"; }
 rs1=$(echo "$z1" | awk '$1 == "@optimizer_step" && $2 == "reduce_scatter" {print $(NF-1)}')
 ag1=$(echo "$z1" | awk '$1 == "@optimizer_step" && $2 == "all_gather" {print $(NF-1)}')
 [ "$rs1" = "$HALF" ] && [ "$ag1" = "$HALF" ] && [ $((rs1 + ag1)) = "$s0" ] &&
@@ -49,7 +56,7 @@ fw3=$(echo "$z3" | awk '$1 == "@grad_step" && $2 == "all_gather" {print $4}')
 # same bytes as plain DP of the tp-local gradients.
 A=$((1024 * 768 * 4)) ROW=$((1024 * 4)) L=12
 dt() { "$LOOM" ir models/gpt2-124M.json --passes=train --mesh dp=2,tp=2 --batch 2 --zero "$@"; }
-t1=$(dt 1 --collectives) t0=$(dt 0 --collectives)
+t1=$(dt 1 --collectives) t0=$(dt 0 --collectives --grad-accum 2)
 fwd=$(echo "$t1" | awk '$1 == "@forward" && $2 == "all_reduce" && $3 == "tp" {print $4, $(NF-1)}')
 want_fwd="x$((2 * L + 1 + 3)) $(((2 * L + 1) * A + 3 * ROW))"
 [ "$fwd" = "$want_fwd" ] && ok "dp2 x tp2: forward tp all-reduces $fwd bytes = 2 per layer x 12 + embedding (A each) + 3 loss statistics" ||

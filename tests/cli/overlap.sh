@@ -5,6 +5,10 @@
 #     gradient norms and final parameters to the bit (st_diff --rtol 0), for the tiny GPT-2
 #     and Llama on one rank (no collectives: the pass has nothing to do), dp=2 with ZeRO 0, 1,
 #     2 and 3, tp=2, and tp=2 with sequence parallelism (and ZeRO-3 on the reference executor);
+#     and with one micro-batch a step, where ZeRO-0 all-reduces the gradients' buckets in the
+#     backward (dp=2, dp=2 x tp=2, bf16, the reference executor);
+#   - ZeRO-0 with one micro-batch: @grad_step all-reduces buckets, the first one waited for
+#     matmuls later, @optimizer_step none; with two micro-batches they stay in @optimizer_step;
 #   - the pass did something: with overlap the training IR holds starts and waits, without
 #     none; ZeRO-3 gathers layer h.1's parameters only once layer h.0 has begun (not all at
 #     the top), and the gradients' reduce-scatters are waited for at the end of the backward;
@@ -44,6 +48,32 @@ for m in gpt2-tiny llama-tiny; do
 done
 # the reference executor runs starts and waits too (a start completes its collective at once)
 bitwise gpt2-tiny "dp=2 ZeRO-3, reference executor" --mesh dp=2 --zero 3 --backend ref
+# one micro-batch a step: ZeRO-0 all-reduces the gradients' buckets in the backward
+for m in gpt2-tiny llama-tiny; do
+  bitwise $m "dp=2, one micro-batch (buckets all-reduced in the backward)" --mesh dp=2 --grad-accum 1
+  bitwise $m "dp=2 x tp=2, one micro-batch" --mesh dp=2,tp=2 --grad-accum 1
+done
+bitwise llama-tiny-tied "dp=2, one micro-batch, bf16" --mesh dp=2 --grad-accum 1 --precision bf16
+bitwise gpt2-tiny "dp=2, one micro-batch, reference executor" --mesh dp=2 --grad-accum 1 --backend ref
+
+# ---- ZeRO-0 with one micro-batch: DDP's buckets, reduced while the backward runs ----
+expect_exit 0 "the training IR at dp=2, one micro-batch" "$LOOM" ir models/gpt2-tiny.json --passes=train --mesh dp=2 --grad-accum 1
+awk '/func @grad_step/,/^  }/' "$OUT" > "$TMP/gs1.ir"
+awk '/func @optimizer_step/,/^  }/' "$OUT" > "$TMP/os1.ir"
+nb=$(grep -c 'all_reduce_start %[0-9]* ' "$TMP/gs1.ir")
+check "one micro-batch: @grad_step all-reduces the gradients in $nb buckets (concats of several)" \
+  test "$nb" -ge 2 -a "$(grep -c ' = concat ' "$TMP/gs1.ir")" = "$nb"
+check "one micro-batch: @optimizer_step all-reduces no gradient" test "$(grep -c 'all_reduce' "$TMP/os1.ir")" = 0
+b1=$(grep -n 'all_reduce_start %[0-9]* ' "$TMP/gs1.ir" | head -1 | cut -d: -f1)
+b1v=$(grep 'all_reduce_start %[0-9]* ' "$TMP/gs1.ir" | head -1 | awk '{print $1}')
+b1w=$(awk -v v="$b1v" '$3 == "wait" && $4 == v { print NR; exit }' "$TMP/gs1.ir")
+mm=$(sed -n "${b1},${b1w:-0}p" "$TMP/gs1.ir" | grep -c ' = matmul ')
+check "the first bucket's all-reduce runs while the backward goes on: waited for $((${b1w:-0} - b1)) ops later, after $mm matmuls" \
+  test -n "$b1w" -a "$mm" -ge 4
+expect_exit 0 "the training IR at dp=2, two micro-batches" "$LOOM" ir models/gpt2-tiny.json --passes=train --mesh dp=2 --grad-accum 2
+check "two micro-batches: the gradients are all-reduced once, in @optimizer_step (not each micro-batch)" \
+  test "$(awk '/func @grad_step/,/^  }/' "$OUT" | grep -c 'all_reduce_start %[0-9]* ')" = 0 -a \
+  "$(awk '/func @optimizer_step/,/^  }/' "$OUT" | grep -c 'all_reduce_start')" -ge 2
 
 # ---- what the pass moved (the tiny GPT-2 at dp=2 with ZeRO-3) ----
 expect_exit 0 "the training IR with overlap" "$LOOM" ir models/gpt2-tiny.json --passes=train --mesh dp=2 --zero 3
