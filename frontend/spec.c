@@ -618,10 +618,6 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
   if (s->memory_budget > 0 && s->recompute != RECOMPUTE_AUTO)
     FAIL("%s: key \"memory_budget\": the budget is what recompute auto fits, but recompute is %s; "
          "set \"recompute\": \"auto\" (--recompute auto) or drop the budget", f, recompute_mode_names[s->recompute]);
-  if (pp > 1 && s->recompute != RECOMPUTE_NONE)
-    FAIL("%s: key \"recompute\": recomputation with pipeline parallelism (pp = %lld) is not supported yet (the "
-         "pipeline pass cuts the step into chunks whose stash would have to carry the recomputed layers' inputs); "
-         "use recompute none with pp, or recompute with dp/tp only", f, (long long)pp);
   int64_t ep = s->mesh[MESH_EP];
   if (ep != 1 && m->n_experts == 0)
     FAIL("%s: key \"mesh.ep\": expert parallelism (ep = %lld) splits a mixture-of-experts model's experts, "

@@ -447,3 +447,47 @@ int schedule_write_trace(const char *path, const Schedule *s, double *const *sta
   }
   return 0;
 }
+
+/* ---------------------------------------------------------------- a pipelined module's stash */
+
+static Func *chunk_func(const Module *m, const char *pre, int c) {
+  char name[64];
+  snprintf(name, sizeof name, "%s.c%d", pre, c);
+  return module_find_func(m, name);
+}
+
+/* 4 bytes an element, as the reference executor and the cpu backend hold them. */
+static int64_t rets_bytes(const Func *f, int skip) {
+  int64_t b = 0;
+  for (int i = skip; f && i < f->rets.n; i++) b += 4 * type_numel(&((Value *)f->rets.items[i])->type);
+  return b;
+}
+
+int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes) {
+  for (int c = 0; c < s->chunks; c++) {
+    f_bytes[c] = rets_bytes(chunk_func(m, "fwd", c), c == s->chunks - 1);
+    w_bytes[c] = s->split_bw ? rets_bytes(chunk_func(m, "bwd_b", c), 0) : 0;
+  }
+  for (int q = 0; q < s->p; q++) {
+    int64_t live = 0;
+    peak[q] = 0;
+    for (int i = 0; i < s->n[q]; i++) {
+      const Action *a = &s->acts[q][i];
+      if (a->kind == ACT_F) live += f_bytes[a->chunk];
+      else if (a->kind == ACT_B) live += w_bytes[a->chunk] - f_bytes[a->chunk];
+      else live -= w_bytes[a->chunk];
+      if (live > peak[q]) peak[q] = live;
+    }
+  }
+  return 0;
+}
+
+int pipe_func_rank(const Schedule *s, const char *name) {
+  int c = -1, r = -1;
+  char tail;
+  if (sscanf(name, "optimizer_step.s%d%c", &r, &tail) == 1) return r >= 0 && r < s->p ? r : -1;
+  if (sscanf(name, "fwd.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd.c%d%c", &c, &tail) == 1 ||
+      sscanf(name, "bwd_b.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd_w.c%d%c", &c, &tail) == 1)
+    return c >= 0 && c < s->chunks ? schedule_chunk_rank(s->kind, s->p, s->v, c) : -1;
+  return -1;
+}

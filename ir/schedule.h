@@ -89,4 +89,13 @@ void schedule_print(FILE *out, const Schedule *s, const SimResult *sim);
 int schedule_write_trace(const char *path, const Schedule *s, double *const *start, double *const *end,
                          const char *what, char *err, size_t errlen);
 
+/* Predicted stash of a pipelined module (the pipeline pass's functions): bytes one
+   micro-batch of chunk c holds from F to B (f_bytes[c]: @fwd.cK's results but the loss)
+   and from B to W (w_bytes[c]: @bwd_b.cK's), 4 bytes an element, and each pp rank's peak
+   under the schedule's order (peak[q]). */
+int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes);
+/* The pp rank that runs a pipelined module's function (@fwd.cK, @bwd.cK, @bwd_b.cK, @bwd_w.cK,
+   @optimizer_step.sR), or -1 for any other. */
+int pipe_func_rank(const Schedule *s, const char *name);
+
 #endif

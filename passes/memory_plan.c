@@ -4,7 +4,10 @@
  *
  *   - Liveness by op order: a buffer is taken when its op runs and given back after the
  *     last op that reads it (values a function returns live to its end).
- *   - First fit over the free space, 64-byte aligned, in op order.
+ *   - First fit over the free space, 64-byte aligned, in op order; then the same buffers
+ *     placed largest first, each at the lowest offset free over its lifetime, and that plan
+ *     kept when its arena is smaller (replan_by_size: first fit fragments training steps,
+ *     whose kept activations pin holes that the backward's temporaries cannot use).
  *   - A reshape shares its operand's buffer (same bytes, another shape): no copy.
  *   - Async collectives: a wait shares its start's buffer, and a start's operand stays
  *     alive until the wait (the communication thread reads it while compute goes on).
@@ -109,8 +112,114 @@ static void extend_in_flight(Func *f, int64_t *last) {
   }
 }
 
+/* ---- the second placement: largest buffers first ---- */
+
+typedef struct {
+  int64_t size, start, end;   /* bytes; lifetime [start, end] in op indices, inclusive (args: -1) */
+  int64_t off;
+  int id;                     /* the root value's id: the buffer's owner */
+} Buf;
+
+static int by_size(const void *a, const void *b) {
+  const Buf *x = a, *y = b;
+  if (x->size != y->size) return x->size < y->size ? 1 : -1;
+  if (x->start != y->start) return x->start < y->start ? -1 : 1;
+  return x->id - y->id;
+}
+
+static int by_off(const void *a, const void *b) {
+  const Buf *const *x = a, *const *y = b;
+  return (*x)->off < (*y)->off ? -1 : (*x)->off > (*y)->off;
+}
+
+/* Offsets for bufs, largest first, each at the lowest offset where it overlaps no placed
+   buffer alive at the same time (the "greedy by size" offset assignment of inference
+   runtimes' planners).  Returns the arena size. */
+static int64_t place_by_size(Buf *b, int nb) {
+  qsort(b, (size_t)nb, sizeof *b, by_size);
+  Buf **with = malloc(sizeof(Buf *) * ((size_t)nb + 1));
+  int64_t top = 0;
+  for (int i = 0; i < nb; i++) {
+    int nw = 0;
+    for (int j = 0; j < i; j++)
+      if (b[j].start <= b[i].end && b[i].start <= b[j].end) with[nw++] = &b[j];
+    qsort(with, (size_t)nw, sizeof *with, by_off);
+    int64_t at = 0;
+    for (int k = 0; k < nw; k++) {
+      if (with[k]->off >= at + b[i].size) break;   /* the gap below this one fits */
+      if (with[k]->off + with[k]->size > at) at = with[k]->off + with[k]->size;
+    }
+    b[i].off = at;
+    if (at + b[i].size > top) top = at + b[i].size;
+  }
+  free(with);
+  return top;
+}
+
+/* The buffer that holds v: through reshapes and waits (root_of), and outputs written in
+   place over an input (alias). */
+static int owner(Value *v, const int *alias) {
+  int id = root_of(v)->id;
+  while (alias[id] >= 0) id = alias[id];
+  return id;
+}
+
+/* After the first-fit plan (offsets set, alias[] its in-place choices): the same buffers
+   placed largest first; kept when the arena gets smaller.  First fit in op order leaves the
+   backward's temporaries above holes that the values kept from the forward pin (the arena
+   grows with the layers while what is alive at once does not); largest-first packs the
+   long-lived buffers together. */
+static void replan_by_size(Func *f, int target, const int64_t *last, const int *alias) {
+  int n = func_number(f);
+  Value **val = calloc((size_t)n + 1, sizeof *val);
+  int *buf = malloc(sizeof(int) * ((size_t)n + 1));
+  Buf *b = malloc(sizeof(Buf) * ((size_t)n + 1));
+  if (!val || !buf || !b) {
+    free(val), free(buf), free(b);
+    return;   /* the first-fit plan stands */
+  }
+  for (int i = 0; i < n; i++) buf[i] = -1;
+  int nb = 0;
+  for (int i = 0; i < f->args.n; i++) val[((Value *)f->args.items[i])->id] = f->args.items[i];
+  int64_t *def = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  for (int i = 0; i < n; i++) def[i] = -1;
+  for (int i = 0; def && i < f->ops.n; i++) {
+    Op *op = f->ops.items[i];
+    for (int r = 0; r < op->n_results; r++) {
+      val[op->results[r]->id] = op->results[r];
+      def[op->results[r]->id] = i;
+    }
+  }
+  for (int id = 0; def && id < n; id++) {
+    Value *v = val[id];
+    if (!v || root_of(v) != v) continue;   /* reshapes and waits: their root's buffer */
+    int o = owner(v, alias);
+    int64_t end = last[id] < def[id] ? def[id] : last[id];   /* read by nobody: dies where it is made */
+    if (buf[o] < 0) {
+      buf[o] = nb;
+      b[nb++] = (Buf){value_bytes(val[o], target), def[id], end, 0, o};
+    }
+    Buf *x = &b[buf[o]];
+    if (def[id] < x->start) x->start = def[id];
+    if (end > x->end) x->end = end;
+  }
+  if (def && nb) {
+    Buf *sorted = b;
+    int64_t top = place_by_size(sorted, nb);
+    if (top < f->arena_bytes) {
+      for (int k = 0; k < nb; k++) buf[sorted[k].id] = k;   /* owner id -> its placed buffer */
+      for (int id = 0; id < n; id++)
+        if (val[id]) val[id]->offset = sorted[buf[owner(val[id], alias)]].off;
+      f->arena_bytes = top;
+    }
+  }
+  free(def), free(val), free(buf), free(b);
+}
+
 static void plan_func(Func *f, int target) {
   int n = func_number(f);
+  int *alias = malloc(sizeof(int) * ((size_t)n + 1));   /* a result written in place: the input's id */
+  for (int i = 0; i < n; i++) alias[i] = -1;
   int64_t *last = malloc(sizeof(int64_t) * ((size_t)n + 1));   /* last reader's op index (per root) */
   for (int i = 0; i < n; i++) last[i] = -1;
   for (int i = 0; i < f->ops.n; i++) {
@@ -157,6 +266,7 @@ static void plan_func(Func *f, int target) {
           if (dup) continue;
           reused[k] = true;
           v->offset = in->offset;
+          alias[v->id] = in->id;
         }
       if (v->offset < 0) v->offset = fl_take(&fl, size);
     }
@@ -180,7 +290,9 @@ static void plan_func(Func *f, int target) {
   f->arena_bytes = fl.top;
   free(fl.start);
   free(fl.end);
+  replan_by_size(f, target, last, alias);
   free(last);
+  free(alias);
 }
 
 /* Independent check of a plan: two buffers whose lifetimes overlap must not share bytes,

@@ -18,7 +18,7 @@ const TrainSettings train_defaults = {.grad_accum = 1, .beta1 = 0.9, .beta2 = 0.
 /* Every pass, in the order `--list-passes` shows them. */
 static const Pass *const all_passes[] = {
   &pass_verify, &pass_canonicalize, &pass_cse, &pass_dce, &pass_mixed_precision, &pass_autodiff, &pass_optimizer,
-  &pass_shard, &pass_pipeline, &pass_recompute, &pass_bucket, &pass_overlap, &pass_fuse, &pass_memory_plan, &pass_verify_collectives,
+  &pass_shard, &pass_recompute, &pass_pipeline, &pass_bucket, &pass_overlap, &pass_fuse, &pass_memory_plan, &pass_verify_collectives,
 };
 #define N_PASSES (int)(sizeof all_passes / sizeof all_passes[0])
 

@@ -28,6 +28,7 @@
 #define LOOM_PASSES_H
 
 #include "ir/ir.h"
+#include "ir/schedule.h"
 
 typedef struct PassContext PassContext;
 
@@ -98,7 +99,7 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
    In --passes, the words "train" and "lower" stand for these lists. */
 #define DEFAULT_PIPELINE "verify,canonicalize,cse,dce,verify"
 #define TRAIN_PIPELINE \
-  "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,pipeline,recompute,bucket,canonicalize,cse,dce,overlap," \
+  "verify,canonicalize,mixed-precision,autodiff,optimizer,shard,recompute,pipeline,bucket,canonicalize,cse,dce,overlap," \
   "verify,verify-collectives"
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 /* The decode graph (loom sample, frontend_build_decode): no training passes. */
@@ -118,6 +119,9 @@ void memory_report(FILE *out, Module *m, int target);
 /* The planned peak per rank: state (every global) + the largest function arena (after
    memory-plan); the two parts into *state and *arena when not NULL. */
 int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena);
+/* memory_rank.c: the largest memory of any rank, pipelined or not (see the file); -1 when a
+   pipelined module's schedule cannot be built. */
+int64_t memory_rank_peak(const Module *m, int target);
 /* What the forward leaves alive for the backward: live bytes right after the op that
    computes f's returned loss (0 when f returns no computed value). */
 int64_t memory_activations(Func *f, int target);

@@ -29,7 +29,8 @@
  * unit: they are cloned into every function that uses them.  Units then map to chunks by
  * the split: balanced by FLOPs (forward + backward, per unit) or the user's --pp-split.
  * The backward is the set of ops that depend on the loss seed (%loss_seed, named by
- * autodiff).  A tied parameter (GPT-2's wte, read by the embedding and the head) is read
+ * autodiff), and the recompute pass's clones (results named rc.*: forward ops run again in
+ * the backward).  A tied parameter (GPT-2's wte, read by the embedding and the head) is read
  * in two chunks: each accumulates its own gradient, and the optimizer steps of the two
  * ranks exchange and add them (a + b == b + a in IEEE arithmetic: both copies get the same
  * bits), so their updates stay identical.
@@ -141,8 +142,11 @@ static int classify(PP *pp) {
         any_global |= vp == PH_FLOAT && vparam[v->id];
         if (vp != PH_B && pp->vunit[v->id] > unit) unit = pp->vunit[v->id];
       }
+      /* a recompute clone (passes/recompute.c names its results rc.*) is the backward's:
+         it runs in its layer's backward function, on what the forward stashed */
+      bool clone = op->n_results >= 1 && op->results[0]->name && !strncmp(op->results[0]->name, "rc.", 3);
       if (any_b || op_n_writes(op->kind)) ph = PH_B;
-      else if (any_dyn || (any_arg && any_global)) ph = PH_F;
+      else if (any_dyn || (any_arg && any_global)) ph = clone ? PH_B : PH_F;
       if (ph == PH_B) unit = -1;   /* set below, once reaches are known */
     }
     pp->phase[i] = ph;

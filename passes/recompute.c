@@ -63,8 +63,11 @@
  *      (the 17 prefixes, full and selective).  Parameter-only ops (above) are part of every
  *      prefix.
  * The chosen values and the planned peak before and after are printed.
- * With pipeline parallelism (pp > 1) the pass refuses: the stash the pipeline pass builds
- * would have to carry the recomputed layers' inputs (not done yet).
+ * With pipeline parallelism (pp > 1) the pass runs before the pipeline pass, on the whole
+ * step: the pipeline pass puts the clones in the backward functions of their chunks (their
+ * `rc.` names say they are the backward's), so the stash a chunk's forward hands to its
+ * backward holds what the clones read (under full, each layer's input) instead of what they
+ * recompute, and `auto` weighs the real pipelined plan (pipeline runs in its trials).
  */
 #include <ctype.h>
 #include <stdlib.h>
@@ -85,6 +88,10 @@ typedef struct {
   bool *other_param;  /* op -> parameter-only, and reads a parameter of no layer */
   bool *bwd_read;     /* value id -> a backward op reads it or a reshape of it (set on roots) */
   bool *in_r;         /* op -> recomputed */
+  bool *pinned;       /* op -> with pp, never cloned: it reads the tokens or targets and no activation
+                         (the embedding: its clone would belong to no chunk's backward), or its result is
+                         read by another layer (a clone there would be read by a later chunk's backward,
+                         which runs before its own) */
 } RC;
 
 /* ---- analysis ---- */
@@ -98,6 +105,8 @@ static bool clonable(const Op *op) {
 }
 
 static bool is_local(const Value *v) { return v->kind == VAL_RESULT; }
+
+static bool can_clone(const RC *rc, int i) { return clonable(rc->ops[i]) && !rc->pinned[i]; }
 
 /* A reshape shares its operand's bytes: the buffer's owner. */
 static Value *root(Value *v) {
@@ -133,6 +142,7 @@ static void rc_free(RC *rc) {
   free(rc->layer);
   free(rc->param_only);
   free(rc->other_param);
+  free(rc->pinned);
   free(rc->bwd_read);
   free(rc->in_r);
   memset(rc, 0, sizeof *rc);
@@ -151,7 +161,9 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
   rc->other_param = calloc((size_t)n + 1, 1);
   rc->bwd_read = calloc((size_t)nv, 1);
   rc->in_r = calloc((size_t)n + 1, 1);
-  if (!rc->ops || !rc->def || !rc->fwd || !rc->layer || !rc->param_only || !rc->other_param || !rc->bwd_read || !rc->in_r) {
+  rc->pinned = calloc((size_t)n + 1, 1);
+  if (!rc->ops || !rc->def || !rc->fwd || !rc->layer || !rc->param_only || !rc->other_param || !rc->bwd_read || !rc->in_r ||
+      !rc->pinned) {
     rc_free(rc);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
@@ -207,7 +219,7 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
        ops such as bf16 casts, ZeRO-3 gathers, slices); other: a parameter of no layer is
        read (final norm, embeddings); lo: the largest layer of the activations read. */
     int lp = -1, lo = -1;
-    bool other = false, po = true;
+    bool other = false, po = true, any_act = false;
     for (int k = 0; k < op->n_operands; k++) {
       Value *v = op->operands[k];
       if (v->kind == VAL_GLOBAL) {
@@ -222,14 +234,26 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
         int d = rc->def[v->id];
         if (rc->layer[d] > lo) lo = rc->layer[d];
         po = false;
+        any_act = true;
       } else {
         po = false;   /* the tokens, the targets */
       }
     }
     rc->param_only[i] = po;
     rc->other_param[i] = po && other;
+    rc->pinned[i] = m->mesh.size[AX_PP] > 1 && !po && !any_act;
     rc->layer[i] = po ? lp : lp >= 0 ? lp : other && lo >= 0 ? rc->n_layers : lo;
   }
+  if (m->mesh.size[AX_PP] > 1)   /* layer boundaries stay kept: each chunk recomputes its own layers */
+    for (int j = 0; j < n; j++) {
+      if (!rc->fwd[j]) continue;
+      const Op *u = rc->ops[j];
+      for (int k = 0; k < u->n_operands; k++) {
+        const Value *v = u->operands[k];
+        if (is_local(v) && !rc->param_only[rc->def[v->id]] && rc->layer[rc->def[v->id]] != rc->layer[j])
+          rc->pinned[rc->def[v->id]] = true;
+      }
+    }
   return 0;
 }
 
@@ -363,7 +387,7 @@ static unsigned class_of(const Op *op) {
 static void finish(RC *rc) {
   for (int i = 0; i < rc->n_ops; i++) {
     Op *op = rc->ops[i];
-    if (!rc->fwd[i] || !clonable(op)) continue;
+    if (!rc->fwd[i] || !can_clone(rc, i)) continue;
     if (rc->param_only[i]) rc->in_r[i] = true;
     else if (op->kind == OP_RESHAPE && is_local(op->operands[0])) rc->in_r[i] = rc->in_r[rc->def[op->operands[0]->id]];
   }
@@ -372,7 +396,7 @@ static void finish(RC *rc) {
 static void policy_selective(RC *rc, unsigned classes) {
   for (int i = 0; i < rc->n_ops; i++) {
     Op *op = rc->ops[i];
-    if (!rc->fwd[i] || !clonable(op) || rc->param_only[i]) continue;
+    if (!rc->fwd[i] || !can_clone(rc, i) || rc->param_only[i]) continue;
     OpClass cls = op_info(op->kind)->cls;
     bool follows = op->kind == OP_RESHAPE || cls == CLASS_DATA || cls == CLASS_COLLECTIVE;
     if (!follows && !(class_of(op) & classes)) continue;
@@ -403,7 +427,7 @@ static void policy_full(RC *rc) {
     }
   }
   for (int i = 0; i < rc->n_ops; i++)
-    rc->in_r[i] = rc->fwd[i] && clonable(rc->ops[i]) && rc->layer[i] >= 0 && rc->layer[i] < rc->n_layers && !boundary[i];
+    rc->in_r[i] = rc->fwd[i] && can_clone(rc, i) && rc->layer[i] >= 0 && rc->layer[i] < rc->n_layers && !boundary[i];
   free(boundary);
   finish(rc);
 }
@@ -477,7 +501,7 @@ static int closure(const RC *rc, int i, const bool *kept, bool *mark, int *cl, i
       int d = rc->def[ru->id];
       if (rc->in_r[d] || kept[ru->id] || mark[d]) continue;
       mark[d] = true;
-      if (!clonable(rc->ops[d])) newly += vbytes(ru, rc->target);
+      if (!can_clone(rc, d)) newly += vbytes(ru, rc->target);
       else cl[n++] = d;
     }
   }
@@ -513,7 +537,7 @@ static int greedy_moves(RC *rc, Moves *mv) {
     double best_score = 0;
     for (int i = 0; i < n; i++) {
       Op *op = rc->ops[i];
-      if (!rc->fwd[i] || rc->in_r[i] || !clonable(op) || op->kind == OP_RESHAPE) continue;
+      if (!rc->fwd[i] || rc->in_r[i] || !can_clone(rc, i) || op->kind == OP_RESHAPE) continue;
       bool any = false;
       for (int r = 0; r < op->n_results; r++) any |= kept[op->results[r]->id];
       if (!any) continue;
@@ -573,8 +597,16 @@ static int real_peak(Module *m, const bool *in_r, const PassOptions *opt, int ta
   memset(&po, 0, sizeof po);
   po.train = opt ? opt->train : NULL;
   po.target = target;
-  rc = pipeline_run(c, "bucket,canonicalize,cse,dce,overlap,fuse,memory-plan", &po, err, errlen);
-  if (!rc) *peak = memory_planned_peak(c, target, NULL, arena);
+  rc = pipeline_run(c, c->mesh.size[AX_PP] > 1 ? "pipeline,bucket,canonicalize,cse,dce,overlap,fuse,memory-plan"
+                                                 : "bucket,canonicalize,cse,dce,overlap,fuse,memory-plan",
+                    &po, err, errlen);
+  if (!rc && c->pipe.kind) {   /* the worst pp rank: its state, arena and stash (memory_rank.c) */
+    *peak = memory_rank_peak(c, target);
+    if (*peak < 0) rc = IR_ERUN, snprintf(err, errlen, "recompute: the pipeline's schedule could not be built");
+    *arena = 0;
+  } else if (!rc) {
+    *peak = memory_planned_peak(c, target, NULL, arena);
+  }
   module_free(c);
   return rc;
 }
@@ -617,11 +649,12 @@ static void print_freed(FILE *out, RC *rc, const bool *before) {
 static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out, char *err, size_t errlen) {
   int target = rc->target;
   int64_t state, p0, a0;
+  bool pp = rc->m->mesh.size[AX_PP] > 1;   /* peaks are the worst pp rank's (real_peak) */
   memory_planned_peak(rc->m, target, &state, NULL);
-  char b[32], x[32], y[32], z[32];
+  char b[32], x[32], y[32], z[32], parts[96];
   human(b, sizeof b, budget);
   human(x, sizeof x, state);
-  if (state > budget) {
+  if (!pp && state > budget) {   /* with pp a rank holds only its stages' state: the trials say */
     snprintf(err, errlen, "--memory-budget %s per rank cannot be met: the parameters, gradients and optimizer state "
              "alone take %s per rank (%lld bytes), before any activation; raise the budget, or shard the state over "
              "more ranks (--zero 3 with a larger dp, or tp)", b, x, (long long)state);
@@ -631,8 +664,10 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
   if (rc_) return rc_;
   human(y, sizeof y, p0);
   human(z, sizeof z, a0);
-  fprintf(out, "recompute auto: budget %s per rank (budget %lld bytes); planned peak without recomputation %s (state %s "
-          "+ arena %s)\n", b, (long long)budget, y, x, z);
+  if (pp) snprintf(parts, sizeof parts, "the worst pp rank's state, arena and stash");
+  else snprintf(parts, sizeof parts, "state %s + arena %s", x, z);
+  fprintf(out, "recompute auto: budget %s per rank (budget %lld bytes); planned peak without recomputation %s (%s)\n", b,
+          (long long)budget, y, parts);
   if (p0 <= budget) {
     fprintf(out, "recompute auto: it fits: nothing is recomputed\n");
     return 0;
@@ -697,9 +732,9 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
     if (!rc_) {
       human(y, sizeof y, best_peak);
       snprintf(err, errlen, "--memory-budget %s per rank cannot be met: the smallest planned peak recomputation reaches "
-               "is %s (%lld bytes, with %s; state %s of it), over the budget; raise the budget to at least %s, or "
-               "shard over more ranks (dp with --zero 3, tp), or lower --batch or --seq", b, y, (long long)best_peak,
-               best_what, x, y);
+               "is %s (%lld bytes, with %s; %s%s), over the budget; raise the budget to at least %s, or "
+               "shard over more ranks (dp with --zero 3, tp%s), or lower --batch or --seq", b, y, (long long)best_peak,
+               best_what, pp ? "the worst pp rank's" : "state ", pp ? "" : x, y, pp ? ", pp" : "");
       rc_ = IR_EINPUT;
     }
   }
@@ -709,9 +744,11 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
     if (!rc_) {
       human(y, sizeof y, peak);
       human(z, sizeof z, arena);
+      if (pp) snprintf(parts, sizeof parts, "the worst pp rank's state, arena and stash");
+      else snprintf(parts, sizeof parts, "state %s + arena %s", x, z);
       fprintf(out, "recompute auto: chose the first %d of %d greedy moves (by bytes saved per FLOP): planned peak %s "
-              "(state %s + arena %s), under the budget %s (the lowered program's plan, which the backends allocate: "
-              "--passes=train,lower --memory prints it)\n", hi, mv.n, y, x, z, b);
+              "(%s), under the budget %s (the lowered program's plan, which the backends allocate: "
+              "--passes=train,lower --memory prints it)\n", hi, mv.n, y, parts, b);
     }
   }
   free(mv.ops), free(mv.end);
@@ -727,9 +764,8 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   FILE *out = ctx->opt && ctx->opt->print_to ? ctx->opt->print_to : stderr;
   int target = ctx->opt ? ctx->opt->target : TARGET_CPU;
   if (m->pipe.kind) {
-    snprintf(err, errlen, "--recompute %s with pipeline parallelism (pp = %lld) is not supported yet: the pipeline "
-             "pass's stash would have to carry the recomputed layers' inputs; use --recompute none with pp",
-             recompute_mode_names[mode], (long long)m->mesh.size[AX_PP]);
+    snprintf(err, errlen, "recompute rewrites the whole @grad_step, and the pipeline pass has already cut it into "
+             "chunks: run recompute before pipeline (--passes=train does)");
     return IR_EINPUT;
   }
   Func *f = module_find_func(m, "grad_step");

@@ -6,7 +6,7 @@
  * sequence splits into 2cp zigzag half-chunks), ZeRO stage (0-3; 0-1 with pp), sequence
  * parallelism with tp, micro-batch size (sequences per dp rank; the
  * gradient accumulation follows from the global batch), pipeline schedule and virtual
- * stages, recomputation (none, selective, full; pipelines only none).  Flags fix any of
+ * stages, recomputation (none, selective, full).  Flags fix any of
  * them (--mesh, --zero, --batch, --pp-schedule, --pp-virtual, --recompute).  For a
  * mixture of experts, ep too (dividing the experts; the batch splits over dp x ep; no pp or
  * cp with experts yet, as loom trains them).
@@ -35,8 +35,8 @@ static const char help[] =
   "\n"
   "Searches the layouts of SPEC's model on N devices: dp x tp x cp x pp, ZeRO stage, sequence\n"
   "parallelism, micro-batch size and gradient accumulation (reaching the global batch),\n"
-  "pipeline schedule and virtual stages, activation recomputation (none, selective, full; not\n"
-  "with pp, which the recompute pass refuses).  Each candidate is compiled, its memory per device\n"
+  "pipeline schedule and virtual stages, activation recomputation (none, selective, full).\n"
+  "Each candidate is compiled, its memory per device\n"
   "taken from the memory plan and its step time predicted (`loom ir --time`); those that do\n"
   "not fit are dropped and the rest ranked by tokens/s.  Context parallelism (cp) is searched\n"
   "with zigzag ring attention; expert parallelism (ep) for a mixture of experts (Mixtral,\n"
@@ -73,61 +73,6 @@ typedef struct {
   bool exact, fits;
 } Cand;
 
-static int64_t elem(const Value *v, int target) { return target == TARGET_CUDA ? dtype_size(v->type.dtype) : 4; }
-
-/* The largest memory of any rank: its state (parameters, gradients, optimizer state) plus
-   the largest arena of the functions a training step runs (@grad_step, @optimizer_step; not
-   @forward, the evaluation), plus with pp the stash its schedule holds at most. */
-int64_t plan_rank_memory(const Module *m, int target) {
-  if (!m->pipe.kind) {
-    int64_t state = 0, arena = 0;
-    for (int i = 0; i < m->globals.n; i++) {
-      const Global *g = m->globals.items[i];
-      state += type_numel(&g->value->type) * elem(g->value, target);
-    }
-    for (int i = 0; i < m->funcs.n; i++) {   /* @forward (evaluation) is not part of a step */
-      const Func *f = m->funcs.items[i];
-      if (!f->is_kernel && strcmp(f->name, "forward") && f->arena_bytes > arena) arena = f->arena_bytes;
-    }
-    return state + arena;
-  }
-  Schedule s;
-  char err[256];
-  if (schedule_build(m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro, &s, err, sizeof err))
-    return -1;
-  int64_t peak[64], fb[256], wb[256], worst = 0;
-  pipe_stash_peaks(m, &s, peak, fb, wb);
-  /* each function's rank, and each global's bytes on every rank that reads or writes it */
-  int np = s.p < 64 ? s.p : 64;
-  int64_t state[64] = {0}, arena[64] = {0};
-  int *frank = malloc(sizeof(int) * (size_t)(m->funcs.n + 1));
-  char *seen = calloc((size_t)m->globals.n * (size_t)np + 1, 1);
-  if (!frank || !seen) {
-    free(frank), free(seen);
-    schedule_free(&s);
-    return -1;
-  }
-  for (int fi = 0; fi < m->funcs.n; fi++) {
-    const Func *f = m->funcs.items[fi];
-    int q = frank[fi] = pipe_func_rank(&s, f->name);
-    if (q < 0 || q >= np) continue;
-    if (f->arena_bytes > arena[q]) arena[q] = f->arena_bytes;
-    for (int i = 0; i < f->ops.n; i++) {
-      const Op *op = f->ops.items[i];
-      for (int k = 0; k < op->n_operands; k++) {
-        const Value *v = op->operands[k];
-        if (v->kind != VAL_GLOBAL || seen[(size_t)v->global->index * (size_t)np + (size_t)q]) continue;
-        seen[(size_t)v->global->index * (size_t)np + (size_t)q] = 1;
-        state[q] += type_numel(&v->type) * elem(v, target);
-      }
-    }
-  }
-  for (int q = 0; q < np; q++)
-    if (state[q] + arena[q] + peak[q] > worst) worst = state[q] + arena[q] + peak[q];
-  free(frank), free(seen);
-  schedule_free(&s);
-  return worst;
-}
 
 typedef struct {
   const RunSpec *base;
@@ -246,7 +191,7 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   opt.print_to = x->quiet;   /* the recompute pass's report of every candidate: not shown */
   if (!rc) rc = pipeline_run(m, plan_pipeline(), &opt, err, errlen);
   if (!rc) rc = timing_predict(m, x->hw, c->ga, t, err, errlen);
-  if (!rc) *mem = plan_rank_memory(m, x->target);
+  if (!rc) *mem = memory_rank_peak(m, x->target);   /* passes/memory_rank.c */
   pthread_mutex_lock(&x->lock);
   x->compiles++, x->compile_s += now_s() - t0;
   pthread_mutex_unlock(&x->lock);
@@ -484,8 +429,7 @@ int cmd_plan(int argc, char **argv) {
                 if (pp > 1 && pp * vv > L) continue;
                 if (sched == PIPE_INTERLEAVED && ga % pp) continue;
                 for (int rcm = RECOMPUTE_NONE; rcm <= RECOMPUTE_FULL; rcm++) {
-                  /* the recompute pass refuses pipelines */
-                  if ((fix_rc >= 0 && rcm != fix_rc) || (pp > 1 && rcm)) continue;
+                  if (fix_rc >= 0 && rcm != fix_rc) continue;
                   if (n == cap) {
                     Cand *nc = realloc(cs, sizeof *cs * (size_t)(cap *= 2));
                     if (!nc) {

@@ -57,12 +57,7 @@ typedef struct {
 } PipeSaved;
 int pipe_save(RefExec *r, PipeSaved *sv);
 void pipe_restore(RefExec *r, PipeSaved *sv);
-/* Predicted stash: bytes one micro-batch of chunk c holds from F to B (f_bytes[c]) and from
-   B to W (w_bytes[c]), and each pp rank's peak under the schedule's order (peak[q]). */
-int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes);
-/* The pp rank that runs a pipelined module's function (@fwd.cK, @bwd.cK, @bwd_b.cK, @bwd_w.cK,
-   @optimizer_step.sR), or -1 for any other. */
-int pipe_func_rank(const Schedule *s, const char *name);
+/* pipe_stash_peaks and pipe_func_rank: ir/schedule.h. */
 
 /* train_common.c: after a pipelined run, the measured idle per pp rank beside the predicted
    bubble and the stash peaks (to plan->opt.log), and the timeline (plan->trace_out). */
