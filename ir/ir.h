@@ -256,6 +256,8 @@ struct Module {
   PipeInfo pipe;
   PtrVec globals;       /* Global* */
   PtrVec funcs;         /* Func* */
+  int *gslot;           /* globals by name: an open-addressing table of index + 1 (0: empty) */
+  int gcap;             /* its size (a power of two; more than twice the globals) */
 };
 
 Module *module_new(const char *name);

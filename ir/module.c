@@ -18,6 +18,30 @@ void module_free(Module *m) {
   if (m) arena_free(m->arena);
 }
 
+static unsigned name_hash(const char *s) {
+  unsigned h = 2166136261u;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+/* Indexes globals[i] by name (the table grows to keep it under half full; the old one stays
+   in the arena). */
+static void gslot_put(Module *m, int i) {
+  if (2 * (m->globals.n + 1) > m->gcap) {
+    int cap = m->gcap ? 2 * m->gcap : 64;
+    while (2 * (m->globals.n + 1) > cap) cap *= 2;
+    int *t = arena_alloc(m->arena, sizeof(int) * (size_t)cap);
+    memset(t, 0, sizeof(int) * (size_t)cap);
+    m->gslot = t, m->gcap = cap;
+    for (int k = 0; k < m->globals.n; k++)
+      if (k != i) gslot_put(m, k);
+  }
+  const Global *g = m->globals.items[i];
+  unsigned at = name_hash(g->name) & (unsigned)(m->gcap - 1);
+  while (m->gslot[at]) at = (at + 1) & (unsigned)(m->gcap - 1);
+  m->gslot[at] = i + 1;
+}
+
 Global *module_add_global(Module *m, GlobalKind kind, const char *name, Type t, Init init) {
   Global *g = arena_alloc(m->arena, sizeof *g);
   g->kind = kind;
@@ -32,13 +56,16 @@ Global *module_add_global(Module *m, GlobalKind kind, const char *name, Type t, 
   v->name = g->name;
   g->value = v;
   ptrvec_push(m->arena, &m->globals, g);
+  gslot_put(m, g->index);
   return g;
 }
 
 Global *module_find_global(const Module *m, const char *name) {
-  for (int i = 0; i < m->globals.n; i++) {
-    Global *g = m->globals.items[i];
-    if (!strcmp(g->name, name)) return g;
+  if (!m->gcap) return NULL;
+  unsigned at = name_hash(name) & (unsigned)(m->gcap - 1);
+  for (; m->gslot[at]; at = (at + 1) & (unsigned)(m->gcap - 1)) {
+    Global *g = m->globals.items[m->gslot[at] - 1];
+    if (!strcmp(g->name, name)) return g;   /* the first of equal names, as a scan would find */
   }
   return NULL;
 }

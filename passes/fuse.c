@@ -129,20 +129,25 @@ static void assign_groups(Fuser *fz) {
 
 /* Builds the kernel of group g and returns the call that replaces it; *map[id] receives
    the call's results for the group's outputs. */
-static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value **map) {
+/* The group's ops: first[g], then next[i] (op indices in order, -1 ends). inner and ginner
+   (program value id / global index -> kernel value) come zeroed and go back zeroed: one
+   pair serves every kernel of the function, so building them all stays linear. */
+typedef struct {
+  const int *first, *next;
+  Value **inner, **ginner;
+} Members;
+
+static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value **map, const Members *mb) {
   Func *f = fz->f;
   Module *m = fz->m;
   char name[256];
   snprintf(name, sizeof name, "%s.k%d", f->name, serial);
   Func *k = module_add_func(m, name);
   k->is_kernel = true;
-  int n = func_number(f);
-  Value **inner = calloc((size_t)n + 1, sizeof *inner);       /* program value -> kernel value */
-  Value **ginner = calloc((size_t)m->globals.n + 1, sizeof *ginner);
+  Value **inner = mb->inner, **ginner = mb->ginner;
   Value *args[FUSE_MAX_BUFS + 1];
   int n_args = 0;
-  for (int i = 0; i < f->ops.n; i++) {
-    if (fz->group_of[i] != g) continue;
+  for (int i = mb->first[g]; i >= 0; i = mb->next[i]) {
     Op *op = f->ops.items[i];
     Value *operands[256];
     for (int j = 0; j < op->n_operands; j++) {
@@ -180,20 +185,37 @@ static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value 
   call->attrs[0].s = k->name;
   call->attrs[0].set = true;
   int r = 0;
-  for (int i = 0; i < f->ops.n; i++) {
-    if (fz->group_of[i] != g) continue;
+  for (int i = mb->first[g]; i >= 0; i = mb->next[i]) {
     Op *op = f->ops.items[i];
-    for (int j = 0; j < op->n_results; j++)
+    for (int j = 0; j < op->n_results; j++) {
+      inner[op->results[j]->id] = NULL;
       if (used_outside[op->results[j]->id]) {
         Value *res = call->results[r++];
         res->type = op->results[j]->type;
         res->name = op->results[j]->name;
         map[op->results[j]->id] = res;
       }
+    }
+    for (int j = 0; j < op->n_operands; j++) {
+      Value *v = op->operands[j];
+      if (v->kind == VAL_GLOBAL) ginner[v->global->index] = NULL;
+      else inner[v->id] = NULL;
+    }
   }
-  free(inner);
-  free(ginner);
   return call;
+}
+
+/* first[g], next[i]: each group's op indices in order (tail: scratch). */
+static void link_members(const Fuser *fz, int n_ops, int *first, int *next, int *tail) {
+  for (int g = 0; g < fz->n_groups; g++) first[g] = tail[g] = -1;
+  for (int i = 0; i < n_ops; i++) {
+    int g = fz->group_of[i];
+    next[i] = -1;
+    if (g < 0) continue;
+    if (tail[g] < 0) first[g] = i;
+    else next[tail[g]] = i;
+    tail[g] = i;
+  }
 }
 
 static int fuse_func(Module *m, Func *f, int *serial) {
@@ -212,7 +234,11 @@ static int fuse_func(Module *m, Func *f, int *serial) {
      Groups that would pass too many buffers are split into one kernel per op. */
   bool *used_outside = calloc((size_t)n_values + 1, 1);
   int *bufs = calloc((size_t)n_ops + 1, sizeof(int));
+  /* groups: at most 2 n_ops (fz.groups' size), splitting included */
+  int *first = malloc(sizeof(int) * (2 * (size_t)n_ops + 1)), *next = malloc(sizeof(int) * ((size_t)n_ops + 1));
+  int *tail = malloc(sizeof(int) * (2 * (size_t)n_ops + 1));
   for (;;) {
+    link_members(&fz, n_ops, first, next, tail);
     memset(used_outside, 0, (size_t)n_values + 1);
     for (int i = 0; i < n_ops; i++) {
       const Op *op = f->ops.items[i];
@@ -240,8 +266,7 @@ static int fuse_func(Module *m, Func *f, int *serial) {
         bool cloned = v->kind == VAL_RESULT && (v->def->kind == OP_CONSTANT || v->def->kind == OP_IOTA);
         if (inside || cloned) continue;
         bool seen = false;   /* the same input read again (here or by an earlier member) */
-        for (int j = 0; j <= i && !seen; j++) {
-          if (fz.group_of[j] != g) continue;
+        for (int j = first[g]; j >= 0 && j <= i && !seen; j = next[j]) {
           const Op *o = f->ops.items[j];
           for (int q = 0; q < (j == i ? k : o->n_operands) && !seen; q++) seen = o->operands[q] == v;
         }
@@ -263,6 +288,8 @@ static int fuse_func(Module *m, Func *f, int *serial) {
 
   /* Rebuild the op list: each group becomes one call, placed at its last op. */
   Value **map = calloc((size_t)n_values + 1, sizeof *map);
+  link_members(&fz, n_ops, first, next, tail);
+  Members mb = {first, next, calloc((size_t)n_values + 1, sizeof(Value *)), calloc((size_t)m->globals.n + 1, sizeof(Value *))};
   PtrVec old = f->ops;
   memset(&f->ops, 0, sizeof f->ops);
   int kernels = 0;
@@ -271,9 +298,9 @@ static int fuse_func(Module *m, Func *f, int *serial) {
     int g = fz.group_of[i];
     if (g >= 0 && fz.groups[g].last != i) continue;
     if (g >= 0) {
-      PtrVec keep = f->ops;   /* build_kernel numbers f's values: give it the old list */
+      PtrVec keep = f->ops;   /* build_kernel reads the group's ops by their old indices */
       f->ops = old;
-      op = build_kernel(&fz, g, (*serial)++, used_outside, map);
+      op = build_kernel(&fz, g, (*serial)++, used_outside, map, &mb);
       f->ops = keep;
       kernels++;
     }
@@ -292,6 +319,7 @@ static int fuse_func(Module *m, Func *f, int *serial) {
     if (v->kind == VAL_RESULT && map[v->id]) f->rets.items[i] = map[v->id];
   }
   free(map);
+  free(first), free(next), free(tail), free(mb.inner), free(mb.ginner);
   free(used_outside);
   free(fz.groups);
   free(fz.group_of);

@@ -127,32 +127,33 @@ static int by_size(const void *a, const void *b) {
   return x->id - y->id;
 }
 
-static int by_off(const void *a, const void *b) {
-  const Buf *const *x = a, *const *y = b;
-  return (*x)->off < (*y)->off ? -1 : (*x)->off > (*y)->off;
-}
-
 /* Offsets for bufs, largest first, each at the lowest offset where it overlaps no placed
    buffer alive at the same time (the "greedy by size" offset assignment of inference
-   runtimes' planners).  Returns the arena size. */
+   runtimes' planners).  The placed buffers are kept in offset order (an insertion), so
+   each new one walks them once, skipping those alive at other times.  Returns the arena
+   size. */
 static int64_t place_by_size(Buf *b, int nb) {
   qsort(b, (size_t)nb, sizeof *b, by_size);
-  Buf **with = malloc(sizeof(Buf *) * ((size_t)nb + 1));
+  int *order = malloc(sizeof(int) * ((size_t)nb + 1));   /* placed buffers by offset */
   int64_t top = 0;
   for (int i = 0; i < nb; i++) {
-    int nw = 0;
-    for (int j = 0; j < i; j++)
-      if (b[j].start <= b[i].end && b[i].start <= b[j].end) with[nw++] = &b[j];
-    qsort(with, (size_t)nw, sizeof *with, by_off);
     int64_t at = 0;
-    for (int k = 0; k < nw; k++) {
-      if (with[k]->off >= at + b[i].size) break;   /* the gap below this one fits */
-      if (with[k]->off + with[k]->size > at) at = with[k]->off + with[k]->size;
+    for (int k = 0; k < i; k++) {
+      const Buf *o = &b[order[k]];
+      if (o->start > b[i].end || b[i].start > o->end) continue;   /* alive at other times */
+      if (o->off >= at + b[i].size) break;   /* the gap below this one fits */
+      if (o->off + o->size > at) at = o->off + o->size;
     }
     b[i].off = at;
     if (at + b[i].size > top) top = at + b[i].size;
+    int k = i;   /* insert by offset */
+    while (k > 0 && b[order[k - 1]].off > at) {
+      order[k] = order[k - 1];
+      k--;
+    }
+    order[k] = i;
   }
-  free(with);
+  free(order);
   return top;
 }
 
@@ -203,7 +204,19 @@ static void replan_by_size(Func *f, int target, const int64_t *last, const int *
     if (def[id] < x->start) x->start = def[id];
     if (end > x->end) x->end = end;
   }
-  if (def && nb) {
+  /* The bytes alive at once bound every plan from below: when first fit reached it, keep it. */
+  int64_t *delta = def && nb ? calloc((size_t)f->ops.n + 3, sizeof(int64_t)) : NULL;
+  int64_t live = 0, bound = 0;
+  for (int k = 0; delta && k < nb; k++) {
+    delta[b[k].start + 1] += b[k].size;   /* index + 1: arguments start at -1 */
+    delta[b[k].end + 2] -= b[k].size;
+  }
+  for (int i = 0; delta && i <= f->ops.n + 1; i++) {
+    live += delta[i];
+    if (live > bound) bound = live;
+  }
+  free(delta);
+  if (def && nb && bound < f->arena_bytes) {
     Buf *sorted = b;
     int64_t top = place_by_size(sorted, nb);
     if (top < f->arena_bytes) {

@@ -59,6 +59,13 @@ typedef struct {
   Op **def;
   Value **vval;       /* id -> the value */
   int *vidx;          /* id -> index of its op in @grad_step */
+  /* the cuts (cut_all): per value id its chunk and its crossing bits (build_chunk's) for the
+     chunks vchunk - 1, vchunk, vchunk + 1; each chunk's values with bits (ids ascending:
+     cv_ids[cv_start[c] ..]); each chunk's F, B and W ops (first_op[3c + part], next_op[i]) */
+  unsigned char *need3;
+  int *vchunk, *cv_start, *cv_ids, *first_op, *next_op;
+  Value **map_pool;   /* Out's maps (build_chunk): zero between functions */
+  int *touched, n_touched;
   char *err;
   size_t errlen;
 } PP;
@@ -522,8 +529,21 @@ typedef struct {
   Func *f;
   Value **map;     /* old value id -> value in f */
   PP *pp;
-  bool clone;      /* values of @grad_step: floating ops are cloned on use */
+  bool clone;      /* values of @grad_step: floating ops are cloned on use (and map is pp's pool) */
 } Out;
+
+/* map[id] = x; the pool remembers what to clear (end_out). */
+static void map_set(Out *o, int id, Value *x) {
+  if (o->clone && !o->map[id]) o->pp->touched[o->pp->n_touched++] = id;
+  o->map[id] = x;
+}
+
+/* A function of the chunks is done: its map (the pool) is cleared for the next. */
+static void end_out(Out *o) {
+  PP *pp = o->pp;
+  for (int k = 0; k < pp->n_touched; k++) o->map[pp->touched[k]] = NULL;
+  pp->n_touched = 0;
+}
 
 static Value *get(Out *o, Value *v);
 
@@ -540,7 +560,7 @@ static Value *clone_float(Out *o, Value *v) {
   ptrvec_push(o->pp->m->arena, &o->f->ops, c);
   for (int r = 0; r < d->n_results; r++) {
     c->results[r]->name = d->results[r]->name;
-    o->map[d->results[r]->id] = c->results[r];
+    map_set(o, d->results[r]->id, c->results[r]);
   }
   return o->map[v->id];
 }
@@ -563,15 +583,15 @@ static void emit(Out *o, Op *op) {
   ptrvec_push(o->pp->m->arena, &o->f->ops, c);
   for (int r = 0; r < op->n_results; r++) {
     c->results[r]->name = op->results[r]->name;
-    o->map[op->results[r]->id] = c->results[r];
+    map_set(o, op->results[r]->id, c->results[r]);
   }
 }
 
 static Out new_out(PP *pp, const char *name) {
-  Out o = {module_add_func(pp->m, name), calloc((size_t)pp->n_vals + 1, sizeof(Value *)), pp, true};
+  Out o = {module_add_func(pp->m, name), pp->map_pool, pp, true};
   for (int a = 0; a < pp->g->args.n; a++) {
     Value *v = pp->g->args.items[a];
-    o.map[v->id] = func_add_arg(o.f, v->name, v->type);
+    map_set(&o, v->id, func_add_arg(o.f, v->name, v->type));
   }
   return o;
 }
@@ -585,7 +605,7 @@ static void p2p(Out *o, Value *v, bool send, int peer, int tag) {
   } else {
     op = op_new(pp->m, OP_RECV, NULL, 0, &v->type);
     op->results[0]->name = v->name;
-    o->map[v->id] = op->results[0];
+    map_set(o, v->id, op->results[0]);
   }
   op->attrs[op_attr_index(op->kind, "axis")] = (Attr){.kind = ATTR_STR, .s = "pp", .set = true};
   op_set_int(op, "n", pp->p);
@@ -600,142 +620,175 @@ static int chunk_rank(PP *pp, int c) { return schedule_chunk_rank(pp->kind, pp->
    value's index at that boundary. */
 static int tag_of(int into, int dir, int k) { return ((into * 2 + dir) << 8) | k; }
 
-/* The values one chunk's part needs from elsewhere, and checks that they can get there. */
-static int build_chunk(PP *pp, int c) {
+/* The values each chunk's parts need from elsewhere, and checks that they can get there,
+   for every chunk at once: build_chunk then walks only its own ops and values. Bits: 1 F-in
+   (from c-1), 2 F->B stash, 4 B-in (from c+1), 8 B->W stash, 16 F-out (to c+1), 32 B-out
+   (to c-1). */
+static int cut_all(PP *pp) {
   Func *g = pp->g;
-  int nv = pp->n_vals;
-  char name[64];
-  /* Which values cross: forward in (from c-1), forward out (to c+1), backward in (from
-     c+1), backward out (to c-1), the stash F->B/W and B->W. */
-  char *need = calloc((size_t)nv + 1, 1);   /* bit 1: F-in, 2: F->B stash, 4: B-in, 8: B->W stash, 16: F-out, 32: B-out */
-  for (int i = 0; i < g->ops.n; i++) {
+  int nv = pp->n_vals, n = g->ops.n, C = pp->C;
+  pp->need3 = calloc(3 * (size_t)nv + 1, 1);
+  pp->vchunk = malloc(sizeof(int) * ((size_t)nv + 1));
+  pp->cv_start = calloc((size_t)C + 2, sizeof(int));
+  pp->first_op = malloc(sizeof(int) * (3 * (size_t)C + 1));
+  pp->next_op = malloc(sizeof(int) * ((size_t)n + 1));
+  pp->map_pool = calloc((size_t)nv + 1, sizeof(Value *));
+  pp->touched = malloc(sizeof(int) * ((size_t)nv + 1));
+  int *tail = malloc(sizeof(int) * (3 * (size_t)C + 1));
+  if (!pp->need3 || !pp->vchunk || !pp->cv_start || !pp->first_op || !pp->next_op || !pp->map_pool || !pp->touched || !tail) {
+    free(tail);
+    return fail(pp, IR_ERUN, "pipeline: out of memory");
+  }
+  for (int id = 0; id < nv; id++) pp->vchunk[id] = -1;
+  for (int k = 0; k < 3 * C; k++) pp->first_op[k] = tail[k] = -1;
+  for (int i = 0; i < n; i++) {
     Op *op = g->ops.items[i];
+    pp->next_op[i] = -1;
     if (pp->phase[i] != PH_F && pp->phase[i] != PH_B) continue;
     int oc = op_chunk(pp, i), part = pp->part[i];
+    int kind = 3 * oc + (pp->phase[i] == PH_F ? 0 : part == PART_W ? 2 : 1);
+    if (pp->phase[i] == PH_F || part == PART_B || part == PART_W) {   /* the ops build_chunk emits, in order */
+      if (tail[kind] < 0) pp->first_op[kind] = i;
+      else pp->next_op[tail[kind]] = i;
+      tail[kind] = i;
+    }
     for (int k = 0; k < op->n_operands; k++) {
       Value *v = op->operands[k];
       if (v->kind != VAL_RESULT || pp->vphase[v->id] == PH_FLOAT) continue;
-      int vc = val_chunk(pp, v), vph = pp->vphase[v->id];
-      int dpart = pp->vidx[v->id] >= 0 ? pp->part[pp->vidx[v->id]] : PART_F;
-      if (vph == PH_F) {
-        if (oc == c) {
-          if (vc == c - 1) need[v->id] |= 1;
-          else if (vc != c) goto bad;
-          if (part != PART_F) need[v->id] |= 2;
-          if (part == PART_W) need[v->id] |= 8;
-        } else if (vc == c && oc == c + 1) {
-          need[v->id] |= 16;
-        } else if (vc == c && oc != c) {
-          goto bad;
-        }
+      int vc = val_chunk(pp, v), d = oc - vc;
+      unsigned char *nd = pp->need3 + 3 * (size_t)v->id;   /* [0]: chunk vc - 1, [1]: vc, [2]: vc + 1 */
+      pp->vchunk[v->id] = vc;
+      if (pp->vphase[v->id] == PH_F) {
+        if (d != 0 && d != 1) goto bad;
+        nd[d + 1] |= (part != PART_F ? 2 : 0) | (part == PART_W ? 8 : 0) | (d == 1 ? 1 : 0);
+        if (d == 1) nd[1] |= 16;
       } else {   /* a backward value */
-        if (oc == c) {
-          if (vc == c + 1) need[v->id] |= 4;
-          else if (vc != c) goto bad;
-          if (part == PART_W && (vc != c || dpart != PART_W)) need[v->id] |= 8;
-        } else if (vc == c && oc == c - 1) {
-          need[v->id] |= 32;
-        } else if (vc == c && oc != c) {
-          goto bad;
-        }
+        int dpart = pp->vidx[v->id] >= 0 ? pp->part[pp->vidx[v->id]] : PART_F;
+        if (d != 0 && d != -1) goto bad;
+        if (d == 0 && part == PART_W && dpart != PART_W) nd[1] |= 8;
+        if (d == -1) nd[0] |= 4 | (part == PART_W ? 8 : 0), nd[1] |= 32;
       }
       continue;
     bad:;
       char text[512];
-      int cc = oc;
-      free(need);
+      free(tail);
       return fail(pp, IR_EINPUT, "the pipeline cut needs %%%s (made in chunk %d) in chunk %d, which is not a neighbour: "
                   "values may only cross one chunk boundary (op: %s); try another --pp-split",
-                  v->name ? v->name : "?", vc, cc, op_to_string(op, text, sizeof text));
+                  v->name ? v->name : "?", vc, oc, op_to_string(op, text, sizeof text));
     }
   }
-  /* Received values of the forward that B/W need are stashed from @fwd too (bit 2 on an
-     F-in value). A backward value received (bit 4) that W needs is stashed from B (bit 8). */
+  free(tail);
+  /* each chunk's values with bits, ids ascending (= program order of their ops) */
+  for (int pass = 0; pass < 2; pass++) {
+    int *at = pass ? calloc((size_t)C + 1, sizeof(int)) : NULL;
+    if (pass) {
+      for (int c = 0; c < C; c++) at[c] = pp->cv_start[c];
+      pp->cv_ids = malloc(sizeof(int) * ((size_t)pp->cv_start[C] + 1));
+    }
+    for (int id = 0; id < nv; id++)
+      for (int d = -1; d <= 1 && pp->vchunk[id] >= 0; d++) {
+        int c = pp->vchunk[id] + d;
+        if (c < 0 || c >= C || !pp->need3[3 * (size_t)id + (size_t)(d + 1)]) continue;
+        if (pass) pp->cv_ids[at[c]++] = id;
+        else pp->cv_start[c + 1]++;
+      }
+    if (!pass)
+      for (int c = 0; c < C; c++) pp->cv_start[c + 1] += pp->cv_start[c];
+    free(at);
+  }
+  return 0;
+}
+
+static void cut_free(PP *pp) {
+  free(pp->need3), free(pp->vchunk), free(pp->cv_start), free(pp->cv_ids), free(pp->first_op), free(pp->next_op);
+  free(pp->map_pool), free(pp->touched);
+}
+
+/* The crossing bits of value id at chunk c (cut_all). */
+static int need_at(const PP *pp, int id, int c) {
+  int d = c - pp->vchunk[id];
+  return d >= -1 && d <= 1 ? pp->need3[3 * (size_t)id + (size_t)(d + 1)] : 0;
+}
+
+/* Chunk c's functions: @fwd.cK, then @bwd.cK (or @bwd_b.cK and @bwd_w.cK). */
+static int build_chunk(PP *pp, int c) {
+  char name[64];
+  const int *ids = pp->cv_ids + pp->cv_start[c], nids = pp->cv_start[c + 1] - pp->cv_start[c];
   bool last = c == pp->C - 1;
   /* ---- @fwd.cK ---- */
   snprintf(name, sizeof name, "fwd.c%d", c);
   Out o = new_out(pp, name);
   int k = 0;
-  for (int id = 0; id < nv; id++)
-    if (need[id] & 1) {
-      p2p(&o, pp->vval[id], false, chunk_rank(pp, c - 1), tag_of(c, 0, k++));
-    }
-  for (int i = 0; i < g->ops.n; i++)
-    if (pp->phase[i] == PH_F && op_chunk(pp, i) == c) emit(&o, g->ops.items[i]);
+  for (int x = 0; x < nids; x++)
+    if (need_at(pp, ids[x], c) & 1) p2p(&o, pp->vval[ids[x]], false, chunk_rank(pp, c - 1), tag_of(c, 0, k++));
+  for (int i = pp->first_op[3 * c]; i >= 0; i = pp->next_op[i]) emit(&o, pp->g->ops.items[i]);
   k = 0;
-  for (int i = 0; i < g->ops.n; i++) {
-    Op *op = g->ops.items[i];
-    for (int r = 0; r < op->n_results; r++)
-      if (need[op->results[r]->id] & 16) p2p(&o, op->results[r], true, chunk_rank(pp, c + 1), tag_of(c + 1, 0, k++));
-  }
+  for (int x = 0; x < nids; x++)
+    if (need_at(pp, ids[x], c) & 16) p2p(&o, pp->vval[ids[x]], true, chunk_rank(pp, c + 1), tag_of(c + 1, 0, k++));
   if (last) {
-    Value *loss = g->rets.items[0];
+    Value *loss = pp->g->rets.items[0];
     Value *l = get(&o, loss);
     if (!l) {
-      free(need);
+      end_out(&o);
       return fail(pp, IR_ERUN, "internal error: the loss is not computed in the last chunk");
     }
     func_add_ret(o.f, l);
   }
-  Value **stash = calloc((size_t)nv + 1, sizeof(Value *));
+  /* the stash: values received from c-1 first, then the others (ids ascending in each) */
+  Value **stash = calloc((size_t)nids + 1, sizeof(Value *));
   int ns = 0;
   for (int pass = 0; pass < 2; pass++)
-    for (int id = 0; id < nv; id++)
-      if ((need[id] & 2) && ((pass == 0) == ((need[id] & 1) != 0))) {
-        Value *v = pp->vval[id];
-        Value *x = o.map[id];
-        if (!x) {
-          free(need), free(stash), free(o.map);
-          return fail(pp, IR_ERUN, "internal error: stash value %%%s is not in @%s", v && v->name ? v->name : "?", name);
-        }
-        func_add_ret(o.f, x);
-        stash[ns++] = v;
+    for (int x = 0; x < nids; x++) {
+      int nd = need_at(pp, ids[x], c);
+      if (!(nd & 2) || (pass == 0) != ((nd & 1) != 0)) continue;
+      Value *v = pp->vval[ids[x]], *y = o.map[ids[x]];
+      if (!y) {
+        end_out(&o);
+        free(stash);
+        return fail(pp, IR_ERUN, "internal error: stash value %%%s is not in @%s", v && v->name ? v->name : "?", name);
       }
-  free(o.map);
+      func_add_ret(o.f, y);
+      stash[ns++] = v;
+    }
+  end_out(&o);
   /* ---- @bwd.cK or @bwd_b.cK ---- */
   snprintf(name, sizeof name, pp->split ? "bwd_b.c%d" : "bwd.c%d", c);
   o = new_out(pp, name);
-  for (int s = 0; s < ns; s++) o.map[stash[s]->id] = func_add_arg(o.f, stash[s]->name, stash[s]->type);
+  for (int q = 0; q < ns; q++) map_set(&o, stash[q]->id, func_add_arg(o.f, stash[q]->name, stash[q]->type));
   k = 0;
-  for (int id = 0; id < nv; id++)
-    if (need[id] & 4) {
-      p2p(&o, pp->vval[id], false, chunk_rank(pp, c + 1), tag_of(c, 1, k++));
-    }
-  for (int i = 0; i < g->ops.n; i++)
-    if (pp->phase[i] == PH_B && op_chunk(pp, i) == c && pp->part[i] == PART_B) emit(&o, g->ops.items[i]);
+  for (int x = 0; x < nids; x++)
+    if (need_at(pp, ids[x], c) & 4) p2p(&o, pp->vval[ids[x]], false, chunk_rank(pp, c + 1), tag_of(c, 1, k++));
+  for (int i = pp->first_op[3 * c + 1]; i >= 0; i = pp->next_op[i]) emit(&o, pp->g->ops.items[i]);
   if (c > 0) {
     k = 0;
-    for (int i = 0; i < g->ops.n; i++) {
-      Op *op = g->ops.items[i];
-      for (int r = 0; r < op->n_results; r++)
-        if (need[op->results[r]->id] & 32) p2p(&o, op->results[r], true, chunk_rank(pp, c - 1), tag_of(c - 1, 1, k++));
-    }
+    for (int x = 0; x < nids; x++)
+      if (need_at(pp, ids[x], c) & 32) p2p(&o, pp->vval[ids[x]], true, chunk_rank(pp, c - 1), tag_of(c - 1, 1, k++));
   }
   if (pp->split) {
     /* W's inputs: stash values W reads (forward or backward), in id order */
-    Value **ws = calloc((size_t)nv + 1, sizeof(Value *));
+    Value **ws = calloc((size_t)nids + 1, sizeof(Value *));
     int nw = 0;
-    for (int id = 0; id < nv; id++)
-      if (need[id] & 8) {
-        Value *x = o.map[id];
-        if (!x) {
-          free(ws), free(o.map), free(stash), free(need);
-          return fail(pp, IR_ERUN, "internal error: %%%s, which W needs, is not in @%s", pp->vval[id]->name ? pp->vval[id]->name : "?", name);
+    for (int x = 0; x < nids; x++)
+      if (need_at(pp, ids[x], c) & 8) {
+        Value *y = o.map[ids[x]];
+        if (!y) {
+          end_out(&o);
+          free(ws), free(stash);
+          return fail(pp, IR_ERUN, "internal error: %%%s, which W needs, is not in @%s",
+                      pp->vval[ids[x]]->name ? pp->vval[ids[x]]->name : "?", name);
         }
-        func_add_ret(o.f, x);
-        ws[nw++] = pp->vval[id];
+        func_add_ret(o.f, y);
+        ws[nw++] = pp->vval[ids[x]];
       }
-    free(o.map);
+    end_out(&o);
     snprintf(name, sizeof name, "bwd_w.c%d", c);
     o = new_out(pp, name);
-    for (int s = 0; s < nw; s++) o.map[ws[s]->id] = func_add_arg(o.f, ws[s]->name, ws[s]->type);
-    for (int i = 0; i < g->ops.n; i++)
-      if (pp->phase[i] == PH_B && op_chunk(pp, i) == c && pp->part[i] == PART_W) emit(&o, g->ops.items[i]);
+    for (int q = 0; q < nw; q++) map_set(&o, ws[q]->id, func_add_arg(o.f, ws[q]->name, ws[q]->type));
+    for (int i = pp->first_op[3 * c + 2]; i >= 0; i = pp->next_op[i]) emit(&o, pp->g->ops.items[i]);
     free(ws);
   }
-  free(o.map);
+  end_out(&o);
   free(stash);
-  free(need);
   return 0;
 }
 
@@ -979,7 +1032,9 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     pp.part = calloc((size_t)g->ops.n + 1, sizeof(int));
     split_parts(&pp);
   }
+  if (!rc) rc = cut_all(&pp);
   for (int c = 0; c < pp.C && !rc; c++) rc = build_chunk(&pp, c);
+  cut_free(&pp);
   if (!rc) {
     bool *used = calloc((size_t)p * (size_t)m->globals.n + 1, 1);
     global_users(&pp, used);
