@@ -1,4 +1,7 @@
-/* runtime/cuda/cuda_exec.c — see cuda_exec.h. */
+/* runtime/cuda/cuda_exec.c — see cuda_exec.h.
+ * Over 1,000 lines on purpose: the program's checks, memory, GEMM plans, launches and
+ * transfers all reach into CudaProgram's private state (LOOM_CUDA_INTERNAL); the executor
+ * at the end is the one public user of them. */
 #define LOOM_CUDA_INTERNAL 1
 #include "runtime/cuda/cuda_exec.h"
 

@@ -3,7 +3,8 @@
 # calls go to the test doubles built beside it, and the CUDA translation unit runs as host
 # code.  Runs tests/gpu/test_train.sh (the GPU session's training and golden checks) in its
 # emulated mode, then longer sequences against the CPU backend, the same bits with the
-# threads of every block run in reverse order, and a compiled executable's embedded module.
+# threads of every block run in reverse order, a compiled executable's embedded module, and a
+# CPU mesh's checkpoint resumed on CUDA.
 #   bash tests/cuda_emu/run.sh LOOM ST_DIFF LIBCUDA LIBNVRTC LIBCUBLASLT
 # Not a GPU check: speed, registers and the memory model stay owed to tests/gpu/run.sh.
 LOOM=$1 ST_DIFF=$2
@@ -304,6 +305,18 @@ if [ -n "$a" ] && awk -v a="$a" -v b="$b" 'BEGIN { n = split(a, x, " "); if (spl
   ok "validation loss on CUDA ($b) within 1e-4 of the CPU backend's ($a)"
 else
   bad "validation loss on CUDA ($b) against the CPU backend's ($a)"
+fi
+
+# A checkpoint of a dp=2 ZeRO-3 CPU mesh resumes on CUDA (another layout: one device), and
+# the 4 steps end within 1e-5 of one CPU rank's (a constant lr, so the legs share it)
+lt=("$LOOM" train tests/golden/llama-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0)
+if "${lt[@]}" --steps 2 --mesh dp=2 --zero 3 --save-dir "$tmp/ck" > "$tmp/log" 2>&1 &&
+   "${lt[@]}" --steps 4 --backend cuda --resume "$tmp/ck" --out "$tmp/resumed.st" >> "$tmp/log" 2>&1 &&
+   "${lt[@]}" --steps 4 --backend cpu --out "$tmp/one.st" >> "$tmp/log" 2>&1 &&
+   "$ST_DIFF" "$tmp/resumed.st" "$tmp/one.st" --rtol 1e-5 > "$tmp/diff" 2>&1; then
+  ok "a dp=2 ZeRO-3 checkpoint resumes on CUDA: 4 steps within 1e-5 of one CPU rank's"
+else
+  bad "resuming a mesh checkpoint on CUDA"; tail -5 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
 fi
 
 # bench/gpu_step.sh end to end (its parsing of loom's output), on a tiny model
