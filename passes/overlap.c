@@ -142,14 +142,14 @@ static int first_reader(const Func *f, int i) {
   return f->ops.n;
 }
 
-/* Is v the result of a wait, seen through the data movement that unpacks it? */
-static bool from_wait(const Value *v) {
+/* The wait whose result v is, seen through the data movement that unpacks it, or NULL. */
+static const Op *wait_of(const Value *v) {
   while (v->kind == VAL_RESULT) {
-    if (v->def->kind == OP_WAIT) return true;
-    if (op_info(v->def->kind)->cls != CLASS_DATA || v->def->n_operands != 1) return false;
+    if (v->def->kind == OP_WAIT) return v->def;
+    if (op_info(v->def->kind)->cls != CLASS_DATA || v->def->n_operands != 1) return NULL;
     v = v->def->operands[0];
   }
-  return false;
+  return NULL;
 }
 
 /* Sinks single-operand data movement (slice, reshape, ...) that unpacks a collective's
@@ -158,7 +158,7 @@ static void sink_unpacking(Func *f) {
   for (int i = f->ops.n - 1; i >= 0; i--) {
     Op *op = f->ops.items[i];
     if (op_info(op->kind)->cls != CLASS_DATA || op->n_operands != 1 || (op_info(op->kind)->flags & OPF_EFFECT) ||
-        !from_wait(op->operands[0]))
+        !wait_of(op->operands[0]))
       continue;
     int to = first_reader(f, i) - 1;
     if (to > i) move_op(f, i, to);
@@ -174,16 +174,6 @@ static bool of_computed(const Op *start) { return start->operands[0]->kind != VA
    after its own: a gradient's reduce-scatter is waited for while the next few run, not at
    the end of the backward (where the accumulates are), which would hold every full
    gradient until then. */
-/* Is v the wait's result, seen through the data movement that unpacks it? */
-static bool from_this_wait(const Value *v, const Op *wait) {
-  while (v->kind == VAL_RESULT) {
-    if (v->def == wait) return true;
-    if (op_info(v->def->kind)->cls != CLASS_DATA || v->def->n_operands != 1) return false;
-    v = v->def->operands[0];
-  }
-  return false;
-}
-
 static bool is_unpack(const Op *o) {
   return op_info(o->kind)->cls == CLASS_DATA && o->n_operands == 1 && !(op_info(o->kind)->flags & OPF_EFFECT);
 }
@@ -193,9 +183,9 @@ static bool is_unpack(const Op *o) {
    before limit touches its global, or such an unpacking op whose every reader goes down too? */
 static bool goes_with(const Func *f, const Op *o, const Op *wait, int at, int limit, int depth) {
   if (o->kind == OP_ACCUMULATE)
-    return o->operands[0]->kind == VAL_GLOBAL && from_this_wait(o->operands[1], wait) &&
+    return o->operands[0]->kind == VAL_GLOBAL && wait_of(o->operands[1]) == wait &&
            !touched_between(f, o->operands[0]->global, at + 1, limit);
-  if (!is_unpack(o) || !from_this_wait(o->operands[0], wait) || depth > 8) return false;
+  if (!is_unpack(o) || wait_of(o->operands[0]) != wait || depth > 8) return false;
   bool any = false;
   for (int j = at + 1; j < f->ops.n; j++) {
     const Op *r = f->ops.items[j];
