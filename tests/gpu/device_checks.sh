@@ -5,7 +5,7 @@
 #     run: bash tests/gpu/device_checks.sh SECONDS [PHASES]   # there, carry [".gpu"]
 #
 # PHASES (default "correct,bench,sanitize"; a check's own name runs it alone: runtime,
-# train, goldens, moe, misc):
+# train, goldens, moe, misc; "owed" runs what the first session left: checks 4, 7 and 8's speed):
 #   correct   checks 1, 2, 5, 6, 8, 9 (correctness), in parallel: the tiny models are small
 #             and the machine has 16 cores for NVRTC and the CPU backend's references;
 #   bench     checks 3 and 9's speed, alone on the GPU: bench/gpu_step.sh for GPT-2 124M,
@@ -81,6 +81,12 @@ fi
 if [[ $PHASES == *bench* ]]; then
   check bench 200 "STEPS=${STEPS:-12} LOOM=$B/loom bash bench/gpu_step.sh"
   check bench-moe 120 "python3 -c \"import json; s=json.load(open('models/mixtral-tiny.json')); s['model'].update(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, num_local_experts=8, vocab_size=32000, max_position_embeddings=2048); json.dump(s, open('/tmp/mixtral-mid.json', 'w'))\" && STEPS=${STEPS:-12} LOOM=$B/loom MODELS=/tmp/mixtral-mid.json:8:1024 bash bench/gpu_step.sh"
+fi
+if [[ $PHASES == *owed* ]]; then
+  hwf=models/hardware/h200.json; nvidia-smi -L 2>/dev/null | grep -q H100 && hwf=models/hardware/h100-sxm.json
+  check micro 120 "python3 tests/gpu/microbench.py $hwf $OUT/hw-measured.json"
+  check attnround 150 "LOOM_CUDA_ATTN_ROUND=1 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh"
+  check sample 150 "set -e; $B/loom data data/shakespeare.txt -o /tmp/s.bin; $B/loom train models/gpt2-124M.json --backend cuda --steps 1 --batch 4 --seq 1024 --data /tmp/s.bin --out /tmp/w124.st -q; for b in cuda cpu; do $B/loom sample models/gpt2-124M.json --weights /tmp/w124.st --prompt x --max-new-tokens 256 --temperature 0 --backend \$b > /dev/null; done"
 fi
 if [[ $PHASES == *sanitize* ]]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
