@@ -99,7 +99,13 @@ typedef struct {
   int64_t L;
   const Hardware *hw;
   pthread_mutex_t lock;
+  /* the progress line (standard error, a terminal only): candidates screened of n_all */
+  bool tty;
+  int screened, n_all;
+  double t0, shown;
 } Screen;
+
+static double now_s(void);
 
 static void *screen_worker(void *arg) {
   Screen *w = arg;
@@ -126,6 +132,14 @@ static void *screen_worker(void *arg) {
     }
     pthread_mutex_lock(&w->lock);
     w->done++;
+    w->screened++;
+    double t = now_s();
+    if (w->tty && t - w->shown >= 0.5) {   /* the progress line, twice a second at most */
+      w->shown = t;
+      fprintf(stderr, "\rloom plan: screened %d of at most %d candidates (%d compiles, %.0f s)", w->screened, w->n_all,
+              w->x->compiles, t - w->t0);
+      fflush(stderr);
+    }
     pthread_mutex_unlock(&w->lock);
   }
 }
@@ -473,7 +487,7 @@ int cmd_plan(int argc, char **argv) {
   int *none = malloc(sizeof(int) * (size_t)(n + 1));
   bool *skip = calloc((size_t)n + 1, 1), *far = calloc((size_t)n + 1, 1);
   Screen w = {&x, cs, calloc((size_t)n + 1, 1), calloc((size_t)n + 1, IR_ERR_LEN), order, 0, 0, 0, L, &hw,
-              PTHREAD_MUTEX_INITIALIZER};
+              PTHREAD_MUTEX_INITIALIZER, isatty(STDERR_FILENO) == 1, 0, n, t_start, t_start};
   if (!w.bad || !w.why || !order || !skip || !far || !half || !none) {
     free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none);
     if (x.quiet) fclose(x.quiet);
@@ -537,6 +551,7 @@ int cmd_plan(int argc, char **argv) {
     }
     cs[kept++] = *c;
   }
+  if (w.tty && w.shown > w.t0) fprintf(stderr, "\r\033[K");   /* the progress line gives way to the summary */
   if (!json)
     fprintf(stderr, "screened %d candidates (%d compiles on %d threads, %.1f s); %d skipped: recomputation where the "
             "layout fits without it, or a micro-batch twice one far out of memory\n", n - skipped, x.compiles, nt,
