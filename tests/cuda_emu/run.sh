@@ -307,6 +307,18 @@ else
   bad "validation loss on CUDA ($b) against the CPU backend's ($a)"
 fi
 
+# mixtral-tiny in bf16 (its grouped matmuls and their weight gradients on the tensor cores,
+# mma.sync): one step's logits, loss and every gradient within 2e-2 of the CPU backend's
+sed '0,/{/s/{/{"precision": "bf16", /' models/mixtral-tiny.json > "$tmp/mx16.json"
+mg=tests/golden/mixtral-tiny
+for b in cpu cuda; do
+  "$LOOM" eval "$tmp/mx16.json" --weights $mg/weights.safetensors --tokens $mg/tokens.bin --grads --backend $b \
+    --out "$tmp/mx16-$b.st" > "$tmp/log-$b" 2>&1 || cat "$tmp/log-$b"
+done
+"$ST_DIFF" "$tmp/mx16-cuda.st" "$tmp/mx16-cpu.st" --rtol 2e-2 > "$tmp/diff" 2>&1 &&
+  ok "mixtral-tiny bf16 (tensor-core grouped matmuls): logits, loss and every gradient within 2e-2 of the CPU backend" ||
+  { bad "mixtral-tiny bf16 against the CPU"; grep FAIL "$tmp/diff" | head -5; }
+
 # A checkpoint of a dp=2 ZeRO-3 CPU mesh resumes on CUDA (another layout: one device), and
 # the 4 steps end within 1e-5 of one CPU rank's (a constant lr, so the legs share it)
 lt=("$LOOM" train tests/golden/llama-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0)
