@@ -30,9 +30,8 @@ static void gslot_put(Module *m, int i) {
   if (2 * (m->globals.n + 1) > m->gcap) {
     int cap = m->gcap ? 2 * m->gcap : 64;
     while (2 * (m->globals.n + 1) > cap) cap *= 2;
-    int *t = arena_alloc(m->arena, sizeof(int) * (size_t)cap);
-    memset(t, 0, sizeof(int) * (size_t)cap);
-    m->gslot = t, m->gcap = cap;
+    m->gslot = arena_alloc(m->arena, sizeof(int) * (size_t)cap);   /* zeroed: every slot empty */
+    m->gcap = cap;
     for (int k = 0; k < m->globals.n; k++)
       if (k != i) gslot_put(m, k);
   }

@@ -175,23 +175,23 @@ static void replan_by_size(Func *f, int target, const int64_t *last, const int *
   Value **val = calloc((size_t)n + 1, sizeof *val);
   int *buf = malloc(sizeof(int) * ((size_t)n + 1));
   Buf *b = malloc(sizeof(Buf) * ((size_t)n + 1));
-  if (!val || !buf || !b) {
-    free(val), free(buf), free(b);
+  int64_t *def = malloc(sizeof(int64_t) * ((size_t)n + 1));
+  int64_t *delta = calloc((size_t)f->ops.n + 3, sizeof(int64_t));
+  if (!val || !buf || !b || !def || !delta) {
+    free(val), free(buf), free(b), free(def), free(delta);
     return;   /* the first-fit plan stands */
   }
-  for (int i = 0; i < n; i++) buf[i] = -1;
+  for (int i = 0; i < n; i++) buf[i] = -1, def[i] = -1;
   int nb = 0;
   for (int i = 0; i < f->args.n; i++) val[((Value *)f->args.items[i])->id] = f->args.items[i];
-  int64_t *def = malloc(sizeof(int64_t) * ((size_t)n + 1));
-  for (int i = 0; i < n; i++) def[i] = -1;
-  for (int i = 0; def && i < f->ops.n; i++) {
+  for (int i = 0; i < f->ops.n; i++) {
     Op *op = f->ops.items[i];
     for (int r = 0; r < op->n_results; r++) {
       val[op->results[r]->id] = op->results[r];
       def[op->results[r]->id] = i;
     }
   }
-  for (int id = 0; def && id < n; id++) {
+  for (int id = 0; id < n; id++) {
     Value *v = val[id];
     if (!v || root_of(v) != v) continue;   /* reshapes and waits: their root's buffer */
     int o = owner(v, alias);
@@ -205,28 +205,25 @@ static void replan_by_size(Func *f, int target, const int64_t *last, const int *
     if (end > x->end) x->end = end;
   }
   /* The bytes alive at once bound every plan from below: when first fit reached it, keep it. */
-  int64_t *delta = def && nb ? calloc((size_t)f->ops.n + 3, sizeof(int64_t)) : NULL;
   int64_t live = 0, bound = 0;
-  for (int k = 0; delta && k < nb; k++) {
+  for (int k = 0; k < nb; k++) {
     delta[b[k].start + 1] += b[k].size;   /* index + 1: arguments start at -1 */
     delta[b[k].end + 2] -= b[k].size;
   }
-  for (int i = 0; delta && i <= f->ops.n + 1; i++) {
+  for (int i = 0; i <= f->ops.n + 1; i++) {
     live += delta[i];
     if (live > bound) bound = live;
   }
-  free(delta);
-  if (def && nb && bound < f->arena_bytes) {
-    Buf *sorted = b;
-    int64_t top = place_by_size(sorted, nb);
+  if (nb && bound < f->arena_bytes) {
+    int64_t top = place_by_size(b, nb);   /* sorts b */
     if (top < f->arena_bytes) {
-      for (int k = 0; k < nb; k++) buf[sorted[k].id] = k;   /* owner id -> its placed buffer */
+      for (int k = 0; k < nb; k++) buf[b[k].id] = k;   /* owner id -> its placed buffer */
       for (int id = 0; id < n; id++)
-        if (val[id]) val[id]->offset = sorted[buf[owner(val[id], alias)]].off;
+        if (val[id]) val[id]->offset = b[buf[owner(val[id], alias)]].off;
       f->arena_bytes = top;
     }
   }
-  free(def), free(val), free(buf), free(b);
+  free(def), free(val), free(buf), free(b), free(delta);
 }
 
 static void plan_func(Func *f, int target) {

@@ -88,6 +88,7 @@ typedef struct {
   bool *other_param;  /* op -> parameter-only, and reads a parameter of no layer */
   bool *bwd_read;     /* value id -> a backward op reads it or a reshape of it (set on roots) */
   bool *in_r;         /* op -> recomputed */
+  bool *layer_out;    /* op -> a layer's output: a forward op of another layer (or the head) reads it */
   bool *pinned;       /* op -> with pp, never cloned: it reads the tokens or targets and no activation
                          (the embedding: its clone would belong to no chunk's backward), or its result is
                          read by another layer (a clone there would be read by a later chunk's backward,
@@ -143,6 +144,7 @@ static void rc_free(RC *rc) {
   free(rc->param_only);
   free(rc->other_param);
   free(rc->pinned);
+  free(rc->layer_out);
   free(rc->bwd_read);
   free(rc->in_r);
   memset(rc, 0, sizeof *rc);
@@ -162,8 +164,9 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
   rc->bwd_read = calloc((size_t)nv, 1);
   rc->in_r = calloc((size_t)n + 1, 1);
   rc->pinned = calloc((size_t)n + 1, 1);
+  rc->layer_out = calloc((size_t)n + 1, 1);
   if (!rc->ops || !rc->def || !rc->fwd || !rc->layer || !rc->param_only || !rc->other_param || !rc->bwd_read || !rc->in_r ||
-      !rc->pinned) {
+      !rc->pinned || !rc->layer_out) {
     rc_free(rc);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
@@ -244,16 +247,16 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
     rc->pinned[i] = m->mesh.size[AX_PP] > 1 && !po && !any_act;
     rc->layer[i] = po ? lp : lp >= 0 ? lp : other && lo >= 0 ? rc->n_layers : lo;
   }
-  if (m->mesh.size[AX_PP] > 1)   /* layer boundaries stay kept: each chunk recomputes its own layers */
-    for (int j = 0; j < n; j++) {
-      if (!rc->fwd[j]) continue;
-      const Op *u = rc->ops[j];
-      for (int k = 0; k < u->n_operands; k++) {
-        const Value *v = u->operands[k];
-        if (is_local(v) && !rc->param_only[rc->def[v->id]] && rc->layer[rc->def[v->id]] != rc->layer[j])
-          rc->pinned[rc->def[v->id]] = true;
-      }
+  for (int j = 0; j < n; j++) {
+    if (!rc->fwd[j]) continue;
+    const Op *u = rc->ops[j];
+    for (int k = 0; k < u->n_operands; k++) {
+      const Value *v = u->operands[k];
+      if (is_local(v) && rc->layer[rc->def[v->id]] != rc->layer[j]) rc->layer_out[rc->def[v->id]] = true;
     }
+  }
+  for (int i = 0; m->mesh.size[AX_PP] > 1 && i < n; i++)   /* with pp, layer outputs stay kept: a chunk recomputes its own layers */
+    rc->pinned[i] |= rc->layer_out[i] && !rc->param_only[i];
   return 0;
 }
 
@@ -416,19 +419,8 @@ static void policy_selective(RC *rc, unsigned classes) {
 }
 
 static void policy_full(RC *rc) {
-  /* A layer's outputs: values a forward op of another layer (or the head) reads. */
-  bool *boundary = calloc((size_t)rc->n_ops + 1, 1);
-  for (int j = 0; j < rc->n_ops; j++) {
-    if (!rc->fwd[j]) continue;
-    Op *u = rc->ops[j];
-    for (int k = 0; k < u->n_operands; k++) {
-      Value *v = u->operands[k];
-      if (is_local(v) && rc->layer[rc->def[v->id]] != rc->layer[j]) boundary[rc->def[v->id]] = true;
-    }
-  }
-  for (int i = 0; i < rc->n_ops; i++)
-    rc->in_r[i] = rc->fwd[i] && can_clone(rc, i) && rc->layer[i] >= 0 && rc->layer[i] < rc->n_layers && !boundary[i];
-  free(boundary);
+  for (int i = 0; i < rc->n_ops; i++)   /* each layer but its outputs (rc->layer_out) */
+    rc->in_r[i] = rc->fwd[i] && can_clone(rc, i) && rc->layer[i] >= 0 && rc->layer[i] < rc->n_layers && !rc->layer_out[i];
   finish(rc);
 }
 

@@ -194,6 +194,7 @@ void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
   int parts = (int)(gl->n / MIN_PART);
   if (parts > cores) parts = (int)cores;
   if (parts > MAX_PARTS) parts = MAX_PARTS;
+  if (parts < 2) parts = 1;
   InitPart part[MAX_PARTS];
   pthread_t tid[MAX_PARTS];
   bool started[MAX_PARTS] = {false};
@@ -201,11 +202,10 @@ void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
     part[i] = (InitPart){gl, s0, t, gl->n * i / parts, gl->n * (i + 1) / parts};
     started[i] = i > 0 && pthread_create(&tid[i], NULL, init_part, &part[i]) == 0;
   }
-  if (parts < 2) init_range(gl, s0, t, 0, gl->n);
-  for (int i = 0; parts >= 2 && i < parts; i++)
-    if (!started[i]) init_part(&part[i]);   /* the caller's share, and any thread that did not start */
-  for (int i = 1; i < parts; i++)
+  for (int i = 0; i < parts; i++) {   /* part 0 here, and any part whose thread did not start */
     if (started[i]) pthread_join(tid[i], NULL);
+    else init_part(&part[i]);
+  }
   /* Rows past the checkpoint shape (a padded vocabulary) are zero. */
   int64_t saved = 1;
   for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];

@@ -381,7 +381,7 @@ int cuda_find_func(const CudaProgram *cp, const char *name) {
 }
 
 uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b) {
-  uint64_t base = b->region == RT_REGION_ARENA ? (cp->arenas ? cp->arenas[func] : 0) : cp->regions[b->region];
+  uint64_t base = b->region == RT_REGION_ARENA ? cp->arena : cp->regions[b->region];   /* one arena for every function */
   return base + (uint64_t)b->offset;
 }
 
@@ -702,10 +702,9 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   size_t nf = (size_t)(p->n_funcs ? p->n_funcs : 1);
   CudaMemory plan;
   cuda_program_memory_plan(p, cp->opt.workspace_bytes, &plan);
-  cp->arenas = calloc(nf, sizeof *cp->arenas);
   cp->plans = calloc(nf, sizeof *cp->plans);
   cp->gstorage = calloc((size_t)(p->n_globals ? p->n_globals : 1), sizeof *cp->gstorage);
-  rc = cp->arenas && cp->plans && cp->gstorage ? 0 : fail(err, errlen, 1, "out of memory");
+  rc = cp->plans && cp->gstorage ? 0 : fail(err, errlen, 1, "out of memory");
   for (int f = 0; !rc && f < p->n_funcs; f++)
     if (!(cp->plans[f] = calloc((size_t)(p->funcs[f].n_steps ? p->funcs[f].n_steps : 1), sizeof(CudaGemmPlan *))))
       rc = fail(err, errlen, 1, "out of memory");
@@ -737,10 +736,8 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   /* One arena for every function, as the memory plan (loom ir --memory) counts it: calls
      never overlap (each ends with a synchronization after copying its results out), and no
      function keeps anything in its arena from one call to the next. */
-  if (!rc && (rc = dev_alloc(cp, &cp->arena, plan.max_arena, "the arena", err, errlen)) == 0) {
+  if (!rc && (rc = dev_alloc(cp, &cp->arena, plan.max_arena, "the arena", err, errlen)) == 0)
     cp->mem.arenas = cp->mem.max_arena = plan.max_arena;
-    for (int f = 0; f < p->n_funcs; f++) cp->arenas[f] = cp->arena;
-  }
   if (!rc && plan.workspace > 0) {
     const CublasLtApi *l = cuda_cublaslt(err, errlen);
     cublasLtHandle_t h = NULL;
@@ -794,7 +791,6 @@ void cuda_program_free(CudaProgram *cp) {
      (others may hold it: NCCL's CUDA runtime does until exit), so the next user gets a fresh one. */
   if (cp->device >= 0 && cp->ctx) cuda_device_release(cp->device);
   if (spoiled) cuda_device_recover(cp->device);
-  free(cp->arenas);
   free(cp->fns);
   free(cp->gstorage);
   free(cp->staging);
@@ -805,7 +801,7 @@ static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, s
   const CudaDriverApi *d = cuda_driver(err, errlen);
   const RtStep *st = &cp->p->funcs[f].steps[s];
   uint64_t base[RT_REGION_COUNT];
-  for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arenas[f] : cp->regions[r];
+  for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arena : cp->regions[r];
   CudaLoomArgs args;
   cuda_pack_args(st, base, &args);
   void *params[1] = {&args};

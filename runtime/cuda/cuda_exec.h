@@ -116,8 +116,7 @@ typedef struct {
   void *lt;                /* cublasLtHandle_t */
   void **fns;              /* CUfunction per kernel [p->n_kernels] */
   uint64_t regions[RT_REGION_COUNT];   /* device bases; [RT_REGION_ARENA] unused */
-  uint64_t *arenas;        /* [p->n_funcs]: each function's arena, all the shared one below */
-  uint64_t arena;          /* the one arena allocation */
+  uint64_t arena;          /* the arena every function shares (their calls never overlap) */
   uint64_t workspace;
   CudaGemmPlan ***plans;   /* [func][step], NULL for non-GEMM steps */
   RtStorage *gstorage;     /* [p->n_globals] */
