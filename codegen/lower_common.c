@@ -126,3 +126,13 @@ void cg_label_merged(RtStep *st, int tensors) {
   size_t len = strlen(st->label), at = len + (size_t)k < sizeof st->label ? len : sizeof st->label - 1 - (size_t)k;
   memcpy(st->label + at, tail, (size_t)k + 1);
 }
+
+int cg_wrap_start(RtStep *st, int h) {
+  if (st->kind != RT_STEP_BUILTIN || st->which < RT_B_ALL_REDUCE || st->which > RT_B_ALL_TO_ALL) return -1;
+  if (st->i[RT_MAX_INTS - 1] || st->i[RT_MAX_INTS - 2]) return -1;
+  memmove(st->i + 2, st->i, sizeof(int64_t) * (RT_MAX_INTS - 2));
+  st->i[0] = st->which;
+  st->i[1] = h;
+  st->which = RT_B_COLL_START;
+  return 0;
+}

@@ -40,4 +40,9 @@ int *cg_placement_order(const Module *m);
    tensors]" (the label's end gives way when it is full).  Nothing for 1. */
 void cg_label_merged(RtStep *st, int tensors);
 
+/* A collective start (the overlap pass): the collective's just-lowered step becomes
+   RT_B_COLL_START with the collective and the start's handle h in front of its ints
+   (program.h).  0, or -1 when st is not a collective or its ints leave no room. */
+int cg_wrap_start(RtStep *st, int h);
+
 #endif

@@ -147,6 +147,10 @@ typedef struct {
   double f[4];
   char label[96];            /* for messages and traces: "layernorm %h0.ln_1" */
   uint32_t grid[3], block[3], smem;   /* CUDA launch (codegen/cuda); unused on the CPU */
+  /* CUDA: before the launch the runtime writes the rank's coordinate on mesh axis coord_axis
+     into i[coord_at - 1] (0: nothing), so that one program serves every rank of a mesh (the
+     CPU runtime hands its builtins the rank's Comm instead). */
+  uint8_t coord_at, coord_axis;
 } RtStep;
 /* On CUDA every step that is not a GEMM is RT_STEP_KERNEL (fused kernels and builtins
    alike): `which` names a kernel of the program's CUDA module, with the signature

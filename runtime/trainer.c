@@ -64,6 +64,7 @@ static char *state_json(const TrainOptions *o, const TrainResult *r, int64_t ste
 static int save(Executor *ex, const TrainOptions *o, const TrainResult *r, int64_t step, DataLoader *dl, char *err,
                 size_t errlen) {
   if (ex->sync_out && ex->sync_out(ex->self, err, errlen)) return 1;
+  if (o->not_writer) return 0;
   int shard;
   int64_t pos;
   data_get_position(dl, &shard, &pos);

@@ -94,6 +94,9 @@ typedef struct {
      views are copies (meshes, cuda: sync_out) report them with log_experts only (each step
      then syncs the state out and back). */
   bool log_experts;
+  /* A rank other than 0 of a multi-process run: every step, validation and sync_out as rank
+     0 does them (they are collective), but no checkpoint is written (rank 0 writes it). */
+  bool not_writer;
 } TrainOptions;
 
 typedef struct {

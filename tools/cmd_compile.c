@@ -108,6 +108,11 @@ int cmd_compile(int argc, char **argv) {
   Input in;
   Backend backend;
   int rc = train_prepare(&ta, ta.spec, &in, &backend, err, sizeof err);
+  if (!rc && backend == BACKEND_CUDA && mesh_world(&in.m->mesh) > 1) {
+    snprintf(err, sizeof err, "a compiled executable runs one GPU for now; a mesh on CUDA runs under 'loom train --backend "
+             "cuda --mesh ...' (one process per GPU), or compile it for the cpu backend");
+    rc = EXIT_USAGE;
+  }
   if (!rc) {
     RunSpec *s = &in.spec;
     char *base = spec_settings_json(s);

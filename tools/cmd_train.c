@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "runtime/comm/launch.h"
+#include "runtime/comm/spawn.h"
 #include "runtime/io/textdata.h"
 #include "tools/tools.h"
 
@@ -25,7 +26,7 @@ static const char help[] =
   "  --weight-decay X --beta1 X --beta2 X --eps X\n"
   "  --grad-clip X         clip by the global L2 norm (0: off; default 1.0)\n"
   "  --precision fp32|bf16 bf16 compute on f32 master weights and optimizer state\n"
-  "parallelism (ranks run as threads of this process on the CPU):\n"
+  "parallelism (cpu, ref: ranks are threads of this process; cuda: one process per GPU over NCCL):\n"
   "  --mesh dp=N,tp=M      the device mesh (axes dp tp cp pp ep; ep: a mixture of experts' experts)\n"
   "  --zero 0|1|2|3        ZeRO stage over dp: shard optimizer state, + gradients, + parameters\n"
   "  --sequence-parallel true|false  with tp: norms and residuals split along the sequence\n"
@@ -93,7 +94,13 @@ static const char help[] =
   "  --backend cpu|cuda|ref  cuda: CUDA kernels compiled by NVRTC, cuBLASLt (default on one rank\n"
   "                        when a GPU is present); cpu: fused kernels JIT-compiled with LLVM,\n"
   "                        GEMMs in OpenBLAS (the default otherwise, and for a mesh: every rank\n"
-  "                        a thread); ref: the reference executor (one rank or a mesh)\n"
+  "                        a thread); ref: the reference executor (one rank or a mesh).\n"
+  "                        cuda with a mesh (dp, tp, sp, ZeRO; not yet pp, cp, ep): one process per\n"
+  "                        GPU over NCCL, started by loom itself or by torchrun, srun or mpirun\n"
+  "                        (their RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_*, OMPI_*); rank 0\n"
+  "                        prints and writes the outputs\n"
+  "  --nccl-timeout S      a collective that does not complete within S seconds (default 600) is\n"
+  "                        aborted on every rank, with a report of the last collectives\n"
   "  --threads N           cpu backend threads, shared by a mesh's ranks (default: LOOM_THREADS\n"
   "                        or every core)\n"
   "  -q, --quiet           no per-step lines\n"
@@ -101,7 +108,8 @@ static const char help[] =
   "\n"
   "examples:\n"
   "  loom train                                    # the built-in demo\n"
-  "  loom data notes.txt -o notes.bin && loom train models/gpt2-tiny.json --data notes.bin --steps 50\n";
+  "  loom data notes.txt -o notes.bin && loom train models/gpt2-tiny.json --data notes.bin --steps 50\n"
+  "  loom train llama.json --data notes.bin --backend cuda --mesh dp=2,tp=4   # 8 GPUs of this node\n";
 
 /* The built-in demo: a spec and a shard written to a temporary folder. */
 extern const char demo_text[], demo_text_end[];
@@ -143,17 +151,39 @@ static void remove_demo(const char *dir) {
   rmdir(dir);
 }
 
+/* `loom train --backend cuda --mesh ...` with no launcher: this program again, once per rank,
+   with torchrun's variables (runtime/comm/spawn.h); their exit status is ours. */
+static int spawn_ranks(int argc, char **argv, int world, bool quiet) {
+  char **args = calloc((size_t)argc + 2, sizeof *args);
+  if (!args) return report(EXIT_RUN, "out of memory");
+  args[0] = "loom";
+  for (int i = 0; i < argc; i++) args[i + 1] = argv[i];
+  if (!quiet) printf("loom train: starting %d processes, one per GPU (rank 0 prints the log)\n", world);
+  fflush(stdout);
+  SpawnSpec sp = {.world = world, .argv = args, .log = stderr};
+  char err[1024] = "";
+  int rc = spawn_local(&sp, err, sizeof err);
+  free(args);
+  if (err[0]) return report(rc ? rc : EXIT_RUN, err);
+  return rc;
+}
+
 int cmd_train(int argc, char **argv) {
   static TrainArgs ta;
   int parsed = train_args_parse("train", argc, argv, &ta, help);
   if (parsed >= 0) return parsed;
-  {   /* one process: refuse to be one of several a launcher started */
+  LaunchEnv le;
+  {
     char lerr[1024];
-    LaunchEnv le;
     int lrc = launch_env_read(&le, NULL, lerr, sizeof lerr);
-    if (!lrc) lrc = launch_env_single(&le, "loom train", lerr, sizeof lerr);
     if (lrc) return report(lrc, lerr);
   }
+  if (ta.nccl_timeout) setenv("LOOM_NCCL_TIMEOUT", ta.nccl_timeout, 1);
+  if (le.world > 1 && !(ta.backend && !strcmp(ta.backend, "cuda"))) {   /* one process: refuse to be one of several */
+    char lerr[1024];
+    return report(launch_env_single(&le, "loom train", lerr, sizeof lerr), lerr);
+  }
+  if (le.world > 1 && le.rank != 0) ta.quiet = true;   /* one of several processes: rank 0 speaks */
   if (ta.output) return usage_error("train", "-o is for 'loom compile'; use --out W.safetensors for the final weights");
   if (ta.arch) return usage_error("train", "--arch is for 'loom compile --backend cuda'; loom train compiles for the GPU it runs on");
   if (!ta.n_val && (ta.val_every || ta.val_tokens))
@@ -174,6 +204,25 @@ int cmd_train(int argc, char **argv) {
              "or set \"data\" in %s", spec);
     rc = EXIT_USAGE;
   }
+  /* A mesh on CUDA runs one process per GPU: this is one of them (a launcher's, or ours), or
+     it starts them (every process compiles the same program; this one checked the spec). */
+  int64_t world = rc ? 1 : mesh_world(&in.m->mesh);
+  bool cuda_mesh = !rc && backend == BACKEND_CUDA && world > 1;
+  if (!rc && !cuda_mesh) {   /* one process: refuse to be one of several a launcher started */
+    char lerr[1024];
+    if ((rc = launch_env_single(&le, "loom train", lerr, sizeof lerr))) snprintf(err, sizeof err, "%s", lerr);
+  }
+  if (cuda_mesh && le.world == 1 && (rc = cuda_mesh_precheck(in.m, err, sizeof err))) cuda_mesh = false;
+  if (cuda_mesh && le.world == 1) {
+    module_free(in.m);
+    if (demo_dir[0]) remove_demo(demo_dir);
+    return spawn_ranks(argc, argv, (int)world, ta.quiet);
+  }
+  if (cuda_mesh && le.world != world) {
+    snprintf(err, sizeof err, "the mesh has %lld ranks but %s started %lld processes (%s=%lld): start one per rank",
+             (long long)world, le.launcher, (long long)le.world, le.rank_var, (long long)le.rank);
+    rc = EXIT_USAGE;
+  }
   if (!rc) {
     RunSpec *s = &in.spec;
     const char *data[SPEC_MAX_DATA];
@@ -182,7 +231,7 @@ int cmd_train(int argc, char **argv) {
     RunPlan plan = {{s->steps, s->grad_accum, s->warmup, s->lr, s->min_lr, data, s->n_data, s->model.vocab_size,
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
                      ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
-                     ta.peak_tflops * 1e12, ta.log_experts},
+                     ta.peak_tflops * 1e12, ta.log_experts, false},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16};
     /* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per
@@ -206,7 +255,15 @@ int cmd_train(int argc, char **argv) {
       }
       plan.opt.flops_per_step = total * (double)in.m->pipe.micro / (double)in.m->mesh.size[AX_PP];
     }
-    rc = backend == BACKEND_CPU    ? run_training_cpu(in.m, &plan, err, sizeof err)
+    if (cuda_mesh && le.rank != 0) {   /* rank 0 alone logs and writes files */
+      plan.opt.log = NULL;
+      plan.opt.metrics_path = NULL;
+      plan.opt.not_writer = true;
+      plan.out = NULL;
+      plan.trace_out = NULL;
+    }
+    rc = cuda_mesh                 ? run_training_cuda_rank(in.m, &plan, err, sizeof err)
+         : backend == BACKEND_CPU  ? run_training_cpu(in.m, &plan, err, sizeof err)
          : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)
                                    : run_training(in.m, &plan, err, sizeof err);
     free(settings);

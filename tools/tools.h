@@ -114,6 +114,7 @@ typedef struct {
   bool log_experts;             /* --log-experts: tokens per expert, per layer, every step */
   const char *tokenizer;        /* --tokenizer T.json: copied into a Hugging Face --out DIR/ */
   bool out_bf16;                /* --dtype bf16: a Hugging Face --out DIR/'s weights in bf16 */
+  const char *nccl_timeout;     /* --nccl-timeout SECONDS (a multi-process CUDA mesh) */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
@@ -221,6 +222,13 @@ int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *ll
                   const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err, size_t errlen);
 /* train_cuda.c (loom only): m fused and planned for the CUDA target; runs it on GPU 0. */
 int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* exec_cuda_mesh.c (loom only): m partitioned over a mesh, this process one of its ranks
+   (the launch environment names which; runtime/comm/comm_nccl.h), on its GPU over NCCL.
+   Rank 0 alone logs and writes files (the caller clears plan's for the others). */
+int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* train_cuda.c: what refuses a CUDA mesh before its processes start (a pipeline, an op the
+   CUDA lowering refuses, no GPU here); 0 or 2 with the message. */
+int cuda_mesh_precheck(Module *m, char *err, size_t errlen);
 /* Whether the CUDA backend can run here (a driver and a device); why not otherwise. */
 bool cuda_backend_available(char *why, size_t n);
 /* ---- hf_export.c: a folder transformers loads (loom train --out DIR/, loom export) ---- */

@@ -113,6 +113,14 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       t->peak_tflops = x;
       continue;
     }
+    if ((r = arg_value(argc, argv, &i, "--nccl-timeout", &v))) {
+      char *end;
+      double x = r < 0 ? -1 : strtod(v, &end);
+      if (r < 0 || !*v || *end || !(x > 0 && x < 1e7))
+        return usage_error(cmd, "--nccl-timeout takes a positive number of seconds (default 600)");
+      t->nccl_timeout = v;   /* the ranks read it as LOOM_NCCL_TIMEOUT (comm_nccl.h) */
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--log", &v))) {
       if (r < 0 || !*v) return usage_error(cmd, "--log needs a file name (FILE.jsonl)");
       t->log_path = v;
@@ -204,17 +212,12 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
   int64_t world = 1;
   for (int a = 0; a < MESH_AXES; a++) world *= s->mesh[a];
   /* One rank: cuda when a GPU is here, else cpu.  A mesh runs its ranks as threads of this
-     process, on the cpu backend unless --backend ref is asked for. */
+     process, on the cpu backend unless --backend ref or cuda (one process per GPU) is asked for. */
   char why[256];
   if (t->backend)
     *backend = !strcmp(t->backend, "cpu") ? BACKEND_CPU : !strcmp(t->backend, "cuda") ? BACKEND_CUDA : BACKEND_REF;
   else
     *backend = world > 1 ? BACKEND_CPU : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
-  if (*backend == BACKEND_CUDA && world > 1) {
-    snprintf(err, errlen, "--backend cuda runs one rank (one GPU) for now; a mesh of %lld ranks runs on the CPU "
-             "(--backend cpu or ref)", (long long)world);
-    return EXIT_USAGE;
-  }
   TrainSettings ts = spec_train_settings(s);
   PassOptions popt;
   memset(&popt, 0, sizeof popt);

@@ -45,3 +45,21 @@ int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen) 
   free(image);
   return rc;
 }
+
+int cuda_mesh_precheck(Module *m, char *err, size_t errlen) {
+  if (m->pipe.kind) {
+    snprintf(err, errlen, "--backend cuda does not run pipelines yet (pp=%lld: NCCL point-to-point transfers and the "
+             "pipeline driver are owed, issue 15); use --backend cpu", (long long)m->mesh.size[AX_PP]);
+    return EXIT_USAGE;
+  }
+  RtProgram prog;
+  int rc = cuda_lower(m, &prog, NULL, err, errlen);
+  rt_program_free(&prog);
+  if (rc) return EXIT_USAGE;
+  char why[512];
+  if (!cuda_backend_available(why, sizeof why)) {
+    snprintf(err, errlen, "--backend cuda: %s", why);
+    return EXIT_USAGE;
+  }
+  return 0;
+}

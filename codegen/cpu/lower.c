@@ -615,17 +615,10 @@ static void merge_updates(RtFunc *rf) {
 /* A collective start: the collective's step (just lowered) becomes RT_B_COLL_START with the
    collective and the start's handle in front of its ints (program.h). */
 static int wrap_start(Lower *L, Steps *s) {
-  RtStep *st = &s->items[s->n - 1];
-  if (st->kind != RT_STEP_BUILTIN || st->which < RT_B_ALL_REDUCE || st->which > RT_B_ALL_TO_ALL)
-    return lfail(L, "internal: a collective start did not lower to a collective");
-  if (st->i[RT_MAX_INTS - 1] || st->i[RT_MAX_INTS - 2]) return lfail(L, "internal: no room for the start's handle");
   if (L->n_handles >= RT_MAX_HANDLES) return lfail(L, "starts more than %d collectives in one function", RT_MAX_HANDLES);
   int h = L->n_handles++;
   L->handle[L->op->results[0]->id] = h;
-  memmove(st->i + 2, st->i, sizeof(int64_t) * (RT_MAX_INTS - 2));
-  st->i[0] = st->which;
-  st->i[1] = h;
-  st->which = RT_B_COLL_START;
+  if (cg_wrap_start(&s->items[s->n - 1], h)) return lfail(L, "internal: a collective start did not lower to a collective");
   return 0;
 }
 

@@ -43,9 +43,14 @@
  *     (outputs = the globals, label "... (in place)") and the three assigns get no step.
  *   - context parallelism (rope, attention_block, attention_block_grad with seq_axis set):
  *     those steps keep program.h's i[] and add one slot, the rank's coordinate on the seq
- *     axis (CUDA_ROPE_COORD_INT, CUDA_ATTN_BLOCK_COORD_INT below), which the lowering writes
- *     0.  Without a CUDA mesh (one GPU: coordinate 0) that is right; once CUDA meshes exist,
- *     the runtime must write the rank's coordinate there before launching.
+ *     axis (CUDA_ROPE_COORD_INT, CUDA_ATTN_BLOCK_COORD_INT below), which the runtime writes
+ *     before the launch (RtStep.coord_at; the lowering writes 0).
+ *   - a partitioned program (lower_mesh.c): collectives are RT_STEP_BUILTIN steps with
+ *     program.h's i[] (RT_B_ALL_REDUCE .. RT_B_ALL_TO_ALL, RT_B_COLL_START, RT_B_COLL_WAIT),
+ *     run by the runtime as NCCL calls on a stream per mesh axis; embedding and
+ *     embedding_grad add vocab axis + 1 and the rank's coordinate on it (i[3], i[4]);
+ *     shard_slice, shard_pad, target_pick and onehot are kernels of prelude_mesh.h, their
+ *     i[] program.h's plus the coordinate.  send, recv and all_to_allv are refused.
  *   - generation with a KV cache (loom sample: rope_at, kv_write, attention_cached; kernels
  *     of prelude_decode.h): one step each, program.h's i[] and f[] (RT_B_ROPE_AT,
  *     RT_B_KV_WRITE, RT_B_ATTN_CACHED); the positions are an i32 buffer [B,C].  kv_write

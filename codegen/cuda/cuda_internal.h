@@ -49,4 +49,70 @@ int cuda_kernel_body(const Func *k, Str *out, Str *fin, CudaKernelInfo *info, ch
 /* A float constant as CUDA C text that reads back as the same float. */
 void cuda_float_literal(float f, char *buf, size_t n);
 
+/* ---------------------------------------------------------------- lowering (lower.c, lower_mesh.c)
+   The state of cuda_lower while it lowers one function, and the step builders lower.c
+   defines for the files that lower an op family of their own (lower_mesh.c: a partitioned
+   program's collectives and per-rank ops). */
+#define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
+
+typedef struct {
+  const Module *m;
+  RtProgram *p;
+  const Func *f;
+  const Op *op;
+  int64_t *global_offset;
+  RtRegion *global_region;
+  /* kernel symbols of the translation unit, in order of first use */
+  char (*names)[KNAME];
+  int n_names, cap_names;
+  Str text;                 /* the kernels and wrappers */
+  /* fused kernels, per func index of the module */
+  int *fused_symbol;
+  int *fused_fin;            /* the finish kernel of a split reduction, or -1 */
+  CudaKernelInfo *fused_info;
+  /* unique fused bodies (dedup): text and symbols */
+  char **bodies;
+  uint64_t *body_hash;
+  int *body_symbol, *body_fin;
+  int n_bodies;
+  int64_t scratch;           /* scratch bytes the current function's steps need */
+  bool *skip;                /* per op of the current function: lowered with an earlier op */
+  bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
+  int *handle;               /* per value id of the current function: its collective start's handle */
+  int n_handles;
+  char *err;
+  size_t errlen;
+} Lower;
+
+typedef struct {
+  RtStep *items;
+  int n, cap;
+} Steps;
+
+int cl_fail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cl_st_size(int storage);                 /* bytes per element of an RtStorage */
+int cl_buf_of(Lower *L, const Value *v, RtBuf *b);   /* a value's buffer: its region and place */
+/* A new step of the current op (zeroed, launch 1x1x1, labelled "<op> %<result><suffix>"). */
+RtStep *cl_new_step(Lower *L, Steps *s, RtStepKind kind, int which, const char *suffix);
+/* Buffers: in[] as inputs, then the op's results (if results) as outputs. */
+int cl_set_bufs(Lower *L, RtStep *st, const Value *const *in, int n_in, bool results);
+int cl_set_operand_bufs(Lower *L, RtStep *st);   /* the op's operands, then its results */
+int cl_push_int(Lower *L, RtStep *st, int *n, int64_t v);   /* st->i[(*n)++] = v, checked */
+void cl_launch_ew(RtStep *st, int64_t n);        /* a grid-stride launch over n items */
+/* Kernel "loom_<base>_<storage letters of bufs idx[]><suffix>" = template tmpl on those
+   storages (+ extra template arguments); sets st->which. */
+int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, const int *idx, const char *extra,
+                   const char *suffix, int max_threads);
+/* An extern "C" wrapper `name` calling the prelude's `call`; its symbol index or -1. */
+int cl_builtin_symbol(Lower *L, const char *name, int max_threads, const char *call);
+int64_t cl_prod_dims(const Type *t, int from, int to);   /* dims [from, to) multiplied */
+
+/* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
+   halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as
+   NCCL calls; shard_slice, shard_pad, target_pick and onehot become kernels of
+   prelude_mesh.h with the rank's coordinate written by the runtime (RtStep.coord_at).
+   cl_lower_mesh_op lowers L->op, for which cl_mesh_op is true. */
+bool cl_mesh_op(const Op *op);
+int cl_lower_mesh_op(Lower *L, Steps *s);
+
 #endif

@@ -16,48 +16,20 @@
  * (merge_updates): a multi-tensor AdamW over one contiguous span per region.
  *
  * Why one file of ~1,400 lines: every builtin's lowering is a case of lower_builtin beside
- * its launch shape and shared-memory size, and they share the step builders (new_step,
- * set_bufs, instantiate); split it by op family (attention, data movement, optimizer) when
+ * its launch shape and shared-memory size, and they share the step builders (cl_new_step,
+ * cl_set_bufs, cl_instantiate); split it by op family (attention, data movement, optimizer) when
  * the next large piece (NCCL collectives, issue 15) comes in.
  */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/cuda/prelude.h"
 #include "codegen/cuda/prelude_attn_block.h"
 #include "codegen/cuda/prelude_decode.h"
+#include "codegen/cuda/prelude_mesh.h"
 #include "codegen/cuda/prelude_moe.h"
 #include "codegen/lower_common.h"
 
-#define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
 
-typedef struct {
-  const Module *m;
-  RtProgram *p;
-  const Func *f;
-  const Op *op;
-  int64_t *global_offset;
-  RtRegion *global_region;
-  /* kernel symbols of the translation unit, in order of first use */
-  char (*names)[KNAME];
-  int n_names, cap_names;
-  Str text;                 /* the kernels and wrappers */
-  /* fused kernels, per func index of the module */
-  int *fused_symbol;
-  int *fused_fin;            /* the finish kernel of a split reduction, or -1 */
-  CudaKernelInfo *fused_info;
-  /* unique fused bodies (dedup): text and symbols */
-  char **bodies;
-  uint64_t *body_hash;
-  int *body_symbol, *body_fin;
-  int n_bodies;
-  int64_t scratch;           /* scratch bytes the current function's steps need */
-  bool *skip;                /* per op of the current function: lowered with an earlier op */
-  bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
-  char *err;
-  size_t errlen;
-} Lower;
-
-static int lfail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int lfail(Lower *L, const char *fmt, ...) {
+int cl_fail(Lower *L, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   int rc = cg_vfail(L->err, L->errlen, L->f, L->op, fmt, ap);
@@ -79,7 +51,7 @@ static int storage_of(DType dt) {
   }
 }
 
-static int st_size(int st) {
+int cl_st_size(int st) {
   switch (st) {
   case RT_ST_BF16:
   case RT_ST_F16: return 2;
@@ -110,11 +82,11 @@ static const char *vname(const Value *v) {
 }
 
 /* The buffer of a value: a global's region, or the function's arena. */
-static int buf_of(Lower *L, const Value *v, RtBuf *b) {
+int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
   memset(b, 0, sizeof *b);
   int st = storage_of(v->type.dtype);
   if (st < 0)
-    return lfail(L, "value %s%s is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors in memory",
+    return cl_fail(L, "value %s%s is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors in memory",
                  v->kind == VAL_GLOBAL ? "$" : "%", vname(v), dtype_name(v->type.dtype));
   b->n = type_numel(&v->type);
   b->is_int = !dtype_is_float(v->type.dtype);
@@ -126,19 +98,19 @@ static int buf_of(Lower *L, const Value *v, RtBuf *b) {
     return 0;
   }
   b->region = RT_REGION_ARENA;
-  if (v->offset < 0) return lfail(L, "value %%%s has no arena offset; run the memory-plan pass first", vname(v));
+  if (v->offset < 0) return cl_fail(L, "value %%%s has no arena offset; run the memory-plan pass first", vname(v));
   if (v->offset % 64)
-    return lfail(L, "value %%%s is at offset %lld, not 64-byte aligned", vname(v), (long long)v->offset);
-  int64_t bytes = (int64_t)st_size(st) * b->n;
+    return cl_fail(L, "value %%%s is at offset %lld, not 64-byte aligned", vname(v), (long long)v->offset);
+  int64_t bytes = (int64_t)cl_st_size(st) * b->n;
   if (v->offset + bytes > L->f->arena_bytes)
-    return lfail(L, "value %%%s (%lld bytes at %lld) does not fit in the arena of %lld bytes (was memory-plan run "
+    return cl_fail(L, "value %%%s (%lld bytes at %lld) does not fit in the arena of %lld bytes (was memory-plan run "
                  "with target CUDA?)", vname(v), (long long)bytes, (long long)v->offset, (long long)L->f->arena_bytes);
   b->offset = v->offset;
   return 0;
 }
 
 static bool overlap(const RtBuf *a, const RtBuf *b) {
-  int64_t ea = a->offset + st_size(a->storage) * a->n, eb = b->offset + st_size(b->storage) * b->n;
+  int64_t ea = a->offset + cl_st_size(a->storage) * a->n, eb = b->offset + cl_st_size(b->storage) * b->n;
   return a->region == b->region && a->offset < eb && b->offset < ea;
 }
 
@@ -155,14 +127,14 @@ static int add_symbol(Lower *L, const char *name, const char *text) {
   int i = find_symbol(L, name);
   if (i >= 0) return i;
   if (strlen(name) >= KNAME) {
-    lfail(L, "internal error: kernel name %s is longer than %d characters", name, KNAME - 1);
+    cl_fail(L, "internal error: kernel name %s is longer than %d characters", name, KNAME - 1);
     return -1;
   }
   if (L->n_names == L->cap_names) {
     int cap = L->cap_names ? 2 * L->cap_names : 64;
     char(*names)[KNAME] = realloc(L->names, sizeof *names * (size_t)cap);
     if (!names) {
-      lfail(L, "out of memory");
+      cl_fail(L, "out of memory");
       return -1;
     }
     L->names = names;
@@ -174,13 +146,13 @@ static int add_symbol(Lower *L, const char *name, const char *text) {
 }
 
 /* A builtin kernel: an extern "C" wrapper of a prelude template. */
-static int builtin_symbol(Lower *L, const char *name, int max_threads, const char *call) {
+int cl_builtin_symbol(Lower *L, const char *name, int max_threads, const char *call) {
   int i = find_symbol(L, name);
   if (i >= 0) return i;
   Str t = {0};
   str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a) { %s(a); }\n", max_threads, name, call);
   if (t.oom) {
-    lfail(L, "out of memory");
+    cl_fail(L, "out of memory");
     return -1;
   }
   i = add_symbol(L, name, t.s);
@@ -212,7 +184,7 @@ static int fused_kernel(Lower *L, int fi) {
   str_free(&body);
   if (key.oom) {
     str_free(&fin);
-    return lfail(L, "out of memory");
+    return cl_fail(L, "out of memory");
   }
   uint64_t h = fnv(key.s);
   L->fused_fin[fi] = -1;
@@ -250,7 +222,7 @@ static int fused_kernel(Lower *L, int fi) {
   str_free(&fin);
   if (sym < 0) {
     str_free(&key);
-    return L->err[0] ? IR_EINPUT : lfail(L, "out of memory");
+    return L->err[0] ? IR_EINPUT : cl_fail(L, "out of memory");
   }
   int nb = L->n_bodies + 1;
   char **bodies = realloc(L->bodies, sizeof *bodies * (size_t)nb);
@@ -263,7 +235,7 @@ static int fused_kernel(Lower *L, int fi) {
   if (fins) L->body_fin = fins;
   if (!bodies || !hashes || !syms || !fins) {
     str_free(&key);
-    return lfail(L, "out of memory");
+    return cl_fail(L, "out of memory");
   }
   L->bodies[L->n_bodies] = key.s;   /* owned now */
   L->body_hash[L->n_bodies] = h;
@@ -276,18 +248,14 @@ static int fused_kernel(Lower *L, int fi) {
 
 /* ---------------------------------------------------------------- steps */
 
-typedef struct {
-  RtStep *items;
-  int n, cap;
-} Steps;
 
-static RtStep *new_step(Lower *L, Steps *s, RtStepKind kind, int which, const char *suffix) {
+RtStep *cl_new_step(Lower *L, Steps *s, RtStepKind kind, int which, const char *suffix) {
   if (which < 0) return NULL;
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 64;
     RtStep *items = realloc(s->items, sizeof(RtStep) * (size_t)cap);
     if (!items) {
-      lfail(L, "out of memory");
+      cl_fail(L, "out of memory");
       return NULL;
     }
     s->items = items;
@@ -311,27 +279,27 @@ static RtStep *new_step(Lower *L, Steps *s, RtStepKind kind, int which, const ch
 }
 
 /* Buffers: the given values as inputs, then the op's results (if results) as outputs. */
-static int set_bufs(Lower *L, RtStep *st, const Value *const *in, int n_in, bool results) {
+int cl_set_bufs(Lower *L, RtStep *st, const Value *const *in, int n_in, bool results) {
   const Op *op = L->op;
   int n_out = results ? op->n_results : 0;
   if (n_in + n_out > RT_MAX_BUFS)
-    return lfail(L, "needs %d buffers; a step holds at most %d (RT_MAX_BUFS)", n_in + n_out, RT_MAX_BUFS);
+    return cl_fail(L, "needs %d buffers; a step holds at most %d (RT_MAX_BUFS)", n_in + n_out, RT_MAX_BUFS);
   st->n_in = n_in;
   st->n_out = n_out;
   for (int i = 0; i < n_in; i++)
-    if (buf_of(L, in[i], &st->bufs[i])) return IR_EINPUT;
+    if (cl_buf_of(L, in[i], &st->bufs[i])) return IR_EINPUT;
   for (int i = 0; i < n_out; i++)
-    if (buf_of(L, op->results[i], &st->bufs[n_in + i])) return IR_EINPUT;
+    if (cl_buf_of(L, op->results[i], &st->bufs[n_in + i])) return IR_EINPUT;
   return 0;
 }
 
-static int set_operand_bufs(Lower *L, RtStep *st) {
-  return set_bufs(L, st, (const Value *const *)L->op->operands, L->op->n_operands, true);
+int cl_set_operand_bufs(Lower *L, RtStep *st) {
+  return cl_set_bufs(L, st, (const Value *const *)L->op->operands, L->op->n_operands, true);
 }
 
 /* Appends an output buffer of n f32 in the scratch region (at byte `at` of it). */
 static int add_scratch(Lower *L, RtStep *st, int64_t at, int64_t n) {
-  if (st->n_in + st->n_out >= RT_MAX_BUFS) return lfail(L, "needs more than %d buffers (RT_MAX_BUFS)", RT_MAX_BUFS);
+  if (st->n_in + st->n_out >= RT_MAX_BUFS) return cl_fail(L, "needs more than %d buffers (RT_MAX_BUFS)", RT_MAX_BUFS);
   RtBuf *b = &st->bufs[st->n_in + st->n_out++];
   memset(b, 0, sizeof *b);
   b->region = RT_REGION_ARENA;
@@ -352,13 +320,13 @@ static int add_scratch_i32(Lower *L, RtStep *st, int64_t at, int64_t n) {
   return 0;
 }
 
-static int push_int(Lower *L, RtStep *st, int *n, int64_t v) {
-  if (*n >= RT_MAX_INTS) return lfail(L, "needs more than %d integer parameters (RT_MAX_INTS)", RT_MAX_INTS);
+int cl_push_int(Lower *L, RtStep *st, int *n, int64_t v) {
+  if (*n >= RT_MAX_INTS) return cl_fail(L, "needs more than %d integer parameters (RT_MAX_INTS)", RT_MAX_INTS);
   st->i[(*n)++] = v;
   return 0;
 }
 
-static int64_t prod_dims(const Type *t, int from, int to) {
+int64_t cl_prod_dims(const Type *t, int from, int to) {
   int64_t p = 1;
   for (int d = from; d < to; d++) p *= t->dims[d];
   return p;
@@ -372,7 +340,7 @@ static uint32_t clamp_grid(int64_t blocks, int64_t max) {
 }
 
 /* Grid-stride elementwise launch over n items. */
-static void launch_ew(RtStep *st, int64_t n) {
+void cl_launch_ew(RtStep *st, int64_t n) {
   st->block[0] = 256;
   st->grid[0] = clamp_grid((n + 255) / 256, 65536);
 }
@@ -407,24 +375,24 @@ static void structs(const RtStep *st, const int *idx, char *out, size_t cap) {
 
 /* Instantiates template `tmpl` on the storage of bufs idx[] (+ extra template arguments) as
    kernel "loom_<base>_<letters><suffix>", sets st->which. */
-static int instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, const int *idx, const char *extra,
+int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, const int *idx, const char *extra,
                        const char *suffix, int max_threads) {
   char lt[RT_MAX_BUFS + 1], ss[512], name[96], call[700];
   letters(st, idx, lt);
   structs(st, idx, ss, sizeof ss);
   snprintf(name, sizeof name, "loom_%s_%s%s", base, lt, suffix);
   snprintf(call, sizeof call, "%s<%s%s%s>", tmpl, ss, extra && *extra ? ", " : "", extra ? extra : "");
-  if (strlen(name) >= KNAME) return lfail(L, "internal error: kernel name %s too long", name);
-  st->which = builtin_symbol(L, name, max_threads, call);
+  if (strlen(name) >= KNAME) return cl_fail(L, "internal error: kernel name %s too long", name);
+  st->which = cl_builtin_symbol(L, name, max_threads, call);
   return st->which < 0 ? IR_EINPUT : 0;
 }
 
 /* Raw data movement, by element size. */
-static int instantiate_raw(Lower *L, RtStep *st, const char *base, const char *tmpl, int size) {
+static int cl_instantiate_raw(Lower *L, RtStep *st, const char *base, const char *tmpl, int size) {
   char name[64], call[128];
   snprintf(name, sizeof name, "loom_%s_%d", base, size);
   snprintf(call, sizeof call, "%s<loom_sraw%d>", tmpl, size);
-  st->which = builtin_symbol(L, name, 1024, call);
+  st->which = cl_builtin_symbol(L, name, 1024, call);
   return st->which < 0 ? IR_EINPUT : 0;
 }
 
@@ -440,12 +408,12 @@ static int lower_call(Lower *L, Steps *s) {
   int fi = -1;
   for (int i = 0; i < L->m->funcs.n; i++)
     if (L->m->funcs.items[i] == k) fi = i;
-  if (fi < 0 || !k->is_kernel) return lfail(L, "calls @%s, which is not a kernel func of this module", k->name);
+  if (fi < 0 || !k->is_kernel) return cl_fail(L, "calls @%s, which is not a kernel func of this module", k->name);
   if (fused_kernel(L, fi)) return IR_EINPUT;
   const CudaKernelInfo *info = &L->fused_info[fi];
   bool split = info->split > 1;
-  RtStep *st = new_step(L, s, RT_STEP_KERNEL, L->fused_symbol[fi], "");
-  if (!st || set_operand_bufs(L, st)) return IR_EINPUT;
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, L->fused_symbol[fi], "");
+  if (!st || cl_set_operand_bufs(L, st)) return IR_EINPUT;
   if (split) snprintf(st->label + strlen(st->label), sizeof st->label - strlen(st->label), " (parts)");
   st->i[0] = info->N;
   st->i[1] = info->out_n;
@@ -462,9 +430,9 @@ static int lower_call(Lower *L, Steps *s) {
     for (int i = 0; i < st->n_in + st->n_out; i++) {
       if (i == o || !overlap(&st->bufs[i], &st->bufs[o])) continue;
       bool exact = i < st->n_in && elementwise && st->bufs[i].offset == st->bufs[o].offset && st->bufs[i].n == N &&
-                   st->bufs[o].n == N && st_size(st->bufs[i].storage) == st_size(st->bufs[o].storage);
+                   st->bufs[o].n == N && cl_st_size(st->bufs[i].storage) == cl_st_size(st->bufs[o].storage);
       if (!exact)
-        return lfail(L, "result %d shares memory with %s %d; a kernel may only write an N-element result (not a "
+        return cl_fail(L, "result %d shares memory with %s %d; a kernel may only write an N-element result (not a "
                      "reduction) over an N-element argument of the same element size at the same offset",
                      o - st->n_in, i < st->n_in ? "argument" : "result", i < st->n_in ? i : i - st->n_in);
     }
@@ -479,7 +447,7 @@ static int lower_call(Lower *L, Steps *s) {
     const Value *ret = k->rets.items[r];
     if (ret->kind == VAL_RESULT && op_info(ret->def->kind)->cls == CLASS_REDUCTION) reds[n_red++] = st->bufs[st->n_in + r];
   }
-  st = new_step(L, s, RT_STEP_KERNEL, L->fused_fin[fi], "");
+  st = cl_new_step(L, s, RT_STEP_KERNEL, L->fused_fin[fi], "");
   if (!st) return IR_EINPUT;
   snprintf(st->label + strlen(st->label), sizeof st->label - strlen(st->label), " (sum of parts)");
   st->n_in = 1;
@@ -498,8 +466,8 @@ static int lower_matmul(Lower *L, Steps *s) {
   const Type *a = &op->operands[0]->type, *b = &op->operands[1]->type, *c = &op->results[0]->type;
   bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
   int64_t M = c->dims[c->rank - 2], N = c->dims[c->rank - 1], K = a->dims[a->rank - (ta ? 2 : 1)];
-  RtStep *st = new_step(L, s, RT_STEP_GEMM, 0, "");
-  if (!st || set_operand_bufs(L, st)) return IR_EINPUT;
+  RtStep *st = cl_new_step(L, s, RT_STEP_GEMM, 0, "");
+  if (!st || cl_set_operand_bufs(L, st)) return IR_EINPUT;
   int64_t batch = M * N != 0 ? type_numel(c) / (M * N) : 0;
   int64_t v[9] = {batch, M, N, K, ta, tb, M * K, b->rank > 2 ? K * N : 0, M * N};
   memcpy(st->i, v, sizeof v);
@@ -511,11 +479,11 @@ static int lower_matmul(Lower *L, Steps *s) {
 static int attention_dims(Lower *L, const Type *q, const Type *k) {
   int64_t Dh = q->dims[3], H = q->dims[2], KV = k->dims[2], T = q->dims[1], S = k->dims[1];
   if (Dh % 8 || Dh < 8 || Dh > 128)
-    return lfail(L, "head size %lld: the CUDA flash-attention kernels take head sizes that are multiples of 8 up "
+    return cl_fail(L, "head size %lld: the CUDA flash-attention kernels take head sizes that are multiples of 8 up "
                  "to 128", (long long)Dh);
-  if (KV <= 0 || H % KV) return lfail(L, "%lld query heads do not share %lld kv heads evenly", (long long)H, (long long)KV);
+  if (KV <= 0 || H % KV) return cl_fail(L, "%lld query heads do not share %lld kv heads evenly", (long long)H, (long long)KV);
   if ((T + 63) / 64 > 65535 || (S + 31) / 32 > 65535 || q->dims[0] * H > INT32_MAX)
-    return lfail(L, "the sequence (%lld) or batch x heads is too large for one launch", (long long)T);
+    return cl_fail(L, "the sequence (%lld) or batch x heads is too large for one launch", (long long)T);
   return 0;
 }
 
@@ -543,7 +511,7 @@ static bool tensor_cores(const RtStep *st, int n_operands, int64_t D) {
 static int seq_axis1(Lower *L, int64_t *axis1) {
   const Attr *a = op_attr(L->op, "seq_axis");
   int axis = a && a->s && a->s[0] ? mesh_axis_parse(a->s) : -1;
-  if (axis < 0 && a && a->s && a->s[0]) return lfail(L, "seq_axis '%s' is not a mesh axis", a->s);
+  if (axis < 0 && a && a->s && a->s[0]) return cl_fail(L, "seq_axis '%s' is not a mesh axis", a->s);
   *axis1 = axis + 1;
   return 0;
 }
@@ -552,10 +520,8 @@ static int seq_axis1(Lower *L, int64_t *axis1) {
    delta -> dq, then the same inputs -> dk dv): loom_attnblk_* of prelude_attn_block.h, on
    CUDA cores in f32 whatever the inputs' dtypes (the outputs are f32; no scratch).  i[] is program.h's
    RT_B_ATTN_BLOCK layout and one slot more: i[CUDA_ATTN_BLOCK_COORD_INT] (11), the rank's
-   coordinate on the seq axis, written 0 here.  The CUDA runtime has no mesh yet (one GPU,
-   where the coordinate is 0); once CUDA meshes exist, the runtime must write the rank's
-   coordinate on mesh axis i[7] - 1 into that slot (and rope's, CUDA_ROPE_COORD_INT) of
-   every such step before launching it, as the CPU runtime passes its coordinates. */
+   coordinate on the seq axis, which the runtime writes before the launch (RtStep.coord_at;
+   rope's slot is CUDA_ROPE_COORD_INT). */
 static int lower_attention_block(Lower *L, Steps *s) {
   const Op *op = L->op;
   bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;
@@ -572,13 +538,17 @@ static int lower_attention_block(Lower *L, Steps *s) {
   static const char *const base[3] = {"attnblk_fwd", "attnblk_dq", "attnblk_dkdv"};
   static const char *const label[3] = {"", " (dq)", " (dk dv)"};
   for (int which = grad; which < (grad ? 3 : 1); which++) {   /* 0 forward; 1 dq, 2 dk dv */
-    RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, label[which]);
-    if (!st || set_bufs(L, st, (const Value *const *)op->operands, op->n_operands, false)) return IR_EINPUT;
+    RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, label[which]);
+    if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, op->n_operands, false)) return IR_EINPUT;
     /* the outputs: o, lse; dq; dk, dv */
     int first = which == 2, n_out = which == 1 ? 1 : 2;
     for (int r = 0; r < n_out; r++)
-      if (buf_of(L, op->results[first + r], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
+      if (cl_buf_of(L, op->results[first + r], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
     memcpy(st->i, ints, sizeof ints);
+    if (axis1) {
+      st->coord_at = CUDA_ATTN_BLOCK_COORD_INT + 1;
+      st->coord_axis = (uint8_t)(axis1 - 1);
+    }
     st->f[0] = op_float(op, "scale");
     st->block[0] = 128;   /* dk dv: a block per 32 keys and kv head; the others per 64 queries and head */
     st->grid[0] = (uint32_t)(B * (which == 2 ? KV : H));
@@ -589,7 +559,7 @@ static int lower_attention_block(Lower *L, Steps *s) {
     char tmpl[32];
     snprintf(tmpl, sizeof tmpl, "loom_%s", base[which]);
     /* templated on the storage of the inputs (q k v; dout q k v); the outputs are f32 */
-    if (instantiate(L, st, base[which], tmpl, grad ? (const int[]){0, 1, 2, 3, -1} : (const int[]){0, 1, 2, -1},
+    if (cl_instantiate(L, st, base[which], tmpl, grad ? (const int[]){0, 1, 2, 3, -1} : (const int[]){0, 1, 2, -1},
                     extra, suffix, 128))
       return IR_EINPUT;
   }
@@ -607,24 +577,24 @@ static int lower_moe_sort(Lower *L, Steps *s) {
   bool sort = op->kind == OP_MOE_SORT;
   int64_t n = type_numel(&op->operands[0]->type), E = op_int(op, "experts"), cap = op_int(op, "capacity");
   if (E < 1 || E > INT32_MAX || n > INT32_MAX || cap < 0)
-    return lfail(L, "%lld experts, %lld assignments, capacity %lld: the CUDA routing takes 1 to 2^31-1 of each",
+    return cl_fail(L, "%lld experts, %lld assignments, capacity %lld: the CUDA routing takes 1 to 2^31-1 of each",
                  (long long)E, (long long)n, (long long)cap);
   int64_t P = (n + CUDA_MOE_CHUNK - 1) / CUDA_MOE_CHUNK;
   int64_t parts_at = 0, offs_at = cg_align64(4 * P * E), count_at = offs_at + cg_align64(4 * P * E);
   int64_t start_at = count_at + cg_align64(4 * E);
   const int64_t ints[CUDA_MOE_CHUNK_INT + 1] = {n, E, cap, CUDA_MOE_CHUNK};
   /* 1: each chunk's count per expert */
-  RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, " (counts per chunk)");
-  if (!st || set_bufs(L, st, (const Value *const *)op->operands, 1, false)) return IR_EINPUT;
-  if (st->bufs[0].storage != RT_ST_I32) return lfail(L, "expert indices must be i32");
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (counts per chunk)");
+  if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 1, false)) return IR_EINPUT;
+  if (st->bufs[0].storage != RT_ST_I32) return cl_fail(L, "expert indices must be i32");
   if (add_scratch_i32(L, st, parts_at, P * E)) return IR_EINPUT;
   memcpy(st->i, ints, sizeof ints);
   st->block[0] = 256;
   st->grid[0] = clamp_grid(P, 65535);
-  if (instantiate(L, st, "moe_hist", "loom_moe_hist", (const int[]){0, -1}, NULL, "", 256)) return IR_EINPUT;
+  if (cl_instantiate(L, st, "moe_hist", "loom_moe_hist", (const int[]){0, -1}, NULL, "", 256)) return IR_EINPUT;
   RtBuf idx = st->bufs[0], parts = st->bufs[1];
   /* 2: the counts kept, each expert's first row, each chunk's first rank per expert */
-  st = new_step(L, s, RT_STEP_KERNEL, 0, sort ? " (offsets)" : "");
+  st = cl_new_step(L, s, RT_STEP_KERNEL, 0, sort ? " (offsets)" : "");
   if (!st) return IR_EINPUT;
   st->n_in = 1;
   st->bufs[0] = parts;
@@ -632,17 +602,17 @@ static int lower_moe_sort(Lower *L, Steps *s) {
     if (add_scratch_i32(L, st, count_at, E)) return IR_EINPUT;
   } else {
     st->n_out = 1;
-    if (buf_of(L, op->results[0], &st->bufs[1])) return IR_EINPUT;
-    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "counts must be i32");
+    if (cl_buf_of(L, op->results[0], &st->bufs[1])) return IR_EINPUT;
+    if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "counts must be i32");
   }
   if (add_scratch_i32(L, st, start_at, E) || add_scratch_i32(L, st, offs_at, P * E)) return IR_EINPUT;
   memcpy(st->i, ints, sizeof ints);
   st->block[0] = 256;
-  if (instantiate(L, st, "moe_offsets", "loom_moe_offsets", (const int[]){0, -1}, NULL, "", 256)) return IR_EINPUT;
+  if (cl_instantiate(L, st, "moe_offsets", "loom_moe_offsets", (const int[]){0, -1}, NULL, "", 256)) return IR_EINPUT;
   if (!sort) return 0;
   RtBuf count = st->bufs[1], start = st->bufs[2], offs = st->bufs[3];
   /* 3: every assignment's row (or -1) */
-  st = new_step(L, s, RT_STEP_KERNEL, 0, " (positions)");
+  st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (positions)");
   if (!st) return IR_EINPUT;
   st->n_in = 4;
   st->bufs[0] = idx;
@@ -650,12 +620,12 @@ static int lower_moe_sort(Lower *L, Steps *s) {
   st->bufs[2] = start;
   st->bufs[3] = offs;
   st->n_out = 1;
-  if (buf_of(L, op->results[0], &st->bufs[4])) return IR_EINPUT;
-  if (st->bufs[4].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+  if (cl_buf_of(L, op->results[0], &st->bufs[4])) return IR_EINPUT;
+  if (st->bufs[4].storage != RT_ST_I32) return cl_fail(L, "positions must be i32");
   memcpy(st->i, ints, sizeof ints);
   st->block[0] = 256;
   st->grid[0] = clamp_grid(P, 65535);
-  return instantiate(L, st, "moe_place", "loom_moe_place", (const int[]){0, -1}, NULL, "", 256);
+  return cl_instantiate(L, st, "moe_place", "loom_moe_place", (const int[]){0, -1}, NULL, "", 256);
 }
 
 /* The grouped matmuls' tiles (prelude_moe.h's LOOM_GM_T): 64 x 64 outputs a block. */
@@ -663,16 +633,31 @@ static int lower_moe_sort(Lower *L, Steps *s) {
 
 /* A step that fills the op's first result with zeros (loom_fill), before a step that writes
    only some of it (embedding_grad's rows, moe_dispatch's reached rows). */
+/* An embedding's vocab_axis (a vocabulary-parallel table: rows [c*V, (c+1)*V) on the rank of
+   coordinate c): i[] gets the axis + 1 (0: whole) and the coordinate, which the runtime
+   writes (RtStep.coord_at). */
+static int vocab_ints(Lower *L, RtStep *st, int *n) {
+  const Attr *a = op_attr(L->op, "vocab_axis");
+  int64_t axis = a && a->s && a->s[0] ? mesh_axis_parse(a->s) : -1;
+  if (axis < 0 && a && a->s && a->s[0]) return cl_fail(L, "vocab_axis '%s' is not a mesh axis", a->s);
+  if (cl_push_int(L, st, n, axis + 1)) return IR_EINPUT;
+  if (axis >= 0) {
+    st->coord_at = (uint8_t)(*n + 1);
+    st->coord_axis = (uint8_t)axis;
+  }
+  return cl_push_int(L, st, n, 0);
+}
+
 static int zero_result(Lower *L, Steps *s) {
-  RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, " (zero)");
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (zero)");
   if (!st) return IR_EINPUT;
   st->n_out = 1;
-  if (buf_of(L, L->op->results[0], &st->bufs[0])) return IR_EINPUT;
+  if (cl_buf_of(L, L->op->results[0], &st->bufs[0])) return IR_EINPUT;
   int n = 0;
-  if (push_int(L, st, &n, type_numel(&L->op->results[0]->type))) return IR_EINPUT;
+  if (cl_push_int(L, st, &n, type_numel(&L->op->results[0]->type))) return IR_EINPUT;
   st->f[0] = 0;
-  launch_ew(st, type_numel(&L->op->results[0]->type));
-  return instantiate(L, st, "fill", "loom_fill", (const int[]){0, -1}, NULL, "", 1024);
+  cl_launch_ew(st, type_numel(&L->op->results[0]->type));
+  return cl_instantiate(L, st, "fill", "loom_fill", (const int[]){0, -1}, NULL, "", 1024);
 }
 
 static int lower_builtin(Lower *L, Steps *s) {
@@ -684,13 +669,13 @@ static int lower_builtin(Lower *L, Steps *s) {
   char extra[64], suffix[32];
 #define STEP(suffix_)                                               \
   do {                                                              \
-    st = new_step(L, s, RT_STEP_KERNEL, 0, (suffix_));              \
-    if (!st || set_operand_bufs(L, st)) return IR_EINPUT;           \
+    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, (suffix_));              \
+    if (!st || cl_set_operand_bufs(L, st)) return IR_EINPUT;           \
     n = 0;                                                          \
   } while (0)
 #define INT(v)                                      \
   do {                                              \
-    if (push_int(L, st, &n, (v))) return IR_EINPUT; \
+    if (cl_push_int(L, st, &n, (v))) return IR_EINPUT; \
   } while (0)
 #define IDX(...) ((const int[]){__VA_ARGS__, -1})
   switch (op->kind) {
@@ -703,8 +688,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(D);
     st->f[0] = op_float(op, "eps");
     launch_rows(st, st->i[0], D);
-    if (ln) return instantiate(L, st, "layernorm", "loom_norm_fwd", IDX(0, 1, 2, 3), "true", "", 1024);
-    return instantiate(L, st, "rmsnorm", "loom_norm_fwd", IDX(0, 1, 1, 2), "false", "", 1024);
+    if (ln) return cl_instantiate(L, st, "layernorm", "loom_norm_fwd", IDX(0, 1, 2, 3), "true", "", 1024);
+    return cl_instantiate(L, st, "rmsnorm", "loom_norm_fwd", IDX(0, 1, 1, 2), "false", "", 1024);
   }
   case OP_LAYERNORM_GRAD:
   case OP_RMSNORM_GRAD: {
@@ -713,33 +698,33 @@ static int lower_builtin(Lower *L, Steps *s) {
     int64_t D = last_dim(xt), rows = D ? type_numel(xt) / D : 0, parts = ln ? 2 : 1;
     uint32_t nb = clamp_grid(rows, 256);
     /* 1: dx and per-block partial sums of dw (db) */
-    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dx)");
-    if (!st || set_bufs(L, st, (const Value *const *)op->operands, 3, false)) return IR_EINPUT;
+    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dx)");
+    if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 3, false)) return IR_EINPUT;
     st->n_out = 1;
-    if (buf_of(L, op->results[0], &st->bufs[3]) || add_scratch(L, st, 0, (int64_t)nb * parts * D)) return IR_EINPUT;
+    if (cl_buf_of(L, op->results[0], &st->bufs[3]) || add_scratch(L, st, 0, (int64_t)nb * parts * D)) return IR_EINPUT;
     n = 0;
     INT(rows);
     INT(D);
     st->f[0] = op_float(op, "eps");
     st->block[0] = row_threads(D);
     st->grid[0] = nb;
-    if (instantiate(L, st, ln ? "lngrad" : "rmsgrad", "loom_norm_bwd", IDX(0, 1, 2, 3), ln ? "true" : "false", "", 1024))
+    if (cl_instantiate(L, st, ln ? "lngrad" : "rmsgrad", "loom_norm_bwd", IDX(0, 1, 2, 3), ln ? "true" : "false", "", 1024))
       return IR_EINPUT;
     RtBuf part = st->bufs[4];
     /* 2: the partial sums in block order */
-    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dw)");
+    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dw)");
     if (!st) return IR_EINPUT;
     st->n_in = 1;
     st->bufs[0] = part;
     st->n_out = (int)parts;
     for (int r = 0; r < parts; r++)
-      if (buf_of(L, op->results[1 + r], &st->bufs[1 + r])) return IR_EINPUT;
+      if (cl_buf_of(L, op->results[1 + r], &st->bufs[1 + r])) return IR_EINPUT;
     n = 0;
     INT(nb);
     INT(D);
     INT(parts);
-    launch_ew(st, parts * D);
-    return instantiate(L, st, "normsum", "loom_norm_colsum", ln ? IDX(1, 2) : IDX(1, 1), NULL, "", 1024);
+    cl_launch_ew(st, parts * D);
+    return cl_instantiate(L, st, "normsum", "loom_norm_colsum", ln ? IDX(1, 2) : IDX(1, 1), NULL, "", 1024);
   }
   case OP_SOFTMAX:
   case OP_SOFTMAX_GRAD: {
@@ -749,8 +734,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(D ? type_numel(y) / D : 0);
     INT(D);
     launch_rows(st, st->i[0], D);
-    if (fwd) return instantiate(L, st, "softmax", "loom_softmax_fwd", IDX(0, 1), NULL, "", 1024);
-    return instantiate(L, st, "softmax_bwd", "loom_softmax_bwd", IDX(0, 1, 2), NULL, "", 1024);
+    if (fwd) return cl_instantiate(L, st, "softmax", "loom_softmax_fwd", IDX(0, 1), NULL, "", 1024);
+    return cl_instantiate(L, st, "softmax_bwd", "loom_softmax_bwd", IDX(0, 1, 2), NULL, "", 1024);
   }
   case OP_ATTENTION: {
     const Type *q = x, *kt = &op->operands[1]->type;
@@ -769,9 +754,9 @@ static int lower_builtin(Lower *L, Steps *s) {
     snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
     if (tensor_cores(st, 3, q->dims[3])) {
       st->smem = (uint32_t)(2 * (64 * (q->dims[3] + 8) + q->dims[3] * 72));
-      return instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
+      return cl_instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
     }
-    return instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
+    return cl_instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
   }
   case OP_ATTENTION_GRAD: {
     const Type *q = &op->operands[1]->type, *kt = &op->operands[2]->type;
@@ -782,10 +767,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     snprintf(extra, sizeof extra, "%lld", (long long)D);
     snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
     /* 1: dq, L, Dsum */
-    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dq)");
-    if (!st || set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
+    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dq)");
+    if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
     st->n_out = 1;
-    if (buf_of(L, op->results[0], &st->bufs[4]) || add_scratch(L, st, l_at, rows) || add_scratch(L, st, d_at, rows))
+    if (cl_buf_of(L, op->results[0], &st->bufs[4]) || add_scratch(L, st, l_at, rows) || add_scratch(L, st, d_at, rows))
       return IR_EINPUT;
     memcpy(st->i, ints, sizeof ints);
     st->f[0] = op_float(op, "scale");
@@ -796,18 +781,18 @@ static int lower_builtin(Lower *L, Steps *s) {
     bool tc = tensor_cores(st, 4, D);
     int64_t tile = D <= 64 ? 64 : 32;   /* the tensor-core kernels' key (dq) and query (dk dv) tiles */
     if (tc) st->smem = (uint32_t)(2 * (2 * tile * (D + 8) + D * (tile + 8)));
-    if (tc ? instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, 4), extra, suffix, 128)
-           : instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
+    if (tc ? cl_instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, 4), extra, suffix, 128)
+           : cl_instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
       return IR_EINPUT;
     RtBuf lb = st->bufs[5], db = st->bufs[6];
     /* 2: dk, dv */
-    st = new_step(L, s, RT_STEP_KERNEL, 0, " (dk dv)");
-    if (!st || set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
+    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dk dv)");
+    if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
     st->bufs[4] = lb;
     st->bufs[5] = db;
     st->n_in = 6;
     st->n_out = 2;
-    if (buf_of(L, op->results[1], &st->bufs[6]) || buf_of(L, op->results[2], &st->bufs[7])) return IR_EINPUT;
+    if (cl_buf_of(L, op->results[1], &st->bufs[6]) || cl_buf_of(L, op->results[2], &st->bufs[7])) return IR_EINPUT;
     memcpy(st->i, ints, sizeof ints);
     st->f[0] = op_float(op, "scale");
     st->block[0] = 128;
@@ -817,15 +802,15 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (tc) {
       st->grid[1] = clamp_grid((S + 63) / 64, 65535);
       st->smem = (uint32_t)(2 * (2 * 64 * (D + 8) + 2 * tile * (D + 8) + 2 * D * (tile + 8)) + 8 * tile);
-      return instantiate(L, st, "attn_dkdv_tc", "loom_attn_bwd_dkdv_tc", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
+      return cl_instantiate(L, st, "attn_dkdv_tc", "loom_attn_bwd_dkdv_tc", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
     }
-    return instantiate(L, st, "attn_dkdv", "loom_attn_bwd_dkdv", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
+    return cl_instantiate(L, st, "attn_dkdv", "loom_attn_bwd_dkdv", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
   }
   case OP_ATTENTION_BLOCK:
   case OP_ATTENTION_BLOCK_GRAD: return lower_attention_block(L, s);
   case OP_ROPE: {
     int64_t axis1 = 0;
-    if (x->dims[3] % 2) return lfail(L, "rope needs an even head size");
+    if (x->dims[3] % 2) return cl_fail(L, "rope needs an even head size");
     if (seq_axis1(L, &axis1)) return IR_EINPUT;
     STEP("");
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
@@ -834,28 +819,32 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(axis1);
     INT(op_int(op, "seq_n"));
     INT(op_bool(op, "zigzag"));
-    INT(0);   /* i[CUDA_ROPE_COORD_INT]: the rank's coordinate, 0 until CUDA meshes (lower_attention_block) */
+    INT(0);   /* i[CUDA_ROPE_COORD_INT]: the rank's coordinate, written by the runtime */
+    if (axis1) {
+      st->coord_at = CUDA_ROPE_COORD_INT + 1;
+      st->coord_axis = (uint8_t)(axis1 - 1);
+    }
     st->f[0] = op_float(op, "theta");
-    launch_ew(st, type_numel(x) / 2);
-    return instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
+    cl_launch_ew(st, type_numel(x) / 2);
+    return cl_instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
   }
   /* generation with a KV cache (prelude_decode.h): program.h's i[] layouts; positions i32 */
   case OP_ROPE_AT:
-    if (x->dims[3] % 2) return lfail(L, "rope_at needs an even head size");
+    if (x->dims[3] % 2) return cl_fail(L, "rope_at needs an even head size");
     STEP("");
-    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "positions must be i32");
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     st->f[0] = op_float(op, "theta");
-    launch_ew(st, type_numel(x) / 2);
-    return instantiate(L, st, "rope_at", "loom_rope_at", IDX(0, 2), NULL, "", 1024);
+    cl_launch_ew(st, type_numel(x) / 2);
+    return cl_instantiate(L, st, "rope_at", "loom_rope_at", IDX(0, 2), NULL, "", 1024);
   case OP_ATTENTION_CACHED: {
     const Type *kt = &op->operands[1]->type;
     int64_t rows = x->dims[0] * x->dims[1] * x->dims[2], Dh = x->dims[3];
     if (kt->dims[2] <= 0 || x->dims[2] % kt->dims[2])
-      return lfail(L, "%lld query heads do not share %lld kv heads evenly", (long long)x->dims[2], (long long)kt->dims[2]);
-    if (Dh > 4096) return lfail(L, "head size %lld: attention_cached on CUDA takes head sizes up to 4096", (long long)Dh);
+      return cl_fail(L, "%lld query heads do not share %lld kv heads evenly", (long long)x->dims[2], (long long)kt->dims[2]);
+    if (Dh > 4096) return cl_fail(L, "head size %lld: attention_cached on CUDA takes head sizes up to 4096", (long long)Dh);
     STEP("");
-    if (st->bufs[3].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    if (st->bufs[3].storage != RT_ST_I32) return cl_fail(L, "positions must be i32");
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     INT(kt->dims[1]);
     INT(kt->dims[2]);
@@ -863,19 +852,19 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->block[0] = 128;   /* LOOM_AC_THREADS: a block per query row, grid-stride over the rows */
     st->grid[0] = clamp_grid(rows, 65535);
     st->smem = (uint32_t)(4 * (2 * Dh + 128));   /* the query, the output's sums, a tile's scores */
-    return instantiate(L, st, "attn_cached", "loom_attn_cached", IDX(0, 1, 2, 4), NULL, "", 128);
+    return cl_instantiate(L, st, "attn_cached", "loom_attn_cached", IDX(0, 1, 2, 4), NULL, "", 128);
   }
   case OP_KV_WRITE: {
     /* the cache is written in place: listed once, as input 0 (no outputs), like assign */
     const Type *v = &op->operands[1]->type;
     STEP("");
-    if (st->bufs[2].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    if (st->bufs[2].storage != RT_ST_I32) return cl_fail(L, "positions must be i32");
     INT(v->dims[0]);
     INT(v->dims[1]);
     INT(x->dims[1]);
     INT(v->dims[2] * v->dims[3]);
-    launch_ew(st, type_numel(v));
-    return instantiate(L, st, "kv_write", "loom_kv_write", IDX(0, 1), NULL, "", 1024);
+    cl_launch_ew(st, type_numel(v));
+    return cl_instantiate(L, st, "kv_write", "loom_kv_write", IDX(0, 1), NULL, "", 1024);
   }
   /* mixture of experts (prelude_moe.h): program.h's i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD);
      expert indices, positions and counts i32 */
@@ -885,19 +874,19 @@ static int lower_builtin(Lower *L, Steps *s) {
     const Type *big = op->kind == OP_SCATTER_LAST ? y : x;
     const Type *idx = op->kind == OP_TOPK ? y : &op->operands[1]->type;
     STEP("");
-    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "expert indices must be i32");
+    if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "expert indices must be i32");
     int64_t E = last_dim(big), rows = E ? type_numel(big) / E : 0, k = last_dim(idx);
     INT(rows);
     INT(E);
     INT(k);
     if (op->kind == OP_TOPK) {
-      if (k < 1 || k > E) return lfail(L, "k = %lld of %lld experts", (long long)k, (long long)E);
-      launch_ew(st, rows);
-      return instantiate(L, st, "topk", "loom_topk", IDX(0, 1), NULL, "", 1024);
+      if (k < 1 || k > E) return cl_fail(L, "k = %lld of %lld experts", (long long)k, (long long)E);
+      cl_launch_ew(st, rows);
+      return cl_instantiate(L, st, "topk", "loom_topk", IDX(0, 1), NULL, "", 1024);
     }
-    launch_ew(st, rows * (op->kind == OP_GATHER_LAST ? k : E));
-    if (op->kind == OP_GATHER_LAST) return instantiate(L, st, "gather_last", "loom_gather_last", IDX(0, 2), NULL, "", 1024);
-    return instantiate(L, st, "scatter_last", "loom_scatter_last", IDX(0, 2), NULL, "", 1024);
+    cl_launch_ew(st, rows * (op->kind == OP_GATHER_LAST ? k : E));
+    if (op->kind == OP_GATHER_LAST) return cl_instantiate(L, st, "gather_last", "loom_gather_last", IDX(0, 2), NULL, "", 1024);
+    return cl_instantiate(L, st, "scatter_last", "loom_scatter_last", IDX(0, 2), NULL, "", 1024);
   }
   case OP_MOE_SORT:
   case OP_MOE_COUNT: return lower_moe_sort(L, s);
@@ -910,7 +899,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     int64_t k = N ? type_numel(pos) / N : 0, D = rows->dims[1], R = rows->dims[0];
     if (disp && zero_result(L, s)) return IR_EINPUT;   /* 1: rows no assignment reaches are 0 */
     STEP("");
-    if (st->bufs[wg ? 2 : 1].storage != RT_ST_I32) return lfail(L, "positions must be i32");
+    if (st->bufs[wg ? 2 : 1].storage != RT_ST_I32) return cl_fail(L, "positions must be i32");
     INT(N);
     INT(k);
     INT(D);
@@ -918,11 +907,11 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (wg) {   /* a warp per assignment */
       st->block[0] = 256;
       st->grid[0] = clamp_grid((N * k + 7) / 8, 65535);
-      return instantiate(L, st, "moe_wgrad", "loom_moe_wgrad", IDX(0, 1, 3), NULL, "", 256);
+      return cl_instantiate(L, st, "moe_wgrad", "loom_moe_wgrad", IDX(0, 1, 3), NULL, "", 256);
     }
-    launch_ew(st, (disp ? N * k : N) * D);
-    if (disp) return instantiate(L, st, "moe_dispatch", "loom_moe_dispatch", IDX(0, 2, 3), NULL, "", 1024);
-    return instantiate(L, st, "moe_combine", "loom_moe_combine", IDX(0, 2, 3), NULL, "", 1024);
+    cl_launch_ew(st, (disp ? N * k : N) * D);
+    if (disp) return cl_instantiate(L, st, "moe_dispatch", "loom_moe_dispatch", IDX(0, 2, 3), NULL, "", 1024);
+    return cl_instantiate(L, st, "moe_combine", "loom_moe_combine", IDX(0, 2, 3), NULL, "", 1024);
   }
   case OP_GROUPED_MATMUL:
   case OP_GROUPED_MATMUL_WGRAD: {
@@ -931,10 +920,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     int64_t R = x->dims[0], K = wg ? b->dims[1] : x->dims[1], N = wg ? x->dims[1] : y->dims[1];
     int64_t E = wg ? op_int(op, "experts") : b->dims[0], G = cnt->dims[0];
     if (E < 1 || G % E || R > INT32_MAX || K > INT32_MAX || N > INT32_MAX)
-      return lfail(L, "%lld groups on %lld experts: the groups must be a multiple of the experts, and the sizes fit "
+      return cl_fail(L, "%lld groups on %lld experts: the groups must be a multiple of the experts, and the sizes fit "
                    "int32", (long long)G, (long long)E);
     STEP("");
-    if (st->bufs[2].storage != RT_ST_I32) return lfail(L, "group counts must be i32");
+    if (st->bufs[2].storage != RT_ST_I32) return cl_fail(L, "group counts must be i32");
     INT(R);
     INT(K);
     INT(N);
@@ -946,47 +935,49 @@ static int lower_builtin(Lower *L, Steps *s) {
       st->grid[0] = clamp_grid((K + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
       st->grid[1] = clamp_grid((N + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
       st->grid[2] = clamp_grid(E, 65535);
-      return instantiate(L, st, "gmm_wgrad", "loom_grouped_wgrad", IDX(0, 1, 3), NULL, "", 256);
+      return cl_instantiate(L, st, "gmm_wgrad", "loom_grouped_wgrad", IDX(0, 1, 3), NULL, "", 256);
     }
     /* x: 64 columns; y: the row tiles, at most ceil(R/64) + G + 1 (each group's last tile may
        be partial, and the rows past the groups are zeroed 64 at a time) */
     st->grid[0] = clamp_grid((N + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
     st->grid[1] = clamp_grid((R + CUDA_GM_TILE - 1) / CUDA_GM_TILE + G + 1, 65535);
-    return instantiate(L, st, "gmm", "loom_grouped_mm", IDX(0, 1, 3), tb ? "true" : "false", tb ? "_t" : "_n", 256);
+    return cl_instantiate(L, st, "gmm", "loom_grouped_mm", IDX(0, 1, 3), tb ? "true" : "false", tb ? "_t" : "_n", 256);
   }
   case OP_CROSS_ENTROPY:
   case OP_CROSS_ENTROPY_GRAD: {
     bool fwd = op->kind == OP_CROSS_ENTROPY;
     const Type *logits = &op->operands[fwd ? 0 : 1]->type;
     STEP("");
-    if (st->bufs[fwd ? 1 : 2].storage != RT_ST_I32) return lfail(L, "targets must be i32");
+    if (st->bufs[fwd ? 1 : 2].storage != RT_ST_I32) return cl_fail(L, "targets must be i32");
     int64_t V = last_dim(logits);
     INT(V ? type_numel(logits) / V : 0);
     INT(V);
     launch_rows(st, st->i[0], V);
-    if (fwd) return instantiate(L, st, "xent", "loom_xent_fwd", IDX(0, 2), NULL, "", 1024);
-    return instantiate(L, st, "xent_bwd", "loom_xent_bwd", IDX(0, 1, 3), NULL, "", 1024);
+    if (fwd) return cl_instantiate(L, st, "xent", "loom_xent_fwd", IDX(0, 2), NULL, "", 1024);
+    return cl_instantiate(L, st, "xent_bwd", "loom_xent_bwd", IDX(0, 1, 3), NULL, "", 1024);
   }
   case OP_EMBEDDING: {
     STEP("");
-    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "ids must be i32");
+    if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "ids must be i32");
     INT(type_numel(&op->operands[1]->type));
     INT(x->dims[0]);
     INT(x->dims[1]);
-    launch_ew(st, st->i[0] * st->i[2]);
-    return instantiate(L, st, "embedding", "loom_embedding_fwd", IDX(0, 2), NULL, "", 1024);
+    if (vocab_ints(L, st, &n)) return IR_EINPUT;
+    cl_launch_ew(st, st->i[0] * st->i[2]);
+    return cl_instantiate(L, st, "embedding", "loom_embedding_fwd", IDX(0, 2), NULL, "", 1024);
   }
   case OP_EMBEDDING_GRAD: {
     if (zero_result(L, s)) return IR_EINPUT;   /* 1: zero the table gradient */
     /* 2: the rows of the ids that occur */
     STEP("");
-    if (st->bufs[1].storage != RT_ST_I32) return lfail(L, "ids must be i32");
+    if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "ids must be i32");
     INT(type_numel(&op->operands[1]->type));
     INT(y->dims[0]);
     INT(y->dims[1]);
+    if (vocab_ints(L, st, &n)) return IR_EINPUT;
     st->block[0] = 256;
     st->grid[0] = clamp_grid(st->i[0], 65536);
-    return instantiate(L, st, "embedding_bwd", "loom_embedding_bwd", IDX(0, 2), NULL, "", 1024);
+    return cl_instantiate(L, st, "embedding_bwd", "loom_embedding_bwd", IDX(0, 2), NULL, "", 1024);
   }
   case OP_TRANSPOSE:
   case OP_SLICE:
@@ -996,21 +987,21 @@ static int lower_builtin(Lower *L, Steps *s) {
     for (int d = 0; d < x->rank; d++) INT(x->dims[d]);
     for (int a = 0; a < op_info(op->kind)->n_attrs; a++)
       for (int d = 0; d < x->rank; d++) INT(op->attrs[a].ints[d]);
-    launch_ew(st, type_numel(y));
+    cl_launch_ew(st, type_numel(y));
     const char *base = op->kind == OP_TRANSPOSE ? "transpose" : op->kind == OP_SLICE ? "slice" : "pad";
     char tmpl[32];
     snprintf(tmpl, sizeof tmpl, "loom_%s", base);
-    return instantiate_raw(L, st, base, tmpl, st_size(st->bufs[0].storage));
+    return cl_instantiate_raw(L, st, base, tmpl, cl_st_size(st->bufs[0].storage));
   }
   case OP_CONCAT: {
     int dim = (int)op_int(op, "dim");
     STEP("");
     INT(op->n_operands);
-    INT(prod_dims(y, 0, dim));
-    INT(prod_dims(y, dim + 1, y->rank));
+    INT(cl_prod_dims(y, 0, dim));
+    INT(cl_prod_dims(y, dim + 1, y->rank));
     for (int i = 0; i < op->n_operands; i++) INT(op->operands[i]->type.dims[dim]);
-    launch_ew(st, type_numel(y));
-    return instantiate_raw(L, st, "concat", "loom_concat", st_size(st->bufs[0].storage));
+    cl_launch_ew(st, type_numel(y));
+    return cl_instantiate_raw(L, st, "concat", "loom_concat", cl_st_size(st->bufs[0].storage));
   }
   case OP_BROADCAST: {
     STEP("");
@@ -1019,63 +1010,63 @@ static int lower_builtin(Lower *L, Steps *s) {
     int off = y->rank - x->rank;
     for (int d = 0; d < y->rank; d++) {
       int e = d - off;
-      INT(e < 0 || x->dims[e] == 1 ? 0 : prod_dims(x, e + 1, x->rank));
+      INT(e < 0 || x->dims[e] == 1 ? 0 : cl_prod_dims(x, e + 1, x->rank));
     }
-    launch_ew(st, type_numel(y));
-    return instantiate_raw(L, st, "broadcast", "loom_broadcast", st_size(st->bufs[0].storage));
+    cl_launch_ew(st, type_numel(y));
+    return cl_instantiate_raw(L, st, "broadcast", "loom_broadcast", cl_st_size(st->bufs[0].storage));
   }
   case OP_RESHAPE:
     if (op->operands[0]->kind != VAL_GLOBAL && op->operands[0]->offset == op->results[0]->offset) {
       RtBuf a, b;   /* shares its operand's buffer: no step, but check both */
-      if (buf_of(L, op->operands[0], &a) || buf_of(L, op->results[0], &b)) return IR_EINPUT;
+      if (cl_buf_of(L, op->operands[0], &a) || cl_buf_of(L, op->results[0], &b)) return IR_EINPUT;
       return 0;
     }
     STEP("");
     INT(type_numel(y));
-    launch_ew(st, type_numel(y));
-    return instantiate_raw(L, st, "copyraw", "loom_copy_raw", st_size(st->bufs[0].storage));
+    cl_launch_ew(st, type_numel(y));
+    return cl_instantiate_raw(L, st, "copyraw", "loom_copy_raw", cl_st_size(st->bufs[0].storage));
   case OP_CAST: {
     bool ff = dtype_is_float(x->dtype) && dtype_is_float(y->dtype);
     STEP("");
     INT(type_numel(y));
     if (!ff) INT(y->dtype == DT_BOOL);
-    launch_ew(st, type_numel(y));
+    cl_launch_ew(st, type_numel(y));
     if (st->bufs[0].storage == st->bufs[1].storage)
-      return instantiate_raw(L, st, "copyraw", "loom_copy_raw", st_size(st->bufs[0].storage));
-    if (ff) return instantiate(L, st, "copy", "loom_copy", IDX(0, 1), NULL, "", 1024);
-    return instantiate(L, st, "cast", "loom_cast", IDX(0, 1), NULL, "", 1024);
+      return cl_instantiate_raw(L, st, "copyraw", "loom_copy_raw", cl_st_size(st->bufs[0].storage));
+    if (ff) return cl_instantiate(L, st, "copy", "loom_copy", IDX(0, 1), NULL, "", 1024);
+    return cl_instantiate(L, st, "cast", "loom_cast", IDX(0, 1), NULL, "", 1024);
   }
   case OP_CONSTANT:
     STEP("");
     INT(type_numel(y));
     st->f[0] = op_float(op, "value");
-    launch_ew(st, type_numel(y));
-    return instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024);
+    cl_launch_ew(st, type_numel(y));
+    return cl_instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024);
   case OP_IOTA:
     STEP("");
     INT(y->rank);
     for (int d = 0; d < y->rank; d++) INT(y->dims[d]);
     INT(op_int(op, "dim"));
-    launch_ew(st, type_numel(y));
-    return instantiate(L, st, "iota", "loom_iota", IDX(0), NULL, "", 1024);
+    cl_launch_ew(st, type_numel(y));
+    return cl_instantiate(L, st, "iota", "loom_iota", IDX(0), NULL, "", 1024);
   case OP_ACCUMULATE:
   case OP_ASSIGN: {
     bool acc = op->kind == OP_ACCUMULATE;
     STEP("");
     INT(type_numel(x));
-    launch_ew(st, type_numel(x));
-    return instantiate(L, st, acc ? "accumulate" : "assign", "loom_update", IDX(0, 1), acc ? "true" : "false", "", 1024);
+    cl_launch_ew(st, type_numel(x));
+    return cl_instantiate(L, st, acc ? "accumulate" : "assign", "loom_update", IDX(0, 1), acc ? "true" : "false", "", 1024);
   }
   case OP_FILL:
     /* the global is the output */
-    st = new_step(L, s, RT_STEP_KERNEL, 0, "");
+    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, "");
     if (!st) return IR_EINPUT;
     st->n_out = 1;
-    if (buf_of(L, op->operands[0], &st->bufs[0])) return IR_EINPUT;
+    if (cl_buf_of(L, op->operands[0], &st->bufs[0])) return IR_EINPUT;
     INT(type_numel(x));
     st->f[0] = op_float(op, "value");
-    launch_ew(st, type_numel(x));
-    return instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024);
+    cl_launch_ew(st, type_numel(x));
+    return cl_instantiate(L, st, "fill", "loom_fill", IDX(0), NULL, "", 1024);
   case OP_ADAMW: {
     STEP("");
     int64_t cnt = type_numel(x);
@@ -1084,11 +1075,11 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->f[1] = op_float(op, "beta2");
     st->f[2] = op_float(op, "eps");
     st->f[3] = op_float(op, "weight_decay");
-    if (!all_float(st)) return lfail(L, "adamw on integer tensors");
+    if (!all_float(st)) return cl_fail(L, "adamw on integer tensors");
     if (st->bufs[4].storage != st->bufs[5].storage || st->bufs[4].storage != st->bufs[6].storage)
-      return lfail(L, "gscale, lr and t of different dtypes are not supported by the CUDA backend");
+      return cl_fail(L, "gscale, lr and t of different dtypes are not supported by the CUDA backend");
     for (int i = 0; i < 3; i++)
-      if (st->bufs[i].storage != st->bufs[7 + i].storage) return lfail(L, "adamw results of other dtypes than p, m, v");
+      if (st->bufs[i].storage != st->bufs[7 + i].storage) return cl_fail(L, "adamw results of other dtypes than p, m, v");
     if (L->adamw_in_place) {
       /* p2 m2 v2 are only assigned back to p m v: write them there (the kernel reads each
          element before it writes it) and skip the three assigns */
@@ -1098,8 +1089,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     bool vec = cnt % 4 == 0;
     for (int i = 0; i < 10; i++)
       if (st->bufs[i].storage != RT_ST_F32) vec = false;
-    launch_ew(st, vec ? cnt / 4 : cnt);
-    return instantiate(L, st, "adamw", "loom_adamw", IDX(0, 1, 2, 3, 4), vec ? "true" : "false", vec ? "_v4" : "", 1024);
+    cl_launch_ew(st, vec ? cnt / 4 : cnt);
+    return cl_instantiate(L, st, "adamw", "loom_adamw", IDX(0, 1, 2, 3, 4), vec ? "true" : "false", vec ? "_v4" : "", 1024);
   }
   default: break;
   }
@@ -1108,12 +1099,12 @@ static int lower_builtin(Lower *L, Steps *s) {
 #undef IDX
   const OpInfo *info = op_info(op->kind);
   if (info->cls == CLASS_ELEMENTWISE || info->cls == CLASS_REDUCTION)
-    return lfail(L, "is outside a kernel func; the CUDA backend runs elementwise ops and reductions only in fused "
+    return cl_fail(L, "is outside a kernel func; the CUDA backend runs elementwise ops and reductions only in fused "
                  "kernels (run the fuse pass first)");
-  if (info->cls == CLASS_COLLECTIVE)   /* the async halves (the overlap pass) with them: a comm stream comes with issue 15 */
-    return lfail(L, "collectives%s are not supported by the CUDA backend yet (a mesh runs on the cpu backend)",
-                 op_is_start(op->kind) || op->kind == OP_WAIT ? " and their async start/wait halves" : "");
-  return lfail(L, "is not supported by the CUDA backend");
+  if (info->cls == CLASS_COLLECTIVE)   /* lower_mesh.c lowers the others */
+    return cl_fail(L, "is not supported by the CUDA backend yet: point-to-point transfers (pipelines, ring attention) and "
+                   "all_to_allv (expert parallelism) run on the cpu backend (--backend cpu)");
+  return cl_fail(L, "is not supported by the CUDA backend");
 }
 
 /* ---------------------------------------------------------------- functions */
@@ -1136,7 +1127,7 @@ static bool launches(const Lower *L, const RtStep *st, const char *base) {
 /* b starts where span a ends in a region (the next 64-byte-aligned place) and is alike;
    *dist: b's offset from a's, in elements. */
 static bool follows(const RtBuf *a, const RtBuf *b, int64_t *dist) {
-  int sz = st_size(a->storage);
+  int sz = cl_st_size(a->storage);
   if (a->region != b->region || a->region == RT_REGION_ARENA || a->storage != b->storage || a->round != b->round ||
       b->offset != cg_align64(a->offset + sz * a->n))
     return false;
@@ -1202,13 +1193,13 @@ static void merge_updates(const Lower *L, RtFunc *rf) {
       continue;
     }
     RtStep *h = &rf->steps[into];   /* h covers [its start, the end of u) in each of its buffers */
-    int64_t n = (u->bufs[0].offset - h->bufs[0].offset) / st_size(u->bufs[0].storage) + u->bufs[0].n;
+    int64_t n = (u->bufs[0].offset - h->bufs[0].offset) / cl_st_size(u->bufs[0].storage) + u->bufs[0].n;
     bool adamw = launches(L, h, "loom_adamw_");
     for (int k = 0; k < (adamw ? 4 : 1); k++) h->bufs[k].n = n;
     for (int k = 7; adamw && k < 10; k++) h->bufs[k].n = n;
     h->i[0] = n;
     bool vec = strstr(L->names[h->which], "_v4") != NULL;   /* 4 per thread; every span stays a multiple of 4 */
-    launch_ew(h, vec ? n / 4 : n);
+    cl_launch_ew(h, vec ? n / 4 : n);
     tensors[into]++;
   }
   rf->n_steps = out;
@@ -1322,7 +1313,7 @@ static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
     for (; b < n && L->global_offset[order[b]] == cg_align64(end); b++) end = L->global_offset[order[b]] + 4 * p->globals[order[b]].n;
     int64_t count = (end - start) / 4, per = 8192, blocks = (count + per - 1) / per;
     if (blocks > 1024) per = (count + 1023) / 1024, blocks = (count + per - 1) / per;
-    RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, "");
+    RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, "");
     if (!st) return IR_EINPUT;
     snprintf(st->label, sizeof st->label, "gradient norm: sum of squares [%d tensors]", b - a);
     st->n_in = 1;
@@ -1332,42 +1323,48 @@ static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
     st->i[1] = per;
     st->block[0] = 256;
     st->grid[0] = (uint32_t)blocks;
-    if (!rc) rc = instantiate(L, st, "sumsq", "loom_sumsq_parts", (const int[]){0, -1}, NULL, "", 256);
+    if (!rc) rc = cl_instantiate(L, st, "sumsq", "loom_sumsq_parts", (const int[]){0, -1}, NULL, "", 256);
     parts_at += blocks;
     a = b;
   }
   if (rc) return rc;
-  RtStep *st = new_step(L, s, RT_STEP_KERNEL, 0, "");
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, "");
   if (!st) return IR_EINPUT;
   snprintf(st->label, sizeof st->label, "gradient norm: sum of %lld parts", (long long)parts_at);
   if (add_scratch(L, st, 0, parts_at)) return IR_EINPUT;   /* the parts: input 0 */
   st->n_in = 1;
   st->n_out = 1;
-  if (buf_of(L, ((const Op *)f->ops.items[c->last])->results[0], &st->bufs[1])) return IR_EINPUT;
+  if (cl_buf_of(L, ((const Op *)f->ops.items[c->last])->results[0], &st->bufs[1])) return IR_EINPUT;
   st->i[0] = parts_at;
   st->block[0] = 256;
-  return instantiate(L, st, "sumparts", "loom_sum_parts", (const int[]){1, -1}, NULL, "", 256);
+  return cl_instantiate(L, st, "sumparts", "loom_sum_parts", (const int[]){1, -1}, NULL, "", 256);
 }
 
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
   L->scratch = 0;
-  if (strlen(f->name) >= sizeof rf->name) return lfail(L, "the function name is longer than %zu characters", sizeof rf->name - 1);
+  if (strlen(f->name) >= sizeof rf->name) return cl_fail(L, "the function name is longer than %zu characters", sizeof rf->name - 1);
   snprintf(rf->name, sizeof rf->name, "%s", f->name);
-  if (f->arena_bytes < 0) return lfail(L, "has no arena size; run the memory-plan pass first");
+  if (f->arena_bytes < 0) return cl_fail(L, "has no arena size; run the memory-plan pass first");
   if (f->args.n > 8 || f->rets.n > 8)
-    return lfail(L, "has %d arguments and %d results; a lowered function holds at most 8 of each", f->args.n, f->rets.n);
+    return cl_fail(L, "has %d arguments and %d results; a lowered function holds at most 8 of each", f->args.n, f->rets.n);
   rf->n_args = f->args.n;
   rf->n_rets = f->rets.n;
   for (int i = 0; i < f->args.n; i++)
-    if (buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
+    if (cl_buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
   for (int i = 0; i < f->rets.n; i++)
-    if (buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
+    if (cl_buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
   Steps s = {0};
   int rc = 0;
   L->skip = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
-  if (!L->skip) return lfail(L, "out of memory");
+  L->handle = calloc((size_t)func_number((Func *)f) + 1, sizeof(int));
+  L->n_handles = 0;
+  if (!L->skip || !L->handle) {
+    free(L->skip);
+    free(L->handle);
+    return cl_fail(L, "out of memory");
+  }
   for (int i = 0; i < f->ops.n && !rc; i++) {
     L->op = f->ops.items[i];
     if (L->skip[i]) continue;
@@ -1382,12 +1379,14 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
     switch (L->op->kind) {
     case OP_CALL: rc = lower_call(L, &s); break;
     case OP_MATMUL: rc = lower_matmul(L, &s); break;
-    default: rc = lower_builtin(L, &s); break;
+    default: rc = cl_mesh_op(L->op) ? cl_lower_mesh_op(L, &s) : lower_builtin(L, &s); break;
     }
   }
   L->op = NULL;
   free(L->skip);
+  free(L->handle);
   L->skip = NULL;
+  L->handle = NULL;
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
@@ -1407,6 +1406,7 @@ static void header(Str *o, const Module *m) {
   str_add(o, "%s", cuda_prelude_attn_block_text);
   str_add(o, "%s", cuda_prelude_decode_text);
   str_add(o, "%s", cuda_prelude_moe_text);
+  str_add(o, "%s", cuda_prelude_mesh_text);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }
 
@@ -1428,7 +1428,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   out->funcs = calloc((size_t)(n_programs ? n_programs : 1), sizeof(RtFunc));
   if (!L.global_offset || !L.global_region || !L.fused_symbol || !L.fused_fin || !L.fused_info || !out->globals ||
       !out->funcs) {
-    rc = lfail(&L, "out of memory");
+    rc = cl_fail(&L, "out of memory");
     goto done;
   }
   for (int i = 0; i < nf; i++) L.fused_symbol[i] = L.fused_fin[i] = -1;
@@ -1437,7 +1437,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
      group's AdamW updates merge), each dtype's size, 64-byte aligned */
   out->n_globals = ng;
   int *order = cg_placement_order(m);
-  if (!order) rc = lfail(&L, "out of memory");
+  if (!order) rc = cl_fail(&L, "out of memory");
   for (int k = 0; k < ng && !rc; k++) {
     int i = order[k];
     const Global *g = m->globals.items[i];
@@ -1446,16 +1446,16 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     RtRegion r = cg_region_of(g);
     int64_t off = cg_align64(out->region_bytes[r]);
     if (cg_describe_global(g, rg, off)) {
-      rc = lfail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
+      rc = cl_fail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
       break;
     }
     int st = storage_of(t->dtype);
     if (st < 0) {
-      rc = lfail(&L, "global $%s is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors", g->name,
+      rc = cl_fail(&L, "global $%s is %s: the CUDA backend holds only f32, bf16, f16, f8, i32 and bool tensors", g->name,
                  dtype_name(t->dtype));
       break;
     }
-    out->region_bytes[r] = off + (int64_t)st_size(st) * rg->n;
+    out->region_bytes[r] = off + (int64_t)cl_st_size(st) * rg->n;
     L.global_offset[i] = off;
     L.global_region[i] = r;
   }
@@ -1477,12 +1477,12 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
       rc = fused_kernel(&L, i);
     }
   }
-  if (!rc && L.text.oom) rc = lfail(&L, "out of memory");
+  if (!rc && L.text.oom) rc = cl_fail(&L, "out of memory");
   if (!rc) {
     out->n_kernels = L.n_names;
     out->kernel_names = calloc((size_t)(L.n_names ? L.n_names : 1), sizeof *out->kernel_names);
-    if (!out->kernel_names) rc = lfail(&L, "out of memory");
-    else memcpy(out->kernel_names, L.names, sizeof *out->kernel_names * (size_t)L.n_names);
+    if (!out->kernel_names) rc = cl_fail(&L, "out of memory");
+    else if (L.n_names) memcpy(out->kernel_names, L.names, sizeof *out->kernel_names * (size_t)L.n_names);
   }
   if (!rc && cuda_source) {
     Str tu = {0};
@@ -1490,7 +1490,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     str_add(&tu, "%s", L.text.s ? L.text.s : "");
     if (tu.oom) {
       str_free(&tu);
-      rc = lfail(&L, "out of memory");
+      rc = cl_fail(&L, "out of memory");
     } else {
       *cuda_source = tu.s;
     }

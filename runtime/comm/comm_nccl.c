@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "runtime/cuda/cuda_api.h"
+#include "runtime/program.h"
 
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
   va_list ap;
@@ -63,7 +65,7 @@ static int parse_int(const char *s, const char *what, int lo, int hi, int *out, 
 int nccl_bootstrap_from_env(NcclBootstrap *b, char *err, size_t errlen) {
   memset(b, 0, sizeof *b);
   b->device = -1;
-  b->timeout_s = 300;
+  b->timeout_s = 600;
   b->world = 1;
   static const char *const rank_v[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
   static const char *const world_v[] = {"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"};
@@ -379,6 +381,15 @@ int nccl_version(char *err, size_t errlen) {
   return v;
 }
 
+#define FLIGHT 32
+typedef struct {
+  int64_t seq;          /* 1-based, in the rank's order of collectives */
+  char what[200];       /* "all_reduce on tp, 4096 bytes (all_reduce %x)" */
+  double t0;            /* when it was called (CLOCK_MONOTONIC seconds) */
+  int state;            /* FL_CALLED .. FL_DONE */
+} Flight;
+enum { FL_CALLED, FL_ENQUEUED, FL_DONE };
+
 typedef struct {
   const NcclApi *n;
   const CudaDriverApi *d;
@@ -393,6 +404,15 @@ typedef struct {
   atomic_bool aborted;
   pthread_mutex_t mu;
   char last[1024];
+  /* the flight recorder: the last FLIGHT collectives of nccl_step (under mu) */
+  Flight flight[FLIGHT];
+  int64_t n_flight;
+  /* the watchdog: when the rank has been inside one NCCL call (busy_ns: since when, 0 when
+     not) longer than timeout_s, it reports and aborts every communicator */
+  atomic_llong busy_ns;
+  atomic_bool dog_stop;
+  bool dog_started;
+  pthread_t dog;
 } World;
 
 static void abort_all(World *w) {
@@ -430,10 +450,10 @@ static int ready(World *w, int rank, ncclComm_t c, ncclResult_t r, const char *w
 }
 
 /* Waits for the stream while watching every communicator for asynchronous errors. */
-static int drain(World *w, int rank, const char *what, char *err, size_t errlen) {
+static int drain_stream(World *w, CUstream stream, int rank, const char *what, char *err, size_t errlen) {
   double deadline = now_s() + w->timeout_s, pause = 1e-6;
   for (;;) {
-    CUresult q = w->d->cuStreamQuery(w->stream);
+    CUresult q = w->d->cuStreamQuery(stream);
     if (q == CUDA_SUCCESS) return 0;
     if (q != CUDA_ERROR_NOT_READY) {
       char where[160];
@@ -453,6 +473,10 @@ static int drain(World *w, int rank, const char *what, char *err, size_t errlen)
     sleep_s(pause);
     if (pause < 1e-4) pause *= 2;
   }
+}
+
+static int drain(World *w, int rank, const char *what, char *err, size_t errlen) {
+  return drain_stream(w, w->stream, rank, what, err, errlen);
 }
 
 static World *world_of(Comm *c) { return c->impl; }
@@ -582,9 +606,251 @@ int nccl_wait(Comm *c, char *err, size_t errlen) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- a lowered program's collectives */
+
+static ncclDataType_t nccl_type(int storage, int *size) {
+  switch (storage) {
+  case RT_ST_F32: *size = 4; return ncclFloat32;
+  case RT_ST_BF16: *size = 2; return ncclBfloat16;
+  case RT_ST_F16: *size = 2; return ncclFloat16;
+  case RT_ST_I32: *size = 4; return ncclInt32;
+  default: *size = 0; return ncclFloat32;
+  }
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The flight recorder's report: the collective(s) not finished and the last ones finished. */
+static void flight_report(World *w, int rank, char *out, size_t n) {
+  size_t at = 0;
+  out[0] = 0;
+  pthread_mutex_lock(&w->mu);
+  int64_t first = w->n_flight > FLIGHT ? w->n_flight - FLIGHT : 0;
+  int done = 0;
+  for (int64_t k = w->n_flight - 1; k >= first && at + 1 < n; k--) {
+    const Flight *f = &w->flight[k % FLIGHT];
+    if (f->state == FL_DONE && ++done > 3) continue;
+    static const char *const state[] = {"did not return (waiting for the other ranks)", "enqueued, not completed",
+                                        "finished"};
+    at += (size_t)snprintf(out + at, n - at, "\n  rank %d: collective #%lld %s: %s, called %.1f s ago", rank, (long long)f->seq,
+                           f->what, state[f->state], now_s() - f->t0);
+  }
+  if (!w->n_flight && at + 1 < n) snprintf(out + at, n - at, "\n  rank %d: no collective of the program ran yet", rank);
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void *watchdog(void *arg) {
+  Comm *c = arg;
+  World *w = c->impl;
+  while (!atomic_load(&w->dog_stop)) {
+    sleep_s(0.05);
+    int64_t busy = atomic_load(&w->busy_ns);
+    if (!busy || (double)(now_ns() - busy) * 1e-9 <= w->timeout_s || atomic_load(&w->aborted)) continue;
+    char rep[2048];
+    flight_report(w, c->rank, rep, sizeof rep);
+    fprintf(stderr, "loom: rank %d: a collective did not complete within %g s (--nccl-timeout); aborting this rank's "
+            "communicators (NCCL's ncclCommAbort)%s\n", c->rank, w->timeout_s, rep);
+    pthread_mutex_lock(&w->mu);
+    if (!w->last[0])
+      snprintf(w->last, sizeof w->last, "rank %d: a collective did not complete within %g s (--nccl-timeout)", c->rank,
+               w->timeout_s);
+    pthread_mutex_unlock(&w->mu);
+    abort_all(w);
+    /* The call should now fail; a rank still stuck in it after a grace period ends itself. */
+    for (int k = 0; k < 200 && atomic_load(&w->busy_ns) == busy && !atomic_load(&w->dog_stop); k++) sleep_s(0.05);
+    if (atomic_load(&w->busy_ns) == busy && !atomic_load(&w->dog_stop)) {
+      fprintf(stderr, "loom: rank %d: still blocked in NCCL 10 s after the abort; exiting\n", c->rank);
+      fflush(stderr);
+      _exit(1);
+    }
+    return NULL;
+  }
+  return NULL;
+}
+
+/* The fault tests' hook: LOOM_NCCL_FAULT=hang:R:N or kill:R:N makes rank R, before its
+   collective #N, stop forever (never reaching it) or die by SIGKILL. */
+static void test_fault(int rank, int64_t seq) {
+  const char *f = getenv("LOOM_NCCL_FAULT");
+  char what[8];
+  int r;
+  long long n;
+  if (!f || sscanf(f, "%7[a-z]:%d:%lld", what, &r, &n) != 3 || r != rank || n != seq) return;
+  fprintf(stderr, "loom: rank %d: LOOM_NCCL_FAULT=%s: %s before collective #%lld\n", rank, f,
+          strcmp(what, "kill") ? "stopping forever" : "dying", n);
+  fflush(stderr);
+  if (!strcmp(what, "kill")) raise(SIGKILL);
+  for (;;) pause();
+}
+
+int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x, void *y, void *stream, const char *label,
+              char *err, size_t errlen) {
+  World *w = world_of(c);
+  test_fault(c->rank, w->n_flight + 1);
+  int es;
+  ncclDataType_t dt = nccl_type(storage, &es);
+  if (!es) return fail(err, errlen, 2, "%s: NCCL moves f32, bf16, f16 and i32, not storage %d", label, storage);
+  int axis = (int)(builtin == RT_B_ALL_REDUCE ? i[1] : i[0]);
+  if (axis < 0 || axis >= COMM_AXES) return fail(err, errlen, 2, "%s: no mesh axis %d", label, axis);
+  int64_t size = c->mesh[axis], n = 0;
+  const char *name = "all_reduce";
+  const char *xb = x;
+  char *yb = y;
+  CUstream st = (CUstream)stream;
+  switch (builtin) {
+  case RT_B_ALL_REDUCE: n = i[0]; break;
+  case RT_B_ALL_GATHER: name = "all_gather"; n = i[2] * i[3] * i[4] * size; break;
+  case RT_B_REDUCE_SCATTER: name = "reduce_scatter"; n = i[2] * i[3] * i[4] * size; break;
+  case RT_B_ALL_TO_ALL:
+    name = "all_to_all";
+    n = i[2] * i[3] * i[4] * size;
+    if (!((i[2] == 1 && i[5] == 1) || (i[2] == i[5] && i[3] * i[4] == i[6] * i[7])))
+      return fail(err, errlen, 2, "%s: an all_to_all whose chunks are not contiguous rows of equal size on both sides "
+                  "is not supported by the NCCL path", label);
+    break;
+  default: return fail(err, errlen, 2, "%s: builtin %d is not a collective", label, builtin);
+  }
+  if (i[builtin == RT_B_ALL_REDUCE ? 2 : 1] != size)
+    return fail(err, errlen, 2, "%s: the program's axis %s has %lld ranks, this world's %lld", label, axis_name[axis],
+                (long long)i[builtin == RT_B_ALL_REDUCE ? 2 : 1], (long long)size);
+  ncclComm_t comm;
+  if (coll_begin(c, axis, &comm))
+    return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  Flight *fl;
+  pthread_mutex_lock(&w->mu);
+  fl = &w->flight[w->n_flight % FLIGHT];
+  fl->seq = ++w->n_flight;
+  snprintf(fl->what, sizeof fl->what, "%s on %s, %lld bytes (%s)", name, axis_name[axis], (long long)(n * es), label);
+  fl->t0 = now_s();
+  fl->state = FL_CALLED;
+  char what[256];
+  snprintf(what, sizeof what, "collective #%lld %s", (long long)fl->seq, fl->what);
+  pthread_mutex_unlock(&w->mu);
+  atomic_store(&w->busy_ns, now_ns());
+  ncclResult_t r = ncclSuccess;
+  int64_t chunk = n / size;
+  if (!comm) {   /* a size-1 axis: the result is the input */
+    if (x != y && n) {
+      char m[512];
+      if (cuda_cu_fail(w->d->cuMemcpyDtoDAsync((CUdeviceptr)(uintptr_t)y, (CUdeviceptr)(uintptr_t)x, (size_t)(n * es), st),
+                       "cuMemcpyDtoDAsync", what, m, sizeof m)) {
+        atomic_store(&w->busy_ns, 0);
+        coll_fail(c, m);
+        return fail(err, errlen, 1, "%s", m);
+      }
+    }
+  } else if (builtin == RT_B_ALL_REDUCE) {
+    r = w->n->ncclAllReduce(x, y, (size_t)n, dt, i[3] ? ncclMax : ncclSum, comm, st);
+  } else if (builtin == RT_B_ALL_TO_ALL) {
+    /* grouped sends and receives: per peer, each outer row's chunk (one when contiguous) */
+    int64_t rows = i[2], cnt = i[3] * i[4];
+    r = w->n->ncclGroupStart();
+    for (int p = 0; p < size && (r == ncclSuccess || r == ncclInProgress); p++)
+      for (int64_t o = 0; o < rows && (r == ncclSuccess || r == ncclInProgress); o++) {
+        r = w->n->ncclSend(xb + (o * size * cnt + p * cnt) * es, (size_t)cnt, dt, p, comm, st);
+        if (r == ncclSuccess || r == ncclInProgress)
+          r = w->n->ncclRecv(yb + (o * size * cnt + p * cnt) * es, (size_t)cnt, dt, p, comm, st);
+      }
+    ncclResult_t e = w->n->ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = e;
+  } else {
+    /* all_gather / reduce_scatter along a dim: one call per outer row (NCCL's chunks are
+       contiguous), grouped */
+    int64_t rows = i[2], piece = i[3] * i[4];
+    (void)chunk;
+    r = rows > 1 ? w->n->ncclGroupStart() : ncclSuccess;
+    for (int64_t o = 0; o < rows && (r == ncclSuccess || r == ncclInProgress); o++) {
+      if (builtin == RT_B_ALL_GATHER)
+        r = w->n->ncclAllGather(xb + o * piece * es, yb + o * size * piece * es, (size_t)piece, dt, comm, st);
+      else r = w->n->ncclReduceScatter(xb + o * size * piece * es, yb + o * piece * es, (size_t)piece, dt, ncclSum, comm, st);
+    }
+    if (rows > 1) {
+      ncclResult_t e = w->n->ncclGroupEnd();
+      if (r == ncclSuccess || r == ncclInProgress) r = e;
+    }
+  }
+  char m[1024];
+  int rc = comm ? ready(w, c->rank, comm, r, what, m, sizeof m) : 0;
+  atomic_store(&w->busy_ns, 0);
+  if (rc || atomic_load(&w->aborted)) {
+    if (!rc) snprintf(m, sizeof m, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+    coll_fail(c, m);
+    char rep[2048];
+    flight_report(w, c->rank, rep, sizeof rep);
+    return fail(err, errlen, 1, "%s%s", m, rep);
+  }
+  pthread_mutex_lock(&w->mu);
+  fl->state = FL_ENQUEUED;
+  pthread_mutex_unlock(&w->mu);
+  return 0;
+}
+
+int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) {
+  World *w = world_of(c);
+  if (atomic_load(&w->aborted)) return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (cuda_set_current(w->ctx, err, errlen)) return 1;
+  char m[1024];
+  atomic_store(&w->busy_ns, now_ns());
+  int rc = drain_stream(w, (CUstream)stream, c->rank, what, m, sizeof m);
+  atomic_store(&w->busy_ns, 0);
+  if (rc) {
+    coll_fail(c, m);
+    char rep[2048];
+    flight_report(w, c->rank, rep, sizeof rep);
+    return fail(err, errlen, 1, "%s%s", m, rep);
+  }
+  pthread_mutex_lock(&w->mu);
+  for (int k = 0; k < FLIGHT; k++)
+    if (w->flight[k].state == FL_ENQUEUED) w->flight[k].state = FL_DONE;
+  pthread_mutex_unlock(&w->mu);
+  return 0;
+}
+
+int nccl_all_gather_host(Comm *c, const float *mine, float *all, int64_t n, char *err, size_t errlen) {
+  World *w = world_of(c);
+  if (atomic_load(&w->aborted)) return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (cuda_set_current(w->ctx, err, errlen)) return 1;
+  if (c->world == 1 || n == 0) {
+    memcpy(all, mine, sizeof(float) * (size_t)n);
+    return 0;
+  }
+  const CudaDriverApi *d = w->d;
+  size_t bytes = sizeof(float) * (size_t)n;
+  CUdeviceptr din = 0, dout = 0;
+  char where[96], m[1024] = "";
+  snprintf(where, sizeof where, "(rank %d, gathering the pieces of a tensor)", c->rank);
+  int rc = cuda_cu_fail(d->cuMemAlloc(&din, bytes), "cuMemAlloc", where, m, sizeof m);
+  if (!rc) rc = cuda_cu_fail(d->cuMemAlloc(&dout, bytes * (size_t)c->world), "cuMemAlloc", where, m, sizeof m);
+  if (!rc) rc = cuda_cu_fail(d->cuMemcpyHtoDAsync(din, mine, bytes, w->own), "cuMemcpyHtoDAsync", where, m, sizeof m);
+  if (!rc) {
+    atomic_store(&w->busy_ns, now_ns());
+    ncclResult_t r = w->n->ncclAllGather((const void *)(uintptr_t)din, (void *)(uintptr_t)dout, (size_t)n, ncclFloat32,
+                                         w->world, w->own);
+    rc = ready(w, c->rank, w->world, r, "all_gather of a tensor's pieces over the world", m, sizeof m);
+    if (!rc) rc = drain_stream(w, w->own, c->rank, "all_gather of a tensor's pieces over the world", m, sizeof m);
+    atomic_store(&w->busy_ns, 0);
+    if (rc) coll_fail(c, m);
+  }
+  if (!rc) rc = cuda_cu_fail(d->cuMemcpyDtoHAsync(all, dout, bytes * (size_t)c->world, w->own), "cuMemcpyDtoHAsync", where, m, sizeof m);
+  if (!rc) rc = cuda_cu_fail(d->cuStreamSynchronize(w->own), "cuStreamSynchronize", where, m, sizeof m);
+  if (din) d->cuMemFree(din);
+  if (dout) d->cuMemFree(dout);
+  return rc ? fail(err, errlen, 1, "%s", m) : 0;
+}
+
+int nccl_device(const Comm *c) { return c && c->impl ? ((const World *)c->impl)->device : -1; }
+
 void nccl_world_free(Comm *c) {
   if (!c) return;
   World *w = c->impl;
+  if (w && w->dog_started) {
+    atomic_store(&w->dog_stop, true);
+    pthread_join(w->dog, NULL);
+  }
   if (w) {
     char err[512];
     bool ctx_ok = w->ctx && !cuda_set_current(w->ctx, err, sizeof err);
@@ -710,6 +976,9 @@ int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm 
     nccl_world_free(c);
     return rc;
   }
+  atomic_init(&w->busy_ns, 0);
+  atomic_init(&w->dog_stop, false);
+  w->dog_started = pthread_create(&w->dog, NULL, watchdog, c) == 0;
   *out = c;
   return 0;
 }
@@ -732,5 +1001,14 @@ void nccl_world_abort(Comm *c) { (void)c; }
 const char *nccl_last_error(const Comm *c) { return ""; }
 int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
 int nccl_wait(Comm *c, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x, void *y, void *stream, const char *label,
+              char *err, size_t errlen) {
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int nccl_all_gather_host(Comm *c, const float *mine, float *all, int64_t n, char *err, size_t errlen) {
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int nccl_device(const Comm *c) { return -1; }
 
 #endif

@@ -14,7 +14,7 @@
  *      comm.h requires).  An axis as large as the world uses the world communicator.
  * Every communicator is non-blocking (config.blocking = 0): each NCCL call is followed by
  * polling ncclCommGetAsyncError until it leaves ncclInProgress, and a collective by polling
- * its stream, both within LOOM_NCCL_TIMEOUT seconds (default 300; the rendezvous and the
+ * its stream, both within LOOM_NCCL_TIMEOUT seconds (default 600, `loom train --nccl-timeout`; the rendezvous and the
  * communicators' creation use it too).  On an error or a timeout every communicator is
  * aborted (ncclCommAbort), the message (naming the rank, the collective and the axis) is
  * kept for nccl_last_error, and this and every later collective returns 1.
@@ -45,7 +45,7 @@ typedef struct {
   int device;              /* CUDA device; -1: rank % the number of devices */
   char addr[256];          /* MASTER_ADDR (rank 0's host) */
   int port;                /* MASTER_PORT */
-  double timeout_s;        /* LOOM_NCCL_TIMEOUT, default 300 */
+  double timeout_s;        /* LOOM_NCCL_TIMEOUT, default 600 */
   bool use_comm_id;        /* NCCL_COMM_ID is set: NCCL bootstraps itself */
 } NcclBootstrap;
 
@@ -73,6 +73,28 @@ const char *nccl_last_error(const Comm *c);
 int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen);
 /* Waits for every collective enqueued on the Comm's stream (with the timeout). */
 int nccl_wait(Comm *c, char *err, size_t errlen);
+/* One collective step of a lowered CUDA program (runtime/program.h's RT_B_ALL_REDUCE ..
+   RT_B_ALL_TO_ALL and their i[]) on device buffers x -> y of RtStorage `storage` (f32, bf16,
+   f16, i32), enqueued on `stream` (its axis's communication stream): a size-1 axis copies;
+   all_gather and reduce_scatter along a dim with outer rows are one NCCL call per row, and
+   all_to_all grouped sends and receives, in one group.  Returns once enqueued (on the
+   emulated device: done).  label names the step in reports.  The flight recorder keeps the
+   last 32 collectives; a watchdog thread of the world aborts every communicator when the
+   rank has been inside one NCCL call longer than the timeout, printing them (which did not
+   finish, which were the last to finish) to stderr, and ends the process 10 s later if the
+   call still does not return.  0, or 1 (the world aborted) / 2 (a malformed step) with the
+   message and the flight record in err. */
+int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x, void *y, void *stream, const char *label,
+              char *err, size_t errlen);
+/* Waits for `stream` (a CUstream of this rank's device) within the timeout, watching every
+   communicator for asynchronous errors; then the enqueued collectives count as finished.
+   On a timeout or an error, aborts the world: 1 with the message and the flight record. */
+int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen);
+/* All-gather of host floats over the whole world (gathering a checkpoint's pieces):
+   all[r*n .. (r+1)*n) = rank r's mine[0..n), through this rank's GPU; waits.  0 or 1. */
+int nccl_all_gather_host(Comm *c, const float *mine, float *all, int64_t n, char *err, size_t errlen);
+/* The CUDA device this rank uses (LOOM_LOCAL_RANK's, or rank % devices); -1 without a world. */
+int nccl_device(const Comm *c);
 /* NCCL's version code (e.g. 22809), or 0 with a message when it cannot be loaded. */
 int nccl_version(char *err, size_t errlen);
 

@@ -65,10 +65,10 @@ int launch_env_read(LaunchEnv *e, const char *(*get)(const char *name), char *er
 
 int launch_env_single(const LaunchEnv *e, const char *what, char *err, size_t errlen) {
   if (e->world <= 1) return 0;
-  snprintf(err, errlen, "this process is rank %lld of %lld started by %s (%s=%lld), but %s runs as one process: a mesh's "
-           "ranks are threads of it (--mesh dp=N,...), and one process per GPU over NCCL is not supported yet; start a "
-           "single process, without the launcher, so that %lld processes do not each train the whole model and write "
-           "the same outputs", (long long)e->rank, (long long)e->world, e->launcher, e->rank_var, (long long)e->rank,
-           what, (long long)e->world);
+  snprintf(err, errlen, "this process is rank %lld of %lld started by %s (%s=%lld), but %s runs as one process here: on "
+           "the cpu backend a mesh's ranks are threads of it (--mesh dp=N,...), and one process per GPU over NCCL is "
+           "'loom train --backend cuda --mesh ...'; start a single process, without the launcher, so that %lld "
+           "processes do not each train the whole model and write the same outputs", (long long)e->rank,
+           (long long)e->world, e->launcher, e->rank_var, (long long)e->rank, what, (long long)e->world);
   return 2;
 }

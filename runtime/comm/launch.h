@@ -11,10 +11,10 @@
  * that is not a whole number, a rank outside [0, size), or a rank set without its size is
  * an error naming the variable.  No launcher: one process (rank 0 of 1).
  *
- * loom runs one process today (a mesh's ranks are threads): `loom train` and compiled
- * executables refuse to be one of several launched processes, rather than let each train
- * the whole model on its own and write the same outputs (one process per GPU over NCCL is
- * issue 15; this is the part of it that reads the launch).
+ * On the CPU loom runs one process (a mesh's ranks are threads): `loom train` there and
+ * compiled executables refuse to be one of several launched processes, rather than let each
+ * train the whole model on its own and write the same outputs.  `loom train --backend cuda
+ * --mesh ...` is one process per GPU: each reads its rank here (tools/cmd_train.c).
  */
 #ifndef LOOM_RUNTIME_COMM_LAUNCH_H
 #define LOOM_RUNTIME_COMM_LAUNCH_H

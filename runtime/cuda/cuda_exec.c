@@ -324,13 +324,11 @@ int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
       }
       case RT_STEP_GEMM: rc = check_gemm(st, msg, sizeof msg); break;
       case RT_STEP_BUILTIN:
-        return fail(err, errlen, 2,
-                    "@%s: step %d (%s) is a CPU builtin: the cuda lowering makes every builtin a kernel (was the program "
-                    "lowered for the cpu?)",
-                    fn->name, s, st->label);
+        if (!cuda_mesh_step_ok(st, msg, sizeof msg)) rc = 2;
+        break;
       default: return fail(err, errlen, 2, "@%s: step %d has an unknown kind", fn->name, s);
       }
-      if (rc) return fail(err, errlen, rc, "@%s: step %d: %s", fn->name, s, msg);
+      if (rc) return fail(err, errlen, rc, "@%s: step %d (%s): %s", fn->name, s, st->label, msg);
     }
   }
   /* A global's storage is that of the buffers naming it: they must agree. */
@@ -773,6 +771,7 @@ void cuda_program_free(CudaProgram *cp) {
     if (cp->stream) d->cuStreamSynchronize((CUstream)cp->stream);   /* errors here change nothing: free anyway */
     spoiled = cp->broken && d->cuCtxSynchronize() != CUDA_SUCCESS;
   }
+  cuda_mesh_free(cp);
   for (int f = 0; cp->plans && f < cp->p->n_funcs; f++) {
     for (int s = 0; cp->plans[f] && s < cp->p->funcs[f].n_steps; s++) plan_free(l, cp->plans[f][s]);
     free(cp->plans[f]);
@@ -804,6 +803,7 @@ static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, s
   for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arena : cp->regions[r];
   CudaLoomArgs args;
   cuda_pack_args(st, base, &args);
+  if (st->coord_at && st->coord_at <= RT_MAX_INTS && st->coord_axis < 5) args.i[st->coord_at - 1] = cp->coord[st->coord_axis];
   void *params[1] = {&args};
   return CU(cuLaunchKernel,
             ((CUfunction)cp->fns[st->which], st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1],
@@ -834,7 +834,9 @@ int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets,
   for (int s = 0; !rc && s < fn->n_steps; s++) {
     const RtStep *st = &fn->steps[s];
     step_where(cp, func, s, where, sizeof where);
-    rc = st->kind == RT_STEP_GEMM ? run_gemm(cp, func, s, where, err, errlen) : launch(cp, func, s, where, err, errlen);
+    rc = st->kind == RT_STEP_GEMM      ? run_gemm(cp, func, s, where, err, errlen)
+         : st->kind == RT_STEP_BUILTIN ? cuda_mesh_step(cp, func, s, where, err, errlen)
+                                       : launch(cp, func, s, where, err, errlen);
     if (!rc && cp->opt.sync_each_step) rc = CU(cuStreamSynchronize, (stream), where);
   }
   off = 0;
@@ -848,7 +850,7 @@ int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets,
   }
   if (!rc) {
     snprintf(where, sizeof where, "after @%s (a kernel or GEMM of it failed; LOOM_CUDA_SYNC=1 names the step)", fn->name);
-    rc = CU(cuStreamSynchronize, (stream), where);
+    rc = cp->comm ? cuda_mesh_sync(cp, where, err, errlen) : CU(cuStreamSynchronize, (stream), where);
   }
   off = 0;
   for (int r = 0; !rc && r < fn->n_rets; r++) {

@@ -14,7 +14,11 @@
  *                   shares the operand); operands in their storage: f32 x f32 -> f32
  *                   (CUBLAS_COMPUTE_32F, or 32F_FAST_TF32 when CudaOptions.tf32), bf16 x bf16
  *                   or f16 x f16 -> the same or f32 (f32 accumulate);
- *   RT_STEP_BUILTIN is not a CUDA step: the cuda lowering turns builtins into kernels.
+ *   RT_STEP_BUILTIN only the collectives of a partitioned program (RT_B_ALL_REDUCE ..
+ *                   RT_B_ALL_TO_ALL, RT_B_COLL_START, RT_B_COLL_WAIT): NCCL calls on the
+ *                   communicator of their axis, once cuda_program_set_comm made the program a
+ *                   rank of a mesh (runtime/cuda/cuda_mesh.c); every other builtin is a kernel.
+ * A step with coord_at gets the rank's coordinate on its axis in i[coord_at - 1] (0 on one GPU).
  * Every buffer holds its RtBuf.storage natively (f32, i32, bf16, f16, f8e4m3, f8e5m2); the
  * host side of every call (args, rets, globals) is f32, or int32 for integer buffers, and
  * is converted (RNE, bitwise as rt_round) on the way.  A global's storage is that of the
@@ -123,6 +127,13 @@ typedef struct {
   unsigned char *staging;  /* host bytes for args / rets conversions */
   size_t staging_bytes;
   CudaMemory mem;          /* what was actually allocated */
+  /* one rank of a mesh (cuda_program_set_comm; NULL/0 on one GPU) */
+  struct Comm *comm;
+  int coord[5];            /* the rank's coordinates (dp, tp, cp, pp, ep) */
+  void *axis_stream[5];    /* CUstream per mesh axis of size > 1 */
+  void *ev_ready;          /* CUevent: the compute stream reached a collective */
+  void **ev_done;          /* CUevent per start handle, and one for plain collectives */
+  int n_events;
   bool broken;             /* a call failed: only free is allowed */
 } CudaProgram;
 
@@ -152,6 +163,22 @@ int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, ch
 int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen);
 /* A device address (tests, NCCL): base of the buffer's region + offset. */
 uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b);
+
+/* ------------------------------------------------------------------ a rank of a mesh (cuda_mesh.c) */
+
+/* Makes cp one rank of a mesh: its collective steps become NCCL calls on comm (runtime/comm/
+   comm_nccl.h: this process's rank; it must outlive cp), each on a communication stream of
+   its axis ordered against the compute stream by events, so a started collective overlaps
+   the kernels up to its wait; kernels get the rank's coordinates; every call ends with
+   nccl_sync (the timeout and the communicators' errors watched).  0, or 1/2 with a message. */
+struct Comm;
+int cuda_program_set_comm(CudaProgram *cp, struct Comm *comm, char *err, size_t errlen);
+/* For cuda_exec.c: a collective step is well formed (else false and why); run step s of
+   function f; wait for the end of a call; free the streams and events. */
+bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n);
+int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen);
+int cuda_mesh_sync(CudaProgram *cp, const char *where, char *err, size_t errlen);
+void cuda_mesh_free(CudaProgram *cp);
 
 /* ------------------------------------------------------------------ the training executor */
 

@@ -1,7 +1,8 @@
 /* tests/cuda_emu/fake_cuda.c — a test double of the CUDA driver (libcuda) for the emulated
  * device.
  *
- * `loom` loads it through LOOM_LIBCUDA.  One device, "loom emulated device": compute
+ * `loom` loads it through LOOM_LIBCUDA.  One device, "loom emulated device" (LOOM_EMU_DEVICES=N
+ * shows it as N ordinals, so that each process of a mesh takes its own LOCAL_RANK): compute
  * capability LOOM_EMU_CC (default 90), 132 SMs, 227 KiB of opt-in shared memory, 80 GiB.
  * Device memory is host memory (a CUdeviceptr is a host address); every allocation ends at a
  * guard page, so a kernel that writes past an allocation faults at once.  Streams are
@@ -101,14 +102,18 @@ CUresult cuDriverGetVersion(int *v) {
 CUresult cuDeviceGetCount(int *n) {
   if (!n) return CUDA_ERROR_INVALID_VALUE;
   if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
-  *n = 1;
+  const char *e = getenv("LOOM_EMU_DEVICES");
+  *n = e && atoi(e) > 0 ? atoi(e) : 1;
   return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
   if (!d) return CUDA_ERROR_INVALID_VALUE;
-  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *d = 0;
+  int n = 0;
+  CUresult r = cuDeviceGetCount(&n);
+  if (r != CUDA_SUCCESS) return r;
+  if (ordinal < 0 || ordinal >= n) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;   /* every ordinal is the one emulated device (LOOM_EMU_DEVICES) */
   return CUDA_SUCCESS;
 }
 
@@ -198,6 +203,31 @@ CUresult cuStreamDestroy(CUstream s) {
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   free(s);
   return CUDA_SUCCESS;
+}
+
+/* Events: streams are synchronous, so an event is complete as soon as it is recorded and a
+   wait for one never waits. */
+CUresult cuEventCreate(CUevent *e, unsigned flags) {
+  (void)flags;
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  *e = (CUevent)malloc(16);
+  return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuEventDestroy(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  free(e);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s) {
+  (void)s;
+  return e ? sync_status() : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+  (void)flags;
+  return s && e ? sync_status() : CUDA_ERROR_INVALID_HANDLE;
 }
 
 /* ------------------------------------------------------------------ memory */

@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
   }
   RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
                    json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
-                   quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0, log_experts},
+                   quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0, log_experts, false},
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL,
                   NULL, NULL, false};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
