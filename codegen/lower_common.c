@@ -36,7 +36,7 @@ RtRegion cg_region_of(const Global *g) {
   return RT_REGION_OPTIM;
 }
 
-int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset) {
+int cg_describe_global(const Global *g, const Mesh *mesh, RtGlobal *rg, int64_t offset) {
   const Type *t = &g->value->type;
   if (strlen(g->name) >= sizeof rg->name) return -1;
   snprintf(rg->name, sizeof rg->name, "%s", g->name);
@@ -55,6 +55,18 @@ int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset) {
   rg->init_value = g->init.value;
   rg->round = cg_round_of(t->dtype);
   rg->experts = g->hf_experts;
+  /* the placement, and the whole checkpoint shape of a piece */
+  rg->ir_rank = (int8_t)t->rank;
+  for (int d = 0; d < t->rank; d++) rg->piece_dims[d] = t->dims[d];
+  bool split = false;
+  for (int a = 0; a < AX_COUNT && a < 5; a++) {
+    if (t->sh.kind[a] == SH_S) rg->split[a] = (int8_t)(t->sh.dim[a] + 1), split = true;
+    if (t->sh.kind[a] == SH_P) rg->partial |= (uint8_t)(1u << a);
+  }
+  if (split && !g->hf_rank && mesh) {
+    for (int a = 0; a < AX_COUNT && a < 5; a++)
+      if (rg->split[a]) rg->shape[rg->split[a] - 1] *= mesh->size[a];
+  }
   return 0;
 }
 

@@ -26,9 +26,10 @@ uint8_t cg_round_of(DType dt);
 /* Parameters, gradient accumulators, or other state (optimizer moments). */
 RtRegion cg_region_of(const Global *g);
 
-/* rg = global g at `offset` of its region: name, element count, the shape checkpoints see,
-   initializer and rounding.  Returns -1 (rg untouched) when the name does not fit. */
-int cg_describe_global(const Global *g, RtGlobal *rg, int64_t offset);
+/* rg = global g at `offset` of its region: name, element count, the shape checkpoints see
+   (the whole tensor's, for a piece of a partitioned module on `mesh`), initializer, rounding
+   and placement.  Returns -1 (rg untouched) when the name does not fit. */
+int cg_describe_global(const Global *g, const Mesh *mesh, RtGlobal *rg, int64_t offset);
 
 /* The order globals are placed in their regions: parameters grouped by the weight decay of
    their AdamW, each gradient and moment in its parameter's order, so that a group's AdamW

@@ -151,10 +151,11 @@ static uint64_t name_seed(uint64_t seed, const char *name) {
   return h;
 }
 
-/* Values [k0, k1) of a global. splitmix64 is a counter: the k-th normal draws from states
-   s0 + (2k+1)G and s0 + (2k+2)G, so any range starts where the sequential walk would be and
-   every split of the work gives the same bits. */
-static void init_range(const RtGlobal *gl, uint64_t s0, float *t, int64_t k0, int64_t k1) {
+/* Values [k0, k1) of a global into dst[0 .. k1 - k0). splitmix64 is a counter: the k-th
+   normal draws from states s0 + (2k+1)G and s0 + (2k+2)G, so any range starts where the
+   sequential walk would be and every split of the work gives the same bits. */
+static void init_range(const RtGlobal *gl, uint64_t s0, float *dst, int64_t k0, int64_t k1) {
+  float *t = dst;
   uint64_t s = s0 + (uint64_t)k0 * 2u * 0x9E3779B97F4A7C15ull;
   for (int64_t k = k0; k < k1; k++) {
     double v = 0;
@@ -168,7 +169,7 @@ static void init_range(const RtGlobal *gl, uint64_t s0, float *t, int64_t k0, in
       break;
     }
     }
-    t[k] = rt_round((RtRound)gl->round, (float)v);
+    t[k - k0] = rt_round((RtRound)gl->round, (float)v);
   }
 }
 
@@ -181,7 +182,7 @@ typedef struct {
 
 static void *init_part(void *arg) {
   InitPart *p = arg;
-  init_range(p->gl, p->s0, p->t, p->k0, p->k1);
+  init_range(p->gl, p->s0, p->t + p->k0, p->k0, p->k1);
   return NULL;
 }
 
@@ -210,4 +211,84 @@ void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
   int64_t saved = 1;
   for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];
   for (int64_t k = saved; k < gl->n; k++) t[k] = 0;
+}
+
+/* ---------------------------------------------------------------- a rank's piece */
+
+int64_t rt_global_whole_numel(const RtGlobal *gl, const int64_t mesh[5]) {
+  int64_t n = 1;
+  for (int d = 0; d < gl->ir_rank; d++) n *= gl->piece_dims[d];
+  for (int a = 0; a < 5; a++)
+    if (gl->split[a]) n *= mesh[a];
+  return gl->ir_rank ? n : gl->n;
+}
+
+void rt_piece_runs(const RtGlobal *gl, const int64_t mesh[5], const int coord[5],
+                   void (*fn)(int64_t w, int64_t p, int64_t n, void *arg), void *arg) {
+  int rank = gl->ir_rank;
+  if (rank <= 0 || rank > 8) {   /* a scalar, or no placement recorded: the whole */
+    if (gl->n) fn(0, 0, gl->n, arg);
+    return;
+  }
+  /* the piece's offset and the whole extent along every dim (move_piece's rule: along a dim
+     split by several axes the larger axis index is the outer split) */
+  int64_t off[8] = {0}, whole[8], *dims = (int64_t *)gl->piece_dims;
+  for (int d = 0; d < rank; d++) whole[d] = dims[d];
+  int inner = -1;   /* the innermost split dim */
+  for (int a = 0; a < 5; a++)
+    if (gl->split[a]) {
+      int d = gl->split[a] - 1;
+      off[d] += coord[a] * whole[d];
+      whole[d] *= mesh[a];
+      if (d > inner) inner = d;
+    }
+  if (inner < 0) {
+    if (gl->n) fn(0, 0, gl->n, arg);
+    return;
+  }
+  /* a run: dims [inner, rank) of the piece (contiguous in the whole too: the dims after
+     `inner` are whole) */
+  int64_t run = 1, stride[8];
+  for (int d = inner; d < rank; d++) run *= dims[d];
+  stride[rank - 1] = 1;
+  for (int d = rank - 2; d >= 0; d--) stride[d] = stride[d + 1] * whole[d + 1];
+  int64_t idx[8] = {0}, p = 0;
+  if (!run) return;
+  for (;;) {
+    int64_t w = off[inner] * stride[inner];
+    for (int d = 0; d < inner; d++) w += (idx[d] + off[d]) * stride[d];
+    fn(w, p, run, arg);
+    p += run;
+    int d = inner - 1;
+    for (; d >= 0 && ++idx[d] == dims[d]; d--) idx[d] = 0;
+    if (d < 0) return;
+  }
+}
+
+typedef struct {
+  const RtGlobal *whole;
+  uint64_t s0;
+  float *out;
+  int64_t saved;
+} InitPiece;
+
+static void init_run(int64_t w, int64_t p, int64_t n, void *arg) {
+  InitPiece *ip = arg;
+  float *dst = ip->out + p;
+  init_range(ip->whole, ip->s0, dst, w, w + n);
+  for (int64_t k = w < ip->saved ? ip->saved - w : 0; k < n; k++) dst[k] = 0;   /* padded rows */
+}
+
+void rt_global_init_piece(const RtGlobal *gl, const int64_t mesh[5], const int coord[5], uint64_t seed, float *out) {
+  for (int a = 0; a < 5; a++)
+    if ((gl->partial >> a & 1) && coord[a] != 0) {   /* a summand other than the first: zero */
+      memset(out, 0, sizeof(float) * (size_t)gl->n);
+      return;
+    }
+  RtGlobal whole = *gl;
+  whole.n = rt_global_whole_numel(gl, mesh);
+  int64_t saved = 1;
+  for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];
+  InitPiece ip = {&whole, name_seed(seed, gl->name), out, saved < whole.n ? saved : whole.n};
+  rt_piece_runs(gl, mesh, coord, init_run, &ip);
 }

@@ -189,7 +189,30 @@ typedef struct {
   double init_value;         /* normal: std; const: the value */
   uint8_t round;             /* storage rounding of the global's dtype */
   uint8_t experts;           /* a stack of experts: [E,...] is E checkpoint tensors (rt_expert_name) */
+  /* Placement on a mesh (the shard pass's; all 0 when whole): this rank holds a piece of
+     piece_dims (ir_rank dims) of the whole tensor, whose dim split[a] - 1 is split over mesh
+     axis a (dp tp cp pp ep; 0: not split), chunk = the rank's coordinate; along a dim split
+     by several axes a larger axis index is the outer split.  Bit a of `partial`: each rank
+     of axis a holds a summand (gradients).  The whole tensor's dims are piece_dims times the
+     splitting axes' sizes; `shape` above is the whole one as checkpoints see it (its
+     Hugging Face shape, which may be shorter: a padded vocabulary's extra rows are zero). */
+  int8_t ir_rank;
+  int8_t split[5];
+  uint8_t partial;
+  int64_t piece_dims[8];
 } RtGlobal;
+
+/* runtime/program.c: a rank's piece of a global (RtGlobal's placement) inside the whole
+   tensor, for a mesh of sizes mesh[5] and the rank's coordinates coord[5]: fn(whole index,
+   piece index, count) for each run of elements contiguous in both, in piece order.  The
+   whole tensor's elements (rt_global_whole_numel) are row-major over its IR dims. */
+void rt_piece_runs(const RtGlobal *gl, const int64_t mesh[5], const int coord[5],
+                   void (*fn)(int64_t w, int64_t p, int64_t n, void *arg), void *arg);
+int64_t rt_global_whole_numel(const RtGlobal *gl, const int64_t mesh[5]);
+/* This rank's piece of the global's initial values (rt_global_init_values of the whole
+   tensor, without making it): gl->n floats; zeros on a rank that holds a partial placement's
+   non-first summand. */
+void rt_global_init_piece(const RtGlobal *gl, const int64_t mesh[5], const int coord[5], uint64_t seed, float *out);
 
 typedef struct {
   int n_funcs;

@@ -67,6 +67,9 @@ int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t
     if (!rc) rc = ce.ex.sync_in(ce.ex.self, err, errlen);
   }
   if (!rc && plan->opt.log)
+    fprintf(plan->opt.log, "cuda: parameters %s; host memory peak so far %.0f MiB\n", plan->init ? "loaded" : "initialized",
+            peak_rss_mib());
+  if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: device memory %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
             cp.mem.total / 1048576.0, cp.mem.arenas / 1048576.0, cp.mem.regions / 1048576.0, cp.mem.workspace / 1048576.0);
   if (!rc) rc = train_and_write(&ce.ex, plan, err, errlen);

@@ -2,14 +2,16 @@
    piece of a partitioned module on its GPU, the other ranks being other processes (started
    by `loom train` itself, torchrun, srun or mpirun; runtime/comm/launch.h), the collectives
    NCCL calls (runtime/cuda/cuda_mesh.c, runtime/comm/comm_nccl.c).
-   Parameters and optimizer state start as the CPU mesh's do: whole, as one rank would have
-   them, then this rank's pieces (the reference executor's bookkeeping, tools/exec_ref.c, so
-   the bits are the CPU mesh's).  sync_out (checkpoints, --out) gathers every rank's pieces
-   over NCCL and assembles the whole tensors on every rank; rank 0 alone writes files.
-   Still owed (issue 15): each process holds the whole model on the host here (the pieces
-   come from whole tensors, and sync_out assembles them); reading only its own slices and
-   writing only its own shards is the next step.  Pipelines (send/recv), context and expert
-   parallelism (ring transfers, all_to_allv) are refused by the CUDA lowering. */
+   No whole tensor is made to start: each global's piece comes from the lowered program's
+   placement (RtGlobal: rt_global_init_piece draws the whole tensor's values of just the
+   piece; load_weights_pieces reads just the piece's slices of the memory-mapped safetensors
+   file), so a rank's host memory at the start is its pieces, one at a time.  The trainer's
+   whole views of the parameters and optimizer state are host buffers left untouched (never
+   paged in) until sync_out gathers every rank's pieces over NCCL into them (checkpoints,
+   --out) or a resume reads a checkpoint into them; rank 0 alone writes files.
+   Still owed (issue 15): checkpoints written as each rank's own shards and --out streamed a
+   tensor at a time (today they page the whole model in on every rank at a save); pipelines
+   (send/recv), context and expert parallelism's transfers are refused by the CUDA lowering. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,47 +25,91 @@
 
 typedef struct {
   Executor ex;
-  RefExec rx;            /* whole tensors and every rank's pieces (only this rank's are live) */
-  const Module *m;
+  const Module *m;       /* for the data split only (move_piece of the micro-batch) */
   Comm *comm;
   int rank, world;
+  int64_t mesh[COMM_AXES];
   RtProgram prog;
   CudaProgram cp;
   bool have_cp;
   int f_grad, f_opt, f_forward;
-  int *gmap;             /* program global -> module global */
+  float **whole;         /* per global: the whole tensor's host buffer (params, state), or NULL */
+  float *piece;          /* the largest piece */
+  float *gather;         /* world x the largest piece, for sync_out */
   Tensor *whole_tok, *whole_tgt, *tok, *tgt;
   int32_t *tok32, *tgt32;
-  float *gather;         /* world x the largest global, for sync_out */
 } CudaRank;
 
-/* This rank's pieces <-> its device globals. */
-static int pieces_to_device(CudaRank *r, char *err, size_t errlen) {
+typedef struct {
+  float *whole, *piece;
+  bool to_piece;
+} Move;
+
+static void move_run(int64_t w, int64_t p, int64_t n, void *arg) {
+  Move *mv = arg;
+  if (mv->to_piece) memcpy(mv->piece + p, mv->whole + w, sizeof(float) * (size_t)n);
+  else memcpy(mv->whole + w, mv->piece + p, sizeof(float) * (size_t)n);
+}
+
+/* Every rank's pieces of the whole views, gathered over NCCL: all ranks hold the whole
+   tensors afterwards (replicated pieces are equal on every rank). */
+static int sync_out(void *self, char *err, size_t errlen) {
+  CudaRank *r = self;
   for (int k = 0; k < r->prog.n_globals; k++) {
-    const Tensor *t = r->rx.g[r->rank]->t[r->gmap[k]];
-    int rc = cuda_global_write(&r->cp, k, t->f, err, errlen);
+    if (!r->whole[k]) continue;
+    const RtGlobal *gl = &r->prog.globals[k];
+    int rc = cuda_global_read(&r->cp, k, r->piece, err, errlen);
+    if (!rc) rc = nccl_all_gather_host(r->comm, r->piece, r->gather, gl->n, err, errlen);
+    if (rc) return rc;
+    for (int q = 0; q < r->world; q++) {
+      int coord[COMM_AXES];
+      mesh_coords_of(r->mesh, q, coord);
+      Move mv = {r->whole[k], r->gather + (size_t)q * (size_t)gl->n, false};
+      rt_piece_runs(gl, r->mesh, coord, move_run, &mv);
+    }
+  }
+  return 0;
+}
+
+/* The whole views (a resume wrote them) -> this rank's pieces on the device. */
+static int sync_in(void *self, char *err, size_t errlen) {
+  CudaRank *r = self;
+  for (int k = 0; k < r->prog.n_globals; k++) {
+    if (!r->whole[k]) continue;
+    Move mv = {r->whole[k], r->piece, true};
+    rt_piece_runs(&r->prog.globals[k], r->mesh, r->comm->coord, move_run, &mv);
+    int rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
     if (rc) return rc;
   }
   return 0;
 }
 
-static int sync_out(void *self, char *err, size_t errlen) {
-  CudaRank *r = self;
-  for (int k = 0; k < r->prog.n_globals; k++) {
-    Tensor *mine = r->rx.g[r->rank]->t[r->gmap[k]];
-    int rc = cuda_global_read(&r->cp, k, mine->f, err, errlen);
-    if (!rc) rc = nccl_all_gather_host(r->comm, mine->f, r->gather, mine->n, err, errlen);
-    if (rc) return rc;
-    for (int q = 0; q < r->world; q++)
-      memcpy(r->rx.g[q]->t[r->gmap[k]]->f, r->gather + (size_t)q * (size_t)mine->n, sizeof(float) * (size_t)mine->n);
+/* Every global's starting piece on the device: the seeded initialization's, or the
+   parameters' slices of `init`; zero-initialized globals stay as the device memory starts. */
+static int init_pieces(CudaRank *r, const char *init, uint64_t seed, char *err, size_t errlen) {
+  const RtProgram *p = &r->prog;
+  float **pieces = calloc((size_t)p->n_globals + 1, sizeof *pieces);
+  int rc = pieces ? 0 : EXIT_RUN;
+  if (rc) snprintf(err, errlen, "out of memory");
+  for (int k = 0; k < p->n_globals && !rc && init; k++)   /* the parameters: loaded together (one map of the file) */
+    if (p->globals[k].region == RT_REGION_PARAMS && !(pieces[k] = malloc(sizeof(float) * (size_t)(p->globals[k].n + 1)))) {
+      snprintf(err, errlen, "out of memory");
+      rc = EXIT_RUN;
+    }
+  if (!rc && init) rc = load_weights_pieces(p, r->mesh, r->comm->coord, init, pieces, err, errlen);
+  for (int k = 0; k < p->n_globals && !rc; k++) {
+    const RtGlobal *gl = &p->globals[k];
+    if (pieces[k]) rc = cuda_global_write(&r->cp, k, pieces[k], err, errlen);
+    else if (gl->init != RT_INIT_ZEROS) {
+      rt_global_init_piece(gl, r->mesh, r->comm->coord, seed, r->piece);
+      rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
+    }
+    free(pieces[k]);
+    pieces[k] = NULL;
   }
-  return r->rx.ex.sync_out(&r->rx, err, errlen);
-}
-
-static int sync_in(void *self, char *err, size_t errlen) {
-  CudaRank *r = self;
-  int rc = r->rx.ex.sync_in(&r->rx, err, errlen);
-  return rc ? rc : pieces_to_device(r, err, errlen);
+  for (int k = 0; pieces && k < p->n_globals; k++) free(pieces[k]);
+  free(pieces);
+  return rc;
 }
 
 /* This rank's piece of a whole micro-batch, as int32. */
@@ -135,28 +181,41 @@ static int rank_open(CudaRank *r, Module *m, const RunPlan *plan, char *err, siz
   free(log);
   free(image);
   if (!rc) rc = cuda_program_set_comm(&r->cp, r->comm, err, errlen);
-  if (!rc) rc = ref_exec_open(&r->rx, m, plan->seed, plan->init, true, err, errlen);
   if (rc) return rc;
-  if (r->rx.world != r->world) {
-    snprintf(err, errlen, "the mesh has %d ranks but the launch %d processes", r->rx.world, r->world);
+  if (mesh_world(&m->mesh) != r->world) {
+    snprintf(err, errlen, "the mesh has %lld ranks but the launch %d processes", (long long)mesh_world(&m->mesh), r->world);
     return EXIT_USAGE;
   }
+  memcpy(r->mesh, mesh, sizeof mesh);
   const RtProgram *p = &r->prog;
-  r->gmap = calloc((size_t)p->n_globals + 1, sizeof *r->gmap);
-  if (!r->gmap) goto oom;
   int64_t most = 1;
+  int nv = 0;
   for (int k = 0; k < p->n_globals; k++) {
-    const Global *gl = module_find_global(m, p->globals[k].name);
-    r->gmap[k] = gl ? gl->index : -1;
-    const Tensor *t = r->gmap[k] < 0 ? NULL : r->rx.g[0]->t[r->gmap[k]];
-    if (!t || !t->f || t->n != p->globals[k].n) {
-      snprintf(err, errlen, "internal: the lowered global %s does not match the module's", p->globals[k].name);
-      return EXIT_RUN;
-    }
-    if (t->n > most) most = t->n;
+    if (p->globals[k].n > most) most = p->globals[k].n;
+    nv += rt_views_of(p->globals[k].rank, p->globals[k].shape, p->globals[k].experts);
   }
-  if (!(r->gather = malloc(sizeof(float) * (size_t)most * (size_t)r->world))) goto oom;
-  if ((rc = cuda_globals_init(&r->cp, plan->seed, err, errlen)) || (rc = pieces_to_device(r, err, errlen))) return rc;
+  r->whole = calloc((size_t)p->n_globals + 1, sizeof *r->whole);
+  r->ex.params = calloc((size_t)nv + 1, sizeof(RtTensor));
+  r->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
+  r->piece = malloc(sizeof(float) * (size_t)most);
+  r->gather = malloc(sizeof(float) * (size_t)most * (size_t)r->world);
+  if (!r->whole || !r->ex.params || !r->ex.state || !r->piece || !r->gather) goto oom;
+  /* the trainer's whole views: parameters under their checkpoint names, the optimizer state
+     (calloc'd: no page is touched before a sync_out or a resume writes it) */
+  for (int k = 0; k < p->n_globals; k++) {
+    const RtGlobal *gl = &p->globals[k];
+    bool param = gl->region == RT_REGION_PARAMS;
+    if (!param && gl->region != RT_REGION_OPTIM) continue;
+    if (!(r->whole[k] = calloc((size_t)rt_global_whole_numel(gl, r->mesh) + 1, sizeof(float)))) goto oom;
+    if (rt_views_add(param ? r->ex.params : r->ex.state, param ? &r->ex.n_params : &r->ex.n_state, gl->name, gl->rank,
+                     gl->shape, r->whole[k], gl->experts))
+      goto oom;
+  }
+  double t1 = seconds_now();
+  if ((rc = init_pieces(r, plan->init, plan->seed, err, errlen))) return rc;
+  if (plan->opt.log)
+    fprintf(plan->opt.log, "cuda: rank 0's pieces %s in %.1f s; its host memory peak so far %.0f MiB\n",
+            plan->init ? "loaded" : "initialized", seconds_now() - t1, peak_rss_mib());
   r->f_grad = cuda_find_func(&r->cp, "grad_step");
   r->f_opt = cuda_find_func(&r->cp, "optimizer_step");
   r->f_forward = cuda_find_func(&r->cp, "forward");
@@ -175,8 +234,9 @@ static int rank_open(CudaRank *r, Module *m, const RunPlan *plan, char *err, siz
   r->tok32 = malloc(sizeof(int32_t) * (size_t)r->tok->n);
   r->tgt32 = malloc(sizeof(int32_t) * (size_t)r->tok->n);
   if (!r->tok32 || !r->tgt32) goto oom;
-  r->ex = r->rx.ex;   /* the whole parameters and state, gathered by sync_out */
   r->ex.self = r;
+  r->ex.batch = r->whole_tok->type.dims[0];
+  r->ex.seq = r->whole_tok->type.dims[1];
   r->ex.grad_step = grad_step;
   r->ex.optimizer_step = optimizer_step;
   r->ex.eval_step = r->f_forward >= 0 ? eval_step : NULL;
@@ -195,17 +255,22 @@ oom:
 
 static void rank_close(CudaRank *r) {
   if (r->have_cp) cuda_program_free(&r->cp);
-  rt_program_free(&r->prog);
-  if (r->rx.m) ref_exec_free(&r->rx);
   nccl_world_free(r->comm);
+  for (int k = 0; r->whole && k < r->prog.n_globals; k++) free(r->whole[k]);
+  free(r->whole);
+  rt_views_free(r->ex.params, r->ex.n_params);
+  rt_views_free(r->ex.state, r->ex.n_state);
+  free(r->ex.params);
+  free(r->ex.state);
+  free(r->piece);
   tensor_free(r->whole_tok);
   tensor_free(r->whole_tgt);
   tensor_free(r->tok);
   tensor_free(r->tgt);
   free(r->tok32);
   free(r->tgt32);
-  free(r->gmap);
   free(r->gather);
+  rt_program_free(&r->prog);
 }
 
 int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t errlen) {

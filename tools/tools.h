@@ -70,6 +70,7 @@ bool ends_with(const char *s, const char *suffix);
    OpenBLAS no longer threads at all, runtime/cpu/cpu_gemm.h, and that is gone.) */
 void cpu_run_setup(char **argv);
 double seconds_now(void);
+double peak_rss_mib(void);   /* this process's peak resident memory so far (MiB; -1 unknown) */
 
 /* ---- weights.c ---- */
 /* Loads every parameter of m from a safetensors file by its HF name (GPT-2 names also
@@ -80,6 +81,12 @@ int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, s
 int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *err, size_t errlen);
 /* Into an executor's host copies (RtTensor: name, checkpoint shape, f32 data). */
 int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t errlen);
+/* A rank's pieces of a partitioned program's parameters (RtGlobal's placement; mesh sizes and
+   the rank's coordinates) from a safetensors file with HF names, memory-mapped: only the
+   slices' pages are read.  pieces[g] (globals[g].n floats) for each parameter g whose
+   pieces[g] is not NULL; rounded to the global's format. */
+int load_weights_pieces(const RtProgram *prog, const int64_t mesh[5], const int coord[5], const char *path,
+                        float **pieces, char *err, size_t errlen);
 /* Writes tensors (f32) under the given names. */
 int write_tensors(const char *path, const char *const *names, Tensor *const *tensors, int n, char *err, size_t errlen);
 

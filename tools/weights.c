@@ -231,3 +231,84 @@ int write_tensors(const char *path, const char *const *names, Tensor *const *ten
   free(st);
   return rc;
 }
+
+/* ---- a rank's pieces, read from a memory-mapped file ---- */
+
+typedef struct {
+  const char *path;
+  const StTensor *const *ts;   /* per view (expert): its tensor */
+  const int64_t *saved;        /* per view: the file's elements */
+  int64_t per;                 /* whole elements per view */
+  float *out;
+  int rc;
+  char *err;
+  size_t errlen;
+} PieceLoad;
+
+static void piece_run(int64_t w, int64_t p, int64_t n, void *arg) {
+  PieceLoad *pl = arg;
+  while (n > 0 && !pl->rc) {
+    int64_t e = w / pl->per, off = w - e * pl->per, len = pl->per - off < n ? pl->per - off : n;
+    int64_t have = pl->saved[e] > off ? pl->saved[e] - off : 0;
+    if (have > len) have = len;
+    if (have > 0) {
+      StTensor sub = *pl->ts[e];
+      sub.data = (const uint8_t *)sub.data + (size_t)off * (size_t)st_dtype_size(sub.dtype);
+      pl->rc = read_f32(&sub, pl->out + p, have, pl->path, pl->err, pl->errlen);
+    }
+    for (int64_t k = have; k < len; k++) pl->out[p + k] = 0;   /* padded rows */
+    w += len, p += len, n -= len;
+  }
+}
+
+int load_weights_pieces(const RtProgram *prog, const int64_t mesh[5], const int coord[5], const char *path,
+                        float **pieces, char *err, size_t errlen) {
+  StFile f;
+  int rc = st_map(path, &f, err, errlen), n_params = 0;
+  if (rc) return rc;
+  for (int g = 0; g < prog->n_globals; g++) n_params += prog->globals[g].region == RT_REGION_PARAMS;
+  for (int g = 0; g < prog->n_globals && !rc; g++) {
+    const RtGlobal *gl = &prog->globals[g];
+    if (gl->region != RT_REGION_PARAMS || !pieces[g]) continue;
+    bool stack = gl->experts && gl->rank >= 2;
+    int E = rt_views_of(gl->rank, gl->shape, gl->experts);
+    const StTensor **ts = calloc((size_t)E, sizeof *ts);
+    StTensor *tmp = calloc((size_t)E, sizeof *tmp);
+    int64_t *saved = calloc((size_t)E, sizeof *saved);
+    if (!ts || !tmp || !saved) {
+      snprintf(err, errlen, "out of memory");
+      rc = EXIT_RUN;
+    }
+    for (int e = 0; e < E && !rc; e++) {
+      char ename[600];
+      const char *want = gl->name;
+      if (stack) {
+        if (rt_expert_name(gl->name, e, ename, sizeof ename)) {
+          snprintf(err, errlen, "the expert name of %s is too long", gl->name);
+          rc = EXIT_USAGE;
+          break;
+        }
+        want = ename;
+      }
+      if (!(ts[e] = find_param_or_expert(&f, want, &tmp[e]))) {
+        snprintf(err, errlen, "%s: has no tensor '%s' (the model needs %d parameters; is this checkpoint for another "
+                 "model or config?)", path, want, n_params);
+        rc = EXIT_USAGE;
+        break;
+      }
+      rc = shape_mismatch(path, ts[e], stack ? gl->rank - 1 : gl->rank, stack ? gl->shape + 1 : gl->shape, err, errlen);
+      saved[e] = st_numel(ts[e]->rank, ts[e]->shape);
+    }
+    if (!rc) {
+      PieceLoad pl = {path, ts, saved, rt_global_whole_numel(gl, mesh) / E, pieces[g], 0, err, errlen};
+      rt_piece_runs(gl, mesh, coord, piece_run, &pl);
+      rc = pl.rc;
+      if (!rc && gl->round) rt_round_buf(NULL, pieces[g], gl->n, (RtRound)gl->round);
+    }
+    free(ts);
+    free(tmp);
+    free(saved);
+  }
+  st_close(&f);
+  return rc;
+}

@@ -726,7 +726,7 @@ int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, s
     RtGlobal *rg = &out->globals[i];
     RtRegion r = cg_region_of(g);
     int64_t off = cg_align64(out->region_bytes[r]);
-    if (cg_describe_global(g, rg, off)) {
+    if (cg_describe_global(g, &m->mesh, rg, off)) {
       rc = lfail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
       break;
     }

@@ -1445,7 +1445,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     RtGlobal *rg = &out->globals[i];
     RtRegion r = cg_region_of(g);
     int64_t off = cg_align64(out->region_bytes[r]);
-    if (cg_describe_global(g, rg, off)) {
+    if (cg_describe_global(g, &m->mesh, rg, off)) {
       rc = cl_fail(&L, "global $%s: the name is longer than %zu characters", g->name, sizeof rg->name - 1);
       break;
     }

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "runtime/io/seterr.h"
@@ -235,12 +236,53 @@ static int64_t check_tiling(const char *path, const Entry *e, int n, char *err,
   return pos;
 }
 
-int st_read(const char *path, StFile *out, char *err, size_t errlen) {
+/* The whole of PATH memory-mapped read-only (an empty file maps nothing: buf points at a
+   static byte). */
+static int map_file(const char *path, uint8_t **buf, size_t *size, char *err, size_t errlen) {
+  static uint8_t empty;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) != 0) {
+    seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return 1;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    seterr(err, errlen, "%s: not a regular file", path);
+    close(fd);
+    return 1;
+  }
+  *size = (size_t)sb.st_size;
+  *buf = &empty;
+  if (*size) {
+    void *m = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) {
+      seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
+      close(fd);
+      return 1;
+    }
+    *buf = m;
+  }
+  close(fd);
+  return 0;
+}
+
+static int st_open(const char *path, StFile *out, bool mapped, char *err, size_t errlen);
+
+int st_read(const char *path, StFile *out, char *err, size_t errlen) { return st_open(path, out, false, err, errlen); }
+int st_map(const char *path, StFile *out, char *err, size_t errlen) { return st_open(path, out, true, err, errlen); }
+
+static int st_open(const char *path, StFile *out, bool mapped, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   json_t *root = NULL;
   Entry *ents = NULL;
   int ne = 0, rc;
-  if ((rc = rt_read_file(path, &out->buf, &out->size, err, errlen)) != 0) goto fail;
+  out->mapped = mapped;
+  rc = mapped ? map_file(path, &out->buf, &out->size, err, errlen) : rt_read_file(path, &out->buf, &out->size, err, errlen);
+  if (rc != 0) {
+    out->buf = NULL;
+    goto fail;
+  }
   rc = 1;
   if (!(out->path = strdup(path))) {
     seterr(err, errlen, "%s: out of memory", path);
@@ -363,7 +405,11 @@ void st_close(StFile *f) {
   free(f->tensors);
   free(f->meta_keys);
   free(f->meta_values);
-  free(f->buf);
+  if (f->mapped) {
+    if (f->buf && f->size) munmap(f->buf, f->size);
+  } else {
+    free(f->buf);
+  }
   free(f->path);
   memset(f, 0, sizeof *f);
 }

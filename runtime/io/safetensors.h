@@ -12,6 +12,7 @@
 #ifndef LOOM_RUNTIME_SAFETENSORS_H
 #define LOOM_RUNTIME_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,7 +41,8 @@ typedef struct {
 
 typedef struct {
   char *path;
-  uint8_t *buf; size_t size;    /* the whole file, read into memory */
+  uint8_t *buf; size_t size;    /* the whole file, read into memory (or mapped: st_map) */
+  bool mapped;
   int n; StTensor *tensors;     /* sorted by data offset (file order) */
   int n_meta; char **meta_keys; char **meta_values;  /* __metadata__ */
 } StFile;
@@ -50,6 +52,9 @@ typedef struct {
  * (this writer and HF's do); a tensor is aligned to its element size only if the tensors
  * before it keep it so. */
 int st_read(const char *path, StFile *out, char *err, size_t errlen);
+/* The same with the file memory-mapped (read-only, private) instead of read: only the pages
+   of the tensors used are read from disk (a rank reading its slices of a large checkpoint). */
+int st_map(const char *path, StFile *out, char *err, size_t errlen);
 const StTensor *st_find(const StFile *f, const char *name);  /* NULL if absent */
 void st_close(StFile *f);  /* safe on a zeroed or partially filled StFile; zeroes it */
 

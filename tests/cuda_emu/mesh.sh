@@ -6,9 +6,9 @@
 #   bash tests/cuda_emu/mesh.sh LOOM ST_DIFF LIBCUDA LIBNVRTC LIBCUBLASLT LIBNCCL
 # 1. every layout issue 15 names, against the CPU mesh (threads) from the same init and data
 #    (the goldens' training specs: grad_accum 2), 3 steps: losses and final parameters within
-#    1e-4 (f32);
+#    1e-4 (f32); 1a. the same from the seeded initialization (no init file);
 # 2. the same run started by a launcher's environment (torchrun's variables, by hand);
-# 3. a CUDA mesh's checkpoint resumed on one CPU rank;
+# 3. a CUDA mesh's checkpoint resumed on one CPU rank, and a CPU checkpoint on a CUDA mesh;
 # 4. faults: a rank that never reaches a collective (every process ends within the timeout
 #    plus a few seconds, the report names the collective), a rank killed mid-step.
 # LOOM_MESH_REAL=1 (a GPU session with 2+ GPUs, tests/gpu/OWED.md check 10): the real driver,
@@ -48,6 +48,25 @@ check gpt2-tiny "dp=2 x tp=2, ZeRO-1" --mesh dp=2,tp=2 --zero 1
 check llama-tiny "tp=2, sequence parallel" --mesh tp=2 --sequence-parallel true
 check llama-tiny "dp=2 x tp=2" --mesh dp=2,tp=2
 
+# 1a. the seeded initialization (no --init): each rank draws its pieces of the whole tensors'
+#     values (rt_global_init_piece) where the CPU mesh splits whole tensors; a padded
+#     vocabulary (250 over tp=4: 252 rows) included.  eps 1e-4: Adam's steps on GPT-2's key
+#     biases (gradient 0 but for rounding) then do not amplify rounding differences.
+seeded() {   # model, description, flags...
+  local m=$1 what=$2; shift 2
+  local run=("$LOOM" train models/$m.json --data "$tmp/d.bin" -q --steps 3 --batch 4 --seq 32 --eps 1e-4 "$@")
+  if "${run[@]}" --backend cpu --out "$tmp/cpu.st" > "$tmp/log" 2>&1 &&
+     "${run[@]}" --backend cuda --out "$tmp/cuda.st" > "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/cuda.st" "$tmp/cpu.st" --rtol 1e-4 > "$tmp/diff" 2>&1; then
+    ok "$m $what, seeded: each rank's pieces of the initialization = the cpu mesh's within 1e-4 after 3 steps"
+  else
+    bad "$m $what, seeded"; tail -20 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+}
+seeded gpt2-tiny "dp=2, ZeRO-3" --mesh dp=2 --zero 3
+seeded gpt2-tiny "tp=2" --mesh tp=2
+seeded llama-tiny-tied "tp=4 (vocabulary 250 padded to 252)" --mesh tp=4
+
 # 2. started by a launcher (torchrun's variables set by hand): the same bits as loom's own start
 "$LOOM" train models/gpt2-tiny.json --data "$tmp/d.bin" -q --steps 3 --batch 4 --seq 32 --mesh dp=2 --backend cuda \
   --out "$tmp/self.st" > "$tmp/log" 2>&1
@@ -74,6 +93,16 @@ if "$ST_DIFF" "$tmp/resumed.st" "$tmp/straight.st" --rtol 1e-4 > "$tmp/diff" 2>&
   ok "a dp=2 ZeRO-3 CUDA checkpoint resumed on one CPU rank: 2 + 2 steps = 4 straight within 1e-4"
 else
   bad "CUDA mesh checkpoint resumed on the CPU"; tail -n 5 "$tmp/log" "$tmp/log2"; grep FAIL "$tmp/diff" | head -3
+fi
+
+# 3b. a CPU checkpoint resumed on a CUDA mesh (tp=2: each rank takes its pieces of the whole
+#     tensors the checkpoint holds, sync_in), 2 + 2 steps = 4 straight on the CPU
+"$LOOM" train "${flags[@]}" --steps 2 --save-dir "$tmp/ck2" > "$tmp/log" 2>&1
+"$LOOM" train "${flags[@]}" --steps 4 --mesh tp=2 --backend cuda --resume "$tmp/ck2" --out "$tmp/resumed2.st" > "$tmp/log2" 2>&1
+if "$ST_DIFF" "$tmp/resumed2.st" "$tmp/straight.st" --rtol 1e-4 > "$tmp/diff" 2>&1; then
+  ok "a one-rank CPU checkpoint resumed on a tp=2 CUDA mesh: 2 + 2 steps = 4 straight within 1e-4"
+else
+  bad "CPU checkpoint resumed on a CUDA mesh"; tail -n 5 "$tmp/log" "$tmp/log2"; grep FAIL "$tmp/diff" | head -3
 fi
 
 # 4. faults (LOOM_NCCL_FAULT, runtime/comm/comm_nccl.c's test hook)
