@@ -63,6 +63,17 @@ static char *state_json(const TrainOptions *o, const TrainResult *r, int64_t ste
 
 static int save(Executor *ex, const TrainOptions *o, const TrainResult *r, int64_t step, DataLoader *dl, char *err,
                 size_t errlen) {
+  if (ex->save_shards) {   /* every rank its own pieces */
+    int shard;
+    int64_t pos;
+    data_get_position(dl, &shard, &pos);
+    char *js = state_json(o, r, step, shard, pos);
+    int rc = js ? ex->save_shards(ex->self, o->save_dir, step, js, err, errlen) : 1;
+    if (!js) snprintf(err, errlen, "out of memory writing a checkpoint");
+    if (!rc && o->log) fprintf(o->log, "checkpoint: step %lld saved in %s (a shard per rank)\n", (long long)step, o->save_dir);
+    free(js);
+    return rc;
+  }
   if (ex->sync_out && ex->sync_out(ex->self, err, errlen)) return 1;
   if (o->not_writer) return 0;
   int shard;
@@ -111,6 +122,27 @@ static int restore(const StFile *f, RtTensor *ts, int n, const char *what, const
   return 0;
 }
 
+/* The whole views from a sharded checkpoint: each assembled from the ranks' pieces (a stack
+   of experts' view from its expert's range of the stack). */
+static int restore_shards(const Checkpoint *c, RtTensor *ts, int n, const char *dir, char *err, size_t errlen) {
+  for (int i = 0; i < n; i++) {
+    int64_t count = 1, e = 0, per = 0;
+    for (int d = 0; d < ts[i].rank; d++) count *= ts[i].shape[d];
+    char stack[600];
+    int rc;
+    if (!ckpt_shards_expert(c, ts[i].name, stack, sizeof stack, &e, &per))
+      rc = ckpt_shards_read_range(c, stack, e * per, count, ts[i].data, err, errlen);
+    else rc = ckpt_shards_read_range(c, ts[i].name, 0, count, ts[i].data, err, errlen);
+    if (rc) {
+      char m[1024];
+      snprintf(m, sizeof m, "%s: %s", dir, err);
+      snprintf(err, errlen, "%s", m);
+      return rc;
+    }
+  }
+  return 0;
+}
+
 static int read_floats(json_t *root, const char *key, float *out, int64_t n) {
   json_t *a = json_object_get(root, key);
   if (!json_is_array(a) || (int64_t)json_array_size(a) != n) return -1;
@@ -130,8 +162,15 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
   if (err[0] && o->log) fprintf(o->log, "note: %s\n", err);
   Checkpoint c;
   if ((rc = ckpt_load(dir, &c, err, errlen))) return rc;
-  rc = restore(&c.params, ex->params, ex->n_params, "parameter", dir, err, errlen);
-  if (!rc) rc = restore(&c.state, ex->state, ex->n_state, "optimizer tensor", dir, err, errlen);
+  bool pieces = c.n_shards && ex->load_shards;   /* the executor takes its pieces itself */
+  if (pieces) rc = ex->load_shards(ex->self, &c, err, errlen);
+  else if (c.n_shards) {
+    rc = restore_shards(&c, ex->params, ex->n_params, dir, err, errlen);
+    if (!rc) rc = restore_shards(&c, ex->state, ex->n_state, dir, err, errlen);
+  } else {
+    rc = restore(&c.params, ex->params, ex->n_params, "parameter", dir, err, errlen);
+    if (!rc) rc = restore(&c.state, ex->state, ex->n_state, "optimizer tensor", dir, err, errlen);
+  }
   json_error_t je;
   json_t *s = rc ? NULL : json_loads(c.state_json, 0, &je);
   if (!rc) {
@@ -152,7 +191,7 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
       rc = data_set_position(dl, (int)json_integer_value(json_object_get(d, "shard")),
                              json_integer_value(json_object_get(d, "pos")), err, errlen);
       r->first_step = c.step;
-      if (!rc && ex->sync_in) rc = ex->sync_in(ex->self, err, errlen);
+      if (!rc && ex->sync_in && !pieces) rc = ex->sync_in(ex->self, err, errlen);
       if (!rc && o->log) fprintf(o->log, "resumed from %s (step %lld)\n", dir, (long long)c.step);
     }
   }

@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+struct Checkpoint;
+
 /* A named f32 buffer owned by the executor (live: the loop reads and writes it). */
 typedef struct {
   const char *name;
@@ -62,6 +64,14 @@ typedef struct {
      milliseconds ranks spent blocked on collectives and transfers (mean over ranks, and the
      most any rank spent).  The loop calls it after every step and prints it. */
   void (*comm_wait_ms)(void *self, double *mean, double *max);
+  /* Optional (a multi-process mesh): checkpoints as one shard per rank (runtime/io/
+     checkpoint.h, "sharded checkpoints").  save_shards writes this rank's pieces into step
+     `step` of save_dir and, with rank 0's state_json, commits the folder once every rank has
+     written; the loop calls it on every rank instead of sync_out + ckpt_save.  load_shards
+     takes this rank's pieces from a sharded checkpoint (any writer's layout) instead of the
+     whole views + sync_in; a whole checkpoint still goes through the views. */
+  int (*save_shards)(void *self, const char *save_dir, int64_t step, const char *state_json, char *err, size_t errlen);
+  int (*load_shards)(void *self, const struct Checkpoint *c, char *err, size_t errlen);
 } Executor;
 
 typedef struct {

@@ -24,8 +24,10 @@ static const char help[] =
   "JIT-compiled at start (with --mesh, every rank a thread); with --backend ref it carries the\n"
   "IR; with --backend cuda it carries the lowered program and a cubin that NVRTC compiled now,\n"
   "so it starts on the GPU without compiling anything (needs a GPU of that architecture and a\n"
-  "driver; no NVRTC).  A cpu EXE also carries the model's decode program (a KV cache of seq\n"
-  "positions): 'EXE sample --prompt TEXT' generates text from its checkpoints (EXE sample --help).\n"
+  "driver; no NVRTC); with --mesh it starts one process per GPU, as loom train does, or runs as\n"
+  "one rank of a torchrun, srun or mpirun launch.  A cpu EXE also carries the model's decode\n"
+  "program (a KV cache of seq positions): 'EXE sample --prompt TEXT' generates text from its\n"
+  "checkpoints (EXE sample --help).\n"
   "\n"
   "options besides loom train's:\n"
   "  --arch sm_XY[a]   with --backend cuda: the GPU to compile for (default: the one here), e.g.\n"
@@ -108,11 +110,8 @@ int cmd_compile(int argc, char **argv) {
   Input in;
   Backend backend;
   int rc = train_prepare(&ta, ta.spec, &in, &backend, err, sizeof err);
-  if (!rc && backend == BACKEND_CUDA && mesh_world(&in.m->mesh) > 1) {
-    snprintf(err, sizeof err, "a compiled executable runs one GPU for now; a mesh on CUDA runs under 'loom train --backend "
-             "cuda --mesh ...' (one process per GPU), or compile it for the cpu backend");
-    rc = EXIT_USAGE;
-  }
+  if (!rc && backend == BACKEND_CUDA && in.m->pipe.kind)
+    rc = cuda_mesh_precheck(in.m, err, sizeof err);   /* what a CUDA mesh refuses, said now */
   if (!rc) {
     RunSpec *s = &in.spec;
     char *base = spec_settings_json(s);
@@ -170,9 +169,11 @@ int cmd_compile(int argc, char **argv) {
       text = module_to_string(in.m);
     }
     /* parts: settings, then ref: the IR; cpu: program, LLVM IR; cuda: program, cubin, "cuda";
-       a cpu mesh: program, LLVM IR, the IR (the ranks' whole/piece bookkeeping), "mesh" */
+       a cpu mesh: program, LLVM IR, the IR (the ranks' whole/piece bookkeeping), "mesh"; a
+       cuda mesh: program, cubin, the IR (the micro-batch's split), "cuda-mesh" */
     bool mesh = backend == BACKEND_CPU && mesh_world(&in.m->mesh) > 1;
-    char *ir = !rc && mesh ? module_to_string(in.m) : NULL;
+    bool cuda_mesh = cuda && mesh_world(&in.m->mesh) > 1;   /* the IR splits the micro-batch */
+    char *ir = !rc && (mesh || cuda_mesh) ? module_to_string(in.m) : NULL;
     /* a cpu executable ends with the decode program: its program, LLVM IR, "sample" */
     unsigned char *dprog = NULL;
     size_t dprog_n = 0;
@@ -182,6 +183,10 @@ int cmd_compile(int argc, char **argv) {
       const void *parts[8] = {settings, prog, text, ir, "mesh", dprog, dllvm, "sample"};
       size_t sizes[8] = {strlen(settings), prog_n, strlen(text), strlen(ir), 4, dprog_n, strlen(dllvm), 6};
       rc = payload_write(runner, ta.output, parts, sizes, 8, err, sizeof err);
+    } else if (!rc && cuda_mesh) {
+      const void *parts[5] = {settings, prog, image, ir, "cuda-mesh"};
+      size_t sizes[5] = {strlen(settings), prog_n, image_n, strlen(ir), 9};
+      rc = payload_write(runner, ta.output, parts, sizes, 5, err, sizeof err);
     } else if (!rc && cuda) {
       const void *parts[4] = {settings, prog, image, "cuda"};
       size_t sizes[4] = {strlen(settings), prog_n, image_n, 4};

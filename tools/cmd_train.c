@@ -36,7 +36,7 @@ static const char help[] =
   "                        with one micro-batch, ZeRO-0 all-reduces the gradient buckets in the backward\n"
   "  --vocab-multiple N    pad the vocabulary to a multiple of N (masked logits, the same results;\n"
   "                        e.g. 128: GPT-2's 50257 -> 50304, aligned GEMMs on a GPU)\n"
-  "context parallelism (--mesh cp=N; cpu and ref backends, not cuda yet):\n"
+  "context parallelism (--mesh cp=N; cpu, ref and cuda backends):\n"
   "  --cp-balance zigzag|contiguous  how the sequence splits: zigzag (default) gives rank i the\n"
   "                        chunks i and 2cp-1-i of 2cp, so causal attention work is even\n"
   "  --cp-attn ring|allgather  ring (default): K/V blocks travel around the cp ring while each\n"
@@ -95,7 +95,7 @@ static const char help[] =
   "                        when a GPU is present); cpu: fused kernels JIT-compiled with LLVM,\n"
   "                        GEMMs in OpenBLAS (the default otherwise, and for a mesh: every rank\n"
   "                        a thread); ref: the reference executor (one rank or a mesh).\n"
-  "                        cuda with a mesh (dp, tp, sp, ZeRO; not yet pp, cp, ep): one process per\n"
+  "                        cuda with a mesh (dp, tp, sp, cp, ZeRO; not yet pp, ep): one process per\n"
   "                        GPU over NCCL, started by loom itself or by torchrun, srun or mpirun\n"
   "                        (their RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_*, OMPI_*); rank 0\n"
   "                        prints and writes the outputs\n"
@@ -255,13 +255,7 @@ int cmd_train(int argc, char **argv) {
       }
       plan.opt.flops_per_step = total * (double)in.m->pipe.micro / (double)in.m->mesh.size[AX_PP];
     }
-    if (cuda_mesh && le.rank != 0) {   /* rank 0 alone logs and writes files */
-      plan.opt.log = NULL;
-      plan.opt.metrics_path = NULL;
-      plan.opt.not_writer = true;
-      plan.out = NULL;
-      plan.trace_out = NULL;
-    }
+    if (cuda_mesh) plan_for_rank(&plan, le.rank);
     rc = cuda_mesh                 ? run_training_cuda_rank(in.m, &plan, err, sizeof err)
          : backend == BACKEND_CPU  ? run_training_cpu(in.m, &plan, err, sizeof err)
          : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)

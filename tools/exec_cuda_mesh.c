@@ -15,11 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen/cuda/cuda.h"
 #include "runtime/comm/comm_nccl.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
-#include "runtime/cuda/nvrtc.h"
+#include "runtime/io/checkpoint.h"
 #include "tools/exec_ref.h"
 #include "tools/tools.h"
 
@@ -51,8 +50,10 @@ static void move_run(int64_t w, int64_t p, int64_t n, void *arg) {
   else memcpy(mv->whole + w, mv->piece + p, sizeof(float) * (size_t)n);
 }
 
-/* Every rank's pieces of the whole views, gathered over NCCL: all ranks hold the whole
-   tensors afterwards (replicated pieces are equal on every rank). */
+/* Every rank's pieces of the whole views, gathered over NCCL, one global at a time (every
+   rank takes part in each gather); rank 0, the one that writes checkpoints and --out,
+   assembles the whole tensors (replicated pieces are equal on every rank), the others leave
+   their views untouched. */
 static int sync_out(void *self, char *err, size_t errlen) {
   CudaRank *r = self;
   for (int k = 0; k < r->prog.n_globals; k++) {
@@ -61,7 +62,7 @@ static int sync_out(void *self, char *err, size_t errlen) {
     int rc = cuda_global_read(&r->cp, k, r->piece, err, errlen);
     if (!rc) rc = nccl_all_gather_host(r->comm, r->piece, r->gather, gl->n, err, errlen);
     if (rc) return rc;
-    for (int q = 0; q < r->world; q++) {
+    for (int q = 0; q < r->world && r->rank == 0; q++) {
       int coord[COMM_AXES];
       mesh_coords_of(r->mesh, q, coord);
       Move mv = {r->whole[k], r->gather + (size_t)q * (size_t)gl->n, false};
@@ -79,6 +80,108 @@ static int sync_in(void *self, char *err, size_t errlen) {
     Move mv = {r->whole[k], r->piece, true};
     rt_piece_runs(&r->prog.globals[k], r->mesh, r->comm->coord, move_run, &mv);
     int rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* ---- checkpoints: a shard per rank (runtime/io/checkpoint.h) ---- */
+
+/* ckpt_save_shards' exchange over NCCL (the bytes travel as floats: an all-gather copies them). */
+static int gather_bytes(void *arg, const void *mine, void *all, size_t bytes, char *err, size_t errlen) {
+  CudaRank *r = arg;
+  size_t nf = (bytes + 3) / 4;
+  float *m = calloc(nf, sizeof(float)), *a = calloc(nf * (size_t)r->world, sizeof(float));
+  int rc = m && a ? 0 : 1;
+  if (rc) snprintf(err, errlen, "out of memory");
+  if (!rc) {
+    memcpy(m, mine, bytes);
+    rc = nccl_all_gather_host(r->comm, m, a, (int64_t)nf, err, errlen);
+  }
+  for (int q = 0; !rc && q < r->world; q++) memcpy((char *)all + (size_t)q * bytes, a + (size_t)q * nf, bytes);
+  free(m);
+  free(a);
+  return rc;
+}
+
+/* A piece replicated over an axis is written by the rank of coordinate 0 on it. */
+static bool owns(const CudaRank *r, const RtGlobal *gl) {
+  for (int a = 0; a < COMM_AXES; a++)
+    if (r->mesh[a] > 1 && !gl->split[a] && r->comm->coord[a] != 0) return false;
+  return true;
+}
+
+static void ints_text(const int64_t *v, char *out, size_t n) {
+  snprintf(out, n, "%lld,%lld,%lld,%lld,%lld", (long long)v[0], (long long)v[1], (long long)v[2], (long long)v[3],
+           (long long)v[4]);
+}
+
+static int save_shards(void *self, const char *save_dir, int64_t step, const char *state_json, char *err, size_t errlen) {
+  CudaRank *r = self;
+  const RtProgram *p = &r->prog;
+  int ng = p->n_globals, nt = 0, nm = 2, rc = 0;
+  StTensor *ts = calloc((size_t)ng + 1, sizeof *ts);
+  char **keys = calloc(2 * (size_t)ng + 2, sizeof *keys), **vals = calloc(2 * (size_t)ng + 2, sizeof *vals);
+  float **data = calloc((size_t)ng + 1, sizeof *data);
+  if (!ts || !keys || !vals || !data) rc = 1;
+  int64_t coord[COMM_AXES];
+  for (int a = 0; a < COMM_AXES; a++) coord[a] = r->comm->coord[a];
+  char mesh_s[128], coord_s[128];
+  ints_text(r->mesh, mesh_s, sizeof mesh_s);
+  ints_text(coord, coord_s, sizeof coord_s);
+  if (!rc) {
+    keys[0] = strdup("loom.mesh"), vals[0] = strdup(mesh_s);
+    keys[1] = strdup("loom.coord"), vals[1] = strdup(coord_s);
+  }
+  for (int k = 0; k < ng && !rc; k++) {
+    const RtGlobal *gl = &p->globals[k];
+    if (!r->whole[k] || !owns(r, gl)) continue;
+    if (!(data[nt] = malloc(sizeof(float) * (size_t)(gl->n + 1)))) {
+      rc = 1;
+      break;
+    }
+    if ((rc = cuda_global_read(&r->cp, k, data[nt], err, errlen))) break;
+    StTensor *t = &ts[nt];
+    t->name = (char *)gl->name;
+    t->dtype = ST_F32;
+    t->rank = gl->ir_rank;
+    for (int d = 0; d < gl->ir_rank; d++) t->shape[d] = gl->piece_dims[d];
+    t->nbytes = sizeof(float) * (uint64_t)gl->n;
+    t->data = data[nt++];
+    int64_t split[COMM_AXES];
+    for (int a = 0; a < COMM_AXES; a++) split[a] = gl->split[a];
+    char key[600], v[128];
+    ints_text(split, v, sizeof v);
+    snprintf(key, sizeof key, "loom.split.%s", gl->name);
+    keys[nm] = strdup(key), vals[nm++] = strdup(v);
+    if (gl->experts && gl->rank >= 2) {
+      snprintf(key, sizeof key, "loom.experts.%s", gl->name);
+      snprintf(v, sizeof v, "%lld", (long long)gl->shape[0]);
+      keys[nm] = strdup(key), vals[nm++] = strdup(v);
+    }
+  }
+  for (int i = 0; !rc && i < nm; i++)
+    if (!keys[i] || !vals[i]) rc = 1;
+  if (rc == 1 && !err[0]) snprintf(err, errlen, "out of memory writing a checkpoint");
+  /* every rank takes part in the exchanges, even one that failed above (it reports its failure there) */
+  char ignored[256];
+  int src = ckpt_save_shards(save_dir, step, r->rank, r->world, rc ? NULL : ts, rc ? -1 : nt,
+                             (const char *const *)keys, (const char *const *)vals, rc ? 0 : nm, state_json, gather_bytes,
+                             r, rc ? ignored : err, rc ? sizeof ignored : errlen);
+  if (!rc) rc = src;
+  for (int i = 0; i < nt; i++) free(data[i]);
+  for (int i = 0; keys && vals && i < nm; i++) free(keys[i]), free(vals[i]);
+  free(ts), free(keys), free(vals), free(data);
+  return rc;
+}
+
+static int load_shards(void *self, const Checkpoint *c, char *err, size_t errlen) {
+  CudaRank *r = self;
+  for (int k = 0; k < r->prog.n_globals; k++) {
+    if (!r->whole[k]) continue;
+    const RtGlobal *gl = &r->prog.globals[k];
+    int rc = ckpt_shards_read_piece(c, gl->name, gl, r->mesh, r->comm->coord, r->piece, err, errlen);
+    if (!rc) rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
     if (rc) return rc;
   }
   return 0;
@@ -146,8 +249,13 @@ static int optimizer_step(void *self, float lr, float t, float *grad_norm, char 
   return cuda_program_call(&r->cp, r->f_opt, args, rets, err, errlen);
 }
 
-static int rank_open(CudaRank *r, Module *m, const RunPlan *plan, char *err, size_t errlen) {
+/* prog: the lowered program (cuda_lower's, or a compiled executable's; r takes it over),
+   image: its CUDA module for this rank's GPU. */
+static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
+                     size_t errlen) {
   r->m = m;
+  r->prog = *prog;
+  memset(prog, 0, sizeof *prog);
   if (m->pipe.kind) {
     snprintf(err, errlen, "--backend cuda does not run pipelines yet (point-to-point transfers over NCCL are owed, "
              "issue 15): use --backend cpu for pp > 1");
@@ -155,31 +263,20 @@ static int rank_open(CudaRank *r, Module *m, const RunPlan *plan, char *err, siz
   }
   int64_t mesh[COMM_AXES];
   for (int a = 0; a < COMM_AXES; a++) mesh[a] = m->mesh.size[a];
-  char *src = NULL, *log = NULL;
-  unsigned char *image = NULL;
-  size_t n = 0;
-  bool is_cubin = false, hit = false;
-  double t0 = seconds_now();
-  int rc = cuda_lower(m, &r->prog, &src, err, errlen);
   /* the world: the rendezvous, the communicators (this also picks the rank's GPU) */
-  if (!rc) rc = nccl_world_new(mesh, NULL, &r->comm, err, errlen);
+  int rc = nccl_world_new(mesh, NULL, &r->comm, err, errlen);
   CudaDeviceInfo info;
   int device = r->comm ? nccl_device(r->comm) : 0;
   if (!rc) rc = cuda_device_query(device, &info, err, errlen);
-  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, err, errlen);
   if (!rc) {
     r->rank = r->comm->rank;
     r->world = r->comm->world;
     if (plan->opt.log)
       fprintf(plan->opt.log, "cuda: %d ranks, one process each (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld), NCCL %d; "
-              "rank 0 on %s (%s): %d kernels in %.2f s%s\n", r->world, (long long)mesh[0], (long long)mesh[1],
-              (long long)mesh[2], (long long)mesh[3], (long long)mesh[4], nccl_version(NULL, 0), info.name, info.arch,
-              r->prog.n_kernels, seconds_now() - t0, hit ? " (from the cache)" : "");
+              "rank 0 on %s (%s)\n", r->world, (long long)mesh[0], (long long)mesh[1], (long long)mesh[2],
+              (long long)mesh[3], (long long)mesh[4], nccl_version(NULL, 0), info.name, info.arch);
   }
   if (!rc) r->have_cp = !(rc = cuda_program_init(&r->cp, &r->prog, image, n, device, err, errlen));
-  free(src);
-  free(log);
-  free(image);
   if (!rc) rc = cuda_program_set_comm(&r->cp, r->comm, err, errlen);
   if (rc) return rc;
   if (mesh_world(&m->mesh) != r->world) {
@@ -242,6 +339,8 @@ static int rank_open(CudaRank *r, Module *m, const RunPlan *plan, char *err, siz
   r->ex.eval_step = r->f_forward >= 0 ? eval_step : NULL;
   r->ex.sync_out = sync_out;
   r->ex.sync_in = sync_in;
+  r->ex.save_shards = save_shards;
+  r->ex.load_shards = load_shards;
   r->ex.comm_wait_ms = NULL;
   if (plan->opt.log)
     fprintf(plan->opt.log, "cuda: device memory per rank %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
@@ -273,16 +372,27 @@ static void rank_close(CudaRank *r) {
   rt_program_free(&r->prog);
 }
 
-int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
+                    size_t errlen) {
   CudaRank *r = calloc(1, sizeof *r);
   if (!r) {
+    rt_program_free(prog);
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = rank_open(r, m, plan, err, errlen);
+  int rc = rank_open(r, m, prog, image, n, plan, err, errlen);
   if (!rc) rc = train_and_write(&r->ex, plan, err, errlen);
   if (rc && r->comm) nccl_world_abort(r->comm);   /* the others must not wait for this rank */
   rank_close(r);
   free(r);
   return rc;
+}
+
+void plan_for_rank(RunPlan *plan, int64_t rank) {
+  if (rank == 0) return;   /* rank 0 alone logs and writes files */
+  plan->opt.log = NULL;
+  plan->opt.metrics_path = NULL;
+  plan->opt.not_writer = true;
+  plan->out = NULL;
+  plan->trace_out = NULL;
 }

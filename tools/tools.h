@@ -229,10 +229,16 @@ int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *ll
                   const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err, size_t errlen);
 /* train_cuda.c (loom only): m fused and planned for the CUDA target; runs it on GPU 0. */
 int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen);
-/* exec_cuda_mesh.c (loom only): m partitioned over a mesh, this process one of its ranks
-   (the launch environment names which; runtime/comm/comm_nccl.h), on its GPU over NCCL.
-   Rank 0 alone logs and writes files (the caller clears plan's for the others). */
+/* train_cuda.c (loom only): m partitioned over a mesh, this process one of its ranks (the
+   launch environment names which; runtime/comm/comm_nccl.h): lowered, compiled by NVRTC for
+   the rank's GPU and trained there over NCCL (cuda_rank_train). */
 int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* exec_cuda_mesh.c: a rank of m's mesh from its lowered program (taken over: freed here) and
+   CUDA module image; the module only splits the micro-batch.  Rank 0 alone logs and writes
+   files: plan_for_rank clears a plan's outputs for the others. */
+int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
+                    size_t errlen);
+void plan_for_rank(RunPlan *plan, int64_t rank);
 /* train_cuda.c: what refuses a CUDA mesh before its processes start (a pipeline, an op the
    CUDA lowering refuses, no GPU here); 0 or 2 with the message. */
 int cuda_mesh_precheck(Module *m, char *err, size_t errlen);

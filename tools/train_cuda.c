@@ -9,6 +9,7 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/cuda/nvrtc.h"
+#include "runtime/comm/comm_nccl.h"
 #include "tools/tools.h"
 
 bool cuda_backend_available(char *why, size_t n) {
@@ -62,4 +63,38 @@ int cuda_mesh_precheck(Module *m, char *err, size_t errlen) {
     return EXIT_USAGE;
   }
   return 0;
+}
+
+/* loom train's side of a rank: lowered here, compiled by NVRTC for the GPU this rank will
+   use (its LOCAL_RANK, as the NCCL world picks it), then trained by cuda_rank_train. */
+int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+  NcclBootstrap b;
+  int rc = nccl_bootstrap_from_env(&b, err, errlen), count = 0;
+  if (!rc && !cuda_available(err, errlen)) rc = EXIT_USAGE;
+  if (!rc) rc = cuda_device_count(&count, err, errlen);
+  int device = b.device >= 0 ? b.device : count > 0 ? b.rank % count : 0;
+  CudaDeviceInfo info;
+  if (!rc && device >= count) {
+    snprintf(err, errlen, "rank %d: LOCAL_RANK %d but this machine has %d GPU%s", b.rank, device, count, count == 1 ? "" : "s");
+    rc = EXIT_USAGE;
+  }
+  if (!rc) rc = cuda_device_query(device, &info, err, errlen);
+  RtProgram prog;
+  memset(&prog, 0, sizeof prog);
+  char *src = NULL, *log = NULL;
+  unsigned char *image = NULL;
+  size_t n = 0;
+  bool is_cubin = false, hit = false;
+  double t0 = seconds_now();
+  if (!rc) rc = cuda_lower(m, &prog, &src, err, errlen);
+  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, err, errlen);
+  if (!rc && plan->opt.log)
+    fprintf(plan->opt.log, "cuda: %d kernels compiled for %s in %.2f s%s\n", prog.n_kernels, info.arch, seconds_now() - t0,
+            hit ? " (from the cache)" : "");
+  if (!rc) rc = cuda_rank_train(m, &prog, image, n, plan, err, errlen);
+  rt_program_free(&prog);
+  free(src);
+  free(log);
+  free(image);
+  return rc;
 }

@@ -50,7 +50,11 @@
  *     run by the runtime as NCCL calls on a stream per mesh axis; embedding and
  *     embedding_grad add vocab axis + 1 and the rank's coordinate on it (i[3], i[4]);
  *     shard_slice, shard_pad, target_pick and onehot are kernels of prelude_mesh.h, their
- *     i[] program.h's plus the coordinate.  send, recv and all_to_allv are refused.
+ *     i[] program.h's plus the coordinate.  send and recv on a ring (rel=true: context
+ *     parallelism) are RT_B_SEND / RT_B_RECV steps with program.h's i[], which the runtime
+ *     issues as NCCL groups (runtime/cuda/cuda_exec.h, "point-to-point transfers"); a
+ *     transfer to a fixed rank (a pipeline's) or to the rank itself, and all_to_allv, are
+ *     refused.
  *   - generation with a KV cache (loom sample: rope_at, kv_write, attention_cached; kernels
  *     of prelude_decode.h): one step each, program.h's i[] and f[] (RT_B_ROPE_AT,
  *     RT_B_KV_WRITE, RT_B_ATTN_CACHED); the positions are an i32 buffer [B,C].  kv_write

@@ -1102,8 +1102,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     return cl_fail(L, "is outside a kernel func; the CUDA backend runs elementwise ops and reductions only in fused "
                  "kernels (run the fuse pass first)");
   if (info->cls == CLASS_COLLECTIVE)   /* lower_mesh.c lowers the others */
-    return cl_fail(L, "is not supported by the CUDA backend yet: point-to-point transfers (pipelines, ring attention) and "
-                   "all_to_allv (expert parallelism) run on the cpu backend (--backend cpu)");
+    return cl_fail(L, "is not supported by the CUDA backend yet: all_to_allv (expert parallelism) runs on the cpu "
+                   "backend (--backend cpu)");
   return cl_fail(L, "is not supported by the CUDA backend");
 }
 

@@ -7,9 +7,15 @@
  *     handle in front) and RT_B_COLL_WAIT, as on the CPU;
  *   - shard_slice, shard_pad, target_pick and onehot are kernels of prelude_mesh.h whose
  *     i[] ends with the rank's coordinate on a mesh axis, written by the runtime before the
- *     launch (RtStep.coord_at; the lowering writes 0).
- * Point-to-point transfers (send, recv: pipelines and ring attention) and all_to_allv (expert
- * parallelism) are not lowered yet: cuda_lower refuses them, naming the op. */
+ *     launch (RtStep.coord_at; the lowering writes 0);
+ *   - send and recv on a ring (rel=true: context parallelism's ring attention) are
+ *     RT_B_SEND / RT_B_RECV steps with program.h's i[] (n, axis, size, peer, tag, rel).  The
+ *     runtime does not run them one by one: it plans each function's transfers as NCCL
+ *     groups (runtime/cuda/cuda_exec.h, "point-to-point transfers") and refuses, at start,
+ *     an order NCCL could not pair or run without deadlock.
+ * Refused here: a transfer to a fixed rank (rel=false: a pipeline's; pp runs on the cpu
+ * backend), one to the rank itself, and an element type NCCL does not move.  all_to_allv
+ * (expert parallelism) is not lowered yet: cuda_lower refuses it, naming the op. */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/lower_common.h"
 
@@ -23,7 +29,9 @@ bool cl_mesh_op(const Op *op) {
   case OP_SHARD_SLICE:
   case OP_SHARD_PAD:
   case OP_TARGET_PICK:
-  case OP_ONEHOT: return true;
+  case OP_ONEHOT:
+  case OP_SEND:
+  case OP_RECV: return true;
   default: return false;
   }
 }
@@ -109,10 +117,44 @@ static int wait_step(Lower *L, Steps *s) {
   return 0;
 }
 
+/* A send (x ->) or recv (-> y) on a ring: RT_B_SEND / RT_B_RECV, i: n, axis, size, peer, tag, rel. */
+static int transfer(Lower *L, Steps *s, bool send) {
+  const Op *op = L->op;
+  const Value *v = send ? op->operands[0] : op->results[0];
+  int64_t axis, n_ax = op_int(op, "n"), peer = op_int(op, "peer");
+  if (axis_of(L, "axis", &axis)) return IR_EINPUT;
+  if (!op_bool(op, "rel"))
+    return cl_fail(L, "goes to a fixed rank (a pipeline's transfer): the CUDA backend runs only ring transfers (context "
+                   "parallelism); pp runs on the cpu backend (--backend cpu)");
+  if (n_ax < 2 || peer % n_ax == 0)
+    return cl_fail(L, "goes to the rank itself (peer %+lld on %s=%lld): nothing to transfer", (long long)peer,
+                   op_attr(op, "axis")->s, (long long)n_ax);
+  RtStep *st = cl_new_step(L, s, RT_STEP_BUILTIN, send ? RT_B_SEND : RT_B_RECV, "");
+  if (!st || cl_set_operand_bufs(L, st)) return IR_EINPUT;
+  if (st->n_in + st->n_out != 1) return cl_fail(L, "internal: a transfer moves one buffer");
+  int storage = st->bufs[0].storage;
+  if (storage != RT_ST_F32 && storage != RT_ST_BF16 && storage != RT_ST_F16 && storage != RT_ST_I32)
+    return cl_fail(L, "moves %s values: NCCL moves f32, bf16, f16 and i32", dtype_name(v->type.dtype));
+  int n = 0;
+#define PUSH(x)                                        \
+  do {                                                 \
+    if (cl_push_int(L, st, &n, (x))) return IR_EINPUT; \
+  } while (0)
+  PUSH(type_numel(&v->type));
+  PUSH(axis);
+  PUSH(n_ax);
+  PUSH(peer);
+  PUSH(op_int(op, "tag"));
+  PUSH(1);
+#undef PUSH
+  return 0;
+}
+
 int cl_lower_mesh_op(Lower *L, Steps *s) {
   const Op *op = L->op;
   OpKind kind = op_sync_of(op->kind);
   if (op->kind == OP_WAIT) return wait_step(L, s);
+  if (op->kind == OP_SEND || op->kind == OP_RECV) return transfer(L, s, op->kind == OP_SEND);
   if (kind == OP_ALL_REDUCE || kind == OP_ALL_GATHER || kind == OP_REDUCE_SCATTER || kind == OP_ALL_TO_ALL) {
     if (collective(L, s, kind)) return IR_EINPUT;
     if (!op_is_start(op->kind)) return 0;

@@ -789,6 +789,69 @@ int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x
   return 0;
 }
 
+int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, const char *label, char *err,
+                   size_t errlen) {
+  World *w = world_of(c);
+  test_fault(c->rank, w->n_flight + 1);
+  if (axis < 0 || axis >= COMM_AXES) return fail(err, errlen, 2, "%s: no mesh axis %d", label, axis);
+  int64_t size = c->mesh[axis], out = 0, in = 0;
+  if (n < 1) return fail(err, errlen, 2, "%s: an empty send/recv group", label);
+  if (size < 2) return fail(err, errlen, 2, "%s: point-to-point on %s, an axis of size 1", label, axis_name[axis]);
+  for (int k = 0; k < n; k++) {
+    int es;
+    nccl_type(ops[k].storage, &es);
+    if (!es) return fail(err, errlen, 2, "%s: NCCL moves f32, bf16, f16 and i32, not storage %d", label, ops[k].storage);
+    if (ops[k].peer < 0 || ops[k].peer >= size || ops[k].peer == c->coord[axis] || ops[k].count < 0 || (ops[k].count && !ops[k].buf))
+      return fail(err, errlen, 2, "%s: a %s with peer %d on %s (this rank is %d of %lld)", label, ops[k].send ? "send" : "recv",
+                  ops[k].peer, axis_name[axis], c->coord[axis], (long long)size);
+    *(ops[k].send ? &out : &in) += ops[k].count * es;
+  }
+  ncclComm_t comm;
+  if (coll_begin(c, axis, &comm))
+    return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (!comm) return fail(err, errlen, 2, "%s: no communicator for %s", label, axis_name[axis]);
+  Flight *fl;
+  pthread_mutex_lock(&w->mu);
+  fl = &w->flight[w->n_flight % FLIGHT];
+  fl->seq = ++w->n_flight;
+  if (out == in)
+    snprintf(fl->what, sizeof fl->what, "send/recv group of %d on %s, %lld bytes each way (%s)", n, axis_name[axis],
+             (long long)out, label);
+  else
+    snprintf(fl->what, sizeof fl->what, "send/recv group of %d on %s, %lld bytes out, %lld in (%s)", n, axis_name[axis],
+             (long long)out, (long long)in, label);
+  fl->t0 = now_s();
+  fl->state = FL_CALLED;
+  char what[256];
+  snprintf(what, sizeof what, "collective #%lld %s", (long long)fl->seq, fl->what);
+  pthread_mutex_unlock(&w->mu);
+  atomic_store(&w->busy_ns, now_ns());
+  CUstream st = (CUstream)stream;
+  ncclResult_t r = w->n->ncclGroupStart();
+  for (int k = 0; k < n && (r == ncclSuccess || r == ncclInProgress); k++) {
+    int es;
+    ncclDataType_t dt = nccl_type(ops[k].storage, &es);
+    r = ops[k].send ? w->n->ncclSend(ops[k].buf, (size_t)ops[k].count, dt, ops[k].peer, comm, st)
+                    : w->n->ncclRecv(ops[k].buf, (size_t)ops[k].count, dt, ops[k].peer, comm, st);
+  }
+  ncclResult_t e = w->n->ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = e;
+  char m[1024];
+  int rc = ready(w, c->rank, comm, r, what, m, sizeof m);
+  atomic_store(&w->busy_ns, 0);
+  if (rc || atomic_load(&w->aborted)) {
+    if (!rc) snprintf(m, sizeof m, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+    coll_fail(c, m);
+    char rep[2048];
+    flight_report(w, c->rank, rep, sizeof rep);
+    return fail(err, errlen, 1, "%s%s", m, rep);
+  }
+  pthread_mutex_lock(&w->mu);
+  fl->state = FL_ENQUEUED;
+  pthread_mutex_unlock(&w->mu);
+  return 0;
+}
+
 int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) {
   World *w = world_of(c);
   if (atomic_load(&w->aborted)) return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
@@ -1003,6 +1066,10 @@ int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen) 
 int nccl_wait(Comm *c, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
 int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x, void *y, void *stream, const char *label,
               char *err, size_t errlen) {
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, const char *label, char *err,
+                   size_t errlen) {
   return fail(err, errlen, 1, "%s", NO_CUDA);
 }
 int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }

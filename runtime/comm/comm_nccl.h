@@ -86,6 +86,26 @@ int nccl_wait(Comm *c, char *err, size_t errlen);
    message and the flight record in err. */
 int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x, void *y, void *stream, const char *label,
               char *err, size_t errlen);
+/* One point-to-point transfer of a group (nccl_p2p_group). */
+typedef struct NcclP2p {
+  bool send;           /* ncclSend of buf, else ncclRecv into it */
+  int peer;            /* the peer's coordinate on the axis (its rank in the axis's communicator) */
+  void *buf;           /* device address */
+  int64_t count;       /* elements */
+  int storage;         /* RtStorage: f32, bf16, f16 or i32 */
+} NcclP2p;
+/* The transfers ops[0..n) on the communicator of mesh axis `axis` as ONE NCCL group
+   (ncclGroupStart, each op's ncclSend / ncclRecv in the given order, ncclGroupEnd), enqueued
+   on `stream`.  NCCL pairs a rank's sends to a peer with that peer's receives from it in
+   issue order (no tags), and a send completes only once the peer posts its receive: the
+   caller issues, on every rank, groups that hold both ends of each message (a ring's send
+   to +p and receive from -p), in the same order (runtime/cuda/cuda_mesh.c plans them).  A
+   peer that is the rank itself, or a size-1 axis, is refused (2).  One flight-recorder
+   entry for the group ("send/recv group of N on cp, B bytes each way (label)"), the
+   watchdog and the errors as nccl_step (B: the bytes sent, which a planned group also
+   receives; "S bytes out, R in" when they differ).  0, or 1 (the world aborted) / 2 with the message. */
+int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, const char *label, char *err,
+                   size_t errlen);
 /* Waits for `stream` (a CUstream of this rank's device) within the timeout, watching every
    communicator for asynchronous errors; then the enqueued collectives count as finished.
    On a timeout or an error, aborts the world: 1 with the message and the flight record. */

@@ -15,9 +15,11 @@
  *                   (CUBLAS_COMPUTE_32F, or 32F_FAST_TF32 when CudaOptions.tf32), bf16 x bf16
  *                   or f16 x f16 -> the same or f32 (f32 accumulate);
  *   RT_STEP_BUILTIN only the collectives of a partitioned program (RT_B_ALL_REDUCE ..
- *                   RT_B_ALL_TO_ALL, RT_B_COLL_START, RT_B_COLL_WAIT): NCCL calls on the
- *                   communicator of their axis, once cuda_program_set_comm made the program a
- *                   rank of a mesh (runtime/cuda/cuda_mesh.c); every other builtin is a kernel.
+ *                   RT_B_ALL_TO_ALL, RT_B_COLL_START, RT_B_COLL_WAIT) and its ring transfers
+ *                   (RT_B_SEND, RT_B_RECV): NCCL calls on the communicator of their axis, once
+ *                   cuda_program_set_comm made the program a rank of a mesh
+ *                   (runtime/cuda/cuda_mesh.c; the transfers as planned groups, see "point-to-
+ *                   point transfers" below); every other builtin is a kernel.
  * A step with coord_at gets the rank's coordinate on its axis in i[coord_at - 1] (0 on one GPU).
  * Every buffer holds its RtBuf.storage natively (f32, i32, bf16, f16, f8e4m3, f8e5m2); the
  * host side of every call (args, rets, globals) is f32, or int32 for integer buffers, and
@@ -134,6 +136,11 @@ typedef struct {
   void *ev_ready;          /* CUevent: the compute stream reached a collective */
   void **ev_done;          /* CUevent per start handle, and one for plain collectives */
   int n_events;
+  struct CudaP2pPlan *p2p; /* [p->n_funcs]: each function's transfer groups (cuda_p2p_plan) */
+  void **p2p_done;         /* CUevent per group (as many as the function with the most) */
+  int n_p2p_events;
+  uint64_t p2p_staging;    /* device staging slots (the largest function's CudaP2pPlan.staging) */
+  struct NcclP2p *p2p_args;   /* host room for the largest group's NCCL calls */
   bool broken;             /* a call failed: only free is allowed */
 } CudaProgram;
 
@@ -169,16 +176,73 @@ uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b);
 /* Makes cp one rank of a mesh: its collective steps become NCCL calls on comm (runtime/comm/
    comm_nccl.h: this process's rank; it must outlive cp), each on a communication stream of
    its axis ordered against the compute stream by events, so a started collective overlaps
-   the kernels up to its wait; kernels get the rank's coordinates; every call ends with
-   nccl_sync (the timeout and the communicators' errors watched).  0, or 1/2 with a message. */
+   the kernels up to its wait; kernels get the rank's coordinates; every function's ring
+   transfers are planned (cuda_p2p_plan below: refused, 2, in an order NCCL cannot run) and
+   get their events and staging slots; every call ends with nccl_sync (the timeout and the
+   communicators' errors watched).  0, or 1/2 with a message. */
 struct Comm;
 int cuda_program_set_comm(CudaProgram *cp, struct Comm *comm, char *err, size_t errlen);
-/* For cuda_exec.c: a collective step is well formed (else false and why); run step s of
-   function f; wait for the end of a call; free the streams and events. */
+/* For cuda_exec.c: a collective or transfer step is well formed (else false and why); run
+   step s of function f; wait for the end of a call; free the streams, events and plans. */
 bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n);
 int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen);
 int cuda_mesh_sync(CudaProgram *cp, const char *where, char *err, size_t errlen);
 void cuda_mesh_free(CudaProgram *cp);
+
+/* Point-to-point transfers (RT_B_SEND / RT_B_RECV on a ring, rel=1: context parallelism).
+   The CPU's sends are buffered and its receives pick a message by tag, in any order; NCCL's
+   are neither: a send completes only once the peer posts the matching receive, a rank's
+   sends to a peer pair with that peer's receives from it in issue order, and a ring of
+   ranks each waiting for its neighbour deadlocks.  So a function's transfers are planned
+   once, identically on every rank (the program is the same), before anything runs:
+     - messages: on each axis the k-th send to +p pairs with the k-th receive from -p, in
+       step order (NCCL's pairing); each pair must carry the same tag (the CPU's pairing),
+       size and storage, the receive must come after the send, and every send must have its
+       receive in the same function; otherwise the plan is refused with the steps named;
+     - groups: the messages of a run of consecutive send steps on one axis form ONE NCCL group
+       (ncclGroupStart/End) holding both ends of each, so every rank's group g sends exactly
+       what its peers' group g receives; groups are issued in step order on the axis's
+       stream.  A group is issued at its last send (`issue`: the axis stream waits for the
+       compute stream there) and the compute stream waits for it at its first receive
+       (`wait`), so it runs beside the steps in between (ring attention's block);
+     - staging: NCCL reads a send's buffer and writes a receive's while the group runs, i.e.
+       somewhere between `issue` and `wait`, not at the send's or receive's own step.  A send
+       whose buffer something may write after its step and before `wait`, or a receive whose
+       buffer something may read or write between `issue` and its step (steps' outputs and
+       inputs, in-place kernels, started collectives until their wait, other transfers'
+       whole possible spans), goes through a staging slot instead: the send copies its buffer
+       there at its step (on the compute stream), the receive copies it out at its step.
+       Slots are reused once the previous user is done.
+   The shard pass's cp programs plan (ring and all-gather attention, zigzag and contiguous,
+   with dp, tp and recomputation); a refusal names the steps of an order NCCL cannot run. */
+typedef struct {
+  int step;                /* the RT_B_SEND / RT_B_RECV step */
+  int group;
+  bool send;
+  int64_t off;             /* the sender's offset (1 <= off < size): a send goes to coordinate + off, a
+                              receive comes from coordinate - off, mod the axis size */
+  int64_t bytes;
+  int64_t stage;           /* byte offset of its staging slot; -1: NCCL uses the step's buffer */
+} CudaP2pOp;
+typedef struct {
+  int axis;
+  int issue, wait;         /* steps (see above) */
+  int first, n;            /* ops[first .. first + n): message by message, the send then its receive */
+  int64_t bytes;           /* sent (and received) */
+} CudaP2pGroup;
+typedef struct CudaP2pPlan {
+  int n_ops, n_groups;
+  CudaP2pOp *ops;
+  CudaP2pGroup *groups;
+  int *op_of_step;         /* [n_steps]: the step's op, -1; NULL when the function has no transfer */
+  int64_t staging;         /* bytes of staging slots the function needs */
+  int max_group;           /* ops in its largest group */
+} CudaP2pPlan;
+/* Plans function fn's transfers (no device needed; cuda_program_set_comm runs it for every
+   function).  0 (an empty plan without transfers), or 2 with a message naming the steps (1:
+   out of memory). */
+int cuda_p2p_plan(const RtFunc *fn, CudaP2pPlan *out, char *err, size_t errlen);
+void cuda_p2p_plan_free(CudaP2pPlan *pl);
 
 /* ------------------------------------------------------------------ the training executor */
 

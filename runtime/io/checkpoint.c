@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "runtime/io/checkpoint_internal.h"
 #include "runtime/io/seterr.h"
 
 
@@ -48,7 +49,7 @@ uint32_t ckpt_crc32c(uint32_t crc, const void *data, size_t n) {
 }
 
 /* Size and CRC-32C of a whole file, read in bounded chunks (checkpoints can be GBs). */
-static int file_digest(const char *path, uint64_t *size, uint32_t *crc, char *err,
+int ckpt_file_digest(const char *path, uint64_t *size, uint32_t *crc, char *err,
                        size_t errlen) {
   FILE *f = fopen(path, "rb");
   if (!f) {
@@ -81,20 +82,20 @@ static int file_digest(const char *path, uint64_t *size, uint32_t *crc, char *er
 
 /* ---- path and directory helpers ------------------------------------------------------ */
 
-static char *pjoin(const char *a, const char *b) {
+char *ckpt_pjoin(const char *a, const char *b) {
   size_t la = strlen(a), n = la + strlen(b) + 2;
   char *p = malloc(n);
   if (p) snprintf(p, n, "%s%s%s", a, la && a[la - 1] == '/' ? "" : "/", b);
   return p;
 }
 
-static int is_dir(const char *p) {
+int ckpt_is_dir(const char *p) {
   struct stat st;
   return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 static int has_done(const char *dir) {
-  char *p = pjoin(dir, "DONE");
+  char *p = ckpt_pjoin(dir, "DONE");
   struct stat st;
   int ok = p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
   free(p);
@@ -103,7 +104,7 @@ static int has_done(const char *dir) {
 
 /* Makes a rename or a new entry in DIR durable. Some filesystems refuse fsync on a
  * directory (EINVAL); that is not an error. */
-static int fsync_dir(const char *dir, char *err, size_t errlen) {
+int ckpt_fsync_dir(const char *dir, char *err, size_t errlen) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY);
   if (fd < 0) {
     seterr(err, errlen, "%s: cannot open directory to fsync: %s", dir, strerror(errno));
@@ -119,7 +120,7 @@ static int fsync_dir(const char *dir, char *err, size_t errlen) {
 }
 
 /* mkdir -p: creates DIR and its missing parents. */
-static int mkdir_p(const char *dir, char *err, size_t errlen) {
+int ckpt_mkdir_p(const char *dir, char *err, size_t errlen) {
   char *p = strdup(dir);
   if (!p) {
     seterr(err, errlen, "%s: out of memory", dir);
@@ -130,7 +131,7 @@ static int mkdir_p(const char *dir, char *err, size_t errlen) {
     if (*s != '/' && *s != 0) continue;
     char c = *s;
     *s = 0;
-    if (mkdir(p, 0777) != 0 && !(errno == EEXIST && is_dir(p))) {
+    if (mkdir(p, 0777) != 0 && !(errno == EEXIST && ckpt_is_dir(p))) {
       seterr(err, errlen, "%s: cannot create directory %s: %s; check the --save path and its "
              "permissions", dir, p, strerror(errno));
       rc = 1;
@@ -146,15 +147,15 @@ static int mkdir_p(const char *dir, char *err, size_t errlen) {
 /* Deletes a step folder (it holds only files). DONE goes first and is made durable, so a
  * crash part-way leaves an incomplete folder that readers skip, never a complete-looking
  * folder with files missing. */
-static int remove_step_dir(const char *dir, char *err, size_t errlen) {
-  char *done = pjoin(dir, "DONE");
+int ckpt_remove_step_dir(const char *dir, char *err, size_t errlen) {
+  char *done = ckpt_pjoin(dir, "DONE");
   if (!done) {
     seterr(err, errlen, "%s: out of memory", dir);
     return 1;
   }
   int had = unlink(done) == 0;
   free(done);
-  if (had && fsync_dir(dir, err, errlen)) return 1;
+  if (had && ckpt_fsync_dir(dir, err, errlen)) return 1;
   DIR *d = opendir(dir);
   if (!d) {
     seterr(err, errlen, "%s: cannot open directory to delete it: %s", dir, strerror(errno));
@@ -164,7 +165,7 @@ static int remove_step_dir(const char *dir, char *err, size_t errlen) {
   struct dirent *e;
   while (!rc && (e = readdir(d))) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    char *p = pjoin(dir, e->d_name);
+    char *p = ckpt_pjoin(dir, e->d_name);
     if (!p || unlink(p) != 0) {
       seterr(err, errlen, "%s: cannot delete %s: %s", dir, e->d_name,
              p ? strerror(errno) : "out of memory");
@@ -182,7 +183,7 @@ static int remove_step_dir(const char *dir, char *err, size_t errlen) {
 
 /* "step_<digits>" exactly (at most 18 digits, so it fits int64); returns the step or -1.
  * Names such as step_00000012.tmp.123 (unfinished writes) are not steps. */
-static int64_t parse_step_name(const char *name) {
+static int64_t ckpt_parse_step_name(const char *name) {
   if (strncmp(name, "step_", 5) != 0) return -1;
   const char *s = name + 5;
   size_t n = strlen(s);
@@ -226,7 +227,7 @@ static int write_tensors(const char *path, const CkptTensor *ts, int n, char *er
   return rc;
 }
 
-static int write_text(const char *path, const char *text, char *err, size_t errlen) {
+int ckpt_write_text(const char *path, const char *text, char *err, size_t errlen) {
   RtAtomic a;
   int rc = rt_atomic_open(&a, path, err, errlen);
   if (!rc) rc = rt_atomic_write(&a, text, strlen(text), err, errlen);
@@ -274,15 +275,15 @@ int ckpt_save(const char *save_dir, int64_t step, const CkptTensor *params, int 
     return 2;
   }
   json_decref(js);
-  int rc = mkdir_p(save_dir, err, errlen);
+  int rc = ckpt_mkdir_p(save_dir, err, errlen);
   if (rc) return rc;
 
   char name[64], tmpname[96], oldname[96];
   snprintf(name, sizeof name, "step_%08" PRId64, step);
   snprintf(tmpname, sizeof tmpname, "%s.tmp.%ld", name, (long)getpid());
   snprintf(oldname, sizeof oldname, "%s.old.%ld", name, (long)getpid());
-  char *fin = pjoin(save_dir, name), *tmp = pjoin(save_dir, tmpname);
-  char *old = pjoin(save_dir, oldname), *path[3] = {0}, *done = NULL;
+  char *fin = ckpt_pjoin(save_dir, name), *tmp = ckpt_pjoin(save_dir, tmpname);
+  char *old = ckpt_pjoin(save_dir, oldname), *path[3] = {0}, *done = NULL;
   int renamed = 0, moved_old = 0;
   char *text = NULL;
   uint64_t size[3];
@@ -290,27 +291,27 @@ int ckpt_save(const char *save_dir, int64_t step, const CkptTensor *params, int 
   if (!fin || !tmp || !old) goto oom;
 
   /* A folder of this name can only be a dead writer's whose pid we now reuse. */
-  if (is_dir(tmp) && (rc = remove_step_dir(tmp, err, errlen))) goto out;
+  if (ckpt_is_dir(tmp) && (rc = ckpt_remove_step_dir(tmp, err, errlen))) goto out;
   if (mkdir(tmp, 0777) != 0) {
     seterr(err, errlen, "%s: cannot create directory: %s", tmp, strerror(errno));
     rc = 1;
     goto out;
   }
   for (int i = 0; i < 3; i++)
-    if (!(path[i] = pjoin(tmp, FILES[i]))) goto oom;
+    if (!(path[i] = ckpt_pjoin(tmp, FILES[i]))) goto oom;
   if ((rc = write_tensors(path[F_MODEL], params, n_params, err, errlen)) ||
       (rc = write_tensors(path[F_OPT], state, n_state, err, errlen)) ||
-      (rc = write_text(path[F_STATE], state_json, err, errlen)))
+      (rc = ckpt_write_text(path[F_STATE], state_json, err, errlen)))
     goto out;
   /* Checksums of what is on disk, read back, rather than of what we meant to write. */
   for (int i = 0; i < 3; i++)
-    if ((rc = file_digest(path[i], &size[i], &crc[i], err, errlen))) goto out;
-  if ((rc = fsync_dir(tmp, err, errlen))) goto out;
+    if ((rc = ckpt_file_digest(path[i], &size[i], &crc[i], err, errlen))) goto out;
+  if ((rc = ckpt_fsync_dir(tmp, err, errlen))) goto out;
 
   /* rename() cannot replace a non-empty directory: move an existing folder of this step
    * aside (its new name is not a step name, so readers ignore it), then put ours in. */
-  if (is_dir(fin)) {
-    if (is_dir(old)) (void)remove_step_dir(old, err, errlen); /* a dead writer's, same pid */
+  if (ckpt_is_dir(fin)) {
+    if (ckpt_is_dir(old)) (void)ckpt_remove_step_dir(old, err, errlen); /* a dead writer's, same pid */
     if (rename(fin, old) != 0) {
       seterr(err, errlen, "%s: cannot move the existing checkpoint aside to %s: %s", fin, old,
              strerror(errno));
@@ -326,15 +327,15 @@ int ckpt_save(const char *save_dir, int64_t step, const CkptTensor *params, int 
     goto out;
   }
   renamed = 1;
-  if ((rc = fsync_dir(save_dir, err, errlen))) goto out;
+  if ((rc = ckpt_fsync_dir(save_dir, err, errlen))) goto out;
   if (moved_old) {
     char ignored[256];
-    (void)remove_step_dir(old, ignored, sizeof ignored); /* a leftover is harmless */
+    (void)ckpt_remove_step_dir(old, ignored, sizeof ignored); /* a leftover is harmless */
   }
 
   /* Last: the marker that makes the folder a checkpoint. */
-  if (!(text = done_json(step, size, crc)) || !(done = pjoin(fin, "DONE"))) goto oom;
-  rc = write_text(done, text, err, errlen);
+  if (!(text = done_json(step, size, crc)) || !(done = ckpt_pjoin(fin, "DONE"))) goto oom;
+  rc = ckpt_write_text(done, text, err, errlen);
   goto out;
 oom:
   seterr(err, errlen, "%s: out of memory writing checkpoint step %" PRId64, save_dir, step);
@@ -342,7 +343,7 @@ oom:
 out:
   if (rc) {
     char ignored[256];
-    (void)remove_step_dir(renamed ? fin : tmp, ignored, sizeof ignored);
+    (void)ckpt_remove_step_dir(renamed ? fin : tmp, ignored, sizeof ignored);
   }
   for (int i = 0; i < 3; i++) free(path[i]);
   free(text);
@@ -355,14 +356,9 @@ out:
 
 /* ---- DONE marker ---------------------------------------------------------------------- */
 
-typedef struct {
-  int64_t step;
-  uint64_t size[3];
-  uint32_t crc[3];
-} Done;
 
-static int read_done(const char *dir, Done *d, char *err, size_t errlen) {
-  char *p = pjoin(dir, "DONE");
+int ckpt_read_done(const char *dir, Done *d, char *err, size_t errlen) {
+  char *p = ckpt_pjoin(dir, "DONE");
   if (!p) {
     seterr(err, errlen, "%s: out of memory", dir);
     return 1;
@@ -391,8 +387,21 @@ static int read_done(const char *dir, Done *d, char *err, size_t errlen) {
            strcmp(json_string_value(json_object_get(root, "checksum")), "crc32c"))
     why = "checksum is not \"crc32c\"";
   else if (!json_is_object(files)) why = "no \"files\" object";
-  for (int i = 0; !why && i < 3; i++) {
-    json_t *f = json_object_get(files, FILES[i]);
+  /* a sharded checkpoint (checkpoint_shards.c): state.json and "shards" shard files */
+  json_t *shards = json_object_get(root, "shards");
+  memset(d, 0, sizeof *d);
+  if (!why && shards) {
+    json_int_t ns = json_is_integer(shards) ? json_integer_value(shards) : 0;
+    if (ns < 1 || ns > 1 << 20) why = "\"shards\" is not a positive count";
+    else if (!(d->sh_size = calloc((size_t)ns, sizeof *d->sh_size)) || !(d->sh_crc = calloc((size_t)ns, sizeof *d->sh_crc)))
+      why = "out of memory";
+    else d->n_shards = (int)ns;
+  }
+  for (int i = 0; !why && i < 3 + d->n_shards; i++) {
+    if (d->n_shards && i < 2) continue;   /* no model.safetensors, optimizer.safetensors */
+    char shard[64];
+    if (i >= 3) ckpt_shard_name(i - 3, d->n_shards, shard, sizeof shard);
+    json_t *f = json_object_get(files, i < 3 ? FILES[i] : shard);
     json_t *b = json_object_get(f, "bytes"), *c = json_object_get(f, "crc32c");
     const char *h = json_string_value(c);
     if (!json_is_integer(b) || json_integer_value(b) < 0 || !h || strlen(h) != 8 ||
@@ -400,12 +409,15 @@ static int read_done(const char *dir, Done *d, char *err, size_t errlen) {
       why = "a file entry lacks \"bytes\" or an 8-digit hex \"crc32c\"";
       break;
     }
-    d->size[i] = (uint64_t)json_integer_value(b);
-    d->crc[i] = (uint32_t)strtoul(h, NULL, 16);
+    uint64_t size = (uint64_t)json_integer_value(b);
+    uint32_t crc = (uint32_t)strtoul(h, NULL, 16);
+    if (i < 3) d->size[i] = size, d->crc[i] = crc;
+    else d->sh_size[i - 3] = size, d->sh_crc[i - 3] = crc;
   }
   if (why) {
     seterr(err, errlen, "%s: DONE marker is damaged (%s); the checkpoint cannot be verified, "
            "resume from an older step", dir, why);
+    ckpt_done_free(d);
   } else {
     d->step = json_integer_value(step);
     rc = 0;
@@ -413,6 +425,18 @@ static int read_done(const char *dir, Done *d, char *err, size_t errlen) {
   json_decref(root);
   free(p);
   return rc;
+}
+
+void ckpt_done_free(Done *d) {
+  free(d->sh_size);
+  free(d->sh_crc);
+  d->sh_size = NULL;
+  d->sh_crc = NULL;
+  d->n_shards = 0;
+}
+
+void ckpt_shard_name(int rank, int world, char *out, size_t n) {
+  snprintf(out, n, "shard-%05d-of-%05d.safetensors", rank, world);
 }
 
 /* ---- latest --------------------------------------------------------------------------- */
@@ -431,9 +455,10 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
   char *bestname = NULL;
   if (has_done(path)) { /* a step folder itself */
     Done d;
-    int rc = read_done(path, &d, err, errlen);
+    int rc = ckpt_read_done(path, &d, err, errlen);
     if (rc) return rc;
     best = d.step;
+    ckpt_done_free(&d);
   } else {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/') len--; /* "save/step_00000003/" names a step */
@@ -441,8 +466,8 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
     while (base > path && base[-1] != '/') base--;
     char name[32];
     snprintf(name, sizeof name, "%.*s", (int)(path + len - base), base);
-    if (parse_step_name(name) >= 0)
-      return read_done(path, &(Done){0}, err, errlen); /* reports the missing DONE */
+    if (ckpt_parse_step_name(name) >= 0)
+      return ckpt_read_done(path, &(Done){0}, err, errlen); /* reports the missing DONE */
     DIR *dir = opendir(path);
     if (!dir) {
       seterr(err, errlen, "%s: cannot list directory: %s", path, strerror(errno));
@@ -452,23 +477,23 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
     int n_skipped = 0;
     struct dirent *e;
     while ((e = readdir(dir))) {
-      int64_t s = parse_step_name(e->d_name);
+      int64_t s = ckpt_parse_step_name(e->d_name);
       if (s < 0) continue;
-      char *p = pjoin(path, e->d_name);
+      char *p = ckpt_pjoin(path, e->d_name);
       if (!p) {
         closedir(dir);
         free(bestname);
         seterr(err, errlen, "%s: out of memory", path);
         return 1;
       }
-      if (is_dir(p) && has_done(p)) {
+      if (ckpt_is_dir(p) && has_done(p)) {
         if (s > best) {
           best = s;
           free(bestname);
           bestname = p;
           p = NULL;
         }
-      } else if (is_dir(p)) {
+      } else if (ckpt_is_dir(p)) {
         n_skipped++;
         if (s > skipped) skipped = s;
       }
@@ -506,7 +531,7 @@ static int verify(const char *path, const uint8_t *buf, size_t size, const Done 
   uint32_t crc;
   if (buf) crc = ckpt_crc32c(0, buf, size);
   else {
-    int rc = file_digest(path, &sz, &crc, err, errlen);
+    int rc = ckpt_file_digest(path, &sz, &crc, err, errlen);
     if (rc) return rc;
   }
   if (sz != d->size[i]) {
@@ -548,20 +573,23 @@ static int load_st(const char *path, StFile *f, const Done *d, int i, char *err,
 int ckpt_load(const char *stepdir, Checkpoint *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   Done d;
-  int rc = read_done(stepdir, &d, err, errlen);
+  int rc = ckpt_read_done(stepdir, &d, err, errlen);
   if (rc) return rc;
   char *path[3] = {0};
   uint8_t *buf = NULL;
   size_t size = 0;
   for (int i = 0; i < 3; i++)
-    if (!(path[i] = pjoin(stepdir, FILES[i]))) {
+    if (!(path[i] = ckpt_pjoin(stepdir, FILES[i]))) {
       seterr(err, errlen, "%s: out of memory", stepdir);
       rc = 1;
       goto out;
     }
-  if ((rc = load_st(path[F_MODEL], &out->params, &d, F_MODEL, err, errlen)) ||
-      (rc = load_st(path[F_OPT], &out->state, &d, F_OPT, err, errlen)))
+  if (d.n_shards) {   /* one shard per rank of the writer (checkpoint_shards.c), memory-mapped */
+    if ((rc = ckpt_load_shards(stepdir, &d, out, err, errlen))) goto out;
+  } else if ((rc = load_st(path[F_MODEL], &out->params, &d, F_MODEL, err, errlen)) ||
+             (rc = load_st(path[F_OPT], &out->state, &d, F_OPT, err, errlen))) {
     goto out;
+  }
   struct stat st;
   if (stat(path[F_STATE], &st) != 0) {
     seterr(err, errlen, "%s is missing: %s; the folder was changed after the checkpoint was "
@@ -595,6 +623,7 @@ int ckpt_load(const char *stepdir, Checkpoint *out, char *err, size_t errlen) {
 out:
   free(buf);
   for (int i = 0; i < 3; i++) free(path[i]);
+  ckpt_done_free(&d);
   if (rc) ckpt_free(out);
   return rc;
 }
@@ -603,6 +632,8 @@ void ckpt_free(Checkpoint *c) {
   if (!c) return;
   st_close(&c->params);
   st_close(&c->state);
+  for (int i = 0; c->shards && i < c->n_shards; i++) st_close(&c->shards[i]);
+  free(c->shards);
   free(c->state_json);
   memset(c, 0, sizeof *c);
 }
@@ -634,10 +665,10 @@ int ckpt_prune(const char *save_dir, int keep, char *err, size_t errlen) {
   int rc = 0;
   struct dirent *e;
   while (!rc && (e = readdir(dir))) {
-    int64_t s = parse_step_name(e->d_name);
+    int64_t s = ckpt_parse_step_name(e->d_name);
     if (s < 0) continue;
-    char *p = pjoin(save_dir, e->d_name);
-    if (p && !(is_dir(p) && has_done(p))) { /* unfinished folders are not ours to judge */
+    char *p = ckpt_pjoin(save_dir, e->d_name);
+    if (p && !(ckpt_is_dir(p) && has_done(p))) { /* unfinished folders are not ours to judge */
       free(p);
       continue;
     }
@@ -652,7 +683,7 @@ int ckpt_prune(const char *save_dir, int keep, char *err, size_t errlen) {
   closedir(dir);
   if (rc) seterr(err, errlen, "%s: out of memory listing checkpoints", save_dir);
   if (n > 0) qsort(v, n, sizeof *v, cmp_desc);
-  for (size_t i = (size_t)keep; !rc && i < n; i++) rc = remove_step_dir(v[i].path, err, errlen);
+  for (size_t i = (size_t)keep; !rc && i < n; i++) rc = ckpt_remove_step_dir(v[i].path, err, errlen);
   for (size_t i = 0; i < n; i++) free(v[i].path);
   free(v);
   return rc;

@@ -46,10 +46,12 @@ int ckpt_save(const char *save_dir, int64_t step, const CkptTensor *params, int 
 int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *err,
                 size_t errlen);
 
-typedef struct {
+typedef struct Checkpoint {
   StFile params, state; /* model.safetensors, optimizer.safetensors */
   char *state_json;     /* NUL-terminated contents of state.json */
   int64_t step;         /* as recorded in DONE */
+  int n_shards;         /* a sharded checkpoint (ckpt_save_shards): params and state empty, */
+  StFile *shards;       /* the writer's ranks' shards, memory-mapped */
 } Checkpoint;
 
 /* Loads and verifies a step folder: refuses (2) when DONE is missing or damaged, when a
@@ -57,6 +59,41 @@ typedef struct {
  * state.json is not JSON. On failure *out is zeroed. */
 int ckpt_load(const char *stepdir, Checkpoint *out, char *err, size_t errlen);
 void ckpt_free(Checkpoint *c); /* safe on a zeroed Checkpoint; zeroes it */
+
+/* ---- sharded checkpoints (checkpoint_shards.c): every rank of a multi-process mesh writes
+ * its own pieces ---------------------------------------------------------------------------
+ *
+ * Layout: SAVE_DIR/step_00000012/{shard-00000-of-00004.safetensors, ..., state.json, DONE}.
+ * A shard holds the pieces its rank owns (a piece replicated over some axes is written by the
+ * rank of coordinate 0 on them, so every element is in exactly one shard), f32, under the
+ * globals' names, shaped as the piece; its __metadata__ says where each piece sits in the
+ * whole tensor: "loom.mesh" (dp,tp,cp,pp,ep sizes) and "loom.coord" (the writer's
+ * coordinates) for the file, and per tensor N "loom.split.N" (per mesh axis, the dim it
+ * splits + 1, 0 for none) and, for a stack of experts, "loom.experts.N" (how many).  DONE
+ * lists state.json and every shard with its size and CRC-32C, and "shards": the count.
+ * Commit protocol: rank 0 makes SAVE_DIR/step_X.tmp.<rank 0's pid>/, every rank writes and
+ * fsyncs its shard there, rank 0 gathers their sizes and checksums, writes state.json,
+ * renames the folder and writes DONE last: a folder is complete only when every rank wrote.
+ * The ranks meet through `gather` (all[r*bytes..] = rank r's mine[bytes], every rank calling
+ * it the same number of times); every rank returns rank 0's verdict.  A rank that failed to
+ * gather its pieces still calls it, with n = -1, so that the others fail too. */
+typedef int (*CkptAllGather)(void *arg, const void *mine, void *all, size_t bytes, char *err, size_t errlen);
+int ckpt_save_shards(const char *save_dir, int64_t step, int rank, int world, const StTensor *pieces, int n,
+                     const char *const *meta_keys, const char *const *meta_values, int n_meta, const char *state_json,
+                     CkptAllGather gather, void *arg, char *err, size_t errlen);
+
+/* From a sharded checkpoint, any writer's layout: tensor `name`'s elements [w0, w0 + count)
+   of the whole tensor (row-major over its IR dims) into out, or (ckpt_shards_read_piece) the
+   piece of placement dst on a mesh of sizes mesh at coordinates coord (dst->n floats).
+   2 with a message when the shards lack the tensor or do not cover what is asked. */
+#include "runtime/program.h"
+int ckpt_shards_read_range(const Checkpoint *c, const char *name, int64_t w0, int64_t count, float *out, char *err,
+                           size_t errlen);
+int ckpt_shards_read_piece(const Checkpoint *c, const char *name, const RtGlobal *dst, const int64_t mesh[5],
+                           const int coord[5], float *out, char *err, size_t errlen);
+/* A stack of experts' view "P.experts.<e>.X" (rt_expert_name): the stack tensor's name (into
+   stack, n bytes), e, and the elements per expert; 0, or -1 when no stack of the shards has it. */
+int ckpt_shards_expert(const Checkpoint *c, const char *view, char *stack, size_t n, int64_t *e, int64_t *per);
 
 /* Keeps the newest KEEP (>= 1) complete checkpoints in SAVE_DIR and deletes older complete
  * ones (DONE first, so a crash mid-delete leaves an ignored incomplete folder, never a

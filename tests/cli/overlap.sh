@@ -160,13 +160,15 @@ expect_exit 2 "two starts swapped on rank 1" "$LOOM" ir "$TMP/tp.ir" --passes=ve
 expect_stderr_contains "the tp group of rank 0 disagrees"
 expect_stderr_contains "_start"
 
-# ---- the CUDA lowering: starts and waits become NCCL steps (issue 15); ring attention's
-#      point-to-point transfers are refused, naming the op ----
+# ---- the CUDA lowering: starts and waits become NCCL steps (issue 15), and so do ring
+#      attention's send/recv; expert parallelism's all_to_allv is refused, naming the op ----
 expect_exit 0 "cuda lowering of an overlapped mesh program" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/gpt2-tiny.json \
   --passes=train,lower --mesh dp=2 --zero 3 --target cuda --emit=cuda -o "$TMP/z3.cu"
-expect_exit 2 "cuda lowering of ring attention (send/recv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/llama-tiny.json \
-  --passes=train,lower --mesh cp=2 --target cuda --emit=cuda
-expect_stderr_contains "point-to-point transfers (pipelines, ring attention) and all_to_allv"
+expect_exit 0 "cuda lowering of ring attention (send/recv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/llama-tiny.json \
+  --passes=train,lower --mesh cp=2 --target cuda --emit=cuda -o "$TMP/cp.cu"
+expect_exit 2 "cuda lowering of expert parallelism (all_to_allv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/mixtral-tiny.json \
+  --passes=train,lower --mesh ep=2 --target cuda --emit=cuda
+expect_stderr_contains "all_to_allv (expert parallelism) runs on the cpu backend"
 
 # ---- bad input ----
 expect_exit 2 "--overlap maybe" "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --steps 1 --overlap maybe

@@ -7,7 +7,8 @@
 # 1. every layout issue 15 names, against the CPU mesh (threads) from the same init and data
 #    (the goldens' training specs: grad_accum 2), 3 steps: losses and final parameters within
 #    1e-4 (f32); 1a. the same from the seeded initialization (no init file);
-# 2. the same run started by a launcher's environment (torchrun's variables, by hand);
+# 2. the same run started by a launcher's environment (torchrun's variables, by hand), and by
+#    a compiled executable;
 # 3. a CUDA mesh's checkpoint resumed on one CPU rank, and a CPU checkpoint on a CUDA mesh;
 # 4. faults: a rank that never reaches a collective (every process ends within the timeout
 #    plus a few seconds, the report names the collective), a rank killed mid-step.
@@ -83,7 +84,20 @@ else
   bad "torchrun-style launch"; cat "$tmp/env0.log" "$tmp/env1.log" | tail -20; grep FAIL "$tmp/diff" | head -3
 fi
 
-# 3. a CUDA mesh's checkpoint (dp=2, ZeRO-3: the pieces gathered over NCCL) resumed on one
+# 2b. a compiled executable of a CUDA mesh (program, cubin and the IR): it starts one process
+#     per rank itself, bitwise loom train's run
+"$LOOM" compile tests/golden/gpt2-tiny/train_spec.json --backend cuda --mesh dp=2 --zero 1 --batch 4 -o "$tmp/exe" \
+  > "$tmp/log" 2>&1
+"$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --mesh dp=2 --zero 1 --batch 4 --steps 3 -q \
+  --out "$tmp/train.st" > "$tmp/log2" 2>&1
+if "$tmp/exe" --steps 3 -q --out "$tmp/exe.st" > "$tmp/log3" 2>&1 &&
+   "$ST_DIFF" "$tmp/exe.st" "$tmp/train.st" --rtol 0 > "$tmp/diff" 2>&1; then
+  ok "a compiled dp=2 ZeRO-1 CUDA executable starts its ranks and trains bitwise as loom train"
+else
+  bad "compiled CUDA mesh executable"; tail -n 5 "$tmp/log" "$tmp/log2" "$tmp/log3"; grep FAIL "$tmp/diff" | head -3
+fi
+
+# 3. a CUDA mesh's checkpoint (dp=2, ZeRO-3: a shard per rank, checkpoint.h) resumed on one
 #    CPU rank: 2 + 2 steps = 4 steps straight on the CPU
 flags=(tests/golden/gpt2-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0)
 "$LOOM" train "${flags[@]}" --steps 4 --out "$tmp/straight.st" > "$tmp/log" 2>&1
@@ -95,6 +109,38 @@ else
   bad "CUDA mesh checkpoint resumed on the CPU"; tail -n 5 "$tmp/log" "$tmp/log2"; grep FAIL "$tmp/diff" | head -3
 fi
 
+# 3a. resharding (issue 15's chain): dp=2 ZeRO-3 -> dp=4 ZeRO-1 -> tp=2, each a CUDA mesh
+#     resuming the last one's shards, then one CPU rank: 2+1+1+1 steps = 5 straight within
+#     1e-4; and right after a reshard the parameters are bitwise those one rank assembles
+"$LOOM" train "${flags[@]}" --steps 5 --out "$tmp/straight5.st" > "$tmp/log" 2>&1
+"$LOOM" train "${flags[@]}" --steps 3 --mesh dp=4 --zero 1 --backend cuda --resume "$tmp/ck" --save-dir "$tmp/ck3" \
+  > "$tmp/log" 2>&1 &&
+"$LOOM" train "${flags[@]}" --steps 4 --mesh tp=2 --backend cuda --resume "$tmp/ck3" --save-dir "$tmp/ck4" \
+  > "$tmp/log2" 2>&1 &&
+"$LOOM" train "${flags[@]}" --steps 5 --resume "$tmp/ck4" --out "$tmp/chain.st" > "$tmp/log3" 2>&1
+if ls "$tmp/ck3"/step_00000003/shard-00003-of-00004.safetensors > /dev/null 2>&1 &&
+   "$ST_DIFF" "$tmp/chain.st" "$tmp/straight5.st" --rtol 1e-4 > "$tmp/diff" 2>&1; then
+  ok "dp=2 ZeRO-3 -> dp=4 ZeRO-1 -> tp=2 (CUDA meshes, a shard per rank) -> one CPU rank: 5 steps within 1e-4 of straight"
+else
+  bad "the resharding chain"; tail -n 5 "$tmp/log" "$tmp/log2" "$tmp/log3"; grep FAIL "$tmp/diff" | head -3
+fi
+"$LOOM" train "${flags[@]}" --steps 2 --mesh dp=4 --zero 1 --backend cuda --resume "$tmp/ck" --out "$tmp/re4.st" \
+  > "$tmp/log" 2>&1
+"$LOOM" train "${flags[@]}" --steps 2 --resume "$tmp/ck" --out "$tmp/re1.st" > "$tmp/log2" 2>&1
+if "$ST_DIFF" "$tmp/re4.st" "$tmp/re1.st" --rtol 0 > "$tmp/diff" 2>&1; then
+  ok "a dp=2 ZeRO-3 checkpoint resharded to dp=4 ZeRO-1: the parameters bitwise one rank's assembly"
+else
+  bad "bitwise reshard"; tail -n 5 "$tmp/log" "$tmp/log2"; grep FAIL "$tmp/diff" | head -3
+fi
+# a damaged shard is refused, naming it
+printf 'X' | dd of="$(ls "$tmp"/ck/step_00000002/shard-00001-of-00002.safetensors)" bs=1 seek=200 conv=notrunc 2> /dev/null
+if ! "$LOOM" train "${flags[@]}" --steps 4 --resume "$tmp/ck" > "$tmp/log" 2>&1 &&
+   grep -q "shard-00001-of-00002.safetensors is corrupt: checksum mismatch" "$tmp/log"; then
+  ok "a damaged shard is refused: $(grep -o 'shard-00001[^;]*' "$tmp/log" | head -1)"
+else
+  bad "a damaged shard"; tail -n 3 "$tmp/log"
+fi
+
 # 3b. a CPU checkpoint resumed on a CUDA mesh (tp=2: each rank takes its pieces of the whole
 #     tensors the checkpoint holds, sync_in), 2 + 2 steps = 4 straight on the CPU
 "$LOOM" train "${flags[@]}" --steps 2 --save-dir "$tmp/ck2" > "$tmp/log" 2>&1
@@ -104,6 +150,34 @@ if "$ST_DIFF" "$tmp/resumed2.st" "$tmp/straight.st" --rtol 1e-4 > "$tmp/diff" 2>
 else
   bad "CPU checkpoint resumed on a CUDA mesh"; tail -n 5 "$tmp/log" "$tmp/log2"; grep FAIL "$tmp/diff" | head -3
 fi
+
+# ---------------------------------------------------------------------------------------
+# 1b. context parallelism: ring attention's send/recv as NCCL groups (runtime/cuda/cuda_mesh.c
+#     plans them: both ends of each message in one group, issued in step order, staging where
+#     NCCL's reads and writes could meet another step's), against the CPU mesh within 1e-4.
+#     cp=2 cannot tell the ring's directions apart (+1 = -1): cp=4 does.  The emulated device
+#     runs a group when it is issued, so these catch a wrong pairing, order, peer or staging
+#     decision, not a missing stream wait (that is OWED.md check 10's).
+check llama-tiny "cp=2 (ring attention, zigzag)" --mesh cp=2
+check llama-tiny "cp=2, all-gather attention" --mesh cp=2 --cp-attn allgather
+check llama-tiny "cp=2, contiguous split" --mesh cp=2 --cp-balance contiguous
+check gpt2-tiny "cp=2 (ring attention)" --mesh cp=2
+check llama-tiny "dp=2 x cp=2" --mesh dp=2,cp=2
+check llama-tiny "cp=4 (ring attention, zigzag)" --mesh cp=4
+# a rank that never reaches a send/recv group (#2: layer 1's ring in the first forward)
+t0=$SECONDS
+LOOM_NCCL_FAULT=hang:1:2 "$LOOM" train models/llama-tiny.json --data "$tmp/d.bin" --steps 5 --batch 4 --seq 32 \
+  --mesh cp=2 --backend cuda --nccl-timeout 3 --save-dir "$tmp/fault-cp" > "$tmp/fault.log" 2>&1
+rc=$? took=$((SECONDS - t0))
+sleep 1
+left=$(pgrep -f "fault-cp" | wc -l)
+if [ $rc != 0 ] && [ "$took" -le 30 ] && [ "$left" = 0 ] && grep -q "collective #2 send/recv group of 4 on cp" "$tmp/fault.log"; then
+  ok "a cp rank that never reaches send/recv group #2: exit $rc after $took s, no process left, the report: $(grep -m1 "send/recv group" "$tmp/fault.log" | cut -c1-150)"
+else
+  bad "a cp rank that never reaches a send/recv group (exit $rc after $took s, $left processes left)"; tail -20 "$tmp/fault.log"
+  pkill -9 -f "fault-cp"
+fi
+# ---------------------------------------------------------------------------------------
 
 # 4. faults (LOOM_NCCL_FAULT, runtime/comm/comm_nccl.c's test hook)
 fault() {   # kind, what, expected text

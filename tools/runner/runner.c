@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "runtime/comm/launch.h"
+#include "runtime/comm/comm_nccl.h"
+#include "runtime/comm/spawn.h"
 #include "runtime/cuda/cuda_api.h"
 #include "tools/exec_cpu.h"
 #include "tools/tools.h"
@@ -81,6 +83,54 @@ static int run_cuda(const json_t *s, const Payload *pl, RunPlan *plan, char *err
   return rc;
 }
 
+/* A CUDA mesh executable: with no launcher, this program again once per rank (as loom
+   train does); as one rank of a launch, its GPU must run the cubin, and it trains its piece. */
+static int run_cuda_mesh(int argc, char **argv, const json_t *s, const Payload *pl, const char *ir, const LaunchEnv *le,
+                         RunPlan *plan, char *err, size_t errlen) {
+  Module *m = NULL;
+  int rc = ir ? parse_module("<compiled program>", ir, &m, err, errlen) : EXIT_RUN;
+  if (!rc) rc = verify_module(m, err, errlen);
+  int64_t world = rc ? 1 : mesh_world(&m->mesh);
+  if (!rc && le->world == 1) {
+    module_free(m);
+    if (plan->opt.log) printf("starting %lld processes, one per GPU (rank 0 prints the log)\n", (long long)world);
+    fflush(stdout);
+    SpawnSpec sp = {.world = (int)world, .argv = argv, .log = stderr};
+    err[0] = 0;
+    rc = spawn_local(&sp, err, errlen);
+    if (!err[0] && rc) snprintf(err, errlen, "a rank failed (above)");
+    return rc;
+  }
+  (void)argc;
+  if (!rc && le->world != world) {
+    snprintf(err, errlen, "the mesh has %lld ranks but %s started %lld processes: start one per rank", (long long)world,
+             le->launcher, (long long)le->world);
+    rc = EXIT_USAGE;
+  }
+  const char *arch = json_string_value(json_object_get(s, "arch"));
+  NcclBootstrap b;
+  CudaDeviceInfo info;
+  int count = 0;
+  if (!rc) rc = nccl_bootstrap_from_env(&b, err, errlen);
+  if (!rc && !cuda_available(err, errlen)) rc = EXIT_USAGE;
+  if (!rc) rc = cuda_device_count(&count, err, errlen);
+  int device = b.device >= 0 ? b.device : count > 0 ? b.rank % count : 0;
+  if (!rc && (rc = cuda_device_query(device, &info, err, errlen)) == 0 && (!arch || !cubin_runs_on(arch, info.arch))) {
+    snprintf(err, errlen, "rank %d: this executable's kernels were compiled for %s, but GPU %d is %s (%s); recompile with "
+             "'loom compile ... --backend cuda --arch %s'", b.rank, arch ? arch : "?", device, info.name, info.arch,
+             info.arch);
+    rc = EXIT_USAGE;
+  }
+  RtProgram prog;
+  memset(&prog, 0, sizeof prog);
+  if (!rc) rc = rt_program_load(pl->parts[1], pl->sizes[1], &prog, err, errlen);
+  plan_for_rank(plan, le->rank);
+  if (!rc) rc = cuda_rank_train(m, &prog, pl->parts[2], pl->sizes[2], plan, err, errlen);
+  rt_program_free(&prog);
+  module_free(m);
+  return rc;
+}
+
 /* EXE sample: text from the model's decode program (a KV cache of the compiled seq
    positions), with --weights W or the executable's own checkpoints (its --save-dir, newest
    step) or --out weights. */
@@ -142,9 +192,8 @@ static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--preci
 int main(int argc, char **argv) {
   cpu_run_setup(argv);
   char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL;
-  LaunchEnv le;   /* one process: refuse to be one of several a launcher started */
+  LaunchEnv le;
   int lrc = launch_env_read(&le, NULL, err, sizeof err);
-  if (!lrc) lrc = launch_env_single(&le, "a loom executable", err, sizeof err);
   if (lrc) return report(lrc, err);
   Payload pl;
   int rc = payload_read_self(&pl, err, sizeof err);
@@ -152,6 +201,13 @@ int main(int argc, char **argv) {
   if (pl.n_parts < 2) {
     free(pl.file);
     return report(EXIT_RUN, "the compiled model in this executable is incomplete; compile it again");
+  }
+  /* a CUDA mesh: program, cubin, the IR (the micro-batch's split), "cuda-mesh"; one process
+     per GPU, as loom train starts them; the other executables are one process */
+  bool cuda_mesh = pl.n_parts == 5 && pl.sizes[4] == 9 && !memcmp(pl.parts[4], "cuda-mesh", 9);
+  if (!cuda_mesh && (lrc = launch_env_single(&le, "a loom executable", err, sizeof err))) {
+    free(pl.file);
+    return report(lrc, err);
   }
   settings_text = strndup((const char *)pl.parts[0], pl.sizes[0]);
   /* a cpu executable ends with its decode program: program, LLVM IR, "sample" */
@@ -162,8 +218,10 @@ int main(int argc, char **argv) {
   }
   /* parts after the settings: ref: the IR; cpu: program, LLVM IR; cuda: program, cubin,
      "cuda"; a cpu mesh: program, LLVM IR, the IR, "mesh" */
-  bool mesh = pl.n_parts == 5, cpu = pl.n_parts == 3 || mesh, cuda = pl.n_parts == 4;
-  ir_text = cuda ? strdup("") : strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);
+  bool mesh = pl.n_parts == 5 && !cuda_mesh, cpu = pl.n_parts == 3 || mesh, cuda = pl.n_parts == 4 || cuda_mesh;
+  ir_text = cuda_mesh ? strndup((const char *)pl.parts[3], pl.sizes[3])
+            : cuda    ? strdup("")
+                      : strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);
   json_t *s = json_loads(settings_text, 0, NULL);
   if (!s) {
     free(settings_text);
@@ -269,6 +327,11 @@ int main(int argc, char **argv) {
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL,
                   NULL, NULL, false};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
+  if (cuda_mesh) {
+    rc = run_cuda_mesh(argc, argv, s, &pl, ir_text, &le, &plan, err, sizeof err);
+    rc = report(rc, err);
+    goto done;
+  }
   if (cuda) {   /* the lowered program and its cubin: no IR, no compiler */
     rc = run_cuda(s, &pl, &plan, err, sizeof err);
     rc = report(rc, err);
