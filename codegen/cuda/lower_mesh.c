@@ -31,7 +31,8 @@ bool cl_mesh_op(const Op *op) {
   case OP_TARGET_PICK:
   case OP_ONEHOT:
   case OP_SEND:
-  case OP_RECV: return true;
+  case OP_RECV:
+  case OP_ALL_TO_ALLV: return true;
   default: return false;
   }
 }
@@ -150,10 +151,30 @@ static int transfer(Lower *L, Steps *s, bool send) {
   return 0;
 }
 
+/* all_to_allv (expert parallelism): x send recv -> y, RT_B_ALL_TO_ALLV; i: axis, size, S, D,
+   rows, El (program.h).  The runtime reads the counts to the host and moves each peer's rows
+   with grouped NCCL sends and receives. */
+static int all_to_allv(Lower *L, Steps *s) {
+  const Op *op = L->op;
+  const Type *x = &op->operands[0]->type, *y = &op->results[0]->type;
+  int64_t axis, n_ax = op_int(op, "n");
+  if (axis_of(L, "axis", &axis)) return IR_EINPUT;
+  RtStep *st = cl_new_step(L, s, RT_STEP_BUILTIN, RT_B_ALL_TO_ALLV, "");
+  if (!st || cl_set_operand_bufs(L, st)) return IR_EINPUT;
+  if (st->n_in != 3 || st->n_out != 1 || x->rank != 2 || y->rank != 2 || n_ax < 1)
+    return cl_fail(L, "internal: all_to_allv takes x[S,D], send and recv counts -> y[rows,D]");
+  if (st->bufs[0].storage != st->bufs[3].storage || st->bufs[1].storage != RT_ST_I32 || st->bufs[2].storage != RT_ST_I32)
+    return cl_fail(L, "all_to_allv wants x and y of one dtype and i32 counts");
+  const int64_t ints[6] = {axis, n_ax, x->dims[0], x->dims[1], y->dims[0], op->operands[1]->type.dims[0] / n_ax};
+  memcpy(st->i, ints, sizeof ints);
+  return 0;
+}
+
 int cl_lower_mesh_op(Lower *L, Steps *s) {
   const Op *op = L->op;
   OpKind kind = op_sync_of(op->kind);
   if (op->kind == OP_WAIT) return wait_step(L, s);
+  if (op->kind == OP_ALL_TO_ALLV) return all_to_allv(L, s);
   if (op->kind == OP_SEND || op->kind == OP_RECV) return transfer(L, s, op->kind == OP_SEND);
   if (kind == OP_ALL_REDUCE || kind == OP_ALL_GATHER || kind == OP_REDUCE_SCATTER || kind == OP_ALL_TO_ALL) {
     if (collective(L, s, kind)) return IR_EINPUT;

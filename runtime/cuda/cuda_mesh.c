@@ -59,6 +59,16 @@ bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n) {
     }
     return true;
   }
+  if (b == RT_B_ALL_TO_ALLV) {   /* i: axis, size, S, D, rows, El */
+    const RtBuf *x = &st->bufs[0], *sc = &st->bufs[1], *rc = &st->bufs[2], *y = &st->bufs[3];
+    if (st->n_in != 3 || st->n_out != 1 || i[0] < 0 || i[0] >= 5 || i[1] < 1 || i[5] < 1 || x->storage != y->storage ||
+        sc->storage != RT_ST_I32 || rc->storage != RT_ST_I32 || x->n != rt_smul(i[2], i[3]) ||
+        y->n != rt_smul(i[4], i[3]) || sc->n != rt_smul(i[1], i[5]) || rc->n != sc->n) {
+      snprintf(msg, n, "all_to_allv wants x[S*D], send and recv counts i32[size*El] -> y[rows*D] of x's storage");
+      return false;
+    }
+    return true;
+  }
   if (b == RT_B_COLL_START) {
     b = (int)i[0];
     if (i[1] < 0 || i[1] >= RT_MAX_HANDLES) {
@@ -563,12 +573,77 @@ static int p2p_step(CudaProgram *cp, int f, int s, const char *where, char *err,
   return rc;
 }
 
+/* all_to_allv: the counts come to the host (a synchronization: they are computed on the
+   device just before), then each peer's rows travel by one group of NCCL sends and receives
+   on the axis's stream (this rank's own rows by a device copy); y's rows past those
+   received are zero.  As ops.def's all_to_allv: rank j gets the rows of send's groups
+   j*El.., the received rows packed by source rank. */
+static int all_to_allv_step(CudaProgram *cp, const RtStep *st, const char *where, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d) return 1;
+  const int64_t *i = st->i;
+  int axis = (int)i[0], n = (int)i[1], me = cp->comm->coord[axis];
+  int64_t S = i[2], D = i[3], rows = i[4], el = i[5];
+  int es = cuda_storage_size((RtStorage)st->bufs[0].storage);
+  CUstream compute = (CUstream)cp->stream, comm = cp->axis_stream[axis] ? (CUstream)cp->axis_stream[axis] : compute;
+  uint64_t base[RT_REGION_COUNT];
+  for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arena : cp->regions[r];
+  uint64_t at[4];
+  for (int b = 0; b < 4; b++) at[b] = base[st->bufs[b].region] + (uint64_t)st->bufs[b].offset;
+  int32_t *counts = calloc(2 * (size_t)n * (size_t)el + 1, sizeof *counts);
+  NcclP2p *ops = calloc(2 * (size_t)n + 1, sizeof *ops);
+  int rc = counts && ops ? 0 : fail(err, errlen, 1, "out of memory");
+  if (!rc) rc = CU(cuMemcpyDtoHAsync, (counts, (CUdeviceptr)at[1], sizeof(int32_t) * (size_t)(n * el), compute), where);
+  if (!rc)
+    rc = CU(cuMemcpyDtoHAsync, (counts + n * el, (CUdeviceptr)at[2], sizeof(int32_t) * (size_t)(n * el), compute), where);
+  if (!rc) rc = CU(cuStreamSynchronize, (compute), where);
+  int64_t sent = 0, got = 0, n_ops = 0, self_rows = 0, self_from = 0, self_to = 0;
+  for (int64_t g = 0; !rc && g < 2 * n * el; g++)
+    if (counts[g] < 0) rc = fail(err, errlen, 2, "%s: negative counts", where);
+  for (int j = 0; !rc && j < n; j++) {   /* sends and receives in peer order: both ends agree */
+    int64_t out = 0, in = 0;
+    for (int64_t e = 0; e < el; e++) out += counts[j * el + e], in += counts[n * el + j * el + e];
+    if (j == me) self_rows = out, self_from = sent, self_to = got;
+    else {
+      if (out) ops[n_ops++] = (NcclP2p){true, j, (void *)(uintptr_t)(at[0] + (uint64_t)(sent * D * es)), out * D,
+                                       st->bufs[0].storage};
+      if (in) ops[n_ops++] = (NcclP2p){false, j, (void *)(uintptr_t)(at[3] + (uint64_t)(got * D * es)), in * D,
+                                      st->bufs[3].storage};
+    }
+    if (j == me && out != in) rc = fail(err, errlen, 2, "%s: this rank sends itself %lld rows but expects %lld", where,
+                                        (long long)out, (long long)in);
+    sent += out, got += in;
+  }
+  if (!rc && (sent > S || got > rows))
+    rc = fail(err, errlen, 2, "%s: %lld rows to send of %lld, %lld to receive into %lld", where, (long long)sent,
+              (long long)S, (long long)got, (long long)rows);
+  if (!rc && self_rows)
+    rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)(at[3] + (uint64_t)(self_to * D * es)),
+                                (CUdeviceptr)(at[0] + (uint64_t)(self_from * D * es)), (size_t)(self_rows * D * es), compute),
+            where);
+  if (!rc && got < rows)
+    rc = CU(cuMemsetD8Async, ((CUdeviceptr)(at[3] + (uint64_t)(got * D * es)), 0, (size_t)((rows - got) * D * es), compute),
+            where);
+  int h = cp->n_events - 1;
+  if (!rc && n_ops) {
+    rc = CU(cuEventRecord, ((CUevent)cp->ev_ready, compute), where);
+    if (!rc) rc = CU(cuStreamWaitEvent, (comm, (CUevent)cp->ev_ready, 0), where);
+    if (!rc) rc = nccl_p2p_group(cp->comm, axis, (int)n_ops, ops, comm, st->label, err, errlen);
+    if (!rc) rc = CU(cuEventRecord, ((CUevent)cp->ev_done[h], comm), where);
+    if (!rc) rc = CU(cuStreamWaitEvent, (compute, (CUevent)cp->ev_done[h], 0), where);
+  }
+  free(counts);
+  free(ops);
+  return rc;
+}
+
 int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
   const RtStep *st = &cp->p->funcs[f].steps[s];
   if (!cp->comm)
     return fail(err, errlen, 2, "%s: a collective, but this program runs on one GPU (a mesh needs one process per GPU: "
                 "loom train --backend cuda --mesh ... starts them)", where);
   if (st->which == RT_B_SEND || st->which == RT_B_RECV) return p2p_step(cp, f, s, where, err, errlen);
+  if (st->which == RT_B_ALL_TO_ALLV) return all_to_allv_step(cp, st, where, err, errlen);
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d) return 1;
   CUstream compute = (CUstream)cp->stream;

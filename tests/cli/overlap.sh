@@ -18,7 +18,8 @@
 #     tracks;
 #   - exposed communication is reported on every step line and in the summary;
 #   - verify-collectives reads starts: two starts swapped on one rank are refused;
-#   - the cuda lowering refuses starts and waits as clearly as collectives;
+#   - the cuda lowering takes starts, waits, ring transfers and all_to_allv, and refuses a
+#     pipeline's transfers naming the op;
 #   - a bad --overlap value is refused.
 LOOM=$1 ST_DIFF=$2
 . "$(dirname "$0")/lib.sh"
@@ -161,14 +162,17 @@ expect_stderr_contains "the tp group of rank 0 disagrees"
 expect_stderr_contains "_start"
 
 # ---- the CUDA lowering: starts and waits become NCCL steps (issue 15), and so do ring
-#      attention's send/recv; expert parallelism's all_to_allv is refused, naming the op ----
+#      attention's send/recv and expert parallelism's all_to_allv; a pipeline's transfers to
+#      fixed ranks are refused, naming the op ----
 expect_exit 0 "cuda lowering of an overlapped mesh program" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/gpt2-tiny.json \
   --passes=train,lower --mesh dp=2 --zero 3 --target cuda --emit=cuda -o "$TMP/z3.cu"
 expect_exit 0 "cuda lowering of ring attention (send/recv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/llama-tiny.json \
   --passes=train,lower --mesh cp=2 --target cuda --emit=cuda -o "$TMP/cp.cu"
-expect_exit 2 "cuda lowering of expert parallelism (all_to_allv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/mixtral-tiny.json \
-  --passes=train,lower --mesh ep=2 --target cuda --emit=cuda
-expect_stderr_contains "all_to_allv (expert parallelism) runs on the cpu backend"
+expect_exit 0 "cuda lowering of expert parallelism (all_to_allv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/mixtral-tiny.json \
+  --passes=train,lower --mesh ep=2 --target cuda --emit=cuda -o "$TMP/ep.cu"
+expect_exit 2 "cuda lowering of a pipeline (send/recv to fixed ranks)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir \
+  models/gpt2-tiny-4l.json --passes=train,lower --mesh pp=2 --target cuda --emit=cuda
+expect_stderr_contains "a pipelined module (pp=2) is not supported by the CUDA backend yet"
 
 # ---- bad input ----
 expect_exit 2 "--overlap maybe" "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --steps 1 --overlap maybe

@@ -164,6 +164,11 @@ check llama-tiny "cp=2, contiguous split" --mesh cp=2 --cp-balance contiguous
 check gpt2-tiny "cp=2 (ring attention)" --mesh cp=2
 check llama-tiny "dp=2 x cp=2" --mesh dp=2,cp=2
 check llama-tiny "cp=4 (ring attention, zigzag)" --mesh cp=4
+
+# 1c. expert parallelism: all_to_allv's counts read on the host, each peer's rows one NCCL
+#     group (runtime/cuda/cuda_mesh.c), the MoE kernels of codegen/cuda/prelude_moe.h
+check mixtral-tiny "ep=2 (all_to_allv)" --mesh ep=2
+check qwen3-moe-tiny "dp=2 x ep=2" --mesh dp=2,ep=2
 # a rank that never reaches a send/recv group (#2: layer 1's ring in the first forward)
 t0=$SECONDS
 LOOM_NCCL_FAULT=hang:1:2 "$LOOM" train models/llama-tiny.json --data "$tmp/d.bin" --steps 5 --batch 4 --seq 32 \
