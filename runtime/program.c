@@ -215,21 +215,35 @@ void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
 
 /* ---------------------------------------------------------------- a rank's piece */
 
+/* Saturating: a negative piece dim or mesh size counts as 0 elements (rt_piece_runs gives no
+   runs then), a product past int64 as INT64_MAX (so that an allocation of it fails). */
 int64_t rt_global_whole_numel(const RtGlobal *gl, const int64_t mesh[5]) {
+  if (!gl->ir_rank) return gl->n;
   int64_t n = 1;
-  for (int d = 0; d < gl->ir_rank; d++) n *= gl->piece_dims[d];
+  bool over = false;
+  for (int d = 0; d < gl->ir_rank && d < 8; d++) {
+    if (gl->piece_dims[d] <= 0) return 0;
+    over |= __builtin_mul_overflow(n, gl->piece_dims[d], &n);
+  }
   for (int a = 0; a < 5; a++)
-    if (gl->split[a]) n *= mesh[a];
-  return gl->ir_rank ? n : gl->n;
+    if (gl->split[a]) {
+      if (mesh[a] <= 0) return 0;
+      over |= __builtin_mul_overflow(n, mesh[a], &n);
+    }
+  return over ? INT64_MAX : n;
 }
 
 void rt_piece_runs(const RtGlobal *gl, const int64_t mesh[5], const int coord[5],
                    void (*fn)(int64_t w, int64_t p, int64_t n, void *arg), void *arg) {
   int rank = gl->ir_rank;
   if (rank <= 0 || rank > 8) {   /* a scalar, or no placement recorded: the whole */
-    if (gl->n) fn(0, 0, gl->n, arg);
+    if (gl->n > 0) fn(0, 0, gl->n, arg);
     return;
   }
+  for (int d = 0; d < rank; d++)   /* an empty piece has no runs (a 0 before the innermost split dim too) */
+    if (gl->piece_dims[d] <= 0) return;
+  for (int a = 0; a < 5; a++)   /* a placement outside the dims: nothing (the callers count what they got) */
+    if (gl->split[a] < 0 || gl->split[a] > rank) return;
   /* the piece's offset and the whole extent along every dim (move_piece's rule: along a dim
      split by several axes the larger axis index is the outer split) */
   int64_t off[8] = {0}, whole[8], *dims = (int64_t *)gl->piece_dims;
@@ -243,7 +257,7 @@ void rt_piece_runs(const RtGlobal *gl, const int64_t mesh[5], const int coord[5]
       if (d > inner) inner = d;
     }
   if (inner < 0) {
-    if (gl->n) fn(0, 0, gl->n, arg);
+    if (gl->n > 0) fn(0, 0, gl->n, arg);
     return;
   }
   /* a run: dims [inner, rank) of the piece (contiguous in the whole too: the dims after

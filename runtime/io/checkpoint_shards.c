@@ -51,8 +51,10 @@ static void add_run(int64_t w, int64_t p, int64_t n, void *arg) {
   rs->r[rs->n++] = (Run){w, p, n};
 }
 
-/* Copies the elements both run lists hold from src (f32, unaligned) to out; returns how many. */
-static int64_t merge_copy(const Runs *t, const Runs *s, const uint8_t *src, float *out) {
+/* Copies the elements both run lists hold from src (f32, unaligned) to out; returns how many.
+   The whole-tensor intervals copied go to `seen` (merged when contiguous), so that the caller
+   can tell two shards that hold the same elements apart from a complete cover. */
+static int64_t merge_copy(const Runs *t, const Runs *s, const uint8_t *src, float *out, Runs *seen) {
   int64_t i = 0, j = 0, copied = 0;
   while (i < t->n && j < s->n) {
     const Run *a = &t->r[i], *b = &s->r[j];
@@ -60,11 +62,25 @@ static int64_t merge_copy(const Runs *t, const Runs *s, const uint8_t *src, floa
     if (lo < hi) {
       memcpy(out + a->p + (lo - a->w), src + 4 * (size_t)(b->p + (lo - b->w)), 4 * (size_t)(hi - lo));
       copied += hi - lo;
+      add_run(lo, lo, hi - lo, seen);
     }
     if (a->w + a->n <= b->w + b->n) i++;
     else j++;
   }
   return copied;
+}
+
+static int cmp_run(const void *x, const void *y) {
+  int64_t a = ((const Run *)x)->w, b = ((const Run *)y)->w;
+  return (a > b) - (a < b);
+}
+
+/* The first element that two of the intervals share, or -1 (sorts them). */
+static int64_t first_overlap(Runs *seen) {
+  if (seen->n > 1) qsort(seen->r, (size_t)seen->n, sizeof *seen->r, cmp_run);
+  for (int64_t i = 1; i < seen->n; i++)
+    if (seen->r[i].w < seen->r[i - 1].w + seen->r[i - 1].n) return seen->r[i].w;
+  return -1;
 }
 
 /* ---------------------------------------------------------------- metadata */
@@ -88,13 +104,39 @@ static int parse_ints(const char *s, int64_t *out, int n) {
   return 0;
 }
 
-/* The placement of shard f's tensor t: the piece's runs in the whole tensor. */
-static int source_runs(const StFile *f, const StTensor *t, Runs *rs, int64_t *whole, char *err, size_t errlen) {
+/* A shard's mesh and coordinates ("loom.mesh", "loom.coord": 5 integers each); -1 when
+   either is missing or malformed.  ckpt_load_shards checks them against each other. */
+static int shard_place(const StFile *f, int64_t mesh[5], int64_t coord[5]) {
+  return parse_ints(meta(f, "loom.mesh"), mesh, 5) || parse_ints(meta(f, "loom.coord"), coord, 5) ? -1 : 0;
+}
+
+static void dims_text(int rank, const int64_t *d, char *out, size_t n) {
+  size_t k = (size_t)snprintf(out, n, "[");
+  for (int i = 0; i < rank && k < n; i++) k += (size_t)snprintf(out + k, n - k, "%s%" PRId64, i ? "," : "", d[i]);
+  if (k < n) snprintf(out + k, n - k, "]");
+}
+
+/* The whole tensor a piece belongs to: its rank and dims. */
+typedef struct {
+  int rank;
+  int64_t dims[ST_MAX_RANK], n;
+} Whole;
+
+static int too_large(const StFile *f, const StTensor *t, char *err, size_t errlen) {
+  char shape[160];
+  dims_text(t->rank, t->shape, shape, sizeof shape);
+  seterr(err, errlen, "%s: tensor '%s' of shape %s, split over the mesh as loom.split says, makes a whole tensor too "
+         "large to index: a damaged shard", f->path, t->name, shape);
+  return 2;
+}
+
+/* The placement of shard f's tensor t: the piece's runs in the whole tensor, and the whole's
+   dims (the piece's times the sizes of the axes that split them, each within int64). */
+static int source_runs(const StFile *f, const StTensor *t, Runs *rs, Whole *whole, char *err, size_t errlen) {
   char key[600];
   snprintf(key, sizeof key, "loom.split.%s", t->name);
   int64_t mesh[5], coord64[5], split[5];
-  if (parse_ints(meta(f, "loom.mesh"), mesh, 5) || parse_ints(meta(f, "loom.coord"), coord64, 5) ||
-      parse_ints(meta(f, key), split, 5) || t->dtype != ST_F32) {
+  if (shard_place(f, mesh, coord64) || parse_ints(meta(f, key), split, 5) || t->dtype != ST_F32) {
     seterr(err, errlen, "%s: tensor '%s' lacks its placement (loom.mesh, loom.coord, %s) or is not F32: not a loom "
            "shard, or a damaged one", f->path, t->name, key);
     return 2;
@@ -104,16 +146,24 @@ static int source_runs(const StFile *f, const StTensor *t, Runs *rs, int64_t *wh
   g.ir_rank = (int8_t)t->rank;
   g.n = st_numel(t->rank, t->shape);
   int coord[5];
-  for (int d = 0; d < t->rank; d++) g.piece_dims[d] = t->shape[d];
+  whole->rank = t->rank;
+  for (int d = 0; d < t->rank; d++) g.piece_dims[d] = whole->dims[d] = t->shape[d];
   for (int a = 0; a < 5; a++) {
-    if (split[a] < 0 || split[a] > t->rank || mesh[a] < 1 || coord64[a] < 0 || coord64[a] >= mesh[a]) {
-      seterr(err, errlen, "%s: tensor '%s' has a placement outside its mesh", f->path, t->name);
+    if (split[a] < 0 || split[a] > t->rank || mesh[a] < 1 || mesh[a] > 1 << 20 || coord64[a] < 0 ||
+        coord64[a] >= mesh[a]) {
+      seterr(err, errlen, "%s: tensor '%s' has a placement outside its mesh or its dims (loom.split %" PRId64 ",%" PRId64
+             ",%" PRId64 ",%" PRId64 ",%" PRId64 " for rank %d)", f->path, t->name, split[0], split[1], split[2],
+             split[3], split[4], t->rank);
       return 2;
     }
     g.split[a] = (int8_t)split[a];
     coord[a] = (int)coord64[a];
+    if (split[a] && __builtin_mul_overflow(whole->dims[split[a] - 1], mesh[a], &whole->dims[split[a] - 1]))
+      return too_large(f, t, err, errlen);
   }
-  *whole = rt_global_whole_numel(&g, mesh);
+  whole->n = 1;
+  for (int d = 0; d < t->rank; d++)
+    if (__builtin_mul_overflow(whole->n, whole->dims[d], &whole->n)) return too_large(f, t, err, errlen);
   rs->n = 0;
   rt_piece_runs(&g, mesh, coord, add_run, rs);
   if (rs->oom) {
@@ -123,30 +173,45 @@ static int source_runs(const StFile *f, const StTensor *t, Runs *rs, int64_t *wh
   return 0;
 }
 
-/* Fills the target runs from every shard's piece of `name`. */
+/* Fills the target runs from every shard's piece of `name`: the pieces must be of one whole
+   tensor, hold no element twice, and together hold every element asked for. */
 static int read_runs(const Checkpoint *c, const char *name, const Runs *t, float *out, int64_t want, char *err,
                      size_t errlen) {
-  Runs s = {0};
-  int64_t copied = 0, whole = -1;
-  int found = 0, rc = 0;
+  Runs s = {0}, seen = {0};
+  int64_t copied = 0;
+  Whole whole = {-1, {0}, 0};
+  int found = 0, rc = 0, first = -1;
   for (int k = 0; k < c->n_shards && !rc; k++) {
     const StTensor *st = st_find(&c->shards[k], name);
     if (!st) continue;
     found++;
-    int64_t w = 0;
+    Whole w;
     if ((rc = source_runs(&c->shards[k], st, &s, &w, err, errlen))) break;
-    if (whole >= 0 && w != whole) {
-      seterr(err, errlen, "%s: tensor '%s' is a piece of a whole of %" PRId64 " elements, another shard's of %" PRId64,
-             c->shards[k].path, name, w, whole);
+    if (whole.rank >= 0 && (w.rank != whole.rank || memcmp(w.dims, whole.dims, sizeof(int64_t) * (size_t)w.rank))) {
+      char a[160], b[160];
+      dims_text(w.rank, w.dims, a, sizeof a);
+      dims_text(whole.rank, whole.dims, b, sizeof b);
+      seterr(err, errlen, "%s: tensor '%s' is a piece of a whole of shape %s, in %s of %s: the shards disagree on "
+             "its shape or its split over the mesh", c->shards[k].path, name, a, c->shards[first].path, b);
       rc = 2;
       break;
     }
-    whole = w;
-    copied += merge_copy(t, &s, st->data, out);
+    if (whole.rank < 0) whole = w, first = k;
+    copied += merge_copy(t, &s, st->data, out, &seen);
+    if (seen.oom) {
+      seterr(err, errlen, "out of memory");
+      rc = 1;
+    }
   }
+  int64_t twice = rc || !found ? -1 : first_overlap(&seen);
   free(s.r);
+  free(seen.r);
   if (!rc && !found) {
     seterr(err, errlen, "the checkpoint's %d shards hold no tensor '%s'; it belongs to another model", c->n_shards, name);
+    rc = 2;
+  } else if (!rc && twice >= 0) {
+    seterr(err, errlen, "the checkpoint's shards hold element %" PRId64 " of '%s' more than once: two shards claim "
+           "the same piece (their loom.coord or loom.split is damaged)", twice, name);
     rc = 2;
   } else if (!rc && copied != want) {
     seterr(err, errlen, "the checkpoint's shards hold %" PRId64 " of the %" PRId64 " elements of '%s' asked for; a "
@@ -172,39 +237,99 @@ int ckpt_shards_read_piece(const Checkpoint *c, const char *name, const RtGlobal
   return rc;
 }
 
+/* e when view is rt_expert_name(stack, e) for some e >= 0, else -1 (read off the view's name:
+   no walk over the experts a damaged count could make endless). */
+static int64_t expert_index(const char *stack, const char *view) {
+  const char *at = NULL;
+  for (const char *p = strstr(stack, ".experts."); p; p = strstr(p + 1, ".experts.")) at = p;
+  if (!at) return -1;
+  size_t pre = (size_t)(at - stack) + 9;
+  if (strncmp(view, stack, pre) || view[pre] < '0' || view[pre] > '9') return -1;
+  errno = 0;
+  char *end, buf[600];
+  long long e = strtoll(view + pre, &end, 10);
+  if (errno || rt_expert_name(stack, e, buf, sizeof buf) || strcmp(buf, view)) return -1;
+  return e;
+}
+
 int ckpt_shards_expert(const Checkpoint *c, const char *view, char *stack, size_t n, int64_t *e, int64_t *per) {
   if (!c->n_shards) return -1;
   const StFile *f = &c->shards[0];
   for (int i = 0; i < f->n_meta; i++) {
     if (strncmp(f->meta_keys[i], "loom.experts.", 13)) continue;
     const char *name = f->meta_keys[i] + 13;
-    int64_t E;
-    if (parse_ints(f->meta_values[i], &E, 1) || E < 1) continue;
-    for (int64_t k = 0; k < E; k++) {
-      char buf[600];
-      if (rt_expert_name(name, k, buf, sizeof buf) || strcmp(buf, view)) continue;
-      /* the whole stack's elements, from any shard's piece of it */
-      for (int s = 0; s < c->n_shards; s++) {
-        const StTensor *t = st_find(&c->shards[s], name);
-        Runs rs = {0};
-        int64_t whole = 0;
-        char err[256];
-        if (!t || source_runs(&c->shards[s], t, &rs, &whole, err, sizeof err)) {
-          free(rs.r);
-          continue;
-        }
-        free(rs.r);
-        snprintf(stack, n, "%s", name);
-        *e = k;
-        *per = whole / E;
-        return 0;
-      }
+    int64_t E, k = expert_index(name, view);
+    if (k < 0 || parse_ints(f->meta_values[i], &E, 1) || E < 1 || k >= E) continue;
+    /* the whole stack's elements, from any shard's piece of it */
+    for (int s = 0; s < c->n_shards; s++) {
+      const StTensor *t = st_find(&c->shards[s], name);
+      Runs rs = {0};
+      Whole whole;
+      char err[256];
+      int bad = !t || source_runs(&c->shards[s], t, &rs, &whole, err, sizeof err);
+      free(rs.r);
+      if (bad) continue;
+      if (whole.n % E) break;   /* not a stack of E experts: a damaged count */
+      snprintf(stack, n, "%s", name);
+      *e = k;
+      *per = whole.n / E;
+      return 0;
     }
   }
   return -1;
 }
 
 /* ---------------------------------------------------------------- load */
+
+/* The shards of one mesh: each says the same "loom.mesh", whose ranks are as many as the
+   shards, and its own "loom.coord" on it. */
+static int check_places(const Checkpoint *c, char *err, size_t errlen) {
+  int64_t mesh0[5], mesh[5], coord[5], ranks = 1;
+  uint8_t *taken = NULL;
+  int rc = 0;
+  for (int k = 0; k < c->n_shards && !rc; k++) {
+    const char *path = c->shards[k].path;
+    if (shard_place(&c->shards[k], mesh, coord)) {
+      seterr(err, errlen, "%s lacks its place on the mesh (\"loom.mesh\" and \"loom.coord\", 5 integers each): "
+             "not a shard of a loom checkpoint, or a damaged one", path);
+      rc = 2;
+      break;
+    }
+    if (k == 0) {
+      memcpy(mesh0, mesh, sizeof mesh);
+      for (int a = 0; a < 5 && !rc; a++)
+        if (mesh[a] < 1 || mesh[a] > c->n_shards || (ranks *= mesh[a]) > c->n_shards) rc = 2;
+      if (rc || ranks != c->n_shards) {
+        seterr(err, errlen, "%s: loom.mesh %s is not a mesh of %d ranks, one per shard that DONE lists", path,
+               meta(&c->shards[k], "loom.mesh"), c->n_shards);
+        rc = 2;
+        break;
+      }
+      if (!(taken = calloc((size_t)c->n_shards, 1))) {
+        seterr(err, errlen, "out of memory");
+        rc = 1;
+        break;
+      }
+    } else if (memcmp(mesh, mesh0, sizeof mesh)) {
+      seterr(err, errlen, "%s: loom.mesh %s differs from %s's (%s): the shards are not of one mesh", path,
+             meta(&c->shards[k], "loom.mesh"), c->shards[0].path, meta(&c->shards[0], "loom.mesh"));
+      rc = 2;
+      break;
+    }
+    int64_t at = 0;
+    for (int a = 0; a < 5 && at >= 0; a++)
+      at = coord[a] < 0 || coord[a] >= mesh[a] ? -1 : at * mesh[a] + coord[a];
+    if (at < 0 || taken[at]) {
+      seterr(err, errlen, "%s: loom.coord %s is %s", path, meta(&c->shards[k], "loom.coord"),
+             at < 0 ? "outside its mesh" : "another shard's too: two shards claim one rank's place");
+      rc = 2;
+      break;
+    }
+    taken[at] = 1;
+  }
+  free(taken);
+  return rc;
+}
 
 int ckpt_load_shards(const char *stepdir, const Done *d, Checkpoint *c, char *err, size_t errlen) {
   if (!(c->shards = calloc((size_t)d->n_shards, sizeof *c->shards))) {
@@ -242,7 +367,7 @@ int ckpt_load_shards(const char *stepdir, const Done *d, Checkpoint *c, char *er
     free(path);
     if (rc) return rc;
   }
-  return 0;
+  return check_places(c, err, errlen);
 }
 
 /* ---------------------------------------------------------------- save */

@@ -40,6 +40,25 @@
  * unmaps, and keeps the small struct on a list, so a late call (or ncclCommDestroy) on an
  * aborted communicator gets an error and not a use after free.  At most MAX_RANKS (64) ranks
  * a communicator.
+ *
+ * Strict mode (LOOM_FAKE_NCCL_STRICT=1, read at init): sends are not buffered.  As on NCCL, a
+ * send completes only once its peer has posted the matching receive (the k-th send from A to
+ * B pairs with B's k-th receive from A on a communicator, zero-byte messages included), so a
+ * program whose point-to-point groups are unbalanced deadlocks here as it would on GPUs.
+ * A group (or a lone call) first posts its receives (RingHdr.posted; the size beside it, in
+ * a slot), then moves its sends and receives together as above, a send once its receive is
+ * posted; a send whose size differs from its receive's is ncclInvalidUsage.  A blocked rank
+ * publishes what it waits for in the root segment (Blk, one a rank of the family: its send
+ * #k to B waits for B's receive; its receive #k from B for B's data; its collective for B,
+ * the first rank that has not joined) and every 100 ms looks at every rank's: the ranks whose
+ * waits stay the same over three looks (each re-confirmed in between) and lead to a cycle of
+ * such ranks are deadlocked for certain (see detect), and each reports ncclSystemError
+ * "deadlock: rank A's send #k to B waits for a receive B has not posted; B is blocked in ...",
+ * about 0.3 s into the wait.  Other waits run into (a) to (c), the MAX_WAIT message naming
+ * what the rank waits for.  Ranks there are the world's (the root's), message numbers the
+ * communicator's, from 1.  One thread a rank calls NCCL (others only abort), as in loom.
+ * (Over 1000 lines with strict mode: it shares the pipes, waits and group runner, so it stays
+ * in this file rather than in a second double of NCCL.)
  */
 #define _GNU_SOURCE
 #include <nccl.h>
@@ -64,6 +83,18 @@
 #define SEG_BUDGET (2u << 20) /* bytes of staging areas, and again of pipes, a segment */
 #define NAME_LEN 160
 #define NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-"
+#define SLOTS 13          /* strict mode: the sizes of a pipe's last receives posted */
+#define MSG_LEN 512
+
+enum { B_NONE, B_SEND, B_RECV, B_COLL };   /* strict mode: what a blocked rank waits for */
+static const char *const fn_name[] = {"a collective", "ncclAllReduce", "ncclAllGather", "ncclReduceScatter",
+                                      "ncclCommSplit"};
+
+typedef struct {   /* strict mode: a rank's wait, written by that rank alone (ver: a seqlock) */
+  _Atomic uint64_t ver, call, chk, k, tail;   /* call: calls entered; chk: confirmations */
+  _Atomic uint64_t dead;                      /* the call a deadlock was found in (by any rank's look) */
+  _Atomic int32_t kind, peer, fn, split;      /* peer: the root rank waited for */
+} Blk;
 
 typedef struct {
   _Atomic uint32_t magic;
@@ -73,11 +104,15 @@ typedef struct {
   _Atomic uint32_t bar_count, bar_gen;
   _Atomic int32_t pid[MAX_RANKS];
   int32_t color[MAX_RANKS], key[MAX_RANKS];
+  _Atomic uint32_t arrived[MAX_RANKS];   /* 1 + the barrier generation each rank last joined */
+  _Atomic int32_t root_of[MAX_RANKS];    /* each rank's rank in the family's root */
+  Blk blk[MAX_RANKS];                    /* root segment, strict mode: every rank's wait */
 } Hdr;
 
 typedef struct {
   _Atomic uint64_t head, tail;   /* bytes written by the sender, read by the receiver */
-  char pad[48];
+  _Atomic uint64_t posted;       /* receives posted by the receiver */
+  _Atomic uint64_t size[SLOTS];  /* receive k's (k mod 2^24) << 40 | bytes, in slot k % SLOTS */
 } RingHdr;
 
 typedef struct {
@@ -93,25 +128,27 @@ struct ncclComm {
   RingHdr *rings;
   char *data, *ringdata;
   size_t data_bytes, ring_bytes;
-  int rank, nranks, root_rank, blocking;
+  int rank, nranks, root_rank, blocking, strict;
   unsigned splits;
+  uint64_t nsend[MAX_RANKS], nrecv[MAX_RANKS];   /* messages issued to / receives posted from each peer */
   _Atomic int dead, busy, err;   /* dead: aborted or destroyed; busy: calls inside; err: sticky */
   char name[NAME_LEN];
-  char last[256];
+  char last[MSG_LEN];
 };
 
 typedef struct Op {
   ncclComm_t c;
   char *buf;
   size_t bytes, done;
-  int peer, send;
+  uint64_t k;        /* the message's number on its pipe */
+  int peer, send, open;   /* open: may move (a strict send: once its receive is posted) */
   struct Op *prev;   /* the op before this one on the same pipe: this one waits for it */
 } Op;
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ncclComm *aborted_list;
 static _Atomic unsigned id_counter;
-static __thread char t_last[256];
+static __thread char t_last[MSG_LEN];
 static __thread struct {
   int depth, n, cap;
   ncclResult_t err;
@@ -131,7 +168,7 @@ static void sleep_ns(long ns) {
 
 /* Records an error (sticky: the communicator's state, first one wins) and returns its code. */
 static ncclResult_t note(ncclComm_t c, ncclResult_t r, int sticky, const char *fmt, ...) {
-  char msg[256];
+  char msg[MSG_LEN];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -192,6 +229,142 @@ static int alive(pid_t pid) {
   return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
+/* ------------------------------------------------------------ strict mode: what holds a wait */
+typedef struct {
+  uint64_t call, chk, k, tail, chk2;
+  int node, kind, peer, fn, split;
+} Rec;
+
+typedef struct {   /* a blocked rank's looks at every rank's wait: 0, 1, 2 done */
+  int look;
+  Rec p[MAX_RANKS];   /* by root rank; kind 0: not blocked, or its wait changed */
+} Det;
+
+static Hdr *root_hdr(ncclComm_t c) { return (Hdr *)c->root->base; }
+
+/* Publishes this rank's wait: kind (B_NONE: none), on cpeer (this communicator's rank); enter:
+   a new call begins (after its receives are posted or its barrier joined). */
+static void blk_put(ncclComm_t c, int enter, int kind, int fn, int cpeer, uint64_t k, uint64_t tail) {
+  Blk *b = &root_hdr(c)->blk[c->root_rank];
+  atomic_fetch_add(&b->ver, 1);
+  if (enter) atomic_fetch_add(&b->call, 1);
+  atomic_store(&b->kind, kind);
+  if (kind) {
+    atomic_store(&b->peer, atomic_load(&c->hdr->root_of[cpeer]));
+    atomic_store(&b->fn, fn);
+    atomic_store(&b->split, c->seg != c->root);
+    atomic_store(&b->k, k);
+    atomic_store(&b->tail, tail);
+    atomic_fetch_add(&b->chk, 1);
+  }
+  atomic_fetch_add(&b->ver, 1);
+}
+
+static int blk_get(Hdr *root, int node, Rec *x) {
+  Blk *b = &root->blk[node];
+  for (int tries = 0; tries < 100; tries++) {
+    uint64_t v = atomic_load(&b->ver);
+    x->call = atomic_load(&b->call);
+    x->chk = atomic_load(&b->chk);
+    x->k = atomic_load(&b->k);
+    x->tail = atomic_load(&b->tail);
+    x->kind = atomic_load(&b->kind);
+    x->peer = atomic_load(&b->peer);
+    x->fn = atomic_load(&b->fn);
+    x->split = atomic_load(&b->split);
+    x->node = node;
+    if (!(v & 1) && atomic_load(&b->ver) == v) return 1;
+  }
+  return 0;   /* being written all along: look again later */
+}
+
+static void describe(char *s, size_t n, const Rec *x, int first) {
+  unsigned long long k = (unsigned long long)x->k + 1;
+  int a = x->node, b = x->peer;
+  const char *f = fn_name[(unsigned)x->fn < sizeof fn_name / sizeof *fn_name ? x->fn : 0];
+  if (x->kind == B_SEND)
+    snprintf(s, n, first ? "rank %d's send #%llu to %d waits for a receive %d has not posted"
+                         : "%d is blocked in its send #%llu to %d, a receive %d has not posted", a, k, b, b);
+  else if (x->kind == B_RECV)
+    snprintf(s, n, first ? "rank %d's receive #%llu from %d waits for data %d has not sent"
+                         : "%d is blocked in its receive #%llu from %d, data %d has not sent", a, k, b, b);
+  else if (first) snprintf(s, n, "rank %d's %s waits for %d, which has not joined it", a, f, b);
+  else snprintf(s, n, "%d is blocked in %s, which %d has not joined", a, f, b);
+}
+
+/* The waits from rank `from` on, one a rank until one repeats: from the records now (snap
+   NULL) or from a look's. */
+static void path_msg(Hdr *root, int from, const Rec *snap, char *msg, size_t n) {
+  int seen[MAX_RANKS] = {0}, split = 0;
+  size_t len = 0;
+  msg[0] = 0;
+  for (int u = from; u >= 0 && u < root->nranks && !seen[u];) {
+    Rec x;
+    if (snap) x = snap[u];
+    else if (!blk_get(root, u, &x)) break;
+    if (!x.kind) break;
+    if (len && len + 2 < n) memcpy(msg + len, "; ", 3), len += 2;
+    describe(msg + len, n - len, &x, u == from);
+    len += strlen(msg + len);
+    split |= x.split;
+    seen[u] = 1;
+    u = x.peer;
+  }
+  if (split) snprintf(msg + len, n - len, " (world ranks)");
+}
+
+/* Strict mode, while this rank is blocked: ncclSystemError if a look (any rank's) found it in
+   a deadlock, else every 100 ms (look) a look at every rank's wait.  Look 1 notes them; looks
+   2 and 3 keep the ranks found in the same call with the same wait, look 3 those that
+   re-confirmed theirs after look 2.  Then at the end of look 1 each kept rank was in its call
+   and (the counters only grow) its wait unresolved, and only a rank outside its call resolves
+   one: the kept ranks whose waits lead to a cycle of kept ranks wait for ever.  (A receive's
+   wait counts only towards a rank in a collective, which sends no data.) */
+static ncclResult_t detect(ncclComm_t c, Det *d, int look) {
+  Hdr *root = root_hdr(c);
+  Blk *me = &root->blk[c->root_rank];
+  char msg[MSG_LEN - 16];
+  if (atomic_load(&me->dead) == atomic_load(&me->call)) {
+    path_msg(root, c->root_rank, NULL, msg, sizeof msg);
+    return note(c, ncclSystemError, 1, "deadlock: %s", msg);
+  }
+  if (!look) return ncclSuccess;
+  int n = root->nranks, walk[MAX_RANKS];
+  for (int q = 0; q < n; q++) {
+    Rec x, *p = &d->p[q];
+    int ok = blk_get(root, q, &x) && x.kind;
+    if (!d->look) *p = x;
+    if (!ok || x.call != p->call || x.kind != p->kind || x.peer != p->peer || x.k != p->k || x.tail != p->tail ||
+        (d->look == 2 && x.chk <= p->chk2))
+      p->kind = B_NONE;
+    p->chk2 = x.chk;
+  }
+  if (d->look++ < 2) return ncclSuccess;
+  d->look = 0;
+  signed char st[MAX_RANKS] = {0};   /* 1: on this walk; 2: deadlocked; 3: not */
+  for (int q = 0; q < n; q++) {
+    int m = 0, u = q, verdict = 3;
+    for (;;) {
+      if (st[u]) {
+        verdict = st[u] == 1 ? 2 : st[u];
+        break;
+      }
+      if (!d->p[u].kind) break;
+      st[u] = 1;
+      walk[m++] = u;
+      int v = d->p[u].peer;
+      if (v < 0 || v >= n || (d->p[u].kind == B_RECV && d->p[v].kind != B_COLL)) break;
+      u = v;
+    }
+    for (int j = 0; j < m; j++) st[walk[j]] = (signed char)verdict;
+  }
+  for (int q = 0; q < n; q++)   /* each one reports it at its next poll */
+    if (st[q] == 2) atomic_store(&root->blk[q].dead, d->p[q].call);
+  if (st[c->root_rank] != 2) return ncclSuccess;
+  path_msg(root, c->root_rank, d->p, msg, sizeof msg);
+  return note(c, ncclSystemError, 1, "deadlock: %s", msg);
+}
+
 /* The reasons to stop waiting; the caller is inside the communicator (busy). */
 static ncclResult_t checks(ncclComm_t c, Wait *w, int peers) {
   int e = atomic_load(&c->err);
@@ -204,8 +377,15 @@ static ncclResult_t checks(ncclComm_t c, Wait *w, int peers) {
       return note(c, ncclRemoteError, 1, "rank %d (pid %d) exited", p, (int)pid);
   }
   if (a) return note(c, ncclRemoteError, 1, "aborted by rank %d (communicator %s)", a - 1, c->name + 1);
-  if (now_s() - w->t0 > w->max)
-    return note(c, ncclSystemError, 1, "waited %g s for the other ranks (LOOM_FAKE_NCCL_MAX_WAIT)", w->max);
+  if (now_s() - w->t0 > w->max) {
+    char why[MSG_LEN - 96] = "";
+    Rec x;
+    if (c->strict && blk_get(root_hdr(c), c->root_rank, &x) && x.kind) {
+      why[0] = ':', why[1] = ' ';
+      describe(why + 2, sizeof why - 2, &x, 1);
+    }
+    return note(c, ncclSystemError, 1, "waited %g s for the other ranks (LOOM_FAKE_NCCL_MAX_WAIT)%s", w->max, why);
+  }
   return ncclSuccess;
 }
 
@@ -225,9 +405,11 @@ static ncclResult_t enter(ncclComm_t c) {
 
 static void leave(ncclComm_t c) { atomic_fetch_sub(&c->busy, 1); }
 
-static ncclResult_t barrier(ncclComm_t c) {
+/* fn: an index of fn_name (strict mode's reports) */
+static ncclResult_t barrier(ncclComm_t c, int fn) {
   Hdr *h = c->hdr;
   uint32_t g = atomic_load(&h->bar_gen);
+  atomic_store(&h->arrived[c->rank], g + 1);
   if (atomic_fetch_add(&h->bar_count, 1) + 1 == (uint32_t)c->nranks) {
     atomic_store(&h->bar_count, 0);
     atomic_fetch_add(&h->bar_gen, 1);
@@ -235,12 +417,22 @@ static ncclResult_t barrier(ncclComm_t c) {
   }
   Wait w;
   wait_init(&w);
-  while (atomic_load(&h->bar_gen) == g) {
-    ncclResult_t r = checks(c, &w, due(&w));
-    if (r) return r;
-    backoff(&w);
+  Det det;   /* (look 1 fills p) */
+  det.look = 0;
+  ncclResult_t r = ncclSuccess, dl = ncclSuccess;
+  if (c->strict) blk_put(c, 1, B_NONE, 0, 0, 0, 0);
+  while (!r && atomic_load(&h->bar_gen) == g) {
+    if (c->strict) {   /* waits for the first rank that has not joined */
+      int q = 0;
+      while (q < c->nranks && (int32_t)(atomic_load(&h->arrived[q]) - (g + 1)) >= 0) q++;
+      blk_put(c, 0, q < c->nranks ? B_COLL : B_NONE, fn, q < c->nranks ? q : 0, g, 0);
+    }
+    int peers = due(&w);
+    if (!(r = checks(c, &w, peers)) && c->strict) dl = r = detect(c, &det, peers);
+    if (!r) backoff(&w);
   }
-  return ncclSuccess;
+  if (c->strict && !dl) blk_put(c, 0, B_NONE, 0, 0, 0, 0);   /* (a deadlock's stays, for the others' reports) */
+  return r;
 }
 
 /* ------------------------------------------------------------ communicators */
@@ -321,6 +513,7 @@ static ncclResult_t comm_open(ncclComm_t *out, const char *name, int nranks, int
     return bad ? note(NULL, ncclInvalidUsage, 0, "rank %d: %s %s", rank, name, bad)
                : note(NULL, ncclSystemError, 0, "out of memory");
   }
+  atomic_store(&h->root_of[rank], root ? root_rank : rank);
   atomic_fetch_add(&h->attached, 1);
   m->base = base;
   m->len = total;
@@ -338,6 +531,8 @@ static ncclResult_t comm_open(ncclComm_t *out, const char *name, int nranks, int
   c->nranks = nranks;
   c->root_rank = root ? root_rank : rank;
   c->blocking = blocking;
+  const char *strict = getenv("LOOM_FAKE_NCCL_STRICT");
+  c->strict = strict && *strict && strcmp(strict, "0");
   snprintf(c->name, sizeof c->name, "%s", name);
   atomic_init(&c->busy, 1);
   ncclResult_t r = ncclSuccess;
@@ -408,13 +603,13 @@ ncclResult_t ncclCommSplit(ncclComm_t c, int color, int key, ncclComm_t *newcomm
   h->color[c->rank] = color;
   h->key[c->rank] = key;
   int n = 0, me = 0;
-  if (!(r = barrier(c)))
+  if (!(r = barrier(c, 4)))
     for (int q = 0; q < c->nranks && color >= 0; q++)
       if (h->color[q] == color) {
         n++;
         me += h->key[q] < key || (h->key[q] == key && q < c->rank);
       }
-  if (!r) r = barrier(c);   /* the posts may be overwritten by the next split from here on */
+  if (!r) r = barrier(c, 4);   /* the posts may be overwritten by the next split from here on */
   unsigned idx = c->splits++;
   if (!r && color >= 0) {
     char tmp[NAME_LEN + 32], name[NAME_LEN];
@@ -622,13 +817,13 @@ static ncclResult_t coll(int kind, const char *fn, const void *s, void *r, size_
     size_t n = count - off < chunk ? count - off : chunk, bytes = n * es;
     for (int b = 0; b < nb; b++)   /* this rank's piece of every block */
       memcpy(area(c, c->rank) + (size_t)b * bytes, (const char *)s + ((size_t)b * count + off) * es, bytes);
-    if ((e = barrier(c))) break;
+    if ((e = barrier(c, kind + 1))) break;
     for (int p = 0; p < np; p++) src[p] = area(c, p) + (nb > 1 ? (size_t)c->rank * bytes : 0);
     if (kind == ALL_GATHER)
       for (int p = 0; p < np; p++) memcpy((char *)r + ((size_t)p * count + off) * es, src[p], bytes);
     else
       reduce((char *)r + off * es, src, np, n, dt, op);
-    e = barrier(c);   /* before the areas are written again */
+    e = barrier(c, kind + 1);   /* before the areas are written again */
   }
   leave(c);
   return e;
@@ -649,12 +844,68 @@ ncclResult_t ncclReduceScatter(const void *s, void *r, size_t count, ncclDataTyp
 }
 
 /* ------------------------------------------------------------ send / recv */
+static RingHdr *pipe_of(const Op *o, size_t *pair) {
+  ncclComm_t c = o->c;
+  *pair = o->send ? (size_t)c->rank * (size_t)c->nranks + (size_t)o->peer
+                  : (size_t)o->peer * (size_t)c->nranks + (size_t)c->rank;
+  return &c->rings[*pair];
+}
+
+/* Numbers the message on its pipe; a receive is posted (its size beside it, for strict senders). */
+static void post(Op *o) {
+  size_t pair;
+  RingHdr *rh = pipe_of(o, &pair);
+  ncclComm_t c = o->c;
+  o->open = !o->send || !c->strict;
+  if (o->send) {
+    o->k = c->nsend[o->peer]++;
+    return;
+  }
+  o->k = c->nrecv[o->peer]++;
+  atomic_store(&rh->size[o->k % SLOTS], o->bytes >> 40 ? UINT64_MAX : (o->k & 0xffffff) << 40 | o->bytes);
+  atomic_store(&rh->posted, o->k + 1);
+}
+
+/* Strict mode: opens a send once its receive is posted (a size that differs is an error). */
+static ncclResult_t gate(Op *o) {
+  size_t pair;
+  RingHdr *rh = pipe_of(o, &pair);
+  if (atomic_load(&rh->posted) <= o->k) return ncclSuccess;
+  o->open = 1;
+  uint64_t s = atomic_load(&rh->size[o->k % SLOTS]);   /* a later receive's when overwritten */
+  if (s != UINT64_MAX && s >> 40 == (o->k & 0xffffff) && (s & ((1ull << 40) - 1)) != o->bytes)
+    return note(o->c, ncclInvalidUsage, 1,
+                "rank %d's send #%llu to %d has %zu bytes, the receive %d posted for it %llu (sends and receives pair "
+                "in issue order)", o->c->rank, (unsigned long long)o->k + 1, o->peer, o->bytes, o->peer,
+                (unsigned long long)(s & ((1ull << 40) - 1)));
+  return ncclSuccess;
+}
+
+/* Strict mode, nothing moved: publishes the first closed send's wait, else the first receive
+   that waits on an empty pipe. */
+static void blk_ops(ncclComm_t fam, const Op *ops, int n) {
+  size_t pair;
+  for (int i = 0; i < n; i++)
+    if (ops[i].send && !ops[i].open && atomic_load(&pipe_of(&ops[i], &pair)->posted) <= ops[i].k) {
+      blk_put(ops[i].c, 0, B_SEND, 0, ops[i].peer, ops[i].k, 0);
+      return;
+    }
+  for (int i = 0; i < n; i++) {
+    RingHdr *rh = pipe_of(&ops[i], &pair);
+    uint64_t t = atomic_load(&rh->tail);
+    if (!ops[i].send && ops[i].done < ops[i].bytes && atomic_load(&rh->head) == t) {
+      blk_put(ops[i].c, 0, B_RECV, 0, ops[i].peer, ops[i].k, t);
+      return;
+    }
+  }
+  blk_put(fam, 0, B_NONE, 0, 0, 0, 0);
+}
+
 /* Moves what it can of one send or receive; 1 if it moved anything. */
 static int step(Op *o) {
   ncclComm_t c = o->c;
-  size_t R = c->ring_bytes, pair = o->send ? (size_t)c->rank * (size_t)c->nranks + (size_t)o->peer
-                                           : (size_t)o->peer * (size_t)c->nranks + (size_t)c->rank;
-  RingHdr *rh = &c->rings[pair];
+  size_t R = c->ring_bytes, pair;
+  RingHdr *rh = pipe_of(o, &pair);
   char *ring = c->ringdata + pair * R;
   uint64_t head = atomic_load(&rh->head), tail = atomic_load(&rh->tail);
   size_t avail = o->send ? R - (size_t)(head - tail) : (size_t)(head - tail);
@@ -681,6 +932,8 @@ static int by_pipe(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static int pending(const Op *o) { return !o->open || o->done < o->bytes; }
+
 static ncclResult_t run_ops(Op *ops, int n) {
   ncclResult_t r = ncclSuccess;
   int entered = 0, left = 0;
@@ -699,30 +952,46 @@ static ncclResult_t run_ops(Op *ops, int n) {
     r = note(ops[0].c, ncclSystemError, 0, "out of memory");
   }
   while (!r && entered < n && !(r = enter(ops[entered].c))) entered++;
-  for (int i = 0; i < n; i++) left += ops[i].done < ops[i].bytes;
+  ncclComm_t fam = r || !n ? NULL : ops[0].c;   /* strict mode, one family: its waits published */
+  for (int i = 0; i < n && !r; i++) {
+    post(&ops[i]);   /* the receives first: before any send moves */
+    left += pending(&ops[i]);
+    if (fam && (!ops[i].c->strict || ops[i].c->root != fam->root)) fam = NULL;
+  }
+  if (fam) blk_put(fam, 1, B_NONE, 0, 0, 0, 0);
   Wait w;
   wait_init(&w);
+  Det det;   /* (look 1 fills p) */
+  det.look = 0;
+  ncclResult_t dl = ncclSuccess;
   while (!r && left) {
     int moved = 0;
-    for (int i = 0; i < n; i++) {
-      const Op *p = ops[i].prev;
-      if (ops[i].done < ops[i].bytes && !(p && p->done < p->bytes) && step(&ops[i])) {
+    for (int i = 0; i < n && !r; i++) {
+      Op *o = &ops[i];
+      const Op *p = o->prev;
+      if (!pending(o) || (p && pending(p))) continue;
+      if (!o->open && ((r = gate(o)) || !o->open)) continue;
+      if (o->done < o->bytes) moved |= step(o);
+      if (!pending(o)) {
         moved = 1;
-        left -= ops[i].done == ops[i].bytes;
+        left--;
       }
     }
-    if (!left) break;
+    if (!left || r) break;
     if (moved) {
       w.t0 = now_s();
       w.ns = 1000;
       continue;
     }
+    if (fam) blk_ops(fam, ops, n);
     int peers = due(&w);
     ncclComm_t last = NULL;
     for (int i = 0; i < n && !r; i++)
-      if (ops[i].done < ops[i].bytes && ops[i].c != last) r = checks(last = ops[i].c, &w, peers);
+      if (pending(&ops[i]) && ops[i].c != last) r = checks(last = ops[i].c, &w, peers);
+    if (!r && fam) dl = r = detect(fam, &det, peers);
     if (!r) backoff(&w);
   }
+  if (fam && !dl) blk_put(fam, 0, B_NONE, 0, 0, 0, 0);   /* (a deadlock's stays, for the others' reports) */
   for (int i = 0; i < entered; i++) leave(ops[i].c);
   return r;
 }
@@ -738,7 +1007,7 @@ static ncclResult_t p2p(int send, const void *buf, size_t count, ncclDataType_t 
     else if (count > SIZE_MAX / es) r = note(c, ncclInvalidArgument, 0, "%s: count %zu is too large", fn, count);
     leave(c);
     if (!r) {
-      Op op = {c, (char *)(uintptr_t)buf, count * es, 0, peer, send, NULL};
+      Op op = {c, (char *)(uintptr_t)buf, count * es, 0, 0, peer, send, 0, NULL};
       if (!grp.depth) return run_ops(&op, 1);
       if (grp.n == grp.cap) {
         int cap = grp.cap ? 2 * grp.cap : 16;

@@ -23,7 +23,7 @@ if [ "${LOOM_MESH_REAL:-0}" != 1 ]; then
   command -v "${LOOM_EMU_CXX:-g++}" > /dev/null || { echo "SKIPPED: no C++ compiler for the emulated device"; exit 0; }
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-export LOOM_CACHE_DIR=$tmp/cache TMPDIR=$tmp LOOM_THREADS=1 LOOM_FAKE_NCCL_MAX_WAIT=60 LOOM_EMU_DEVICES=8
+export LOOM_CACHE_DIR=$tmp/cache TMPDIR=$tmp LOOM_THREADS=1 LOOM_FAKE_NCCL_MAX_WAIT=60 LOOM_FAKE_NCCL_STRICT=1 LOOM_EMU_DEVICES=8
 pass=0 fail=0
 ok() { echo "ok   $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL $1"; fail=$((fail + 1)); }
@@ -175,12 +175,12 @@ LOOM_NCCL_FAULT=hang:1:2 "$LOOM" train models/llama-tiny.json --data "$tmp/d.bin
   --mesh cp=2 --backend cuda --nccl-timeout 3 --save-dir "$tmp/fault-cp" > "$tmp/fault.log" 2>&1
 rc=$? took=$((SECONDS - t0))
 sleep 1
-left=$(pgrep -f "fault-cp" | wc -l)
+left=$(pgrep -f "$tmp/fault-cp" | wc -l)
 if [ $rc != 0 ] && [ "$took" -le 30 ] && [ "$left" = 0 ] && grep -q "collective #2 send/recv group of 4 on cp" "$tmp/fault.log"; then
   ok "a cp rank that never reaches send/recv group #2: exit $rc after $took s, no process left, the report: $(grep -m1 "send/recv group" "$tmp/fault.log" | cut -c1-150)"
 else
   bad "a cp rank that never reaches a send/recv group (exit $rc after $took s, $left processes left)"; tail -20 "$tmp/fault.log"
-  pkill -9 -f "fault-cp"
+  pkill -9 -f "$tmp/fault-cp"
 fi
 # ---------------------------------------------------------------------------------------
 
@@ -191,12 +191,12 @@ fault() {   # kind, what, expected text
     --mesh dp=2 --backend cuda --nccl-timeout 3 --save-dir "$tmp/fault-$1" > "$tmp/fault.log" 2>&1
   local rc=$? took=$((SECONDS - t0))
   sleep 1
-  local left; left=$(pgrep -f "fault-$1" | wc -l)
+  local left; left=$(pgrep -f "$tmp/fault-$1" | wc -l)
   if [ $rc != 0 ] && [ "$took" -le 30 ] && [ "$left" = 0 ] && grep -q "$3" "$tmp/fault.log"; then
     ok "$2: exit $rc after $took s, no process left, the report: $(grep -m1 "$3" "$tmp/fault.log" | cut -c1-150)"
   else
     bad "$2 (exit $rc after $took s, $left processes left)"; tail -20 "$tmp/fault.log"
-    pkill -9 -f "fault-$1"
+    pkill -9 -f "$tmp/fault-$1"
   fi
 }
 fault hang "a rank that never reaches collective #6 (--nccl-timeout 3)" "did not complete within 3 s"

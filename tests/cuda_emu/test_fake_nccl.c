@@ -7,8 +7,11 @@
  * all-reduce (f32, bf16; sum, max; in place; more than a staging area), all-gather and
  * reduce-scatter (in place and not), grouped and plain send/recv, splits, an abort from
  * another thread while a rank waits, and a rank that exits before a collective.  Then threads
- * of one process as ranks, the LOOM_FAKE_NCCL_MAX_WAIT cap, and that nothing named after the
- * ids is left in /dev/shm.  Prints "ok ..." lines; exits 1 on any failure.
+ * of one process as ranks, the LOOM_FAKE_NCCL_MAX_WAIT cap, strict mode (LOOM_FAKE_NCCL_STRICT:
+ * a ring in one group and a grouped all-to-all work, a ring as a send group then a receive
+ * group and a send to a rank in an all-reduce are reported deadlocks, unequal sizes refused;
+ * not strict, the two groups pass), and that nothing named after the ids is left in /dev/shm.
+ * Prints "ok ..." lines; exits 1 on any failure.
  */
 #define _GNU_SOURCE
 #include <nccl.h>
@@ -453,6 +456,151 @@ static void run_threads(int n, int mode) {
   for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
 }
 
+/* ------------------------------------------------------------ strict mode (threads as ranks) */
+#define SN 3
+typedef struct {
+  ncclUniqueId id[5];
+  int rank, strict;
+} St;
+static pthread_barrier_t st_bar;
+static _Atomic int st_sent;
+static double st_worst;   /* the longest wait before a deadlock was reported */
+
+static int32_t tv(int from, int to, int i) { return from * 1000000 + to * 1000 + i; }
+
+/* A ring as two groups: all sends, then all receives (buffered: fine; strict: a deadlock). */
+static ncclResult_t two_groups(ncclComm_t c, int r, double *dt) {
+  int32_t x[5], y[5] = {0};
+  for (int i = 0; i < 5; i++) x[i] = tv(r, (r + 1) % SN, i);
+  double t0 = now_s();
+  OK(p_ncclGroupStart());
+  OK(p_ncclSend(x, 5, ncclInt32, (r + 1) % SN, c, NULL));
+  ncclResult_t e = p_ncclGroupEnd();
+  *dt = now_s() - t0;
+  if (e) return e;
+  OK(p_ncclGroupStart());
+  OK(p_ncclRecv(y, 5, ncclInt32, (r + SN - 1) % SN, c, NULL));
+  OK(p_ncclGroupEnd());
+  for (int i = 0; i < 5; i++) CHECK(y[i] == tv((r + SN - 1) % SN, r, i), "two groups: element %d is %d", i, y[i]);
+  return ncclSuccess;
+}
+
+static void deadlock_seen(ncclComm_t c, ncclResult_t e, double dt, const char *want1, const char *want2) {
+  const char *m = p_ncclGetLastError(c);
+  CHECK(e == ncclSystemError && !strncmp(m, "deadlock: rank ", 15) && strstr(m, want1) && strstr(m, want2),
+        "strict: %d after %.2f s: %s", e, dt, m);
+  if (dt > st_worst) st_worst = dt;   /* (a race between the threads: a rough figure) */
+}
+
+static void *strict_rank(void *arg) {
+  St *t = arg;
+  int r = t->rank, next = (r + 1) % SN, prev = (r + SN - 1) % SN;
+  ncclComm_t c = NULL;
+  double dt = 0;
+  OK(p_ncclCommInitRank(&c, SN, t->id[0], r));
+  if (!c) return NULL;
+  float x = 1, y = 0;
+  OK(p_ncclGroupStart());   /* a group of collectives alone (as loom's nccl_step makes) */
+  OK(p_ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, c, NULL));
+  OK(p_ncclGroupEnd());
+  CHECK(y == SN, "a group of one all-reduce gave %g", y);
+  if (!t->strict) {   /* (d) buffered sends: the two groups pass */
+    OK(two_groups(c, r, &dt));
+    OK(p_ncclCommDestroy(c));
+    return NULL;
+  }
+  /* (a) a ring in one group, 200 KB (more than a pipe); (c) a grouped all-to-all, self included,
+     and a second message on a pipe */
+  size_t k = 50000;
+  int32_t *in = malloc(SN * k * 4), *out = calloc(SN * k, 4), tail = -r, got = 0;
+  for (int p = 0; p < SN; p++)
+    for (size_t i = 0; i < k; i++) in[(size_t)p * k + i] = tv(r, p, (int)i);
+  OK(p_ncclGroupStart());
+  OK(p_ncclSend(in + (size_t)next * k, k, ncclInt32, next, c, NULL));
+  OK(p_ncclRecv(out + (size_t)prev * k, k, ncclInt32, prev, c, NULL));
+  OK(p_ncclGroupEnd());
+  size_t bad = k;
+  for (size_t i = 0; i < k && bad == k; i++)
+    if (out[(size_t)prev * k + i] != tv(prev, r, (int)i)) bad = i;
+  CHECK(bad == k, "strict ring in one group: element %zu", bad);
+  memset(out, 0, SN * k * 4);
+  OK(p_ncclGroupStart());
+  for (int p = 0; p < SN; p++) {
+    OK(p_ncclSend(in + (size_t)p * k, k, ncclInt32, p, c, NULL));
+    OK(p_ncclRecv(out + (size_t)p * k, k, ncclInt32, p, c, NULL));
+  }
+  OK(p_ncclSend(&tail, 1, ncclInt32, next, c, NULL));
+  OK(p_ncclRecv(&got, 1, ncclInt32, prev, c, NULL));
+  OK(p_ncclGroupEnd());
+  for (size_t i = 0; i < SN * k && bad == k; i++)
+    if (out[i] != tv((int)(i / k), r, (int)(i % k))) bad = i;
+  CHECK(bad == k && got == -prev, "strict grouped all-to-all: element %zu, second message %d", bad, got);
+  free(in);
+  free(out);
+  OK(p_ncclCommDestroy(c));
+
+  /* (b) the ring as two groups: every rank's send waits for a receive not posted */
+  OK(p_ncclCommInitRank(&c, SN, t->id[1], r));
+  if (!c) return NULL;
+  ncclResult_t e = two_groups(c, r, &dt);
+  deadlock_seen(c, e, dt, "'s send #1 to ", "waits for a receive");
+  CHECK(strstr(p_ncclGetLastError(c), "is blocked in its send #1 to"), "strict two groups: %s", p_ncclGetLastError(c));
+  pthread_barrier_wait(&st_bar);   /* each has its report before any aborts */
+  OK(p_ncclCommAbort(c));
+
+  /* (b') rank 0 sends to 1, which is in an all-reduce that waits for rank 0 */
+  OK(p_ncclCommInitRank(&c, SN, t->id[2], r));
+  if (!c) return NULL;
+  double t0 = now_s();
+  e = r ? p_ncclAllReduce(&x, &y, 1, ncclFloat32, ncclSum, c, NULL) : p_ncclSend(&x, 1, ncclFloat32, 1, c, NULL);
+  deadlock_seen(c, e, now_s() - t0, "send #1 to 1", "ncclAllReduce");
+  pthread_barrier_wait(&st_bar);
+  OK(p_ncclCommAbort(c));
+
+  /* (e) a send of 4 elements paired with a receive of 3: ncclInvalidUsage */
+  OK(p_ncclCommInitRank(&c, SN, t->id[3], r));
+  if (!c) return NULL;
+  int32_t four[4] = {1, 2, 3, 4}, three[3];
+  OK(p_ncclGroupStart());
+  OK(p_ncclSend(four, 4, ncclInt32, next, c, NULL));
+  OK(p_ncclRecv(three, 3, ncclInt32, prev, c, NULL));
+  e = p_ncclGroupEnd();
+  CHECK(e == ncclInvalidUsage && strstr(p_ncclGetLastError(c), "has 16 bytes, the receive"), "strict sizes: %d: %s", e,
+        p_ncclGetLastError(c));
+  pthread_barrier_wait(&st_bar);
+  OK(p_ncclCommAbort(c));
+
+  /* (f) no cycle (rank 1 is not in NCCL at all): LOOM_FAKE_NCCL_MAX_WAIT, naming the wait */
+  OK(p_ncclCommInitRank(&c, SN, t->id[4], r));
+  if (!c) return NULL;
+  if (r == 0) {
+    e = p_ncclSend(&x, 1, ncclFloat32, 1, c, NULL);
+    CHECK(e == ncclSystemError && strstr(p_ncclGetLastError(c), "(LOOM_FAKE_NCCL_MAX_WAIT): rank 0's send #1 to 1 "
+                                                                 "waits for a receive 1 has not posted"),
+          "strict max wait: %d: %s", e, p_ncclGetLastError(c));
+    st_sent = 1;
+  }
+  while (!st_sent) usleep(1000);
+  OK(p_ncclCommAbort(c));
+  return NULL;
+}
+
+static void run_strict(int strict) {
+  St t[SN];
+  pthread_t th[SN];
+  ncclUniqueId ids[5];
+  for (int i = 0; i < 5; i++) OK(p_ncclGetUniqueId(&ids[i]));
+  pthread_barrier_init(&st_bar, NULL, SN);
+  for (int i = 0; i < SN; i++) {
+    t[i].rank = i;
+    t[i].strict = strict;
+    memcpy(t[i].id, ids, sizeof ids);
+    pthread_create(&th[i], NULL, strict_rank, &t[i]);
+  }
+  for (int i = 0; i < SN; i++) pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&st_bar);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_fake_nccl LIBNCCL\n");
@@ -515,6 +663,24 @@ int main(int argc, char **argv) {
   run_threads(2, 1);
   unsetenv("LOOM_FAKE_NCCL_MAX_WAIT");
   ok(f0, "LOOM_FAKE_NCCL_MAX_WAIT: ncclSystemError after waiting 0.3 s");
+
+  f0 = fails;
+  setenv("LOOM_FAKE_NCCL_STRICT", "1", 1);
+  setenv("LOOM_FAKE_NCCL_MAX_WAIT", "1", 1);
+  double t0 = now_s();
+  run_strict(1);
+  unsetenv("LOOM_FAKE_NCCL_STRICT");
+  unsetenv("LOOM_FAKE_NCCL_MAX_WAIT");
+  char what[400];
+  snprintf(what, sizeof what, "LOOM_FAKE_NCCL_STRICT (3 threads, %.1f s): a ring in one group and a grouped all-to-all "
+           "move; a ring as a send group then a receive group, and a send to a rank in an all-reduce, are deadlocks "
+           "reported on every rank within %.2f s; unequal sizes ncclInvalidUsage; a wait with no cycle named at "
+           "LOOM_FAKE_NCCL_MAX_WAIT", now_s() - t0, st_worst);
+  ok(f0, what);
+  f0 = fails;
+  run_strict(0);
+  ok(f0, "not strict: the ring as a send group then a receive group passes (buffered sends); a group of a "
+         "collective alone");
 
   f0 = fails;
   char prefix[64];

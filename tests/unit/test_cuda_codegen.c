@@ -453,16 +453,39 @@ static void test_errors(void) {
                "  func @f(%q: f32[1,4,2,12]) -> (f32[1,4,2,12]) {\n"
                "    %o = attention %q, %q, %q {scale=0.3} : f32[1,4,2,12]\n    return %o\n  }\n}\n",
                "head size 12");
-  expect_error("collective",
-               "module @e {\n  mesh dp=2 tp=1 cp=1 pp=1 ep=1\n"
-               "  func @f(%x: f32[4]) -> (f32[4]) {\n"
-               "    %y = all_reduce %x {axis=\"dp\", n=2} : f32[4]\n    return %y\n  }\n}\n",
-               "collectives");
+  /* a pipeline's transfer to a fixed rank (collectives and ring transfers lower: below) */
+  expect_error("fixed-rank send",
+               "module @e {\n  mesh dp=1 tp=1 cp=1 pp=2 ep=1\n"
+               "  func @f(%x: f32[4]) -> () {\n"
+               "    send %x {axis=\"pp\", n=2, peer=1, tag=0, rel=false}\n    return\n  }\n}\n",
+               "fixed rank");
   expect_error("bool in memory",
                "module @e {\n  mesh dp=1 tp=1 cp=1 pp=1 ep=1\n"
                "  func @f(%x: f32[4], %y: f32[4]) -> (bool[4]) {\n"
                "    %c = ge %x, %y : bool[4]\n    return %c\n  }\n}\n",
                "bool");
+}
+
+/* A partitioned program's all_reduce: an RT_STEP_BUILTIN step that the runtime runs as NCCL
+   (program.h's i[]: n, axis, size, max), not a kernel. */
+static void test_collective_step(void) {
+  const char *text = "module @e {\n  mesh dp=2 tp=1 cp=1 pp=1 ep=1\n"
+                     "  func @f(%x: f32[4]) -> (f32[4]) {\n"
+                     "    %y = all_reduce %x {axis=\"dp\", n=2} : f32[4]\n    return %y\n  }\n}\n";
+  char err[1024] = "";
+  Module *m = NULL;
+  int rc = parse_module("collective", text, &m, err, sizeof err);
+  PassOptions opt = {.target = TARGET_CUDA};
+  RtProgram p;
+  memset(&p, 0, sizeof p);
+  if (!rc) rc = pipeline_run(m, "lower", &opt, err, sizeof err);
+  if (!rc) rc = cuda_lower(m, &p, NULL, err, sizeof err);
+  const RtStep *st = !rc && p.n_funcs == 1 && p.funcs[0].n_steps == 1 ? &p.funcs[0].steps[0] : NULL;
+  check(st && st->kind == RT_STEP_BUILTIN && st->which == RT_B_ALL_REDUCE && st->i[0] == 4 && st->i[1] == 0 &&
+            st->i[2] == 2 && st->i[3] == 0 && st->n_in == 1 && st->n_out == 1,
+        "collective: all_reduce over dp is one RT_B_ALL_REDUCE step (n 4, axis dp, size 2, sum) %s", err);
+  if (!rc) rt_program_free(&p);
+  module_free(m);
 }
 
 /* ================================================================ NVRTC */
@@ -669,6 +692,7 @@ int main(void) {
   test_tiny_models();
   test_program();
   test_errors();
+  test_collective_step();
   char why[2300];
   int major = 0, minor = 0;
   if (!nvrtc_available(&major, &minor, why, sizeof why)) {
