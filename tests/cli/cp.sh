@@ -3,7 +3,7 @@
 # cpu backend (ranks as threads): 5 training steps from the same init and data must give
 # the same losses and final parameters within 1e-5 (relative, per tensor) for gpt2-tiny and
 # llama-tiny (GQA: 4 heads, 2 KV heads) at cp=2 and cp=4, zigzag and contiguous, ring and
-# all-gather attention; cp=2 x dp=2 with ZeRO-1; cp=2 x tp=2 with sequence parallel; the
+# all-gather attention; cp=2 x dp=2 with ZeRO-1 and ZeRO-3; cp=2 x tp=2 with sequence parallel; the
 # reference executor at cp=2; bf16 at cp=2 within 2e-2; cp=2 x pp=2 with every schedule
 # (and x dp=2 with ZeRO-1).  Then the long-context check
 # (llama-tiny at sequence 1024: cp=4 matches cp=1 within 1e-5, and `--memory` shows the
@@ -40,6 +40,7 @@ for m in gpt2-tiny llama-tiny; do
     done
   done
   check $m --mesh cp=2,dp=2 --zero 1
+  check $m --mesh cp=2,dp=2 --zero 3
   check $m --mesh cp=2,tp=2 --sequence-parallel true
   check $m --mesh cp=2 --backend ref
 done

@@ -89,6 +89,15 @@ if [ -n "${LOOM_TEST_PYTHON:-}" ]; then
       --mesh dp=2
     sed 's/^/    | /' "$OUT"
   done
+  # a spec with no training settings: loom's defaults but Adam's eps 1e-4 (make_golden.py's
+  # DEFAULTS: with 1e-8 an f32 run's weights land up to 2 x steps x lr from the golden's)
+  G=$TMP/defaults
+  LOOM_PYTHON=$LOOM_TEST_PYTHON expect_exit 0 "make-golden for models/llama-tiny.json (no training settings)" \
+    "$LOOM" make-golden models/llama-tiny.json -o "$G" --steps 3
+  check "  golden.json: lr 3e-4 (loom's default), eps 1e-4" \
+    sh -c "tr -d ' \n' < '$G/golden.json' | grep '\"lr\":0.0003,' | grep -q '\"eps\":0.0001,'"
+  expect_exit 0 "  loom check passes it on cpu at the default tolerances" "$LOOM" check "$G" --backend cpu
+  sed 's/^/    | /' "$OUT"
 else
   echo "SKIP full make-golden run: set LOOM_TEST_PYTHON to a python with torch and transformers"
 fi

@@ -148,8 +148,12 @@ typedef struct Op {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ncclComm *aborted_list;
 static _Atomic unsigned id_counter;
-static __thread char t_last[MSG_LEN];
-static __thread struct {
+/* Thread-local state is initial-exec (static TLS, no __tls_get_addr) and small: this library is
+   dlopened, and GCC 12's LeakSanitizer crashed at exit scanning the dynamic TLS of a dlopened
+   library ("Tracer caught signal 11", DTLS of a bogus address).  The last error without a
+   communicator is process-wide for the same reason (under g_mu). */
+static char g_last[MSG_LEN];
+static __thread __attribute__((tls_model("initial-exec"))) struct {
   int depth, n, cap;
   ncclResult_t err;
   Op *ops;
@@ -178,7 +182,9 @@ static ncclResult_t note(ncclComm_t c, ncclResult_t r, int sticky, const char *f
     if (!atomic_compare_exchange_strong(&c->err, &z, (int)r)) return (ncclResult_t)z;
   }
   if (c) snprintf(c->last, sizeof c->last, "%s", msg);
-  snprintf(t_last, sizeof t_last, "%s", msg);
+  pthread_mutex_lock(&g_mu);
+  snprintf(g_last, sizeof g_last, "%s", msg);
+  pthread_mutex_unlock(&g_mu);
   fprintf(stderr, "fake_nccl: %s\n", msg);
   return r;
 }
@@ -1057,4 +1063,4 @@ const char *ncclGetErrorString(ncclResult_t r) {
   return (unsigned)r < sizeof names / sizeof *names ? names[r] : "unknown result code";
 }
 
-const char *ncclGetLastError(ncclComm_t c) { return c && c->last[0] ? c->last : t_last; }
+const char *ncclGetLastError(ncclComm_t c) { return c && c->last[0] ? c->last : g_last; }

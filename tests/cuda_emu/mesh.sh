@@ -35,8 +35,8 @@ check() {   # model, description, flags...
   local run=("$LOOM" train tests/golden/$m/train_spec.json -q --steps 3 --batch 4 "$@")
   if "${run[@]}" --backend cpu --out "$tmp/cpu.st" > "$tmp/log" 2>&1 &&
      "${run[@]}" --backend cuda --out "$tmp/cuda.st" > "$tmp/log" 2>&1 &&
-     "$ST_DIFF" "$tmp/cuda.st" "$tmp/cpu.st" --rtol 1e-4 > "$tmp/diff" 2>&1; then
-    ok "$m $what: cuda (one process per rank) = the cpu mesh within 1e-4 ($(tail -1 "$tmp/diff" | grep -o '[0-9]* tensors'))"
+     "$ST_DIFF" "$tmp/cuda.st" "$tmp/cpu.st" --rtol "${RTOL:-1e-4}" > "$tmp/diff" 2>&1; then
+    ok "$m $what: cuda (one process per rank) = the cpu mesh within ${RTOL:-1e-4} ($(tail -1 "$tmp/diff" | grep -o '[0-9]* tensors'))"
   else
     bad "$m $what"; tail -20 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
   fi
@@ -164,6 +164,9 @@ check llama-tiny "cp=2, contiguous split" --mesh cp=2 --cp-balance contiguous
 check gpt2-tiny "cp=2 (ring attention)" --mesh cp=2
 check llama-tiny "dp=2 x cp=2" --mesh dp=2,cp=2
 check llama-tiny "cp=4 (ring attention, zigzag)" --mesh cp=4
+# bf16 (issue 12): the tensor-core attention blocks and the bf16 ring, against the CPU mesh's
+# bf16 run within 2e-2 (the two round differently)
+RTOL=2e-2 check llama-tiny "cp=2, bf16" --mesh cp=2 --precision bf16
 
 # 1c. expert parallelism: all_to_allv's counts read on the host, each peer's rows one NCCL
 #     group (runtime/cuda/cuda_mesh.c), the MoE kernels of codegen/cuda/prelude_moe.h
