@@ -61,6 +61,12 @@ static void block_free(Block *b) {
 }
 
 void *arena_alloc(Arena *a, size_t n) {
+  void *p = arena_alloc_uninit(a, n);
+  memset(p, 0, (n + 15) & ~(size_t)15);
+  return p;
+}
+
+void *arena_alloc_uninit(Arena *a, size_t n) {
   n = (n + 15) & ~(size_t)15;
   if (!a->head || a->head->cap - a->head->used < n) {
     size_t cap = n > BLOCK ? n : BLOCK;
@@ -77,7 +83,6 @@ void *arena_alloc(Arena *a, size_t n) {
   }
   void *p = a->head->data + a->head->used;
   a->head->used += n;
-  memset(p, 0, n);
   return p;
 }
 

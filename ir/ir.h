@@ -10,6 +10,8 @@
  *   types.c    dtypes, shapes, shardings, type printing, bf16/f16/f8 rounding
  *   ops.c      the op table (from ops.def), attribute schemas and accessors
  *   module.c   building modules, functions, ops and values
+ *   clone.c    deep copies of modules; dropping a function
+ *   hash.c     a structural hash of a function
  *   infer.c    result-type inference: the shape rule of every op
  *   verify.c   the verifier: types, shapes, shardings, SSA order; names the bad op
  *   print.c    the text form
@@ -36,6 +38,7 @@ enum { IR_OK = 0, IR_ERUN = 1, IR_EINPUT = 2 };
 typedef struct Arena Arena;
 Arena *arena_new(void);
 void *arena_alloc(Arena *a, size_t n);            /* zeroed, 16-byte aligned */
+void *arena_alloc_uninit(Arena *a, size_t n);     /* the same, not zeroed (the caller writes it all) */
 char *arena_strdup(Arena *a, const char *s);
 char *arena_strndup(Arena *a, const char *s, size_t n);
 char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -113,13 +116,13 @@ enum {
 };
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_BOOL, ATTR_INTS, ATTR_DTYPE, ATTR_STR, ATTR_FUNC } AttrKind;
-typedef struct {
-  AttrKind kind;
+typedef struct {      /* (fields ordered to pack: every op holds IR_MAX_ATTRS of them) */
   int64_t i;          /* int, bool, dtype */
   double f;           /* float */
-  int n;              /* ints */
   int64_t *ints;
   const char *s;      /* str; func: the function's name */
+  int n;              /* ints */
+  uint8_t kind;       /* AttrKind */
   bool set;           /* given (or defaulted); a required attribute left unset fails verify */
 } Attr;
 
@@ -266,6 +269,12 @@ Global *module_add_global(Module *m, GlobalKind kind, const char *name, Type t, 
 Global *module_find_global(const Module *m, const char *name);
 Func *module_add_func(Module *m, const char *name);
 Func *module_find_func(const Module *m, const char *name);
+/* A deep copy in its own arena (NULL when out of memory); src is only read, so threads may
+   copy one module at once.  share_strings: the copy's names and attribute strings and
+   arrays are src's (src must then outlive it; no pass writes into them). */
+Module *module_clone(const Module *src, bool share_strings);
+/* Removes every function of that name from m->funcs (what it allocated stays in the arena). */
+void module_drop_func(Module *m, const char *name);
 
 Value *func_add_arg(Func *f, const char *name, Type t);
 void func_add_ret(Func *f, Value *v);
@@ -295,6 +304,16 @@ double op_float(const Op *op, const char *name);
 bool op_bool(const Op *op, const char *name);
 const Attr *op_attr(const Op *op, const char *name);
 bool attr_eq(const Attr *a, const Attr *b);
+
+/* ---------------------------------------------------------------- hash.c */
+/* A 128-bit structural hash of f: its name, arguments, ops (kinds, attributes, operands,
+   result types and names), results and the globals it reads (global_hash: name, type,
+   kind; gh[i] the hash of the module's global i, or NULL).  It numbers f's values
+   (func_number).  When globals is not NULL it receives f's distinct global operands in
+   first-use order (their count in *n_globals); seen[] has one flag per module global, all
+   false, and is left so. */
+uint64_t global_hash(const Global *g);
+void func_hash(Func *f, const uint64_t *gh, uint64_t out[2], const Global **globals, int *n_globals, bool *seen);
 
 /* ---------------------------------------------------------------- infer.c */
 /* Infers the result types of `op` from its operands and attributes into out[].

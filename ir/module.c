@@ -105,15 +105,20 @@ Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *re
 
 Op *op_new_n(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types, int n_results) {
   const OpInfo *info = op_info(k);
-  Op *op = arena_alloc(m->arena, sizeof *op);
+  /* the op, its operand and result arrays and its results in one piece of the arena */
+  size_t no = (size_t)(n_operands ? n_operands : 1), nr = (size_t)(n_results > 0 ? n_results : 1);
+  size_t at_ops = (sizeof(Op) + 15) & ~(size_t)15, at_res = at_ops + ((sizeof(Value *) * no + 15) & ~(size_t)15);
+  size_t at_vals = at_res + ((sizeof(Value *) * nr + 15) & ~(size_t)15), vsize = (sizeof(Value) + 15) & ~(size_t)15;
+  char *mem = arena_alloc(m->arena, at_vals + vsize * (size_t)(n_results > 0 ? n_results : 0));
+  Op *op = (Op *)mem;
   op->kind = k;
   op->n_operands = n_operands;
-  op->operands = arena_alloc(m->arena, sizeof(Value *) * (size_t)(n_operands ? n_operands : 1));
+  op->operands = (Value **)(mem + at_ops);
   for (int i = 0; i < n_operands; i++) op->operands[i] = operands[i];
   op->n_results = n_results;
-  op->results = arena_alloc(m->arena, sizeof(Value *) * (size_t)(n_results > 0 ? n_results : 1));
+  op->results = (Value **)(mem + at_res);
   for (int i = 0; i < n_results; i++) {
-    Value *v = arena_alloc(m->arena, sizeof *v);
+    Value *v = (Value *)(mem + at_vals + vsize * (size_t)i);
     v->offset = -1;
     v->kind = VAL_RESULT;
     v->def = op;

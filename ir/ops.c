@@ -2,6 +2,7 @@
    The schema strings are parsed once into OpInfo (guarded by pthread_once, since ranks
    may run on threads). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,7 @@ static const OpDef op_defs[OP_COUNT] = {
 
 static OpInfo op_table[OP_COUNT];
 static pthread_once_t op_table_once = PTHREAD_ONCE_INIT;
+static _Atomic int op_table_built;   /* set once the table is built: op_info's fast path */
 
 /* Parses one "name:kind" or "name:kind=default" entry. The schemas are ours, so a
    malformed one is a programming error caught by the unit tests (kind stays ATTR_INT). */
@@ -77,10 +79,11 @@ static void build_table(void) {
       s += n + (end ? 1 : 0);
     }
   }
+  atomic_store_explicit(&op_table_built, 1, memory_order_release);
 }
 
 const OpInfo *op_info(OpKind k) {
-  pthread_once(&op_table_once, build_table);
+  if (!atomic_load_explicit(&op_table_built, memory_order_acquire)) pthread_once(&op_table_once, build_table);
   return &op_table[k];
 }
 
@@ -107,7 +110,7 @@ const char *op_class_name(OpClass c) {
 int op_attr_index(OpKind k, const char *name) {
   const OpInfo *info = op_info(k);
   for (int i = 0; i < info->n_attrs; i++)
-    if (!strcmp(info->attrs[i].name, name)) return i;
+    if (info->attrs[i].name[0] == name[0] && !strcmp(info->attrs[i].name, name)) return i;
   return -1;
 }
 

@@ -32,19 +32,36 @@ static void interleaved_unit(const Schedule *s, int r, int k, bool fwd, int *mb,
 /* The greedy list scheduler of dualpipev: whenever a rank is free it runs a ready B (input
    gradients are on the critical path), else a ready F while fewer than 2p micro-batch
    chunks have run F but not B on it, else a pending W; when nothing is ready it waits for
-   the next action to finish anywhere.  Unit costs F = B = W = 1. */
+   the next action to finish anywhere.  Unit costs F = B = W = 1.
+   The searches start where the scheduled actions leave off: a chunk's forwards run in
+   micro-batch order (so they are a prefix, fcount), and per chunk bfirst/wfirst are the first
+   micro-batch whose B/W has not run and bmax one past the last whose B has; what lies outside
+   those bounds cannot be picked, so the choices are those of a scan over every micro-batch. */
 static int greedy(Schedule *s, char *err, size_t errlen) {
   int p = s->p, C = s->chunks, m = s->m;
   /* done times per (mb, chunk, kind); -1 not yet scheduled */
   double *fin = malloc(sizeof(double) * (size_t)(m * C * 3));
   double *free_at = calloc((size_t)p, sizeof(double));
   int *inflight = calloc((size_t)p, sizeof(int)), *fnext = calloc((size_t)p * 2, sizeof(int));
-  if (!fin || !free_at || !inflight || !fnext) {
-    free(fin), free(free_at), free(inflight), free(fnext);
+  int *fcount = calloc((size_t)C * 4 + 1, sizeof(int)), *bfirst = fcount + C, *bmax = fcount + 2 * C, *wfirst = fcount + 3 * C;
+  int *mine = malloc(sizeof(int) * (size_t)(C + 1)), *mine_at = calloc((size_t)p + 1, sizeof(int));   /* rank r's chunks, descending */
+  if (!fin || !free_at || !inflight || !fnext || !fcount || !mine || !mine_at) {
+    free(fin), free(free_at), free(inflight), free(fnext), free(fcount), free(mine), free(mine_at);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
   for (int i = 0; i < m * C * 3; i++) fin[i] = -1;
+  for (int c = 0; c < C; c++) mine_at[schedule_chunk_rank(s->kind, p, s->v, c) + 1]++;
+  for (int r = 0; r < p; r++) mine_at[r + 1] += mine_at[r];
+  int *fill = malloc(sizeof(int) * (size_t)(p + 1));
+  if (!fill) {
+    free(fin), free(free_at), free(inflight), free(fnext), free(fcount), free(mine), free(mine_at);
+    snprintf(err, errlen, "out of memory");
+    return IR_ERUN;
+  }
+  memcpy(fill, mine_at, sizeof(int) * (size_t)p);
+  for (int c = C - 1; c >= 0; c--) mine[fill[schedule_chunk_rank(s->kind, p, s->v, c)]++] = c;
+  free(fill);
 #define FIN(mb, c, k) fin[((mb) * C + (c)) * 3 + (k)]
   int total = 0, want = p * s->v * m * 3;
   while (total < want) {
@@ -59,9 +76,9 @@ static int greedy(Schedule *s, char *err, size_t errlen) {
     int cap = 2 * p;   /* dualpipev: two chunks per rank */
     int best_k = -1, best_mb = 0, best_c = 0;
     /* B: the ready one of the latest chunk, then the lowest micro-batch. */
-    for (int c = C - 1; c >= 0 && best_k < 0; c--) {
-      if (schedule_chunk_rank(s->kind, p, s->v, c) != r) continue;
-      for (int mb = 0; mb < m; mb++) {
+    for (int j = mine_at[r]; j < mine_at[r + 1] && best_k < 0; j++) {
+      int c = mine[j];
+      for (int mb = bfirst[c]; mb < fcount[c]; mb++) {
         if (FIN(mb, c, ACT_B) >= 0 || FIN(mb, c, ACT_F) < 0 || FIN(mb, c, ACT_F) > t) continue;
         double dep = c == C - 1 ? FIN(mb, c, ACT_F) : FIN(mb, c + 1, ACT_B);
         if (dep < 0 || dep > t) continue;
@@ -71,24 +88,28 @@ static int greedy(Schedule *s, char *err, size_t errlen) {
     }
     /* F: micro-batches in order; of the ready ones the latest chunk (finish what started). */
     if (best_k < 0 && inflight[r] < cap)
-      for (int c = C - 1; c >= 0 && best_k < 0; c--) {
-        if (schedule_chunk_rank(s->kind, p, s->v, c) != r) continue;
-        for (int mb = 0; mb < m; mb++) {
-          if (FIN(mb, c, ACT_F) >= 0) continue;
-          double dep = c == 0 ? 0 : FIN(mb, c - 1, ACT_F);
-          if (dep >= 0 && dep <= t) best_k = ACT_F, best_mb = mb, best_c = c;
-          break;   /* forwards of a chunk run in micro-batch order */
-        }
+      for (int j = mine_at[r]; j < mine_at[r + 1] && best_k < 0; j++) {
+        int c = mine[j], mb = fcount[c];
+        if (mb >= m) continue;
+        double dep = c == 0 ? 0 : FIN(mb, c - 1, ACT_F);
+        if (dep >= 0 && dep <= t) best_k = ACT_F, best_mb = mb, best_c = c;
       }
     /* W: the oldest pending. */
-    if (best_k < 0)
-      for (int mb = 0; mb < m && best_k < 0; mb++)
-        for (int c = C - 1; c >= 0; c--)
-          if (schedule_chunk_rank(s->kind, p, s->v, c) == r && FIN(mb, c, ACT_B) >= 0 && FIN(mb, c, ACT_B) <= t &&
-              FIN(mb, c, ACT_W) < 0) {
+    if (best_k < 0) {
+      int lo = m, hi = 0;
+      for (int j = mine_at[r]; j < mine_at[r + 1]; j++) {
+        if (wfirst[mine[j]] < lo) lo = wfirst[mine[j]];
+        if (bmax[mine[j]] > hi) hi = bmax[mine[j]];
+      }
+      for (int mb = lo; mb < hi && best_k < 0; mb++)
+        for (int j = mine_at[r]; j < mine_at[r + 1]; j++) {
+          int c = mine[j];
+          if (FIN(mb, c, ACT_B) >= 0 && FIN(mb, c, ACT_B) <= t && FIN(mb, c, ACT_W) < 0) {
             best_k = ACT_W, best_mb = mb, best_c = c;
             break;
           }
+        }
+    }
     if (best_k < 0) {   /* wait for the next finish anywhere, or for a rank free at t to act */
       bool other = false;
       for (int q = 0; q < p; q++) other |= q != r && s->n[q] < s->v * m * 3 && free_at[q] == t && !fnext[q];
@@ -100,7 +121,7 @@ static int greedy(Schedule *s, char *err, size_t errlen) {
       for (int q = 0; q < p; q++)
         if (s->n[q] < s->v * m * 3 && free_at[q] > t && free_at[q] < next) next = free_at[q];
       if (!isfinite(next)) {
-        free(fin), free(free_at), free(inflight), free(fnext);
+        free(fin), free(free_at), free(inflight), free(fnext), free(fcount), free(mine), free(mine_at);
         snprintf(err, errlen, "internal error: the %s scheduler found no action for pp rank %d", pipe_kind_names[s->kind], r);
         return IR_ERUN;
       }
@@ -111,17 +132,22 @@ static int greedy(Schedule *s, char *err, size_t errlen) {
     fnext[r] = 0;
     push(s, r, best_k, best_mb, best_c);
     FIN(best_mb, best_c, best_k) = t + 1;
+    if (best_k == ACT_F) fcount[best_c]++;
+    if (best_k == ACT_B && best_mb + 1 > bmax[best_c]) bmax[best_c] = best_mb + 1;
+    while (bfirst[best_c] < m && FIN(bfirst[best_c], best_c, ACT_B) >= 0) bfirst[best_c]++;
+    while (wfirst[best_c] < m && FIN(wfirst[best_c], best_c, ACT_W) >= 0) wfirst[best_c]++;
     free_at[r] = t + 1;
     inflight[r] += best_k == ACT_F ? 1 : best_k == ACT_B ? -1 : 0;
     total++;
   }
 #undef FIN
-  free(fin), free(free_at), free(inflight), free(fnext);
+  free(fin), free(free_at), free(inflight), free(fnext), free(fcount), free(mine), free(mine_at);
   return 0;
 }
 
 /* ---- dualpipev's schedules, memoized (see schedule_build) ---- */
-#define SCHED_CACHE 8
+#define SCHED_CACHE 64                 /* loom plan meets a few dozen (p, m) pairs */
+#define SCHED_CACHE_MAX_ACTS (1 << 20)  /* larger schedules (12 MiB and up) are not kept */
 static Schedule sched_cache[SCHED_CACHE];
 static int sched_cache_next;
 static pthread_mutex_t sched_cache_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -153,6 +179,7 @@ static bool cache_get(Schedule *s) {
 }
 
 static void cache_put(const Schedule *s) {
+  if ((int64_t)s->p * s->v * s->m * 3 > SCHED_CACHE_MAX_ACTS) return;
   pthread_mutex_lock(&sched_cache_lock);
   Schedule *c = &sched_cache[sched_cache_next];
   schedule_free(c);

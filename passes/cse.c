@@ -50,6 +50,9 @@ static int cse_func(Func *f) {
   size_t cap = 16;
   while (cap < (size_t)f->ops.n * 2) cap *= 2;
   Op **table = calloc(cap, sizeof *table);
+  /* the slots filled since the table was last emptied: an effect empties only those (a
+     memset of the whole table at every write made the optimizer's step quadratic) */
+  size_t *filled = malloc(sizeof *filled * ((size_t)f->ops.n + 1)), n_filled = 0;
   int merged = 0, kept = 0;
   for (int i = 0; i < f->ops.n; i++) {
     Op *op = f->ops.items[i];
@@ -67,7 +70,7 @@ static int cse_func(Func *f) {
     if (op_info(op->kind)->flags & OPF_EFFECT) {
       /* A write to a global may change what later reads of it see: nothing computed
          before it is reused after it. */
-      memset(table, 0, cap * sizeof *table);
+      while (n_filled) table[filled[--n_filled]] = NULL;
       f->ops.items[kept++] = op;
       continue;
     }
@@ -78,6 +81,7 @@ static int cse_func(Func *f) {
       merged++;   /* dropped: its uses now read the earlier op */
     } else {
       table[slot] = op;
+      filled[n_filled++] = slot;
       f->ops.items[kept++] = op;
     }
   }
@@ -85,6 +89,7 @@ static int cse_func(Func *f) {
   replace_uses(f, repl);
   free(repl);
   free(table);
+  free(filled);
   return merged;
 }
 

@@ -140,8 +140,16 @@ typedef struct {
 static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value **map, const Members *mb) {
   Func *f = fz->f;
   Module *m = fz->m;
-  char name[256];
-  snprintf(name, sizeof name, "%s.k%d", f->name, serial);
+  char name[256];   /* "<function>.k<serial>", written by hand: snprintf showed in loom plan's profiles */
+  size_t len = strlen(f->name);
+  if (len > sizeof name - 16) len = sizeof name - 16;
+  memcpy(name, f->name, len);
+  name[len++] = '.', name[len++] = 'k';
+  char digits[12];
+  int nd = 0;
+  for (unsigned u = (unsigned)serial; nd == 0 || u; u /= 10) digits[nd++] = (char)('0' + u % 10);
+  while (nd) name[len++] = digits[--nd];
+  name[len] = 0;
   Func *k = module_add_func(m, name);
   k->is_kernel = true;
   Value **inner = mb->inner, **ginner = mb->ginner;
@@ -233,10 +241,11 @@ static int fuse_func(Module *m, Func *f, int *serial) {
   /* Values of a group read by an op outside it (or returned) become kernel outputs.
      Groups that would pass too many buffers are split into one kernel per op. */
   bool *used_outside = calloc((size_t)n_values + 1, 1);
-  int *bufs = calloc((size_t)n_ops + 1, sizeof(int));
+  int *bufs = calloc(2 * (size_t)n_ops + 1, sizeof(int));   /* per group: at most 2 n_ops of them */
   /* groups: at most 2 n_ops (fz.groups' size), splitting included */
   int *first = malloc(sizeof(int) * (2 * (size_t)n_ops + 1)), *next = malloc(sizeof(int) * ((size_t)n_ops + 1));
   int *tail = malloc(sizeof(int) * (2 * (size_t)n_ops + 1));
+  int *stamp = calloc((size_t)n_values + (size_t)m->globals.n + 1, sizeof(int)), stamp_now = 0;
   for (;;) {
     link_members(&fz, n_ops, first, next, tail);
     memset(used_outside, 0, (size_t)n_values + 1);
@@ -253,24 +262,22 @@ static int fuse_func(Module *m, Func *f, int *serial) {
       const Value *v = f->rets.items[i];
       if (v->kind == VAL_RESULT) used_outside[v->id] = true;
     }
-    /* Count each group's buffers: outputs, and distinct inputs from outside. */
-    memset(bufs, 0, sizeof(int) * ((size_t)n_ops + 1));
-    for (int i = 0; i < n_ops; i++) {
-      int g = fz.group_of[i];
-      if (g < 0) continue;
-      const Op *op = f->ops.items[i];
-      for (int r = 0; r < op->n_results; r++) bufs[g] += used_outside[op->results[r]->id];
-      for (int k = 0; k < op->n_operands; k++) {
-        const Value *v = op->operands[k];
-        bool inside = v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] == g;
-        bool cloned = v->kind == VAL_RESULT && (v->def->kind == OP_CONSTANT || v->def->kind == OP_IOTA);
-        if (inside || cloned) continue;
-        bool seen = false;   /* the same input read again (here or by an earlier member) */
-        for (int j = first[g]; j >= 0 && j <= i && !seen; j = next[j]) {
-          const Op *o = f->ops.items[j];
-          for (int q = 0; q < (j == i ? k : o->n_operands) && !seen; q++) seen = o->operands[q] == v;
+    /* Count each group's buffers: outputs, and distinct inputs from outside (a group's
+       members in order; stamp: the last group visit that counted a value). */
+    memset(bufs, 0, sizeof(int) * (2 * (size_t)n_ops + 1));
+    for (int g = 0; g < fz.n_groups; g++) {
+      stamp_now++;
+      for (int i = first[g]; i >= 0; i = next[i]) {
+        const Op *op = f->ops.items[i];
+        for (int r = 0; r < op->n_results; r++) bufs[g] += used_outside[op->results[r]->id];
+        for (int k = 0; k < op->n_operands; k++) {
+          const Value *v = op->operands[k];
+          bool inside = v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] == g;
+          bool cloned = v->kind == VAL_RESULT && (v->def->kind == OP_CONSTANT || v->def->kind == OP_IOTA);
+          if (inside || cloned) continue;
+          int *st = v->kind == VAL_GLOBAL ? &stamp[n_values + v->global->index] : &stamp[v->id];
+          if (*st != stamp_now) *st = stamp_now, bufs[g]++;   /* not read already (here or by an earlier member) */
         }
-        bufs[g] += !seen;
       }
     }
     bool split = false;
@@ -284,7 +291,7 @@ static int fuse_func(Module *m, Func *f, int *serial) {
     }
     if (!split) break;
   }
-  free(bufs);
+  free(bufs), free(stamp);
 
   /* Rebuild the op list: each group becomes one call, placed at its last op. */
   Value **map = calloc((size_t)n_values + 1, sizeof *map);

@@ -20,6 +20,9 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "passes.h"
 
@@ -120,40 +123,104 @@ typedef struct {
   int id;                     /* the root value's id: the buffer's owner */
 } Buf;
 
-static int by_size(const void *a, const void *b) {
-  const Buf *x = a, *y = b;
-  if (x->size != y->size) return x->size < y->size ? 1 : -1;
-  if (x->start != y->start) return x->start < y->start ? -1 : 1;
-  return x->id - y->id;
+/* Largest first, then earliest, then by owner: a total order (owners are distinct). */
+static inline bool before(const Buf *x, const Buf *y) {
+  if (x->size != y->size) return x->size > y->size;
+  if (x->start != y->start) return x->start < y->start;
+  return x->id < y->id;
+}
+
+/* b in that order: a merge sort with the comparison inline (qsort's calls through a
+   pointer were a tenth of `loom plan`'s memory plans). */
+static void sort_by_size(Buf *b, int n) {
+  Buf *tmp = malloc(sizeof(Buf) * ((size_t)n + 1)), *from = b, *to = tmp;
+  if (!tmp) {   /* insertion sort: the same order, slower */
+    for (int i = 1; i < n; i++) {
+      Buf x = b[i];
+      int j = i;
+      while (j > 0 && before(&x, &b[j - 1])) b[j] = b[j - 1], j--;
+      b[j] = x;
+    }
+    return;
+  }
+  for (int w = 1; w < n; w *= 2) {
+    for (int lo = 0; lo < n; lo += 2 * w) {
+      int mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
+      while (i < mid && j < hi) to[k++] = before(&from[j], &from[i]) ? from[j++] : from[i++];
+      while (i < mid) to[k++] = from[i++];
+      while (j < hi) to[k++] = from[j++];
+    }
+    Buf *t = from;
+    from = to, to = t;
+  }
+  if (from != b) memcpy(b, from, sizeof(Buf) * (size_t)n);
+  free(tmp);
+}
+
+/* Bit j set when placed buffer k0 + j (j < 8) lives at some time of [s, e]. */
+static inline unsigned alive8(const int32_t *ps, const int32_t *pe, int k0, int32_t s, int32_t e) {
+#if defined(__SSE2__)
+  __m128i lo = _mm_set1_epi32(s - 1), hi = _mm_set1_epi32(e + 1);   /* ps <= e and pe >= s */
+  __m128i m0 = _mm_and_si128(_mm_cmpgt_epi32(hi, _mm_loadu_si128((const __m128i *)(ps + k0))),
+                             _mm_cmpgt_epi32(_mm_loadu_si128((const __m128i *)(pe + k0)), lo));
+  __m128i m1 = _mm_and_si128(_mm_cmpgt_epi32(hi, _mm_loadu_si128((const __m128i *)(ps + k0 + 4))),
+                             _mm_cmpgt_epi32(_mm_loadu_si128((const __m128i *)(pe + k0 + 4)), lo));
+  return (unsigned)_mm_movemask_ps(_mm_castsi128_ps(m0)) | (unsigned)_mm_movemask_ps(_mm_castsi128_ps(m1)) << 4;
+#else
+  unsigned mask = 0;
+  for (int j = 0; j < 8; j++) mask |= (unsigned)((ps[k0 + j] <= e) & (s <= pe[k0 + j])) << j;
+  return mask;
+#endif
 }
 
 /* Offsets for bufs, largest first, each at the lowest offset where it overlaps no placed
    buffer alive at the same time (the "greedy by size" offset assignment of inference
-   runtimes' planners).  The placed buffers are kept in offset order (an insertion), so
-   each new one walks them once, skipping those alive at other times.  Returns the arena
-   size. */
+   runtimes' planners).  The placed buffers are kept in offset order (an insertion after
+   those at the same offset), so each new one walks them once, skipping those alive at other
+   times: eight at a time, their lifetimes side by side, so the skipping is a vector compare
+   (the walk is most of `loom plan`'s memory plans).  Returns the arena size. */
 static int64_t place_by_size(Buf *b, int nb) {
-  qsort(b, (size_t)nb, sizeof *b, by_size);
-  int *order = malloc(sizeof(int) * ((size_t)nb + 1));   /* placed buffers by offset */
-  int64_t top = 0;
+  sort_by_size(b, nb);
+  /* the placed buffers by offset: lifetime [ps, pe] (op indices), bytes [po, pt) */
+  int32_t *ps = calloc(2 * ((size_t)nb + 8), sizeof(int32_t));
+  int64_t *po = calloc(2 * ((size_t)nb + 8), sizeof(int64_t));
+  if (!ps || !po) {   /* no second plan: first fit's stands */
+    free(ps), free(po);
+    return INT64_MAX;
+  }
+  int32_t *pe = ps + nb + 8;
+  int64_t *pt = po + nb + 8, top = 0;
   for (int i = 0; i < nb; i++) {
-    int64_t at = 0;
-    for (int k = 0; k < i; k++) {
-      const Buf *o = &b[order[k]];
-      if (o->start > b[i].end || b[i].start > o->end) continue;   /* alive at other times */
-      if (o->off >= at + b[i].size) break;   /* the gap below this one fits */
-      if (o->off + o->size > at) at = o->off + o->size;
+    int64_t at = 0, size = b[i].size;
+    int32_t s = (int32_t)b[i].start, e = (int32_t)b[i].end;
+    bool placed = false;
+    for (int k0 = 0; k0 < i && !placed; k0 += 8) {
+      unsigned mask = alive8(ps, pe, k0, s, e);   /* which of the next eight are alive at the same time */
+      if (k0 + 8 > i) mask &= (1u << (i - k0)) - 1;
+      for (; mask; mask &= mask - 1) {
+        int k = k0 + __builtin_ctz(mask);
+        if (po[k] >= at + size) {   /* the gap below this one fits */
+          placed = true;
+          break;
+        }
+        if (pt[k] > at) at = pt[k];
+      }
     }
     b[i].off = at;
-    if (at + b[i].size > top) top = at + b[i].size;
-    int k = i;   /* insert by offset */
-    while (k > 0 && b[order[k - 1]].off > at) {
-      order[k] = order[k - 1];
-      k--;
+    if (at + size > top) top = at + size;
+    int lo = 0, hi = i;   /* insert after every buffer at an offset <= at */
+    while (lo < hi) {
+      int mid = (lo + hi) / 2;
+      if (po[mid] > at) hi = mid;
+      else lo = mid + 1;
     }
-    order[k] = i;
+    memmove(ps + lo + 1, ps + lo, sizeof(int32_t) * (size_t)(i - lo));
+    memmove(pe + lo + 1, pe + lo, sizeof(int32_t) * (size_t)(i - lo));
+    memmove(po + lo + 1, po + lo, sizeof(int64_t) * (size_t)(i - lo));
+    memmove(pt + lo + 1, pt + lo, sizeof(int64_t) * (size_t)(i - lo));
+    ps[lo] = s, pe[lo] = e, po[lo] = at, pt[lo] = at + size;
   }
-  free(order);
+  free(ps), free(po);
   return top;
 }
 
@@ -250,9 +317,13 @@ static void plan_func(Func *f, int target) {
     v->offset = fl_take(&fl, value_bytes(v, target));
     if (last[v->id] < 0) last[v->id] = f->ops.n;   /* an argument nobody reads keeps its place */
   }
+  int max_operands = 0;
+  for (int i = 0; i < f->ops.n; i++)
+    if (((Op *)f->ops.items[i])->n_operands > max_operands) max_operands = ((Op *)f->ops.items[i])->n_operands;
+  bool *reused = malloc((size_t)max_operands + 1);   /* per op: which inputs an output took */
   for (int i = 0; i < f->ops.n; i++) {
     Op *op = f->ops.items[i];
-    bool *reused = calloc((size_t)op->n_operands + 1, 1);
+    memset(reused, 0, (size_t)op->n_operands + 1);
     for (int r = 0; r < op->n_results; r++) {
       Value *v = op->results[r];
       if ((op->kind == OP_RESHAPE || op->kind == OP_WAIT) && op->operands[0]->kind != VAL_GLOBAL) {
@@ -295,8 +366,8 @@ static void plan_func(Func *f, int target) {
       if (root_of(v) == v && last[v->id] < 0)
         fl_add(&fl, v->offset, v->offset + value_bytes(v, target));
     }
-    free(reused);
   }
+  free(reused);
   f->arena_bytes = fl.top;
   free(fl.start);
   free(fl.end);

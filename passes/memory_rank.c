@@ -16,7 +16,17 @@
 
 static int64_t elem(const Value *v, int target) { return target == TARGET_CUDA ? dtype_size(v->type.dtype) : 4; }
 
-int64_t memory_rank_peak(const Module *m, int target) {
+int64_t memory_rank_peak(const Module *m, int target) { return memory_rank_peak_given(m, target, NULL, 0); }
+
+/* Marks global gi as read by rank q (once), adding its bytes to state[q]. */
+static void note_global(const Module *m, int gi, int q, int np, char *seen, int64_t *state, int target) {
+  if (seen[(size_t)gi * (size_t)np + (size_t)q]) return;
+  seen[(size_t)gi * (size_t)np + (size_t)q] = 1;
+  const Value *v = ((const Global *)m->globals.items[gi])->value;
+  state[q] += type_numel(&v->type) * elem(v, target);
+}
+
+int64_t memory_rank_peak_given(const Module *m, int target, const FuncFigures *given, int n_given) {
   if (!m->pipe.kind) {
     int64_t state = 0, arena = 0;
     for (int i = 0; i < m->globals.n; i++) {
@@ -25,7 +35,8 @@ int64_t memory_rank_peak(const Module *m, int target) {
     }
     for (int i = 0; i < m->funcs.n; i++) {   /* @forward (evaluation) is not part of a step */
       const Func *f = m->funcs.items[i];
-      if (!f->is_kernel && strcmp(f->name, "forward") && f->arena_bytes > arena) arena = f->arena_bytes;
+      int64_t a = i < n_given && given[i].given ? given[i].arena_bytes : f->arena_bytes;
+      if (!f->is_kernel && strcmp(f->name, "forward") && a > arena) arena = a;
     }
     return state + arena;
   }
@@ -45,17 +56,19 @@ int64_t memory_rank_peak(const Module *m, int target) {
   }
   for (int fi = 0; fi < m->funcs.n; fi++) {
     const Func *f = m->funcs.items[fi];
+    if (f->is_kernel) continue;   /* no rank of its own (pipe_func_rank: -1); its caller reads what it reads */
     int q = pipe_func_rank(&s, f->name);
     if (q < 0 || q >= np) continue;
+    if (fi < n_given && given[fi].given) {
+      if (given[fi].arena_bytes > arena[q]) arena[q] = given[fi].arena_bytes;
+      for (int k = 0; k < given[fi].n_globals; k++) note_global(m, given[fi].globals[k], q, np, seen, state, target);
+      continue;
+    }
     if (f->arena_bytes > arena[q]) arena[q] = f->arena_bytes;
     for (int i = 0; i < f->ops.n; i++) {
       const Op *op = f->ops.items[i];
-      for (int k = 0; k < op->n_operands; k++) {
-        const Value *v = op->operands[k];
-        if (v->kind != VAL_GLOBAL || seen[(size_t)v->global->index * (size_t)np + (size_t)q]) continue;
-        seen[(size_t)v->global->index * (size_t)np + (size_t)q] = 1;
-        state[q] += type_numel(&v->type) * elem(v, target);
-      }
+      for (int k = 0; k < op->n_operands; k++)
+        if (op->operands[k]->kind == VAL_GLOBAL) note_global(m, op->operands[k]->global->index, q, np, seen, state, target);
     }
   }
   for (int q = 0; q < np; q++)

@@ -122,6 +122,20 @@ int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t
 /* memory_rank.c: the largest memory of any rank, pipelined or not (see the file); -1 when a
    pipelined module's schedule cannot be built. */
 int64_t memory_rank_peak(const Module *m, int target);
+/* What lowering gives one function, for a function left unlowered whose figures are known
+   (`loom plan` lowers equal functions once, ir/hash.c): a call's predicted time
+   (timing_call_s), its arena (memory-plan's), and the globals its ops read or write once
+   lowered (indices in m->globals). */
+typedef struct {
+  bool given;
+  double call_s;
+  int64_t arena_bytes;
+  int n_globals;
+  const int *globals;
+} FuncFigures;
+/* memory_rank_peak with given[i] standing for m->funcs.items[i] where i < n_given and
+   given[i].given. */
+int64_t memory_rank_peak_given(const Module *m, int target, const FuncFigures *given, int n_given);
 /* What the forward leaves alive for the backward: live bytes right after the op that
    computes f's returned loss (0 when f returns no computed value). */
 int64_t memory_activations(Func *f, int target);

@@ -68,6 +68,7 @@ typedef struct {
   unsigned char *need3;
   int *vchunk, *cv_start, *cv_ids, *first_op, *next_op;
   Value **map_pool;   /* Out's maps (build_chunk): zero between functions */
+  const Global **param;   /* global index -> the parameter it is about (param_of), or NULL */
   int *touched, n_touched;
   char *err;
   size_t errlen;
@@ -106,15 +107,17 @@ static int global_unit(const Global *gl) {
 }
 
 static bool is_arg(const Value *v) { return v->kind == VAL_ARG; }
-static const Global *param_of(Module *m, const Global *gl);
+static const Global *param_of(const PP *pp, const Global *gl) { return pp->param[gl->index]; }
 
 /* Phase and unit of every op (the forward's units, reaches, the backward's units). */
 static int classify(PP *pp) {
   Func *g = pp->g;
-  int nl = 0;
-  for (int i = 0; i < pp->m->globals.n; i++) {
-    int l = layer_of(((Global *)pp->m->globals.items[i])->name);
-    if (l + 1 > nl) nl = l + 1;
+  int nl = 0, ng = pp->m->globals.n;
+  int *gunit = malloc(sizeof(int) * ((size_t)ng + 1));   /* global_unit of every global, once */
+  if (!gunit) return fail(pp, IR_ERUN, "out of memory");
+  for (int i = 0; i < ng; i++) {
+    gunit[i] = global_unit(pp->m->globals.items[i]);
+    if (gunit[i] > nl) nl = gunit[i];
   }
   pp->n_units = nl + 2;
   bool seen_seed = false;
@@ -138,7 +141,7 @@ static int classify(PP *pp) {
         Value *v = op->operands[k];
         if (v->kind == VAL_GLOBAL) {
           any_global = true;
-          if (k >= op_n_writes(op->kind)) unit = unit > global_unit(v->global) ? unit : global_unit(v->global);
+          if (k >= op_n_writes(op->kind)) unit = unit > gunit[v->global->index] ? unit : gunit[v->global->index];
           continue;
         }
         if (is_arg(v)) {
@@ -178,9 +181,11 @@ static int classify(PP *pp) {
   }
   free(vparam);
   free(varg);
-  if (!seen_seed)
+  if (!seen_seed) {
+    free(gunit);
     return fail(pp, IR_EINPUT, "@grad_step has no %%loss_seed (the backward's start, named by autodiff): the pipeline pass "
                 "needs the step as autodiff made it (loom ir --passes=train)");
+  }
   /* Reach of forward values: the largest unit of a forward op that reads them. */
   for (int id = 0; id < pp->n_vals; id++) pp->reach[id] = pp->vunit[id];
   for (int i = 0; i < g->ops.n; i++) {
@@ -194,9 +199,9 @@ static int classify(PP *pp) {
   /* The reach of a parameter: the largest unit of a forward op that reads it (directly or
      through floating ops: a tied embedding's is the head's); of a floating value: the
      largest reach of the parameters it is made of. */
-  int ng = pp->m->globals.n;
   int *preach = calloc((size_t)ng + 1, sizeof(int));
-  for (int gi = 0; gi < ng; gi++) preach[gi] = global_unit(pp->m->globals.items[gi]);
+  for (int gi = 0; gi < ng; gi++) preach[gi] = gunit[gi];
+  free(gunit);
   int *greach = calloc((size_t)pp->n_vals + 1, sizeof(int));   /* floating value -> its reach so far */
   for (int i = g->ops.n - 1; i >= 0; i--) {   /* consumers first: floating ops pass reach down */
     Op *op = g->ops.items[i];
@@ -240,7 +245,7 @@ static int classify(PP *pp) {
     int si = ring_send_of(g, i);
     if (si >= 0) unit = pp->unit[si];   /* with its send */
     if (op->kind == OP_ACCUMULATE) {   /* a gradient is accumulated where its parameter is read */
-      const Global *p = param_of(pp->m, op->operands[0]->global);
+      const Global *p = param_of(pp, op->operands[0]->global);
       if (p && preach[p->index] < unit) unit = preach[p->index];
     }
     pp->unit[i] = unit;
@@ -797,8 +802,9 @@ static int build_chunk(PP *pp, int c) {
 
 /* ---- the optimizer step of one pp rank ---- */
 
-/* The parameter a global belongs to: itself, or the X of grad.X / adam_m.X / adam_v.X. */
-static const Global *param_of(Module *m, const Global *gl) {
+/* The parameter a global belongs to: itself, or the X of grad.X / adam_m.X / adam_v.X
+   (PP.param holds it for every global: the optimizer steps of many pp ranks ask for every op). */
+static const Global *find_param(Module *m, const Global *gl) {
   const char *pre[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
   if (gl->kind == GLOBAL_PARAM) return gl;
   for (int k = 0; k < 3; k++)
@@ -820,20 +826,79 @@ static void global_users(PP *pp, bool *used) {
       Op *op = fn->ops.items[i];
       for (int k = 0; k < op->n_operands; k++)
         if (op->operands[k]->kind == VAL_GLOBAL) {
-          const Global *p = param_of(m, op->operands[k]->global);
+          const Global *p = param_of(pp, op->operands[k]->global);
           if (p) used[r * m->globals.n + p->index] = true;
         }
     }
   }
 }
 
-static int build_optimizer(PP *pp, Func *opt, const bool *used, int r) {
+/* What every rank's optimizer step shares, from one walk of @optimizer_step: per op the
+   parameter it is about (`ab`: its index, -1 none, -2 the gradient norm's chain, -3 an op
+   outside the norm that mixes parameters: an error when a rank reaches it), per value the
+   same (`about`), and which ops the norm's sqrt depends on (`in_norm`).  The chain: the ops
+   the norm depends on that combine several parameters' terms. */
+typedef struct {
+  int *about, *ab;
+  bool *in_norm;
+  Value **map;       /* a rank's copies (cleared after each rank) */
+  int *dropped_on;   /* value id -> 1 + the rank that dropped it */
+} OptPlan;
+
+static void opt_plan_free(OptPlan *op) { free(op->about), free(op->ab), free(op->in_norm), free(op->map), free(op->dropped_on); }
+
+static int opt_plan(PP *pp, Func *opt, OptPlan *pl) {
+  int nv = func_number(opt), n = opt->ops.n;
+  *pl = (OptPlan){malloc(sizeof(int) * (size_t)(nv + 1)), malloc(sizeof(int) * (size_t)(n + 1)),
+                  calloc((size_t)n + 1, 1), calloc((size_t)nv + 1, sizeof(Value *)), calloc((size_t)nv + 1, sizeof(int))};
+  bool *need = calloc((size_t)nv + 1, 1);
+  if (!pl->about || !pl->ab || !pl->in_norm || !pl->map || !pl->dropped_on || !need) {
+    free(need);
+    return fail(pp, IR_ERUN, "out of memory");
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    Op *op = opt->ops.items[i];
+    bool in = op->kind == OP_SQRT && op->results[0]->name && !strcmp(op->results[0]->name, "grad_norm");
+    for (int r2 = 0; r2 < op->n_results && !in; r2++) in = need[op->results[r2]->id];
+    if (!in) continue;
+    pl->in_norm[i] = true;
+    for (int k = 0; k < op->n_operands; k++)
+      if (op->operands[k]->kind == VAL_RESULT) need[op->operands[k]->id] = true;
+  }
+  free(need);
+  for (int i = 0; i < n; i++) {
+    Op *op = opt->ops.items[i];
+    int ab = -1;
+    bool chain_in = false;
+    for (int k = 0; k < op->n_operands; k++) {
+      Value *v = op->operands[k];
+      int a = -1;
+      if (v->kind == VAL_GLOBAL) {
+        const Global *p = param_of(pp, v->global);
+        a = p ? p->index : -1;
+      } else if (v->kind == VAL_RESULT) {
+        a = pl->about[v->id];
+        chain_in |= a == -2;
+      }
+      if (a < 0) continue;
+      ab = ab == -1 ? a : ab == a ? a : -3;
+    }
+    if (pl->in_norm[i] && (chain_in || ab == -3)) ab = -2;
+    pl->ab[i] = ab;
+    for (int rr = 0; rr < op->n_results; rr++) pl->about[op->results[rr]->id] = ab;
+  }
+  return 0;
+}
+
+/* Rank r's optimizer step: the ops about its parameters or about none, and the norm's chain
+   over the terms it counts.  An op about another rank's parameter is not looked at: nothing
+   this rank keeps reads it (the chain counts such a term as another rank's). */
+static int build_optimizer(PP *pp, Func *opt, const OptPlan *pl, const bool *used, int r) {
   Module *m = pp->m;
   int ng = m->globals.n;
   char name[64];
   snprintf(name, sizeof name, "optimizer_step.s%d", r);
-  int nv = func_number(opt);
-  Out o = {module_add_func(m, name), calloc((size_t)nv + 1, sizeof(Value *)), pp, false};
+  Out o = {module_add_func(m, name), pl->map, pp, false};
   for (int a = 0; a < opt->args.n; a++) {
     Value *v = opt->args.items[a];
     o.map[v->id] = func_add_arg(o.f, v->name, v->type);
@@ -872,58 +937,27 @@ static int build_optimizer(PP *pp, Func *opt, const bool *used, int r) {
     ptrvec_push(m->arena, &o.f->ops, op_new(m, OP_ASSIGN, as, 2, NULL));
   }
   /* Every op of the step: kept when it is about a parameter of this rank (or about none).
-     The gradient norm's running sum is told apart: the ops the norm's sqrt depends on that
-     combine several parameters' terms (the "chain", about = -2); a term of a parameter of
-     another rank, or of a tied parameter counted on its first owner, drops out of it.
-     `about` of a value: the parameter it was computed from, -1 none, -2 the chain. */
-  int *about = malloc(sizeof(int) * (size_t)(nv + 1));
-  bool *dropped = calloc((size_t)nv + 1, 1), *in_norm = calloc((size_t)opt->ops.n + 1, 1);
-  bool *need = calloc((size_t)nv + 1, 1);
+     The gradient norm's running sum: a term of a parameter of another rank, or of a tied
+     parameter counted on its first owner, drops out of it. */
+  int *dropped = pl->dropped_on, mark = r + 1, rc = 0;
   bool have_norm = false;
-  for (int i = opt->ops.n - 1; i >= 0; i--) {
+  for (int i = 0; i < opt->ops.n && !rc; i++) {
     Op *op = opt->ops.items[i];
-    bool in = op->kind == OP_SQRT && op->results[0]->name && !strcmp(op->results[0]->name, "grad_norm");
-    for (int r2 = 0; r2 < op->n_results && !in; r2++) in = need[op->results[r2]->id];
-    if (!in) continue;
-    in_norm[i] = true;
-    for (int k = 0; k < op->n_operands; k++)
-      if (op->operands[k]->kind == VAL_RESULT) need[op->operands[k]->id] = true;
-  }
-  free(need);
-  for (int i = 0; i < opt->ops.n; i++) {
-    Op *op = opt->ops.items[i];
-    int ab = -1;
-    bool chain_in = false;
-    for (int k = 0; k < op->n_operands; k++) {
-      Value *v = op->operands[k];
-      int a = -1;
-      if (v->kind == VAL_GLOBAL) {
-        const Global *p = param_of(m, v->global);
-        a = p ? p->index : -1;
-      } else if (v->kind == VAL_RESULT) {
-        a = about[v->id];
-        chain_in |= a == -2;
-      }
-      if (a < 0) continue;
-      ab = ab == -1 ? a : ab == a ? a : -3;
-    }
-    if (in_norm[i] && (chain_in || ab == -3)) ab = -2;
-    else if (ab == -3) {
+    int ab = pl->ab[i];
+    if (ab >= 0 && !used[r * ng + ab]) continue;   /* another rank's */
+    if (ab == -3) {
       char text[512];
-      free(about), free(dropped), free(in_norm), free(o.map);
-      return fail(pp, IR_ERUN, "internal error: an @optimizer_step op outside the norm mixes parameters: %s",
-                  op_to_string(op, text, sizeof text));
+      rc = fail(pp, IR_ERUN, "internal error: an @optimizer_step op outside the norm mixes parameters: %s",
+                op_to_string(op, text, sizeof text));
+      break;
     }
-    bool keep = true;
-    if (ab >= 0) {
-      keep = used[r * ng + ab];
-    } else if (ab == -2) {
+    if (ab == -2) {
       int live[8], nl = 0;
       for (int k = 0; k < op->n_operands; k++) {
         Value *v = op->operands[k];
-        bool dead = v->kind == VAL_RESULT && dropped[v->id];
-        if (!dead && v->kind == VAL_RESULT && about[v->id] >= 0) {
-          int pi = about[v->id], first = -1;
+        bool dead = v->kind == VAL_RESULT && dropped[v->id] == mark;
+        if (!dead && v->kind == VAL_RESULT && pl->about[v->id] >= 0) {
+          int pi = pl->about[v->id], first = -1;
           for (int q = 0; q < pp->p && first < 0; q++)
             if (used[q * ng + pi]) first = q;
           dead = first != r;
@@ -932,25 +966,24 @@ static int build_optimizer(PP *pp, Func *opt, const bool *used, int r) {
       }
       if (op->kind == OP_ADD && nl == 1) {
         o.map[op->results[0]->id] = get(&o, op->operands[live[0]]);
-        about[op->results[0]->id] = -2;
         continue;
       }
       if (nl == 0) {
-        for (int rr = 0; rr < op->n_results; rr++) dropped[op->results[rr]->id] = true, about[op->results[rr]->id] = -2;
+        for (int rr = 0; rr < op->n_results; rr++) dropped[op->results[rr]->id] = mark;
         continue;
       }
       if (nl != op->n_operands) {
         char text[512];
-        free(about), free(dropped), free(in_norm), free(o.map);
-        return fail(pp, IR_ERUN, "internal error: the gradient norm's op %s loses an operand on pp rank %d",
-                    op_to_string(op, text, sizeof text), r);
+        rc = fail(pp, IR_ERUN, "internal error: the gradient norm's op %s loses an operand on pp rank %d",
+                  op_to_string(op, text, sizeof text), r);
+        break;
       }
     }
     bool any_dropped = false;
     for (int k = 0; k < op->n_operands; k++)
-      any_dropped |= op->operands[k]->kind == VAL_RESULT && dropped[op->operands[k]->id];
-    if (!keep || any_dropped) {
-      for (int rr = 0; rr < op->n_results; rr++) dropped[op->results[rr]->id] = true, about[op->results[rr]->id] = ab;
+      any_dropped |= op->operands[k]->kind == VAL_RESULT && dropped[op->operands[k]->id] == mark;
+    if (any_dropped) {
+      for (int rr = 0; rr < op->n_results; rr++) dropped[op->results[rr]->id] = mark;
       continue;
     }
     /* The norm: the sum of squares is summed over pp before its square root. */
@@ -966,28 +999,27 @@ static int build_optimizer(PP *pp, Func *opt, const bool *used, int r) {
       have_norm = true;
     }
     emit(&o, op);
-    for (int rr = 0; rr < op->n_results; rr++) about[op->results[rr]->id] = ab;
   }
-  for (int i = 0; i < opt->rets.n; i++) {
+  for (int i = 0; i < opt->rets.n && !rc; i++) {
     Value *v = opt->rets.items[i];
     Value *x = v->kind == VAL_GLOBAL ? v : o.map[v->id];
     if (!x) {
-      free(about), free(dropped), free(in_norm), free(o.map);
-      return fail(pp, IR_ERUN, "internal error: @optimizer_step's result %d has no value on pp rank %d", i, r);
+      rc = fail(pp, IR_ERUN, "internal error: @optimizer_step's result %d has no value on pp rank %d", i, r);
+      break;
     }
     func_add_ret(o.f, x);
   }
-  free(about), free(dropped), free(in_norm), free(o.map);
+  /* the copies are this rank's: cleared for the next */
+  for (int a = 0; a < opt->args.n; a++) o.map[((Value *)opt->args.items[a])->id] = NULL;
+  for (int i = 0; i < opt->ops.n; i++) {
+    Op *op = opt->ops.items[i];
+    for (int rr = 0; rr < op->n_results; rr++) o.map[op->results[rr]->id] = NULL;
+    if (op->n_operands && op->operands[0]->kind == VAL_RESULT) o.map[op->operands[0]->id] = NULL;
+  }
+  if (rc) return rc;
   if (!have_norm) return fail(pp, IR_EINPUT, "@optimizer_step has no %%grad_norm = sqrt ...: the pipeline pass needs the "
                               "optimizer pass's step");
   return 0;
-}
-
-static void drop_func(Module *m, const char *name) {
-  int out = 0;
-  for (int i = 0; i < m->funcs.n; i++)
-    if (strcmp(((Func *)m->funcs.items[i])->name, name)) m->funcs.items[out++] = m->funcs.items[i];
-  m->funcs.n = out;
 }
 
 static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
@@ -1019,6 +1051,9 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   int rc = schedule_build(pp.kind, p, pp.v, (int)(ts->grad_accum > 0 ? ts->grad_accum : 1), &s, err, errlen);
   if (rc) return rc;
   schedule_free(&s);
+  pp.param = malloc(sizeof *pp.param * ((size_t)m->globals.n + 1));
+  if (!pp.param) return fail(&pp, IR_ERUN, "out of memory");
+  for (int gi = 0; gi < m->globals.n; gi++) pp.param[gi] = find_param(m, m->globals.items[gi]);
   pp.n_vals = func_number(g);
   int n = g->ops.n;
   pp.phase = calloc((size_t)n + 1, sizeof(int));
@@ -1046,19 +1081,22 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
       for (int r = 0; r < p; r++) any |= used[r * m->globals.n + gi];
       if (!any && ((Global *)m->globals.items[gi])->kind == GLOBAL_PARAM) used[gi] = true;
     }
-    for (int r = 0; r < p && !rc; r++) rc = build_optimizer(&pp, opt, used, r);
+    OptPlan pl;
+    rc = opt_plan(&pp, opt, &pl);
+    for (int r = 0; r < p && !rc; r++) rc = build_optimizer(&pp, opt, &pl, used, r);
+    opt_plan_free(&pl);
     free(used);
   }
   if (!rc) {
-    drop_func(m, "grad_step");
-    drop_func(m, "optimizer_step");
-    drop_func(m, "forward");
+    module_drop_func(m, "grad_step");
+    module_drop_func(m, "optimizer_step");
+    module_drop_func(m, "forward");
     for (int i = 0; i < m->funcs.n; i++) remove_dead_ops(m->funcs.items[i]);
     m->pipe = (PipeInfo){pp.kind, pp.v, ts->grad_accum > 0 ? ts->grad_accum : 1, pp.C};
     ctx->changed += pp.C;
   }
   free(pp.phase), free(pp.unit), free(pp.part), free(pp.vphase), free(pp.vunit), free(pp.reach), free(pp.def);
-  free(pp.unit_chunk), free(pp.vval), free(pp.vidx);
+  free(pp.unit_chunk), free(pp.vval), free(pp.vidx), free(pp.param);
   return rc;
 }
 

@@ -298,8 +298,13 @@ static void materialize(Rewrite *w, int i) {
   for (int r = 0; r < op->n_results; r++) {
     Value *v = op->results[r];
     char name[512];
-    if (v->name) snprintf(name, sizeof name, "rc.%s", v->name);
-    else snprintf(name, sizeof name, "rc.%d", w->named++);
+    if (v->name) {   /* "rc.<name>", as snprintf would cut it (snprintf itself showed in loom plan's profiles) */
+      size_t len = strlen(v->name);
+      if (len > sizeof name - 4) len = sizeof name - 4;
+      memcpy(name, "rc.", 3), memcpy(name + 3, v->name, len), name[3 + len] = 0;
+    } else {
+      snprintf(name, sizeof name, "rc.%d", w->named++);
+    }
     value_set_name(rc->m, c->results[r], name);
     w->clone_of[v->id] = c->results[r];
   }

@@ -158,7 +158,8 @@ Value *shard_reshard(Sharder *s, Value *v, const Sharding *want) {
 
 static void cache_forget_global(Sharder *s, const Value *g) {
   int out = 0;
-  for (int i = 0; i < s->n_cache; i++)
+  while (out < s->n_cache && s->cache[out].from != g) out++;   /* most writes find none: nothing moves */
+  for (int i = out; i < s->n_cache; i++)
     if (s->cache[i].from != g) s->cache[out++] = s->cache[i];
   s->n_cache = out;
 }
@@ -627,7 +628,7 @@ static void emit(Sharder *s, Op *op) {
   Decision dec;
   Sharding need[256], give[IR_MAX_RESULTS];
   memset(need, 0, sizeof(Sharding) * (size_t)(nops ? nops : 1));
-  memset(give, 0, sizeof give);
+  memset(give, 0, sizeof give[0] * (size_t)(op->n_results > 0 ? op->n_results : 1));   /* the results' (all that is read) */
   for (int a = 0; a < AX_COUNT; a++) {
     if (m->mesh.size[a] == 1) continue;
     Place in[256];

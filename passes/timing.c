@@ -83,6 +83,8 @@ typedef struct {
   const Value **pending;   /* a start's result -> its end time */
   double *pending_end;
   int n_pending, cap_pending;
+  const FuncFigures *given;   /* the first n_given of m->funcs: a call's time given (loom plan) */
+  int n_given;
 } Acc;
 
 static double func_time(const Func *f, Acc *a);
@@ -198,11 +200,22 @@ static double func_time(const Func *f, Acc *a) {
 }
 
 static double run_func(const Module *m, const char *name, Acc *a, double scale, bool *found) {
-  const Func *f = module_find_func(m, name);
-  *found = f != NULL;
-  if (!f) return 0;
+  int i = 0;
+  while (i < m->funcs.n && strcmp(((const Func *)m->funcs.items[i])->name, name)) i++;
+  *found = i < m->funcs.n;
+  if (!*found) return 0;
+  if (i < a->n_given && a->given[i].given) return a->given[i].call_s;   /* its ops are not walked: no class totals */
   a->scale = scale;
-  return func_time(f, a);
+  return func_time(m->funcs.items[i], a);
+}
+
+double timing_call_s(const Func *f, const Module *m, const Hardware *hw) {
+  StepTime t;
+  memset(&t, 0, sizeof t);
+  Acc a = {.hw = hw, .mesh = &m->mesh, .t = &t, .scale = 1};
+  double s = func_time(f, &a);
+  free(a.pending), free(a.pending_end);
+  return s;
 }
 
 static void finish(StepTime *t, const Module *m, const Hardware *hw) {
@@ -221,13 +234,18 @@ static void finish(StepTime *t, const Module *m, const Hardware *hw) {
 }
 
 int timing_predict(const Module *m, const Hardware *hw, int64_t grad_accum, StepTime *out, char *err, size_t errlen) {
+  return timing_predict_given(m, hw, grad_accum, NULL, 0, out, err, errlen);
+}
+
+int timing_predict_given(const Module *m, const Hardware *hw, int64_t grad_accum, const FuncFigures *given, int n_given,
+                         StepTime *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (hw->mem_bw <= 0 || hw->peak_flops[DT_F32] <= 0 || hw->link_bw[0] <= 0 || hw->link_bw[1] <= 0 ||
       hw->eff_matmul <= 0 || hw->eff_attention <= 0 || hw->eff_memory <= 0 || hw->eff_link <= 0) {
     snprintf(err, errlen, "hardware '%s': peaks, bandwidths and efficiencies must be positive", hw->name);
     return 2;
   }
-  Acc a = {.hw = hw, .mesh = &m->mesh, .t = out, .scale = 1};
+  Acc a = {.hw = hw, .mesh = &m->mesh, .t = out, .scale = 1, .given = given, .n_given = n_given};
   bool found;
   if (m->pipe.chunks > 0) {
     Schedule s;
@@ -279,7 +297,7 @@ int timing_predict(const Module *m, const Hardware *hw, int64_t grad_accum, Step
       char name[64];
       snprintf(name, sizeof name, "optimizer_step.s%d", r);
       StepTime one = {0};
-      Acc b = {.hw = hw, .mesh = &m->mesh, .t = &one, .scale = 1};
+      Acc b = {.hw = hw, .mesh = &m->mesh, .t = &one, .scale = 1, .given = given, .n_given = n_given};
       double t = run_func(m, name, &b, 1, &found);
       free(b.pending), free(b.pending_end);
       if (t > opt) opt = t;

@@ -20,6 +20,7 @@
 #include <stdio.h>
 
 #include "ir/ir.h"
+#include "passes/passes.h"
 
 enum { LINK_INTRA, LINK_INTER };
 #define TIMING_TOP 8
@@ -77,6 +78,13 @@ typedef struct {
 /* Predicts one step.  grad_accum: micro-batches per step (a pipeline's comes from the
    module).  Returns 0, or 2 with a message when the module is not a training program. */
 int timing_predict(const Module *m, const Hardware *hw, int64_t grad_accum, StepTime *out, char *err, size_t errlen);
+/* The same with some functions' call times given (given[i] for m->funcs.items[i], i <
+   n_given; FuncFigures: passes.h): those are not walked, so out's step_s, optimizer_s and
+   bubble_s are timing_predict's but its per-class totals leave them out. */
+int timing_predict_given(const Module *m, const Hardware *hw, int64_t grad_accum, const FuncFigures *given, int n_given,
+                         StepTime *out, char *err, size_t errlen);
+/* One call's time of f (a function of m), as timing_predict counts it. */
+double timing_call_s(const Func *f, const Module *m, const Hardware *hw);
 
 /* The breakdown `loom ir --time` prints; tokens: tokens of one step over all ranks. */
 void timing_report(FILE *out, const Module *m, const Hardware *hw, const StepTime *t, double tokens);

@@ -49,11 +49,13 @@ int remove_dead_ops(Func *f) {
 int ring_send_of(const Func *f, int i) {
   const Op *r = f->ops.items[i];
   if (r->kind != OP_RECV || !op_bool(r, "rel")) return -1;
+  /* the attributes by index, looked up once (the walk back may pass many sends) */
+  int rel = op_attr_index(OP_SEND, "rel"), tag = op_attr_index(OP_SEND, "tag"), axis = op_attr_index(OP_SEND, "axis");
+  int64_t want = op_int(r, "tag");
+  const char *want_axis = op_attr(r, "axis")->s;
   for (int k = i - 1; k >= 0; k--) {
     const Op *o = f->ops.items[k];
-    if (o->kind == OP_SEND && op_bool(o, "rel") && op_int(o, "tag") == op_int(r, "tag") &&
-        !strcmp(op_attr(o, "axis")->s, op_attr(r, "axis")->s))
-      return k;
+    if (o->kind == OP_SEND && o->attrs[rel].i && o->attrs[tag].i == want && !strcmp(o->attrs[axis].s, want_axis)) return k;
   }
   return -1;
 }

@@ -16,8 +16,15 @@
  * itself when that is as small), and its step time and memory are extrapolated linearly to
  * the model's layers per chunk.  The best 2 x --top that fit are then compiled whole and
  * ranked by those figures: every printed row is the whole program's (memory exactly
- * memory-plan's); the screening figures are never printed as results.  LOOM_PLAN_DEBUG=1 prints, to stderr, why a
- * layout is not buildable and each whole compile beside its screening figures.
+ * memory-plan's); the screening figures are never printed as results.  The compiles share
+ * what they can ("compiling a candidate" below): the trained module before partitioning,
+ * the partitioned one among a layout's schedules, and each distinct function's lowering.
+ * LOOM_PLAN_DEBUG=1 prints, to stderr, why a layout is not buildable and each whole compile
+ * beside its screening figures; LOOM_PLAN_CHECK=1 also lowers every screening compile whole
+ * and stops at the first figure the shared lowering does not reproduce bit for bit.
+ *
+ * Over 1,000 lines on purpose: the search, its rounds and the compiles its candidates share
+ * work on one Cand and one Ctx; split apart they would pass them all.
  */
 #include <math.h>
 #include <pthread.h>
@@ -27,6 +34,7 @@
 #include <unistd.h>
 
 #include "ir/schedule.h"
+#include "passes/lower_memo.h"
 #include "tools/exec_ref.h"
 #include "tools/tools.h"
 
@@ -74,28 +82,261 @@ typedef struct {
 } Cand;
 
 
+/* ---- compiling a candidate ----
+   A compile is the training pipeline and lowering without their verifier passes (a
+   candidate's program is checked when it is compiled to run), in three parts that
+   candidates share:
+   - front: the frontend and the passes up to `optimizer`, then @forward dropped (the
+     evaluation, no part of a step: neither the time model nor the memory per rank reads
+     it).  It depends on the layers, the batch, the gradient accumulation and tp (which pads
+     the vocabulary), so it is kept for the run (Ctx.front) and each compile takes a copy;
+   - middle: `shard` and `recompute`, which read the layout but not its pipeline schedule:
+     the schedules of a family share it (screen_worker);
+   - back: `pipeline` and `bucket`, then the lowering (canonicalize .. memory-plan, which work
+     function by function), then the time model and the memory per rank.  A screening
+     compile lowers only the functions it has not met before (Ctx.memo, by func_hash and the
+     mesh): many are met again (an optimizer step does not change with the micro-batch or
+     the recomputation, a forward chunk is 1f1b's and zb-h1's), and for those the figures
+     lowering gave are reused: a call's time, the arena, the globals it reads. */
+enum { FRONT_CACHE = 64 };
+typedef struct {
+  int64_t key[4];   /* layers, batch, grad_accum, tp */
+  Module *m;        /* never changed: compiles take copies */
+  int users;        /* copies being taken now */
+} Front;
+
 typedef struct {
   const RunSpec *base;
   const Hardware *hw;
   int target;
   int compiles;
-  double compile_s;
-  pthread_mutex_t lock;   /* the counters (screening runs on several threads) */
+  pthread_mutex_t lock;   /* the counters and the caches (screening runs on several threads) */
   FILE *quiet;            /* /dev/null: where the passes' reports go */
+  char passes[4][512];    /* front, middle, pipeline + bucket, lowering */
+  Front front[FRONT_CACHE];
+  int front_next;
+  LowerMemo *memo;        /* functions lowered before (passes/lower_memo.h) */
 } Ctx;
 
-static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem, Module **keep, char *err,
-                       size_t errlen);
+static double now_s(void);
 
-/* Screening, one candidate: compiled with 1 and 2 layers a chunk (or whole when that is as
-   small), its step and memory extrapolated to the model's layers a chunk. */
+static void unpin(Ctx *x, int pin) {
+  if (pin < 0) return;
+  pthread_mutex_lock(&x->lock);
+  x->front[pin].users--;
+  pthread_mutex_unlock(&x->lock);
+}
+
+static void ctx_free(Ctx *x) {
+  for (int i = 0; i < FRONT_CACHE; i++) module_free(x->front[i].m), x->front[i].m = NULL;
+  lower_memo_free(x->memo), x->memo = NULL;
+  if (x->quiet) fclose(x->quiet);
+  x->quiet = NULL;
+}
+
+/* The parts' pass lists, from the training and lowering pipelines: front, middle, and the
+   back's two (pipeline .. bucket; the lowering, which works function by function). */
+static void split_passes(Ctx *x) {
+  char all[1024];
+  snprintf(all, sizeof all, "%s,%s", TRAIN_PIPELINE, LOWER_PIPELINE);
+  int part = 0;
+  for (char *tok = strtok(all, ","); tok; tok = strtok(NULL, ",")) {
+    if (!strcmp(tok, "verify") || !strcmp(tok, "verify-collectives")) continue;
+    char *buf = x->passes[part];
+    snprintf(buf + strlen(buf), sizeof x->passes[part] - strlen(buf), "%s%s", buf[0] ? "," : "", tok);
+    if ((part == 0 && !strcmp(tok, "optimizer")) || (part == 1 && !strcmp(tok, "recompute")) ||
+        (part == 2 && !strcmp(tok, "bucket")))
+      part++;
+  }
+}
+
+/* The run spec of candidate c with `layers` layers, checked: 0, or 2 with the reason.  sp
+   holds the base spec (*x->base, copied once: it is large) but the fields set here. */
+static int cand_spec(const Ctx *x, const Cand *c, int64_t layers, RunSpec *sp, char *err, size_t errlen) {
+  sp->model.n_layer = layers;
+  for (int k = 0; k < MESH_AXES; k++) sp->mesh[k] = 1;
+  sp->mesh[MESH_DP] = c->dp, sp->mesh[MESH_TP] = c->tp, sp->mesh[MESH_CP] = c->cp, sp->mesh[MESH_PP] = c->pp;
+  sp->mesh[MESH_EP] = c->ep;
+  sp->zero = c->zero, sp->sequence_parallel = c->sp, sp->batch = c->batch, sp->grad_accum = c->ga;
+  sp->recompute = c->rc, sp->recompute_classes = RC_DEFAULT_CLASSES;
+  sp->pp_schedule = c->sched ? c->sched : 0, sp->pp_virtual = c->pp > 1 ? c->v : 0, sp->n_pp_split = 0;
+  memcpy(sp->pp_split, x->base->pp_split, sizeof sp->pp_split);
+  /* screening (fewer layers than the model): the same layers in every chunk, so the cost is
+     linear in the layers a chunk holds; the whole model gets the pass's balanced split */
+  int64_t chunks = c->pp * c->v;
+  if (c->pp > 1 && layers < x->base->model.n_layer && layers % chunks == 0 && chunks <= 256) {
+    sp->n_pp_split = (int)chunks;
+    for (int64_t k = 0; k < chunks; k++) sp->pp_split[k] = k * (layers / chunks);
+  }
+  return spec_validate(sp, err, errlen);
+}
+
+/* The pass options of sp's compile (opt->train: ts). */
+static void plan_options(const Ctx *x, const RunSpec *sp, TrainSettings *ts, PassOptions *opt) {
+  *ts = spec_train_settings(sp);
+  memset(opt, 0, sizeof *opt);
+  opt->train = ts, opt->target = x->target;
+  /* memory-plan's own overlap check is O(values^2): the plan's figures are the same without
+     it, and `loom train` checks the program it runs */
+  opt->no_self_checks = true;
+  opt->print_to = x->quiet;   /* the recompute pass's report of every candidate: not shown */
+}
+
+/* Runs part `part` of the passes on m with sp's settings. */
+static int run_part(Ctx *x, int part, const RunSpec *sp, Module *m, char *err, size_t errlen) {
+  TrainSettings ts;
+  PassOptions opt;
+  plan_options(x, sp, &ts, &opt);
+  return x->passes[part][0] ? pipeline_run(m, x->passes[part], &opt, err, errlen) : 0;
+}
+
+/* The front part of sp's program in *out: built (and a copy kept), or a copy of the kept
+   one.  *pin: -1, or the kept entry the copy shares its names with (module_clone's
+   share_strings), which is not dropped until unpin(x, *pin). */
+static int front(Ctx *x, const RunSpec *sp, Module **out, int *pin, char *err, size_t errlen) {
+  int64_t key[4] = {sp->model.n_layer, sp->batch, sp->grad_accum, sp->mesh[MESH_TP]};
+  *out = NULL, *pin = -1;
+  pthread_mutex_lock(&x->lock);
+  for (int i = 0; i < FRONT_CACHE; i++) {
+    Front *f = &x->front[i];
+    if (!f->m || memcmp(f->key, key, sizeof key)) continue;
+    f->users++;
+    pthread_mutex_unlock(&x->lock);
+    *out = module_clone(f->m, true), *pin = i;
+    if (*out) return 0;
+    unpin(x, i), *pin = -1;
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  pthread_mutex_unlock(&x->lock);
+  Module *m = NULL;
+  int rc = frontend_build(sp, "plan", &m, err, errlen);
+  if (!rc) rc = run_part(x, 0, sp, m, err, errlen);
+  if (rc) {
+    module_free(m);
+    return rc;
+  }
+  module_drop_func(m, "forward");
+  Module *keep = module_clone(m, false), *old = NULL;
+  pthread_mutex_lock(&x->lock);
+  for (int k = 0; keep && k < FRONT_CACHE; k++) {   /* the next entry no copy of holds */
+    Front *f = &x->front[(x->front_next + k) % FRONT_CACHE];
+    if (f->users) continue;
+    old = f->m;
+    memcpy(f->key, key, sizeof key), f->m = keep, keep = NULL;
+    x->front_next = (x->front_next + k + 1) % FRONT_CACHE;
+  }
+  pthread_mutex_unlock(&x->lock);
+  module_free(old), module_free(keep);
+  *out = m;
+  return 0;
+}
+
+/* The front and middle parts of sp's program in *out (*pin: front's). */
+static int front_middle(Ctx *x, const RunSpec *sp, Module **out, int *pin, char *err, size_t errlen) {
+  int rc = front(x, sp, out, pin, err, errlen);
+  for (int a = 0; a < MESH_AXES && !rc; a++) (*out)->mesh.size[a] = sp->mesh[a];   /* MESH_* follow AX_* order */
+  if (!rc) rc = run_part(x, 1, sp, *out, err, errlen);
+  if (rc) module_free(*out), *out = NULL, unpin(x, *pin), *pin = -1;
+  return rc;
+}
+
+/* The back part on m (taken: freed, or kept in *keep), then c's predicted step and memory. */
+static int back(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, StepTime *t, int64_t *mem, Module **keep,
+                char *err, size_t errlen) {
+  int rc = run_part(x, 2, sp, m, err, errlen);
+  if (!rc) rc = run_part(x, 3, sp, m, err, errlen);
+  if (!rc) rc = timing_predict(m, x->hw, c->ga, t, err, errlen);
+  if (!rc) *mem = memory_rank_peak(m, x->target);   /* passes/memory_rank.c */
+  if (!rc && keep) *keep = m;
+  else module_free(m);
+  return rc;
+}
+
+/* back() for a screening compile: only its step and memory, each function lowered only
+   when the memo does not know it (see "compiling a candidate").  m is freed. */
+static int back_screen(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, double *step_s, int64_t *mem, char *err,
+                       size_t errlen) {
+  int rc = run_part(x, 2, sp, m, err, errlen);
+  if (rc) {
+    module_free(m);
+    return rc;
+  }
+  TrainSettings ts;
+  PassOptions opt;
+  plan_options(x, sp, &ts, &opt);
+  return lower_memo_predict(x->memo, m, x->passes[3], &opt, x->hw, c->ga, step_s, mem, err, errlen);
+}
+
+static void count_compile(Ctx *x) {
+  pthread_mutex_lock(&x->lock);
+  x->compiles++;
+  pthread_mutex_unlock(&x->lock);
+}
+
+/* Compiles c with `layers` layers; its predicted step and memory.  2 when the layout is
+   not one loom can build (the message says why), 1 on a failure.  *counted: whether it
+   is a compile the count has (the spec was valid); the caller counts it. */
+static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem, Module **keep, char *err,
+                       size_t errlen, bool *counted) {
+  RunSpec *sp = malloc(sizeof *sp);   /* large (paths): not on the stack; one per call (screening threads) */
+  if (!sp) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  *sp = *x->base;
+  int rc = cand_spec(x, c, layers, sp, err, errlen);
+  *counted = !rc;
+  if (rc) {
+    free(sp);
+    return rc;
+  }
+  Module *m = NULL, *shared = NULL;
+  int pin;
+  rc = front_middle(x, sp, &shared, &pin, err, errlen);
+  /* a module kept for the caller holds names of its own */
+  if (!rc && keep && pin >= 0 && !(m = module_clone(shared, false))) rc = EXIT_RUN, snprintf(err, errlen, "out of memory");
+  if (m) module_free(shared);
+  else m = shared;
+  if (!rc) rc = back(x, c, sp, m, t, mem, keep, err, errlen);
+  unpin(x, pin);
+  free(sp);
+  return rc;
+}
+
+/* The exact phase's whole compiles, several at once (each thread takes the next): their
+   results are looked at in order, and compiles after the last one looked at are dropped
+   uncounted, so the table and the count are the one-at-a-time loop's. */
+typedef struct {
+  Ctx *x;
+  const Cand *c;
+  int64_t L;
+  StepTime t;
+  int64_t mem;
+  int rc;
+  bool counted;
+  char err[IR_ERR_LEN];
+} Whole;
+
+static void *whole_worker(void *arg) {
+  Whole *j = arg;
+  j->rc = compile_one(j->x, j->c, j->L, &j->t, &j->mem, NULL, j->err, sizeof j->err, &j->counted);
+  return NULL;
+}
+
+/* Screening: each candidate compiled with 1 and 2 layers a chunk (or whole when that is as
+   small), its step and memory extrapolated to the model's layers a chunk.  A thread takes a
+   family at a time: the candidates of a round that differ only in their pipeline schedule,
+   which share the front and middle parts of every compile with the same layers. */
 typedef struct {
   Ctx *x;
   Cand *cs;
   bool *bad;
   char (*why)[IR_ERR_LEN];
-  const int *order;   /* the candidates of this round */
-  int n, next, done;
+  int *order;         /* the candidates of this round, families consecutive */
+  int *fam;           /* family f: order[fam[f] .. fam[f + 1]) */
+  int *fam_run;       /* the families in the order threads take them: the costliest first */
+  int n, n_fam, next;
   int64_t L;
   const Hardware *hw;
   pthread_mutex_t lock;
@@ -105,114 +346,196 @@ typedef struct {
   double t0, shown;
 } Screen;
 
-static double now_s(void);
+/* Does b belong to a's family (the same layout, batch and recomputation, any schedule)? */
+static bool same_family(const Cand *a, const Cand *b) {
+  return a->dp == b->dp && a->tp == b->tp && a->cp == b->cp && a->pp == b->pp && a->ep == b->ep && a->zero == b->zero &&
+         a->sp == b->sp && a->batch == b->batch && a->ga == b->ga && a->rc == b->rc;
+}
+
+/* A family's compiles with the same layers: the front and middle parts, made once. */
+typedef struct {
+  int64_t layers;
+  Module *m;        /* NULL once the last compile took it */
+  int rc, left;     /* left: compiles still to use it */
+  int pin;          /* the front entry m's names are (front) */
+  char err[IR_ERR_LEN];
+} Shared;
+
+/* The layers of candidate c's screening compiles: 1 or 2 entries. */
+static int screen_layers(const Cand *c, int64_t L, int64_t out[2]) {
+  int64_t chunks = c->pp * c->v;
+  if (2 * chunks >= L) {   /* two layers a chunk or more already: the model itself is as cheap to compile */
+    out[0] = L;
+    return 1;
+  }
+  out[0] = chunks, out[1] = 2 * chunks;
+  return 2;
+}
+
+/* One screening compile of c with `layers` layers, its front and middle from the family's sh. */
+static int screen_compile(Screen *w, const Cand *c, int64_t layers, Shared *sh, int n_sh, RunSpec *sp, double *step_s,
+                          int64_t *mem, char *err) {
+  Ctx *x = w->x;
+  int rc = cand_spec(x, c, layers, sp, err, IR_ERR_LEN);
+  if (rc) return rc;
+  Shared *s = sh;
+  while (s->layers != layers && s < sh + n_sh - 1) s++;
+  if (!s->m && !s->rc) s->rc = front_middle(x, sp, &s->m, &s->pin, s->err, sizeof s->err);
+  Module *m = NULL;
+  if (s->rc) {
+    snprintf(err, IR_ERR_LEN, "%s", s->err);
+    rc = s->rc;
+  } else if (--s->left == 0) {   /* the last compile takes it */
+    m = s->m, s->m = NULL;
+  } else if (!(m = module_clone(s->m, true))) {
+    snprintf(err, IR_ERR_LEN, "out of memory");
+    rc = EXIT_RUN;
+  }
+  if (!rc && getenv("LOOM_PLAN_CHECK")) {   /* developer check: the memo's figures are a whole lowering's */
+    Module *copy = module_clone(m, true);
+    StepTime t;
+    int64_t mm = 0;
+    char e2[IR_ERR_LEN];
+    int r2 = copy ? back(x, c, sp, copy, &t, &mm, NULL, e2, sizeof e2) : EXIT_RUN;
+    rc = back_screen(x, c, sp, m, step_s, mem, err, IR_ERR_LEN);
+    if (r2 != rc || (!rc && (t.step_s != *step_s || mm != *mem))) {
+      fprintf(stderr, "LOOM_PLAN_CHECK: rc %d/%d step %.17g/%.17g mem %lld/%lld\n", rc, r2, *step_s, t.step_s,
+              (long long)*mem, (long long)mm);
+      abort();
+    }
+  } else if (!rc) {
+    rc = back_screen(x, c, sp, m, step_s, mem, err, IR_ERR_LEN);
+  }
+  count_compile(x);
+  return rc;
+}
+
+static uint64_t cand_key(const Cand *c, int rc, int64_t batch);
+
+/* A family's compile cost, roughly: its compiles' layers, each the heavier for cp's ring. */
+static double family_cost(const Screen *w, int f) {
+  double cost = 0;
+  for (int k = w->fam[f]; k < w->fam[f + 1]; k++) {
+    const Cand *c = &w->cs[w->order[k]];
+    int64_t ls[2];
+    int nl = screen_layers(c, w->L, ls);
+    for (int j = 0; j < nl; j++) cost += (double)ls[j] * (double)(4 + c->cp);
+  }
+  return cost;
+}
+
+typedef struct {
+  double cost;
+  int f;
+} Costed;
+
+static int by_cost(const void *a, const void *b) {   /* costliest first; ties in family order */
+  const Costed *x = a, *y = b;
+  return x->cost != y->cost ? (x->cost < y->cost ? 1 : -1) : x->f - y->f;
+}
+
+/* The round's candidates rc[0..nr) in families (w->order, w->fam: in the order of their
+   first candidates, members in candidate order) and the order threads take them (run):
+   the costliest first, so that the last to finish is a small one. */
+static int families(Screen *w, const Cand *cs, const int *rc, int nr, int *run) {
+  int cap = 16;
+  while (cap < 2 * nr) cap *= 2;
+  int *slot = malloc(sizeof(int) * (size_t)cap), *fam_of = malloc(sizeof(int) * ((size_t)nr + 1));
+  int *count = calloc((size_t)nr + 1, sizeof(int));
+  Costed *cost = malloc(sizeof(Costed) * ((size_t)nr + 1));
+  if (!slot || !fam_of || !count || !cost) {
+    free(slot), free(fam_of), free(count), free(cost);
+    return -1;
+  }
+  for (int k = 0; k < cap; k++) slot[k] = -1;
+  int nf = 0, *first = run;   /* run holds each family's first candidate until the end */
+  for (int a = 0; a < nr; a++) {   /* a family's key: the candidate without its schedule */
+    const Cand *c = &cs[rc[a]];
+    Cand k = *c;
+    k.sched = 0, k.v = 0;
+    int at = (int)(cand_key(&k, c->rc, c->batch) & (uint64_t)(cap - 1));
+    while (slot[at] >= 0 && !same_family(&cs[rc[first[slot[at]]]], c)) at = (at + 1) & (cap - 1);
+    if (slot[at] < 0) slot[at] = nf, first[nf++] = a;
+    fam_of[a] = slot[at], count[slot[at]]++;
+  }
+  w->n_fam = nf, w->n = nr, w->next = 0;
+  w->fam[0] = 0;
+  for (int f = 0; f < nf; f++) w->fam[f + 1] = w->fam[f] + count[f], count[f] = w->fam[f];
+  for (int a = 0; a < nr; a++) w->order[count[fam_of[a]]++] = rc[a];
+  for (int f = 0; f < nf; f++) cost[f] = (Costed){family_cost(w, f), f};
+  qsort(cost, (size_t)nf, sizeof *cost, by_cost);
+  for (int f = 0; f < nf; f++) run[f] = cost[f].f;
+  free(slot), free(fam_of), free(count), free(cost);
+  return 0;
+}
 
 static void *screen_worker(void *arg) {
   Screen *w = arg;
+  RunSpec *sp = malloc(sizeof *sp);   /* large (paths): not on the stack; cand_spec sets a candidate's fields */
+  if (sp) *sp = *w->x->base;
   for (;;) {
     pthread_mutex_lock(&w->lock);
-    int k = w->next++;
+    int f = w->next < w->n_fam ? w->fam_run[w->next] : w->n_fam;
+    w->next++;
     pthread_mutex_unlock(&w->lock);
-    if (k >= w->n) return NULL;
-    int i = w->order[k];
-    Cand *c = &w->cs[i];
-    int64_t chunks = c->pp * c->v, L = w->L;
-    StepTime t1, t2;
-    int64_t m1 = 0, m2 = 0;
-    /* two layers a chunk or more already: the model itself is as cheap to compile */
-    bool whole = 2 * chunks >= L;
-    w->bad[i] = whole ? compile_one(w->x, c, L, &t1, &m1, NULL, w->why[i], IR_ERR_LEN)
-                      : compile_one(w->x, c, chunks, &t1, &m1, NULL, w->why[i], IR_ERR_LEN) ||
-                            compile_one(w->x, c, 2 * chunks, &t2, &m2, NULL, w->why[i], IR_ERR_LEN);
-    if (!w->bad[i]) {
-      double k = (double)L / (double)chunks - 1;
-      c->step_s = whole ? t1.step_s : t1.step_s + k * (t2.step_s - t1.step_s);
-      c->mem = whole ? (double)m1 : (double)m1 + k * (double)(m2 - m1);
-      c->fits = c->mem <= w->hw->mem_bytes;
+    if (f >= w->n_fam) break;
+    Shared *sh = malloc(sizeof *sh * 2 * (size_t)(w->fam[f + 1] - w->fam[f]));
+    if (!sh || !sp) {
+      for (int k = w->fam[f]; k < w->fam[f + 1]; k++)
+        w->bad[w->order[k]] = true, snprintf(w->why[w->order[k]], IR_ERR_LEN, "out of memory");
+      free(sh);
+      continue;
     }
-    pthread_mutex_lock(&w->lock);
-    w->done++;
-    w->screened++;
-    double t = now_s();
-    if (w->tty && t - w->shown >= 0.5) {   /* the progress line, twice a second at most */
-      w->shown = t;
-      fprintf(stderr, "\rloom plan: screened %d of at most %d candidates (%d compiles, %.0f s)", w->screened, w->n_all,
-              w->x->compiles, t - w->t0);
-      fflush(stderr);
+    /* the family's layer counts, and how many compiles use each */
+    int n_sh = 0;
+    for (int k = w->fam[f]; k < w->fam[f + 1]; k++) {
+      int64_t ls[2];
+      int nl = screen_layers(&w->cs[w->order[k]], w->L, ls);
+      for (int j = 0; j < nl; j++) {
+        int s = 0;
+        while (s < n_sh && sh[s].layers != ls[j]) s++;
+        if (s == n_sh) sh[n_sh++] = (Shared){.layers = ls[j], .pin = -1};
+        sh[s].left++;
+      }
     }
-    pthread_mutex_unlock(&w->lock);
+    for (int k = w->fam[f]; k < w->fam[f + 1]; k++) {
+      int i = w->order[k];
+      Cand *c = &w->cs[i];
+      int64_t ls[2];
+      int nl = screen_layers(c, w->L, ls);
+      double st[2];
+      int64_t m[2] = {0, 0};
+      w->bad[i] = false;
+      for (int j = 0; j < nl && !w->bad[i]; j++)
+        w->bad[i] = screen_compile(w, c, ls[j], sh, n_sh, sp, &st[j], &m[j], w->why[i]) != 0;
+      if (!w->bad[i]) {
+        double kk = (double)w->L / (double)(c->pp * c->v) - 1;
+        c->step_s = nl == 1 ? st[0] : st[0] + kk * (st[1] - st[0]);
+        c->mem = nl == 1 ? (double)m[0] : (double)m[0] + kk * (double)(m[1] - m[0]);
+        c->fits = c->mem <= w->hw->mem_bytes;
+      }
+      pthread_mutex_lock(&w->lock);
+      w->screened++;
+      double now = now_s();
+      if (w->tty && now - w->shown >= 0.5) {   /* the progress line, twice a second at most */
+        w->shown = now;
+        fprintf(stderr, "\rloom plan: screened %d of at most %d candidates (%d compiles, %.0f s)", w->screened, w->n_all,
+                w->x->compiles, now - w->t0);
+        fflush(stderr);
+      }
+      pthread_mutex_unlock(&w->lock);
+    }
+    for (int s = 0; s < n_sh; s++) module_free(sh[s].m), unpin(w->x, sh[s].pin);   /* the copies of it are freed */
+    free(sh);
   }
+  free(sp);
+  return NULL;
 }
 
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Compiles c with `layers` layers; its predicted step and memory.  2 when the layout is
-   not one loom can build (the message says why), 1 on a failure. */
-/* The training and lowering pipelines without their verifier passes (verify,
-   verify-collectives): a candidate's program is checked when it is compiled to run. */
-static const char *plan_pipeline(void) {
-  static char buf[1024];
-  if (buf[0]) return buf;
-  char all[1024];
-  snprintf(all, sizeof all, "%s,%s", TRAIN_PIPELINE, LOWER_PIPELINE);
-  for (char *tok = strtok(all, ","); tok; tok = strtok(NULL, ","))
-    if (strcmp(tok, "verify") && strcmp(tok, "verify-collectives"))
-      snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", buf[0] ? "," : "", tok);
-  return buf;
-}
-
-static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem, Module **keep, char *err,
-                       size_t errlen) {
-  RunSpec *sp = malloc(sizeof *sp);   /* large (paths): not on the stack; one per call (screening threads) */
-  if (!sp) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
-  }
-  *sp = *x->base;
-  sp->model.n_layer = layers;
-  for (int k = 0; k < MESH_AXES; k++) sp->mesh[k] = 1;
-  sp->mesh[MESH_DP] = c->dp, sp->mesh[MESH_TP] = c->tp, sp->mesh[MESH_CP] = c->cp, sp->mesh[MESH_PP] = c->pp;
-  sp->mesh[MESH_EP] = c->ep;
-  sp->zero = c->zero, sp->sequence_parallel = c->sp, sp->batch = c->batch, sp->grad_accum = c->ga;
-  sp->recompute = c->rc, sp->recompute_classes = RC_DEFAULT_CLASSES;
-  sp->pp_schedule = c->sched ? c->sched : 0, sp->pp_virtual = c->pp > 1 ? c->v : 0, sp->n_pp_split = 0;
-  /* screening (fewer layers than the model): the same layers in every chunk, so the cost is
-     linear in the layers a chunk holds; the whole model gets the pass's balanced split */
-  int64_t chunks = c->pp * c->v;
-  if (c->pp > 1 && layers < x->base->model.n_layer && layers % chunks == 0 && chunks <= 256) {
-    sp->n_pp_split = (int)chunks;
-    for (int64_t k = 0; k < chunks; k++) sp->pp_split[k] = k * (layers / chunks);
-  }
-  int rc = spec_validate(sp, err, errlen);
-  if (rc) {
-    free(sp);
-    return rc;
-  }
-  Module *m = NULL;
-  double t0 = now_s();
-  rc = frontend_build(sp, "plan", &m, err, errlen);
-  TrainSettings ts = spec_train_settings(sp);
-  PassOptions opt;
-  memset(&opt, 0, sizeof opt);
-  opt.train = &ts, opt.target = x->target;
-  /* memory-plan's own overlap check is O(values^2): the plan's figures are the same without
-     it, and `loom train` checks the program it runs */
-  opt.no_self_checks = true;
-  opt.print_to = x->quiet;   /* the recompute pass's report of every candidate: not shown */
-  if (!rc) rc = pipeline_run(m, plan_pipeline(), &opt, err, errlen);
-  if (!rc) rc = timing_predict(m, x->hw, c->ga, t, err, errlen);
-  if (!rc) *mem = memory_rank_peak(m, x->target);   /* passes/memory_rank.c */
-  pthread_mutex_lock(&x->lock);
-  x->compiles++, x->compile_s += now_s() - t0;
-  pthread_mutex_unlock(&x->lock);
-  if (!rc && keep) *keep = m;
-  else module_free(m);
-  free(sp);
-  return rc;
 }
 
 static void layout_text(const Cand *c, char *buf, size_t n) {
@@ -286,6 +609,48 @@ static int cmp_step(const void *a, const void *b) {
 }
 
 static bool divides(int64_t a, int64_t b) { return a > 0 && b % a == 0; }
+
+/* A candidate's layout, recomputation and batch as a key (the candidates are unique by it). */
+static uint64_t cand_key(const Cand *c, int rc, int64_t batch) {
+  int64_t f[] = {c->dp, c->tp, c->cp, c->pp, c->v, c->ep, c->zero, c->sched, c->sp, rc, batch};
+  uint64_t h = UINT64_C(0xcbf29ce484222325);
+  for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) h = (h ^ (uint64_t)f[k]) * UINT64_C(0x100000001b3), h ^= h >> 29;
+  return h;
+}
+
+static bool same_cand(const Cand *a, const Cand *b, int rc, int64_t batch) {
+  return a->dp == b->dp && a->tp == b->tp && a->cp == b->cp && a->pp == b->pp && a->v == b->v && a->ep == b->ep &&
+         a->zero == b->zero && a->sched == b->sched && a->sp == b->sp && a->rc == rc && a->batch == batch;
+}
+
+/* half[i]: the candidate like i with half its batch; none[i]: like i without recomputation
+   (i recomputes); -1 where there is none.  A hash of the candidates by cand_key. */
+static int siblings(const Cand *cs, int n, int *half, int *none) {
+  int cap = 16;
+  while (cap < 2 * n) cap *= 2;
+  int *slot = malloc(sizeof(int) * (size_t)cap);
+  if (!slot) return -1;
+  for (int k = 0; k < cap; k++) slot[k] = -1;
+  for (int j = 0; j < n; j++) {
+    int at = (int)(cand_key(&cs[j], cs[j].rc, cs[j].batch) & (uint64_t)(cap - 1));
+    while (slot[at] >= 0) at = (at + 1) & (cap - 1);
+    slot[at] = j;
+  }
+  for (int i = 0; i < n; i++) {
+    const Cand *c = &cs[i];
+    half[i] = none[i] = -1;
+    for (int q = 0; q < 2; q++) {   /* the last such candidate, as a scan in index order finds */
+      int rc = q ? RECOMPUTE_NONE : c->rc;
+      int64_t batch = q ? c->batch : c->batch / 2;
+      if ((q && c->rc == RECOMPUTE_NONE) || (!q && c->batch % 2)) continue;
+      int *out = q ? &none[i] : &half[i];
+      for (int at = (int)(cand_key(c, rc, batch) & (uint64_t)(cap - 1)); slot[at] >= 0; at = (at + 1) & (cap - 1))
+        if (same_cand(&cs[slot[at]], c, rc, batch) && slot[at] > *out) *out = slot[at];
+    }
+  }
+  free(slot);
+  return 0;
+}
 
 int cmd_plan(int argc, char **argv) {
   const char *spec_path = NULL, *hw_arg = "h100", *emit = NULL, *v;
@@ -470,52 +835,59 @@ int cmd_plan(int argc, char **argv) {
   }
 
   /* ---- screening: 1 and 2 layers a chunk, extrapolated ---- */
-  Ctx x = {&base, &hw, target, 0, 0, PTHREAD_MUTEX_INITIALIZER, fopen("/dev/null", "w")};
+  static Ctx x;   /* large (the cache): not on the stack */
+  x = (Ctx){.base = &base, .hw = &hw, .target = target, .lock = PTHREAD_MUTEX_INITIALIZER, .quiet = fopen("/dev/null", "w"),
+            .memo = lower_memo_new()};
+  if (!x.memo) {
+    free(cs);
+    ctx_free(&x);
+    return report(EXIT_RUN, "out of memory");
+  }
+  split_passes(&x);
   double t_start = now_s();
   int kept = 0, refused = 0;
   char first_refusal[IR_ERR_LEN] = "";
   /* screening on every core: candidates are independent compiles */
-  (void)plan_pipeline();   /* its text is built once, before the threads */
   /* Rounds, so that screened figures prune what cannot win:
      - recomputation never makes a step faster (it adds work to save memory), so a layout
        with it is screened only where the same layout without it was refused or does not fit
        (first every candidate without recomputation, or with the one --recompute fixes);
      - memory grows with the micro-batch, so a layout whose half micro-batch already needs
        more than 1.5 x the device (far out, as the exact phase judges) is not screened.
-     Round r = phase x 64 + log2(micro-batch per rank). */
+     A candidate without recomputation (phase 0) whose micro-batch per rank is 2^k is
+     screened in round k, one with it (phase 1) in round k + 1: after those it depends on
+     (the half micro-batch's in the round before, the same layout's without recomputation
+     in the round before), beside the next phase-0 ones (fewer, fuller rounds). */
   int *order = malloc(sizeof(int) * (size_t)(n + 1)), *half = malloc(sizeof(int) * (size_t)(n + 1));
-  int *none = malloc(sizeof(int) * (size_t)(n + 1));
+  int *none = malloc(sizeof(int) * (size_t)(n + 1)), *round_c = malloc(sizeof(int) * (size_t)(n + 1));
+  int *fam = malloc(sizeof(int) * (size_t)(n + 1)), *fam_run = malloc(sizeof(int) * (size_t)(n + 1));
   bool *skip = calloc((size_t)n + 1, 1), *far = calloc((size_t)n + 1, 1);
-  Screen w = {&x, cs, calloc((size_t)n + 1, 1), calloc((size_t)n + 1, IR_ERR_LEN), order, 0, 0, 0, L, &hw,
-              PTHREAD_MUTEX_INITIALIZER, isatty(STDERR_FILENO) == 1, 0, n, t_start, t_start};
-  if (!w.bad || !w.why || !order || !skip || !far || !half || !none) {
-    free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none);
-    if (x.quiet) fclose(x.quiet);
+  Screen w = {.x = &x, .cs = cs, .bad = calloc((size_t)n + 1, 1), .why = calloc((size_t)n + 1, IR_ERR_LEN), .order = order,
+              .fam = fam, .fam_run = fam_run, .L = L, .hw = &hw, .lock = PTHREAD_MUTEX_INITIALIZER, .tty = isatty(STDERR_FILENO) == 1,
+              .n_all = n, .t0 = t_start, .shown = t_start};
+  if (!w.bad || !w.why || !order || !skip || !far || !half || !none || !round_c || !fam || !fam_run) {
+    free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
+    free(fam), free(fam_run);
+    ctx_free(&x);
     return report(EXIT_RUN, "out of memory");
   }
   /* siblings: the same layout with half the micro-batch, and without recomputation */
-  for (int i = 0; i < n; i++) {
-    const Cand *c = &cs[i];
-    half[i] = none[i] = -1;
-    for (int j = 0; j < n; j++) {
-      const Cand *b = &cs[j];
-      if (b->dp != c->dp || b->tp != c->tp || b->cp != c->cp || b->pp != c->pp || b->v != c->v || b->ep != c->ep || b->zero != c->zero ||
-          b->sched != c->sched || b->sp != c->sp)
-        continue;
-      if (b->rc == c->rc && 2 * b->batch == c->batch) half[i] = j;
-      if (c->rc != RECOMPUTE_NONE && b->rc == RECOMPUTE_NONE && b->batch == c->batch) none[i] = j;
-    }
+  if (siblings(cs, n, half, none)) {
+    free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
+    free(fam), free(fam_run);
+    ctx_free(&x);
+    return report(EXIT_RUN, "out of memory");
   }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int nt = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores, skipped = 0;
   if (getenv("LOOM_THREADS")) nt = atoi(getenv("LOOM_THREADS")) > 0 ? atoi(getenv("LOOM_THREADS")) : nt;
   for (int round = 0; round < 128; round++) {
-    w.n = w.next = 0;
+    int nr = 0;
     for (int i = 0; i < n; i++) {
       const Cand *c = &cs[i];
       int phase = fix_rc >= 0 || c->rc == RECOMPUTE_NONE ? 0 : 1, level = 0;
       for (int64_t m = c->batch / (c->dp * c->ep); m > 1; m /= 2) level++;
-      if (phase * 64 + level != round) continue;
+      if (level + phase != round) continue;
       int h = half[i], o = none[i];
       if (h >= 0 && (far[h] || (!w.bad[h] && !skip[h] && cs[h].mem > 1.5 * hw.mem_bytes))) {
         skip[i] = far[i] = true;
@@ -527,12 +899,18 @@ int cmd_plan(int argc, char **argv) {
         skipped++;
         continue;
       }
-      order[w.n++] = i;
+      round_c[nr++] = i;
     }
-    if (!w.n) continue;
+    if (!nr) continue;
+    if (families(&w, cs, round_c, nr, fam_run)) {
+      free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
+      free(fam), free(fam_run);
+      ctx_free(&x);
+      return report(EXIT_RUN, "out of memory");
+    }
     pthread_t th[64];
     int started = 0;
-    for (int t = 1; t < nt && t < 64 && t < w.n; t++)
+    for (int t = 1; t < nt && t < 64 && t < w.n_fam; t++)
       if (!pthread_create(&th[started], NULL, screen_worker, &w)) started++;
     screen_worker(&w);   /* this thread too */
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
@@ -556,21 +934,42 @@ int cmd_plan(int argc, char **argv) {
     fprintf(stderr, "screened %d candidates (%d compiles on %d threads, %.1f s); %d skipped: recomputation where the "
             "layout fits without it, or a micro-batch twice one far out of memory\n", n - skipped, x.compiles, nt,
             now_s() - t_start, skipped);
-  free(w.bad), free(w.why), free(order), free(skip), free(far), free(half), free(none);
+  free(w.bad), free(w.why), free(order), free(skip), free(far), free(half), free(none), free(round_c), free(fam), free(fam_run);
   if (!json) fprintf(stderr, "\n");
   n = kept;
   qsort(cs, (size_t)n, sizeof *cs, cmp_step);
 
   /* ---- exact: compile the best 2 x top whole (the screening's order is close, not exact),
      then rank those that fit by their exact step ---- */
-  int shown = 0, closest = -1, exact_n = 0;
+  int shown = 0, closest = -1, exact_n = 0, n_jobs = 0, next_job = 0;
   Cand *best = malloc(sizeof *best * (size_t)(2 * top));
+  Whole *jobs = malloc(sizeof *jobs * (size_t)(nt < 16 ? nt : 16));
+  if (!best || !jobs) {
+    free(cs), free(best), free(jobs);
+    ctx_free(&x);
+    return report(EXIT_RUN, "out of memory");
+  }
   for (int i = 0; i < n && exact_n < 2 * top; i++) {
     Cand *c = &cs[i];
     if (!c->fits && c->mem > 1.5 * hw.mem_bytes) continue;   /* screened far out of memory */
-    int64_t mem = 0;
-    if (compile_one(&x, c, L, &c->t, &mem, NULL, err, sizeof err)) {
-      if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", err);
+    if (next_job == n_jobs) {   /* the next few such candidates, compiled at once */
+      n_jobs = next_job = 0;
+      for (int k = i; k < n && n_jobs < (nt < 16 ? nt : 16) && n_jobs < 2 * top - exact_n; k++)
+        if (cs[k].fits || cs[k].mem <= 1.5 * hw.mem_bytes) jobs[n_jobs++] = (Whole){.x = &x, .c = &cs[k], .L = L};
+      pthread_t th[16];
+      int started = 0;
+      for (int k = 1; k < n_jobs; k++)
+        if (!pthread_create(&th[started], NULL, whole_worker, &jobs[k])) started++;
+        else whole_worker(&jobs[k]);
+      whole_worker(&jobs[0]);
+      for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+    }
+    Whole *j = &jobs[next_job++];
+    int64_t mem = j->mem;
+    c->t = j->t;
+    if (j->counted) x.compiles++;
+    if (j->rc) {
+      if (!refused++) snprintf(first_refusal, sizeof first_refusal, "%s", j->err);
       continue;
     }
     if (getenv("LOOM_PLAN_DEBUG")) {
@@ -602,8 +1001,8 @@ int cmd_plan(int argc, char **argv) {
       snprintf(err, sizeof err, "no layout of %lld devices could be built%s%s", (long long)gpus, refused ? ": " : "",
                first_refusal);
     }
-    free(cs), free(best);
-    if (x.quiet) fclose(x.quiet);
+    free(cs), free(best), free(jobs);
+    ctx_free(&x);
     return report(EXIT_USAGE, err);
   }
   if (json) {
@@ -649,7 +1048,8 @@ int cmd_plan(int argc, char **argv) {
       StepTime t;
       int64_t mem;
       Cand *c = &best[explain - 1];
-      rc = compile_one(&x, c, L, &t, &mem, &m, err, sizeof err);
+      bool counted;
+      rc = compile_one(&x, c, L, &t, &mem, &m, err, sizeof err, &counted);
       if (!rc) {
         char lay[160];
         layout_text(c, lay, sizeof lay);
@@ -661,7 +1061,7 @@ int cmd_plan(int argc, char **argv) {
   }
   if (!rc && emit) rc = emit_spec(emit, spec_path, &base, &best[0], err, sizeof err);
   if (!rc && emit && !json) fprintf(stderr, "wrote %s (candidate 1)\n", emit);
-  free(cs), free(best);
-  if (x.quiet) fclose(x.quiet);
+  free(cs), free(best), free(jobs);
+  ctx_free(&x);
   return report(rc, err);
 }
