@@ -8,7 +8,9 @@ LIMIT=${LIMIT:-300}
 LOOM=$BUILD/loom
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(nproc) cores; $(date -u +%F)"
 for spec in "models/gpt2-124M.json --seq 1024 --global-batch-tokens 524288" \
-            "models/llama-1B.json --seq 2048 --global-batch-tokens 1048576"; do
+            "models/llama-1B.json --seq 2048 --global-batch-tokens 1048576" \
+            "models/mixtral-8x7B.json --seq 4096 --global-batch-tokens 4194304" \
+            "models/qwen3-30B-A3B.json --seq 4096 --global-batch-tokens 4194304"; do
   for n in $GPUS; do
     for hw in h100 h200 a100 b200; do
       echo

@@ -19,13 +19,18 @@
  * memory-plan's); the screening figures are never printed as results.  The compiles share
  * what they can ("compiling a candidate" below): the trained module before partitioning,
  * the partitioned one among a layout's schedules, and each distinct function's lowering.
+ * And most candidates stop after their first compile: a lower bound on their step (that
+ * compile's, plus the rest of the layers at peak FLOP/s) already exceeds the 2 x --top-th
+ * best screened step ("pruning" below); the table is the unpruned search's.
  * LOOM_PLAN_DEBUG=1 prints, to stderr, why a layout is not buildable and each whole compile
  * beside its screening figures; LOOM_PLAN_CHECK=1 also lowers every screening compile whole
- * and stops at the first figure the shared lowering does not reproduce bit for bit.
+ * and stops at the first figure the shared lowering does not reproduce bit for bit, prunes
+ * nothing, and stops at the first lower bound above its candidate's screened step.
  *
  * Over 1,000 lines on purpose: the search, its rounds and the compiles its candidates share
  * work on one Cand and one Ctx; split apart they would pass them all.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -79,6 +84,7 @@ typedef struct {
   double step_s, mem;
   StepTime t;
   bool exact, fits;
+  bool pruned;        /* screened at 1 layer a chunk only: step_s is a lower bound (see "pruning") */
 } Cand;
 
 
@@ -116,9 +122,24 @@ typedef struct {
   Front front[FRONT_CACHE];
   int front_next;
   LowerMemo *memo;        /* functions lowered before (passes/lower_memo.h) */
+  double layer_s;         /* a layer's forward and backward for one sequence at peak FLOP/s (pruning) */
 } Ctx;
 
 static double now_s(void);
+
+/* OpenBLAS starts its worker threads when it is loaded, before main, and they spin for about
+   0.1 s waiting for work that loom never gives them (runtime/cpu/cpu_gemm.c calls BLAS on one
+   thread, and the planner not at all): on a 2-core machine a core taken from the planner's
+   first tenth of a second, 5-10% of a small plan.  Stopped with OpenBLAS's own hook (the one
+   it runs before a fork), looked up by name: with another BLAS nothing happens. */
+static void blas_threads_stop(void) {
+  void *sym = dlsym(RTLD_DEFAULT, "blas_thread_shutdown_");
+  int (*stop)(void) = NULL;
+  memcpy(&stop, &sym, sizeof stop);
+  if (stop) stop();
+}
+
+static void layout_text(const Cand *c, char *buf, size_t n);
 
 static void unpin(Ctx *x, int pin) {
   if (pin < 0) return;
@@ -241,6 +262,40 @@ static int front_middle(Ctx *x, const RunSpec *sp, Module **out, int *pin, char 
   return rc;
 }
 
+/* x->layer_s (pruning): one layer's forward and backward for one sequence, its matmul and
+   attention FLOPs (the trained module of 2 layers less that of 1; batch 1, one rank, nothing
+   recomputed) at the best peak any of the module's matmuls could run at (every dtype but
+   fp8, which no pass makes) and the larger of the matmul and attention efficiencies.  0, and
+   no pruning, when those modules cannot be built. */
+static void layer_seconds(Ctx *x) {
+  RunSpec *sp = malloc(sizeof *sp);   /* large (paths): not on the stack */
+  double f[2] = {0, 0};
+  bool ok = sp != NULL;
+  for (int k = 0; ok && k < 2; k++) {
+    *sp = *x->base;
+    sp->model.n_layer = k + 1;
+    for (int a = 0; a < MESH_AXES; a++) sp->mesh[a] = 1;
+    sp->batch = 1, sp->grad_accum = 1, sp->zero = 0, sp->sequence_parallel = false;
+    sp->recompute = RECOMPUTE_NONE, sp->pp_schedule = 0, sp->pp_virtual = 0, sp->n_pp_split = 0;
+    char err[IR_ERR_LEN];
+    Module *m = NULL;
+    ok = !spec_validate(sp, err, sizeof err) && !frontend_build(sp, "plan", &m, err, sizeof err) &&
+         !run_part(x, 0, sp, m, err, sizeof err);
+    const Func *g = ok ? module_find_func(m, "grad_step") : NULL;
+    double mm = 0, at = 0;
+    if (g) flops_of(g, &mm, &at);
+    f[k] = mm + at;
+    ok = g != NULL;
+    module_free(m);
+  }
+  free(sp);
+  double peak = 0;
+  for (int d = 0; d < DT_COUNT; d++)
+    if (d != DT_F8E4M3 && d != DT_F8E5M2 && x->hw->peak_flops[d] > peak) peak = x->hw->peak_flops[d];
+  double eff = x->hw->eff_matmul > x->hw->eff_attention ? x->hw->eff_matmul : x->hw->eff_attention;
+  x->layer_s = ok && f[1] > f[0] && peak > 0 && eff > 0 ? (f[1] - f[0]) / (peak * eff) : 0;
+}
+
 /* The back part on m (taken: freed, or kept in *keep), then c's predicted step and memory. */
 static int back(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, StepTime *t, int64_t *mem, Module **keep,
                 char *err, size_t errlen) {
@@ -304,6 +359,34 @@ static int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64
   return rc;
 }
 
+/* A pruned candidate that the exact phase reached after all: screened as the screening
+   would have (the same compiles give the same figures; LOOM_PLAN_CHECK holds the screening's
+   shared lowering to them).  A refusal makes it the last of all, never taken. */
+static int screen_layers(const Cand *c, int64_t L, int64_t out[2]);
+static void extrapolate(Cand *c, int64_t L, const int64_t ls[2], int nl, const double st[2], const int64_t m[2]);
+
+static void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, int *refused, char *first_refusal) {
+  int64_t ls[2], m[2] = {0, 0};
+  int nl = screen_layers(c, L, ls), rc = 0;
+  double st[2] = {0, 0};
+  char err[IR_ERR_LEN];
+  for (int j = 0; j < nl && !rc; j++) {
+    StepTime t;
+    bool counted = false;
+    rc = compile_one(x, c, ls[j], &t, &m[j], NULL, err, sizeof err, &counted);
+    if (counted) x->compiles++;
+    st[j] = t.step_s;
+  }
+  c->pruned = false;
+  if (rc) {
+    if (!(*refused)++) snprintf(first_refusal, IR_ERR_LEN, "%s", err);
+    c->step_s = c->mem = INFINITY, c->fits = false;
+    return;
+  }
+  extrapolate(c, L, ls, nl, st, m);
+  c->fits = c->mem <= hw->mem_bytes;
+}
+
 /* The exact phase's whole compiles, several at once (each thread takes the next): their
    results are looked at in order, and compiles after the last one looked at are dropped
    uncounted, so the table and the count are the one-at-a-time loop's. */
@@ -344,6 +427,12 @@ typedef struct {
   bool tty;
   int screened, n_all;
   double t0, shown;
+  /* pruning: the keep best screened steps of candidates that fit, ascending; the exact
+     phase stops once it has compiled keep that fit whole, so a candidate whose lower bound
+     exceeds the last of them is not reached (unless those do not fit when compiled whole) */
+  double *best;
+  int keep, n_best, n_pruned;
+  bool check;   /* LOOM_PLAN_CHECK: screen everything, and stop if a bound exceeds its step */
 } Screen;
 
 /* Does b belong to a's family (the same layout, batch and recomputation, any schedule)? */
@@ -364,12 +453,67 @@ typedef struct {
 /* The layers of candidate c's screening compiles: 1 or 2 entries. */
 static int screen_layers(const Cand *c, int64_t L, int64_t out[2]) {
   int64_t chunks = c->pp * c->v;
-  if (2 * chunks >= L) {   /* two layers a chunk or more already: the model itself is as cheap to compile */
+  /* Two layers a chunk or more already: the model itself is as cheap to compile.  (Not 1
+     layer a chunk first for pruning: the model's chunks are balanced by the pipeline pass,
+     the last one holding fewer layers beside the head, so the bound does not hold for it;
+     LOOM_PLAN_CHECK found a pp=8 model 4% under it.) */
+  if (2 * chunks >= L) {
     out[0] = L;
     return 1;
   }
   out[0] = chunks, out[1] = 2 * chunks;
   return 2;
+}
+
+/* A candidate's screened step and memory from its compiles' (screen_layers' layers): the
+   model's own when its compile is the model, else extrapolated linearly in the layers a
+   chunk holds. */
+static void extrapolate(Cand *c, int64_t L, const int64_t ls[2], int nl, const double st[2], const int64_t m[2]) {
+  if (ls[nl - 1] == L) {
+    c->step_s = st[nl - 1], c->mem = (double)m[nl - 1];
+    return;
+  }
+  double kk = (double)L / (double)(c->pp * c->v) - 1;
+  c->step_s = st[0] + kk * (st[1] - st[0]);
+  c->mem = (double)m[0] + kk * (double)(m[1] - m[0]);
+}
+
+/* ---- pruning ----
+   A candidate of two screening compiles is first compiled with 1 layer a chunk (step T1).
+   Each further layer a chunk adds v layers to every rank: at least their matmul and
+   attention FLOPs at the device's best peak and efficiency (the time model runs a rank's
+   compute on one clock and charges every matmul at least that), so its screened step
+   T1 + k (T2 - T1), k = L / (pp v) - 1, is at least T1 + k v F / (peak eff), F a layer's
+   FLOPs per rank per step: the layer's forward and backward for one sequence (layer_seconds)
+   times the sequences of a step over the ranks that split a layer, dp x ep x tp x cp
+   (recomputation only adds).  When that bound exceeds the keep-th best step screened so far
+   among the candidates that fit, the candidate cannot be among the keep that the exact
+   phase compiles whole: its second compile is skipped and the bound kept as its step, so that it
+   sorts after them; should the exact phase reach it after all (those before it not fitting
+   when compiled whole), it is screened in full then (resolve).  The table is the one the
+   unpruned search prints.  LOOM_PLAN_CHECK=1 prunes nothing and stops if a bound exceeds
+   its candidate's screened step. */
+static double lower_bound(const Screen *w, const Cand *c, double t1) {
+  double k = (double)w->L / (double)(c->pp * c->v) - 1;
+  double seqs = (double)c->batch * (double)c->ga / (double)(c->dp * c->ep * c->tp * c->cp);
+  return t1 + k * (double)c->v * seqs * w->x->layer_s;
+}
+
+static double threshold(const Screen *w) { return w->n_best < w->keep ? INFINITY : w->best[w->keep - 1]; }
+
+/* Under w->lock: a screened candidate's step among the keep best. */
+static void note_best(Screen *w, const Cand *c) {
+  if (c->pruned || !c->fits || c->step_s >= threshold(w)) return;
+  int at = w->n_best < w->keep ? w->n_best++ : w->keep - 1;
+  while (at > 0 && w->best[at - 1] > c->step_s) w->best[at] = w->best[at - 1], at--;
+  w->best[at] = c->step_s;
+}
+
+/* A compile a pruned candidate does not make: the family's shared module of those layers
+   is freed when no other compile needs it. */
+static void skip_shared(Shared *sh, int n_sh, int64_t layers) {
+  for (int s = 0; s < n_sh; s++)
+    if (sh[s].layers == layers && --sh[s].left == 0) module_free(sh[s].m), sh[s].m = NULL;
 }
 
 /* One screening compile of c with `layers` layers, its front and middle from the family's sh. */
@@ -505,16 +649,38 @@ static void *screen_worker(void *arg) {
       int nl = screen_layers(c, w->L, ls);
       double st[2];
       int64_t m[2] = {0, 0};
+      double lb = 0;
       w->bad[i] = false;
-      for (int j = 0; j < nl && !w->bad[i]; j++)
+      c->pruned = false;
+      for (int j = 0; j < nl && !w->bad[i]; j++) {
+        if (j == 1 && w->x->layer_s > 0) {
+          lb = lower_bound(w, c, st[0]);
+          pthread_mutex_lock(&w->lock);
+          /* far out of memory at 1 layer a chunk already: the exact phase never takes it */
+          bool prune = !w->check && (lb > threshold(w) || (double)m[0] > 1.5 * w->hw->mem_bytes);
+          pthread_mutex_unlock(&w->lock);
+          if (prune) {   /* memory grows with the layers: its 1-layer figure is a lower bound too */
+            c->pruned = true, c->step_s = lb, c->mem = (double)m[0], c->fits = false;
+            skip_shared(sh, n_sh, ls[1]);
+            break;
+          }
+        }
         w->bad[i] = screen_compile(w, c, ls[j], sh, n_sh, sp, &st[j], &m[j], w->why[i]) != 0;
-      if (!w->bad[i]) {
-        double kk = (double)w->L / (double)(c->pp * c->v) - 1;
-        c->step_s = nl == 1 ? st[0] : st[0] + kk * (st[1] - st[0]);
-        c->mem = nl == 1 ? (double)m[0] : (double)m[0] + kk * (double)(m[1] - m[0]);
+      }
+      if (!w->bad[i] && !c->pruned) {
+        extrapolate(c, w->L, ls, nl, st, m);
         c->fits = c->mem <= w->hw->mem_bytes;
+        if (w->check && nl == 2 && (lb > c->step_s * (1 + 1e-9) || (double)m[0] > c->mem * (1 + 1e-9))) {
+          char lay[160];
+          layout_text(c, lay, sizeof lay);
+          fprintf(stderr, "LOOM_PLAN_CHECK: %s: bound %.17g > step %.17g, or 1-layer memory %lld > %.17g\n", lay, lb,
+                  c->step_s, (long long)m[0], c->mem);
+          abort();
+        }
       }
       pthread_mutex_lock(&w->lock);
+      if (!w->bad[i]) note_best(w, c);
+      w->n_pruned += c->pruned;
       w->screened++;
       double now = now_s();
       if (w->tty && now - w->shown >= 0.5) {   /* the progress line, twice a second at most */
@@ -844,7 +1010,9 @@ int cmd_plan(int argc, char **argv) {
     return report(EXIT_RUN, "out of memory");
   }
   split_passes(&x);
+  blas_threads_stop();
   double t_start = now_s();
+  layer_seconds(&x);
   int kept = 0, refused = 0;
   char first_refusal[IR_ERR_LEN] = "";
   /* screening on every core: candidates are independent compiles */
@@ -864,16 +1032,17 @@ int cmd_plan(int argc, char **argv) {
   bool *skip = calloc((size_t)n + 1, 1), *far = calloc((size_t)n + 1, 1);
   Screen w = {.x = &x, .cs = cs, .bad = calloc((size_t)n + 1, 1), .why = calloc((size_t)n + 1, IR_ERR_LEN), .order = order,
               .fam = fam, .fam_run = fam_run, .L = L, .hw = &hw, .lock = PTHREAD_MUTEX_INITIALIZER, .tty = isatty(STDERR_FILENO) == 1,
-              .n_all = n, .t0 = t_start, .shown = t_start};
-  if (!w.bad || !w.why || !order || !skip || !far || !half || !none || !round_c || !fam || !fam_run) {
-    free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
+              .n_all = n, .t0 = t_start, .shown = t_start, .keep = 2 * top, .best = malloc(sizeof(double) * 2 * (size_t)top),
+              .check = getenv("LOOM_PLAN_CHECK") != NULL};
+  if (!w.bad || !w.why || !w.best || !order || !skip || !far || !half || !none || !round_c || !fam || !fam_run) {
+    free(w.bad), free(w.why), free(w.best), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
     free(fam), free(fam_run);
     ctx_free(&x);
     return report(EXIT_RUN, "out of memory");
   }
   /* siblings: the same layout with half the micro-batch, and without recomputation */
   if (siblings(cs, n, half, none)) {
-    free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
+    free(w.bad), free(w.why), free(w.best), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
     free(fam), free(fam_run);
     ctx_free(&x);
     return report(EXIT_RUN, "out of memory");
@@ -881,10 +1050,26 @@ int cmd_plan(int argc, char **argv) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int nt = cores < 1 ? 1 : cores > 16 ? 16 : (int)cores, skipped = 0;
   if (getenv("LOOM_THREADS")) nt = atoi(getenv("LOOM_THREADS")) > 0 ? atoi(getenv("LOOM_THREADS")) : nt;
-  for (int round = 0; round < 128; round++) {
+  /* Round -1 screens seeds first, so that pruning has a threshold from the start: the pure
+     dp layouts without recomputation (no pipeline bubble, no tp or cp traffic: often among
+     the fastest that fit).  In their own rounds the rules above still skip them (a seed so
+     skipped is dropped, as if never screened); the others are not screened again. */
+  bool *done = calloc((size_t)n + 1, 1);
+  if (!done) {
+    free(w.bad), free(w.why), free(w.best), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
+    free(fam), free(fam_run);
+    ctx_free(&x);
+    return report(EXIT_RUN, "out of memory");
+  }
+  for (int round = -1; round < 128; round++) {
     int nr = 0;
     for (int i = 0; i < n; i++) {
       const Cand *c = &cs[i];
+      if (round < 0) {
+        if (c->tp == 1 && c->cp == 1 && c->pp == 1 && c->ep == 1 && (fix_rc >= 0 || c->rc == RECOMPUTE_NONE))
+          round_c[nr++] = i, done[i] = true;
+        continue;
+      }
       int phase = fix_rc >= 0 || c->rc == RECOMPUTE_NONE ? 0 : 1, level = 0;
       for (int64_t m = c->batch / (c->dp * c->ep); m > 1; m /= 2) level++;
       if (level + phase != round) continue;
@@ -899,11 +1084,17 @@ int cmd_plan(int argc, char **argv) {
         skipped++;
         continue;
       }
+      if (done[i]) continue;
+      if (o >= 0 && !skip[o] && !w.bad[o] && cs[o].pruned) {   /* recomputation is no faster: o's bound is i's */
+        cs[i].pruned = true, cs[i].step_s = cs[o].step_s, cs[i].mem = 0, cs[i].fits = false;
+        w.n_pruned++;
+        continue;
+      }
       round_c[nr++] = i;
     }
     if (!nr) continue;
     if (families(&w, cs, round_c, nr, fam_run)) {
-      free(w.bad), free(w.why), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
+      free(done), free(w.bad), free(w.why), free(w.best), free(cs), free(order), free(skip), free(far), free(half), free(none), free(round_c);
       free(fam), free(fam_run);
       ctx_free(&x);
       return report(EXIT_RUN, "out of memory");
@@ -932,9 +1123,11 @@ int cmd_plan(int argc, char **argv) {
   if (w.tty && w.shown > w.t0) fprintf(stderr, "\r\033[K");   /* the progress line gives way to the summary */
   if (!json)
     fprintf(stderr, "screened %d candidates (%d compiles on %d threads, %.1f s); %d skipped: recomputation where the "
-            "layout fits without it, or a micro-batch twice one far out of memory\n", n - skipped, x.compiles, nt,
-            now_s() - t_start, skipped);
-  free(w.bad), free(w.why), free(order), free(skip), free(far), free(half), free(none), free(round_c), free(fam), free(fam_run);
+            "layout fits without it, or a micro-batch twice one far out of memory; %d of them pruned at 1 layer a chunk: "
+            "their step's lower bound above the %d-th best\n", n - skipped, x.compiles, nt, now_s() - t_start, skipped,
+            w.n_pruned, 2 * top);
+  free(w.bad), free(w.why), free(w.best), free(order), free(skip), free(far), free(half), free(none), free(round_c), free(fam),
+      free(fam_run), free(done);
   if (!json) fprintf(stderr, "\n");
   n = kept;
   qsort(cs, (size_t)n, sizeof *cs, cmp_step);
@@ -951,10 +1144,22 @@ int cmd_plan(int argc, char **argv) {
   }
   for (int i = 0; i < n && exact_n < 2 * top; i++) {
     Cand *c = &cs[i];
+    if (c->pruned && c->mem > 1.5 * hw.mem_bytes) continue;   /* far out of memory: its figure is a lower bound */
+    if (c->pruned) {   /* reached after all: screened in full, then the rest sorted again */
+      if (getenv("LOOM_PLAN_DEBUG")) {
+        char lay[160];
+        layout_text(c, lay, sizeof lay);
+        fprintf(stderr, "pruned, reached: %s (bound %.2f ms), screened in full\n", lay, c->step_s * 1e3);
+      }
+      resolve(&x, c, L, &hw, &refused, first_refusal);
+      qsort(cs + i, (size_t)(n - i), sizeof *cs, cmp_step);
+      i--;
+      continue;
+    }
     if (!c->fits && c->mem > 1.5 * hw.mem_bytes) continue;   /* screened far out of memory */
-    if (next_job == n_jobs) {   /* the next few such candidates, compiled at once */
+    if (next_job == n_jobs) {   /* the next few such candidates, compiled at once (up to a pruned one) */
       n_jobs = next_job = 0;
-      for (int k = i; k < n && n_jobs < (nt < 16 ? nt : 16) && n_jobs < 2 * top - exact_n; k++)
+      for (int k = i; k < n && !(cs[k].pruned && cs[k].mem <= 1.5 * hw.mem_bytes) && n_jobs < (nt < 16 ? nt : 16) && n_jobs < 2 * top - exact_n; k++)
         if (cs[k].fits || cs[k].mem <= 1.5 * hw.mem_bytes) jobs[n_jobs++] = (Whole){.x = &x, .c = &cs[k], .L = L};
       pthread_t th[16];
       int started = 0;
@@ -983,7 +1188,10 @@ int cmd_plan(int argc, char **argv) {
     else if (closest < 0 || c->mem < cs[closest].mem) closest = i;
   }
   qsort(best, (size_t)exact_n, sizeof *best, cmp_step);
-  if (closest < 0)   /* nothing compiled whole: the screening's least memory */
+  if (closest < 0 && !exact_n)   /* nothing compiled whole: the screening's least memory, every candidate's */
+    for (int i = 0; i < n; i++)
+      if (cs[i].pruned) resolve(&x, &cs[i], L, &hw, &refused, first_refusal);
+  if (closest < 0)
     for (int i = 0; i < n; i++)
       if (!cs[i].exact && (closest < 0 || cs[i].mem < cs[closest].mem)) closest = i;
   shown = exact_n < top ? exact_n : top;
@@ -1025,8 +1233,10 @@ int cmd_plan(int argc, char **argv) {
   } else {
     printf("%s, %lld devices of %s (%.0f GiB), %lld tokens a step (%lld x %lld), %s\n", spec_path, (long long)gpus,
            hw.name, hw.mem_bytes / 1073741824.0, (long long)gbt, (long long)seqs, (long long)base.seq, base.precision);
-    printf("%d candidates, %d not buildable, %d compiles in %.2f s; the best %d, compiled whole:\n", n + refused, refused,
-           x.compiles, elapsed, shown);
+    int n_pruned = 0;
+    for (int i = 0; i < n; i++) n_pruned += cs[i].pruned;
+    printf("%d candidates (%d stopped at a lower bound), %d not buildable, %d compiles in %.2f s; the best %d, compiled "
+           "whole:\n", n + refused, n_pruned, refused, x.compiles, elapsed, shown);
     printf("  %-3s %-52s %10s %10s %12s %6s  %s\n", "#", "layout", "mem GiB", "step ms", "tok/s/dev", "MFU", "biggest loss");
     for (int i = 0; i < shown; i++) {
       const Cand *c = &best[i];

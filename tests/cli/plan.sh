@@ -7,7 +7,8 @@
 #     the same bytes (state + the largest arena of @grad_step and @optimizer_step);
 #   - --emit-spec writes a run spec `loom train` runs as it is;
 #   - impossible requests (nothing fits, a batch no layout reaches, ep) are refused with the fix;
-#   - cp is searched: --mesh cp=2 holds in every row, its memory is memory-plan's, its spec trains.
+#   - cp is searched: --mesh cp=2 holds in every row, its memory is memory-plan's, its spec trains;
+#   - pruning at a lower bound prints the table the unpruned search prints.
 LOOM=$1
 . "$(dirname "$0")/lib.sh"
 "$LOOM" data data/shakespeare.txt -o "$TMP/d.bin" > /dev/null 2>&1
@@ -64,6 +65,19 @@ expect_exit 0 "--explain 1" "$LOOM" plan $M "${P[@]}" --top 3 --explain 1
 expect_stdout_contains "predicted step on"
 expect_exit 0 "--emit-spec" "$LOOM" plan $M "${P[@]}" --top 3 --emit-spec "$TMP/best.json"
 expect_exit 0 "  the emitted spec trains as it is" "$LOOM" train "$TMP/best.json" --data "$TMP/d.bin" --steps 1 -q
+# pruning (cmd_plan.c): candidates whose lower bound exceeds the 2 x top-th best screened
+# step stop after their first compile; the table must be the unpruned search's, which
+# LOOM_PLAN_CHECK=1 runs (no pruning, and it aborts if a bound exceeds its candidate's step)
+for m in models/gpt2-tiny-4l.json models/llama-tiny-8l.json; do
+  Q=(--gpus 8 --target cpu --precision fp32 --seq 32 --global-batch-tokens 2048 --top 3)
+  expect_exit 0 "$m on 8: pruned" "$LOOM" plan $m "${Q[@]}"
+  grep -q 'candidates ([1-9][0-9]* stopped at a lower bound)' "$OUT" && grep -E '^  [0-9] ' "$OUT" > "$TMP/pruned.txt"
+  check "  some candidates stopped at their lower bound" test -s "$TMP/pruned.txt"
+  LOOM_PLAN_CHECK=1 expect_exit 0 "  LOOM_PLAN_CHECK=1 (every bound checked, nothing pruned)" "$LOOM" plan $m "${Q[@]}"
+  expect_stdout_contains "(0 stopped at a lower bound)"
+  grep -E '^  [0-9] ' "$OUT" > "$TMP/unpruned.txt"
+  check "  the same table, row for row" cmp "$TMP/pruned.txt" "$TMP/unpruned.txt"
+done
 sed 's/"memory_gb": 80/"memory_gb": 0.000001/' models/hardware/h100-sxm.json > "$TMP/tiny.json"
 expect_exit 2 "nothing fits a 1 KB device" "$LOOM" plan $M "${P[@]}" --hw "$TMP/tiny.json"
 expect_stderr_contains "no layout fits"
