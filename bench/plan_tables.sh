@@ -10,16 +10,18 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ */
 for spec in "models/gpt2-124M.json --seq 1024 --global-batch-tokens 524288" \
             "models/llama-1B.json --seq 2048 --global-batch-tokens 1048576" \
             "models/mixtral-8x7B.json --seq 4096 --global-batch-tokens 4194304" \
+            "models/mixtral-8x7B.json --seq 4096 --global-batch-tokens 4194304 --capacity-factor 1.25" \
             "models/qwen3-30B-A3B.json --seq 4096 --global-batch-tokens 4194304"; do
   for n in $GPUS; do
     for hw in h100 h200 a100 b200; do
       echo
-      echo "### $(echo $spec | cut -d' ' -f1) on $n x $hw"
+      echo "### $(echo $spec | cut -d' ' -f1)$(echo "$spec" | grep -o ' --capacity-factor [0-9.]*') on $n x $hw"
       echo '```'
       echo "\$ loom plan $spec --gpus $n --hw $hw --precision bf16 --top 5"
       start=$(date +%s.%N)
-      timeout "$LIMIT" "$LOOM" plan $spec --gpus $n --hw $hw --precision bf16 --top 5 2>/dev/null
+      timeout "$LIMIT" "$LOOM" plan $spec --gpus $n --hw $hw --precision bf16 --top 5 2> "${TMPDIR:-/tmp}/plan_tables.err"
       rc=$?
+      grep '^loom: error' "${TMPDIR:-/tmp}/plan_tables.err"   # a plan that has no layout says why
       [ $rc = 124 ] && echo "(stopped after $LIMIT s: the planner is not fast enough for this yet)"
       echo "# planner wall time: $(echo "$(date +%s.%N) - $start" | bc) s"
       echo '```'
