@@ -1124,7 +1124,7 @@ int cmd_plan(int argc, char **argv) {
   if (!json)
     fprintf(stderr, "screened %d candidates (%d compiles on %d threads, %.1f s); %d skipped: recomputation where the "
             "layout fits without it, or a micro-batch twice one far out of memory; %d of those screened stopped at 1 layer a "
-            "chunk: a lower bound on their step above the %d-th best\n", n - skipped, x.compiles, nt, now_s() - t_start, skipped,
+            "chunk: a lower bound on their step over the slowest of the %d best\n", n - skipped, x.compiles, nt, now_s() - t_start, skipped,
             w.n_pruned, 2 * top);
   free(w.bad), free(w.why), free(w.best), free(order), free(skip), free(far), free(half), free(none), free(round_c), free(fam),
       free(fam_run), free(done);
