@@ -41,7 +41,7 @@ static const char help[] =
   "                        chunks i and 2cp-1-i of 2cp, so causal attention work is even\n"
   "  --cp-attn ring|allgather  ring (default): K/V blocks travel around the cp ring while each\n"
   "                        block's attention runs, merged by log-sum-exp; allgather: gather K/V\n"
-  "pipeline parallelism (--mesh pp=N; cpu and ref backends, not cuda yet):\n"
+  "pipeline parallelism (--mesh pp=N; every backend; --trace-out on cpu and ref):\n"
   "  --pp-schedule S       afab, 1f1b (default), interleaved, zb-h1 or dualpipev; micro-batches\n"
   "                        per step: --grad-accum\n"
   "  --pp-virtual V        model chunks per pp rank (interleaved: 2 or more; default 2)\n"

@@ -9,9 +9,11 @@
    whole views of the parameters and optimizer state are host buffers left untouched (never
    paged in) until sync_out gathers every rank's pieces over NCCL into them (checkpoints,
    --out) or a resume reads a checkpoint into them; rank 0 alone writes files.
-   Still owed (issue 15): checkpoints written as each rank's own shards and --out streamed a
-   tensor at a time (today they page the whole model in on every rank at a save); pipelines
-   (send/recv), context and expert parallelism's transfers are refused by the CUDA lowering. */
+   Checkpoints are a shard per rank (save_shards); in a pipeline each global is written by
+   the stage that updates it (owner).  A pipelined module's steps are exec_cuda_pipe.c's.
+   Still owed: --out gathers the whole parameters on rank 0 (streaming a tensor at a time
+   would not), and resuming a whole (not sharded) checkpoint fills the whole views on every
+   rank before each takes its pieces. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,25 +21,10 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/io/checkpoint.h"
+#include "tools/exec_cuda_mesh.h"
 #include "tools/exec_ref.h"
 #include "tools/tools.h"
 
-typedef struct {
-  Executor ex;
-  const Module *m;       /* for the data split only (move_piece of the micro-batch) */
-  Comm *comm;
-  int rank, world;
-  int64_t mesh[COMM_AXES];
-  RtProgram prog;
-  CudaProgram cp;
-  bool have_cp;
-  int f_grad, f_opt, f_forward;
-  float **whole;         /* per global: the whole tensor's host buffer (params, state), or NULL */
-  float *piece;          /* the largest piece */
-  float *gather;         /* world x the largest piece, for sync_out */
-  Tensor *whole_tok, *whole_tgt, *tok, *tgt;
-  int32_t *tok32, *tgt32;
-} CudaRank;
 
 typedef struct {
   float *whole, *piece;
@@ -65,6 +52,7 @@ static int sync_out(void *self, char *err, size_t errlen) {
     for (int q = 0; q < r->world && r->rank == 0; q++) {
       int coord[COMM_AXES];
       mesh_coords_of(r->mesh, q, coord);
+      if (r->owner && r->owner[k] >= 0 && coord[COMM_PP] != r->owner[k]) continue;   /* a stage that does not update it */
       Move mv = {r->whole[k], r->gather + (size_t)q * (size_t)gl->n, false};
       rt_piece_runs(gl, r->mesh, coord, move_run, &mv);
     }
@@ -104,10 +92,14 @@ static int gather_bytes(void *arg, const void *mine, void *all, size_t bytes, ch
   return rc;
 }
 
-/* A piece replicated over an axis is written by the rank of coordinate 0 on it. */
-static bool owns(const CudaRank *r, const RtGlobal *gl) {
-  for (int a = 0; a < COMM_AXES; a++)
-    if (r->mesh[a] > 1 && !gl->split[a] && r->comm->coord[a] != 0) return false;
+/* A piece replicated over an axis is written by the rank of coordinate 0 on it; in a
+   pipeline, over pp by the stage that updates it (owner). */
+static bool owns(const CudaRank *r, int k) {
+  const RtGlobal *gl = &r->prog.globals[k];
+  for (int a = 0; a < COMM_AXES; a++) {
+    int want = a == COMM_PP && r->owner && r->owner[k] >= 0 ? r->owner[k] : 0;
+    if (r->mesh[a] > 1 && !gl->split[a] && r->comm->coord[a] != want) return false;
+  }
   return true;
 }
 
@@ -135,7 +127,7 @@ static int save_shards(void *self, const char *save_dir, int64_t step, const cha
   }
   for (int k = 0; k < ng && !rc; k++) {
     const RtGlobal *gl = &p->globals[k];
-    if (!r->whole[k] || !owns(r, gl)) continue;
+    if (!r->whole[k] || !owns(r, k)) continue;
     if (!(data[nt] = malloc(sizeof(float) * (size_t)(gl->n + 1)))) {
       rc = 1;
       break;
@@ -216,7 +208,7 @@ static int init_pieces(CudaRank *r, const char *init, uint64_t seed, char *err, 
 }
 
 /* This rank's piece of a whole micro-batch, as int32. */
-static void my_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets) {
+void cuda_rank_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets) {
   for (int64_t k = 0; k < r->whole_tok->n; k++) {
     r->whole_tok->i[k] = inputs[k];
     r->whole_tgt->i[k] = targets[k];
@@ -231,14 +223,14 @@ static void my_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets
 
 static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   CudaRank *r = self;
-  my_tokens(r, inputs, targets);
+  cuda_rank_tokens(r, inputs, targets);
   void *args[2] = {r->tok32, r->tgt32}, *rets[2] = {loss, NULL};
   return cuda_program_call(&r->cp, r->f_grad, args, rets, err, errlen);
 }
 
 static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   CudaRank *r = self;
-  my_tokens(r, inputs, targets);
+  cuda_rank_tokens(r, inputs, targets);
   void *args[2] = {r->tok32, r->tgt32}, *rets[2] = {NULL, loss};
   return cuda_program_call(&r->cp, r->f_forward, args, rets, err, errlen);
 }
@@ -256,11 +248,6 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   r->m = m;
   r->prog = *prog;
   memset(prog, 0, sizeof *prog);
-  if (m->pipe.kind) {
-    snprintf(err, errlen, "--backend cuda does not run pipelines yet (point-to-point transfers over NCCL are owed, "
-             "issue 15): use --backend cpu for pp > 1");
-    return EXIT_USAGE;
-  }
   int64_t mesh[COMM_AXES];
   for (int a = 0; a < COMM_AXES; a++) mesh[a] = m->mesh.size[a];
   /* the world: the rendezvous, the communicators (this also picks the rank's GPU) */
@@ -313,13 +300,19 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   if (plan->opt.log)
     fprintf(plan->opt.log, "cuda: rank 0's pieces %s in %.1f s; its host memory peak so far %.0f MiB\n",
             plan->init ? "loaded" : "initialized", seconds_now() - t1, peak_rss_mib());
+  bool pipe = m->pipe.kind;   /* a pipeline: per-chunk functions (exec_cuda_pipe.c) */
   r->f_grad = cuda_find_func(&r->cp, "grad_step");
   r->f_opt = cuda_find_func(&r->cp, "optimizer_step");
   r->f_forward = cuda_find_func(&r->cp, "forward");
-  Func *tf = module_find_func(m, "grad_step");
-  if (r->f_grad < 0 || r->f_opt < 0 || !tf || tf->args.n != 2) {
-    snprintf(err, errlen, "the program has no @grad_step and @optimizer_step");
+  Func *tf = module_find_func(m, pipe ? "fwd.c0" : "grad_step");
+  if ((!pipe && (r->f_grad < 0 || r->f_opt < 0)) || !tf || (pipe ? tf->args.n < 2 : tf->args.n != 2)) {
+    snprintf(err, errlen, pipe ? "the pipelined program has no @fwd.c0(tokens, targets, ...)"
+                               : "the program has no @grad_step and @optimizer_step");
     return EXIT_USAGE;
+  }
+  if (pipe) {
+    if (!(r->owner = calloc((size_t)m->globals.n + 1, sizeof(int)))) goto oom;
+    for (int k = 0; k < m->globals.n; k++) r->owner[k] = pipe_owner_of(m, m->globals.items[k]);
   }
   const Type *tt = &((Value *)tf->args.items[0])->type;
   Type whole = whole_type(m, tt);
@@ -342,6 +335,10 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   r->ex.save_shards = save_shards;
   r->ex.load_shards = load_shards;
   r->ex.comm_wait_ms = NULL;
+  if (pipe && (rc = cuda_pipe_setup(r, err, errlen))) return rc;
+  if (plan->trace_out && plan->opt.log)
+    fprintf(plan->opt.log, "cuda: --trace-out: the cuda backend does not record a timeline yet (the cpu and ref backends do); "
+            "%s is not written\n", plan->trace_out);
   if (plan->opt.log)
     fprintf(plan->opt.log, "cuda: device memory per rank %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
             r->cp.mem.total / 1048576.0, r->cp.mem.arenas / 1048576.0, r->cp.mem.regions / 1048576.0,
@@ -353,6 +350,8 @@ oom:
 }
 
 static void rank_close(CudaRank *r) {
+  cuda_pipe_free(r);
+  free(r->owner);
   if (r->have_cp) cuda_program_free(&r->cp);
   nccl_world_free(r->comm);
   for (int k = 0; r->whole && k < r->prog.n_globals; k++) free(r->whole[k]);

@@ -268,7 +268,7 @@ static int pipe_optimizer_step(void *self, float lr, float t, float *grad_norm, 
 
 /* The pp coordinate whose optimizer step assigns the global's parameter (its owner; the
    first when tied copies are kept on two), or -1. */
-static int owner_of(const Module *m, const Global *gl) {
+int pipe_owner_of(const Module *m, const Global *gl) {
   const char *pre[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
   const char *pname = gl->name;
   for (int k = 0; k < 3; k++)
@@ -376,7 +376,7 @@ int pipe_exec_setup(RefExec *r, char *err, size_t errlen) {
   }
   r->stash_peak = calloc((size_t)r->world, sizeof(int64_t));
   r->owner = calloc((size_t)m->globals.n + 1, sizeof(int));
-  for (int i = 0; i < m->globals.n; i++) r->owner[i] = owner_of(m, m->globals.items[i]);
+  for (int i = 0; i < m->globals.n; i++) r->owner[i] = pipe_owner_of(m, m->globals.items[i]);
   r->ex.grad_step = NULL;
   r->ex.pipeline_step = pipeline_step;
   r->ex.optimizer_step = pipe_optimizer_step;

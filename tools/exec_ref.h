@@ -50,6 +50,9 @@ int pipe_exec_trace(RefExec *r, const char *path, const char *backend, char *err
 /* Validation of a pipeline: a schedule of one micro-batch's forward actions (every chunk in
    order on its rank; free it with schedule_free), and the action times and stash peaks a
    validation run would overwrite, saved and restored (pipe_restore frees the copy). */
+/* The pp coordinate whose optimizer step assigns the global's parameter (its owner; the
+   first when tied copies are kept on two), or -1. */
+int pipe_owner_of(const Module *m, const Global *gl);
 int pipe_forward_schedule(const Schedule *train, Schedule *ev);
 typedef struct {
   double **start, **end;

@@ -48,13 +48,23 @@ int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen) 
 }
 
 int cuda_mesh_precheck(Module *m, char *err, size_t errlen) {
-  if (m->pipe.kind) {
-    snprintf(err, errlen, "--backend cuda does not run pipelines yet (pp=%lld: NCCL point-to-point transfers and the "
-             "pipeline driver are owed, issue 15); use --backend cpu", (long long)m->mesh.size[AX_PP]);
-    return EXIT_USAGE;
-  }
   RtProgram prog;
   int rc = cuda_lower(m, &prog, NULL, err, errlen);
+  /* the ring transfers' plans (no device needed): what the ranks would refuse at start */
+  for (int f = 0; !rc && f < prog.n_funcs; f++) {
+    CudaP2pPlan pl;
+    char why[1024];
+    if (cuda_p2p_plan(&prog.funcs[f], &pl, why, sizeof why)) {
+      bool split = m->pipe.kind == PIPE_ZBH1 || m->pipe.kind == PIPE_DUALPIPEV;
+      snprintf(err, errlen, "%s%s", why,
+               split && m->mesh.size[AX_CP] > 1
+                   ? " — with cp, a split backward's ring sends its gradients from @bwd_b to @bwd_w, which the CUDA "
+                     "backend cannot pair yet: use --pp-schedule 1f1b or interleaved with cp on cuda"
+                   : "");
+      rc = 2;
+    }
+    cuda_p2p_plan_free(&pl);
+  }
   rt_program_free(&prog);
   if (rc) return EXIT_USAGE;
   char why[512];

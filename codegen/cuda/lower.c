@@ -1347,8 +1347,9 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   if (strlen(f->name) >= sizeof rf->name) return cl_fail(L, "the function name is longer than %zu characters", sizeof rf->name - 1);
   snprintf(rf->name, sizeof rf->name, "%s", f->name);
   if (f->arena_bytes < 0) return cl_fail(L, "has no arena size; run the memory-plan pass first");
-  if (f->args.n > 8 || f->rets.n > 8)
-    return cl_fail(L, "has %d arguments and %d results; a lowered function holds at most 8 of each", f->args.n, f->rets.n);
+  if (f->args.n > RT_MAX_FUNC_IO || f->rets.n > RT_MAX_FUNC_IO)
+    return cl_fail(L, "has %d arguments and %d results; a lowered function holds at most %d of each (RT_MAX_FUNC_IO)",
+                   f->args.n, f->rets.n, RT_MAX_FUNC_IO);
   rf->n_args = f->args.n;
   rf->n_rets = f->rets.n;
   for (int i = 0; i < f->args.n; i++)
@@ -1415,12 +1416,6 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   if (cuda_source) *cuda_source = NULL;
   if (err && errlen) err[0] = 0;
   Lower L = {.m = m, .p = out, .err = err, .errlen = errlen};
-  if (m->pipe.kind) {   /* chunk functions keep their stash on the host between calls: not on CUDA yet */
-    cl_fail(&L, "a pipelined module (pp=%lld) is not supported by the CUDA backend yet: its chunks' transfers to fixed "
-            "ranks and the per-rank schedule driver are owed (issue 15); run it on the cpu backend (--backend cpu)",
-            (long long)m->mesh.size[AX_PP]);
-    return IR_EINPUT;
-  }
   int nf = m->funcs.n, ng = m->globals.n, rc = 0;
   L.global_offset = calloc((size_t)(ng ? ng : 1), sizeof(int64_t));
   L.global_region = calloc((size_t)(ng ? ng : 1), sizeof(RtRegion));

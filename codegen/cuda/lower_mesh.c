@@ -8,14 +8,17 @@
  *   - shard_slice, shard_pad, target_pick and onehot are kernels of prelude_mesh.h whose
  *     i[] ends with the rank's coordinate on a mesh axis, written by the runtime before the
  *     launch (RtStep.coord_at; the lowering writes 0);
- *   - send and recv on a ring (rel=true: context parallelism's ring attention) are
- *     RT_B_SEND / RT_B_RECV steps with program.h's i[] (n, axis, size, peer, tag, rel).  The
- *     runtime does not run them one by one: it plans each function's transfers as NCCL
- *     groups (runtime/cuda/cuda_exec.h, "point-to-point transfers") and refuses, at start,
- *     an order NCCL could not pair or run without deadlock.
- * Refused here: a transfer to a fixed rank (rel=false: a pipeline's; pp runs on the cpu
- * backend), one to the rank itself, and an element type NCCL does not move.  all_to_allv
- * (expert parallelism) is not lowered yet: cuda_lower refuses it, naming the op. */
+ *   - send and recv are RT_B_SEND / RT_B_RECV steps with program.h's i[] (n, axis, size,
+ *     peer, tag, rel).  The runtime does not run them one by one.  On a ring (rel=1: context
+ *     parallelism's ring attention) it plans each function's transfers as NCCL groups
+ *     (runtime/cuda/cuda_exec.h, "point-to-point transfers") and refuses, at start, an order
+ *     NCCL could not pair or run without deadlock.  To a fixed rank (rel=0: a pipeline's
+ *     chunk functions, peer the pp coordinate) the step copies between its buffer and a
+ *     staging slot, and the pipeline driver exchanges the slots between its calls
+ *     (tools/exec_cuda_pipe.c).
+ *   - all_to_allv (expert parallelism): RT_B_ALL_TO_ALLV, its counts read on the host.
+ * Refused here: a ring transfer to the rank itself, a fixed peer outside the axis, and an
+ * element type NCCL does not move. */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/lower_common.h"
 
@@ -118,16 +121,16 @@ static int wait_step(Lower *L, Steps *s) {
   return 0;
 }
 
-/* A send (x ->) or recv (-> y) on a ring: RT_B_SEND / RT_B_RECV, i: n, axis, size, peer, tag, rel. */
+/* A send (x ->) or recv (-> y): RT_B_SEND / RT_B_RECV, i: n, axis, size, peer, tag, rel. */
 static int transfer(Lower *L, Steps *s, bool send) {
   const Op *op = L->op;
   const Value *v = send ? op->operands[0] : op->results[0];
   int64_t axis, n_ax = op_int(op, "n"), peer = op_int(op, "peer");
   if (axis_of(L, "axis", &axis)) return IR_EINPUT;
-  if (!op_bool(op, "rel"))
-    return cl_fail(L, "goes to a fixed rank (a pipeline's transfer): the CUDA backend runs only ring transfers (context "
-                   "parallelism); pp runs on the cpu backend (--backend cpu)");
-  if (n_ax < 2 || peer % n_ax == 0)
+  bool rel = op_bool(op, "rel");
+  if (!rel && (n_ax < 2 || peer < 0 || peer >= n_ax))
+    return cl_fail(L, "goes to rank %lld of %s=%lld: no such rank", (long long)peer, op_attr(op, "axis")->s, (long long)n_ax);
+  if (rel && (n_ax < 2 || peer % n_ax == 0))
     return cl_fail(L, "goes to the rank itself (peer %+lld on %s=%lld): nothing to transfer", (long long)peer,
                    op_attr(op, "axis")->s, (long long)n_ax);
   RtStep *st = cl_new_step(L, s, RT_STEP_BUILTIN, send ? RT_B_SEND : RT_B_RECV, "");
@@ -146,7 +149,7 @@ static int transfer(Lower *L, Steps *s, bool send) {
   PUSH(n_ax);
   PUSH(peer);
   PUSH(op_int(op, "tag"));
-  PUSH(1);
+  PUSH(rel);
 #undef PUSH
   return 0;
 }

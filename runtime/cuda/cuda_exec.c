@@ -812,6 +812,25 @@ static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, s
 }
 
 int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
+  return cuda_program_call_dev(cp, func, args, NULL, rets, NULL, err, errlen);
+}
+
+int cuda_dev_alloc(CudaProgram *cp, uint64_t *addr, int64_t bytes, const char *what, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  return dev_alloc(cp, addr, bytes, what, err, errlen);
+}
+
+void cuda_dev_free(CudaProgram *cp, uint64_t addr) {
+  const CudaDriverApi *d = cuda_driver(NULL, 0);
+  if (d && addr && cp->ctx) {
+    d->cuCtxSetCurrent((CUcontext)cp->ctx);
+    d->cuMemFree((CUdeviceptr)addr);
+  }
+}
+
+int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const uint64_t *dargs, void **rets,
+                          const uint64_t *drets, char *err, size_t errlen) {
   if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
   if (func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
   if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
@@ -826,6 +845,10 @@ int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets,
   for (int a = 0; !rc && a < fn->n_args; a++) {
     const RtBuf *b = &fn->args[a];
     size_t bytes = (size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage);
+    if (dargs && dargs[a]) {   /* already on the device, in the argument's storage */
+      if (bytes) rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, func, b), (CUdeviceptr)dargs[a], bytes, stream), where);
+      continue;
+    }
     cuda_f32_to_storage((RtStorage)b->storage, args[a], cp->staging + off, b->n);
     if (bytes)
       rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, func, b), cp->staging + off, bytes, stream), where);
@@ -844,7 +867,9 @@ int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets,
   for (int r = 0; !rc && r < fn->n_rets; r++) {
     const RtBuf *b = &fn->rets[r];
     size_t bytes = (size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage);
-    if (rets[r] && bytes)
+    if (drets && drets[r] && bytes)
+      rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)drets[r], (CUdeviceptr)cuda_buf_addr(cp, func, b), bytes, stream), where);
+    else if (rets[r] && bytes)
       rc = CU(cuMemcpyDtoHAsync, (cp->staging + off, (CUdeviceptr)cuda_buf_addr(cp, func, b), bytes, stream), where);
     off += (bytes + 63) / 64 * 64;
   }
@@ -856,7 +881,7 @@ int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets,
   for (int r = 0; !rc && r < fn->n_rets; r++) {
     const RtBuf *b = &fn->rets[r];
     size_t bytes = (size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage);
-    if (rets[r]) cuda_storage_to_f32((RtStorage)b->storage, cp->staging + off, rets[r], b->n);
+    if (rets[r] && !(drets && drets[r])) cuda_storage_to_f32((RtStorage)b->storage, cp->staging + off, rets[r], b->n);
     off += (bytes + 63) / 64 * 64;
   }
   if (rc) {
@@ -961,6 +986,15 @@ void cuda_program_free(CudaProgram *cp) { memset(cp, 0, sizeof *cp); }
 int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
   return fail(err, errlen, cp->p ? 1 : 2, "%s", NO_CUDA);
 }
+int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const uint64_t *dargs, void **rets,
+                          const uint64_t *drets, char *err, size_t errlen) {
+  return fail(err, errlen, cp->p ? 1 : 2, "%s", NO_CUDA);
+}
+int cuda_dev_alloc(CudaProgram *cp, uint64_t *addr, int64_t bytes, const char *what, char *err, size_t errlen) {
+  *addr = 0;
+  return fail(err, errlen, 1, "%s", NO_CUDA);
+}
+void cuda_dev_free(CudaProgram *cp, uint64_t addr) { (void)cp, (void)addr; }
 int cuda_global_read(CudaProgram *cp, int g, float *out, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
 int cuda_global_write(CudaProgram *cp, int g, const float *in, char *err, size_t errlen) {
   return fail(err, errlen, 1, "%s", NO_CUDA);

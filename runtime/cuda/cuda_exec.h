@@ -141,6 +141,13 @@ typedef struct {
   int n_p2p_events;
   uint64_t p2p_staging;    /* device staging slots (the largest function's CudaP2pPlan.staging) */
   struct NcclP2p *p2p_args;   /* host room for the largest group's NCCL calls */
+  /* a pipeline's transfers (rel=0): before each call the driver (tools/exec_cuda_pipe.c)
+     names a device slot for every one of the function's fixed-rank sends and receives, in
+     step order; a send step copies its buffer into its slot, a receive step copies its slot
+     into its buffer, both on the compute stream (the driver moves the slots over NCCL
+     between calls: "a pipeline's transfers" below) */
+  const uint64_t *pipe_slot;
+  int n_pipe_slot;
   bool broken;             /* a call failed: only free is allowed */
 } CudaProgram;
 
@@ -159,6 +166,14 @@ int cuda_find_func(const CudaProgram *cp, const char *name);   /* -1 if absent *
    rets[k] caller buffers (f32 or int32; NULL: not wanted).  Returns once the results are
    on the host. */
 int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen);
+/* The same with some arguments and results on the device: dargs[k] / drets[k] nonzero is a
+   device address holding (receiving) argument (result) k in its RtBuf's storage, copied on
+   the device; the others go through the host as above (dargs, drets may be NULL). */
+int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const uint64_t *dargs, void **rets,
+                          const uint64_t *drets, char *err, size_t errlen);
+/* Device memory of cp's context (zeroed), named in an out-of-memory message; and its free. */
+int cuda_dev_alloc(CudaProgram *cp, uint64_t *addr, int64_t bytes, const char *what, char *err, size_t errlen);
+void cuda_dev_free(CudaProgram *cp, uint64_t addr);
 
 /* Globals and buffers as f32 (int32 for integer buffers) on the host, converted from and to
    their storage (writing rounds to it). */
@@ -188,6 +203,29 @@ bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n);
 int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen);
 int cuda_mesh_sync(CudaProgram *cp, const char *where, char *err, size_t errlen);
 void cuda_mesh_free(CudaProgram *cp);
+
+/* A pipeline's transfers (RT_B_SEND / RT_B_RECV to a fixed rank, rel=0: the pipeline pass's
+   chunk functions).  Their partner is in another rank's function, run at another time, so
+   they cannot be planned within a function as ring transfers are: the pipeline driver
+   (tools/exec_cuda_pipe.c) runs them between its calls.  cp->pipe_slot must name a slot for
+   each (cuda_pipe_transfers counts and describes them); the step copies between its buffer
+   and its slot. */
+typedef struct {
+  int step;
+  bool send;
+  int peer;                /* the peer's coordinate on the axis */
+  int axis;
+  int64_t count, bytes, tag;
+  int storage;
+} CudaPipeXfer;
+/* The fixed-rank transfers of function f, in step order: n of them in *out (malloc'd, NULL
+   when none).  0, or 1 (out of memory). */
+int cuda_pipe_transfers(const RtProgram *p, int f, CudaPipeXfer **out, int *n);
+/* ops[0..n) as ONE NCCL group on the communicator and stream of mesh axis `axis`, after the
+   compute stream's work so far; the compute stream waits for it.  0, or 1/2 with a message. */
+struct NcclP2p;
+int cuda_pipe_exchange(CudaProgram *cp, int axis, int n, const struct NcclP2p *ops, const char *label, char *err,
+                       size_t errlen);
 
 /* Point-to-point transfers (RT_B_SEND / RT_B_RECV on a ring, rel=1: context parallelism).
    The CPU's sends are buffered and its receives pick a message by tag, in any order; NCCL's

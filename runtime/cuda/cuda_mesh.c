@@ -109,8 +109,30 @@ bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n) {
 
 /* ------------------------------------------------------------------ point-to-point plan (no device) */
 
-static bool is_transfer(const RtStep *st) {
-  return st->kind == RT_STEP_BUILTIN && (st->which == RT_B_SEND || st->which == RT_B_RECV);
+static bool is_transfer(const RtStep *st) {   /* on a ring (a pipeline's are the driver's) */
+  return st->kind == RT_STEP_BUILTIN && (st->which == RT_B_SEND || st->which == RT_B_RECV) && st->i[5] == 1;
+}
+
+static bool is_pipe_transfer(const RtStep *st) {
+  return st->kind == RT_STEP_BUILTIN && (st->which == RT_B_SEND || st->which == RT_B_RECV) && st->i[5] == 0;
+}
+
+int cuda_pipe_transfers(const RtProgram *p, int f, CudaPipeXfer **out, int *n) {
+  const RtFunc *fn = &p->funcs[f];
+  *out = NULL, *n = 0;
+  int k = 0;
+  for (int s = 0; s < fn->n_steps; s++) k += is_pipe_transfer(&fn->steps[s]);
+  if (!k) return 0;
+  if (!(*out = calloc((size_t)k, sizeof **out))) return 1;
+  for (int s = 0; s < fn->n_steps; s++) {
+    const RtStep *st = &fn->steps[s];
+    if (!is_pipe_transfer(st)) continue;
+    int sz = cuda_storage_size((RtStorage)st->bufs[0].storage);
+    (*out)[(*n)++] = (CudaPipeXfer){.step = s, .send = st->which == RT_B_SEND, .peer = (int)st->i[3], .axis = (int)st->i[1],
+                                    .count = st->i[0], .bytes = rt_smul(st->i[0], sz ? sz : 4), .tag = st->i[4],
+                                    .storage = st->bufs[0].storage};
+  }
+  return 0;
 }
 
 static int64_t buf_end(const RtBuf *b) {
@@ -283,10 +305,6 @@ int cuda_p2p_plan(const RtFunc *fn, CudaP2pPlan *pl, char *err, size_t errlen) {
     const char *what = send ? "send" : "recv";
     if (st->n_in + st->n_out != 1 || i[1] < 0 || i[1] >= 5 || i[2] < 1)
       return plan_fail(pl, &P, ends, err, errlen, 2, "@%s: step %d (%s): a malformed %s", fn->name, s, st->label, what);
-    if (i[5] != 1)
-      return plan_fail(pl, &P, ends, err, errlen, 2,
-                       "@%s: step %d (%s): a %s to a fixed rank (a pipeline's): the CUDA backend runs only ring "
-                       "transfers (rel=1, context parallelism)", fn->name, s, st->label, what);
     int64_t size = i[2], off = ((i[3] % size) + size) % size;
     if (!off)
       return plan_fail(pl, &P, ends, err, errlen, 2, "@%s: step %d (%s): a %s to the rank itself (peer %lld on %s=%lld)",
@@ -528,6 +546,46 @@ void cuda_mesh_free(CudaProgram *cp) {
   cp->comm = NULL;
 }
 
+/* A pipeline's send or recv (rel=0): a copy between its buffer and the slot the driver
+   named (cuda_exec.h, "a pipeline's transfers").  In a function called without slots (an
+   optimizer step exchanging tied parameters' gradients), each run of consecutive transfer
+   steps is one NCCL group on their own buffers, issued at the run's first step and waited
+   for before the next: both ranks of such an exchange run send-then-receive, which one
+   group pairs. */
+static int pipe_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d) return 1;
+  const RtFunc *fn = &cp->p->funcs[f];
+  const RtStep *st = &fn->steps[s];
+  if (!cp->pipe_slot) {   /* called on its own (an optimizer step's tied gradients): see run_in_call */
+    if (s > 0 && is_pipe_transfer(&fn->steps[s - 1])) return 0;   /* its run's group moved it */
+    int e = s;
+    while (e < fn->n_steps && is_pipe_transfer(&fn->steps[e])) e++;
+    NcclP2p ops[64];
+    if (e - s > 64) return fail(err, errlen, 2, "%s: more than 64 transfers in a row", where);
+    uint64_t base[RT_REGION_COUNT];
+    for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arena : cp->regions[r];
+    for (int t = s; t < e; t++) {
+      const RtStep *x = &fn->steps[t];
+      ops[t - s] = (NcclP2p){x->which == RT_B_SEND, (int)x->i[3],
+                             (void *)(uintptr_t)(base[x->bufs[0].region] + (uint64_t)x->bufs[0].offset), x->i[0],
+                             x->bufs[0].storage};
+    }
+    return cuda_pipe_exchange(cp, (int)st->i[1], e - s, ops, st->label, err, errlen);
+  }
+  int k = 0;
+  for (int t = 0; t < s; t++) k += is_pipe_transfer(&fn->steps[t]);
+  if (k >= cp->n_pipe_slot) return fail(err, errlen, 2, "%s: a pipeline's transfer without a slot", where);
+  const RtBuf *b = &st->bufs[0];
+  uint64_t base = b->region == RT_REGION_ARENA ? cp->arena : cp->regions[b->region];
+  CUdeviceptr mine = (CUdeviceptr)(base + (uint64_t)b->offset), slot = (CUdeviceptr)cp->pipe_slot[k];
+  size_t bytes = (size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage);
+  if (!bytes) return 0;
+  CUstream compute = (CUstream)cp->stream;
+  return st->which == RT_B_SEND ? CU(cuMemcpyDtoDAsync, (slot, mine, bytes, compute), where)
+                                : CU(cuMemcpyDtoDAsync, (mine, slot, bytes, compute), where);
+}
+
 /* A send or recv step: its part of its group (see the top of this file). */
 static int p2p_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
   const CudaDriverApi *d = cuda_driver(err, errlen);
@@ -642,7 +700,8 @@ int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, 
   if (!cp->comm)
     return fail(err, errlen, 2, "%s: a collective, but this program runs on one GPU (a mesh needs one process per GPU: "
                 "loom train --backend cuda --mesh ... starts them)", where);
-  if (st->which == RT_B_SEND || st->which == RT_B_RECV) return p2p_step(cp, f, s, where, err, errlen);
+  if (st->which == RT_B_SEND || st->which == RT_B_RECV)
+    return st->i[5] == 0 ? pipe_step(cp, f, s, where, err, errlen) : p2p_step(cp, f, s, where, err, errlen);
   if (st->which == RT_B_ALL_TO_ALLV) return all_to_allv_step(cp, st, where, err, errlen);
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d) return 1;
@@ -675,6 +734,22 @@ int cuda_mesh_sync(CudaProgram *cp, const char *where, char *err, size_t errlen)
   return nccl_sync(cp->comm, cp->stream, where, err, errlen);
 }
 
+int cuda_pipe_exchange(CudaProgram *cp, int axis, int n, const NcclP2p *ops, const char *label, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  if (!cp->comm || axis < 0 || axis >= 5 || !cp->axis_stream[axis] || cp->n_events < 1)
+    return fail(err, errlen, 2, "%s: point-to-point transfers on an axis this rank has no stream for", label);
+  CUstream compute = (CUstream)cp->stream, comm = (CUstream)cp->axis_stream[axis];
+  CUevent done = (CUevent)cp->ev_done[cp->n_events - 1];
+  const char *where = "(a pipeline's transfers)";
+  int rc = CU(cuEventRecord, ((CUevent)cp->ev_ready, compute), where);
+  if (!rc) rc = CU(cuStreamWaitEvent, (comm, (CUevent)cp->ev_ready, 0), where);
+  if (!rc) rc = nccl_p2p_group(cp->comm, axis, n, ops, comm, label, err, errlen);
+  if (!rc) rc = CU(cuEventRecord, (done, comm), where);
+  if (!rc) rc = CU(cuStreamWaitEvent, (compute, done, 0), where);
+  return rc;
+}
+
 #else
 
 int cuda_program_set_comm(CudaProgram *cp, Comm *comm, char *err, size_t errlen) {
@@ -688,6 +763,10 @@ int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, 
 }
 int cuda_mesh_sync(CudaProgram *cp, const char *where, char *err, size_t errlen) {
   (void)cp, (void)where;
+  return fail(err, errlen, 1, "this loom was built without the CUDA headers");
+}
+int cuda_pipe_exchange(CudaProgram *cp, int axis, int n, const NcclP2p *ops, const char *label, char *err, size_t errlen) {
+  (void)cp, (void)axis, (void)n, (void)ops, (void)label;
   return fail(err, errlen, 1, "this loom was built without the CUDA headers");
 }
 

@@ -162,17 +162,16 @@ expect_stderr_contains "the tp group of rank 0 disagrees"
 expect_stderr_contains "_start"
 
 # ---- the CUDA lowering: starts and waits become NCCL steps (issue 15), and so do ring
-#      attention's send/recv and expert parallelism's all_to_allv; a pipeline's transfers to
-#      fixed ranks are refused, naming the op ----
+#      attention's send/recv, expert parallelism's all_to_allv and a pipeline's transfers to
+#      fixed ranks ----
 expect_exit 0 "cuda lowering of an overlapped mesh program" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/gpt2-tiny.json \
   --passes=train,lower --mesh dp=2 --zero 3 --target cuda --emit=cuda -o "$TMP/z3.cu"
 expect_exit 0 "cuda lowering of ring attention (send/recv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/llama-tiny.json \
   --passes=train,lower --mesh cp=2 --target cuda --emit=cuda -o "$TMP/cp.cu"
 expect_exit 0 "cuda lowering of expert parallelism (all_to_allv)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir models/mixtral-tiny.json \
   --passes=train,lower --mesh ep=2 --target cuda --emit=cuda -o "$TMP/ep.cu"
-expect_exit 2 "cuda lowering of a pipeline (send/recv to fixed ranks)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir \
-  models/gpt2-tiny-4l.json --passes=train,lower --mesh pp=2 --target cuda --emit=cuda
-expect_stderr_contains "a pipelined module (pp=2) is not supported by the CUDA backend yet"
+expect_exit 0 "cuda lowering of a pipeline (send/recv to fixed ranks)" env LOOM_LIBCUDA=/nonexistent "$LOOM" ir \
+  models/gpt2-tiny-4l.json --passes=train,lower --mesh pp=2 --target cuda --emit=cuda -o "$TMP/pp.cu"
 
 # ---- bad input ----
 expect_exit 2 "--overlap maybe" "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --steps 1 --overlap maybe

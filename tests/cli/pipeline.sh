@@ -20,7 +20,7 @@
 #     that keeps the single-rank accumulation order gives the same bits: checked bitwise for
 #     Llama (untied) with every schedule.
 #   - refusals: more chunks than layers, interleaved with grad_accum not a multiple of pp,
-#     ZeRO-2 with pp, pp on the cuda backend; the trace file has one track per rank; the
+#     ZeRO-2 with pp; the trace file has one track per rank; the
 #     stash the cpu backend holds is what --memory predicts, for every schedule.
 LOOM=$1 ST_DIFF=$2
 BASE=()
@@ -116,8 +116,6 @@ expect_exit 2 "interleaved with grad_accum 6 on pp=4" "$LOOM" train models/gpt2-
 expect_stderr_contains "must be a multiple of 2"
 expect_exit 2 "ZeRO-2 with pp" "$LOOM" train models/gpt2-tiny-4l.json --data "$TMP/d.bin" --steps 1 --mesh pp=2,dp=2 --zero 2
 expect_stderr_contains "use --zero 1 or 0 with pp"
-expect_exit 2 "pp on the cuda backend" "$LOOM" train models/gpt2-tiny-4l.json --data "$TMP/d.bin" --steps 1 --mesh pp=2 --backend cuda
-expect_stderr_contains "--backend cuda does not run pipelines yet"
 expect_exit 2 "a bad --pp-schedule" "$LOOM" train models/gpt2-tiny-4l.json --data "$TMP/d.bin" --steps 1 --mesh pp=2 --pp-schedule gpipe
 expect_stderr_contains "pp_schedule"
 

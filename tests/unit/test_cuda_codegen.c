@@ -453,12 +453,6 @@ static void test_errors(void) {
                "  func @f(%q: f32[1,4,2,12]) -> (f32[1,4,2,12]) {\n"
                "    %o = attention %q, %q, %q {scale=0.3} : f32[1,4,2,12]\n    return %o\n  }\n}\n",
                "head size 12");
-  /* a pipeline's transfer to a fixed rank (collectives and ring transfers lower: below) */
-  expect_error("fixed-rank send",
-               "module @e {\n  mesh dp=1 tp=1 cp=1 pp=2 ep=1\n"
-               "  func @f(%x: f32[4]) -> () {\n"
-               "    send %x {axis=\"pp\", n=2, peer=1, tag=0, rel=false}\n    return\n  }\n}\n",
-               "fixed rank");
   expect_error("bool in memory",
                "module @e {\n  mesh dp=1 tp=1 cp=1 pp=1 ep=1\n"
                "  func @f(%x: f32[4], %y: f32[4]) -> (bool[4]) {\n"
@@ -484,6 +478,38 @@ static void test_collective_step(void) {
   check(st && st->kind == RT_STEP_BUILTIN && st->which == RT_B_ALL_REDUCE && st->i[0] == 4 && st->i[1] == 0 &&
             st->i[2] == 2 && st->i[3] == 0 && st->n_in == 1 && st->n_out == 1,
         "collective: all_reduce over dp is one RT_B_ALL_REDUCE step (n 4, axis dp, size 2, sum) %s", err);
+  if (!rc) rt_program_free(&p);
+  module_free(m);
+}
+
+/* A pipeline's send to a fixed rank: an RT_B_SEND step with rel=0 and the peer's coordinate
+   (i: n, axis, size, peer, tag, rel), which the runtime leaves to the pipeline driver
+   (cuda_pipe_transfers lists it; the ring plan ignores it). */
+static void test_fixed_rank_send(void) {
+  const char *text = "module @e {\n  mesh dp=1 tp=1 cp=1 pp=2 ep=1\n"
+                     "  func @f(%x: f32[4]) -> () {\n"
+                     "    send %x {axis=\"pp\", n=2, peer=1, tag=7, rel=false}\n    return\n  }\n}\n";
+  char err[1024] = "";
+  Module *m = NULL;
+  int rc = parse_module("fixed-rank send", text, &m, err, sizeof err);
+  PassOptions opt = {.target = TARGET_CUDA};
+  RtProgram p;
+  memset(&p, 0, sizeof p);
+  if (!rc) rc = pipeline_run(m, "lower", &opt, err, sizeof err);
+  if (!rc) rc = cuda_lower(m, &p, NULL, err, sizeof err);
+  const RtStep *st = !rc && p.n_funcs == 1 && p.funcs[0].n_steps == 1 ? &p.funcs[0].steps[0] : NULL;
+  check(st && st->kind == RT_STEP_BUILTIN && st->which == RT_B_SEND && st->i[0] == 4 && st->i[1] == 3 && st->i[2] == 2 &&
+            st->i[3] == 1 && st->i[4] == 7 && st->i[5] == 0,
+        "fixed-rank send: one RT_B_SEND step (n 4, axis pp, size 2, peer 1, tag 7, rel 0) %s", err);
+  CudaPipeXfer *x = NULL;
+  int nx = 0;
+  CudaP2pPlan pl;
+  check(st && !cuda_pipe_transfers(&p, 0, &x, &nx) && nx == 1 && x[0].send && x[0].peer == 1 && x[0].tag == 7 && x[0].bytes == 16,
+        "fixed-rank send: cuda_pipe_transfers lists it (send to pp 1, tag 7, 16 bytes)");
+  check(st && !cuda_p2p_plan(&p.funcs[0], &pl, err, sizeof err) && pl.n_ops == 0,
+        "fixed-rank send: the ring plan leaves it to the pipeline driver %s", err);
+  if (st) cuda_p2p_plan_free(&pl);
+  free(x);
   if (!rc) rt_program_free(&p);
   module_free(m);
 }
@@ -693,6 +719,7 @@ int main(void) {
   test_program();
   test_errors();
   test_collective_step();
+  test_fixed_rank_send();
   char why[2300];
   int major = 0, minor = 0;
   if (!nvrtc_available(&major, &minor, why, sizeof why)) {
