@@ -34,7 +34,8 @@ eval_loss=$(grep -o 'loss [0-9.]*' "$OUT" | head -1 | cut -d' ' -f2)
 check "val_loss $last_val = eval loss $eval_loss (to 1e-5)" awk -v a="$last_val" -v b="$eval_loss" 'BEGIN { d = a - b; exit !(d < 1e-5 && d > -1e-5) }'
 
 # the same validation losses on every backend and layout
-for layout in "--backend ref" "--mesh dp=2" "--mesh tp=2" "--mesh dp=2,tp=2 --zero 1" "--mesh dp=2 --backend ref"; do
+for layout in "--backend ref" "--mesh dp=2" "--mesh tp=2" "--mesh dp=2,tp=2 --zero 1" "--mesh dp=2 --backend ref" \
+              "--mesh cp=2" "--mesh cp=2,dp=2 --zero 3"; do
   name=$(echo "$layout" | tr -c 'a-z0-9' '_')
   expect_exit 0 "$layout: validation" run_train --val-data "$VAL" --val-every 3 --log "$TMP/$name.jsonl" $layout
   a=$(grep -o '"val_loss":[^,]*' "$TMP/cpu.jsonl" | cut -d: -f2 | tr '\n' ' ')
@@ -42,6 +43,15 @@ for layout in "--backend ref" "--mesh dp=2" "--mesh tp=2" "--mesh dp=2,tp=2 --ze
   check "  val losses ($b) within 1e-4 of the cpu backend's ($a)" awk -v a="$a" -v b="$b" \
     'BEGIN { n = split(a, x, " "); m = split(b, y, " "); if (n != m || n != 3) exit 1; for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d > 1e-4 || d < -1e-4) exit 1 } }'
 done
+
+# expert parallelism: a mixture of experts' validation at ep=2 is one rank's
+moe() { "$LOOM" train models/mixtral-tiny.json --data "$TRAIN" --val-data "$VAL" --steps 4 --val-every 2 "$@"; }
+expect_exit 0 "mixtral-tiny on one rank with validation" moe --log "$TMP/moe1.jsonl"
+expect_exit 0 "mixtral-tiny --mesh ep=2 with validation" moe --mesh ep=2 --log "$TMP/moe2.jsonl"
+a=$(grep -o '"val_loss":[^,]*' "$TMP/moe1.jsonl" | cut -d: -f2 | tr '\n' ' ')
+b=$(grep -o '"val_loss":[^,]*' "$TMP/moe2.jsonl" | cut -d: -f2 | tr '\n' ' ')
+check "  ep=2 val losses ($b) within 1e-4 of one rank's ($a)" awk -v a="$a" -v b="$b" \
+  'BEGIN { n = split(a, x, " "); m = split(b, y, " "); if (n != m || n != 2) exit 1; for (i = 1; i <= n; i++) { d = x[i] - y[i]; if (d > 1e-4 || d < -1e-4) exit 1 } }'
 
 # pipelines: every chunk's forward for one micro-batch at a time, on every schedule, both
 # backends; the same validation losses as one rank (the 4-layer model)
