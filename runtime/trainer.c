@@ -494,7 +494,7 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   }
   r->n = o->steps;
   r->seconds = now_s() - start;
-  if (ex->sync_out && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
+  if (ex->sync_out && !ex->stream_param && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
   if (o->log && o->steps > r->first_step) {
     int64_t run = o->steps - r->first_step;
     fprintf(o->log, "done: %lld steps in %.2f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s\n", (long long)run,

@@ -72,6 +72,12 @@ typedef struct {
      whole views + sync_in; a whole checkpoint still goes through the views. */
   int (*save_shards)(void *self, const char *save_dir, int64_t step, const char *state_json, char *err, size_t errlen);
   int (*load_shards)(void *self, const struct Checkpoint *c, char *err, size_t errlen);
+  /* Optional (a multi-process mesh): the final parameters one at a time instead of a
+     sync_out of them all at the end.  Every rank calls it for i = 0 .. n_params-1 in order
+     (it gathers over the ranks); on the writer (rank 0) *data is params[i]'s whole tensor,
+     valid until the next call.  With it, the loop's last sync_out is skipped, and --out is
+     written a tensor at a time (tools/train_common.c). */
+  int (*stream_param)(void *self, int i, const float **data, char *err, size_t errlen);
 } Executor;
 
 typedef struct {

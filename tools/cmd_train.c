@@ -233,7 +233,7 @@ int cmd_train(int argc, char **argv) {
                      ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
                      ta.peak_tflops * 1e12, ta.log_experts, false},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
-                    s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16};
+                    s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16, NULL};
     /* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per
        micro-batch; in a pipeline, every chunk's forward and backward functions per micro-batch,
        over the pp ranks (the bubble is then lost time, as MFU counts it) */

@@ -11,9 +11,8 @@
    --out) or a resume reads a checkpoint into them; rank 0 alone writes files.
    Checkpoints are a shard per rank (save_shards); in a pipeline each global is written by
    the stage that updates it (owner).  A pipelined module's steps are exec_cuda_pipe.c's.
-   Still owed: --out gathers the whole parameters on rank 0 (streaming a tensor at a time
-   would not), and resuming a whole (not sharded) checkpoint fills the whole views on every
-   rank before each takes its pieces. */
+   --out streams a tensor at a time (stream_param).  Still owed: resuming a whole (not
+   sharded) checkpoint fills the whole views on every rank before each takes its pieces. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,26 +36,48 @@ static void move_run(int64_t w, int64_t p, int64_t n, void *arg) {
   else memcpy(mv->whole + w, mv->piece + p, sizeof(float) * (size_t)n);
 }
 
-/* Every rank's pieces of the whole views, gathered over NCCL, one global at a time (every
-   rank takes part in each gather); rank 0, the one that writes checkpoints and --out,
-   assembles the whole tensors (replicated pieces are equal on every rank), the others leave
-   their views untouched. */
+/* Global k's pieces from every rank, gathered over NCCL (every rank takes part); rank 0, the
+   one that writes checkpoints and --out, assembles the whole tensor into `whole` (replicated
+   pieces are equal on every rank; in a pipeline only the stage that updates it counts). */
+static int gather_global(CudaRank *r, int k, float *whole, char *err, size_t errlen) {
+  const RtGlobal *gl = &r->prog.globals[k];
+  int rc = cuda_global_read(&r->cp, k, r->piece, err, errlen);
+  if (!rc) rc = nccl_all_gather_host(r->comm, r->piece, r->gather, gl->n, err, errlen);
+  if (rc) return rc;
+  for (int q = 0; q < r->world && r->rank == 0; q++) {
+    int coord[COMM_AXES];
+    mesh_coords_of(r->mesh, q, coord);
+    if (r->owner && r->owner[k] >= 0 && coord[COMM_PP] != r->owner[k]) continue;   /* a stage that does not update it */
+    Move mv = {whole, r->gather + (size_t)q * (size_t)gl->n, false};
+    rt_piece_runs(gl, r->mesh, coord, move_run, &mv);
+  }
+  return 0;
+}
+
+/* Every rank's pieces of the whole views, one global at a time; the other ranks leave their
+   views untouched. */
 static int sync_out(void *self, char *err, size_t errlen) {
   CudaRank *r = self;
   for (int k = 0; k < r->prog.n_globals; k++) {
     if (!r->whole[k]) continue;
-    const RtGlobal *gl = &r->prog.globals[k];
-    int rc = cuda_global_read(&r->cp, k, r->piece, err, errlen);
-    if (!rc) rc = nccl_all_gather_host(r->comm, r->piece, r->gather, gl->n, err, errlen);
+    int rc = gather_global(r, k, r->whole[k], err, errlen);
     if (rc) return rc;
-    for (int q = 0; q < r->world && r->rank == 0; q++) {
-      int coord[COMM_AXES];
-      mesh_coords_of(r->mesh, q, coord);
-      if (r->owner && r->owner[k] >= 0 && coord[COMM_PP] != r->owner[k]) continue;   /* a stage that does not update it */
-      Move mv = {r->whole[k], r->gather + (size_t)q * (size_t)gl->n, false};
-      rt_piece_runs(gl, r->mesh, coord, move_run, &mv);
-    }
   }
+  return 0;
+}
+
+/* --out a tensor at a time: parameter view i's global gathered into one reusable buffer
+   (the views of a stack of experts share it), not into the whole views. */
+static int stream_param(void *self, int i, const float **data, char *err, size_t errlen) {
+  CudaRank *r = self;
+  int k = r->view_global[i];
+  if (k != r->stream_global) {
+    r->stream_global = -1;
+    int rc = gather_global(r, k, r->stream, err, errlen);
+    if (rc) return rc;
+    r->stream_global = k;
+  }
+  *data = r->stream + r->view_off[i];
   return 0;
 }
 
@@ -286,15 +307,26 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   if (!r->whole || !r->ex.params || !r->ex.state || !r->piece || !r->gather) goto oom;
   /* the trainer's whole views: parameters under their checkpoint names, the optimizer state
      (calloc'd: no page is touched before a sync_out or a resume writes it) */
+  r->view_global = calloc((size_t)nv + 1, sizeof(int));
+  r->view_off = calloc((size_t)nv + 1, sizeof(int64_t));
+  int64_t most_whole = 1;
+  if (!r->view_global || !r->view_off) goto oom;
   for (int k = 0; k < p->n_globals; k++) {
     const RtGlobal *gl = &p->globals[k];
     bool param = gl->region == RT_REGION_PARAMS;
     if (!param && gl->region != RT_REGION_OPTIM) continue;
-    if (!(r->whole[k] = calloc((size_t)rt_global_whole_numel(gl, r->mesh) + 1, sizeof(float)))) goto oom;
+    int64_t whole_n = rt_global_whole_numel(gl, r->mesh);
+    if (!(r->whole[k] = calloc((size_t)whole_n + 1, sizeof(float)))) goto oom;
+    int before = r->ex.n_params;
     if (rt_views_add(param ? r->ex.params : r->ex.state, param ? &r->ex.n_params : &r->ex.n_state, gl->name, gl->rank,
                      gl->shape, r->whole[k], gl->experts))
       goto oom;
+    for (int v = before; param && v < r->ex.n_params; v++)
+      r->view_global[v] = k, r->view_off[v] = r->ex.params[v].data - r->whole[k];
+    if (param && whole_n > most_whole) most_whole = whole_n;
   }
+  if (!(r->stream = malloc(sizeof(float) * (size_t)most_whole))) goto oom;
+  r->stream_global = -1;
   double t1 = seconds_now();
   if ((rc = init_pieces(r, plan->init, plan->seed, err, errlen))) return rc;
   if (plan->opt.log)
@@ -334,6 +366,7 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   r->ex.sync_in = sync_in;
   r->ex.save_shards = save_shards;
   r->ex.load_shards = load_shards;
+  r->ex.stream_param = stream_param;
   r->ex.comm_wait_ms = NULL;
   if (pipe && (rc = cuda_pipe_setup(r, err, errlen))) return rc;
   if (plan->trace_out && plan->opt.log)
@@ -352,6 +385,9 @@ oom:
 static void rank_close(CudaRank *r) {
   cuda_pipe_free(r);
   free(r->owner);
+  free(r->view_global);
+  free(r->view_off);
+  free(r->stream);
   if (r->have_cp) cuda_program_free(&r->cp);
   nccl_world_free(r->comm);
   for (int k = 0; r->whole && k < r->prog.n_globals; k++) free(r->whole[k]);
@@ -381,6 +417,7 @@ int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, con
   }
   int rc = rank_open(r, m, prog, image, n, plan, err, errlen);
   if (!rc) rc = train_and_write(&r->ex, plan, err, errlen);
+  if (!rc && plan->opt.log) fprintf(plan->opt.log, "cuda: rank 0's host memory peak %.0f MiB\n", peak_rss_mib());
   if (rc && r->comm) nccl_world_abort(r->comm);   /* the others must not wait for this rank */
   rank_close(r);
   free(r);
@@ -392,6 +429,7 @@ void plan_for_rank(RunPlan *plan, int64_t rank) {
   plan->opt.log = NULL;
   plan->opt.metrics_path = NULL;
   plan->opt.not_writer = true;
+  plan->out_elsewhere = plan->out;
   plan->out = NULL;
   plan->trace_out = NULL;
 }

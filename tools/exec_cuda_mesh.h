@@ -25,6 +25,10 @@ typedef struct {
   Tensor *whole_tok, *whole_tgt, *tok, *tgt;
   int32_t *tok32, *tgt32;
   int *owner;            /* a pipeline: per global, the pp coordinate that updates it (-1: none); else NULL */
+  int *view_global;      /* per parameter view (ex.params): its global, and where in it the view starts */
+  int64_t *view_off;
+  float *stream;         /* --out streamed: the whole of one global (the largest parameter's size) */
+  int stream_global;     /* the global stream holds, -1 */
   CudaPipe *pipe;        /* a pipeline's driver (exec_cuda_pipe.c), or NULL */
 } CudaRank;
 

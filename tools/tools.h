@@ -211,6 +211,9 @@ typedef struct {
      unknown, refused), the tokenizer to copy, bf16 weights */
   const char *spec_path, *tokenizer;
   bool out_bf16;
+  /* a mesh rank that is not the writer: the --out rank 0 writes (every rank takes part in
+     gathering it), else NULL */
+  const char *out_elsewhere;
 } RunPlan;
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);

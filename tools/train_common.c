@@ -10,8 +10,20 @@
 
 /* The final parameters under their HF names (whole: the executor gathered them), and per
    step the loss, the gradient norm before clipping and the learning rate. */
+/* A tensor of --out streamed from the executor (Executor.stream_param). */
+static int fill_param(void *arg, int i, const void **data, char *err, size_t errlen) {
+  const Executor *ex = arg;
+  const float *d = NULL;
+  int rc = ex->stream_param(ex->self, i, &d, err, errlen);
+  *data = d;
+  return rc;
+}
+
 static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *plan, char *err, size_t errlen) {
   const char *path = plan->out;
+  bool stream = ex->stream_param && !hf_export_wanted(path);
+  /* a Hugging Face folder takes the whole parameters at once (bf16 conversion, sharding) */
+  if (ex->stream_param && !stream && ex->sync_out && ex->sync_out(ex->self, err, errlen)) return EXIT_RUN;
   FILE *log = plan->opt.log;
   int n = ex->n_params, k = 0;
   StTensor *st = calloc((size_t)n + 4, sizeof *st);
@@ -27,7 +39,7 @@ static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *
     int64_t count = 1;
     for (int d = 0; d < t->rank; d++) count *= (st[k].shape[d] = t->shape[d]);
     st[k].nbytes = (uint64_t)count * 4;
-    st[k].data = t->data;
+    st[k].data = stream ? NULL : t->data;
   }
   if (hf_export_wanted(path)) {   /* a folder for transformers: the weights alone, metrics apart */
     char dir[4096];
@@ -49,7 +61,8 @@ static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *
     st[k] = (StTensor){(char *)names[h], ST_F32, 1, {res->n}, (uint64_t)res->n * 4, hist[h]};
   if (res->val_losses)   /* NaN at the steps without a validation */
     st[k++] = (StTensor){"val_losses", ST_F32, 1, {res->n}, (uint64_t)res->n * 4, res->val_losses};
-  int rc = st_write(path, st, k, NULL, NULL, 0, err, errlen);
+  int rc = stream ? st_write_each(path, st, k, NULL, NULL, 0, fill_param, (void *)ex, err, errlen)
+                  : st_write(path, st, k, NULL, NULL, 0, err, errlen);
   if (!rc && log)
     fprintf(log, "wrote %s (%d parameters, and losses, grad_norms%s and lrs [%lld])\n", path, n,
             res->val_losses ? ", val_losses" : "", (long long)res->n);
@@ -61,6 +74,13 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
   TrainResult res;
   int rc = train_run(ex, &plan->opt, &res, err, errlen);
   if (!rc && plan->out) rc = write_out(ex, &res, plan, err, errlen);
+  if (!rc && plan->out_elsewhere && ex->stream_param) {   /* take part in the writer's gathers */
+    if (hf_export_wanted(plan->out_elsewhere)) rc = ex->sync_out ? ex->sync_out(ex->self, err, errlen) : 0;
+    for (int i = 0; !rc && !hf_export_wanted(plan->out_elsewhere) && i < ex->n_params; i++) {
+      const float *d;
+      rc = ex->stream_param(ex->self, i, &d, err, errlen);
+    }
+  }
   train_result_free(&res);
   return rc;
 }

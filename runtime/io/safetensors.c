@@ -419,7 +419,7 @@ void st_close(StFile *f) {
 /* Builds the header JSON object; returns 0, 2 for bad input, 1 for out of memory. */
 static int build_header(const char *path, const StTensor *ts, int n, const char *const *mk,
                         const char *const *mv, int n_meta, json_t *root, char *err,
-                        size_t errlen) {
+                        size_t errlen, bool filled) {
   if (n_meta > 0) {
     json_t *meta = json_object();
     if (!meta || json_object_set_new(root, "__metadata__", meta) != 0) goto oom;
@@ -456,12 +456,12 @@ static int build_header(const char *path, const StTensor *ts, int n, const char 
     }
     char sb[256];
     int64_t need = shape_bytes(t->dtype, t->rank, t->shape);
-    if (need < 0 || (uint64_t)need != t->nbytes || (need > 0 && !t->data) ||
+    if (need < 0 || (uint64_t)need != t->nbytes || (need > 0 && !t->data && !filled) ||
         __builtin_add_overflow(off, need, &off)) {
       seterr(err, errlen, "%s: tensor '" NM "': %s %s needs %" PRId64 " bytes but nbytes is %"
              PRIu64 "%s", path, nm, st_dtype_name(t->dtype),
              shape_str(sb, sizeof sb, t->rank, t->shape), need, t->nbytes,
-             (need > 0 && !t->data) ? " and data is NULL" : "");
+             (need > 0 && !t->data && !filled) ? " and data is NULL" : "");
       return 2;
     }
     json_t *shape = json_array();
@@ -488,6 +488,13 @@ oom:
 int st_write(const char *path, const StTensor *tensors, int n,
              const char *const *meta_keys, const char *const *meta_values, int n_meta,
              char *err, size_t errlen) {
+  return st_write_each(path, tensors, n, meta_keys, meta_values, n_meta, NULL, NULL, err, errlen);
+}
+
+int st_write_each(const char *path, const StTensor *tensors, int n, const char *const *meta_keys,
+                  const char *const *meta_values, int n_meta,
+                  int (*fill)(void *arg, int i, const void **data, char *err, size_t errlen), void *arg,
+                  char *err, size_t errlen) {
   if (n < 0 || n_meta < 0 || (n > 0 && !tensors) || (n_meta > 0 && (!meta_keys ||
       !meta_values))) {
     seterr(err, errlen, "%s: st_write called with n=%d, n_meta=%d and NULL arrays", path, n,
@@ -499,7 +506,7 @@ int st_write(const char *path, const StTensor *tensors, int n,
     seterr(err, errlen, "%s: out of memory", path);
     return 1;
   }
-  int rc = build_header(path, tensors, n, meta_keys, meta_values, n_meta, root, err, errlen);
+  int rc = build_header(path, tensors, n, meta_keys, meta_values, n_meta, root, err, errlen, fill != NULL);
   char *hdr = rc ? NULL : json_dumps(root, JSON_COMPACT);
   json_decref(root);
   if (rc) return rc;
@@ -517,8 +524,11 @@ int st_write(const char *path, const StTensor *tensors, int n,
   if (!rc) rc = rt_atomic_write(&a, lenb, 8, err, errlen);
   if (!rc) rc = rt_atomic_write(&a, hdr, len, err, errlen);
   if (!rc) rc = rt_atomic_write(&a, spaces, padded - len, err, errlen);
-  for (int i = 0; !rc && i < n; i++)
-    rc = rt_atomic_write(&a, tensors[i].data, (size_t)tensors[i].nbytes, err, errlen);
+  for (int i = 0; !rc && i < n; i++) {
+    const void *data = tensors[i].data;
+    if (!data && fill) rc = fill(arg, i, &data, err, errlen);
+    if (!rc) rc = rt_atomic_write(&a, data, (size_t)tensors[i].nbytes, err, errlen);
+  }
   if (!rc) rc = rt_atomic_commit(&a, err, errlen);
   rt_atomic_abort(&a);
   free(hdr);

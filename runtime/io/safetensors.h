@@ -68,6 +68,13 @@ int64_t st_numel(int rank, const int64_t *shape);
 int st_write(const char *path, const StTensor *tensors, int n,
              const char *const *meta_keys, const char *const *meta_values, int n_meta,
              char *err, size_t errlen);
+/* st_write with each tensor whose data is NULL filled just before it is written: fill(arg, i,
+   &data) gives tensor i's bytes (valid until the next call), so a writer never holds every
+   tensor at once (a mesh's --out gathers one at a time).  0, or fill's or the write's code. */
+int st_write_each(const char *path, const StTensor *tensors, int n, const char *const *meta_keys,
+                  const char *const *meta_values, int n_meta,
+                  int (*fill)(void *arg, int i, const void **data, char *err, size_t errlen), void *arg,
+                  char *err, size_t errlen);
 
 /* ---- File helpers shared by the runtime's readers and writers (tokens.c uses them). */
 
