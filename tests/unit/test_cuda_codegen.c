@@ -460,6 +460,19 @@ static void test_errors(void) {
                "bool");
 }
 
+/* The IR text of a one-op function lowered for CUDA: its only step, or NULL (err says why);
+   *m and *p to free (p only when the step is there). */
+static const RtStep *lower_one(const char *what, const char *text, Module **m, RtProgram *p, char *err, size_t errlen) {
+  *m = NULL;
+  memset(p, 0, sizeof *p);
+  int rc = parse_module(what, text, m, err, errlen);
+  PassOptions opt = {.target = TARGET_CUDA};
+  if (!rc) rc = pipeline_run(*m, "lower", &opt, err, errlen);
+  if (!rc) rc = cuda_lower(*m, p, NULL, err, errlen);
+  if (!rc && (p->n_funcs != 1 || p->funcs[0].n_steps != 1)) rt_program_free(p), rc = 1;
+  return rc ? NULL : &p->funcs[0].steps[0];
+}
+
 /* A partitioned program's all_reduce: an RT_STEP_BUILTIN step that the runtime runs as NCCL
    (program.h's i[]: n, axis, size, max), not a kernel. */
 static void test_collective_step(void) {
@@ -467,18 +480,13 @@ static void test_collective_step(void) {
                      "  func @f(%x: f32[4]) -> (f32[4]) {\n"
                      "    %y = all_reduce %x {axis=\"dp\", n=2} : f32[4]\n    return %y\n  }\n}\n";
   char err[1024] = "";
-  Module *m = NULL;
-  int rc = parse_module("collective", text, &m, err, sizeof err);
-  PassOptions opt = {.target = TARGET_CUDA};
+  Module *m;
   RtProgram p;
-  memset(&p, 0, sizeof p);
-  if (!rc) rc = pipeline_run(m, "lower", &opt, err, sizeof err);
-  if (!rc) rc = cuda_lower(m, &p, NULL, err, sizeof err);
-  const RtStep *st = !rc && p.n_funcs == 1 && p.funcs[0].n_steps == 1 ? &p.funcs[0].steps[0] : NULL;
+  const RtStep *st = lower_one("collective", text, &m, &p, err, sizeof err);
   check(st && st->kind == RT_STEP_BUILTIN && st->which == RT_B_ALL_REDUCE && st->i[0] == 4 && st->i[1] == 0 &&
             st->i[2] == 2 && st->i[3] == 0 && st->n_in == 1 && st->n_out == 1,
         "collective: all_reduce over dp is one RT_B_ALL_REDUCE step (n 4, axis dp, size 2, sum) %s", err);
-  if (!rc) rt_program_free(&p);
+  if (st) rt_program_free(&p);
   module_free(m);
 }
 
@@ -490,14 +498,9 @@ static void test_fixed_rank_send(void) {
                      "  func @f(%x: f32[4]) -> () {\n"
                      "    send %x {axis=\"pp\", n=2, peer=1, tag=7, rel=false}\n    return\n  }\n}\n";
   char err[1024] = "";
-  Module *m = NULL;
-  int rc = parse_module("fixed-rank send", text, &m, err, sizeof err);
-  PassOptions opt = {.target = TARGET_CUDA};
+  Module *m;
   RtProgram p;
-  memset(&p, 0, sizeof p);
-  if (!rc) rc = pipeline_run(m, "lower", &opt, err, sizeof err);
-  if (!rc) rc = cuda_lower(m, &p, NULL, err, sizeof err);
-  const RtStep *st = !rc && p.n_funcs == 1 && p.funcs[0].n_steps == 1 ? &p.funcs[0].steps[0] : NULL;
+  const RtStep *st = lower_one("fixed-rank send", text, &m, &p, err, sizeof err);
   check(st && st->kind == RT_STEP_BUILTIN && st->which == RT_B_SEND && st->i[0] == 4 && st->i[1] == 3 && st->i[2] == 2 &&
             st->i[3] == 1 && st->i[4] == 7 && st->i[5] == 0,
         "fixed-rank send: one RT_B_SEND step (n 4, axis pp, size 2, peer 1, tag 7, rel 0) %s", err);
@@ -508,9 +511,8 @@ static void test_fixed_rank_send(void) {
         "fixed-rank send: cuda_pipe_transfers lists it (send to pp 1, tag 7, 16 bytes)");
   check(st && !cuda_p2p_plan(&p.funcs[0], &pl, err, sizeof err) && pl.n_ops == 0,
         "fixed-rank send: the ring plan leaves it to the pipeline driver %s", err);
-  if (st) cuda_p2p_plan_free(&pl);
+  if (st) cuda_p2p_plan_free(&pl), rt_program_free(&p);
   free(x);
-  if (!rc) rt_program_free(&p);
   module_free(m);
 }
 
