@@ -2,9 +2,15 @@
    training and eval.  The shard pass made one program that every rank runs on its own
    piece (SPMD), so it is lowered and JIT-compiled once; each rank gets its own CpuProgram
    (arena, parameters, gradients, optimizer state) and runs as a thread of this process, its
-   collectives going through runtime/comm_local.  The whole parameters, their split to the
-   ranks and the gathering for checkpoints and --out are the reference executor's (RefExec,
-   tools/exec_ref.c), which needs the module: `loom` passes the one it built, a compiled
+   collectives going through runtime/comm_local.  Each rank takes its pieces by the lowered
+   program's placements (RtGlobal), as a CUDA rank does: the seeded initialization's values
+   of just its piece (rt_global_init_piece), or its slices of the memory-mapped safetensors
+   file (load_weights_pieces); no whole tensor is made to start.  The whole views of the
+   parameters and optimizer state (checkpoints, --out) are RefExec's (tools/exec_ref.c,
+   ref_exec_open_views: untouched until written), filled from the ranks' pieces by sync_out
+   and split back by sync_in through the same placements (rt_piece_runs; in a pipeline only
+   the stage that updates a global holds its truth).  RefExec also gives the local world and
+   a pipeline's schedule, and needs the module: `loom` passes the one it built, a compiled
    executable the IR it carries.  The lowered program comes as bytes (rt_program_save) and
    the kernels' LLVM IR, as compiled executables carry them. */
 #include <errno.h>
@@ -16,32 +22,85 @@
 #include "tools/exec_mesh.h"
 #include "tools/tools.h"
 
-/* ---- a rank's pieces <-> its CpuProgram's globals ---- */
+/* ---- a rank's pieces (its CpuProgram's globals) <-> the whole views ---- */
 
-static void pieces_to_cpu(MeshCpu *mc, int rank) {
-  for (int k = 0; k < mc->b.prog.n_globals; k++) {
-    const Tensor *t = mc->rx.g[rank]->t[mc->gmap[k]];
-    memcpy(cpu_global(&mc->cp[rank], k), t->f, sizeof(float) * (size_t)t->n);
-  }
+static void mesh_sizes(const MeshCpu *mc, int64_t mesh[COMM_AXES]) {
+  for (int a = 0; a < COMM_AXES; a++) mesh[a] = mc->rx.m->mesh.size[a];
 }
 
-static void cpu_to_pieces(MeshCpu *mc, int rank) {
-  for (int k = 0; k < mc->b.prog.n_globals; k++) {
-    Tensor *t = mc->rx.g[rank]->t[mc->gmap[k]];
-    memcpy(t->f, cpu_global(&mc->cp[rank], k), sizeof(float) * (size_t)t->n);
-  }
+static const int *rank_coord(const MeshCpu *mc, int rank) {
+  static const int zero[COMM_AXES] = {0};
+  return mc->rx.lw ? local_world_rank(mc->rx.lw, rank)->coord : zero;
 }
 
+typedef struct {
+  float *whole, *piece;
+  bool to_piece;
+} Move;
+
+static void move_run(int64_t w, int64_t p, int64_t n, void *arg) {
+  Move *mv = arg;
+  if (mv->to_piece) memcpy(mv->piece + p, mv->whole + w, sizeof(float) * (size_t)n);
+  else memcpy(mv->whole + w, mv->piece + p, sizeof(float) * (size_t)n);
+}
+
+/* Every rank's pieces into the whole views (replicated pieces are equal: rank order wins;
+   in a pipeline only the owning stage's count). */
 static int sync_out(void *self, char *err, size_t errlen) {
   MeshCpu *mc = self;
-  for (int k = 0; k < mc->world; k++) cpu_to_pieces(mc, k);
-  return mc->rx.ex.sync_out(&mc->rx, err, errlen);
+  (void)err, (void)errlen;
+  int64_t mesh[COMM_AXES];
+  mesh_sizes(mc, mesh);
+  for (int k = 0; k < mc->b.prog.n_globals; k++) {
+    int gi = mc->gmap[k];
+    Tensor *whole = gi >= 0 ? mc->rx.full[gi] : NULL;
+    if (!whole) continue;
+    for (int q = 0; q < mc->world; q++) {
+      const int *coord = rank_coord(mc, q);
+      if (mc->rx.owner && mc->rx.owner[gi] >= 0 && coord[COMM_PP] != mc->rx.owner[gi]) continue;
+      Move mv = {whole->f, cpu_global(&mc->cp[q], k), false};
+      rt_piece_runs(&mc->b.prog.globals[k], mesh, coord, move_run, &mv);
+    }
+  }
+  return 0;
 }
 
+/* The whole views (a resume wrote them) -> every rank's pieces. */
 static int sync_in(void *self, char *err, size_t errlen) {
   MeshCpu *mc = self;
-  int rc = mc->rx.ex.sync_in(&mc->rx, err, errlen);
-  for (int k = 0; k < mc->world && !rc; k++) pieces_to_cpu(mc, k);
+  (void)err, (void)errlen;
+  int64_t mesh[COMM_AXES];
+  mesh_sizes(mc, mesh);
+  for (int k = 0; k < mc->b.prog.n_globals; k++) {
+    int gi = mc->gmap[k];
+    Tensor *whole = gi >= 0 ? mc->rx.full[gi] : NULL;
+    for (int q = 0; whole && q < mc->world; q++) {
+      Move mv = {whole->f, cpu_global(&mc->cp[q], k), true};
+      rt_piece_runs(&mc->b.prog.globals[k], mesh, rank_coord(mc, q), move_run, &mv);
+    }
+  }
+  return 0;
+}
+
+/* Rank q's starting pieces: the parameters' slices of `init`, or the seeded initialization's
+   values of its pieces; zero-initialized globals stay as cpu_program_init left them. */
+static int init_pieces(MeshCpu *mc, int q, const char *init, uint64_t seed, char *err, size_t errlen) {
+  const RtProgram *p = &mc->b.prog;
+  int64_t mesh[COMM_AXES];
+  mesh_sizes(mc, mesh);
+  const int *coord = rank_coord(mc, q);
+  float **pieces = calloc((size_t)p->n_globals + 1, sizeof *pieces);
+  if (!pieces) {
+    snprintf(err, errlen, "out of memory");
+    return EXIT_RUN;
+  }
+  for (int k = 0; k < p->n_globals && init; k++)
+    if (p->globals[k].region == RT_REGION_PARAMS) pieces[k] = cpu_global(&mc->cp[q], k);
+  int rc = init ? load_weights_pieces(p, mesh, coord, init, pieces, err, errlen) : 0;
+  for (int k = 0; k < p->n_globals && !rc; k++)
+    if (!pieces[k] && p->globals[k].init != RT_INIT_ZEROS)
+      rt_global_init_piece(&p->globals[k], mesh, coord, seed, cpu_global(&mc->cp[q], k));
+  free(pieces);
   return rc;
 }
 
@@ -236,7 +295,7 @@ static int threads_total(int asked) {
 /* training: @grad_step and @optimizer_step (the Executor); else @forward (eval). */
 static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t n, const char *llvm, uint64_t seed,
                      const char *init, int threads, bool training, bool tracing, FILE *log, char *err, size_t errlen) {
-  int rc = ref_exec_open(&mc->rx, m, seed, init, training, err, errlen);
+  int rc = ref_exec_open_views(&mc->rx, m, training, err, errlen);
   if (rc) return rc;
   mc->world = mc->rx.world;
   int per = threads_total(threads) / mc->world;
@@ -253,12 +312,11 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  /* program globals <-> module globals, by name; same element counts and float */
+  /* program globals <-> module globals, by name; same element counts (a rank's piece) and float */
   for (int k = 0; k < p->n_globals; k++) {
     const Global *gl = module_find_global(m, p->globals[k].name);
     mc->gmap[k] = gl ? gl->index : -1;
-    const Tensor *t = mc->gmap[k] < 0 ? NULL : mc->rx.g[0]->t[mc->gmap[k]];
-    if (!t || !t->f || t->n != p->globals[k].n) {
+    if (!gl || !dtype_is_float(gl->value->type.dtype) || type_numel(&gl->value->type) != p->globals[k].n) {
       snprintf(err, errlen, "internal: the lowered global %s does not match the module's", p->globals[k].name);
       return EXIT_RUN;
     }
@@ -286,7 +344,7 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
     }
     if (k == 0) mc->cp[0] = mc->b.cp;
     mc->cp[k].comm = local_world_rank(mc->rx.lw, k);
-    pieces_to_cpu(mc, k);
+    if ((rc = init_pieces(mc, k, init, seed, err, errlen))) return rc;
     mc->tok[k] = tensor_new(tt);
     mc->tgt[k] = tensor_new(tt);
     mc->tok32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok[k] ? mc->tok[k]->n : 1));

@@ -274,8 +274,20 @@ int ref_exec_init(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   return ref_exec_open(r, m, seed, init, true, err, errlen);
 }
 
+static int open_common(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, bool views_only,
+                       char *err, size_t errlen);
+
 int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, char *err,
                   size_t errlen) {
+  return open_common(r, m, seed, init, training, false, err, errlen);
+}
+
+int ref_exec_open_views(RefExec *r, const Module *m, bool training, char *err, size_t errlen) {
+  return open_common(r, m, 0, NULL, training, true, err, errlen);
+}
+
+static int open_common(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, bool views_only,
+                       char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
   r->m = m;
   r->world = (int)mesh_world(&m->mesh);
@@ -298,12 +310,19 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   int64_t mesh[COMM_AXES];
   for (int a = 0; a < COMM_AXES; a++) mesh[a] = m->mesh.size[a];
   if (r->world > 1 && !(r->lw = local_world_new(mesh, err, errlen))) return 1;
-  /* Whole tensors, initialized as a single-rank run would, then split to the ranks. */
+  /* Whole tensors, initialized as a single-rank run would, then split to the ranks.  Views
+     only: the exposed ones, left as calloc made them (no page touched until a sync_out or a
+     resume writes one), and no rank stores: the executor's ranks fill their own pieces. */
   int ng = m->globals.n;
   r->full = calloc((size_t)ng + 1, sizeof *r->full);
-  r->g = calloc((size_t)r->world, sizeof *r->g);
+  r->g = views_only ? NULL : calloc((size_t)r->world, sizeof *r->g);
+  if (!r->full || (!views_only && !r->g)) {
+    snprintf(err, errlen, "out of memory");
+    return 1;
+  }
   GlobalStore whole = {ng, r->full};
   for (int i = 0; i < ng; i++) {
+    if (views_only && !exposed(m->globals.items[i])) continue;
     Type t = whole_type(m, &((Global *)m->globals.items[i])->value->type);
     r->full[i] = tensor_new(&t);
     if (!r->full[i]) {
@@ -311,24 +330,26 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
       return 1;
     }
   }
-  /* globals_init and load_weights read the types of the store's tensors: whole ones. */
-  globals_init(m, &whole, seed);
-  int rc = init ? load_weights(m, &whole, init, err, errlen) : 0;
-  if (rc) return rc;
-  for (int k = 0; k < r->world; k++) {
-    if (r->world == 1) {   /* one rank: its store is the whole one */
-      r->g[0] = calloc(1, sizeof(GlobalStore));
-      r->g[0]->n = ng;
-      r->g[0]->t = r->full;
-      break;
+  if (!views_only) {
+    /* globals_init and load_weights read the types of the store's tensors: whole ones. */
+    globals_init(m, &whole, seed);
+    int rc = init ? load_weights(m, &whole, init, err, errlen) : 0;
+    if (rc) return rc;
+    for (int k = 0; k < r->world; k++) {
+      if (r->world == 1) {   /* one rank: its store is the whole one */
+        r->g[0] = calloc(1, sizeof(GlobalStore));
+        r->g[0]->n = ng;
+        r->g[0]->t = r->full;
+        break;
+      }
+      if (!(r->g[k] = globals_new(m))) {
+        snprintf(err, errlen, "out of memory for rank %d's parameters", k);
+        return 1;
+      }
     }
-    if (!(r->g[k] = globals_new(m))) {
-      snprintf(err, errlen, "out of memory for rank %d's parameters", k);
-      return 1;
-    }
+    if (r->world > 1)
+      for (int i = 0; i < ng; i++) scatter_global(r, i);
   }
-  if (r->world > 1)
-    for (int i = 0; i < ng; i++) scatter_global(r, i);
   if (!training) return 0;   /* eval: the stores are all it needs */
   const Type *tt = &((Value *)r->grad_step->args.items[0])->type;
   Type tokens = whole_type(m, tt), scalar = type_scalar(DT_F32);
@@ -339,7 +360,7 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   int nv = 0;
   for (int i = 0; i < ng; i++) {
     const Global *gl = m->globals.items[i];
-    nv += rt_views_of(r->full[i]->type.rank, r->full[i]->type.dims, gl->hf_experts);
+    if (r->full[i]) nv += rt_views_of(r->full[i]->type.rank, r->full[i]->type.dims, gl->hf_experts);
   }
   r->ex.params = calloc((size_t)nv + 1, sizeof(RtTensor));
   r->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
@@ -364,7 +385,7 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
   r->ex.grad_step = grad_step;
   r->ex.optimizer_step = optimizer_step;
   if (!m->pipe.kind && module_find_func(m, "forward")) r->ex.eval_step = eval_step;
-  if (r->world > 1) {
+  if (r->world > 1 && !views_only) {
     r->ex.sync_out = sync_out;
     r->ex.sync_in = sync_in;
   }
