@@ -397,6 +397,9 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     rc = 1;
     goto done;
   }
+  /* the whole views hold the truth before the counts' sync_in writes every global back (a
+     mesh's views are filled only by a sync_out or a resume) */
+  if (loads_live(ex, o, &loads) && ex->sync_out && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
   if ((rc = loads_zero(ex, o, &loads, err, errlen))) goto done;
   double start = now_s(), first_loss = NAN, comm_total = 0;
   for (int64_t s = r->first_step; s < o->steps; s++) {

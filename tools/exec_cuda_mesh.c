@@ -36,15 +36,15 @@ static void move_run(int64_t w, int64_t p, int64_t n, void *arg) {
   else memcpy(mv->whole + w, mv->piece + p, sizeof(float) * (size_t)n);
 }
 
-/* Global k's pieces from every rank, gathered over NCCL (every rank takes part); rank 0, the
-   one that writes checkpoints and --out, assembles the whole tensor into `whole` (replicated
-   pieces are equal on every rank; in a pipeline only the stage that updates it counts). */
-static int gather_global(CudaRank *r, int k, float *whole, char *err, size_t errlen) {
+/* Global k's pieces from every rank, gathered over NCCL (every rank takes part); rank 0 (with
+   `all`, every rank) assembles the whole tensor into `whole` (replicated pieces are equal on
+   every rank; in a pipeline only the stage that updates it counts). */
+static int gather_global(CudaRank *r, int k, float *whole, bool all, char *err, size_t errlen) {
   const RtGlobal *gl = &r->prog.globals[k];
   int rc = cuda_global_read(&r->cp, k, r->piece, err, errlen);
   if (!rc) rc = nccl_all_gather_host(r->comm, r->piece, r->gather, gl->n, err, errlen);
   if (rc) return rc;
-  for (int q = 0; q < r->world && r->rank == 0; q++) {
+  for (int q = 0; q < r->world && (all || r->rank == 0); q++) {
     int coord[COMM_AXES];
     mesh_coords_of(r->mesh, q, coord);
     if (r->owner && r->owner[k] >= 0 && coord[COMM_PP] != r->owner[k]) continue;   /* a stage that does not update it */
@@ -54,13 +54,15 @@ static int gather_global(CudaRank *r, int k, float *whole, char *err, size_t err
   return 0;
 }
 
-/* Every rank's pieces of the whole views, one global at a time; the other ranks leave their
-   views untouched. */
+/* Every rank's pieces into the whole views, one global at a time, on every rank: the views
+   then hold the truth everywhere, so a sync_in after it (the trainer's zeroing of a mixture
+   of experts' load counts) gives every rank its own pieces back.  (Checkpoints and --out F
+   do not come here: save_shards and stream_param.) */
 static int sync_out(void *self, char *err, size_t errlen) {
   CudaRank *r = self;
   for (int k = 0; k < r->prog.n_globals; k++) {
     if (!r->whole[k]) continue;
-    int rc = gather_global(r, k, r->whole[k], err, errlen);
+    int rc = gather_global(r, k, r->whole[k], true, err, errlen);
     if (rc) return rc;
   }
   return 0;
@@ -73,7 +75,7 @@ static int stream_param(void *self, int i, const float **data, char *err, size_t
   int k = r->view_global[i];
   if (k != r->stream_global) {
     r->stream_global = -1;
-    int rc = gather_global(r, k, r->stream, err, errlen);
+    int rc = gather_global(r, k, r->stream, false, err, errlen);
     if (rc) return rc;
     r->stream_global = k;
   }

@@ -173,6 +173,14 @@ RTOL=2e-2 check llama-tiny "cp=2, bf16" --mesh cp=2 --precision bf16
 #     group (runtime/cuda/cuda_mesh.c), the MoE kernels of codegen/cuda/prelude_moe.h
 check mixtral-tiny "ep=2 (all_to_allv)" --mesh ep=2
 check qwen3-moe-tiny "dp=2 x ep=2" --mesh dp=2,ep=2
+# --log-experts: the trainer reads the load counts through sync_out and zeroes them through
+# sync_in, which must give every rank its own pieces back (it once wrote rank 0's whole views,
+# zeros elsewhere, over every rank's parameters)
+le=(tests/golden/mixtral-tiny/train_spec.json --steps 2 --batch 4 --mesh ep=2 --log-experts)
+lc=$("$LOOM" train "${le[@]}" --backend cpu 2>&1 | grep -E '^step|experts l' | sed 's/|[^|]*ms.*//' | tr -s ' ')
+lg=$("$LOOM" train "${le[@]}" --backend cuda 2>&1 | grep -E '^step|experts l' | sed 's/|[^|]*ms.*//' | tr -s ' ')
+[ -n "$lc" ] && [ "$lc" = "$lg" ] && ok "mixtral-tiny ep=2 --log-experts on cuda: the cpu mesh's losses and expert loads ($(echo "$lg" | grep -m1 'experts l1'))" ||
+  { bad "mixtral-tiny ep=2 --log-experts on cuda"; echo "cpu: $lc"; echo "cuda: $lg"; }
 # a rank that never reaches a send/recv group (#2: layer 1's ring in the first forward)
 t0=$SECONDS
 LOOM_NCCL_FAULT=hang:1:2 "$LOOM" train models/llama-tiny.json --data "$tmp/d.bin" --steps 5 --batch 4 --seq 32 \
