@@ -217,6 +217,22 @@ void rt_global_init_values(const RtGlobal *gl, uint64_t seed, float *t) {
 
 /* Saturating: a negative piece dim or mesh size counts as 0 elements (rt_piece_runs gives no
    runs then), a product past int64 as INT64_MAX (so that an allocation of it fails). */
+typedef struct {
+  float *whole, *piece;
+  bool to_piece;
+} PieceCopy;
+
+static void copy_run(int64_t w, int64_t p, int64_t n, void *arg) {
+  PieceCopy *c = arg;
+  if (c->to_piece) memcpy(c->piece + p, c->whole + w, sizeof(float) * (size_t)n);
+  else memcpy(c->whole + w, c->piece + p, sizeof(float) * (size_t)n);
+}
+
+void rt_piece_copy(const RtGlobal *gl, const int64_t mesh[5], const int coord[5], float *whole, float *piece, bool to_piece) {
+  PieceCopy c = {whole, piece, to_piece};
+  rt_piece_runs(gl, mesh, coord, copy_run, &c);
+}
+
 int64_t rt_global_whole_numel(const RtGlobal *gl, const int64_t mesh[5]) {
   if (!gl->ir_rank) return gl->n;
   int64_t n = 1;

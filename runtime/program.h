@@ -209,6 +209,9 @@ typedef struct {
 void rt_piece_runs(const RtGlobal *gl, const int64_t mesh[5], const int coord[5],
                    void (*fn)(int64_t w, int64_t p, int64_t n, void *arg), void *arg);
 int64_t rt_global_whole_numel(const RtGlobal *gl, const int64_t mesh[5]);
+/* A rank's piece copied between the whole tensor and the piece (to_piece: whole -> piece,
+   else piece -> whole), run by run (rt_piece_runs). */
+void rt_piece_copy(const RtGlobal *gl, const int64_t mesh[5], const int coord[5], float *whole, float *piece, bool to_piece);
 /* This rank's piece of the global's initial values (rt_global_init_values of the whole
    tensor, without making it): gl->n floats; zeros on a rank that holds a partial placement's
    non-first summand. */

@@ -25,17 +25,6 @@
 #include "tools/tools.h"
 
 
-typedef struct {
-  float *whole, *piece;
-  bool to_piece;
-} Move;
-
-static void move_run(int64_t w, int64_t p, int64_t n, void *arg) {
-  Move *mv = arg;
-  if (mv->to_piece) memcpy(mv->piece + p, mv->whole + w, sizeof(float) * (size_t)n);
-  else memcpy(mv->whole + w, mv->piece + p, sizeof(float) * (size_t)n);
-}
-
 /* Global k's pieces from every rank, gathered over NCCL (every rank takes part); rank 0 (with
    `all`, every rank) assembles the whole tensor into `whole` (replicated pieces are equal on
    every rank; in a pipeline only the stage that updates it counts). */
@@ -48,8 +37,7 @@ static int gather_global(CudaRank *r, int k, float *whole, bool all, char *err, 
     int coord[COMM_AXES];
     mesh_coords_of(r->mesh, q, coord);
     if (r->owner && r->owner[k] >= 0 && coord[COMM_PP] != r->owner[k]) continue;   /* a stage that does not update it */
-    Move mv = {whole, r->gather + (size_t)q * (size_t)gl->n, false};
-    rt_piece_runs(gl, r->mesh, coord, move_run, &mv);
+    rt_piece_copy(gl, r->mesh, coord, whole, r->gather + (size_t)q * (size_t)gl->n, false);
   }
   return 0;
 }
@@ -88,8 +76,7 @@ static int sync_in(void *self, char *err, size_t errlen) {
   CudaRank *r = self;
   for (int k = 0; k < r->prog.n_globals; k++) {
     if (!r->whole[k]) continue;
-    Move mv = {r->whole[k], r->piece, true};
-    rt_piece_runs(&r->prog.globals[k], r->mesh, r->comm->coord, move_run, &mv);
+    rt_piece_copy(&r->prog.globals[k], r->mesh, r->comm->coord, r->whole[k], r->piece, true);
     int rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
     if (rc) return rc;
   }

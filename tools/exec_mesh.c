@@ -33,17 +33,6 @@ static const int *rank_coord(const MeshCpu *mc, int rank) {
   return mc->rx.lw ? local_world_rank(mc->rx.lw, rank)->coord : zero;
 }
 
-typedef struct {
-  float *whole, *piece;
-  bool to_piece;
-} Move;
-
-static void move_run(int64_t w, int64_t p, int64_t n, void *arg) {
-  Move *mv = arg;
-  if (mv->to_piece) memcpy(mv->piece + p, mv->whole + w, sizeof(float) * (size_t)n);
-  else memcpy(mv->whole + w, mv->piece + p, sizeof(float) * (size_t)n);
-}
-
 /* Every rank's pieces into the whole views (replicated pieces are equal: rank order wins;
    in a pipeline only the owning stage's count). */
 static int sync_out(void *self, char *err, size_t errlen) {
@@ -58,8 +47,7 @@ static int sync_out(void *self, char *err, size_t errlen) {
     for (int q = 0; q < mc->world; q++) {
       const int *coord = rank_coord(mc, q);
       if (mc->rx.owner && mc->rx.owner[gi] >= 0 && coord[COMM_PP] != mc->rx.owner[gi]) continue;
-      Move mv = {whole->f, cpu_global(&mc->cp[q], k), false};
-      rt_piece_runs(&mc->b.prog.globals[k], mesh, coord, move_run, &mv);
+      rt_piece_copy(&mc->b.prog.globals[k], mesh, coord, whole->f, cpu_global(&mc->cp[q], k), false);
     }
   }
   return 0;
@@ -75,8 +63,7 @@ static int sync_in(void *self, char *err, size_t errlen) {
     int gi = mc->gmap[k];
     Tensor *whole = gi >= 0 ? mc->rx.full[gi] : NULL;
     for (int q = 0; whole && q < mc->world; q++) {
-      Move mv = {whole->f, cpu_global(&mc->cp[q], k), true};
-      rt_piece_runs(&mc->b.prog.globals[k], mesh, rank_coord(mc, q), move_run, &mv);
+      rt_piece_copy(&mc->b.prog.globals[k], mesh, rank_coord(mc, q), whole->f, cpu_global(&mc->cp[q], k), true);
     }
   }
   return 0;
