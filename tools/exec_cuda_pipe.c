@@ -10,16 +10,17 @@
  * partners are other ranks' functions, run at other times.  NCCL pairs them without tags,
  * in issue order per pair of ranks, and a send completes only once its receive is posted,
  * so they are not run where the function has them: a send step copies its buffer into a
- * staging slot, a receive step copies its slot into its buffer (runtime/cuda/cuda_mesh.c),
- * and before each action the driver runs ONE NCCL group on the pp axis's stream: the
- * action's receives (into a bank of slots; two banks alternate between actions) and the
- * sends waiting to go (each in a device block of its own, made by its action, sent once its
- * receiver's order of receiving lets it: NCCL pairs two ranks' messages in issue order; see
- * "the plan" below; after the last action, the last sends).  At setup every rank simulates
- * every rank's groups under NCCL's rules and refuses, naming the ranks and actions, a
- * schedule whose messages do not pair (tag, size, type) or would deadlock.  A transfer to the rank itself
- * (dualpipev's V: chunks pp-1 and pp share the last rank) is a device buffer held from its
- * send to its receive.  The optimizer step's transfers (tied parameters' gradients, sent and
+ * staging block of its own, a receive step copies its slot into its buffer
+ * (runtime/cuda/cuda_mesh.c), and between actions the driver issues NCCL groups on the pp
+ * axis's stream that it planned at setup ("the plan" below): every rank runs every rank's
+ * action list at once, and each round's pairs of a send and its due receive form one group
+ * on each side, so a group holds only messages whose partners are in the partner's group of
+ * the same round and none can deadlock.  (Grouping an action's sends with the next action's
+ * receives, the obvious plan, deadlocks afab, zb-h1, interleaved and pp=4 1f1b: the simulation
+ * showed it before any GPU would have.)  A schedule whose messages do not pair (tag, size,
+ * type) or cannot run is refused at setup, naming the ranks and actions.  A transfer to the
+ * rank itself (dualpipev's V: chunks pp-1 and pp share the last rank) is a device block held
+ * from its send to its receive.  The optimizer step's transfers (tied parameters' gradients, sent and
  * received by the two ranks that share one) run inside the call, each run of consecutive
  * transfer steps one group (cuda_mesh.c).
  *
