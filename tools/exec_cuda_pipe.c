@@ -46,7 +46,6 @@ typedef struct {
 typedef struct {
   CudaPipeXfer *x;   /* the function's fixed-rank transfers, in step order */
   int n;
-  int64_t recv_bytes, send_bytes;   /* to and from other ranks, each slot 256-aligned */
 } FnXfers;
 
 typedef struct {
@@ -64,7 +63,8 @@ struct CudaPipe {
   int n_pool, cap_pool;
   int *stash, *wst;  /* [mb * C + c]: pool block of F's results for B, of B's for W; -1 */
   int n_slots;       /* mb * C entries of stash and wst */
-  uint64_t bank[2];
+  uint64_t bank;     /* the next action's receives from other ranks (its groups come after the
+                        last action's call returned, which had read its own) */
   int64_t bank_bytes;
   SelfMsg *self;
   int n_self, cap_self;
@@ -339,7 +339,7 @@ static SelfMsg *self_find(CudaPipe *pp, int64_t tag, int64_t mb) {
   return NULL;
 }
 
-/* Group gi of the rank's plan: sends from their blocks, receives into their action's bank
+/* Group gi of the rank's plan: sends from their blocks, receives into the bank
    at the receive's place (its order among the action's receives from other ranks); the
    sends' blocks are free once it is issued (every later write to them is on the compute
    stream, which waits for the group). */
@@ -364,7 +364,7 @@ static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi
       int64_t at = 0;
       for (int x = 0; x < o->xfer; x++)
         if (!f->x[x].send && f->x[x].peer != pp->q) at += align256(f->x[x].bytes);
-      addr = pp->bank[o->action % 2] + (uint64_t)at;
+      addr = pp->bank + (uint64_t)at;
     }
     pp->ops[k] = (NcclP2p){o->send, o->peer, (void *)(uintptr_t)addr, o->count, o->storage};
   }
@@ -377,7 +377,7 @@ static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi
 }
 
 /* The slots of action i's transfers (cp->pipe_slot): a block of its own for each send, the
-   bank's receive part for receives from other ranks, a held block for those from itself. */
+   bank for receives from other ranks, a held block for those from itself. */
 static int name_slots(CudaRank *r, const Schedule *s, int i, char *err, size_t errlen) {
   CudaPipe *pp = r->pipe;
   int q = pp->q;
@@ -409,7 +409,7 @@ static int name_slots(CudaRank *r, const Schedule *s, int i, char *err, size_t e
       if (block_get(r, t->bytes, b, err, errlen)) return EXIT_RUN;
       pp->slot[x] = pp->pool[*b].addr;
     } else {
-      pp->slot[x] = pp->bank[i % 2] + (uint64_t)rat;
+      pp->slot[x] = pp->bank + (uint64_t)rat;
       rat += align256(t->bytes);
     }
   }
@@ -608,25 +608,23 @@ int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
   char name[64];
   snprintf(name, sizeof name, "optimizer_step.s%d", pp->q);
   if ((pp->f_opt = cuda_find_func(&r->cp, name)) < 0) return pfail(err, errlen, EXIT_USAGE, "the program has no @%s", name);
-  /* every function's transfers, and the banks: the most any action receives */
-  int64_t half = 0;
+  /* every function's transfers, and the bank: the most any action receives */
+  int64_t most = 256;
   for (int f = 0; f < nf; f++) {
     FnXfers *x = &pp->fx[f];
     if (cuda_pipe_transfers(&r->prog, f, &x->x, &x->n)) return pfail(err, errlen, EXIT_RUN, "out of memory");
+    int64_t recv = 0;
     for (int k = 0; k < x->n; k++) {
       if (x->x[k].axis != AX_PP)
         return pfail(err, errlen, EXIT_USAGE, "@%s: a transfer to a fixed rank on an axis other than pp",
                      r->prog.funcs[f].name);
-      if (x->x[k].peer == pp->q) continue;
-      if (x->x[k].send) x->send_bytes += align256(x->x[k].bytes);
-      else x->recv_bytes += align256(x->x[k].bytes);
+      if (!x->x[k].send && x->x[k].peer != pp->q) recv += align256(x->x[k].bytes);
     }
-    if (x->recv_bytes > half) half = x->recv_bytes;
+    if (recv > most) most = recv;
     if (x->n > pp->max_x) pp->max_x = x->n;
   }
-  pp->bank_bytes = half ? half : 256;   /* a bank: the most one action receives from other ranks */
-  for (int k = 0; k < 2; k++)
-    if (cuda_dev_alloc(&r->cp, &pp->bank[k], pp->bank_bytes, "the pipeline's transfer slots", err, errlen)) return EXIT_RUN;
+  pp->bank_bytes = most;
+  if (cuda_dev_alloc(&r->cp, &pp->bank, pp->bank_bytes, "the pipeline's transfer slots", err, errlen)) return EXIT_RUN;
   /* the plans (and with them the proof that they run): the training schedule's, and
      validation's forward-only one's (made again at each validation) */
   Schedule ev;
@@ -650,7 +648,7 @@ void cuda_pipe_free(CudaRank *r) {
   CudaPipe *pp = r->pipe;
   if (!pp) return;
   for (int k = 0; k < pp->n_pool; k++) cuda_dev_free(&r->cp, pp->pool[k].addr);
-  for (int k = 0; k < 2; k++) cuda_dev_free(&r->cp, pp->bank[k]);
+  cuda_dev_free(&r->cp, pp->bank);
   for (int f = 0; pp->fx && f < r->prog.n_funcs; f++) free(pp->fx[f].x);
   schedule_free(&pp->sched);
   if (pp->plan) plan_free(pp->plan);

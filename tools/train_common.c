@@ -8,8 +8,6 @@
 #include "tools/exec_ref.h"
 #include "tools/tools.h"
 
-/* The final parameters under their HF names (whole: the executor gathered them), and per
-   step the loss, the gradient norm before clipping and the learning rate. */
 /* A tensor of --out streamed from the executor (Executor.stream_param). */
 static int fill_param(void *arg, int i, const void **data, char *err, size_t errlen) {
   const Executor *ex = arg;
@@ -19,6 +17,9 @@ static int fill_param(void *arg, int i, const void **data, char *err, size_t err
   return rc;
 }
 
+/* The final parameters under their HF names (whole: the executor gathered them, or streams
+   them one at a time), and per step the loss, the gradient norm before clipping and the
+   learning rate. */
 static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *plan, char *err, size_t errlen) {
   const char *path = plan->out;
   bool stream = ex->stream_param && !hf_export_wanted(path);
@@ -61,8 +62,7 @@ static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *
     st[k] = (StTensor){(char *)names[h], ST_F32, 1, {res->n}, (uint64_t)res->n * 4, hist[h]};
   if (res->val_losses)   /* NaN at the steps without a validation */
     st[k++] = (StTensor){"val_losses", ST_F32, 1, {res->n}, (uint64_t)res->n * 4, res->val_losses};
-  int rc = stream ? st_write_each(path, st, k, NULL, NULL, 0, fill_param, (void *)ex, err, errlen)
-                  : st_write(path, st, k, NULL, NULL, 0, err, errlen);
+  int rc = st_write_each(path, st, k, NULL, NULL, 0, stream ? fill_param : NULL, (void *)ex, err, errlen);
   if (!rc && log)
     fprintf(log, "wrote %s (%d parameters, and losses, grad_norms%s and lrs [%lld])\n", path, n,
             res->val_losses ? ", val_losses" : "", (long long)res->n);
@@ -75,10 +75,11 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
   int rc = train_run(ex, &plan->opt, &res, err, errlen);
   if (!rc && plan->out) rc = write_out(ex, &res, plan, err, errlen);
   if (!rc && plan->out_elsewhere && ex->stream_param) {   /* take part in the writer's gathers */
-    if (hf_export_wanted(plan->out_elsewhere)) rc = ex->sync_out ? ex->sync_out(ex->self, err, errlen) : 0;
-    for (int i = 0; !rc && !hf_export_wanted(plan->out_elsewhere) && i < ex->n_params; i++) {
+    if (hf_export_wanted(plan->out_elsewhere)) {
+      rc = ex->sync_out ? ex->sync_out(ex->self, err, errlen) : 0;
+    } else {
       const float *d;
-      rc = ex->stream_param(ex->self, i, &d, err, errlen);
+      for (int i = 0; !rc && i < ex->n_params; i++) rc = ex->stream_param(ex->self, i, &d, err, errlen);
     }
   }
   train_result_free(&res);
