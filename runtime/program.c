@@ -92,6 +92,12 @@ int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *
   if (!get(&in, counts, sizeof counts) || !get(&in, out->region_bytes, sizeof out->region_bytes)) goto bad;
   for (int i = 0; i < 3; i++)
     if (counts[i] < 0 || counts[i] > 1 << 20) goto bad;
+  /* every counted item must be in the bytes left (an RtFunc is kilobytes: a damaged count
+     would otherwise ask for gigabytes before the short read is noticed) */
+  size_t left = in.n - in.at;
+  if ((size_t)counts[2] > left / sizeof out->kernel_names[0] || (size_t)counts[1] > left / sizeof(RtGlobal) ||
+      (size_t)counts[0] > left / sizeof(RtFunc))
+    goto bad;
   out->n_funcs = counts[0];
   out->n_globals = counts[1];
   out->n_kernels = counts[2];
