@@ -556,7 +556,7 @@ int cmd_check(int argc, char **argv) {
         matched = true;
       }
     if (matched) continue;
-    if (argv[i][0] == '-' && argv[i][1]) { rc = usage_error("check", "unknown option '%s'", argv[i]); goto done; }
+    if (argv[i][0] == '-' && argv[i][1]) { rc = unknown_option("check", argv[i], help); goto done; }
     if (g->dir[0]) { rc = usage_error("check", "one golden folder at a time (got '%s' and '%s')", g->dir, argv[i]); goto done; }
     snprintf(g->dir, sizeof g->dir, "%s", argv[i]);
   }

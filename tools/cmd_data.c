@@ -207,7 +207,7 @@ static int data_main(int argc, char **argv, const char **inputs) {
       split = true;
       continue;
     }
-    if (argv[i][0] == '-' && argv[i][1]) return usage_error("data", "unknown option '%s'", argv[i]);
+    if (argv[i][0] == '-' && argv[i][1]) return unknown_option("data", argv[i], help);
     inputs[n++] = argv[i];
   }
   char err[IR_ERR_LEN] = "";

@@ -219,7 +219,7 @@ int cmd_diff(int argc, char **argv) {
       continue;
     }
     if (argv[i][0] == '-' && argv[i][1]) {
-      rc = usage_error("diff", "unknown option '%s'", argv[i]);
+      rc = unknown_option("diff", argv[i], help);
       goto out;
     }
     if (n_paths < 2) paths[n_paths++] = argv[i];

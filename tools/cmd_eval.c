@@ -332,7 +332,7 @@ int cmd_eval(int argc, char **argv) {
     if ((r = arg_value(argc, argv, &i, "--batch", &v))) { if (r < 0) goto missing; batch = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--seq", &v))) { if (r < 0) goto missing; seq = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--mesh", &v))) { if (r < 0) goto missing; mesh = v; continue; }
-    if (a[0] == '-') return usage_error("eval", "unknown option '%s'", a);
+    if (a[0] == '-') return unknown_option("eval", a, help);
     if (spec) return usage_error("eval", "more than one spec ('%s' and '%s')", spec, a);
     spec = a;
     continue;

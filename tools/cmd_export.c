@@ -70,7 +70,7 @@ int cmd_export(int argc, char **argv) {
       bf16 = !strcmp(v, "bf16");
       continue;
     }
-    if (argv[i][0] == '-') return usage_error("export", "unknown option '%s' (see loom export --help)", argv[i]);
+    if (argv[i][0] == '-') return unknown_option("export", argv[i], help);
     if (ckpt) return usage_error("export", "more than one checkpoint ('%s' and '%s')", ckpt, argv[i]);
     ckpt = argv[i];
   }

@@ -253,7 +253,7 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
       out_path = v;
       continue;
     }
-    if (a[0] == '-') return usage_error("ir", "unknown option '%s'", a);
+    if (a[0] == '-') return unknown_option("ir", a, help);
     if (input) return usage_error("ir", "more than one input ('%s' and '%s')", input, a);
     input = a;
   }

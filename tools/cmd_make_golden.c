@@ -12,9 +12,6 @@
 
 #include "tools/tools.h"
 
-#ifndef LOOM_SOURCE_DIR
-#define LOOM_SOURCE_DIR "."
-#endif
 
 extern char **environ;
 
@@ -71,7 +68,7 @@ int cmd_make_golden(int argc, char **argv) {
       *num = v;
       continue;
     }
-    if (argv[i][0] == '-' && argv[i][1]) return usage_error("make-golden", "unknown option '%s'", argv[i]);
+    if (argv[i][0] == '-' && argv[i][1]) return unknown_option("make-golden", argv[i], help);
     if (spec) return usage_error("make-golden", "one spec at a time (got '%s' and '%s')", spec, argv[i]);
     spec = argv[i];
   }
@@ -87,11 +84,12 @@ int cmd_make_golden(int argc, char **argv) {
   if (!python || !*python) python = "python3";
   char script[1200];
   const char *s = getenv("LOOM_MAKE_GOLDEN");
-  snprintf(script, sizeof script, "%s", s && *s ? s : LOOM_SOURCE_DIR "/tools/make_golden.py");
+  if (s && *s) snprintf(script, sizeof script, "%s", s);
+  else loom_share_path("tools/make_golden.py", script, sizeof script);   /* installed, else the source tree's */
   if (stat(script, &st)) {
     char msg[1400];
-    snprintf(msg, sizeof msg, "the generator script %s is missing (loom finds it in the source tree it was built "
-             "from; set LOOM_MAKE_GOLDEN to tools/make_golden.py of a loom checkout)", script);
+    snprintf(msg, sizeof msg, "the generator script %s is missing (loom finds it in PREFIX/share/loom/tools/ when "
+             "installed, else in the source tree it was built from; set LOOM_MAKE_GOLDEN to tools/make_golden.py of a loom checkout)", script);
     return report(EXIT_USAGE, msg);
   }
   char *args[12];

@@ -243,7 +243,7 @@ int cmd_plot(int argc, char **argv) {
       title = v;
       continue;
     }
-    if (argv[i][0] == '-' && argv[i][1]) return usage_error("plot", "unknown option '%s'", argv[i]);
+    if (argv[i][0] == '-' && argv[i][1]) return unknown_option("plot", argv[i], help);
     if (in) return usage_error("plot", "one metrics log at a time ('%s' and '%s')", in, argv[i]);
     in = argv[i];
   }

@@ -144,7 +144,7 @@ int cmd_sample(int argc, char **argv) {
       cuda = !strcmp(v, "cuda");
       continue;
     }
-    if (a[0] == '-') return usage_error("sample", "unknown option '%s' (see loom sample --help)", a);
+    if (a[0] == '-') return unknown_option("sample", a, help);
     if (spec_path) return usage_error("sample", "more than one spec ('%s' and '%s')", spec_path, a);
     spec_path = a;
   }

@@ -13,7 +13,8 @@
  *   op_overhead_us     optional time added per op (kernel launch, dispatch; default 0)
  *   placement          optional axis order, innermost first (default ["tp","cp","ep","dp","pp"])
  * HW is a path to such a file, or a name looked up as $LOOM_HARDWARE_DIR/NAME.json, then in
- * the source tree's models/hardware/ (h100 = h100-sxm, a100 = a100-80gb).
+ * the installed share/loom/models/hardware/ or the source tree's models/hardware/ (tools/share.c;
+ * h100 = h100-sxm, a100 = a100-80gb).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +23,6 @@
 #include "frontend/config.h"
 #include "tools/tools.h"
 
-#ifndef LOOM_SOURCE_DIR
-#define LOOM_SOURCE_DIR "."
-#endif
 
 static const char *const known_keys[] = {"name", "sources", "notes", "peak_tflops", "memory_gb", "memory_tb_s",
                                          "devices_per_node", "intra_node", "inter_node", "efficiency",
@@ -165,7 +163,11 @@ int hardware_load(const char *hw_arg, Hardware *hw, char *err, size_t errlen) {
       snprintf(path, sizeof path, "%s/%s.json", dir, name);
       if (access(path, R_OK)) path[0] = 0;
     }
-    if (!path[0]) snprintf(path, sizeof path, "%s/models/hardware/%s.json", LOOM_SOURCE_DIR, name);
+    if (!path[0]) {   /* the installed share/loom/models/hardware/, else the source tree's (share.c) */
+      char rel[300];
+      snprintf(rel, sizeof rel, "models/hardware/%.200s.json", name);
+      loom_share_path(rel, path, sizeof path);
+    }
     if (access(path, R_OK)) {
       snprintf(err, errlen, "--hw %s: no hardware description of that name (shipped: h100 (h100-sxm), h200, a100 "
                "(a100-80gb), b200; or give a path to a JSON file: see models/hardware/ and the README)", hw_arg);

@@ -26,6 +26,8 @@ int input_load(const char *path, const char *const *overrides, int n_overrides, 
     size_t k = strcspn(overrides[i], "=");
     snprintf(key, sizeof key, "%.*s", (int)(k < 63 ? k : 63), overrides[i]);
     snprintf(flag, sizeof flag, "--%s", key);
+    for (char *c = flag; *c; c++)   /* the flag as typed: --grad-accum sets grad_accum */
+      if (*c == '_') *c = '-';
     rc = spec_set(&in->spec, key, overrides[i] + k + 1, flag, err, errlen);
     if (rc) return rc;
   }

@@ -56,7 +56,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "train") || !strcmp(cmd, "eval") || !strcmp(cmd, "sample")) cpu_run_setup(argv);
   for (int i = 0; i < N_COMMANDS; i++)
     if (!strcmp(commands[i].name, cmd)) return commands[i].run(argc - 1, argv + 1);
-  fprintf(stderr, "loom: error: unknown command '%s'\n\n", cmd);
+  const char *names[N_COMMANDS];
+  for (int i = 0; i < N_COMMANDS; i++) names[i] = commands[i].name;
+  const char *near = closest_word(cmd, names, N_COMMANDS);
+  if (near) fprintf(stderr, "loom: error: unknown command '%s'; did you mean '%s'?\n\n", cmd, near);
+  else fprintf(stderr, "loom: error: unknown command '%s'\n\n", cmd);
   help(stderr);
   return EXIT_USAGE;
 }

@@ -52,6 +52,10 @@ int cmd_plan(int argc, char **argv);
 #include "runtime/io/safetensors.h"
 double diff_rel_err(const StTensor *a, const StTensor *b, double *max_abs, double *max_ref, char *err, size_t errlen);
 
+/* ---- share.c: PREFIX/share/loom/REL beside an installed loom, else the source tree's REL;
+   -1 when neither is readable (out then holds the source tree's path, for messages) ---- */
+int loom_share_path(const char *rel, char *out, size_t n);
+
 /* ---- resources.c: does the run fit this machine (see the file) ---- */
 /* Bytes of memory this process may use, and *what limits it ("physical memory", a cgroup's, ulimit -v's). */
 double machine_memory(const char **what);
@@ -64,7 +68,14 @@ int run_check_memory(const Module *m, const RunSpec *s, Backend backend, char *e
 int arg_value(int argc, char **argv, int *i, const char *name, const char **value);
 bool arg_flag(const char *arg, const char *name);
 int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int report(int rc, const char *msg);   /* prints "loom: error: msg" when rc != 0; returns rc */
+int report(int rc, const char *msg);   /* prints "loom: error: msg" when rc != 0 and msg is not empty; returns rc */
+/* Messages name this program instead of "loom" (a compiled executable: its argv[0]); a
+   usage_error with cmd NULL then names the program alone. */
+void tools_set_program(const char *name);
+/* "unknown option 'ARG'", with "did you mean" the closest --flag that HELP names. */
+int unknown_option(const char *cmd, const char *arg, const char *help);
+/* The word of words[0..n) within a typo of word (two edits), or NULL. */
+const char *closest_word(const char *word, const char *const *words, int n);
 bool ends_with(const char *s, const char *suffix);
 /* Commands that run the CPU backend call this first.  It keeps freed memory in the heap
    (glibc's mallopt: blocks under 64 MiB never mmap'd, the heap trimmed only past 1 GiB of

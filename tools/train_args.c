@@ -190,7 +190,7 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
         matched = true;
       }
     if (matched) continue;
-    if (a[0] == '-') return usage_error(cmd, "unknown option '%s'", a);
+    if (a[0] == '-') return unknown_option(cmd, a, help);
     if (t->spec) return usage_error(cmd, "more than one spec ('%s' and '%s')", t->spec, a);
     t->spec = a;
   }

@@ -132,7 +132,7 @@ int ckpt_mkdir_p(const char *dir, char *err, size_t errlen) {
     char c = *s;
     *s = 0;
     if (mkdir(p, 0777) != 0 && !(errno == EEXIST && ckpt_is_dir(p))) {
-      seterr(err, errlen, "%s: cannot create directory %s: %s; check the --save path and its "
+      seterr(err, errlen, "%s: cannot create directory %s: %s; check the --save-dir path and its "
              "permissions", dir, p, strerror(errno));
       rc = 1;
       break;
@@ -447,7 +447,7 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
   struct stat st;
   int found = stat(path, &st) == 0;
   if (!found || !S_ISDIR(st.st_mode)) {
-    seterr(err, errlen, "%s: %s; pass the --save directory or one of its step_* folders",
+    seterr(err, errlen, "%s: %s; pass the --save-dir folder or one of its step_* folders",
            path, !found ? strerror(errno) : "not a directory");
     return 2;
   }

@@ -179,7 +179,7 @@ static void test_latest(void) {
   snprintf(dir, sizeof dir, "%s/latest", root);
   int64_t step = -1;
   CHECK_ERR(ckpt_latest(dir, sd, sizeof sd, &step, err, sizeof err), 2, err,
-            "No such file or directory; pass the --save directory");
+            "No such file or directory; pass the --save-dir folder");
   CHECK(save_small(dir, 1, 1) == 0);
   CHECK(save_small(dir, 5, 5) == 0);
   CHECK(save_small(dir, 3, 3) == 0);

@@ -13,6 +13,10 @@
 #include "tools/exec_cpu.h"
 #include "tools/tools.h"
 
+/* The options of help() for "did you mean". */
+#define RUNNER_FLAGS " --data --steps --lr --min-lr --warmup --seed --init --out --save-dir --save-every --resume " \
+  "--threads --val-data --val-every --val-tokens --log --log-experts --info --quiet"
+
 static void help(const json_t *s) {
   printf("usage: %s [options]\n\n"
          "Trains the model it was compiled for (%s, batch %lld x seq %lld x grad_accum %lld, %s).\n\n"
@@ -154,7 +158,7 @@ static int run_sample(int argc, char **argv, const json_t *s, const Payload *pl,
     }
     int r = sample_arg(argc, argv, &i, &sa, "sample");
     if (r < 0) return EXIT_USAGE;
-    if (!r) return usage_error("sample", "unknown option '%s' (see EXE sample --help)", argv[i]);
+    if (!r) return usage_error("sample", "unknown option '%s'", argv[i]);
   }
   if (!sa.prompt || !sa.prompt[0]) return usage_error("sample", "--prompt is required and must not be empty");
   const char *w = sa.weights;
@@ -190,6 +194,7 @@ static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--preci
                                     "--eps", "--weight-decay", "--grad-clip"};
 
 int main(int argc, char **argv) {
+  tools_set_program(argv[0]);   /* messages name this executable, not loom */
   cpu_run_setup(argv);
   char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL;
   LaunchEnv le;
@@ -265,20 +270,20 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(a, "--val-data")) {
       while (i + 1 < argc && argv[i + 1][0] != '-' && n_val < 64) val_data[n_val++] = argv[++i];
-      if (!n_val) { rc = usage_error("train", "--val-data needs one or more token shards"); goto done; }
+      if (!n_val) { rc = usage_error(NULL, "--val-data needs one or more token shards"); goto done; }
       continue;
     }
     if ((r = arg_value(argc, argv, &i, "--log", &v))) {
-      if (r < 0 || !*v) { rc = usage_error("train", "--log needs a file name (FILE.jsonl)"); goto done; }
+      if (r < 0 || !*v) { rc = usage_error(NULL, "--log needs a file name (FILE.jsonl)"); goto done; }
       log_path = v;
       continue;
     }
     char *end = NULL;
 #define NUM(flag, var, conv)                                                                     \
   if ((r = arg_value(argc, argv, &i, flag, &v))) {                                               \
-    if (r < 0) { rc = usage_error("train", flag " needs a value"); goto done; }                  \
+    if (r < 0) { rc = usage_error(NULL, flag " needs a value"); goto done; }                  \
     var = conv(v, &end);                                                                         \
-    if (!*v || *end) { rc = usage_error("train", flag " needs a number, got '%s'", v); goto done; } \
+    if (!*v || *end) { rc = usage_error(NULL, flag " needs a number, got '%s'", v); goto done; } \
     continue;                                                                                    \
   }
 #define strtoi(v, e) strtoll(v, e, 10)
@@ -293,7 +298,7 @@ int main(int argc, char **argv) {
     NUM("--val-tokens", val_tokens, strtoi)
     if ((r = arg_value(argc, argv, &i, "--init", &v)) || (r = arg_value(argc, argv, &i, "--out", &v)) ||
         (r = arg_value(argc, argv, &i, "--save-dir", &v)) || (r = arg_value(argc, argv, &i, "--resume", &v))) {
-      if (r < 0) { rc = usage_error("train", "%s needs a value", a); goto done; }
+      if (r < 0) { rc = usage_error(NULL, "%s needs a value", a); goto done; }
       if (!strncmp(a, "--init", 6)) init = v;
       else if (!strncmp(a, "--out", 5)) out = v;
       else if (!strncmp(a, "--save-dir", 10)) save_dir = v;
@@ -302,23 +307,27 @@ int main(int argc, char **argv) {
     }
     for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++)
       if (!strncmp(a, fixed[k], strlen(fixed[k]))) {
-        rc = usage_error("train", "%s was fixed when this executable was compiled (see --info); recompile with "
+        rc = usage_error(NULL, "%s was fixed when this executable was compiled (see --info); recompile with "
                          "'loom compile ... %s'", fixed[k], fixed[k]);
         goto done;
       }
-    rc = usage_error("train", "unknown option '%s'", a);
+    rc = unknown_option(NULL, a, RUNNER_FLAGS);
     goto done;
   }
   if (val_every < 0 || val_tokens < 0 || (!n_val && (val_every || val_tokens))) {
-    rc = usage_error("train", "--val-every and --val-tokens take positive numbers and need --val-data SHARD...");
+    rc = usage_error(NULL, "--val-every and --val-tokens take positive numbers and need --val-data SHARD...");
+    goto done;
+  }
+  if (steps > 2147483647LL) {   /* as loom train: the run keeps each step's loss, norm and lr */
+    rc = usage_error(NULL, "--steps %lld is more than can run: at most 2147483647", (long long)steps);
     goto done;
   }
   if (steps < 1 || warmup < 0 || lr < 0 || min_lr < 0 || save_every < 0) {
-    rc = usage_error("train", "--steps must be >= 1; --warmup, --lr, --min-lr and --save-every >= 0");
+    rc = usage_error(NULL, "--steps must be >= 1; --warmup, --lr, --min-lr and --save-every >= 0");
     goto done;
   }
   if (!n_data) {
-    rc = usage_error("train", "no training data was compiled in: give --data SHARD...");
+    rc = usage_error(NULL, "no training data was compiled in: give --data SHARD...");
     goto done;
   }
   RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
