@@ -189,6 +189,10 @@ struct Op {
 typedef enum { INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_CONST } InitKind;
 typedef struct { InitKind kind; double value; } Init;   /* normal: value = std */
 
+/* Gradient and optimizer-state globals are named "<prefix><parameter name>".    The autodiff and optimizer passes make them; the executors and the lowering read them. */
+#define GRAD_PREFIX "grad."
+#define ADAM_M_PREFIX "adam_m."
+#define ADAM_V_PREFIX "adam_v."
 typedef enum { GLOBAL_PARAM, GLOBAL_STATE } GlobalKind;
 struct Global {
   GlobalKind kind;

@@ -161,10 +161,7 @@ int verify_collectives_ranks(const Module *const *mods, int world, char *err, si
 /* Checks that no two buffers alive at the same time share bytes (except aliases). */
 int memory_plan_check(Func *f, int target, char *err, size_t errlen);
 
-/* Gradient and optimizer-state globals are named "<prefix><parameter name>". */
-#define GRAD_PREFIX "grad."
-#define ADAM_M_PREFIX "adam_m."
-#define ADAM_V_PREFIX "adam_v."
+/* GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX: ir/ir.h (the runtime's executors read them too). */
 
 /* util.c */
 /* Rewrites every use of values by their replacement: repl[v->id] (NULL = keep).  Ids

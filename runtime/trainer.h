@@ -76,7 +76,7 @@ typedef struct {
      sync_out of them all at the end.  Every rank calls it for i = 0 .. n_params-1 in order
      (it gathers over the ranks); on the writer (rank 0) *data is params[i]'s whole tensor,
      valid until the next call.  With it, the loop's last sync_out is skipped, and --out is
-     written a tensor at a time (tools/train_common.c). */
+     written a tensor at a time (runtime/exec/train_common.c). */
   int (*stream_param)(void *self, int i, const float **data, char *err, size_t errlen);
 } Executor;
 

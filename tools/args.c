@@ -1,9 +1,6 @@
 /* tools/args.c — option parsing and error reporting shared by the subcommands. */
-#include <malloc.h>
 #include <stdarg.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "tools/tools.h"
 
@@ -36,26 +33,4 @@ int usage_error(const char *cmd, const char *fmt, ...) {
 int report(int rc, const char *msg) {
   if (rc) fprintf(stderr, "loom: error: %s\n", msg);
   return rc;
-}
-
-bool ends_with(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && !strcmp(s + a - b, suffix);
-}
-
-double seconds_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-
-void cpu_run_setup(char **argv) {
-  (void)argv;
-#ifdef M_MMAP_THRESHOLD
-  if (!getenv("GLIBC_TUNABLES")) {
-    mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  }
-#endif
 }

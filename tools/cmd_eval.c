@@ -9,8 +9,8 @@
 #include "runtime/cuda/nvrtc.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/io/tokens.h"
-#include "tools/exec_cpu.h"
-#include "tools/exec_ref.h"
+#include "runtime/exec/exec_cpu.h"
+#include "runtime/exec/exec_ref.h"
 #include "tools/tools.h"
 
 static const char help[] =

@@ -141,7 +141,7 @@ typedef struct {
   int n_p2p_events;
   uint64_t p2p_staging;    /* device staging slots (the largest function's CudaP2pPlan.staging) */
   struct NcclP2p *p2p_args;   /* host room for the largest group's NCCL calls */
-  /* a pipeline's transfers (rel=0): before each call the driver (tools/exec_cuda_pipe.c)
+  /* a pipeline's transfers (rel=0): before each call the driver (runtime/exec/exec_cuda_pipe.c)
      names a device slot for every one of the function's fixed-rank sends and receives, in
      step order; a send step copies its buffer into its slot, a receive step copies its slot
      into its buffer, both on the compute stream (the driver moves the slots over NCCL
@@ -207,7 +207,7 @@ void cuda_mesh_free(CudaProgram *cp);
 /* A pipeline's transfers (RT_B_SEND / RT_B_RECV to a fixed rank, rel=0: the pipeline pass's
    chunk functions).  Their partner is in another rank's function, run at another time, so
    they cannot be planned within a function as ring transfers are: the pipeline driver
-   (tools/exec_cuda_pipe.c) runs them between its calls.  cp->pipe_slot must name a slot for
+   (runtime/exec/exec_cuda_pipe.c) runs them between its calls.  cp->pipe_slot must name a slot for
    each (cuda_pipe_transfers counts and describes them); the step copies between its buffer
    and its slot. */
 typedef struct {

@@ -195,7 +195,7 @@ else
   pkill -9 -f "$tmp/fault-cp"
 fi
 # ---------------------------------------------------------------------------------------
-# 1d. pipeline parallelism (tools/exec_cuda_pipe.c): a chunk function's transfers to fixed pp
+# 1d. pipeline parallelism (runtime/exec/exec_cuda_pipe.c): a chunk function's transfers to fixed pp
 #     ranks copy to and from staging slots, and the driver exchanges the slots between its
 #     calls as NCCL groups it plans at setup (every rank runs every rank's actions: a group
 #     holds only messages whose partners are in the partner's group of the same round, so

@@ -1,4 +1,4 @@
-/* tools/train_cuda.c — training on the CUDA backend: the module lowered for the CUDA
+/* driver/train_cuda.c — training on the CUDA backend: the module lowered for the CUDA
    target (codegen/cuda), its translation unit compiled by NVRTC for this GPU (cached on
    disk), run by runtime/cuda_exec with cuBLASLt.  Only `loom` links this.
    GPU checks of this path are owed until a session with a GPU runs tests/gpu/run.sh. */
@@ -10,7 +10,7 @@
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/cuda/nvrtc.h"
 #include "runtime/comm/comm_nccl.h"
-#include "tools/tools.h"
+#include "driver/driver.h"
 
 bool cuda_backend_available(char *why, size_t n) {
   if (!cuda_available(why, n)) return false;

@@ -1,4 +1,4 @@
-/* tools/exec_cuda_mesh.c — one rank of a mesh on the CUDA backend: this process trains its
+/* runtime/exec/exec_cuda_mesh.c — one rank of a mesh on the CUDA backend: this process trains its
    piece of a partitioned module on its GPU, the other ranks being other processes (started
    by `loom train` itself, torchrun, srun or mpirun; runtime/comm/launch.h), the collectives
    NCCL calls (runtime/cuda/cuda_mesh.c, runtime/comm/comm_nccl.c).
@@ -20,9 +20,9 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/io/checkpoint.h"
-#include "tools/exec_cuda_mesh.h"
-#include "tools/exec_ref.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_cuda_mesh.h"
+#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 
 
 /* Global k's pieces from every rank, gathered over NCCL (every rank takes part); rank 0 (with

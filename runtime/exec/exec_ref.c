@@ -1,12 +1,11 @@
-/* tools/exec_ref.c — the reference executor behind the training loop, for one rank or for
+/* runtime/exec/exec_ref.c — the reference executor behind the training loop, for one rank or for
    every rank of a partitioned program (threads of this process). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes/passes.h"
-#include "tools/exec_ref.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 
 Type whole_type(const Module *m, const Type *local) {
   Type t = *local;

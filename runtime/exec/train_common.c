@@ -1,12 +1,11 @@
-/* tools/train_common.c — what `loom train` and compiled training executables share:
+/* runtime/exec/train_common.c — what `loom train` and compiled training executables share:
    parameters from a seed or a checkpoint, the executor, the loop, and --out. */
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <string.h>
 
 #include "runtime/io/safetensors.h"
-#include "tools/exec_ref.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 
 /* A tensor of --out streamed from the executor (Executor.stream_param). */
 static int fill_param(void *arg, int i, const void **data, char *err, size_t errlen) {
@@ -141,9 +140,4 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
             "timeline (use --backend cpu)\n");
   ref_exec_free(&rx);
   return rc;
-}
-
-double peak_rss_mib(void) {
-  struct rusage ru;
-  return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : -1;
 }
