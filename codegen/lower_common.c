@@ -152,7 +152,7 @@ int cg_wrap_start(RtStep *st, int h) {
 /* ---- the runtime's builtins against the IR's ops (runtime/builtins.def, ir/ops.def) ----
    A builtin that lowers one IR op one to one names that op; the build fails here when the op
    is gone from ops.def or when its operand or result count no longer matches the builtin's
-   buffers.  (The names are compared by cg_builtin_op, run by tests/unit/test_builtins.c.) */
+   buffers.  (tests/unit/test_builtins.c compares the names, through cg_builtin_op.) */
 enum {
 #define OP(e, name, n_operands, n_results, cls, flags, schema) CG_IN_##e = n_operands, CG_OUT_##e = n_results,
 #include "ir/ops.def"
@@ -173,14 +173,5 @@ int cg_builtin_op(int builtin) {
 #undef RT_BUILTIN
 #undef OP_NONE
   default: return -1;
-  }
-}
-
-const char *cg_builtin_name(int builtin) {
-  switch (builtin) {
-#define RT_BUILTIN(e, name, n_in, n_out, ir_op) case RT_B_##e: return name;
-#include "runtime/builtins.def"
-#undef RT_BUILTIN
-  default: return NULL;
   }
 }

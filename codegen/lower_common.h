@@ -43,8 +43,7 @@ void cg_label_merged(RtStep *st, int tensors);
 int cg_wrap_start(RtStep *st, int h);
 
 /* The ir/ops.def op a runtime builtin lowers from one to one (an OpKind), or -1 (a runtime-only
-   step); the builtin's name (NULL past the table).  runtime/builtins.def is the table. */
+   step; also past the table).  runtime/builtins.def is the table. */
 int cg_builtin_op(int builtin);
-const char *cg_builtin_name(int builtin);
 
 #endif

@@ -53,10 +53,17 @@ typedef struct {
   const char *tokenizer;        /* --tokenizer T.json: copied into a Hugging Face --out DIR/ */
   bool out_bf16;                /* --dtype bf16: a Hugging Face --out DIR/'s weights in bf16 */
   const char *nccl_timeout;     /* --nccl-timeout SECONDS (a multi-process CUDA mesh) */
+  PassOptions hooks;            /* --print-ir-after, --dump-dir, --verify-each, --time-passes */
+  int argc;                     /* the command line, for a failing pass's reproducer */
+  char **argv;
 } TrainArgs;
 /* Loads the spec with the flags' overrides and runs the training pipeline (and lowering
    for the cpu backend); *backend is what --backend chose or the default for the mesh. */
 int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, char *err, size_t errlen);
+/* The `loom ir` command that rebuilds a pipeline's input from a command line: INPUT and the
+   flags of argv that loom ir takes (--mesh, --zero, --batch, ...), then extra (may be NULL),
+   quoted for a shell: a failing pass's reproducer (PassOptions.repro_cmd). */
+void repro_command(const char *input, int argc, char **argv, const char *extra, char *out, size_t n);
 /* The settings a run records in checkpoints and compiled executables (malloc'd JSON). */
 char *spec_settings_json(const RunSpec *s);
 /* The training passes' settings from a run spec (train_args.c). */
@@ -132,5 +139,11 @@ int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t err
 int cuda_mesh_precheck(Module *m, char *err, size_t errlen);
 /* Whether the CUDA backend can run here (a driver and a device); why not otherwise. */
 bool cuda_backend_available(char *why, size_t n);
+
+/* prepare.c: the training entry point of a module train_prepare made (the backend's run_training_*;
+   a CUDA mesh: this process's rank), and the model FLOPs of one rank's optimizer step (all its
+   micro-batches; MFU's numerator). */
+int driver_train(Module *m, Backend backend, const RunPlan *plan, char *err, size_t errlen);
+double driver_step_flops(const Module *m, int64_t grad_accum);
 
 #endif

@@ -2,6 +2,7 @@
  * the backend chosen, the training pipeline (and for cpu and cuda the lowering pipeline) run.
  * The settings a run records in checkpoints and executables come from here too. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,10 +56,12 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
   else
     *backend = world > 1 ? BACKEND_CPU : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
   TrainSettings ts = spec_train_settings(s);
-  PassOptions popt;
-  memset(&popt, 0, sizeof popt);
+  PassOptions popt = t->hooks;   /* the command's --print-ir-after, --dump-dir, ... */
   popt.train = &ts;
   popt.target = *backend == BACKEND_CUDA ? TARGET_CUDA : TARGET_CPU;
+  char repro[4096];
+  repro_command(spec, t->argc, t->argv, popt.target == TARGET_CUDA ? "--target=cuda" : NULL, repro, sizeof repro);
+  popt.repro_cmd = repro;
   if ((rc = pipeline_run(in->m, *backend == BACKEND_REF ? TRAIN_PIPELINE : TRAIN_PIPELINE "," LOWER_PIPELINE, &popt, err,
                          errlen)))
     return rc;
@@ -67,4 +70,82 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
            (long long)config_param_count(&s->model), (long long)s->batch, (long long)s->seq, (long long)s->grad_accum,
            s->precision, *backend == BACKEND_CPU ? "cpu" : *backend == BACKEND_CUDA ? "cuda" : "reference", seconds_now() - t0);
   return 0;
+}
+
+/* The flags `loom ir` takes that change the module its pipeline starts from or what the
+   passes do (tools/cmd_ir.c's list, and --target). */
+static const char *const ir_flags[] = {"--batch", "--seq", "--precision", "--grad-accum", "--mesh", "--zero",
+                                       "--sequence-parallel", "--bucket-mb", "--vocab-multiple", "--pp-schedule",
+                                       "--pp-virtual", "--pp-split", "--overlap", "--cp-balance", "--cp-attn",
+                                       "--recompute", "--memory-budget", "--capacity-factor", "--target"};
+
+static void put_quoted(char *out, size_t n, const char *s) {
+  size_t k = strlen(out);
+  if (k + 1 >= n) return;
+  bool plain = *s && strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=,:+@%") == strlen(s);
+  if (plain) {
+    snprintf(out + k, n - k, " %s", s);
+    return;
+  }
+  snprintf(out + k, n - k, " '");
+  for (const char *p = s; *p; p++) {
+    k = strlen(out);
+    if (*p == '\'') snprintf(out + k, n - k, "'\\''");
+    else snprintf(out + k, n - k, "%c", *p);
+  }
+  k = strlen(out);
+  snprintf(out + k, n - k, "'");
+}
+
+void repro_command(const char *input, int argc, char **argv, const char *extra, char *out, size_t n) {
+  snprintf(out, n, "loom ir");
+  put_quoted(out, n, input);
+  for (int i = 1; i < argc; i++)
+    for (size_t k = 0; k < sizeof ir_flags / sizeof ir_flags[0]; k++) {
+      size_t len = strlen(ir_flags[k]);
+      if (strncmp(argv[i], ir_flags[k], len)) continue;
+      if (argv[i][len] == '=') put_quoted(out, n, argv[i]);
+      else if (!argv[i][len] && i + 1 < argc) {
+        put_quoted(out, n, argv[i]);
+        put_quoted(out, n, argv[++i]);
+      }
+      break;
+    }
+  if (extra) put_quoted(out, n, extra);
+}
+
+/* The training entry point of a prepared module: the backend's, and for a CUDA mesh this
+   process's rank (the command started or joined the processes).  The cpu backend runs a mesh
+   as threads itself (run_training_cpu). */
+int driver_train(Module *m, Backend backend, const RunPlan *plan, char *err, size_t errlen) {
+  bool mesh = mesh_world(&m->mesh) > 1;
+  switch (backend) {
+  case BACKEND_CUDA: return mesh ? run_training_cuda_rank(m, plan, err, errlen) : run_training_cuda(m, plan, err, errlen);
+  case BACKEND_CPU: return run_training_cpu(m, plan, err, errlen);
+  default: return run_training(m, plan, err, errlen);
+  }
+}
+
+/* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per
+   micro-batch; in a pipeline, every chunk's forward and backward functions per micro-batch,
+   over the pp ranks (the bubble is then lost time, as MFU counts it). */
+double driver_step_flops(const Module *m, int64_t grad_accum) {
+  Func *gs = module_find_func(m, "grad_step");
+  if (gs) {
+    double mm = 0, at = 0;
+    flops_of(gs, &mm, &at);
+    return (mm + at) * (double)grad_accum;
+  }
+  if (m->pipe.chunks <= 0) return 0;
+  double total = 0;
+  for (int i = 0; i < m->funcs.n; i++) {
+    const Func *f = m->funcs.items[i];
+    if (strncmp(f->name, "fwd.c", 5) && strncmp(f->name, "bwd.c", 5) && strncmp(f->name, "bwd_b.c", 7) &&
+        strncmp(f->name, "bwd_w.c", 7))
+      continue;
+    double mm = 0, at = 0;
+    flops_of(f, &mm, &at);
+    total += mm + at;
+  }
+  return total * (double)m->pipe.micro / (double)m->mesh.size[AX_PP];
 }

@@ -24,6 +24,8 @@ typedef enum { RT_ROUND_NONE, RT_ROUND_BF16, RT_ROUND_F16, RT_ROUND_F8E4M3, RT_R
 /* How a buffer's elements are stored.  The CPU backend stores every float as f32 (and
    emulates narrow dtypes with RtBuf.round); the CUDA backend stores each dtype natively. */
 typedef enum { RT_ST_F32, RT_ST_I32, RT_ST_BF16, RT_ST_F16, RT_ST_F8E4M3, RT_ST_F8E5M2, RT_ST_BOOL /* 1 byte, 0 or 1 */ } RtStorage;
+int rt_storage_size(RtStorage s);          /* bytes per element; 0 for an unknown storage */
+const char *rt_storage_name(RtStorage s);  /* "f32", "bf16", ... */
 
 typedef struct {
   uint8_t region;      /* RtRegion */
@@ -51,6 +53,15 @@ typedef enum {
 #undef RT_BUILTIN
   RT_B_COUNT
 } RtBuiltin;
+/* Each builtin's name (as profiles and errors print it) and buffer counts, from
+   runtime/builtins.def: n_in -1 variadic (concat); n_out -1 either 0 (in place) or 3 (adamw).
+   The program validators of both backends check steps against it. */
+typedef struct {
+  const char *name;
+  int n_in, n_out;
+} RtBuiltinInfo;
+extern const RtBuiltinInfo rt_builtins[RT_B_COUNT];
+const char *rt_builtin_name(int b);   /* "?" past the table */
 
 #define RT_MAX_BUFS 16
 #define RT_MAX_HANDLES 65536   /* collective starts in one function, at most */
@@ -178,6 +189,25 @@ static inline int64_t rt_ssub(int64_t a, int64_t b) {
    elements of sz bytes at offset lies inside a region of size bytes. */
 static inline bool rt_fits(int64_t offset, int64_t n, int64_t sz, int64_t size) {
   return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / sz;
+}
+
+/* ---- checking a program before running it (both backends; the bytes may be damaged) ----
+   The walk is shared: the counts, the regions, every global, every function's header,
+   arguments, results and steps (their buffer counts and kinds).  What a backend requires of
+   a global, a buffer and a step's own fields (its element sizes, launch dimensions, GEMM
+   types, the builtins it runs) it checks in its hooks, which return 0, or 2 with the reason
+   written into the buffer they get. */
+typedef struct {
+  void *ctx;
+  int (*global)(void *ctx, const RtProgram *p, int g, char *err, size_t errlen);
+  int (*buf)(void *ctx, const RtProgram *p, int func, const RtBuf *b, const char *what, char *err, size_t errlen);
+  int (*step)(void *ctx, const RtProgram *p, const RtStep *st, char *msg, size_t n);
+} RtChecker;
+/* 0, or 2 with a message naming the function, the step and its label. */
+int rt_program_check(const RtProgram *p, const RtChecker *c, char *err, size_t errlen);
+/* A buffer's size in a region of function func: the arena's or the region's. */
+static inline int64_t rt_region_size(const RtProgram *p, int func, int region) {
+  return region == RT_REGION_ARENA ? p->funcs[func].arena_bytes : p->region_bytes[region];
 }
 
 #endif

@@ -522,14 +522,6 @@ done:
   return rc;
 }
 
-int rt_expert_name(const char *name, int64_t e, char *buf, size_t n) {
-  const char *at = NULL;
-  for (const char *p = strstr(name, ".experts."); p; p = strstr(p + 1, ".experts.")) at = p;
-  if (!at) return -1;
-  int w = snprintf(buf, n, "%.*s.experts.%lld.%s.weight", (int)(at - name), name, (long long)e, at + 9);
-  return w < 0 || (size_t)w >= n ? -1 : 0;
-}
-
 int rt_views_add(RtTensor *out, int *n, const char *name, int rank, const int64_t *shape, float *data, bool experts) {
   int k = rt_views_of(rank, shape, experts);
   if (k == 1 && !(experts && rank >= 2)) {

@@ -23,9 +23,8 @@ typedef struct {
   char *owned_name;     /* the name when the view made it (freed by rt_views_free) */
 } RtTensor;
 
-/* The checkpoint name of expert e of a stack of experts "P.experts.X": "P.experts.<e>.X.weight"
-   (any prefix such as "adam_m." kept; ir_expert_name's copy).  0, or -1 when it does not fit. */
-int rt_expert_name(const char *name, int64_t e, char *buf, size_t n);
+/* rt_expert_name (the checkpoint name of one expert of a stack): runtime/io/checkpoint.h. */
+#include "runtime/io/checkpoint.h"
 /* How many views a global gets: 1, or shape[0] for a stack of experts. */
 static inline int rt_views_of(int rank, const int64_t *shape, bool experts) {
   return experts && rank >= 2 ? (int)shape[0] : 1;

@@ -54,6 +54,17 @@ int arg_value(int argc, char **argv, int *i, const char *name, const char **valu
 bool arg_flag(const char *arg, const char *name);
 int usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int report(int rc, const char *msg);   /* prints "loom: error: msg" when rc != 0; returns rc */
+/* The pass manager's hooks, the same on ir, train, eval and compile: --print-ir-after=A[,B],
+   --print-ir-after-all, --dump-dir=DIR, --verify-each, --time-passes at argv[*i] into o.
+   1: matched (its value consumed), 0: not one of them, -1: a usage error (printed). */
+int pass_hook_arg(int argc, char **argv, int *i, PassOptions *o, const char *cmd);
+#define PASS_HOOKS_HELP                                                                                   \
+  "  --print-ir-after=NAME  print the IR after each run of pass NAME (repeatable; A,B allowed)\n"          \
+  "  --print-ir-after-all   print the IR after every pass\n"                                               \
+  "  --dump-dir=DIR         write DIR/00-input.ir, DIR/01-<pass>.ir, ... (and a failing pass's\n"         \
+  "                         reproducer: before-<pass>.ir and rerun.sh)\n"                                 \
+  "  --verify-each          run the verifier after every pass\n"                                          \
+  "  --time-passes          print the time each pass took\n"
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
 /* "dp=2,tp=2" -> {"dp":2,"tp":2} (the run spec's "mesh"); -1 if malformed. */

@@ -41,12 +41,18 @@ int mesh_flag_json(const char *text, char *out, size_t n) {
 
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help) {
   memset(t, 0, sizeof *t);
+  t->argc = argc;
+  t->argv = argv;
   const char *v;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int r = 0;
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { t->quiet = true; continue; }
+    if ((r = pass_hook_arg(argc, argv, &i, &t->hooks, cmd))) {
+      if (r < 0) return EXIT_USAGE;
+      continue;
+    }
     if (arg_flag(a, "--log-experts")) { t->log_experts = true; continue; }
     if (!strcmp(a, "--data") || !strncmp(a, "--data=", 7)) {
       /* --data A B C (until the next option) or --data=A */

@@ -5,17 +5,6 @@
 
 #include "runtime/cpu/cpu_kernels.h"
 
-/* Name and buffer counts of each builtin (runtime/builtins.def). */
-static const struct {
-  const char *name;
-  int n_in, n_out;   /* n_in -1: variadic (concat); n_out -1: 0 (in place) or 3 (adamw) */
-} info[RT_B_COUNT] = {
-#define RT_BUILTIN(e, name, n_in, n_out, ir_op) [RT_B_##e] = {name, n_in, n_out},
-#include "runtime/builtins.def"
-#undef RT_BUILTIN
-};
-
-const char *cpu_builtin_name(RtBuiltin b) { return (unsigned)b < RT_B_COUNT ? info[b].name : "?"; }
 
 /* ---------------------------------------------------------------- checks */
 
@@ -27,7 +16,7 @@ typedef struct {
 } Chk;
 
 static void bad(Chk *c, const char *what) {
-  if (!c->rc) snprintf(c->err, c->errlen, "builtin %s (%s): %s", cpu_builtin_name((RtBuiltin)c->st->which),
+  if (!c->rc) snprintf(c->err, c->errlen, "builtin %s (%s): %s", rt_builtin_name(c->st->which),
                        c->st->label, what);
   c->rc = 2;
 }
@@ -73,8 +62,8 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     snprintf(err, errlen, "step %s is not a known builtin", st->label);
     return 2;
   }
-  int n_in = info[st->which].n_in < 0 ? st->n_in : info[st->which].n_in;
-  bool n_out_ok = info[st->which].n_out < 0 ? st->n_out == 0 || st->n_out == 3 : st->n_out == info[st->which].n_out;
+  int n_in = rt_builtins[st->which].n_in < 0 ? st->n_in : rt_builtins[st->which].n_in;
+  bool n_out_ok = rt_builtins[st->which].n_out < 0 ? st->n_out == 0 || st->n_out == 3 : st->n_out == rt_builtins[st->which].n_out;
   if (st->n_in != n_in || !n_out_ok || st->n_in + st->n_out > RT_MAX_BUFS) {
     bad(&c, "wrong number of buffers");
     return c.rc;

@@ -76,8 +76,9 @@ typedef struct {
 } CudaGemmLayout;
 CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb);
 
-int cuda_storage_size(RtStorage s);          /* bytes per element; 0 for an unknown storage */
-const char *cuda_storage_name(RtStorage s);  /* "f32", "bf16", ... */
+/* bytes per element and name of a storage: runtime/program.c's (the CPU backend's too) */
+#define cuda_storage_size rt_storage_size
+#define cuda_storage_name rt_storage_name
 /* Host conversions.  To a narrow storage: rounded as rt_round (RNE; f8e4m3 saturates, f16
    and f8e5m2 overflow to inf); i32 is copied as int32.  From one: exact. */
 void cuda_f32_to_storage(RtStorage s, const float *in, void *out, int64_t n);

@@ -217,20 +217,6 @@ static int init_pieces(CudaRank *r, const char *init, uint64_t seed, char *err, 
   return rc;
 }
 
-/* This rank's piece of a whole micro-batch, as int32. */
-void cuda_rank_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets) {
-  for (int64_t k = 0; k < r->whole_tok->n; k++) {
-    r->whole_tok->i[k] = inputs[k];
-    r->whole_tgt->i[k] = targets[k];
-  }
-  move_piece(&r->m->mesh, r->whole_tok, r->tok, r->comm->coord, true);
-  move_piece(&r->m->mesh, r->whole_tgt, r->tgt, r->comm->coord, true);
-  for (int64_t e = 0; e < r->tok->n; e++) {
-    r->tok32[e] = (int32_t)r->tok->i[e];
-    r->tgt32[e] = (int32_t)r->tgt->i[e];
-  }
-}
-
 static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   CudaRank *r = self;
   cuda_rank_tokens(r, inputs, targets);

@@ -100,6 +100,10 @@ int ckpt_shards_expert(const Checkpoint *c, const char *view, char *stack, size_
  * complete-looking partial one). Folders without DONE and other files are left alone. */
 int ckpt_prune(const char *save_dir, int keep, char *err, size_t errlen);
 
+/* The checkpoint name of expert e of a stack of experts "P.experts.X": "P.experts.<e>.X.weight"
+   (any prefix such as "adam_m." kept; ir_expert_name's copy).  0, or -1 when it does not fit. */
+int rt_expert_name(const char *name, int64_t e, char *buf, size_t n);
+
 /* CRC-32C (Castagnoli) of n bytes, continuing from crc (0 to start): the checksum in DONE.
  * ckpt_crc32c(0, "123456789", 9) == 0xE3069283. */
 uint32_t ckpt_crc32c(uint32_t crc, const void *data, size_t n);

@@ -15,21 +15,10 @@
 #include <unistd.h>
 
 #include "runtime/comm/spawn.h"
+#include "tests/unit/check.h"
 
 /* Shell: wait until $D/name is written (so a rank fails only once the others are ready). */
 #define WAIT_FOR(name) "until [ -s $D/" name " ]; do sleep 0.01; done; "
-
-static int passed, failed;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (cond) passed++;                           \
-    else {                                        \
-      failed++;                                   \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
 
 static char dir[] = "/tmp/loom_test_spawn_XXXXXX";
 static char logbuf[4096];
@@ -251,6 +240,6 @@ int main(int argc, char **argv) {
   for (int s = 1; s < 32; s++) same = same && sigismember(&mask0, s) == sigismember(&mask1, s);
   CHECK(same, "the signal mask is unchanged");
   rmdir(dir);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
 }
