@@ -122,6 +122,7 @@ typedef struct {
   const char *tokenizer;        /* --tokenizer T.json: copied into a Hugging Face --out DIR/ */
   bool out_bf16;                /* --dtype bf16: a Hugging Face --out DIR/'s weights in bf16 */
   const char *nccl_timeout;     /* --nccl-timeout SECONDS (a multi-process CUDA mesh) */
+  bool allow_changes;           /* --allow-changes: resume although settings differ from the checkpoint's */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);

@@ -73,6 +73,7 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { t->quiet = true; continue; }
     if (arg_flag(a, "--log-experts")) { t->log_experts = true; continue; }
+    if (arg_flag(a, "--allow-changes")) { t->allow_changes = true; continue; }
     if (!strcmp(a, "--data") || !strncmp(a, "--data=", 7)) {
       /* --data A B C (until the next option) or --data=A */
       json_t *arr = json_array();
