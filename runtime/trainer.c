@@ -13,6 +13,7 @@
 #include "runtime/trainer.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <sys/resource.h>
 
@@ -208,11 +209,9 @@ static int pick_checkpoint(const TrainOptions *o, char *dir, size_t n, Checkpoin
   for (;;) {
     int rc = ckpt_latest_below(o->resume, below, dir, n, &step, err, errlen);
     if (rc) {
-      if (skipped[0]) {   /* nothing older loads either: say what was skipped */
-        char m[3072];
-        snprintf(m, sizeof m, "%s (after skipping damaged checkpoints: %s)", err, skipped);
-        snprintf(err, errlen, "%s", m);
-      }
+      if (skipped[0])   /* nothing older loads either: what was wrong with the newer ones */
+        snprintf(err, errlen, "%s: no checkpoint here loads: %s; train from the start or pass another --resume folder",
+                 o->resume, skipped);
       return rc;
     }
     if (err[0] && o->log) fprintf(o->log, "note: %s\n", err);
@@ -485,16 +484,27 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
   }
   if ((rc = data_open(&dl, o->data, o->n_data, B, T, o->vocab, err, errlen))) goto done;
   if (o->resume && (rc = resume(ex, o, r, &dl, resumed, sizeof resumed, err, errlen))) goto done;
-  if (!o->save_dir && resumed[0]) {   /* a resumed run goes on saving where it came from */
+  bool derived = !o->save_dir && resumed[0];
+  if (derived) {   /* a resumed run goes on saving where it came from */
     parent_dir(resumed, resumed_dir, sizeof resumed_dir);
     local.save_dir = resumed_dir;
-    if (o->log) fprintf(o->log, "checkpoints go on into %s, the folder it resumed from (--save-dir D writes elsewhere)\n",
-                        resumed_dir);
   }
   /* one writer per save dir; a dead writer's unfinished folders go */
+  if (derived && access(o->save_dir, W_OK)) {   /* someone else's checkpoints, read-only: use them, write none
+                                                   (every rank of a mesh decides alike: one file system) */
+    if (o->log) fprintf(o->log, "note: %s is not writable: this run writes no checkpoints (give --save-dir D)\n",
+                        o->save_dir);
+    local.save_dir = NULL;
+  }
   if (o->save_dir && !o->not_writer) {
-    if ((rc = ckpt_lock(o->save_dir, &lock_fd, err, errlen))) goto done;
-    ckpt_clean_tmp(o->save_dir, o->log);
+    if ((rc = ckpt_lock(o->save_dir, &lock_fd, err, errlen))) {
+      goto done;
+    } else {
+      ckpt_clean_tmp(o->save_dir, o->log);
+      if (derived && o->log)
+        fprintf(o->log, "checkpoints go on into %s, the folder it resumed from (--save-dir D writes elsewhere)\n",
+                o->save_dir);
+    }
   }
   if (o->metrics_path) {
     if (r->first_step > 0 && (rc = metrics_trim(o->metrics_path, r->first_step, err, errlen))) goto done;

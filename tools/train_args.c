@@ -39,6 +39,11 @@ char *spec_settings_json(const RunSpec *s) {
                         "warmup", (json_int_t)s->warmup, "weight_decay", s->weight_decay, "beta1", s->beta1, "beta2",
                         s->beta2, "eps", s->eps, "grad_clip", s->grad_clip, "precision", s->precision, "seed",
                         (json_int_t)s->seed);
+  /* the model's config itself: a checkpoint carries what `loom export` needs, and nothing
+     sends loom back to read the spec's path later */
+  json_t *cfg = NULL;
+  char ignored[256];
+  if (!hf_model_config(s->path, &cfg, ignored, sizeof ignored)) json_object_set_new(o, "model", cfg);
   char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
   json_decref(o);
   return text;
