@@ -583,28 +583,46 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
       if (o->log_experts && !isnan(loads.worst)) loads_print(o->log, &loads);
     }
     if (metrics) {
+      /* the line is made in memory and written at once; a failed write is cut back off, so
+         the file holds whole lines only (a reader never sees half a JSON object) */
+      FILE *file = metrics;
+      char *line = NULL;   /* the fields go into it through mem */
+      size_t line_n = 0;
+      FILE *mem = open_memstream(&line, &line_n);
+      if (!mem) {
+        snprintf(err, errlen, "out of memory");
+        rc = 1;
+        goto done;
+      }
       struct rusage ru;
       getrusage(RUSAGE_SELF, &ru);
-      fprintf(metrics, "{\"step\":%lld", (long long)(s + 1));
-      put_num(metrics, "loss", loss);
-      if (!isnan(val)) put_num(metrics, "val_loss", val);
-      put_num(metrics, "lr", lr);
-      put_num(metrics, "grad_norm", norm);
-      put_num(metrics, "tokens_per_s", (double)(G * B * T) / dt);
-      put_num(metrics, "step_ms", dt * 1e3);
-      if (!isnan(mfu)) put_num(metrics, "mfu", mfu);
-      if (!isnan(comm_mean)) put_num(metrics, "comm_wait_ms", comm_mean);
+      fprintf(mem, "{\"step\":%lld", (long long)(s + 1));
+      put_num(mem, "loss", loss);
+      if (!isnan(val)) put_num(mem, "val_loss", val);
+      put_num(mem, "lr", lr);
+      put_num(mem, "grad_norm", norm);
+      put_num(mem, "tokens_per_s", (double)(G * B * T) / dt);
+      put_num(mem, "step_ms", dt * 1e3);
+      if (!isnan(mfu)) put_num(mem, "mfu", mfu);
+      if (!isnan(comm_mean)) put_num(mem, "comm_wait_ms", comm_mean);
       if (!isnan(loads.worst)) {
-        put_num(metrics, "expert_max_mean", loads.worst);
-        loads_json(metrics, &loads);
+        put_num(mem, "expert_max_mean", loads.worst);
+        loads_json(mem, &loads);
       }
-      fprintf(metrics, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
-      put_num(metrics, "elapsed_s", elapsed);
-      put_num(metrics, "eta_s", eta);
-      put_num(metrics, "max_rss_mb", (double)ru.ru_maxrss / 1024.0);
-      fprintf(metrics, ",\"time\":%lld}\n", (long long)time(NULL));
-      if (fflush(metrics)) {
-        snprintf(err, errlen, "%s: cannot write the metrics log (disk full?)", o->metrics_path);
+      fprintf(mem, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
+      put_num(mem, "elapsed_s", elapsed);
+      put_num(mem, "eta_s", eta);
+      put_num(mem, "max_rss_mb", (double)ru.ru_maxrss / 1024.0);
+      fprintf(mem, ",\"time\":%lld}\n", (long long)time(NULL));
+      fclose(mem);
+      long at = ftell(file);
+      bool bad = fwrite(line, 1, line_n, file) != line_n;
+      bad = fflush(file) != 0 || bad;
+      free(line);
+      if (bad) {
+        if (at >= 0 && ftruncate(fileno(file), at) == 0) clearerr(file);
+        snprintf(err, errlen, "%s: cannot write the metrics log (disk full?); it holds the whole lines of the steps before",
+                 o->metrics_path);
         rc = 1;
         goto done;
       }

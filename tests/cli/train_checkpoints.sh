@@ -95,4 +95,18 @@ json.dump(done, open(os.path.join(d, 'DONE'), 'w'))
 PY
 expect_exit 2 "state.json's data.shard 2^32" "${tr[@]}" --steps 3 --resume "$TMP/c6"
 expect_stderr_contains "data position shard 4294967296"
+
+# 7. every output checked before step 1: exit 2 naming the flag, no step run
+for a in "--out $TMP/none/x.safetensors" "--out $TMP/none/hf/" "--log $TMP/none/l.jsonl" "--trace-out $TMP/none/t.json" \
+         "--save-dir /proc/loom-none/ck"; do
+  # shellcheck disable=SC2086
+  expect_exit 2 "${a%% *} in a folder that does not exist" "$LOOM" train $spec --steps 2 $a
+  expect_stderr_contains "${a#* }"
+  check "  refused before step 1" sh -c "! grep -q '^step ' '$OUT'"
+done
+# --out DIR/ is written whole or not at all: a failure part-way (the tokenizer to copy is
+# missing) leaves no folder
+expect_exit 2 "--out DIR/ whose tokenizer cannot be copied" "$LOOM" train $spec -q --steps 1 --out "$TMP/hf/" \
+  --tokenizer "$TMP/no-tokenizer.json"
+check "  no folder left behind (neither DIR nor its temporary)" sh -c "! ls -d '$TMP'/hf* 2> /dev/null | grep -q ."
 finish
