@@ -233,7 +233,10 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
                          errlen)))
     return rc;
   if (!t->quiet)
-    printf("compiled %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, %s backend, in %.2f s\n", spec,
+    /* "built": the passes; lowering, kernel compilation and the parameters follow, each with
+       its own line and time */
+    printf("built the training step of %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, %s backend, in "
+           "%.2f s\n", spec,
            (long long)config_param_count(&s->model), (long long)s->batch, (long long)s->seq, (long long)s->grad_accum,
            s->precision, *backend == BACKEND_CPU ? "cpu" : *backend == BACKEND_CUDA ? "cuda" : "reference", seconds_now() - t0);
   return 0;

@@ -52,6 +52,15 @@ for how in file pipe; do
     test $seen = 1 -a $still = 1 -a "$last" = '\n'
 done
 
+# 1b. no silent phase before step 1: each one's line, with its time, in order; -q keeps quiet
+run "$LOOM" train $spec --steps 1
+check "the phases before step 1 each say what they do and how long it took" sh -c "
+  grep -n -e '^built the training step of .* in [0-9.]* s' -e '^lowered to cpu kernels in [0-9.]* s' \
+    -e '^JIT-compiling the kernels with LLVM \.\.\.' -e '^JIT-compiled [0-9]* kernels in [0-9.]* s' \
+    -e '^loaded the weights from .* in [0-9.]* s' -e '^step ' '$OUT' | cut -d: -f1 | tr '\n' ' ' | grep -qx '1 2 3 4 5 6 '"
+run "$LOOM" train $spec --steps 1 -q
+check "  -q: none of them" test ! -s "$OUT"
+
 # 2. SIGTERM on one rank: the step in flight finishes, then checkpoint, summary, exit 143
 signal_after_first_step "$TMP/one" TERM "$LOOM" train $spec --steps 1000000 "${flat[@]}" --save-dir "$TMP/ck1" \
   --log "$TMP/one.jsonl"

@@ -369,8 +369,14 @@ int main(int argc, char **argv) {
   }
   if (cpu) {   /* the lowered program: no IR, no compiler */
     CpuBackend b;
+    double t0 = seconds_now();
+    if (plan.opt.log) fprintf(plan.opt.log, "JIT-compiling the kernels with LLVM ...\n");
     rc = cpu_backend_load(&b, pl.parts[1], pl.sizes[1], ir_text, threads, err, sizeof err);
+    if (!rc && plan.opt.log) fprintf(plan.opt.log, "JIT-compiled %d kernels in %.2f s\n", b.prog.n_kernels, seconds_now() - t0);
+    t0 = seconds_now();
     if (!rc) rc = cpu_backend_init_params(&b, seed, init, err, sizeof err);
+    if (!rc && plan.opt.log) fprintf(plan.opt.log, "%s in %.2f s\n", init ? "loaded the weights" : "initialized the parameters",
+                                     seconds_now() - t0);
     if (!rc) rc = cpu_backend_executor(&b, plan.batch, plan.seq, err, sizeof err);
     if (!rc) rc = train_and_write(&b.ce.ex, &plan, err, sizeof err);
     cpu_backend_free(&b);
