@@ -507,7 +507,7 @@ int ckpt_latest_below(const char *path, int64_t below, char *stepdir, size_t n, 
       }
       struct stat ls;
       if (lstat(p, &ls) == 0 && S_ISLNK(ls.st_mode)) {   /* it would resume another step under this one's name */
-        snprintf(link, sizeof link, "%s", e->d_name);
+        snprintf(link, sizeof link, "%.40s", e->d_name);   /* a step name: at most 23 characters */
       } else if (ckpt_is_dir(p) && has_done(p)) {
         if (s > best) {
           best = s;
