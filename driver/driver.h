@@ -53,6 +53,7 @@ typedef struct {
   const char *tokenizer;        /* --tokenizer T.json: copied into a Hugging Face --out DIR/ */
   bool out_bf16;                /* --dtype bf16: a Hugging Face --out DIR/'s weights in bf16 */
   const char *nccl_timeout;     /* --nccl-timeout SECONDS (a multi-process CUDA mesh) */
+  bool allow_changes;           /* --allow-changes: resume although settings differ from the checkpoint's */
   PassOptions hooks;            /* --print-ir-after, --dump-dir, --verify-each, --time-passes */
   int argc;                     /* the command line, for a failing pass's reproducer */
   char **argv;

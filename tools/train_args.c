@@ -54,6 +54,7 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
       continue;
     }
     if (arg_flag(a, "--log-experts")) { t->log_experts = true; continue; }
+    if (arg_flag(a, "--allow-changes")) { t->allow_changes = true; continue; }
     if (!strcmp(a, "--data") || !strncmp(a, "--data=", 7)) {
       /* --data A B C (until the next option) or --data=A */
       json_t *arr = json_array();

@@ -115,6 +115,12 @@ typedef struct {
    (metrics may be NULL) into dir, created if needed. */
 int hf_export_dir(const char *dir, const char *spec_path, const StTensor *params, int n, bool bf16,
                   const char *tokenizer, const HfMetrics *metrics, FILE *log, char *err, size_t errlen);
+/* The same from the model's config object itself (a checkpoint's settings carry it). */
+#include <jansson.h>
+int hf_export_dir_config(const char *dir, const json_t *model, const StTensor *params, int n, bool bf16,
+                         const char *tokenizer, const HfMetrics *metrics, FILE *log, char *err, size_t errlen);
+/* The model's Hugging Face config object (a new reference) from a run spec or a config.json. */
+int hf_model_config(const char *spec_path, json_t **out, char *err, size_t errlen);
 /* --out names a folder: it ends with '/' or is an existing directory. */
 bool hf_export_wanted(const char *out);
 int cmd_export(int argc, char **argv);

@@ -120,7 +120,7 @@ int ckpt_mkdir_p(const char *dir, char *err, size_t errlen) {
     char c = *s;
     *s = 0;
     if (mkdir(p, 0777) != 0 && !(errno == EEXIST && ckpt_is_dir(p))) {
-      seterr(err, errlen, "%s: cannot create directory %s: %s; check the --save path and its "
+      seterr(err, errlen, "%s: cannot create directory %s: %s; check --save-dir and its "
              "permissions", dir, p, strerror(errno));
       rc = 1;
       break;
