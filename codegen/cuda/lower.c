@@ -4,7 +4,7 @@
  * layernorm_grad, rmsnorm_grad, attention_grad, embedding_grad, moe_count and moe_dispatch
  * two; moe_sort three), but every step that
  * is not a GEMM is RT_STEP_KERNEL: a fused kernel of kernel.c, or an extern "C" wrapper that
- * instantiates a template of codegen/cuda/kernels/*.cuh for the storage dtypes of the step's buffers (the
+ * instantiates a template of codegen/cuda/kernels/<family>.cuh for the storage dtypes of the step's buffers (the
  * kernel's name spells them: f f32, b bf16, h f16, e f8e4m3, m f8e5m2, i i32; data movement
  * that only copies is named by the element size).  Launch shapes are set per step; see
  * cuda.h for the conventions and the scratch memory some builtins use.
