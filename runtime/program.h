@@ -12,6 +12,7 @@
 #ifndef LOOM_RUNTIME_PROGRAM_H
 #define LOOM_RUNTIME_PROGRAM_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,23 @@ static inline int64_t rt_seq_pos(int64_t c, int64_t t, int64_t L, int64_t n, boo
   if (!zigzag) return c * L + t;
   int64_t h = L / 2;
   return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);
+}
+
+/* RoPE's inverse frequency of pair j of Dh: theta^(-2j/Dh), f = {theta, factor, low_wl,
+   high_wl}; factor > 0: Llama 3.1's scaling (transformers' rope_type "llama3"): a pair whose
+   wavelength 2 pi / inv is under high_wl = original_max_pos / high_freq_factor keeps inv, one
+   over low_wl = original_max_pos / low_freq_factor gets inv / factor, and one between mixes
+   the two with s = (1/wl - 1/low_wl) / (1/high_wl - 1/low_wl), the same as transformers'
+   (original_max_pos / wl - low_freq_factor) / (high_freq_factor - low_freq_factor).  Copies:
+   ir_rope_inv_freq (ir/ir.h), loom_rope_inv_freq (codegen/cuda/kernels/data.cuh). */
+static inline double rt_rope_inv_freq(const double *f, int64_t j, int64_t Dh) {
+  double inv = pow(f[0], -2.0 * (double)j / (double)Dh);
+  if (!(f[1] > 0.0)) return inv;
+  double wl = 2.0 * 3.14159265358979323846 / inv;
+  if (wl < f[3]) return inv;
+  if (wl > f[2]) return inv / f[1];
+  double sm = (1.0 / wl - 1.0 / f[2]) / (1.0 / f[3] - 1.0 / f[2]);
+  return (1.0 - sm) * inv / f[1] + sm * inv;
 }
 
 /* Builtins: runtime/builtins.def lists them with their buffers, sizes and attributes. */
