@@ -241,12 +241,11 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
   json_t *s = json_loads(c.state_json, 0, &je);
   rc = compare_settings(o, s, dir, err, errlen);
   bool pieces = c.n_shards && ex->load_shards;   /* the executor takes its pieces itself */
-  if (rc) {
-  } else if (pieces) rc = ex->load_shards(ex->self, &c, err, errlen);
-  else if (c.n_shards) {
+  if (!rc && pieces) rc = ex->load_shards(ex->self, &c, err, errlen);
+  else if (!rc && c.n_shards) {
     rc = restore_shards(&c, ex->params, ex->n_params, dir, err, errlen);
     if (!rc) rc = restore_shards(&c, ex->state, ex->n_state, dir, err, errlen);
-  } else {
+  } else if (!rc) {
     rc = restore(&c.params, ex->params, ex->n_params, "parameter", dir, err, errlen);
     if (!rc) rc = restore(&c.state, ex->state, ex->n_state, "optimizer tensor", dir, err, errlen);
   }
@@ -433,6 +432,16 @@ static void parent_dir(const char *dir, char *out, size_t n) {
   else *slash = 0;
 }
 
+/* Locks o->save_dir for this run and removes dead writers' leftovers there. */
+static int take_save_dir(const TrainOptions *o, bool resumed_from, int *lock_fd, char *err, size_t errlen) {
+  int rc = ckpt_lock(o->save_dir, lock_fd, err, errlen);
+  if (rc) return rc;
+  ckpt_clean_tmp(o->save_dir, o->log);
+  if (resumed_from && o->log)
+    fprintf(o->log, "checkpoints go on into %s, the folder it resumed from (--save-dir D writes elsewhere)\n", o->save_dir);
+  return 0;
+}
+
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
 int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, size_t errlen) {
@@ -482,28 +491,21 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
       goto done;
     }
   }
+  /* one writer per save dir, locked before anything is read (a dead writer's unfinished
+     folders go); a resumed run without one goes on saving where it came from */
+  if (o->save_dir && !o->not_writer && (rc = take_save_dir(o, false, &lock_fd, err, errlen))) goto done;
   if ((rc = data_open(&dl, o->data, o->n_data, B, T, o->vocab, err, errlen))) goto done;
   if (o->resume && (rc = resume(ex, o, r, &dl, resumed, sizeof resumed, err, errlen))) goto done;
-  bool derived = !o->save_dir && resumed[0];
-  if (derived) {   /* a resumed run goes on saving where it came from */
+  if (!o->save_dir && resumed[0]) {
     parent_dir(resumed, resumed_dir, sizeof resumed_dir);
     local.save_dir = resumed_dir;
-  }
-  /* one writer per save dir; a dead writer's unfinished folders go */
-  if (derived && access(o->save_dir, W_OK)) {   /* someone else's checkpoints, read-only: use them, write none
-                                                   (every rank of a mesh decides alike: one file system) */
-    if (o->log) fprintf(o->log, "note: %s is not writable: this run writes no checkpoints (give --save-dir D)\n",
-                        o->save_dir);
-    local.save_dir = NULL;
-  }
-  if (o->save_dir && !o->not_writer) {
-    if ((rc = ckpt_lock(o->save_dir, &lock_fd, err, errlen))) {
+    if (access(o->save_dir, W_OK)) {   /* someone else's checkpoints, read-only: use them, write none
+                                          (every rank of a mesh decides alike: one file system) */
+      if (o->log) fprintf(o->log, "note: %s is not writable: this run writes no checkpoints (give --save-dir D)\n",
+                          o->save_dir);
+      local.save_dir = NULL;
+    } else if (!o->not_writer && (rc = take_save_dir(o, true, &lock_fd, err, errlen))) {
       goto done;
-    } else {
-      ckpt_clean_tmp(o->save_dir, o->log);
-      if (derived && o->log)
-        fprintf(o->log, "checkpoints go on into %s, the folder it resumed from (--save-dir D writes elsewhere)\n",
-                o->save_dir);
     }
   }
   if (o->metrics_path) {

@@ -116,6 +116,8 @@ int rt_expert_name(const char *name, int64_t e, char *buf, size_t n);
  * gone with it), or when the folder cannot be made or written.  *fd: keep it open while
  * writing; ckpt_unlock closes it. */
 #define CKPT_LOCK_NAME "loom.lock"
+/* mkdir -p: DIR and its missing parents (checkpoint.c). */
+int ckpt_mkdir_p(const char *dir, char *err, size_t errlen);
 int ckpt_lock(const char *save_dir, int *fd, char *err, size_t errlen);
 void ckpt_unlock(int fd);
 /* Removes the step_N.tmp.<pid> and step_N.old.<pid> folders of processes that no longer
