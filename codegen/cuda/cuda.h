@@ -4,7 +4,7 @@
  *   kernel.c   a fused `kernel func` -> one extern "C" __global__ kernel (grid-stride loops;
  *              reductions per output row, column or thread: deterministic orders)
  *   lower.c    every program function (after `fuse` and `memory-plan` with target CUDA) ->
- *              RtSteps; the translation unit: the kernel families of kernels/*.cuh (embedded
+ *              RtSteps; the translation unit: the kernel families of kernels/<family>.cuh (embedded
  *              at build time, listed in kernels.h: conversions, norms, loss, data movement,
  *              AdamW, flash attention, context parallelism's blocks, the KV cache, mixture of
  *              experts, mesh), the fused kernels (identical ones shared),
