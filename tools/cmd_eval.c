@@ -162,7 +162,7 @@ static int eval_cuda(const Module *m, const char *weights, const char *tokens, c
   if (rc) snprintf(err, errlen, "out of memory");
   if (!rc) rc = cuda_device_query(0, &info, err, errlen);
   if (!rc) rc = cuda_lower(m, &prog, &src, err, errlen);
-  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, err, errlen);
+  if (!rc) rc = nvrtc_compile_programs(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, NULL, err, errlen);
   if (!rc) have_cp = !(rc = cuda_program_init(&cp, &prog, image, n, 0, err, errlen));
   if (!rc) rc = cuda_load_params(&cp, &prog, weights, err, errlen);
   if (!rc && !(host = calloc((size_t)prog.n_globals + 1, sizeof *host))) {   /* the gradients read back */

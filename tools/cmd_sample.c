@@ -108,7 +108,7 @@ static int cuda_open(Module *m, const char *wpath, CudaDecode *d, char *err, siz
   bool is_cubin = false;
   int rc = cuda_device_query(0, &info, err, errlen);
   if (!rc) rc = cuda_lower(m, pp, &src, err, errlen);
-  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, err, errlen);
+  if (!rc) rc = nvrtc_compile_programs(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, NULL, err, errlen);
   if (!rc) d->have = !(rc = cuda_program_init(&d->cp, pp, image, n, 0, err, errlen));
   if (!rc) rc = cuda_globals_init(&d->cp, 0, err, errlen);   /* the caches' zeros */
   if (!rc) rc = cuda_load_params(&d->cp, pp, wpath, err, errlen);

@@ -4,6 +4,7 @@
  * at the end is the one public user of them. */
 #define LOOM_CUDA_INTERNAL 1
 #include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/nvrtc.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -556,6 +557,19 @@ static bool looks_binary(const unsigned char *b, size_t n) {
 
 static int load_module(CudaProgram *cp, const void *image, size_t n, char *err, size_t errlen) {
   const CudaDriverApi *d = cuda_driver(err, errlen);
+  /* a bundle of several NVRTC programs' cubins (nvrtc.h): a module each */
+  _Static_assert(sizeof cp->modules / sizeof *cp->modules >= NVRTC_MAX_PROGRAMS, "a module per program");
+  const unsigned char *parts[NVRTC_MAX_PROGRAMS];
+  size_t sizes[NVRTC_MAX_PROGRAMS];
+  int count = nvrtc_bundle_parts(image, n, parts, sizes, NVRTC_MAX_PROGRAMS);
+  if (count < 0) return fail(err, errlen, 2, "the program's CUDA module (%zu bytes) is a damaged bundle", n);
+  if (count > 1) {
+    for (int i = 0; i < count; i++) {
+      int rc = load_module(cp, parts[i], sizes[i], err, errlen);
+      if (rc) return rc;
+    }
+    return 0;
+  }
   const unsigned char *b = image;
   char *copy = NULL;
   const void *img = image;
@@ -581,7 +595,7 @@ static int load_module(CudaProgram *cp, const void *image, size_t n, char *err, 
     rc = cuda_cu_fail(r, "cuModuleLoadData", where, err, errlen);
   }
   free(jit_log);
-  cp->module = m;
+  if (!rc) cp->modules[cp->n_modules++] = m;
   return rc;
 }
 
@@ -597,7 +611,9 @@ static int load_kernels(CudaProgram *cp, char *err, size_t errlen) {
     CUfunction fn = NULL;
     char where[128];
     snprintf(where, sizeof where, "(kernel %s, #%d, is not in the CUDA module)", name, k);
-    if (CU(cuModuleGetFunction, (&fn, (CUmodule)cp->module, name), where)) return 1;
+    for (int m = 0; m < cp->n_modules - 1 && !fn; m++)   /* the last module says why it is missing */
+      if (d->cuModuleGetFunction(&fn, (CUmodule)cp->modules[m], name) != CUDA_SUCCESS) fn = NULL;
+    if (!fn && CU(cuModuleGetFunction, (&fn, (CUmodule)cp->modules[cp->n_modules - 1], name), where)) return 1;
     cp->fns[k] = fn;
     /* Launch limits of this kernel, checked once against every step that launches it. */
     uint32_t smem = 0, threads = 0;
@@ -734,7 +750,7 @@ void cuda_program_free(CudaProgram *cp) {
       if (cp->regions[r]) d->cuMemFree((CUdeviceptr)cp->regions[r]);
     if (cp->workspace) d->cuMemFree((CUdeviceptr)cp->workspace);
     if (cp->stream) d->cuStreamDestroy((CUstream)cp->stream);
-    if (cp->module) d->cuModuleUnload((CUmodule)cp->module);
+    for (int m = 0; m < cp->n_modules; m++) d->cuModuleUnload((CUmodule)cp->modules[m]);
   }
   /* A fault spoiled the context for the whole process: drop our reference, then reset it
      (others may hold it: NCCL's CUDA runtime does until exit), so the next user gets a fresh one. */

@@ -118,7 +118,8 @@ typedef struct {
   CudaDeviceInfo info;
   CudaOptions opt;
   void *ctx;               /* CUcontext (the device's primary context) */
-  void *module;            /* CUmodule */
+  void *modules[16];       /* CUmodule: one, or one per part of a bundle (nvrtc.h: NVRTC_MAX_PROGRAMS) */
+  int n_modules;
   void *stream;            /* CUstream */
   void *lt;                /* cublasLtHandle_t */
   void **fns;              /* CUfunction per kernel [p->n_kernels] */
