@@ -477,7 +477,6 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
       rc = 2;
       goto done;
     }
-    val_windows = o->val_tokens > 0 ? (o->val_tokens + B * T - 1) / (B * T) : 10;
     r->val_losses = malloc(sizeof(float) * (size_t)(o->steps + 1));
     if (!r->val_losses) {
       snprintf(err, errlen, "out of memory");
@@ -490,6 +489,17 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
       snprintf(err + k, errlen - k, " (a validation shard, --val-data)");
       goto done;
     }
+    /* --val-tokens: at most what the validation shards hold (more would repeat them, and a
+       hostile count would run for ever); windows rounded up without overflowing */
+    int64_t held = 0;
+    for (int i = 0; i < vl.n_shards; i++) held += vl.shards[i].count;
+    if (o->val_tokens > held) {
+      snprintf(err, errlen, "--val-tokens %lld: the validation shards (--val-data) hold %lld tokens; give at most %lld "
+               "(or leave it out: 10 micro-batches)", (long long)o->val_tokens, (long long)held, (long long)held);
+      rc = 2;
+      goto done;
+    }
+    val_windows = o->val_tokens > 0 ? o->val_tokens / (B * T) + (o->val_tokens % (B * T) != 0) : 10;
   }
   /* one writer per save dir, locked before anything is read (a dead writer's unfinished
      folders go); a resumed run without one goes on saving where it came from */

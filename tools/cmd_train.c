@@ -209,6 +209,7 @@ int cmd_train(int argc, char **argv) {
   Input in;
   Backend backend;
   rc = train_prepare(&ta, spec, &in, &backend, err, sizeof err);
+  if (!rc) rc = run_check_memory(in.m, &in.spec, backend, err, sizeof err);   /* before any buffer (resources.c) */
   if (!rc && in.spec.n_data == 0) {
     snprintf(err, sizeof err, "no training data: give --data SHARD... (make one with 'loom data TEXT -o SHARD.bin') "
              "or set \"data\" in %s", spec);
