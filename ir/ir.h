@@ -16,7 +16,11 @@
  *   verify.c   the verifier: types, shapes, shardings, SSA order; names the bad op
  *   print.c    the text form
  *   parse.c    the text form back into a module; file:line:col errors
- *   interp.c   reference executor (interp_ops.c: the meaning of every op)
+ *   interp.c   reference executor (interp_ops.c: the meaning of every op; interp_moe.c: the
+ *              mixture-of-experts ops; interp_ops.h)
+ *   schedule.c pipeline schedules as data (ir/schedule.h): the pass and the executors share them
+ *   fmath.h    loom's exp and tanh, the definitions every backend's kernels follow
+ *   ops.def    every op, defined once (runtime/builtins.def names the ops the runtime runs whole)
  *
  * Errors are values: functions that can fail return 0 on success, IR_EINPUT (2) for bad
  * input or IR_ERUN (1) for a run-time failure, and write a message into `err`.
@@ -24,6 +28,7 @@
 #ifndef LOOM_IR_H
 #define LOOM_IR_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -126,7 +131,7 @@ typedef struct {      /* (fields ordered to pack: every op holds IR_MAX_ATTRS of
   bool set;           /* given (or defaulted); a required attribute left unset fails verify */
 } Attr;
 
-#define IR_MAX_ATTRS 8
+#define IR_MAX_ATTRS 10   /* rope: 6 + Llama 3.1 scaling's 4 */
 typedef struct {
   const char *name;
   AttrKind kind;
@@ -147,7 +152,6 @@ typedef struct {
 const OpInfo *op_info(OpKind k);
 int op_n_writes(OpKind k);      /* how many leading operands the op writes (0 if pure) */
 int op_lookup(const char *name, size_t n, OpKind *out);   /* 0 ok, -1 unknown */
-const char *op_class_name(OpClass c);
 /* Async collectives (ops.def): the start of a collective kind (all_reduce, all_gather,
    reduce_scatter, all_to_all), or OP_COUNT when it has none; and back from a start to the
    collective it begins (any other kind: itself). */
@@ -189,6 +193,10 @@ struct Op {
 typedef enum { INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_CONST } InitKind;
 typedef struct { InitKind kind; double value; } Init;   /* normal: value = std */
 
+/* Gradient and optimizer-state globals are named "<prefix><parameter name>".    The autodiff and optimizer passes make them; the executors and the lowering read them. */
+#define GRAD_PREFIX "grad."
+#define ADAM_M_PREFIX "adam_m."
+#define ADAM_V_PREFIX "adam_v."
 typedef enum { GLOBAL_PARAM, GLOBAL_STATE } GlobalKind;
 struct Global {
   GlobalKind kind;
@@ -284,8 +292,6 @@ Op *func_add_op(Func *f, OpKind k, Value **operands, int n_operands, const Type 
 Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types);
 /* For ops with a variadic result count (call): n_results given. */
 Op *op_new_n(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types, int n_results);
-/* Appends `call @callee(operands)` with results typed like callee's returns. */
-Op *func_add_call(Func *f, Func *callee, Value **operands, int n_operands);
 void value_set_name(Module *m, Value *v, const char *name);
 /* Numbers args, then op results in order (Value.id), returns the count. */
 int func_number(Func *f);
@@ -412,6 +418,24 @@ static inline int64_t ir_seq_pos(int64_t c, int64_t t, int64_t L, int64_t n, boo
   if (!zigzag) return c * L + t;
   int64_t h = L / 2;
   return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);
+}
+
+/* RoPE's inverse frequency of pair j of Dh (rope and rope_at, ops.def): theta^(-2j/Dh), and
+   with factor > 0 Llama 3.1's scaling as transformers' rope_type "llama3" computes it: a pair
+   whose wavelength wl = 2 pi / inv is under orig / high_freq_factor keeps inv, one over
+   orig / low_freq_factor gets inv / factor, one between (1 - s) inv / factor + s inv with
+   s = (orig / wl - low_freq_factor) / (high_freq_factor - low_freq_factor).
+   (runtime/program.h has the runtime's copy, rt_rope_inv_freq.) */
+static inline double ir_rope_inv_freq(const Op *op, int64_t j, int64_t Dh) {
+  double inv = pow(op_float(op, "theta"), -2.0 * (double)j / (double)Dh);
+  double factor = op_float(op, "factor");
+  if (!(factor > 0.0)) return inv;
+  double lo = op_float(op, "low_freq_factor"), hi = op_float(op, "high_freq_factor");
+  double orig = (double)op_int(op, "original_max_pos"), wl = 2.0 * 3.14159265358979323846 / inv;
+  if (wl < orig / hi) return inv;
+  if (wl > orig / lo) return inv / factor;
+  double s = (orig / wl - lo) / (hi - lo);
+  return (1.0 - s) * inv / factor + s * inv;
 }
 
 #endif

@@ -86,10 +86,15 @@ static const char help[] =
   "                        metrics.json (losses, grad_norms, lrs, val_losses)\n"
   "  --dtype f32|bf16      the weights of --out DIR/ (default f32)\n"
   "  --tokenizer T.json    copied into --out DIR/ as tokenizer.json\n"
-  "  --save-dir D          write checkpoints to D (at the end, and every --save-every K steps)\n"
+  "  --save-dir D          write checkpoints to D (at the end, every --save-every K steps, and when\n"
+  "                        stopped by Ctrl-C or SIGTERM); one run at a time writes D (D/loom.lock)\n"
   "  --save-every K\n"
-  "  --resume D            continue from the newest complete checkpoint in D (or a step folder);\n"
-  "                        the continued run reproduces the uninterrupted one bit for bit\n"
+  "  --resume D            continue from the newest complete checkpoint in D (or a step folder; a\n"
+  "                        damaged newest one is skipped for the one before), saving on into D\n"
+  "                        unless --save-dir says otherwise; the continued run reproduces the\n"
+  "                        uninterrupted one bit for bit.  Settings that differ from the checkpoint's\n"
+  "                        (--steps, --batch, --lr, --seed, ...) are refused, listed\n"
+  "  --allow-changes       resume with the settings given although they differ (each change printed)\n"
   "execution:\n"
   "  --backend cpu|cuda|ref  cuda: CUDA kernels compiled by NVRTC, cuBLASLt (default on one rank\n"
   "                        when a GPU is present); cpu: fused kernels JIT-compiled with LLVM,\n"
@@ -103,8 +108,13 @@ static const char help[] =
   "                        aborted on every rank, with a report of the last collectives\n"
   "  --threads N           cpu backend threads, shared by a mesh's ranks (default: LOOM_THREADS\n"
   "                        or every core)\n"
+  "the pass pipeline (as loom ir; --dump-dir also keeps a failing pass's reproducer):\n"
+  PASS_HOOKS_HELP
   "  -q, --quiet           no per-step lines\n"
   "  -h, --help            show this help\n"
+  "\n"
+  "Ctrl-C (SIGINT) or SIGTERM: the step in flight finishes, a checkpoint is written (with --save-dir),\n"
+  "the summary printed, and loom exits 130 / 143; a second one ends it at once (docs/checkpoints.md).\n"
   "\n"
   "examples:\n"
   "  loom train                                    # the built-in demo\n"
@@ -232,38 +242,19 @@ int cmd_train(int argc, char **argv) {
     RunPlan plan = {{s->steps, s->grad_accum, s->warmup, s->lr, s->min_lr, data, s->n_data, s->model.vocab_size,
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
                      ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
-                     ta.peak_tflops * 1e12, ta.log_experts, false},
+                     ta.peak_tflops * 1e12, ta.log_experts, false, ta.allow_changes},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16, NULL};
-    /* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per
-       micro-batch; in a pipeline, every chunk's forward and backward functions per micro-batch,
-       over the pp ranks (the bubble is then lost time, as MFU counts it) */
-    Func *gs = module_find_func(in.m, "grad_step");
-    if (ta.peak_tflops > 0 && gs) {
-      double mm = 0, at = 0;
-      flops_of(gs, &mm, &at);
-      plan.opt.flops_per_step = (mm + at) * (double)s->grad_accum;
-    } else if (ta.peak_tflops > 0 && in.m->pipe.chunks > 0) {
-      double total = 0;
-      for (int i = 0; i < in.m->funcs.n; i++) {
-        const Func *f = in.m->funcs.items[i];
-        if (strncmp(f->name, "fwd.c", 5) && strncmp(f->name, "bwd.c", 5) && strncmp(f->name, "bwd_b.c", 7) &&
-            strncmp(f->name, "bwd_w.c", 7))
-          continue;
-        double mm = 0, at = 0;
-        flops_of(f, &mm, &at);
-        total += mm + at;
-      }
-      plan.opt.flops_per_step = total * (double)in.m->pipe.micro / (double)in.m->mesh.size[AX_PP];
-    }
+    if (ta.peak_tflops > 0) plan.opt.flops_per_step = driver_step_flops(in.m, s->grad_accum);
     if (cuda_mesh) plan_for_rank(&plan, le.rank);
-    rc = cuda_mesh                 ? run_training_cuda_rank(in.m, &plan, err, sizeof err)
-         : backend == BACKEND_CPU  ? run_training_cpu(in.m, &plan, err, sizeof err)
-         : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)
-                                   : run_training(in.m, &plan, err, sizeof err);
+    rc = driver_train(in.m, backend, &plan, err, sizeof err);
     free(settings);
   }
   module_free(in.m);
   if (demo_dir[0]) remove_demo(demo_dir);
+  if (train_stopped(rc) && err[0]) {   /* stopped by a signal, cleanly: not an error */
+    fprintf(stderr, "loom: %s\n", err);
+    return rc;
+  }
   return report(rc, err);
 }

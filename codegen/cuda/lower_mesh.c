@@ -5,7 +5,7 @@
  *     calls on the communicator of their axis (runtime/cuda/cuda_exec.h, "collectives");
  *   - their async halves (the overlap pass) are RT_B_COLL_START (the collective with its
  *     handle in front) and RT_B_COLL_WAIT, as on the CPU;
- *   - shard_slice, shard_pad, target_pick and onehot are kernels of prelude_mesh.h whose
+ *   - shard_slice, shard_pad, target_pick and onehot are kernels of kernels/mesh.cuh whose
  *     i[] ends with the rank's coordinate on a mesh axis, written by the runtime before the
  *     launch (RtStep.coord_at; the lowering writes 0);
  *   - send and recv are RT_B_SEND / RT_B_RECV steps with program.h's i[] (n, axis, size,
@@ -15,7 +15,7 @@
  *     NCCL could not pair or run without deadlock.  To a fixed rank (rel=0: a pipeline's
  *     chunk functions, peer the pp coordinate) the step copies between its buffer and a
  *     staging slot, and the pipeline driver exchanges the slots between its calls
- *     (tools/exec_cuda_pipe.c).
+ *     (runtime/exec/exec_cuda_pipe.c).
  *   - all_to_allv (expert parallelism): RT_B_ALL_TO_ALLV, its counts read on the host.
  * Refused here: a ring transfer to the rank itself, a fixed peer outside the axis, and an
  * element type NCCL does not move. */

@@ -5,66 +5,6 @@
 
 #include "runtime/cpu/cpu_kernels.h"
 
-static const struct {
-  const char *name;
-  int n_in, n_out;   /* -1: variadic (concat) */
-} info[RT_B_COUNT] = {
-  [RT_B_LAYERNORM] = {"layernorm", 3, 1},
-  [RT_B_LAYERNORM_GRAD] = {"layernorm_grad", 3, 3},
-  [RT_B_RMSNORM] = {"rmsnorm", 2, 1},
-  [RT_B_RMSNORM_GRAD] = {"rmsnorm_grad", 3, 2},
-  [RT_B_SOFTMAX] = {"softmax", 1, 1},
-  [RT_B_SOFTMAX_GRAD] = {"softmax_grad", 2, 1},
-  [RT_B_ATTENTION] = {"attention", 3, 1},
-  [RT_B_ATTENTION_GRAD] = {"attention_grad", 4, 3},
-  [RT_B_ROPE] = {"rope", 1, 1},
-  [RT_B_ATTN_BLOCK] = {"attention_block", 3, 2},
-  [RT_B_ATTN_BLOCK_GRAD] = {"attention_block_grad", 6, 3},
-  [RT_B_ROPE_AT] = {"rope_at", 2, 1},
-  [RT_B_ATTN_CACHED] = {"attention_cached", 4, 1},
-  [RT_B_KV_WRITE] = {"kv_write", 3, 0},
-  [RT_B_TOPK] = {"topk", 1, 1},
-  [RT_B_GATHER_LAST] = {"gather_last", 2, 1},
-  [RT_B_SCATTER_LAST] = {"scatter_last", 2, 1},
-  [RT_B_MOE_SORT] = {"moe_sort", 1, 1},
-  [RT_B_MOE_COUNT] = {"moe_count", 1, 1},
-  [RT_B_MOE_DISPATCH] = {"moe_dispatch", 3, 1},
-  [RT_B_MOE_COMBINE] = {"moe_combine", 3, 1},
-  [RT_B_MOE_WEIGHT_GRAD] = {"moe_weight_grad", 3, 1},
-  [RT_B_GROUPED_MATMUL] = {"grouped_matmul", 3, 1},
-  [RT_B_GROUPED_WGRAD] = {"grouped_matmul_wgrad", 3, 1},
-  [RT_B_CROSS_ENTROPY] = {"cross_entropy", 2, 1},
-  [RT_B_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", 3, 1},
-  [RT_B_EMBEDDING] = {"embedding", 2, 1},
-  [RT_B_EMBEDDING_GRAD] = {"embedding_grad", 2, 1},
-  [RT_B_TRANSPOSE] = {"transpose", 1, 1},
-  [RT_B_SLICE] = {"slice", 1, 1},
-  [RT_B_PAD] = {"pad", 1, 1},
-  [RT_B_CONCAT] = {"concat", -1, 1},
-  [RT_B_BROADCAST] = {"broadcast", 1, 1},
-  [RT_B_COPY] = {"copy", 1, 1},
-  [RT_B_CAST] = {"cast", 1, 1},
-  [RT_B_FILL] = {"fill", 0, 1},
-  [RT_B_IOTA] = {"iota", 0, 1},
-  [RT_B_ACCUMULATE] = {"accumulate", 2, 0},
-  [RT_B_ASSIGN] = {"assign", 2, 0},
-  [RT_B_ADAMW] = {"adamw", 7, -1},   /* 0 outputs (in place) or 3 (p2 m2 v2) */
-  [RT_B_TARGET_PICK] = {"target_pick", 2, 1},
-  [RT_B_ONEHOT] = {"onehot", 1, 1},
-  [RT_B_ALL_REDUCE] = {"all_reduce", 1, 1},
-  [RT_B_ALL_GATHER] = {"all_gather", 1, 1},
-  [RT_B_REDUCE_SCATTER] = {"reduce_scatter", 1, 1},
-  [RT_B_ALL_TO_ALL] = {"all_to_all", 1, 1},
-  [RT_B_SHARD_SLICE] = {"shard_slice", 1, 1},
-  [RT_B_SHARD_PAD] = {"shard_pad", 1, 1},
-  [RT_B_ALL_TO_ALLV] = {"all_to_allv", 3, 1},
-  [RT_B_SEND] = {"send", 1, 0},
-  [RT_B_RECV] = {"recv", 0, 1},
-  [RT_B_COLL_START] = {"collective_start", 1, 1},
-  [RT_B_COLL_WAIT] = {"collective_wait", 1, 1},
-};
-
-const char *cpu_builtin_name(RtBuiltin b) { return (unsigned)b < RT_B_COUNT ? info[b].name : "?"; }
 
 /* ---------------------------------------------------------------- checks */
 
@@ -76,7 +16,7 @@ typedef struct {
 } Chk;
 
 static void bad(Chk *c, const char *what) {
-  if (!c->rc) snprintf(c->err, c->errlen, "builtin %s (%s): %s", cpu_builtin_name((RtBuiltin)c->st->which),
+  if (!c->rc) snprintf(c->err, c->errlen, "builtin %s (%s): %s", rt_builtin_name(c->st->which),
                        c->st->label, what);
   c->rc = 2;
 }
@@ -122,8 +62,8 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     snprintf(err, errlen, "step %s is not a known builtin", st->label);
     return 2;
   }
-  int n_in = info[st->which].n_in < 0 ? st->n_in : info[st->which].n_in;
-  bool n_out_ok = info[st->which].n_out < 0 ? st->n_out == 0 || st->n_out == 3 : st->n_out == info[st->which].n_out;
+  int n_in = rt_builtins[st->which].n_in < 0 ? st->n_in : rt_builtins[st->which].n_in;
+  bool n_out_ok = rt_builtins[st->which].n_out < 0 ? st->n_out == 0 || st->n_out == 3 : st->n_out == rt_builtins[st->which].n_out;
   if (st->n_in != n_in || !n_out_ok || st->n_in + st->n_out > RT_MAX_BUFS) {
     bad(&c, "wrong number of buffers");
     return c.rc;
@@ -155,6 +95,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     int64_t nq = rt_smul(rt_smul(i[0], i[1]), rt_smul(i[2], i[3])), nk = rt_smul(rt_smul(i[0], i[4]), rt_smul(i[5], i[3]));
     if (i[5] <= 0 || i[2] % i[5]) bad(&c, "query heads must be a multiple of kv heads");
     if (i[6] && i[1] > i[4]) bad(&c, "causal attention with more queries than keys");
+    if (i[7] < 0) bad(&c, "a negative sliding window");
     int o = st->which == RT_B_ATTENTION_GRAD;
     if (o) want(&c, 0, nq, 0);
     want(&c, o, nq, 0), want(&c, o + 1, nk, 0), want(&c, o + 2, nk, 0);
@@ -178,6 +119,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     nonneg(&c, 0, 6);
     int64_t nq = prod(i, 4), nk = rt_smul(rt_smul(i[0], i[4]), rt_smul(i[5], i[3]));
     if (i[5] <= 0 || i[2] % i[5]) bad(&c, "query heads must be a multiple of kv heads");
+    if (i[6] < 0) bad(&c, "a negative sliding window");
     want(&c, 0, nq, 0), want(&c, 1, nk, 0), want(&c, 2, nk, 0), want(&c, 3, rt_smul(i[0], i[1]), 1), want(&c, 4, nq, 0);
     break;
   }
@@ -196,6 +138,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     if (i[7] < 0 || i[7] > 5 || i[8] < 1 || i[10] < -1 || i[10] >= i[8] || (i[9] && i[1] % 2) ||
         i[4] != (i[10] < 0 ? rt_smul(i[8], i[1]) : i[1]))
       bad(&c, "the sequence split (axis, size, zigzag, kv_shift, keys) is not valid");
+    if (i[12] < 0) bad(&c, "a negative sliding window");
     if (st->which == RT_B_ATTN_BLOCK) {
       want(&c, 0, nq, 0), want(&c, 1, nk, 0), want(&c, 2, nk, 0), want(&c, 3, nq, 0), want(&c, 4, nl, 0);
     } else {
@@ -402,27 +345,28 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
   case RT_B_SOFTMAX: cpu_softmax(tp, b[0], b[1], i[0], i[1]); break;
   case RT_B_SOFTMAX_GRAD: cpu_softmax_grad(tp, b[0], b[1], b[2], i[0], i[1]); break;
   case RT_B_ATTENTION:
-    rc = cpu_attention(tp, b[0], b[1], b[2], b[3], i[0], i[1], i[2], i[3], i[4], i[5], i[6] != 0, (float)f[0], err,
-                       errlen);
+    rc = cpu_attention(tp, b[0], b[1], b[2], b[3], i[0], i[1], i[2], i[3], i[4], i[5], i[6] != 0, i[7], (float)f[0],
+                       err, errlen);
     break;
   case RT_B_ATTENTION_GRAD:
     rc = cpu_attention_grad(tp, b[0], b[1], b[2], b[3], b[4], b[5], b[6], i[0], i[1], i[2], i[3], i[4], i[5],
-                            i[6] != 0, (float)f[0], err, errlen);
+                            i[6] != 0, i[7], (float)f[0], err, errlen);
     break;
   case RT_B_ROPE:
-    rc = cpu_rope(tp, b[0], b[1], i[0], i[1], i[2], i[3], i[4], i[5] != 0, f[0], seq_coord(comm, i[6]), i[7], i[8] != 0,
+    rc = cpu_rope(tp, b[0], b[1], i[0], i[1], i[2], i[3], i[4], i[5] != 0, f, seq_coord(comm, i[6]), i[7], i[8] != 0,
                   err, errlen);
     break;
-  case RT_B_ROPE_AT: rc = cpu_rope_at(tp, b[0], b[1], b[2], i[0], i[1], i[2], i[3], f[0], err, errlen); break;
+  case RT_B_ROPE_AT: rc = cpu_rope_at(tp, b[0], b[1], b[2], i[0], i[1], i[2], i[3], f, err, errlen); break;
   case RT_B_ATTN_CACHED:
-    rc = cpu_attention_cached(tp, b[0], b[1], b[2], b[3], b[4], i[0], i[1], i[2], i[3], i[4], i[5], (float)f[0], err,
-                              errlen);
+    rc = cpu_attention_cached(tp, b[0], b[1], b[2], b[3], b[4], i[0], i[1], i[2], i[3], i[4], i[5], i[6], (float)f[0],
+                              err, errlen);
     break;
   case RT_B_KV_WRITE: rc = cpu_kv_write(b[0], b[1], b[2], i[0], i[1], i[2], i[3], err, errlen); break;
   case RT_B_ATTN_BLOCK:
   case RT_B_ATTN_BLOCK_GRAD: {
     CpuAttnBlock ab = {.B = i[0], .Tq = i[1], .H = i[2], .Dh = i[3], .Tk = i[4], .KV = i[5], .causal = i[6] != 0,
-                       .c = seq_coord(comm, i[7]), .n = i[8], .zigzag = i[9] != 0, .kv_shift = i[10], .scale = (float)f[0]};
+                       .c = seq_coord(comm, i[7]), .n = i[8], .zigzag = i[9] != 0, .kv_shift = i[10], .window = i[12],
+                       .scale = (float)f[0]};
     if (st->which == RT_B_ATTN_BLOCK) rc = cpu_attn_block(tp, &ab, b[0], b[1], b[2], b[3], b[4], err, errlen);
     else rc = cpu_attn_block_grad(tp, &ab, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], err, errlen);
     break;
