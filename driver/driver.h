@@ -23,6 +23,9 @@
 
 /* ---- hardware.c: a hardware description (models/hardware/NAME.json or a path) ---- */
 int hardware_load(const char *hw_arg, Hardware *hw, char *err, size_t errlen);
+/* share.c: PREFIX/share/loom/REL beside an installed loom, else the source tree's REL; -1
+   when neither is readable (out then holds the source tree's path, for messages). */
+int loom_share_path(const char *rel, char *out, size_t n);
 
 /* ---- a model: from a spec (built by the frontend) or an .ir file (parsed) ---- */
 typedef struct {

@@ -47,10 +47,6 @@ int cmd_plan(int argc, char **argv);
 #include "runtime/io/safetensors.h"
 double diff_rel_err(const StTensor *a, const StTensor *b, double *max_abs, double *max_ref, char *err, size_t errlen);
 
-/* ---- share.c: PREFIX/share/loom/REL beside an installed loom, else the source tree's REL;
-   -1 when neither is readable (out then holds the source tree's path, for messages) ---- */
-int loom_share_path(const char *rel, char *out, size_t n);
-
 /* ---- resources.c: does the run fit this machine (see the file) ---- */
 /* Bytes of memory this process may use, and *what limits it ("physical memory", a cgroup's, ulimit -v's). */
 double machine_memory(const char **what);

@@ -1,4 +1,4 @@
-/* tools/share.c — the files loom reads at run time besides its input (the hardware
+/* driver/share.c — the files loom reads at run time besides its input (the hardware
  * descriptions of models/hardware/, tools/make_golden.py): where an installed loom keeps
  * them, PREFIX/share/loom/ beside PREFIX/bin/loom (CMakeLists.txt's install rules), found
  * from the executable's own path so that a copy of the prefix moved anywhere works; else
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tools/tools.h"
+#include "driver/driver.h"
 
 #ifndef LOOM_SOURCE_DIR
 #define LOOM_SOURCE_DIR "."
