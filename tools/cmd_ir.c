@@ -337,6 +337,13 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
            rank, (long long)world, (long long)coord[AX_DP], (long long)coord[AX_TP], (long long)coord[AX_CP],
            (long long)coord[AX_PP], (long long)coord[AX_EP]);
   }
+  if (memory) {   /* what the figures assume */
+    if (in.from_spec)
+      printf("for batch %lld x seq %lld per micro-batch (the spec's; --batch and --seq change them)\n",
+             (long long)in.spec.batch, (long long)in.spec.seq);
+    else
+      printf("for the shapes written in %s\n", input);
+  }
   if (memory && in.m->pipe.kind) {   /* per pp rank: its state and the stash its schedule holds at most */
     Schedule s;
     if ((rc = schedule_build(in.m->pipe.kind, (int)in.m->mesh.size[AX_PP], (int)in.m->pipe.virt, (int)in.m->pipe.micro, &s,

@@ -1237,6 +1237,9 @@ int cmd_plan(int argc, char **argv) {
     for (int i = 0; i < n; i++) n_pruned += cs[i].pruned;
     printf("%d candidates (%d stopped at a lower bound), %d not buildable, %d compiles in %.2f s; the best %d, compiled "
            "whole:\n", n + refused, n_pruned, refused, x.compiles, elapsed, shown);
+    if (hw.eff_matmul >= 1 && hw.eff_attention >= 1 && hw.eff_memory >= 1 && hw.eff_link >= 1)
+      printf("MFU is an upper bound (and step time a lower one): %s's efficiencies are 1, its datasheet peaks (docs/time-model.md)\n",
+             hw.name);
     printf("  %-3s %-52s %10s %10s %12s %6s  %s\n", "#", "layout", "mem GiB", "step ms", "tok/s/dev", "MFU", "biggest loss");
     for (int i = 0; i < shown; i++) {
       const Cand *c = &best[i];

@@ -100,7 +100,7 @@ static const char help[] =
   "                        when a GPU is present); cpu: fused kernels JIT-compiled with LLVM,\n"
   "                        GEMMs in OpenBLAS (the default otherwise, and for a mesh: every rank\n"
   "                        a thread); ref: the reference executor (one rank or a mesh).\n"
-  "                        cuda with a mesh (dp, tp, sp, cp, ep, ZeRO; not yet pp): one process per\n"
+  "                        cuda with a mesh (dp, tp, sp, cp, ep, ZeRO, pp): one process per\n"
   "                        GPU over NCCL, started by loom itself or by torchrun, srun or mpirun\n"
   "                        (their RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, SLURM_*, OMPI_*); rank 0\n"
   "                        prints and writes the outputs\n"

@@ -119,8 +119,31 @@ int hf_export_dir_config(const char *dir, const json_t *model, const StTensor *p
   json_t *gen = json_object();
   json_object_set_new(gen, "_from_model_config", json_true());
   const char *ids[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+  /* Special token ids past the vocabulary (GPT-2's 50256 kept in the config of a model with
+     a smaller vocabulary) make transformers warn and generate() never stop: written as null. */
+  json_int_t vocab = json_integer_value(json_object_get(cfg, "vocab_size"));
+  /* a GPT-2 config without them gets transformers' GPT2Config defaults: 50256 for bos and eos */
+  const char *type = json_string_value(json_object_get(cfg, "model_type"));
+  json_t *gpt2_default = json_integer(50256);
+  for (int k = 0; k < 3 && vocab > 0; k++) {
+    json_t *v = json_object_get(cfg, ids[k]);
+    if (!v && k < 2 && type && !strcmp(type, "gpt2")) v = gpt2_default;
+    bool fits = !v || json_is_null(v) || (json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < vocab);
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v); i++) {
+      json_t *e = json_array_get(v, i);
+      fits = json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < vocab;
+      if (!fits) break;
+    }
+    if (json_is_array(v) && json_array_size(v) == 0) fits = true;
+    if (fits) continue;
+    if (log) fprintf(log, "%s/config.json: %s is outside the model's %lld tokens: written as null\n", dir, ids[k],
+                     (long long)vocab);
+    json_object_set_new(cfg, ids[k], json_null());
+  }
+  json_decref(gpt2_default);
   for (int k = 0; k < 3; k++)
-    if (json_object_get(cfg, ids[k])) json_object_set(gen, ids[k], json_object_get(cfg, ids[k]));
+    if (json_object_get(cfg, ids[k]) && !json_is_null(json_object_get(cfg, ids[k])))
+      json_object_set(gen, ids[k], json_object_get(cfg, ids[k]));
   rc = write_json(dir, "config.json", cfg, err, errlen);
   if (!rc) rc = write_json(dir, "generation_config.json", gen, err, errlen);
   json_decref(cfg);
