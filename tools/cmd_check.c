@@ -220,9 +220,13 @@ static int read_golden(Golden *g, char *err, size_t errlen) {
              lg ? "loss" : "logits");
     return EXIT_USAGE;
   }
+  /* a one-element loss [1] (numpy.ascontiguousarray of a scalar) is the scalar */
+  if (ls->rank == 1 && ls->shape[0] == 1)
+    for (int k = 0; k < g->exp.n; k++)
+      if (&g->exp.tensors[k] == ls) g->exp.tensors[k].rank = 0;
   if (lg->rank != 3 || lg->shape[0] != g->batch || lg->shape[1] != g->seq || ls->rank != 0) {
     snprintf(err, errlen, "%s: logits is [%lld,%lld,%lld] (rank %d) and loss has rank %d, but golden.json says batch %lld x "
-             "seq %lld: logits must be [%lld,%lld,vocab] and loss a scalar", g->expected,
+             "seq %lld: logits must be [%lld,%lld,vocab] and loss a scalar (or [1])", g->expected,
              (long long)(lg->rank > 0 ? lg->shape[0] : 0), (long long)(lg->rank > 1 ? lg->shape[1] : 0),
              (long long)(lg->rank > 2 ? lg->shape[2] : 0), lg->rank, ls->rank, (long long)g->batch, (long long)g->seq,
              (long long)g->batch, (long long)g->seq);

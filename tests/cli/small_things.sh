@@ -1,7 +1,8 @@
 # tests/cli/small_things.sh — issue 29 section 5's small things: --out DIR/'s config.json
 # carries special token ids that fit the vocabulary; `loom ir --memory` says the batch x seq
 # its figures are for; `loom plan` says its MFU is an upper bound while the hardware's
-# efficiencies are 1; `loom train --help` says the CUDA mesh runs pipelines.
+# efficiencies are 1; `loom train --help` says the CUDA mesh runs pipelines; `loom check`
+# takes a one-element loss [1] for the scalar.
 # usage: bash tests/cli/small_things.sh PATH-TO-LOOM [PATH-TO-ST_DIFF]   (from the repository root)
 LOOM=${1:-}
 ST_DIFF=${2:-}
@@ -27,4 +28,9 @@ expect_exit 0 "loom plan" "$LOOM" plan models/gpt2-tiny.json --gpus 2
 expect_stdout_contains "MFU is an upper bound (and step time a lower one)"
 expect_exit 0 "loom train --help" "$LOOM" train --help
 expect_stdout_contains "cuda with a mesh (dp, tp, sp, cp, ep, ZeRO, pp)"
+# loom check: a golden whose loss is [1] (numpy.ascontiguousarray of a scalar) is the scalar
+cp -r tests/golden/gpt2-tiny "$TMP/g"
+st_edit_header tests/golden/gpt2-tiny/expected.safetensors "$TMP/g/expected.safetensors" 's/"loss":{"dtype":"F32","shape":\[\]/"loss":{"dtype":"F32","shape":[1]/'
+check "  the golden's loss is now [1]" grep -q '"loss":{"dtype":"F32","shape":\[1\]' "$TMP/g/expected.safetensors"
+expect_exit 0 "loom check of a golden whose loss is [1]" "$LOOM" check "$TMP/g" --backend cpu --precision fp32
 finish
