@@ -210,6 +210,17 @@ int cmd_train(int argc, char **argv) {
   Backend backend;
   rc = train_prepare(&ta, spec, &in, &backend, err, sizeof err);
   if (!rc) rc = run_check_memory(in.m, &in.spec, backend, err, sizeof err);   /* before any buffer (resources.c) */
+  /* --trace-out is written by a cpu mesh (pipelines included) and a pipeline on ref: refused
+     before step 1 where it would write nothing */
+  if (!rc && ta.trace_out &&
+      !((backend == BACKEND_CPU && mesh_world(&in.m->mesh) > 1) || (backend == BACKEND_REF && in.m->pipe.kind))) {
+    snprintf(err, sizeof err, "--trace-out %.1000s: the measured timeline is recorded for a mesh or a pipeline on the "
+             "cpu backend (each rank's compute and communication), and this run is %s: nothing would be written; "
+             "drop --trace-out (LOOM_PROFILE=1 prints one rank's time per kernel)", ta.trace_out,
+             backend == BACKEND_CUDA ? "on the cuda backend" : backend == BACKEND_REF ? "a ref run without a pipeline"
+                                                                                     : "a single rank");
+    rc = EXIT_USAGE;
+  }
   if (!rc && in.spec.n_data == 0) {
     snprintf(err, sizeof err, "no training data: give --data SHARD... (make one with 'loom data TEXT -o SHARD.bin') "
              "or set \"data\" in %s", spec);

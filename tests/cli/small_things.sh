@@ -2,7 +2,7 @@
 # carries special token ids that fit the vocabulary; `loom ir --memory` says the batch x seq
 # its figures are for; `loom plan` says its MFU is an upper bound while the hardware's
 # efficiencies are 1; `loom train --help` says the CUDA mesh runs pipelines; `loom check`
-# takes a one-element loss [1] for the scalar.
+# takes a one-element loss [1] for the scalar; --trace-out on one rank is refused, not ignored.
 # usage: bash tests/cli/small_things.sh PATH-TO-LOOM [PATH-TO-ST_DIFF]   (from the repository root)
 LOOM=${1:-}
 ST_DIFF=${2:-}
@@ -28,6 +28,12 @@ expect_exit 0 "loom plan" "$LOOM" plan models/gpt2-tiny.json --gpus 2
 expect_stdout_contains "MFU is an upper bound (and step time a lower one)"
 expect_exit 0 "loom train --help" "$LOOM" train --help
 expect_stdout_contains "cuda with a mesh (dp, tp, sp, cp, ep, ZeRO, pp)"
+# --trace-out: refused before step 1 where nothing would be written; a cpu mesh writes it
+expect_exit 2 "--trace-out on one rank" "$LOOM" train models/gpt2-tiny.json --data $K --steps 1 -q --trace-out "$TMP/t1.json"
+expect_stderr_contains "--trace-out $TMP/t1.json: the measured timeline is recorded for a mesh or a pipeline"
+check "  nothing trained" bash -c "! grep -q '^step ' '$OUT'"
+expect_exit 0 "--trace-out on a cpu mesh" "$LOOM" train models/gpt2-tiny.json --data $K --steps 1 -q --mesh dp=2 --trace-out "$TMP/t2.json"
+check "  the timeline is written" [ -s "$TMP/t2.json" ]
 # loom check: a golden whose loss is [1] (numpy.ascontiguousarray of a scalar) is the scalar
 cp -r tests/golden/gpt2-tiny "$TMP/g"
 st_edit_header tests/golden/gpt2-tiny/expected.safetensors "$TMP/g/expected.safetensors" 's/"loss":{"dtype":"F32","shape":\[\]/"loss":{"dtype":"F32","shape":[1]/'
