@@ -41,6 +41,7 @@ typedef struct {
   const char *spec, *resume, *output, *backend;
   const char *arch;             /* --arch (loom compile --backend cuda): the GPU to compile for */
   bool quiet;
+  bool verbose;   /* --verbose */
   int threads;
   char data_json[16384];        /* --data as a JSON array, "" if not given */
   char ovbuf[64][16400];         /* "key=value" run-spec overrides from flags */

@@ -111,6 +111,7 @@ static const char help[] =
   "the pass pipeline (as loom ir; --dump-dir also keeps a failing pass's reproducer):\n"
   PASS_HOOKS_HELP
   "  -q, --quiet           no per-step lines\n"
+  "  -v, --verbose         also each function's planned and measured arena (cpu backend)\n"
   "  -h, --help            show this help\n"
   "\n"
   "Ctrl-C (SIGINT) or SIGTERM: the step in flight finishes, a checkpoint is written (with --save-dir),\n"
@@ -255,7 +256,7 @@ int cmd_train(int argc, char **argv) {
                      ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
                      ta.peak_tflops * 1e12, ta.log_experts, false, ta.allow_changes},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
-                    s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16, NULL};
+                    s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16, NULL, ta.verbose};
     if (ta.peak_tflops > 0) plan.opt.flops_per_step = driver_step_flops(in.m, s->grad_accum);
     if (cuda_mesh) plan_for_rank(&plan, le.rank);
     rc = driver_train(in.m, backend, &plan, err, sizeof err);

@@ -49,6 +49,7 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
     int r = 0;
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { t->quiet = true; continue; }
+    if (arg_flag(a, "-v") || arg_flag(a, "--verbose")) { t->verbose = true; continue; }
     if ((r = pass_hook_arg(argc, argv, &i, &t->hooks, cmd))) {
       if (r < 0) return EXIT_USAGE;
       continue;

@@ -85,6 +85,7 @@ typedef struct {
   /* a mesh rank that is not the writer: the --out rank 0 writes (every rank takes part in
      gathering it), else NULL */
   const char *out_elsewhere;
+  bool verbose;       /* --verbose: also the planned and measured arena of each function */
 } RunPlan;
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);

@@ -406,7 +406,7 @@ int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const 
   int rc = mesh_open(mc, m, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->trace_out != NULL,
                      plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mc->ex, plan, err, errlen);
-  if (!rc && !mc->rx.sched) cpu_arena_report(plan->opt.log, mc->cp, mc->world);
+  if (!rc && !mc->rx.sched && plan->verbose) cpu_arena_report(plan->opt.log, mc->cp, mc->world);
   if (!rc && plan->trace_out && !mc->rx.sched) {
     rc = write_trace(mc, plan->trace_out, err, errlen);
     if (!rc && plan->opt.log)

@@ -62,7 +62,7 @@ for m in gpt2-tiny llama-tiny gpt2-tiny-4l llama-tiny-4l; do
     sel_t=$(planned_total "${base[@]}" --recompute selective)
     budget=$(( (none_t + sel_t) / 2 ))
     ref=$TMP/none.st
-    "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 3 --lr 1e-3 --out "$ref" > "$TMP/none.log" 2>&1 \
+    "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 3 --lr 1e-3 --verbose --out "$ref" > "$TMP/none.log" 2>&1 \
       || { fail "$tag: recompute none did not run" "$(tail -3 "$TMP/none.log")"; continue; }
     check_measured "$TMP/none.log" "$tag none" "${base[@]}"
     if [ "$sel_t" -ge "$none_t" ]; then
@@ -79,7 +79,7 @@ for m in gpt2-tiny llama-tiny gpt2-tiny-4l llama-tiny-4l; do
       flags=(--recompute $p)
       [ $p = auto ] && flags+=(--memory-budget $budget)
       out=$TMP/$p.st
-      if ! "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 3 --lr 1e-3 "${flags[@]}" --out "$out" > "$TMP/$p.log" 2>&1; then
+      if ! "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 3 --lr 1e-3 --verbose "${flags[@]}" --out "$out" > "$TMP/$p.log" 2>&1; then
         fail "$tag: recompute $p did not run" "$(tail -3 "$TMP/$p.log")"
         continue
       fi

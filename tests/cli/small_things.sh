@@ -2,7 +2,8 @@
 # carries special token ids that fit the vocabulary; `loom ir --memory` says the batch x seq
 # its figures are for; `loom plan` says its MFU is an upper bound while the hardware's
 # efficiencies are 1; `loom train --help` says the CUDA mesh runs pipelines; `loom check`
-# takes a one-element loss [1] for the scalar; --trace-out on one rank is refused, not ignored.
+# takes a one-element loss [1] for the scalar; --trace-out on one rank is refused, not ignored;
+# the planned/measured arena lines only with --verbose.
 # usage: bash tests/cli/small_things.sh PATH-TO-LOOM [PATH-TO-ST_DIFF]   (from the repository root)
 LOOM=${1:-}
 ST_DIFF=${2:-}
@@ -34,6 +35,11 @@ expect_stderr_contains "--trace-out $TMP/t1.json: the measured timeline is recor
 check "  nothing trained" bash -c "! grep -q '^step ' '$OUT'"
 expect_exit 0 "--trace-out on a cpu mesh" "$LOOM" train models/gpt2-tiny.json --data $K --steps 1 -q --mesh dp=2 --trace-out "$TMP/t2.json"
 check "  the timeline is written" [ -s "$TMP/t2.json" ]
+# the planned and measured arenas: only with --verbose
+expect_exit 0 "loom train without --verbose" "$LOOM" train models/gpt2-tiny.json --data $K --steps 1
+check "  no 'planned arena' lines" bash -c "! grep -q 'planned arena' '$OUT'"
+expect_exit 0 "loom train --verbose" "$LOOM" train models/gpt2-tiny.json --data $K --steps 1 --verbose
+expect_stdout_contains "memory @grad_step: planned arena"
 # loom check: a golden whose loss is [1] (numpy.ascontiguousarray of a scalar) is the scalar
 cp -r tests/golden/gpt2-tiny "$TMP/g"
 st_edit_header tests/golden/gpt2-tiny/expected.safetensors "$TMP/g/expected.safetensors" 's/"loss":{"dtype":"F32","shape":\[\]/"loss":{"dtype":"F32","shape":[1]/'

@@ -354,7 +354,7 @@ int main(int argc, char **argv) {
                    quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0, log_experts, false, allow_changes},
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL,
-                  NULL, NULL, false, NULL};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
+                  NULL, NULL, false, NULL, false};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
   if (cuda_mesh) {
     rc = run_cuda_mesh(argc, argv, s, &pl, ir_text, &le, &plan, err, sizeof err);
     rc = finish(rc, err);
