@@ -206,9 +206,9 @@ static int search(const PlanRequest *rq, bool exhaustive, PlanResult *out, char 
   if (!rc && rq->progress)
     fprintf(stderr, "%s: screened %d candidates (%d compiles on %d threads, %.1f s%s); %d skipped: recomputation where "
             "the layout fits without it, or a micro-batch twice one far out of memory; %d of those screened stopped "
-            "short: a lower bound on their step over the slowest of the %d best\n\n", exhaustive ? "exhaustive" : "fast",
+            "%s: a lower bound on their step over the slowest of the %d best\n\n", exhaustive ? "exhaustive" : "fast",
             all - st.skipped, x->compiles, st.threads, st.seconds, exhaustive ? "" : ", the rest estimated from layer programs",
-            st.skipped, st.pruned, 2 * rq->top);
+            st.skipped, st.pruned, exhaustive ? "at 1 layer a chunk" : "at their estimate", 2 * rq->top);
   if (!rc) {
     qsort(cs, (size_t)n, sizeof *cs, cmp_step);
     rc = exact_phase(x, rq, cs, n, &refused, first_refusal, out, err, errlen);

@@ -94,6 +94,16 @@ static int emit_spec(const char *path, const char *spec_path, const RunSpec *bas
   return rc;
 }
 
+/* Whether the spec file sets "precision" (a bare config.json never does). */
+static bool spec_names_precision(const char *path) {
+  json_t *root;
+  char err[IR_ERR_LEN];
+  if (config_read_json_file(path, &root, err, sizeof err)) return true;   /* spec_load has read it: not reached */
+  bool named = json_object_get(root, "model") && json_object_get(root, "precision");
+  json_decref(root);
+  return named;
+}
+
 int cmd_plan(int argc, char **argv) {
   const char *spec_path = NULL, *hw_arg = "h100", *emit = NULL, *v;
   int64_t gpus = 0, gbt = 0, seq = 0, fix_batch = 0, fix_v = 0, fix_mesh[AX_COUNT] = {0, 0, 0, 0, 0};
@@ -214,9 +224,14 @@ int cmd_plan(int argc, char **argv) {
       return report(EXIT_USAGE, err);
     }
 
+  /* A GPU plan in fp32 because the spec names no precision: almost never what a GPU run
+     trains in, and the table's header alone is easy to miss. */
+  if (!precision && target == TARGET_CUDA && !strcmp(base.precision, "fp32") && !spec_names_precision(spec_path))
+    fprintf(stderr, "loom plan: %s names no precision, so this plan is for fp32 on %s; GPU runs almost always train "
+            "in bf16: add --precision bf16\n", spec_path, hw_arg);
   PlanRequest rq = {.base = &base, .hw = &hw, .target = target, .gpus = gpus, .seqs = seqs, .fix_batch = fix_batch,
                     .fix_v = fix_v, .fix_zero = fix_zero, .fix_sched = fix_sched, .fix_rc = fix_rc, .top = top,
-                    .exhaustive = getenv("LOOM_PLAN_EXHAUSTIVE") != NULL, .progress = !json};
+                    .exhaustive = getenv("LOOM_PLAN_FAST") == NULL, .progress = !json};
   memcpy(rq.fix_mesh, fix_mesh, sizeof rq.fix_mesh);
   PlanResult res;
   rc = plan_search(&rq, &res, err, sizeof err);
@@ -247,7 +262,7 @@ int cmd_plan(int argc, char **argv) {
            hw.name, hw.mem_bytes / 1073741824.0, (long long)gbt, (long long)seqs, (long long)base.seq, base.precision);
     printf("%d candidates (%d stopped at a lower bound), %d not buildable, %d compiles", res.n_cand, res.n_pruned,
            res.n_refused, res.compiles);
-    if (!rq.exhaustive) printf(" (%d layer programs)", res.layer_programs);
+    if (!rq.exhaustive) printf(" (the fast search: %d layer programs)", res.layer_programs);
     printf(" in %.2f s; the best %d, compiled whole:\n", elapsed, shown);
     /* MFU: the model's FLOPs a token (loom ir --flops), the same for every recomputation;
        HFU: what the time model has the device execute (recomputation and padding included) */
