@@ -45,18 +45,27 @@
 /* The margins: a candidate is screened when its estimated step x (1 - STEP_MARGIN) is not
    above the threshold, and set aside as far out of memory only when its estimated memory x
    MEM_MARGIN is above 1.5 x the device (as the exact phase judges "far"). */
-#define STEP_MARGIN 0.3
+#define STEP_MARGIN 0.15
 #define MEM_MARGIN 0.4
 
+/* A layer program's figures at one dp, each linear in the layers (per layer "l", the rest
+   "b") and in the sequences a micro-batch holds (a fixed part a, a part b a sequence). */
+typedef struct {
+  bool ok;
+  double g_la, g_lb, g_ba, g_bb;   /* @grad_step, one micro-batch */
+  double o_l, o_b;                 /* @optimizer_step */
+  double s_l, s_b;                 /* state bytes */
+  double a_la, a_lb, a_ba, a_bb;   /* the largest arena */
+} Figures;
+
+/* dp: the figures at dp = 1, 2 and 4 (those the candidates need): a layer's ops change with
+   dp (the partitioned program broadcasts some operands to the whole batch before slicing
+   its part), affine in dp from 2 on. */
 typedef struct {
   int64_t tp, cp, ep;
   bool sp;
-  bool ok;
-  /* a: a call's fixed part, b: its part a sequence; layer: a layer's, base: the rest */
-  double g_layer_a, g_layer_b, g_base_a, g_base_b;   /* @grad_step, one micro-batch */
-  double o_layer, o_base;                            /* @optimizer_step */
-  double state_layer, state_base;   /* bytes of state a layer, and the rest */
-  double act_layer, act_base;       /* the arena: a layer's activations (one sequence), and the rest */
+  bool need[3];    /* dp = 1, 2, 4 */
+  Figures f[3];
 } LayerProg;
 
 typedef struct {
@@ -72,100 +81,122 @@ static LayerProg *program_of(Programs *ps, const Cand *c) {
   return NULL;
 }
 
-/* The reference compiles of program p: with 1 and 2 layers, each as one micro-batch of one
-   sequence a rank, two such micro-batches (grad_accum 2: a micro-batch's time apart from
-   the optimizer step's) and one of two sequences (a sequence's part apart from the fixed). */
-static void compile_program(Ctx *x, LayerProg *p, int64_t L) {
-  double g_a[2] = {0, 0}, g_b[2] = {0, 0}, o[2] = {0, 0}, state[2] = {0, 0}, arena[2] = {0, 0};
+/* The reference compiles of p at dp (index k: 1, 2, 4): ZeRO 0, nothing recomputed, no pp,
+   one micro-batch of 1 and of 2 sequences a rank, 1 and 2 layers, lowered whole. */
+static void compile_figures(Ctx *x, const LayerProg *p, int k, Figures *f, int64_t L) {
+  int64_t dp = k == 0 ? 1 : k == 1 ? 2 : 4;
   int nl = L >= 2 ? 2 : 1;
-  p->ok = true;
-  for (int k = 0; k < nl && p->ok; k++) {
-    double t[3];
-    for (int v = 0; v < 3 && p->ok; v++) {
-      Cand ref = {.dp = 1, .tp = p->tp, .cp = p->cp, .pp = 1, .v = 1, .ep = p->ep, .zero = 0, .sched = PIPE_NONE,
-                  .rc = RECOMPUTE_NONE, .sp = p->sp, .batch = p->ep * (v == 2 ? 2 : 1), .ga = v == 1 ? 2 : 1};
-      StepTime st;
+  double g[2][2], o[2][2], st[2][2], ar[2][2];   /* [layers - 1][sequences - 1] */
+  f->ok = true;
+  for (int n = 0; n < nl && f->ok; n++)
+    for (int q = 0; q < 2 && f->ok; q++) {
+      Cand ref = {.dp = dp, .tp = p->tp, .cp = p->cp, .pp = 1, .v = 1, .ep = p->ep, .zero = 0, .sched = PIPE_NONE,
+                  .rc = RECOMPUTE_NONE, .sp = p->sp, .batch = (q + 1) * dp * p->ep, .ga = 1};
+      StepTime t;
       int64_t mem, s = 0, a = 0;
       Module *m = NULL;
       bool counted = false;
       char err[IR_ERR_LEN];
-      p->ok = !compile_one(x, &ref, k + 1, &st, &mem, v ? NULL : &m, err, sizeof err, &counted);
+      f->ok = !compile_one(x, &ref, n + 1, &t, &mem, &m, err, sizeof err, &counted);
       if (counted) count_compile(x);
-      if (p->ok && !v) memory_planned_peak(m, x->target, &s, &a), state[k] = (double)s, arena[k] = (double)a;
+      if (f->ok) memory_planned_peak(m, x->target, &s, &a);
       module_free(m);
-      t[v] = st.step_s;
+      /* @grad_step's busy time (its ops' own, no waits: affine in the layers, the sequences and
+         dp) and its tp, cp and ep collectives (blocking: waited for in full); dp's gradient
+         reduction, which the backward hides in part, is added by estimate() */
+      double waits = t.exposed_comm_s, own = t.comm_s[AX_TP] + t.comm_s[AX_CP] + t.comm_s[AX_EP];
+      g[n][q] = t.step_s - t.optimizer_s - waits + own, o[n][q] = t.optimizer_s;
+      st[n][q] = (double)s, ar[n][q] = (double)a;
     }
-    if (!p->ok) return;
-    double g1 = t[1] - t[0], g2 = t[2] - (t[0] - g1);   /* a micro-batch of 1 and of 2 sequences */
-    o[k] = t[0] - g1, g_b[k] = g2 - g1, g_a[k] = g1 - g_b[k];
-  }
-  if (nl == 1) {
-    p->g_layer_a = g_a[0], p->g_layer_b = g_b[0], p->o_layer = o[0], p->state_layer = state[0], p->act_layer = arena[0];
-    return;
-  }
-  p->g_layer_a = g_a[1] - g_a[0], p->g_base_a = g_a[0] - p->g_layer_a;
-  p->g_layer_b = g_b[1] - g_b[0], p->g_base_b = g_b[0] - p->g_layer_b;
-  p->o_layer = o[1] - o[0], p->o_base = o[0] - p->o_layer;
-  p->state_layer = state[1] - state[0], p->state_base = state[0] - p->state_layer;
-  p->act_layer = arena[1] - arena[0], p->act_base = arena[0] - p->act_layer;
+  if (!f->ok) return;
+  if (nl == 1)   /* one layer: all of it "per layer" */
+    for (int q = 0; q < 2; q++) g[1][q] = 2 * g[0][q], o[1][q] = 2 * o[0][q], st[1][q] = 2 * st[0][q], ar[1][q] = 2 * ar[0][q];
+  /* per layer and the rest, each as a fixed part and a part a sequence */
+  double gl1 = g[1][0] - g[0][0], gl2 = g[1][1] - g[0][1], gb1 = g[0][0] - gl1, gb2 = g[0][1] - gl2;
+  f->g_lb = gl2 - gl1, f->g_la = gl1 - f->g_lb, f->g_bb = gb2 - gb1, f->g_ba = gb1 - f->g_bb;
+  f->o_l = o[1][0] - o[0][0], f->o_b = o[0][0] - f->o_l;
+  f->s_l = st[1][0] - st[0][0], f->s_b = st[0][0] - f->s_l;
+  double al1 = ar[1][0] - ar[0][0], al2 = ar[1][1] - ar[0][1], ab1 = ar[0][0] - al1, ab2 = ar[0][1] - al2;
+  f->a_lb = al2 - al1, f->a_la = al1 - f->a_lb, f->a_bb = ab2 - ab1, f->a_ba = ab1 - f->a_bb;
 }
 
-/* The estimated step and memory of c from its layer program p. */
-static void estimate(const Ctx *x, const PlanRequest *rq, const LayerProg *p, Cand *c) {
+/* The figures at dp: dp = 1's, or the affine line through dp = 2 and 4 (2's alone when no
+   candidate needs 4). */
+static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
+  if (dp == 1 || !p->need[2]) {
+    *out = p->f[dp == 1 ? 0 : 1];
+    return out->ok;
+  }
+  const Figures *a = &p->f[1], *b = &p->f[2];
+  if (!a->ok || !b->ok) return false;
+  double w = (double)(dp - 2) / 2;
+  const double *x = &a->g_la, *y = &b->g_la;
+  double *z = &out->g_la;
+  for (int k = 0; k < 12; k++) z[k] = x[k] + w * (y[k] - x[k]);   /* the doubles after ok, in order */
+  out->ok = true;
+  return true;
+}
+
+/* The estimated step and memory of c from its layer program's figures at its dp. */
+static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand *c) {
   const Hardware *hw = x->hw;
   int64_t L = rq->base->model.n_layer, mbs = c->batch / (c->dp * c->ep);
   double rcf = c->rc == RECOMPUTE_FULL ? 4.0 / 3.0 : c->rc == RECOMPUTE_SELECTIVE ? 1.1 : 1.0;
   double rcm = c->rc == RECOMPUTE_FULL ? 0.15 : c->rc == RECOMPUTE_SELECTIVE ? 0.7 : 1.0;
-  double layer = (p->g_layer_a + p->g_layer_b * (double)mbs) * rcf, base = p->g_base_a + p->g_base_b * (double)mbs;
-  double dp = (double)c->dp;
+  double q = (double)mbs, dp = (double)c->dp;
+  double layer = (p->g_la + p->g_lb * q) * rcf, base = p->g_ba + p->g_bb * q;
+  double n_stage = (double)L / (double)c->pp;
   double zshare = c->zero == 0 ? 1 : 1 / dp;   /* the optimizer's update: over the rank's share with ZeRO */
-  double opt = (p->o_base + (double)L / (double)c->pp * p->o_layer) * zshare;
-  double step;
-  int64_t inflight = 1;
+  double opt = (p->o_b + n_stage * p->o_l) * zshare;
+  double step = INFINITY, inflight = 1;
   if (c->pp > 1) {
     Schedule s;
     SimResult sim;
     char err[IR_ERR_LEN];
     int chunks = (int)(c->pp * c->v);
     double n = (double)L / chunks;
-    step = INFINITY;
     if (chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err)) {
       double (*cost)[3] = calloc((size_t)chunks, sizeof *cost);
       for (int k = 0; cost && k < chunks; k++) {
         double t = n * layer + (k == chunks - 1 ? base : 0);
-        double f = t / 3 / rcf, b = t - f;
-        cost[k][ACT_F] = f;
-        cost[k][ACT_B] = s.split_bw ? b / 2 : b;
-        cost[k][ACT_W] = s.split_bw ? b / 2 : 0;
+        double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
+        cost[k][ACT_F] = fw;
+        cost[k][ACT_B] = s.split_bw ? bw / 2 : bw;
+        cost[k][ACT_W] = s.split_bw ? bw / 2 : 0;
       }
       if (cost && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
         step = sim.makespan + opt;
+        int most = 0;
+        for (int r = 0; r < s.p; r++) most = sim.peak_f[r] > most ? sim.peak_f[r] : most;
+        inflight = (double)most / (double)c->v;   /* chunks held, in stages' worth */
         sim_result_free(&sim, s.p);
       }
       free(cost);
       schedule_free(&s);
     }
-    inflight = c->pp;
   } else {
     step = (double)c->ga * (base + (double)L * layer) + opt;
   }
-  /* dp: the gradients (4 bytes a parameter of the rank's share) reduced over dp each step,
-     whatever the ZeRO stage (the overlap pass hides ZeRO-3's gathers behind compute) */
-  double grads = (p->state_base + (double)L * p->state_layer) / 4 / (double)c->pp;   /* state: ~16 bytes a parameter */
+  /* dp: the gradients (4 bytes a parameter: the state's quarter) reduced over dp once a
+     step, over the link dp spans; the last micro-batch's backward hides some of it */
   if (c->dp > 1) {
     Mesh mesh = {0};
     for (int a = 0; a < AX_COUNT; a++) mesh.size[a] = 1;
     mesh.size[AX_DP] = c->dp, mesh.size[AX_TP] = c->tp, mesh.size[AX_CP] = c->cp, mesh.size[AX_PP] = c->pp;
     mesh.size[AX_EP] = c->ep;
     int link = timing_axis_link(hw, &mesh, AX_DP);
-    step += timing_collective(OP_ALL_REDUCE, c->dp, grads, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
+    double grads = (p->s_b + (double)L * p->s_l) / 4 / (double)c->pp;
+    double comm = timing_collective(OP_ALL_REDUCE, c->dp, grads, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
+    double hidden = (2.0 / 3.0) * (base + n_stage * layer);
+    step += comm > hidden ? comm - hidden : 0;
   }
   c->est_s = step;
-  /* memory: state split by ZeRO (of 16 bytes a parameter: 4 the weights, 4 the gradients, 8
-     the optimizer's moments), activations of the micro-batches in flight */
-  double state = (p->state_base + (double)L * p->state_layer) / (double)c->pp;
+  /* memory: state split as ZeRO splits it (of 16 bytes a parameter: 4 the weights, 4 the
+     gradients, 8 the optimizer's moments), a stage's activations for the micro-batches in
+     flight, the rest of the arena once */
+  double state = (p->s_b + (double)L * p->s_l) / (double)c->pp;
   double share = c->zero == 0 ? 1 : c->zero == 1 ? (8 + 8 / dp) / 16 : c->zero == 2 ? (4 + 12 / dp) / 16 : 1 / dp;
-  double act = (p->act_base + (double)L / (double)c->pp * p->act_layer * rcm) * (double)mbs * (double)inflight;
+  double act = n_stage * (p->a_la + p->a_lb * q) * rcm * inflight + (p->a_ba + p->a_bb * q);
   c->est_mem = state * share + act;
 }
 
@@ -176,7 +207,8 @@ typedef struct {
   Cand *cs;
   const int *order;   /* by estimated step */
   int n, next;
-  bool *bad, *done;
+  const int *none;    /* the same layout without recomputation (plan_screen.c's siblings), or -1 */
+  bool *bad, *skip;
   char (*why)[IR_ERR_LEN];
   pthread_mutex_t lock;
   /* the keep best screened candidates that fit, by screened step (ascending), and their
@@ -184,15 +216,10 @@ typedef struct {
      compared with the finalists in the estimates' own terms (the estimates leave out what
      the layer programs do not hold, alike for similar layouts) */
   double *best, *best_est;
-  int keep, n_best, screened, pruned;
+  int keep, n_best, screened, pruned, skipped;
 } Fast;
 
-static double fast_threshold(const Fast *f) {
-  if (f->n_best < f->keep) return INFINITY;
-  double t = 0;
-  for (int k = 0; k < f->n_best; k++) t = f->best_est[k] > t ? f->best_est[k] : t;
-  return t;
-}
+static double fast_threshold(const Fast *f) { return f->n_best < f->keep ? INFINITY : f->best[f->keep - 1]; }
 
 /* One candidate screened as the exhaustive search screens it: its compiles of 1 and 2
    layers a chunk (the memo's shared lowering), extrapolated. */
@@ -231,6 +258,15 @@ static void *fast_worker(void *arg) {
     }
     int i = f->order[k];
     Cand *c = &f->cs[i];
+    /* recomputation, as the exhaustive search takes it: not where the layout fits without
+       it, and set aside where that layout was (it is never faster there) */
+    int o = f->none[i];
+    if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
+      if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
+      else c->pruned = true, c->step_s = f->cs[o].step_s, c->mem = 0, c->fits = false, f->pruned++;
+      pthread_mutex_unlock(&f->lock);
+      continue;
+    }
     /* set aside: an estimate past the margins (its figures are bounds, as a pruned
        candidate's are in the exhaustive search) */
     bool set_aside = c->est_mem * MEM_MARGIN > far || c->est_s * (1 - STEP_MARGIN) > fast_threshold(f);
@@ -289,12 +325,19 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     }
     ps.p[ps.n++] = (LayerProg){.tp = cs[i].tp, .cp = cs[i].cp, .ep = cs[i].ep, .sp = cs[i].sp};
   }
-  for (int k = 0; k < ps.n; k++) compile_program(x, &ps.p[k], L);
+  for (int i = 0; i < n; i++) {
+    LayerProg *p = program_of(&ps, &cs[i]);
+    p->need[cs[i].dp == 1 ? 0 : 1] = true;
+    if (cs[i].dp > 2) p->need[2] = true;
+  }
+  for (int k = 0; k < ps.n; k++)
+    for (int d = 0; d < 3; d++)
+      if (ps.p[k].need[d]) compile_figures(x, &ps.p[k], d, &ps.p[k].f[d], L);
   /* estimates; a candidate whose program could not be compiled is screened first (its own
      compile gives the reason, as the exhaustive search's does) */
   for (int i = 0; i < n; i++) {
-    const LayerProg *p = program_of(&ps, &cs[i]);
-    if (p->ok) estimate(x, rq, p, &cs[i]);
+    Figures f;
+    if (figures_at(program_of(&ps, &cs[i]), cs[i].dp, &f)) estimate(x, rq, &f, &cs[i]);
     else cs[i].est_s = 0, cs[i].est_mem = 0;
     cs[i].pruned = false;
   }
@@ -310,18 +353,38 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
-  for (int i = 0; i < n; i++) order[i] = i;
+  /* two phases, as the exhaustive search's rounds: first the candidates without
+     recomputation (or with the one --recompute fixes), then those with it, which look at
+     their layout's screening without it; each phase in the order of the estimates */
+  int *half = malloc(sizeof(int) * ((size_t)n + 1)), *none = malloc(sizeof(int) * ((size_t)n + 1));
+  f.skip = calloc((size_t)n + 1, 1), f.none = none;
+  if (!half || !none || !f.skip || siblings(cs, n, half, none)) {
+    free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
+    snprintf(err, errlen, "out of memory");
+    return IR_ERUN;
+  }
+  int n0 = 0;
+  for (int i = 0; i < n; i++)
+    if (rq->fix_rc >= 0 || cs[i].rc == RECOMPUTE_NONE) order[n0++] = i;
+  int n1 = n0;
+  for (int i = 0; i < n; i++)
+    if (!(rq->fix_rc >= 0 || cs[i].rc == RECOMPUTE_NONE)) order[n1++] = i;
   sort_base = cs;
-  qsort(order, (size_t)n, sizeof *order, by_estimate);
+  qsort(order, (size_t)n0, sizeof *order, by_estimate);
+  qsort(order + n0, (size_t)(n - n0), sizeof *order, by_estimate);
   int nt = threads_to_use();
-  pthread_t th[64];
-  int started = 0;
-  for (int t = 1; t < nt && t < 64; t++)
-    if (!pthread_create(&th[started], NULL, fast_worker, &f)) started++;
-  fast_worker(&f);
-  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  for (int phase = 0; phase < 2; phase++) {
+    f.next = phase ? n0 : 0, f.n = phase ? n : n0;
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 1; t < nt && t < 64; t++)
+      if (!pthread_create(&th[started], NULL, fast_worker, &f)) started++;
+    fast_worker(&f);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  }
   int kept = 0, refused = 0;
   for (int i = 0; i < n; i++) {
+    if (f.skip[i]) continue;
     if (f.bad[i]) {
       if (!refused++) snprintf(first_refusal, IR_ERR_LEN, "%s", f.why[i]);
       if (getenv("LOOM_PLAN_DEBUG")) {
@@ -339,8 +402,8 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     }
     cs[kept++] = cs[i];
   }
-  *st = (ScreenStats){.skipped = 0, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
-  free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est);
+  *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
+  free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
   *n_io = kept, *refused_out += refused;
   return 0;
 }

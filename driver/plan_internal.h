@@ -117,6 +117,10 @@ int screen_exhaustive(Ctx *x, const PlanRequest *rq, Cand *cs, int *n, int *refu
 int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n, int *refused, char *first_refusal, ScreenStats *st,
                 int *programs, char *err, size_t errlen);
 
+/* plan_screen.c: half[i], the candidate like i with half its batch; none[i], like i without
+   recomputation (i recomputes); -1 where there is none.  1 when out of memory. */
+int siblings(const Cand *cs, int n, int *half, int *none);
+
 int cmp_step(const void *a, const void *b);
 int threads_to_use(void);
 

@@ -290,7 +290,7 @@ static bool same_cand(const Cand *a, const Cand *b, int rc, int64_t batch) {
 
 /* half[i]: the candidate like i with half its batch; none[i]: like i without recomputation
    (i recomputes); -1 where there is none.  A hash of the candidates by cand_key. */
-static int siblings(const Cand *cs, int n, int *half, int *none) {
+int siblings(const Cand *cs, int n, int *half, int *none) {
   int cap = 16;
   while (cap < 2 * n) cap *= 2;
   int *slot = malloc(sizeof(int) * (size_t)cap);
