@@ -272,9 +272,8 @@ static void *fast_worker(void *arg) {
     bool set_aside = c->est_mem * MEM_MARGIN > far || c->est_s * (1 - STEP_MARGIN) > fast_threshold(f);
     if (set_aside) {
       c->pruned = true, c->fits = false;
-      /* the bound it sorts by in the exact phase: the threshold's screened step where the
-         estimate is what set it aside */
-      c->step_s = c->est_mem * MEM_MARGIN > far ? c->est_s : f->best[f->keep - 1];
+      /* the bound it sorts by in the exact phase (which screens it if it reaches it) */
+      c->step_s = c->est_s * (1 - STEP_MARGIN);
       c->mem = c->est_mem * MEM_MARGIN;
       f->pruned++;
     }

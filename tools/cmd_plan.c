@@ -10,6 +10,9 @@
 #include "ir/schedule.h"
 #include "tools/tools.h"
 
+/* The search `loom plan` runs: LOOM_PLAN_FAST=1 and LOOM_PLAN_EXHAUSTIVE=1 choose (driver/plan.h). */
+#define PLAN_DEFAULT_EXHAUSTIVE 1
+
 static const char help[] =
   "usage: loom plan SPEC.json --gpus N [options]\n"
   "\n"
@@ -231,7 +234,8 @@ int cmd_plan(int argc, char **argv) {
             "in bf16: add --precision bf16\n", spec_path, hw_arg);
   PlanRequest rq = {.base = &base, .hw = &hw, .target = target, .gpus = gpus, .seqs = seqs, .fix_batch = fix_batch,
                     .fix_v = fix_v, .fix_zero = fix_zero, .fix_sched = fix_sched, .fix_rc = fix_rc, .top = top,
-                    .exhaustive = getenv("LOOM_PLAN_FAST") == NULL, .progress = !json};
+                    .exhaustive = getenv("LOOM_PLAN_EXHAUSTIVE") || (!getenv("LOOM_PLAN_FAST") && PLAN_DEFAULT_EXHAUSTIVE),
+                    .progress = !json};
   memcpy(rq.fix_mesh, fix_mesh, sizeof rq.fix_mesh);
   PlanResult res;
   rc = plan_search(&rq, &res, err, sizeof err);
