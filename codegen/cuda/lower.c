@@ -4,7 +4,7 @@
  * layernorm_grad, rmsnorm_grad, attention_grad, embedding_grad, moe_count and moe_dispatch
  * two; moe_sort three), but every step that
  * is not a GEMM is RT_STEP_KERNEL: a fused kernel of kernel.c, or an extern "C" wrapper that
- * instantiates a template of prelude.h for the storage dtypes of the step's buffers (the
+ * instantiates a template of codegen/cuda/kernels/<family>.cuh for the storage dtypes of the step's buffers (the
  * kernel's name spells them: f f32, b bf16, h f16, e f8e4m3, m f8e5m2, i i32; data movement
  * that only copies is named by the element size).  Launch shapes are set per step; see
  * cuda.h for the conventions and the scratch memory some builtins use.
@@ -22,11 +22,7 @@
  * the optimizer are the next families to move the same way.
  */
 #include "codegen/cuda/cuda_internal.h"
-#include "codegen/cuda/prelude.h"
-#include "codegen/cuda/prelude_attn_block.h"
-#include "codegen/cuda/prelude_decode.h"
-#include "codegen/cuda/prelude_mesh.h"
-#include "codegen/cuda/prelude_moe.h"
+#include "codegen/cuda/kernels.h"
 #include "codegen/lower_common.h"
 
 
@@ -518,7 +514,7 @@ static int seq_axis1(Lower *L, int64_t *axis1) {
 }
 
 /* attention_block (one step: q k v -> o lse) and attention_block_grad (two: dout q k v lse
-   delta -> dq, then the same inputs -> dk dv): loom_attnblk_* of prelude_attn_block.h, on
+   delta -> dq, then the same inputs -> dk dv): loom_attnblk_* of kernels/attn_block.cuh, on
    CUDA cores in f32 whatever the inputs' dtypes (the outputs are f32; no scratch).  i[] is program.h's
    RT_B_ATTN_BLOCK layout and one slot more: i[CUDA_ATTN_BLOCK_COORD_INT] (11), the rank's
    coordinate on the seq axis, which the runtime writes before the launch (RtStep.coord_at;
@@ -530,9 +526,9 @@ static int lower_attention_block(Lower *L, Steps *s) {
   int64_t axis1 = 0;
   if (attention_dims(L, q, kt) || seq_axis1(L, &axis1)) return IR_EINPUT;
   int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
-  const int64_t ints[CUDA_ATTN_BLOCK_COORD_INT + 1] = {
+  const int64_t ints[CUDA_ATTN_BLOCK_COORD_INT + 2] = {
       B, T, H, D, S, KV, op_bool(op, "causal"), axis1, op_int(op, "seq_n"), op_bool(op, "zigzag"),
-      op_int(op, "kv_shift"), 0 /* the coordinate: see above */};
+      op_int(op, "kv_shift"), 0 /* the coordinate: see above */, op_int(op, "window")};
   char extra[24], suffix[24];
   snprintf(extra, sizeof extra, "%lld", (long long)D);
   snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
@@ -567,12 +563,12 @@ static int lower_attention_block(Lower *L, Steps *s) {
   return 0;
 }
 
-/* moe_sort and moe_count (prelude_moe.h): a counting sort in chunks of CUDA_MOE_CHUNK
+/* moe_sort and moe_count (kernels/moe.cuh): a counting sort in chunks of CUDA_MOE_CHUNK
    assignments.  i[] is program.h's (n, experts, capacity) and one slot more,
    i[CUDA_MOE_CHUNK_INT]: the chunk.  Scratch (i32): parts[P][E], offs[P][E], count[E],
    start[E] (P chunks).  moe_count: 1 idx -> parts;  2 parts -> count (its result) start
    offs.  moe_sort: the same with count in scratch, then 3 idx count start offs -> pos. */
-#define CUDA_MOE_CHUNK 1024   /* prelude_moe.h's LOOM_MOE_CHUNK: the most a chunk may hold */
+#define CUDA_MOE_CHUNK 1024   /* kernels/moe.cuh's LOOM_MOE_CHUNK: the most a chunk may hold */
 static int lower_moe_sort(Lower *L, Steps *s) {
   const Op *op = L->op;
   bool sort = op->kind == OP_MOE_SORT;
@@ -629,7 +625,7 @@ static int lower_moe_sort(Lower *L, Steps *s) {
   return cl_instantiate(L, st, "moe_place", "loom_moe_place", (const int[]){0, -1}, NULL, "", 256);
 }
 
-/* The grouped matmuls' tiles (prelude_moe.h's LOOM_GM_T): 64 x 64 outputs a block. */
+/* The grouped matmuls' tiles (kernels/moe.cuh's LOOM_GM_T): 64 x 64 outputs a block. */
 #define CUDA_GM_TILE 64
 
 /* A step that fills the op's first result with zeros (loom_fill), before a step that writes
@@ -746,6 +742,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(kt->dims[1]);
     INT(kt->dims[2]);
     INT(op_bool(op, "causal"));
+    INT(op_int(op, "window"));
     st->f[0] = op_float(op, "scale");
     st->block[0] = 128;
     st->grid[0] = (uint32_t)(q->dims[0] * q->dims[2]);
@@ -764,7 +761,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (attention_dims(L, q, kt)) return IR_EINPUT;
     int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
     int64_t rows = B * H * T, l_at = 0, d_at = cg_align64(4 * rows);
-    int64_t ints[7] = {B, T, H, D, S, KV, op_bool(op, "causal")};
+    int64_t ints[8] = {B, T, H, D, S, KV, op_bool(op, "causal"), op_int(op, "window")};
     snprintf(extra, sizeof extra, "%lld", (long long)D);
     snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
     /* 1: dq, L, Dsum */
@@ -825,17 +822,17 @@ static int lower_builtin(Lower *L, Steps *s) {
       st->coord_at = CUDA_ROPE_COORD_INT + 1;
       st->coord_axis = (uint8_t)(axis1 - 1);
     }
-    st->f[0] = op_float(op, "theta");
+    cg_rope_f(op, st->f);
     cl_launch_ew(st, type_numel(x) / 2);
     return cl_instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
   }
-  /* generation with a KV cache (prelude_decode.h): program.h's i[] layouts; positions i32 */
+  /* generation with a KV cache (kernels/decode.cuh): program.h's i[] layouts; positions i32 */
   case OP_ROPE_AT:
     if (x->dims[3] % 2) return cl_fail(L, "rope_at needs an even head size");
     STEP("");
     if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "positions must be i32");
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
-    st->f[0] = op_float(op, "theta");
+    cg_rope_f(op, st->f);
     cl_launch_ew(st, type_numel(x) / 2);
     return cl_instantiate(L, st, "rope_at", "loom_rope_at", IDX(0, 2), NULL, "", 1024);
   case OP_ATTENTION_CACHED: {
@@ -849,6 +846,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     INT(kt->dims[1]);
     INT(kt->dims[2]);
+    INT(op_int(op, "window"));
     st->f[0] = op_float(op, "scale");
     st->block[0] = 128;   /* LOOM_AC_THREADS: a block per query row, grid-stride over the rows */
     st->grid[0] = clamp_grid(rows, 65535);
@@ -867,7 +865,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     cl_launch_ew(st, type_numel(v));
     return cl_instantiate(L, st, "kv_write", "loom_kv_write", IDX(0, 1), NULL, "", 1024);
   }
-  /* mixture of experts (prelude_moe.h): program.h's i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD);
+  /* mixture of experts (kernels/moe.cuh): program.h's i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD);
      expert indices, positions and counts i32 */
   case OP_TOPK:
   case OP_GATHER_LAST:
@@ -1403,11 +1401,10 @@ static void header(Str *o, const Module *m) {
   /* a benchmarking knob: flash-attention's numerics on tensor cores (see the prelude) */
   const char *round = getenv("LOOM_CUDA_ATTN_ROUND");
   if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
-  str_add(o, "%s", cuda_prelude_text);
-  str_add(o, "%s", cuda_prelude_attn_block_text);
-  str_add(o, "%s", cuda_prelude_decode_text);
-  str_add(o, "%s", cuda_prelude_moe_text);
-  str_add(o, "%s", cuda_prelude_mesh_text);
+  const char *families[] = {loom_cuh_common,    loom_cuh_norms,      loom_cuh_loss,   loom_cuh_data,
+                            loom_cuh_optimizer, loom_cuh_attention,  loom_cuh_attn_block,
+                            loom_cuh_decode,    loom_cuh_moe,        loom_cuh_mesh};
+  for (size_t i = 0; i < sizeof families / sizeof *families; i++) str_add(o, "%s", families[i]);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }
 

@@ -130,7 +130,7 @@ else
   bad "KV-cache kernels (decode.cc)"; cat "$tmp/log" "$tmp/dec" 2> /dev/null | head -30
 fi
 
-# Mixture of experts (kernels of prelude_moe.h): mixtral-tiny (4 experts, top-2, the
+# Mixture of experts (kernels of kernels/moe.cuh): mixtral-tiny (4 experts, top-2, the
 # load-balancing loss) on CUDA against PyTorch's goldens: the forward within 1e-5, the
 # gradients of every parameter (a stack of experts as its per-expert tensors, the hub's names)
 # within 1e-4, the same bits with every block's threads in reverse order; 3 AdamW steps
@@ -200,7 +200,7 @@ done
 
 # The mixture-of-experts kernels alone: moe.ir (routing with a capacity, bf16 rows with f32
 # routing weights, 6 groups on 3 experts) lowers for CUDA, and moe.cc holds the kernels of
-# prelude_moe.h to references written from ir/interp_moe.c (exact for the routing and the
+# kernels/moe.cuh to references written from ir/interp_moe.c (exact for the routing and the
 # permutations), the same bits in reverse thread order and on smaller grids, bad indices,
 # positions and counts failing the launch; built on moe.ir's translation unit.
 if "$LOOM" ir tests/cuda_emu/moe.ir --passes=verify,fuse,memory-plan --target=cuda --emit=cuda -o "$tmp/moe.cu" \
@@ -321,7 +321,7 @@ done
 
 # A checkpoint of a dp=2 ZeRO-3 CPU mesh resumes on CUDA (another layout: one device), and
 # the 4 steps end within 1e-5 of one CPU rank's (a constant lr, so the legs share it)
-lt=("$LOOM" train tests/golden/llama-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0)
+lt=("$LOOM" train tests/golden/llama-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0 --allow-changes)
 if "${lt[@]}" --steps 2 --mesh dp=2 --zero 3 --save-dir "$tmp/ck" > "$tmp/log" 2>&1 &&
    "${lt[@]}" --steps 4 --backend cuda --resume "$tmp/ck" --out "$tmp/resumed.st" >> "$tmp/log" 2>&1 &&
    "${lt[@]}" --steps 4 --backend cpu --out "$tmp/one.st" >> "$tmp/log" 2>&1 &&
