@@ -10,7 +10,8 @@
  *     micro-batch, x 4/3 with full recomputation (the forward again), x 1.1 selective;
  *   - pp: the schedule (ir/schedule.c) simulated with those chunk costs (forward a third,
  *     backward two, split in halves for zb-h1 and dualpipev; the head on the last chunk):
- *     its makespan holds the bubble, no compile needed;
+ *     its makespan holds the bubble, no compile needed; each chunk's forward and backward
+ *     also send a micro-batch's activations to the next pp rank;
  *   - dp and ZeRO: the gradients' reduction over dp (ring, over the link dp spans), ZeRO-3's
  *     parameter gathers each micro-batch, the optimizer's state split over dp;
  *   - memory: the reference's state a layer (split as ZeRO splits it) and its activations a
@@ -155,11 +156,21 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
     char err[IR_ERR_LEN];
     int chunks = (int)(c->pp * c->v);
     double n = (double)L / chunks;
+    /* a chunk's activations (its forward) and their gradients (its backward) go to the
+       next pp rank: a micro-batch's tokens of this cp rank (sp: of this tp rank) x hidden */
+    Mesh mesh = {0};
+    for (int a = 0; a < AX_COUNT; a++) mesh.size[a] = 1;
+    mesh.size[AX_DP] = c->dp, mesh.size[AX_TP] = c->tp, mesh.size[AX_CP] = c->cp, mesh.size[AX_PP] = c->pp;
+    int link = timing_axis_link(hw, &mesh, AX_PP);
+    double bytes = (double)mbs * (double)rq->base->seq / (double)c->cp / (c->sp ? (double)c->tp : 1) *
+                   (double)rq->base->model.hidden * (strcmp(rq->base->precision, "bf16") ? 4 : 2);
+    double p2p = timing_collective(OP_SEND, 2, bytes, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
     if (chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err)) {
       double (*cost)[3] = calloc((size_t)chunks, sizeof *cost);
       for (int k = 0; cost && k < chunks; k++) {
         double t = n * layer + (k == chunks - 1 ? base : 0);
         double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
+        fw += k < chunks - 1 ? p2p : 0, bw += k > 0 ? p2p : 0;
         cost[k][ACT_F] = fw;
         cost[k][ACT_B] = s.split_bw ? bw / 2 : bw;
         cost[k][ACT_W] = s.split_bw ? bw / 2 : 0;
