@@ -4,9 +4,9 @@
  * plan_search and prints; docs/planning.md says what the figures mean.
  *
  * Two searches, meant to give the same table (LOOM_PLAN_CHECK=1 runs both and compares):
- *   - the fast one (LOOM_PLAN_FAST=1, not yet the default: its estimates do not yet rank
- *     layouts of different dp well enough, and LOOM_PLAN_CHECK finds tables that differ;
- *     driver/plan_fast.c says what is missing): every candidate's step and memory are
+ *   - the fast one (LOOM_PLAN_FAST=1, not yet the default: at scale its estimates are still
+ *     too far under the screened steps to leave few candidates to screen; driver/plan_fast.c
+ *     says where it stands): every candidate's step and memory are
  *     estimated from a few compiled programs, one per distinct layer program (tp, cp,
  *     sequence parallelism, recomputation, micro-batch, pipeline schedule family), with dp,
  *     ZeRO, pp, the schedule (simulated by ir/schedule.c) and grad_accum derived from them;

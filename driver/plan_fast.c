@@ -24,17 +24,21 @@
  * the table is the exhaustive search's wherever the estimates are within the margins of the
  * screened figures; LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Not yet the default (LOOM_PLAN_FAST=1 runs it): the estimates are not yet within the
- * margins.  GPT-2 124M on 8 H100s (0.5M tokens): LOOM_PLAN_CHECK=1 finds the fast table's
- * first row dp=8 mbs=1 ga=64 (209 ms) where the exhaustive search's is dp=8 zero=3 mbs=64
- * (145 ms): the estimates of every layout there are 0.6-0.7 of their screened steps, but not
- * alike (tp=2 layouts looked best), because the layer programs are compiled at dp = 1 and
- * miss what grows with dp: with dp > 1 the partitioned @grad_step holds shard_slice ops whose
- * operand is the whole batch's activation (bf16[512,1024,3072] sliced to [64,1024,3072],
- * 1.08 ms each in the time model; 60 of the 148 ms at dp=8, none at dp=1).  What is left:
- * key the layer programs by dp too (dp = gpus / (tp cp pp ep), so one per pp as well) or
- * derive that term, and calibrate the pipeline chunks' forward/backward split and the
- * recomputation factors against compiled chunks; then make it the default.
+ * Where it stands (2026-11-27).  LOOM_PLAN_CHECK=1 gives the exhaustive table on the cases
+ * tried: tests/cli/plan.sh's (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
+ * recomputation fixed), GPT-2 124M on 8 and 64 H100s at 0.5M tokens, with fewer compiles
+ * (GPT-2 124M on 8: 284 against the pruned exhaustive search's 1,373).  Not the default yet, because at scale the estimates are too far under
+ * the screened steps: Llama-3-70B on 4,096 H100s at 4M tokens had them at 0.55-1.07 of the
+ * screened steps (median 0.8), so some 2,000 candidates fell within the margin and were
+ * screened (6,808 compiles).  The first version, its layer programs compiled at dp = 1,
+ * missed what grows with dp: with dp > 1 the partitioned @grad_step broadcasts some
+ * operands (the biases, the position embedding) to the whole batch's shape and then slices
+ * the rank's part (shard_slice; in the time model bf16[512,1024,3072] -> [64,1024,3072] costs
+ * 1.08 ms, 60 of GPT-2 124M's 148 ms at dp=8, none at dp=1), hence dp 1, 2 and 4 now.  What
+ * is left: the references at the candidates' own links (tp and cp across nodes), the
+ * pipeline chunks' forward/backward split and the recomputation factors calibrated against
+ * compiled chunks (or chunks compiled as references), the dp exposure of ZeRO-2/3; then a
+ * smaller margin, and the default.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -131,9 +135,9 @@ static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
   const Figures *a = &p->f[1], *b = &p->f[2];
   if (!a->ok || !b->ok) return false;
   double w = (double)(dp - 2) / 2;
-  const double *x = &a->g_la, *y = &b->g_la;
-  double *z = &out->g_la;
-  for (int k = 0; k < 12; k++) z[k] = x[k] + w * (y[k] - x[k]);   /* the doubles after ok, in order */
+#define AT(field) out->field = a->field + w * (b->field - a->field)
+  AT(g_la), AT(g_lb), AT(g_ba), AT(g_bb), AT(o_l), AT(o_b), AT(s_l), AT(s_b), AT(a_la), AT(a_lb), AT(a_ba), AT(a_bb);
+#undef AT
   out->ok = true;
   return true;
 }

@@ -3,6 +3,19 @@
  * its step and memory extrapolated to the model's layers a chunk, in rounds that prune what
  * cannot win.  The fast search (plan_fast.c) screens with the same compiles the candidates
  * its estimates leave; LOOM_PLAN_CHECK=1 runs this one beside it and compares the tables.
+ *
+ * Layouts differ in their repeated layers, so each candidate is compiled with 1 and with 2
+ * layers per pipeline chunk (equal chunks; the model itself when that is as small), and its
+ * step time and memory are extrapolated linearly to the model's layers per chunk.  The best
+ * 2 x --top that fit are then compiled whole (plan.c, the exact phase): the screening
+ * figures are never printed as results.  The compiles share what they can (plan_internal.h,
+ * "compiling a candidate").  Most candidates stop after their first compile: a lower bound
+ * on their step (that compile's, plus the rest of the layers at peak FLOP/s) already exceeds
+ * the 2 x --top-th best screened step ("pruning" below); the table is the unpruned search's.
+ * LOOM_PLAN_DEBUG=1 prints, to stderr, why a layout is not buildable and each whole compile
+ * beside its screening figures; LOOM_PLAN_CHECK=1 (here) also lowers every screening compile
+ * whole and stops at the first figure the shared lowering does not reproduce bit for bit,
+ * prunes nothing, and stops at the first lower bound above its candidate's screened step.
  */
 #include <math.h>
 #include <stdlib.h>

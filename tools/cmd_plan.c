@@ -24,6 +24,9 @@ static const char help[] =
   "not fit are dropped and the rest ranked by tokens/s.  Context parallelism (cp) is searched\n"
   "with zigzag ring attention; expert parallelism (ep) for a mixture of experts (Mixtral,\n"
   "Qwen3-MoE: no pp or cp with experts yet, as loom trains them; --capacity-factor as training).\n"
+  "MFU counts the model's FLOPs (loom ir --flops), the same for every recomputation; HFU what\n"
+  "the device executes.  LOOM_PLAN_FAST=1: the search from layer programs, LOOM_PLAN_CHECK=1:\n"
+  "checked against the exhaustive one (docs/planning.md).\n"
   "\n"
   "options:\n"
   "  --gpus N                  devices (required)\n"
@@ -252,7 +255,7 @@ int cmd_plan(int argc, char **argv) {
       printf("  {\"rank\": %d, \"dp\": %lld, \"tp\": %lld, \"pp\": %lld, \"cp\": %lld, \"ep\": %lld, \"sequence_parallel\": %s, "
              "\"zero\": %d, \"pp_schedule\": \"%s\", \"pp_virtual\": %lld, \"batch\": %lld, \"micro_batch_per_rank\": %lld, "
              "\"grad_accum\": %lld, \"recompute\": \"%s\", \"memory_bytes\": %.0f, \"step_s\": %.9g, \"tokens_per_s_per_gpu\": %.9g, "
-             "\"model_flops_per_token\": %.9g, \"peak_flops\": %.9g, \"mfu\": %.6f, \"hfu\": %.6f, "
+             "\"model_flops_per_token\": %.9g, \"peak_flops\": %.9g, \"mfu\": %.9g, \"hfu\": %.9g, "
              "\"biggest_loss\": \"%s\", \"biggest_loss_s\": %.6g}%s\n",
              i + 1, (long long)c->dp, (long long)c->tp, (long long)c->pp, (long long)c->cp, (long long)c->ep,
              c->sp ? "true" : "false", c->zero, c->pp > 1 ? pipe_kind_names[c->sched] : "", (long long)c->v, (long long)c->batch,
