@@ -202,7 +202,9 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
     int link = timing_axis_link(hw, &mesh, AX_DP);
     double grads = (p->s_b + (double)L * p->s_l) / 4 / (double)c->pp;
     double comm = timing_collective(OP_ALL_REDUCE, c->dp, grads, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
-    double hidden = (2.0 / 3.0) * (base + n_stage * layer);
+    /* without ZeRO or pp the reduction starts during the last backward; with them it is the
+       optimizer step's (ZeRO: a reduce-scatter and an all-gather, as much traffic) */
+    double hidden = c->zero == 0 && c->pp == 1 ? (2.0 / 3.0) * (base + n_stage * layer) : 0;
     step += comm > hidden ? comm - hidden : 0;
   }
   c->est_s = step;
