@@ -28,9 +28,9 @@
  * tried: tests/cli/plan.sh's (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
  * recomputation fixed), GPT-2 124M on 8 and 64 H100s at 0.5M tokens, with fewer compiles
  * (GPT-2 124M on 8: 284 against the pruned exhaustive search's 1,373).  Not the default yet, because at scale the estimates are too far under
- * the screened steps: Llama-3-70B on 4,096 H100s at 4M tokens had them at 0.55-1.07 of the
- * screened steps (median 0.8), so some 2,000 candidates fell within the margin and were
- * screened (6,808 compiles).  The first version, its layer programs compiled at dp = 1,
+ * the screened steps: Llama-3-70B on 4,096 H100s at 4M tokens had most at 0.55-1.09 of the
+ * screened steps (median 0.82), so some 1,800 candidates fell within the margin and were
+ * screened (4,228 compiles).  The first version, its layer programs compiled at dp = 1,
  * missed what grows with dp: with dp > 1 the partitioned @grad_step broadcasts some
  * operands (the biases, the position embedding) to the whole batch's shape and then slices
  * the rank's part (shard_slice; in the time model bf16[512,1024,3072] -> [64,1024,3072] costs
