@@ -5,7 +5,7 @@
 # experts on 512 at 4M tokens.  Runs each RUNS times (default 3) and prints every wall time,
 # their median and the plan's best layout (the first run also warms the page cache).
 # usage: bash bench/plan_speed.sh [BUILD_DIR] [NAME...]   (NAME: 1B 70B 405B mixtral qwen3; default all)
-#        LOOM_THREADS=1 for one core; RUNS=N; LOOM_PLAN_FAST=1 for the fast search (driver/plan.h)
+#        LOOM_THREADS=1 for one core; RUNS=N; LOOM_PLAN_EXHAUSTIVE=1 for the exhaustive search (driver/plan.h)
 BUILD=${1:-build}
 shift
 LOOM=$BUILD/loom

@@ -4,15 +4,15 @@
  * plan_search and prints; docs/planning.md says what the figures mean.
  *
  * Two searches, meant to give the same table (LOOM_PLAN_CHECK=1 runs both and compares):
- *   - the fast one (LOOM_PLAN_FAST=1, not yet the default: at scale its estimates are still
- *     too far under the screened steps to leave few candidates to screen; driver/plan_fast.c
- *     says where it stands): every candidate's step and memory are
+ *   - the fast one (the default; driver/plan_fast.c says where it stands: at scale its
+ *     estimates are still too far under the screened steps to leave few candidates to
+ *     screen): every candidate's step and memory are
  *     estimated from a few compiled programs, one per distinct layer program (tp, cp,
  *     sequence parallelism, recomputation, micro-batch, pipeline schedule family), with dp,
  *     ZeRO, pp, the schedule (simulated by ir/schedule.c) and grad_accum derived from them;
  *     the candidates whose estimate could beat the finalists are then screened by compiling
  *     them (as the exhaustive search does), and the best compiled whole;
- *   - the exhaustive one (the default; driver/plan_screen.c): every candidate screened by compiling it
+ *   - the exhaustive one (LOOM_PLAN_EXHAUSTIVE=1; driver/plan_screen.c): every candidate screened by compiling it
  *     with 1 and 2 layers a pipeline chunk.
  * Every printed row is a whole compile's: memory exactly the memory plan's.
  *

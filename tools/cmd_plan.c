@@ -11,7 +11,7 @@
 #include "tools/tools.h"
 
 /* The search `loom plan` runs: LOOM_PLAN_FAST=1 and LOOM_PLAN_EXHAUSTIVE=1 choose (driver/plan.h). */
-#define PLAN_DEFAULT_EXHAUSTIVE 1
+#define PLAN_DEFAULT_EXHAUSTIVE 0
 
 static const char help[] =
   "usage: loom plan SPEC.json --gpus N [options]\n"
@@ -25,8 +25,9 @@ static const char help[] =
   "with zigzag ring attention; expert parallelism (ep) for a mixture of experts (Mixtral,\n"
   "Qwen3-MoE: no pp or cp with experts yet, as loom trains them; --capacity-factor as training).\n"
   "MFU counts the model's FLOPs (loom ir --flops), the same for every recomputation; HFU what\n"
-  "the device executes.  LOOM_PLAN_FAST=1: the search from layer programs, LOOM_PLAN_CHECK=1:\n"
-  "checked against the exhaustive one (docs/planning.md).\n"
+  "the device executes.  The search estimates candidates from their layer programs and\n"
+  "compiles those that could win; LOOM_PLAN_EXHAUSTIVE=1 compiles every one, LOOM_PLAN_CHECK=1\n"
+  "runs both and fails unless their tables agree (docs/planning.md).\n"
   "\n"
   "options:\n"
   "  --gpus N                  devices (required)\n"
