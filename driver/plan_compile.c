@@ -11,7 +11,7 @@
 #include "driver/plan_internal.h"
 #include "frontend/build.h"
 #include "ir/schedule.h"
-#include "tools/tools.h"   /* spec_train_settings (tools/train_args.c) until the driver holds the pipeline */
+#include "driver/driver.h"   /* spec_train_settings */
 
 
 /* OpenBLAS starts its worker threads when it is loaded, before main, and they spin for about
