@@ -366,9 +366,10 @@ void cuda_program_memory_plan(const RtProgram *p, size_t workspace_bytes, CudaMe
 
 void cuda_options_default(CudaOptions *o) {
   memset(o, 0, sizeof *o);
-  const char *t = getenv("LOOM_TF32"), *s = getenv("LOOM_CUDA_SYNC");
+  const char *t = getenv("LOOM_TF32"), *s = getenv("LOOM_CUDA_SYNC"), *pr = getenv("LOOM_PROFILE");
   o->tf32 = t && *t && strcmp(t, "0");
   o->sync_each_step = s && *s && strcmp(s, "0");
+  o->profile = pr && *pr && strcmp(pr, "0");
 }
 
 int cuda_find_func(const CudaProgram *cp, const char *name) {
@@ -675,6 +676,8 @@ static int load_kernels(CudaProgram *cp, char *err, size_t errlen) {
   return 0;
 }
 
+static int profile_init(CudaProgram *cp, char *err, size_t errlen);
+
 int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device,
                            const CudaOptions *opt, char *err, size_t errlen) {
   memset(cp, 0, sizeof *cp);
@@ -754,6 +757,7 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   for (int f = 0; !rc && f < p->n_funcs; f++)
     for (int s = 0; !rc && s < p->funcs[f].n_steps; s++)
       if (p->funcs[f].steps[s].kind == RT_STEP_GEMM) rc = plan_gemm(cp, f, s, &cp->plans[f][s], err, errlen);
+  if (!rc && cp->opt.profile) rc = profile_init(cp, err, errlen);
   if (!rc) rc = CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the program's memory)");
   cp->mem.total = cp->mem.arenas + cp->mem.regions + cp->mem.workspace;
   if (!rc && cuda_device_query(device, &cp->info, err, errlen)) rc = 1;   /* free memory, now */
@@ -772,6 +776,12 @@ void cuda_program_free(CudaProgram *cp) {
     spoiled = cp->broken && d->cuCtxSynchronize() != CUDA_SUCCESS;
   }
   cuda_mesh_free(cp);
+  for (int e = 0; d && cp->prof_ev && e < cp->n_prof_ev; e++)
+    if (cp->prof_ev[e]) d->cuEventDestroy((CUevent)cp->prof_ev[e]);
+  free(cp->prof_ev);
+  for (int f = 0; cp->prof_ms && f < cp->p->n_funcs; f++) free(cp->prof_ms[f]);
+  free(cp->prof_ms);
+  free(cp->prof_calls);
   for (int f = 0; cp->plans && f < cp->p->n_funcs; f++) {
     for (int s = 0; cp->plans[f] && s < cp->p->funcs[f].n_steps; s++) plan_free(l, cp->plans[f][s]);
     free(cp->plans[f]);
@@ -794,6 +804,43 @@ void cuda_program_free(CudaProgram *cp) {
   free(cp->gstorage);
   free(cp->staging);
   memset(cp, 0, sizeof *cp);
+}
+
+/* The profile's events and times (CudaOptions.profile). */
+static int profile_init(CudaProgram *cp, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  int most = 0, nf = cp->p->n_funcs;
+  for (int f = 0; f < nf; f++)
+    if (cp->p->funcs[f].n_steps > most) most = cp->p->funcs[f].n_steps;
+  cp->prof_ev = calloc((size_t)most + 1, sizeof *cp->prof_ev);
+  cp->prof_ms = calloc((size_t)(nf ? nf : 1), sizeof *cp->prof_ms);
+  cp->prof_calls = calloc((size_t)(nf ? nf : 1), sizeof *cp->prof_calls);
+  if (!cp->prof_ev || !cp->prof_ms || !cp->prof_calls) return fail(err, errlen, 1, "out of memory");
+  for (int f = 0; f < nf; f++)
+    if (!(cp->prof_ms[f] = calloc((size_t)cp->p->funcs[f].n_steps + 1, sizeof(float)))) return fail(err, errlen, 1, "out of memory");
+  for (int e = 0; e <= most; e++) {
+    CUevent ev = NULL;
+    if (CU(cuEventCreate, (&ev, CU_EVENT_DEFAULT), "(the profile's events)")) return 1;
+    cp->prof_ev[cp->n_prof_ev++] = ev;
+  }
+  return 0;
+}
+
+/* After a profiled call's synchronization: every step's time. */
+static int profile_read(CudaProgram *cp, int f, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  int n = cp->p->funcs[f].n_steps;
+  for (int s = 0; s < n; s++) {
+    float ms = 0;
+    if (CU(cuEventElapsedTime, (&ms, (CUevent)cp->prof_ev[s], (CUevent)cp->prof_ev[s + 1]), "(reading the profile)")) return 1;
+    cp->prof_ms[f][s] = ms;
+  }
+  cp->prof_calls[f]++;
+  return 0;
+}
+
+const float *cuda_profile_ms(const CudaProgram *cp, int f) {
+  return cp->prof_calls && f >= 0 && f < cp->p->n_funcs && cp->prof_calls[f] ? cp->prof_ms[f] : NULL;
 }
 
 static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
@@ -854,14 +901,17 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
       rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, func, b), cp->staging + off, bytes, stream), where);
     off += (bytes + 63) / 64 * 64;
   }
+  bool prof = cp->prof_ev != NULL;
   for (int s = 0; !rc && s < fn->n_steps; s++) {
     const RtStep *st = &fn->steps[s];
     step_where(cp, func, s, where, sizeof where);
+    if (prof && (rc = CU(cuEventRecord, ((CUevent)cp->prof_ev[s], stream), where))) break;
     rc = st->kind == RT_STEP_GEMM      ? run_gemm(cp, func, s, where, err, errlen)
          : st->kind == RT_STEP_BUILTIN ? cuda_mesh_step(cp, func, s, where, err, errlen)
                                        : launch(cp, func, s, where, err, errlen);
     if (!rc && cp->opt.sync_each_step) rc = CU(cuStreamSynchronize, (stream), where);
   }
+  if (!rc && prof) rc = CU(cuEventRecord, ((CUevent)cp->prof_ev[fn->n_steps], stream), "(the profile's last event)");
   off = 0;
   snprintf(where, sizeof where, "copying the results of @%s", fn->name);
   for (int r = 0; !rc && r < fn->n_rets; r++) {
@@ -877,6 +927,7 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
     snprintf(where, sizeof where, "after @%s (a kernel or GEMM of it failed; LOOM_CUDA_SYNC=1 names the step)", fn->name);
     rc = cp->comm ? cuda_mesh_sync(cp, where, err, errlen) : CU(cuStreamSynchronize, (stream), where);
   }
+  if (!rc && prof) rc = profile_read(cp, func, err, errlen);
   off = 0;
   for (int r = 0; !rc && r < fn->n_rets; r++) {
     const RtBuf *b = &fn->rets[r];

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TOTAL_MEM (80ull << 30)
@@ -208,11 +209,18 @@ CUresult cuStreamDestroy(CUstream s) {
 }
 
 /* Events: streams are synchronous, so an event is complete as soon as it is recorded and a
-   wait for one never waits. */
+   wait for one never waits.  An event holds the host's monotonic time when it was recorded
+   (negative: never), so the time between two is what the emulated work between them took. */
+typedef struct {
+  double recorded_s;
+} Event;
+
 CUresult cuEventCreate(CUevent *e, unsigned flags) {
   (void)flags;
   if (!e) return CUDA_ERROR_INVALID_VALUE;
-  *e = (CUevent)malloc(16);
+  Event *ev = malloc(sizeof *ev);
+  if (ev) ev->recorded_s = -1;
+  *e = (CUevent)ev;
   return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -223,8 +231,21 @@ CUresult cuEventDestroy(CUevent e) {
 }
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
   (void)s;
-  return e ? sync_status() : CUDA_ERROR_INVALID_HANDLE;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ((Event *)e)->recorded_s = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  return sync_status();
+}
+
+/* As the driver: both recorded (else CUDA_ERROR_INVALID_HANDLE), end minus start in ms. */
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+  if (!ms || !start || !end) return CUDA_ERROR_INVALID_VALUE;
+  const Event *a = (const Event *)start, *b = (const Event *)end;
+  if (a->recorded_s < 0 || b->recorded_s < 0) return CUDA_ERROR_INVALID_HANDLE;
+  *ms = (float)((b->recorded_s - a->recorded_s) * 1e3);
+  return sync_status();
 }
 
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {

@@ -331,6 +331,23 @@ else
   bad "resuming a mesh checkpoint on CUDA"; tail -5 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
 fi
 
+# LOOM_PROFILE=1 (events around every launch and library call): the table's launches are those
+# `loom ir --cost` counts for the same step, every category has a time, and the run's losses
+# are those of a run without the profile, bit for bit
+g=tests/golden/gpt2-tiny/train_spec.json
+n=$("$LOOM" ir $g --passes=train,lower --target cuda --cost | awk '/^launches a step:/ { print $4 }')
+if LOOM_PROFILE=1 "$LOOM" train $g --backend cuda --steps 2 > "$tmp/prof.out" 2> "$tmp/prof.err" &&
+   "$LOOM" train $g --backend cuda --steps 2 > "$tmp/noprof.out" 2>&1 &&
+   awk -v n="$n" '/^CUDA profile of one step/ { t = 1 } t == 1 && $1 == "total" { tot = $2; ms = $3; t = 2 }
+     t == 1 && ($1 == "gemm" || $1 == "attention" || $1 == "norm" || $1 == "loss") { if ($3 + 0 > 0) c++ }
+     END { exit !(n > 0 && tot == n && ms > 0 && c == 4) }' "$tmp/prof.err" &&
+   diff <(cat "$tmp/prof.out" "$tmp/prof.err" | grep -o '| loss [0-9][0-9.]*') <(grep -o '| loss [0-9][0-9.]*' "$tmp/noprof.out") > /dev/null; then
+  ok "LOOM_PROFILE=1 on CUDA: $n launches timed (as --cost counts), the losses unchanged"
+  sed -n '/^category/,/^total/p' "$tmp/prof.err" | sed 's/^/     /'
+else
+  bad "LOOM_PROFILE=1 on CUDA (--cost counts $n launches)"; tail -30 "$tmp/prof.err"
+fi
+
 # bench/gpu_step.sh end to end (its parsing of loom's output), on a tiny model
 if EMULATED=1 MODELS="models/gpt2-tiny.json:2:32" STEPS=4 LOOM=$LOOM bash bench/gpu_step.sh > "$tmp/bench" 2>&1 &&
    grep -Eq '^\| gpt2-tiny \| 2 x 32 \| 0\.000 \| [0-9.]+ \| [0-9]+ \| [0-9.]+% \| [0-9.]+ MiB \| [0-9.]+ MiB \(arenas .*\| [0-9.]+ \| [0-9.]+ \|$' "$tmp/bench"; then
