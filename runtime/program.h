@@ -163,7 +163,10 @@ typedef struct {
    args[] are the buffers' addresses (inputs then outputs); the kernel computes the part
    [begin, end) of its parallel extent i[0], so the runtime can split it across threads.
    RT_STEP_GEMM: C[b] = op(A[b]) @ op(B[b]) for b < batch;
-     bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared) */
+     bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared);
+     on CUDA also i[RT_GEMM_BETA_INT]: 1 adds C's old value (C += op(A) op(B): a gradient
+     accumulated in the GEMM), 0 overwrites it (the CPU lowering never sets it) */
+#define RT_GEMM_BETA_INT 10
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */

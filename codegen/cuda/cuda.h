@@ -107,7 +107,7 @@
    in the GEMM).  Buffers after A B -> C: the epilogue's bias (an input) and its auxiliary
    pre-activation (an output for GELU_AUX_BIAS, an input for DGELU). */
 #define CUDA_GEMM_EPI_INT 9
-#define CUDA_GEMM_BETA_INT 10
+#define CUDA_GEMM_BETA_INT RT_GEMM_BETA_INT
 
 /* Lowers every non-kernel function of m (after fuse and memory-plan with target CUDA: each
    value's offset counts each dtype's size) into *out (free with rt_program_free), and the

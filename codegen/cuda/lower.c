@@ -462,7 +462,9 @@ static int lower_call(Lower *L, Steps *s) {
   return 0;
 }
 
-static int lower_matmul(Lower *L, Steps *s) {
+/* A matmul; into_global (NULL: none) is the f32 gradient the GEMM accumulates its result into
+   (C = that global, beta = 1: fuse_grad_accum), instead of writing its own result. */
+static int lower_matmul(Lower *L, Steps *s, const Value *into_global) {
   const Op *op = L->op;
   const Type *a = &op->operands[0]->type, *b = &op->operands[1]->type, *c = &op->results[0]->type;
   bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
@@ -473,6 +475,12 @@ static int lower_matmul(Lower *L, Steps *s) {
   int64_t v[9] = {batch, M, N, K, ta, tb, M * K, b->rank > 2 ? K * N : 0, M * N};
   memcpy(st->i, v, sizeof v);
   st->grid[0] = st->block[0] = 0;   /* a library call: no launch of ours */
+  if (into_global) {
+    if (cl_buf_of(L, into_global, &st->bufs[2])) return IR_EINPUT;
+    st->i[CUDA_GEMM_BETA_INT] = 1;
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " (+= $%s)", into_global->global->name);
+  }
   return 0;
 }
 
@@ -1340,6 +1348,77 @@ static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
   return cl_instantiate(L, st, "sumparts", "loom_sum_parts", (const int[]){1, -1}, NULL, "", 256);
 }
 
+/* ---------------------------------------------------------------- gradient accumulation
+
+   The training passes leave each gradient as `%g = matmul ...` (or a fused reduction), in
+   bf16 `%f = call @cast(%g)` to f32, then `accumulate $grad.X, %f`: two or three launches and
+   the gradient written and read twice.  Here:
+     - matmul [+ cast] + accumulate, consecutive, each result used once, into an f32 global of
+       as many elements: one GEMM with C = the global and beta = 1 (f32 accumulation of the
+       product, no bf16 rounding of it: fp32 programs give the same bits, bf16 ones a more
+       exact sum);
+     - cast + accumulate, consecutive, the cast's result used once: one loom_update that reads
+       the narrow value and adds it in f32 (the same arithmetic, the same bits).
+   Done in the lowering rather than in fuse: the GEMM is a library call the IR has no op for
+   (matmul with an accumulator), and the pairs are adjacent in every program the passes make. */
+
+/* A kernel func that only converts its one float argument to another float dtype. */
+static bool is_cast_call(const Op *op) {
+  if (op->kind != OP_CALL || op->n_operands != 1 || op->n_results != 1) return false;
+  const Func *k = op->callee;
+  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 1) return false;
+  const Op *c = k->ops.items[0];
+  return c->kind == OP_CAST && c->operands[0] == k->args.items[0] && k->rets.items[0] == c->results[0] &&
+         dtype_is_float(c->operands[0]->type.dtype) && dtype_is_float(c->results[0]->type.dtype);
+}
+
+/* Op `at` of f is `accumulate $g, v` into an f32 global of v's element count. */
+static const Value *accumulates(const Func *f, int at, const Value *v) {
+  if (at >= f->ops.n) return NULL;
+  const Op *op = f->ops.items[at];
+  if (op->kind != OP_ACCUMULATE || op->operands[1] != v) return NULL;
+  const Value *g = op->operands[0];
+  if (g->kind != VAL_GLOBAL || g->type.dtype != DT_F32 || type_numel(&g->type) != type_numel(&v->type)) return NULL;
+  return g;
+}
+
+/* Op i (a matmul or a cast call) followed by its accumulation: the global (and marks the ops
+   it takes over as skipped), or NULL. */
+static const Value *fuse_grad_accum(Lower *L, const Func *f, int i) {
+  if (getenv("LOOM_CUDA_NO_ACC_FUSION")) return NULL;   /* the unfused program, for the tests */
+  const Op *op = f->ops.items[i];
+  const Value *r = op->n_results == 1 ? op->results[0] : NULL;
+  if (!r || uses(f, r) != 1) return NULL;
+  if (op->kind == OP_CALL) {
+    if (!is_cast_call(op) || r->type.dtype != DT_F32) return NULL;
+    const Value *g = accumulates(f, i + 1, r);
+    if (g) L->skip[i + 1] = true;
+    return g;
+  }
+  if (op->kind != OP_MATMUL || i + 1 >= f->ops.n) return NULL;
+  const Value *g = NULL;
+  int last = i + 1;
+  if (r->type.dtype == DT_F32) g = accumulates(f, i + 1, r);
+  else {
+    const Op *c = f->ops.items[i + 1];
+    if (is_cast_call(c) && c->operands[0] == r && c->results[0]->type.dtype == DT_F32 && uses(f, c->results[0]) == 1)
+      g = accumulates(f, last = i + 2, c->results[0]);
+  }
+  for (int k = i + 1; g && k <= last; k++) L->skip[k] = true;
+  return g;
+}
+
+/* cast + accumulate as one step: loom_update<f32 global, narrow value, acc>. */
+static int lower_cast_accumulate(Lower *L, Steps *s, const Value *g) {
+  const Value *x = L->op->operands[0];
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, "");
+  if (!st || cl_set_bufs(L, st, (const Value *const[]){g, x}, 2, false)) return IR_EINPUT;
+  snprintf(st->label, sizeof st->label, "accumulate $%s (cast)", g->global->name);
+  st->i[0] = type_numel(&x->type);
+  cl_launch_ew(st, st->i[0]);
+  return cl_instantiate(L, st, "accumulate", "loom_update", (const int[]){0, 1, -1}, "true", "", 1024);
+}
+
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
@@ -1377,9 +1456,10 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
       continue;
     }
     L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, i);
+    const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? fuse_grad_accum(L, f, i) : NULL;
     switch (L->op->kind) {
-    case OP_CALL: rc = lower_call(L, &s); break;
-    case OP_MATMUL: rc = lower_matmul(L, &s); break;
+    case OP_CALL: rc = acc ? lower_cast_accumulate(L, &s, acc) : lower_call(L, &s); break;
+    case OP_MATMUL: rc = lower_matmul(L, &s, acc); break;
     default: rc = cl_mesh_op(L->op) ? cl_lower_mesh_op(L, &s) : lower_builtin(L, &s); break;
     }
   }

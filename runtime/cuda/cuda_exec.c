@@ -254,6 +254,8 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   for (int k = 0; k < 9; k++)
     if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
   if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
+  if (i[RT_GEMM_BETA_INT] != 0 && i[RT_GEMM_BETA_INT] != 1)
+    return fail(err, errlen, 2, "GEMM %s: beta (i[%d]) must be 0 or 1", st->label, RT_GEMM_BETA_INT);
   if (i[0] > INT32_MAX) return fail(err, errlen, 2, "GEMM %s: batch count over 2^31", st->label);
   for (int k = 1; k <= 3; k++)
     if (i[k] > (INT64_C(1) << 40)) return fail(err, errlen, 2, "GEMM %s: dimension i[%d] too large", st->label, k);
@@ -557,8 +559,9 @@ static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err,
   uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
            pc = cuda_buf_addr(cp, f, &st->bufs[2]);
   CUstream stream = (CUstream)cp->stream;
+  bool acc = i[RT_GEMM_BETA_INT] != 0;   /* C += op(A) op(B) */
   if (g->zero) {
-    for (int64_t b = 0; b < i[0]; b++)
+    for (int64_t b = 0; !acc && b < i[0]; b++)
       if (CU(cuMemsetD8Async, ((CUdeviceptr)(pc + (uint64_t)(b * i[8] * esz_c)), 0, (size_t)(i[1] * i[2] * esz_c), stream),
              where))
         return 1;
@@ -566,7 +569,7 @@ static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err,
   }
   const CublasLtApi *l = cuda_cublaslt(err, errlen);
   if (!l) return 1;
-  float alpha = 1.0f, beta = 0.0f;
+  float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
   int64_t nb = g->per_batch ? i[0] : 1;
   for (int64_t b = 0; b < nb; b++) {
     const void *A = (const void *)(uintptr_t)(pb + (uint64_t)(b * i[7] * esz_b));   /* Lt's A: our B */

@@ -69,6 +69,20 @@ check "launches a step = 2 x @grad_step's steps + @optimizer_step's" awk '
   END { if (g == 0 || o == 0 || n != 2 * g + o) { print g, o, n; exit 1 } }' "$OUT"
 expect_stdout_contains "@grad_step x 2, @optimizer_step x 1"
 
+# weight gradients accumulated in their GEMM (beta = 1): gpt2-tiny's attn.c_proj, mlp.c_fc
+# and mlp.c_proj of 2 layers (c_attn's gradient is a sum of its q, k, v pieces, and wte's the
+# embedding's and the lm_head's), and every other narrow gradient cast while it is accumulated
+expect_exit 0 "gpt2-tiny bf16 --cost" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost
+check "6 GEMMs accumulate into their f32 weight gradient" test "$(grep -c '(+= \$grad\.h\.[01]\.\(attn\.c_proj\|mlp\.c_fc\|mlp\.c_proj\)\.weight)' "$OUT")" = 6
+check "17 narrow gradients cast while accumulated, no cast step left before an accumulate" awk '
+  /accumulate \$grad.*\(cast\)/ { n++ } $3 == "cast" { c = 1; next } c && / accumulate \$grad/ { bad++ } { c = 0 }
+  END { exit !(n == 17 && !bad) }' "$OUT"
+n_fused=$(awk '/^launches a step:/ { print $4 }' "$OUT")
+n_unfused=$(LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost |
+  awk '/^launches a step:/ { print $4 }')
+# unfused: each of the 6 GEMMs' cast and accumulate, and the 17 casts, are launches of their own
+check "the unfused program (LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17" test "$n_unfused" = $((n_fused + 29))
+
 expect_exit 2 "--cost needs the CUDA target" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --cost
 expect_stderr_contains "--target=cuda"
 expect_exit 2 "--cost needs the lowered program" "$LOOM" ir models/gpt2-tiny.json --passes=train --target cuda --cost

@@ -331,6 +331,27 @@ else
   bad "resuming a mesh checkpoint on CUDA"; tail -5 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
 fi
 
+# Gradients accumulated in the GEMM (cuBLASLt beta = 1 into the f32 gradient) and cast +
+# accumulate as one kernel (codegen/cuda/lower.c, "gradient accumulation") against the
+# unfused program (LOOM_CUDA_NO_ACC_FUSION=1): 3 steps with 2 micro-batches, fp32 bit for bit
+# (the same arithmetic); bf16 (the product is no longer rounded to bf16 before it is added)
+# with loom check's bf16 rule: losses and gradient norms within 2e-2, parameters within 2e-2
+# plus 2 x steps x lr (AdamW moves a parameter by about lr whatever its gradient's size)
+for m in gpt2-tiny llama-tiny; do
+  for p in fp32 bf16; do
+    tol=$([ $p = fp32 ] && echo "0" || echo "2e-2 --atol 0.06")
+    if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q --out "$tmp/acc-f.st" > "$tmp/log" 2>&1 &&
+       LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+         --out "$tmp/acc-u.st" >> "$tmp/log" 2>&1 &&
+       "$ST_DIFF" "$tmp/acc-f.st" "$tmp/acc-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+       "$ST_DIFF" "$tmp/acc-f.st" "$tmp/acc-u.st" --rtol $tol >> "$tmp/diff" 2>&1; then
+      ok "$m $p: gradients accumulated in the GEMM and in the cast, 3 steps within ${tol%% *} of the unfused program"
+    else
+      bad "$m $p: fused gradient accumulation against the unfused program"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+    fi
+  done
+done
+
 # LOOM_PROFILE=1 (events around every launch and library call): the table's launches are those
 # `loom ir --cost` counts for the same step, every category has a time, and the run's losses
 # are those of a run without the profile, bit for bit
