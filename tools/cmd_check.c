@@ -41,7 +41,7 @@ static const char help[] =
   "cell the largest relative error max|a-b| / max|b| over its tensors and the tolerance.\n"
   "\n"
   "A golden folder holds config.json (or spec.json), weights.safetensors, tokens.bin,\n"
-  "golden.json (batch, seq, training settings) and expected.safetensors (README \"Golden\n"
+  "golden.json (batch, seq, training settings) and expected.safetensors (docs/goldens.md, \"Golden\n"
   "folders\"); `loom make-golden SPEC -o DIR` writes one.\n"
   "\n"
   "options:\n"

@@ -168,7 +168,7 @@ int hardware_load(const char *hw_arg, Hardware *hw, char *err, size_t errlen) {
     if (!path[0]) snprintf(path, sizeof path, "%s/models/hardware/%s.json", LOOM_SOURCE_DIR, name);
     if (access(path, R_OK)) {
       snprintf(err, errlen, "--hw %s: no hardware description of that name (shipped: h100 (h100-sxm), h200, a100 "
-               "(a100-80gb), b200; or give a path to a JSON file: see models/hardware/ and the README)", hw_arg);
+               "(a100-80gb), b200; or give a path to a JSON file: see models/hardware/ and docs/time-model.md)", hw_arg);
       return 2;
     }
   }

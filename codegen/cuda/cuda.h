@@ -4,10 +4,10 @@
  *   kernel.c   a fused `kernel func` -> one extern "C" __global__ kernel (grid-stride loops;
  *              reductions per output row, column or thread: deterministic orders)
  *   lower.c    every program function (after `fuse` and `memory-plan` with target CUDA) ->
- *              RtSteps; the translation unit: prelude.h (conversions, the templates of the
- *              builtin kernels, flash attention), prelude_attn_block.h (context parallelism),
- *              prelude_decode.h (the KV cache), prelude_moe.h (mixture of experts: routing,
- *              permutations, grouped matmuls), the fused kernels (identical ones shared),
+ *              RtSteps; the translation unit: the kernel families of kernels/<family>.cuh (embedded
+ *              at build time, listed in kernels.h: conversions, norms, loss, data movement,
+ *              AdamW, flash attention, context parallelism's blocks, the KV cache, mixture of
+ *              experts, mesh), the fused kernels (identical ones shared),
  *              one extern "C" wrapper per builtin kernel and storage signature used
  *
  * The program (runtime/program.h, "On CUDA every step ..."):
@@ -49,14 +49,14 @@
  *     program.h's i[] (RT_B_ALL_REDUCE .. RT_B_ALL_TO_ALL, RT_B_COLL_START, RT_B_COLL_WAIT),
  *     run by the runtime as NCCL calls on a stream per mesh axis; embedding and
  *     embedding_grad add vocab axis + 1 and the rank's coordinate on it (i[3], i[4]);
- *     shard_slice, shard_pad, target_pick and onehot are kernels of prelude_mesh.h, their
+ *     shard_slice, shard_pad, target_pick and onehot are kernels of kernels/mesh.cuh, their
  *     i[] program.h's plus the coordinate.  send and recv on a ring (rel=true: context
  *     parallelism) are RT_B_SEND / RT_B_RECV steps with program.h's i[], which the runtime
  *     issues as NCCL groups (runtime/cuda/cuda_exec.h, "point-to-point transfers"); a
  *     transfer to a fixed rank (a pipeline's) or to the rank itself, and all_to_allv, are
  *     refused.
  *   - generation with a KV cache (loom sample: rope_at, kv_write, attention_cached; kernels
- *     of prelude_decode.h): one step each, program.h's i[] and f[] (RT_B_ROPE_AT,
+ *     of kernels/decode.cuh): one step each, program.h's i[] and f[] (RT_B_ROPE_AT,
  *     RT_B_KV_WRITE, RT_B_ATTN_CACHED); the positions are an i32 buffer [B,C].  kv_write
  *     writes its cache global in place: the cache is listed once, as input 0, and the step
  *     has no outputs (as assign and accumulate list their global).  The caches are state
@@ -66,7 +66,7 @@
  *     that every position is in [0, Tmax) before each call, as the CPU runtime does.  A
  *     kernel that meets one outside (rope_at: a negative one) traps rather than clamp or skip:
  *     the call fails (CUDA_ERROR_LAUNCH_FAILED) and the program is broken.
- *   - mixture of experts (topk .. grouped_matmul_wgrad; kernels of prelude_moe.h): program.h's
+ *   - mixture of experts (topk .. grouped_matmul_wgrad; kernels of kernels/moe.cuh): program.h's
  *     i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD); expert indices, positions and counts are i32
  *     buffers.  One step each, except:
  *       moe_count   1: idx -> parts (scratch);  2: parts -> count start offs
@@ -76,7 +76,7 @@
  *                   one slot, the chunk, at CUDA_MOE_CHUNK_INT)
  *       moe_dispatch  1: fill the rows with 0;  2: x pos w -> rows
  *     The group counts of grouped_matmul and grouped_matmul_wgrad stay on the device (a
- *     moe_count wrote them): both are tiled kernels of prelude_moe.h (64 x 64 outputs a block,
+ *     moe_count wrote them): both are tiled kernels of kernels/moe.cuh (64 x 64 outputs a block,
  *     f32 accumulation), not cuBLASLt GEMMs, which would need each group's size on the host
  *     (a synchronization per MoE layer and direction).  Every thread walks the counts, so a
  *     block finds its group itself: grouped_matmul's grid is (columns / 64, an upper bound

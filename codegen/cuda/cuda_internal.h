@@ -110,7 +110,7 @@ int64_t cl_prod_dims(const Type *t, int from, int to);   /* dims [from, to) mult
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as
    NCCL calls; shard_slice, shard_pad, target_pick and onehot become kernels of
-   prelude_mesh.h with the rank's coordinate written by the runtime (RtStep.coord_at).
+   kernels/mesh.cuh with the rank's coordinate written by the runtime (RtStep.coord_at).
    cl_lower_mesh_op lowers L->op, for which cl_mesh_op is true. */
 bool cl_mesh_op(const Op *op);
 int cl_lower_mesh_op(Lower *L, Steps *s);

@@ -4,7 +4,7 @@
  * layernorm_grad, rmsnorm_grad, attention_grad, embedding_grad, moe_count and moe_dispatch
  * two; moe_sort three), but every step that
  * is not a GEMM is RT_STEP_KERNEL: a fused kernel of kernel.c, or an extern "C" wrapper that
- * instantiates a template of prelude.h for the storage dtypes of the step's buffers (the
+ * instantiates a template of codegen/cuda/kernels/<family>.cuh for the storage dtypes of the step's buffers (the
  * kernel's name spells them: f f32, b bf16, h f16, e f8e4m3, m f8e5m2, i i32; data movement
  * that only copies is named by the element size).  Launch shapes are set per step; see
  * cuda.h for the conventions and the scratch memory some builtins use.
@@ -22,11 +22,7 @@
  * the optimizer are the next families to move the same way.
  */
 #include "codegen/cuda/cuda_internal.h"
-#include "codegen/cuda/prelude.h"
-#include "codegen/cuda/prelude_attn_block.h"
-#include "codegen/cuda/prelude_decode.h"
-#include "codegen/cuda/prelude_mesh.h"
-#include "codegen/cuda/prelude_moe.h"
+#include "codegen/cuda/kernels.h"
 #include "codegen/lower_common.h"
 
 
@@ -526,7 +522,7 @@ static int seq_axis1(Lower *L, int64_t *axis1) {
 }
 
 /* attention_block (one step: q k v -> o lse) and attention_block_grad (two: dout q k v lse
-   delta -> dq, then the same inputs -> dk dv): loom_attnblk_* of prelude_attn_block.h, on
+   delta -> dq, then the same inputs -> dk dv): loom_attnblk_* of kernels/attn_block.cuh, on
    CUDA cores in f32 whatever the inputs' dtypes (the outputs are f32; no scratch).  i[] is program.h's
    RT_B_ATTN_BLOCK layout and one slot more: i[CUDA_ATTN_BLOCK_COORD_INT] (11), the rank's
    coordinate on the seq axis, which the runtime writes before the launch (RtStep.coord_at;
@@ -575,12 +571,12 @@ static int lower_attention_block(Lower *L, Steps *s) {
   return 0;
 }
 
-/* moe_sort and moe_count (prelude_moe.h): a counting sort in chunks of CUDA_MOE_CHUNK
+/* moe_sort and moe_count (kernels/moe.cuh): a counting sort in chunks of CUDA_MOE_CHUNK
    assignments.  i[] is program.h's (n, experts, capacity) and one slot more,
    i[CUDA_MOE_CHUNK_INT]: the chunk.  Scratch (i32): parts[P][E], offs[P][E], count[E],
    start[E] (P chunks).  moe_count: 1 idx -> parts;  2 parts -> count (its result) start
    offs.  moe_sort: the same with count in scratch, then 3 idx count start offs -> pos. */
-#define CUDA_MOE_CHUNK 1024   /* prelude_moe.h's LOOM_MOE_CHUNK: the most a chunk may hold */
+#define CUDA_MOE_CHUNK 1024   /* kernels/moe.cuh's LOOM_MOE_CHUNK: the most a chunk may hold */
 static int lower_moe_sort(Lower *L, Steps *s) {
   const Op *op = L->op;
   bool sort = op->kind == OP_MOE_SORT;
@@ -637,7 +633,7 @@ static int lower_moe_sort(Lower *L, Steps *s) {
   return cl_instantiate(L, st, "moe_place", "loom_moe_place", (const int[]){0, -1}, NULL, "", 256);
 }
 
-/* The grouped matmuls' tiles (prelude_moe.h's LOOM_GM_T): 64 x 64 outputs a block. */
+/* The grouped matmuls' tiles (kernels/moe.cuh's LOOM_GM_T): 64 x 64 outputs a block. */
 #define CUDA_GM_TILE 64
 
 /* A step that fills the op's first result with zeros (loom_fill), before a step that writes
@@ -837,7 +833,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     cl_launch_ew(st, type_numel(x) / 2);
     return cl_instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
   }
-  /* generation with a KV cache (prelude_decode.h): program.h's i[] layouts; positions i32 */
+  /* generation with a KV cache (kernels/decode.cuh): program.h's i[] layouts; positions i32 */
   case OP_ROPE_AT:
     if (x->dims[3] % 2) return cl_fail(L, "rope_at needs an even head size");
     STEP("");
@@ -875,7 +871,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     cl_launch_ew(st, type_numel(v));
     return cl_instantiate(L, st, "kv_write", "loom_kv_write", IDX(0, 1), NULL, "", 1024);
   }
-  /* mixture of experts (prelude_moe.h): program.h's i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD);
+  /* mixture of experts (kernels/moe.cuh): program.h's i[] (RT_B_TOPK .. RT_B_GROUPED_WGRAD);
      expert indices, positions and counts i32 */
   case OP_TOPK:
   case OP_GATHER_LAST:
@@ -1483,11 +1479,10 @@ static void header(Str *o, const Module *m) {
   /* a benchmarking knob: flash-attention's numerics on tensor cores (see the prelude) */
   const char *round = getenv("LOOM_CUDA_ATTN_ROUND");
   if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
-  str_add(o, "%s", cuda_prelude_text);
-  str_add(o, "%s", cuda_prelude_attn_block_text);
-  str_add(o, "%s", cuda_prelude_decode_text);
-  str_add(o, "%s", cuda_prelude_moe_text);
-  str_add(o, "%s", cuda_prelude_mesh_text);
+  const char *families[] = {loom_cuh_common,    loom_cuh_norms,      loom_cuh_loss,   loom_cuh_data,
+                            loom_cuh_optimizer, loom_cuh_attention,  loom_cuh_attn_block,
+                            loom_cuh_decode,    loom_cuh_moe,        loom_cuh_mesh};
+  for (size_t i = 0; i < sizeof families / sizeof *families; i++) str_add(o, "%s", families[i]);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }
 

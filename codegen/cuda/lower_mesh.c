@@ -5,7 +5,7 @@
  *     calls on the communicator of their axis (runtime/cuda/cuda_exec.h, "collectives");
  *   - their async halves (the overlap pass) are RT_B_COLL_START (the collective with its
  *     handle in front) and RT_B_COLL_WAIT, as on the CPU;
- *   - shard_slice, shard_pad, target_pick and onehot are kernels of prelude_mesh.h whose
+ *   - shard_slice, shard_pad, target_pick and onehot are kernels of kernels/mesh.cuh whose
  *     i[] ends with the rank's coordinate on a mesh axis, written by the runtime before the
  *     launch (RtStep.coord_at; the lowering writes 0);
  *   - send and recv are RT_B_SEND / RT_B_RECV steps with program.h's i[] (n, axis, size,

@@ -1,5 +1,5 @@
 /* tests/cuda_emu/attn_block.cc — context parallelism's attention-block kernels
- * (loom_attnblk_fwd, loom_attnblk_dq, loom_attnblk_dkdv of codegen/cuda/prelude_attn_block.h)
+ * (loom_attnblk_fwd, loom_attnblk_dq, loom_attnblk_dkdv of codegen/cuda/kernels/attn_block.cuh)
  * on the emulated device against a double-precision reference written here from ops.def's
  * definition of attention_block and attention_block_grad: global positions (contiguous or
  * zigzag, seq_n 2 and 4, every coordinate c and every kv_shift in [-1, n)), causal or not,

@@ -1,5 +1,5 @@
 /* tests/cuda_emu/decode.cc — the kernels of generation with a KV cache (loom_rope_at,
- * loom_kv_write, loom_attn_cached of codegen/cuda/prelude_decode.h) on the emulated device,
+ * loom_kv_write, loom_attn_cached of codegen/cuda/kernels/decode.cuh) on the emulated device,
  * against references written here from ops.def's definitions of rope_at, kv_write and
  * attention_cached (ir/interp_ops.c): attention in double precision, grouped KV heads (H 4 on
  * KV 2) and H = KV, head sizes 16 and 64, one and three new tokens per batch row, positions 0,

@@ -170,7 +170,7 @@ check llama-tiny "cp=4 (ring attention, zigzag)" --mesh cp=4
 RTOL=2e-2 check llama-tiny "cp=2, bf16" --mesh cp=2 --precision bf16
 
 # 1c. expert parallelism: all_to_allv's counts read on the host, each peer's rows one NCCL
-#     group (runtime/cuda/cuda_mesh.c), the MoE kernels of codegen/cuda/prelude_moe.h
+#     group (runtime/cuda/cuda_mesh.c), the MoE kernels of codegen/cuda/kernels/moe.cuh
 check mixtral-tiny "ep=2 (all_to_allv)" --mesh ep=2
 check qwen3-moe-tiny "dp=2 x ep=2" --mesh dp=2,ep=2
 # --log-experts: the trainer reads the load counts through sync_out and zeroes them through

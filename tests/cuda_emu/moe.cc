@@ -1,4 +1,4 @@
-/* tests/cuda_emu/moe.cc — the mixture-of-experts kernels of codegen/cuda/prelude_moe.h
+/* tests/cuda_emu/moe.cc — the mixture-of-experts kernels of codegen/cuda/kernels/moe.cuh
  * (loom_topk, loom_gather_last, loom_scatter_last, loom_moe_hist/offsets/place (moe_sort and
  * moe_count), loom_moe_dispatch, loom_moe_combine, loom_moe_wgrad (moe_weight_grad),
  * loom_grouped_mm, loom_grouped_wgrad) on the emulated device, against references written here

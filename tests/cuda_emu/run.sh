@@ -130,7 +130,7 @@ else
   bad "KV-cache kernels (decode.cc)"; cat "$tmp/log" "$tmp/dec" 2> /dev/null | head -30
 fi
 
-# Mixture of experts (kernels of prelude_moe.h): mixtral-tiny (4 experts, top-2, the
+# Mixture of experts (kernels of kernels/moe.cuh): mixtral-tiny (4 experts, top-2, the
 # load-balancing loss) on CUDA against PyTorch's goldens: the forward within 1e-5, the
 # gradients of every parameter (a stack of experts as its per-expert tensors, the hub's names)
 # within 1e-4, the same bits with every block's threads in reverse order; 3 AdamW steps
@@ -200,7 +200,7 @@ done
 
 # The mixture-of-experts kernels alone: moe.ir (routing with a capacity, bf16 rows with f32
 # routing weights, 6 groups on 3 experts) lowers for CUDA, and moe.cc holds the kernels of
-# prelude_moe.h to references written from ir/interp_moe.c (exact for the routing and the
+# kernels/moe.cuh to references written from ir/interp_moe.c (exact for the routing and the
 # permutations), the same bits in reverse thread order and on smaller grids, bad indices,
 # positions and counts failing the launch; built on moe.ir's translation unit.
 if "$LOOM" ir tests/cuda_emu/moe.ir --passes=verify,fuse,memory-plan --target=cuda --emit=cuda -o "$tmp/moe.cu" \

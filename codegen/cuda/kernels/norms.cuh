@@ -1,0 +1,100 @@
+/* ---------------------------------------------------------------- norms
+   layernorm (LN) / rmsnorm: one block per row (grid-stride over rows).
+   bufs: x w [b] -> y;  i: rows, D;  f: eps */
+template <class SX, class SW, class SB, class SY, bool LN>
+LOOM_DEV void loom_norm_fwd(const LoomArgs &a) {
+  __shared__ float sh[64];
+  const typename SX::T *x = LOOM_IN(SX, 0);
+  const typename SW::T *w = LOOM_IN(SW, 1);
+  const typename SB::T *b = LN ? LOOM_IN(SB, 2) : 0;
+  typename SY::T *y = LOOM_OUT(SY, LN ? 3 : 2);
+  const long long rows = a.i[0], D = a.i[1];
+  const float eps = (float)a.f[0];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const long long base = r * D;
+    float mean = 0.0f;
+    if (LN) {
+      float s = 0.0f;
+      for (long long d = threadIdx.x; d < D; d += blockDim.x) s += SX::ld(x, base + d);
+      mean = loom_block_sum(s, sh) / (float)D;
+    }
+    float v = 0.0f;
+    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+      float t = SX::ld(x, base + d) - mean;
+      v += t * t;
+    }
+    const float rstd = 1.0f / sqrtf(loom_block_sum(v, sh) / (float)D + eps);
+    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+      float t = (SX::ld(x, base + d) - mean) * rstd * SW::ld(w, d);
+      if (LN) t += SB::ld(b, d);
+      SY::st(y, base + d, t);
+    }
+  }
+}
+
+/* Backward, part 1: dx per row, and this block's partial sums of dw (and db) over its rows
+   into part[blockIdx.x][LN ? 2 : 1][D] (f32 scratch; column d always by the same thread).
+   bufs: dy x w -> dx part;  i: rows, D;  f: eps */
+template <class SDY, class SX, class SW, class SDX, bool LN>
+LOOM_DEV void loom_norm_bwd(const LoomArgs &a) {
+  __shared__ float sh[64];
+  const typename SDY::T *dy = LOOM_IN(SDY, 0);
+  const typename SX::T *x = LOOM_IN(SX, 1);
+  const typename SW::T *w = LOOM_IN(SW, 2);
+  typename SDX::T *dx = LOOM_OUT(SDX, 3);
+  const long long rows = a.i[0], D = a.i[1];
+  const float eps = (float)a.f[0];
+  float *part = (float *)a.buf[4] + (long long)blockIdx.x * (LN ? 2 : 1) * D;
+  for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+    part[d] = 0.0f;
+    if (LN) part[D + d] = 0.0f;
+  }
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const long long base = r * D;
+    float mean = 0.0f;
+    if (LN) {
+      float s = 0.0f;
+      for (long long d = threadIdx.x; d < D; d += blockDim.x) s += SX::ld(x, base + d);
+      mean = loom_block_sum(s, sh) / (float)D;
+    }
+    float v = 0.0f;
+    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+      float t = SX::ld(x, base + d) - mean;
+      v += t * t;
+    }
+    const float rstd = 1.0f / sqrtf(loom_block_sum(v, sh) / (float)D + eps);
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+      float xhat = (SX::ld(x, base + d) - mean) * rstd, dyv = SDY::ld(dy, base + d), g = dyv * SW::ld(w, d);
+      sum_g += g;
+      sum_gx += g * xhat;
+      part[d] += dyv * xhat;
+      if (LN) part[D + d] += dyv;
+    }
+    loom_block_sum2(sum_g, sum_gx, sh);
+    sum_g /= (float)D;
+    sum_gx /= (float)D;
+    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+      float xhat = (SX::ld(x, base + d) - mean) * rstd, g = SDY::ld(dy, base + d) * SW::ld(w, d);
+      SDX::st(dx, base + d, rstd * (g - (LN ? sum_g : 0.0f) - xhat * sum_gx));
+    }
+  }
+}
+
+/* Backward, part 2: sums the partial rows in block order (deterministic).
+   bufs: part -> dw [db];  i: nb (partial blocks), D, parts (2: dw and db, 1: dw) */
+template <class SW, class SB>
+LOOM_DEV void loom_norm_colsum(const LoomArgs &a) {
+  const float *part = (const float *)a.buf[0];
+  typename SW::T *dw = LOOM_OUT(SW, 1);
+  typename SB::T *db = a.i[2] > 1 ? LOOM_OUT(SB, 2) : 0;
+  const long long nb = a.i[0], D = a.i[1], np = a.i[2], n = np * D;
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+    long long p = k / D, d = k - p * D;
+    float s = 0.0f;
+    for (long long b = 0; b < nb; b++) s += part[(b * np + p) * D + d];
+    if (p == 0) SW::st(dw, d, s);
+    else SB::st(db, d, s);
+  }
+}
+
