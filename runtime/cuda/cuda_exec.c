@@ -372,6 +372,8 @@ void cuda_options_default(CudaOptions *o) {
   o->tf32 = t && *t && strcmp(t, "0");
   o->sync_each_step = s && *s && strcmp(s, "0");
   o->profile = pr && *pr && strcmp(pr, "0");
+  const char *g = getenv("LOOM_CUDA_GRAPH");
+  o->graphs = !(g && !strcmp(g, "0"));
 }
 
 int cuda_find_func(const CudaProgram *cp, const char *name) {
@@ -761,6 +763,8 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
     for (int s = 0; !rc && s < p->funcs[f].n_steps; s++)
       if (p->funcs[f].steps[s].kind == RT_STEP_GEMM) rc = plan_gemm(cp, f, s, &cp->plans[f][s], err, errlen);
   if (!rc && cp->opt.profile) rc = profile_init(cp, err, errlen);
+  if (!rc && !(cp->graph = calloc(nf, sizeof *cp->graph))) rc = fail(err, errlen, 1, "out of memory");
+  if (!rc && !(cp->graph_off = calloc(nf, sizeof *cp->graph_off))) rc = fail(err, errlen, 1, "out of memory");
   if (!rc) rc = CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the program's memory)");
   cp->mem.total = cp->mem.arenas + cp->mem.regions + cp->mem.workspace;
   if (!rc && cuda_device_query(device, &cp->info, err, errlen)) rc = 1;   /* free memory, now */
@@ -779,6 +783,10 @@ void cuda_program_free(CudaProgram *cp) {
     spoiled = cp->broken && d->cuCtxSynchronize() != CUDA_SUCCESS;
   }
   cuda_mesh_free(cp);
+  for (int f = 0; d && cp->graph && f < cp->p->n_funcs; f++)
+    if (cp->graph[f]) d->cuGraphExecDestroy((CUgraphExec)cp->graph[f]);
+  free(cp->graph);
+  free(cp->graph_off);
   for (int e = 0; d && cp->prof_ev && e < cp->n_prof_ev; e++)
     if (cp->prof_ev[e]) d->cuEventDestroy((CUevent)cp->prof_ev[e]);
   free(cp->prof_ev);
@@ -861,6 +869,56 @@ static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, s
             where);
 }
 
+static int run_step(CudaProgram *cp, int func, int s, char *err, size_t errlen) {
+  char where[256];
+  step_where(cp, func, s, where, sizeof where);
+  const RtStep *st = &cp->p->funcs[func].steps[s];
+  return st->kind == RT_STEP_GEMM      ? run_gemm(cp, func, s, where, err, errlen)
+         : st->kind == RT_STEP_BUILTIN ? cuda_mesh_step(cp, func, s, where, err, errlen)
+                                       : launch(cp, func, s, where, err, errlen);
+}
+
+/* CUDA graphs (CudaOptions.graphs): function f's steps are captured once into a graph; every
+   call launches it, one launch instead of one per step.  The steps' parameters are the same at
+   every call (fixed addresses: the arena, the regions, the workspace; i[] and f[]), so the
+   graph is valid for the program's life.  Not for steps on other streams (a mesh's NCCL calls,
+   a pipeline's transfers), nor when each step is timed or synchronized. */
+static bool graphed(const CudaProgram *cp, int f) {
+  if (!cp->opt.graphs || !cp->graph || cp->graph_off[f] || cp->comm || cp->pipe_slot || cp->prof_ev ||
+      cp->opt.sync_each_step)
+    return false;
+  const RtFunc *fn = &cp->p->funcs[f];
+  for (int s = 0; s < fn->n_steps; s++)
+    if (fn->steps[s].kind == RT_STEP_BUILTIN) return false;
+  return fn->n_steps > 0;
+}
+
+/* Captures function f's steps into cp->graph[f].  A capture the driver refuses (an operation
+   it cannot record) is not an error: the function runs step by step from then on
+   (graph_off); the steps ran nowhere during the capture. */
+static int capture(CudaProgram *cp, int f, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  CUstream stream = (CUstream)cp->stream;
+  char where[256];
+  snprintf(where, sizeof where, "capturing @%s into a CUDA graph", cp->p->funcs[f].name);
+  if (CU(cuStreamBeginCapture, (stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), where)) return 1;
+  char step_err[512] = "";
+  int rc = 0;
+  for (int s = 0; !rc && s < cp->p->funcs[f].n_steps; s++) rc = run_step(cp, f, s, step_err, sizeof step_err);
+  CUgraph g = NULL;
+  CUresult r = d->cuStreamEndCapture(stream, &g);
+  CUgraphExec exec = NULL;
+  if (!rc && r == CUDA_SUCCESS && g) r = d->cuGraphInstantiate(&exec, g, 0);
+  if (g) d->cuGraphDestroy(g);
+  if (rc || r != CUDA_SUCCESS || !exec) {
+    if (exec) d->cuGraphExecDestroy(exec);
+    cp->graph_off[f] = true;
+    return 0;
+  }
+  cp->graph[f] = exec;
+  return 0;
+}
+
 int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
   return cuda_program_call_dev(cp, func, args, NULL, rets, NULL, err, errlen);
 }
@@ -905,13 +963,14 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
     off += (bytes + 63) / 64 * 64;
   }
   bool prof = cp->prof_ev != NULL;
-  for (int s = 0; !rc && s < fn->n_steps; s++) {
-    const RtStep *st = &fn->steps[s];
-    step_where(cp, func, s, where, sizeof where);
+  if (!rc && graphed(cp, func)) {
+    if (!cp->graph[func]) rc = capture(cp, func, err, errlen);
+    snprintf(where, sizeof where, "launching the CUDA graph of @%s", fn->name);
+    if (!rc && cp->graph[func]) rc = CU(cuGraphLaunch, ((CUgraphExec)cp->graph[func], stream), where);
+  }
+  for (int s = 0; !rc && !cp->graph[func] && s < fn->n_steps; s++) {
     if (prof && (rc = CU(cuEventRecord, ((CUevent)cp->prof_ev[s], stream), where))) break;
-    rc = st->kind == RT_STEP_GEMM      ? run_gemm(cp, func, s, where, err, errlen)
-         : st->kind == RT_STEP_BUILTIN ? cuda_mesh_step(cp, func, s, where, err, errlen)
-                                       : launch(cp, func, s, where, err, errlen);
+    rc = run_step(cp, func, s, err, errlen);
     if (!rc && cp->opt.sync_each_step) rc = CU(cuStreamSynchronize, (stream), where);
   }
   if (!rc && prof) rc = CU(cuEventRecord, ((CUevent)cp->prof_ev[fn->n_steps], stream), "(the profile's last event)");

@@ -108,6 +108,7 @@ typedef struct {
   bool sync_each_step;     /* synchronize after every step: faults name their step */
   size_t workspace_bytes;  /* cuBLASLt workspace (0: 32 MiB) */
   bool profile;            /* events around every step of every call (LOOM_PROFILE set): cuda_profile_ms */
+  bool graphs;             /* a call's steps captured once into a CUDA graph and replayed (see below) */
 } CudaOptions;
 
 typedef struct CudaGemmPlan CudaGemmPlan;
@@ -157,6 +158,13 @@ typedef struct {
   int n_prof_ev;
   float **prof_ms;
   int64_t *prof_calls;     /* calls profiled, per function */
+  /* CudaOptions.graphs: per function, the CUDA graph of its steps (CUgraphExec), captured at
+     its first call and launched at every call, between the arguments' copies in and the
+     results' copies out; NULL until then, and for the functions that run step by step: a
+     rank of a mesh (NCCL calls on other streams), a pipeline's chunks, a profiled or
+     synchronized-each-step program, or one whose capture the driver refused (graph_off) */
+  void **graph;
+  bool *graph_off;
 } CudaProgram;
 
 /* The time of each step of the last call of function f that was profiled (CudaOptions.profile),
@@ -165,7 +173,7 @@ typedef struct {
 const float *cuda_profile_ms(const CudaProgram *cp, int f);
 
 /* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1, LOOM_PROFILE (set and not 0:
-   profile). */
+   profile), LOOM_CUDA_GRAPH=0 (no graphs: every step launched at every call). */
 void cuda_options_default(CudaOptions *o);
 /* image: the CUDA module (cubin / fatbin / PTX text, n bytes; PTX needs no terminating NUL).
    device: the CUDA device index. */

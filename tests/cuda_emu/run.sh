@@ -352,6 +352,24 @@ for m in gpt2-tiny llama-tiny; do
   done
 done
 
+# CUDA graphs (runtime/cuda/cuda_exec.c): each function's steps captured once and replayed at
+# every call (the emulated driver records launches, memsets and the cuBLASLt double's GEMMs,
+# and replays them): 3 steps of 2 micro-batches are 9 graph launches and no kernel launched
+# one by one, and the results are those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
+for mp in gpt2-tiny:fp32 llama-tiny:bf16; do
+  m=${mp%%:*} p=${mp##*:}
+  if LOOM_EMU_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/graph.st" > "$tmp/graph.log" 2>&1 &&
+     LOOM_CUDA_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/nograph.st" > "$tmp/log" 2>&1 &&
+     grep -q 'loom-emu: 0 kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels' "$tmp/graph.log" &&
+     "$ST_DIFF" "$tmp/graph.st" "$tmp/nograph.st" --rtol 0 > "$tmp/diff" 2>&1; then
+    ok "$m $p: CUDA graphs, $(grep -o '9 graph launches.*' "$tmp/graph.log"); bit for bit the step-by-step run"
+  else
+    bad "$m $p: CUDA graphs against the step-by-step run"; tail -3 "$tmp/graph.log" "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # LOOM_PROFILE=1 (events around every launch and library call): the table's launches are those
 # `loom ir --cost` counts for the same step, every category has a time, and the run's losses
 # are those of a run without the profile, bit for bit
