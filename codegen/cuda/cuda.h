@@ -101,12 +101,9 @@
    n, experts, capacity, then the chunk. */
 #define CUDA_MOE_CHUNK_INT 3
 
-/* A GEMM step (RT_STEP_GEMM: program.h's i[0..8]) with more than C = op(A) op(B): i[] adds
-   the epilogue (CUDA_GEMM_EPI_INT: 0 none, else a CudaGemmEpilogue) and beta
-   (CUDA_GEMM_BETA_INT: 0, or 1 to add C's old value: a residual add or a gradient accumulated
-   in the GEMM).  Buffers after A B -> C: the epilogue's bias (an input) and its auxiliary
-   pre-activation (an output for GELU_AUX_BIAS, an input for DGELU). */
-#define CUDA_GEMM_EPI_INT 9
+/* A GEMM step (RT_STEP_GEMM) with more than C = op(A) op(B): program.h's RT_GEMM_EPI_INT
+   (bias, GELU, a residual) and RT_GEMM_BETA_INT (C += op(A) op(B)). */
+#define CUDA_GEMM_EPI_INT RT_GEMM_EPI_INT
 #define CUDA_GEMM_BETA_INT RT_GEMM_BETA_INT
 
 /* Lowers every non-kernel function of m (after fuse and memory-plan with target CUDA: each

@@ -250,7 +250,14 @@ static bool gemm_type_ok(RtStorage s) { return s == RT_ST_F32 || s == RT_ST_BF16
 
 static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   const int64_t *i = st->i;
-  if (st->n_in != 2 || st->n_out != 1) return fail(err, errlen, 2, "GEMM %s: needs buffers A B -> C", st->label);
+  int64_t epi = i[RT_GEMM_EPI_INT];
+  bool bias = epi & RT_GEMM_EPI_BIAS, gelu = epi & RT_GEMM_EPI_GELU, cin = epi & RT_GEMM_EPI_C;
+  if (epi < 0 || epi > 7 || (gelu && !bias) || (epi && (i[0] != 1 || i[RT_GEMM_BETA_INT])))
+    return fail(err, errlen, 2, "GEMM %s: epilogue flags %lld (a GELU needs the bias; epilogues take batch 1 and beta 0)",
+                st->label, (long long)epi);
+  if (st->n_in != 2 + bias + cin || st->n_out != 1 + gelu)
+    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s -> C%s", st->label, bias ? " bias" : "",
+                cin ? " residual" : "", gelu ? " pre-activation" : "");
   for (int k = 0; k < 9; k++)
     if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
   if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
@@ -259,21 +266,29 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   if (i[0] > INT32_MAX) return fail(err, errlen, 2, "GEMM %s: batch count over 2^31", st->label);
   for (int k = 1; k <= 3; k++)
     if (i[k] > (INT64_C(1) << 40)) return fail(err, errlen, 2, "GEMM %s: dimension i[%d] too large", st->label, k);
-  RtStorage a = (RtStorage)st->bufs[0].storage, b = (RtStorage)st->bufs[1].storage, c = (RtStorage)st->bufs[2].storage;
-  if (!gemm_type_ok(a) || a != b || !(c == a || c == RT_ST_F32))
+  RtStorage a = (RtStorage)st->bufs[0].storage, bt = (RtStorage)st->bufs[1].storage,
+            c = (RtStorage)st->bufs[st->n_in].storage;
+  if (!gemm_type_ok(a) || a != bt || !(c == a || c == RT_ST_F32))
     return fail(err, errlen, 2,
                 "GEMM %s: operands %s x %s -> %s are not supported on CUDA (f32, bf16 or f16 operands of one type; the "
                 "result in that type or f32)",
-                st->label, cuda_storage_name(a), cuda_storage_name(b), cuda_storage_name(c));
-  if (st->bufs[2].round != RT_ROUND_NONE && storage_of_round(st->bufs[2].round) != c)
+                st->label, cuda_storage_name(a), cuda_storage_name(bt), cuda_storage_name(c));
+  if (st->bufs[st->n_in].round != RT_ROUND_NONE && storage_of_round(st->bufs[2].round) != c)
     return fail(err, errlen, 2, "GEMM %s: the result is held as %s but rounded to another format: store it in that format",
                 st->label, cuda_storage_name(c));
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   int64_t need[3] = {rt_smul(M, K), rt_smul(K, N), rt_smul(M, N)}, stride[3] = {i[6], i[7], i[8]};
+  const RtBuf *ops[3] = {&st->bufs[0], &st->bufs[1], &st->bufs[st->n_in]};
   for (int k = 0; k < 3; k++)
     if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
-        (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
+        (need[k] > ops[k]->n || (stride[k] > 0 && batch - 1 > (ops[k]->n - need[k]) / stride[k])))
       return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
+  /* the epilogue's buffers: the bias [N] in C's type or f32; the residual and the
+     pre-activation [M, N] in C's type */
+  const RtBuf *b = bias ? &st->bufs[2] : NULL, *r = cin ? &st->bufs[2 + bias] : NULL, *x = gelu ? &st->bufs[st->n_in + 1] : NULL;
+  if ((b && (b->n < N || (b->storage != c && b->storage != RT_ST_F32))) || (r && (r->n < M * N || r->storage != c)) ||
+      (x && (x->n < M * N || x->storage != c)))
+    return fail(err, errlen, 2, "GEMM %s: an epilogue buffer is too small or of another type than the result", st->label);
   return 0;
 }
 
@@ -457,7 +472,8 @@ static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t
   const CublasLtApi *l = cp->lt ? cuda_cublaslt(NULL, 0) : NULL;
   const int64_t *i = st->i;
   CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
-  RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage, sc = (RtStorage)st->bufs[2].storage;
+  RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage,
+            sc = (RtStorage)st->bufs[st->n_in].storage;
   *found = false;
   if (g->a) l->cublasLtMatrixLayoutDestroy(g->a);
   if (g->b) l->cublasLtMatrixLayoutDestroy(g->b);
@@ -535,7 +551,26 @@ static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *er
       LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), where))
     return 1;
   uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
-           pc = cuda_buf_addr(cp, f, &st->bufs[2]);
+           pc = cuda_buf_addr(cp, f, &st->bufs[st->n_in]);
+  /* the epilogue (program.h, RT_GEMM_EPI_INT): its pointers are fixed for the program's life.
+     Our row-major C[M,N] is Lt's column-major D[N,M]: the bias runs along Lt's rows, our N. */
+  int64_t epi = i[RT_GEMM_EPI_INT];
+  if (epi & RT_GEMM_EPI_BIAS) {
+    uint32_t e = epi & RT_GEMM_EPI_GELU ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    void *bias = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[2]);
+    int32_t bt = lt_type((RtStorage)st->bufs[2].storage);
+    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), where))
+      return 1;
+    if (epi & RT_GEMM_EPI_GELU) {
+      void *aux = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[st->n_in + 1]);
+      int64_t ld = i[2];
+      if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), where) ||
+          LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
+        return 1;
+    }
+  }
   bool found = false;
   if (plan_try(cp, g, st, pa, pb, pc, i[0], &found, where, err, errlen)) return 1;
   if (!found && i[0] > 1) {
@@ -545,7 +580,7 @@ static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *er
   if (!found)
     return fail(err, errlen, 2, "cuBLASLt has no algorithm for GEMM %s: %s x %s -> %s, M %lld N %lld K %lld, ta %d tb %d, batch %lld",
                 where, cuda_storage_name(sa), cuda_storage_name((RtStorage)st->bufs[1].storage),
-                cuda_storage_name((RtStorage)st->bufs[2].storage), (long long)i[1], (long long)i[2], (long long)i[3],
+                cuda_storage_name((RtStorage)st->bufs[st->n_in].storage), (long long)i[1], (long long)i[2], (long long)i[3],
                 (int)i[4], (int)i[5], (long long)i[0]);
   return 0;
 }
@@ -556,12 +591,16 @@ static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err,
   const CudaGemmPlan *g = cp->plans[f][s];
   const int64_t *i = st->i;
   if (g->empty) return 0;
+  const RtBuf *out = &st->bufs[st->n_in];
   int esz_a = cuda_storage_size((RtStorage)st->bufs[0].storage), esz_b = cuda_storage_size((RtStorage)st->bufs[1].storage),
-      esz_c = cuda_storage_size((RtStorage)st->bufs[2].storage);
-  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
-           pc = cuda_buf_addr(cp, f, &st->bufs[2]);
+      esz_c = cuda_storage_size((RtStorage)out->storage);
+  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]), pc = cuda_buf_addr(cp, f, out);
+  /* a residual added in the epilogue: C is that matrix, D the result (beta = 1) */
+  int64_t epi = i[RT_GEMM_EPI_INT];
+  uint64_t pcin = epi & RT_GEMM_EPI_C ? cuda_buf_addr(cp, f, &st->bufs[st->n_in - 1]) : pc;
   CUstream stream = (CUstream)cp->stream;
   bool acc = i[RT_GEMM_BETA_INT] != 0;   /* C += op(A) op(B) */
+  if (g->zero && epi) return fail(err, errlen, 2, "GEMM %s: K = 0 with an epilogue is not supported", where);
   if (g->zero) {
     for (int64_t b = 0; !acc && b < i[0]; b++)
       if (CU(cuMemsetD8Async, ((CUdeviceptr)(pc + (uint64_t)(b * i[8] * esz_c)), 0, (size_t)(i[1] * i[2] * esz_c), stream),
@@ -571,14 +610,15 @@ static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err,
   }
   const CublasLtApi *l = cuda_cublaslt(err, errlen);
   if (!l) return 1;
-  float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+  float alpha = 1.0f, beta = acc || (epi & RT_GEMM_EPI_C) ? 1.0f : 0.0f;
   int64_t nb = g->per_batch ? i[0] : 1;
   for (int64_t b = 0; b < nb; b++) {
     const void *A = (const void *)(uintptr_t)(pb + (uint64_t)(b * i[7] * esz_b));   /* Lt's A: our B */
     const void *B = (const void *)(uintptr_t)(pa + (uint64_t)(b * i[6] * esz_a));   /* Lt's B: our A */
     void *C = (void *)(uintptr_t)(pc + (uint64_t)(b * i[8] * esz_c));
+    const void *Cin = (const void *)(uintptr_t)(pcin + (uint64_t)(b * i[8] * esz_c));
     if (LT(cublasLtMatmul,
-           ((cublasLtHandle_t)cp->lt, g->desc, &alpha, A, g->a, B, g->b, &beta, C, g->c, C, g->c, &g->algo,
+           ((cublasLtHandle_t)cp->lt, g->desc, &alpha, A, g->a, B, g->b, &beta, Cin, g->c, C, g->c, &g->algo,
             (void *)(uintptr_t)cp->workspace, (size_t)cp->mem.workspace, stream),
            where))
       return 1;

@@ -77,11 +77,21 @@ check "6 GEMMs accumulate into their f32 weight gradient" test "$(grep -c '(+= \
 check "17 narrow gradients cast while accumulated, no cast step left before an accumulate" awk '
   /accumulate \$grad.*\(cast\)/ { n++ } $3 == "cast" { c = 1; next } c && / accumulate \$grad/ { bad++ } { c = 0 }
   END { exit !(n == 17 && !bad) }' "$OUT"
+# GEMM epilogues: per layer the q, k, v projections add their bias, attn.c_proj and
+# mlp.c_proj their bias and the residual, mlp.c_fc its bias and GELU (2 layers: 12 GEMMs); with
+# a padded vocabulary the lm_head adds the mask as its bias (13)
+check "12 GEMMs with a bias epilogue: 6 bias, 4 bias + residual, 2 bias + gelu" awk '
+  /matmul .* \+ bias, gelu/ { g++; next } /matmul .* \+ bias \+ residual/ { r++; next } /matmul .* \+ bias/ { b++ }
+  END { if (b != 6 || r != 4 || g != 2) { print b, r, g; exit 1 } }' "$OUT"
+"$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --vocab-multiple 96 --cost > "$TMP/vm" 2>&1
+check "--vocab-multiple 96: the mask is the lm_head GEMM's bias (13 bias epilogues)" test "$(grep -c 'matmul .* + bias' "$TMP/vm")" = 13
 n_fused=$(awk '/^launches a step:/ { print $4 }' "$OUT")
-n_unfused=$(LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost |
+n_unfused=$(LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost |
   awk '/^launches a step:/ { print $4 }')
-# unfused: each of the 6 GEMMs' cast and accumulate, and the 17 casts, are launches of their own
-check "the unfused program (LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17" test "$n_unfused" = $((n_fused + 29))
+# unfused: each of the 6 GEMMs' cast and accumulate, the 17 casts and the 12 epilogues' kernels
+# are launches of their own
+check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12" \
+  test "$n_unfused" = $((n_fused + 41))
 
 expect_exit 2 "--cost needs the CUDA target" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --cost
 expect_stderr_contains "--target=cuda"

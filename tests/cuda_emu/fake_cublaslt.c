@@ -27,6 +27,13 @@
 typedef struct {
   cublasComputeType_t compute;
   int32_t trans_a, trans_b; /* cublasOperation_t: N or T */
+  /* epilogues (loom's: BIAS, GELU_AUX_BIAS): D = epi(alpha op(A) op(B) + beta C + bias), the
+     bias a vector of m (one per row of D), GELU's aux the pre-activation (m x n, ld aux_ld) */
+  uint32_t epilogue;
+  const void *bias;
+  int32_t bias_type;        /* cudaDataType_t; -1: D's type */
+  void *aux;
+  int64_t aux_ld;
 } Desc;
 
 typedef struct {
@@ -131,6 +138,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmu
   if (!d) return CUBLAS_STATUS_ALLOC_FAILED;
   d->compute = computeType;
   d->trans_a = d->trans_b = CUBLAS_OP_N;
+  d->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  d->bias_type = -1;   /* D's type */
   *matmulDesc = (cublasLtMatmulDesc_t)d;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -144,7 +153,18 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
                                                            cublasLtMatmulDescAttributes_t attr, const void *buf,
                                                            size_t sizeInBytes) {
   Desc *d = (Desc *)matmulDesc;
-  if (!d || !buf || sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE; /* all ours are 32-bit */
+  if (!d || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER || attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER) {
+    if (sizeInBytes != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? (void *)&d->bias : (void *)&d->aux, buf, sizeof(void *));
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) {
+    if (sizeInBytes != 8) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->aux_ld, buf, 8);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE; /* the others are 32-bit */
   int32_t v;
   memcpy(&v, buf, 4);
   switch (attr) {
@@ -155,7 +175,15 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
     *(attr == CUBLASLT_MATMUL_DESC_TRANSA ? &d->trans_a : &d->trans_b) = v;
     return CUBLAS_STATUS_SUCCESS;
   case CUBLASLT_MATMUL_DESC_EPILOGUE:
-    return (uint32_t)v == CUBLASLT_EPILOGUE_DEFAULT ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((uint32_t)v != CUBLASLT_EPILOGUE_DEFAULT && (uint32_t)v != CUBLASLT_EPILOGUE_BIAS &&
+        (uint32_t)v != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    d->epilogue = (uint32_t)v;
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    if (v != CUDA_R_32F && v != CUDA_R_16F && v != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+    d->bias_type = v;
+    return CUBLAS_STATUS_SUCCESS;
   default: return CUBLAS_STATUS_INVALID_VALUE;
   }
 }
@@ -312,9 +340,17 @@ static const char *batch_ptr(const void *p, const Layout *l, int64_t b) {
   return (const char *)p + b * l->stride * elem_size(l->type);
 }
 
-/* D = al op(A) op(B) + be C, now (checked by the caller). */
+/* GELU, tanh form (cuBLASLt's GELU epilogue, GPT-2's gelu_new), in f32. */
+static float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+/* D = al op(A) op(B) + be C (+ bias, GELU), now (checked by the caller). */
 static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const Layout *la, const void *B, const Layout *lb,
                                  float be, const void *C, const Layout *lc, void *D, const Layout *ld, Shape s) {
+  bool epi = d->epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+  if (epi && (!d->bias || (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && (!d->aux || d->aux_ld < s.m))))
+    return CUBLAS_STATUS_INVALID_VALUE;
   bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && la->type == CUDA_R_32F;
   float *pa = calloc((size_t)(s.m * s.k + 4 * s.k + 1), sizeof(float)); /* zeroed room for dot4 past row m */
   float *pb = malloc((size_t)(s.n * s.k + 1) * sizeof(float));
@@ -335,6 +371,11 @@ static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const L
           float v = al * acc[r];
           /* beta == 0: C is not read, it may hold NaN (documented cuBLAS behaviour) */
           if (be != 0) v += be * load(lc->type, cb, i + r + j * lc->ld);
+          if (epi) v += load(d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : ld->type, d->bias, i + r);
+          if (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+            store(ld->type, (char *)d->aux + b * ld->stride * elem_size(ld->type), i + r + j * d->aux_ld, v);
+            v = gelu_tanh(v);
+          }
           store(ld->type, db, i + r + j * ld->ld, v);
         }
       }

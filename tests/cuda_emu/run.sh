@@ -352,6 +352,28 @@ for m in gpt2-tiny llama-tiny; do
   done
 done
 
+# GEMM epilogues (codegen/cuda/lower.c, "GEMM epilogues"; the cuBLASLt double computes BIAS
+# and GELU_AUX_BIAS and beta = 1 with C the residual): gradients and 3 training steps against
+# the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
+# differs), bf16 with loom check's bf16 rule (the product is no longer rounded before the bias
+# and the residual are added); the vocabulary padded (--vocab-multiple 96: the mask is the
+# lm_head GEMM's bias) for GPT-2
+for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
+  m=${mp%%:*} p=${mp##*:}
+  tol=$([ $p = fp32 ] && echo "1e-5" || echo "2e-2 --atol 0.06")
+  vm=$([ $m = gpt2-tiny ] && echo "--vocab-multiple 96" || echo "")
+  # shellcheck disable=SC2086
+  if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q --out "$tmp/epi-f.st" > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_NO_EPILOGUE=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
+       --out "$tmp/epi-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/epi-f.st" "$tmp/epi-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/epi-f.st" "$tmp/epi-u.st" --rtol $tol >> "$tmp/diff" 2>&1; then
+    ok "$m $p: GEMMs with bias, GELU and residual epilogues, 3 steps within ${tol%% *} of the unfused program"
+  else
+    bad "$m $p: GEMM epilogues against the unfused program"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # CUDA graphs (runtime/cuda/cuda_exec.c): each function's steps captured once and replayed at
 # every call (the emulated driver records launches, memsets and the cuBLASLt double's GEMMs,
 # and replays them): 3 steps of 2 micro-batches are 9 graph launches and no kernel launched
