@@ -1489,7 +1489,10 @@ static bool match_epilogue(const Func *f, int i, int j, Epilogue *e) {
   const Op *bc = k->ops.items[0], *add = k->ops.n > 1 ? k->ops.items[1] : NULL;
   const Value *last = m;
   int at = 0;
-  if (add && bc->kind == OP_BROADCAST && bc->operands[0]->kind == VAL_ARG && bc->operands[0]->type.rank == 1 &&
+  /* a bias (and GELU's pre-activation, whose leading dimension cuBLASLt wants a multiple of
+     8) only on a width of a multiple of 8: no algorithm is promised for the others, and the
+     unfused kernel would be gone */
+  if (add && N % 8 == 0 && bc->kind == OP_BROADCAST && bc->operands[0]->kind == VAL_ARG && bc->operands[0]->type.rank == 1 &&
       bc->operands[0]->type.dims[0] == N && bc->operands[0]->type.dtype == rt->dtype &&
       other_side(add, bc->results[0]) == m && same_type(&add->results[0]->type, rt)) {
     e->bias = operand_of(call, bc->operands[0]);
