@@ -71,12 +71,12 @@ int main(int argc, char **argv) {
   float scale = 1.0f / 8.0f;
   for (int r = -2; r < reps; r++) {   /* two untimed warm-up runs */
     double t0 = now();
-    if (cpu_attention(tp, q, k, v, out, B, T, H, Dh, T, KV, true, scale, err, sizeof err)) {
+    if (cpu_attention(tp, q, k, v, out, B, T, H, Dh, T, KV, true, 0, scale, err, sizeof err)) {
       fprintf(stderr, "bench_attention_cpu: %s\n", err);
       return 1;
     }
     double t1 = now();
-    if (cpu_attention_grad(tp, dout, q, k, v, dq, dk, dv, B, T, H, Dh, T, KV, true, scale, err, sizeof err)) {
+    if (cpu_attention_grad(tp, dout, q, k, v, dq, dk, dv, B, T, H, Dh, T, KV, true, 0, scale, err, sizeof err)) {
       fprintf(stderr, "bench_attention_cpu: %s\n", err);
       return 1;
     }

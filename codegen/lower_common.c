@@ -148,3 +148,13 @@ int cg_wrap_start(RtStep *st, int h) {
   st->which = RT_B_COLL_START;
   return 0;
 }
+
+void cg_rope_f(const Op *op, double f[4]) {
+  f[0] = op_float(op, "theta");
+  f[1] = f[2] = f[3] = 0.0;
+  double factor = op_float(op, "factor"), orig = (double)op_int(op, "original_max_pos");
+  if (!(factor > 0.0)) return;
+  f[1] = factor;
+  f[2] = orig / op_float(op, "low_freq_factor");
+  f[3] = orig / op_float(op, "high_freq_factor");
+}

@@ -18,6 +18,10 @@
    err; returns IR_EINPUT. */
 int cg_vfail(char *err, size_t errlen, const Func *f, const Op *op, const char *fmt, va_list ap);
 
+/* f[0..3] of a rope or rope_at step (rt_rope_inv_freq): theta, and with Llama 3.1 scaling
+   (factor > 0) factor, original_max_pos / low_freq_factor, original_max_pos / high_freq_factor. */
+void cg_rope_f(const Op *op, double f[4]);
+
 static inline int64_t cg_align64(int64_t x) { return (x + 63) & ~(int64_t)63; }
 
 /* The rounding that emulates a narrow float dtype (RT_ROUND_NONE for the others). */

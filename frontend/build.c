@@ -77,9 +77,13 @@ static Value *slice(Graph *g, Value *x, const int64_t *start, const int64_t *end
    attending to the cache up to their positions. */
 static Value *attention(Graph *g, Value *q, Value *k, Value *v, int l, const char *name) {
   double scale = 1.0 / sqrt((double)g->c->head_dim);
+  /* Mistral's sliding window (the others' are refused by spec_validate when shorter than seq) */
+  int64_t window = g->c->arch == ARCH_MISTRAL ? g->c->sliding_window : 0;
   if (!g->pos) {
     Value *ops[3] = {q, k, v};
-    op_set_float(build_begin(&g->b, OP_ATTENTION, ops, 3), "scale", scale);
+    Op *op = build_begin(&g->b, OP_ATTENTION, ops, 3);
+    op_set_float(op, "scale", scale);
+    if (window) op_set_int(op, "window", window);
     return build_end(&g->b, name);
   }
   Value *cache[2];
@@ -92,13 +96,22 @@ static Value *attention(Graph *g, Value *q, Value *k, Value *v, int l, const cha
     func_add_op(g->b.f, OP_KV_WRITE, w, 3, NULL);
   }
   Value *ops[4] = {q, cache[0], cache[1], g->pos};
-  op_set_float(build_begin(&g->b, OP_ATTENTION_CACHED, ops, 4), "scale", scale);
+  Op *op = build_begin(&g->b, OP_ATTENTION_CACHED, ops, 4);
+  op_set_float(op, "scale", scale);
+  if (window) op_set_int(op, "window", window);
   return build_end(&g->b, name);
 }
 
 static Value *rope(Graph *g, Value *x, const char *name) {
   Value *ops[2] = {x, g->pos};
-  op_set_float(build_begin(&g->b, g->pos ? OP_ROPE_AT : OP_ROPE, ops, g->pos ? 2 : 1), "theta", g->c->rope_theta);
+  Op *op = build_begin(&g->b, g->pos ? OP_ROPE_AT : OP_ROPE, ops, g->pos ? 2 : 1);
+  op_set_float(op, "theta", g->c->rope_theta);
+  if (g->c->rope_factor > 0) {   /* Llama 3.1's scaling (rope_type "llama3") */
+    op_set_float(op, "factor", g->c->rope_factor);
+    op_set_float(op, "low_freq_factor", g->c->rope_low_freq);
+    op_set_float(op, "high_freq_factor", g->c->rope_high_freq);
+    op_set_int(op, "original_max_pos", g->c->rope_orig_max);
+  }
   return build_end(&g->b, name);
 }
 
@@ -336,6 +349,10 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
     Value *vw = param_l(g, "model.layers.%d.self_attn.v_proj.weight", l, t2(KV * Dh, D), w);
     Value *ow = param_l(g, "model.layers.%d.self_attn.o_proj.weight", l, t2(D, H * Dh), proj);
     Value *n2w = param_l(g, "model.layers.%d.post_attention_layernorm.weight", l, t1(D), ones);
+    Init zeros = {INIT_ZEROS, 0};   /* Qwen2's q/k/v biases */
+    Value *qb = c->qkv_bias ? param_l(g, "model.layers.%d.self_attn.q_proj.bias", l, t1(H * Dh), zeros) : NULL;
+    Value *kb = c->qkv_bias ? param_l(g, "model.layers.%d.self_attn.k_proj.bias", l, t1(KV * Dh), zeros) : NULL;
+    Value *vb = c->qkv_bias ? param_l(g, "model.layers.%d.self_attn.v_proj.bias", l, t1(KV * Dh), zeros) : NULL;
     bool sparse = config_layer_is_moe(c, l);
     Value *qn = c->qk_norm ? param_l(g, "model.layers.%d.self_attn.q_norm.weight", l, t1(Dh), ones) : NULL;
     Value *kn = c->qk_norm ? param_l(g, "model.layers.%d.self_attn.k_norm.weight", l, t1(Dh), ones) : NULL;
@@ -344,13 +361,13 @@ static void llama(Graph *g, Value *tokens, Value *targets, Func *f) {
     Value *dw = sparse ? NULL : param_l(g, "model.layers.%d.mlp.down_proj.weight", l, t2(D, I), proj);
 
     Value *h = norm(g, x, n1w, NULL, nm(g, "l%d.input_norm", l));
-    Value *q = reshape(g, linear(g, h, qw, NULL, true, NULL), 4, bthd, NULL);   /* [B,T,H,Dh] */
-    Value *k = reshape(g, linear(g, h, kw, NULL, true, NULL), 4, btkd, NULL);   /* [B,T,KV,Dh] */
-    if (c->qk_norm) {   /* Qwen3: RMSNorm over each head's Dh, before RoPE */
+    Value *q = reshape(g, linear(g, h, qw, qb, true, NULL), 4, bthd, NULL);   /* [B,T,H,Dh] */
+    Value *k = reshape(g, linear(g, h, kw, kb, true, NULL), 4, btkd, NULL);   /* [B,T,KV,Dh] */
+    if (c->qk_norm) {   /* Qwen3 (dense and MoE): RMSNorm over each head's Dh, before RoPE */
       q = norm(g, q, qn, NULL, nm(g, "l%d.q_norm", l));
       k = norm(g, k, kn, NULL, nm(g, "l%d.k_norm", l));
     }
-    Value *v = reshape(g, linear(g, h, vw, NULL, true, NULL), 4, btkd, nm(g, "l%d.v", l));
+    Value *v = reshape(g, linear(g, h, vw, vb, true, NULL), 4, btkd, nm(g, "l%d.v", l));
     q = rope(g, q, nm(g, "l%d.q", l));
     k = rope(g, k, nm(g, "l%d.k", l));
     Value *a = attention(g, q, k, v, l, nm(g, "l%d.attn", l));

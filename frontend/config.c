@@ -26,6 +26,9 @@ const char *arch_name(ModelArch arch) {
   case ARCH_LLAMA: return "llama";
   case ARCH_MIXTRAL: return "mixtral";
   case ARCH_QWEN3_MOE: return "qwen3_moe";
+  case ARCH_QWEN2: return "qwen2";
+  case ARCH_QWEN3: return "qwen3";
+  case ARCH_MISTRAL: return "mistral";
   }
   return "unknown";
 }
@@ -313,23 +316,82 @@ static int read_gpt2(const Reader *r, ModelConfig *m) {
   return 0;
 }
 
-/* RoPE base: rope_parameters.rope_theta (newer transformers), else rope_theta, else 10000.
- * Any RoPE scaling is refused: positions would silently differ from the trained model's. */
-static int read_rope(const Reader *r, ModelConfig *m) {
-  char key[320], found[96];
-  json_t *scaling = get(r, "rope_scaling");
-  if (scaling) {
-    config_describe_value(scaling, found, sizeof found);
-    json_t *type = json_is_object(scaling) ? json_object_get(scaling, "rope_type") : NULL;
-    if (!type && json_is_object(scaling)) type = json_object_get(scaling, "type");
-    if (json_is_string(type)) snprintf(found, sizeof found, "rope_type \"%.60s\"", json_string_value(type));
+/* One number of a RoPE scaling object: obj.name, a positive finite number (an integer when
+   `whole`); `where` is the object's key ("rope_scaling" or "rope_parameters"). */
+static int rope_number(const Reader *r, json_t *obj, const char *where, const char *name, bool whole, double *out) {
+  char sub[64], key[320], found[96];
+  snprintf(sub, sizeof sub, "%s.%s", where, name);
+  json_t *v = json_object_get(obj, name);
+  if (!v || json_is_null(v))
     return config_errorf(r->err, r->errlen, 2,
-                         "%s: key \"%s\": RoPE scaling (%s) is not yet supported, and ignoring it "
-                         "would compute different positions than the model was trained with; use "
-                         "a model without rope_scaling (null or absent)",
-                         r->file, key_path(r, "rope_scaling", key, sizeof key), found);
+                         "%s: key \"%s\": missing; rope_type \"llama3\" needs factor, low_freq_factor, "
+                         "high_freq_factor and original_max_position_embeddings (Llama 3.1: 8.0, 1.0, 4.0, 8192)",
+                         r->file, key_path(r, sub, key, sizeof key));
+  double d = json_is_number(v) ? json_number_value(v) : NAN;
+  if (!(isfinite(d) && d > 0) || (whole && (d != floor(d) || d > (double)CONFIG_MAX_SIZE))) {
+    config_describe_value(v, found, sizeof found);
+    return config_errorf(r->err, r->errlen, 2, "%s: key \"%s\": expected a positive %s, found %s; set it as the "
+                         "model's published config has it", r->file, key_path(r, sub, key, sizeof key),
+                         whole ? "whole number" : "number", found);
   }
+  *out = d;
+  return 0;
+}
+
+/* The RoPE type of a rope_scaling (the hub's configs) or rope_parameters (transformers 5)
+   object: "default" (or none) is plain RoPE; "llama3" is Llama 3.1's scaling of the
+   frequencies (read here); any other type is refused by name, since ignoring it would
+   compute different positions than the model was trained with. */
+static int read_rope_type(const Reader *r, json_t *obj, const char *where, ModelConfig *m) {
+  char sub[64], key[320];
+  json_t *type = json_object_get(obj, "rope_type");
+  const char *tname = "rope_type";
+  if (!type || json_is_null(type)) {
+    type = json_object_get(obj, "type");   /* the older spelling */
+    tname = "type";
+  }
+  snprintf(sub, sizeof sub, "%s.%s", where, tname);
+  if (!type || json_is_null(type)) {
+    if (!strcmp(where, "rope_parameters")) return 0;   /* plain RoPE with a base */
+    return bad_value(r, where, "an object with a rope_type (\"llama3\") or null", obj,
+                     "set rope_type, or set rope_scaling to null for plain RoPE");
+  }
+  if (!json_is_string(type)) return bad_value(r, sub, "a string", type, "set it to \"default\" or \"llama3\"");
+  const char *t = json_string_value(type);
+  if (!strcmp(t, "default")) return 0;
+  if (strcmp(t, "llama3") != 0)
+    return config_errorf(r->err, r->errlen, 2,
+                         "%s: key \"%s\": RoPE scaling rope_type \"%.60s\" is not yet supported (loom implements "
+                         "\"default\" and \"llama3\"), and ignoring it would compute different positions than the "
+                         "model was trained with; use a model with rope_type \"default\" or \"llama3\"",
+                         r->file, key_path(r, sub, key, sizeof key), t);
+  double orig;
+  int rc;
+  if ((rc = rope_number(r, obj, where, "factor", false, &m->rope_factor)) ||
+      (rc = rope_number(r, obj, where, "low_freq_factor", false, &m->rope_low_freq)) ||
+      (rc = rope_number(r, obj, where, "high_freq_factor", false, &m->rope_high_freq)) ||
+      (rc = rope_number(r, obj, where, "original_max_position_embeddings", true, &orig)))
+    return rc;
+  m->rope_orig_max = (int64_t)orig;
+  if (!(m->rope_high_freq > m->rope_low_freq)) {
+    snprintf(sub, sizeof sub, "%s.high_freq_factor", where);
+    return config_errorf(r->err, r->errlen, 2,
+                         "%s: key \"%s\": %g is not above low_freq_factor (%g): the llama3 scaling blends the "
+                         "frequencies between the two; set it as the model's published config has it (Llama 3.1: 4.0 "
+                         "over 1.0)", r->file, key_path(r, sub, key, sizeof key), m->rope_high_freq, m->rope_low_freq);
+  }
+  return 0;
+}
+
+/* RoPE: the base from rope_parameters.rope_theta (transformers 5), else rope_theta, else
+ * 10000; the scaling from rope_parameters' rope_type when it has one, else rope_scaling's. */
+static int read_rope(const Reader *r, ModelConfig *m) {
+  int rc;
+  json_t *scaling = get(r, "rope_scaling");
   json_t *params = get(r, "rope_parameters");
+  if (scaling && !json_is_object(scaling))
+    return bad_value(r, "rope_scaling", "an object like {\"rope_type\": \"llama3\", \"factor\": 32.0, ...} or "
+                     "null", scaling, "fix it, or set it to null for plain RoPE");
   json_t *theta = NULL;
   const char *theta_name = "rope_theta";
   if (params) {
@@ -337,22 +399,14 @@ static int read_rope(const Reader *r, ModelConfig *m) {
       return bad_value(r, "rope_parameters", "an object like {\"rope_type\": \"default\", "
                        "\"rope_theta\": 10000.0}", params, "fix it or remove it");
     json_t *type = json_object_get(params, "rope_type");
-    if (type && !json_is_null(type)) {
-      if (!json_is_string(type))
-        return bad_value(r, "rope_parameters.rope_type", "a string", type,
-                         "set it to \"default\"");
-      if (strcmp(json_string_value(type), "default") != 0)
-        return config_errorf(r->err, r->errlen, 2,
-                             "%s: key \"%s\": rope_type \"%.60s\" is not yet supported (only plain "
-                             "RoPE, \"default\"), and ignoring it would compute different positions "
-                             "than the model was trained with; use a model with rope_type "
-                             "\"default\"",
-                             r->file, key_path(r, "rope_parameters.rope_type", key, sizeof key),
-                             json_string_value(type));
-    }
+    bool typed = (type && !json_is_null(type)) || json_object_get(params, "type");
+    if ((typed || !scaling) && (rc = read_rope_type(r, params, "rope_parameters", m))) return rc;
+    if (!typed && scaling && (rc = read_rope_type(r, scaling, "rope_scaling", m))) return rc;
     theta = json_object_get(params, "rope_theta");
     if (theta && json_is_null(theta)) theta = NULL;
     theta_name = "rope_parameters.rope_theta";
+  } else if (scaling && (rc = read_rope_type(r, scaling, "rope_scaling", m))) {
+    return rc;
   }
   if (!theta) {
     theta = get(r, "rope_theta");
@@ -370,10 +424,13 @@ static int read_rope(const Reader *r, ModelConfig *m) {
   return 0;
 }
 
-static int read_llama(const Reader *r, ModelConfig *m) {
+/* Llama and the families that are Llama with a difference (mixtral, qwen3_moe: read_moe
+   after this; qwen2, qwen3, mistral: read_variant after this).  `arch` decides what
+   attention_bias means: qwen2 has q/k/v biases whatever it says (its config has no such key). */
+static int read_llama(const Reader *r, ModelConfig *m, ModelArch arch) {
   int rc;
   bool has_kv, has_head_dim;
-  m->arch = ARCH_LLAMA;
+  m->arch = arch;
   if ((rc = get_size(r, "vocab_size", NULL, true, "the tokenizer's vocabulary size (e.g. 128256)",
                      &m->vocab_size, NULL, NULL)) ||
       (rc = get_size(r, "hidden_size", NULL, true, "the model width (e.g. 2048)", &m->hidden, NULL,
@@ -402,9 +459,10 @@ static int read_llama(const Reader *r, ModelConfig *m) {
       (rc = get_bool(r, "attention_bias", false, &m->attention_bias)) ||
       (rc = get_bool(r, "mlp_bias", false, &m->mlp_bias)))
     return rc;
-  if (m->attention_bias)
+  if (m->attention_bias && arch != ARCH_QWEN2)
     return refuse(r, "attention_bias", "attention_bias true (biases on q/k/v/o projections)",
                   "use a model without attention biases (false or absent)");
+  m->attention_bias = false;
   if (m->mlp_bias)
     return refuse(r, "mlp_bias", "mlp_bias true (biases on the MLP projections)",
                   "use a model without MLP biases (false or absent)");
@@ -435,6 +493,54 @@ static int read_llama(const Reader *r, ModelConfig *m) {
                          "dimensions; use an even head_dim",
                          r->file, key_path(r, "head_dim", key, sizeof key), (long long)m->head_dim);
   }
+  return 0;
+}
+
+/* Sliding-window attention of qwen2, qwen3, qwen3_moe and mixtral (read_moe): the window
+   when use_sliding_window (qwen) or any layer_types entry says so, else 0.  spec_validate
+   refuses a window shorter than the sequence for these: transformers applies Qwen's to the
+   layers from max_window_layers on only, which loom does not implement (Mistral's, on every
+   layer, it does: read_variant). */
+static int read_window(const Reader *r, ModelConfig *m, bool qwen) {
+  int rc;
+  bool use_window = !qwen, has_window;
+  if (qwen && (rc = get_bool(r, "use_sliding_window", false, &use_window))) return rc;
+  json_t *types = get(r, "layer_types");
+  if (types) {
+    size_t i;
+    json_t *e;
+    if (!json_is_array(types))
+      return bad_value(r, "layer_types", "an array of \"full_attention\" or \"sliding_attention\"", types,
+                       "fix it or remove it");
+    json_array_foreach(types, i, e) {
+      if (!json_is_string(e) || (strcmp(json_string_value(e), "full_attention") &&
+                                 strcmp(json_string_value(e), "sliding_attention")))
+        return bad_value(r, "layer_types", "an array of \"full_attention\" or \"sliding_attention\"", types,
+                         "fix it or remove it");
+      if (!strcmp(json_string_value(e), "sliding_attention")) use_window = true;
+    }
+  }
+  if ((rc = get_size(r, "sliding_window", NULL, false, "null (full attention) or the window in tokens",
+                     &m->sliding_window, &has_window, NULL)))
+    return rc;
+  if (!has_window || !use_window) m->sliding_window = 0;
+  return 0;
+}
+
+/* qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm, explicit head_dim) and mistral
+   (sliding-window attention on every layer), after read_llama. */
+static int read_variant(const Reader *r, ModelConfig *m) {
+  if (m->arch == ARCH_QWEN2) m->qkv_bias = true;
+  if (m->arch == ARCH_QWEN3) m->qk_norm = true;
+  int rc = read_window(r, m, m->arch != ARCH_MISTRAL);
+  if (rc || m->arch != ARCH_MISTRAL || !m->sliding_window) return rc;
+  json_t *types = get(r, "layer_types");
+  size_t i;
+  json_t *e;
+  if (types) json_array_foreach(types, i, e) if (strcmp(json_string_value(e), "sliding_attention") != 0)
+    return refuse(r, "layer_types", "a window on some layers only (layer_types with \"full_attention\")",
+                  "loom's Mistral has the sliding window on every layer: remove layer_types or make every entry "
+                  "\"sliding_attention\"");
   return 0;
 }
 
@@ -523,14 +629,7 @@ static int read_moe(const Reader *r, ModelConfig *m, bool qwen) {
     m->qk_norm = true;
   }
   /* Sliding-window attention: spec_validate refuses a window shorter than the sequence. */
-  bool use_window = true;
-  if (qwen && (rc = get_bool(r, "use_sliding_window", false, &use_window))) return rc;
-  bool has_window;
-  if ((rc = get_size(r, "sliding_window", NULL, false, "null (full attention) or the window in tokens",
-                     &m->sliding_window, &has_window, NULL)))
-    return rc;
-  if (!has_window || !use_window) m->sliding_window = 0;
-  return 0;
+  return read_window(r, m, qwen);
 }
 
 int config_from_json(json_t *obj, const char *file, const char *keyprefix, ModelConfig *out,
@@ -568,14 +667,20 @@ int config_from_json(json_t *obj, const char *file, const char *keyprefix, Model
   if (!json_is_string(mt)) return bad_value(&r, "model_type", "a string", mt, "set it to \"gpt2\" or \"llama\"");
   const char *type = json_string_value(mt);
   if (strcmp(type, "gpt2") == 0) return read_gpt2(&r, out);
-  if (strcmp(type, "llama") == 0) return read_llama(&r, out);
+  if (strcmp(type, "llama") == 0) return read_llama(&r, out, ARCH_LLAMA);
   if (strcmp(type, "mixtral") == 0 || strcmp(type, "qwen3_moe") == 0) {
-    int rc = read_llama(&r, out);
+    int rc = read_llama(&r, out, type[0] == 'q' ? ARCH_QWEN3_MOE : ARCH_MIXTRAL);
     return rc ? rc : read_moe(&r, out, type[0] == 'q');
   }
+  static const ModelArch variants[] = {ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL};
+  for (int i = 0; i < 3; i++)
+    if (strcmp(type, arch_name(variants[i])) == 0) {
+      int rc = read_llama(&r, out, variants[i]);
+      return rc ? rc : read_variant(&r, out);
+    }
   return config_errorf(err, errlen, 2,
                        "%s: key \"%s\": model_type \"%.60s\" is not supported; supported: gpt2, "
-                       "llama, mixtral, qwen3_moe",
+                       "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe",
                        r.file, key_path(&r, "model_type", key, sizeof key), type);
 }
 
@@ -623,5 +728,6 @@ int64_t config_param_count(const ModelConfig *c) {
   for (int64_t l = 0; l < L; l++)   /* a sparse layer: the router and E experts for the dense MLP */
     if (config_layer_is_moe(c, l)) total += c->n_experts * C + c->n_experts * 3 * C * c->moe_intermediate - 3 * C * I;
   if (c->qk_norm) total += L * 2 * D;
+  if (c->qkv_bias) total += L * (H + 2 * KV) * D;
   return total;
 }

@@ -21,8 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Mixtral and Qwen3-MoE are Llama with mixture-of-experts MLPs (n_experts > 0). */
-typedef enum { ARCH_GPT2, ARCH_LLAMA, ARCH_MIXTRAL, ARCH_QWEN3_MOE } ModelArch;
+/* Mixtral and Qwen3-MoE are Llama with mixture-of-experts MLPs (n_experts > 0); Qwen2 is Llama
+   with q/k/v biases, Qwen3 Llama with per-head q/k norms, Mistral Llama with sliding-window
+   attention (docs/models.md). */
+typedef enum { ARCH_GPT2, ARCH_LLAMA, ARCH_MIXTRAL, ARCH_QWEN3_MOE, ARCH_QWEN2, ARCH_QWEN3, ARCH_MISTRAL } ModelArch;
 #define CONFIG_MAX_MLP_ONLY 256
 
 /* The largest size any dimension may have (keeps products of two sizes in int64). */
@@ -40,6 +42,10 @@ typedef struct {
   int64_t max_pos;      /* n_positions / max_position_embeddings */
   double norm_eps;      /* layer_norm_epsilon / rms_norm_eps */
   double rope_theta;    /* llama only (0 for GPT-2) */
+  /* Llama 3.1's RoPE scaling (rope_type "llama3"); rope_factor 0: plain RoPE */
+  double rope_factor, rope_low_freq, rope_high_freq;
+  int64_t rope_orig_max;  /* original_max_position_embeddings */
+  bool qkv_bias;        /* qwen2: biases on the q, k and v projections (not o) */
   bool tied;            /* lm_head shares the token embedding; GPT-2 always true */
   bool attention_bias, mlp_bias; /* llama; always false for now (true is refused) */
   /* Mixture of experts (mixtral, qwen3_moe; 0 experts: a dense model).  A sparse layer's MLP
@@ -54,7 +60,8 @@ typedef struct {
   int64_t sparse_step;  /* qwen3_moe decoder_sparse_step (1: every layer) */
   int n_mlp_only;       /* qwen3_moe mlp_only_layers: layers with a dense MLP */
   int64_t mlp_only[CONFIG_MAX_MLP_ONLY];
-  int64_t sliding_window;   /* 0: full attention; else refused when shorter than the sequence */
+  int64_t sliding_window;   /* 0: full attention; mistral: the attention window (attention's `window`);
+                               the others: refused by spec_validate when shorter than the sequence */
 } ModelConfig;
 
 /* Layer l's MLP is a mixture of experts. */

@@ -633,10 +633,11 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
   if (m->n_experts > 0 && cp > 1)
     FAIL("%s: key \"mesh.cp\": context parallelism with a mixture-of-experts model is not supported yet; "
          "use cp = 1 with %s", f, arch_name(m->arch));
-  if (m->sliding_window > 0 && m->sliding_window < s->seq)
+  if (m->sliding_window > 0 && m->sliding_window < s->seq && m->arch != ARCH_MISTRAL)
     FAIL("%s: key \"model.sliding_window\": the model attends within a window of %lld tokens, shorter than "
-         "seq (%lld), and loom's attention is full causal attention; set seq to at most %lld (or sliding_window "
-         "to null)", f, (long long)m->sliding_window, (long long)s->seq, (long long)m->sliding_window);
+         "seq (%lld), and loom implements sliding windows for mistral only (every layer), not %s's (transformers "
+         "applies it to some layers); set seq to at most %lld (or use_sliding_window to false)", f,
+         (long long)m->sliding_window, (long long)s->seq, arch_name(m->arch), (long long)m->sliding_window);
   if (m->n_experts > 0 && m->moe_intermediate % tp != 0)
     FAIL("%s: key \"mesh.tp\": tensor parallelism splits each expert's MLP width (%lld), which is not "
          "divisible by tp = %lld; choose a tp that divides it", f, (long long)m->moe_intermediate, (long long)tp);

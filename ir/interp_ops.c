@@ -271,23 +271,26 @@ static void softmax_rows(const float *x, float *y, int64_t n) {
 }
 
 /* attention: for each (b, query t, head h): p = softmax(scale * q.k_s over allowed s),
-   out = sum_s p_s v_s.  Query head h reads kv head h / (H/KV). */
-/* One row of attention: query (b, t, h) against the keys 0..n-1 of its kv head; out's row
-   (zeros) gets the softmax-weighted sum of the values.  p: S floats of scratch. */
+   out = sum_s p_s v_s.  Query head h reads kv head h / (H/KV).  Allowed: s <= t when
+   causal, and t - s < window when window > 0 (the first key win_first gives). */
+static int64_t win_first(int64_t t, int64_t window) { return window > 0 && t - window + 1 > 0 ? t - window + 1 : 0; }
+
+/* One row of attention: query (b, t, h) against the keys first..n-1 of its kv head; out's
+   row (zeros) gets the softmax-weighted sum of the values.  p: S floats of scratch. */
 static void attend_row(const Tensor *q, const Tensor *k, const Tensor *v, Tensor *out, int64_t b, int64_t t, int64_t h,
-                       int64_t n, float scale, float *p) {
+                       int64_t first, int64_t n, float scale, float *p) {
   int64_t T = q->type.dims[1], H = q->type.dims[2], Dh = q->type.dims[3];
   int64_t S = k->type.dims[1], KV = k->type.dims[2], kvh = h / (H / KV);
   const float *qv = q->f + ((b * T + t) * H + h) * Dh;
-  for (int64_t s = 0; s < n; s++) {
+  for (int64_t s = first; s < n; s++) {
     const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
     float dot = 0;
     for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
     p[s] = dot * scale;
   }
-  softmax_rows(p, p, n);
+  softmax_rows(p + first, p + first, n - first);
   float *o = out->f + ((b * T + t) * H + h) * Dh;
-  for (int64_t s = 0; s < n; s++) {
+  for (int64_t s = first; s < n; s++) {
     const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
     for (int64_t d = 0; d < Dh; d++) o[d] += p[s] * vv[d];
   }
@@ -298,11 +301,12 @@ static int attention(const Op *op, Tensor **in, Tensor *out, char *err, size_t e
   int64_t B = q->type.dims[0], T = q->type.dims[1], H = q->type.dims[2], S = k->type.dims[1];
   float scale = (float)op_float(op, "scale");
   bool causal = op_bool(op, "causal");
+  int64_t window = op_int(op, "window");
   float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
   if (!p) return fail(err, errlen, "out of memory in attention");
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < T; t++)
-      for (int64_t h = 0; h < H; h++) attend_row(q, k, v, out, b, t, h, causal ? t + 1 : S, scale, p);
+      for (int64_t h = 0; h < H; h++) attend_row(q, k, v, out, b, t, h, win_first(t, window), causal ? t + 1 : S, scale, p);
   free(p);
   return 0;
 }
@@ -321,16 +325,16 @@ static SeqSplit seq_split(const Op *op, const int *coord) {
   return sp;
 }
 
-/* rope, rotate-half: dim i pairs with i + Dh/2; angle = pos * theta^(-2i/Dh). */
+/* rope, rotate-half: dim i pairs with i + Dh/2; angle = pos * theta^(-2i/Dh) (or its
+   Llama 3.1 scaling: ir_rope_inv_freq). */
 static void rope(const Op *op, const Tensor *x, Tensor *y, const int *coord) {
   int64_t B = x->type.dims[0], T = x->type.dims[1], H = x->type.dims[2], Dh = x->type.dims[3], half = Dh / 2;
-  double theta = op_float(op, "theta");
   int64_t offset = op_int(op, "offset");
   double sign = op_bool(op, "inverse") ? -1.0 : 1.0;
   SeqSplit sp = seq_split(op, coord);
   for (int64_t t = 0; t < T; t++)
     for (int64_t i = 0; i < half; i++) {
-      double angle = (double)(ir_seq_pos(sp.c, t, T, sp.n, sp.zigzag) + offset) * pow(theta, -2.0 * (double)i / (double)Dh);
+      double angle = (double)(ir_seq_pos(sp.c, t, T, sp.n, sp.zigzag) + offset) * ir_rope_inv_freq(op, i, Dh);
       float c = (float)cos(angle), s = (float)(sign * sin(angle));
       for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
@@ -369,13 +373,12 @@ static int cache_pos(const Tensor *pos, int64_t i, int64_t tmax, int64_t *out, c
 static int rope_at(const Op *op, Tensor **in, Tensor *y, char *err, size_t errlen) {
   const Tensor *x = in[0], *pos = in[1];
   int64_t B = x->type.dims[0], C = x->type.dims[1], H = x->type.dims[2], Dh = x->type.dims[3], half = Dh / 2;
-  double theta = op_float(op, "theta");
   for (int64_t b = 0; b < B; b++)
     for (int64_t c = 0; c < C; c++) {
       int64_t p = pos->i[b * C + c];
       if (p < 0) return fail(err, errlen, "rope_at: a negative position");
       for (int64_t i = 0; i < half; i++) {
-        double angle = (double)p * pow(theta, -2.0 * (double)i / (double)Dh);
+        double angle = (double)p * ir_rope_inv_freq(op, i, Dh);
         float cs = (float)cos(angle), sn = (float)sin(angle);
         for (int64_t h = 0; h < H; h++) {
           const float *xr = x->f + ((b * C + c) * H + h) * Dh;
@@ -402,7 +405,8 @@ static int attention_cached(const Op *op, Tensor **in, Tensor *y, char *err, siz
         free(p);
         return IR_EINPUT;
       }
-      for (int64_t h = 0; h < H; h++) attend_row(q, k, v, y, b, c, h, last + 1, scale, p);   /* keys 0..pos */
+      for (int64_t h = 0; h < H; h++)   /* keys 0..pos (the window's) */
+        attend_row(q, k, v, y, b, c, h, win_first(last, op_int(op, "window")), last + 1, scale, p);
     }
   free(p);
   return 0;
@@ -433,6 +437,7 @@ static int attention_block(const Op *op, Tensor **in, Tensor **out, const int *c
   int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
   float scale = (float)op_float(op, "scale");
   bool causal = op_bool(op, "causal");
+  int64_t window = op_int(op, "window");
   int64_t *qpos = malloc(sizeof(int64_t) * (size_t)(T + S + 1)), *kpos = qpos + T;
   float *p = malloc(sizeof(float) * (size_t)(S ? S : 1));
   if (!qpos || !p) {
@@ -450,6 +455,7 @@ static int attention_block(const Op *op, Tensor **in, Tensor **out, const int *c
         for (int64_t s = 0; s < S; s++) {
           p[s] = -INFINITY;
           if (causal && kpos[s] > qpos[t]) continue;
+          if (window > 0 && qpos[t] - kpos[s] >= window) continue;
           const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
           float dot = 0;
           for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
@@ -585,6 +591,7 @@ static int attention_grad(const Op *op, Tensor **in, Tensor **out, char *err, si
   int64_t S = k->type.dims[1], KV = k->type.dims[2], group = H / KV;
   float scale = (float)op_float(op, "scale");
   bool causal = op_bool(op, "causal");
+  int64_t window = op_int(op, "window");
   float *p = malloc(sizeof(float) * (size_t)(S ? S : 1)), *dp = malloc(sizeof(float) * (size_t)(S ? S : 1));
   if (!p || !dp) {
     free(p);
@@ -596,16 +603,16 @@ static int attention_grad(const Op *op, Tensor **in, Tensor **out, char *err, si
       for (int64_t h = 0; h < H; h++) {
         const float *qv = q->f + ((b * T + t) * H + h) * Dh, *dov = dout->f + ((b * T + t) * H + h) * Dh;
         float *dqv = dq->f + ((b * T + t) * H + h) * Dh;
-        int64_t kvh = h / group, n = causal ? t + 1 : S;
-        for (int64_t s = 0; s < n; s++) {
+        int64_t kvh = h / group, n = causal ? t + 1 : S, first = win_first(t, window);
+        for (int64_t s = first; s < n; s++) {
           const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
           float dot = 0;
           for (int64_t d = 0; d < Dh; d++) dot += qv[d] * kv[d];
           p[s] = dot * scale;
         }
-        softmax_rows(p, p, n);
+        softmax_rows(p + first, p + first, n - first);
         float sum = 0;
-        for (int64_t s = 0; s < n; s++) {
+        for (int64_t s = first; s < n; s++) {
           const float *vv = v->f + ((b * S + s) * KV + kvh) * Dh;
           float *dvv = dv->f + ((b * S + s) * KV + kvh) * Dh;
           float dot = 0;
@@ -616,7 +623,7 @@ static int attention_grad(const Op *op, Tensor **in, Tensor **out, char *err, si
           dp[s] = dot;
           sum += p[s] * dot;
         }
-        for (int64_t s = 0; s < n; s++) {
+        for (int64_t s = first; s < n; s++) {
           float ds = p[s] * (dp[s] - sum) * scale;
           const float *kv = k->f + ((b * S + s) * KV + kvh) * Dh;
           float *dkv = dk->f + ((b * S + s) * KV + kvh) * Dh;

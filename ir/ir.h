@@ -24,6 +24,7 @@
 #ifndef LOOM_IR_H
 #define LOOM_IR_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -126,7 +127,7 @@ typedef struct {      /* (fields ordered to pack: every op holds IR_MAX_ATTRS of
   bool set;           /* given (or defaulted); a required attribute left unset fails verify */
 } Attr;
 
-#define IR_MAX_ATTRS 8
+#define IR_MAX_ATTRS 10   /* rope: 6 + Llama 3.1 scaling's 4 */
 typedef struct {
   const char *name;
   AttrKind kind;
@@ -412,6 +413,24 @@ static inline int64_t ir_seq_pos(int64_t c, int64_t t, int64_t L, int64_t n, boo
   if (!zigzag) return c * L + t;
   int64_t h = L / 2;
   return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);
+}
+
+/* RoPE's inverse frequency of pair j of Dh (rope and rope_at, ops.def): theta^(-2j/Dh), and
+   with factor > 0 Llama 3.1's scaling as transformers' rope_type "llama3" computes it: a pair
+   whose wavelength wl = 2 pi / inv is under orig / high_freq_factor keeps inv, one over
+   orig / low_freq_factor gets inv / factor, one between (1 - s) inv / factor + s inv with
+   s = (orig / wl - low_freq_factor) / (high_freq_factor - low_freq_factor).
+   (runtime/program.h has the runtime's copy, rt_rope_inv_freq.) */
+static inline double ir_rope_inv_freq(const Op *op, int64_t j, int64_t Dh) {
+  double inv = pow(op_float(op, "theta"), -2.0 * (double)j / (double)Dh);
+  double factor = op_float(op, "factor");
+  if (!(factor > 0.0)) return inv;
+  double lo = op_float(op, "low_freq_factor"), hi = op_float(op, "high_freq_factor");
+  double orig = (double)op_int(op, "original_max_pos"), wl = 2.0 * 3.14159265358979323846 / inv;
+  if (wl < orig / hi) return inv;
+  if (wl > orig / lo) return inv / factor;
+  double s = (orig / wl - lo) / (hi - lo);
+  return (1.0 - s) * inv / factor + s * inv;
 }
 
 #endif

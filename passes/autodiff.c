@@ -286,6 +286,7 @@ static int rule(AD *ad, Op *op, Value **dy, char *err, size_t errlen) {
     Op *o = build_begin(&ad->b, OP_ATTENTION_GRAD, ops, 4);
     op_set_float(o, "scale", op_float(op, "scale"));
     op_set_bool(o, "causal", op_bool(op, "causal"));
+    op_set_int(o, "window", op_int(op, "window"));
     build_end(&ad->b, NULL);
     for (int i = 0; i < 3; i++) contribute(ad, op->operands[i], o->results[i]);
     return 0;
@@ -293,6 +294,10 @@ static int rule(AD *ad, Op *op, Value **dy, char *err, size_t errlen) {
   case OP_ROPE: {
     Op *o = build_begin(&ad->b, OP_ROPE, &g, 1);
     op_set_float(o, "theta", op_float(op, "theta"));
+    op_set_float(o, "factor", op_float(op, "factor"));
+    op_set_float(o, "low_freq_factor", op_float(op, "low_freq_factor"));
+    op_set_float(o, "high_freq_factor", op_float(op, "high_freq_factor"));
+    op_set_int(o, "original_max_pos", op_int(op, "original_max_pos"));
     op_set_int(o, "offset", op_int(op, "offset"));
     op_set_bool(o, "inverse", !op_bool(op, "inverse"));
     contribute(ad, x, build_end(&ad->b, NULL));

@@ -212,6 +212,29 @@ static void set_seq_attrs(Sharder *s, Op *op, const Op *like, int64_t shift) {
   op_set_int(op, "seq_n", s->m->mesh.size[AX_CP]);
   if (s->cp_zigzag) op_set_bool(op, "zigzag", true);
   if (shift) op_set_int(op, "kv_shift", shift);
+  op_set_int(op, "window", op_int(like, "window"));
+}
+
+/* The ring's length under a sliding window: 1 + the last step st at which some rank's queries
+   see some key of rank (c - st) mod n (causal, and less than `window` positions back), so that
+   the steps after it (every rank's block wholly outside the windows) are neither computed nor
+   sent.  Without a window every step counts (the ring as it was).  L: a rank's rows. */
+static int64_t ring_steps(const Sharder *s, const Op *like, int64_t L) {
+  int64_t n = s->m->mesh.size[AX_CP], W = op_int(like, "window");
+  if (W <= 0 || L <= 0) return n;
+  bool zz = s->cp_zigzag, causal = op_bool(like, "causal");
+  int64_t h = zz ? L / 2 : L, runs = zz ? 2 : 1, last = 0;
+  for (int64_t st = 1; st < n; st++)
+    for (int64_t c = 0; c < n; c++) {
+      int64_t r = ((c - st) % n + n) % n;
+      for (int64_t i = 0; i < runs; i++)
+        for (int64_t j = 0; j < runs; j++) {
+          int64_t qlo = ir_seq_pos(c, i * h, L, n, zz), qhi = qlo + h - 1;
+          int64_t klo = ir_seq_pos(r, j * h, L, n, zz), khi = klo + h - 1;
+          if ((!causal || klo <= qhi) && qlo - khi < W) last = st;
+        }
+    }
+  return last + 1;
 }
 
 /* A multi-result op on per-rank values; results typed by inference, placed like `sh`. */
@@ -234,33 +257,40 @@ static Op *block_op(Sharder *s, OpKind k, Value **ops, int n, const Op *like, in
   return c;
 }
 
-/* send x to the next cp rank; the matching recv (from the previous) is recv_prev. */
-static void send_next(Sharder *s, Value *x, int64_t tag) {
+/* send x to the cp rank `peer` ahead (coordinates mod n); the matching recv_from names the
+   sender as n - peer ahead. */
+static void send_to(Sharder *s, Value *x, int64_t peer, int64_t tag) {
   Op *o = op_new(s->m, OP_SEND, &x, 1, NULL);
   Attr *a = &o->attrs[op_attr_index(OP_SEND, "axis")];
   a->s = mesh_axis_names[AX_CP];
   a->set = true;
   op_set_int(o, "n", s->m->mesh.size[AX_CP]);
-  op_set_int(o, "peer", 1);
+  op_set_int(o, "peer", peer);
   op_set_int(o, "tag", tag);
   op_set_bool(o, "rel", true);
   ptrvec_push(s->m->arena, &s->f->ops, o);
 }
 
-static Value *recv_prev(Sharder *s, const Value *like, int64_t tag) {
+static Value *recv_from(Sharder *s, const Value *like, int64_t peer, int64_t tag) {
   Type t = like->type;
   Op *o = op_new(s->m, OP_RECV, NULL, 0, &t);
   Attr *a = &o->attrs[op_attr_index(OP_RECV, "axis")];
   a->s = mesh_axis_names[AX_CP];
   a->set = true;
   op_set_int(o, "n", s->m->mesh.size[AX_CP]);
-  op_set_int(o, "peer", s->m->mesh.size[AX_CP] - 1);
+  op_set_int(o, "peer", peer);
   op_set_int(o, "tag", tag);
   op_set_bool(o, "rel", true);
   o->results[0]->type = t;
   o->results[0]->name = like->name;
   ptrvec_push(s->m->arena, &s->f->ops, o);
   return o->results[0];
+}
+
+/* the ring's hops: to the next cp rank, from the previous */
+static void send_next(Sharder *s, Value *x, int64_t tag) { send_to(s, x, 1, tag); }
+static Value *recv_prev(Sharder *s, const Value *like, int64_t tag) {
+  return recv_from(s, like, s->m->mesh.size[AX_CP] - 1, tag);
 }
 
 /* The forward ring: the merged output (f32) and lse of q against every rank's k, v. */
@@ -276,6 +306,7 @@ static void ring_forward(Sharder *s, const Op *like, Value *q, Value *k, Value *
     return;
   }
   Value *o = NULL, *lse = NULL;
+  n = ring_steps(s, like, q->type.dims[1]);
   for (int64_t st = 0; st < n && !s->failed; st++) {
     int64_t tag = s->cp_tag;
     if (st < n - 1) {   /* the next block is on its way while this one is computed */
@@ -328,10 +359,11 @@ static void ring_backward(Sharder *s, const Op *like, Value *dout, Value *q, Val
     return;
   }
   Value *dq = NULL, *dk = NULL, *dv = NULL;
-  for (int64_t st = 0; st < n && !s->failed; st++) {
+  int64_t steps = ring_steps(s, like, q->type.dims[1]);
+  for (int64_t st = 0; st < steps && !s->failed; st++) {
     int64_t tag = s->cp_tag;
     s->cp_tag += 4;
-    if (st < n - 1) {
+    if (st < steps - 1) {
       send_next(s, k, tag);
       send_next(s, v, tag + 1);
     }
@@ -344,17 +376,27 @@ static void ring_backward(Sharder *s, const Op *like, Value *dout, Value *q, Val
       dk = op1(s, OP_ADD, recv_prev(s, b->results[1], tag - 2), b->results[1]);
       dv = op1(s, OP_ADD, recv_prev(s, b->results[2], tag - 1), b->results[2]);
     }
-    send_next(s, dk, tag + 2);
-    send_next(s, dv, tag + 3);
-    if (st < n - 1) {
+    if (st < steps - 1) {
+      send_next(s, dk, tag + 2);
+      send_next(s, dv, tag + 3);
       k = recv_prev(s, k, tag);
       v = recv_prev(s, v, tag + 1);
     }
   }
-  /* the last hop brings each rank its own keys' gradients */
   res[0] = dq;
-  res[1] = recv_prev(s, dk, s->cp_tag - 2);
-  res[2] = recv_prev(s, dv, s->cp_tag - 1);
+  if (steps == 1) {   /* (a window within each rank's rows) every rank's keys stayed home */
+    res[1] = dk;
+    res[2] = dv;
+    return;
+  }
+  /* the last hop brings each rank its own keys' gradients: from rank c + steps - 1 (the
+     next rank when the ring went all the way round) */
+  int64_t tag = s->cp_tag;
+  s->cp_tag += 2;
+  send_to(s, dk, n - (steps - 1), tag);
+  send_to(s, dv, n - (steps - 1), tag + 1);
+  res[1] = recv_from(s, dk, steps - 1, tag);
+  res[2] = recv_from(s, dv, steps - 1, tag + 1);
 }
 
 /* attention / attention_grad whose operands are split over cp (S(1) there, placed by the

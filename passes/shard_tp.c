@@ -45,6 +45,8 @@ static int tp_dim_of(const Sharder *s, const Global *p) {
     {".mlp.c_fc.bias", 0}, {".mlp.c_proj.weight", 0}, {"wte.weight", 0}, {".q_proj.weight", 0}, {".k_proj.weight", -3},
     {".v_proj.weight", -3}, {".o_proj.weight", 1}, {".gate_proj.weight", 0}, {".up_proj.weight", 0},
     {".down_proj.weight", 1}, {"embed_tokens.weight", 0}, {"lm_head.weight", 0},
+    /* Qwen2's q/k/v biases: split as their projections' outputs */
+    {".q_proj.bias", 0}, {".k_proj.bias", -3}, {".v_proj.bias", -3},
   };
   int64_t tp = s->m->mesh.size[AX_TP];
   size_t len = strlen(p->name);

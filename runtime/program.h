@@ -12,6 +12,7 @@
 #ifndef LOOM_RUNTIME_PROGRAM_H
 #define LOOM_RUNTIME_PROGRAM_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,23 @@ static inline int64_t rt_seq_pos(int64_t c, int64_t t, int64_t L, int64_t n, boo
   return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);
 }
 
+/* RoPE's inverse frequency of pair j of Dh: theta^(-2j/Dh), f = {theta, factor, low_wl,
+   high_wl}; factor > 0: Llama 3.1's scaling (transformers' rope_type "llama3"): a pair whose
+   wavelength 2 pi / inv is under high_wl = original_max_pos / high_freq_factor keeps inv, one
+   over low_wl = original_max_pos / low_freq_factor gets inv / factor, and one between mixes
+   the two with s = (1/wl - 1/low_wl) / (1/high_wl - 1/low_wl), the same as transformers'
+   (original_max_pos / wl - low_freq_factor) / (high_freq_factor - low_freq_factor).  Copies:
+   ir_rope_inv_freq (ir/ir.h), loom_rope_inv_freq (codegen/cuda/kernels/data.cuh). */
+static inline double rt_rope_inv_freq(const double *f, int64_t j, int64_t Dh) {
+  double inv = pow(f[0], -2.0 * (double)j / (double)Dh);
+  if (!(f[1] > 0.0)) return inv;
+  double wl = 2.0 * 3.14159265358979323846 / inv;
+  if (wl < f[3]) return inv;
+  if (wl > f[2]) return inv / f[1];
+  double sm = (1.0 / wl - 1.0 / f[2]) / (1.0 / f[3] - 1.0 / f[2]);
+  return (1.0 - sm) * inv / f[1] + sm * inv;
+}
+
 /* Builtins.  Buffers are listed inputs first, then outputs; every output is fully
    overwritten (never accumulated into) unless the builtin says "+=".  Sizes are in i[],
    float attributes in f[].  The meaning of each is the op of the same name in ir/ops.def
@@ -55,16 +73,18 @@ typedef enum {
   RT_B_RMSNORM_GRAD,       /* dy x w -> dx dw;       i: rows, D;  f: eps */
   RT_B_SOFTMAX,            /* x -> y;                i: rows, D */
   RT_B_SOFTMAX_GRAD,       /* dy y -> dx;            i: rows, D */
-  RT_B_ATTENTION,          /* q k v -> out;          i: B, T, H, Dh, S, KV, causal;  f: scale */
+  RT_B_ATTENTION,          /* q k v -> out;          i: B, T, H, Dh, S, KV, causal, window;  f: scale */
   RT_B_ATTENTION_GRAD,     /* dout q k v -> dq dk dv; i: as attention;             f: scale */
   RT_B_ROPE,               /* x -> y;                i: B, T, H, Dh, offset, inverse, seq axis + 1, seq_n,
-                              zigzag (positions: rt_seq_pos of the rank's coordinate on that axis);  f: theta */
+                              zigzag (positions: rt_seq_pos of the rank's coordinate on that axis);  f: theta,
+                              factor, low_wl, high_wl (rt_rope_inv_freq) */
   RT_B_ATTN_BLOCK,         /* q k v -> o lse (f32);  i: B, Tq, H, Dh, Tk, KV, causal, seq axis + 1, seq_n, zigzag,
-                              kv_shift;  f: scale (the op attention_block) */
+                              kv_shift, (11: the CUDA kernels' rank coordinate), window;  f: scale (the op
+                              attention_block) */
   RT_B_ATTN_BLOCK_GRAD,    /* dout q k v lse delta -> dq dk dv (f32);  i, f: as attn_block */
   /* generation with a KV cache (loom sample); pos(int) [B,C] the new tokens' positions */
-  RT_B_ROPE_AT,            /* x pos -> y;            i: B, C, H, Dh;  f: theta */
-  RT_B_ATTN_CACHED,        /* q kcache vcache pos -> out;  i: B, C, H, Dh, Tmax, KV;  f: scale */
+  RT_B_ROPE_AT,            /* x pos -> y;            i: B, C, H, Dh;  f: as rope */
+  RT_B_ATTN_CACHED,        /* q kcache vcache pos -> out;  i: B, C, H, Dh, Tmax, KV, window;  f: scale */
   RT_B_KV_WRITE,           /* cache x pos -> (cache rows pos[b,c] = x[b,c], in place; cache listed once, as
                               input 0);  i: B, C, Tmax, KV*Dh */
   /* mixture of experts (ir/ops.def's topk .. grouped_matmul_wgrad; positions and counts int) */

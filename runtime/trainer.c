@@ -9,7 +9,11 @@
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/data.h"
 #include "runtime/io/safetensors.h" /* rt_read_file, RtAtomic */
+#include "runtime/stop.h"
 #include "runtime/trainer.h"
+
+#include <signal.h>
+#include <unistd.h>
 
 #include <sys/resource.h>
 
@@ -154,16 +158,91 @@ static int read_floats(json_t *root, const char *key, float *out, int64_t n) {
   return 0;
 }
 
-static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoader *dl, char *err, size_t errlen) {
+/* The settings that make a resumed run the continuation of the saved one (state.json's
+   "settings"): a difference changes the schedule or the data order under the run. */
+static const char *const COMPARED[] = {"steps", "batch", "seq", "grad_accum", "lr", "min_lr", "warmup", "weight_decay",
+                                       "beta1", "beta2", "eps", "grad_clip", "precision", "seed"};
+
+static void value_text(json_t *v, char *out, size_t n) {
+  if (json_is_string(v)) snprintf(out, n, "%s", json_string_value(v));
+  else if (json_is_integer(v)) snprintf(out, n, "%lld", (long long)json_integer_value(v));
+  else if (json_is_real(v)) snprintf(out, n, "%.9g", json_real_value(v));
+  else snprintf(out, n, "?");
+}
+
+/* Compares the checkpoint's settings with this run's: every difference listed ("--steps 7 ->
+   9"); refused (2) unless o->allow_changes, which prints them as notes. */
+static int compare_settings(const TrainOptions *o, json_t *state, const char *dir, char *err, size_t errlen) {
+  json_t *was = json_object_get(state, "settings");
+  json_t *now = o->settings_json ? json_loads(o->settings_json, 0, NULL) : NULL;
+  char list[1536] = "";
+  size_t k = 0;
+  int n = 0;
+  for (size_t i = 0; was && now && i < sizeof COMPARED / sizeof COMPARED[0]; i++) {
+    json_t *a = json_object_get(was, COMPARED[i]), *b = json_object_get(now, COMPARED[i]);
+    if (!a || !b || json_equal(a, b)) continue;
+    char at[64], bt[64], flag[32];
+    value_text(a, at, sizeof at);
+    value_text(b, bt, sizeof bt);
+    snprintf(flag, sizeof flag, "--%s", COMPARED[i]);
+    for (char *c = flag; *c; c++) *c = *c == '_' ? '-' : *c;
+    if (k < sizeof list) k += (size_t)snprintf(list + k, sizeof list - k, "%s%s %s -> %s", n ? ", " : "", flag, at, bt);
+    n++;
+  }
+  json_decref(now);
+  if (!n) return 0;
+  if (!o->allow_changes) {
+    snprintf(err, errlen, "%s: this run's settings differ from the checkpoint's (%s); resume with the settings it was "
+             "saved with, or add --allow-changes to continue with the new ones", dir, list);
+    return 2;
+  }
+  if (o->log) fprintf(o->log, "note: --allow-changes: continuing with changed settings: %s\n", list);
+  return 0;
+}
+
+/* A checkpoint folder that will load: the newest complete one of o->resume, or, when that is
+   damaged (a file that disagrees with DONE, a DONE unreadable), the newest older one that
+   loads, with a note per folder skipped.  A step folder named itself is taken or refused. */
+static int pick_checkpoint(const TrainOptions *o, char *dir, size_t n, Checkpoint *c, char *err, size_t errlen) {
+  int64_t below = INT64_MAX, step;
+  char skipped[2048] = "";
+  for (;;) {
+    int rc = ckpt_latest_below(o->resume, below, dir, n, &step, err, errlen);
+    if (rc) {
+      if (skipped[0])   /* nothing older loads either: what was wrong with the newer ones */
+        snprintf(err, errlen, "%s: no checkpoint here loads: %s; train from the start or pass another --resume folder",
+                 o->resume, skipped);
+      return rc;
+    }
+    if (err[0] && o->log) fprintf(o->log, "note: %s\n", err);
+    rc = ckpt_load(dir, c, err, errlen);
+    if (!rc && c->step != step) {   /* DONE's step is not the folder's name */
+      snprintf(err, errlen, "%s: its DONE records step %lld, not the folder's (a copy of another step)", dir,
+               (long long)c->step);
+      ckpt_free(c);
+      rc = 2;
+    }
+    if (rc != 2 || !strcmp(dir, o->resume)) return rc;   /* a step folder asked for by name: no fallback */
+    if (o->log) fprintf(o->log, "note: skipped a damaged checkpoint: %s\n", err);
+    size_t k = strlen(skipped);
+    snprintf(skipped + k, sizeof skipped - k, "%s%s", k ? "; " : "", err);
+    below = step;
+  }
+}
+
+static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoader *dl, char *used, size_t used_n,
+                  char *err, size_t errlen) {
   char dir[4096];
-  int64_t step;
-  int rc = ckpt_latest(o->resume, dir, sizeof dir, &step, err, errlen);
-  if (rc) return rc;
-  if (err[0] && o->log) fprintf(o->log, "note: %s\n", err);
   Checkpoint c;
-  if ((rc = ckpt_load(dir, &c, err, errlen))) return rc;
+  int rc = pick_checkpoint(o, dir, sizeof dir, &c, err, errlen);
+  if (rc) return rc;
+  snprintf(used, used_n, "%s", dir);
+  json_error_t je;
+  json_t *s = json_loads(c.state_json, 0, &je);
+  rc = compare_settings(o, s, dir, err, errlen);
   bool pieces = c.n_shards && ex->load_shards;   /* the executor takes its pieces itself */
-  if (pieces) rc = ex->load_shards(ex->self, &c, err, errlen);
+  if (rc) {
+  } else if (pieces) rc = ex->load_shards(ex->self, &c, err, errlen);
   else if (c.n_shards) {
     rc = restore_shards(&c, ex->params, ex->n_params, dir, err, errlen);
     if (!rc) rc = restore_shards(&c, ex->state, ex->n_state, dir, err, errlen);
@@ -171,13 +250,19 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
     rc = restore(&c.params, ex->params, ex->n_params, "parameter", dir, err, errlen);
     if (!rc) rc = restore(&c.state, ex->state, ex->n_state, "optimizer tensor", dir, err, errlen);
   }
-  json_error_t je;
-  json_t *s = rc ? NULL : json_loads(c.state_json, 0, &je);
   if (!rc) {
     json_t *d = json_object_get(s, "data");
     int64_t saved = json_integer_value(json_object_get(s, "step"));
+    json_t *shard = json_object_get(d, "shard"), *pos = json_object_get(d, "pos");
     if (!s || saved != c.step || !json_is_object(d)) {
       snprintf(err, errlen, "%s/state.json: missing or inconsistent 'step' or 'data'", dir);
+      rc = 2;
+    } else if (!json_is_integer(shard) || !json_is_integer(pos) || json_integer_value(shard) < 0 ||
+               json_integer_value(shard) >= o->n_data || json_integer_value(pos) < 0) {
+      /* read as 64 bits and range-checked before any narrowing: 2^32 is not shard 0 */
+      snprintf(err, errlen, "%s/state.json: data position shard %lld, pos %lld does not fit the %d data shard%s given; "
+               "resume with the same --data as the run that saved it", dir, (long long)json_integer_value(shard),
+               (long long)json_integer_value(pos), o->n_data, o->n_data == 1 ? "" : "s");
       rc = 2;
     } else if (c.step > o->steps) {
       snprintf(err, errlen, "%s is at step %lld, past --steps %lld; ask for more steps to continue", dir,
@@ -188,8 +273,7 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
       snprintf(err, errlen, "%s/state.json: loss history does not cover %lld steps", dir, (long long)c.step);
       rc = 2;
     } else {
-      rc = data_set_position(dl, (int)json_integer_value(json_object_get(d, "shard")),
-                             json_integer_value(json_object_get(d, "pos")), err, errlen);
+      rc = data_set_position(dl, (int)json_integer_value(shard), json_integer_value(pos), err, errlen);
       r->first_step = c.step;
       if (!rc && ex->sync_in && !pieces) rc = ex->sync_in(ex->self, err, errlen);
       if (!rc && o->log) fprintf(o->log, "resumed from %s (step %lld)\n", dir, (long long)c.step);
@@ -338,7 +422,24 @@ static void loads_json(FILE *f, const Loads *L) {
   fputc(']', f);
 }
 
-int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, size_t errlen) {
+/* The folder that holds step folder `dir` (a resumed run's save dir). */
+static void parent_dir(const char *dir, char *out, size_t n) {
+  snprintf(out, n, "%s", dir);
+  size_t l = strlen(out);
+  while (l > 1 && out[l - 1] == '/') out[--l] = 0;
+  char *slash = strrchr(out, '/');
+  if (!slash) snprintf(out, n, ".");
+  else if (slash == out) out[1] = 0;
+  else *slash = 0;
+}
+
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
+int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, size_t errlen) {
+  TrainOptions local = *opt;   /* save_dir may become the folder a run resumed from */
+  const TrainOptions *o = &local;
+  char resumed[4096] = "", resumed_dir[4096];
+  int lock_fd = -1, stopped = 0;   /* stopped: the signal that ended the run early */
   Loads loads = {0};   /* mixture of experts: the expert load of each step */
   memset(r, 0, sizeof *r);
   err[0] = 0;
@@ -382,13 +483,35 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
     }
   }
   if ((rc = data_open(&dl, o->data, o->n_data, B, T, o->vocab, err, errlen))) goto done;
-  if (o->resume && (rc = resume(ex, o, r, &dl, err, errlen))) goto done;
+  if (o->resume && (rc = resume(ex, o, r, &dl, resumed, sizeof resumed, err, errlen))) goto done;
+  bool derived = !o->save_dir && resumed[0];
+  if (derived) {   /* a resumed run goes on saving where it came from */
+    parent_dir(resumed, resumed_dir, sizeof resumed_dir);
+    local.save_dir = resumed_dir;
+  }
+  /* one writer per save dir; a dead writer's unfinished folders go */
+  if (derived && access(o->save_dir, W_OK)) {   /* someone else's checkpoints, read-only: use them, write none
+                                                   (every rank of a mesh decides alike: one file system) */
+    if (o->log) fprintf(o->log, "note: %s is not writable: this run writes no checkpoints (give --save-dir D)\n",
+                        o->save_dir);
+    local.save_dir = NULL;
+  }
+  if (o->save_dir && !o->not_writer) {
+    if ((rc = ckpt_lock(o->save_dir, &lock_fd, err, errlen))) {
+      goto done;
+    } else {
+      ckpt_clean_tmp(o->save_dir, o->log);
+      if (derived && o->log)
+        fprintf(o->log, "checkpoints go on into %s, the folder it resumed from (--save-dir D writes elsewhere)\n",
+                o->save_dir);
+    }
+  }
   if (o->metrics_path) {
     if (r->first_step > 0 && (rc = metrics_trim(o->metrics_path, r->first_step, err, errlen))) goto done;
     if (!(metrics = fopen(o->metrics_path, r->first_step > 0 ? "a" : "w"))) {
       snprintf(err, errlen, "%s: cannot open the metrics log for writing (--log); check the folder exists and is "
                "writable", o->metrics_path);
-      rc = 1;
+      rc = 2;
       goto done;
     }
   }
@@ -402,6 +525,8 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
   if (loads_live(ex, o, &loads) && ex->sync_out && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
   if ((rc = loads_zero(ex, o, &loads, err, errlen))) goto done;
   double start = now_s(), first_loss = NAN, comm_total = 0;
+  int64_t end = o->steps;   /* the step after the last one run */
+  train_stop_arm();
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
     float loss_sum = 0;
@@ -458,28 +583,46 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       if (o->log_experts && !isnan(loads.worst)) loads_print(o->log, &loads);
     }
     if (metrics) {
+      /* the line is made in memory and written at once; a failed write is cut back off, so
+         the file holds whole lines only (a reader never sees half a JSON object) */
+      FILE *file = metrics;
+      char *line = NULL;   /* the fields go into it through mem */
+      size_t line_n = 0;
+      FILE *mem = open_memstream(&line, &line_n);
+      if (!mem) {
+        snprintf(err, errlen, "out of memory");
+        rc = 1;
+        goto done;
+      }
       struct rusage ru;
       getrusage(RUSAGE_SELF, &ru);
-      fprintf(metrics, "{\"step\":%lld", (long long)(s + 1));
-      put_num(metrics, "loss", loss);
-      if (!isnan(val)) put_num(metrics, "val_loss", val);
-      put_num(metrics, "lr", lr);
-      put_num(metrics, "grad_norm", norm);
-      put_num(metrics, "tokens_per_s", (double)(G * B * T) / dt);
-      put_num(metrics, "step_ms", dt * 1e3);
-      if (!isnan(mfu)) put_num(metrics, "mfu", mfu);
-      if (!isnan(comm_mean)) put_num(metrics, "comm_wait_ms", comm_mean);
+      fprintf(mem, "{\"step\":%lld", (long long)(s + 1));
+      put_num(mem, "loss", loss);
+      if (!isnan(val)) put_num(mem, "val_loss", val);
+      put_num(mem, "lr", lr);
+      put_num(mem, "grad_norm", norm);
+      put_num(mem, "tokens_per_s", (double)(G * B * T) / dt);
+      put_num(mem, "step_ms", dt * 1e3);
+      if (!isnan(mfu)) put_num(mem, "mfu", mfu);
+      if (!isnan(comm_mean)) put_num(mem, "comm_wait_ms", comm_mean);
       if (!isnan(loads.worst)) {
-        put_num(metrics, "expert_max_mean", loads.worst);
-        loads_json(metrics, &loads);
+        put_num(mem, "expert_max_mean", loads.worst);
+        loads_json(mem, &loads);
       }
-      fprintf(metrics, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
-      put_num(metrics, "elapsed_s", elapsed);
-      put_num(metrics, "eta_s", eta);
-      put_num(metrics, "max_rss_mb", (double)ru.ru_maxrss / 1024.0);
-      fprintf(metrics, ",\"time\":%lld}\n", (long long)time(NULL));
-      if (fflush(metrics)) {
-        snprintf(err, errlen, "%s: cannot write the metrics log (disk full?)", o->metrics_path);
+      fprintf(mem, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
+      put_num(mem, "elapsed_s", elapsed);
+      put_num(mem, "eta_s", eta);
+      put_num(mem, "max_rss_mb", (double)ru.ru_maxrss / 1024.0);
+      fprintf(mem, ",\"time\":%lld}\n", (long long)time(NULL));
+      fclose(mem);
+      long at = ftell(file);
+      bool bad = fwrite(line, 1, line_n, file) != line_n;
+      bad = fflush(file) != 0 || bad;
+      free(line);
+      if (bad) {
+        if (at >= 0 && ftruncate(fileno(file), at) == 0) clearerr(file);
+        snprintf(err, errlen, "%s: cannot write the metrics log (disk full?); it holds the whole lines of the steps before",
+                 o->metrics_path);
         rc = 1;
         goto done;
       }
@@ -491,24 +634,47 @@ int train_run(Executor *ex, const TrainOptions *o, TrainResult *r, char *err, si
       rc = 1;
       goto done;
     }
-    bool last = s + 1 == o->steps;
-    if (o->save_dir && ((o->save_every > 0 && (s + 1) % o->save_every == 0) || last))
+    bool last = s + 1 == o->steps, saved = false;
+    if (o->save_dir && ((o->save_every > 0 && (s + 1) % o->save_every == 0) || last)) {
       if ((rc = save(ex, o, r, s + 1, &dl, err, errlen))) goto done;
+      saved = true;
+    }
+    /* SIGINT / SIGTERM: this step is done; every rank stops after the same one */
+    int sig = train_stop_signal();
+    if (ex->agree_stop && (rc = ex->agree_stop(ex->self, sig, &sig, err, errlen))) goto done;
+    if (sig && !last) {
+      stopped = sig;
+      end = s + 1;
+      if (o->save_dir && !saved && (rc = save(ex, o, r, s + 1, &dl, err, errlen))) goto done;
+      break;
+    }
   }
-  r->n = o->steps;
+  r->n = end;
   r->seconds = now_s() - start;
-  if (ex->sync_out && !ex->stream_param && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
-  if (o->log && o->steps > r->first_step) {
-    int64_t run = o->steps - r->first_step;
+  if (!stopped && ex->sync_out && !ex->stream_param && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
+  if (o->log && end > r->first_step) {
+    int64_t run = end - r->first_step;
     fprintf(o->log, "done: %lld steps in %.2f s | loss %.4f -> %.4f | %.1f ms/step | %.0f tok/s\n", (long long)run,
-            r->seconds, first_loss, r->losses[o->steps - 1], r->seconds * 1e3 / (double)run,
+            r->seconds, first_loss, r->losses[end - 1], r->seconds * 1e3 / (double)run,
             (double)(run * G * B * T) / r->seconds);
     if (ex->comm_wait_ms)
       fprintf(o->log, "comm wait: %.1f ms/step on average over ranks (%.1f%% of the step): time ranks were blocked on "
               "collectives, not hidden behind compute\n", comm_total / (double)run,
               100.0 * comm_total / (r->seconds * 1e3));
   }
+  if (stopped) {   /* the caller prints err; 130 / 143 as a shell reports a process the signal ended */
+    if (o->save_dir)
+      snprintf(err, errlen, "stopped by %s after step %lld of %lld; the checkpoint of step %lld is in %s: continue with "
+               "the same command and --resume %s", signal_name(stopped), (long long)end, (long long)o->steps,
+               (long long)end, o->save_dir, o->save_dir);
+    else
+      snprintf(err, errlen, "stopped by %s after step %lld of %lld; nothing saved (give --save-dir D to write a "
+               "checkpoint when stopped)", signal_name(stopped), (long long)end, (long long)o->steps);
+    rc = 128 + stopped;
+  }
 done:
+  train_stop_disarm();
+  ckpt_unlock(lock_fd);
   free(loads.vals);
   if (metrics && fclose(metrics) && !rc) {
     snprintf(err, errlen, "%s: cannot write the metrics log", o->metrics_path);

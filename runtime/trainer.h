@@ -78,6 +78,10 @@ typedef struct {
      valid until the next call.  With it, the loop's last sync_out is skipped, and --out is
      written a tensor at a time (tools/train_common.c). */
   int (*stream_param)(void *self, int i, const float **data, char *err, size_t errlen);
+  /* Optional (a multi-process mesh): the largest of every rank's `mine` into *agreed, a
+     collective every rank calls after every step.  A stop signal (runtime/stop.h) reaches the
+     ranks at different moments; through it they all stop after the same step. */
+  int (*agree_stop)(void *self, int mine, int *agreed, char *err, size_t errlen);
 } Executor;
 
 typedef struct {
@@ -113,6 +117,9 @@ typedef struct {
   /* A rank other than 0 of a multi-process run: every step, validation and sync_out as rank
      0 does them (they are collective), but no checkpoint is written (rank 0 writes it). */
   bool not_writer;
+  /* Resume: go on although the run's settings (steps, batch, lr, seed, ...) differ from the
+     checkpoint's (each change printed); without it such a resume is refused. */
+  bool allow_changes;
 } TrainOptions;
 
 typedef struct {
@@ -127,7 +134,12 @@ typedef struct {
    cosine from lr down to min_lr over the remaining steps. */
 double train_lr_at(const TrainOptions *o, int64_t s);
 
+/* Returns 0, an error code with a message, or 128 + the signal when SIGINT or SIGTERM stopped
+   the run after a step (runtime/stop.h): res then holds the steps run, the checkpoint of the
+   last one is written when there is a save dir (o->save_dir, or the folder a resume came
+   from), and err says where and how to continue. */
 int train_run(Executor *ex, const TrainOptions *o, TrainResult *res, char *err, size_t errlen);
+static inline int train_stopped(int rc) { return rc == 130 || rc == 143; }   /* SIGINT, SIGTERM */
 void train_result_free(TrainResult *r);
 
 #endif

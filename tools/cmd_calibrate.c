@@ -90,8 +90,8 @@ static double attention_rate(ThreadPool *tp) {
   double best = 1e30;
   for (int r = 0; r < 4; r++) {
     double t0 = now_s();
-    if (cpu_attention(tp, q, k, v, o, B, T, H, Dh, T, H, true, 0.125f, err, sizeof err) ||
-        cpu_attention_grad(tp, d, q, k, v, dq, dk, dv, B, T, H, Dh, T, H, true, 0.125f, err, sizeof err)) {
+    if (cpu_attention(tp, q, k, v, o, B, T, H, Dh, T, H, true, 0, 0.125f, err, sizeof err) ||
+        cpu_attention_grad(tp, d, q, k, v, dq, dk, dv, B, T, H, Dh, T, H, true, 0, 0.125f, err, sizeof err)) {
       free(buf);
       return 0;
     }

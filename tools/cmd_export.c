@@ -20,8 +20,9 @@ static const char help[] =
   "\n"
   "options:\n"
   "  -o DIR               the folder to write (created if needed)\n"
-  "  --spec SPEC.json     the run spec or config.json of the model (default: the spec the\n"
-  "                       checkpoint's state.json names, as the training run was given it)\n"
+  "  --spec SPEC.json     the run spec or config.json of the model (default: the model config\n"
+  "                       the checkpoint carries in its state.json; the spec path it records is\n"
+  "                       never opened)\n"
   "  --dtype f32|bf16     the weights' dtype (default f32; bf16 rounds to nearest even)\n"
   "  --tokenizer T.json   copied into DIR as tokenizer.json\n"
   "  -h, --help           show this help\n";
@@ -84,18 +85,15 @@ int cmd_export(int argc, char **argv) {
   if ((rc = ckpt_load(stepdir, &ck, err, sizeof err))) return report(rc, err);
   json_error_t je;
   json_t *state = json_loads(ck.state_json, 0, &je);
-  char spec_buf[4096] = "";
-  if (!spec) {
-    json_t *sp = json_object_get(json_object_get(state, "settings"), "spec");
-    if (json_is_string(sp)) snprintf(spec_buf, sizeof spec_buf, "%s", json_string_value(sp));
-    if (!spec_buf[0] || access(spec_buf, R_OK)) {
-      snprintf(err, sizeof err, "%s/state.json names the spec '%s', which is not readable from here; give --spec "
-               "SPEC.json (the run spec or config.json the model was trained from)", stepdir, spec_buf);
-      json_decref(state);
-      ckpt_free(&ck);
-      return report(EXIT_USAGE, err);
-    }
-    spec = spec_buf;
+  /* the model's config: --spec, else the one the checkpoint carries (settings.model); the path
+     settings.spec names is never opened (it may point anywhere) */
+  json_t *model = json_object_get(json_object_get(state, "settings"), "model");
+  if (!spec && !json_is_object(model)) {
+    snprintf(err, sizeof err, "%s/state.json carries no model config (a checkpoint of an older loom); give --spec "
+             "SPEC.json (the run spec or config.json the model was trained from)", stepdir);
+    json_decref(state);
+    ckpt_free(&ck);
+    return report(EXIT_USAGE, err);
   }
   StTensor *params = calloc((size_t)ck.params.n + 1, sizeof *params);
   if (!params) {
@@ -116,7 +114,9 @@ int cmd_export(int argc, char **argv) {
   float *l = series(state, "losses", &n1), *g = series(state, "grad_norms", &n2), *lr = series(state, "lrs", &n3),
         *vl = series(state, "val_losses", &n4);
   if (l && g && lr && n1 == n2 && n1 == n3) hm = (HfMetrics){n1, l, g, lr, vl && n4 == n1 ? vl : NULL};
-  if (!rc) rc = hf_export_dir(out, spec, params, ck.params.n, bf16, tokenizer, hm.n ? &hm : NULL, stdout, err, sizeof err);
+  if (!rc && spec) rc = hf_export_dir(out, spec, params, ck.params.n, bf16, tokenizer, hm.n ? &hm : NULL, stdout, err, sizeof err);
+  else if (!rc) rc = hf_export_dir_config(out, model, params, ck.params.n, bf16, tokenizer, hm.n ? &hm : NULL, stdout, err,
+                                          sizeof err);
   free(l), free(g), free(lr), free(vl), free(params);
   json_decref(state);
   ckpt_free(&ck);

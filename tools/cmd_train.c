@@ -86,10 +86,15 @@ static const char help[] =
   "                        metrics.json (losses, grad_norms, lrs, val_losses)\n"
   "  --dtype f32|bf16      the weights of --out DIR/ (default f32)\n"
   "  --tokenizer T.json    copied into --out DIR/ as tokenizer.json\n"
-  "  --save-dir D          write checkpoints to D (at the end, and every --save-every K steps)\n"
+  "  --save-dir D          write checkpoints to D (at the end, every --save-every K steps, and when\n"
+  "                        stopped by Ctrl-C or SIGTERM); one run at a time writes D (D/loom.lock)\n"
   "  --save-every K\n"
-  "  --resume D            continue from the newest complete checkpoint in D (or a step folder);\n"
-  "                        the continued run reproduces the uninterrupted one bit for bit\n"
+  "  --resume D            continue from the newest complete checkpoint in D (or a step folder; a\n"
+  "                        damaged newest one is skipped for the one before), saving on into D\n"
+  "                        unless --save-dir says otherwise; the continued run reproduces the\n"
+  "                        uninterrupted one bit for bit.  Settings that differ from the checkpoint's\n"
+  "                        (--steps, --batch, --lr, --seed, ...) are refused, listed\n"
+  "  --allow-changes       resume with the settings given although they differ (each change printed)\n"
   "execution:\n"
   "  --backend cpu|cuda|ref  cuda: CUDA kernels compiled by NVRTC, cuBLASLt (default on one rank\n"
   "                        when a GPU is present); cpu: fused kernels JIT-compiled with LLVM,\n"
@@ -105,6 +110,9 @@ static const char help[] =
   "                        or every core)\n"
   "  -q, --quiet           no per-step lines\n"
   "  -h, --help            show this help\n"
+  "\n"
+  "Ctrl-C (SIGINT) or SIGTERM: the step in flight finishes, a checkpoint is written (with --save-dir),\n"
+  "the summary printed, and loom exits 130 / 143; a second one ends it at once (docs/checkpoints.md).\n"
   "\n"
   "examples:\n"
   "  loom train                                    # the built-in demo\n"
@@ -231,7 +239,7 @@ int cmd_train(int argc, char **argv) {
     RunPlan plan = {{s->steps, s->grad_accum, s->warmup, s->lr, s->min_lr, data, s->n_data, s->model.vocab_size,
                      s->save_dir[0] ? s->save_dir : NULL, s->save_every, ta.resume, settings, (uint64_t)s->seed,
                      ta.quiet ? NULL : stdout, ta.val_data, ta.n_val, ta.val_every, ta.val_tokens, ta.log_path, 0,
-                     ta.peak_tflops * 1e12, ta.log_experts, false},
+                     ta.peak_tflops * 1e12, ta.log_experts, false, ta.allow_changes},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16, NULL};
     /* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per
@@ -264,5 +272,9 @@ int cmd_train(int argc, char **argv) {
   }
   module_free(in.m);
   if (demo_dir[0]) remove_demo(demo_dir);
+  if (train_stopped(rc) && err[0]) {   /* stopped by a signal, cleanly: not an error */
+    fprintf(stderr, "loom: %s\n", err);
+    return rc;
+  }
   return report(rc, err);
 }

@@ -102,6 +102,17 @@ static int gather_bytes(void *arg, const void *mine, void *all, size_t bytes, ch
   return rc;
 }
 
+/* The trainer's stop agreement (Executor.agree_stop): the largest flag over the ranks. */
+static int agree_stop(void *self, int mine, int *agreed, char *err, size_t errlen) {
+  CudaRank *r = self;
+  float m = (float)mine;
+  int rc = nccl_all_gather_host(r->comm, &m, r->gather, 1, err, errlen);
+  for (int q = 0; !rc && q < r->world; q++)
+    if ((int)r->gather[q] > mine) mine = (int)r->gather[q];
+  *agreed = mine;
+  return rc;
+}
+
 /* A piece replicated over an axis is written by the rank of coordinate 0 on it; in a
    pipeline, over pp by the stage that updates it (owner). */
 static bool owns(const CudaRank *r, int k) {
@@ -357,6 +368,7 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   r->ex.load_shards = load_shards;
   r->ex.stream_param = stream_param;
   r->ex.comm_wait_ms = NULL;
+  r->ex.agree_stop = agree_stop;
   if (pipe && (rc = cuda_pipe_setup(r, err, errlen))) return rc;
   if (plan->trace_out && plan->opt.log)
     fprintf(plan->opt.log, "cuda: --trace-out: the cuda backend does not record a timeline yet (the cpu and ref backends do); "
@@ -407,7 +419,8 @@ int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, con
   int rc = rank_open(r, m, prog, image, n, plan, err, errlen);
   if (!rc) rc = train_and_write(&r->ex, plan, err, errlen);
   if (!rc && plan->opt.log) fprintf(plan->opt.log, "cuda: rank 0's host memory peak %.0f MiB\n", peak_rss_mib());
-  if (rc && r->comm) nccl_world_abort(r->comm);   /* the others must not wait for this rank */
+  /* the others must not wait for this rank (a signal's stop is every rank's, after one step) */
+  if (rc && !train_stopped(rc) && r->comm) nccl_world_abort(r->comm);
   rank_close(r);
   free(r);
   return rc;

@@ -32,7 +32,7 @@ static int read_json(const char *path, json_t **out, char *err, size_t errlen) {
 }
 
 /* The model's HF config object (a new reference) from a run spec or a config.json. */
-static int model_config(const char *spec_path, json_t **out, char *err, size_t errlen) {
+int hf_model_config(const char *spec_path, json_t **out, char *err, size_t errlen) {
   json_t *root;
   int rc = read_json(spec_path, &root, err, errlen);
   if (rc) return rc;
@@ -94,13 +94,27 @@ int hf_export_dir(const char *dir, const char *spec_path, const StTensor *params
              "or use 'loom export CHECKPOINT -o DIR --spec SPEC'", dir);
     return EXIT_USAGE;
   }
-  if (mkdir(dir, 0777) && errno != EEXIST) {
-    snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+  json_t *cfg;
+  int rc = hf_model_config(spec_path, &cfg, err, errlen);
+  if (rc) return rc;
+  rc = hf_export_dir_config(dir, cfg, params, n, bf16, tokenizer, metrics, log, err, errlen);
+  json_decref(cfg);
+  return rc;
+}
+
+int hf_export_dir_config(const char *dir, const json_t *model, const StTensor *params, int n, bool bf16,
+                         const char *tokenizer, const HfMetrics *metrics, FILE *log, char *err, size_t errlen) {
+  json_t *cfg = json_deep_copy(model);
+  int rc = 0;
+  if (!cfg) {
+    snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  json_t *cfg;
-  int rc = model_config(spec_path, &cfg, err, errlen);
-  if (rc) return rc;
+  if (mkdir(dir, 0777) && errno != EEXIST) {
+    snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+    json_decref(cfg);
+    return EXIT_RUN;
+  }
   json_object_set_new(cfg, "torch_dtype", json_string(bf16 ? "bfloat16" : "float32"));
   json_t *gen = json_object();
   json_object_set_new(gen, "_from_model_config", json_true());

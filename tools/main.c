@@ -34,6 +34,9 @@ static void help(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+  /* a line at a time also into a pipe or a file (tee, nohup, a batch system's log): step
+     lines show as they happen, and a killed run loses no finished line */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
     help(stderr);
     return EXIT_USAGE;

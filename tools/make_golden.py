@@ -7,7 +7,8 @@ folders") computed by PyTorch with the Hugging Face transformers model of the co
 SPEC is a Hugging Face config.json or a loom run spec (batch, seq and the training settings
 are taken from it, with loom's defaults otherwise).  The parameters are drawn from the seed
 (numpy PCG64; tests/golden/gen_golden.py's scales), rounded to float32 and written; the model
-(GPT2LMHeadModel or LlamaForCausalLM, eager attention) then runs in float64 from exactly
+(GPT2LMHeadModel, or LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM;
+eager attention) then runs in float64 from exactly
 those values: one forward and backward on tokens[0:B*T] -> tokens[1:B*T+1], and N training
 steps with loom's semantics (AdamW as torch.optim.AdamW with decay on tensors of 2+ dims,
 clipping by the global norm, warmup + cosine schedule, grad_accum micro-batches averaged,
@@ -88,6 +89,21 @@ def load_spec(path):
     return cfg, spec
 
 
+# The Llama-like families: model_type -> (transformers' modeling module, config and model class names).
+LLAMA_LIKE = {"llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
+              "qwen2": ("qwen2", "Qwen2Config", "Qwen2ForCausalLM"),
+              "qwen3": ("qwen3", "Qwen3Config", "Qwen3ForCausalLM"),
+              "mistral": ("mistral", "MistralConfig", "MistralForCausalLM")}
+
+
+def modeling(mt):
+    import importlib
+    try:
+        return importlib.import_module("transformers.models.%s.modeling_%s" % (LLAMA_LIKE[mt][0], LLAMA_LIKE[mt][0]))
+    except ImportError as e:
+        die("transformers %s has no %s model (%s): %s" % (transformers.__version__, mt, e, INSTALL))
+
+
 def hf_model(cfg, path):
     mt = cfg.get("model_type")
     keys = {k: v for k, v in cfg.items() if not k.startswith("_")}
@@ -103,24 +119,39 @@ def build(mt, keys):
         c.attn_pdrop = c.embd_pdrop = c.resid_pdrop = 0.0
         c._attn_implementation = "eager"
         return GPT2LMHeadModel(c), "transformer."
-    if mt == "llama":
-        c = LlamaConfig(**keys)
+    if mt in LLAMA_LIKE:
+        mod = modeling(mt)
+        c = getattr(mod, LLAMA_LIKE[mt][1], None) or getattr(transformers, LLAMA_LIKE[mt][1])
+        c = c(**keys)
         c.attention_dropout = 0.0
         c._attn_implementation = "eager"
-        return LlamaForCausalLM(c), ""
+        return getattr(mod, LLAMA_LIKE[mt][2])(c), ""
+
+
+def llama3_inv_freq(inv, rs):
+    """transformers' _compute_llama3_parameters (rope_type "llama3"), in float64."""
+    factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    orig = float(rs["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > orig / lo, inv / factor, inv)
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < orig / hi) & ~(wavelen > orig / lo)
+    return torch.where(medium, smoothed, scaled)
 
 
 def llama_float64(model, model_cfg, path):
-    """transformers' Llama computes three things in float32 whatever the model's dtype (they
-    are meant for half precision): RoPE's inv_freq, angles and cos/sin (an angle t*inv_freq
-    near t = 1000 is then off by ~6e-5), RMSNorm, and the eager attention's softmax.  The
-    golden is float64 throughout, so these are redone here with transformers' own formulas
-    (default RoPE with attention_scaling 1; x * rsqrt(mean(x^2) + eps) * w; the eager
-    attention with repeat_kv) without the float32 casts."""
-    from transformers.models.llama import modeling_llama as ml
+    """transformers' Llama (and Qwen2, Qwen3, Mistral) computes three things in float32
+    whatever the model's dtype (they are meant for half precision): RoPE's inv_freq, angles
+    and cos/sin (an angle t*inv_freq near t = 1000 is then off by ~6e-5), RMSNorm, and the
+    eager attention's softmax.  The golden is float64 throughout, so these are redone here
+    with transformers' own formulas (default or llama3 RoPE with attention_scaling 1;
+    x * rsqrt(mean(x^2) + eps) * w; the eager attention with repeat_kv, and the mask
+    transformers gives it: causal, and Mistral's sliding window) without the float32 casts."""
+    ml = modeling(model_cfg["model_type"])
     rot = model.model.rotary_emb
-    if rot.rope_type != "default":
-        die("%s: rope type '%s': make-golden writes goldens for the default RoPE only" % (path, rot.rope_type))
+    if rot.rope_type not in ("default", "llama3"):
+        die("%s: rope type '%s': make-golden writes goldens for the default and llama3 RoPE only" % (path, rot.rope_type))
     c = model.config
     base = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", None))
     want = (model_cfg.get("rope_parameters") or {}).get("rope_theta", model_cfg.get("rope_theta", 10000.0))
@@ -129,6 +160,12 @@ def llama_float64(model, model_cfg, path):
             % (path, want, transformers.__version__, base))
     dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rot.inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if rot.rope_type == "llama3":
+        rs = model_cfg.get("rope_parameters") if (model_cfg.get("rope_parameters") or {}).get("rope_type") \
+            else model_cfg.get("rope_scaling")
+        rot.inv_freq = llama3_inv_freq(rot.inv_freq, rs)
+        if float(getattr(rot, "attention_scaling", 1.0)) != 1.0:
+            die("internal: llama3 RoPE with attention_scaling %s" % rot.attention_scaling, 1)
 
     def rope(x, position_ids):
         freqs = position_ids[..., None].to(torch.float64) * rot.inv_freq.to(device=x.device)
@@ -141,19 +178,34 @@ def llama_float64(model, model_cfg, path):
         return lambda h: m.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
 
     for m in model.modules():
-        if isinstance(m, ml.LlamaRMSNorm):
+        if type(m).__name__.endswith("RMSNorm"):
             m.forward = rmsnorm(m)
 
     def eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         k = ml.repeat_kv(key, module.num_key_value_groups)
         v = ml.repeat_kv(value, module.num_key_value_groups)
         w = torch.matmul(query, k.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            w = w + attention_mask
+        if attention_mask is not None:   # (Mistral: causal and the sliding window)
+            w = w + attention_mask[:, :, :, : k.shape[-2]]
         w = torch.nn.functional.softmax(w, dim=-1)
         return torch.matmul(w, v).transpose(1, 2).contiguous(), w
 
     ml.eager_attention_forward = eager
+
+
+def llama_like_shapes(cfg):
+    """Llama's parameters (gen_golden.py), with Qwen2's q/k/v biases after their weights and
+    Qwen3's q/k norms after o_proj."""
+    D, H, KVH, hd = gg.llama_dims(cfg)
+    out = []
+    for name, shape in gg.llama_param_shapes(cfg):
+        out.append((name, shape))
+        if cfg["model_type"] == "qwen2" and name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            out.append((name[:-len("weight")] + "bias", [shape[0]]))
+        if cfg["model_type"] == "qwen3" and name.endswith("o_proj.weight"):
+            p = name[:-len("o_proj.weight")]
+            out += [(p + "q_norm.weight", [hd]), (p + "k_norm.weight", [hd])]
+    return out
 
 
 def main(argv):
@@ -166,8 +218,9 @@ def main(argv):
     if a.steps is not None and a.steps < 0:
         die("--steps must be >= 0")
     cfg, spec = load_spec(a.spec)
-    if cfg.get("model_type") not in ("gpt2", "llama"):
-        die("%s: model_type '%s': make-golden writes goldens for gpt2 and llama" % (a.spec, cfg.get("model_type")))
+    if cfg.get("model_type") not in ("gpt2",) + tuple(LLAMA_LIKE):
+        die("%s: model_type '%s': make-golden writes goldens for gpt2, llama, qwen2, qwen3 and mistral"
+            % (a.spec, cfg.get("model_type")))
 
     def num(src, key, default, kind, lo):
         v = src.get(key, default)
@@ -189,7 +242,7 @@ def main(argv):
         die("%s: seq %d is longer than the model's %d positions (n_positions)" % (a.spec, T, P_max))
     import_packages()
     try:
-        shapes = gg.gpt2_param_shapes(cfg) if cfg["model_type"] == "gpt2" else gg.llama_param_shapes(cfg)
+        shapes = gg.gpt2_param_shapes(cfg) if cfg["model_type"] == "gpt2" else llama_like_shapes(cfg)
     except KeyError as e:
         die("%s: the %s config has no %s" % (a.spec, cfg["model_type"], e))
     torch.set_num_threads(1)
@@ -199,7 +252,7 @@ def main(argv):
     model.eval()  # no dropout; gradients still flow
     if model.config._attn_implementation != "eager":
         die("internal: transformers chose attention '%s', not eager" % model.config._attn_implementation, 1)
-    if cfg["model_type"] == "llama":
+    if cfg["model_type"] in LLAMA_LIKE:
         llama_float64(model, cfg, a.spec)
 
     rng = np.random.default_rng(a.seed)

@@ -122,6 +122,7 @@ typedef struct {
   const char *tokenizer;        /* --tokenizer T.json: copied into a Hugging Face --out DIR/ */
   bool out_bf16;                /* --dtype bf16: a Hugging Face --out DIR/'s weights in bf16 */
   const char *nccl_timeout;     /* --nccl-timeout SECONDS (a multi-process CUDA mesh) */
+  bool allow_changes;           /* --allow-changes: resume although settings differ from the checkpoint's */
 } TrainArgs;
 /* Returns -1 to go on, else the exit code (0 after --help). -o is accepted too. */
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help);
@@ -257,6 +258,12 @@ typedef struct {
    (metrics may be NULL) into dir, created if needed. */
 int hf_export_dir(const char *dir, const char *spec_path, const StTensor *params, int n, bool bf16,
                   const char *tokenizer, const HfMetrics *metrics, FILE *log, char *err, size_t errlen);
+/* The same from the model's config object itself (a checkpoint's settings carry it). */
+#include <jansson.h>
+int hf_export_dir_config(const char *dir, const json_t *model, const StTensor *params, int n, bool bf16,
+                         const char *tokenizer, const HfMetrics *metrics, FILE *log, char *err, size_t errlen);
+/* The model's Hugging Face config object (a new reference) from a run spec or a config.json. */
+int hf_model_config(const char *spec_path, json_t **out, char *err, size_t errlen);
 /* --out names a folder: it ends with '/' or is an existing directory. */
 bool hf_export_wanted(const char *out);
 int cmd_export(int argc, char **argv);

@@ -39,6 +39,11 @@ char *spec_settings_json(const RunSpec *s) {
                         "warmup", (json_int_t)s->warmup, "weight_decay", s->weight_decay, "beta1", s->beta1, "beta2",
                         s->beta2, "eps", s->eps, "grad_clip", s->grad_clip, "precision", s->precision, "seed",
                         (json_int_t)s->seed);
+  /* the model's config itself: a checkpoint carries what `loom export` needs, and nothing
+     sends loom back to read the spec's path later */
+  json_t *cfg = NULL;
+  char ignored[256];
+  if (!hf_model_config(s->path, &cfg, ignored, sizeof ignored)) json_object_set_new(o, "model", cfg);
   char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
   json_decref(o);
   return text;
@@ -73,6 +78,7 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { t->quiet = true; continue; }
     if (arg_flag(a, "--log-experts")) { t->log_experts = true; continue; }
+    if (arg_flag(a, "--allow-changes")) { t->allow_changes = true; continue; }
     if (!strcmp(a, "--data") || !strncmp(a, "--data=", 7)) {
       /* --data A B C (until the next option) or --data=A */
       json_t *arr = json_array();
@@ -227,7 +233,10 @@ int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, c
                          errlen)))
     return rc;
   if (!t->quiet)
-    printf("compiled %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, %s backend, in %.2f s\n", spec,
+    /* "built": the passes; lowering, kernel compilation and the parameters follow, each with
+       its own line and time */
+    printf("built the training step of %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, %s backend, in "
+           "%.2f s\n", spec,
            (long long)config_param_count(&s->model), (long long)s->batch, (long long)s->seq, (long long)s->grad_accum,
            s->precision, *backend == BACKEND_CPU ? "cpu" : *backend == BACKEND_CUDA ? "cuda" : "reference", seconds_now() - t0);
   return 0;

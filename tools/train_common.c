@@ -1,8 +1,12 @@
 /* tools/train_common.c — what `loom train` and compiled training executables share:
    parameters from a seed or a checkpoint, the executor, the loop, and --out. */
+#include <dirent.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/io/safetensors.h"
 #include "tools/exec_ref.h"
@@ -15,6 +19,56 @@ static int fill_param(void *arg, int i, const void **data, char *err, size_t err
   int rc = ex->stream_param(ex->self, i, &d, err, errlen);
   *data = d;
   return rc;
+}
+
+/* Removes a folder of files (a partial --out DIR/). */
+static void remove_flat_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char p[8192];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    unlink(p);
+  }
+  if (d) closedir(d);
+  rmdir(dir);
+}
+
+/* An output path's folder exists and is writable (checked before step 1, so that a run does
+   not train for hours and then fail to write).  dir_form: the path names a folder (--out DIR/,
+   --save-dir): it or, when it does not exist yet, its parent must be a writable folder. */
+static int check_output(const char *path, const char *flag, bool dir_form, char *err, size_t errlen) {
+  if (!path || !*path) return 0;
+  char p[4096];
+  snprintf(p, sizeof p, "%s", path);
+  for (size_t l = strlen(p); l > 1 && p[l - 1] == '/'; l--) p[l - 1] = 0;
+  struct stat sb;
+  if (dir_form && stat(p, &sb) == 0) {
+    if (!S_ISDIR(sb.st_mode) || access(p, W_OK | X_OK)) {
+      snprintf(err, errlen, "%s %s: %s; give a folder this process can write", flag, path,
+               S_ISDIR(sb.st_mode) ? "the folder is not writable" : "not a folder");
+      return EXIT_USAGE;
+    }
+    return 0;
+  }
+  if (!dir_form && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    snprintf(err, errlen, "%s %s: a folder, where a file is to be written; give a file name", flag, path);
+    return EXIT_USAGE;
+  }
+  char *slash = strrchr(p, '/');
+  if (!slash) snprintf(p, sizeof p, ".");
+  else if (slash == p) p[1] = 0;
+  else *slash = 0;
+  if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    snprintf(err, errlen, "%s %s: the folder %s does not exist; create it first or give another path", flag, path, p);
+    return EXIT_USAGE;
+  }
+  if (access(p, W_OK | X_OK)) {
+    snprintf(err, errlen, "%s %s: the folder %s is not writable; give another path", flag, path, p);
+    return EXIT_USAGE;
+  }
+  return 0;
 }
 
 /* The final parameters under their HF names (whole: the executor gathered them, or streams
@@ -43,11 +97,22 @@ static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *
     st[k].data = stream ? NULL : t->data;
   }
   if (hf_export_wanted(path)) {   /* a folder for transformers: the weights alone, metrics apart */
-    char dir[4096];
+    char dir[4096], tmp[4200];
     snprintf(dir, sizeof dir, "%s", path);
     for (size_t l = strlen(dir); l > 1 && dir[l - 1] == '/'; l--) dir[l - 1] = 0;
+    /* a new folder is written whole or not at all: in DIR.tmp.<pid>, renamed when complete */
+    struct stat sb;
+    bool fresh = stat(dir, &sb) != 0;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
     HfMetrics hm = {res->n, res->losses, res->grad_norms, res->lrs, res->val_losses};
-    int rc = hf_export_dir(dir, plan->spec_path, st, n, plan->out_bf16, plan->tokenizer, &hm, log, err, errlen);
+    int rc = hf_export_dir(fresh ? tmp : dir, plan->spec_path, st, n, plan->out_bf16, plan->tokenizer, &hm,
+                           fresh ? NULL : log, err, errlen);
+    if (fresh && !rc && rename(tmp, dir)) {
+      snprintf(err, errlen, "--out %s: cannot rename %s to it: %s", path, tmp, strerror(errno));
+      rc = EXIT_RUN;
+    }
+    if (fresh && rc) remove_flat_dir(tmp);
+    if (fresh && !rc && log) fprintf(log, "wrote %s/ for transformers (config.json, model.safetensors, ...)\n", dir);
     free(st);
     return rc;
   }
@@ -72,7 +137,12 @@ static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *
 
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen) {
   TrainResult res;
-  int rc = train_run(ex, &plan->opt, &res, err, errlen);
+  memset(&res, 0, sizeof res);
+  /* every output checked before step 1 (--save-dir: train_run makes and locks it first) */
+  int rc = check_output(plan->out, "--out", plan->out && hf_export_wanted(plan->out), err, errlen);
+  if (!rc) rc = check_output(plan->trace_out, "--trace-out", false, err, errlen);
+  if (!rc) rc = check_output(plan->opt.metrics_path, "--log", false, err, errlen);
+  if (!rc) rc = train_run(ex, &plan->opt, &res, err, errlen);
   if (!rc && plan->out) rc = write_out(ex, &res, plan, err, errlen);
   if (!rc && plan->out_elsewhere && ex->stream_param) {   /* take part in the writer's gathers */
     if (hf_export_wanted(plan->out_elsewhere)) {

@@ -59,6 +59,9 @@ int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen) 
   bool is_cubin = false, hit = false;
   double t0 = seconds_now();
   rc = cuda_lower(m, &prog, &src, err, errlen);
+  if (!rc && plan->opt.log)   /* NVRTC can take tens of seconds on a large model: say so first */
+    fprintf(plan->opt.log, "cuda: compiling %d kernels with NVRTC for %s (cached for the next run) ...\n", prog.n_kernels,
+            info.arch);
   if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, err, errlen);
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: %s (%s), %d kernels compiled for %s in %.2f s%s\n", info.name, info.arch,
@@ -121,6 +124,9 @@ int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t err
   bool is_cubin = false, hit = false;
   double t0 = seconds_now();
   if (!rc) rc = cuda_lower(m, &prog, &src, err, errlen);
+  if (!rc && plan->opt.log)
+    fprintf(plan->opt.log, "cuda: compiling %d kernels with NVRTC for %s (cached for the next run) ...\n", prog.n_kernels,
+            info.arch);
   if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, err, errlen);
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: %d kernels compiled for %s in %.2f s%s\n", prog.n_kernels, info.arch, seconds_now() - t0,

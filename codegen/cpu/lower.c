@@ -253,6 +253,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(kt->dims[1]);
     INT(kt->dims[2]);
     INT(op_bool(op, "causal"));
+    INT(op_int(op, "window"));
     st->f[0] = op_float(op, "scale");
     return 0;
   }
@@ -264,12 +265,12 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(seq_axis1(op));
     INT(op_int(op, "seq_n"));
     INT(op_bool(op, "zigzag"));
-    st->f[0] = op_float(op, "theta");
+    cg_rope_f(op, st->f);
     return 0;
   case OP_ROPE_AT:
     BUILTIN(RT_B_ROPE_AT);
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
-    st->f[0] = op_float(op, "theta");
+    cg_rope_f(op, st->f);
     return 0;
   case OP_ATTENTION_CACHED: {
     const Type *kt = &op->operands[1]->type;
@@ -277,6 +278,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     INT(kt->dims[1]);
     INT(kt->dims[2]);
+    INT(op_int(op, "window"));
     st->f[0] = op_float(op, "scale");
     return 0;
   }
@@ -348,6 +350,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(op_int(op, "seq_n"));
     INT(op_bool(op, "zigzag"));
     INT(op_int(op, "kv_shift"));
+    INT(0);   /* i[11]: the CUDA kernels' rank coordinate (program.h) */
+    INT(op_int(op, "window"));
     st->f[0] = op_float(op, "scale");
     return 0;
   }

@@ -540,9 +540,9 @@ static int lower_attention_block(Lower *L, Steps *s) {
   int64_t axis1 = 0;
   if (attention_dims(L, q, kt) || seq_axis1(L, &axis1)) return IR_EINPUT;
   int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
-  const int64_t ints[CUDA_ATTN_BLOCK_COORD_INT + 1] = {
+  const int64_t ints[CUDA_ATTN_BLOCK_COORD_INT + 2] = {
       B, T, H, D, S, KV, op_bool(op, "causal"), axis1, op_int(op, "seq_n"), op_bool(op, "zigzag"),
-      op_int(op, "kv_shift"), 0 /* the coordinate: see above */};
+      op_int(op, "kv_shift"), 0 /* the coordinate: see above */, op_int(op, "window")};
   char extra[24], suffix[24];
   snprintf(extra, sizeof extra, "%lld", (long long)D);
   snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
@@ -756,6 +756,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(kt->dims[1]);
     INT(kt->dims[2]);
     INT(op_bool(op, "causal"));
+    INT(op_int(op, "window"));
     st->f[0] = op_float(op, "scale");
     st->block[0] = 128;
     st->grid[0] = (uint32_t)(q->dims[0] * q->dims[2]);
@@ -774,7 +775,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (attention_dims(L, q, kt)) return IR_EINPUT;
     int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
     int64_t rows = B * H * T, l_at = 0, d_at = cg_align64(4 * rows);
-    int64_t ints[7] = {B, T, H, D, S, KV, op_bool(op, "causal")};
+    int64_t ints[8] = {B, T, H, D, S, KV, op_bool(op, "causal"), op_int(op, "window")};
     snprintf(extra, sizeof extra, "%lld", (long long)D);
     snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
     /* 1: dq, L, Dsum */
@@ -835,7 +836,7 @@ static int lower_builtin(Lower *L, Steps *s) {
       st->coord_at = CUDA_ROPE_COORD_INT + 1;
       st->coord_axis = (uint8_t)(axis1 - 1);
     }
-    st->f[0] = op_float(op, "theta");
+    cg_rope_f(op, st->f);
     cl_launch_ew(st, type_numel(x) / 2);
     return cl_instantiate(L, st, "rope", "loom_rope", IDX(0, 1), NULL, "", 1024);
   }
@@ -845,7 +846,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     STEP("");
     if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "positions must be i32");
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
-    st->f[0] = op_float(op, "theta");
+    cg_rope_f(op, st->f);
     cl_launch_ew(st, type_numel(x) / 2);
     return cl_instantiate(L, st, "rope_at", "loom_rope_at", IDX(0, 2), NULL, "", 1024);
   case OP_ATTENTION_CACHED: {
@@ -859,6 +860,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     INT(kt->dims[1]);
     INT(kt->dims[2]);
+    INT(op_int(op, "window"));
     st->f[0] = op_float(op, "scale");
     st->block[0] = 128;   /* LOOM_AC_THREADS: a block per query row, grid-stride over the rows */
     st->grid[0] = clamp_grid(rows, 65535);

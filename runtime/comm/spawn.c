@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -238,8 +239,8 @@ int spawn_local(const SpawnSpec *spec, char *err, size_t errlen) {
     if (installed[i]) sigaction(SIGS[i], &sa, NULL);
   }
 
-  int status = 0, live = 0;
-  bool stopping = false, killed = false;
+  int status = 0, live = 0, asked = 0;   /* asked: the signal that started a stop (0: none, or a failure) */
+  bool stopping = false, killed = false, patient = false;   /* patient: waiting for a signal's clean stop */
   double deadline = 0;
   fflush(NULL);   /* what the caller printed comes before what the ranks print */
   for (int i = 0; i < world; i++) {
@@ -273,7 +274,11 @@ int spawn_local(const SpawnSpec *spec, char *err, size_t errlen) {
       fflush(log);
       status = 128 + got;
       stopping = true;
-      deadline = now_s() + grace;
+      asked = got;
+      patient = true;
+      /* no deadline: the ranks finish their step and write a checkpoint (runtime/stop.h); a
+         rank that ends otherwise, or a second signal, ends the wait */
+      deadline = INFINITY;
       signal_groups(r, world, got);
     } else if (got && !killed) {   /* a second one: no more grace */
       signal_groups(r, world, SIGKILL);
@@ -284,7 +289,17 @@ int spawn_local(const SpawnSpec *spec, char *err, size_t errlen) {
       if (!r[i].live || waitpid(r[i].pid, &st, WNOHANG) != r[i].pid) continue;
       r[i].live = false;
       live--;
-      if (stopping || (WIFEXITED(st) && WEXITSTATUS(st) == 0)) continue;
+      bool clean = WIFEXITED(st) && (WEXITSTATUS(st) == 0 || (asked && WEXITSTATUS(st) == 128 + asked));
+      if (clean || (stopping && !patient)) continue;
+      if (stopping) {   /* a rank that did not stop cleanly: the others' second signal, at once */
+        fprintf(log, "loom: rank %d (pid %ld) %s while stopping; stopping the others at once\n", i, (long)r[i].pid,
+                WIFSIGNALED(st) ? "was killed by a signal" : "failed");
+        fflush(log);
+        signal_groups(r, world, SIGTERM);
+        deadline = now_s() + grace;
+        patient = false;
+        continue;
+      }
       if (WIFSIGNALED(st)) {
         fprintf(log, "loom: rank %d (pid %ld) was killed by signal %d (%s)\n", i, (long)r[i].pid, WTERMSIG(st),
                 strsignal(WTERMSIG(st)));

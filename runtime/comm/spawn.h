@@ -13,7 +13,10 @@
  * so no rank outlives a supervisor that dies.  The first rank that fails (exit status not 0,
  * or killed by a signal) is reported in one line, the others get SIGTERM, then SIGKILL after
  * a grace period, and its status is returned.  Ctrl-C (SIGINT) or SIGTERM to the supervisor
- * is passed on to the ranks the same way; a second one kills them at once.  The ranks are
+ * is passed on to the ranks, and the supervisor waits, without a deadline, for them to finish
+ * their step and checkpoint (runtime/stop.h); a rank that ends otherwise (killed, another exit
+ * status) gets the others a second signal and the grace period; a second Ctrl-C kills them at
+ * once.  The ranks are
  * not in the terminal's foreground process group, so Ctrl-C reaches only the supervisor.
  *
  * Call it from one thread at a time (it installs handlers for SIGCHLD, SIGINT and SIGTERM,
@@ -50,7 +53,7 @@ typedef struct {
    rank (those still running, and what exited ranks left behind), waits up to grace_s for them to
    go, SIGKILLs what is left, reaps the ranks, and returns that first failure's exit status
    (1..255; 128+signal for a signal). If this process gets SIGINT or SIGTERM while waiting, it
-   writes one line, passes the signal on to the ranks, then behaves as on a failure and returns
+   writes one line, passes the signal on to the ranks, waits for them (above) and returns
    128+that signal. Errors of its own (bad spec, no free port, fork fails, the program cannot be
    executed) return 1 with a message in err (ranks already started are stopped as on a failure). */
 int spawn_local(const SpawnSpec *spec, char *err, size_t errlen);

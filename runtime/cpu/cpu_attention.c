@@ -45,6 +45,7 @@ typedef struct {
   int64_t ld;
   int64_t B, T, H, Dh, S, KV, G, nqb, nkb;
   bool causal;
+  int64_t window;   /* sliding window (ops.def attention); 0: none */
   float scale;
   float *scratch;
   size_t stride;
@@ -56,10 +57,23 @@ typedef struct {
   int nr;
   int64_t row[RB];   /* (b*T + t)*H + h: index of the row's stats; times Dh: its offset */
   int64_t n[RB];     /* keys the row sees in the current key range */
+  int64_t t[RB];     /* the row's position */
   int64_t nmin, nmax;
 } Rows;
 
 static int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
+
+/* Sliding-window attention: the scores sc[r][0..] of keys s0.. that lie window or more
+   before row r's position become -inf (probability 0: cv_exp8 flushes them to 0), so the
+   rows keep their prefix shape (n[r] keys from s0) and the tiles stay as they are; the
+   keys before the window are still multiplied, not skipped. */
+static void mask_window(const AttnCtx *a, const Rows *g, float *const *sc, int64_t s0) {
+  if (a->window <= 0) return;
+  for (int r = 0; r < g->nr; r++) {
+    int64_t lo = g->t[r] - a->window + 1 - s0, n = lo < g->n[r] ? lo : g->n[r];
+    for (int64_t s = 0; s < n; s++) sc[r][s] = -INFINITY;
+  }
+}
 
 /* Rows r0.. of the rows (t, j), t >= t_first, j < G, of batch b and kv head kvh, seeing keys
    from s0 on, at most m of them. */
@@ -72,6 +86,7 @@ static void rows_at(const AttnCtx *a, int64_t b, int64_t kvh, int64_t t_first, i
     int64_t rr = r0 + (r < g->nr ? r : 0), t = t_first + rr / a->G, h = kvh * a->G + rr % a->G;
     int64_t n = a->causal ? t + 1 - s0 : m;
     g->row[r] = (b * a->T + t) * a->H + h;
+    g->t[r] = t;
     g->n[r] = n < m ? n : m;
     if (r < g->nr) {
       g->nmin = g->n[r] < g->nmin ? g->n[r] : g->nmin;
@@ -225,6 +240,7 @@ static void fwd_items(void *ctx, int thread, int64_t ib, int64_t ie) {
         p[r] = sc + r * ld;
       }
       a->tiles->scores4(p, q, kt, ld, Dh, round8(g.nmax));
+      mask_window(a, &g, p, 0);
       for (int r = 0; r < g.nr; r++) {
         float mx, sum;
         softmax_scaled(p[r], g.n[r], a->scale, &mx, &sum);
@@ -249,8 +265,8 @@ static int check_shape(int64_t T, int64_t H, int64_t S, int64_t KV, bool causal,
 }
 
 int cpu_attention(ThreadPool *tp, const float *q, const float *k, const float *v, float *out, int64_t B,
-                  int64_t T, int64_t H, int64_t Dh, int64_t S, int64_t KV, bool causal, float scale, char *err,
-                  size_t errlen) {
+                  int64_t T, int64_t H, int64_t Dh, int64_t S, int64_t KV, bool causal, int64_t window, float scale,
+                  char *err, size_t errlen) {
   int rc = check_shape(T, H, S, KV, causal, err, errlen);
   if (rc) return rc;
   if (B * T * H * Dh == 0) return 0;
@@ -259,7 +275,7 @@ int cpu_attention(ThreadPool *tp, const float *q, const float *k, const float *v
     return 0;
   }
   AttnCtx a = {.q = q, .k = k, .v = v, .out = out, .B = B, .T = T, .H = H, .Dh = Dh, .S = S, .KV = KV,
-               .G = H / KV, .nqb = (T + QB - 1) / QB, .causal = causal, .scale = scale, .ld = pick_ld(S),
+               .G = H / KV, .nqb = (T + QB - 1) / QB, .causal = causal, .window = window, .scale = scale, .ld = pick_ld(S),
                .tiles = pick_tiles()};
   a.stride = cv_stride(RB * (size_t)a.ld);
   a.scratch = cv_alloc(a.stride * (size_t)tp_size(tp));
@@ -288,6 +304,7 @@ static void rows_dq(const AttnCtx *a, const Rows *g, const float *const *q, cons
   int64_t npad = round8(g->nmax);
   a->tiles->scores4(p, q, kt, a->ld, a->Dh, npad);
   a->tiles->scores4(dp, dout, vt, a->ld, a->Dh, npad);
+  mask_window(a, g, p, 0);
   for (int r = 0; r < g->nr; r++) {
     float *st = a->stats + 3 * g->row[r], *pr = p[r], *dsr = ds[r];
     const float *dpr = dp[r];
@@ -353,6 +370,7 @@ static void bwd_kv_items(void *ctx, int thread, int64_t ib, int64_t ie) {
       int64_t npad = round8(g.nmax);
       a->tiles->scores4(p, q, kt, ld, Dh, npad);
       a->tiles->scores4(dp, dout, vt, ld, Dh, npad);
+      mask_window(a, &g, p, s0);
       for (int r = 0; r < g.nr; r++) {
         const float *st = a->stats + 3 * g.row[r];
         float *pr = p[r], *dpr = dp[r], delta = st[2];
@@ -454,7 +472,7 @@ static size_t one_pass_scratch(const AttnCtx *a, int threads) {
 
 int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const float *k, const float *v,
                        float *dq, float *dk, float *dv, int64_t B, int64_t T, int64_t H, int64_t Dh, int64_t S,
-                       int64_t KV, bool causal, float scale, char *err, size_t errlen) {
+                       int64_t KV, bool causal, int64_t window, float scale, char *err, size_t errlen) {
   int rc = check_shape(T, H, S, KV, causal, err, errlen);
   if (rc) return rc;
   memset(dq, 0, sizeof(float) * (size_t)(B * T * H * Dh));
@@ -463,7 +481,7 @@ int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const 
   if (B * T * H * Dh == 0 || S == 0) return 0;
   AttnCtx a = {.q = q, .k = k, .v = v, .dout = dout, .dq = dq, .dk = dk, .dv = dv, .B = B, .T = T, .H = H,
                .Dh = Dh, .S = S, .KV = KV, .G = H / KV, .nqb = (T + QB - 1) / QB, .nkb = (S + KB - 1) / KB,
-               .causal = causal, .scale = scale, .tiles = pick_tiles()};
+               .causal = causal, .window = window, .scale = scale, .tiles = pick_tiles()};
   a.ld = pick_ld(S);
   size_t n1 = 2 * RB * (size_t)a.ld, n2 = 2 * (size_t)Dh * KB + 2 * RB * KB, one = one_pass_scratch(&a, tp_size(tp));
   a.stride = one ? one : cv_stride(n1 > n2 ? n1 : n2);
@@ -506,8 +524,8 @@ typedef struct {
   double sign;
 } RopeCtx;
 
-/* cos/sin table [T][2][half], with the reference's angle: (pos(t) + offset) * theta^(-2i/Dh) in
-   double, then rounded to float. */
+/* cos/sin table [T][2][half], with the reference's angle: (pos(t) + offset) * theta^(-2i/Dh)
+   (or its Llama 3.1 scaling: rt_rope_inv_freq) in double, then rounded to float. */
 static void rope_table(void *c, int64_t t0, int64_t t1) {
   const RopeCtx *r = c;
   for (int64_t t = t0; t < t1; t++)
@@ -551,7 +569,7 @@ static void rope_rows(void *c, int64_t r0, int64_t r1) {
 }
 
 int cpu_rope(ThreadPool *tp, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t Dh,
-             int64_t offset, bool inverse, double theta, int64_t seq_c, int64_t seq_n, bool zigzag, char *err,
+             int64_t offset, bool inverse, const double *f, int64_t seq_c, int64_t seq_n, bool zigzag, char *err,
              size_t errlen) {
   int64_t half = Dh / 2;
   RopeCtx r = {.x = x, .y = y, .T = T, .H = H, .Dh = Dh, .half = half, .offset = offset, .rows = B * T * H,
@@ -564,7 +582,7 @@ int cpu_rope(ThreadPool *tp, const float *x, float *y, int64_t B, int64_t T, int
     snprintf(err, errlen, "out of memory in rope");
     return 1;
   }
-  for (int64_t i = 0; i < half; i++) inv[i] = pow(theta, -2.0 * (double)i / (double)Dh);
+  for (int64_t i = 0; i < half; i++) inv[i] = rt_rope_inv_freq(f, i, Dh);
   r.inv_freq = inv;
   if (T * half < 4096) rope_table(&r, 0, T);
   else tp_run(tp, T, rope_table, &r);

@@ -65,11 +65,19 @@ static void runs(Ctx *x) {
   }
 }
 
-/* 0: the pair is hidden, 1: partly seen (mask per element), 2: wholly seen. */
+/* 0: the pair is hidden (past the causal diagonal, or with a sliding window every key
+   window or more before every query), 1: partly seen (mask per element), 2: wholly seen. */
 static int seen(const CpuAttnBlock *a, const Run *qr, const Run *kr) {
-  if (!a->causal) return 2;
-  if (kr->pos > qr->pos + qr->len - 1) return 0;
-  return kr->pos + kr->len - 1 <= qr->pos ? 2 : 1;
+  int64_t W = a->window, qlo = qr->pos, qhi = qr->pos + qr->len - 1, klo = kr->pos, khi = kr->pos + kr->len - 1;
+  if (a->causal && klo > qhi) return 0;
+  if (W > 0 && qlo - khi >= W) return 0;
+  return (!a->causal || khi <= qlo) && (W <= 0 || qhi - klo < W) ? 2 : 1;
+}
+
+/* Key u of run kr is hidden from query t of run qr (s == 1 of seen). */
+static bool hidden(const CpuAttnBlock *a, const Run *qr, int64_t t, const Run *kr, int64_t u) {
+  int64_t qp = qr->pos + t, kp = kr->pos + u;
+  return (a->causal && kp > qp) || (a->window > 0 && qp - kp >= a->window);
 }
 
 /* S[Tq,Tk] = scale A B^T over the seen pairs (A rows of stride lda, B rows of stride ldb),
@@ -95,7 +103,7 @@ static bool pair_gemms(const Ctx *x, const float *A, int64_t lda, const float *B
       if (s == 1 && mask)
         for (int64_t t = 0; t < qr->len; t++)
           for (int64_t u = 0; u < kr->len; u++)
-            if (kr->pos + u > qr->pos + t) blk[t * Tk + u] = -INFINITY;
+            if (hidden(a, qr, t, kr, u)) blk[t * Tk + u] = -INFINITY;
     }
   return any;
 }

@@ -155,6 +155,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     int64_t nq = rt_smul(rt_smul(i[0], i[1]), rt_smul(i[2], i[3])), nk = rt_smul(rt_smul(i[0], i[4]), rt_smul(i[5], i[3]));
     if (i[5] <= 0 || i[2] % i[5]) bad(&c, "query heads must be a multiple of kv heads");
     if (i[6] && i[1] > i[4]) bad(&c, "causal attention with more queries than keys");
+    if (i[7] < 0) bad(&c, "a negative sliding window");
     int o = st->which == RT_B_ATTENTION_GRAD;
     if (o) want(&c, 0, nq, 0);
     want(&c, o, nq, 0), want(&c, o + 1, nk, 0), want(&c, o + 2, nk, 0);
@@ -178,6 +179,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     nonneg(&c, 0, 6);
     int64_t nq = prod(i, 4), nk = rt_smul(rt_smul(i[0], i[4]), rt_smul(i[5], i[3]));
     if (i[5] <= 0 || i[2] % i[5]) bad(&c, "query heads must be a multiple of kv heads");
+    if (i[6] < 0) bad(&c, "a negative sliding window");
     want(&c, 0, nq, 0), want(&c, 1, nk, 0), want(&c, 2, nk, 0), want(&c, 3, rt_smul(i[0], i[1]), 1), want(&c, 4, nq, 0);
     break;
   }
@@ -196,6 +198,7 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     if (i[7] < 0 || i[7] > 5 || i[8] < 1 || i[10] < -1 || i[10] >= i[8] || (i[9] && i[1] % 2) ||
         i[4] != (i[10] < 0 ? rt_smul(i[8], i[1]) : i[1]))
       bad(&c, "the sequence split (axis, size, zigzag, kv_shift, keys) is not valid");
+    if (i[12] < 0) bad(&c, "a negative sliding window");
     if (st->which == RT_B_ATTN_BLOCK) {
       want(&c, 0, nq, 0), want(&c, 1, nk, 0), want(&c, 2, nk, 0), want(&c, 3, nq, 0), want(&c, 4, nl, 0);
     } else {
@@ -402,27 +405,28 @@ int cpu_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *b
   case RT_B_SOFTMAX: cpu_softmax(tp, b[0], b[1], i[0], i[1]); break;
   case RT_B_SOFTMAX_GRAD: cpu_softmax_grad(tp, b[0], b[1], b[2], i[0], i[1]); break;
   case RT_B_ATTENTION:
-    rc = cpu_attention(tp, b[0], b[1], b[2], b[3], i[0], i[1], i[2], i[3], i[4], i[5], i[6] != 0, (float)f[0], err,
-                       errlen);
+    rc = cpu_attention(tp, b[0], b[1], b[2], b[3], i[0], i[1], i[2], i[3], i[4], i[5], i[6] != 0, i[7], (float)f[0],
+                       err, errlen);
     break;
   case RT_B_ATTENTION_GRAD:
     rc = cpu_attention_grad(tp, b[0], b[1], b[2], b[3], b[4], b[5], b[6], i[0], i[1], i[2], i[3], i[4], i[5],
-                            i[6] != 0, (float)f[0], err, errlen);
+                            i[6] != 0, i[7], (float)f[0], err, errlen);
     break;
   case RT_B_ROPE:
-    rc = cpu_rope(tp, b[0], b[1], i[0], i[1], i[2], i[3], i[4], i[5] != 0, f[0], seq_coord(comm, i[6]), i[7], i[8] != 0,
+    rc = cpu_rope(tp, b[0], b[1], i[0], i[1], i[2], i[3], i[4], i[5] != 0, f, seq_coord(comm, i[6]), i[7], i[8] != 0,
                   err, errlen);
     break;
-  case RT_B_ROPE_AT: rc = cpu_rope_at(tp, b[0], b[1], b[2], i[0], i[1], i[2], i[3], f[0], err, errlen); break;
+  case RT_B_ROPE_AT: rc = cpu_rope_at(tp, b[0], b[1], b[2], i[0], i[1], i[2], i[3], f, err, errlen); break;
   case RT_B_ATTN_CACHED:
-    rc = cpu_attention_cached(tp, b[0], b[1], b[2], b[3], b[4], i[0], i[1], i[2], i[3], i[4], i[5], (float)f[0], err,
-                              errlen);
+    rc = cpu_attention_cached(tp, b[0], b[1], b[2], b[3], b[4], i[0], i[1], i[2], i[3], i[4], i[5], i[6], (float)f[0],
+                              err, errlen);
     break;
   case RT_B_KV_WRITE: rc = cpu_kv_write(b[0], b[1], b[2], i[0], i[1], i[2], i[3], err, errlen); break;
   case RT_B_ATTN_BLOCK:
   case RT_B_ATTN_BLOCK_GRAD: {
     CpuAttnBlock ab = {.B = i[0], .Tq = i[1], .H = i[2], .Dh = i[3], .Tk = i[4], .KV = i[5], .causal = i[6] != 0,
-                       .c = seq_coord(comm, i[7]), .n = i[8], .zigzag = i[9] != 0, .kv_shift = i[10], .scale = (float)f[0]};
+                       .c = seq_coord(comm, i[7]), .n = i[8], .zigzag = i[9] != 0, .kv_shift = i[10], .window = i[12],
+                       .scale = (float)f[0]};
     if (st->which == RT_B_ATTN_BLOCK) rc = cpu_attn_block(tp, &ab, b[0], b[1], b[2], b[3], b[4], err, errlen);
     else rc = cpu_attn_block_grad(tp, &ab, b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], err, errlen);
     break;

@@ -24,7 +24,7 @@ typedef struct {
   const int32_t *pos;
   float *y;
   int64_t C, H, Dh;
-  double theta;
+  const double *f;   /* theta and the scaling: rt_rope_inv_freq */
 } RopeAt;
 
 static void rope_at_rows(void *ctx, int64_t r0, int64_t r1) {   /* a row: one new token (b, c) */
@@ -33,7 +33,7 @@ static void rope_at_rows(void *ctx, int64_t r0, int64_t r1) {   /* a row: one ne
   for (int64_t row = r0; row < r1; row++) {
     double p = (double)r->pos[row];
     for (int64_t i = 0; i < half; i++) {
-      double angle = p * pow(r->theta, -2.0 * (double)i / (double)r->Dh);
+      double angle = p * rt_rope_inv_freq(r->f, i, r->Dh);
       float cs = (float)cos(angle), sn = (float)sin(angle);
       for (int64_t h = 0; h < r->H; h++) {
         const float *x = r->x + (row * r->H + h) * r->Dh;
@@ -47,10 +47,10 @@ static void rope_at_rows(void *ctx, int64_t r0, int64_t r1) {   /* a row: one ne
 }
 
 int cpu_rope_at(ThreadPool *tp, const float *x, const int32_t *pos, float *y, int64_t B, int64_t C, int64_t H,
-                int64_t Dh, double theta, char *err, size_t errlen) {
+                int64_t Dh, const double *f, char *err, size_t errlen) {
   for (int64_t k = 0; k < B * C; k++)
     if (pos[k] < 0) return bad_pos(pos[k], INT64_MAX, err, errlen);
-  RopeAt r = {x, pos, y, C, H, Dh, theta};
+  RopeAt r = {x, pos, y, C, H, Dh, f};
   tp_run(tp, B * C, rope_at_rows, &r);
   return 0;
 }
@@ -59,7 +59,7 @@ typedef struct {
   const float *q, *k, *v;
   const int32_t *pos;
   float *out;
-  int64_t C, H, Dh, S, KV;
+  int64_t C, H, Dh, S, KV, window;
   float scale;
   int failed;
 } Cached;
@@ -74,18 +74,19 @@ static void cached_rows(void *ctx, int64_t r0, int64_t r1) {   /* a row: (b, c, 
   }
   for (int64_t row = r0; row < r1; row++) {
     int64_t h = row % a->H, bc = row / a->H, b = bc / a->C, kvh = h / G, n = (int64_t)a->pos[bc] + 1;
+    int64_t first = a->window > 0 && n - a->window > 0 ? n - a->window : 0;   /* the window's first key */
     const float *q = a->q + row * a->Dh;
     float *o = a->out + row * a->Dh, mx = -INFINITY, sum = 0;
-    for (int64_t s = 0; s < n; s++) {
+    for (int64_t s = first; s < n; s++) {
       const float *k = a->k + ((b * a->S + s) * a->KV + kvh) * a->Dh;
       float dot = 0;
       for (int64_t d = 0; d < a->Dh; d++) dot += q[d] * k[d];
       p[s] = dot * a->scale;
       mx = p[s] > mx ? p[s] : mx;
     }
-    for (int64_t s = 0; s < n; s++) sum += p[s] = expf(p[s] - mx);
+    for (int64_t s = first; s < n; s++) sum += p[s] = expf(p[s] - mx);
     memset(o, 0, sizeof(float) * (size_t)a->Dh);
-    for (int64_t s = 0; s < n; s++) {
+    for (int64_t s = first; s < n; s++) {
       const float *v = a->v + ((b * a->S + s) * a->KV + kvh) * a->Dh;
       float w = p[s] / sum;
       for (int64_t d = 0; d < a->Dh; d++) o[d] += w * v[d];
@@ -95,11 +96,11 @@ static void cached_rows(void *ctx, int64_t r0, int64_t r1) {   /* a row: (b, c, 
 }
 
 int cpu_attention_cached(ThreadPool *tp, const float *q, const float *k, const float *v, const int32_t *pos, float *out,
-                         int64_t B, int64_t C, int64_t H, int64_t Dh, int64_t S, int64_t KV, float scale, char *err,
-                         size_t errlen) {
+                         int64_t B, int64_t C, int64_t H, int64_t Dh, int64_t S, int64_t KV, int64_t window,
+                         float scale, char *err, size_t errlen) {
   for (int64_t i = 0; i < B * C; i++)
     if (pos[i] < 0 || pos[i] >= S) return bad_pos(pos[i], S, err, errlen);
-  Cached a = {q, k, v, pos, out, C, H, Dh, S, KV, scale, 0};
+  Cached a = {q, k, v, pos, out, C, H, Dh, S, KV, window, scale, 0};
   tp_run(tp, B * C * H, cached_rows, &a);
   if (a.failed) snprintf(err, errlen, "out of memory in attention_cached");
   return a.failed;

@@ -63,25 +63,25 @@ void cpu_softmax_grad(ThreadPool *tp, const float *dy, const float *y, float *dx
 
 /* ---- attention (runtime/cpu/cpu_attention.c) ----
    q[B,T,H,Dh] k,v[B,S,KV,Dh] out[B,T,H,Dh]; query head h reads kv head h/(H/KV);
-   causal: query t sees keys 0..t (requires T <= S). */
+   causal: query t sees keys 0..t (requires T <= S); window > 0: and only keys s with t - s < window. */
 int cpu_attention(ThreadPool *tp, const float *q, const float *k, const float *v, float *out, int64_t B,
-                  int64_t T, int64_t H, int64_t Dh, int64_t S, int64_t KV, bool causal, float scale, char *err,
-                  size_t errlen);
+                  int64_t T, int64_t H, int64_t Dh, int64_t S, int64_t KV, bool causal, int64_t window, float scale,
+                  char *err, size_t errlen);
 int cpu_attention_grad(ThreadPool *tp, const float *dout, const float *q, const float *k, const float *v,
                        float *dq, float *dk, float *dv, int64_t B, int64_t T, int64_t H, int64_t Dh, int64_t S,
-                       int64_t KV, bool causal, float scale, char *err, size_t errlen);
-/* x,y[B,T,H,Dh] (may be the same buffer) */
+                       int64_t KV, bool causal, int64_t window, float scale, char *err, size_t errlen);
+/* x,y[B,T,H,Dh] (may be the same buffer); f: theta and the scaling (rt_rope_inv_freq) */
 int cpu_rope(ThreadPool *tp, const float *x, float *y, int64_t B, int64_t T, int64_t H, int64_t Dh,
-             int64_t offset, bool inverse, double theta, int64_t seq_c, int64_t seq_n, bool zigzag, char *err,
+             int64_t offset, bool inverse, const double *f, int64_t seq_c, int64_t seq_n, bool zigzag, char *err,
              size_t errlen);
 
 /* ---- generation with a KV cache (runtime/cpu/cpu_decode.c): the ops rope_at,
    attention_cached and kv_write (ir/ops.def); pos holds int32 positions [B,C] */
 int cpu_rope_at(ThreadPool *tp, const float *x, const int32_t *pos, float *y, int64_t B, int64_t C, int64_t H,
-                int64_t Dh, double theta, char *err, size_t errlen);
+                int64_t Dh, const double *f, char *err, size_t errlen);
 int cpu_attention_cached(ThreadPool *tp, const float *q, const float *k, const float *v, const int32_t *pos, float *out,
-                         int64_t B, int64_t C, int64_t H, int64_t Dh, int64_t S, int64_t KV, float scale, char *err,
-                         size_t errlen);
+                         int64_t B, int64_t C, int64_t H, int64_t Dh, int64_t S, int64_t KV, int64_t window,
+                         float scale, char *err, size_t errlen);
 /* cpu_moe.c: the mixture-of-experts ops (program.h's RT_B_TOPK .. RT_B_GROUPED_WGRAD). */
 void cpu_topk(ThreadPool *tp, const float *x, int32_t *idx, int64_t rows, int64_t E, int64_t k);
 int cpu_gather_last(const float *x, const int32_t *idx, float *y, int64_t rows, int64_t E, int64_t k, bool scatter,
@@ -100,7 +100,7 @@ int cpu_kv_write(float *cache, const float *x, const int32_t *pos, int64_t B, in
 typedef struct {
   int64_t B, Tq, H, Dh, Tk, KV;
   bool causal, zigzag;
-  int64_t c, n, kv_shift;
+  int64_t c, n, kv_shift, window;
   float scale;
 } CpuAttnBlock;
 int cpu_attn_block(ThreadPool *tp, const CpuAttnBlock *a, const float *q, const float *k, const float *v, float *o,

@@ -132,7 +132,7 @@ int ckpt_mkdir_p(const char *dir, char *err, size_t errlen) {
     char c = *s;
     *s = 0;
     if (mkdir(p, 0777) != 0 && !(errno == EEXIST && ckpt_is_dir(p))) {
-      seterr(err, errlen, "%s: cannot create directory %s: %s; check the --save path and its "
+      seterr(err, errlen, "%s: cannot create directory %s: %s; check --save-dir and its "
              "permissions", dir, p, strerror(errno));
       rc = 1;
       break;
@@ -443,6 +443,11 @@ void ckpt_shard_name(int rank, int world, char *out, size_t n) {
 
 int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *err,
                 size_t errlen) {
+  return ckpt_latest_below(path, INT64_MAX, stepdir, n, step, err, errlen);
+}
+
+int ckpt_latest_below(const char *path, int64_t below, char *stepdir, size_t n, int64_t *step, char *err,
+                      size_t errlen) {
   if (err && errlen) err[0] = 0;
   struct stat st;
   int found = stat(path, &st) == 0;
@@ -459,6 +464,19 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
     if (rc) return rc;
     best = d.step;
     ckpt_done_free(&d);
+    /* a step_N folder whose DONE says another step: a link to, or a copy of, another step */
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    const char *base = path + len;
+    while (base > path && base[-1] != '/') base--;
+    char name[32];
+    snprintf(name, sizeof name, "%.*s", (int)(path + len - base), base);
+    int64_t named = ckpt_parse_step_name(name);
+    if (named >= 0 && named != best) {
+      seterr(err, errlen, "%s: the folder's name says step %" PRId64 " but its DONE records step %" PRId64
+             " (a link to or a copy of another step's folder); pass that step's own folder", path, named, best);
+      return 2;
+    }
   } else {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/') len--; /* "save/step_00000003/" names a step */
@@ -475,10 +493,11 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
     }
     int64_t skipped = -1; /* newest folder without DONE, to mention it */
     int n_skipped = 0;
+    char link[64] = "";   /* a step_* entry that is a symbolic link, to mention it */
     struct dirent *e;
     while ((e = readdir(dir))) {
       int64_t s = ckpt_parse_step_name(e->d_name);
-      if (s < 0) continue;
+      if (s < 0 || s >= below) continue;
       char *p = ckpt_pjoin(path, e->d_name);
       if (!p) {
         closedir(dir);
@@ -486,7 +505,10 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
         seterr(err, errlen, "%s: out of memory", path);
         return 1;
       }
-      if (ckpt_is_dir(p) && has_done(p)) {
+      struct stat ls;
+      if (lstat(p, &ls) == 0 && S_ISLNK(ls.st_mode)) {   /* it would resume another step under this one's name */
+        snprintf(link, sizeof link, "%.40s", e->d_name);   /* a step name: at most 23 characters */
+      } else if (ckpt_is_dir(p) && has_done(p)) {
         if (s > best) {
           best = s;
           free(bestname);
@@ -510,6 +532,9 @@ int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *
       seterr(err, errlen, "%s: skipped %d checkpoint folder%s without a DONE marker (newest "
              "step %" PRId64 ", its writer did not finish); using step %" PRId64, path,
              n_skipped, n_skipped == 1 ? "" : "s", skipped, best);
+    else if (link[0])
+      seterr(err, errlen, "%s: skipped %s, a symbolic link (a checkpoint is a folder of its own); using step %" PRId64,
+             path, link, best);
   }
   const char *out = bestname ? bestname : path;
   if ((size_t)snprintf(stepdir, n, "%s", out) >= n) {

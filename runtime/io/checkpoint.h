@@ -45,6 +45,11 @@ int ckpt_save(const char *save_dir, int64_t step, const CkptTensor *params, int 
  * a one-line note naming them that the caller may print as a warning. */
 int ckpt_latest(const char *path, char *stepdir, size_t n, int64_t *step, char *err,
                 size_t errlen);
+/* The same among the steps below `below` (a fallback past a damaged newer one).  step_*
+ * entries that are symbolic links are skipped (noted in err), and a step folder passed itself
+ * whose DONE records another step than its name is refused (2). */
+int ckpt_latest_below(const char *path, int64_t below, char *stepdir, size_t n, int64_t *step, char *err,
+                      size_t errlen);
 
 typedef struct Checkpoint {
   StFile params, state; /* model.safetensors, optimizer.safetensors */
@@ -99,6 +104,20 @@ int ckpt_shards_expert(const Checkpoint *c, const char *view, char *stack, size_
  * ones (DONE first, so a crash mid-delete leaves an ignored incomplete folder, never a
  * complete-looking partial one). Folders without DONE and other files are left alone. */
 int ckpt_prune(const char *save_dir, int keep, char *err, size_t errlen);
+
+/* ---- the save dir (checkpoint_dir.c) ---- */
+/* One run writes a save dir at a time: ckpt_lock creates SAVE_DIR (with its parents) and
+ * takes an exclusive flock on SAVE_DIR/loom.lock, writing this pid into it.  2 with a
+ * message naming the holder's pid when another live process holds it (a dead holder's lock is
+ * gone with it), or when the folder cannot be made or written.  *fd: keep it open while
+ * writing; ckpt_unlock closes it. */
+#define CKPT_LOCK_NAME "loom.lock"
+int ckpt_lock(const char *save_dir, int *fd, char *err, size_t errlen);
+void ckpt_unlock(int fd);
+/* Removes the step_N.tmp.<pid> and step_N.old.<pid> folders of processes that no longer
+ * exist (a killed writer's); a note per folder on log (may be NULL).  Returns how many. */
+#include <stdio.h>
+int ckpt_clean_tmp(const char *save_dir, FILE *log);
 
 /* CRC-32C (Castagnoli) of n bytes, continuing from crc (0 to start): the checksum in DONE.
  * ckpt_crc32c(0, "123456789", 9) == 0xE3069283. */

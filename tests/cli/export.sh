@@ -75,9 +75,34 @@ expect_exit 2 "--dtype bf16 with --out W.safetensors" "$LOOM" train models/gpt2-
 expect_stderr_contains "give --out DIR/"
 expect_exit 2 "--dtype fp8" "$LOOM" export "$d/ck" -o "$TMP/y" --dtype fp8
 expect_stderr_contains "--dtype takes f32 or bf16"
-mkdir -p "$TMP/elsewhere" && cp -r "$d/ck" "$TMP/elsewhere/ck"
-(cd "$TMP/elsewhere" && "$LOOM" export ck -o out > "$TMP/o" 2> "$TMP/e"; echo $? > "$TMP/rc")
-check "a checkpoint whose spec is not readable from here: exit 2, asks for --spec" sh -c "
+# A checkpoint carries its model config (state.json's settings.model): exported from another
+# folder, where the spec path it records (models/M.json) is a FIFO that would block whoever
+# opened it, it writes the same config.json and weights without opening that path.
+mkdir -p "$TMP/elsewhere/models" && cp -r "$d/ck" "$TMP/elsewhere/ck" && mkfifo "$TMP/elsewhere/models/$m.json"
+(cd "$TMP/elsewhere" && timeout 60 "$LOOM" export ck -o out > "$TMP/o" 2> "$TMP/e"; echo $? > "$TMP/rc")
+check "a checkpoint exports from its own config, never opening the spec path it records (a FIFO there)" sh -c "
+  [ \$(cat '$TMP/rc') = 0 ] && cmp -s '$TMP/elsewhere/out/config.json' '$d/ex/config.json' &&
+  cmp -s '$TMP/elsewhere/out/model.safetensors' '$d/ex/model.safetensors'"
+# one without it (an older loom's): exit 2, asks for --spec
+python3 - "$TMP/elsewhere/ck" <<'PY'
+import glob, json, os, sys
+# drop settings.model from state.json, and put DONE's size and CRC-32C of it right
+def crc32c(b):
+    c = 0xFFFFFFFF
+    for x in b:
+        c ^= x
+        for _ in range(8): c = (c >> 1) ^ (0x82F63B78 & -(c & 1))
+    return c ^ 0xFFFFFFFF
+for step in glob.glob(os.path.join(sys.argv[1], 'step_*')):
+    p = os.path.join(step, 'state.json'); s = json.load(open(p)); s['settings'].pop('model', None)
+    b = json.dumps(s).encode(); open(p, 'wb').write(b)
+    dp = os.path.join(step, 'DONE'); d = json.load(open(dp))
+    d['files']['state.json'] = {'bytes': len(b), 'crc32c': '%08x' % crc32c(b)}
+    json.dump(d, open(dp, 'w'))
+PY
+rm -f "$TMP/elsewhere/models/$m.json"
+(cd "$TMP/elsewhere" && "$LOOM" export ck -o out2 > "$TMP/o" 2> "$TMP/e"; echo $? > "$TMP/rc")
+check "a checkpoint without its model config: exit 2, asks for --spec" sh -c "
   [ \$(cat '$TMP/rc') = 2 ] && grep -q 'give --spec' '$TMP/e'"
 
 if [ -n "${LOOM_TEST_PYTHON:-}" ]; then

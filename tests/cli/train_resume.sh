@@ -31,7 +31,7 @@ layout_run=("$LOOM" train $spec -q --batch 4 --min-lr 0.01 --warmup 0)   # a con
 "${layout_run[@]}" --steps 8 --out "$tmp/one.st" > /dev/null 2>&1 || bad "layouts: the uninterrupted one-rank run"
 legs=("--mesh dp=2 --zero 3" "--mesh dp=4 --zero 1" "--mesh tp=2" "")
 for k in 0 1 2 3; do
-  resume=(); [ $k -gt 0 ] && resume=(--resume "$tmp/ck-layouts")
+  resume=(); [ $k -gt 0 ] && resume=(--resume "$tmp/ck-layouts" --allow-changes)   # --steps grows each leg
   # shellcheck disable=SC2086
   if ! "${layout_run[@]}" --steps $((2 * k + 2)) ${legs[$k]} "${resume[@]}" --save-dir "$tmp/ck-layouts" \
        --out "$tmp/leg.st" > "$tmp/log" 2>&1; then
@@ -45,6 +45,10 @@ else
 fi
 
 ck=$tmp/ck-fp32
+# the resumed run above went on saving into the folder it resumed from (no --save-dir)
+if [ -f "$ck/step_00000007/DONE" ]; then ok "a run resumed without --save-dir saves on into the folder it resumed from"
+else bad "a resumed run without --save-dir wrote no checkpoint into $ck"; ls "$ck"; fi
+rm -rf "$ck/step_00000007"   # step 3 alone: damaged, nothing older to fall back to
 run=("$LOOM" train $spec -q --steps 7)
 expect_refused() {   # description, substring
   "${run[@]}" --resume "$ck" > "$tmp/log" 2>&1

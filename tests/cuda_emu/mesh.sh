@@ -10,6 +10,7 @@
 # 2. the same run started by a launcher's environment (torchrun's variables, by hand), and by
 #    a compiled executable;
 # 3. a CUDA mesh's checkpoint resumed on one CPU rank, and a CPU checkpoint on a CUDA mesh;
+# 5. SIGTERM: every rank stops after the same step, one checkpoint, resumed bitwise;
 # 4. faults: a rank that never reaches a collective (every process ends within the timeout
 #    plus a few seconds, the report names the collective), a rank killed mid-step;
 # 1b-1d (below 3): context parallelism, expert parallelism and pipelines.
@@ -100,10 +101,11 @@ fi
 
 # 3. a CUDA mesh's checkpoint (dp=2, ZeRO-3: a shard per rank, checkpoint.h) resumed on one
 #    CPU rank: 2 + 2 steps = 4 steps straight on the CPU
-flags=(tests/golden/gpt2-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0)
+# --allow-changes: the legs resume with more --steps than the checkpoint was saved with
+flags=(tests/golden/gpt2-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0 --allow-changes)
 "$LOOM" train "${flags[@]}" --steps 4 --out "$tmp/straight.st" > "$tmp/log" 2>&1
 "$LOOM" train "${flags[@]}" --steps 2 --mesh dp=2 --zero 3 --backend cuda --save-dir "$tmp/ck" > "$tmp/log" 2>&1
-"$LOOM" train "${flags[@]}" --steps 4 --resume "$tmp/ck" --out "$tmp/resumed.st" > "$tmp/log2" 2>&1
+"$LOOM" train "${flags[@]}" --steps 4 --resume "$tmp/ck" --save-dir "$tmp/ck-r1" --out "$tmp/resumed.st" > "$tmp/log2" 2>&1
 if "$ST_DIFF" "$tmp/resumed.st" "$tmp/straight.st" --rtol 1e-4 > "$tmp/diff" 2>&1; then
   ok "a dp=2 ZeRO-3 CUDA checkpoint resumed on one CPU rank: 2 + 2 steps = 4 straight within 1e-4"
 else
@@ -232,7 +234,7 @@ vg=$("$LOOM" train "${v[@]}" --backend cuda 2>&1 | grep -o 'val [0-9.]*' | tr '\
 [ -n "$vc" ] && [ "$vc" = "$vg" ] && ok "pp=2 validation loss on cuda ($vg) = the cpu mesh's" ||
   bad "pp=2 validation loss: cuda '$vg', cpu '$vc'"
 f=(models/llama-tiny-4l.json --data "$tmp/d.bin" -q --batch 4 --seq 32 --eps 1e-4 --grad-accum 4 --lr 0.01 --min-lr 0.01
-   --warmup 0)
+   --warmup 0 --allow-changes)
 "$LOOM" train "${f[@]}" --steps 4 --out "$tmp/pstraight.st" > "$tmp/log" 2>&1
 "$LOOM" train "${f[@]}" --steps 2 --mesh pp=2 --pp-schedule zb-h1 --backend cuda --save-dir "$tmp/ckpp" > "$tmp/log" 2>&1
 "$LOOM" train "${f[@]}" --steps 4 --resume "$tmp/ckpp" --out "$tmp/presumed.st" > "$tmp/log2" 2>&1
@@ -251,6 +253,34 @@ else
   bad "pp x cp with zb-h1 on cuda"; tail -3 "$tmp/log"
 fi
 # ---------------------------------------------------------------------------------------
+
+# 5. SIGTERM to `loom train` that started a CUDA mesh's ranks: the supervisor passes it on, the
+#    ranks agree on the step to stop after (Executor.agree_stop), write one sharded checkpoint,
+#    exit 143; resumed to two steps more: the uninterrupted run's bits.  Step lines of rank 0
+#    reach the file as they are printed (a rank's stdout is a file too).
+sig_flags=(tests/golden/gpt2-tiny/train_spec.json --batch 4 --warmup 0 --lr 0.01 --min-lr 0.01 --mesh dp=2 --zero 1
+           --backend cuda)
+"$LOOM" train "${sig_flags[@]}" --steps 1000000 --save-dir "$tmp/ck-sig" > "$tmp/sig.out" 2> "$tmp/sig.err" &
+pid=$!
+for i in $(seq 1200); do grep -q '^step ' "$tmp/sig.out" 2> /dev/null && break; kill -0 $pid 2> /dev/null || break; sleep 0.1; done
+kill -TERM $pid 2> /dev/null
+wait $pid
+rc=$?
+k=$(ls "$tmp/ck-sig" 2> /dev/null | sed -n 's/^step_0*\([0-9][0-9]*\)$/\1/p' | sort -n | tail -1)
+if [ $rc = 143 ] && [ -n "$k" ] && [ -f "$tmp/ck-sig/step_$(printf %08d "$k")/DONE" ] &&
+   grep -q "stopped by SIGTERM after step $k of 1000000" "$tmp/sig.err"; then
+  ok "a CUDA mesh (dp=2, one process per rank) stopped by SIGTERM: exit 143, every rank stopped after step $k, one checkpoint"
+  "$LOOM" train "${sig_flags[@]}" -q --steps $((k + 2)) --resume "$tmp/ck-sig" --allow-changes --out "$tmp/sig-res.st" \
+    > "$tmp/log" 2>&1
+  "$LOOM" train "${sig_flags[@]}" -q --steps $((k + 2)) --out "$tmp/sig-full.st" > "$tmp/log2" 2>&1
+  if cmp -s "$tmp/sig-res.st" "$tmp/sig-full.st"; then
+    ok "the CUDA mesh stopped at step $k and resumed to $((k + 2)): bitwise the uninterrupted run"
+  else
+    bad "the CUDA mesh's stop checkpoint resumed differs"; tail -3 "$tmp/log" "$tmp/log2"
+  fi
+else
+  bad "a CUDA mesh stopped by SIGTERM (exit $rc, checkpoint step '${k}')"; tail -5 "$tmp/sig.out" "$tmp/sig.err"
+fi
 
 # 4. faults (LOOM_NCCL_FAULT, runtime/comm/comm_nccl.c's test hook)
 fault() {   # kind, what, expected text

@@ -321,7 +321,7 @@ done
 
 # A checkpoint of a dp=2 ZeRO-3 CPU mesh resumes on CUDA (another layout: one device), and
 # the 4 steps end within 1e-5 of one CPU rank's (a constant lr, so the legs share it)
-lt=("$LOOM" train tests/golden/llama-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0)
+lt=("$LOOM" train tests/golden/llama-tiny/train_spec.json -q --batch 4 --min-lr 0.01 --warmup 0 --allow-changes)
 if "${lt[@]}" --steps 2 --mesh dp=2 --zero 3 --save-dir "$tmp/ck" > "$tmp/log" 2>&1 &&
    "${lt[@]}" --steps 4 --backend cuda --resume "$tmp/ck" --out "$tmp/resumed.st" >> "$tmp/log" 2>&1 &&
    "${lt[@]}" --steps 4 --backend cpu --out "$tmp/one.st" >> "$tmp/log" 2>&1 &&

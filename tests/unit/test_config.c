@@ -274,30 +274,71 @@ static void test_spec_with_relative_model_path(void) {
 }
 
 static void test_real_llama32(Tmp *t) {
-  /* The real Llama-3.2-1B config carries llama3 RoPE scaling: refused, not ignored. */
+  /* The real Llama-3.2-1B config carries llama3 RoPE scaling: read as it is. */
   RunSpec *s = malloc(sizeof *s);
   char err[1024] = "", path[512];
   int rc = spec_load("tests/unit/configs/llama32_1b_config.json", s, err, sizeof err);
-  CHECK_E(rc == 2 && has(err, "llama32_1b_config.json") && has(err, "key \"rope_scaling\"") &&
-              has(err, "llama3") && has(err, "not yet supported"),
-          err);
-  /* Without it, the model is exactly Llama-3.2-1B. */
+  CHECK_E(rc == 0, err);
+  const ModelConfig *m = &s->model;
+  CHECK(m->arch == ARCH_LLAMA && m->hidden == 2048 && m->n_layer == 16 && m->n_head == 32 && m->n_kv_head == 8);
+  CHECK(m->head_dim == 64 && m->intermediate == 8192 && m->vocab_size == 128256 && m->tied);
+  CHECK(m->max_pos == 131072 && s->seq == 1024);
+  CHECK_NEAR(m->rope_theta, 500000.0);
+  CHECK_NEAR(m->rope_factor, 32.0);
+  CHECK_NEAR(m->rope_low_freq, 1.0);
+  CHECK_NEAR(m->rope_high_freq, 4.0);
+  CHECK(m->rope_orig_max == 8192);
+  CHECK(config_param_count(m) == 1235814400);
+  /* transformers 5's form: the same scaling inside rope_parameters, with the base */
   json_error_t je;
   json_t *root = json_load_file("tests/unit/configs/llama32_1b_config.json", 0, &je);
   CHECK(root != NULL);
+  json_t *params = json_deep_copy(json_object_get(root, "rope_scaling"));
+  json_object_set_new(params, "rope_theta", json_real(500000.0));
+  json_object_set_new(root, "rope_parameters", params);
   json_object_del(root, "rope_scaling");
+  json_object_del(root, "rope_theta");
   char *text = json_dumps(root, 0);
+  tmp_write(t, "llama32_params.json", text, path, sizeof path);
+  free(text);
+  rc = spec_load(path, s, err, sizeof err);
+  CHECK_E(rc == 0, err);
+  CHECK(m->rope_factor == 32.0 && m->rope_low_freq == 1.0 && m->rope_high_freq == 4.0 && m->rope_orig_max == 8192);
+  CHECK_NEAR(m->rope_theta, 500000.0);
+  /* without rope_scaling: plain RoPE */
+  json_object_del(root, "rope_parameters");
+  text = json_dumps(root, 0);
   tmp_write(t, "llama32_noscaling.json", text, path, sizeof path);
   free(text);
   json_decref(root);
   rc = spec_load(path, s, err, sizeof err);
-  CHECK_E(rc == 0, err);
-  const ModelConfig *m = &s->model;
-  CHECK(m->hidden == 2048 && m->n_layer == 16 && m->n_head == 32 && m->n_kv_head == 8);
-  CHECK(m->head_dim == 64 && m->intermediate == 8192 && m->vocab_size == 128256 && m->tied);
-  CHECK(m->max_pos == 131072 && s->seq == 1024);
-  CHECK_NEAR(m->rope_theta, 500000.0);
-  CHECK(config_param_count(m) == 1235814400);
+  CHECK_E(rc == 0 && m->rope_factor == 0, err);
+  free(s);
+}
+
+/* The hub's own config.json of Llama-3.2-1B, Qwen2.5-0.5B, Qwen3-0.6B and Mistral-7B-v0.1
+   (tests/hub_configs/, written from the published files) read without an edit. */
+static void test_hub_configs(void) {
+  RunSpec *s = malloc(sizeof *s);
+  char err[1024] = "";
+  int rc = spec_load("tests/hub_configs/Llama-3.2-1B.json", s, err, sizeof err);
+  CHECK_E(rc == 0 && spec_validate(s, err, sizeof err) == 0, err);
+  CHECK(s->model.arch == ARCH_LLAMA && s->model.rope_factor == 32.0 && config_param_count(&s->model) == 1235814400);
+  rc = spec_load("tests/hub_configs/Qwen2.5-0.5B.json", s, err, sizeof err);
+  CHECK_E(rc == 0 && spec_validate(s, err, sizeof err) == 0, err);
+  /* 494,032,768 parameters (the published count), q/k/v biases included */
+  CHECK(s->model.arch == ARCH_QWEN2 && s->model.qkv_bias && !s->model.qk_norm && s->model.sliding_window == 0);
+  CHECK(s->model.tied && s->model.n_kv_head == 2 && s->model.head_dim == 64 && config_param_count(&s->model) == 494032768);
+  rc = spec_load("tests/hub_configs/Qwen3-0.6B.json", s, err, sizeof err);
+  CHECK_E(rc == 0 && spec_validate(s, err, sizeof err) == 0, err);
+  /* 596,049,920 parameters: Qwen3-0.6B's 0.6B with the tied embedding counted once */
+  CHECK(s->model.arch == ARCH_QWEN3 && s->model.qk_norm && !s->model.qkv_bias && s->model.head_dim == 128);
+  CHECK(s->model.hidden == 1024 && s->model.n_head == 16 && config_param_count(&s->model) == 596049920);
+  rc = spec_load("tests/hub_configs/Mistral-7B-v0.1.json", s, err, sizeof err);
+  CHECK_E(rc == 0 && spec_validate(s, err, sizeof err) == 0, err);
+  /* 7,241,732,096 parameters (Mistral 7B) and its 4096-token window */
+  CHECK(s->model.arch == ARCH_MISTRAL && s->model.sliding_window == 4096 && !s->model.tied);
+  CHECK(config_param_count(&s->model) == 7241732096LL);
   free(s);
 }
 
@@ -474,7 +515,7 @@ static void test_model_errors(Tmp *t) {
   LOAD_ERROR(g, "model.model_type", NULL, "key \"model.model_type\": missing", "\"gpt2\" or \"llama\"");
   LOAD_ERROR(g, "model.model_type", "3", "key \"model.model_type\"", "expected a string");
   LOAD_ERROR(g, "model.model_type", "'mixtral'", "key \"model.hidden_size\": missing", "model width");
-  LOAD_ERROR(g, "model.model_type", "'bert'", "model_type \"bert\" is not supported", "supported: gpt2, llama, mixtral, qwen3_moe");
+  LOAD_ERROR(g, "model.model_type", "'bert'", "model_type \"bert\" is not supported", "supported: gpt2, llama, mistral, mixtral, qwen2, qwen3, qwen3_moe");
   /* mixture of experts: bad and unknown router settings, checked against the model */
   const char *x = MIXTRAL_SPEC;
   LOAD_ERROR(x, "model.num_experts_per_tok", "5", "each token goes to 5 experts but a layer has only 4", "at most 4");
@@ -524,7 +565,15 @@ static void test_model_errors(Tmp *t) {
   LOAD_ERROR(l, "model.mlp_bias", "true", "key \"model.mlp_bias\"", "not yet supported");
   LOAD_ERROR(l, "model.mlp_bias", "'no'", "key \"model.mlp_bias\"", "expected true or false");
   LOAD_ERROR(l, "model.tie_word_embeddings", "1", "key \"model.tie_word_embeddings\"", "expected true or false");
-  LOAD_ERROR(l, "model.rope_scaling", "{'rope_type': 'linear', 'factor': 2.0}", "key \"model.rope_scaling\"", "not yet supported");
+  LOAD_ERROR(l, "model.rope_scaling", "{'rope_type': 'linear', 'factor': 2.0}", "key \"model.rope_scaling.rope_type\"", "\"linear\" is not yet supported");
+  LOAD_ERROR(l, "model.rope_scaling", "{'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0}",
+             "key \"model.rope_scaling.original_max_position_embeddings\": missing", "needs factor");
+  LOAD_ERROR(l, "model.rope_scaling", "{'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 4.0, 'high_freq_factor': 1.0, 'original_max_position_embeddings': 8192}",
+             "key \"model.rope_scaling.high_freq_factor\"", "not above low_freq_factor");
+  LOAD_ERROR(l, "model.rope_scaling", "{'rope_type': 'llama3', 'factor': -1, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192}",
+             "key \"model.rope_scaling.factor\"", "expected a positive number");
+  LOAD_ERROR(l, "model.rope_scaling", "{'factor': 2.0}", "key \"model.rope_scaling\"", "with a rope_type");
+  LOAD_ERROR(l, "model.rope_scaling", "'llama3'", "key \"model.rope_scaling\"", "expected an object");
   LOAD_ERROR(l, "model.rope_scaling", "{'type': 'dynamic', 'factor': 2.0}", "rope_type \"dynamic\"", "not yet supported");
   LOAD_ERROR(l, "model.rope_parameters", "{'rope_type': 'yarn', 'rope_theta': 10000.0}", "key \"model.rope_parameters.rope_type\"", "\"yarn\" is not yet supported");
   LOAD_ERROR(l, "model.rope_parameters", "[1]", "key \"model.rope_parameters\"", "an array");
@@ -701,6 +750,7 @@ int main(void) {
   test_helpers();
   test_bare_gpt2_config();
   test_spec_with_relative_model_path();
+  test_hub_configs();
   test_real_llama32(t);
   test_accepted_variants(t);
   test_spec_set();

@@ -296,7 +296,7 @@ static void norm_cases(void) {
 }
 
 static void attention_case(const char *name, bool grad, int64_t B, int64_t T, int64_t S, int64_t H, int64_t KV,
-                           int64_t Dh, bool causal) {
+                           int64_t Dh, bool causal, int64_t window) {
   Case c;
   begin(&c, grad ? RT_B_ATTENTION_GRAD : RT_B_ATTENTION);
   Value *ops[4];
@@ -308,9 +308,10 @@ static void attention_case(const char *name, bool grad, int64_t B, int64_t T, in
   Op *op = build_begin(&c.b, grad ? OP_ATTENTION_GRAD : OP_ATTENTION, ops, o);
   op_set_float(op, "scale", 1.0 / sqrt((double)Dh));
   op_set_bool(op, "causal", causal);
+  op_set_int(op, "window", window);
   build_end(&c.b, NULL);
   for (int r = 0; r < op->n_results; r++) ret(&c, op->results[r]);
-  I(B, T, H, Dh, S, KV, causal);
+  I(B, T, H, Dh, S, KV, causal, window);
   c.st.f[0] = 1.0 / sqrt((double)Dh);
   run(&c, name, 0);
 }
@@ -346,8 +347,8 @@ static void attention_instances_case(void) {
     if (inst) setenv("LOOM_CPU_AVX512", "0", 1);
     float *o = res[inst], *dq = o + nq, *dk = dq + nq, *dv = dk + nk;
     for (int causal = 0; causal < 2; causal++) {
-      if (cpu_attention(tp3, q, k, v, o, B, T, H, Dh, T, KV, causal, 0.14f, err, sizeof err) ||
-          cpu_attention_grad(tp3, dout, q, k, v, dq, dk, dv, B, T, H, Dh, T, KV, causal, 0.14f, err, sizeof err))
+      if (cpu_attention(tp3, q, k, v, o, B, T, H, Dh, T, KV, causal, 0, 0.14f, err, sizeof err) ||
+          cpu_attention_grad(tp3, dout, q, k, v, dq, dk, dv, B, T, H, Dh, T, KV, causal, 0, 0.14f, err, sizeof err))
         ok = false;
       if (causal == 0) memcpy(dv + nk, o, sizeof(float) * nk);   /* keep a piece of the non-causal output */
     }
@@ -392,7 +393,7 @@ static void attention_paths_case(void) {
       if (form) setenv("LOOM_CPU_ATTN_TWO_PASS", "1", 1);
       float *dq = res[form], *dk = dq + nq, *dv = dk + nk;
       /* one thread: every case has B*KV >= 4 items, so the one-pass form is taken */
-      if (cpu_attention_grad(tp1, dout, q, k, v, dq, dk, dv, B, T, H, Dh, S, KV, causal, 0.2f, err, sizeof err))
+      if (cpu_attention_grad(tp1, dout, q, k, v, dq, dk, dv, B, T, H, Dh, S, KV, causal, 0, 0.2f, err, sizeof err))
         ok = false;
     }
     unsetenv("LOOM_CPU_ATTN_TWO_PASS");
@@ -774,16 +775,25 @@ int main(void) {
   pool_case();
   rounding_case();
   norm_cases();
-  attention_case("attention causal GQA", false, 2, 37, 37, 4, 2, 16, true);
-  attention_case("attention non-causal S!=T GQA", false, 2, 20, 45, 6, 3, 24, false);
-  attention_case("attention causal MHA T=70 Dh=64", false, 1, 70, 70, 2, 2, 64, true);
-  attention_case("attention causal MQA T=33 Dh=8", false, 2, 33, 33, 4, 1, 8, true);
-  attention_case("attention non-causal MQA S<T", false, 2, 40, 9, 4, 1, 8, false);
-  attention_case("attention_grad causal GQA", true, 2, 37, 37, 4, 2, 16, true);
-  attention_case("attention_grad non-causal S!=T", true, 2, 20, 45, 6, 3, 24, false);
-  attention_case("attention_grad causal MHA T=70", true, 1, 70, 70, 2, 2, 64, true);
-  attention_case("attention_grad causal MQA T=33", true, 2, 33, 33, 4, 1, 8, true);
-  attention_case("attention_grad non-causal MQA S<T", true, 2, 40, 9, 4, 1, 8, false);
+  attention_case("attention causal GQA", false, 2, 37, 37, 4, 2, 16, true, 0);
+  attention_case("attention non-causal S!=T GQA", false, 2, 20, 45, 6, 3, 24, false, 0);
+  attention_case("attention causal MHA T=70 Dh=64", false, 1, 70, 70, 2, 2, 64, true, 0);
+  attention_case("attention causal MQA T=33 Dh=8", false, 2, 33, 33, 4, 1, 8, true, 0);
+  attention_case("attention non-causal MQA S<T", false, 2, 40, 9, 4, 1, 8, false, 0);
+  attention_case("attention_grad causal GQA", true, 2, 37, 37, 4, 2, 16, true, 0);
+  attention_case("attention_grad non-causal S!=T", true, 2, 20, 45, 6, 3, 24, false, 0);
+  attention_case("attention_grad causal MHA T=70", true, 1, 70, 70, 2, 2, 64, true, 0);
+  attention_case("attention_grad causal MQA T=33", true, 2, 33, 33, 4, 1, 8, true, 0);
+  /* sliding windows (Mistral): within a key block, across the 32-position items, of one
+     key (each query sees only itself), and longer than the sequence (no effect) */
+  attention_case("attention window 5 GQA", false, 2, 37, 37, 4, 2, 16, true, 5);
+  attention_case("attention window 33 T=70", false, 1, 70, 70, 2, 2, 64, true, 33);
+  attention_case("attention window 1", false, 2, 33, 33, 4, 1, 8, true, 1);
+  attention_case("attention window 80 > T", false, 2, 37, 37, 4, 2, 16, true, 80);
+  attention_case("attention_grad window 5 GQA", true, 2, 37, 37, 4, 2, 16, true, 5);
+  attention_case("attention_grad window 33 T=70", true, 1, 70, 70, 2, 2, 64, true, 33);
+  attention_case("attention_grad window 1", true, 2, 33, 33, 4, 1, 8, true, 1);
+  attention_case("attention_grad non-causal MQA S<T", true, 2, 40, 9, 4, 1, 8, false, 0);
   attention_instances_case();
   attention_paths_case();
   rope_case("rope", 0, false);

@@ -24,7 +24,8 @@ static void help(const json_t *s) {
          "  --init W          start from these weights (HF names)\n"
          "  --out W           write the final parameters and 'losses'\n"
          "  --save-dir D --save-every K    checkpoints\n"
-         "  --resume D        continue from a checkpoint\n"
+         "  --resume D        continue from a checkpoint (settings that differ from its are refused)\n"
+         "  --allow-changes   resume although --steps, --lr, --seed, ... differ from the checkpoint's\n"
          "  --threads N       threads of the cpu backend (default: LOOM_THREADS or every core)\n"
          "  --val-data SHARD...  validation loss on the step line (as loom train; --val-every N,\n"
          "                    --val-tokens K)\n"
@@ -186,12 +187,22 @@ static int run_sample(int argc, char **argv, const json_t *s, const Payload *pl,
   return rc;
 }
 
+/* report(), but a run a signal stopped cleanly (130 / 143) says so without "error". */
+static int finish(int rc, const char *err) {
+  if (train_stopped(rc) && err[0]) {
+    fprintf(stderr, "loom: %s\n", err);
+    return rc;
+  }
+  return report(rc, err);
+}
+
 static const char *const fixed[] = {"--batch", "--seq", "--grad-accum", "--precision", "--beta1", "--beta2",
                                     "--eps", "--weight-decay", "--grad-clip"};
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);   /* step lines as they happen into a pipe or a file (as loom's main) */
   cpu_run_setup(argv);
-  char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL;
+  char err[IR_ERR_LEN] = "", *settings_text = NULL, *ir_text = NULL, *run_settings = NULL;
   LaunchEnv le;
   int lrc = launch_env_read(&le, NULL, err, sizeof err);
   if (lrc) return report(lrc, err);
@@ -248,7 +259,7 @@ int main(int argc, char **argv) {
   const char *val_data[64], *log_path = NULL;
   int n_val = 0;
   int64_t val_every = 0, val_tokens = 0;
-  bool quiet = false, cli_data = false, log_experts = false;
+  bool quiet = false, cli_data = false, log_experts = false, allow_changes = false;
   int threads = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
@@ -257,6 +268,7 @@ int main(int argc, char **argv) {
     if (arg_flag(a, "--info")) { puts(settings_text); rc = EXIT_OK; goto done; }
     if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { quiet = true; continue; }
     if (arg_flag(a, "--log-experts")) { log_experts = true; continue; }
+    if (arg_flag(a, "--allow-changes")) { allow_changes = true; continue; }
     if (!strcmp(a, "--data")) {
       if (!cli_data) n_data = 0;
       cli_data = true;
@@ -321,20 +333,27 @@ int main(int argc, char **argv) {
     rc = usage_error("train", "no training data was compiled in: give --data SHARD...");
     goto done;
   }
+  /* the checkpoints record the settings this run uses (a resume compares them), flags included */
+  json_object_set_new(s, "steps", json_integer(steps));
+  json_object_set_new(s, "warmup", json_integer(warmup));
+  json_object_set_new(s, "seed", json_integer((json_int_t)seed));
+  json_object_set_new(s, "lr", json_real(lr));
+  json_object_set_new(s, "min_lr", json_real(min_lr));
+  run_settings = json_dumps(s, JSON_COMPACT | JSON_REAL_PRECISION(15));
   RunPlan plan = {{steps, json_integer_value(json_object_get(s, "grad_accum")), warmup, lr, min_lr, data, n_data,
-                   json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, settings_text, seed,
-                   quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0, log_experts, false},
+                   json_integer_value(json_object_get(s, "vocab")), save_dir, save_every, resume, run_settings, seed,
+                   quiet ? NULL : stdout, val_data, n_val, val_every, val_tokens, log_path, 0, 0, log_experts, false, allow_changes},
                   init, out, seed, cuda ? BACKEND_CUDA : cpu ? BACKEND_CPU : BACKEND_REF, threads,
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL,
                   NULL, NULL, false, NULL};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
   if (cuda_mesh) {
     rc = run_cuda_mesh(argc, argv, s, &pl, ir_text, &le, &plan, err, sizeof err);
-    rc = report(rc, err);
+    rc = finish(rc, err);
     goto done;
   }
   if (cuda) {   /* the lowered program and its cubin: no IR, no compiler */
     rc = run_cuda(s, &pl, &plan, err, sizeof err);
-    rc = report(rc, err);
+    rc = finish(rc, err);
     goto done;
   }
   if (mesh) {   /* the lowered program for every rank; the IR for the whole/piece bookkeeping */
@@ -345,17 +364,23 @@ int main(int argc, char **argv) {
     if (!rc) rc = run_training_cpu_mesh(mm, pl.parts[1], pl.sizes[1], ir_text, &plan, err, sizeof err);
     module_free(mm);
     free(text);
-    rc = report(rc, err);
+    rc = finish(rc, err);
     goto done;
   }
   if (cpu) {   /* the lowered program: no IR, no compiler */
     CpuBackend b;
+    double t0 = seconds_now();
+    if (plan.opt.log) fprintf(plan.opt.log, "JIT-compiling the kernels with LLVM ...\n");
     rc = cpu_backend_load(&b, pl.parts[1], pl.sizes[1], ir_text, threads, err, sizeof err);
+    if (!rc && plan.opt.log) fprintf(plan.opt.log, "JIT-compiled %d kernels in %.2f s\n", b.prog.n_kernels, seconds_now() - t0);
+    t0 = seconds_now();
     if (!rc) rc = cpu_backend_init_params(&b, seed, init, err, sizeof err);
+    if (!rc && plan.opt.log) fprintf(plan.opt.log, "%s in %.2f s\n", init ? "loaded the weights" : "initialized the parameters",
+                                     seconds_now() - t0);
     if (!rc) rc = cpu_backend_executor(&b, plan.batch, plan.seq, err, sizeof err);
     if (!rc) rc = train_and_write(&b.ce.ex, &plan, err, sizeof err);
     cpu_backend_free(&b);
-    rc = report(rc, err);
+    rc = finish(rc, err);
     goto done;
   }
   Module *m = NULL;
@@ -364,9 +389,10 @@ int main(int argc, char **argv) {
     rc = report(EXIT_RUN, err);
     goto done;
   }
-  rc = report(run_training(m, &plan, err, sizeof err), err);
+  rc = finish(run_training(m, &plan, err, sizeof err), err);
   module_free(m);
 done:
+  free(run_settings);
   json_decref(s);
   free(settings_text);
   free(ir_text);

@@ -8,6 +8,16 @@
    conflicts).  D (head dim) is a template parameter: a multiple of 8, at most 128. */
 #define LOOM_FA_THREADS 128
 
+/* Sliding-window attention (i[7] = W > 0: query t sees key s only when t - s < W): the key
+   tiles before the first one a query tile from m0 on can see, and the query tiles from the
+   first one no key of the tile n0..n0+bn-1 is visible to, are skipped. */
+LOOM_DEV long long loom_win_first(long long m0, long long W, long long bn) {
+  return W > 0 && m0 - W + 1 > 0 ? (m0 - W + 1) / bn * bn : 0;
+}
+LOOM_DEV long long loom_win_end(long long n0, long long bn, long long W, long long T) {
+  return W > 0 && n0 + bn - 1 + W < T ? n0 + bn - 1 + W : T;
+}
+
 template <class S, int D>
 LOOM_DEV void loom_fa_load(float *dst, const typename S::T *src, long long row0, long long nrows_valid,
                            long long row_stride, int nrows) {
@@ -19,7 +29,7 @@ LOOM_DEV void loom_fa_load(float *dst, const typename S::T *src, long long row0,
 }
 
 /* Forward: grid (B*H, ceil(T/64)); dynamic smem (64*3*(D+1) + 64*65) floats.
-   bufs: q k v -> out;  i: B, T, H, D, S, KV, causal;  f: scale */
+   bufs: q k v -> out;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SQ, class SK, class SV, class SO, int D>
 LOOM_DEV void loom_attn_fwd(const LoomArgs &a) {
   constexpr int BM = 64, BN = 64, LD = D + 1, NJ = D / 8;
@@ -27,6 +37,7 @@ LOOM_DEV void loom_attn_fwd(const LoomArgs &a) {
   float *sQ = loom_smem, *sK = sQ + BM * LD, *sV = sK + BN * LD, *sP = sV + BN * LD;
   const long long T = a.i[1], H = a.i[2], S = a.i[4], KV = a.i[5];
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[7];   /* the sliding window (ops.def attention); 0: none */
   const float scale = (float)a.f[0];
   const long long bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
   const long long n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (long long)blockIdx.y) * BM;   /* long rows first */
@@ -43,7 +54,7 @@ LOOM_DEV void loom_attn_fwd(const LoomArgs &a) {
     for (int j = 0; j < NJ; j++) o[i][j] = 0.0f;
   }
   const long long n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S;
-  for (long long n0 = 0; n0 < n_end; n0 += BN) {
+  for (long long n0 = loom_win_first(m0, W, BN); n0 < n_end; n0 += BN) {
     __syncthreads();
     loom_fa_load<SK, D>(sK, k + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
     loom_fa_load<SV, D>(sV, v + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
@@ -65,7 +76,7 @@ LOOM_DEV void loom_attn_fwd(const LoomArgs &a) {
       float mx = -LOOM_INF;
       for (int j = 0; j < 8; j++) {
         const long long key = n0 + cg + 8 * j;
-        s[i][j] = key < S && (!causal || key <= t) ? s[i][j] * scale : -LOOM_INF;
+        s[i][j] = key < S && (!causal || key <= t) && (W <= 0 || t - key < W) ? s[i][j] * scale : -LOOM_INF;
         mx = fmaxf(mx, s[i][j]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -109,7 +120,7 @@ LOOM_DEV void loom_attn_fwd(const LoomArgs &a) {
    Dsum = sum_s p_s (dout . v_s) (online, like the forward); pass 2 gives
    dq = scale * sum_s p_s (dout . v_s - Dsum) k_s.  L and Dsum go to scratch [B*H*T] each
    for part 2.  grid (B*H, ceil(T/64)); dynamic smem (2*64*(D+1) + 2*32*(D+1) + 64*33) floats.
-   bufs: dout q k v -> dq L Dsum;  i: B, T, H, D, S, KV, causal;  f: scale */
+   bufs: dout q k v -> dq L Dsum;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SDO, class SQ, class SK, class SV, class SDQ, int D>
 LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
   constexpr int BM = 64, BN = 32, LD = D + 1, NJ = D / 8, NC = BN / 8;
@@ -117,6 +128,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
   float *sQ = loom_smem, *sO = sQ + BM * LD, *sK = sO + BM * LD, *sV = sK + BN * LD, *sS = sV + BN * LD;
   const long long T = a.i[1], H = a.i[2], S = a.i[4], KV = a.i[5];
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[7];   /* the sliding window (ops.def attention); 0: none */
   const float scale = (float)a.f[0];
   const long long bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
   const long long n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (long long)blockIdx.y) * BM;
@@ -138,7 +150,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
     for (int j = 0; j < NJ; j++) acc[i][j] = 0.0f;
   }
   for (int pass = 0; pass < 2; pass++) {
-    for (long long n0 = 0; n0 < n_end; n0 += BN) {
+    for (long long n0 = loom_win_first(m0, W, BN); n0 < n_end; n0 += BN) {
       __syncthreads();
       loom_fa_load<SK, D>(sK, k + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
       loom_fa_load<SV, D>(sV, v + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
@@ -165,7 +177,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
         const long long t = m0 + rg * 4 + i;
         for (int j = 0; j < NC; j++) {
           const long long key = n0 + cg + 8 * j;
-          s[i][j] = key < S && (!causal || key <= t) ? s[i][j] * scale : -LOOM_INF;
+          s[i][j] = key < S && (!causal || key <= t) && (W <= 0 || t - key < W) ? s[i][j] * scale : -LOOM_INF;
         }
         if (pass == 0) {
           float mx = -LOOM_INF;
@@ -231,7 +243,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
    dv += p dout, dk += scale p (dout . v - Dsum) q, from L and Dsum of part 1.  Each block
    owns its dk/dv rows: no atomics, a fixed order (deterministic).
    grid (B*KV, ceil(S/32)); dynamic smem (2*32*(D+1) + 2*64*(D+1) + 2*32*65 + 128) floats.
-   bufs: dout q k v L Dsum -> dk dv;  i: B, T, H, D, S, KV, causal;  f: scale */
+   bufs: dout q k v L Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
 LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
   constexpr int BN = 32, BM = 64, LD = D + 1, NJ = D / 8, NQ = BM / 8;
@@ -240,6 +252,7 @@ LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
         *sS = sP + BN * (BM + 1), *sL = sS + BN * (BM + 1), *sD = sL + BM;
   const long long T = a.i[1], H = a.i[2], S = a.i[4], KV = a.i[5], G = H / KV;
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[7];   /* the sliding window (ops.def attention); 0: none */
   const float scale = (float)a.f[0];
   const long long bk = blockIdx.x, b = bk / KV, kvh = bk - b * KV, n0 = (long long)blockIdx.y * BN;
   const int tid = threadIdx.x, kg = tid >> 3, qg = tid & 7;
@@ -258,7 +271,7 @@ LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
   const long long m_start = causal ? (n0 / BM) * BM : 0;
   for (long long hh = 0; hh < G; hh++) {
     const long long h = kvh * G + hh, bh = b * H + h;
-    for (long long m0 = m_start; m0 < T; m0 += BM) {
+    for (long long m0 = m_start; m0 < loom_win_end(n0, BN, W, T); m0 += BM) {
       __syncthreads();
       loom_fa_load<SQ, D>(sQ, q + ((b * T + m0) * H + h) * D, 0, T - m0, H * D, BM);
       loom_fa_load<SDO, D>(sO, dout + ((b * T + m0) * H + h) * D, 0, T - m0, H * D, BM);
@@ -287,7 +300,7 @@ LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
         for (int j = 0; j < NQ; j++) {
           const int r = qg + 8 * j;
           const long long t = m0 + r;
-          const bool ok = t < T && key < S && (!causal || key <= t);
+          const bool ok = t < T && key < S && (!causal || key <= t) && (W <= 0 || t - key < W);
           const float p = ok ? expf(s[i][j] * scale - sL[r]) : 0.0f;
           sP[(kg * 2 + i) * (BM + 1) + r] = p;
           sS[(kg * 2 + i) * (BM + 1) + r] = p * (dp[i][j] - sD[r]) * scale;
@@ -432,7 +445,7 @@ LOOM_DEV void loom_frag_split(const float (*acc)[4], int j0, unsigned hi[4], uns
    P and O live in registers; a tile of 64 keys is in shared memory, K row-major and V
    transposed (both fragment loads are then one 32-bit word), rows padded by 8 elements
    (no bank conflicts).  grid (B*H, ceil(T/64)); dynamic smem (64*(D+8) + D*72) * 2 bytes.
-   bufs: q k v -> out;  i: B, T, H, D, S, KV, causal;  f: scale */
+   bufs: q k v -> out;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SQ, class SK, class SV, class SO, int D>
 LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
   constexpr bool BF = SQ::is_bf16;
@@ -441,6 +454,7 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
   unsigned short *sK = (unsigned short *)loom_smem, *sVt = sK + BN * LK;
   const long long T = a.i[1], H = a.i[2], S = a.i[4], KV = a.i[5];
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[7];   /* the sliding window (ops.def attention); 0: none */
   const float scale = (float)a.f[0];
   const long long bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
   const long long n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (long long)blockIdx.y) * BM;   /* long rows first */
@@ -459,7 +473,7 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
   for (int d = 0; d < ND; d++)
     for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
   const long long n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S;
-  for (long long n0 = 0; n0 < n_end; n0 += BN) {
+  for (long long n0 = loom_win_first(m0, W, BN); n0 < n_end; n0 += BN) {
     __syncthreads();
     loom_tc_load<D, BN>(sK, (unsigned short *)0, k + ((b * S + n0) * KV + kvh) * D, S - n0, KV * D);
     loom_tc_load<D, BN>((unsigned short *)0, sVt, v + ((b * S + n0) * KV + kvh) * D, S - n0, KV * D);
@@ -479,7 +493,7 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
       for (int j = 0; j < NT; j++)
         for (int e = 2 * hr; e < 2 * hr + 2; e++) {
           const long long key = n0 + 8 * j + t2 + (e & 1);
-          s[j][e] = key < S && (!causal || key <= row) ? s[j][e] * scale : -LOOM_INF;
+          s[j][e] = key < S && (!causal || key <= row) && (W <= 0 || row - key < W) ? s[j][e] * scale : -LOOM_INF;
           mx = fmaxf(mx, s[j][e]);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -528,7 +542,7 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
    (hi + lo).  4 warps of 16 query rows; Q and dO fragments in registers; a tile of BN keys
    (64, or 32 when D > 64) in shared memory: K and V row-major, K also transposed.
    grid (B*H, ceil(T/64)); dynamic smem (2*BN*(D+8) + D*(BN+8)) * 2 bytes.
-   bufs: dout q k v -> dq L Dsum;  i: B, T, H, D, S, KV, causal;  f: scale */
+   bufs: dout q k v -> dq L Dsum;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SDO, class SQ, class SK, class SV, class SDQ, int D>
 LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
   constexpr bool BF = SQ::is_bf16;
@@ -538,6 +552,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
   unsigned short *sK = (unsigned short *)loom_smem, *sV = sK + BN * LD, *sKt = sV + BN * LD;
   const long long T = a.i[1], H = a.i[2], S = a.i[4], KV = a.i[5];
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[7];   /* the sliding window (ops.def attention); 0: none */
   const float scale = (float)a.f[0];
   const long long bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
   const long long n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (long long)blockIdx.y) * BM;
@@ -563,7 +578,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     for (int e = 0; e < 4; e++) acc[d][e] = 0.0f;
   const long long n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S;
   for (int pass = 0; pass < 2; pass++) {
-    for (long long n0 = 0; n0 < n_end; n0 += BN) {
+    for (long long n0 = loom_win_first(m0, W, BN); n0 < n_end; n0 += BN) {
       __syncthreads();
       loom_tc_load<D, BN>(sK, pass ? sKt : (unsigned short *)0, k + ((b * S + n0) * KV + kvh) * D, S - n0, KV * D);
       loom_tc_load<D, BN>(sV, (unsigned short *)0, v + ((b * S + n0) * KV + kvh) * D, S - n0, KV * D);
@@ -591,7 +606,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
           #pragma unroll
           for (int e = 2 * hr; e < 2 * hr + 2; e++) {
             const long long key = n0 + 8 * j + t2 + (e & 1);
-            s[j][e] = key < S && (!causal || key <= row) ? s[j][e] * scale : -LOOM_INF;
+            s[j][e] = key < S && (!causal || key <= row) && (W <= 0 || row - key < W) ? s[j][e] * scale : -LOOM_INF;
           }
         if (pass == 0) {
           float mx = -LOOM_INF;
@@ -669,7 +684,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
    tile of BM queries (64, or 32 when D > 64) Q and dO row-major and transposed, L and Dsum.
    Each block owns its dk/dv rows: deterministic, no atomics.
    grid (B*KV, ceil(S/64)); dynamic smem (2*64*(D+8) + 2*BM*(D+8) + 2*D*(BM+8)) * 2 + 8*BM bytes.
-   bufs: dout q k v L Dsum -> dk dv;  i: B, T, H, D, S, KV, causal;  f: scale */
+   bufs: dout q k v L Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
 LOOM_DEV void loom_attn_bwd_dkdv_tc(const LoomArgs &a) {
   constexpr bool BF = SQ::is_bf16;
@@ -681,6 +696,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_tc(const LoomArgs &a) {
   float *sL = (float *)(sOt + D * LT), *sD = sL + BM;
   const long long T = a.i[1], H = a.i[2], S = a.i[4], KV = a.i[5], G = H / KV;
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[7];   /* the sliding window (ops.def attention); 0: none */
   const float scale = (float)a.f[0];
   const long long bk = blockIdx.x, b = bk / KV, kvh = bk - b * KV, n0 = (long long)blockIdx.y * BN;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t2 = (lane & 3) * 2;
@@ -699,7 +715,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_tc(const LoomArgs &a) {
   const long long m_start = causal ? (n0 / BM) * BM : 0;
   for (long long hh = 0; hh < G; hh++) {
     const long long h = kvh * G + hh, bh = b * H + h;
-    for (long long m0 = m_start; m0 < T; m0 += BM) {
+    for (long long m0 = m_start; m0 < loom_win_end(n0, BN, W, T); m0 += BM) {
       __syncthreads();
       loom_tc_load<D, BM>(sQ, sQt, q + ((b * T + m0) * H + h) * D, T - m0, H * D);
       loom_tc_load<D, BM>(sO, sOt, dout + ((b * T + m0) * H + h) * D, T - m0, H * D);
@@ -733,7 +749,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_tc(const LoomArgs &a) {
         for (int e = 0; e < 4; e++) {
           const int r = 8 * j + t2 + (e & 1);
           const long long key = e < 2 ? k0 : k1, t = m0 + r;
-          const bool ok = t < T && key < S && (!causal || key <= t);
+          const bool ok = t < T && key < S && (!causal || key <= t) && (W <= 0 || t - key < W);
           const float p = ok ? expf(s[j][e] * scale - sL[r]) : 0.0f;
           s[j][e] = p;
           dp[j][e] = p * (dp[j][e] - sD[r]) * scale;

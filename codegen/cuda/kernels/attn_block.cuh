@@ -4,7 +4,9 @@
    block of keys, on CUDA cores in f32, with the tiles and thread layout of loom_attn_fwd,
    loom_attn_bwd_dq and loom_attn_bwd_dkdv.  What differs is the causal mask: it compares
    global positions (ir_seq_pos), not indices.  i: B, Tq, H, D, Tk, KV, causal, seq axis + 1,
-   seq_n, zigzag, kv_shift, c;  f: scale.
+   seq_n, zigzag, kv_shift, c, window;  f: scale.  window = i[12] > 0: a key is also hidden
+   when it lies window or more positions before the query (a tile before every row's window
+   is skipped like a tile past the causal diagonal).
    c = i[11] is the rank's coordinate on the seq axis (mesh axis i[7] - 1): the runtime
    writes it before the launch (RtStep.coord_at), as i[9] of loom_rope_*.
    Query row t is at pos(c, t); the keys are rank r = (c - kv_shift) mod n's rows (key j at
@@ -67,12 +69,13 @@ LOOM_DEV void loom_attnblk_fwd(const LoomArgs &a) {
   long long *sKp = (long long *)(sP + BM * (BN + 1));   /* an even number of floats before it */
   const long long Tq = a.i[1], H = a.i[2], Tk = a.i[4], KV = a.i[5];
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[12];   /* the sliding window (ops.def attention_block); 0: none */
   const float scale = (float)a.f[0];
   const loom_cp_rows qr = loom_cp_queries(a), kr = loom_cp_keys(a);
   const long long bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
   const long long n_tiles = (Tq + BM - 1) / BM, m0 = (n_tiles - 1 - (long long)blockIdx.y) * BM;
   if (m0 < 0) return;   /* Tq = 0 */
-  const long long m1 = Tq < m0 + BM ? Tq : m0 + BM, qmax = qr.max_at(m0, m1);
+  const long long m1 = Tq < m0 + BM ? Tq : m0 + BM, qmax = qr.max_at(m0, m1), qmin = qr.min_at(m0, m1);
   const int tid = threadIdx.x, rg = tid >> 3, cg = tid & 7;
   const typename SQ::T *q = LOOM_IN(SQ, 0);
   const typename SK::T *k = LOOM_IN(SK, 1);
@@ -91,6 +94,7 @@ LOOM_DEV void loom_attnblk_fwd(const LoomArgs &a) {
   }
   for (long long n0 = 0; n0 < Tk; n0 += BN) {
     if (causal && kr.min_at(n0, Tk < n0 + BN ? Tk : n0 + BN) > qmax) continue;   /* hidden from every row */
+    if (W > 0 && qmin - kr.max_at(n0, Tk < n0 + BN ? Tk : n0 + BN) >= W) continue;   /* before every row's window */
     __syncthreads();
     loom_fa_load<SK, D>(sK, k + ((b * Tk + n0) * KV + kvh) * D, 0, Tk - n0, KV * D, BN);
     loom_fa_load<SV, D>(sV, v + ((b * Tk + n0) * KV + kvh) * D, 0, Tk - n0, KV * D, BN);
@@ -113,7 +117,7 @@ LOOM_DEV void loom_attnblk_fwd(const LoomArgs &a) {
       float mx = -LOOM_INF;
       for (int j = 0; j < 8; j++) {
         const long long kp = sKp[cg + 8 * j];
-        s[i][j] = kp >= 0 && (!causal || kp <= qpos[i]) ? s[i][j] * scale : -LOOM_INF;
+        s[i][j] = kp >= 0 && (!causal || kp <= qpos[i]) && (W <= 0 || qpos[i] - kp < W) ? s[i][j] * scale : -LOOM_INF;
         mx = fmaxf(mx, s[i][j]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -169,12 +173,13 @@ LOOM_DEV void loom_attnblk_dq(const LoomArgs &a) {
   long long *sKp = (long long *)(sS + BM * (BN + 1));
   const long long Tq = a.i[1], H = a.i[2], Tk = a.i[4], KV = a.i[5];
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[12];   /* the sliding window (ops.def attention_block); 0: none */
   const float scale = (float)a.f[0];
   const loom_cp_rows qr = loom_cp_queries(a), kr = loom_cp_keys(a);
   const long long bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
   const long long n_tiles = (Tq + BM - 1) / BM, m0 = (n_tiles - 1 - (long long)blockIdx.y) * BM;
   if (m0 < 0) return;   /* Tq = 0 */
-  const long long m1 = Tq < m0 + BM ? Tq : m0 + BM, qmax = qr.max_at(m0, m1);
+  const long long m1 = Tq < m0 + BM ? Tq : m0 + BM, qmax = qr.max_at(m0, m1), qmin = qr.min_at(m0, m1);
   const int tid = threadIdx.x, rg = tid >> 3, cg = tid & 7;
   const typename SDO::T *dout = LOOM_IN(SDO, 0);
   const typename SQ::T *q = LOOM_IN(SQ, 1);
@@ -223,7 +228,7 @@ LOOM_DEV void loom_attnblk_dq(const LoomArgs &a) {
     for (int i = 0; i < 4; i++)
       for (int j = 0; j < NC; j++) {
         const long long kp = sKp[cg + 8 * j];
-        const bool seen = qpos[i] >= 0 && kp >= 0 && (!causal || kp <= qpos[i]);
+        const bool seen = qpos[i] >= 0 && kp >= 0 && (!causal || kp <= qpos[i]) && (W <= 0 || qpos[i] - kp < W);
         const float p = seen ? expf(s[i][j] * scale - lrow[i]) : 0.0f;
         sS[(rg * 4 + i) * (BN + 1) + cg + 8 * j] = p * (dp[i][j] - drow[i]) * scale;
       }
@@ -260,6 +265,7 @@ LOOM_DEV void loom_attnblk_dkdv(const LoomArgs &a) {
   long long *sQp = (long long *)(sD + BM);
   const long long Tq = a.i[1], H = a.i[2], Tk = a.i[4], KV = a.i[5], G = H / KV;
   const bool causal = a.i[6] != 0;
+  const long long W = a.i[12];   /* the sliding window (ops.def attention_block); 0: none */
   const float scale = (float)a.f[0];
   const loom_cp_rows qr = loom_cp_queries(a), kr = loom_cp_keys(a);
   const long long bk = blockIdx.x, b = bk / KV, kvh = bk - b * KV, n0 = (long long)blockIdx.y * BN;
@@ -271,7 +277,7 @@ LOOM_DEV void loom_attnblk_dkdv(const LoomArgs &a) {
   const float *Lin = (const float *)a.buf[4], *Din = (const float *)a.buf[5];
   float *dk = (float *)a.buf[6], *dv = (float *)a.buf[7];
   if (n0 >= Tk) return;
-  const long long kmin = kr.min_at(n0, Tk < n0 + BN ? Tk : n0 + BN);
+  const long long kmin = kr.min_at(n0, Tk < n0 + BN ? Tk : n0 + BN), kmax = kr.max_at(n0, Tk < n0 + BN ? Tk : n0 + BN);
   loom_fa_load<SK, D>(sK, k + ((b * Tk + n0) * KV + kvh) * D, 0, Tk - n0, KV * D, BN);
   loom_fa_load<SV, D>(sV, v + ((b * Tk + n0) * KV + kvh) * D, 0, Tk - n0, KV * D, BN);
   float dK[2][NJ], dV[2][NJ];
@@ -286,6 +292,7 @@ LOOM_DEV void loom_attnblk_dkdv(const LoomArgs &a) {
     const long long h = kvh * G + hh;
     for (long long m0 = 0; m0 < Tq; m0 += BM) {
       if (causal && kmin > qr.max_at(m0, Tq < m0 + BM ? Tq : m0 + BM)) continue;   /* no row sees a key here */
+      if (W > 0 && qr.min_at(m0, Tq < m0 + BM ? Tq : m0 + BM) - kmax >= W) continue;   /* every key before the windows */
       __syncthreads();
       loom_fa_load<SQ, D>(sQ, q + ((b * Tq + m0) * H + h) * D, 0, Tq - m0, H * D, BM);
       loom_fa_load<SDO, D>(sO, dout + ((b * Tq + m0) * H + h) * D, 0, Tq - m0, H * D, BM);
@@ -314,7 +321,7 @@ LOOM_DEV void loom_attnblk_dkdv(const LoomArgs &a) {
       for (int i = 0; i < 2; i++)
         for (int j = 0; j < NQ; j++) {
           const int r = qg + 8 * j;
-          const bool seen = sQp[r] >= 0 && kpos[i] >= 0 && (!causal || kpos[i] <= sQp[r]);
+          const bool seen = sQp[r] >= 0 && kpos[i] >= 0 && (!causal || kpos[i] <= sQp[r]) && (W <= 0 || sQp[r] - kpos[i] < W);
           const float p = seen ? expf(s[i][j] * scale - sL[r]) : 0.0f;
           sP[(kg * 2 + i) * (BM + 1) + r] = p;
           sS[(kg * 2 + i) * (BM + 1) + r] = p * (dp[i][j] - sD[r]) * scale;

@@ -63,7 +63,8 @@ LOOM_DEV void loom_embedding_bwd(const LoomArgs &a) {
 }
 
 /* ---------------------------------------------------------------- rope
-   bufs: x -> y;  i: B, T, H, Dh, offset, inverse, seq axis + 1, seq_n, zigzag, c;  f: theta.
+   bufs: x -> y;  i: B, T, H, Dh, offset, inverse, seq axis + 1, seq_n, zigzag, c;  f: theta,
+   factor, low_wl, high_wl (loom_rope_inv_freq).
    One thread per pair (j, j + Dh/2); the angle in double precision as the reference
    computes it.  Row t is at position loom_seq_pos(c, t, ...) + offset: with the sequence split
    over a mesh axis (context parallelism), the rank's rows are at their global positions.
@@ -76,6 +77,17 @@ LOOM_DEV long long loom_seq_pos(long long c, long long t, long long L, long long
   const long long h = L / 2;
   return t < h ? c * h + t : (2 * n - 1 - c) * h + (t - h);
 }
+/* The inverse frequency of pair j of Dh: theta^(-2j/Dh), f = {theta, factor, low_wl, high_wl};
+   factor > 0: Llama 3.1's scaling (rt_rope_inv_freq in runtime/program.h, the same formula). */
+LOOM_DEV double loom_rope_inv_freq(const double *f, long long j, long long Dh) {
+  const double inv = pow(f[0], -2.0 * (double)j / (double)Dh);
+  if (!(f[1] > 0.0)) return inv;
+  const double wl = 2.0 * 3.14159265358979323846 / inv;
+  if (wl < f[3]) return inv;
+  if (wl > f[2]) return inv / f[1];
+  const double sm = (1.0 / wl - 1.0 / f[2]) / (1.0 / f[3] - 1.0 / f[2]);
+  return (1.0 - sm) * inv / f[1] + sm * inv;
+}
 template <class SX, class SY>
 LOOM_DEV void loom_rope(const LoomArgs &a) {
   const typename SX::T *x = LOOM_IN(SX, 0);
@@ -84,10 +96,10 @@ LOOM_DEV void loom_rope(const LoomArgs &a) {
   const long long n = a.i[0] * T * H * half;
   const long long rank = a.i[9], seq_n = a.i[7];
   const bool zigzag = a.i[8] != 0;
-  const double theta = a.f[0], sign = a.i[5] ? -1.0 : 1.0;
+  const double sign = a.i[5] ? -1.0 : 1.0;
   for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
     long long j = k % half, bth = k / half, t = (bth / H) % T;
-    double ang = (double)(loom_seq_pos(rank, t, T, seq_n, zigzag) + off) * pow(theta, -2.0 * (double)j / (double)Dh);
+    double ang = (double)(loom_seq_pos(rank, t, T, seq_n, zigzag) + off) * loom_rope_inv_freq(a.f, j, Dh);
     float c = (float)cos(ang), s = (float)(sign * sin(ang));
     long long base = bth * Dh;
     float x0 = SX::ld(x, base + j), x1 = SX::ld(x, base + j + half);

@@ -13,7 +13,7 @@
 #define LOOM_BAD_POSITION() __trap()
 #endif
 
-/* rope_at.  bufs: x pos -> y;  i: B, C, H, Dh;  f: theta.  As loom_rope: one thread per pair
+/* rope_at.  bufs: x pos -> y;  i: B, C, H, Dh;  f: theta and the scaling (as loom_rope).  As loom_rope: one thread per pair
    (j, j + Dh/2), the angle pos[b,c] * theta^(-2j/Dh) in double, cos and sin rounded to float,
    the rotation in float. */
 template <class SX, class SY>
@@ -22,14 +22,13 @@ LOOM_DEV void loom_rope_at(const LoomArgs &a) {
   const int *pos = (const int *)a.buf[1];
   typename SY::T *y = LOOM_OUT(SY, 2);
   const long long H = a.i[2], Dh = a.i[3], half = Dh / 2, n = a.i[0] * a.i[1] * H * half;
-  const double theta = a.f[0];
   LOOM_GRID_LOOP(k, n) {
     const long long j = k % half, bch = k / half, p = pos[bch / H];
     if (p < 0) {
       LOOM_BAD_POSITION();
       return;
     }
-    const double ang = (double)p * pow(theta, -2.0 * (double)j / (double)Dh);
+    const double ang = (double)p * loom_rope_inv_freq(a.f, j, Dh);
     const float c = (float)cos(ang), s = (float)sin(ang);
     const long long base = bch * Dh;
     const float x0 = SX::ld(x, base + j), x1 = SX::ld(x, base + j + half);
@@ -60,7 +59,7 @@ LOOM_DEV void loom_kv_write(const LoomArgs &a) {
   }
 }
 
-/* attention_cached.  bufs: q kcache vcache pos -> out;  i: B, C, H, Dh, Tmax, KV;  f: scale.
+/* attention_cached.  bufs: q kcache vcache pos -> out;  i: B, C, H, Dh, Tmax, KV, window;  f: scale.
    A block of 128 threads per query row (b, c, h) (grid-stride over the B*C*H rows), kv head
    h / (H/KV); dynamic smem (2*Dh + 128) floats: the query, the output's running sums, a
    tile's scores.  The keys 0..pos[b,c] go by in tiles of 128 with an online softmax:
@@ -69,7 +68,7 @@ LOOM_DEV void loom_kv_write(const LoomArgs &a) {
      softmax the tile's max and sum of exp by loom_block_max / loom_block_sum (one key per
              thread); the running sums are rescaled by exp(m_old - m_new);
      values  thread d adds p_s v[s][d] over the tile's keys in order.
-   Keys past the position are neither read nor counted.  Every sum has one fixed order (no
+   Keys past the position, or (window > 0) window or more before it, are neither read nor counted.  Every sum has one fixed order (no
    atomics): the same inputs give the same bits.  The output is o[d] / l. */
 #define LOOM_AC_THREADS 128
 template <class SQ, class SK, class SV, class SO>
@@ -82,6 +81,7 @@ LOOM_DEV void loom_attn_cached(const LoomArgs &a) {
   const int *pos = (const int *)a.buf[3];
   typename SO::T *out = LOOM_OUT(SO, 4);
   const long long C = a.i[1], H = a.i[2], Dh = a.i[3], S = a.i[4], KV = a.i[5], rows = a.i[0] * C * H;
+  const long long W = a.i[6];   /* the sliding window (ops.def attention_cached); 0: none */
   const float scale = (float)a.f[0];
   float *sQ = loom_smem, *sO = sQ + Dh, *sP = sO + Dh;
   const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -91,14 +91,14 @@ LOOM_DEV void loom_attn_cached(const LoomArgs &a) {
       LOOM_BAD_POSITION();
       return;
     }
-    const long long n = p + 1;
+    const long long n = p + 1, first = W > 0 && p - W + 1 > 0 ? p - W + 1 : 0;   /* the window's keys */
     __syncthreads();   /* the previous row's last reads of sO and sP */
     for (long long d = tid; d < Dh; d += LOOM_AC_THREADS) {
       sQ[d] = SQ::ld(q, r * Dh + d);
       sO[d] = 0.0f;
     }
     float m = -LOOM_INF, l = 0.0f;
-    for (long long s0 = 0; s0 < n; s0 += LOOM_AC_THREADS) {
+    for (long long s0 = first; s0 < n; s0 += LOOM_AC_THREADS) {
       const int nt = (int)(n - s0 < LOOM_AC_THREADS ? n - s0 : LOOM_AC_THREADS);
       __syncthreads();   /* sQ written; the previous tile's sP read */
       for (int j = warp; j < LOOM_AC_THREADS; j += LOOM_AC_THREADS / 32) {

@@ -1,0 +1,41 @@
+/* runtime/stop.c — the first SIGINT / SIGTERM asks the loop to stop; a second exits (stop.h). */
+#include "runtime/stop.h"
+
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t got;   /* the first signal, 0 while none */
+static struct sigaction saved[2];
+static int armed;
+static const int SIGS[2] = {SIGINT, SIGTERM};
+
+static void on_stop(int sig) {
+  if (got) _exit(128 + sig);   /* the second: no more waiting (async-signal-safe) */
+  got = sig;
+}
+
+void train_stop_arm(void) {
+  if (armed) return;
+  got = 0;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int i = 0; i < 2; i++) {
+    sigaction(SIGS[i], NULL, &saved[i]);
+    /* an ignored signal stays ignored (nohup, a launcher's choice) */
+    if (!(saved[i].sa_flags & SA_SIGINFO) && saved[i].sa_handler == SIG_IGN) continue;
+    sigaction(SIGS[i], &sa, NULL);
+  }
+  armed = 1;
+}
+
+void train_stop_disarm(void) {
+  if (!armed) return;
+  for (int i = 0; i < 2; i++) sigaction(SIGS[i], &saved[i], NULL);
+  armed = 0;
+}
+
+int train_stop_signal(void) { return got; }
