@@ -38,6 +38,16 @@ done
   ok "loom check tests/golden/mistral-tiny --backend cuda --precision bf16 (the tensor-core kernels' window)" ||
   { bad "loom check tests/golden/mistral-tiny --backend cuda --precision bf16"; cat "$tmp/check"; }
 
+# Greedy sampling on the device with Mistral's window (attention_cached, kernels/decode.cuh
+# i[6]): 40 new tokens after a 17-byte prompt = transformers' generate (generate.json)
+g=tests/golden/mistral-tiny
+python3 -c "import json; c = json.load(open('$g/generate.json'))['cases'][1]
+open('$tmp/mprompt', 'w').write(c['prompt']); print(' '.join(map(str, c['new_ids'])))" > "$tmp/mwant"
+"$LOOM" sample $g/config.json --weights $g/weights.safetensors --prompt "$(cat "$tmp/mprompt")" --max-new-tokens 40 \
+  --temperature 0 --ids --backend cuda > "$tmp/mgot" 2>&1 && cmp -s "$tmp/mgot" "$tmp/mwant" &&
+  ok "mistral-tiny greedy sampling on cuda (window 8 over 57 positions) = transformers' generate" ||
+  { bad "mistral-tiny greedy sampling on cuda"; cat "$tmp/mgot"; }
+
 # The CPU benchmark's model (head size 64, vocabulary 4096) in bf16 at seq 128: one step's
 # gradients within 2e-2 of the CPU backend (the tensor-core attention at head size 64)
 "$LOOM" train models/bench-gpt2-small.json --steps 1 --batch 1 --seq 64 --data "$tmp/d.bin" --out "$tmp/w.st" > "$tmp/log" 2>&1 ||
