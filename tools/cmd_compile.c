@@ -147,14 +147,18 @@ int cmd_compile(int argc, char **argv) {
       RtProgram p;
       bool is_cubin = false, hit = false;
       char *log = NULL;
+      int programs = 1;
       double t0 = seconds_now();
       rc = cuda_lower(in.m, &p, &text, err, sizeof err);
       if (!rc) {
         rc = rt_program_save(&p, &prog, &prog_n, err, sizeof err);
-        if (!rc) rc = nvrtc_compile_cached(text, arch, NULL, 0, &image, &image_n, &is_cubin, &log, &hit, err, sizeof err);
+        if (!rc)
+          rc = nvrtc_compile_programs(text, arch, NULL, 0, &image, &image_n, &is_cubin, &log, &hit, &programs, err,
+                                      sizeof err);
         if (!rc && !ta.quiet)
-          printf("cuda: %d kernels compiled by NVRTC for %s in %.2f s%s: a %zu-byte cubin\n", p.n_kernels, arch,
-                 seconds_now() - t0, hit ? " (from the cache)" : "", image_n);
+          printf("cuda: %d kernels compiled by NVRTC for %s in %.2f s (%d program%s)%s: a %zu-byte %s\n", p.n_kernels,
+                 arch, seconds_now() - t0, programs, programs == 1 ? "" : "s", hit ? " (from the cache)" : "", image_n,
+                 programs == 1 ? "cubin" : "bundle of cubins");
         rt_program_free(&p);
       }
       free(log);

@@ -40,7 +40,7 @@
 
 #include "ir/schedule.h"
 #include "passes/lower_memo.h"
-#include "tools/exec_ref.h"
+#include "runtime/exec/exec_ref.h"
 #include "tools/tools.h"
 
 static const char help[] =

@@ -2,7 +2,7 @@
  *
  * The model's decode graph (frontend_build_decode: a KV cache per layer sized for the
  * prompt and --max-new-tokens, @decode(tokens, positions) -> logits) is compiled like any
- * program (DECODE_PIPELINE, codegen/cpu) and run by the cpu backend; tools/sample.c feeds
+ * program (DECODE_PIPELINE, codegen/cpu) and run by the cpu backend; driver/sample.c feeds
  * it the prompt and picks the new tokens (greedy, temperature, top-k, top-p).
  */
 #include <jansson.h>
@@ -19,7 +19,7 @@
 #include "frontend/build.h"
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/tokenizer.h"
-#include "tools/exec_cpu.h"
+#include "runtime/exec/exec_cpu.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -108,7 +108,7 @@ static int cuda_open(Module *m, const char *wpath, CudaDecode *d, char *err, siz
   bool is_cubin = false;
   int rc = cuda_device_query(0, &info, err, errlen);
   if (!rc) rc = cuda_lower(m, pp, &src, err, errlen);
-  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, err, errlen);
+  if (!rc) rc = nvrtc_compile_programs(src, info.arch, NULL, 0, &image, &n, &is_cubin, NULL, NULL, NULL, err, errlen);
   if (!rc) d->have = !(rc = cuda_program_init(&d->cp, pp, image, n, 0, err, errlen));
   if (!rc) rc = cuda_globals_init(&d->cp, 0, err, errlen);   /* the caches' zeros */
   if (!rc) rc = cuda_load_params(&d->cp, pp, wpath, err, errlen);

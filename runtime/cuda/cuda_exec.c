@@ -4,6 +4,7 @@
  * at the end is the one public user of them. */
 #define LOOM_CUDA_INTERNAL 1
 #include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/nvrtc.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -62,32 +63,6 @@ CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb)
   L.ldb = at_least_1(L.b_rows);
   L.ldc = at_least_1(L.c_rows);
   return L;
-}
-
-int cuda_storage_size(RtStorage s) {
-  switch (s) {
-  case RT_ST_F32:
-  case RT_ST_I32: return 4;
-  case RT_ST_BF16:
-  case RT_ST_F16: return 2;
-  case RT_ST_F8E4M3:
-  case RT_ST_F8E5M2:
-  case RT_ST_BOOL: return 1;
-  }
-  return 0;
-}
-
-const char *cuda_storage_name(RtStorage s) {
-  switch (s) {
-  case RT_ST_F32: return "f32";
-  case RT_ST_I32: return "i32";
-  case RT_ST_BF16: return "bf16";
-  case RT_ST_F16: return "f16";
-  case RT_ST_F8E4M3: return "f8e4m3";
-  case RT_ST_F8E5M2: return "f8e5m2";
-  case RT_ST_BOOL: return "bool";
-  }
-  return "unknown";
 }
 
 /* A float format with `eb` exponent and `mb` mantissa bits, bias, and inf/NaN as in IEEE
@@ -227,11 +202,8 @@ RtStorage cuda_global_storage(const RtProgram *p, int g) {
 
 /* ------------------------------------------------------------------ checking */
 
-static int64_t region_size(const RtProgram *p, int func, int region) {
-  return region == RT_REGION_ARENA ? p->funcs[func].arena_bytes : p->region_bytes[region];
-}
-
-static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
+static int check_buf(void *ctx, const RtProgram *p, int func, const RtBuf *b, const char *what, char *err,
+                     size_t errlen) {
   const char *fn = p->funcs[func].name;
   int sz = b->storage <= RT_ST_BOOL ? cuda_storage_size((RtStorage)b->storage) : 0;
   if (!sz) return fail(err, errlen, 2, "@%s: %s: buffer has an unknown storage (%d)", fn, what, b->storage);
@@ -239,7 +211,7 @@ static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *w
     return fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
                 cuda_storage_name((RtStorage)b->storage));
   if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz ||
-      !rt_fits(b->offset, b->n, sz, region_size(p, func, b->region)))
+      !rt_fits(b->offset, b->n, sz, rt_region_size(p, func, b->region)))
     return fail(err, errlen, 2,
                 "@%s: %s: buffer (region %d, offset %lld, %lld %s elements) is outside its region or misaligned", fn,
                 what, b->region, (long long)b->offset, (long long)b->n, cuda_storage_name((RtStorage)b->storage));
@@ -275,62 +247,41 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   return 0;
 }
 
+/* A global's storage (cuda_global_storage) sets its element size and alignment. */
+static int check_global(void *ctx, const RtProgram *p, int g, char *err, size_t errlen) {
+  const RtGlobal *gl = &p->globals[g];
+  RtStorage s = cuda_global_storage(p, g);
+  int sz = cuda_storage_size(s);
+  if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
+      gl->offset % sz || !rt_fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
+    return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
+                cuda_storage_name(s));
+  return 0;
+}
+
+static int check_step(void *ctx, const RtProgram *p, const RtStep *st, char *msg, size_t n) {
+  switch (st->kind) {
+  case RT_STEP_KERNEL: {
+    if (st->which < 0 || st->which >= p->n_kernels) return fail(msg, n, 2, "names no kernel of the module");
+    uint64_t threads = st->block[0] > 1024 || st->block[1] > 1024 || st->block[2] > 1024
+                           ? UINT64_MAX   /* no product to wrap around */
+                           : (uint64_t)st->block[0] * st->block[1] * st->block[2];
+    if (!st->grid[0] || !st->grid[1] || !st->grid[2] || !threads || threads > 1024 || st->grid[1] > 65535 ||
+        st->grid[2] > 65535 || st->block[2] > 64)
+      return fail(msg, n, 2, "bad launch dimensions grid %ux%ux%u block %ux%ux%u", st->grid[0], st->grid[1],
+                  st->grid[2], st->block[0], st->block[1], st->block[2]);
+    return 0;
+  }
+  case RT_STEP_GEMM: return check_gemm(st, msg, n);
+  case RT_STEP_BUILTIN: return cuda_mesh_step_ok(st, msg, n) ? 0 : 2;
+  }
+  return fail(msg, n, 2, "an unknown kind");
+}
+
 int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
-  if (p->n_funcs < 0 || p->n_globals < 0 || p->n_kernels < 0 || (p->n_funcs && !p->funcs) ||
-      (p->n_globals && !p->globals) || (p->n_kernels && !p->kernel_names))
-    return fail(err, errlen, 2, "malformed program");
-  for (int r = 1; r < RT_REGION_COUNT; r++)
-    if (p->region_bytes[r] < 0) return fail(err, errlen, 2, "region %d has a negative size", r);
-  for (int g = 0; g < p->n_globals; g++) {
-    const RtGlobal *gl = &p->globals[g];
-    RtStorage s = cuda_global_storage(p, g);
-    int sz = cuda_storage_size(s);
-    if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
-        gl->offset % sz || !rt_fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) ||
-        gl->rank < 0 || gl->rank > 8)
-      return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
-                  cuda_storage_name(s));
-  }
-  for (int f = 0; f < p->n_funcs; f++) {
-    const RtFunc *fn = &p->funcs[f];
-    int rc;
-    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > RT_MAX_FUNC_IO || fn->n_rets < 0 ||
-        fn->n_rets > RT_MAX_FUNC_IO ||
-        fn->n_steps < 0 || (fn->n_steps > 0 && !fn->steps))
-      return fail(err, errlen, 2, "@%s: malformed function header", fn->name);
-    for (int a = 0; a < fn->n_args; a++)
-      if ((rc = check_buf(p, f, &fn->args[a], "argument", err, errlen))) return rc;
-    for (int a = 0; a < fn->n_rets; a++)
-      if ((rc = check_buf(p, f, &fn->rets[a], "result", err, errlen))) return rc;
-    for (int s = 0; s < fn->n_steps; s++) {
-      const RtStep *st = &fn->steps[s];
-      if (st->n_in < 0 || st->n_out < 0 || st->n_in > RT_MAX_BUFS || st->n_out > RT_MAX_BUFS - st->n_in)
-        return fail(err, errlen, 2, "@%s: step %d has too many buffers", fn->name, s);
-      for (int b = 0; b < st->n_in + st->n_out; b++)
-        if ((rc = check_buf(p, f, &st->bufs[b], st->label, err, errlen))) return rc;
-      char msg[512] = "";
-      switch (st->kind) {
-      case RT_STEP_KERNEL: {
-        if (st->which < 0 || st->which >= p->n_kernels)
-          return fail(err, errlen, 2, "@%s: step %d (%s) names no kernel of the module", fn->name, s, st->label);
-        uint64_t threads = st->block[0] > 1024 || st->block[1] > 1024 || st->block[2] > 1024
-                               ? UINT64_MAX   /* no product to wrap around */
-                               : (uint64_t)st->block[0] * st->block[1] * st->block[2];
-        if (!st->grid[0] || !st->grid[1] || !st->grid[2] || !threads || threads > 1024 || st->grid[1] > 65535 ||
-            st->grid[2] > 65535 || st->block[2] > 64)
-          return fail(err, errlen, 2, "@%s: step %d (%s): bad launch dimensions grid %ux%ux%u block %ux%ux%u", fn->name,
-                      s, st->label, st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1], st->block[2]);
-        break;
-      }
-      case RT_STEP_GEMM: rc = check_gemm(st, msg, sizeof msg); break;
-      case RT_STEP_BUILTIN:
-        if (!cuda_mesh_step_ok(st, msg, sizeof msg)) rc = 2;
-        break;
-      default: return fail(err, errlen, 2, "@%s: step %d has an unknown kind", fn->name, s);
-      }
-      if (rc) return fail(err, errlen, rc, "@%s: step %d (%s): %s", fn->name, s, st->label, msg);
-    }
-  }
+  RtChecker ck = {NULL, check_global, check_buf, check_step};
+  int rc = rt_program_check(p, &ck, err, errlen);
+  if (rc) return rc;
   /* A global's storage is that of the buffers naming it: they must agree. */
   for (int g = 0; g < p->n_globals; g++) {
     const RtGlobal *gl = &p->globals[g];
@@ -606,6 +557,19 @@ static bool looks_binary(const unsigned char *b, size_t n) {
 
 static int load_module(CudaProgram *cp, const void *image, size_t n, char *err, size_t errlen) {
   const CudaDriverApi *d = cuda_driver(err, errlen);
+  /* a bundle of several NVRTC programs' cubins (nvrtc.h): a module each */
+  _Static_assert(sizeof cp->modules / sizeof *cp->modules >= NVRTC_MAX_PROGRAMS, "a module per program");
+  const unsigned char *parts[NVRTC_MAX_PROGRAMS];
+  size_t sizes[NVRTC_MAX_PROGRAMS];
+  int count = nvrtc_bundle_parts(image, n, parts, sizes, NVRTC_MAX_PROGRAMS);
+  if (count < 0) return fail(err, errlen, 2, "the program's CUDA module (%zu bytes) is a damaged bundle", n);
+  if (count > 1) {
+    for (int i = 0; i < count; i++) {
+      int rc = load_module(cp, parts[i], sizes[i], err, errlen);
+      if (rc) return rc;
+    }
+    return 0;
+  }
   const unsigned char *b = image;
   char *copy = NULL;
   const void *img = image;
@@ -631,7 +595,7 @@ static int load_module(CudaProgram *cp, const void *image, size_t n, char *err, 
     rc = cuda_cu_fail(r, "cuModuleLoadData", where, err, errlen);
   }
   free(jit_log);
-  cp->module = m;
+  if (!rc) cp->modules[cp->n_modules++] = m;
   return rc;
 }
 
@@ -647,7 +611,9 @@ static int load_kernels(CudaProgram *cp, char *err, size_t errlen) {
     CUfunction fn = NULL;
     char where[128];
     snprintf(where, sizeof where, "(kernel %s, #%d, is not in the CUDA module)", name, k);
-    if (CU(cuModuleGetFunction, (&fn, (CUmodule)cp->module, name), where)) return 1;
+    for (int m = 0; m < cp->n_modules - 1 && !fn; m++)   /* the last module says why it is missing */
+      if (d->cuModuleGetFunction(&fn, (CUmodule)cp->modules[m], name) != CUDA_SUCCESS) fn = NULL;
+    if (!fn && CU(cuModuleGetFunction, (&fn, (CUmodule)cp->modules[cp->n_modules - 1], name), where)) return 1;
     cp->fns[k] = fn;
     /* Launch limits of this kernel, checked once against every step that launches it. */
     uint32_t smem = 0, threads = 0;
@@ -784,7 +750,7 @@ void cuda_program_free(CudaProgram *cp) {
       if (cp->regions[r]) d->cuMemFree((CUdeviceptr)cp->regions[r]);
     if (cp->workspace) d->cuMemFree((CUdeviceptr)cp->workspace);
     if (cp->stream) d->cuStreamDestroy((CUstream)cp->stream);
-    if (cp->module) d->cuModuleUnload((CUmodule)cp->module);
+    for (int m = 0; m < cp->n_modules; m++) d->cuModuleUnload((CUmodule)cp->modules[m]);
   }
   /* A fault spoiled the context for the whole process: drop our reference, then reset it
      (others may hold it: NCCL's CUDA runtime does until exit), so the next user gets a fresh one. */
@@ -937,7 +903,7 @@ static int buf_xfer(CudaProgram *cp, int func, const RtBuf *b, void *out, const 
   if (!cp->p || func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
   char what[200];
   snprintf(what, sizeof what, "(%s a buffer of @%s)", in ? "writing" : "reading", cp->p->funcs[func].name);
-  if (check_buf(cp->p, func, b, "buffer", err, errlen)) return 2;
+  if (check_buf(NULL, cp->p, func, b, "buffer", err, errlen)) return 2;
   return xfer(cp, cuda_buf_addr(cp, func, b), (RtStorage)b->storage, b->n, out, in, what, err, errlen);
 }
 

@@ -76,8 +76,9 @@ typedef struct {
 } CudaGemmLayout;
 CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb);
 
-int cuda_storage_size(RtStorage s);          /* bytes per element; 0 for an unknown storage */
-const char *cuda_storage_name(RtStorage s);  /* "f32", "bf16", ... */
+/* bytes per element and name of a storage: runtime/program.c's (the CPU backend's too) */
+#define cuda_storage_size rt_storage_size
+#define cuda_storage_name rt_storage_name
 /* Host conversions.  To a narrow storage: rounded as rt_round (RNE; f8e4m3 saturates, f16
    and f8e5m2 overflow to inf); i32 is copied as int32.  From one: exact. */
 void cuda_f32_to_storage(RtStorage s, const float *in, void *out, int64_t n);
@@ -117,7 +118,8 @@ typedef struct {
   CudaDeviceInfo info;
   CudaOptions opt;
   void *ctx;               /* CUcontext (the device's primary context) */
-  void *module;            /* CUmodule */
+  void *modules[16];       /* CUmodule: one, or one per part of a bundle (nvrtc.h: NVRTC_MAX_PROGRAMS) */
+  int n_modules;
   void *stream;            /* CUstream */
   void *lt;                /* cublasLtHandle_t */
   void **fns;              /* CUfunction per kernel [p->n_kernels] */
@@ -141,7 +143,7 @@ typedef struct {
   int n_p2p_events;
   uint64_t p2p_staging;    /* device staging slots (the largest function's CudaP2pPlan.staging) */
   struct NcclP2p *p2p_args;   /* host room for the largest group's NCCL calls */
-  /* a pipeline's transfers (rel=0): before each call the driver (tools/exec_cuda_pipe.c)
+  /* a pipeline's transfers (rel=0): before each call the driver (runtime/exec/exec_cuda_pipe.c)
      names a device slot for every one of the function's fixed-rank sends and receives, in
      step order; a send step copies its buffer into its slot, a receive step copies its slot
      into its buffer, both on the compute stream (the driver moves the slots over NCCL
@@ -207,7 +209,7 @@ void cuda_mesh_free(CudaProgram *cp);
 /* A pipeline's transfers (RT_B_SEND / RT_B_RECV to a fixed rank, rel=0: the pipeline pass's
    chunk functions).  Their partner is in another rank's function, run at another time, so
    they cannot be planned within a function as ring transfers are: the pipeline driver
-   (tools/exec_cuda_pipe.c) runs them between its calls.  cp->pipe_slot must name a slot for
+   (runtime/exec/exec_cuda_pipe.c) runs them between its calls.  cp->pipe_slot must name a slot for
    each (cuda_pipe_transfers counts and describes them); the step copies between its buffer
    and its slot. */
 typedef struct {

@@ -44,6 +44,36 @@ int nvrtc_compile_cached(const char *source, const char *arch, const char *const
 int nvrtc_compile(const char *source, const char *arch, const char *const *opts, int n_opts,
                   unsigned char **cubin_or_ptx, size_t *n, bool *is_cubin, char **log, char *err, size_t errlen);
 
+/* Several programs compiled in parallel (issue 32: a cold compile on all cores).  A
+   translation unit marked by codegen/cuda (NVRTC_UNIT_MARK "heavy" or "light" before each
+   kernel) becomes several NVRTC programs, each the prelude (everything before the first
+   marker, from NVRTC_PRELUDE_MARK on) and: one heavy kernel (the tensor-core attention and grouped matmuls: their
+   cubins are cached by their own text, so another model or run with the same kernel finds
+   them), or all the light ones, compiled with --Ofast-compile=min (memory-bound kernels;
+   NVRTC 12.8 and later).  They compile on LOOM_NVRTC_THREADS threads (default: the cores
+   online), each through nvrtc_compile_cached.  One program gives its cubin as it is;
+   several give a bundle (below), which nvrtc_image_has_kernel and the runtime's loader
+   (cuda_exec.c: a module per part) read.  *cache_hit: every program was a hit;
+   *programs (may be NULL): how many.  An unmarked source, a virtual architecture (PTX) or
+   LOOM_NVRTC_SPLIT=0 compile as one program (nvrtc_compile_cached).
+   LOOM_NVRTC_OFAST=0 compiles the light kernels fully too (=mid or =max: cheaper still). */
+#define NVRTC_UNIT_MARK "\n/*@loom-unit "   /* then "heavy" or "light", the kernel, the comment's end */
+/* Where the prelude begins (what comes before it, e.g. a comment naming the module, goes
+   only into the light program, so a heavy kernel's program is the same text in every
+   module); without it the prelude begins at the start. */
+#define NVRTC_PRELUDE_MARK "/*@loom-prelude*/\n"
+#define NVRTC_MAX_PROGRAMS 16
+int nvrtc_compile_programs(const char *source, const char *arch, const char *const *opts, int n_opts,
+                           unsigned char **image, size_t *n, bool *is_cubin, char **log, bool *cache_hit, int *programs,
+                           char *err, size_t errlen);
+
+/* A bundle of cubins: "LOOMCUB1", u32 count, u32 0, u64 size per part, then the parts,
+   each at a 16-byte aligned offset (little endian).  nvrtc_bundle_parts gives the parts
+   (pointers into image) of a bundle, or the image itself as one part when it is not a
+   bundle; the count, or -1 when a bundle is damaged.  At most max are written. */
+#define NVRTC_BUNDLE_MAGIC "LOOMCUB1"
+int nvrtc_bundle_parts(const unsigned char *image, size_t n, const unsigned char **parts, size_t *sizes, int max);
+
 /* The cache directory that would be used (without creating it), or "" when caching is off. */
 void nvrtc_cache_dir(char *out, size_t n);
 /* The file of the cache entry for these inputs (NVRTC must load: its version is part of the

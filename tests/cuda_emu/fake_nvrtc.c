@@ -144,14 +144,13 @@ nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions, const char *c
     r = NVRTC_ERROR_COMPILATION;
   } else {
     const char *cxx = getenv("LOOM_EMU_CXX");
+    /* ASan's preload must not follow us into the compiler; `env -u` rather than unsetenv:
+       loom compiles several programs at once, on threads (nvrtc_compile_programs) */
     snprintf(cmd, sizeof cmd,
-             "'%s' -std=c++17 -O1 -g0 -fPIC -shared -ffp-contract=off -fno-strict-aliasing -w -o '%s' '%s' > '%s' 2>&1",
+             "env -u LD_PRELOAD '%s' -std=c++17 -O1 -g0 -fPIC -shared -ffp-contract=off -fno-strict-aliasing -w -o '%s' "
+             "'%s' > '%s' 2>&1",
              cxx && *cxx ? cxx : "g++", so, src, log);
-    /* ASan's preload must not follow us into the compiler */
-    char *pre = getenv("LD_PRELOAD") ? strdup(getenv("LD_PRELOAD")) : NULL;
-    unsetenv("LD_PRELOAD");
     int st = system(cmd);
-    if (pre) setenv("LD_PRELOAD", pre, 1), free(pre);
     size_t n = 0;
     p->log = read_all(log, &n);
     if (st != 0) r = NVRTC_ERROR_COMPILATION;

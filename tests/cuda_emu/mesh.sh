@@ -212,7 +212,7 @@ else
   pkill -9 -f "$tmp/fault-cp"
 fi
 # ---------------------------------------------------------------------------------------
-# 1d. pipeline parallelism (tools/exec_cuda_pipe.c): a chunk function's transfers to fixed pp
+# 1d. pipeline parallelism (runtime/exec/exec_cuda_pipe.c): a chunk function's transfers to fixed pp
 #     ranks copy to and from staging slots, and the driver exchanges the slots between its
 #     calls as NCCL groups it plans at setup (every rank runs every rank's actions: a group
 #     holds only messages whose partners are in the partner's group of the same round, so
@@ -277,12 +277,13 @@ sig_flags=(tests/golden/gpt2-tiny/train_spec.json --batch 4 --warmup 0 --lr 0.01
            --backend cuda)
 "$LOOM" train "${sig_flags[@]}" --steps 1000000 --save-dir "$tmp/ck-sig" > "$tmp/sig.out" 2> "$tmp/sig.err" &
 pid=$!
-for i in $(seq 1200); do grep -q '^step ' "$tmp/sig.out" 2> /dev/null && break; kill -0 $pid 2> /dev/null || break; sleep 0.1; done
+seen=0   # rank 0's step line in the file while the run goes on: its stdout is line-buffered too
+for i in $(seq 1200); do grep -q '^step ' "$tmp/sig.out" 2> /dev/null && { seen=1; break; }; kill -0 $pid 2> /dev/null || break; sleep 0.1; done
 kill -TERM $pid 2> /dev/null
 wait $pid
 rc=$?
 k=$(ls "$tmp/ck-sig" 2> /dev/null | sed -n 's/^step_0*\([0-9][0-9]*\)$/\1/p' | sort -n | tail -1)
-if [ $rc = 143 ] && [ -n "$k" ] && [ -f "$tmp/ck-sig/step_$(printf %08d "$k")/DONE" ] &&
+if [ $seen = 1 ] && [ $rc = 143 ] && [ -n "$k" ] && [ -f "$tmp/ck-sig/step_$(printf %08d "$k")/DONE" ] &&
    grep -q "stopped by SIGTERM after step $k of 1000000" "$tmp/sig.err"; then
   ok "a CUDA mesh (dp=2, one process per rank) stopped by SIGTERM: exit 143, every rank stopped after step $k, one checkpoint"
   "$LOOM" train "${sig_flags[@]}" -q --steps $((k + 2)) --resume "$tmp/ck-sig" --allow-changes --out "$tmp/sig-res.st" \
@@ -294,7 +295,7 @@ if [ $rc = 143 ] && [ -n "$k" ] && [ -f "$tmp/ck-sig/step_$(printf %08d "$k")/DO
     bad "the CUDA mesh's stop checkpoint resumed differs"; tail -3 "$tmp/log" "$tmp/log2"
   fi
 else
-  bad "a CUDA mesh stopped by SIGTERM (exit $rc, checkpoint step '${k}')"; tail -5 "$tmp/sig.out" "$tmp/sig.err"
+  bad "a CUDA mesh stopped by SIGTERM (step line seen while running: $seen, exit $rc, checkpoint step '${k}')"; tail -5 "$tmp/sig.out" "$tmp/sig.err"
 fi
 
 # 4. faults (LOOM_NCCL_FAULT, runtime/comm/comm_nccl.c's test hook)

@@ -715,6 +715,115 @@ static void test_cache(void) {
   check(!strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"), "cache: SHA-256 of \"abc\"");
 }
 
+/* Several NVRTC programs (nvrtc_compile_programs): a marked TU as cuda_lower writes it, a
+   heavy unit per program and the light ones together, a bundle of their cubins; a heavy
+   unit's cubin found in the cache from another TU with other light kernels and another head. */
+static const char *units_tu(const char *module, const char *light_name) {
+  static char buf[2][2048];
+  static int which;
+  char *b = buf[which++ & 1];
+  snprintf(b, 2048,
+           "/* module @%s */\n" NVRTC_PRELUDE_MARK
+           "struct LoomArgs { void *buf[16]; long long i[40]; double f[4]; };\n"
+           "template <int K> __device__ void twice(LoomArgs &a) { ((float *)a.buf[0])[threadIdx.x] *= K; }\n"
+           NVRTC_UNIT_MARK "light %s */\n"
+           "extern \"C\" __global__ void %s(LoomArgs a) { twice<2>(a); }\n"
+           NVRTC_UNIT_MARK "heavy loom_attn_a */\n"
+           "extern \"C\" __global__ void loom_attn_a(LoomArgs a) { twice<3>(a); }\n"
+           NVRTC_UNIT_MARK "light loom_l2 */\n"
+           "extern \"C\" __global__ void loom_l2(LoomArgs a) { twice<4>(a); }\n"
+           NVRTC_UNIT_MARK "heavy loom_attn_b */\n"
+           "extern \"C\" __global__ void loom_attn_b(LoomArgs a) { twice<5>(a); }\n",
+           module, light_name, light_name);
+  return b;
+}
+
+static void test_programs(void) {
+  char err[IR_ERR_LEN] = "";
+  unsigned char *img = NULL;
+  size_t n = 0;
+  bool cubin = false, hit = true;
+  int programs = 0;
+  char *log = NULL;
+  int rc = nvrtc_compile_programs(units_tu("one", "loom_l1"), "sm_80", NULL, 0, &img, &n, &cubin, &log, &hit, &programs,
+                                  err, sizeof err);
+  const unsigned char *parts[NVRTC_MAX_PROGRAMS];
+  size_t sizes[NVRTC_MAX_PROGRAMS];
+  int count = rc ? 0 : nvrtc_bundle_parts(img, n, parts, sizes, NVRTC_MAX_PROGRAMS);
+  bool all = true;
+  static const char *const names[] = {"loom_l1", "loom_attn_a", "loom_l2", "loom_attn_b"};
+  for (int k = 0; k < 4; k++) all = all && !rc && nvrtc_image_has_kernel(img, n, true, names[k]);
+  check(!rc && cubin && !hit && programs == 3 && count == 3 && all && !nvrtc_image_has_kernel(img, n, true, "loom_l3"),
+        "programs: a marked TU compiles as %d programs (want 3: the light kernels, each heavy one), a bundle of %d "
+        "cubins holding every kernel%s%s", programs, count, rc ? ": " : "", rc ? err : "");
+  /* each part is a cubin of its own: the light one holds both light kernels and no heavy one */
+  int light = -1;
+  for (int i = 0; i < count; i++)
+    if (nvrtc_image_has_kernel(parts[i], sizes[i], true, "loom_l1")) light = i;
+  check(light == 0 && nvrtc_image_has_kernel(parts[0], sizes[0], true, "loom_l2") &&
+        !nvrtc_image_has_kernel(parts[0], sizes[0], true, "loom_attn_a") &&
+        nvrtc_image_has_kernel(parts[1], sizes[1], true, "loom_attn_b") &&
+        nvrtc_image_has_kernel(parts[2], sizes[2], true, "loom_attn_a"),
+        "programs: the light kernels in the first part, the heavy ones last to first");
+  free(log);
+  log = NULL;
+  /* another module, another light kernel: the heavy programs are cache hits (the module's
+     name is outside the prelude), the light one is not */
+  unsigned char *img2 = NULL;
+  size_t n2 = 0;
+  setenv("LOOM_NVRTC_REPORT", "1", 1);
+  rc = nvrtc_compile_programs(units_tu("two", "loom_l9"), "sm_80", NULL, 0, &img2, &n2, &cubin, &log, &hit, &programs,
+                              err, sizeof err);
+  unsetenv("LOOM_NVRTC_REPORT");
+  const unsigned char *parts2[NVRTC_MAX_PROGRAMS];
+  size_t sizes2[NVRTC_MAX_PROGRAMS];
+  count = rc ? 0 : nvrtc_bundle_parts(img2, n2, parts2, sizes2, NVRTC_MAX_PROGRAMS);
+  check(!rc && !hit && count == 3 && sizes2[1] == sizes[1] && !memcmp(parts2[1], parts[1], sizes[1]) &&
+        sizes2[2] == sizes[2] && !memcmp(parts2[2], parts[2], sizes[2]) && nvrtc_image_has_kernel(img2, n2, true, "loom_l9"),
+        "programs: another module's TU reuses the heavy cubins (byte for byte) and compiles its light program");
+  free(img2);
+  free(log);
+  log = NULL;
+  /* the same TU again: every program a hit, the same bundle */
+  rc = nvrtc_compile_programs(units_tu("one", "loom_l1"), "sm_80", NULL, 0, &img2, &n2, &cubin, &log, &hit, &programs,
+                              err, sizeof err);
+  check(!rc && hit && n2 == n && !memcmp(img, img2, n), "programs: warm, every program from the cache, the same bundle");
+  free(img2);
+  free(log);
+  log = NULL;
+  /* LOOM_NVRTC_SPLIT=0: one program, a plain cubin */
+  setenv("LOOM_NVRTC_SPLIT", "0", 1);
+  rc = nvrtc_compile_programs(units_tu("one", "loom_l1"), "sm_80", NULL, 0, &img2, &n2, &cubin, &log, &hit, &programs,
+                              err, sizeof err);
+  unsetenv("LOOM_NVRTC_SPLIT");
+  check(!rc && programs == 1 && n2 > 4 && !memcmp(img2, "\x7f" "ELF", 4) && nvrtc_image_has_kernel(img2, n2, true, "loom_attn_b"),
+        "programs: LOOM_NVRTC_SPLIT=0 compiles one program, a plain cubin");
+  free(img2);
+  free(log);
+  log = NULL;
+  /* a compile error in one program: the error, no image */
+  char bad[2300];
+  snprintf(bad, sizeof bad, "%s" NVRTC_UNIT_MARK "heavy loom_attn_c */\nextern \"C\" __global__ void loom_attn_c(LoomArgs a) "
+           "{ undefined_thing(a); }\n", units_tu("one", "loom_l1"));
+  img2 = NULL;
+  rc = nvrtc_compile_programs(bad, "sm_80", NULL, 0, &img2, &n2, &cubin, &log, &hit, &programs, err, sizeof err);
+  check(rc == 1 && !img2 && strstr(err, "undefined_thing") && log && strstr(log, "error"),
+        "programs: a compile error in one program fails the whole: %s", err);
+  free(log);
+  /* damaged bundles are refused, not read past their end */
+  if (n > 40) {
+    unsigned char *d = malloc(n);
+    memcpy(d, img, n);
+    d[16] = 0xff, d[17] = 0xff, d[18] = 0xff, d[19] = 0x7f;   /* the first part's size far past the end */
+    check(nvrtc_bundle_parts(d, n, parts2, sizes2, NVRTC_MAX_PROGRAMS) == -1 &&
+              nvrtc_bundle_parts(img, 20, parts2, sizes2, NVRTC_MAX_PROGRAMS) == -1 &&
+              !nvrtc_image_has_kernel(d, n, true, "loom_l1"),
+          "programs: a damaged or truncated bundle is refused");
+    free(d);
+  }
+  free(img);
+}
+
 int main(void) {
   double t0 = now();
   test_tiny_models();
@@ -737,6 +846,7 @@ int main(void) {
       const char *quick = getenv("LOOM_TEST_CUDA_QUICK");
       test_models_nvrtc(!(quick && *quick && strcmp(quick, "0")));
       test_cache();
+      test_programs();
       remove_tree(cache_root);
     }
   }

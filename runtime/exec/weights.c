@@ -1,11 +1,11 @@
-/* tools/weights.c — Hugging Face safetensors in and out of a module's globals. */
+/* runtime/exec/weights.c — Hugging Face safetensors in and out of a module's globals. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/trainer.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec.h"
 
 static float half_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;

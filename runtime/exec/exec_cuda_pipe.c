@@ -1,4 +1,4 @@
-/* tools/exec_cuda_pipe.c — a pipelined module (pass "pipeline") on one rank of a CUDA mesh.
+/* runtime/exec/exec_cuda_pipe.c — a pipelined module (pass "pipeline") on one rank of a CUDA mesh.
  *
  * The driver of exec_mesh_pipe.c (the CPU's), with this process as one rank: a step walks
  * the rank's action list of the schedule (ir/schedule.h) — F runs @fwd.cK on the
@@ -34,8 +34,8 @@
 
 #include "ir/schedule.h"
 #include "runtime/comm/comm_nccl.h"
-#include "tools/exec_cuda_mesh.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_cuda_mesh.h"
+#include "runtime/exec/exec.h"
 
 typedef struct {
   uint64_t addr;

@@ -1,52 +1,11 @@
-/* tools/exec_ref.c — the reference executor behind the training loop, for one rank or for
+/* runtime/exec/exec_ref.c — the reference executor behind the training loop, for one rank or for
    every rank of a partitioned program (threads of this process). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "passes/passes.h"
-#include "tools/exec_ref.h"
-#include "tools/tools.h"
-
-Type whole_type(const Module *m, const Type *local) {
-  Type t = *local;
-  if (m->local)
-    for (int a = 0; a < AX_COUNT; a++)
-      if (t.sh.kind[a] == SH_S) t.dims[t.sh.dim[a]] *= m->mesh.size[a];
-  memset(&t.sh, 0, sizeof t.sh);
-  return t;
-}
-
-/* ---- whole <-> per-rank pieces ---- */
-
-/* Copies between a whole tensor and one rank's piece: along every split dim the rank
-   holds chunk coord[axis].  to_piece: whole -> piece, else piece -> whole. */
-void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece) {
-  const Type *lt = &piece->type;
-  /* Along a dim split by several axes, a larger axis index is the outer split (the shard
-     pass's convention): the offset sums coordinate x extent from the innermost out. */
-  int64_t off[IR_MAX_RANK] = {0}, extent[IR_MAX_RANK];
-  for (int d = 0; d < lt->rank; d++) extent[d] = lt->dims[d];
-  for (int a = 0; a < AX_COUNT; a++)
-    if (lt->sh.kind[a] == SH_S) {
-      int d = lt->sh.dim[a];
-      off[d] += coord[a] * extent[d];
-      extent[d] *= mesh->size[a];
-    }
-  int64_t idx[IR_MAX_RANK] = {0};
-  for (int64_t k = 0; k < piece->n; k++) {
-    int64_t w = 0;   /* the element's position in the whole tensor */
-    for (int d = 0; d < lt->rank; d++) w = w * whole->type.dims[d] + idx[d] + off[d];
-    if (to_piece) {
-      if (piece->f) piece->f[k] = whole->f[w];
-      else piece->i[k] = whole->i[w];
-    } else {
-      if (piece->f) whole->f[w] = piece->f[k];
-      else whole->i[w] = piece->i[k];
-    }
-    for (int d = lt->rank - 1; d >= 0 && ++idx[d] == lt->dims[d]; d--) idx[d] = 0;
-  }
-}
+#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 
 static bool has_partial(const Type *t) {
   for (int a = 0; a < AX_COUNT; a++)

@@ -1,4 +1,4 @@
-/* tools/hf_export.c — a folder that Hugging Face transformers loads as it is
+/* runtime/exec/hf_export.c — a folder that Hugging Face transformers loads as it is
  * (`from_pretrained(DIR)`), from `loom train --out DIR/` or `loom export CHECKPOINT -o DIR`:
  *
  *   config.json              the model's Hugging Face config (the spec's "model", or the spec
@@ -19,7 +19,7 @@
 #include <jansson.h>
 
 #include "runtime/io/safetensors.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec.h"
 
 /* Reads a JSON file (the runner of compiled executables links no frontend, so not
    config_read_json_file); errors name the file, line and column. */

@@ -1,7 +1,7 @@
-/* tools/input.c — a model from a spec (built by the frontend) or an .ir file (parsed). */
+/* driver/input.c — a model from a spec (built by the frontend) or an .ir file (parsed). */
 #include <string.h>
 
-#include "tools/tools.h"
+#include "driver/driver.h"
 
 int input_load(const char *path, const char *const *overrides, int n_overrides, Input *in, char *err, size_t errlen) {
   memset(in, 0, sizeof *in);

@@ -1,4 +1,4 @@
-/* tools/exec_mesh.c — a partitioned module (a mesh of N ranks) on the cpu backend, for
+/* runtime/exec/exec_mesh.c — a partitioned module (a mesh of N ranks) on the cpu backend, for
    training and eval.  The shard pass made one program that every rank runs on its own
    piece (SPMD), so it is lowered and JIT-compiled once; each rank gets its own CpuProgram
    (arena, parameters, gradients, optimizer state) and runs as a thread of this process, its
@@ -6,7 +6,7 @@
    program's placements (RtGlobal), as a CUDA rank does: the seeded initialization's values
    of just its piece (rt_global_init_piece), or its slices of the memory-mapped safetensors
    file (load_weights_pieces); no whole tensor is made to start.  The whole views of the
-   parameters and optimizer state (checkpoints, --out) are RefExec's (tools/exec_ref.c,
+   parameters and optimizer state (checkpoints, --out) are RefExec's (runtime/exec/exec_ref.c,
    ref_exec_open_views: untouched until written), filled from the ranks' pieces by sync_out
    and split back by sync_in through the same placements (rt_piece_runs; in a pipeline only
    the stage that updates a global holds its truth).  RefExec also gives the local world and
@@ -19,8 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tools/exec_mesh.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_mesh.h"
+#include "runtime/exec/exec.h"
 
 /* ---- a rank's pieces (its CpuProgram's globals) <-> the whole views ---- */
 

@@ -1,14 +1,14 @@
-/* tools/exec_ref.h — an Executor (runtime/trainer.h) that runs a trained module's
+/* runtime/exec/exec_ref.h — an Executor (runtime/trainer.h) that runs a trained module's
    @grad_step and @optimizer_step on the reference executor: one rank, or every rank of a
    partitioned module as threads of this process, talking through runtime/comm_local. */
-#ifndef LOOM_TOOLS_EXEC_REF_H
-#define LOOM_TOOLS_EXEC_REF_H
+#ifndef LOOM_RUNTIME_EXEC_EXEC_REF_H
+#define LOOM_RUNTIME_EXEC_EXEC_REF_H
 
 #include "ir/ir.h"
 #include "runtime/comm/comm.h"
 #include "ir/schedule.h"
 #include "runtime/trainer.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec.h"
 
 typedef struct {
   Executor ex;
@@ -20,7 +20,7 @@ typedef struct {
   Func *grad_step, *optimizer_step;
   Tensor *inputs, *targets, *lr, *step;   /* whole batch (the ranks take their part) */
   float last_loss, last_norm;
-  /* a pipelined module (tools/exec_pipe.c) */
+  /* a pipelined module (runtime/exec/exec_pipe.c) */
   Schedule *sched;        /* the action lists */
   double **act_start, **act_end;   /* per rank, per action of the last step: microseconds */
   double busy_us[64], span_us[64]; /* per pp rank, summed over steps */

@@ -1,4 +1,4 @@
-/* tools/exec_cuda_mesh.c — one rank of a mesh on the CUDA backend: this process trains its
+/* runtime/exec/exec_cuda_mesh.c — one rank of a mesh on the CUDA backend: this process trains its
    piece of a partitioned module on its GPU, the other ranks being other processes (started
    by `loom train` itself, torchrun, srun or mpirun; runtime/comm/launch.h), the collectives
    NCCL calls (runtime/cuda/cuda_mesh.c, runtime/comm/comm_nccl.c).
@@ -20,9 +20,9 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/io/checkpoint.h"
-#include "tools/exec_cuda_mesh.h"
-#include "tools/exec_ref.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_cuda_mesh.h"
+#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 
 
 /* Global k's pieces from every rank, gathered over NCCL (every rank takes part); rank 0 (with
@@ -226,20 +226,6 @@ static int init_pieces(CudaRank *r, const char *init, uint64_t seed, char *err, 
   for (int k = 0; pieces && k < p->n_globals; k++) free(pieces[k]);
   free(pieces);
   return rc;
-}
-
-/* This rank's piece of a whole micro-batch, as int32. */
-void cuda_rank_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets) {
-  for (int64_t k = 0; k < r->whole_tok->n; k++) {
-    r->whole_tok->i[k] = inputs[k];
-    r->whole_tgt->i[k] = targets[k];
-  }
-  move_piece(&r->m->mesh, r->whole_tok, r->tok, r->comm->coord, true);
-  move_piece(&r->m->mesh, r->whole_tgt, r->tgt, r->comm->coord, true);
-  for (int64_t e = 0; e < r->tok->n; e++) {
-    r->tok32[e] = (int32_t)r->tok->i[e];
-    r->tgt32[e] = (int32_t)r->tgt->i[e];
-  }
 }
 
 static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {

@@ -1,4 +1,4 @@
-/* tools/exec_mesh_pipe.c — a pipelined module (pass "pipeline") on the cpu backend.
+/* runtime/exec/exec_mesh_pipe.c — a pipelined module (pass "pipeline") on the cpu backend.
  *
  * The same driver as the reference executor's (exec_pipe.c), over the lowered program:
  * every rank is a thread with its own CpuProgram; a step walks the rank's action list of the
@@ -15,8 +15,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "tools/exec_mesh.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_mesh.h"
+#include "runtime/exec/exec.h"
 
 static double now_us(void) {
   struct timespec ts;

@@ -1,8 +1,8 @@
-/* tools/exec_cpu.h — the CPU backend: a lowered program (codegen/cpu) JIT-compiled and run
+/* runtime/exec/exec_cpu.h — the CPU backend: a lowered program (codegen/cpu) JIT-compiled and run
    by the runtime (runtime/cpu_exec).  Built from a module here, or from the bytes a
    compiled executable carries (then no IR is involved). */
-#ifndef LOOM_TOOLS_EXEC_CPU_H
-#define LOOM_TOOLS_EXEC_CPU_H
+#ifndef LOOM_RUNTIME_EXEC_EXEC_CPU_H
+#define LOOM_RUNTIME_EXEC_EXEC_CPU_H
 
 #include <stdio.h>
 

@@ -1,4 +1,4 @@
-/* tools/exec_pipe.c — a pipelined module (pass "pipeline") on the reference executor.
+/* runtime/exec/exec_pipe.c — a pipelined module (pass "pipeline") on the reference executor.
  *
  * Every rank is a thread.  A step: each rank walks its pp coordinate's action list (the
  * schedule, ir/schedule.h) — F calls @fwd.cK on the micro-batch and keeps the stash it
@@ -12,10 +12,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "passes/passes.h"
 #include "ir/schedule.h"
-#include "tools/exec_ref.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 
 typedef struct {
   IrComm ir;

@@ -1,4 +1,4 @@
-/* tools/hardware.c — hardware descriptions (models/hardware/NAME.json) for the time model
+/* driver/hardware.c — hardware descriptions (models/hardware/NAME.json) for the time model
  * (passes/timing.h): `loom ir --time --hw h100`.
  *
  * A description is a small JSON file users can write:
@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "frontend/config.h"
-#include "tools/tools.h"
+#include "driver/driver.h"
 
 #ifndef LOOM_SOURCE_DIR
 #define LOOM_SOURCE_DIR "."

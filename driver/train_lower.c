@@ -1,12 +1,12 @@
-/* tools/train_lower.c — training on the cpu backend from a module: lower it (codegen/cpu),
+/* driver/train_lower.c — training on the cpu backend from a module: lower it (codegen/cpu),
    then run the bytes a compiled executable would carry.  Only `loom` links this: compiled
    executables start from those bytes and need no compiler. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
-#include "tools/exec_cpu.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_cpu.h"
+#include "driver/driver.h"
 
 int lower_cpu_bytes(Module *m, unsigned char **prog, size_t *n, char **llvm, char *err, size_t errlen) {
   RtProgram p;

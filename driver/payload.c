@@ -1,4 +1,4 @@
-/* tools/payload.c — compiled executables: the runner binary with the trained program
+/* driver/payload.c — compiled executables: the runner binary with the trained program
    appended.  Nothing needs a C compiler: `loom compile` copies the runner and appends. */
 #include <errno.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "runtime/io/safetensors.h"
-#include "tools/tools.h"
+#include "driver/driver.h"
 
 static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'A', 'Y', '1'};
 

@@ -1,10 +1,10 @@
-/* tools/exec_mesh.h — the cpu backend's mesh executor (exec_mesh.c) and its pipeline
+/* runtime/exec/exec_mesh.h — the cpu backend's mesh executor (exec_mesh.c) and its pipeline
    driver (exec_mesh_pipe.c): what the two files share.  Private to tools/. */
-#ifndef LOOM_TOOLS_EXEC_MESH_H
-#define LOOM_TOOLS_EXEC_MESH_H
+#ifndef LOOM_RUNTIME_EXEC_EXEC_MESH_H
+#define LOOM_RUNTIME_EXEC_EXEC_MESH_H
 
-#include "tools/exec_cpu.h"
-#include "tools/exec_ref.h"
+#include "runtime/exec/exec_cpu.h"
+#include "runtime/exec/exec_ref.h"
 
 /* A rank's communicator in a pipeline: the LocalWorld's, with the micro-batch added to
    every point-to-point tag (as the reference executor's pipeline does) and the time spent

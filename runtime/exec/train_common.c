@@ -1,16 +1,16 @@
-/* tools/train_common.c — what `loom train` and compiled training executables share:
+/* runtime/exec/train_common.c — what `loom train` and compiled training executables share:
    parameters from a seed or a checkpoint, the executor, the loop, and --out. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/io/checkpoint.h"
 #include "runtime/io/safetensors.h"
-#include "tools/exec_ref.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 
 /* A tensor of --out streamed from the executor (Executor.stream_param). */
 static int fill_param(void *arg, int i, const void **data, char *err, size_t errlen) {
@@ -138,8 +138,11 @@ static int write_out(const Executor *ex, const TrainResult *res, const RunPlan *
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen) {
   TrainResult res;
   memset(&res, 0, sizeof res);
-  /* every output checked before step 1 (--save-dir: train_run makes and locks it first) */
-  int rc = check_output(plan->out, "--out", plan->out && hf_export_wanted(plan->out), err, errlen);
+  /* every output checked before step 1; the save dir made first (--out may lie inside it),
+     then locked by train_run */
+  int rc = 0;
+  if (plan->opt.save_dir && !plan->opt.not_writer && ckpt_mkdir_p(plan->opt.save_dir, err, errlen)) rc = EXIT_USAGE;
+  if (!rc) rc = check_output(plan->out, "--out", plan->out && hf_export_wanted(plan->out), err, errlen);
   if (!rc) rc = check_output(plan->trace_out, "--trace-out", false, err, errlen);
   if (!rc) rc = check_output(plan->opt.metrics_path, "--log", false, err, errlen);
   if (!rc) rc = train_run(ex, &plan->opt, &res, err, errlen);
@@ -211,9 +214,4 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
             "timeline (use --backend cpu)\n");
   ref_exec_free(&rx);
   return rc;
-}
-
-double peak_rss_mib(void) {
-  struct rusage ru;
-  return getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : -1;
 }

@@ -1,11 +1,11 @@
-/* tools/exec_cuda_mesh.h — one rank of a mesh on the CUDA backend (exec_cuda_mesh.c) and its
+/* runtime/exec/exec_cuda_mesh.h — one rank of a mesh on the CUDA backend (exec_cuda_mesh.c) and its
    pipeline driver (exec_cuda_pipe.c), which share the rank. */
-#ifndef LOOM_TOOLS_EXEC_CUDA_MESH_H
-#define LOOM_TOOLS_EXEC_CUDA_MESH_H
+#ifndef LOOM_RUNTIME_EXEC_EXEC_CUDA_MESH_H
+#define LOOM_RUNTIME_EXEC_EXEC_CUDA_MESH_H
 
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/trainer.h"
-#include "tools/exec_ref.h"
+#include "runtime/exec/exec_ref.h"
 
 typedef struct CudaPipe CudaPipe;
 

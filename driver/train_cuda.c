@@ -1,4 +1,4 @@
-/* tools/train_cuda.c — training on the CUDA backend: the module lowered for the CUDA
+/* driver/train_cuda.c — training on the CUDA backend: the module lowered for the CUDA
    target (codegen/cuda), its translation unit compiled by NVRTC for this GPU (cached on
    disk), run by runtime/cuda_exec with cuBLASLt.  Only `loom` links this.
    GPU checks of this path are owed until a session with a GPU runs tests/gpu/run.sh. */
@@ -10,7 +10,7 @@
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/cuda/nvrtc.h"
 #include "runtime/comm/comm_nccl.h"
-#include "tools/tools.h"
+#include "driver/driver.h"
 
 bool cuda_backend_available(char *why, size_t n) {
   if (!cuda_available(why, n)) return false;
@@ -38,7 +38,7 @@ int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen) 
   if (!rc && plan->opt.log)   /* NVRTC can take tens of seconds on a large model: say so first */
     fprintf(plan->opt.log, "cuda: compiling %d kernels with NVRTC for %s (cached for the next run) ...\n", prog.n_kernels,
             info.arch);
-  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, err, errlen);
+  if (!rc) rc = nvrtc_compile_programs(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, NULL, err, errlen);
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: %s (%s), %d kernels compiled for %s in %.2f s%s\n", info.name, info.arch,
             prog.n_kernels, info.arch, seconds_now() - t0, hit ? " (from the cache)" : "");
@@ -103,7 +103,7 @@ int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t err
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: compiling %d kernels with NVRTC for %s (cached for the next run) ...\n", prog.n_kernels,
             info.arch);
-  if (!rc) rc = nvrtc_compile_cached(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, err, errlen);
+  if (!rc) rc = nvrtc_compile_programs(src, info.arch, NULL, 0, &image, &n, &is_cubin, &log, &hit, NULL, err, errlen);
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: %d kernels compiled for %s in %.2f s%s\n", prog.n_kernels, info.arch, seconds_now() - t0,
             hit ? " (from the cache)" : "");

@@ -1,10 +1,10 @@
-/* tools/exec_cpu.c — the CPU backend behind eval, train and compiled executables. */
+/* runtime/exec/exec_cpu.c — the CPU backend behind eval, train and compiled executables. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/exec_cpu.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec_cpu.h"
+#include "runtime/exec/exec.h"
 
 int cpu_backend_load(CpuBackend *b, const unsigned char *prog, size_t n, const char *llvm, int threads, char *err,
                      size_t errlen) {

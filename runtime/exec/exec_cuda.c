@@ -1,4 +1,4 @@
-/* tools/exec_cuda.c — trains a lowered CUDA program (codegen/cuda) from its compiled image
+/* runtime/exec/exec_cuda.c — trains a lowered CUDA program (codegen/cuda) from its compiled image
    on GPU 0: what `loom train --backend cuda` does after NVRTC, and what a compiled
    executable carrying a cubin does at start (then no compiler is involved).
    GPU checks of this path are owed until a session with a GPU runs tests/gpu/run.sh. */
@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "runtime/cuda/cuda_exec.h"
-#include "tools/tools.h"
+#include "runtime/exec/exec.h"
 
 /* Validation: the program's @forward -> (logits, loss), only the loss copied out. */
 static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
