@@ -26,11 +26,27 @@ LOOM_EMULATED=1 bash tests/gpu/test_train.sh "$(dirname "$LOOM")" "$LOOM" "$ST_D
 # loom check on the emulated device: every golden's forward, gradients and 3 training steps
 # on cuda, at the default tolerances (README "Golden folders"); qwen3-moe-tiny is a mixture of
 # experts (mixtral-tiny's checks follow below)
-for g in gpt2-tiny llama-tiny llama-tiny-tied qwen3-moe-tiny; do
+# (llama3-tiny: llama3 RoPE scaling; qwen2-tiny: q/k/v biases; qwen3-tiny: q/k norms;
+# mistral-tiny: the sliding window in the flash kernels, fp32 and bf16)
+for g in gpt2-tiny llama-tiny llama-tiny-tied qwen3-moe-tiny llama3-tiny qwen2-tiny qwen3-tiny mistral-tiny; do
   "$LOOM" check tests/golden/$g --backend cuda > "$tmp/check" 2>&1 &&
     ok "loom check tests/golden/$g --backend cuda: $(grep -E '^cuda ' "$tmp/check" | tr -s ' ' | cut -c1-150)" ||
     { bad "loom check tests/golden/$g --backend cuda"; cat "$tmp/check"; }
 done
+
+"$LOOM" check tests/golden/mistral-tiny --backend cuda --precision bf16 > "$tmp/check" 2>&1 &&
+  ok "loom check tests/golden/mistral-tiny --backend cuda --precision bf16 (the tensor-core kernels' window)" ||
+  { bad "loom check tests/golden/mistral-tiny --backend cuda --precision bf16"; cat "$tmp/check"; }
+
+# Greedy sampling on the device with Mistral's window (attention_cached, kernels/decode.cuh
+# i[6]): 40 new tokens after a 17-byte prompt = transformers' generate (generate.json)
+g=tests/golden/mistral-tiny
+python3 -c "import json; c = json.load(open('$g/generate.json'))['cases'][1]
+open('$tmp/mprompt', 'w').write(c['prompt']); print(' '.join(map(str, c['new_ids'])))" > "$tmp/mwant"
+"$LOOM" sample $g/config.json --weights $g/weights.safetensors --prompt "$(cat "$tmp/mprompt")" --max-new-tokens 40 \
+  --temperature 0 --ids --backend cuda > "$tmp/mgot" 2>&1 && cmp -s "$tmp/mgot" "$tmp/mwant" &&
+  ok "mistral-tiny greedy sampling on cuda (window 8 over 57 positions) = transformers' generate" ||
+  { bad "mistral-tiny greedy sampling on cuda"; cat "$tmp/mgot"; }
 
 # The CPU benchmark's model (head size 64, vocabulary 4096) in bf16 at seq 128: one step's
 # gradients within 2e-2 of the CPU backend (the tensor-core attention at head size 64)
