@@ -10,6 +10,7 @@
  *   hardware.c     a hardware description (models/hardware/NAME.json)
  *   payload.c      a compiled executable's payload (the runner binary + the program)
  *   sample.c       generation with a KV cache (loom sample, compiled executables)
+ *   plan*.c        the planner's search (loom plan; driver/plan.h)
  */
 #ifndef LOOM_DRIVER_DRIVER_H
 #define LOOM_DRIVER_DRIVER_H

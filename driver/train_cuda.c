@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codegen/cuda/cost.h"
 #include "codegen/cuda/cuda.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
@@ -18,7 +19,30 @@ bool cuda_backend_available(char *why, size_t n) {
   return nvrtc_available(&major, &minor, why, n) != 0;
 }
 
+/* LOOM_PROFILE=N on the CUDA backend: the table of the last step's times (codegen/cuda/cost.c),
+   the roofline of the device's hardware file (by its name; h100 when none matches). */
+static void cuda_profile_print(const CudaProgram *cp, int64_t grad_accum, FILE *out) {
+  static const char *const known[][2] = {{"H200", "h200"}, {"A100", "a100"}, {"B200", "b200"}};
+  const char *hw_name = "h100";
+  for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+    if (strstr(cp->info.name, known[k][0])) hw_name = known[k][1];
+  Hardware hw;
+  char err[512];
+  const float **ms = calloc((size_t)cp->p->n_funcs + 1, sizeof *ms);
+  if (!ms || hardware_load(hw_name, &hw, err, sizeof err)) {
+    fprintf(out, "LOOM_PROFILE: no table (%s)\n", ms ? err : "out of memory");
+    free(ms);
+    return;
+  }
+  for (int f = 0; f < cp->p->n_funcs; f++) ms[f] = cuda_profile_ms(cp, f);
+  const char *n = getenv("LOOM_PROFILE");
+  fprintf(out, "device: %s\n", cp->info.name);
+  cuda_profile_report(out, cp->p, &hw, ms, grad_accum > 0 ? grad_accum : 1, n && atoi(n) > 1 ? atoi(n) : 20);
+  free(ms);
+}
+
 int run_training_cuda(Module *m, const RunPlan *plan, char *err, size_t errlen) {
+  cuda_profile_printer = cuda_profile_print;
   char why[512];
   if (!cuda_available(why, sizeof why)) {
     snprintf(err, errlen, "--backend cuda: %s", why);

@@ -109,7 +109,17 @@ typedef struct {
    args[] are the buffers' addresses (inputs then outputs); the kernel computes the part
    [begin, end) of its parallel extent i[0], so the runtime can split it across threads.
    RT_STEP_GEMM: C[b] = op(A[b]) @ op(B[b]) for b < batch;
-     bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared) */
+     bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared);
+     on CUDA also i[RT_GEMM_BETA_INT]: 1 adds C's old value (C += op(A) op(B): a gradient
+     accumulated in the GEMM), 0 overwrites it (the CPU lowering never sets it), and
+     i[RT_GEMM_EPI_INT], flags of a cuBLASLt epilogue (batch 1 only): RT_GEMM_EPI_BIAS adds a
+     bias[N] to every row (an input after B), RT_GEMM_EPI_GELU then applies GELU (tanh form)
+     and writes the pre-activation to an output after C (cuBLASLt's GELU_AUX_BIAS), and
+     RT_GEMM_EPI_C adds another matrix (an input after the bias: a residual, beta = 1 with C
+     apart from the result).  Buffers: A B [bias] [residual] -> C [pre-activation]. */
+#define RT_GEMM_BETA_INT 10
+#define RT_GEMM_EPI_INT 9
+enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4 };
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */

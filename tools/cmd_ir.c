@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/cuda/cost.h"
 #include "codegen/cuda/cuda.h"
 #include "runtime/cpu/jit.h"
 #include "ir/schedule.h"
@@ -36,7 +37,12 @@ static const char help[] =
   "  --time                print the predicted time of one training step (compute, memory-bound\n"
   "                         ops, collectives per axis and link, pipeline bubble, tokens/s, MFU)\n"
   "                         on the hardware of --hw instead of the IR; use after --passes=train,lower\n"
-  "  --hw NAME|FILE.json    the hardware for --time: h100 (default), h200, a100, b200 (models/hardware/)\n"
+  "  --cost                 the CUDA program's step, counted (after --passes=train,lower --target=cuda):\n"
+  "                         every launch and library call in order with its category, FLOPs, bytes\n"
+  "                         and roofline bound on --hw, then the totals per category and the launch\n"
+  "                         count (docs/gpu-cost.md)\n"
+  "  --json                 with --cost: the same as one JSON object\n"
+  "  --hw NAME|FILE.json    the hardware for --time and --cost: h100 (default), h200, a100, b200 (models/hardware/)\n"
   "                         or a description of your own (docs/time-model.md)\n"
   "  --rank-ir R=FILE.ir    verify-collectives: rank R runs FILE's program (e.g. a hand-edited\n"
   "                         per-rank dump) instead of the input's\n"
@@ -128,7 +134,7 @@ int cmd_ir(int argc, char **argv) {
 
 static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
-  bool memory = false, collectives = false, flops = false, schedule = false, timing = false;
+  bool memory = false, collectives = false, flops = false, schedule = false, timing = false, cost = false, json = false;
   const char *trace_out = NULL, *hw_arg = NULL;
   const char *emit = NULL;
   long rank = -1;
@@ -148,6 +154,8 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
     if (arg_flag(a, "--flops")) { flops = true; continue; }
     if (arg_flag(a, "--time")) { timing = true; continue; }
+    if (arg_flag(a, "--cost")) { cost = true; continue; }
+    if (arg_flag(a, "--json")) { json = true; continue; }
     if ((r = arg_value(argc, argv, &i, "--hw", &v))) {
       if (r < 0) return usage_error("ir", "--hw needs a hardware name (h100, h200, a100, b200) or a JSON file");
       hw_arg = v;
@@ -236,6 +244,9 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
     input = a;
   }
   if (!input) return usage_error("ir", "no input: give a model spec (.json) or an IR file (.ir)");
+  if (json && !cost) return usage_error("ir", "--json goes with --cost");
+  if (cost && optp->target != TARGET_CUDA)
+    return usage_error("ir", "--cost counts the CUDA program: add --target=cuda (and --passes=train,lower)");
 
   char err[IR_ERR_LEN];
   int rc = pipeline_check(pipeline, err, sizeof err);
@@ -295,6 +306,26 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
       return report(EXIT_USAGE, "--schedule and --trace-out need a pipelined module: --mesh pp=N with --passes=train");
     }
     rc = pipe_schedule_report(in.m, schedule ? stdout : NULL, trace_out, err, sizeof err);
+    module_free(in.m);
+    return report(rc, err);
+  }
+  if (cost) {
+    Hardware hw;
+    RtProgram prog;
+    bool fused = false;
+    for (int i = 0; i < in.m->funcs.n; i++) fused |= ((Func *)in.m->funcs.items[i])->is_kernel;
+    if (!fused) {
+      module_free(in.m);
+      return usage_error("ir", "--cost counts the lowered CUDA program: add lower to --passes (e.g. --passes=train,lower)");
+    }
+    rc = hardware_load(hw_arg ? hw_arg : "h100", &hw, err, sizeof err);
+    if (!rc) rc = cuda_lower(in.m, &prog, NULL, err, sizeof err);
+    if (!rc) {
+      CudaCost c;
+      cuda_cost(&prog, &hw, in.from_spec ? in.spec.grad_accum : 1, &c);
+      cuda_cost_report(stdout, &prog, &hw, &c, json);
+      rt_program_free(&prog);
+    }
     module_free(in.m);
     return report(rc, err);
   }

@@ -108,6 +108,8 @@ typedef struct {
   bool tf32;               /* f32 GEMMs on tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) */
   bool sync_each_step;     /* synchronize after every step: faults name their step */
   size_t workspace_bytes;  /* cuBLASLt workspace (0: 32 MiB) */
+  bool profile;            /* events around every step of every call (LOOM_PROFILE set): cuda_profile_ms */
+  bool graphs;             /* a call's steps captured once into a CUDA graph and replayed (see below) */
 } CudaOptions;
 
 typedef struct CudaGemmPlan CudaGemmPlan;
@@ -151,9 +153,29 @@ typedef struct {
   const uint64_t *pipe_slot;
   int n_pipe_slot;
   bool broken;             /* a call failed: only free is allowed */
+  /* CudaOptions.profile: an event before every step of a call and one after its last, on the
+     compute stream; after the call's synchronization each step's time (ms) of the last call
+     of each function, prof_ms[func][step] (cuda_profile_ms) */
+  void **prof_ev;          /* as many as the longest function's steps + 1 */
+  int n_prof_ev;
+  float **prof_ms;
+  int64_t *prof_calls;     /* calls profiled, per function */
+  /* CudaOptions.graphs: per function, the CUDA graph of its steps (CUgraphExec), captured at
+     its first call and launched at every call, between the arguments' copies in and the
+     results' copies out; NULL until then, and for the functions that run step by step: a
+     rank of a mesh (NCCL calls on other streams), a pipeline's chunks, a profiled or
+     synchronized-each-step program, or one whose capture the driver refused (graph_off) */
+  void **graph;
+  bool *graph_off;
 } CudaProgram;
 
-/* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1. */
+/* The time of each step of the last call of function f that was profiled (CudaOptions.profile),
+   in ms, or NULL when none was (a collective's step is the compute stream's time to issue it
+   and wait where the step waits). */
+const float *cuda_profile_ms(const CudaProgram *cp, int f);
+
+/* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1, LOOM_PROFILE (set and not 0:
+   profile), LOOM_CUDA_GRAPH=0 (no graphs: every step launched at every call). */
 void cuda_options_default(CudaOptions *o);
 /* image: the CUDA module (cubin / fatbin / PTX text, n bytes; PTX needs no terminating NUL).
    device: the CUDA device index. */

@@ -133,5 +133,9 @@ int cmd_export(int argc, char **argv);
 int cuda_load_params(CudaProgram *cp, const RtProgram *prog, const char *path, char *err, size_t errlen);
 int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
                        size_t errlen);
+/* LOOM_PROFILE on the CUDA backend: after training, cuda_train_program hands the profiled
+   program to this printer when set.  The loom binary sets it (driver/train_cuda.c: the table
+   of codegen/cuda/cost.c, which compiled executables do not link; they print no table). */
+extern void (*cuda_profile_printer)(const CudaProgram *cp, int64_t grad_accum, FILE *out);
 
 #endif

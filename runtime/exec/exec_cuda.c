@@ -48,6 +48,8 @@ int cuda_load_params(CudaProgram *cp, const RtProgram *prog, const char *path, c
   return rc;
 }
 
+void (*cuda_profile_printer)(const CudaProgram *cp, int64_t grad_accum, FILE *out);
+
 int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
                        size_t errlen) {
   CudaProgram cp;
@@ -73,6 +75,10 @@ int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t
     fprintf(plan->opt.log, "cuda: device memory %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
             cp.mem.total / 1048576.0, cp.mem.arenas / 1048576.0, cp.mem.regions / 1048576.0, cp.mem.workspace / 1048576.0);
   if (!rc) rc = train_and_write(&ce.ex, plan, err, errlen);
+  if (!rc && cp.opt.profile) {
+    if (cuda_profile_printer) cuda_profile_printer(&cp, plan->opt.grad_accum, stderr);
+    else fprintf(stderr, "LOOM_PROFILE: the per-kernel table is printed by loom train, not by a compiled executable\n");
+  }
   if (have_ce) cuda_executor_free(&ce);
   if (have_cp) cuda_program_free(&cp);
   return rc;

@@ -164,6 +164,21 @@ fi
 check llama-tiny "cp=2 (ring attention, zigzag)" --mesh cp=2
 check llama-tiny "cp=2, all-gather attention" --mesh cp=2 --cp-attn allgather
 check llama-tiny "cp=2, contiguous split" --mesh cp=2 --cp-balance contiguous
+# Mistral's sliding window (8) in the ring's blocks (kernels/attn_block.cuh, i[12]): across the
+# boundary of cp=2, and cp=4 contiguous, whose ring stops after 2 of 4 steps
+mistral() {   # description, flags...
+  local what=$1 g=tests/golden/mistral-tiny; shift
+  local run=("$LOOM" train $g/config.json --data $g/tokens.bin --seq 32 -q --steps 3 --batch 4 --eps 1e-4 "$@")
+  if "${run[@]}" --backend cpu --out "$tmp/cpu.st" > "$tmp/log" 2>&1 &&
+     "${run[@]}" --backend cuda --out "$tmp/cuda.st" > "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/cuda.st" "$tmp/cpu.st" --rtol 1e-4 > "$tmp/diff" 2>&1; then
+    ok "mistral-tiny $what: cuda (one process per rank) = the cpu mesh within 1e-4"
+  else
+    bad "mistral-tiny $what"; tail -20 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+}
+mistral "cp=2 (ring attention, zigzag)" --mesh cp=2
+mistral "cp=4, contiguous split (the ring stops after 2 steps)" --mesh cp=4 --cp-balance contiguous
 check gpt2-tiny "cp=2 (ring attention)" --mesh cp=2
 check llama-tiny "dp=2 x cp=2" --mesh dp=2,cp=2
 check llama-tiny "cp=4 (ring attention, zigzag)" --mesh cp=4
