@@ -384,10 +384,6 @@ LOOM_DEV void loom_split2(float x0, float x1, unsigned &hi, unsigned &lo) {
   lo = loom_pack2<BF>(__fsub_rn(x0, h0), __fsub_rn(x1, h1));
 }
 struct alignas(16) loom_u4 { unsigned x, y, z, w; };
-template <bool B>
-struct loom_bool {
-  static constexpr bool value = B;
-};
 
 /* The sm_80 instructions of the FlashAttention-2 style kernels, each with its emulated twin
    (tests/cuda_emu/emu.h) so the emulated device runs the same data flow:
@@ -630,8 +626,9 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
   const int koff = (8 * (lm >> 1) + lr) * LK + 8 * (lm & 1);   /* K: key blocks j, j+1 x d halves */
   const int voff = (8 * (lm & 1) + lr) * LK + 8 * (lm >> 1);   /* V^T: key halves x d blocks d, d+1 */
   /* one tile: EDGE when it crosses the causal diagonal or the end of the keys (masked) */
-  auto tile = [&](auto edge_tag, int n0, int st) {
-    constexpr bool EDGE = decltype(edge_tag)::value;
+  /* (a plain lambda: NVRTC refuses generic ones in device code; EDGE is a literal at each
+     call, so each is compiled with its own mask code or none) */
+  auto tile = [&](const bool EDGE, int n0, int st) {
     const unsigned short *sK = sbase + st * 2 * BN * LK, *sV = sK + BN * LK;
     float s[NT][4];
     #pragma unroll
@@ -710,8 +707,8 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
       loom_cp_wait<0>();
     }
     __syncthreads();
-    if (n0 < interior_end && n0 + BN <= S && n0 >= window_start) tile(loom_bool<false>(), n0, st);
-    else tile(loom_bool<true>(), n0, st);
+    if (n0 < interior_end && n0 + BN <= S && n0 >= window_start) tile(false, n0, st);
+    else tile(true, n0, st);
     __syncthreads();   /* every warp is done with this stage before it is loaded again */
   }
   #pragma unroll
@@ -812,8 +809,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
   const int interior_end = causal ? m0 + warp * 16 + 1 - BN : S - BN + 1;
   const int window_start = W > 0 ? m0 + warp * 16 + 15 - W + 1 : 0;
   /* item i: pass i / nk over tile i % nk; the next item's tile is copied under this one */
-  auto item = [&](auto edge_tag, auto pass_tag, int n0, int st) {
-    constexpr bool EDGE = decltype(edge_tag)::value, P2 = decltype(pass_tag)::value;
+  auto item = [&](const bool EDGE, const bool P2, int n0, int st) {   /* literals at each call */
     const unsigned short *sK = sbase + st * 2 * BN * LD, *sV = sK + BN * LD;
     float s[NT][4], dp[NT][4];
     #pragma unroll
@@ -899,8 +895,8 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     __syncthreads();
     const bool edge = !(n0 < interior_end && n0 + BN <= S && n0 >= window_start);
     if (i < nk) {
-      if (edge) item(loom_bool<true>(), loom_bool<false>(), n0, st);
-      else item(loom_bool<false>(), loom_bool<false>(), n0, st);
+      if (edge) item(true, false, n0, st);
+      else item(false, false, n0, st);
       if (i == nk - 1)
         #pragma unroll
         for (int hr = 0; hr < 2; hr++) {   /* L2 = m c2 + log2 l, Dsum = sum p dp / l; no key: L2 = inf */
@@ -913,8 +909,8 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
           mrow[hr] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
         }
     } else {
-      if (edge) item(loom_bool<true>(), loom_bool<true>(), n0, st);
-      else item(loom_bool<false>(), loom_bool<true>(), n0, st);
+      if (edge) item(true, true, n0, st);
+      else item(false, true, n0, st);
     }
     __syncthreads();
   }
@@ -1006,8 +1002,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_tc(const LoomArgs &a) {
   const int aoff = (warp * 16 + 8 * (lm & 1) + lr) * LD + 8 * (lm >> 1);   /* K, V as A: row halves x k halves */
   const int boff = (8 * (lm >> 1) + lr) * LD + 8 * (lm & 1);               /* Q, dO as B of S^T, dP^T */
   const int toff = (8 * (lm & 1) + lr) * LD + 8 * (lm >> 1);               /* dO^T, Q^T as B of dV, dK */
-  auto item = [&](auto edge_tag, int m0, int st) {
-    constexpr bool EDGE = decltype(edge_tag)::value;
+  auto item = [&](const bool EDGE, int m0, int st) {   /* a literal at each call */
     const unsigned short *sQ = sbase + st * STAGE, *sO = sQ + BM * LD;
     const float *sL = (const float *)(sO + BM * LD), *sD = sL + BM;
     float s[NQ][4], dp[NQ][4];
@@ -1078,8 +1073,8 @@ LOOM_DEV void loom_attn_bwd_dkdv_tc(const LoomArgs &a) {
     /* no query of the tile before a key of this warp's, none past T, none past the window
        of the warp's first key: no mask */
     if (m0 + BM <= T && (!causal || m0 >= n0 + warp * 16 + 15) && (W <= 0 || m0 + BM - 1 - (n0 + warp * 16) < W))
-      item(loom_bool<false>(), m0, st);
-    else item(loom_bool<true>(), m0, st);
+      item(false, m0, st);
+    else item(true, m0, st);
     __syncthreads();
   }
   loom_cp_wait<0>();   /* no copy in flight at exit (no query tile: K and V's) */
