@@ -1418,8 +1418,8 @@ static void header(Str *o, const Module *m) {
   str_add(o, "%s", NVRTC_PRELUDE_MARK);
   str_add(o, "struct LoomArgs {\n  void *buf[%d];\n  long long i[%d];\n  double f[4];\n};\n\n", RT_MAX_BUFS, RT_MAX_INTS);
   /* a benchmarking knob: flash-attention's numerics on tensor cores (see the prelude) */
-  const char *split = getenv("LOOM_CUDA_ATTN_SPLIT");
-  if (split && !strcmp(split, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 1   /* LOOM_CUDA_ATTN_SPLIT=1 */\n\n");
+  const char *round = getenv("LOOM_CUDA_ATTN_ROUND");
+  if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
   const char *families[] = {loom_cuh_common,    loom_cuh_norms,      loom_cuh_loss,   loom_cuh_data,
                             loom_cuh_optimizer, loom_cuh_attention,  loom_cuh_attn_block,
                             loom_cuh_decode,    loom_cuh_moe,        loom_cuh_mesh};

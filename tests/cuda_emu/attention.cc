@@ -8,7 +8,7 @@
 #include TU
 #include "emu_tail.h"
 
-#ifndef ATT_TOL   /* 2e-5 with -DLOOM_ATTN_SPLIT=1 (exact P and dS); the default rounds them once: -DATT_TOL=5e-3 */
+#ifndef ATT_TOL   /* -DLOOM_ATTN_SPLIT=0 (P and dS rounded once, as FlashAttention) with -DATT_TOL=5e-3 */
 #define ATT_TOL 2e-5
 #endif
 

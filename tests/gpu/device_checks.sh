@@ -85,7 +85,7 @@ fi
 if [[ $PHASES == *owed* ]]; then
   hwf=models/hardware/h200.json; nvidia-smi -L 2>/dev/null | grep -q H100 && hwf=models/hardware/h100-sxm.json
   check micro 120 "python3 tests/gpu/microbench.py $hwf $OUT/hw-measured.json"
-  check attnsplit 150 "LOOM_CUDA_ATTN_SPLIT=1 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh"
+  check attnround 150 "LOOM_CUDA_ATTN_ROUND=1 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh"
   check sample 150 "set -e; $B/loom data data/shakespeare.txt -o /tmp/s.bin; $B/loom train models/gpt2-124M.json --backend cuda --steps 1 --batch 4 --seq 1024 --data /tmp/s.bin --out /tmp/w124.st -q; for b in cuda cpu; do $B/loom sample models/gpt2-124M.json --weights /tmp/w124.st --prompt x --max-new-tokens 256 --temperature 0 --backend \$b > /dev/null; done"
 fi
 if [[ $PHASES == *sanitize* ]]; then
