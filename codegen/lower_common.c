@@ -32,7 +32,7 @@ uint8_t cg_round_of(DType dt) {
 
 RtRegion cg_region_of(const Global *g) {
   if (g->kind == GLOBAL_PARAM) return RT_REGION_PARAMS;
-  if (!strncmp(g->name, CG_GRAD_PREFIX, strlen(CG_GRAD_PREFIX))) return RT_REGION_GRADS;
+  if (!strncmp(g->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) return RT_REGION_GRADS;
   return RT_REGION_OPTIM;
 }
 
@@ -109,7 +109,7 @@ int *cg_placement_order(const Module *m) {
     }
     prank[i] = (int64_t)grp * (ng + 1) + i;
   }
-  static const char *const prefixes[] = {CG_GRAD_PREFIX, "adam_m.", "adam_v."};
+  static const char *const prefixes[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
   int64_t span = (int64_t)64 * (ng + 1);
   for (int i = 0; i < ng; i++) {
     const Global *g = m->globals.items[i];
@@ -147,6 +147,33 @@ int cg_wrap_start(RtStep *st, int h) {
   st->i[1] = h;
   st->which = RT_B_COLL_START;
   return 0;
+}
+
+/* ---- the runtime's builtins against the IR's ops (runtime/builtins.def, ir/ops.def) ----
+   A builtin that lowers one IR op one to one names that op; the build fails here when the op
+   is gone from ops.def or when its operand or result count no longer matches the builtin's
+   buffers.  (tests/unit/test_builtins.c compares the names, through cg_builtin_op.) */
+enum {
+#define OP(e, name, n_operands, n_results, cls, flags, schema) CG_IN_##e = n_operands, CG_OUT_##e = n_results,
+#include "ir/ops.def"
+#undef OP
+  CG_IN_NONE = -2, CG_OUT_NONE = -2
+};
+#define RT_BUILTIN(e, name, n_in, n_out, ir_op)                                                                   \
+  _Static_assert(CG_IN_##ir_op == -2 || (CG_IN_##ir_op == (n_in) && (CG_OUT_##ir_op == (n_out) || (n_out) == -1)),  \
+                 "runtime/builtins.def: builtin " name " takes other buffers than ir/ops.def's op " #ir_op);
+#include "runtime/builtins.def"
+#undef RT_BUILTIN
+
+int cg_builtin_op(int builtin) {
+  switch (builtin) {
+#define OP_NONE (-1)
+#define RT_BUILTIN(e, name, n_in, n_out, ir_op) case RT_B_##e: return OP_##ir_op;
+#include "runtime/builtins.def"
+#undef RT_BUILTIN
+#undef OP_NONE
+  default: return -1;
+  }
 }
 
 void cg_rope_f(const Op *op, double f[4]) {

@@ -10,10 +10,6 @@
 #include "ir/ir.h"
 #include "runtime/program.h"
 
-/* Gradient accumulators are named "<prefix><parameter>" (passes/passes.h's GRAD_PREFIX:
-   codegen does not include passes/). */
-#define CG_GRAD_PREFIX "grad."
-
 /* "@func: op 'kind' (the op as text): message", or "@func: message", or the message: into
    err; returns IR_EINPUT. */
 int cg_vfail(char *err, size_t errlen, const Func *f, const Op *op, const char *fmt, va_list ap);
@@ -49,5 +45,9 @@ void cg_label_merged(RtStep *st, int tensors);
    RT_B_COLL_START with the collective and the start's handle h in front of its ints
    (program.h).  0, or -1 when st is not a collective or its ints leave no room. */
 int cg_wrap_start(RtStep *st, int h);
+
+/* The ir/ops.def op a runtime builtin lowers from one to one (an OpKind), or -1 (a runtime-only
+   step; also past the table).  runtime/builtins.def is the table. */
+int cg_builtin_op(int builtin);
 
 #endif

@@ -95,6 +95,8 @@ int config_read_json_file(const char *path, json_t **out, char *err, size_t errl
   if (S_ISDIR(st.st_mode))
     return config_errorf(err, errlen, 2, "%s: is a folder, expected a JSON file; name the file itself",
                          path);
+  if (!S_ISREG(st.st_mode))   /* a FIFO or a device would block or never end */
+    return config_errorf(err, errlen, 2, "%s: not a regular file, expected a JSON file; name the file itself", path);
   FILE *f = fopen(path, "rb");
   if (!f) {
     int e = errno;

@@ -201,4 +201,19 @@ int spec_set(RunSpec *s, const char *key, const char *text, const char *origin, 
  * lr >= 0, min_lr <= lr; betas in [0, 1); eps > 0; grad_clip >= 0; at most 16 data files. */
 int spec_validate(const RunSpec *s, char *err, size_t errlen);
 
+/* ---- bounds.c ---- */
+
+/* What loom can build and run, checked before a graph is built: at most 1024 layers and
+ * 65536 experts, 2^48 parameter elements (one matrix too); 2 naming the key (`keyprefix`
+ * as in config_from_json) otherwise.  spec.c calls it on every model it reads. */
+int config_check_bounds(const ModelConfig *m, const char *file, const char *keyprefix, char *err, size_t errlen);
+
+/* The run's counts: steps <= 2^31-1, grad_accum <= 65536, batch x seq <= 2^31-1 tokens and
+ * x the widest activation <= 2^48 elements, at most 2^20 ranks.  spec_validate calls it. */
+int spec_check_bounds(const RunSpec *s, char *err, size_t errlen);
+
+/* The config.json key of the model's largest part (vocab_size, the experts, the layers or
+ * the width) and its value: what to make smaller when the model does not fit. */
+const char *config_largest_key(const ModelConfig *m, int64_t *value);
+
 #endif

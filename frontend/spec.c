@@ -186,7 +186,8 @@ static int set_model(const SpecReader *r, const json_t *v) {
   RunSpec *s = r->s;
   if (json_is_object(v)) {
     s->model_path[0] = '\0';
-    return config_from_json((json_t *)v, r->file, "model", &s->model, r->err, r->errlen);
+    int rc = config_from_json((json_t *)v, r->file, "model", &s->model, r->err, r->errlen);
+    return rc ? rc : config_check_bounds(&s->model, r->file, "model", r->err, r->errlen);
   }
   if (!json_is_string(v) || json_string_length(v) == 0)
     return bad(r, "model", "a Hugging Face config object or the path of a config.json", v,
@@ -202,6 +203,7 @@ static int set_model(const SpecReader *r, const json_t *v) {
                          r->file, path, strerror(errno),
                          r->dir[0] ? "the spec's folder" : "the current folder");
   if ((rc = config_load(path, &s->model, r->err, r->errlen))) return rc;
+  if ((rc = config_check_bounds(&s->model, path, "", r->err, r->errlen))) return rc;
   if (S_ISDIR(st.st_mode)) {
     size_t n = strlen(path);
     if (n + sizeof "/config.json" > SPEC_PATH_MAX) return 0;
@@ -471,6 +473,7 @@ int spec_load(const char *path, RunSpec *out, char *err, size_t errlen) {
                            "{...the config...}, \"%s\": ...}",
                            path, SPEC_KEYS[i], SPEC_KEYS[i]);
     if (!rc) rc = config_from_json(root, path, "", &out->model, err, errlen);
+    if (!rc) rc = config_check_bounds(&out->model, path, "", err, errlen);
     if (!rc) out->set_mask |= SPEC_SET_MODEL;
   } else if (!json_object_get(root, "model")) {
     rc = config_errorf(err, errlen, 2,
@@ -642,5 +645,5 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
     FAIL("%s: key \"mesh.tp\": tensor parallelism splits each expert's MLP width (%lld), which is not "
          "divisible by tp = %lld; choose a tp that divides it", f, (long long)m->moe_intermediate, (long long)tp);
 #undef FAIL
-  return 0;
+  return spec_check_bounds(s, err, errlen);
 }

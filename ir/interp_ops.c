@@ -683,10 +683,6 @@ static int64_t vocab_offset(const Op *op, int64_t rows, const int *coord) {
   return axis >= 0 && coord ? coord[axis] * rows : 0;
 }
 
-int interp_op(const Op *op, Tensor **in, Tensor **out, char *err, size_t errlen) {
-  return interp_op_rank(op, in, out, NULL, err, errlen);
-}
-
 int interp_op_rank(const Op *op, Tensor **in, Tensor **out, const int *coord, char *err, size_t errlen) {
   const OpInfo *info = op_info(op->kind);
   Tensor *y = out[0];

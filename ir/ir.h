@@ -16,7 +16,11 @@
  *   verify.c   the verifier: types, shapes, shardings, SSA order; names the bad op
  *   print.c    the text form
  *   parse.c    the text form back into a module; file:line:col errors
- *   interp.c   reference executor (interp_ops.c: the meaning of every op)
+ *   interp.c   reference executor (interp_ops.c: the meaning of every op; interp_moe.c: the
+ *              mixture-of-experts ops; interp_ops.h)
+ *   schedule.c pipeline schedules as data (ir/schedule.h): the pass and the executors share them
+ *   fmath.h    loom's exp and tanh, the definitions every backend's kernels follow
+ *   ops.def    every op, defined once (runtime/builtins.def names the ops the runtime runs whole)
  *
  * Errors are values: functions that can fail return 0 on success, IR_EINPUT (2) for bad
  * input or IR_ERUN (1) for a run-time failure, and write a message into `err`.
@@ -148,7 +152,6 @@ typedef struct {
 const OpInfo *op_info(OpKind k);
 int op_n_writes(OpKind k);      /* how many leading operands the op writes (0 if pure) */
 int op_lookup(const char *name, size_t n, OpKind *out);   /* 0 ok, -1 unknown */
-const char *op_class_name(OpClass c);
 /* Async collectives (ops.def): the start of a collective kind (all_reduce, all_gather,
    reduce_scatter, all_to_all), or OP_COUNT when it has none; and back from a start to the
    collective it begins (any other kind: itself). */
@@ -190,6 +193,10 @@ struct Op {
 typedef enum { INIT_ZEROS, INIT_ONES, INIT_NORMAL, INIT_CONST } InitKind;
 typedef struct { InitKind kind; double value; } Init;   /* normal: value = std */
 
+/* Gradient and optimizer-state globals are named "<prefix><parameter name>".    The autodiff and optimizer passes make them; the executors and the lowering read them. */
+#define GRAD_PREFIX "grad."
+#define ADAM_M_PREFIX "adam_m."
+#define ADAM_V_PREFIX "adam_v."
 typedef enum { GLOBAL_PARAM, GLOBAL_STATE } GlobalKind;
 struct Global {
   GlobalKind kind;
@@ -285,8 +292,6 @@ Op *func_add_op(Func *f, OpKind k, Value **operands, int n_operands, const Type 
 Op *op_new(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types);
 /* For ops with a variadic result count (call): n_results given. */
 Op *op_new_n(Module *m, OpKind k, Value **operands, int n_operands, const Type *result_types, int n_results);
-/* Appends `call @callee(operands)` with results typed like callee's returns. */
-Op *func_add_call(Func *f, Func *callee, Value **operands, int n_operands);
 void value_set_name(Module *m, Value *v, const char *name);
 /* Numbers args, then op results in order (Value.id), returns the count. */
 int func_number(Func *f);

@@ -134,19 +134,6 @@ Op *op_new_n(Module *m, OpKind k, Value **operands, int n_operands, const Type *
   return op;
 }
 
-Op *func_add_call(Func *f, Func *callee, Value **operands, int n_operands) {
-  Type types[64];
-  for (int i = 0; i < callee->rets.n && i < 64; i++) types[i] = ((Value *)callee->rets.items[i])->type;
-  Op *op = op_new_n(f->module, OP_CALL, operands, n_operands, types, callee->rets.n);
-  op->callee = callee;
-  Attr *a = &op->attrs[0];
-  a->kind = ATTR_FUNC;
-  a->s = callee->name;
-  a->set = true;
-  ptrvec_push(f->module->arena, &f->ops, op);
-  return op;
-}
-
 Op *func_add_op(Func *f, OpKind k, Value **operands, int n_operands, const Type *result_types) {
   Op *op = op_new(f->module, k, operands, n_operands, result_types);
   ptrvec_push(f->module->arena, &f->ops, op);

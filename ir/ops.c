@@ -101,12 +101,6 @@ int op_lookup(const char *name, size_t n, OpKind *out) {
   return -1;
 }
 
-const char *op_class_name(OpClass c) {
-  static const char *const names[] = {"elementwise", "reduction", "contraction", "data",
-                                      "composite", "collective", "optimizer", "call"};
-  return names[c];
-}
-
 int op_attr_index(OpKind k, const char *name) {
   const OpInfo *info = op_info(k);
   for (int i = 0; i < info->n_attrs; i++)

@@ -700,6 +700,10 @@ int parse_module_file(const char *path, Module **out, char *err, size_t errlen) 
     snprintf(err, errlen, "%s: is a folder, not an IR file", path);
     return IR_EINPUT;
   }
+  if (!stat(path, &st) && !S_ISREG(st.st_mode)) {   /* a FIFO or a device would block or never end */
+    snprintf(err, errlen, "%s: not a regular file, expected an IR file", path);
+    return IR_EINPUT;
+  }
   FILE *f = fopen(path, "rb");
   if (!f) {
     snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));

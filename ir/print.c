@@ -16,10 +16,18 @@ void format_double(char *buf, size_t n, double x) {
   }
 }
 
-/* Printed names of one function's values, indexed by Value.id. */
+/* Printed names of one function's values, indexed by Value.id, and a hash set of the
+   names given so far (each with the next suffix to try for a name taken again): naming
+   is linear in the values, not quadratic as a scan of every earlier name was. */
+typedef struct {
+  const char *key;    /* a name in names[], or NULL */
+  int next_suffix;    /* "key.N" for N below this are taken */
+} NameSlot;
 typedef struct {
   char **names;
   int n;
+  NameSlot *set;
+  size_t cap;         /* a power of two, at least twice the names */
 } Namer;
 
 static bool name_char_ok(char c) {
@@ -33,11 +41,20 @@ static bool all_digits(const char *s) {
   return true;
 }
 
-static bool taken(Namer *nm, int upto, const char *s) {
-  for (int i = 0; i < upto; i++)
-    if (nm->names[i] && !strcmp(nm->names[i], s)) return true;
-  return false;
+static size_t name_hash(const char *s) {   /* FNV-1a */
+  size_t h = 1469598103934665603u;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211u;
+  return h;
 }
+
+/* The slot of s: its own when taken, else the empty one it would go in. */
+static NameSlot *name_slot(const Namer *nm, const char *s) {
+  size_t i = name_hash(s) & (nm->cap - 1);
+  while (nm->set[i].key && strcmp(nm->set[i].key, s)) i = (i + 1) & (nm->cap - 1);
+  return &nm->set[i];
+}
+
+static bool taken(const Namer *nm, const char *s) { return name_slot(nm, s)->key != NULL; }
 
 static void namer_assign(Namer *nm, const Value *v, int *next_number) {
   int id = v->id;
@@ -46,21 +63,36 @@ static void namer_assign(Namer *nm, const Value *v, int *next_number) {
     size_t k = 0;
     for (const char *s = v->name; *s && k < 190; s++) buf[k++] = name_char_ok(*s) ? *s : '_';
     buf[k] = 0;
-    if (taken(nm, id, buf)) {
+    NameSlot *base_slot = name_slot(nm, buf);
+    if (base_slot->key) {   /* the smallest free suffix only grows as names are added */
       char base[200];
       memcpy(base, buf, k + 1);
-      for (int suffix = 1; taken(nm, id, buf); suffix++) snprintf(buf, sizeof buf, "%s.%d", base, suffix);
+      int suffix = base_slot->next_suffix > 1 ? base_slot->next_suffix : 1;
+      for (;; suffix++) {
+        snprintf(buf, sizeof buf, "%s.%d", base, suffix);
+        if (!taken(nm, buf)) break;
+      }
+      base_slot->next_suffix = suffix + 1;
     }
   } else {
     do snprintf(buf, sizeof buf, "%d", (*next_number)++);
-    while (taken(nm, id, buf));
+    while (taken(nm, buf));
   }
   nm->names[id] = strdup(buf);
+  if (nm->names[id]) name_slot(nm, buf)->key = nm->names[id];
 }
 
 static void namer_init(Namer *nm, const Func *f) {
   nm->n = func_number((Func *)f);
   nm->names = calloc((size_t)(nm->n ? nm->n : 1), sizeof(char *));
+  for (nm->cap = 16; nm->cap < 2 * (size_t)nm->n + 16; nm->cap *= 2) {}
+  nm->set = calloc(nm->cap, sizeof *nm->set);
+  if (!nm->names || !nm->set) {   /* out of memory: print values by their own names (print_value) */
+    free(nm->names);
+    free(nm->set);
+    nm->names = NULL, nm->set = NULL, nm->n = 0;
+    return;
+  }
   int next_number = 0;
   for (int i = 0; i < f->args.n; i++) namer_assign(nm, f->args.items[i], &next_number);
   for (int i = 0; i < f->ops.n; i++) {
@@ -72,11 +104,12 @@ static void namer_init(Namer *nm, const Func *f) {
 static void namer_free(Namer *nm) {
   for (int i = 0; i < nm->n; i++) free(nm->names[i]);
   free(nm->names);
+  free(nm->set);
 }
 
 static void print_value(FILE *out, const Namer *nm, const Value *v) {
   if (v->kind == VAL_GLOBAL) fprintf(out, "$%s", v->global->name);
-  else if (nm) fprintf(out, "%%%s", nm->names[v->id]);
+  else if (nm && nm->names && nm->names[v->id]) fprintf(out, "%%%s", nm->names[v->id]);
   else if (v->name) fprintf(out, "%%%s", v->name);
   else fprintf(out, "%%%d", v->id);
 }

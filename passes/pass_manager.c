@@ -2,6 +2,7 @@
    --print-ir-after=NAME, --print-ir-after-all, --dump-dir=DIR (NN-name.ir files that sort
    in pipeline order), --verify-each, --time-passes. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -11,9 +12,6 @@
 extern const Pass pass_verify, pass_dce, pass_cse, pass_canonicalize, pass_mixed_precision, pass_autodiff,
     pass_optimizer, pass_fuse, pass_memory_plan, pass_shard, pass_bucket, pass_pipeline, pass_verify_collectives, pass_overlap,
     pass_recompute;
-
-const TrainSettings train_defaults = {.grad_accum = 1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
-                                      .grad_clip = 1.0, .bucket_mb = 25.0, .overlap = true};
 
 /* Every pass, in the order `--list-passes` shows them. */
 static const Pass *const all_passes[] = {
@@ -124,6 +122,56 @@ static int dump(const Module *m, const char *dir, int index, const char *name, c
   return 0;
 }
 
+/* The reproducer of pass i of names[] failing on a module whose input was `input`: the passes
+   before it replayed on input, the result written as before-<pass>.ir, and rerun.sh.  The
+   message in err gets where they are (or why none was written). */
+static void write_reproducer(Module *input, char names[][64], int i, const PassOptions *opt, int rc, char *err,
+                             size_t errlen) {
+  char dir[4096];
+  if (opt->dump_dir) {
+    snprintf(dir, sizeof dir, "%s", opt->dump_dir);
+  } else {
+    if (rc == IR_EINPUT) return;   /* a refusal of the input says what to fix; no reproducer */
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/loom-repro-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) return;
+  }
+  char prefix[64 * 65] = "", msg[IR_ERR_LEN];
+  PassOptions quiet = {.train = opt->train, .target = opt->target};
+  int prc = 0;
+  for (int k = 0; k <= i; k++) {
+    if (k < i && !prc) {
+      char perr[IR_ERR_LEN];
+      prc = pipeline_run(input, names[k], &quiet, perr, sizeof perr);
+    }
+    snprintf(prefix + strlen(prefix), sizeof prefix - strlen(prefix), "%s%s", k ? "," : "", names[k]);
+  }
+  char path[4200];
+  snprintf(path, sizeof path, "%s/before-%s.ir", dir, names[i]);
+  FILE *f = prc ? NULL : fopen(path, "w");
+  if (f) {
+    fprintf(f, "# loom IR before pass %s (pass %d of the pipeline %s), where it failed\n", names[i], i + 1, prefix);
+    print_module(f, input);
+    if (fclose(f)) f = NULL;
+  }
+  snprintf(path, sizeof path, "%s/rerun.sh", dir);
+  FILE *sh = fopen(path, "w");
+  if (sh) {
+    fprintf(sh, "#!/bin/sh\n# pass %s failed: ", names[i]);
+    for (const char *c = err; *c; c++) fputc(*c == '\n' ? ' ' : *c, sh);   /* one comment line */
+    fputc('\n', sh);
+    if (opt->repro_cmd) fprintf(sh, "# the pipeline up to the failing pass, from the command's input:\n%s --passes=%s --verify-each\n",
+                                opt->repro_cmd, prefix);
+    fprintf(sh, "# the failing pass alone, on the IR before it (a pass that reads the run's training settings\n"
+                "# runs here with the defaults; the line above keeps them):\n# loom ir %s/before-%s.ir --passes=%s\n",
+            dir, names[i], names[i]);
+    if (fclose(sh)) sh = NULL;
+  }
+  snprintf(msg, sizeof msg, "%s", err);
+  if (f && sh)
+    snprintf(err, errlen, "%s\n(reproducer: %s/before-%s.ir, the IR before the pass, and %s/rerun.sh)", msg, dir, names[i], dir);
+}
+
 int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *err, size_t errlen) {
   static const PassOptions none;
   if (!opt) opt = &none;
@@ -141,11 +189,14 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
     if (rc) return rc;
   }
   double total = 0;
-  for (int i = 0; i < n; i++) {
+  /* the input, kept for a reproducer (the passes before a failing one are replayed on it) */
+  Module *input = opt->repro_cmd ? module_clone(m, false) : NULL;
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) {
     const Pass *p = pass_lookup(names[i]);
     PassContext ctx = {opt, 0};
     double t0 = now_ms();
-    int rc = p->run(m, &ctx, err, errlen);
+    rc = p->run(m, &ctx, err, errlen);
     double dt = now_ms() - t0;
     total += dt;
     if (rc) {
@@ -153,7 +204,8 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
       char msg[IR_ERR_LEN];
       snprintf(msg, sizeof msg, "%s", err);
       snprintf(err, errlen, "in pass '%s': %s", p->name, msg);
-      return rc;
+      if (input) write_reproducer(input, names, i, opt, rc, err, errlen);
+      break;
     }
     if (opt->time_passes) fprintf(out, "# pass %-16s %9.3f ms  (%d changes)\n", p->name, dt, ctx.changed);
     if (opt->verify_each && strcmp(p->name, "verify")) {
@@ -163,7 +215,8 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
         snprintf(msg, sizeof msg, "%s", err);
         snprintf(err, errlen, "the IR is invalid after pass '%s' (a bug in that pass; please report it with this "
                  "input): %s", p->name, msg);
-        return rc;
+        if (input) write_reproducer(input, names, i, opt, IR_ERUN, err, errlen);
+        break;
       }
     }
     bool print = opt->print_after_all;
@@ -172,11 +225,9 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
       fprintf(out, "# ----- IR after %s (pass %d of %d) -----\n", p->name, i + 1, n);
       print_module(out, m);
     }
-    if (opt->dump_dir) {
-      rc = dump(m, opt->dump_dir, i + 1, p->name, err, errlen);
-      if (rc) return rc;
-    }
+    if (opt->dump_dir) rc = dump(m, opt->dump_dir, i + 1, p->name, err, errlen);
   }
-  if (opt->time_passes) fprintf(out, "# total            %9.3f ms\n", total);
-  return 0;
+  if (input) module_free(input);
+  if (!rc && opt->time_passes) fprintf(out, "# total            %9.3f ms\n", total);
+  return rc;
 }

@@ -1,7 +1,7 @@
 /* passes/passes.h — the pass manager and the passes, one file each.
  *
  *   pass_manager.c  pipelines ("a,b,c"), hooks around every pass: print, dump, verify, time
- *   util.c          helpers shared by passes: replace uses, remove dead ops
+ *   util.c          helpers shared by passes: replace uses, remove dead ops; train_defaults
  *   verify.c        pass "verify": runs the IR verifier
  *   dce.c           pass "dce": removes ops whose results are never used
  *   cse.c           pass "cse": merges identical ops
@@ -11,8 +11,12 @@
  *   optimizer.c     pass "optimizer": @optimizer_step (norm, clipping, AdamW, zeroing)
  *   fuse.c          pass "fuse": elementwise/broadcast/reduction chains -> kernel funcs + call
  *   memory_plan.c   pass "memory-plan": arena offsets (liveness, aliasing, in place); memory_report()
+ *   memory_rank.c   memory per rank of a partitioned (and pipelined) program: loom plan, recompute auto
  *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted; the
- *                   axes' own rules in shard_dp.c (dp, ZeRO) and shard_tp.c (tp, sp)
+ *                   axes' own rules in shard_dp.c (dp, ZeRO), shard_tp.c (tp, sp), shard_cp.c
+ *                   (cp, ring attention), shard_ep.c (experts); shard_emit.c builds the
+ *                   per-rank ops and collectives they all use (shard_internal.h)
+ *   bucket.c        pass "bucket": dp gradient all-reduces packed into buckets
  *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp)
  *   recompute.c     pass "recompute": forward ops cloned into the backward instead of kept
  *                   (--recompute selective|full|auto; auto fits --memory-budget)
@@ -22,6 +26,7 @@
  *                   match and cannot deadlock under the schedule
  *   flops.c, timing.c  analyses, not passes: model FLOPs (`--flops`) and the predicted step
  *                   time on a hardware description (`--time`, passes/timing.h)
+ *   lower_memo.c    lowering each distinct function once (loom plan; passes/lower_memo.h)
  *   (ir/schedule.c: the pipeline schedules as data, which the pass and the runtime share)
  */
 #ifndef LOOM_PASSES_H
@@ -76,6 +81,12 @@ typedef struct {
   bool time_passes;             /* report the time of every pass */
   bool no_self_checks;          /* memory-plan skips its own overlap check (loom plan's screening) */
   FILE *print_to;               /* where printed IR and timings go (default stderr) */
+  /* A reproducer when a pass fails (pass_manager.c): the IR before the pass
+     (before-<pass>.ir) and rerun.sh (repro_cmd followed by --passes=<the pipeline up to that
+     pass>) in dump_dir, or else, when the failure is not a refusal of the input (IR_EINPUT),
+     in a new folder under $TMPDIR.  repro_cmd: the command (a `loom ir` line) that rebuilds the
+     pipeline's input; NULL: no reproducer. */
+  const char *repro_cmd;
   /* verify-collectives: other programs for some ranks (`loom ir --rank-ir R=FILE`) */
   const Module *rank_ir[16];
   int rank_ir_rank[16];
@@ -104,6 +115,10 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
 #define LOWER_PIPELINE "fuse,memory-plan,verify"
 /* The decode graph (loom sample, frontend_build_decode): no training passes. */
 #define DECODE_PIPELINE "verify,canonicalize,cse,dce,fuse,memory-plan,verify"
+/* loom eval: with --grads (autodiff adds @grad_step; no optimizer), and the forward of a
+   mesh (partitioned, no training passes). */
+#define EVAL_GRADS_PIPELINE "verify,canonicalize,mixed-precision,autodiff,cse,dce,verify"
+#define EVAL_MESH_PIPELINE "verify,canonicalize,mixed-precision,shard,canonicalize,cse,dce,verify"
 
 /* The most buffers (inputs + outputs) one fused kernel passes: runtime/program.h's
    RT_MAX_BUFS (passes may not include the runtime). */
@@ -161,10 +176,7 @@ int verify_collectives_ranks(const Module *const *mods, int world, char *err, si
 /* Checks that no two buffers alive at the same time share bytes (except aliases). */
 int memory_plan_check(Func *f, int target, char *err, size_t errlen);
 
-/* Gradient and optimizer-state globals are named "<prefix><parameter name>". */
-#define GRAD_PREFIX "grad."
-#define ADAM_M_PREFIX "adam_m."
-#define ADAM_V_PREFIX "adam_v."
+/* GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX: ir/ir.h (the runtime's executors read them too). */
 
 /* util.c */
 /* Rewrites every use of values by their replacement: repl[v->id] (NULL = keep).  Ids

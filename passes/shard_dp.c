@@ -23,10 +23,6 @@ static int zero_dim_of(const Module *m, const Type *t) {
   return -1;
 }
 
-bool shard_dp_zero3_param(const Sharder *s, const Value *v) {
-  return s->zero >= 3 && v->kind == VAL_GLOBAL && v->global->kind == GLOBAL_PARAM && s->zero_dim[v->global->index] >= 0;
-}
-
 /* Parameters R (ZeRO-3: split), gradients P until the optimizer step (ZeRO-2: split),
    optimizer moments R (ZeRO-1: split).  The split dim is chosen on the parameter as the
    other axes leave it, so every state of one parameter is split alike. */

@@ -40,7 +40,7 @@ typedef struct {
   Value *cnt, *rcnt;
 } EpCounts;
 
-typedef struct {
+typedef struct Sharder {
   Module *m;
   Func *f;             /* the function being built (per-rank) */
   Value **map;         /* source value id -> per-rank value */
@@ -53,6 +53,9 @@ typedef struct {
   bool *undecided;     /* per global index: a gradient whose placement off dp the first accumulate decides */
   int64_t heads, kv_heads;   /* tp: of the model's attention (0: none) */
   bool cp_zigzag;            /* cp: the zigzag layout (else contiguous chunks) */
+  /* cp's own resharding (shard_cp_reshard), reached through this pointer so that shard_emit.c's
+     shard_reshard calls no axis file (the axis files call shard_emit.c) */
+  Value *(*cp_reshard)(struct Sharder *s, Value *v, Place have, Place want);
   bool cp_allgather;         /* cp: attention all-gathers K/V (else the ring) */
   int64_t cp_tag;            /* cp: the next point-to-point tag */
   bool *cp_merged;           /* cp: per source value, a flattened [B*T,...] split over cp (shard_cp_rule) */

@@ -2,7 +2,7 @@
  * `loom ir --time --hw H100` prints and what the planner (issue 16) ranks layouts by.
  *
  * Inputs: the per-rank module (after `shard`, best after `lower`, whose fused kernels are
- * the memory traffic the run really has) and a Hardware description (tools/hardware.c reads
+ * the memory traffic the run really has) and a Hardware description (driver/hardware.c reads
  * it from models/hardware/NAME.json).  Every op gets a time from its FLOPs and bytes
  * (roofline: the larger of FLOPs / (peak · efficiency) and bytes / (bandwidth · efficiency),
  * plus a per-op overhead), every collective from an alpha-beta model of its ring algorithm

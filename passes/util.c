@@ -1,8 +1,13 @@
-/* passes/util.c — helpers shared by passes (uses, dead ops, a ring recv's send). */
+/* passes/util.c — helpers shared by passes (uses, dead ops, a ring recv's send) and the
+   training settings' defaults (here, not in pass_manager.c: the passes read them, and the
+   pass manager calls the passes). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
+
+const TrainSettings train_defaults = {.grad_accum = 1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1,
+                                      .grad_clip = 1.0, .bucket_mb = 25.0, .overlap = true};
 
 static Value *resolve(Value **repl, Value *v) {
   while (v->kind == VAL_RESULT && repl[v->id]) v = repl[v->id];

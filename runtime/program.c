@@ -41,6 +41,40 @@ static void put(Out *o, const void *src, size_t n) {
   o->n += n;
 }
 
+int rt_storage_size(RtStorage s) {
+  switch (s) {
+  case RT_ST_F32:
+  case RT_ST_I32: return 4;
+  case RT_ST_BF16:
+  case RT_ST_F16: return 2;
+  case RT_ST_F8E4M3:
+  case RT_ST_F8E5M2:
+  case RT_ST_BOOL: return 1;
+  }
+  return 0;
+}
+
+const char *rt_storage_name(RtStorage s) {
+  switch (s) {
+  case RT_ST_F32: return "f32";
+  case RT_ST_I32: return "i32";
+  case RT_ST_BF16: return "bf16";
+  case RT_ST_F16: return "f16";
+  case RT_ST_F8E4M3: return "f8e4m3";
+  case RT_ST_F8E5M2: return "f8e5m2";
+  case RT_ST_BOOL: return "bool";
+  }
+  return "unknown";
+}
+
+const RtBuiltinInfo rt_builtins[RT_B_COUNT] = {
+#define RT_BUILTIN(e, name, n_in, n_out, ir_op) [RT_B_##e] = {name, n_in, n_out},
+#include "runtime/builtins.def"
+#undef RT_BUILTIN
+};
+
+const char *rt_builtin_name(int b) { return b >= 0 && b < RT_B_COUNT ? rt_builtins[b].name : "?"; }
+
 int rt_program_save(const RtProgram *p, unsigned char **bytes, size_t *n, char *err, size_t errlen) {
   Out o = {0};
   uint32_t step_size = sizeof(RtStep);
@@ -327,4 +361,51 @@ void rt_global_init_piece(const RtGlobal *gl, const int64_t mesh[5], const int c
   for (int d = 0; d < gl->rank; d++) saved *= gl->shape[d];
   InitPiece ip = {&whole, name_seed(seed, gl->name), out, saved < whole.n ? saved : whole.n};
   rt_piece_runs(gl, mesh, coord, init_run, &ip);
+}
+
+int rt_program_check(const RtProgram *p, const RtChecker *c, char *err, size_t errlen) {
+  if (p->n_funcs < 0 || p->n_globals < 0 || p->n_kernels < 0 || (p->n_funcs && !p->funcs) ||
+      (p->n_globals && !p->globals) || (p->n_kernels && !p->kernel_names)) {
+    snprintf(err, errlen, "malformed program");
+    return 2;
+  }
+  for (int r = 1; r < RT_REGION_COUNT; r++)
+    if (p->region_bytes[r] < 0) {
+      snprintf(err, errlen, "region %d has a negative size", r);
+      return 2;
+    }
+  int rc;
+  for (int g = 0; g < p->n_globals; g++)
+    if ((rc = c->global(c->ctx, p, g, err, errlen))) return rc;
+  for (int f = 0; f < p->n_funcs; f++) {
+    const RtFunc *fn = &p->funcs[f];
+    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > RT_MAX_FUNC_IO || fn->n_rets < 0 ||
+        fn->n_rets > RT_MAX_FUNC_IO || fn->n_steps < 0 || (fn->n_steps > 0 && !fn->steps)) {
+      snprintf(err, errlen, "@%s: malformed function header", fn->name);
+      return 2;
+    }
+    for (int a = 0; a < fn->n_args; a++)
+      if ((rc = c->buf(c->ctx, p, f, &fn->args[a], "argument", err, errlen))) return rc;
+    for (int a = 0; a < fn->n_rets; a++)
+      if ((rc = c->buf(c->ctx, p, f, &fn->rets[a], "result", err, errlen))) return rc;
+    for (int s = 0; s < fn->n_steps; s++) {
+      const RtStep *st = &fn->steps[s];
+      if (st->n_in < 0 || st->n_out < 0 || st->n_in > RT_MAX_BUFS || st->n_out > RT_MAX_BUFS - st->n_in) {
+        snprintf(err, errlen, "@%s: step %d has too many buffers", fn->name, s);
+        return 2;
+      }
+      for (int b = 0; b < st->n_in + st->n_out; b++)
+        if ((rc = c->buf(c->ctx, p, f, &st->bufs[b], st->label, err, errlen))) return rc;
+      if (st->kind != RT_STEP_KERNEL && st->kind != RT_STEP_GEMM && st->kind != RT_STEP_BUILTIN) {
+        snprintf(err, errlen, "@%s: step %d has an unknown kind", fn->name, s);
+        return 2;
+      }
+      char msg[512] = "";
+      if ((rc = c->step(c->ctx, p, st, msg, sizeof msg))) {
+        snprintf(err, errlen, "@%s: step %d (%s): %s", fn->name, s, st->label, msg);
+        return rc;
+      }
+    }
+  }
+  return 0;
 }

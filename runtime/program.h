@@ -25,6 +25,8 @@ typedef enum { RT_ROUND_NONE, RT_ROUND_BF16, RT_ROUND_F16, RT_ROUND_F8E4M3, RT_R
 /* How a buffer's elements are stored.  The CPU backend stores every float as f32 (and
    emulates narrow dtypes with RtBuf.round); the CUDA backend stores each dtype natively. */
 typedef enum { RT_ST_F32, RT_ST_I32, RT_ST_BF16, RT_ST_F16, RT_ST_F8E4M3, RT_ST_F8E5M2, RT_ST_BOOL /* 1 byte, 0 or 1 */ } RtStorage;
+int rt_storage_size(RtStorage s);          /* bytes per element; 0 for an unknown storage */
+const char *rt_storage_name(RtStorage s);  /* "f32", "bf16", ... */
 
 typedef struct {
   uint8_t region;      /* RtRegion */
@@ -62,98 +64,22 @@ static inline double rt_rope_inv_freq(const double *f, int64_t j, int64_t Dh) {
   return (1.0 - sm) * inv / f[1] + sm * inv;
 }
 
-/* Builtins.  Buffers are listed inputs first, then outputs; every output is fully
-   overwritten (never accumulated into) unless the builtin says "+=".  Sizes are in i[],
-   float attributes in f[].  The meaning of each is the op of the same name in ir/ops.def
-   (the reference executor, ir/interp_ops.c, is the definition). */
+/* Builtins: runtime/builtins.def lists them with their buffers, sizes and attributes. */
 typedef enum {
-  RT_B_LAYERNORM,          /* x w b -> y;            i: rows, D;  f: eps */
-  RT_B_LAYERNORM_GRAD,     /* dy x w -> dx dw db;    i: rows, D;  f: eps */
-  RT_B_RMSNORM,            /* x w -> y;              i: rows, D;  f: eps */
-  RT_B_RMSNORM_GRAD,       /* dy x w -> dx dw;       i: rows, D;  f: eps */
-  RT_B_SOFTMAX,            /* x -> y;                i: rows, D */
-  RT_B_SOFTMAX_GRAD,       /* dy y -> dx;            i: rows, D */
-  RT_B_ATTENTION,          /* q k v -> out;          i: B, T, H, Dh, S, KV, causal, window;  f: scale */
-  RT_B_ATTENTION_GRAD,     /* dout q k v -> dq dk dv; i: as attention;             f: scale */
-  RT_B_ROPE,               /* x -> y;                i: B, T, H, Dh, offset, inverse, seq axis + 1, seq_n,
-                              zigzag (positions: rt_seq_pos of the rank's coordinate on that axis);  f: theta,
-                              factor, low_wl, high_wl (rt_rope_inv_freq) */
-  RT_B_ATTN_BLOCK,         /* q k v -> o lse (f32);  i: B, Tq, H, Dh, Tk, KV, causal, seq axis + 1, seq_n, zigzag,
-                              kv_shift, (11: the CUDA kernels' rank coordinate), window;  f: scale (the op
-                              attention_block) */
-  RT_B_ATTN_BLOCK_GRAD,    /* dout q k v lse delta -> dq dk dv (f32);  i, f: as attn_block */
-  /* generation with a KV cache (loom sample); pos(int) [B,C] the new tokens' positions */
-  RT_B_ROPE_AT,            /* x pos -> y;            i: B, C, H, Dh;  f: as rope */
-  RT_B_ATTN_CACHED,        /* q kcache vcache pos -> out;  i: B, C, H, Dh, Tmax, KV, window;  f: scale */
-  RT_B_KV_WRITE,           /* cache x pos -> (cache rows pos[b,c] = x[b,c], in place; cache listed once, as
-                              input 0);  i: B, C, Tmax, KV*Dh */
-  /* mixture of experts (ir/ops.def's topk .. grouped_matmul_wgrad; positions and counts int) */
-  RT_B_TOPK,               /* x -> idx(int);         i: rows, E, k */
-  RT_B_GATHER_LAST,        /* x idx(int) -> y;       i: rows, E, k */
-  RT_B_SCATTER_LAST,       /* dy idx(int) -> y;      i: rows, E, k */
-  RT_B_MOE_SORT,           /* idx(int) -> pos(int);  i: n (= N*k), experts, capacity */
-  RT_B_MOE_COUNT,          /* idx(int) -> count(int); i: n, experts, capacity */
-  RT_B_MOE_DISPATCH,       /* x pos(int) w -> y;     i: N, k, D, R */
-  RT_B_MOE_COMBINE,        /* y pos(int) w -> out;   i: N, k, D, R */
-  RT_B_MOE_WEIGHT_GRAD,    /* rows x pos(int) -> dw; i: N, k, D, R */
-  RT_B_GROUPED_MATMUL,     /* x w count(int) -> y;   i: R, K, N, E, G, tb */
-  RT_B_GROUPED_WGRAD,      /* dy x count(int) -> dw; i: R, K (x's), N (dy's), E, G */
-  RT_B_CROSS_ENTROPY,      /* logits targets(int) -> loss;           i: rows, V */
-  RT_B_CROSS_ENTROPY_GRAD, /* dloss logits targets(int) -> dlogits;  i: rows, V */
-  RT_B_EMBEDDING,          /* table ids(int) -> y;   i: n_ids, V, D, vocab axis + 1 (0: none; else the
-                              table holds rows [c*V, (c+1)*V) of the vocabulary, c the rank's coordinate
-                              on that axis, and other ids give zero rows) */
-  RT_B_EMBEDDING_GRAD,     /* dy ids(int) -> dtable; i: n_ids, V, D, vocab axis + 1 */
-  RT_B_TRANSPOSE,          /* x -> y;  i: rank, x dims[rank], perm[rank] */
-  RT_B_SLICE,              /* x -> y;  i: rank, x dims[rank], start[rank], end[rank] */
-  RT_B_PAD,                /* x -> y;  i: rank, x dims[rank], low[rank], high[rank] */
-  RT_B_CONCAT,             /* x0..xk -> y;  i: k+1 inputs, outer, inner, then each input's size along dim */
-  RT_B_BROADCAST,          /* x -> y;  i: rank (of y), y dims[rank], x element strides per y dim (0: broadcast) */
-  RT_B_COPY,               /* x -> y;  i: n (reshape or a cast between float dtypes: y's round applies) */
-  RT_B_CAST,               /* x -> y;  i: n, to_bool (between int and float: float->int truncates;
-                              to_bool = 1: y = x != 0) */
-  RT_B_FILL,               /* -> y;    i: n;  f: value (constant, or fill of a global) */
-  RT_B_IOTA,               /* -> y;    i: rank, dims[rank], dim */
-  RT_B_ACCUMULATE,         /* dst x -> (dst += x, in place; dst is listed once, as input 0);  i: n */
-  RT_B_ASSIGN,             /* dst x -> (dst = x, in place);  i: n */
-  RT_B_ADAMW,              /* p m v g gscale lr t -> p2 m2 v2 (the outputs may be p m v: in place);
-                              i: n;  f: beta1, beta2, eps, weight_decay */
-  /* The vocabulary-parallel cross-entropy's pieces (vocab axis + 1 as embedding): */
-  RT_B_TARGET_PICK,        /* x[rows,V] targets(int) -> y[rows] = x[r, target - c*V] (0 if another rank's);
-                              i: rows, V, vocab axis + 1 */
-  RT_B_ONEHOT,             /* targets(int) -> y[rows,V];  i: rows, V, vocab axis + 1 */
-  /* Collectives over a mesh axis (runtime/comm/comm.h; the program's Comm, see cpu_exec.h).  A
-     dim is given as outer x mid x inner; "chunk r" is mid x inner at [o][r*mid ..]. */
-  RT_B_ALL_REDUCE,         /* x -> y = sum (or max) over the axis;  i: n, axis, size, max */
-  RT_B_ALL_GATHER,         /* x[outer,mid,inner] -> y[outer,size*mid,inner], rank r's x at chunk r;
-                              i: axis, size, outer, mid, inner */
-  RT_B_REDUCE_SCATTER,     /* x[outer,size*mid,inner] -> y[outer,mid,inner] = the sum of chunk r (r: this
-                              rank's coordinate);  i: axis, size, outer, mid, inner */
-  RT_B_ALL_TO_ALL,         /* x[so,size*sm,si] -> y[co,size*cm,ci]: x's chunk r goes to rank r, what rank r
-                              sends lands at y's chunk r;  i: axis, size, so, sm, si, co, cm, ci */
-  RT_B_SHARD_SLICE,        /* x[outer,parts*mid,inner] -> y[outer,mid,inner] = chunk coord/(size/parts);
-                              i: axis, size, parts, outer, mid, inner */
-  RT_B_SHARD_PAD,          /* x[outer,mid,inner] -> y[outer,parts*mid,inner]: zeros, x at that chunk;
-                              i: as shard_slice */
-  RT_B_ALL_TO_ALLV,         /* x[S,D] send(int)[size*El] recv(int)[size*El] -> y[rows,D]: rank j gets the rows of
-                              send's groups j*El.., the received rows packed by source rank, then zeros (ops.def's
-                              all_to_allv);  i: axis, size, S, D, rows, El */
-  /* Point-to-point on a mesh axis (a pipeline's activations and their gradients): the peer
-     is the rank whose coordinate on the axis is `peer`, the others the same.  The Comm's
-     send is buffered; recv waits for the message of that peer and tag.  A pipeline driver
-     tells micro-batches apart with its own Comm, which adds the micro-batch to the tag. */
-  RT_B_SEND,               /* x ->;    i: n, axis, size, peer, tag, rel (1: peer = (coordinate + peer) mod size) */
-  RT_B_RECV,               /* -> y;    i: n, axis, size, peer, tag, rel */
-  /* Async collectives (the overlap pass): a start hands a collective to the rank's
-     communication thread and returns; its wait blocks until it is done.  Until then the
-     collective reads x and writes y (the wait lists both, so no step that touches them is
-     moved across it).  Handles number a function's starts; each is waited once, in the
-     same function.  Without a communication thread the start runs the collective at once. */
-  RT_B_COLL_START,         /* x -> y;  i: the collective (RT_B_ALL_REDUCE .. RT_B_ALL_TO_ALL), handle, then
-                              that collective's own i[] */
-  RT_B_COLL_WAIT,          /* x -> y (the start's buffers, not touched);  i: handle */
+#define RT_BUILTIN(e, name, n_in, n_out, ir_op) RT_B_##e,
+#include "runtime/builtins.def"
+#undef RT_BUILTIN
   RT_B_COUNT
 } RtBuiltin;
+/* Each builtin's name (as profiles and errors print it) and buffer counts, from
+   runtime/builtins.def: n_in -1 variadic (concat); n_out -1 either 0 (in place) or 3 (adamw).
+   The program validators of both backends check steps against it. */
+typedef struct {
+  const char *name;
+  int n_in, n_out;
+} RtBuiltinInfo;
+extern const RtBuiltinInfo rt_builtins[RT_B_COUNT];
+const char *rt_builtin_name(int b);   /* "?" past the table */
 
 #define RT_MAX_BUFS 16
 #define RT_MAX_HANDLES 65536   /* collective starts in one function, at most */
@@ -183,7 +109,17 @@ typedef struct {
    args[] are the buffers' addresses (inputs then outputs); the kernel computes the part
    [begin, end) of its parallel extent i[0], so the runtime can split it across threads.
    RT_STEP_GEMM: C[b] = op(A[b]) @ op(B[b]) for b < batch;
-     bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared) */
+     bufs A B -> C;  i: batch, M, N, K, ta, tb, strideA, strideB, strideC (elements; 0 = shared);
+     on CUDA also i[RT_GEMM_BETA_INT]: 1 adds C's old value (C += op(A) op(B): a gradient
+     accumulated in the GEMM), 0 overwrites it (the CPU lowering never sets it), and
+     i[RT_GEMM_EPI_INT], flags of a cuBLASLt epilogue (batch 1 only): RT_GEMM_EPI_BIAS adds a
+     bias[N] to every row (an input after B), RT_GEMM_EPI_GELU then applies GELU (tanh form)
+     and writes the pre-activation to an output after C (cuBLASLt's GELU_AUX_BIAS), and
+     RT_GEMM_EPI_C adds another matrix (an input after the bias: a residual, beta = 1 with C
+     apart from the result).  Buffers: A B [bias] [residual] -> C [pre-activation]. */
+#define RT_GEMM_BETA_INT 10
+#define RT_GEMM_EPI_INT 9
+enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4 };
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */
@@ -281,6 +217,25 @@ static inline int64_t rt_ssub(int64_t a, int64_t b) {
    elements of sz bytes at offset lies inside a region of size bytes. */
 static inline bool rt_fits(int64_t offset, int64_t n, int64_t sz, int64_t size) {
   return offset >= 0 && n >= 0 && size >= 0 && offset <= size && n <= (size - offset) / sz;
+}
+
+/* ---- checking a program before running it (both backends; the bytes may be damaged) ----
+   The walk is shared: the counts, the regions, every global, every function's header,
+   arguments, results and steps (their buffer counts and kinds).  What a backend requires of
+   a global, a buffer and a step's own fields (its element sizes, launch dimensions, GEMM
+   types, the builtins it runs) it checks in its hooks, which return 0, or 2 with the reason
+   written into the buffer they get. */
+typedef struct {
+  void *ctx;
+  int (*global)(void *ctx, const RtProgram *p, int g, char *err, size_t errlen);
+  int (*buf)(void *ctx, const RtProgram *p, int func, const RtBuf *b, const char *what, char *err, size_t errlen);
+  int (*step)(void *ctx, const RtProgram *p, const RtStep *st, char *msg, size_t n);
+} RtChecker;
+/* 0, or 2 with a message naming the function, the step and its label. */
+int rt_program_check(const RtProgram *p, const RtChecker *c, char *err, size_t errlen);
+/* A buffer's size in a region of function func: the arena's or the region's. */
+static inline int64_t rt_region_size(const RtProgram *p, int func, int region) {
+  return region == RT_REGION_ARENA ? p->funcs[func].arena_bytes : p->region_bytes[region];
 }
 
 #endif

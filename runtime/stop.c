@@ -2,22 +2,24 @@
 #include "runtime/stop.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t got;   /* the first signal, 0 while none */
+/* the first signal, 0 while none; exchanged atomically (lock-free atomics are async-signal-
+   safe), so that two signals handled at once on two threads are still a first and a second */
+static _Atomic int got;
 static struct sigaction saved[2];
 static int armed;
 static const int SIGS[2] = {SIGINT, SIGTERM};
 
 static void on_stop(int sig) {
-  if (got) _exit(128 + sig);   /* the second: no more waiting (async-signal-safe) */
-  got = sig;
+  if (atomic_exchange(&got, sig)) _exit(128 + sig);   /* the second: no more waiting (async-signal-safe) */
 }
 
 void train_stop_arm(void) {
   if (armed) return;
-  got = 0;
+  atomic_store(&got, 0);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_stop;
@@ -38,4 +40,4 @@ void train_stop_disarm(void) {
   armed = 0;
 }
 
-int train_stop_signal(void) { return got; }
+int train_stop_signal(void) { return atomic_load(&got); }

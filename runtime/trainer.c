@@ -241,12 +241,11 @@ static int resume(Executor *ex, const TrainOptions *o, TrainResult *r, DataLoade
   json_t *s = json_loads(c.state_json, 0, &je);
   rc = compare_settings(o, s, dir, err, errlen);
   bool pieces = c.n_shards && ex->load_shards;   /* the executor takes its pieces itself */
-  if (rc) {
-  } else if (pieces) rc = ex->load_shards(ex->self, &c, err, errlen);
-  else if (c.n_shards) {
+  if (!rc && pieces) rc = ex->load_shards(ex->self, &c, err, errlen);
+  else if (!rc && c.n_shards) {
     rc = restore_shards(&c, ex->params, ex->n_params, dir, err, errlen);
     if (!rc) rc = restore_shards(&c, ex->state, ex->n_state, dir, err, errlen);
-  } else {
+  } else if (!rc) {
     rc = restore(&c.params, ex->params, ex->n_params, "parameter", dir, err, errlen);
     if (!rc) rc = restore(&c.state, ex->state, ex->n_state, "optimizer tensor", dir, err, errlen);
   }
@@ -433,6 +432,16 @@ static void parent_dir(const char *dir, char *out, size_t n) {
   else *slash = 0;
 }
 
+/* Locks o->save_dir for this run and removes dead writers' leftovers there. */
+static int take_save_dir(const TrainOptions *o, bool resumed_from, int *lock_fd, char *err, size_t errlen) {
+  int rc = ckpt_lock(o->save_dir, lock_fd, err, errlen);
+  if (rc) return rc;
+  ckpt_clean_tmp(o->save_dir, o->log);
+  if (resumed_from && o->log)
+    fprintf(o->log, "checkpoints go on into %s, the folder it resumed from (--save-dir D writes elsewhere)\n", o->save_dir);
+  return 0;
+}
+
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
 int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, size_t errlen) {
@@ -468,7 +477,6 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
       rc = 2;
       goto done;
     }
-    val_windows = o->val_tokens > 0 ? (o->val_tokens + B * T - 1) / (B * T) : 10;
     r->val_losses = malloc(sizeof(float) * (size_t)(o->steps + 1));
     if (!r->val_losses) {
       snprintf(err, errlen, "out of memory");
@@ -481,29 +489,33 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
       snprintf(err + k, errlen - k, " (a validation shard, --val-data)");
       goto done;
     }
+    /* --val-tokens: at most what the validation shards hold (more would repeat them, and a
+       hostile count would run for ever); windows rounded up without overflowing */
+    int64_t held = 0;
+    for (int i = 0; i < vl.n_shards; i++) held += vl.shards[i].count;
+    if (o->val_tokens > held) {
+      snprintf(err, errlen, "--val-tokens %lld: the validation shards (--val-data) hold %lld tokens; give at most %lld "
+               "(or leave it out: 10 micro-batches)", (long long)o->val_tokens, (long long)held, (long long)held);
+      rc = 2;
+      goto done;
+    }
+    val_windows = o->val_tokens > 0 ? o->val_tokens / (B * T) + (o->val_tokens % (B * T) != 0) : 10;
   }
+  /* one writer per save dir, locked before anything is read (a dead writer's unfinished
+     folders go); a resumed run without one goes on saving where it came from */
+  if (o->save_dir && !o->not_writer && (rc = take_save_dir(o, false, &lock_fd, err, errlen))) goto done;
   if ((rc = data_open(&dl, o->data, o->n_data, B, T, o->vocab, err, errlen))) goto done;
   if (o->resume && (rc = resume(ex, o, r, &dl, resumed, sizeof resumed, err, errlen))) goto done;
-  bool derived = !o->save_dir && resumed[0];
-  if (derived) {   /* a resumed run goes on saving where it came from */
+  if (!o->save_dir && resumed[0]) {
     parent_dir(resumed, resumed_dir, sizeof resumed_dir);
     local.save_dir = resumed_dir;
-  }
-  /* one writer per save dir; a dead writer's unfinished folders go */
-  if (derived && access(o->save_dir, W_OK)) {   /* someone else's checkpoints, read-only: use them, write none
-                                                   (every rank of a mesh decides alike: one file system) */
-    if (o->log) fprintf(o->log, "note: %s is not writable: this run writes no checkpoints (give --save-dir D)\n",
-                        o->save_dir);
-    local.save_dir = NULL;
-  }
-  if (o->save_dir && !o->not_writer) {
-    if ((rc = ckpt_lock(o->save_dir, &lock_fd, err, errlen))) {
+    if (access(o->save_dir, W_OK)) {   /* someone else's checkpoints, read-only: use them, write none
+                                          (every rank of a mesh decides alike: one file system) */
+      if (o->log) fprintf(o->log, "note: %s is not writable: this run writes no checkpoints (give --save-dir D)\n",
+                          o->save_dir);
+      local.save_dir = NULL;
+    } else if (!o->not_writer && (rc = take_save_dir(o, true, &lock_fd, err, errlen))) {
       goto done;
-    } else {
-      ckpt_clean_tmp(o->save_dir, o->log);
-      if (derived && o->log)
-        fprintf(o->log, "checkpoints go on into %s, the folder it resumed from (--save-dir D writes elsewhere)\n",
-                o->save_dir);
     }
   }
   if (o->metrics_path) {
@@ -686,14 +698,6 @@ done:
   free(mb_losses);
   free(targets);
   return rc;
-}
-
-int rt_expert_name(const char *name, int64_t e, char *buf, size_t n) {
-  const char *at = NULL;
-  for (const char *p = strstr(name, ".experts."); p; p = strstr(p + 1, ".experts.")) at = p;
-  if (!at) return -1;
-  int w = snprintf(buf, n, "%.*s.experts.%lld.%s.weight", (int)(at - name), name, (long long)e, at + 9);
-  return w < 0 || (size_t)w >= n ? -1 : 0;
 }
 
 int rt_views_add(RtTensor *out, int *n, const char *name, int rank, const int64_t *shape, float *data, bool experts) {

@@ -23,9 +23,8 @@ typedef struct {
   char *owned_name;     /* the name when the view made it (freed by rt_views_free) */
 } RtTensor;
 
-/* The checkpoint name of expert e of a stack of experts "P.experts.X": "P.experts.<e>.X.weight"
-   (any prefix such as "adam_m." kept; ir_expert_name's copy).  0, or -1 when it does not fit. */
-int rt_expert_name(const char *name, int64_t e, char *buf, size_t n);
+/* rt_expert_name (the checkpoint name of one expert of a stack): runtime/io/checkpoint.h. */
+#include "runtime/io/checkpoint.h"
 /* How many views a global gets: 1, or shape[0] for a stack of experts. */
 static inline int rt_views_of(int rank, const int64_t *shape, bool experts) {
   return experts && rank >= 2 ? (int)shape[0] : 1;
@@ -76,7 +75,7 @@ typedef struct {
      sync_out of them all at the end.  Every rank calls it for i = 0 .. n_params-1 in order
      (it gathers over the ranks); on the writer (rank 0) *data is params[i]'s whole tensor,
      valid until the next call.  With it, the loop's last sync_out is skipped, and --out is
-     written a tensor at a time (tools/train_common.c). */
+     written a tensor at a time (runtime/exec/train_common.c). */
   int (*stream_param)(void *self, int i, const float **data, char *err, size_t errlen);
   /* Optional (a multi-process mesh): the largest of every rank's `mine` into *agreed, a
      collective every rank calls after every step.  A stop signal (runtime/stop.h) reaches the

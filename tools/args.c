@@ -1,9 +1,7 @@
 /* tools/args.c — option parsing and error reporting shared by the subcommands. */
-#include <malloc.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "tools/tools.h"
 
@@ -38,24 +36,32 @@ int report(int rc, const char *msg) {
   return rc;
 }
 
-bool ends_with(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && !strcmp(s + a - b, suffix);
-}
-
-double seconds_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-
-void cpu_run_setup(char **argv) {
-  (void)argv;
-#ifdef M_MMAP_THRESHOLD
-  if (!getenv("GLIBC_TUNABLES")) {
-    mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+int pass_hook_arg(int argc, char **argv, int *i, PassOptions *o, const char *cmd) {
+  static char buf[4096];   /* the --print-ir-after lists, split in place (they outlive the parse) */
+  static size_t used;
+  const char *a = argv[*i], *v;
+  int r;
+  if (arg_flag(a, "--print-ir-after-all")) { o->print_after_all = true; return 1; }
+  if (arg_flag(a, "--verify-each")) { o->verify_each = true; return 1; }
+  if (arg_flag(a, "--time-passes")) { o->time_passes = true; return 1; }
+  if ((r = arg_value(argc, argv, i, "--dump-dir", &v))) {
+    if (r < 0) return usage_error(cmd, "--dump-dir needs a directory"), -1;
+    o->dump_dir = v;
+    return 1;
   }
-#endif
+  if ((r = arg_value(argc, argv, i, "--print-ir-after", &v))) {
+    if (r < 0) return usage_error(cmd, "--print-ir-after needs a pass name"), -1;
+    /* "a,b" names several passes */
+    size_t len = strlen(v);
+    if (used + len + 1 > sizeof buf) return usage_error(cmd, "too many --print-ir-after passes"), -1;
+    char *copy = memcpy(buf + used, v, len + 1);
+    used += len + 1;
+    for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+      if (!pass_lookup(tok)) return usage_error(cmd, "--print-ir-after=%s: unknown pass (see loom ir --list-passes)", tok), -1;
+      if (o->n_print_after == 64) return usage_error(cmd, "too many --print-ir-after passes"), -1;
+      o->print_after[o->n_print_after++] = tok;
+    }
+    return 1;
+  }
+  return 0;
 }

@@ -9,8 +9,8 @@
 #include "runtime/cuda/nvrtc.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/io/tokens.h"
-#include "tools/exec_cpu.h"
-#include "tools/exec_ref.h"
+#include "runtime/exec/exec_cpu.h"
+#include "runtime/exec/exec_ref.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -34,6 +34,8 @@ static const char help[] =
   "                    NVRTC for GPU 0, cuBLASLt (needs a GPU)\n"
   "  --grads           also compute the gradient of the loss for every parameter and\n"
   "                    write it to --out as 'grad.<name>' (through the autodiff pass)\n"
+  "the pass pipeline (as loom ir; --dump-dir also keeps a failing pass's reproducer):\n"
+  PASS_HOOKS_HELP
   "  -h, --help        show this help\n"
   "\n"
   "example:\n"
@@ -262,6 +264,10 @@ static int ref_mesh_forward(Module *m, const char *weights, const int32_t *in_id
   return rc;
 }
 
+/* The pass manager's hooks from the command line, and the reproducer's `loom ir` command. */
+static PassOptions eval_hooks;
+static char eval_repro[4096];
+
 /* eval --mesh: every rank runs the partitioned forward, on the cpu backend (one lowered
    program, every rank a thread with its own CpuProgram) or the reference executor; the
    gathered logits and the loss. */
@@ -272,16 +278,14 @@ static int eval_mesh(Input *in, const char *weights, const char *tokens, const c
   TrainSettings ts = train_defaults;
   ts.bf16 = !strcmp(in->spec.precision, "bf16");
   ts.sp = in->spec.sequence_parallel;
-  PassOptions popt;
-  memset(&popt, 0, sizeof popt);
+  PassOptions popt = eval_hooks;   /* the command's --print-ir-after, --dump-dir, ... */
   popt.train = &ts;
+  popt.repro_cmd = eval_repro;
   int32_t *in_ids = malloc(sizeof(int32_t) * (size_t)(B * T)), *tg = malloc(sizeof(int32_t) * (size_t)(B * T));
   float *logits = malloc(sizeof(float) * (size_t)(B * T * V)), loss = 0;
   int rc = in_ids && tg && logits ? 0 : EXIT_RUN;
   if (rc) snprintf(err, errlen, "out of memory");
-  const char *partition = "verify,canonicalize,mixed-precision,shard,canonicalize,cse,dce,verify";
-  if (!rc) rc = pipeline_run(m, partition, &popt, err, errlen);
-  if (!rc && cpu) rc = pipeline_run(m, LOWER_PIPELINE, &popt, err, errlen);
+  if (!rc) rc = pipeline_run(m, cpu ? EVAL_MESH_PIPELINE "," LOWER_PIPELINE : EVAL_MESH_PIPELINE, &popt, err, errlen);
   if (!rc) rc = read_batch(tokens, B, T, V, in_ids, tg, err, errlen);
   double t0 = seconds_now();
   if (!rc && cpu) {
@@ -319,6 +323,10 @@ int cmd_eval(int argc, char **argv) {
     int r;
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "--grads")) { grads = true; continue; }
+    if ((r = pass_hook_arg(argc, argv, &i, &eval_hooks, "eval"))) {
+      if (r < 0) return EXIT_USAGE;
+      continue;
+    }
     if ((r = arg_value(argc, argv, &i, "--weights", &v))) { if (r < 0) goto missing; weights = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--tokens", &v))) { if (r < 0) goto missing; tokens = v; continue; }
     if ((r = arg_value(argc, argv, &i, "--out", &v))) { if (r < 0) goto missing; out = v; continue; }
@@ -343,6 +351,8 @@ int cmd_eval(int argc, char **argv) {
   if (!weights) return usage_error("eval", "--weights is required");
   if (!tokens) return usage_error("eval", "--tokens is required");
   if (ends_with(spec, ".ir")) return usage_error("eval", "eval takes a model spec (.json), not an IR file");
+  repro_command(spec, argc, argv, backend && !strcmp(backend, "cuda") ? "--target=cuda" : NULL, eval_repro,
+                sizeof eval_repro);
   if (grads && !out) return usage_error("eval", "--grads writes its results to --out; give --out=FILE");
 
   char err[IR_ERR_LEN] = "", override_buf[3][256];
@@ -377,9 +387,9 @@ int cmd_eval(int argc, char **argv) {
   /* With --grads the autodiff pass adds @grad_step; the precision of the spec applies. */
   TrainSettings ts = train_defaults;
   ts.bf16 = !strcmp(in.spec.precision, "bf16");
-  PassOptions popt;
-  memset(&popt, 0, sizeof popt);
+  PassOptions popt = eval_hooks;
   popt.train = &ts;
+  popt.repro_cmd = eval_repro;
   if (mesh_world(&m->mesh) > 1 && backend && !strcmp(backend, "cuda")) {
     rc = usage_error("eval", "--backend cuda runs one rank (one GPU) for now; drop --mesh, or evaluate the mesh on the CPU");
     goto done;
@@ -392,7 +402,7 @@ int cmd_eval(int argc, char **argv) {
   }
   bool cuda = backend && !strcmp(backend, "cuda"), cpu = !backend || !strcmp(backend, "cpu");
   char pipeline[512];
-  snprintf(pipeline, sizeof pipeline, "%s%s", grads ? "verify,canonicalize,mixed-precision,autodiff,cse,dce,verify" : DEFAULT_PIPELINE,
+  snprintf(pipeline, sizeof pipeline, "%s%s", grads ? EVAL_GRADS_PIPELINE : DEFAULT_PIPELINE,
            cpu || cuda ? "," LOWER_PIPELINE : "");
   if (cuda) popt.target = TARGET_CUDA;
   rc = pipeline_run(m, pipeline, &popt, err, sizeof err);

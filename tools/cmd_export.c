@@ -1,5 +1,5 @@
 /* tools/cmd_export.c — `loom export CHECKPOINT -o DIR`: a training checkpoint as a folder that
- * Hugging Face transformers loads as it is (tools/hf_export.c writes it). */
+ * Hugging Face transformers loads as it is (runtime/exec/hf_export.c writes it). */
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>

@@ -4,10 +4,11 @@
 #include <string.h>
 
 #include "codegen/cpu/cpu.h"
+#include "codegen/cuda/cost.h"
 #include "codegen/cuda/cuda.h"
 #include "runtime/cpu/jit.h"
 #include "ir/schedule.h"
-#include "tools/exec_ref.h"
+#include "runtime/exec/exec_ref.h"
 #include "tools/tools.h"
 
 static const char help[] =
@@ -21,12 +22,9 @@ static const char help[] =
   "  --passes=A,B,C         passes to run, in order (default: " DEFAULT_PIPELINE ");\n"
   "                         'train' stands for the training passes, 'lower' for " LOWER_PIPELINE "\n"
   "  --list-passes          list the available passes and exit\n"
-  "  --print-ir-after=NAME  print the IR after each run of pass NAME (repeatable; A,B allowed)\n"
-  "  --print-ir-after-all   print the IR after every pass\n"
-  "  --dump-dir=DIR         write DIR/00-input.ir, DIR/01-<pass>.ir, ... (sort and diff well);\n"
-  "                         after shard, one file per rank: NN-<pass>.rankR.ir (up to 64 ranks)\n"
-  "  --verify-each          run the verifier after every pass\n"
-  "  --time-passes          print the time each pass took\n"
+  PASS_HOOKS_HELP
+  "                         (--dump-dir after shard: one file per rank, NN-<pass>.rankR.ir, up to 64;\n"
+  "                         a failing pass's reproducer goes to $TMPDIR without --dump-dir)\n"
   "  --memory               print the memory plan (parameters, gradients, optimizer state,\n"
   "                         activations, workspace) instead of the IR; runs memory-plan if needed\n"
   "  --emit=llvm            print the LLVM IR of the kernel funcs (after fuse) instead of the IR;\n"
@@ -39,7 +37,12 @@ static const char help[] =
   "  --time                print the predicted time of one training step (compute, memory-bound\n"
   "                         ops, collectives per axis and link, pipeline bubble, tokens/s, MFU)\n"
   "                         on the hardware of --hw instead of the IR; use after --passes=train,lower\n"
-  "  --hw NAME|FILE.json    the hardware for --time: h100 (default), h200, a100, b200 (models/hardware/)\n"
+  "  --cost                 the CUDA program's step, counted (after --passes=train,lower --target=cuda):\n"
+  "                         every launch and library call in order with its category, FLOPs, bytes\n"
+  "                         and roofline bound on --hw, then the totals per category and the launch\n"
+  "                         count (docs/gpu-cost.md)\n"
+  "  --json                 with --cost: the same as one JSON object\n"
+  "  --hw NAME|FILE.json    the hardware for --time and --cost: h100 (default), h200, a100, b200 (models/hardware/)\n"
   "                         or a description of your own (docs/time-model.md)\n"
   "  --rank-ir R=FILE.ir    verify-collectives: rank R runs FILE's program (e.g. a hand-edited\n"
   "                         per-rank dump) instead of the input's\n"
@@ -131,27 +134,28 @@ int cmd_ir(int argc, char **argv) {
 
 static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
   const char *input = NULL, *out_path = NULL, *pipeline = DEFAULT_PIPELINE, *v;
-  bool memory = false, collectives = false, flops = false, schedule = false, timing = false;
+  bool memory = false, collectives = false, flops = false, schedule = false, timing = false, cost = false, json = false;
   const char *trace_out = NULL, *hw_arg = NULL;
   const char *emit = NULL;
   long rank = -1;
   const char *overrides[16];
   char override_buf[16][128];
   int n_overrides = 0;
-  static char print_after_buf[4096];
-  size_t pa_used = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int r;
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "--list-passes")) { pass_list(stdout); return EXIT_OK; }
-    if (arg_flag(a, "--print-ir-after-all")) { optp->print_after_all = true; continue; }
-    if (arg_flag(a, "--verify-each")) { optp->verify_each = true; continue; }
-    if (arg_flag(a, "--time-passes")) { optp->time_passes = true; continue; }
+    if ((r = pass_hook_arg(argc, argv, &i, optp, "ir"))) {
+      if (r < 0) return EXIT_USAGE;
+      continue;
+    }
     if (arg_flag(a, "--memory")) { memory = true; continue; }
     if (arg_flag(a, "--collectives")) { collectives = true; continue; }
     if (arg_flag(a, "--flops")) { flops = true; continue; }
     if (arg_flag(a, "--time")) { timing = true; continue; }
+    if (arg_flag(a, "--cost")) { cost = true; continue; }
+    if (arg_flag(a, "--json")) { json = true; continue; }
     if ((r = arg_value(argc, argv, &i, "--hw", &v))) {
       if (r < 0) return usage_error("ir", "--hw needs a hardware name (h100, h200, a100, b200) or a JSON file");
       hw_arg = v;
@@ -185,20 +189,6 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
       pipeline = v;
       continue;
     }
-    if ((r = arg_value(argc, argv, &i, "--print-ir-after", &v))) {
-      if (r < 0) return usage_error("ir", "--print-ir-after needs a pass name");
-      /* "a,b" names several passes */
-      size_t len = strlen(v);
-      if (pa_used + len + 1 > sizeof print_after_buf) return usage_error("ir", "too many --print-ir-after passes");
-      char *copy = memcpy(print_after_buf + pa_used, v, len + 1);
-      pa_used += len + 1;
-      for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
-        if (!pass_lookup(tok)) return usage_error("ir", "--print-ir-after=%s: unknown pass (see --list-passes)", tok);
-        if (optp->n_print_after == 64) return usage_error("ir", "too many --print-ir-after passes");
-        optp->print_after[optp->n_print_after++] = tok;
-      }
-      continue;
-    }
     if ((r = arg_value(argc, argv, &i, "--rank-ir", &v))) {
       /* R=FILE: rank R runs FILE's program (verify-collectives checks hand-edited per-rank dumps) */
       char *end;
@@ -213,11 +203,6 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
       }
       optp->rank_ir[optp->n_rank_ir] = rm;
       optp->rank_ir_rank[optp->n_rank_ir++] = (int)rk;
-      continue;
-    }
-    if ((r = arg_value(argc, argv, &i, "--dump-dir", &v))) {
-      if (r < 0) return usage_error("ir", "--dump-dir needs a directory");
-      optp->dump_dir = v;
       continue;
     }
     static const char *const spec_flags[][2] = {{"--batch", "batch"},           {"--seq", "seq"},
@@ -259,6 +244,9 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
     input = a;
   }
   if (!input) return usage_error("ir", "no input: give a model spec (.json) or an IR file (.ir)");
+  if (json && !cost) return usage_error("ir", "--json goes with --cost");
+  if (cost && optp->target != TARGET_CUDA)
+    return usage_error("ir", "--cost counts the CUDA program: add --target=cuda (and --passes=train,lower)");
 
   char err[IR_ERR_LEN];
   int rc = pipeline_check(pipeline, err, sizeof err);
@@ -273,7 +261,11 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
     ts = spec_train_settings(sp);
   }
   optp->train = &ts;
+  char repro[4096];
+  repro_command(input, argc, argv, NULL, repro, sizeof repro);
+  optp->repro_cmd = repro;
   rc = pipeline_run(in.m, pipeline, optp, err, sizeof err);
+  optp->repro_cmd = NULL;   /* later pipelines (--memory's memory-plan) start from this one's result */
   if (rc) {
     module_free(in.m);
     return report(rc, err);
@@ -314,6 +306,26 @@ static int cmd_ir_body(int argc, char **argv, PassOptions *optp) {
       return report(EXIT_USAGE, "--schedule and --trace-out need a pipelined module: --mesh pp=N with --passes=train");
     }
     rc = pipe_schedule_report(in.m, schedule ? stdout : NULL, trace_out, err, sizeof err);
+    module_free(in.m);
+    return report(rc, err);
+  }
+  if (cost) {
+    Hardware hw;
+    RtProgram prog;
+    bool fused = false;
+    for (int i = 0; i < in.m->funcs.n; i++) fused |= ((Func *)in.m->funcs.items[i])->is_kernel;
+    if (!fused) {
+      module_free(in.m);
+      return usage_error("ir", "--cost counts the lowered CUDA program: add lower to --passes (e.g. --passes=train,lower)");
+    }
+    rc = hardware_load(hw_arg ? hw_arg : "h100", &hw, err, sizeof err);
+    if (!rc) rc = cuda_lower(in.m, &prog, NULL, err, sizeof err);
+    if (!rc) {
+      CudaCost c;
+      cuda_cost(&prog, &hw, in.from_spec ? in.spec.grad_accum : 1, &c);
+      cuda_cost_report(stdout, &prog, &hw, &c, json);
+      rt_program_free(&prog);
+    }
     module_free(in.m);
     return report(rc, err);
   }

@@ -2,7 +2,7 @@
  *
  * The model's decode graph (frontend_build_decode: a KV cache per layer sized for the
  * prompt and --max-new-tokens, @decode(tokens, positions) -> logits) is compiled like any
- * program (DECODE_PIPELINE, codegen/cpu) and run by the cpu backend; tools/sample.c feeds
+ * program (DECODE_PIPELINE, codegen/cpu) and run by the cpu backend; driver/sample.c feeds
  * it the prompt and picks the new tokens (greedy, temperature, top-k, top-p).
  */
 #include <jansson.h>
@@ -19,7 +19,7 @@
 #include "frontend/build.h"
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/tokenizer.h"
-#include "tools/exec_cpu.h"
+#include "runtime/exec/exec_cpu.h"
 #include "tools/tools.h"
 
 static const char help[] =

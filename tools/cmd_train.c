@@ -108,6 +108,8 @@ static const char help[] =
   "                        aborted on every rank, with a report of the last collectives\n"
   "  --threads N           cpu backend threads, shared by a mesh's ranks (default: LOOM_THREADS\n"
   "                        or every core)\n"
+  "the pass pipeline (as loom ir; --dump-dir also keeps a failing pass's reproducer):\n"
+  PASS_HOOKS_HELP
   "  -q, --quiet           no per-step lines\n"
   "  -h, --help            show this help\n"
   "\n"
@@ -207,6 +209,7 @@ int cmd_train(int argc, char **argv) {
   Input in;
   Backend backend;
   rc = train_prepare(&ta, spec, &in, &backend, err, sizeof err);
+  if (!rc) rc = run_check_memory(in.m, &in.spec, backend, err, sizeof err);   /* before any buffer (resources.c) */
   if (!rc && in.spec.n_data == 0) {
     snprintf(err, sizeof err, "no training data: give --data SHARD... (make one with 'loom data TEXT -o SHARD.bin') "
              "or set \"data\" in %s", spec);
@@ -242,32 +245,9 @@ int cmd_train(int argc, char **argv) {
                      ta.peak_tflops * 1e12, ta.log_experts, false, ta.allow_changes},
                     s->init[0] ? s->init : NULL, s->out[0] ? s->out : NULL, (uint64_t)s->seed, backend, ta.threads,
                     s->batch, s->seq, ta.trace_out, spec, ta.tokenizer, ta.out_bf16, NULL};
-    /* MFU's numerator: the model FLOPs of one rank's step (passes/flops.c): its @grad_step per
-       micro-batch; in a pipeline, every chunk's forward and backward functions per micro-batch,
-       over the pp ranks (the bubble is then lost time, as MFU counts it) */
-    Func *gs = module_find_func(in.m, "grad_step");
-    if (ta.peak_tflops > 0 && gs) {
-      double mm = 0, at = 0;
-      flops_of(gs, &mm, &at);
-      plan.opt.flops_per_step = (mm + at) * (double)s->grad_accum;
-    } else if (ta.peak_tflops > 0 && in.m->pipe.chunks > 0) {
-      double total = 0;
-      for (int i = 0; i < in.m->funcs.n; i++) {
-        const Func *f = in.m->funcs.items[i];
-        if (strncmp(f->name, "fwd.c", 5) && strncmp(f->name, "bwd.c", 5) && strncmp(f->name, "bwd_b.c", 7) &&
-            strncmp(f->name, "bwd_w.c", 7))
-          continue;
-        double mm = 0, at = 0;
-        flops_of(f, &mm, &at);
-        total += mm + at;
-      }
-      plan.opt.flops_per_step = total * (double)in.m->pipe.micro / (double)in.m->mesh.size[AX_PP];
-    }
+    if (ta.peak_tflops > 0) plan.opt.flops_per_step = driver_step_flops(in.m, s->grad_accum);
     if (cuda_mesh) plan_for_rank(&plan, le.rank);
-    rc = cuda_mesh                 ? run_training_cuda_rank(in.m, &plan, err, sizeof err)
-         : backend == BACKEND_CPU  ? run_training_cpu(in.m, &plan, err, sizeof err)
-         : backend == BACKEND_CUDA ? run_training_cuda(in.m, &plan, err, sizeof err)
-                                   : run_training(in.m, &plan, err, sizeof err);
+    rc = driver_train(in.m, backend, &plan, err, sizeof err);
     free(settings);
   }
   module_free(in.m);

@@ -1,4 +1,5 @@
-/* tools/train_args.c — the options `loom train` and `loom compile` share. */
+/* tools/train_args.c — the options `loom train` and `loom compile` share (their parsing; what
+   they select is built by driver/prepare.c). */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,37 +19,6 @@ static const struct { const char *flag, *key; } spec_flags[] = {
   {"--recompute", "recompute"}, {"--memory-budget", "memory_budget"}, {"--capacity-factor", "capacity_factor"},
 };
 #define N_SPEC_FLAGS (int)(sizeof spec_flags / sizeof spec_flags[0])
-
-TrainSettings spec_train_settings(const RunSpec *s) {
-  TrainSettings ts = train_defaults;
-  ts.grad_accum = s->grad_accum, ts.beta1 = s->beta1, ts.beta2 = s->beta2, ts.eps = s->eps;
-  ts.weight_decay = s->weight_decay, ts.grad_clip = s->grad_clip, ts.bf16 = !strcmp(s->precision, "bf16");
-  ts.zero = s->zero, ts.sp = s->sequence_parallel, ts.bucket_mb = s->bucket_mb;
-  ts.overlap = s->overlap, ts.cp_contiguous = s->cp_contiguous, ts.cp_allgather = s->cp_allgather;
-  ts.pp_schedule = s->pp_schedule, ts.pp_virtual = (int)s->pp_virtual, ts.n_pp_split = s->n_pp_split;
-  memcpy(ts.pp_split, s->pp_split, sizeof ts.pp_split);
-  ts.recompute = s->recompute, ts.recompute_classes = s->recompute_classes, ts.memory_budget = s->memory_budget;
-  return ts;
-}
-
-/* The settings a checkpoint records, to tell runs apart. */
-char *spec_settings_json(const RunSpec *s) {
-  json_t *o = json_pack("{s:s, s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:I}",
-                        "spec", s->path, "batch", (json_int_t)s->batch, "seq", (json_int_t)s->seq, "grad_accum",
-                        (json_int_t)s->grad_accum, "steps", (json_int_t)s->steps, "lr", s->lr, "min_lr", s->min_lr,
-                        "warmup", (json_int_t)s->warmup, "weight_decay", s->weight_decay, "beta1", s->beta1, "beta2",
-                        s->beta2, "eps", s->eps, "grad_clip", s->grad_clip, "precision", s->precision, "seed",
-                        (json_int_t)s->seed);
-  /* the model's config itself: a checkpoint carries what `loom export` needs, and nothing
-     sends loom back to read the spec's path later */
-  json_t *cfg = NULL;
-  char ignored[256];
-  if (!hf_model_config(s->path, &cfg, ignored, sizeof ignored)) json_object_set_new(o, "model", cfg);
-  char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
-  json_decref(o);
-  return text;
-}
-
 
 int mesh_flag_json(const char *text, char *out, size_t n) {
   /* "dp=2,tp=2" -> {"dp":2,"tp":2} */
@@ -71,12 +41,18 @@ int mesh_flag_json(const char *text, char *out, size_t n) {
 
 int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const char *help) {
   memset(t, 0, sizeof *t);
+  t->argc = argc;
+  t->argv = argv;
   const char *v;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int r = 0;
     if (arg_flag(a, "-h") || arg_flag(a, "--help")) { fputs(help, stdout); return EXIT_OK; }
     if (arg_flag(a, "-q") || arg_flag(a, "--quiet")) { t->quiet = true; continue; }
+    if ((r = pass_hook_arg(argc, argv, &i, &t->hooks, cmd))) {
+      if (r < 0) return EXIT_USAGE;
+      continue;
+    }
     if (arg_flag(a, "--log-experts")) { t->log_experts = true; continue; }
     if (arg_flag(a, "--allow-changes")) { t->allow_changes = true; continue; }
     if (!strcmp(a, "--data") || !strncmp(a, "--data=", 7)) {
@@ -201,43 +177,4 @@ int train_args_parse(const char *cmd, int argc, char **argv, TrainArgs *t, const
     t->spec = a;
   }
   return -1;
-}
-
-int train_prepare(TrainArgs *t, const char *spec, Input *in, Backend *backend, char *err, size_t errlen) {
-  memset(in, 0, sizeof *in);
-  if (t->data_json[0]) {
-    if (t->n_ov == 64) return EXIT_USAGE;
-    snprintf(t->ovbuf[t->n_ov], sizeof t->ovbuf[0], "data=%s", t->data_json);
-    t->ov[t->n_ov] = t->ovbuf[t->n_ov];
-    t->n_ov++;
-  }
-  double t0 = seconds_now();
-  int rc = input_load(spec, t->ov, t->n_ov, in, err, errlen);
-  if (rc) return rc;
-  RunSpec *s = &in->spec;
-  int64_t world = 1;
-  for (int a = 0; a < MESH_AXES; a++) world *= s->mesh[a];
-  /* One rank: cuda when a GPU is here, else cpu.  A mesh runs its ranks as threads of this
-     process, on the cpu backend unless --backend ref or cuda (one process per GPU) is asked for. */
-  char why[256];
-  if (t->backend)
-    *backend = !strcmp(t->backend, "cpu") ? BACKEND_CPU : !strcmp(t->backend, "cuda") ? BACKEND_CUDA : BACKEND_REF;
-  else
-    *backend = world > 1 ? BACKEND_CPU : cuda_backend_available(why, sizeof why) ? BACKEND_CUDA : BACKEND_CPU;
-  TrainSettings ts = spec_train_settings(s);
-  PassOptions popt;
-  memset(&popt, 0, sizeof popt);
-  popt.train = &ts;
-  popt.target = *backend == BACKEND_CUDA ? TARGET_CUDA : TARGET_CPU;
-  if ((rc = pipeline_run(in->m, *backend == BACKEND_REF ? TRAIN_PIPELINE : TRAIN_PIPELINE "," LOWER_PIPELINE, &popt, err,
-                         errlen)))
-    return rc;
-  if (!t->quiet)
-    /* "built": the passes; lowering, kernel compilation and the parameters follow, each with
-       its own line and time */
-    printf("built the training step of %s: %lld parameters, batch %lld x seq %lld x grad_accum %lld, %s, %s backend, in "
-           "%.2f s\n", spec,
-           (long long)config_param_count(&s->model), (long long)s->batch, (long long)s->seq, (long long)s->grad_accum,
-           s->precision, *backend == BACKEND_CPU ? "cpu" : *backend == BACKEND_CUDA ? "cuda" : "reference", seconds_now() - t0);
-  return 0;
 }

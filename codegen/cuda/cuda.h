@@ -101,6 +101,11 @@
    n, experts, capacity, then the chunk. */
 #define CUDA_MOE_CHUNK_INT 3
 
+/* A GEMM step (RT_STEP_GEMM) with more than C = op(A) op(B): program.h's RT_GEMM_EPI_INT
+   (bias, GELU, a residual) and RT_GEMM_BETA_INT (C += op(A) op(B)). */
+#define CUDA_GEMM_EPI_INT RT_GEMM_EPI_INT
+#define CUDA_GEMM_BETA_INT RT_GEMM_BETA_INT
+
 /* Lowers every non-kernel function of m (after fuse and memory-plan with target CUDA: each
    value's offset counts each dtype's size) into *out (free with rt_program_free), and the
    translation unit into *cuda_source (malloc'd; may be NULL if not wanted).  Fails with a

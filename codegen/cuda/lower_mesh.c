@@ -15,7 +15,7 @@
  *     NCCL could not pair or run without deadlock.  To a fixed rank (rel=0: a pipeline's
  *     chunk functions, peer the pp coordinate) the step copies between its buffer and a
  *     staging slot, and the pipeline driver exchanges the slots between its calls
- *     (tools/exec_cuda_pipe.c).
+ *     (runtime/exec/exec_cuda_pipe.c).
  *   - all_to_allv (expert parallelism): RT_B_ALL_TO_ALLV, its counts read on the host.
  * Refused here: a ring transfer to the rank itself, a fixed peer outside the axis, and an
  * element type NCCL does not move. */

@@ -292,9 +292,11 @@ int spawn_local(const SpawnSpec *spec, char *err, size_t errlen) {
       bool clean = WIFEXITED(st) && (WEXITSTATUS(st) == 0 || (asked && WEXITSTATUS(st) == 128 + asked));
       if (clean || (stopping && !patient)) continue;
       if (stopping) {   /* a rank that did not stop cleanly: the others' second signal, at once */
-        fprintf(log, "loom: rank %d (pid %ld) %s while stopping; stopping the others at once\n", i, (long)r[i].pid,
-                WIFSIGNALED(st) ? "was killed by a signal" : "failed");
-        fflush(log);
+        if (!(WIFSIGNALED(st) && WTERMSIG(st) == asked)) {   /* the signal itself ended it: nothing to say */
+          fprintf(log, "loom: rank %d (pid %ld) %s while stopping; stopping the others at once\n", i, (long)r[i].pid,
+                  WIFSIGNALED(st) ? "was killed by a signal" : "failed");
+          fflush(log);
+        }
         signal_groups(r, world, SIGTERM);
         deadline = now_s() + grace;
         patient = false;

@@ -5,66 +5,6 @@
 
 #include "runtime/cpu/cpu_kernels.h"
 
-static const struct {
-  const char *name;
-  int n_in, n_out;   /* -1: variadic (concat) */
-} info[RT_B_COUNT] = {
-  [RT_B_LAYERNORM] = {"layernorm", 3, 1},
-  [RT_B_LAYERNORM_GRAD] = {"layernorm_grad", 3, 3},
-  [RT_B_RMSNORM] = {"rmsnorm", 2, 1},
-  [RT_B_RMSNORM_GRAD] = {"rmsnorm_grad", 3, 2},
-  [RT_B_SOFTMAX] = {"softmax", 1, 1},
-  [RT_B_SOFTMAX_GRAD] = {"softmax_grad", 2, 1},
-  [RT_B_ATTENTION] = {"attention", 3, 1},
-  [RT_B_ATTENTION_GRAD] = {"attention_grad", 4, 3},
-  [RT_B_ROPE] = {"rope", 1, 1},
-  [RT_B_ATTN_BLOCK] = {"attention_block", 3, 2},
-  [RT_B_ATTN_BLOCK_GRAD] = {"attention_block_grad", 6, 3},
-  [RT_B_ROPE_AT] = {"rope_at", 2, 1},
-  [RT_B_ATTN_CACHED] = {"attention_cached", 4, 1},
-  [RT_B_KV_WRITE] = {"kv_write", 3, 0},
-  [RT_B_TOPK] = {"topk", 1, 1},
-  [RT_B_GATHER_LAST] = {"gather_last", 2, 1},
-  [RT_B_SCATTER_LAST] = {"scatter_last", 2, 1},
-  [RT_B_MOE_SORT] = {"moe_sort", 1, 1},
-  [RT_B_MOE_COUNT] = {"moe_count", 1, 1},
-  [RT_B_MOE_DISPATCH] = {"moe_dispatch", 3, 1},
-  [RT_B_MOE_COMBINE] = {"moe_combine", 3, 1},
-  [RT_B_MOE_WEIGHT_GRAD] = {"moe_weight_grad", 3, 1},
-  [RT_B_GROUPED_MATMUL] = {"grouped_matmul", 3, 1},
-  [RT_B_GROUPED_WGRAD] = {"grouped_matmul_wgrad", 3, 1},
-  [RT_B_CROSS_ENTROPY] = {"cross_entropy", 2, 1},
-  [RT_B_CROSS_ENTROPY_GRAD] = {"cross_entropy_grad", 3, 1},
-  [RT_B_EMBEDDING] = {"embedding", 2, 1},
-  [RT_B_EMBEDDING_GRAD] = {"embedding_grad", 2, 1},
-  [RT_B_TRANSPOSE] = {"transpose", 1, 1},
-  [RT_B_SLICE] = {"slice", 1, 1},
-  [RT_B_PAD] = {"pad", 1, 1},
-  [RT_B_CONCAT] = {"concat", -1, 1},
-  [RT_B_BROADCAST] = {"broadcast", 1, 1},
-  [RT_B_COPY] = {"copy", 1, 1},
-  [RT_B_CAST] = {"cast", 1, 1},
-  [RT_B_FILL] = {"fill", 0, 1},
-  [RT_B_IOTA] = {"iota", 0, 1},
-  [RT_B_ACCUMULATE] = {"accumulate", 2, 0},
-  [RT_B_ASSIGN] = {"assign", 2, 0},
-  [RT_B_ADAMW] = {"adamw", 7, -1},   /* 0 outputs (in place) or 3 (p2 m2 v2) */
-  [RT_B_TARGET_PICK] = {"target_pick", 2, 1},
-  [RT_B_ONEHOT] = {"onehot", 1, 1},
-  [RT_B_ALL_REDUCE] = {"all_reduce", 1, 1},
-  [RT_B_ALL_GATHER] = {"all_gather", 1, 1},
-  [RT_B_REDUCE_SCATTER] = {"reduce_scatter", 1, 1},
-  [RT_B_ALL_TO_ALL] = {"all_to_all", 1, 1},
-  [RT_B_SHARD_SLICE] = {"shard_slice", 1, 1},
-  [RT_B_SHARD_PAD] = {"shard_pad", 1, 1},
-  [RT_B_ALL_TO_ALLV] = {"all_to_allv", 3, 1},
-  [RT_B_SEND] = {"send", 1, 0},
-  [RT_B_RECV] = {"recv", 0, 1},
-  [RT_B_COLL_START] = {"collective_start", 1, 1},
-  [RT_B_COLL_WAIT] = {"collective_wait", 1, 1},
-};
-
-const char *cpu_builtin_name(RtBuiltin b) { return (unsigned)b < RT_B_COUNT ? info[b].name : "?"; }
 
 /* ---------------------------------------------------------------- checks */
 
@@ -76,7 +16,7 @@ typedef struct {
 } Chk;
 
 static void bad(Chk *c, const char *what) {
-  if (!c->rc) snprintf(c->err, c->errlen, "builtin %s (%s): %s", cpu_builtin_name((RtBuiltin)c->st->which),
+  if (!c->rc) snprintf(c->err, c->errlen, "builtin %s (%s): %s", rt_builtin_name(c->st->which),
                        c->st->label, what);
   c->rc = 2;
 }
@@ -122,8 +62,8 @@ int cpu_builtin_check(const RtStep *st, char *err, size_t errlen) {
     snprintf(err, errlen, "step %s is not a known builtin", st->label);
     return 2;
   }
-  int n_in = info[st->which].n_in < 0 ? st->n_in : info[st->which].n_in;
-  bool n_out_ok = info[st->which].n_out < 0 ? st->n_out == 0 || st->n_out == 3 : st->n_out == info[st->which].n_out;
+  int n_in = rt_builtins[st->which].n_in < 0 ? st->n_in : rt_builtins[st->which].n_in;
+  bool n_out_ok = rt_builtins[st->which].n_out < 0 ? st->n_out == 0 || st->n_out == 3 : st->n_out == rt_builtins[st->which].n_out;
   if (st->n_in != n_in || !n_out_ok || st->n_in + st->n_out > RT_MAX_BUFS) {
     bad(&c, "wrong number of buffers");
     return c.rc;

@@ -27,10 +27,6 @@ static char *alloc_region(int64_t bytes) {
   return r;
 }
 
-static int64_t region_size(const CpuProgram *cp, int func, int region) {
-  return region == RT_REGION_ARENA ? cp->p->funcs[func].arena_bytes : cp->p->region_bytes[region];
-}
-
 static void *buf_addr(const CpuProgram *cp, int func, const RtBuf *b) {
   char *base = b->region == RT_REGION_ARENA ? cp->arenas[func] : cp->regions[b->region];
   return base + b->offset;
@@ -38,10 +34,11 @@ static void *buf_addr(const CpuProgram *cp, int func, const RtBuf *b) {
 
 /* ---------------------------------------------------------------- checking the program */
 
-static int check_buf(const CpuProgram *cp, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
-  const char *fn = cp->p->funcs[func].name;
+static int check_buf(void *ctx, const RtProgram *p, int func, const RtBuf *b, const char *what, char *err,
+                     size_t errlen) {
+  const char *fn = p->funcs[func].name;
   if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset % 4 ||
-      !rt_fits(b->offset, b->n, 4, region_size(cp, func, b->region))) {
+      !rt_fits(b->offset, b->n, 4, rt_region_size(p, func, b->region))) {
     snprintf(err, errlen, "@%s: %s: buffer (region %d, offset %lld, %lld elements) is outside its region", fn, what,
              b->region, (long long)b->offset, (long long)b->n);
     return 2;
@@ -69,53 +66,35 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   return 0;
 }
 
+/* Every element on the CPU is 4 bytes (runtime/program.h's rt_program_check walks the rest). */
+static int check_global(void *ctx, const RtProgram *p, int g, char *err, size_t errlen) {
+  const RtGlobal *gl = &p->globals[g];
+  if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || gl->offset < 0 || gl->offset % 4 ||
+      !rt_fits(gl->offset, gl->n, 4, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
+    return fail(err, errlen, 2, "global $%s (%d) is outside its region", gl->name, g);
+  return 0;
+}
+
+static int check_step(void *ctx, const RtProgram *p, const RtStep *st, char *msg, size_t n) {
+  switch (st->kind) {
+  case RT_STEP_KERNEL:
+    if (st->which < 0 || st->which >= p->n_kernels || st->i[0] < 0)
+      return fail(msg, n, 2, "names no kernel or has a negative extent");
+    return 0;
+  case RT_STEP_GEMM: return check_gemm(st, msg, n);
+  case RT_STEP_BUILTIN: return cpu_builtin_check(st, msg, n);
+  }
+  return fail(msg, n, 2, "an unknown kind");
+}
+
 static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *err, size_t errlen) {
   const RtProgram *p = cp->p;
-  for (int r = 1; r < RT_REGION_COUNT; r++)
-    if (p->region_bytes[r] < 0) return fail(err, errlen, 2, "region %d has a negative size", r);
-  for (int g = 0; g < p->n_globals; g++) {
-    const RtGlobal *gl = &p->globals[g];
-    if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || gl->offset < 0 || gl->offset % 4 ||
-        !rt_fits(gl->offset, gl->n, 4, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
-      return fail(err, errlen, 2, "global $%s (%d) is outside its region", gl->name, g);
-  }
-  for (int k = 0; k < p->n_kernels; k++)
+  RtChecker ck = {NULL, check_global, check_buf, check_step};
+  int rc = rt_program_check(p, &ck, err, errlen);
+  for (int k = 0; !rc && k < p->n_kernels; k++)
     if (!kernel_fns || !kernel_fns[k])
-      return fail(err, errlen, 2, "kernel %s (%d) has no compiled function", p->kernel_names[k], k);
-  for (int f = 0; f < p->n_funcs; f++) {
-    const RtFunc *fn = &p->funcs[f];
-    int rc;
-    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > RT_MAX_FUNC_IO || fn->n_rets < 0 ||
-        fn->n_rets > RT_MAX_FUNC_IO ||
-        (fn->n_steps > 0 && !fn->steps))
-      return fail(err, errlen, 2, "@%s: malformed function header", fn->name);
-    for (int a = 0; a < fn->n_args; a++)
-      if ((rc = check_buf(cp, f, &fn->args[a], "argument", err, errlen))) return rc;
-    for (int a = 0; a < fn->n_rets; a++)
-      if ((rc = check_buf(cp, f, &fn->rets[a], "result", err, errlen))) return rc;
-    for (int s = 0; s < fn->n_steps; s++) {
-      const RtStep *st = &fn->steps[s];
-      if (st->n_in < 0 || st->n_out < 0 || st->n_in > RT_MAX_BUFS || st->n_out > RT_MAX_BUFS - st->n_in)
-        return fail(err, errlen, 2, "@%s: step %d has too many buffers", fn->name, s);
-      for (int b = 0; b < st->n_in + st->n_out; b++)
-        if ((rc = check_buf(cp, f, &st->bufs[b], st->label, err, errlen))) return rc;
-      char msg[512] = "";
-      switch (st->kind) {
-      case RT_STEP_KERNEL:
-        if (st->which < 0 || st->which >= p->n_kernels || st->i[0] < 0)
-          return fail(err, errlen, 2, "@%s: step %d names no kernel or has a negative extent", fn->name, s);
-        break;
-      case RT_STEP_GEMM: rc = check_gemm(st, msg, sizeof msg); break;
-      case RT_STEP_BUILTIN: rc = cpu_builtin_check(st, msg, sizeof msg); break;
-      default: return fail(err, errlen, 2, "@%s: step %d has an unknown kind", fn->name, s);
-      }
-      if (rc) {
-        snprintf(err, errlen, "@%s: step %d: %s", fn->name, s, msg);
-        return rc;
-      }
-    }
-  }
-  return 0;
+      rc = fail(err, errlen, 2, "kernel %s (%d) has no compiled function", p->kernel_names[k], k);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- init and free */

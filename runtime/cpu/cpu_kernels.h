@@ -46,7 +46,6 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen);
 int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *const *bufs, char *err, size_t errlen);
 /* The collective an RT_B_COLL_START step starts, as its own step (which and i[] unpacked). */
 void cpu_coll_unwrap(const RtStep *start, RtStep *out);
-const char *cpu_builtin_name(RtBuiltin b);
 
 /* ---- normalization, softmax (rows of D; rows are split across threads) ---- */
 void cpu_layernorm(ThreadPool *tp, const float *x, const float *w, const float *b, float *y, int64_t rows,

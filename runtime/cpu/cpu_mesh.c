@@ -59,7 +59,7 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
     else if (st->which == RT_B_COLL_START && (i[0] < RT_B_ALL_REDUCE || i[0] > RT_B_ALL_TO_ALL))
       snprintf(what, sizeof what, "starts builtin %lld, which is not a collective", (long long)i[0]);
     if (what[0]) {
-      snprintf(err, errlen, "builtin %s (%s): %s", cpu_builtin_name((RtBuiltin)st->which), st->label, what);
+      snprintf(err, errlen, "builtin %s (%s): %s", rt_builtin_name(st->which), st->label, what);
       return 2;
     }
     if (st->which == RT_B_COLL_WAIT) return 0;
@@ -125,7 +125,7 @@ int cpu_mesh_builtin_check(const RtStep *st, char *err, size_t errlen) {
   if (!what[0] && st->which >= RT_B_ALL_REDUCE && st->which <= RT_B_ALL_TO_ALL && (b[0].is_int || b[1].is_int))
     snprintf(what, sizeof what, "collectives move f32 values");
   if (what[0]) {
-    snprintf(err, errlen, "builtin %s (%s): %s", cpu_builtin_name((RtBuiltin)st->which), st->label, what);
+    snprintf(err, errlen, "builtin %s (%s): %s", rt_builtin_name(st->which), st->label, what);
     return 2;
   }
   return 0;
@@ -234,7 +234,7 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
     int64_t peer = i[5] ? (comm->coord[i[1]] + i[3]) % i[2] : i[3];   /* rel: a ring (context parallelism) */
     if (send) rc = comm->send(comm, (int)i[1], (int)peer, i[4], bufs[0], i[0]);
     else rc = comm->recv(comm, (int)i[1], (int)peer, i[4], bufs[0], i[0]);
-    if (rc) snprintf(err, errlen, "%s with the rank at %s=%lld failed (another rank stopped)", cpu_builtin_name((RtBuiltin)st->which),
+    if (rc) snprintf(err, errlen, "%s with the rank at %s=%lld failed (another rank stopped)", rt_builtin_name(st->which),
                      axis_names[i[1]], (long long)peer);
     return rc ? 1 : 0;
   }
@@ -275,10 +275,10 @@ int cpu_mesh_builtin_run(ThreadPool *tp, Comm *comm, const RtStep *st, void *con
   default: snprintf(err, errlen, "unknown mesh builtin %d", st->which); return 2;
   }
   free(tmp);
-  if (rc) snprintf(err, errlen, "%s over %s failed (another rank stopped)", cpu_builtin_name((RtBuiltin)st->which),
+  if (rc) snprintf(err, errlen, "%s over %s failed (another rank stopped)", rt_builtin_name(st->which),
                    axis_names[axis]);
   return rc ? 1 : 0;
 oom:
-  snprintf(err, errlen, "out of memory in %s", cpu_builtin_name((RtBuiltin)st->which));
+  snprintf(err, errlen, "out of memory in %s", rt_builtin_name(st->which));
   return 1;
 }

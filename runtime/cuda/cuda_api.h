@@ -86,7 +86,9 @@ void cuda_api_unload(void);
   X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuMemAlloc) X(cuMemFree) X(cuMemGetInfo) X(cuMemcpyHtoDAsync)   \
   X(cuMemcpyDtoHAsync) X(cuMemcpyDtoDAsync) X(cuMemsetD8Async) X(cuStreamCreate) X(cuStreamDestroy)           \
   X(cuStreamSynchronize) X(cuStreamQuery) X(cuLaunchKernel) X(cuGetErrorString) X(cuGetErrorName)           \
-  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuStreamWaitEvent)
+  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuStreamWaitEvent) X(cuEventElapsedTime)            \
+  X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy)     \
+  X(cuGraphExecDestroy)
 
 #define LOOM_LT_FUNCS(X)                                                                                  \
   X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetVersion) X(cublasLtGetStatusString)                   \

@@ -65,32 +65,6 @@ CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb)
   return L;
 }
 
-int cuda_storage_size(RtStorage s) {
-  switch (s) {
-  case RT_ST_F32:
-  case RT_ST_I32: return 4;
-  case RT_ST_BF16:
-  case RT_ST_F16: return 2;
-  case RT_ST_F8E4M3:
-  case RT_ST_F8E5M2:
-  case RT_ST_BOOL: return 1;
-  }
-  return 0;
-}
-
-const char *cuda_storage_name(RtStorage s) {
-  switch (s) {
-  case RT_ST_F32: return "f32";
-  case RT_ST_I32: return "i32";
-  case RT_ST_BF16: return "bf16";
-  case RT_ST_F16: return "f16";
-  case RT_ST_F8E4M3: return "f8e4m3";
-  case RT_ST_F8E5M2: return "f8e5m2";
-  case RT_ST_BOOL: return "bool";
-  }
-  return "unknown";
-}
-
 /* A float format with `eb` exponent and `mb` mantissa bits, bias, and inf/NaN as in IEEE
    (has_inf) or as e4m3fn (no inf; all ones is NaN). */
 typedef struct {
@@ -228,11 +202,8 @@ RtStorage cuda_global_storage(const RtProgram *p, int g) {
 
 /* ------------------------------------------------------------------ checking */
 
-static int64_t region_size(const RtProgram *p, int func, int region) {
-  return region == RT_REGION_ARENA ? p->funcs[func].arena_bytes : p->region_bytes[region];
-}
-
-static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *what, char *err, size_t errlen) {
+static int check_buf(void *ctx, const RtProgram *p, int func, const RtBuf *b, const char *what, char *err,
+                     size_t errlen) {
   const char *fn = p->funcs[func].name;
   int sz = b->storage <= RT_ST_BOOL ? cuda_storage_size((RtStorage)b->storage) : 0;
   if (!sz) return fail(err, errlen, 2, "@%s: %s: buffer has an unknown storage (%d)", fn, what, b->storage);
@@ -240,7 +211,7 @@ static int check_buf(const RtProgram *p, int func, const RtBuf *b, const char *w
     return fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
                 cuda_storage_name((RtStorage)b->storage));
   if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz ||
-      !rt_fits(b->offset, b->n, sz, region_size(p, func, b->region)))
+      !rt_fits(b->offset, b->n, sz, rt_region_size(p, func, b->region)))
     return fail(err, errlen, 2,
                 "@%s: %s: buffer (region %d, offset %lld, %lld %s elements) is outside its region or misaligned", fn,
                 what, b->region, (long long)b->offset, (long long)b->n, cuda_storage_name((RtStorage)b->storage));
@@ -251,87 +222,83 @@ static bool gemm_type_ok(RtStorage s) { return s == RT_ST_F32 || s == RT_ST_BF16
 
 static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   const int64_t *i = st->i;
-  if (st->n_in != 2 || st->n_out != 1) return fail(err, errlen, 2, "GEMM %s: needs buffers A B -> C", st->label);
+  int64_t epi = i[RT_GEMM_EPI_INT];
+  bool bias = epi & RT_GEMM_EPI_BIAS, gelu = epi & RT_GEMM_EPI_GELU, cin = epi & RT_GEMM_EPI_C;
+  if (epi < 0 || epi > 7 || (gelu && !bias) || (epi && (i[0] != 1 || i[RT_GEMM_BETA_INT])))
+    return fail(err, errlen, 2, "GEMM %s: epilogue flags %lld (a GELU needs the bias; epilogues take batch 1 and beta 0)",
+                st->label, (long long)epi);
+  if (st->n_in != 2 + bias + cin || st->n_out != 1 + gelu)
+    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s -> C%s", st->label, bias ? " bias" : "",
+                cin ? " residual" : "", gelu ? " pre-activation" : "");
   for (int k = 0; k < 9; k++)
     if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
   if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
+  if (i[RT_GEMM_BETA_INT] != 0 && i[RT_GEMM_BETA_INT] != 1)
+    return fail(err, errlen, 2, "GEMM %s: beta (i[%d]) must be 0 or 1", st->label, RT_GEMM_BETA_INT);
   if (i[0] > INT32_MAX) return fail(err, errlen, 2, "GEMM %s: batch count over 2^31", st->label);
   for (int k = 1; k <= 3; k++)
     if (i[k] > (INT64_C(1) << 40)) return fail(err, errlen, 2, "GEMM %s: dimension i[%d] too large", st->label, k);
-  RtStorage a = (RtStorage)st->bufs[0].storage, b = (RtStorage)st->bufs[1].storage, c = (RtStorage)st->bufs[2].storage;
-  if (!gemm_type_ok(a) || a != b || !(c == a || c == RT_ST_F32))
+  RtStorage a = (RtStorage)st->bufs[0].storage, bt = (RtStorage)st->bufs[1].storage,
+            c = (RtStorage)st->bufs[st->n_in].storage;
+  if (!gemm_type_ok(a) || a != bt || !(c == a || c == RT_ST_F32))
     return fail(err, errlen, 2,
                 "GEMM %s: operands %s x %s -> %s are not supported on CUDA (f32, bf16 or f16 operands of one type; the "
                 "result in that type or f32)",
-                st->label, cuda_storage_name(a), cuda_storage_name(b), cuda_storage_name(c));
-  if (st->bufs[2].round != RT_ROUND_NONE && storage_of_round(st->bufs[2].round) != c)
+                st->label, cuda_storage_name(a), cuda_storage_name(bt), cuda_storage_name(c));
+  if (st->bufs[st->n_in].round != RT_ROUND_NONE && storage_of_round(st->bufs[2].round) != c)
     return fail(err, errlen, 2, "GEMM %s: the result is held as %s but rounded to another format: store it in that format",
                 st->label, cuda_storage_name(c));
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   int64_t need[3] = {rt_smul(M, K), rt_smul(K, N), rt_smul(M, N)}, stride[3] = {i[6], i[7], i[8]};
+  const RtBuf *ops[3] = {&st->bufs[0], &st->bufs[1], &st->bufs[st->n_in]};
   for (int k = 0; k < 3; k++)
     if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
-        (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
+        (need[k] > ops[k]->n || (stride[k] > 0 && batch - 1 > (ops[k]->n - need[k]) / stride[k])))
       return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
+  /* the epilogue's buffers: the bias [N] in C's type or f32; the residual and the
+     pre-activation [M, N] in C's type */
+  const RtBuf *b = bias ? &st->bufs[2] : NULL, *r = cin ? &st->bufs[2 + bias] : NULL, *x = gelu ? &st->bufs[st->n_in + 1] : NULL;
+  if ((b && (b->n < N || (b->storage != c && b->storage != RT_ST_F32))) || (r && (r->n < M * N || r->storage != c)) ||
+      (x && (x->n < M * N || x->storage != c)))
+    return fail(err, errlen, 2, "GEMM %s: an epilogue buffer is too small or of another type than the result", st->label);
   return 0;
 }
 
+/* A global's storage (cuda_global_storage) sets its element size and alignment. */
+static int check_global(void *ctx, const RtProgram *p, int g, char *err, size_t errlen) {
+  const RtGlobal *gl = &p->globals[g];
+  RtStorage s = cuda_global_storage(p, g);
+  int sz = cuda_storage_size(s);
+  if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
+      gl->offset % sz || !rt_fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
+    return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
+                cuda_storage_name(s));
+  return 0;
+}
+
+static int check_step(void *ctx, const RtProgram *p, const RtStep *st, char *msg, size_t n) {
+  switch (st->kind) {
+  case RT_STEP_KERNEL: {
+    if (st->which < 0 || st->which >= p->n_kernels) return fail(msg, n, 2, "names no kernel of the module");
+    uint64_t threads = st->block[0] > 1024 || st->block[1] > 1024 || st->block[2] > 1024
+                           ? UINT64_MAX   /* no product to wrap around */
+                           : (uint64_t)st->block[0] * st->block[1] * st->block[2];
+    if (!st->grid[0] || !st->grid[1] || !st->grid[2] || !threads || threads > 1024 || st->grid[1] > 65535 ||
+        st->grid[2] > 65535 || st->block[2] > 64)
+      return fail(msg, n, 2, "bad launch dimensions grid %ux%ux%u block %ux%ux%u", st->grid[0], st->grid[1],
+                  st->grid[2], st->block[0], st->block[1], st->block[2]);
+    return 0;
+  }
+  case RT_STEP_GEMM: return check_gemm(st, msg, n);
+  case RT_STEP_BUILTIN: return cuda_mesh_step_ok(st, msg, n) ? 0 : 2;
+  }
+  return fail(msg, n, 2, "an unknown kind");
+}
+
 int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
-  if (p->n_funcs < 0 || p->n_globals < 0 || p->n_kernels < 0 || (p->n_funcs && !p->funcs) ||
-      (p->n_globals && !p->globals) || (p->n_kernels && !p->kernel_names))
-    return fail(err, errlen, 2, "malformed program");
-  for (int r = 1; r < RT_REGION_COUNT; r++)
-    if (p->region_bytes[r] < 0) return fail(err, errlen, 2, "region %d has a negative size", r);
-  for (int g = 0; g < p->n_globals; g++) {
-    const RtGlobal *gl = &p->globals[g];
-    RtStorage s = cuda_global_storage(p, g);
-    int sz = cuda_storage_size(s);
-    if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
-        gl->offset % sz || !rt_fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) ||
-        gl->rank < 0 || gl->rank > 8)
-      return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
-                  cuda_storage_name(s));
-  }
-  for (int f = 0; f < p->n_funcs; f++) {
-    const RtFunc *fn = &p->funcs[f];
-    int rc;
-    if (fn->arena_bytes < 0 || fn->n_args < 0 || fn->n_args > RT_MAX_FUNC_IO || fn->n_rets < 0 ||
-        fn->n_rets > RT_MAX_FUNC_IO ||
-        fn->n_steps < 0 || (fn->n_steps > 0 && !fn->steps))
-      return fail(err, errlen, 2, "@%s: malformed function header", fn->name);
-    for (int a = 0; a < fn->n_args; a++)
-      if ((rc = check_buf(p, f, &fn->args[a], "argument", err, errlen))) return rc;
-    for (int a = 0; a < fn->n_rets; a++)
-      if ((rc = check_buf(p, f, &fn->rets[a], "result", err, errlen))) return rc;
-    for (int s = 0; s < fn->n_steps; s++) {
-      const RtStep *st = &fn->steps[s];
-      if (st->n_in < 0 || st->n_out < 0 || st->n_in > RT_MAX_BUFS || st->n_out > RT_MAX_BUFS - st->n_in)
-        return fail(err, errlen, 2, "@%s: step %d has too many buffers", fn->name, s);
-      for (int b = 0; b < st->n_in + st->n_out; b++)
-        if ((rc = check_buf(p, f, &st->bufs[b], st->label, err, errlen))) return rc;
-      char msg[512] = "";
-      switch (st->kind) {
-      case RT_STEP_KERNEL: {
-        if (st->which < 0 || st->which >= p->n_kernels)
-          return fail(err, errlen, 2, "@%s: step %d (%s) names no kernel of the module", fn->name, s, st->label);
-        uint64_t threads = st->block[0] > 1024 || st->block[1] > 1024 || st->block[2] > 1024
-                               ? UINT64_MAX   /* no product to wrap around */
-                               : (uint64_t)st->block[0] * st->block[1] * st->block[2];
-        if (!st->grid[0] || !st->grid[1] || !st->grid[2] || !threads || threads > 1024 || st->grid[1] > 65535 ||
-            st->grid[2] > 65535 || st->block[2] > 64)
-          return fail(err, errlen, 2, "@%s: step %d (%s): bad launch dimensions grid %ux%ux%u block %ux%ux%u", fn->name,
-                      s, st->label, st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1], st->block[2]);
-        break;
-      }
-      case RT_STEP_GEMM: rc = check_gemm(st, msg, sizeof msg); break;
-      case RT_STEP_BUILTIN:
-        if (!cuda_mesh_step_ok(st, msg, sizeof msg)) rc = 2;
-        break;
-      default: return fail(err, errlen, 2, "@%s: step %d has an unknown kind", fn->name, s);
-      }
-      if (rc) return fail(err, errlen, rc, "@%s: step %d (%s): %s", fn->name, s, st->label, msg);
-    }
-  }
+  RtChecker ck = {NULL, check_global, check_buf, check_step};
+  int rc = rt_program_check(p, &ck, err, errlen);
+  if (rc) return rc;
   /* A global's storage is that of the buffers naming it: they must agree. */
   for (int g = 0; g < p->n_globals; g++) {
     const RtGlobal *gl = &p->globals[g];
@@ -367,9 +334,12 @@ void cuda_program_memory_plan(const RtProgram *p, size_t workspace_bytes, CudaMe
 
 void cuda_options_default(CudaOptions *o) {
   memset(o, 0, sizeof *o);
-  const char *t = getenv("LOOM_TF32"), *s = getenv("LOOM_CUDA_SYNC");
+  const char *t = getenv("LOOM_TF32"), *s = getenv("LOOM_CUDA_SYNC"), *pr = getenv("LOOM_PROFILE");
   o->tf32 = t && *t && strcmp(t, "0");
   o->sync_each_step = s && *s && strcmp(s, "0");
+  o->profile = pr && *pr && strcmp(pr, "0");
+  const char *g = getenv("LOOM_CUDA_GRAPH");
+  o->graphs = !(g && !strcmp(g, "0"));
 }
 
 int cuda_find_func(const CudaProgram *cp, const char *name) {
@@ -453,7 +423,8 @@ static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t
   const CublasLtApi *l = cp->lt ? cuda_cublaslt(NULL, 0) : NULL;
   const int64_t *i = st->i;
   CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
-  RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage, sc = (RtStorage)st->bufs[2].storage;
+  RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage,
+            sc = (RtStorage)st->bufs[st->n_in].storage;
   *found = false;
   if (g->a) l->cublasLtMatrixLayoutDestroy(g->a);
   if (g->b) l->cublasLtMatrixLayoutDestroy(g->b);
@@ -531,7 +502,26 @@ static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *er
       LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), where))
     return 1;
   uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
-           pc = cuda_buf_addr(cp, f, &st->bufs[2]);
+           pc = cuda_buf_addr(cp, f, &st->bufs[st->n_in]);
+  /* the epilogue (program.h, RT_GEMM_EPI_INT): its pointers are fixed for the program's life.
+     Our row-major C[M,N] is Lt's column-major D[N,M]: the bias runs along Lt's rows, our N. */
+  int64_t epi = i[RT_GEMM_EPI_INT];
+  if (epi & RT_GEMM_EPI_BIAS) {
+    uint32_t e = epi & RT_GEMM_EPI_GELU ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    void *bias = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[2]);
+    int32_t bt = lt_type((RtStorage)st->bufs[2].storage);
+    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), where))
+      return 1;
+    if (epi & RT_GEMM_EPI_GELU) {
+      void *aux = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[st->n_in + 1]);
+      int64_t ld = i[2];
+      if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), where) ||
+          LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
+        return 1;
+    }
+  }
   bool found = false;
   if (plan_try(cp, g, st, pa, pb, pc, i[0], &found, where, err, errlen)) return 1;
   if (!found && i[0] > 1) {
@@ -541,7 +531,7 @@ static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *er
   if (!found)
     return fail(err, errlen, 2, "cuBLASLt has no algorithm for GEMM %s: %s x %s -> %s, M %lld N %lld K %lld, ta %d tb %d, batch %lld",
                 where, cuda_storage_name(sa), cuda_storage_name((RtStorage)st->bufs[1].storage),
-                cuda_storage_name((RtStorage)st->bufs[2].storage), (long long)i[1], (long long)i[2], (long long)i[3],
+                cuda_storage_name((RtStorage)st->bufs[st->n_in].storage), (long long)i[1], (long long)i[2], (long long)i[3],
                 (int)i[4], (int)i[5], (long long)i[0]);
   return 0;
 }
@@ -552,13 +542,18 @@ static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err,
   const CudaGemmPlan *g = cp->plans[f][s];
   const int64_t *i = st->i;
   if (g->empty) return 0;
+  const RtBuf *out = &st->bufs[st->n_in];
   int esz_a = cuda_storage_size((RtStorage)st->bufs[0].storage), esz_b = cuda_storage_size((RtStorage)st->bufs[1].storage),
-      esz_c = cuda_storage_size((RtStorage)st->bufs[2].storage);
-  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
-           pc = cuda_buf_addr(cp, f, &st->bufs[2]);
+      esz_c = cuda_storage_size((RtStorage)out->storage);
+  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]), pc = cuda_buf_addr(cp, f, out);
+  /* a residual added in the epilogue: C is that matrix, D the result (beta = 1) */
+  int64_t epi = i[RT_GEMM_EPI_INT];
+  uint64_t pcin = epi & RT_GEMM_EPI_C ? cuda_buf_addr(cp, f, &st->bufs[st->n_in - 1]) : pc;
   CUstream stream = (CUstream)cp->stream;
+  bool acc = i[RT_GEMM_BETA_INT] != 0;   /* C += op(A) op(B) */
+  if (g->zero && epi) return fail(err, errlen, 2, "GEMM %s: K = 0 with an epilogue is not supported", where);
   if (g->zero) {
-    for (int64_t b = 0; b < i[0]; b++)
+    for (int64_t b = 0; !acc && b < i[0]; b++)
       if (CU(cuMemsetD8Async, ((CUdeviceptr)(pc + (uint64_t)(b * i[8] * esz_c)), 0, (size_t)(i[1] * i[2] * esz_c), stream),
              where))
         return 1;
@@ -566,14 +561,15 @@ static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err,
   }
   const CublasLtApi *l = cuda_cublaslt(err, errlen);
   if (!l) return 1;
-  float alpha = 1.0f, beta = 0.0f;
+  float alpha = 1.0f, beta = acc || (epi & RT_GEMM_EPI_C) ? 1.0f : 0.0f;
   int64_t nb = g->per_batch ? i[0] : 1;
   for (int64_t b = 0; b < nb; b++) {
     const void *A = (const void *)(uintptr_t)(pb + (uint64_t)(b * i[7] * esz_b));   /* Lt's A: our B */
     const void *B = (const void *)(uintptr_t)(pa + (uint64_t)(b * i[6] * esz_a));   /* Lt's B: our A */
     void *C = (void *)(uintptr_t)(pc + (uint64_t)(b * i[8] * esz_c));
+    const void *Cin = (const void *)(uintptr_t)(pcin + (uint64_t)(b * i[8] * esz_c));
     if (LT(cublasLtMatmul,
-           ((cublasLtHandle_t)cp->lt, g->desc, &alpha, A, g->a, B, g->b, &beta, C, g->c, C, g->c, &g->algo,
+           ((cublasLtHandle_t)cp->lt, g->desc, &alpha, A, g->a, B, g->b, &beta, Cin, g->c, C, g->c, &g->algo,
             (void *)(uintptr_t)cp->workspace, (size_t)cp->mem.workspace, stream),
            where))
       return 1;
@@ -691,6 +687,8 @@ static int load_kernels(CudaProgram *cp, char *err, size_t errlen) {
   return 0;
 }
 
+static int profile_init(CudaProgram *cp, char *err, size_t errlen);
+
 int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device,
                            const CudaOptions *opt, char *err, size_t errlen) {
   memset(cp, 0, sizeof *cp);
@@ -770,6 +768,9 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   for (int f = 0; !rc && f < p->n_funcs; f++)
     for (int s = 0; !rc && s < p->funcs[f].n_steps; s++)
       if (p->funcs[f].steps[s].kind == RT_STEP_GEMM) rc = plan_gemm(cp, f, s, &cp->plans[f][s], err, errlen);
+  if (!rc && cp->opt.profile) rc = profile_init(cp, err, errlen);
+  if (!rc && !(cp->graph = calloc(nf, sizeof *cp->graph))) rc = fail(err, errlen, 1, "out of memory");
+  if (!rc && !(cp->graph_off = calloc(nf, sizeof *cp->graph_off))) rc = fail(err, errlen, 1, "out of memory");
   if (!rc) rc = CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the program's memory)");
   cp->mem.total = cp->mem.arenas + cp->mem.regions + cp->mem.workspace;
   if (!rc && cuda_device_query(device, &cp->info, err, errlen)) rc = 1;   /* free memory, now */
@@ -788,6 +789,16 @@ void cuda_program_free(CudaProgram *cp) {
     spoiled = cp->broken && d->cuCtxSynchronize() != CUDA_SUCCESS;
   }
   cuda_mesh_free(cp);
+  for (int f = 0; d && cp->graph && f < cp->p->n_funcs; f++)
+    if (cp->graph[f]) d->cuGraphExecDestroy((CUgraphExec)cp->graph[f]);
+  free(cp->graph);
+  free(cp->graph_off);
+  for (int e = 0; d && cp->prof_ev && e < cp->n_prof_ev; e++)
+    if (cp->prof_ev[e]) d->cuEventDestroy((CUevent)cp->prof_ev[e]);
+  free(cp->prof_ev);
+  for (int f = 0; cp->prof_ms && f < cp->p->n_funcs; f++) free(cp->prof_ms[f]);
+  free(cp->prof_ms);
+  free(cp->prof_calls);
   for (int f = 0; cp->plans && f < cp->p->n_funcs; f++) {
     for (int s = 0; cp->plans[f] && s < cp->p->funcs[f].n_steps; s++) plan_free(l, cp->plans[f][s]);
     free(cp->plans[f]);
@@ -812,6 +823,43 @@ void cuda_program_free(CudaProgram *cp) {
   memset(cp, 0, sizeof *cp);
 }
 
+/* The profile's events and times (CudaOptions.profile). */
+static int profile_init(CudaProgram *cp, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  int most = 0, nf = cp->p->n_funcs;
+  for (int f = 0; f < nf; f++)
+    if (cp->p->funcs[f].n_steps > most) most = cp->p->funcs[f].n_steps;
+  cp->prof_ev = calloc((size_t)most + 1, sizeof *cp->prof_ev);
+  cp->prof_ms = calloc((size_t)(nf ? nf : 1), sizeof *cp->prof_ms);
+  cp->prof_calls = calloc((size_t)(nf ? nf : 1), sizeof *cp->prof_calls);
+  if (!cp->prof_ev || !cp->prof_ms || !cp->prof_calls) return fail(err, errlen, 1, "out of memory");
+  for (int f = 0; f < nf; f++)
+    if (!(cp->prof_ms[f] = calloc((size_t)cp->p->funcs[f].n_steps + 1, sizeof(float)))) return fail(err, errlen, 1, "out of memory");
+  for (int e = 0; e <= most; e++) {
+    CUevent ev = NULL;
+    if (CU(cuEventCreate, (&ev, CU_EVENT_DEFAULT), "(the profile's events)")) return 1;
+    cp->prof_ev[cp->n_prof_ev++] = ev;
+  }
+  return 0;
+}
+
+/* After a profiled call's synchronization: every step's time. */
+static int profile_read(CudaProgram *cp, int f, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  int n = cp->p->funcs[f].n_steps;
+  for (int s = 0; s < n; s++) {
+    float ms = 0;
+    if (CU(cuEventElapsedTime, (&ms, (CUevent)cp->prof_ev[s], (CUevent)cp->prof_ev[s + 1]), "(reading the profile)")) return 1;
+    cp->prof_ms[f][s] = ms;
+  }
+  cp->prof_calls[f]++;
+  return 0;
+}
+
+const float *cuda_profile_ms(const CudaProgram *cp, int f) {
+  return cp->prof_calls && f >= 0 && f < cp->p->n_funcs && cp->prof_calls[f] ? cp->prof_ms[f] : NULL;
+}
+
 static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
   const CudaDriverApi *d = cuda_driver(err, errlen);
   const RtStep *st = &cp->p->funcs[f].steps[s];
@@ -825,6 +873,56 @@ static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, s
             ((CUfunction)cp->fns[st->which], st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1],
              st->block[2], st->smem, (CUstream)cp->stream, params, NULL),
             where);
+}
+
+static int run_step(CudaProgram *cp, int func, int s, char *err, size_t errlen) {
+  char where[256];
+  step_where(cp, func, s, where, sizeof where);
+  const RtStep *st = &cp->p->funcs[func].steps[s];
+  return st->kind == RT_STEP_GEMM      ? run_gemm(cp, func, s, where, err, errlen)
+         : st->kind == RT_STEP_BUILTIN ? cuda_mesh_step(cp, func, s, where, err, errlen)
+                                       : launch(cp, func, s, where, err, errlen);
+}
+
+/* CUDA graphs (CudaOptions.graphs): function f's steps are captured once into a graph; every
+   call launches it, one launch instead of one per step.  The steps' parameters are the same at
+   every call (fixed addresses: the arena, the regions, the workspace; i[] and f[]), so the
+   graph is valid for the program's life.  Not for steps on other streams (a mesh's NCCL calls,
+   a pipeline's transfers), nor when each step is timed or synchronized. */
+static bool graphed(const CudaProgram *cp, int f) {
+  if (!cp->opt.graphs || !cp->graph || cp->graph_off[f] || cp->comm || cp->pipe_slot || cp->prof_ev ||
+      cp->opt.sync_each_step)
+    return false;
+  const RtFunc *fn = &cp->p->funcs[f];
+  for (int s = 0; s < fn->n_steps; s++)
+    if (fn->steps[s].kind == RT_STEP_BUILTIN) return false;
+  return fn->n_steps > 0;
+}
+
+/* Captures function f's steps into cp->graph[f].  A capture the driver refuses (an operation
+   it cannot record) is not an error: the function runs step by step from then on
+   (graph_off); the steps ran nowhere during the capture. */
+static int capture(CudaProgram *cp, int f, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  CUstream stream = (CUstream)cp->stream;
+  char where[256];
+  snprintf(where, sizeof where, "capturing @%s into a CUDA graph", cp->p->funcs[f].name);
+  if (CU(cuStreamBeginCapture, (stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), where)) return 1;
+  char step_err[512] = "";
+  int rc = 0;
+  for (int s = 0; !rc && s < cp->p->funcs[f].n_steps; s++) rc = run_step(cp, f, s, step_err, sizeof step_err);
+  CUgraph g = NULL;
+  CUresult r = d->cuStreamEndCapture(stream, &g);
+  CUgraphExec exec = NULL;
+  if (!rc && r == CUDA_SUCCESS && g) r = d->cuGraphInstantiate(&exec, g, 0);
+  if (g) d->cuGraphDestroy(g);
+  if (rc || r != CUDA_SUCCESS || !exec) {
+    if (exec) d->cuGraphExecDestroy(exec);
+    cp->graph_off[f] = true;
+    return 0;
+  }
+  cp->graph[f] = exec;
+  return 0;
 }
 
 int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
@@ -870,14 +968,18 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
       rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, func, b), cp->staging + off, bytes, stream), where);
     off += (bytes + 63) / 64 * 64;
   }
-  for (int s = 0; !rc && s < fn->n_steps; s++) {
-    const RtStep *st = &fn->steps[s];
-    step_where(cp, func, s, where, sizeof where);
-    rc = st->kind == RT_STEP_GEMM      ? run_gemm(cp, func, s, where, err, errlen)
-         : st->kind == RT_STEP_BUILTIN ? cuda_mesh_step(cp, func, s, where, err, errlen)
-                                       : launch(cp, func, s, where, err, errlen);
+  bool prof = cp->prof_ev != NULL;
+  if (!rc && graphed(cp, func)) {
+    if (!cp->graph[func]) rc = capture(cp, func, err, errlen);
+    snprintf(where, sizeof where, "launching the CUDA graph of @%s", fn->name);
+    if (!rc && cp->graph[func]) rc = CU(cuGraphLaunch, ((CUgraphExec)cp->graph[func], stream), where);
+  }
+  for (int s = 0; !rc && !cp->graph[func] && s < fn->n_steps; s++) {
+    if (prof && (rc = CU(cuEventRecord, ((CUevent)cp->prof_ev[s], stream), where))) break;
+    rc = run_step(cp, func, s, err, errlen);
     if (!rc && cp->opt.sync_each_step) rc = CU(cuStreamSynchronize, (stream), where);
   }
+  if (!rc && prof) rc = CU(cuEventRecord, ((CUevent)cp->prof_ev[fn->n_steps], stream), "(the profile's last event)");
   off = 0;
   snprintf(where, sizeof where, "copying the results of @%s", fn->name);
   for (int r = 0; !rc && r < fn->n_rets; r++) {
@@ -893,6 +995,7 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
     snprintf(where, sizeof where, "after @%s (a kernel or GEMM of it failed; LOOM_CUDA_SYNC=1 names the step)", fn->name);
     rc = cp->comm ? cuda_mesh_sync(cp, where, err, errlen) : CU(cuStreamSynchronize, (stream), where);
   }
+  if (!rc && prof) rc = profile_read(cp, func, err, errlen);
   off = 0;
   for (int r = 0; !rc && r < fn->n_rets; r++) {
     const RtBuf *b = &fn->rets[r];
@@ -953,7 +1056,7 @@ static int buf_xfer(CudaProgram *cp, int func, const RtBuf *b, void *out, const 
   if (!cp->p || func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
   char what[200];
   snprintf(what, sizeof what, "(%s a buffer of @%s)", in ? "writing" : "reading", cp->p->funcs[func].name);
-  if (check_buf(cp->p, func, b, "buffer", err, errlen)) return 2;
+  if (check_buf(NULL, cp->p, func, b, "buffer", err, errlen)) return 2;
   return xfer(cp, cuda_buf_addr(cp, func, b), (RtStorage)b->storage, b->n, out, in, what, err, errlen);
 }
 

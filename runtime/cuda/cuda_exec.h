@@ -76,8 +76,9 @@ typedef struct {
 } CudaGemmLayout;
 CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb);
 
-int cuda_storage_size(RtStorage s);          /* bytes per element; 0 for an unknown storage */
-const char *cuda_storage_name(RtStorage s);  /* "f32", "bf16", ... */
+/* bytes per element and name of a storage: runtime/program.c's (the CPU backend's too) */
+#define cuda_storage_size rt_storage_size
+#define cuda_storage_name rt_storage_name
 /* Host conversions.  To a narrow storage: rounded as rt_round (RNE; f8e4m3 saturates, f16
    and f8e5m2 overflow to inf); i32 is copied as int32.  From one: exact. */
 void cuda_f32_to_storage(RtStorage s, const float *in, void *out, int64_t n);
@@ -107,6 +108,8 @@ typedef struct {
   bool tf32;               /* f32 GEMMs on tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) */
   bool sync_each_step;     /* synchronize after every step: faults name their step */
   size_t workspace_bytes;  /* cuBLASLt workspace (0: 32 MiB) */
+  bool profile;            /* events around every step of every call (LOOM_PROFILE set): cuda_profile_ms */
+  bool graphs;             /* a call's steps captured once into a CUDA graph and replayed (see below) */
 } CudaOptions;
 
 typedef struct CudaGemmPlan CudaGemmPlan;
@@ -142,7 +145,7 @@ typedef struct {
   int n_p2p_events;
   uint64_t p2p_staging;    /* device staging slots (the largest function's CudaP2pPlan.staging) */
   struct NcclP2p *p2p_args;   /* host room for the largest group's NCCL calls */
-  /* a pipeline's transfers (rel=0): before each call the driver (tools/exec_cuda_pipe.c)
+  /* a pipeline's transfers (rel=0): before each call the driver (runtime/exec/exec_cuda_pipe.c)
      names a device slot for every one of the function's fixed-rank sends and receives, in
      step order; a send step copies its buffer into its slot, a receive step copies its slot
      into its buffer, both on the compute stream (the driver moves the slots over NCCL
@@ -150,9 +153,29 @@ typedef struct {
   const uint64_t *pipe_slot;
   int n_pipe_slot;
   bool broken;             /* a call failed: only free is allowed */
+  /* CudaOptions.profile: an event before every step of a call and one after its last, on the
+     compute stream; after the call's synchronization each step's time (ms) of the last call
+     of each function, prof_ms[func][step] (cuda_profile_ms) */
+  void **prof_ev;          /* as many as the longest function's steps + 1 */
+  int n_prof_ev;
+  float **prof_ms;
+  int64_t *prof_calls;     /* calls profiled, per function */
+  /* CudaOptions.graphs: per function, the CUDA graph of its steps (CUgraphExec), captured at
+     its first call and launched at every call, between the arguments' copies in and the
+     results' copies out; NULL until then, and for the functions that run step by step: a
+     rank of a mesh (NCCL calls on other streams), a pipeline's chunks, a profiled or
+     synchronized-each-step program, or one whose capture the driver refused (graph_off) */
+  void **graph;
+  bool *graph_off;
 } CudaProgram;
 
-/* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1. */
+/* The time of each step of the last call of function f that was profiled (CudaOptions.profile),
+   in ms, or NULL when none was (a collective's step is the compute stream's time to issue it
+   and wait where the step waits). */
+const float *cuda_profile_ms(const CudaProgram *cp, int f);
+
+/* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1, LOOM_PROFILE (set and not 0:
+   profile), LOOM_CUDA_GRAPH=0 (no graphs: every step launched at every call). */
 void cuda_options_default(CudaOptions *o);
 /* image: the CUDA module (cubin / fatbin / PTX text, n bytes; PTX needs no terminating NUL).
    device: the CUDA device index. */
@@ -208,7 +231,7 @@ void cuda_mesh_free(CudaProgram *cp);
 /* A pipeline's transfers (RT_B_SEND / RT_B_RECV to a fixed rank, rel=0: the pipeline pass's
    chunk functions).  Their partner is in another rank's function, run at another time, so
    they cannot be planned within a function as ring transfers are: the pipeline driver
-   (tools/exec_cuda_pipe.c) runs them between its calls.  cp->pipe_slot must name a slot for
+   (runtime/exec/exec_cuda_pipe.c) runs them between its calls.  cp->pipe_slot must name a slot for
    each (cuda_pipe_transfers counts and describes them); the step copies between its buffer
    and its slot. */
 typedef struct {

@@ -105,6 +105,10 @@ int ckpt_shards_expert(const Checkpoint *c, const char *view, char *stack, size_
  * complete-looking partial one). Folders without DONE and other files are left alone. */
 int ckpt_prune(const char *save_dir, int keep, char *err, size_t errlen);
 
+/* The checkpoint name of expert e of a stack of experts "P.experts.X": "P.experts.<e>.X.weight"
+   (any prefix such as "adam_m." kept; ir_expert_name's copy).  0, or -1 when it does not fit. */
+int rt_expert_name(const char *name, int64_t e, char *buf, size_t n);
+
 /* ---- the save dir (checkpoint_dir.c) ---- */
 /* One run writes a save dir at a time: ckpt_lock creates SAVE_DIR (with its parents) and
  * takes an exclusive flock on SAVE_DIR/loom.lock, writing this pid into it.  2 with a
@@ -112,6 +116,8 @@ int ckpt_prune(const char *save_dir, int keep, char *err, size_t errlen);
  * gone with it), or when the folder cannot be made or written.  *fd: keep it open while
  * writing; ckpt_unlock closes it. */
 #define CKPT_LOCK_NAME "loom.lock"
+/* mkdir -p: DIR and its missing parents (checkpoint.c). */
+int ckpt_mkdir_p(const char *dir, char *err, size_t errlen);
 int ckpt_lock(const char *save_dir, int *fd, char *err, size_t errlen);
 void ckpt_unlock(int fd);
 /* Removes the step_N.tmp.<pid> and step_N.old.<pid> folders of processes that no longer

@@ -20,7 +20,6 @@ int ckpt_file_digest(const char *path, uint64_t *size, uint32_t *crc, char *err,
 char *ckpt_pjoin(const char *a, const char *b);   /* a "/" b, malloc'd (NULL: out of memory) */
 int ckpt_is_dir(const char *p);
 int ckpt_fsync_dir(const char *dir, char *err, size_t errlen);
-int ckpt_mkdir_p(const char *dir, char *err, size_t errlen);
 int ckpt_remove_step_dir(const char *dir, char *err, size_t errlen);
 int ckpt_write_text(const char *path, const char *text, char *err, size_t errlen);
 int ckpt_read_done(const char *dir, Done *d, char *err, size_t errlen);

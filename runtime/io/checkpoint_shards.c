@@ -15,7 +15,6 @@
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/checkpoint_internal.h"
 #include "runtime/io/seterr.h"
-#include "runtime/trainer.h"
 
 /* ---------------------------------------------------------------- runs */
 

@@ -240,7 +240,8 @@ static int64_t check_tiling(const char *path, const Entry *e, int n, char *err,
    static byte). */
 static int map_file(const char *path, uint8_t **buf, size_t *size, char *err, size_t errlen) {
   static uint8_t empty;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   struct stat sb;
   if (fd < 0 || fstat(fd, &sb) != 0) {
     seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
@@ -540,7 +541,7 @@ int st_write_each(const char *path, const StTensor *tensors, int n, const char *
 int rt_read_file(const char *path, uint8_t **buf, size_t *size, char *err, size_t errlen) {
   *buf = NULL;
   *size = 0;
-  int fd = open(path, O_RDONLY);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);   /* a FIFO: refused below, not waited on */
   if (fd < 0) {
     /* A path the user named that is missing or unreadable is bad input (2); other
        failures to open are run-time failures (1). */
@@ -555,7 +556,7 @@ int rt_read_file(const char *path, uint8_t **buf, size_t *size, char *err, size_
     return 1;
   }
   if (!S_ISREG(st.st_mode)) {
-    seterr(err, errlen, "%s: cannot read: %s", path, S_ISDIR(st.st_mode) ? "it is a folder, not a file" : "not a regular file");
+    seterr(err, errlen, "%s: cannot read: %s", path, S_ISDIR(st.st_mode) ? "it is a folder, not a file" : "not a regular file (a pipe or a device); give a file");
     close(fd);
     return 2;
   }

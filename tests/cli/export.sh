@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cli/export.sh — Hugging Face folders (tools/hf_export.c): `loom train --out DIR/` and
+# tests/cli/export.sh — Hugging Face folders (runtime/exec/hf_export.c): `loom train --out DIR/` and
 # `loom export CHECKPOINT -o DIR`.
 #   - the folder holds config.json, generation_config.json, metrics.json and a
 #     model.safetensors with the model's tensors only (metadata format pt), bitwise the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cli/plan.sh — `loom plan` (tools/cmd_plan.c): the search over layouts.
+# tests/cli/plan.sh — `loom plan` (tools/cmd_plan.c, driver/plan*.c): the search over layouts.
 #   - every candidate printed fits the device, the table is ranked by predicted step, and a
 #     fixed axis (--mesh tp=2) holds in every row;
 #   - the planner's memory per rank is memory-plan's for that compiled program: for the best
@@ -8,7 +8,10 @@
 #   - --emit-spec writes a run spec `loom train` runs as it is;
 #   - impossible requests (nothing fits, a batch no layout reaches, ep) are refused with the fix;
 #   - cp is searched: --mesh cp=2 holds in every row, its memory is memory-plan's, its spec trains;
-#   - pruning at a lower bound prints the table the unpruned search prints.
+#   - pruning at a lower bound prints the table the unpruned search prints, and the fast
+#     search (layer programs) the exhaustive search's;
+#   - MFU counts the model's FLOPs (loom ir --flops), the same for every recomputation; a GPU
+#     plan in fp32 because the spec names no precision says so.
 LOOM=$1
 . "$(dirname "$0")/lib.sh"
 "$LOOM" data data/shakespeare.txt -o "$TMP/d.bin" > /dev/null 2>&1
@@ -26,6 +29,29 @@ assert s == sorted(s), s
 assert all(c['memory_bytes'] <= 80e9 for c in t)
 assert all(c['dp'] * c['tp'] * c['cp'] * c['pp'] == 4 for c in t)
 "
+# MFU from the model's FLOPs: every row's MFU is tokens/s/device x the model's FLOPs a token
+# over the peak, its FLOPs a token are `loom ir --flops`'s @grad_step over the sequence (batch 1,
+# the whole model), the same for every recomputation; HFU (the executed FLOPs) is not below it
+"$LOOM" ir $M --passes=train --seq 32 --precision fp32 --batch 1 --flops > "$TMP/flops" 2>&1
+check "  MFU = tokens/s/device x loom ir --flops's FLOPs a token / peak, in every row" python3 -c "
+import json, re
+t = json.load(open('$TMP/plan.json'))
+g = [float(l.split()[1]) for l in open('$TMP/flops') if l.strip().startswith('@grad_step')][0]
+for c in t:
+    assert abs(c['model_flops_per_token'] - g / 32) <= 1e-9 * g, (c['model_flops_per_token'], g / 32)
+    want = c['tokens_per_s_per_gpu'] * c['model_flops_per_token'] / c['peak_flops']
+    assert abs(c['mfu'] - want) <= 1e-6 * want, (c['mfu'], want)
+    assert c['hfu'] >= c['mfu'] * (1 - 1e-4), (c['hfu'], c['mfu'])
+"
+expect_exit 0 "full recomputation fixed: MFU still counts the model's FLOPs only" "$LOOM" plan $M "${P[@]}" --mesh pp=1 --recompute full --top 2 --json
+check "  MFU < HFU with recomputation" python3 -c "
+import json; t = json.load(open('$OUT')); assert t and all(c['mfu'] < c['hfu'] * 0.9 for c in t), t"
+# a GPU plan in fp32 because the spec names none: one line says so
+expect_exit 0 "a spec without precision, planned for a GPU" "$LOOM" plan models/gpt2-tiny.json --gpus 2 --seq 32 --global-batch-tokens 256 --top 1
+expect_stderr_contains "names no precision, so this plan is for fp32"
+expect_exit 0 "  not with --precision" "$LOOM" plan models/gpt2-tiny.json --gpus 2 --seq 32 --global-batch-tokens 256 --top 1 --precision fp32
+check "  no such line" bash -c "! grep -q 'names no precision' '$ERR'"
+
 # the first rows of a plan: their memory against loom ir --memory's with the same flags
 check_memory() {   # plan.json rows
   python3 - "$1" "$2" > "$TMP/layouts" <<'PY'
@@ -65,19 +91,31 @@ expect_exit 0 "--explain 1" "$LOOM" plan $M "${P[@]}" --top 3 --explain 1
 expect_stdout_contains "predicted step on"
 expect_exit 0 "--emit-spec" "$LOOM" plan $M "${P[@]}" --top 3 --emit-spec "$TMP/best.json"
 expect_exit 0 "  the emitted spec trains as it is" "$LOOM" train "$TMP/best.json" --data "$TMP/d.bin" --steps 1 -q
-# pruning (cmd_plan.c): candidates whose lower bound exceeds the 2 x top-th best screened
-# step stop after their first compile; the table must be the unpruned search's, which
-# LOOM_PLAN_CHECK=1 runs (no pruning, and it aborts if a bound exceeds its candidate's step)
+# The two searches (driver/plan.h).  The exhaustive one prunes at a lower bound: candidates
+# whose bound exceeds the 2 x top-th best screened step stop after their first compile; its
+# table must be the unpruned search's, which LOOM_PLAN_CHECK=1 runs (no pruning, and it aborts
+# if a bound exceeds its candidate's step).  The fast one estimates every candidate from its
+# layer programs and screens only those that could win: LOOM_PLAN_CHECK=1 runs the exhaustive
+# search beside it and fails unless the tables are the same, row for row.
 for m in models/gpt2-tiny-4l.json models/llama-tiny-8l.json; do
   Q=(--gpus 8 --target cpu --precision fp32 --seq 32 --global-batch-tokens 2048 --top 3)
-  expect_exit 0 "$m on 8: pruned" "$LOOM" plan $m "${Q[@]}"
+  LOOM_PLAN_EXHAUSTIVE=1 expect_exit 0 "$m on 8, exhaustive: pruned" "$LOOM" plan $m "${Q[@]}"
   grep -q 'candidates ([1-9][0-9]* stopped at a lower bound)' "$OUT" && grep -E '^  [0-9] ' "$OUT" > "$TMP/pruned.txt"
   check "  some candidates stopped at their lower bound" test -s "$TMP/pruned.txt"
-  LOOM_PLAN_CHECK=1 expect_exit 0 "  LOOM_PLAN_CHECK=1 (every bound checked, nothing pruned)" "$LOOM" plan $m "${Q[@]}"
+  LOOM_PLAN_EXHAUSTIVE=1 LOOM_PLAN_CHECK=1 expect_exit 0 "  LOOM_PLAN_CHECK=1 (every bound checked, nothing pruned)" "$LOOM" plan $m "${Q[@]}"
   expect_stdout_contains "(0 stopped at a lower bound)"
   grep -E '^  [0-9] ' "$OUT" > "$TMP/unpruned.txt"
   check "  the same table, row for row" cmp "$TMP/pruned.txt" "$TMP/unpruned.txt"
+  LOOM_PLAN_FAST=1 LOOM_PLAN_CHECK=1 expect_exit 0 "  the fast search, checked against the exhaustive one" "$LOOM" plan $m "${Q[@]}"
+  expect_stderr_contains "gives the same table"
+  expect_stdout_contains "layer programs"
+  grep -E '^  [0-9] ' "$OUT" > "$TMP/fast.txt"
+  check "  the fast search prints the exhaustive table" cmp "$TMP/fast.txt" "$TMP/unpruned.txt"
 done
+LOOM_PLAN_FAST=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search on 4, 10 rows, checked" "$LOOM" plan $M "${P[@]}" --mesh pp=1
+expect_stderr_contains "gives the same table"
+LOOM_PLAN_FAST=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search with ZeRO-3 and full recomputation fixed, checked" "$LOOM" plan $M "${P[@]}" --zero 3 --recompute full
+expect_stderr_contains "gives the same table"
 sed 's/"memory_gb": 80/"memory_gb": 0.000001/' models/hardware/h100-sxm.json > "$TMP/tiny.json"
 expect_exit 2 "nothing fits a 1 KB device" "$LOOM" plan $M "${P[@]}" --hw "$TMP/tiny.json"
 expect_stderr_contains "no layout fits"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli/sample.sh — `loom sample` (tools/cmd_sample.c): generation with a KV cache.
-#   - greedy decoding gives transformers' greedy `generate`, token for token, on gpt2-tiny and
-#     llama-tiny for two prompts each (tests/golden/M/generate.json, made by
+#   - greedy decoding gives transformers' greedy `generate`, token for token, on gpt2-tiny,
+#     llama-tiny, llama3-tiny, qwen2-tiny, qwen3-tiny and mistral-tiny for two prompts each (tests/golden/M/generate.json, made by
 #     tests/golden/gen_generate.py; llama-tiny's "Hello" ends at its eos_token_id);
 #   - sampling: the same seed gives the same text, top-k 1 is greedy at any temperature;
 #   - weights from a folder loom train --out DIR/ wrote and from a --save-dir; a tokenizer's
@@ -11,15 +11,19 @@
 LOOM=$1
 . "$(dirname "$0")/lib.sh"
 
-for m in gpt2-tiny llama-tiny; do
+# (and the issue 33 families: llama3 RoPE, Qwen2, Qwen3, Mistral's sliding window of 8 over 40
+# new tokens, from their config.json as make-golden wrote it)
+for m in gpt2-tiny llama-tiny llama3-tiny qwen2-tiny qwen3-tiny mistral-tiny; do
   g=tests/golden/$m
+  spec=$g/train_spec.json
+  [ -f "$spec" ] || spec=$g/config.json
   n=$(python3 -c "import json; print(len(json.load(open('$g/generate.json'))['cases']))")
   for k in $(seq 0 $((n - 1))); do
     python3 -c "
 import json; c = json.load(open('$g/generate.json'))['cases'][$k]
 open('$TMP/prompt', 'w').write(c['prompt']); open('$TMP/want', 'w').write(' '.join(map(str, c['new_ids'])) + '\n')
 print(c['max_new_tokens'])" > "$TMP/max"
-    expect_exit 0 "$m greedy, prompt $k" "$LOOM" sample $g/train_spec.json --weights $g/weights.safetensors \
+    expect_exit 0 "$m greedy, prompt $k" "$LOOM" sample "$spec" --weights $g/weights.safetensors \
       --prompt "$(cat "$TMP/prompt")" --max-new-tokens "$(cat "$TMP/max")" --temperature 0 --ids
     check "  the ids of transformers' greedy generate ($(wc -w < "$TMP/want") tokens)" cmp -s "$OUT" "$TMP/want"
   done

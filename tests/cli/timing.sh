@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cli/timing.sh — `loom ir --time --hw H` (passes/timing.c, tools/hardware.c): the
+# tests/cli/timing.sh — `loom ir --time --hw H` (passes/timing.c, driver/hardware.c): the
 # predicted step against figures computed here from loom's other reports, and bad hardware
 # descriptions refused with the file, the key and the fix.
 #   - compute: GPT-2 124M at 16 x 1024 in bf16 on one H100: every matmul is compute-bound, so

@@ -109,4 +109,13 @@ done
 expect_exit 2 "--out DIR/ whose tokenizer cannot be copied" "$LOOM" train $spec -q --steps 1 --out "$TMP/hf/" \
   --tokenizer "$TMP/no-tokenizer.json"
 check "  no folder left behind (neither DIR nor its temporary)" sh -c "! ls -d '$TMP'/hf* 2> /dev/null | grep -q ."
+# --log writes whole lines: with the file size limited to 2 KB (ulimit -f; SIGXFSZ ignored, so
+# the write fails with EFBIG as on a full disk) a line that does not fit is cut back off
+(trap '' XFSZ; ulimit -f 2; "$LOOM" train $spec -q --steps 100 --log "$TMP/full.jsonl" > "$TMP/full.out" 2> "$TMP/full.err")
+RC=$? OUT=$TMP/full.out ERR=$TMP/full.err LAST="--log at a 2 KB file size limit"
+if [ $RC = 1 ]; then pass "--log on a write failure: exit 1"; else fail "--log on a write failure: exit $RC"; show_last; fi
+expect_stderr_contains "cannot write the metrics log (disk full?); it holds the whole lines of the steps before"
+check "  the log ends with a whole line, every line JSON" python3 -c "
+import json; b = open('$TMP/full.jsonl', 'rb').read(); assert b and b.endswith(b'\\n'), b[-40:]
+[json.loads(l) for l in b.decode().splitlines()]"
 finish

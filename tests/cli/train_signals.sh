@@ -90,6 +90,23 @@ else
   echo "SKIPPED SIGINT: this env cannot restore SIGINT's default (--default-signal, coreutils 8.31+)"
 fi
 
+# 3b. a second signal ends the run at once: stopped (SIGSTOP) after its first step line, the run
+#     gets SIGINT and SIGTERM, then SIGCONT: both are handled together, the second exits at
+#     once (130 or 143, whichever the kernel hands over second), with no stop message and no
+#     checkpoint of a stop
+if env --default-signal=INT true 2> /dev/null; then
+  env --default-signal=INT "$LOOM" train $spec --steps 1000000 "${flat[@]}" --save-dir "$TMP/ck2x" > "$TMP/two.out" \
+    2> "$TMP/two.err" &
+  pid=$!
+  for i in $(seq 1200); do grep -q '^step ' "$TMP/two.out" 2> /dev/null && break; sleep 0.05; done
+  kill -STOP $pid; kill -INT $pid; kill -TERM $pid; kill -CONT $pid
+  wait $pid
+  RC=$? OUT=$TMP/two.out ERR=$TMP/two.err LAST="two signals"
+  if [ "$RC" = 130 ] || [ "$RC" = 143 ]; then pass "two signals: exit $RC at once"; else fail "two signals: exit $RC"; show_last; fi
+  expect_stderr_lacks "stopped by"
+  check "  no checkpoint and no summary" sh -c "! ls '$TMP/ck2x' | grep -q '^step_' && ! grep -q '^done: ' '$TMP/two.out'"
+fi
+
 # 4. the CPU mesh (ranks as threads) and a pipeline: every rank stops after the same step; the
 #    resumed run equals the uninterrupted one bit for bit
 for layout in "dp=2" "pp=2"; do

@@ -144,8 +144,8 @@ for mesh in "" "--mesh dp=2"; do
 done
 expect_exit 2 "the executable: --val-every without --val-data" "$TMP/exe" --val-every 3
 expect_stderr_contains "need --val-data"
-expect_exit 1 "--log into a missing folder" run_train --log "$TMP/no/such/dir/m.jsonl"
-expect_stderr_contains "cannot open the metrics log"
+expect_exit 2 "--log into a missing folder: refused before step 1" run_train --log "$TMP/no/such/dir/m.jsonl"
+expect_stderr_contains "--log $TMP/no/such/dir/m.jsonl: the folder"
 printf '{"step": 1, "loss": 2}\nnot json\n' > "$TMP/bad.jsonl"
 expect_exit 2 "loom plot of a damaged log" "$LOOM" plot "$TMP/bad.jsonl" -o "$TMP/x.svg"
 expect_stderr_contains "bad.jsonl:2:"

@@ -157,6 +157,9 @@ int main() {
       {1, 300, 4, 2, 64, 300, true, true, 100}, /* a sliding window: tiles skipped, tiles crossing its edge masked */
       {1, 200, 2, 1, 128, 200, true, true, 64}, /* a window of one tile, D 128 (dk dv: query tiles of 32) */
       {1, 150, 2, 2, 64, 150, false, true, 40}, /* a window without causality (later keys stay visible) */
+      {1, 200, 2, 1, 64, 200, true, true, 40},   /* window 40: key tiles before it and query tiles past it skipped */
+      {1, 130, 4, 2, 16, 130, true, true, 1},    /* window 1: each query sees only itself */
+      {1, 150, 2, 2, 128, 150, true, false, 70}, /* f16, D 128 (32-row tiles), a window across tiles */
   };
   int failed = 0;
   for (const Case &c : cases) failed += run(c, true) + run(c, false);

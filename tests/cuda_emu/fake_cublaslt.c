@@ -4,12 +4,17 @@
  * machines without a GPU.  On the emulated device, device pointers are host pointers and
  * streams are synchronous, so cublasLtMatmul computes D = alpha op(A) op(B) + beta C on
  * the host right away.  Only what loom uses is here: f32 scale, f32 / f16 / bf16 data,
- * column-major strided batches, transposes, no epilogues.  Not for performance.
+ * column-major strided batches, transposes, beta, no epilogues.  Not for performance.
+ * On a stream that is capturing (the emulated driver's cuStreamIsCapturing, found through
+ * LOOM_LIBCUDA), the matmul is recorded instead as a host function of the graph
+ * (cuLaunchHostFunc) holding copies of its descriptors and scalars, run when the graph is.
  *
  * Written from the cuBLASLt documentation's semantics (and the prototypes of cublasLt.h):
  *   gcc -std=c11 -O2 -fPIC -shared -I/usr/local/cuda/include fake_cublaslt.c -o libfakelt.so -lm
  */
+#include <dlfcn.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,6 +27,13 @@
 typedef struct {
   cublasComputeType_t compute;
   int32_t trans_a, trans_b; /* cublasOperation_t: N or T */
+  /* epilogues (loom's: BIAS, GELU_AUX_BIAS): D = epi(alpha op(A) op(B) + beta C + bias), the
+     bias a vector of m (one per row of D), GELU's aux the pre-activation (m x n, ld aux_ld) */
+  uint32_t epilogue;
+  const void *bias;
+  int32_t bias_type;        /* cudaDataType_t; -1: D's type */
+  void *aux;
+  int64_t aux_ld;
 } Desc;
 
 typedef struct {
@@ -126,6 +138,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmu
   if (!d) return CUBLAS_STATUS_ALLOC_FAILED;
   d->compute = computeType;
   d->trans_a = d->trans_b = CUBLAS_OP_N;
+  d->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  d->bias_type = -1;   /* D's type */
   *matmulDesc = (cublasLtMatmulDesc_t)d;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -139,7 +153,18 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
                                                            cublasLtMatmulDescAttributes_t attr, const void *buf,
                                                            size_t sizeInBytes) {
   Desc *d = (Desc *)matmulDesc;
-  if (!d || !buf || sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE; /* all ours are 32-bit */
+  if (!d || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER || attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER) {
+    if (sizeInBytes != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER ? (void *)&d->bias : (void *)&d->aux, buf, sizeof(void *));
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) {
+    if (sizeInBytes != 8) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->aux_ld, buf, 8);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (sizeInBytes != 4) return CUBLAS_STATUS_INVALID_VALUE; /* the others are 32-bit */
   int32_t v;
   memcpy(&v, buf, 4);
   switch (attr) {
@@ -150,7 +175,15 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
     *(attr == CUBLASLT_MATMUL_DESC_TRANSA ? &d->trans_a : &d->trans_b) = v;
     return CUBLAS_STATUS_SUCCESS;
   case CUBLASLT_MATMUL_DESC_EPILOGUE:
-    return (uint32_t)v == CUBLASLT_EPILOGUE_DEFAULT ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((uint32_t)v != CUBLASLT_EPILOGUE_DEFAULT && (uint32_t)v != CUBLASLT_EPILOGUE_BIAS &&
+        (uint32_t)v != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    d->epilogue = (uint32_t)v;
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    if (v != CUDA_R_32F && v != CUDA_R_16F && v != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+    d->bias_type = v;
+    return CUBLAS_STATUS_SUCCESS;
   default: return CUBLAS_STATUS_INVALID_VALUE;
   }
 }
@@ -307,22 +340,17 @@ static const char *batch_ptr(const void *p, const Layout *l, int64_t b) {
   return (const char *)p + b * l->stride * elem_size(l->type);
 }
 
-cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
-                                           const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
-                                           const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
-                                           const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
-                                           cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
-                                           void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
-  (void)workspace, (void)workspaceSizeInBytes, (void)stream; /* no workspace; the stream is synchronous */
-  if (!lightHandle || !computeDesc || !alpha || !beta || !A || !B || !D || !Adesc || !Bdesc || !Cdesc || !Ddesc)
+/* GELU, tanh form (cuBLASLt's GELU epilogue, GPT-2's gelu_new), in f32. */
+static float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+/* D = al op(A) op(B) + be C (+ bias, GELU), now (checked by the caller). */
+static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const Layout *la, const void *B, const Layout *lb,
+                                 float be, const void *C, const Layout *lc, void *D, const Layout *ld, Shape s) {
+  bool epi = d->epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+  if (epi && (!d->bias || (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && (!d->aux || d->aux_ld < s.m))))
     return CUBLAS_STATUS_INVALID_VALUE;
-  const Desc *d = (const Desc *)computeDesc;
-  const Layout *la = (Layout *)Adesc, *lb = (Layout *)Bdesc, *lc = (Layout *)Cdesc, *ld = (Layout *)Ddesc;
-  Shape s;
-  if (!check_shape(d, la, lb, lc, ld, &s) || (algo && algo->data[0] != ALGO_MAGIC)) return CUBLAS_STATUS_INVALID_VALUE;
-  if (!check_types(la, lb, lc, ld)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  float al = *(const float *)alpha, be = *(const float *)beta;
-  if (be != 0 && !C) return CUBLAS_STATUS_INVALID_VALUE;
   bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && la->type == CUDA_R_32F;
   float *pa = calloc((size_t)(s.m * s.k + 4 * s.k + 1), sizeof(float)); /* zeroed room for dot4 past row m */
   float *pb = malloc((size_t)(s.n * s.k + 1) * sizeof(float));
@@ -343,10 +371,77 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
           float v = al * acc[r];
           /* beta == 0: C is not read, it may hold NaN (documented cuBLAS behaviour) */
           if (be != 0) v += be * load(lc->type, cb, i + r + j * lc->ld);
+          if (epi) v += load(d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : ld->type, d->bias, i + r);
+          if (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+            store(ld->type, (char *)d->aux + b * ld->stride * elem_size(ld->type), i + r + j * d->aux_ld, v);
+            v = gelu_tanh(v);
+          }
           store(ld->type, db, i + r + j * ld->ld, v);
         }
       }
   }
   free(pa), free(pb);
   return CUBLAS_STATUS_SUCCESS;
+}
+
+/* A matmul recorded in a graph: everything it reads from the call, copied.  Kept on a list
+   for the life of the process (a graph may be replayed until its end). */
+typedef struct Captured {
+  struct Captured *next;
+  Desc d;
+  Layout la, lb, lc, ld;
+  float al, be;
+  const void *A, *B, *C;
+  void *D;
+  Shape s;
+} Captured;
+static Captured *captured;
+
+static void run_captured(void *p) {
+  Captured *c = p;
+  if (matmul_now(&c->d, c->al, c->A, &c->la, c->B, &c->lb, c->be, c->C, &c->lc, c->D, &c->ld, c->s) != CUBLAS_STATUS_SUCCESS)
+    fprintf(stderr, "loom-emu: a captured cublasLtMatmul failed (out of memory)\n");
+}
+
+/* The emulated driver's capture calls, if LOOM_LIBCUDA is loaded (no driver: nothing captures). */
+typedef int (*IsCapturingFn)(void *stream, int *status);
+typedef int (*HostFuncFn)(void *stream, void (*fn)(void *), void *data);
+static bool driver_capture(IsCapturingFn *is_capturing, HostFuncFn *host_func) {
+  const char *lib = getenv("LOOM_LIBCUDA");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  if (!h) return false;
+  *is_capturing = (IsCapturingFn)dlsym(h, "cuStreamIsCapturing");
+  *host_func = (HostFuncFn)dlsym(h, "cuLaunchHostFunc");
+  dlclose(h);   /* still loaded: loom holds it */
+  return *is_capturing && *host_func;
+}
+
+cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                                           const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
+                                           const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
+                                           const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
+                                           cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
+                                           void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
+  (void)workspace, (void)workspaceSizeInBytes; /* no workspace */
+  if (!lightHandle || !computeDesc || !alpha || !beta || !A || !B || !D || !Adesc || !Bdesc || !Cdesc || !Ddesc)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  const Desc *d = (const Desc *)computeDesc;
+  const Layout *la = (Layout *)Adesc, *lb = (Layout *)Bdesc, *lc = (Layout *)Cdesc, *ld = (Layout *)Ddesc;
+  Shape s;
+  if (!check_shape(d, la, lb, lc, ld, &s) || (algo && algo->data[0] != ALGO_MAGIC)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!check_types(la, lb, lc, ld)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  float al = *(const float *)alpha, be = *(const float *)beta;
+  if (be != 0 && !C) return CUBLAS_STATUS_INVALID_VALUE;
+  IsCapturingFn is_capturing;
+  HostFuncFn host_func;
+  int status = 0;
+  if (stream && driver_capture(&is_capturing, &host_func) && is_capturing(stream, &status) == 0 && status != 0) {
+    Captured *c = calloc(1, sizeof *c);
+    if (!c) return CUBLAS_STATUS_ALLOC_FAILED;
+    *c = (Captured){.next = captured, .d = *d, .la = *la, .lb = *lb, .lc = *lc, .ld = *ld, .al = al, .be = be,
+                    .A = A, .B = B, .C = C, .D = D, .s = s};
+    captured = c;
+    return host_func(stream, run_captured, c) == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  return matmul_now(d, al, A, la, B, lb, be, C, lc, D, ld, s);
 }

@@ -10,6 +10,12 @@
  * its loom_emu_launch (emu.h).  A failed launch (a deadlock, a warp op with exited lanes, a
  * bad launch shape) prints what happened and is sticky, as a kernel fault is on a GPU: every
  * later synchronization fails until cuDevicePrimaryCtxReset.
+ * Stream capture and graphs: between cuStreamBeginCapture and cuStreamEndCapture a stream
+ * records its kernel launches (with a copy of their one LoomArgs parameter), memsets and host
+ * functions (cuLaunchHostFunc: how the cuBLASLt double captures a GEMM) instead of running
+ * them; a copy to or from the host, a synchronization of the stream, an event, or a graph
+ * launch on it is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidates the capture,
+ * as the driver does.  cuGraphLaunch replays the recorded operations in order.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -19,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TOTAL_MEM (80ull << 30)
@@ -47,6 +54,34 @@ typedef struct {
   void *base, *ptr;
   size_t map_bytes, bytes;
 } Alloc;
+
+/* Every loom kernel takes one parameter, the LoomArgs of runtime/cuda/cuda_exec.h
+   (CudaLoomArgs: 16 pointers, 40 long longs, 4 doubles); a captured launch keeps a copy. */
+#define LOOM_ARGS_BYTES 480
+
+typedef enum { NODE_KERNEL, NODE_MEMSET, NODE_HOST } NodeKind;
+typedef struct {
+  NodeKind kind;
+  Function *f;
+  unsigned grid[3], block[3], smem;
+  unsigned char args[LOOM_ARGS_BYTES];
+  CUdeviceptr dst;
+  unsigned char value;
+  size_t n;
+  CUhostFn fn;
+  void *data;
+} Node;
+
+typedef struct {
+  Node *nodes;
+  int n, cap;
+} Graph;   /* a CUgraph and a CUgraphExec alike */
+
+typedef struct {
+  int capturing;   /* between cuStreamBeginCapture and cuStreamEndCapture */
+  int invalid;     /* something unsupported was issued while capturing */
+  Graph *graph;
+} Stream;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static Alloc *allocs;
@@ -191,28 +226,158 @@ static CUresult sync_status(void) {
 }
 
 CUresult cuCtxSynchronize(void) { return sync_status(); }
-CUresult cuStreamSynchronize(CUstream s) { return s ? sync_status() : CUDA_ERROR_INVALID_HANDLE; }
-CUresult cuStreamQuery(CUstream s) { return s ? sync_status() : CUDA_ERROR_INVALID_HANDLE; }
+/* LOOM_EMU_STATS=1: at exit, how the work reached the device (kernels launched one by one,
+   graphs launched and the kernels they replayed), for the tests of CUDA graphs. */
+static long n_direct, n_graphs, n_replayed;
+__attribute__((destructor)) static void print_stats(void) {
+  const char *e = getenv("LOOM_EMU_STATS");
+  if (e && *e && strcmp(e, "0"))
+    fprintf(stderr, "loom-emu: %ld kernels launched directly, %ld graph launches replaying %ld kernels\n", n_direct,
+            n_graphs, n_replayed);
+}
+
+static int capturing(CUstream s) { return s && ((Stream *)s)->capturing; }
+
+/* An operation capture does not support: the capture is invalidated. */
+static CUresult refuse_capture(CUstream s) {
+  ((Stream *)s)->invalid = 1;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+static Node *add_node(CUstream s, NodeKind kind) {
+  Graph *g = ((Stream *)s)->graph;
+  if (g->n == g->cap) {
+    int cap = g->cap ? 2 * g->cap : 64;
+    Node *nodes = realloc(g->nodes, sizeof *nodes * (size_t)cap);
+    if (!nodes) return NULL;
+    g->nodes = nodes;
+    g->cap = cap;
+  }
+  Node *nd = &g->nodes[g->n++];
+  memset(nd, 0, sizeof *nd);
+  nd->kind = kind;
+  return nd;
+}
+
+CUresult cuStreamSynchronize(CUstream s) {
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  return capturing(s) ? refuse_capture(s) : sync_status();
+}
+CUresult cuStreamQuery(CUstream s) {
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  return capturing(s) ? refuse_capture(s) : sync_status();
+}
 
 CUresult cuStreamCreate(CUstream *s, unsigned flags) {
   (void)flags;
   if (!s) return CUDA_ERROR_INVALID_VALUE;
-  *s = (CUstream)malloc(16);
+  *s = (CUstream)calloc(1, sizeof(Stream));
   return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static void graph_free(Graph *g) {
+  if (g) free(g->nodes);
+  free(g);
 }
 
 CUresult cuStreamDestroy(CUstream s) {
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  graph_free(((Stream *)s)->graph);   /* a capture never ended */
   free(s);
   return CUDA_SUCCESS;
 }
 
+CUresult cuStreamBeginCapture(CUstream s, CUstreamCaptureMode mode) {
+  (void)mode;
+  if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;   /* the legacy stream cannot capture */
+  Stream *st = (Stream *)s;
+  if (st->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  if (!(st->graph = calloc(1, sizeof(Graph)))) return CUDA_ERROR_OUT_OF_MEMORY;
+  st->capturing = 1;
+  st->invalid = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream s, CUgraph *out) {
+  if (!s || !out) return CUDA_ERROR_INVALID_VALUE;
+  Stream *st = (Stream *)s;
+  if (!st->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  st->capturing = 0;
+  *out = NULL;
+  if (st->invalid) {
+    graph_free(st->graph);
+    st->graph = NULL;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  *out = (CUgraph)st->graph;
+  st->graph = NULL;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  *status = !capturing(s)                ? CU_STREAM_CAPTURE_STATUS_NONE
+            : ((Stream *)s)->invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                     : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph g, unsigned long long flags) {
+  (void)flags;
+  if (!exec || !g) return CUDA_ERROR_INVALID_VALUE;
+  const Graph *src = (const Graph *)g;
+  Graph *e = calloc(1, sizeof *e);
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (src->n && !(e->nodes = malloc(sizeof(Node) * (size_t)src->n))) {
+    free(e);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (src->n) memcpy(e->nodes, src->nodes, sizeof(Node) * (size_t)src->n);
+  e->n = e->cap = src->n;
+  *exec = (CUgraphExec)e;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph g) {
+  if (!g) return CUDA_ERROR_INVALID_VALUE;
+  graph_free((Graph *)g);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec e) {
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  graph_free((Graph *)e);
+  return CUDA_SUCCESS;
+}
+
+/* A host function: run now, or recorded while capturing. */
+CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  if (capturing(s)) {
+    Node *nd = add_node(s, NODE_HOST);
+    if (!nd) return CUDA_ERROR_OUT_OF_MEMORY;
+    nd->fn = fn;
+    nd->data = data;
+    return CUDA_SUCCESS;
+  }
+  CUresult r = sync_status();
+  if (r == CUDA_SUCCESS) fn(data);
+  return r;
+}
+
 /* Events: streams are synchronous, so an event is complete as soon as it is recorded and a
-   wait for one never waits. */
+   wait for one never waits.  An event holds the host's monotonic time when it was recorded
+   (negative: never), so the time between two is what the emulated work between them took. */
+typedef struct {
+  double recorded_s;
+} Event;
+
 CUresult cuEventCreate(CUevent *e, unsigned flags) {
   (void)flags;
   if (!e) return CUDA_ERROR_INVALID_VALUE;
-  *e = (CUevent)malloc(16);
+  Event *ev = malloc(sizeof *ev);
+  if (ev) ev->recorded_s = -1;
+  *e = (CUevent)ev;
   return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -223,12 +388,26 @@ CUresult cuEventDestroy(CUevent e) {
 }
 
 CUresult cuEventRecord(CUevent e, CUstream s) {
-  (void)s;
-  return e ? sync_status() : CUDA_ERROR_INVALID_HANDLE;
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  if (capturing(s)) return refuse_capture(s);   /* event nodes are not emulated */
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ((Event *)e)->recorded_s = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  return sync_status();
+}
+
+/* As the driver: both recorded (else CUDA_ERROR_INVALID_HANDLE), end minus start in ms. */
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+  if (!ms || !start || !end) return CUDA_ERROR_INVALID_VALUE;
+  const Event *a = (const Event *)start, *b = (const Event *)end;
+  if (a->recorded_s < 0 || b->recorded_s < 0) return CUDA_ERROR_INVALID_HANDLE;
+  *ms = (float)((b->recorded_s - a->recorded_s) * 1e3);
+  return sync_status();
 }
 
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
   (void)flags;
+  if (capturing(s)) return refuse_capture(s);
   return s && e ? sync_status() : CUDA_ERROR_INVALID_HANDLE;
 }
 
@@ -299,7 +478,7 @@ static int in_device(CUdeviceptr p, size_t n) {
 }
 
 CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-  (void)s;
+  if (capturing(s)) return refuse_capture(s);   /* copies are not emulated in graphs */
   if (!n) return CUDA_SUCCESS;
   if (!src || !in_device(dst, n)) return CUDA_ERROR_INVALID_VALUE;
   memcpy((void *)(uintptr_t)dst, src, n);
@@ -307,7 +486,7 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream 
 }
 
 CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-  (void)s;
+  if (capturing(s)) return refuse_capture(s);   /* copies are not emulated in graphs */
   if (!n) return CUDA_SUCCESS;
   if (!dst || !in_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
   memcpy(dst, (const void *)(uintptr_t)src, n);
@@ -315,7 +494,7 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
 }
 
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-  (void)s;
+  if (capturing(s)) return refuse_capture(s);   /* copies are not emulated in graphs */
   if (!n) return CUDA_SUCCESS;
   if (!in_device(dst, n) || !in_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
   memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
@@ -323,9 +502,16 @@ CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {
-  (void)s;
   if (!n) return CUDA_SUCCESS;
   if (!in_device(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (capturing(s)) {
+    Node *nd = add_node(s, NODE_MEMSET);
+    if (!nd) return CUDA_ERROR_OUT_OF_MEMORY;
+    nd->dst = dst;
+    nd->value = v;
+    nd->n = n;
+    return CUDA_SUCCESS;
+  }
   memset((void *)(uintptr_t)dst, v, n);
   return CUDA_SUCCESS;
 }
@@ -431,9 +617,22 @@ CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
   return CUDA_SUCCESS;
 }
 
+static CUresult run_kernel(Function *fu, const unsigned grid[3], const unsigned block[3], unsigned smem, void *arg) {
+  pthread_mutex_lock(&mu);
+  CUresult r = sticky;
+  if (r == CUDA_SUCCESS) {
+    char err[700] = "";
+    if (fu->mod->launch(fu->fn, arg, grid, block, smem, err, sizeof err)) {
+      fprintf(stderr, "loom-emu: kernel %s: %s\n", fu->name, err);
+      r = sticky = CUDA_ERROR_LAUNCH_FAILED;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, CUstream s, void **params, void **extra) {
-  (void)s;
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
   Function *fu = (Function *)f;
   if (extra || !params || !params[0]) return CUDA_ERROR_INVALID_VALUE;
@@ -448,16 +647,41 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
             fu->name, smem, fu->max_dynamic_smem);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  pthread_mutex_lock(&mu);
-  CUresult r = sticky;
-  if (r == CUDA_SUCCESS) {
-    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-    char err[700] = "";
-    if (fu->mod->launch(fu->fn, params[0], grid, block, smem, err, sizeof err)) {
-      fprintf(stderr, "loom-emu: kernel %s: %s\n", fu->name, err);
-      r = sticky = CUDA_ERROR_LAUNCH_FAILED;
+  const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  if (capturing(s)) {
+    Node *nd = add_node(s, NODE_KERNEL);
+    if (!nd) return CUDA_ERROR_OUT_OF_MEMORY;
+    nd->f = fu;
+    memcpy(nd->grid, grid, sizeof grid);
+    memcpy(nd->block, block, sizeof block);
+    nd->smem = smem;
+    memcpy(nd->args, params[0], LOOM_ARGS_BYTES);
+    return CUDA_SUCCESS;
+  }
+  n_direct++;
+  return run_kernel(fu, grid, block, smem, params[0]);
+}
+
+/* The recorded operations, in order (streams are synchronous). */
+CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  if (capturing(s)) return refuse_capture(s);
+  Graph *g = (Graph *)e;
+  CUresult r = sync_status();
+  n_graphs++;
+  for (int i = 0; i < g->n && r == CUDA_SUCCESS; i++) {
+    Node *nd = &g->nodes[i];
+    switch (nd->kind) {
+    case NODE_KERNEL: {
+      unsigned char args[LOOM_ARGS_BYTES];   /* the kernel may not change the graph's copy */
+      memcpy(args, nd->args, sizeof args);
+      r = run_kernel(nd->f, nd->grid, nd->block, nd->smem, args);
+      n_replayed++;
+      break;
+    }
+    case NODE_MEMSET: memset((void *)(uintptr_t)nd->dst, nd->value, nd->n); break;
+    case NODE_HOST: nd->fn(nd->data); break;
     }
   }
-  pthread_mutex_unlock(&mu);
   return r;
 }

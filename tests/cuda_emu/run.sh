@@ -26,11 +26,27 @@ LOOM_EMULATED=1 bash tests/gpu/test_train.sh "$(dirname "$LOOM")" "$LOOM" "$ST_D
 # loom check on the emulated device: every golden's forward, gradients and 3 training steps
 # on cuda, at the default tolerances (README "Golden folders"); qwen3-moe-tiny is a mixture of
 # experts (mixtral-tiny's checks follow below)
-for g in gpt2-tiny llama-tiny llama-tiny-tied qwen3-moe-tiny; do
+# (llama3-tiny: llama3 RoPE scaling; qwen2-tiny: q/k/v biases; qwen3-tiny: q/k norms;
+# mistral-tiny: the sliding window in the flash kernels, fp32 and bf16)
+for g in gpt2-tiny llama-tiny llama-tiny-tied qwen3-moe-tiny llama3-tiny qwen2-tiny qwen3-tiny mistral-tiny; do
   "$LOOM" check tests/golden/$g --backend cuda > "$tmp/check" 2>&1 &&
     ok "loom check tests/golden/$g --backend cuda: $(grep -E '^cuda ' "$tmp/check" | tr -s ' ' | cut -c1-150)" ||
     { bad "loom check tests/golden/$g --backend cuda"; cat "$tmp/check"; }
 done
+
+"$LOOM" check tests/golden/mistral-tiny --backend cuda --precision bf16 > "$tmp/check" 2>&1 &&
+  ok "loom check tests/golden/mistral-tiny --backend cuda --precision bf16 (the tensor-core kernels' window)" ||
+  { bad "loom check tests/golden/mistral-tiny --backend cuda --precision bf16"; cat "$tmp/check"; }
+
+# Greedy sampling on the device with Mistral's window (attention_cached, kernels/decode.cuh
+# i[6]): 40 new tokens after a 17-byte prompt = transformers' generate (generate.json)
+g=tests/golden/mistral-tiny
+python3 -c "import json; c = json.load(open('$g/generate.json'))['cases'][1]
+open('$tmp/mprompt', 'w').write(c['prompt']); print(' '.join(map(str, c['new_ids'])))" > "$tmp/mwant"
+"$LOOM" sample $g/config.json --weights $g/weights.safetensors --prompt "$(cat "$tmp/mprompt")" --max-new-tokens 40 \
+  --temperature 0 --ids --backend cuda > "$tmp/mgot" 2>&1 && cmp -s "$tmp/mgot" "$tmp/mwant" &&
+  ok "mistral-tiny greedy sampling on cuda (window 8 over 57 positions) = transformers' generate" ||
+  { bad "mistral-tiny greedy sampling on cuda"; cat "$tmp/mgot"; }
 
 # The CPU benchmark's model (head size 64, vocabulary 4096) in bf16 at seq 128: one step's
 # gradients within 2e-2 of the CPU backend (the tensor-core attention at head size 64)
@@ -329,6 +345,84 @@ if "${lt[@]}" --steps 2 --mesh dp=2 --zero 3 --save-dir "$tmp/ck" > "$tmp/log" 2
   ok "a dp=2 ZeRO-3 checkpoint resumes on CUDA: 4 steps within 1e-5 of one CPU rank's"
 else
   bad "resuming a mesh checkpoint on CUDA"; tail -5 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+fi
+
+# Gradients accumulated in the GEMM (cuBLASLt beta = 1 into the f32 gradient) and cast +
+# accumulate as one kernel (codegen/cuda/lower.c, "gradient accumulation") against the
+# unfused program (LOOM_CUDA_NO_ACC_FUSION=1): 3 steps with 2 micro-batches, fp32 bit for bit
+# (the same arithmetic); bf16 (the product is no longer rounded to bf16 before it is added)
+# with loom check's bf16 rule: losses and gradient norms within 2e-2, parameters within 2e-2
+# plus 2 x steps x lr (AdamW moves a parameter by about lr whatever its gradient's size)
+for m in gpt2-tiny llama-tiny; do
+  for p in fp32 bf16; do
+    tol=$([ $p = fp32 ] && echo "0" || echo "2e-2 --atol 0.06")
+    if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q --out "$tmp/acc-f.st" > "$tmp/log" 2>&1 &&
+       LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+         --out "$tmp/acc-u.st" >> "$tmp/log" 2>&1 &&
+       "$ST_DIFF" "$tmp/acc-f.st" "$tmp/acc-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+       "$ST_DIFF" "$tmp/acc-f.st" "$tmp/acc-u.st" --rtol $tol >> "$tmp/diff" 2>&1; then
+      ok "$m $p: gradients accumulated in the GEMM and in the cast, 3 steps within ${tol%% *} of the unfused program"
+    else
+      bad "$m $p: fused gradient accumulation against the unfused program"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+    fi
+  done
+done
+
+# GEMM epilogues (codegen/cuda/lower.c, "GEMM epilogues"; the cuBLASLt double computes BIAS
+# and GELU_AUX_BIAS and beta = 1 with C the residual): gradients and 3 training steps against
+# the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
+# differs), bf16 with loom check's bf16 rule (the product is no longer rounded before the bias
+# and the residual are added); the vocabulary padded (--vocab-multiple 96: the mask is the
+# lm_head GEMM's bias) for GPT-2
+for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
+  m=${mp%%:*} p=${mp##*:}
+  tol=$([ $p = fp32 ] && echo "1e-5" || echo "2e-2 --atol 0.06")
+  vm=$([ $m = gpt2-tiny ] && echo "--vocab-multiple 96" || echo "")
+  # shellcheck disable=SC2086
+  if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q --out "$tmp/epi-f.st" > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_NO_EPILOGUE=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
+       --out "$tmp/epi-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/epi-f.st" "$tmp/epi-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/epi-f.st" "$tmp/epi-u.st" --rtol $tol >> "$tmp/diff" 2>&1; then
+    ok "$m $p: GEMMs with bias, GELU and residual epilogues, 3 steps within ${tol%% *} of the unfused program"
+  else
+    bad "$m $p: GEMM epilogues against the unfused program"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
+# CUDA graphs (runtime/cuda/cuda_exec.c): each function's steps captured once and replayed at
+# every call (the emulated driver records launches, memsets and the cuBLASLt double's GEMMs,
+# and replays them): 3 steps of 2 micro-batches are 9 graph launches and no kernel launched
+# one by one, and the results are those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
+for mp in gpt2-tiny:fp32 llama-tiny:bf16; do
+  m=${mp%%:*} p=${mp##*:}
+  if LOOM_EMU_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/graph.st" > "$tmp/graph.log" 2>&1 &&
+     LOOM_CUDA_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/nograph.st" > "$tmp/log" 2>&1 &&
+     grep -q 'loom-emu: 0 kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels' "$tmp/graph.log" &&
+     "$ST_DIFF" "$tmp/graph.st" "$tmp/nograph.st" --rtol 0 > "$tmp/diff" 2>&1; then
+    ok "$m $p: CUDA graphs, $(grep -o '9 graph launches.*' "$tmp/graph.log"); bit for bit the step-by-step run"
+  else
+    bad "$m $p: CUDA graphs against the step-by-step run"; tail -3 "$tmp/graph.log" "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
+# LOOM_PROFILE=1 (events around every launch and library call): the table's launches are those
+# `loom ir --cost` counts for the same step, every category has a time, and the run's losses
+# are those of a run without the profile, bit for bit
+g=tests/golden/gpt2-tiny/train_spec.json
+n=$("$LOOM" ir $g --passes=train,lower --target cuda --cost | awk '/^launches a step:/ { print $4 }')
+if LOOM_PROFILE=1 "$LOOM" train $g --backend cuda --steps 2 > "$tmp/prof.out" 2> "$tmp/prof.err" &&
+   "$LOOM" train $g --backend cuda --steps 2 > "$tmp/noprof.out" 2>&1 &&
+   awk -v n="$n" '/^CUDA profile of one step/ { t = 1 } t == 1 && $1 == "total" { tot = $2; ms = $3; t = 2 }
+     t == 1 && ($1 == "gemm" || $1 == "attention" || $1 == "norm" || $1 == "loss") { if ($3 + 0 > 0) c++ }
+     END { exit !(n > 0 && tot == n && ms > 0 && c == 4) }' "$tmp/prof.err" &&
+   diff <(cat "$tmp/prof.out" "$tmp/prof.err" | grep -o '| loss [0-9][0-9.]*') <(grep -o '| loss [0-9][0-9.]*' "$tmp/noprof.out") > /dev/null; then
+  ok "LOOM_PROFILE=1 on CUDA: $n launches timed (as --cost counts), the losses unchanged"
+  sed -n '/^category/,/^total/p' "$tmp/prof.err" | sed 's/^/     /'
+else
+  bad "LOOM_PROFILE=1 on CUDA (--cost counts $n launches)"; tail -30 "$tmp/prof.err"
 fi
 
 # bench/gpu_step.sh end to end (its parsing of loom's output), on a tiny model

@@ -2,7 +2,10 @@
 """The greedy-generation goldens: transformers' greedy `generate` on the tiny models.
 
 Run with a Python that has torch and transformers (4.40 or later), from anywhere:
-    python3 tests/golden/gen_generate.py
+    python3 tests/golden/gen_generate.py              # gpt2-tiny llama-tiny
+    python3 tests/golden/gen_generate.py M...         # those golden folders (the issue 33 families:
+                                                      # llama3-tiny qwen2-tiny qwen3-tiny mistral-tiny,
+                                                      # transformers >= 4.51, eager attention)
 
 For the tiny models M = gpt2-tiny and llama-tiny this loads the golden
 folder's config.json and weights.safetensors into transformers' AutoModelForCausalLM,
@@ -32,12 +35,13 @@ MAX_NEW = 40
 torch.set_num_threads(1)
 
 
-def run(model_dir):
+def run(model_dir, eager=False):
     tmp = tempfile.mkdtemp()
     try:
         shutil.copy(os.path.join(model_dir, "config.json"), os.path.join(tmp, "config.json"))
         shutil.copy(os.path.join(model_dir, "weights.safetensors"), os.path.join(tmp, "model.safetensors"))
-        model = transformers.AutoModelForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32)
+        kw = {"attn_implementation": "eager"} if eager else {}   # Mistral's window: transformers' mask
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32, **kw)
     finally:
         shutil.rmtree(tmp)
     model.eval()
@@ -58,10 +62,11 @@ def run(model_dir):
 
 
 def main():
-    for m in ["gpt2-tiny", "llama-tiny"]:
+    names = sys.argv[1:] or ["gpt2-tiny", "llama-tiny"]
+    for m in names:
         d = os.path.join(GOLDEN, m)
         res = {"model": m, "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-               "cases": run(d)}
+               "cases": run(d, eager=bool(sys.argv[1:]))}
         with open(os.path.join(d, "generate.json"), "w") as f:
             json.dump(res, f, indent=1)
             f.write("\n")

@@ -10,7 +10,9 @@
 #             and the machine has 16 cores for NVRTC and the CPU backend's references;
 #   bench     checks 3 and 9's speed, alone on the GPU: bench/gpu_step.sh for GPT-2 124M,
 #             the Llama-1B shape and a mid-size Mixtral (STEPS, default 12);
-#   sanitize  compute-sanitizer memcheck and racecheck of training steps (check 1's tail).
+#   sanitize  compute-sanitizer memcheck and racecheck of training steps (check 1's tail);
+#   torch     check 11 (issue 31): bench/gpu_step.sh with PyTorch beside loom and loom's
+#             LOOM_PROFILE table for GPT-2 124M and the Llama-1B shape ($OUT/profile/).
 # Each check gets a timeout from what is left of SECONDS, so the script ends by itself inside
 # the call's limit. Every finished check's log is appended to $OUT/all.log at once (what a
 # killed run did finish still comes back); $OUT/summary.txt has one line a check.
@@ -79,14 +81,17 @@ if want runtime || want train || want goldens || want moe || want misc; then
   wait
 fi
 if [[ $PHASES == *bench* ]]; then
-  check bench 200 "STEPS=${STEPS:-12} LOOM=$B/loom bash bench/gpu_step.sh"
-  check bench-moe 120 "python3 -c \"import json; s=json.load(open('models/mixtral-tiny.json')); s['model'].update(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, num_local_experts=8, vocab_size=32000, max_position_embeddings=2048); json.dump(s, open('/tmp/mixtral-mid.json', 'w'))\" && STEPS=${STEPS:-12} LOOM=$B/loom MODELS=/tmp/mixtral-mid.json:8:1024 bash bench/gpu_step.sh"
+  check bench 200 "TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom bash bench/gpu_step.sh"
+  check bench-moe 120 "python3 -c \"import json; s=json.load(open('models/mixtral-tiny.json')); s['model'].update(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8, num_local_experts=8, vocab_size=32000, max_position_embeddings=2048); json.dump(s, open('/tmp/mixtral-mid.json', 'w'))\" && TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=/tmp/mixtral-mid.json:8:1024 bash bench/gpu_step.sh"
 fi
 if [[ $PHASES == *owed* ]]; then
   hwf=models/hardware/h200.json; nvidia-smi -L 2>/dev/null | grep -q H100 && hwf=models/hardware/h100-sxm.json
   check micro 120 "python3 tests/gpu/microbench.py $hwf $OUT/hw-measured.json"
   check attnround 150 "LOOM_CUDA_ATTN_ROUND=1 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh"
   check sample 150 "set -e; $B/loom data data/shakespeare.txt -o /tmp/s.bin; $B/loom train models/gpt2-124M.json --backend cuda --steps 1 --batch 4 --seq 1024 --data /tmp/s.bin --out /tmp/w124.st -q; for b in cuda cpu; do $B/loom sample models/gpt2-124M.json --weights /tmp/w124.st --prompt x --max-new-tokens 256 --temperature 0 --backend \$b > /dev/null; done"
+fi
+if [[ $PHASES == *torch* ]]; then
+  check torch 330 "LOOM_PROFILE=15 PROFILE_DIR=$OUT/profile STEPS=${STEPS:-10} LOOM=$B/loom bash bench/gpu_step.sh"
 fi
 if [[ $PHASES == *sanitize* ]]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -8,18 +8,7 @@
 #include <time.h>
 
 #include "runtime/comm/comm.h"
-
-static int passed, failed;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (cond) passed++;                           \
-    else {                                        \
-      failed++;                                   \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
+#include "tests/unit/check.h"
 
 static int64_t mesh[COMM_AXES] = {2, 2, 1, 2, 1};   /* dp tp cp pp ep */
 static LocalWorld *world;
@@ -117,6 +106,6 @@ int main(void) {
   local_world_free(world);
   int64_t badmesh[COMM_AXES] = {0, 1, 1, 1, 1};
   CHECK(local_world_new(badmesh, err, sizeof err) == NULL, "a mesh axis of size 0 is refused: %s", err);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
 }

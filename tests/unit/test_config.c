@@ -11,18 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int n_pass, n_fail;
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (cond) {                                                                     \
-      n_pass++;                                                                     \
-    } else {                                                                        \
-      n_fail++;                                                                     \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
-    }                                                                               \
-  } while (0)
+#include "tests/unit/check.h"
 
 /* Like CHECK, and shows the last error message on failure. */
 #define CHECK_E(cond, err)                                                          \

@@ -148,7 +148,9 @@ static const char *program_problem(const RtProgram *p, const Module *m, const ch
                           st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1], st->block[2], st->smem),
                  why;
       } else if (st->kind == RT_STEP_GEMM) {
-        if (st->n_in != 2 || st->n_out != 1 || st->i[0] <= 0 || st->i[1] <= 0 || st->i[2] <= 0 || st->i[3] <= 0)
+        int64_t epi = st->i[RT_GEMM_EPI_INT];
+        int n_in = 2 + !!(epi & RT_GEMM_EPI_BIAS) + !!(epi & RT_GEMM_EPI_C), n_out = 1 + !!(epi & RT_GEMM_EPI_GELU);
+        if (st->n_in != n_in || st->n_out != n_out || st->i[0] <= 0 || st->i[1] <= 0 || st->i[2] <= 0 || st->i[3] <= 0)
           return snprintf(why, n, "@%s step %d: GEMM fields", f->name, s), why;
       } else {
         return snprintf(why, n, "@%s step %d (%s) is a CPU builtin", f->name, s, st->label), why;
@@ -389,9 +391,10 @@ static void test_program(void) {
               buf_is(&s[0].bufs[1], RT_REGION_ARENA, 2432, 128, RT_ST_BF16) && s[0].i[0] == 128 &&
               s[0].block[0] == 256 && s[0].grid[0] == 1,
           "program: a cast f32 -> bf16 runs loom_copy_fb, 256 threads");
-    check(s[1].kind == RT_STEP_GEMM && s[1].i[0] == 2 && s[1].i[1] == 4 && s[1].i[2] == 8 && s[1].i[3] == 16 &&
+    check(s[1].kind == RT_STEP_GEMM && s[1].i[0] == 1 && s[1].i[1] == 8 && s[1].i[2] == 8 && s[1].i[3] == 16 &&
               s[1].i[7] == 0 && buf_is(&s[1].bufs[2], RT_REGION_ARENA, 2752, 64, RT_ST_BF16),
-          "program: matmul -> GEMM batch 2, M 4, N 8, K 16, shared weight, bf16 output");
+          "program: matmul [2,4,16] x [16,8] (a shared weight) -> one GEMM, the batch folded into M: M 8, N 8, K 16, "
+          "bf16 output");
     check(s[2].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[2].which], "loom_layernorm_bbbb") &&
               s[2].i[0] == 8 && s[2].i[1] == 8 && s[2].f[0] == 1e-05 && s[2].grid[0] == 8 && s[2].block[0] == 32 &&
               buf_is(&s[2].bufs[1], RT_REGION_PARAMS, 512, 8, RT_ST_BF16),

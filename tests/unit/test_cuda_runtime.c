@@ -34,18 +34,7 @@
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "tests/gpu/test_kernels_ptx.h"
-
-static int passed, failed;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (cond) passed++;                           \
-    else {                                        \
-      failed++;                                   \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
+#include "tests/unit/check.h"
 
 static bool has(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
 
@@ -1070,9 +1059,9 @@ static void gpu_errors(bool fault) {
   }
   cuda_program_free(&next);
   printf("note: after the fault, the device was recovered in-process\n");
-  int before = failed;
+  int before = n_fail;
   gpu_gemm_program(false);
-  CHECK(failed == before, "after a fault and a free, a new program runs correctly");
+  CHECK(n_fail == before, "after a fault and a free, a new program runs correctly");
 }
 
 static int gpu_tests(bool fault) {
@@ -1120,6 +1109,6 @@ int main(int argc, char **argv) {
   if (gpu) gpu_tests(fault);
   else if (present) printf("SKIP: the GPU tests need --gpu (tests/gpu/run.sh runs them)\n");
   else printf("SKIP: no GPU (%s): kernels, GEMMs, the executor and NCCL run in tests/gpu/run.sh\n", why);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
 }

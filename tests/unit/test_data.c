@@ -7,28 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int passed, failed;
-
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    if (cond) passed++;                                                  \
-    else {                                                               \
-      failed++;                                                          \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                    \
-  } while (0)
-
-#define CHECK_ERR(rc, want, err, sub)                                                   \
-  do {                                                                                  \
-    int rc_ = (rc);                                                                     \
-    if (rc_ == (want) && strstr((err), (sub))) passed++;                                \
-    else {                                                                              \
-      failed++;                                                                         \
-      fprintf(stderr, "%s:%d: want rc %d with \"%s\", got rc %d: %s\n", __FILE__,       \
-              __LINE__, (want), (sub), rc_, (err));                                     \
-    }                                                                                   \
-  } while (0)
+#include "tests/unit/check.h"
 
 /* Replays train.json's windows through the loader and checks positions and token values
  * against an independent tok_open of each shard. */
@@ -39,7 +18,7 @@ static void test_golden(const char *dir, int n_shards_want) {
   json_t *root = json_load_file(jp, 0, &je);
   if (!root) {
     fprintf(stderr, "%s: %s\n", jp, je.text);
-    failed++;
+    n_fail++;
     return;
   }
   int64_t B = json_integer_value(json_object_get(root, "B"));
@@ -151,6 +130,6 @@ int main(void) {
   test_golden("tests/golden/gpt2-tiny", 1);
   test_resume();
   test_errors();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
 }

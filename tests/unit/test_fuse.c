@@ -10,20 +10,7 @@
 
 #include "frontend/build.h"
 #include "passes/passes.h"
-
-static int passed, failed;
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    if (cond) {                                               \
-      passed++;                                               \
-      printf("PASS ");                                        \
-    } else {                                                  \
-      failed++;                                               \
-      printf("FAIL ");                                        \
-    }                                                         \
-    printf(__VA_ARGS__);                                      \
-    printf("\n");                                             \
-  } while (0)
+#include "tests/unit/check.h"
 
 /* Runs one step: grad_step on fixed tokens, then optimizer_step; returns the store. */
 static GlobalStore *one_step(Module *m, float *loss, float *norm, char *err) {
@@ -137,6 +124,6 @@ int main(void) {
     check_model(models[i], false);
     check_model(models[i], true);
   }
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
 }

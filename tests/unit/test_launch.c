@@ -6,18 +6,7 @@
 #include <string.h>
 
 #include "runtime/comm/launch.h"
-
-static int passed, failed;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (cond) passed++;                           \
-    else {                                        \
-      failed++;                                   \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
+#include "tests/unit/check.h"
 
 /* A fake environment: "NAME=value" pairs, NULL-terminated. */
 static const char *const *env;
@@ -92,6 +81,6 @@ int main(void) {
     int rc = read_env(bad[k].vars, &e, err, sizeof err);
     CHECK(rc == 2 && strstr(err, bad[k].want), "bad case %zu: rc %d, '%s' (wanted '%s')", k, rc, err, bad[k].want);
   }
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
 }

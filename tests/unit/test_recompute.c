@@ -13,20 +13,7 @@
 
 #include "frontend/build.h"
 #include "passes/passes.h"
-
-static int passed, failed;
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    if (cond) {                                               \
-      passed++;                                               \
-      printf("PASS ");                                        \
-    } else {                                                  \
-      failed++;                                               \
-      printf("FAIL ");                                        \
-    }                                                         \
-    printf(__VA_ARGS__);                                      \
-    printf("\n");                                             \
-  } while (0)
+#include "tests/unit/check.h"
 
 static void check_parsers(void) {
   int mode;
@@ -197,6 +184,6 @@ int main(void) {
     check_model(models[i], false);
     check_model(models[i], true);
   }
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
 }

@@ -6,29 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int passed, failed;
-
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    if (cond) passed++;                                                  \
-    else {                                                               \
-      failed++;                                                          \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                    \
-  } while (0)
+#include "tests/unit/check.h"
 
 /* rc must be `want` and the message must contain `sub`. */
-#define CHECK_ERR(rc, want, err, sub)                                                   \
-  do {                                                                                  \
-    int rc_ = (rc);                                                                     \
-    if (rc_ == (want) && strstr((err), (sub))) passed++;                                \
-    else {                                                                              \
-      failed++;                                                                         \
-      fprintf(stderr, "%s:%d: want rc %d with \"%s\", got rc %d: %s\n", __FILE__,       \
-              __LINE__, (want), (sub), rc_, (err));                                     \
-    }                                                                                   \
-  } while (0)
 
 static char dir[64];
 static char path[256];
@@ -84,9 +64,9 @@ static void reject(int line, const char *json, size_t data, const char *sub) {
   craft(path, json, -1, data);
   int rc = st_read(path, &f, err, sizeof err);
   if (getenv("LOOM_TEST_VERBOSE")) printf("  %s\n", err); /* to review the wording */
-  if (rc == 2 && strstr(err, sub) && f.n == 0 && f.buf == NULL) passed++;
+  if (rc == 2 && strstr(err, sub) && f.n == 0 && f.buf == NULL) n_pass++;
   else {
-    failed++;
+    n_fail++;
     fprintf(stderr, "%s:%d: header %s: want rc 2 with \"%s\", got rc %d: %s\n", __FILE__, line,
             json, sub, rc, err);
   }
@@ -417,6 +397,6 @@ int main(void) {
   if (d) closedir(d);
   CHECK(tmps == 0);
   cleanup();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
 }

@@ -2,7 +2,8 @@
    ranks: each rank's environment (torchrun's variables set, other launchers' removed), a
    failing rank stopping the others (SIGTERM, then SIGKILL after the grace period for one that
    ignores it), a rank killed by a signal, a rank's own child killed with it, SIGTERM to the
-   supervisor passed on, the caller's signal handlers restored, a killed supervisor's ranks
+   supervisor passed on (and ranks that stop cleanly on it waited for past the grace period),
+   the caller's signal handlers restored, a killed supervisor's ranks
    gone, this program as the ranks (exe NULL), and a program that cannot be run.  Scripts
    write into $D, a temporary folder. */
 #include <errno.h>
@@ -15,21 +16,10 @@
 #include <unistd.h>
 
 #include "runtime/comm/spawn.h"
+#include "tests/unit/check.h"
 
 /* Shell: wait until $D/name is written (so a rank fails only once the others are ready). */
 #define WAIT_FOR(name) "until [ -s $D/" name " ]; do sleep 0.01; done; "
-
-static int passed, failed;
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (cond) passed++;                           \
-    else {                                        \
-      failed++;                                   \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                        \
-      printf("\n");                               \
-    }                                             \
-  } while (0)
 
 static char dir[] = "/tmp/loom_test_spawn_XXXXXX";
 static char logbuf[4096];
@@ -216,6 +206,21 @@ int main(int argc, char **argv) {
   sigaction(SIGCHLD, &sa, NULL);
   clean();
 
+  /* 6b. Ranks that stop cleanly on the signal (a training loop finishing its step and writing a
+     checkpoint, runtime/stop.h): the supervisor waits for them past the grace period (1 s
+     here, the ranks take 1.5 s), then returns 128 + the signal. */
+  sa.sa_handler = dummy;
+  sigaction(SIGTERM, &sa, NULL);
+  rc = run(2, "trap 'sleep 1.5; echo saved > $D/stop.$RANK; exit 143' TERM; echo $$ > $D/pid.$RANK; "
+              "if [ $RANK = 1 ]; then " WAIT_FOR("pid.0") "kill -TERM $PPID; fi; while :; do sleep 0.05; done", 1, false);
+  CHECK(rc == 143 && elapsed >= 1.5 && !strcmp(slurp("stop.0"), "saved\n") && !strcmp(slurp("stop.1"), "saved\n") &&
+        !strstr(logbuf, "while stopping"),
+        "a clean stop past the grace period: rc %d after %.2f s, ranks wrote '%s' '%s', log '%s'", rc, elapsed,
+        slurp("stop.0"), slurp("stop.1"), logbuf);
+  sa.sa_handler = SIG_DFL;
+  sigaction(SIGTERM, &sa, NULL);
+  clean();
+
   /* 7. A supervisor that is killed takes its ranks with it (PR_SET_PDEATHSIG). */
   pid_t sup = fork();
   if (sup == 0) _exit(run(2, "echo $$ > $D/pid.$RANK; exec sleep 60", 1, false));
@@ -251,6 +256,6 @@ int main(int argc, char **argv) {
   for (int s = 1; s < 32; s++) same = same && sigismember(&mask0, s) == sigismember(&mask1, s);
   CHECK(same, "the signal mask is unchanged");
   rmdir(dir);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
 }

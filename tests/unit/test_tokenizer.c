@@ -11,19 +11,7 @@
 #include <time.h>
 
 #include "tests/tokenizer/textgen.h"
-
-static int passed, failed;
-
-#define CHECK(cond, ...)                                            \
-  do {                                                              \
-    if (cond) passed++;                                             \
-    else {                                                          \
-      failed++;                                                     \
-      fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                 \
-      fputc('\n', stderr);                                          \
-    }                                                               \
-  } while (0)
+#include "tests/unit/check.h"
 
 static uint64_t fnv1a64(const uint32_t *ids, int64_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -200,6 +188,6 @@ int main(void) {
   golden("gpt2-style", true);
   golden("llama3-style", true);
   golden("gpt2-prefix", false);   /* decodes with the prefix spaces it added */
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail ? 1 : 0;
 }

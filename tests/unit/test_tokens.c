@@ -6,28 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int passed, failed;
-
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    if (cond) passed++;                                                  \
-    else {                                                               \
-      failed++;                                                          \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                    \
-  } while (0)
-
-#define CHECK_ERR(rc, want, err, sub)                                                   \
-  do {                                                                                  \
-    int rc_ = (rc);                                                                     \
-    if (rc_ == (want) && strstr((err), (sub))) passed++;                                \
-    else {                                                                              \
-      failed++;                                                                         \
-      fprintf(stderr, "%s:%d: want rc %d with \"%s\", got rc %d: %s\n", __FILE__,       \
-              __LINE__, (want), (sub), rc_, (err));                                     \
-    }                                                                                   \
-  } while (0)
+#include "tests/unit/check.h"
 
 static char dir[64];
 static char path[256];
@@ -208,6 +187,6 @@ int main(void) {
   if (d) closedir(d);
   rmdir(dir);
   CHECK(left == 0);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  printf("%d passed, %d failed\n", n_pass, n_fail);
+  return n_fail != 0;
 }

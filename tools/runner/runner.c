@@ -10,7 +10,7 @@
 #include "runtime/comm/comm_nccl.h"
 #include "runtime/comm/spawn.h"
 #include "runtime/cuda/cuda_api.h"
-#include "tools/exec_cpu.h"
+#include "runtime/exec/exec_cpu.h"
 #include "tools/tools.h"
 
 static void help(const json_t *s) {

@@ -1,0 +1,661 @@
+/* runtime/exec/exec_cuda_pipe.c — a pipelined module (pass "pipeline") on one rank of a CUDA mesh.
+ *
+ * The driver of exec_mesh_pipe.c (the CPU's), with this process as one rank: a step walks
+ * the rank's action list of the schedule (ir/schedule.h) — F runs @fwd.cK on the
+ * micro-batch and keeps its results (the stash) in device memory of its own, B runs
+ * @bwd.cK (or @bwd_b.cK, whose results W takes) with the stash as device arguments, W runs
+ * @bwd_w.cK — and the optimizer step runs the rank's @optimizer_step.sR.
+ *
+ * Transfers.  A chunk function's sends and receives go to fixed pp ranks (rel=0), and their
+ * partners are other ranks' functions, run at other times.  NCCL pairs them without tags,
+ * in issue order per pair of ranks, and a send completes only once its receive is posted,
+ * so they are not run where the function has them: a send step copies its buffer into a
+ * staging block of its own, a receive step copies its slot into its buffer
+ * (runtime/cuda/cuda_mesh.c), and between actions the driver issues NCCL groups on the pp
+ * axis's stream that it planned at setup ("the plan" below): every rank runs every rank's
+ * action list at once, and each round's pairs of a send and its due receive form one group
+ * on each side, so a group holds only messages whose partners are in the partner's group of
+ * the same round and none can deadlock.  (Grouping an action's sends with the next action's
+ * receives, the obvious plan, deadlocks afab, zb-h1, interleaved and pp=4 1f1b: the simulation
+ * showed it before any GPU would have.)  A schedule whose messages do not pair (tag, size,
+ * type) or cannot run is refused at setup, naming the ranks and actions.  A transfer to the
+ * rank itself (dualpipev's V: chunks pp-1 and pp share the last rank) is a device block held
+ * from its send to its receive.  The optimizer step's transfers (tied parameters' gradients, sent and
+ * received by the two ranks that share one) run inside the call, each run of consecutive
+ * transfer steps one group (cuda_mesh.c).
+ *
+ * Not here yet: the measured timeline (--trace-out) and per-rank idle time of the CPU
+ * driver, and overlapping a group with the previous action's tail (each action's call ends
+ * with a synchronization, as every cuda_program_call does).
+ */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/schedule.h"
+#include "runtime/comm/comm_nccl.h"
+#include "runtime/exec/exec_cuda_mesh.h"
+#include "runtime/exec/exec.h"
+
+typedef struct {
+  uint64_t addr;
+  int64_t bytes;
+  bool busy;
+} Block;
+
+typedef struct {
+  CudaPipeXfer *x;   /* the function's fixed-rank transfers, in step order */
+  int n;
+} FnXfers;
+
+typedef struct {
+  int block;         /* pool block of a transfer to this rank itself */
+  int64_t tag, mb;
+} SelfMsg;
+
+struct CudaPipe {
+  Schedule sched;
+  struct RankPlan *plan;   /* this rank's groups for sched */
+  int q, C;
+  int *f_fwd, *f_bwd, *f_bww, f_opt;
+  FnXfers *fx;       /* per program function */
+  Block *pool;
+  int n_pool, cap_pool;
+  int *stash, *wst;  /* [mb * C + c]: pool block of F's results for B, of B's for W; -1 */
+  int n_slots;       /* mb * C entries of stash and wst */
+  uint64_t bank;     /* the next action's receives from other ranks (its groups come after the
+                        last action's call returned, which had read its own) */
+  int64_t bank_bytes;
+  SelfMsg *self;
+  int n_self, cap_self;
+  int64_t piece;     /* this rank's token piece of one micro-batch */
+  int32_t *mtok, *mtgt;
+  uint64_t slot[RT_MAX_FUNC_IO * 2 + 64];
+  int max_x;         /* the most transfers a function has */
+  int *send_block;   /* [action * max_x + transfer]: the block of a send to another rank, -1 */
+  int n_send_block;
+  NcclP2p *ops;
+  int cap_ops;
+  uint64_t *dargs, *drets;
+  void **args, **rets;
+};
+
+static int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
+
+static int pfail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int pfail(char *err, size_t errlen, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* ---- device blocks: the stash and transfers to the rank itself, reused by size ---- */
+
+static int block_get(CudaRank *r, int64_t bytes, int *out, char *err, size_t errlen) {
+  CudaPipe *pp = r->pipe;
+  int best = -1;
+  for (int k = 0; k < pp->n_pool; k++)
+    if (!pp->pool[k].busy && pp->pool[k].bytes >= bytes && (best < 0 || pp->pool[k].bytes < pp->pool[best].bytes)) best = k;
+  if (best < 0) {
+    if (pp->n_pool == pp->cap_pool) {
+      int cap = pp->cap_pool ? 2 * pp->cap_pool : 16;
+      Block *nb = realloc(pp->pool, sizeof *nb * (size_t)cap);
+      if (!nb) return pfail(err, errlen, EXIT_RUN, "out of memory");
+      pp->pool = nb, pp->cap_pool = cap;
+    }
+    Block *b = &pp->pool[pp->n_pool];
+    *b = (Block){0, bytes > 0 ? bytes : 256, false};
+    if (cuda_dev_alloc(&r->cp, &b->addr, b->bytes, "a pipeline stash", err, errlen)) return EXIT_RUN;
+    best = pp->n_pool++;
+  }
+  pp->pool[best].busy = true;
+  *out = best;
+  return 0;
+}
+
+static void block_put(CudaPipe *pp, int *k) {
+  if (*k >= 0) pp->pool[*k].busy = false;
+  *k = -1;
+}
+
+/* Bytes of buffers b[from..n) laid one after another (each 256-aligned), and their offsets:
+   a producer's results as its block holds them, which its consumer takes as arguments 2.. */
+static int64_t laid_bytes(const RtBuf *b, int n, int from, int64_t *off) {
+  int64_t at = 0;
+  for (int k = from; k < n; k++) {
+    if (off) off[k - from] = at;
+    at += align256((int64_t)b[k].n * cuda_storage_size((RtStorage)b[k].storage));
+  }
+  return at;
+}
+
+/* ---- the plan: NCCL groups between the actions, made by running every rank at once ----
+
+   NCCL pairs two ranks' messages in issue order, without tags, and a group completes only
+   when every op in it has met its partner.  So the plan is made by a simulation that every
+   rank runs identically over every rank's action list (the program and the schedule are the
+   same everywhere): a rank runs its next action once every receive of it has happened; a
+   send exists once its action has run; in each round, every send whose receive is due (the
+   receiver's next action takes it) is paired with it, and each rank's pairs of the round
+   form one group, the same round on both sides, its ops ordered by (peer, tag, micro-batch)
+   on both sides.  Every group therefore holds only messages whose partners are in the
+   partner's group of the same round: it completes once issued, and no order of issue can
+   deadlock.  If a round pairs nothing and runs no action while some are left, the schedule
+   cannot run (with buffered sends it could not either): refused, naming the ranks. */
+
+typedef struct {
+  bool send;
+  int peer, mb, action, xfer;   /* the action (an index of the rank's list) and its function's transfer */
+  int64_t tag, count;
+  int storage;
+} PlanOp;
+
+typedef struct {
+  int action;                   /* >= 0: run this action; -1: issue group `group` */
+  int group;
+} PlanItem;
+
+typedef struct {
+  PlanOp *ops;
+  int n, cap;
+} PlanGroup;
+
+typedef struct RankPlan {
+  PlanItem *items;
+  int n_items, cap_items;
+  PlanGroup *g;
+  int n_groups, cap_groups;
+} RankPlan;
+
+static const char *act_text(const Schedule *s, int q, int i, char *buf, size_t n) {
+  if (i < 0 || i >= s->n[q]) snprintf(buf, n, "%s", i < 0 ? "(before the first action)" : "(after the last action)");
+  else snprintf(buf, n, "%c%d.%d", "FBW"[s->acts[q][i].kind], s->acts[q][i].mb, s->acts[q][i].chunk);
+  return buf;
+}
+
+static int action_func(const CudaPipe *pp, const Schedule *s, int q, int i) {
+  const Action *a = &s->acts[q][i];
+  return a->kind == ACT_F ? pp->f_fwd[a->chunk] : a->kind == ACT_W ? pp->f_bww[a->chunk] : pp->f_bwd[a->chunk];
+}
+
+static const FnXfers *act_fx(const CudaPipe *pp, const Schedule *s, int q, int i) { return &pp->fx[action_func(pp, s, q, i)]; }
+
+static void plan_free(RankPlan *p) {
+  for (int i = 0; p->g && i < p->n_groups; i++) free(p->g[i].ops);
+  free(p->g);
+  free(p->items);
+  memset(p, 0, sizeof *p);
+}
+
+static int grow(void **v, int *cap, int need, size_t size) {
+  if (need <= *cap) return 0;
+  int c = *cap ? 2 * *cap : 16;
+  while (c < need) c *= 2;
+  void *n = realloc(*v, size * (size_t)c);
+  if (!n) return 1;
+  *v = n, *cap = c;
+  return 0;
+}
+
+static int add_item(RankPlan *p, int action, int group) {
+  if (grow((void **)&p->items, &p->cap_items, p->n_items + 1, sizeof *p->items)) return 1;
+  p->items[p->n_items++] = (PlanItem){action, group};
+  return 0;
+}
+
+static int op_cmp(const void *pa, const void *pb) {
+  const PlanOp *a = pa, *b = pb;
+  if (a->peer != b->peer) return a->peer - b->peer;
+  if (a->send != b->send) return a->send ? -1 : 1;
+  if (a->tag != b->tag) return a->tag < b->tag ? -1 : 1;
+  return a->mb - b->mb;
+}
+
+/* Every rank's plan for schedule s (R[0..p)).  0, or 2 with the reason (1: out of memory). */
+static int make_plans(const CudaPipe *pp, const Schedule *s, RankPlan *R, const char *what, char *err, size_t errlen) {
+  int P = s->p, rc = 0;
+  memset(R, 0, sizeof *R * (size_t)P);
+  int *next = calloc((size_t)P, sizeof(int)), *round_g = calloc((size_t)P, sizeof(int));
+  PlanOp **avail = calloc((size_t)P, sizeof *avail);   /* sends made, not yet paired */
+  int *n_av = calloc((size_t)P, sizeof(int)), *cap_av = calloc((size_t)P, sizeof(int));
+  bool **got = calloc((size_t)P, sizeof *got);        /* [q][x]: receive x of q's next action paired */
+  if (!next || !round_g || !avail || !n_av || !cap_av || !got) rc = 1;
+  for (int q = 0; !rc && q < P; q++)
+    if (!(got[q] = calloc((size_t)pp->max_x + 1, 1))) rc = 1;
+  for (bool left = true; !rc && left;) {
+    left = false;
+    bool moved = false;
+    /* run every action whose receives are all done */
+    for (int q = 0; !rc && q < P; q++) {
+      while (!rc && next[q] < s->n[q]) {
+        const FnXfers *f = act_fx(pp, s, q, next[q]);
+        bool ready = true;
+        for (int x = 0; x < f->n && ready; x++) ready = f->x[x].send || f->x[x].peer == q || got[q][x];
+        if (!ready) break;
+        for (int x = 0; !rc && x < f->n; x++) {
+          const CudaPipeXfer *t = &f->x[x];
+          if (!t->send || t->peer == q) continue;
+          if (grow((void **)&avail[q], &cap_av[q], n_av[q] + 1, sizeof **avail)) rc = 1;
+          else avail[q][n_av[q]++] = (PlanOp){true, t->peer, s->acts[q][next[q]].mb, next[q], x, t->tag, t->count, t->storage};
+        }
+        if (!rc) rc = add_item(&R[q], next[q], -1);
+        memset(got[q], 0, (size_t)pp->max_x + 1);
+        next[q]++, moved = true;
+      }
+    }
+    /* pair every available send with its receiver's due receive: this round's groups */
+    for (int q = 0; q < P; q++) round_g[q] = -1;
+    for (int a = 0; !rc && a < P; a++)
+      for (int k = 0; !rc && k < n_av[a]; k++) {
+        PlanOp *o = &avail[a][k];
+        int b = o->peer;
+        if (next[b] >= s->n[b]) continue;
+        const FnXfers *f = act_fx(pp, s, b, next[b]);
+        int hit = -1;
+        for (int x = 0; x < f->n && hit < 0; x++) {
+          const CudaPipeXfer *t = &f->x[x];
+          if (!t->send && t->peer == a && !got[b][x] && t->tag == o->tag && s->acts[b][next[b]].mb == o->mb) hit = x;
+        }
+        if (hit < 0) continue;
+        const CudaPipeXfer *t = &f->x[hit];
+        if (t->count != o->count || t->storage != o->storage) {
+          char x1[32], x2[32];
+          rc = 2;
+          snprintf(err, errlen, "%s: pp rank %d's send in %s (tag %lld, %lld values) and pp rank %d's receive in %s (%lld "
+                   "values) do not agree", what, a, act_text(s, a, o->action, x1, sizeof x1), (long long)o->tag,
+                   (long long)o->count, b, act_text(s, b, next[b], x2, sizeof x2), (long long)t->count);
+          break;
+        }
+        PlanOp recv = {false, a, o->mb, next[b], hit, t->tag, t->count, t->storage};
+        int ends[2] = {a, b};
+        PlanOp ops[2] = {*o, recv};
+        for (int e = 0; !rc && e < 2; e++) {
+          RankPlan *pl = &R[ends[e]];
+          if (round_g[ends[e]] < 0) {
+            if (grow((void **)&pl->g, &pl->cap_groups, pl->n_groups + 1, sizeof *pl->g)) {
+              rc = 1;
+              break;
+            }
+            pl->g[pl->n_groups] = (PlanGroup){0};
+            round_g[ends[e]] = pl->n_groups++;
+            rc = add_item(pl, -1, round_g[ends[e]]);
+          }
+          PlanGroup *g = &pl->g[round_g[ends[e]]];
+          if (!rc && grow((void **)&g->ops, &g->cap, g->n + 1, sizeof *g->ops)) rc = 1;
+          if (!rc) g->ops[g->n++] = ops[e];
+        }
+        got[b][hit] = true;
+        avail[a][k--] = avail[a][--n_av[a]];
+        moved = true;
+      }
+    for (int q = 0; !rc && q < P; q++) {
+      if (round_g[q] >= 0) qsort(R[q].g[round_g[q]].ops, (size_t)R[q].g[round_g[q]].n, sizeof(PlanOp), op_cmp);
+      if (next[q] < s->n[q] || n_av[q]) left = true;
+    }
+    if (!rc && left && !moved) {
+      int q = 0;
+      while (next[q] >= s->n[q] && !n_av[q]) q++;
+      char x1[32];
+      rc = 2;
+      if (next[q] < s->n[q])
+        snprintf(err, errlen, "%s: the schedule cannot run: pp rank %d's %s waits for a message no rank sends now", what, q,
+                 act_text(s, q, next[q], x1, sizeof x1));
+      else
+        snprintf(err, errlen, "%s: pp rank %d's send in %s (tag %lld) to pp rank %d is never received", what, q,
+                 act_text(s, q, avail[q][0].action, x1, sizeof x1), (long long)avail[q][0].tag, avail[q][0].peer);
+    }
+  }
+  if (rc == 1) snprintf(err, errlen, "out of memory");
+  for (int q = 0; q < P; q++) {
+    if (avail) free(avail[q]);
+    if (got) free(got[q]);
+    if (rc) plan_free(&R[q]);
+  }
+  free(next), free(round_g), free(avail), free(n_av), free(cap_av), free(got);
+  return rc;
+}
+
+/* This rank's plan of schedule s (every rank's made, the others dropped). */
+static int plan_rank(const CudaPipe *pp, const Schedule *s, RankPlan *out, const char *what, char *err, size_t errlen) {
+  RankPlan *R = calloc((size_t)s->p, sizeof *R);
+  if (!R) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  int rc = make_plans(pp, s, R, what, err, errlen);
+  if (!rc) {
+    *out = R[pp->q];
+    memset(&R[pp->q], 0, sizeof *R);
+  }
+  for (int q = 0; q < s->p; q++) plan_free(&R[q]);
+  free(R);
+  return rc;
+}
+
+/* ---- a step ---- */
+
+static SelfMsg *self_find(CudaPipe *pp, int64_t tag, int64_t mb) {
+  for (int k = 0; k < pp->n_self; k++)
+    if (pp->self[k].tag == tag && pp->self[k].mb == mb) return &pp->self[k];
+  return NULL;
+}
+
+/* Group gi of the rank's plan: sends from their blocks, receives into the bank
+   at the receive's place (its order among the action's receives from other ranks); the
+   sends' blocks are free once it is issued (every later write to them is on the compute
+   stream, which waits for the group). */
+static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi, char *err, size_t errlen) {
+  CudaPipe *pp = r->pipe;
+  const PlanGroup *g = &plan->g[gi];
+  if (!g->n) return 0;
+  if (g->n > pp->cap_ops) {
+    NcclP2p *o = realloc(pp->ops, sizeof *o * (size_t)g->n);
+    if (!o) return pfail(err, errlen, EXIT_RUN, "out of memory");
+    pp->ops = o, pp->cap_ops = g->n;
+  }
+  for (int k = 0; k < g->n; k++) {
+    const PlanOp *o = &g->ops[k];
+    uint64_t addr;
+    if (o->send) {
+      int b = pp->send_block[o->action * pp->max_x + o->xfer];
+      if (b < 0) return pfail(err, errlen, 2, "pp rank %d: a send of action %d issued before its action ran", pp->q, o->action);
+      addr = pp->pool[b].addr;
+    } else {
+      const FnXfers *f = act_fx(pp, s, pp->q, o->action);
+      int64_t at = 0;
+      for (int x = 0; x < o->xfer; x++)
+        if (!f->x[x].send && f->x[x].peer != pp->q) at += align256(f->x[x].bytes);
+      addr = pp->bank + (uint64_t)at;
+    }
+    pp->ops[k] = (NcclP2p){o->send, o->peer, (void *)(uintptr_t)addr, o->count, o->storage};
+  }
+  char label[64], x1[32];
+  snprintf(label, sizeof label, "pipeline, %s", act_text(s, pp->q, g->ops[0].action, x1, sizeof x1));
+  int rc = cuda_pipe_exchange(&r->cp, AX_PP, g->n, pp->ops, label, err, errlen);
+  for (int k = 0; k < g->n; k++)
+    if (g->ops[k].send) block_put(pp, &pp->send_block[g->ops[k].action * pp->max_x + g->ops[k].xfer]);
+  return rc;
+}
+
+/* The slots of action i's transfers (cp->pipe_slot): a block of its own for each send, the
+   bank for receives from other ranks, a held block for those from itself. */
+static int name_slots(CudaRank *r, const Schedule *s, int i, char *err, size_t errlen) {
+  CudaPipe *pp = r->pipe;
+  int q = pp->q;
+  const Action *act = &s->acts[q][i];
+  const FnXfers *f = act_fx(pp, s, q, i);
+  int64_t rat = 0;
+  if (f->n > (int)(sizeof pp->slot / sizeof pp->slot[0]) || f->n > pp->max_x)
+    return pfail(err, errlen, 2, "@%s has %d transfers; the pipeline driver takes %d",
+                 r->prog.funcs[action_func(pp, s, q, i)].name, f->n, (int)(sizeof pp->slot / sizeof pp->slot[0]));
+  for (int x = 0; x < f->n; x++) {
+    const CudaPipeXfer *t = &f->x[x];
+    if (t->peer == q && t->send) {   /* to this rank itself: a block held until its receive */
+      if (pp->n_self == pp->cap_self) {
+        int cap = pp->cap_self ? 2 * pp->cap_self : 8;
+        SelfMsg *ns = realloc(pp->self, sizeof *ns * (size_t)cap);
+        if (!ns) return pfail(err, errlen, EXIT_RUN, "out of memory");
+        pp->self = ns, pp->cap_self = cap;
+      }
+      SelfMsg *m = &pp->self[pp->n_self++];
+      *m = (SelfMsg){-1, t->tag, act->mb};
+      if (block_get(r, t->bytes, &m->block, err, errlen)) return EXIT_RUN;
+      pp->slot[x] = pp->pool[m->block].addr;
+    } else if (t->peer == q) {
+      SelfMsg *m = self_find(pp, t->tag, act->mb);
+      if (!m) return pfail(err, errlen, 2, "pp rank %d: a receive from itself (tag %lld) before its send", q, (long long)t->tag);
+      pp->slot[x] = pp->pool[m->block].addr;
+    } else if (t->send) {
+      int *b = &pp->send_block[i * pp->max_x + x];
+      if (block_get(r, t->bytes, b, err, errlen)) return EXIT_RUN;
+      pp->slot[x] = pp->pool[*b].addr;
+    } else {
+      pp->slot[x] = pp->bank + (uint64_t)rat;
+      rat += align256(t->bytes);
+    }
+  }
+  r->cp.pipe_slot = pp->slot;
+  r->cp.n_pipe_slot = f->n;
+  return 0;
+}
+
+/* After action i: the blocks of its receives from this rank itself are free. */
+static void release_self(CudaPipe *pp, const Schedule *s, int i) {
+  int q = pp->q;
+  const FnXfers *f = act_fx(pp, s, q, i);
+  for (int x = 0; x < f->n; x++) {
+    const CudaPipeXfer *t = &f->x[x];
+    if (t->send || t->peer != q) continue;
+    SelfMsg *m = self_find(pp, t->tag, s->acts[q][i].mb);
+    if (!m) continue;
+    block_put(pp, &m->block);
+    *m = pp->self[--pp->n_self];
+  }
+}
+
+static int run_action(CudaRank *r, const Schedule *s, int i, float *losses, char *err, size_t errlen) {
+  CudaPipe *pp = r->pipe;
+  int q = pp->q, C = pp->C;
+  const Action *a = &s->acts[q][i];
+  int fi = action_func(pp, s, q, i), slot = a->mb * C + a->chunk;
+  const RtFunc *fn = &r->prog.funcs[fi];
+  int *in = a->kind == ACT_B ? &pp->stash[slot] : a->kind == ACT_W ? &pp->wst[slot] : NULL;
+  int *out = a->kind == ACT_F ? &pp->stash[slot] : a->kind == ACT_B && s->split_bw ? &pp->wst[slot] : NULL;
+  bool loss = a->kind == ACT_F && a->chunk == C - 1;
+  memset(pp->dargs, 0, sizeof(uint64_t) * RT_MAX_FUNC_IO);
+  memset(pp->drets, 0, sizeof(uint64_t) * RT_MAX_FUNC_IO);
+  memset(pp->rets, 0, sizeof(void *) * RT_MAX_FUNC_IO);
+  pp->args[0] = pp->mtok + a->mb * pp->piece;
+  pp->args[1] = pp->mtgt + a->mb * pp->piece;
+  if (in) {
+    if (*in < 0) return pfail(err, errlen, 2, "pp rank %d: %c%d.%d runs before what it takes", q, "FBW"[a->kind], a->mb, a->chunk);
+    int64_t off[RT_MAX_FUNC_IO];
+    laid_bytes(fn->args, fn->n_args, 2, off);   /* the arguments after tokens and targets: the producer's results */
+    for (int k = 2; k < fn->n_args; k++) pp->dargs[k] = pp->pool[*in].addr + (uint64_t)off[k - 2];
+  }
+  float dummy;
+  if (loss) pp->rets[0] = losses ? &losses[a->mb] : &dummy;
+  if (out) {
+    int64_t off[RT_MAX_FUNC_IO], bytes = laid_bytes(fn->rets, fn->n_rets, loss, off);
+    if (block_get(r, bytes, out, err, errlen)) return EXIT_RUN;
+    for (int k = loss; k < fn->n_rets; k++) pp->drets[k] = pp->pool[*out].addr + (uint64_t)off[k - loss];
+  }
+  int rc = name_slots(r, s, i, err, errlen);
+  if (!rc) rc = cuda_program_call_dev(&r->cp, fi, pp->args, pp->dargs, pp->rets, pp->drets, err, errlen);
+  r->cp.pipe_slot = NULL, r->cp.n_pipe_slot = 0;
+  if (in) block_put(pp, in);
+  release_self(pp, s, i);
+  return rc;
+}
+
+static int run_schedule(CudaRank *r, const Schedule *s, const RankPlan *plan, float *losses, char *err, size_t errlen) {
+  CudaPipe *pp = r->pipe;
+  int n = s->n[pp->q], rc = 0;
+  int need = (n > 0 ? n : 1) * pp->max_x;
+  if (need > pp->n_send_block) {
+    int *nb = realloc(pp->send_block, sizeof(int) * (size_t)need);
+    if (!nb) return pfail(err, errlen, EXIT_RUN, "out of memory");
+    pp->send_block = nb, pp->n_send_block = need;
+  }
+  for (int k = 0; k < pp->n_send_block; k++) pp->send_block[k] = -1;
+  for (int k = 0; !rc && k < plan->n_items; k++) {
+    const PlanItem *it = &plan->items[k];
+    rc = it->action >= 0 ? run_action(r, s, it->action, losses, err, errlen) : exchange(r, s, plan, it->group, err, errlen);
+  }
+  if (!rc) rc = cuda_mesh_sync(&r->cp, "after the pipeline's last transfers", err, errlen);
+  for (int k = 0; k < pp->n_slots; k++) block_put(pp, &pp->stash[k]), block_put(pp, &pp->wst[k]);
+  for (int k = 0; k < pp->n_send_block; k++) block_put(pp, &pp->send_block[k]);
+  return rc;
+}
+
+/* every micro-batch's piece of this rank */
+static void fill_pieces(CudaRank *r, int64_t n, const int32_t *inputs, const int32_t *targets) {
+  CudaPipe *pp = r->pipe;
+  int64_t BT = r->whole_tok->n;
+  for (int64_t g = 0; g < n; g++) {
+    cuda_rank_tokens(r, inputs + g * BT, targets + g * BT);
+    memcpy(pp->mtok + g * pp->piece, r->tok32, sizeof(int32_t) * (size_t)pp->piece);
+    memcpy(pp->mtgt + g * pp->piece, r->tgt32, sizeof(int32_t) * (size_t)pp->piece);
+  }
+}
+
+/* The losses reach the ranks of the last chunk only: every rank gets those of the one of
+   them at coordinate 0 on the other axes (an all-gather of n floats a rank). */
+static int share_losses(CudaRank *r, float *losses, int64_t n, char *err, size_t errlen) {
+  const Schedule *s = &r->pipe->sched;
+  int coord[COMM_AXES] = {0};
+  coord[COMM_PP] = schedule_chunk_rank(s->kind, s->p, s->v, s->chunks - 1);
+  int src = mesh_rank_of(r->mesh, coord);
+  float *all = calloc((size_t)(n * r->world) + 1, sizeof(float));
+  if (!all) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  int rc = nccl_all_gather_host(r->comm, losses, all, n, err, errlen);
+  if (!rc) memcpy(losses, all + (size_t)src * (size_t)n, sizeof(float) * (size_t)n);
+  free(all);
+  return rc;
+}
+
+static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
+                         size_t errlen) {
+  CudaRank *r = self;
+  if (n != r->pipe->sched.m)
+    return pfail(err, errlen, EXIT_USAGE, "the pipeline was built for %d micro-batches per step, not %lld", r->pipe->sched.m,
+                 (long long)n);
+  fill_pieces(r, n, inputs, targets);
+  /* the loss of a micro-batch reaches the ranks of the last chunk only: they send it to all */
+  for (int64_t k = 0; k < n; k++) losses[k] = 0;
+  int rc = run_schedule(r, &r->pipe->sched, r->pipe->plan, losses, err, errlen);
+  if (!rc) rc = share_losses(r, losses, n, err, errlen);
+  return rc;
+}
+
+static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  CudaRank *r = self;
+  Schedule ev;
+  if (pipe_forward_schedule(&r->pipe->sched, &ev)) {
+    schedule_free(&ev);
+    return pfail(err, errlen, EXIT_RUN, "out of memory");
+  }
+  fill_pieces(r, 1, inputs, targets);
+  *loss = 0;
+  RankPlan plan;
+  int rc = plan_rank(r->pipe, &ev, &plan, "validation's forward-only schedule", err, errlen);
+  if (!rc) rc = run_schedule(r, &ev, &plan, loss, err, errlen);
+  plan_free(&plan);
+  if (!rc) rc = share_losses(r, loss, 1, err, errlen);
+  schedule_free(&ev);
+  return rc;
+}
+
+static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
+  CudaRank *r = self;
+  void *args[2] = {&lr, &t}, *rets[2] = {grad_norm, NULL};
+  return cuda_program_call(&r->cp, r->pipe->f_opt, args, rets, err, errlen);
+}
+
+/* ---- setup ---- */
+
+static int find(CudaRank *r, const char *pre, int k) {
+  char name[64];
+  snprintf(name, sizeof name, "%s%d", pre, k);
+  return cuda_find_func(&r->cp, name);
+}
+
+int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
+  const Module *m = r->m;
+  CudaPipe *pp = r->pipe = calloc(1, sizeof *pp);
+  if (!pp) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  int rc = schedule_build(m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro, &pp->sched, err, errlen);
+  if (rc) return rc;
+  const Schedule *s = &pp->sched;
+  int C = pp->C = s->chunks, nf = r->prog.n_funcs;
+  pp->q = r->comm->coord[COMM_PP];
+  pp->f_fwd = calloc((size_t)C, sizeof(int));
+  pp->f_bwd = calloc((size_t)C, sizeof(int));
+  pp->f_bww = calloc((size_t)C, sizeof(int));
+  pp->fx = calloc((size_t)nf + 1, sizeof *pp->fx);
+  pp->n_slots = s->m * C;
+  pp->stash = malloc(sizeof(int) * (size_t)pp->n_slots);
+  pp->wst = malloc(sizeof(int) * (size_t)pp->n_slots);
+  pp->dargs = calloc(RT_MAX_FUNC_IO, sizeof(uint64_t));
+  pp->drets = calloc(RT_MAX_FUNC_IO, sizeof(uint64_t));
+  pp->args = calloc(RT_MAX_FUNC_IO, sizeof(void *));
+  pp->rets = calloc(RT_MAX_FUNC_IO, sizeof(void *));
+  pp->piece = r->tok->n;
+  pp->mtok = malloc(sizeof(int32_t) * (size_t)(s->m * pp->piece));
+  pp->mtgt = malloc(sizeof(int32_t) * (size_t)(s->m * pp->piece));
+  if (!pp->f_fwd || !pp->f_bwd || !pp->f_bww || !pp->fx || !pp->stash || !pp->wst || !pp->dargs || !pp->drets || !pp->args ||
+      !pp->rets || !pp->mtok || !pp->mtgt)
+    return pfail(err, errlen, EXIT_RUN, "out of memory");
+  for (int k = 0; k < pp->n_slots; k++) pp->stash[k] = pp->wst[k] = -1;
+  for (int c = 0; c < C; c++) {
+    pp->f_fwd[c] = find(r, "fwd.c", c);
+    pp->f_bwd[c] = find(r, s->split_bw ? "bwd_b.c" : "bwd.c", c);
+    pp->f_bww[c] = s->split_bw ? find(r, "bwd_w.c", c) : -1;
+    if (pp->f_fwd[c] < 0 || pp->f_bwd[c] < 0 || (s->split_bw && pp->f_bww[c] < 0))
+      return pfail(err, errlen, EXIT_USAGE, "the program has no @fwd.c%d and @%s.c%d%s: the module and its schedule (%s) "
+                   "disagree", c, s->split_bw ? "bwd_b" : "bwd", c, s->split_bw ? " and @bwd_w" : "", pipe_kind_names[s->kind]);
+    /* what F leaves for B (and B for W) must be what B (W) takes, value for value */
+    const RtFunc *f = &r->prog.funcs[pp->f_fwd[c]], *b = &r->prog.funcs[pp->f_bwd[c]];
+    const RtFunc *pairs[2][2] = {{f, b}, {b, s->split_bw ? &r->prog.funcs[pp->f_bww[c]] : NULL}};
+    for (int k = 0; k < 2 && pairs[k][1]; k++) {
+      const RtFunc *from = pairs[k][0], *to = pairs[k][1];
+      int skip = k == 0 && c == C - 1;   /* the last chunk's forward returns the loss first */
+      bool ok = from->n_rets - skip == to->n_args - 2;
+      for (int j = 0; ok && j < to->n_args - 2; j++)
+        ok = from->rets[skip + j].n == to->args[2 + j].n && from->rets[skip + j].storage == to->args[2 + j].storage;
+      if (!ok) return pfail(err, errlen, EXIT_USAGE, "@%s's results are not what @%s takes", from->name, to->name);
+    }
+  }
+  char name[64];
+  snprintf(name, sizeof name, "optimizer_step.s%d", pp->q);
+  if ((pp->f_opt = cuda_find_func(&r->cp, name)) < 0) return pfail(err, errlen, EXIT_USAGE, "the program has no @%s", name);
+  /* every function's transfers, and the bank: the most any action receives */
+  int64_t most = 256;
+  for (int f = 0; f < nf; f++) {
+    FnXfers *x = &pp->fx[f];
+    if (cuda_pipe_transfers(&r->prog, f, &x->x, &x->n)) return pfail(err, errlen, EXIT_RUN, "out of memory");
+    int64_t recv = 0;
+    for (int k = 0; k < x->n; k++) {
+      if (x->x[k].axis != AX_PP)
+        return pfail(err, errlen, EXIT_USAGE, "@%s: a transfer to a fixed rank on an axis other than pp",
+                     r->prog.funcs[f].name);
+      if (!x->x[k].send && x->x[k].peer != pp->q) recv += align256(x->x[k].bytes);
+    }
+    if (recv > most) most = recv;
+    if (x->n > pp->max_x) pp->max_x = x->n;
+  }
+  pp->bank_bytes = most;
+  if (cuda_dev_alloc(&r->cp, &pp->bank, pp->bank_bytes, "the pipeline's transfer slots", err, errlen)) return EXIT_RUN;
+  /* the plans (and with them the proof that they run): the training schedule's, and
+     validation's forward-only one's (made again at each validation) */
+  Schedule ev;
+  rc = pipe_forward_schedule(s, &ev) ? pfail(err, errlen, EXIT_RUN, "out of memory") : 0;
+  char what[96];
+  snprintf(what, sizeof what, "the %s schedule (pp=%d, %d micro-batches)", pipe_kind_names[s->kind], s->p, s->m);
+  RankPlan check;
+  if (!rc && !(rc = plan_rank(pp, &ev, &check, "validation's forward-only schedule", err, errlen))) plan_free(&check);
+  schedule_free(&ev);
+  if (!rc && !(pp->plan = calloc(1, sizeof *pp->plan))) rc = pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!rc) rc = plan_rank(pp, s, pp->plan, what, err, errlen);
+  if (rc) return rc;
+  r->ex.grad_step = NULL;
+  r->ex.pipeline_step = pipeline_step;
+  r->ex.optimizer_step = optimizer_step;
+  r->ex.eval_step = eval_step;
+  return 0;
+}
+
+void cuda_pipe_free(CudaRank *r) {
+  CudaPipe *pp = r->pipe;
+  if (!pp) return;
+  for (int k = 0; k < pp->n_pool; k++) cuda_dev_free(&r->cp, pp->pool[k].addr);
+  cuda_dev_free(&r->cp, pp->bank);
+  for (int f = 0; pp->fx && f < r->prog.n_funcs; f++) free(pp->fx[f].x);
+  schedule_free(&pp->sched);
+  if (pp->plan) plan_free(pp->plan);
+  free(pp->plan), free(pp->send_block);
+  free(pp->f_fwd), free(pp->f_bwd), free(pp->f_bww), free(pp->fx), free(pp->pool), free(pp->stash), free(pp->wst);
+  free(pp->self), free(pp->mtok), free(pp->mtgt), free(pp->ops), free(pp->dargs), free(pp->drets), free(pp->args);
+  free(pp->rets);
+  free(pp);
+  r->pipe = NULL;
+}

@@ -1,0 +1,82 @@
+/* runtime/exec/exec_ref.h — an Executor (runtime/trainer.h) that runs a trained module's
+   @grad_step and @optimizer_step on the reference executor: one rank, or every rank of a
+   partitioned module as threads of this process, talking through runtime/comm_local. */
+#ifndef LOOM_RUNTIME_EXEC_EXEC_REF_H
+#define LOOM_RUNTIME_EXEC_EXEC_REF_H
+
+#include "ir/ir.h"
+#include "runtime/comm/comm.h"
+#include "ir/schedule.h"
+#include "runtime/trainer.h"
+#include "runtime/exec/exec.h"
+
+typedef struct {
+  Executor ex;
+  const Module *m;
+  int world;
+  GlobalStore **g;         /* per rank: the rank's pieces of every global */
+  Tensor **full;           /* per global: the whole tensor (multi-rank: a copy for the trainer) */
+  LocalWorld *lw;
+  Func *grad_step, *optimizer_step;
+  Tensor *inputs, *targets, *lr, *step;   /* whole batch (the ranks take their part) */
+  float last_loss, last_norm;
+  /* a pipelined module (runtime/exec/exec_pipe.c) */
+  Schedule *sched;        /* the action lists */
+  double **act_start, **act_end;   /* per rank, per action of the last step: microseconds */
+  double busy_us[64], span_us[64]; /* per pp rank, summed over steps */
+  int64_t pipe_steps;
+  int *owner;             /* per global: the pp coordinate whose copy is the truth, or -1 */
+  int64_t *stash_peak;    /* per rank: the most stash bytes held at once (measured) */
+} RefExec;
+
+/* The module holds @grad_step(tokens, targets) -> loss and @optimizer_step(lr, step) ->
+   grad_norm (passes autodiff and optimizer; shard for a mesh).  Parameters start from
+   `init` (safetensors, HF names) or, when NULL, from the seeded initialization: whole, as
+   a single-rank run has them, then split to the ranks.  Parameters and the adam_* state
+   are exposed whole by name; $grad.* accumulators are not (they are zero between steps). */
+int ref_exec_init(RefExec *r, const Module *m, uint64_t seed, const char *init, char *err, size_t errlen);
+void ref_exec_free(RefExec *r);
+/* The same without needing the training functions (training false): for eval. */
+int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, char *err,
+                  size_t errlen);
+/* For an executor whose ranks hold their own pieces (the cpu mesh: each rank's program takes
+   its pieces by the lowered program's placements, as a CUDA rank does): the whole views of
+   the parameters and optimizer state (zeros, untouched until written; no other global is
+   made), the local world, the pipeline schedule; no initialization and no rank stores, and
+   no sync_out / sync_in (the executor's own). */
+int ref_exec_open_views(RefExec *r, const Module *m, bool training, char *err, size_t errlen);
+/* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
+int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
+
+/* exec_pipe.c: a pipelined module (m->pipe.kind): the action lists, the pipeline step,
+   the per-rank optimizer steps; the measured trace of the last step. */
+int pipe_exec_setup(RefExec *r, char *err, size_t errlen);
+void pipe_exec_free(RefExec *r);
+int pipe_exec_trace(RefExec *r, const char *path, const char *backend, char *err, size_t errlen);
+/* Validation of a pipeline: a schedule of one micro-batch's forward actions (every chunk in
+   order on its rank; free it with schedule_free), and the action times and stash peaks a
+   validation run would overwrite, saved and restored (pipe_restore frees the copy). */
+/* The pp coordinate whose optimizer step assigns the global's parameter (its owner; the
+   first when tied copies are kept on two), or -1. */
+int pipe_owner_of(const Module *m, const Global *gl);
+int pipe_forward_schedule(const Schedule *train, Schedule *ev);
+typedef struct {
+  double **start, **end;
+  int64_t *peak;
+} PipeSaved;
+int pipe_save(RefExec *r, PipeSaved *sv);
+void pipe_restore(RefExec *r, PipeSaved *sv);
+/* pipe_stash_peaks and pipe_func_rank: ir/schedule.h. */
+
+/* train_common.c: after a pipelined run, the measured idle per pp rank beside the predicted
+   bubble and the stash peaks (to plan->opt.log), and the timeline (plan->trace_out). */
+int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen);
+
+/* Copies between a whole tensor and the piece of it that the rank at coord holds (the
+   piece's type says how it is split): to_piece whole -> piece, else piece -> whole. */
+void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece);
+
+/* The whole (global) type of a per-rank value's type, on module m's mesh. */
+Type whole_type(const Module *m, const Type *local);
+
+#endif
