@@ -34,7 +34,7 @@
  *     is only live between the steps of one op, and is listed among the step's outputs):
  *       layernorm_grad, rmsnorm_grad  1: dy x w -> dx part   (part: f32[nb, parts, D])
  *                                     2: part -> dw [db]     i: nb, D, parts
- *       attention_grad                1: dout q k v -> dq L Dsum      (f32[B*H*T] each)
+ *       attention_grad                1: dout q k v -> dq L Dsum      (f32[B*H*T] each; L in base 2 on tensor cores)
  *                                     2: dout q k v L Dsum -> dk dv
  *       attention_block_grad          1: dout q k v lse delta -> dq;  2: the same -> dk dv
  *                                     (no scratch)

@@ -527,7 +527,10 @@ static bool tensor_cores(const RtStep *st, int n_operands, int64_t D) {
   int t = st->bufs[0].storage;
   for (int k = 1; k < n_operands; k++)
     if (st->bufs[k].storage != t) return false;
-  return (t == RT_ST_BF16 || t == RT_ST_F16) && D % 16 == 0;
+  /* their indices within a (batch, head) are 32-bit, their softmax in base 2 takes scale > 0 */
+  const int64_t *i = st->i;   /* B, T, H, D, S, KV */
+  bool small = i[1] * i[2] * i[3] < INT32_MAX && i[4] * i[5] * i[3] < INT32_MAX && i[0] * i[2] < INT32_MAX;
+  return (t == RT_ST_BF16 || t == RT_ST_F16) && D % 16 == 0 && small && st->f[0] > 0;
 }
 
 /* seq_axis (rope and the attention blocks: the sequence split over a mesh axis) as program.h
@@ -777,8 +780,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->smem = fa_smem(0, q->dims[3]);
     snprintf(extra, sizeof extra, "%lld", (long long)q->dims[3]);
     snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
-    if (tensor_cores(st, 3, q->dims[3])) {
-      st->smem = (uint32_t)(2 * (64 * (q->dims[3] + 8) + q->dims[3] * 72));
+    if (tensor_cores(st, 3, q->dims[3])) {   /* two stages of K and V tiles, 64 rows of D + 8 */
+      st->smem = (uint32_t)(2 * 2 * 64 * (q->dims[3] + 8) * 2);
       return cl_instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
     }
     return cl_instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
@@ -805,7 +808,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->smem = fa_smem(1, D);
     bool tc = tensor_cores(st, 4, D);
     int64_t tile = D <= 64 ? 64 : 32;   /* the tensor-core kernels' key (dq) and query (dk dv) tiles */
-    if (tc) st->smem = (uint32_t)(2 * (2 * tile * (D + 8) + D * (tile + 8)));
+    if (tc) st->smem = (uint32_t)(8 * tile * (D + 8));   /* two stages of K and V tiles */
     if (tc ? cl_instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, 4), extra, suffix, 128)
            : cl_instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
       return IR_EINPUT;
@@ -826,7 +829,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     st->smem = fa_smem(2, D);
     if (tc) {
       st->grid[1] = clamp_grid((S + 63) / 64, 65535);
-      st->smem = (uint32_t)(2 * (2 * 64 * (D + 8) + 2 * tile * (D + 8) + 2 * D * (tile + 8)) + 8 * tile);
+      /* K and V (64 rows), then two stages of Q, dO (tile rows) and their L2, Dsum */
+      st->smem = (uint32_t)(4 * 64 * (D + 8) + 4 * (2 * tile * (D + 8) + 4 * tile));
       return cl_instantiate(L, st, "attn_dkdv_tc", "loom_attn_bwd_dkdv_tc", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
     }
     return cl_instantiate(L, st, "attn_dkdv", "loom_attn_bwd_dkdv", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);

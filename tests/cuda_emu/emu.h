@@ -403,4 +403,63 @@ static inline void loom_emu_mma(float d[4], const unsigned a[4], const unsigned 
   for (int r = 0; r < 4; r++) d[r] = out[r];
 }
 
+/* ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16 (loom_ldsm_* in attention.cuh):
+   lanes 8m..8m+7 give the row addresses (16-byte aligned, 8 16-bit elements each) of
+   matrix m; lane l receives in r[m] row l/4, elements 2(l%4) and 2(l%4)+1 of matrix m, or
+   with trans those of the transposed matrix (rows 2(l%4) and 2(l%4)+1 of column l/4). */
+static inline void loom_emu_ldmatrix(unsigned *r, int count, const void *row, bool trans) {
+  using namespace loom_emu;
+  Warp *w = &warps[cur / 32];
+  int lane = cur % 32;
+  loom_emu_check_align(row, 16, "ldmatrix row address");
+  w->val[lane] = (uint64_t)(uintptr_t)row;
+  warp_barrier("ldmatrix");
+  int g = lane / 4, t = lane % 4;
+  for (int m = 0; m < count; m++) {
+    unsigned short e0, e1;
+    if (!trans) {
+      const unsigned short *p = (const unsigned short *)(uintptr_t)w->val[8 * m + g];
+      e0 = p[2 * t], e1 = p[2 * t + 1];
+    } else {
+      e0 = ((const unsigned short *)(uintptr_t)w->val[8 * m + 2 * t])[g];
+      e1 = ((const unsigned short *)(uintptr_t)w->val[8 * m + 2 * t + 1])[g];
+    }
+    r[m] = (unsigned)e0 | (unsigned)e1 << 16;
+  }
+  warp_barrier("ldmatrix");
+}
+
+/* cp.async.cg.shared.global [dst], [src], 16, src_bytes: src_bytes (0 or 16) copied, the
+   rest zeroed.  Done at once here: the commit and wait groups are no-ops (on a GPU the copy
+   lands by the wait; a kernel that reads before its wait and barrier is not caught). */
+static inline void loom_emu_cp_async16(void *dst, const void *src, int src_bytes) {
+  loom_emu_check_align(dst, 16, "cp.async destination");
+  if (src_bytes) loom_emu_check_align(src, 16, "cp.async source");
+  memset(dst, 0, 16);
+  if (src_bytes) memcpy(dst, src, (size_t)src_bytes);
+}
+
+/* cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32 d, hi, lo: both rounded to nearest even (f16 with
+   subnormals, overflow to infinity), NaN to the canonical 0x7fff; lo in the low half.
+   Written here apart from the prelude's software conversions (common.cuh) on purpose. */
+static inline unsigned loom_emu_cvt_half(float x, bool is_bf16) {
+  unsigned u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7fffu;
+  if (is_bf16) return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  if (a >= 0x477ff000u) return sign | 0x7c00u;   /* 65520 and up: infinity */
+  if (a < 0x38800000u) return sign | (unsigned)rintf(fabsf(x) * 16777216.0f);   /* below 2^-14: subnormal */
+  unsigned h = (((a >> 23) - 112u) << 10) | ((a >> 13) & 1023u), rem = a & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+  return sign | h;
+}
+static inline unsigned loom_emu_cvt_pack(float lo, float hi, bool is_bf16) {
+  return loom_emu_cvt_half(lo, is_bf16) | loom_emu_cvt_half(hi, is_bf16) << 16;
+}
+/* ex2.approx.ftz.f32: 2^x (the host's exp2f: within the instruction's 2 ulp), subnormal
+   results flushed to zero */
+static inline float loom_emu_ex2(float x) {
+  float r = exp2f(x);
+  return r < 1.17549435e-38f ? 0.0f : r;
+}
+
 #endif

@@ -90,7 +90,7 @@ sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_e
 if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
      -DTU="\"$tmp/tu_emu.cu\"" tests/cuda_emu/attention.cc -o "$tmp/attention" > "$tmp/log" 2>&1 &&
    "$tmp/attention" > "$tmp/att" 2>&1; then
-  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16) within 2e-5 of a double reference"
+  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16, sliding windows) within 2e-5 of a double reference"
   sed 's/^/     /' "$tmp/att"
 else
   bad "attention kernels"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
@@ -98,7 +98,7 @@ fi
 if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
      -DTU="\"$tmp/tu_emu.cu\"" -DLOOM_ATTN_SPLIT=0 -DATT_TOL=5e-3 tests/cuda_emu/attention.cc -o "$tmp/attention0" \
      > "$tmp/log" 2>&1 && "$tmp/attention0" > "$tmp/att" 2>&1; then
-  ok "attention kernels with LOOM_CUDA_ATTN_ROUND=1's rounding (P, dS in one bf16 part) within 5e-3"
+  ok "attention kernels with LOOM_CUDA_ATTN_ROUND=1's rounding (P, dS rounded once, as FlashAttention) within 5e-3"
 else
   bad "attention kernels, rounded P"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
 fi

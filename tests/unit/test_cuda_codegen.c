@@ -212,9 +212,9 @@ static void test_tiny_models(void) {
             "tiny %s: the first norm runs %s, rows 64, D 64, a block per row", label, want);
       /* attention forward */
       const RtStep *at = gs ? find_step(gs, "attention %", 0) : NULL;
-      /* bf16: on tensor cores (K row-major and V transposed in shared memory, 16-bit) */
+      /* bf16: on tensor cores (two stages of K and V tiles, rows of D + 8 16-bit elements) */
       snprintf(want, sizeof want, "loom_attn_fwd%s_%c%c%c%c_16", bf16 ? "_tc" : "", s, s, s, s);
-      uint32_t want_smem = bf16 ? 2 * (64 * (16 + 8) + 16 * 72) : 4 * (3 * 64 * 17 + 64 * 65);
+      uint32_t want_smem = bf16 ? 2 * 2 * 64 * (16 + 8) * 2 : 4 * (3 * 64 * 17 + 64 * 65);
       check(at && at->which == kernel_index(&p, want) && at->block[0] == 128 && at->grid[0] == 2 * 4 &&
                 at->grid[1] == 1 && at->smem == want_smem && at->i[3] == 16 &&
                 at->i[5] == (gpt2 ? 4 : 2) && at->i[6] == 1,
@@ -236,8 +236,8 @@ static void test_tiny_models(void) {
       snprintf(want_dq, sizeof want_dq, "loom_attn_dq%s_%c%c%c%c%c_16", bf16 ? "_tc" : "", s, s, s, s, s);
       snprintf(want_kv, sizeof want_kv, "loom_attn_dkdv%s_%c%c%c%c%c%c_16", bf16 ? "_tc" : "", s, s, s, s, s, s);
       check(dq && dq->which == kernel_index(&p, want_dq) && dq[1].which == kernel_index(&p, want_kv) &&
-                dq->smem == (bf16 ? 2u * (2 * 64 * 24 + 16 * 72) : 4u * (2 * 64 * 17 + 2 * 32 * 17 + 64 * 33)) &&
-                dq[1].smem == (bf16 ? 2u * (4 * 64 * 24 + 2 * 16 * 72) + 8 * 64 : 4u * (2 * 32 * 17 + 2 * 64 * 17 + 2 * 32 * 65 + 128)),
+                dq->smem == (bf16 ? 8u * 64 * 24 : 4u * (2 * 64 * 17 + 2 * 32 * 17 + 64 * 33)) &&
+                dq[1].smem == (bf16 ? 4u * 64 * 24 + 4u * (2 * 64 * 24 + 4 * 64) : 4u * (2 * 32 * 17 + 2 * 64 * 17 + 2 * 32 * 65 + 128)),
             "tiny %s: attention_grad runs %s and %s (%u and %u bytes of shared memory)", label, want_dq, want_kv,
             dq ? dq->smem : 0, dq ? dq[1].smem : 0);
       /* layernorm_grad / rmsnorm_grad: partial sums in scratch, then their sum */
@@ -405,7 +405,7 @@ static void test_program(void) {
           "program: the fused kernel k0: N 64, 8 outputs of 8 elements (a thread each)");
     check(s[4].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[4].which], "loom_attn_fwd_tc_bbbb_64") &&
               s[4].grid[0] == 2 && s[4].grid[1] == 1 && s[4].block[0] == 128 &&
-              s[4].smem == 2 * (64 * 72 + 64 * 72) && s[4].i[0] == 1 && s[4].i[1] == 8 && s[4].i[2] == 2 &&
+              s[4].smem == 2 * 2 * 64 * 72 * 2 && s[4].i[0] == 1 && s[4].i[1] == 8 && s[4].i[2] == 2 &&
               s[4].i[3] == 64 && s[4].i[4] == 8 && s[4].i[5] == 2 && s[4].i[6] == 1 && s[4].f[0] == 0.125,
           "program: bf16 attention runs on tensor cores, loom_attn_fwd_tc_bbbb_64, with %u bytes of dynamic shared "
           "memory", s[4].smem);

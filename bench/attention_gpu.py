@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""bench/attention_gpu.py — loom's tensor-core attention kernels against PyTorch's
+scaled_dot_product_attention (flash backend) on one GPU, in the same run (issue 32's target:
+at least SDPA flash's TFLOP/s, forward + backward, causal, T = 1024 and 2048, D = 64 and 128).
+
+Needs a GPU, PyTorch with CUDA, nvcc (torch.utils.cpp_extension builds the launcher), and a
+translation unit loom emitted here (the kernels are its prelude's templates; no loom build
+is needed on the device):
+
+  build/loom ir models/gpt2-124M.json --passes=train,lower --precision bf16 --target=cuda \\
+      --emit=cuda -o .gpu/attn_tu.cu          # here; carry .gpu
+  python3 bench/attention_gpu.py .gpu/attn_tu.cu   # on the device
+
+For each shape (batch B with B*T = 16384 tokens, H = 2048 / D heads, causal, bf16) it prints
+loom's forward and forward + backward ms and TFLOP/s beside SDPA flash's, and the largest
+relative difference of out, dq, dk, dv from SDPA's (bf16 results: expect ~1e-2).  FLOPs as
+FlashAttention counts them: forward 4 B H T^2 D / 2 (causal), backward 2.5 x forward.
+Set SHAPES="T:D,T:D" to choose, ITERS (default 20), GQA=G (query heads per kv head, default 1).
+"""
+import os, re, sys, time
+
+import torch
+
+HEAD = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n"
+LAUNCHER = r"""
+static void go(const void *fn, LoomArgs &a, dim3 grid, unsigned smem) {
+  if (smem > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  void *args[] = {&a};
+  cudaError_t e = cudaLaunchKernel(fn, grid, dim3(128), args, smem, 0);
+  TORCH_CHECK(e == cudaSuccess, cudaGetErrorString(e));
+}
+static LoomArgs args_of(std::vector<torch::Tensor> bufs, int64_t B, int64_t T, int64_t H, int64_t D, int64_t S,
+                        int64_t KV, double scale) {
+  LoomArgs a;
+  memset(&a, 0, sizeof a);
+  for (size_t i = 0; i < bufs.size(); i++) a.buf[i] = bufs[i].data_ptr();
+  long long ints[7] = {B, T, H, D, S, KV, 1};
+  for (int i = 0; i < 7; i++) a.i[i] = ints[i];
+  a.f[0] = scale;
+  return a;
+}
+void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, double scale) {
+  int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), KV = k.size(2);
+  LoomArgs a = args_of({q, k, v, o}, B, T, H, D, S, KV, scale);
+  go(D == 64 ? (const void *)FWD64 : (const void *)FWD128, a, dim3(B * H, (T + 63) / 64), 2 * 2 * 64 * (D + 8) * 2);
+}
+void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk,
+         torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, double scale) {
+  int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), KV = k.size(2);
+  int64_t tile = D <= 64 ? 64 : 32;
+  LoomArgs a = args_of({dout, q, k, v, dq, L, Ds}, B, T, H, D, S, KV, scale);
+  go(D == 64 ? (const void *)DQ64 : (const void *)DQ128, a, dim3(B * H, (T + 63) / 64), 8 * tile * (D + 8));
+  LoomArgs b = args_of({dout, q, k, v, L, Ds, dk, dv}, B, T, H, D, S, KV, scale);
+  go(D == 64 ? (const void *)KV64 : (const void *)KV128, b, dim3(B * KV, (S + 63) / 64),
+     4 * 64 * (D + 8) + 4 * (2 * tile * (D + 8) + 4 * tile));
+}
+"""
+
+# the kernels this benchmark instantiates: q k v -> out bf16; dout q k v -> dq (f32) L Dsum; -> dk dv (f32)
+INSTANCES = r"""
+extern "C" __global__ void __launch_bounds__(128) bench_fwd_64(LoomArgs a) { loom_attn_fwd_tc<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a); }
+extern "C" __global__ void __launch_bounds__(128) bench_fwd_128(LoomArgs a) { loom_attn_fwd_tc<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a); }
+extern "C" __global__ void __launch_bounds__(128) bench_dq_64(LoomArgs a) { loom_attn_bwd_dq_tc<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 64>(a); }
+extern "C" __global__ void __launch_bounds__(128) bench_dq_128(LoomArgs a) { loom_attn_bwd_dq_tc<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 128>(a); }
+extern "C" __global__ void __launch_bounds__(128) bench_kv_64(LoomArgs a) { loom_attn_bwd_dkdv_tc<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a); }
+extern "C" __global__ void __launch_bounds__(128) bench_kv_128(LoomArgs a) { loom_attn_bwd_dkdv_tc<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a); }
+#define FWD64 bench_fwd_64
+#define FWD128 bench_fwd_128
+#define DQ64 bench_dq_64
+#define DQ128 bench_dq_128
+#define KV64 bench_kv_64
+#define KV128 bench_kv_128
+"""
+
+
+def build(tu_path):
+    from torch.utils.cpp_extension import load_inline
+    tu = open(tu_path).read()
+    mark = "\n/*@loom-unit "
+    start = tu.find("/*@loom-prelude*/\n")
+    prelude = tu[max(start, 0):tu.index(mark)]
+    # the prelude's `extern __shared__ float loom_smem[]` is per kernel; the rest is device code
+    src = HEAD + prelude + INSTANCES + LAUNCHER
+    arch = os.environ.get("ARCH", "")
+    flags = ["-O3", "-std=c++17"] + ([f"-gencode=arch=compute_{arch},code=sm_{arch}"] if arch else [])
+    return load_inline("loom_attn_bench", cpp_sources="void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
+                       "torch::Tensor o, double scale);\nvoid bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, "
+                       "torch::Tensor v, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, torch::Tensor L, "
+                       "torch::Tensor Ds, double scale);", cuda_sources=src, functions=["fwd", "bwd"],
+                       extra_cuda_cflags=flags, verbose=False)
+
+
+def timed(fn, iters):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def rel(x, y):
+    return ((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30)).item()
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("SKIPPED: no GPU (torch.cuda.is_available() is False)")
+        return 0
+    ext = build(sys.argv[1])
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    iters = int(os.environ.get("ITERS", "20"))
+    gqa = int(os.environ.get("GQA", "1"))
+    shapes = [tuple(int(x) for x in s.split(":")) for s in os.environ.get("SHAPES", "1024:64,2048:64,1024:128,2048:128").split(",")]
+    dev = torch.cuda.get_device_name(0)
+    print(f"device: {dev}; torch {torch.__version__}; bf16, causal, GQA {gqa}")
+    print(f"{'T':>5s} {'D':>4s} {'B':>3s} {'H':>3s} | {'loom fwd ms':>11s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} | "
+          f"{'sdpa fwd ms':>11s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} | {'out':>7s} {'dq':>7s} {'dk':>7s} {'dv':>7s}")
+    for T, D in shapes:
+        H = 2048 // D
+        B = max(1, 16384 // T)
+        KV = H // gqa
+        scale = D ** -0.5
+        g = torch.Generator(device="cuda").manual_seed(T + D)
+        q = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(B, T, KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(B, T, KV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        o = torch.empty_like(q)
+        dq = torch.empty(B, T, H, D, device="cuda", dtype=torch.float32)
+        dk = torch.empty(B, T, KV, D, device="cuda", dtype=torch.float32)
+        dv = torch.empty_like(dk)
+        L = torch.empty(B * H * T, device="cuda", dtype=torch.float32)
+        Ds = torch.empty_like(L)
+        f_loom = lambda: ext.fwd(q, k, v, o, scale)
+        fb_loom = lambda: (ext.fwd(q, k, v, o, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, scale))
+        # SDPA takes [B, H, T, D]; GQA by repeating kv heads (enable_gqa where the version has it)
+        qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
+        kr = kt.repeat_interleave(gqa, dim=1) if gqa > 1 else kt
+        vr = vt.repeat_interleave(gqa, dim=1) if gqa > 1 else vt
+        dot = do.transpose(1, 2)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            sd = lambda: torch.nn.functional.scaled_dot_product_attention(qt, kr, vr, is_causal=True, scale=scale)
+            def sd_fb():
+                out = sd()
+                out.backward(dot)
+            ms_sf = timed(sd, iters)
+            ms_sfb = timed(sd_fb, iters)
+            qt.grad = kt.grad = vt.grad = None
+            ref = sd()
+            ref.backward(dot)
+        ms_lf = timed(f_loom, iters)
+        ms_lfb = timed(fb_loom, iters)
+        fl = 4 * B * H * T * T * D / 2
+        tf = lambda ms, mult: fl * mult / (ms * 1e-3) / 1e12
+        errs = (rel(o, ref.transpose(1, 2)), rel(dq, qt.grad.transpose(1, 2)), rel(dk, kt.grad.transpose(1, 2)),
+                rel(dv, vt.grad.transpose(1, 2)))
+        print(f"{T:5d} {D:4d} {B:3d} {H:3d} | {ms_lf:11.3f} {tf(ms_lf, 1):6.1f} {ms_lfb:8.3f} {tf(ms_lfb, 3.5):6.1f} | "
+              f"{ms_sf:11.3f} {tf(ms_sf, 1):6.1f} {ms_sfb:8.3f} {tf(ms_sfb, 3.5):6.1f} | "
+              + " ".join(f"{e:7.1e}" for e in errs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
