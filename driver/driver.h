@@ -11,6 +11,7 @@
  *   payload.c      a compiled executable's payload (the runner binary + the program)
  *   sample.c       generation with a KV cache (loom sample, compiled executables)
  *   plan*.c        the planner's search (loom plan; driver/plan.h)
+ *   resources.c    does a run fit this machine (memory per rank against the host's or the GPU's)
  */
 #ifndef LOOM_DRIVER_DRIVER_H
 #define LOOM_DRIVER_DRIVER_H
@@ -151,5 +152,11 @@ bool cuda_backend_available(char *why, size_t n);
    micro-batches; MFU's numerator). */
 int driver_train(Module *m, Backend backend, const RunPlan *plan, char *err, size_t errlen);
 double driver_step_flops(const Module *m, int64_t grad_accum);
+
+/* ---- resources.c: does the run fit this machine (see the file) ---- */
+/* Bytes of memory this process may use, and *what limits it ("physical memory", a cgroup's, ulimit -v's). */
+double machine_memory(const char **what);
+/* 0 when the compiled, lowered run fits; else 2 with the figures and the key to change. */
+int run_check_memory(const Module *m, const RunSpec *s, Backend backend, char *err, size_t errlen);
 
 #endif

@@ -8,7 +8,7 @@
  * range.  The bounds are what loom can run, with a wide margin over the largest models
  * trained today (Llama 3 405B: 126 layers, 16384 wide, 128256 tokens; DeepSeek-V3: 256
  * experts); whether a run that passes them fits this machine's memory is checked later,
- * against the memory plan (tools/resources.c). */
+ * against the memory plan (driver/resources.c). */
 #include "frontend/config.h"
 
 #include <math.h>

@@ -47,12 +47,6 @@ int cmd_plan(int argc, char **argv);
 #include "runtime/io/safetensors.h"
 double diff_rel_err(const StTensor *a, const StTensor *b, double *max_abs, double *max_ref, char *err, size_t errlen);
 
-/* ---- resources.c: does the run fit this machine (see the file) ---- */
-/* Bytes of memory this process may use, and *what limits it ("physical memory", a cgroup's, ulimit -v's). */
-double machine_memory(const char **what);
-/* 0 when the compiled, lowered run fits; else 2 with the figures and the key to change. */
-int run_check_memory(const Module *m, const RunSpec *s, Backend backend, char *err, size_t errlen);
-
 /* ---- args.c ---- */
 /* Matches "--name=value" or "--name value" at argv[*i]; advances *i past what it used.
    Returns 1 matched (value set), 0 no match, -1 matched but the value is missing. */

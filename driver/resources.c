@@ -1,4 +1,4 @@
-/* tools/resources.c — will the run fit this machine?  Checked by `loom train` after the
+/* driver/resources.c — will the run fit this machine?  Checked by `loom train` after the
  * program is compiled and before any buffer is allocated: what the memory plan says a rank
  * needs (passes/memory_rank.c: every global plus the largest arena of a training step),
  * times the ranks that share this machine's memory (the cpu mesh runs every rank in this
@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "runtime/cuda/cuda_api.h"
-#include "tools/tools.h"
+#include "driver/driver.h"
 
 static void human(double b, char *buf, size_t n) {
   const char *u[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
