@@ -10,7 +10,10 @@ ST_DIFF=${2:-}
 . "$(dirname "$0")/lib.sh"
 spec=tests/golden/gpt2-tiny/train_spec.json
 export LOOM_THREADS=1
-tr=("$LOOM" train $spec -q)
+# The reference executor: what is checked here (settings, fallback, locks, paths) does not
+# depend on the backend, and it starts in a fraction of a second where the cpu backend JITs
+# for seconds (424 s under the sanitizers with cpu, 6 s with ref in a Release build)
+tr=("$LOOM" train $spec --backend ref -q)
 "${tr[@]}" --steps 3 --out "$TMP/full3.st" > /dev/null 2>&1 || fail "the uninterrupted 3-step run"
 "${tr[@]}" --steps 3 --save-dir "$TMP/ck" --save-every 1 > /dev/null 2>&1 || fail "the run with checkpoints"
 
@@ -21,10 +24,10 @@ expect_stderr_contains "--steps 3 -> 5"
 expect_stderr_contains "--lr 0.01 -> 0.02"
 expect_stderr_contains "--seed 1337 -> 7"
 expect_stderr_contains "--allow-changes"
-expect_exit 0 "the same with --allow-changes: resumed" "$LOOM" train $spec --steps 5 --lr 0.02 --seed 7 --resume "$TMP/c1" \
+expect_exit 0 "the same with --allow-changes: resumed" "$LOOM" train $spec --backend ref --steps 5 --lr 0.02 --seed 7 --resume "$TMP/c1" \
   --allow-changes --save-dir "$TMP/c1b"
 expect_stdout_contains "note: --allow-changes: continuing with changed settings: --steps 3 -> 5, --lr 0.01 -> 0.02"
-expect_exit 0 "the same settings: resumed without a word about settings" "$LOOM" train $spec --steps 3 --resume "$TMP/c1" \
+expect_exit 0 "the same settings: resumed without a word about settings" "$LOOM" train $spec --backend ref --steps 3 --resume "$TMP/c1" \
   --out "$TMP/r.st"
 check "  and bitwise the uninterrupted run" cmp -s "$TMP/r.st" "$TMP/full3.st"
 check "  it saved on into the folder it resumed from (no --save-dir)" test -f "$TMP/c1/step_00000003/DONE"
@@ -32,7 +35,7 @@ check "  it saved on into the folder it resumed from (no --save-dir)" test -f "$
 # 2. a damaged newest checkpoint: the older one, with a note naming the skipped one and why
 rm -rf "$TMP/c2" && cp -r "$TMP/ck" "$TMP/c2" && rm -rf "$TMP/c2/step_00000003"
 poke "$TMP/c2/step_00000002/model.safetensors" 300 'XYZ'
-expect_exit 0 "a damaged newest checkpoint (step 2): falls back to step 1" "$LOOM" train $spec --steps 3 --resume "$TMP/c2" \
+expect_exit 0 "a damaged newest checkpoint (step 2): falls back to step 1" "$LOOM" train $spec --backend ref --steps 3 --resume "$TMP/c2" \
   --save-dir "$TMP/c2b" --out "$TMP/r2.st"
 expect_stdout_contains "note: skipped a damaged checkpoint: $TMP/c2/step_00000002/model.safetensors is corrupt: checksum mismatch"
 expect_stdout_contains "resumed from $TMP/c2/step_00000001 (step 1)"
@@ -47,16 +50,16 @@ sh -c 'exit 0' & dead=$!
 wait $dead
 mkdir -p "$TMP/c3/step_00000005.tmp.$dead" "$TMP/c3/step_00000006.tmp.$$"
 touch "$TMP/c3/step_00000005.tmp.$dead/model.safetensors"
-expect_exit 0 "a run saving into a folder with unfinished checkpoint folders" "$LOOM" train $spec --steps 1 --save-dir "$TMP/c3"
+expect_exit 0 "a run saving into a folder with unfinished checkpoint folders" "$LOOM" train $spec --backend ref --steps 1 --save-dir "$TMP/c3"
 check "  the one of an ended process is removed" test ! -e "$TMP/c3/step_00000005.tmp.$dead"
 expect_stdout_contains "note: removed $TMP/c3/step_00000005.tmp.$dead, an unfinished checkpoint of process $dead"
 check "  the one of a live process is left alone" test -d "$TMP/c3/step_00000006.tmp.$$"
 
 # 4. one writer per save dir: a second run exits 2 naming the first's pid; a dead holder's lock is taken over
-"$LOOM" train $spec --steps 1000000 --save-dir "$TMP/c4" > "$TMP/first.out" 2>&1 &
+"$LOOM" train $spec --backend ref --steps 1000000 --save-dir "$TMP/c4" > "$TMP/first.out" 2>&1 &
 first=$!
 for i in $(seq 1200); do grep -q '^step ' "$TMP/first.out" 2> /dev/null && break; sleep 0.05; done
-expect_exit 2 "a second run writing the same --save-dir" "$LOOM" train $spec --steps 2 --save-dir "$TMP/c4"
+expect_exit 2 "a second run writing the same --save-dir" "$LOOM" train $spec --backend ref --steps 2 --save-dir "$TMP/c4"
 expect_stderr_contains "$TMP/c4 is in use: process $first is writing checkpoints there"
 kill -TERM $first
 wait $first
@@ -68,7 +71,7 @@ check "  the lock file names the new holder" test "$(cat "$TMP/c4/loom.lock")" !
 # 5. a step_* folder that is a symbolic link: skipped when scanning, refused when named
 rm -rf "$TMP/c5" && cp -r "$TMP/ck" "$TMP/c5" && rm -rf "$TMP/c5/step_00000003"
 ln -s step_00000001 "$TMP/c5/step_00000009"
-expect_exit 0 "a save dir with a symbolic link step_00000009 -> step_00000001" "$LOOM" train $spec --steps 3 \
+expect_exit 0 "a save dir with a symbolic link step_00000009 -> step_00000001" "$LOOM" train $spec --backend ref --steps 3 \
   --resume "$TMP/c5" --save-dir "$TMP/c5b"
 expect_stdout_contains "skipped step_00000009, a symbolic link"
 expect_stdout_contains "resumed from $TMP/c5/step_00000002 (step 2)"
@@ -100,18 +103,18 @@ expect_stderr_contains "data position shard 4294967296"
 for a in "--out $TMP/none/x.safetensors" "--out $TMP/none/hf/" "--log $TMP/none/l.jsonl" "--trace-out $TMP/none/t.json" \
          "--save-dir /proc/loom-none/ck"; do
   # shellcheck disable=SC2086
-  expect_exit 2 "${a%% *} in a folder that does not exist" "$LOOM" train $spec --steps 2 $a
+  expect_exit 2 "${a%% *} in a folder that does not exist" "$LOOM" train $spec --backend ref --steps 2 $a
   expect_stderr_contains "${a#* }"
   check "  refused before step 1" sh -c "! grep -q '^step ' '$OUT'"
 done
 # --out DIR/ is written whole or not at all: a failure part-way (the tokenizer to copy is
 # missing) leaves no folder
-expect_exit 2 "--out DIR/ whose tokenizer cannot be copied" "$LOOM" train $spec -q --steps 1 --out "$TMP/hf/" \
+expect_exit 2 "--out DIR/ whose tokenizer cannot be copied" "$LOOM" train $spec --backend ref -q --steps 1 --out "$TMP/hf/" \
   --tokenizer "$TMP/no-tokenizer.json"
 check "  no folder left behind (neither DIR nor its temporary)" sh -c "! ls -d '$TMP'/hf* 2> /dev/null | grep -q ."
 # --log writes whole lines: with the file size limited to 2 KB (ulimit -f; SIGXFSZ ignored, so
 # the write fails with EFBIG as on a full disk) a line that does not fit is cut back off
-(trap '' XFSZ; ulimit -f 2; "$LOOM" train $spec -q --steps 100 --log "$TMP/full.jsonl" > "$TMP/full.out" 2> "$TMP/full.err")
+(trap '' XFSZ; ulimit -f 2; "$LOOM" train $spec --backend ref -q --steps 100 --log "$TMP/full.jsonl" > "$TMP/full.out" 2> "$TMP/full.err")
 RC=$? OUT=$TMP/full.out ERR=$TMP/full.err LAST="--log at a 2 KB file size limit"
 if [ $RC = 1 ]; then pass "--log on a write failure: exit 1"; else fail "--log on a write failure: exit $RC"; show_last; fi
 expect_stderr_contains "cannot write the metrics log (disk full?); it holds the whole lines of the steps before"
