@@ -8,6 +8,9 @@
 #   bash bench/gpu_cost.sh                 # both models
 #   HW=h200 MODELS="models/gpt2-124M.json:16:1024" bash bench/gpu_cost.sh
 #
+# LOOM_CUDA_FUSE_BF16 (default 1 here): the GEMM epilogues and accumulations that move a bf16
+# program's rounding points (codegen/cuda/lower.c), off by default in loom; set 0 to count
+# loom's default bf16 program.
 # The targets (issue 31): GPT-2 at most 400 launches and at most 12 GB outside gemm and
 # attention; Llama-1B at most 40 GB outside gemm and attention.
 set -u
@@ -17,11 +20,12 @@ HW=${HW:-h100}
 PREC=${PRECISION:-bf16}
 VM=${VOCAB_MULTIPLE:-128}
 [ -x "$LOOM" ] || { echo "bench/gpu_cost.sh: $LOOM is missing: build loom first"; exit 1; }
+export LOOM_CUDA_FUSE_BF16=${LOOM_CUDA_FUSE_BF16:-1}
 models=${MODELS:-"models/gpt2-124M.json:16:1024 models/llama-1B.json:4:2048"}
 rc=0
 for m in $models; do
   IFS=: read -r spec B T <<< "$m"
-  echo "== $(basename "$spec" .json): batch $B x seq $T, $PREC, vocabulary a multiple of $VM, --hw $HW"
+  echo "== $(basename "$spec" .json): batch $B x seq $T, $PREC, vocabulary a multiple of $VM, --hw $HW, LOOM_CUDA_FUSE_BF16=$LOOM_CUDA_FUSE_BF16"
   "$LOOM" ir "$spec" --passes=train,lower --target cuda --batch "$B" --seq "$T" --precision "$PREC" \
     --vocab-multiple "$VM" --hw "$HW" --cost > "${TMPDIR:-/tmp}/gpu_cost.$$" 2>&1 || { cat "${TMPDIR:-/tmp}/gpu_cost.$$"; rc=1; continue; }
   sed -n '/^category /,$p' "${TMPDIR:-/tmp}/gpu_cost.$$"

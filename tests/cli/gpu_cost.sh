@@ -69,6 +69,12 @@ check "launches a step = 2 x @grad_step's steps + @optimizer_step's" awk '
   END { if (g == 0 || o == 0 || n != 2 * g + o) { print g, o, n; exit 1 } }' "$OUT"
 expect_stdout_contains "@grad_step x 2, @optimizer_step x 1"
 
+# without LOOM_CUDA_FUSE_BF16=1 a bf16 program keeps its rounding points: no epilogue, no
+# bf16 product accumulated in its GEMM (the cast and accumulate still one kernel)
+expect_exit 0 "gpt2-tiny bf16 --cost, the bf16 fusions off" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost
+check "no GEMM epilogue and no GEMM accumulation in bf16 by default" test "$(grep -c '+ bias\|+ residual\|(+= \$grad' "$OUT")" = 0
+export LOOM_CUDA_FUSE_BF16=1
+
 # weight gradients accumulated in their GEMM (beta = 1): gpt2-tiny's attn.c_proj, mlp.c_fc
 # and mlp.c_proj of 2 layers (c_attn's gradient is a sum of its q, k, v pieces, and wte's the
 # embedding's and the lm_head's), and every other narrow gradient cast while it is accumulated

@@ -350,13 +350,14 @@ fi
 # Gradients accumulated in the GEMM (cuBLASLt beta = 1 into the f32 gradient) and cast +
 # accumulate as one kernel (codegen/cuda/lower.c, "gradient accumulation") against the
 # unfused program (LOOM_CUDA_NO_ACC_FUSION=1): 3 steps with 2 micro-batches, fp32 bit for bit
-# (the same arithmetic); bf16 (the product is no longer rounded to bf16 before it is added)
-# with loom check's bf16 rule: losses and gradient norms within 2e-2, parameters within 2e-2
+# (the same arithmetic); bf16 (LOOM_CUDA_FUSE_BF16=1: the product is no longer rounded to bf16
+# before it is added) with loom check's bf16 rule: losses and gradient norms within 2e-2, parameters within 2e-2
 # plus 2 x steps x lr (AdamW moves a parameter by about lr whatever its gradient's size)
 for m in gpt2-tiny llama-tiny; do
   for p in fp32 bf16; do
     tol=$([ $p = fp32 ] && echo "0" || echo "2e-2 --atol 0.06")
-    if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q --out "$tmp/acc-f.st" > "$tmp/log" 2>&1 &&
+    if LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+         --out "$tmp/acc-f.st" > "$tmp/log" 2>&1 &&
        LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
          --out "$tmp/acc-u.st" >> "$tmp/log" 2>&1 &&
        "$ST_DIFF" "$tmp/acc-f.st" "$tmp/acc-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
@@ -371,15 +372,16 @@ done
 # GEMM epilogues (codegen/cuda/lower.c, "GEMM epilogues"; the cuBLASLt double computes BIAS
 # and GELU_AUX_BIAS and beta = 1 with C the residual): gradients and 3 training steps against
 # the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
-# differs), bf16 with loom check's bf16 rule (the product is no longer rounded before the bias
-# and the residual are added); the vocabulary padded (--vocab-multiple 96: the mask is the
+# differs), bf16 (LOOM_CUDA_FUSE_BF16=1) with loom check's bf16 rule (the product is no longer
+# rounded before the bias and the residual are added); the vocabulary padded (--vocab-multiple 96: the mask is the
 # lm_head GEMM's bias) for GPT-2
 for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
   m=${mp%%:*} p=${mp##*:}
   tol=$([ $p = fp32 ] && echo "1e-5" || echo "2e-2 --atol 0.06")
   vm=$([ $m = gpt2-tiny ] && echo "--vocab-multiple 96" || echo "")
   # shellcheck disable=SC2086
-  if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q --out "$tmp/epi-f.st" > "$tmp/log" 2>&1 &&
+  if LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
+       --out "$tmp/epi-f.st" > "$tmp/log" 2>&1 &&
      LOOM_CUDA_NO_EPILOGUE=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
        --out "$tmp/epi-u.st" >> "$tmp/log" 2>&1 &&
      "$ST_DIFF" "$tmp/epi-f.st" "$tmp/epi-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
