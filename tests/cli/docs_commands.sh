@@ -50,6 +50,18 @@ while IFS=$'\t' read -r where cmd; do
 done < "$tmp/cmds"
 echo "ok   every command line checked against its --help ($pass so far)"
 
+# Every relative link of README.md and docs/*.md names a file that exists.
+broken=$(python3 - README.md docs/*.md <<'PY'
+import os, re, sys
+for path in sys.argv[1:]:
+    text = re.sub(r'```.*?```', '', open(path).read(), flags=re.S)
+    for target in re.findall(r'\]\(([^)#\s]+)(?:#[^)]*)?\)', text):
+        if re.match(r'[a-z]+:', target): continue
+        if not os.path.exists(os.path.join(os.path.dirname(path), target)): print(f"{path}: {target}")
+PY
+)
+[ -z "$broken" ] && ok "every relative link in README.md and docs/ resolves" || bad "broken links: $broken"
+
 # The README's first steps, run as written.
 mkdir -p "$tmp/run/build" "$tmp/run/models" && ln -s "$LOOM" "$tmp/run/build/loom"
 cp -r "$SRC/models/." "$tmp/run/models/" && cp -r "$SRC/data" "$tmp/run/data"
