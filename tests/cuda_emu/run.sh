@@ -44,9 +44,9 @@ g=tests/golden/mistral-tiny
 python3 -c "import json; c = json.load(open('$g/generate.json'))['cases'][1]
 open('$tmp/mprompt', 'w').write(c['prompt']); print(' '.join(map(str, c['new_ids'])))" > "$tmp/mwant"
 "$LOOM" sample $g/config.json --weights $g/weights.safetensors --prompt "$(cat "$tmp/mprompt")" --max-new-tokens 40 \
-  --temperature 0 --ids --backend cuda > "$tmp/mgot" 2>&1 && cmp -s "$tmp/mgot" "$tmp/mwant" &&
+  --temperature 0 --ids --backend cuda > "$tmp/mgot" 2> "$tmp/mlog" && cmp -s "$tmp/mgot" "$tmp/mwant" &&
   ok "mistral-tiny greedy sampling on cuda (window 8 over 57 positions) = transformers' generate" ||
-  { bad "mistral-tiny greedy sampling on cuda"; cat "$tmp/mgot"; }
+  { bad "mistral-tiny greedy sampling on cuda"; cat "$tmp/mgot" "$tmp/mlog"; }
 
 # The CPU benchmark's model (head size 64, vocabulary 4096) in bf16 at seq 128: one step's
 # gradients within 2e-2 of the CPU backend (the tensor-core attention at head size 64)
