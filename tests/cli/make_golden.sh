@@ -31,10 +31,10 @@ if command -v python3 > /dev/null; then
   expect_stderr_contains "pip install torch transformers numpy"
   expect_stderr_contains "LOOM_PYTHON="
   check "  and it wrote nothing" test ! -e "$TMP/g"
-  printf '{"model_type": "mistral", "vocab_size": 100}\n' > "$TMP/mistral.json"
-  LOOM_PYTHON=$TMP/bare-python expect_exit 2 "a model_type other than gpt2 and llama" "$LOOM" make-golden \
-    "$TMP/mistral.json" -o "$TMP/g"
-  expect_stderr_contains "mistral.json: model_type 'mistral': make-golden writes goldens for gpt2 and llama"
+  printf '{"model_type": "falcon", "vocab_size": 100}\n' > "$TMP/falcon.json"
+  LOOM_PYTHON=$TMP/bare-python expect_exit 2 "a model_type make-golden does not write" "$LOOM" make-golden \
+    "$TMP/falcon.json" -o "$TMP/g"
+  expect_stderr_contains "falcon.json: model_type 'falcon': make-golden writes goldens for gpt2, llama, qwen2, qwen3 and mistral"
   printf '{"model_type": "gpt2",\n' > "$TMP/broken.json"
   LOOM_PYTHON=$TMP/bare-python expect_exit 2 "a spec that is not JSON" "$LOOM" make-golden "$TMP/broken.json" -o "$TMP/g"
   expect_stderr_contains "broken.json: not JSON"
