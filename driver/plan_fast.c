@@ -68,11 +68,29 @@ typedef struct {
 /* dp: the figures at dp = 1, 2 and 4 (those the candidates need): a layer's ops change with
    dp (the partitioned program broadcasts some operands to the whole batch before slicing
    its part), affine in dp from 2 on. */
+/* The dp collectives of a program at one ZeRO stage (compiled at dp = 2 with 2 micro-batches,
+   so that ZeRO-0/1 reduce in @optimizer_step as they do with pp or gradient accumulation):
+   per function (@grad_step, @optimizer_step) and kind (all_reduce, reduce_scatter,
+   all_gather), how many and their bytes (a rank's buffer, as the time model counts it: the
+   same at every dp), a layer's ("l") and the rest ("b"); and @optimizer_step's own time
+   without them (the update, at dp = 2).  The time model runs them one after another, each
+   a ring whose steps cost the link's latency: with ZeRO's one collective a tensor, at
+   hundreds of dp ranks the latencies are most of the step, so they are counted, not
+   guessed. */
+enum { DPC_AR, DPC_RS, DPC_AG, DPC_KINDS };
+typedef struct {
+  bool ok;
+  double n_l[2][DPC_KINDS], n_b[2][DPC_KINDS], by_l[2][DPC_KINDS], by_b[2][DPC_KINDS];   /* [grad_step, optimizer_step] */
+  double u_l, u_b;   /* the update at dp = 2 */
+} DpComm;
+
 typedef struct {
   int64_t tp, cp, ep;
   bool sp;
   bool need[3];    /* dp = 1, 2, 4 */
   Figures f[3];
+  bool need_z[4];  /* ZeRO stages the candidates use (dp > 1) */
+  DpComm z[4];
 } LayerProg;
 
 typedef struct {
@@ -127,6 +145,83 @@ static void compile_figures(Ctx *x, const LayerProg *p, int k, Figures *f, int64
   f->a_lb = al2 - al1, f->a_la = al1 - f->a_lb, f->a_bb = ab2 - ab1, f->a_ba = ab1 - f->a_bb;
 }
 
+/* Adds m's dp collectives in @grad_step and @optimizer_step to n[func][kind], by[func][kind]. */
+static void dp_collectives(const Module *m, double n[2][DPC_KINDS], double by[2][DPC_KINDS]) {
+  static const char *const kinds[DPC_KINDS] = {"all_reduce", "reduce_scatter", "all_gather"};
+  for (int fi = 0; fi < 2; fi++) {
+    const Func *f = module_find_func(m, fi ? "optimizer_step" : "grad_step");
+    for (int i = 0; f && i < f->ops.n; i++) {
+      const Op *op = f->ops.items[i];
+      const Attr *ax = op_attr(op, "axis");
+      if (op_info(op->kind)->cls != CLASS_COLLECTIVE || !ax || mesh_axis_parse(ax->s) != AX_DP) continue;
+      const char *name = op_info(op->kind)->name;
+      int k = 0;
+      while (k < DPC_KINDS && strncmp(name, kinds[k], strlen(kinds[k]))) k++;
+      if (k == DPC_KINDS || strstr(name, "wait")) continue;
+      double b = 0;   /* the larger of its operands and results, as timing.c counts it */
+      for (int j = 0; j < op->n_operands; j++) {
+        const Value *v = op->operands[j];
+        double vb = (double)type_numel(&v->type) * (double)dtype_size(v->type.dtype);
+        b = vb > b ? vb : b;
+      }
+      for (int j = 0; j < op->n_results; j++) {
+        const Value *v = op->results[j];
+        double vb = (double)type_numel(&v->type) * (double)dtype_size(v->type.dtype);
+        b = vb > b ? vb : b;
+      }
+      n[fi][k] += 1, by[fi][k] += b;
+    }
+  }
+}
+
+/* The dp time of n collectives of kind k holding `bytes` in all, over dp ranks (ring, as
+   timing_collective: every collective pays its steps' latency). */
+static double dp_time(int k, double n, double bytes, int64_t dp, double beta, double alpha) {
+  if (dp <= 1 || n <= 0) return 0;
+  double steps = (double)(dp - 1) * (k == DPC_AR ? 2 : 1);
+  return steps * (n * alpha + bytes / (double)dp / beta);
+}
+
+/* p's dp collectives at ZeRO stage z (see DpComm): compiled with 1 and 2 layers at dp = 2. */
+static void compile_dp_comm(Ctx *x, const LayerProg *p, int z, DpComm *d, int64_t L) {
+  int nl = L >= 2 ? 2 : 1;
+  double n[2][2][DPC_KINDS] = {{{0}}}, by[2][2][DPC_KINDS] = {{{0}}}, u[2] = {0, 0};
+  d->ok = true;
+  for (int l = 0; l < nl && d->ok; l++) {
+    Cand ref = {.dp = 2, .tp = p->tp, .cp = p->cp, .pp = 1, .v = 1, .ep = p->ep, .zero = z, .sched = PIPE_NONE,
+                .rc = RECOMPUTE_NONE, .sp = p->sp, .batch = 2 * p->ep, .ga = 2};
+    StepTime t;
+    int64_t mem;
+    Module *m = NULL;
+    bool counted = false;
+    char err[IR_ERR_LEN];
+    d->ok = !compile_one(x, &ref, l + 1, &t, &mem, &m, err, sizeof err, &counted);
+    if (counted) count_compile(x);
+    if (d->ok) {
+      dp_collectives(m, n[l], by[l]);
+      Mesh mesh = m->mesh;
+      const Hardware *hw = x->hw;
+      int link = timing_axis_link(hw, &mesh, AX_DP);
+      double comm = 0;
+      for (int k = 0; k < DPC_KINDS; k++) comm += dp_time(k, n[l][1][k], by[l][1][k], 2, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
+      u[l] = t.optimizer_s - comm > 0 ? t.optimizer_s - comm : 0;
+    }
+    module_free(m);
+  }
+  if (!d->ok) return;
+  if (nl == 1) {   /* one layer: all of it "per layer" */
+    for (int f = 0; f < 2; f++)
+      for (int k = 0; k < DPC_KINDS; k++) n[1][f][k] = 2 * n[0][f][k], by[1][f][k] = 2 * by[0][f][k];
+    u[1] = 2 * u[0];
+  }
+  for (int f = 0; f < 2; f++)
+    for (int k = 0; k < DPC_KINDS; k++) {
+      d->n_l[f][k] = n[1][f][k] - n[0][f][k], d->n_b[f][k] = n[0][f][k] - d->n_l[f][k];
+      d->by_l[f][k] = by[1][f][k] - by[0][f][k], d->by_b[f][k] = by[0][f][k] - d->by_l[f][k];
+    }
+  d->u_l = u[1] - u[0], d->u_b = u[0] - d->u_l;
+}
+
 /* The figures at dp: dp = 1's, or the affine line through dp = 2 and 4 (2's alone when no
    candidate needs 4). */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
@@ -145,7 +240,7 @@ static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
 }
 
 /* The estimated step and memory of c from its layer program's figures at its dp. */
-static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand *c) {
+static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, const DpComm *dc, Cand *c) {
   const Hardware *hw = x->hw;
   int64_t L = rq->base->model.n_layer, mbs = c->batch / (c->dp * c->ep);
   double rcf = c->rc == RECOMPUTE_FULL ? 4.0 / 3.0 : c->rc == RECOMPUTE_SELECTIVE ? 1.1 : 1.0;
@@ -155,6 +250,29 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
   double n_stage = (double)L / (double)c->pp;
   double zshare = c->zero == 0 ? 1 : 1 / dp;   /* the optimizer's update: over the rank's share with ZeRO */
   double opt = (p->o_b + n_stage * p->o_l) * zshare;
+  /* dp's collectives, from the program's profile at this ZeRO stage (DpComm): those of
+     @optimizer_step (once a step) and of @grad_step (every micro-batch), over the link dp
+     spans; the slowest pp stage holds its layers and the embedding or the head (about half
+     the rest) */
+  bool counted = dc && dc->ok && c->dp > 1;
+  double comm_g = 0, comm_o = 0, comm_ar = 0;
+  if (counted) {
+    Mesh mesh = {0};
+    for (int a = 0; a < AX_COUNT; a++) mesh.size[a] = 1;
+    mesh.size[AX_DP] = c->dp, mesh.size[AX_TP] = c->tp, mesh.size[AX_CP] = c->cp, mesh.size[AX_PP] = c->pp;
+    mesh.size[AX_EP] = c->ep;
+    int link = timing_axis_link(hw, &mesh, AX_DP);
+    double beta = hw->link_bw[link] * hw->eff_link, alpha = hw->link_lat[link], sb = c->pp > 1 ? 0.5 : 1;
+    for (int k = 0; k < DPC_KINDS; k++) {
+      comm_g += dp_time(k, dc->n_b[0][k] * sb + n_stage * dc->n_l[0][k], dc->by_b[0][k] * sb + n_stage * dc->by_l[0][k],
+                        c->dp, beta, alpha);
+      double o = dp_time(k, dc->n_b[1][k] * sb + n_stage * dc->n_l[1][k], dc->by_b[1][k] * sb + n_stage * dc->by_l[1][k],
+                         c->dp, beta, alpha);
+      comm_o += o;
+      if (k == DPC_AR) comm_ar = o;
+    }
+    opt = (dc->u_b * sb + n_stage * dc->u_l) * (c->zero ? 2 / dp : 1) + comm_o;
+  }
   double step = INFINITY, inflight = 1;
   if (c->pp > 1) {
     Schedule s;
@@ -174,7 +292,7 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
     if (chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err)) {
       double (*cost)[3] = calloc((size_t)chunks, sizeof *cost);
       for (int k = 0; cost && k < chunks; k++) {
-        double t = n * layer + (k == chunks - 1 ? base : 0);
+        double t = n * layer + (k == chunks - 1 ? base + comm_g : 0);
         double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
         fw += k < chunks - 1 ? p2p : 0, bw += k > 0 ? p2p : 0;
         cost[k][ACT_F] = fw;
@@ -194,9 +312,18 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
   } else {
     step = (double)c->ga * (base + (double)L * layer) + opt;
   }
-  /* dp: the gradients (4 bytes a parameter: the state's quarter) reduced over dp once a
-     step, over the link dp spans; the last micro-batch's backward hides some of it */
-  if (c->dp > 1) {
+  if (counted && c->pp == 1) {
+    /* @grad_step's, every micro-batch: ZeRO-2/3's reduce-scatters (and ZeRO-3's gathers)
+       run beside the backward, which hides up to about its two thirds; ZeRO-0 with one
+       micro-batch reduces in the backward too (its profile, at two, in the step) */
+    double hidden = (2.0 / 3.0) * (base + (double)L * layer);
+    if (c->zero == 0 && c->ga == 1) step += comm_ar > hidden ? comm_ar - hidden : 0, step -= comm_ar, step += comm_g;
+    else if (c->zero >= 2) step += (double)c->ga * (comm_g > hidden ? comm_g - hidden : 0);
+    else step += (double)c->ga * comm_g;
+  }
+  /* dp without a profile: the gradients (4 bytes a parameter: the state's quarter) reduced
+     over dp once a step, over the link dp spans; the last micro-batch's backward hides some */
+  if (c->dp > 1 && !counted) {
     Mesh mesh = {0};
     for (int a = 0; a < AX_COUNT; a++) mesh.size[a] = 1;
     mesh.size[AX_DP] = c->dp, mesh.size[AX_TP] = c->tp, mesh.size[AX_CP] = c->cp, mesh.size[AX_PP] = c->pp;
@@ -210,6 +337,12 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
     step += comm > hidden ? comm - hidden : 0;
   }
   c->est_s = step;
+  if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 2) {
+    char lay[160];
+    plan_layout_text(c, lay, sizeof lay);
+    fprintf(stderr, "estimate %s: layer %.4g ms (g_la %.4g g_lb %.4g), base %.4g ms, opt %.4g ms, step %.4g ms\n", lay,
+            layer * 1e3, p->g_la * 1e3, p->g_lb * 1e3, base * 1e3, opt * 1e3, step * 1e3);
+  }
   /* memory: state split as ZeRO splits it (of 16 bytes a parameter: 4 the weights, 4 the
      gradients, 8 the optimizer's moments), a stage's activations for the micro-batches in
      flight, the rest of the arena once */
@@ -347,15 +480,22 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     LayerProg *p = program_of(&ps, &cs[i]);
     p->need[cs[i].dp == 1 ? 0 : 1] = true;
     if (cs[i].dp > 2) p->need[2] = true;
+    if (cs[i].dp > 1) p->need_z[cs[i].zero] = true;
   }
-  for (int k = 0; k < ps.n; k++)
+  for (int k = 0; k < ps.n; k++) {
     for (int d = 0; d < 3; d++)
       if (ps.p[k].need[d]) compile_figures(x, &ps.p[k], d, &ps.p[k].f[d], L);
+    for (int z = 0; z < 4; z++)
+      if (ps.p[k].need_z[z]) compile_dp_comm(x, &ps.p[k], z, &ps.p[k].z[z], L);
+  }
+  if (getenv("LOOM_PLAN_DEBUG"))
+    fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
   /* estimates; a candidate whose program could not be compiled is screened first (its own
      compile gives the reason, as the exhaustive search's does) */
   for (int i = 0; i < n; i++) {
     Figures f;
-    if (figures_at(program_of(&ps, &cs[i]), cs[i].dp, &f)) estimate(x, rq, &f, &cs[i]);
+    LayerProg *p = program_of(&ps, &cs[i]);
+    if (figures_at(p, cs[i].dp, &f)) estimate(x, rq, &f, &p->z[cs[i].zero], &cs[i]);
     else cs[i].est_s = 0, cs[i].est_mem = 0;
     cs[i].pruned = false;
   }
