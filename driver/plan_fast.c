@@ -52,7 +52,7 @@
 /* The margins: a candidate is screened when its estimated step x (1 - STEP_MARGIN) is not
    above the threshold, and set aside as far out of memory only when its estimated memory x
    MEM_MARGIN is above 1.5 x the device (as the exact phase judges "far"). */
-#define STEP_MARGIN 0.15
+#define STEP_MARGIN 0.10
 #define MEM_MARGIN 0.4
 
 /* A layer program's figures at one dp, each linear in the layers (per layer "l", the rest
@@ -222,6 +222,29 @@ static void compile_dp_comm(Ctx *x, const LayerProg *p, int z, DpComm *d, int64_
   d->u_l = u[1] - u[0], d->u_b = u[0] - d->u_l;
 }
 
+typedef struct {
+  Ctx *x;
+  Programs *ps;
+  int64_t L;
+  int n, next;
+  pthread_mutex_t lock;
+} RefJobs;
+
+static void *ref_worker(void *arg) {
+  RefJobs *r = arg;
+  for (;;) {
+    pthread_mutex_lock(&r->lock);
+    int j = r->next++;
+    pthread_mutex_unlock(&r->lock);
+    if (j >= r->n) break;
+    LayerProg *p = &r->ps->p[j / 7];
+    int k = j % 7;
+    if (k < 3 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
+    if (k >= 3 && p->need_z[k - 3]) compile_dp_comm(r->x, p, k - 3, &p->z[k - 3], r->L);
+  }
+  return NULL;
+}
+
 /* The figures at dp: dp = 1's, or the affine line through dp = 2 and 4 (2's alone when no
    candidate needs 4). */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
@@ -360,7 +383,9 @@ typedef struct {
   const int *order;   /* by estimated step */
   int n, next;
   const int *none;    /* the same layout without recomputation (plan_screen.c's siblings), or -1 */
-  bool *bad, *skip;
+  const int *half;    /* the same layout with half the micro-batch, or -1 */
+  bool *bad, *skip, *far;
+  bool *done;         /* screened (its figures final) */
   char (*why)[IR_ERR_LEN];
   pthread_mutex_t lock;
   /* the keep best screened candidates that fit, by screened step (ascending), and their
@@ -419,6 +444,15 @@ static void *fast_worker(void *arg) {
       pthread_mutex_unlock(&f->lock);
       continue;
     }
+    /* a micro-batch twice one screened far out of memory (more than 1.5 x the device, as
+       the exact phase judges "far"): memory grows with the micro-batch, so it is never taken
+       (the exhaustive search skips it too) */
+    int h = f->half[i];
+    if (h >= 0 && (f->far[h] || (f->done[h] && !f->bad[h] && f->cs[h].mem > far))) {
+      f->skip[i] = f->far[i] = true, f->skipped++;
+      pthread_mutex_unlock(&f->lock);
+      continue;
+    }
     /* set aside: an estimate past the margins (its figures are bounds, as a pruned
        candidate's are in the exhaustive search) */
     bool set_aside = c->est_mem * MEM_MARGIN > far || c->est_s * (1 - STEP_MARGIN) > fast_threshold(f);
@@ -438,6 +472,7 @@ static void *fast_worker(void *arg) {
     f->bad[i] = screen_one(f->x, c, L, sp, f->why[i]) != 0;
     pthread_mutex_lock(&f->lock);
     f->screened++;
+    f->done[i] = true;
     if (!f->bad[i] && c->fits && (f->n_best < f->keep || c->step_s < f->best[f->keep - 1])) {
       int at = f->n_best < f->keep ? f->n_best++ : f->keep - 1;
       while (at > 0 && f->best[at - 1] > c->step_s) f->best[at] = f->best[at - 1], f->best_est[at] = f->best_est[at - 1], at--;
@@ -482,11 +517,17 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     if (cs[i].dp > 2) p->need[2] = true;
     if (cs[i].dp > 1) p->need_z[cs[i].zero] = true;
   }
-  for (int k = 0; k < ps.n; k++) {
-    for (int d = 0; d < 3; d++)
-      if (ps.p[k].need[d]) compile_figures(x, &ps.p[k], d, &ps.p[k].f[d], L);
-    for (int z = 0; z < 4; z++)
-      if (ps.p[k].need_z[z]) compile_dp_comm(x, &ps.p[k], z, &ps.p[k].z[z], L);
+  /* the references, on every thread: job j is program j / 7's dp figures (j % 7 < 3: dp =
+     1, 2, 4) or its dp collectives (ZeRO stage j % 7 - 3) */
+  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 7 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
+  {
+    int nt = threads_to_use();
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 1; t < nt && t < 64; t++)
+      if (!pthread_create(&th[started], NULL, ref_worker, &rj)) started++;
+    ref_worker(&rj);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   }
   if (getenv("LOOM_PLAN_DEBUG"))
     fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
@@ -515,9 +556,11 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
      recomputation (or with the one --recompute fixes), then those with it, which look at
      their layout's screening without it; each phase in the order of the estimates */
   int *half = malloc(sizeof(int) * ((size_t)n + 1)), *none = malloc(sizeof(int) * ((size_t)n + 1));
-  f.skip = calloc((size_t)n + 1, 1), f.none = none;
-  if (!half || !none || !f.skip || siblings(cs, n, half, none)) {
+  f.skip = calloc((size_t)n + 1, 1), f.none = none, f.half = half;
+  f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1);
+  if (!half || !none || !f.skip || !f.far || !f.done || siblings(cs, n, half, none)) {
     free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
+    free(f.far), free(f.done);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
@@ -562,6 +605,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
   free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
+  free(f.far), free(f.done);
   *n_io = kept, *refused_out += refused;
   return 0;
 }
