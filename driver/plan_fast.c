@@ -400,11 +400,22 @@ static double fast_threshold(const Fast *f) { return f->n_best < f->keep ? INFIN
 
 /* One candidate screened as the exhaustive search screens it: its compiles of 1 and 2
    layers a chunk (the memo's shared lowering), extrapolated. */
-static int screen_one(Ctx *x, Cand *c, int64_t L, RunSpec *sp, char *err) {
+static int screen_one(Ctx *x, Cand *c, int64_t L, RunSpec *sp, double threshold, char *err) {
   int64_t ls[2], m[2] = {0, 0};
   int nl = screen_layers(c, L, ls);
   double st[2] = {0, 0};
   for (int j = 0; j < nl; j++) {
+    /* after the first compile, the exhaustive search's pruning (plan_screen.c): a lower bound
+       on the step over the threshold, or far out of memory with 1 layer a chunk already */
+    if (j == 1 && x->layer_s > 0 && !getenv("LOOM_PLAN_CHECK")) {
+      double k = (double)L / (double)(c->pp * c->v) - 1;
+      double seqs = (double)c->batch * (double)c->ga / (double)(c->dp * c->ep * c->tp * c->cp);
+      double lb = st[0] + k * (double)c->v * seqs * x->layer_s;
+      if (lb > threshold || (double)m[0] > 1.5 * x->hw->mem_bytes) {
+        c->pruned = true, c->step_s = lb, c->mem = (double)m[0], c->fits = false;
+        return 0;
+      }
+    }
     *sp = *x->base;
     int rc = cand_spec(x, c, ls[j], sp, err, IR_ERR_LEN);
     if (rc) return rc;
@@ -469,10 +480,14 @@ static void *fast_worker(void *arg) {
       f->bad[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
       continue;
     }
-    f->bad[i] = screen_one(f->x, c, L, sp, f->why[i]) != 0;
+    pthread_mutex_lock(&f->lock);
+    double th = fast_threshold(f);
+    pthread_mutex_unlock(&f->lock);
+    f->bad[i] = screen_one(f->x, c, L, sp, th, f->why[i]) != 0;
     pthread_mutex_lock(&f->lock);
     f->screened++;
-    f->done[i] = true;
+    if (c->pruned) f->pruned++, f->far[i] = c->mem > far;
+    else f->done[i] = true;
     if (!f->bad[i] && c->fits && (f->n_best < f->keep || c->step_s < f->best[f->keep - 1])) {
       int at = f->n_best < f->keep ? f->n_best++ : f->keep - 1;
       while (at > 0 && f->best[at - 1] > c->step_s) f->best[at] = f->best[at - 1], f->best_est[at] = f->best_est[at - 1], at--;
