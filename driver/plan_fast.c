@@ -12,35 +12,55 @@
  *     backward two, split in halves for zb-h1 and dualpipev; the head on the last chunk):
  *     its makespan holds the bubble, no compile needed; each chunk's forward and backward
  *     also send a micro-batch's activations to the next pp rank;
- *   - dp and ZeRO: the gradients' reduction over dp (ring, over the link dp spans), ZeRO-3's
- *     parameter gathers each micro-batch, the optimizer's state split over dp;
+ *   - dp and ZeRO: each program profiled once per ZeRO stage the candidates use (compiled at
+ *     dp = 2 with two micro-batches): the dp collectives of its @grad_step and @optimizer_step
+ *     (how many, their bytes), re-timed at the candidate's dp over the link dp spans as the
+ *     time model times them (a ring, every collective paying its steps' latency: ZeRO's one
+ *     collective a tensor makes the latencies most of the optimizer step at hundreds of dp
+ *     ranks), and the update split over dp with ZeRO;
  *   - memory: the reference's state a layer (split as ZeRO splits it) and its activations a
  *     layer x the micro-batch x the micro-batches pp holds in flight.
  * The estimates order the candidates; they are never printed.  The candidates are then
- * screened (compiled with 1 and 2 layers a chunk, the exhaustive search's figures) in the
- * order of their estimates, until the next one's estimate, less a margin, is above the
+ * screened (compiled with 1 and 2 layers a chunk, the exhaustive search's figures, and
+ * stopped after the first where the exhaustive search's pruning would stop them) in the
+ * order of their estimates, until the next one's estimate, less a margin (10%), is above the
  * 2 x top-th best screened step that fits; the rest stay "pruned" at that bound (and the
- * exact phase screens one if it reaches it after all, as the exhaustive search does).  So
- * the table is the exhaustive search's wherever the estimates are within the margins of the
- * screened figures; LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
+ * exact phase screens one if it reaches it after all, as the exhaustive search does).
+ * Recomputation where the layout fits without it, and a micro-batch twice one screened far
+ * out of memory, are skipped as the exhaustive search skips them.  So the table is the
+ * exhaustive search's wherever the estimates are within the margin of the screened figures;
+ * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Where it stands (2026-11-27).  LOOM_PLAN_CHECK=1 gives the exhaustive table on the cases
- * tried: tests/cli/plan.sh's (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
- * recomputation fixed), GPT-2 124M on 8 and 64 H100s at 0.5M tokens, with fewer compiles
- * (GPT-2 124M on 8 and 64: 252 and 359 against the pruned exhaustive search's 1,373 and
- * 3,373).  The default, but not yet as fast as issue 34 asks, because at scale the
- * estimates are too far under
- * the screened steps: Llama-3-70B on 4,096 H100s at 4M tokens had most at 0.55-1.09 of the
- * screened steps (median 0.82), so some 1,800 candidates fell within the margin and were
- * screened (4,228 compiles).  The first version, its layer programs compiled at dp = 1,
- * missed what grows with dp: with dp > 1 the partitioned @grad_step broadcasts some
- * operands (the biases, the position embedding) to the whole batch's shape and then slices
- * the rank's part (shard_slice; in the time model bf16[512,1024,3072] -> [64,1024,3072] costs
- * 1.08 ms, 60 of GPT-2 124M's 148 ms at dp=8, none at dp=1), hence dp 1, 2 and 4 now.  What
- * is left: the references at the candidates' own links (tp and cp across nodes), the
- * pipeline chunks' forward/backward split and the recomputation factors calibrated against
- * compiled chunks (or chunks compiled as references), the dp exposure of ZeRO-2/3; then a
- * smaller margin, and the default.
+ * Where it stands (2026-11-28).  LOOM_PLAN_CHECK=1 gives the exhaustive table on
+ * tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
+ * recomputation fixed) and GPT-2 124M on 8 H100s at 0.5M tokens (docs/planning.md).  At
+ * Llama-3-70B on 4,096 H100s and 4M tokens the estimates of the screened candidates are
+ * 0.64-1.08 of their screened steps (median 0.93; 1f1b 0.96-1.02, dualpipev the furthest
+ * under, down to 0.64): about 400 candidates are still screened, 1,564 compiles (824 of them
+ * the references), 15.6 s of CPU.  Before the dp profile (the optimizer's collectives were
+ * an all-reduce of the gradients estimated from the state, and the optimizer step at dp = 256
+ * with ZeRO-1 is 5.2 s in the time model, nearly all ring latencies) they were 0.2-1.06
+ * (median 0.87) and 2,393 compiles, 32.6 s of CPU.  What is left for issue 34's 5 s:
+ *   - the pipeline chunks: dualpipev and zb-h1 estimates are under by up to a third.  The
+ *     pipeline pass splits the layers by FLOPs with the head in the last chunk; where the
+ *     head costs more than a layer (Llama-3-70B: 1.06 layers) its min-max split is uneven at
+ *     2 layers a chunk, and the screening extrapolates from it.  Mirroring that split in the
+ *     estimate (tried) made 1f1b's estimates 20% low instead of exact: the split's costs
+ *     (the chunks' own FLOPs, cp's blocks) are not the model's layer FLOPs; a reference
+ *     compiled as a small pipeline (pp = 2, v = 2: a first, middle and last chunk) would give
+ *     the chunk costs and the stash;
+ *   - memory with pp: the estimate is 0.7-10x under the screened memory (the stash of
+ *     in-flight micro-batches), so nothing is set aside for memory and most screened
+ *     candidates (324 of 459) turn out far out of memory: a memory estimate within 2x would
+ *     halve the compiles;
+ *   - a layer's ops grow with dp: the partitioned program broadcasts replicated operands
+ *     (biases, the position embedding) to the whole batch's shape and then slices the rank's
+ *     part (shard.c's broadcast rule gives R, the elementwise consumer wants S(0): a
+ *     shard_slice).  It is real in the lowered program, not an artifact of the time model: a
+ *     fused kernel writes bf16[8,32,64] for a rank's [2,32,64] at dp=4 (gpt2-tiny), dp times
+ *     the memory traffic and arena; hence the references at dp 1, 2 and 4.  A rewrite of
+ *     shard_slice(broadcast(x)) into a broadcast to the local shape (the slice of a broadcast
+ *     dim is the same for every rank) would remove it and the dp = 4 references.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -50,7 +70,7 @@
 #include "ir/schedule.h"
 
 /* The margins: a candidate is screened when its estimated step x (1 - STEP_MARGIN) is not
-   above the threshold, and set aside as far out of memory only when its estimated memory x
+   above the threshold (the estimates at scale are at most 8% over the screened steps), and set aside as far out of memory only when its estimated memory x
    MEM_MARGIN is above 1.5 x the device (as the exact phase judges "far"). */
 #define STEP_MARGIN 0.10
 #define MEM_MARGIN 0.4
