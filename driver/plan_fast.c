@@ -393,6 +393,13 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
   double share = c->zero == 0 ? 1 : c->zero == 1 ? (8 + 8 / dp) / 16 : c->zero == 2 ? (4 + 12 / dp) / 16 : 1 / dp;
   double act = n_stage * (p->a_la + p->a_lb * q) * rcm * inflight + (p->a_ba + p->a_bb * q);
   c->est_mem = state * share + act;
+  if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 2) {
+    char lay[160];
+    plan_layout_text(c, lay, sizeof lay);
+    fprintf(stderr, "memory %s: state %.3g GiB x %.3g, a layer %.3g GiB (a_la %.3g a_lb %.3g) x %.3g layers x %.3g in flight, rest %.3g\n",
+            lay, state / 1073741824.0, share, (p->a_la + p->a_lb * q) / 1073741824.0, p->a_la / 1073741824.0, p->a_lb / 1073741824.0, n_stage, inflight,
+            (p->a_ba + p->a_bb * q) / 1073741824.0);
+  }
 }
 
 /* ---- screening the candidates the estimates leave, in their order ---- */
