@@ -8,6 +8,7 @@
  *   slice of the whole operand, concat of one operand     -> the operand
  *   scale by 1, add_scalar of 0                           -> the operand
  *   scale, add_scalar, neg, reshape, broadcast of a constant -> a constant (computed in f32)
+ *   shard_slice of a constant                             -> the constant, the slice's type
  *   shard_slice(broadcast(x)) along a dim the broadcast made -> broadcast(x) to the slice's
  *       (local) type: every rank's part of a broadcast dim is the same, so each rank
  *       broadcasts straight to its part instead of writing the whole mesh's tensor and
@@ -53,6 +54,14 @@ static bool fold_constant(Op *op) {
 static bool slice_of_broadcast(Op *op, const bool *written) {
   if (op->kind != OP_SHARD_SLICE || op->n_operands != 1) return false;
   const Value *bv = op->operands[0];
+  if (bv->kind == VAL_RESULT && bv->def->kind == OP_CONSTANT && dtype_is_float(bv->type.dtype)) {
+    Attr value = bv->def->attrs[0];   /* a constant: every part is the same constant */
+    op->kind = OP_CONSTANT;
+    op->n_operands = 0;
+    memset(op->attrs, 0, sizeof op->attrs);
+    op->attrs[0] = value;
+    return true;
+  }
   if (bv->kind != VAL_RESULT || bv->def->kind != OP_BROADCAST) return false;
   Value *x = bv->def->operands[0];
   if (!movable(x, written)) return false;
