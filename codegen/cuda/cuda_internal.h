@@ -1,4 +1,4 @@
-/* codegen/cuda/cuda_internal.h — what kernel.c and lower.c share (private to codegen/cuda). */
+/* codegen/cuda/cuda_internal.h — what kernel.c and the lower*.c files share (private to codegen/cuda). */
 #ifndef LOOM_CODEGEN_CUDA_INTERNAL_H
 #define LOOM_CODEGEN_CUDA_INTERNAL_H
 
@@ -49,7 +49,7 @@ int cuda_kernel_body(const Func *k, Str *out, Str *fin, CudaKernelInfo *info, ch
 /* A float constant as CUDA C text that reads back as the same float. */
 void cuda_float_literal(float f, char *buf, size_t n);
 
-/* ---------------------------------------------------------------- lowering (lower.c, lower_mesh.c)
+/* ---------------------------------------------------------------- lowering (lower.c, lower_mesh.c, lower_gemm.c)
    The state of cuda_lower while it lowers one function, and the step builders lower.c
    defines for the files that lower an op family of their own (lower_mesh.c: a partitioned
    program's collectives and per-rank ops). */
@@ -106,6 +106,19 @@ int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, con
 /* An extern "C" wrapper `name` calling the prelude's `call`; its symbol index or -1. */
 int cl_builtin_symbol(Lower *L, const char *name, int max_threads, const char *call);
 int64_t cl_prod_dims(const Type *t, int from, int to);   /* dims [from, to) multiplied */
+bool cl_overlap(const RtBuf *a, const RtBuf *b);   /* do two buffers share bytes? */
+int cl_uses(const Func *f, const Value *v);        /* uses of v as an operand or result of f */
+int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused kernel's step(s) */
+
+/* lower_gemm.c: matmuls as cuBLASLt steps and the fusions around them.  cl_fuse_grad_accum:
+   op i (a matmul or cast call) followed by the accumulation of its result into an f32
+   gradient: that global (the ops it takes over marked in L->skip), or NULL.
+   cl_lower_cast_accumulate: the cast call L->op and its accumulation into g as one step.
+   cl_lower_matmul_op: the matmul L->op (op i), with an epilogue where its user matches one,
+   accumulating into acc where acc is not NULL. */
+const Value *cl_fuse_grad_accum(Lower *L, const Func *f, int i);
+int cl_lower_cast_accumulate(Lower *L, Steps *s, const Value *g);
+int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as
