@@ -116,10 +116,13 @@ typedef struct {
      bias[N] to every row (an input after B), RT_GEMM_EPI_GELU then applies GELU (tanh form)
      and writes the pre-activation to an output after C (cuBLASLt's GELU_AUX_BIAS), and
      RT_GEMM_EPI_C adds another matrix (an input after the bias: a residual, beta = 1 with C
-     apart from the result).  Buffers: A B [bias] [residual] -> C [pre-activation]. */
+     apart from the result).  RT_GEMM_EPI_BGRAD (alone; beta 0 or 1; tb = 0) also writes the
+     column sums of B, bgrad[n] = sum_k B[k][n], to an output after C: a bias gradient, the
+     bias of a layer whose output gradient is B (cuBLASLt's BGRADA: Lt's A is our B).
+     Buffers: A B [bias] [residual] -> C [pre-activation] [bias gradient]. */
 #define RT_GEMM_BETA_INT 10
 #define RT_GEMM_EPI_INT 9
-enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4 };
+enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EPI_BGRAD = 8 };
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */

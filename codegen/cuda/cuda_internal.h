@@ -77,6 +77,11 @@ typedef struct {
   int n_bodies;
   int64_t scratch;           /* scratch bytes the current function's steps need */
   bool *skip;                /* per op of the current function: lowered with an earlier op */
+  int *defer;                /* per op: the matmul after which it is lowered (cl_plan_bgrad), or -1 */
+  const Value **bgrad;       /* per op: the bias gradient a matmul writes in its epilogue, or NULL */
+  bool *bgrad_scratch;       /* per op: ... to scratch, where its deferred users read it */
+  const Value *moved_value;  /* a value cl_buf_of places at moved_offset of the arena, or NULL */
+  int64_t moved_offset;
   bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
   int *handle;               /* per value id of the current function: its collective start's handle */
   int n_handles;
@@ -109,6 +114,7 @@ int64_t cl_prod_dims(const Type *t, int from, int to);   /* dims [from, to) mult
 bool cl_overlap(const RtBuf *a, const RtBuf *b);   /* do two buffers share bytes? */
 int cl_uses(const Func *f, const Value *v);        /* uses of v as an operand or result of f */
 int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused kernel's step(s) */
+int cl_lower_op(Lower *L, Steps *s, int *i);       /* op *i as lower_func does (*i: the last op taken) */
 
 /* lower_gemm.c: matmuls as cuBLASLt steps and the fusions around them.  cl_fuse_grad_accum:
    op i (a matmul or cast call) followed by the accumulation of its result into an f32
@@ -119,6 +125,10 @@ int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused 
 const Value *cl_fuse_grad_accum(Lower *L, const Func *f, int i);
 int cl_lower_cast_accumulate(Lower *L, Steps *s, const Value *g);
 int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc);
+/* Before the current function's ops are lowered: allocates L->defer and L->bgrad and finds the
+   bias-gradient reductions a weight-gradient GEMM computes in its epilogue (the reduction
+   skipped, its users deferred to after the GEMM). */
+int cl_plan_bgrad(Lower *L, const Func *f);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

@@ -97,6 +97,10 @@ int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
     return 0;
   }
   b->region = RT_REGION_ARENA;
+  if (v == L->moved_value) {   /* held in scratch for a while (lower_gemm.c: a bias gradient) */
+    b->offset = L->moved_offset;
+    return 0;
+  }
   if (v->offset < 0) return cl_fail(L, "value %%%s has no arena offset; run the memory-plan pass first", vname(v));
   if (v->offset % 64)
     return cl_fail(L, "value %%%s is at offset %lld, not 64-byte aligned", vname(v), (long long)v->offset);
@@ -1342,6 +1346,27 @@ static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
   return cl_instantiate(L, st, "sumparts", "loom_sum_parts", (const int[]){1, -1}, NULL, "", 256);
 }
 
+/* Op *i of the current function (not skipped) as its steps; *i moves to the last op it took
+   (a norm chain takes several). */
+int cl_lower_op(Lower *L, Steps *s, int *i) {
+  const Func *f = L->f;
+  L->op = f->ops.items[*i];
+  NormChain nc;
+  if (L->op->kind == OP_CALL && find_norm_chain(L, f, *i, &nc)) {
+    int rc = lower_norm_chain(L, s, &nc);
+    free(nc.grads);
+    *i = nc.last;
+    return rc;
+  }
+  L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, *i);
+  const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, *i) : NULL;
+  switch (L->op->kind) {
+  case OP_CALL: return acc ? cl_lower_cast_accumulate(L, s, acc) : cl_lower_call(L, s);
+  case OP_MATMUL: return cl_lower_matmul_op(L, s, *i, acc);
+  default: return cl_mesh_op(L->op) ? cl_lower_mesh_op(L, s) : lower_builtin(L, s);
+  }
+}
+
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
@@ -1368,29 +1393,23 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
     free(L->handle);
     return cl_fail(L, "out of memory");
   }
+  rc = cl_plan_bgrad(L, f);
   for (int i = 0; i < f->ops.n && !rc; i++) {
-    L->op = f->ops.items[i];
-    if (L->skip[i]) continue;
-    NormChain nc;
-    if (L->op->kind == OP_CALL && find_norm_chain(L, f, i, &nc)) {
-      rc = lower_norm_chain(L, &s, &nc);
-      free(nc.grads);
-      i = nc.last;
-      continue;
-    }
-    L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, i);
-    const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, i) : NULL;
-    switch (L->op->kind) {
-    case OP_CALL: rc = acc ? cl_lower_cast_accumulate(L, &s, acc) : cl_lower_call(L, &s); break;
-    case OP_MATMUL: rc = cl_lower_matmul_op(L, &s, i, acc); break;
-    default: rc = cl_mesh_op(L->op) ? cl_lower_mesh_op(L, &s) : lower_builtin(L, &s); break;
-    }
+    if (L->skip[i] || L->defer[i] >= 0) continue;   /* lowered with another op, or after one */
+    rc = cl_lower_op(L, &s, &i);
   }
   L->op = NULL;
   free(L->skip);
   free(L->handle);
+  free(L->defer);
+  free(L->bgrad);
+  free(L->bgrad_scratch);
+  L->bgrad_scratch = NULL;
+  L->moved_value = NULL;
   L->skip = NULL;
   L->handle = NULL;
+  L->defer = NULL;
+  L->bgrad = NULL;
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;

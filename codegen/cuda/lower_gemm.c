@@ -279,18 +279,201 @@ static bool may_precede(Lower *L, const Func *f, int j, const Op *mm) {
   return true;
 }
 
+/* ---------------------------------------------------------------- bias gradients (BGRAD)
+
+   A layer y = x W + b has db = the column sums of dy, which the training passes leave as a
+   fused kernel of one reduce_sum (every dim but the last) beside the weight gradient's
+   matmul dW = x^T dy (ta, B = dy).  That GEMM already reads dy: cuBLASLt's BGRADA epilogue
+   (our B is Lt's A) writes db as well, and the reduction's launch and its read of dy go.
+   The reduction comes first in the program, its users (the cast + accumulate into the f32
+   gradient, or the pads of q, k and v) maybe before the matmul: they are deferred to just
+   after it.  The sums run in f32 and are rounded once to db's dtype, as the kernel's: no
+   rounding point moves (bf16 programs too; the order of the additions differs), so this is on
+   without LOOM_CUDA_FUSE_BF16.  LOOM_CUDA_NO_EPILOGUE=1 or LOOM_CUDA_NO_BGRAD=1: off. */
+
+/* A kernel func that is one reduce_sum of its argument [.., N] over every dim but the last. */
+static bool is_bias_reduce(const Func *k) {
+  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 1) return false;
+  const Op *rs = k->ops.items[0];
+  const Value *x = k->args.items[0], *r = rs->results[0];
+  if (rs->kind != OP_REDUCE_SUM || rs->operands[0] != x || k->rets.items[0] != r || x->type.rank < 2 || r->type.rank != 1 ||
+      r->type.dims[0] != x->type.dims[x->type.rank - 1] || !dtype_is_float(x->type.dtype) || r->type.dtype != x->type.dtype)
+    return false;
+  const Attr *dims = op_attr(rs, "dims");
+  if (!dims || dims->kind != ATTR_INTS || dims->n != x->type.rank - 1) return false;
+  for (int d = 0; d < dims->n; d++)
+    if (dims->ints[d] != d) return false;
+  return true;
+}
+
+static bool same_buf(const RtBuf *a, const RtBuf *b) {
+  return a->region == b->region && a->offset == b->offset && a->n == b->n && a->storage == b->storage;
+}
+
+/* Buffers of op k's operands and results but x and y (NULL: none) appended to bufs (*n of
+   cap); false if one has none. */
+static bool op_bufs(Lower *L, const Op *op, const Value *x, const Value *y, RtBuf *bufs, int *n, int cap) {
+  for (int a = 0; a < op->n_operands + op->n_results; a++) {
+    const Value *v = a < op->n_operands ? op->operands[a] : op->results[a - op->n_operands];
+    if (v && (v == x || v == y)) continue;
+    if (*n >= cap || cl_buf_of(L, v, &bufs[*n])) {
+      L->err[0] = 0;
+      return false;
+    }
+    (*n)++;
+  }
+  return true;
+}
+
+/* The reduction at op i and the weight-gradient matmul at op j: may the reduction run as j's
+   epilogue, with the ops between that use its result (marked in defer[]) after j? */
+static bool plan_one(Lower *L, const Func *f, int i, int j, int *defer, bool *scratch) {
+  enum { CAP = 64 };
+  const Value *r = ((const Op *)f->ops.items[i])->results[0];
+  const Value *vals[CAP];
+  int n_vals = 0;
+  vals[n_vals++] = r;
+  RtBuf moved[CAP];   /* the buffers the reordered ops touch */
+  int n_moved = 0;
+  const Value *unmade = NULL;   /* a cast's result the fused cast + accumulate never writes */
+  /* r is used only by the deferred ops: it goes to scratch, which no op between touches after
+     the GEMM (its place may have been given to a value the ops between write) */
+  int r_deferred = 0;
+  for (int k = i + 1; k < j; k++) {
+    const Op *op = f->ops.items[k];
+    for (int a = 0; a < op->n_operands; a++) r_deferred += op->operands[a] == r;
+  }
+  *scratch = r_deferred == cl_uses(f, r);
+  if (!*scratch && cl_buf_of(L, r, &moved[n_moved++])) {
+    L->err[0] = 0;
+    return false;
+  }
+  for (int k = i + 1; k <= j; k++) {
+    const Op *op = f->ops.items[k];
+    bool uses_r = false;
+    for (int a = 0; a < op->n_operands && !uses_r; a++)
+      for (int v = 0; v < n_vals; v++) uses_r |= op->operands[a] == vals[v];
+    if (!uses_r) continue;
+    /* only the users the passes put there, which touch nothing else the ops between read */
+    if (k == j || L->skip[k] || L->defer[k] >= 0 ||
+        !(op->kind == OP_ACCUMULATE || op->kind == OP_RESHAPE || is_cast_call(op) ||
+          (op->kind == OP_PAD && op->n_operands == 1)))
+      return false;
+    /* a cast whose accumulate follows runs as one kernel (cl_fuse_grad_accum): its result is
+       never written */
+    if (is_cast_call(op) && op->results[0]->type.dtype == DT_F32 && cl_uses(f, op->results[0]) == 1 &&
+        accumulates(f, k + 1, op->results[0]) && !getenv("LOOM_CUDA_NO_ACC_FUSION"))
+      unmade = op->results[0];
+    if (!op_bufs(L, op, unmade, *scratch ? r : NULL, moved, &n_moved, CAP)) return false;
+    for (int q = 0; q < op->n_results && n_vals < CAP; q++) vals[n_vals++] = op->results[q];
+    defer[k] = j;
+  }
+  for (int k = i + 1; k <= j; k++) {
+    if (defer[k] >= 0) continue;
+    RtBuf b[CAP];
+    int nb = 0;
+    if (!op_bufs(L, f->ops.items[k], NULL, NULL, b, &nb, CAP)) return false;
+    for (int x = 0; x < nb; x++)
+      for (int y = 0; y < n_moved; y++)
+        if (cl_overlap(&b[x], &moved[y])) return false;
+  }
+  return true;
+}
+
+int cl_plan_bgrad(Lower *L, const Func *f) {
+  int n = f->ops.n ? f->ops.n : 1;
+  L->defer = malloc(sizeof(int) * (size_t)n);
+  L->bgrad = calloc((size_t)n, sizeof *L->bgrad);
+  L->bgrad_scratch = calloc((size_t)n, sizeof *L->bgrad_scratch);
+  int *trial = malloc(sizeof(int) * (size_t)n);
+  if (!L->defer || !L->bgrad || !L->bgrad_scratch || !trial) {
+    free(trial);
+    return cl_fail(L, "out of memory");
+  }
+  for (int k = 0; k < n; k++) L->defer[k] = -1;
+  if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_BGRAD")) {
+    free(trial);
+    return 0;
+  }
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    if (op->kind != OP_CALL || L->skip[i] || !is_bias_reduce(op->callee)) continue;
+    RtBuf y;
+    if (cl_buf_of(L, op->operands[0], &y)) {
+      L->err[0] = 0;
+      continue;
+    }
+    /* the weight gradient: a matmul {ta} of rank 2 soon after whose B is the reduced value */
+    for (int j = i + 1; j < f->ops.n && j <= i + 16; j++) {
+      const Op *mm = f->ops.items[j];
+      if (mm->kind != OP_MATMUL) continue;
+      const Type *b = &mm->operands[1]->type, *c = &mm->results[0]->type;
+      RtBuf yb;
+      if (!op_bool(mm, "ta") || op_bool(mm, "tb") || b->rank != 2 || c->rank != 2 || mm->operands[0]->type.rank != 2 ||
+          L->bgrad[j] || cl_buf_of(L, mm->operands[1], &yb)) {
+        L->err[0] = 0;
+        continue;
+      }
+      if (!same_buf(&y, &yb) || c->dims[1] != op->results[0]->type.dims[0]) continue;
+      memcpy(trial, L->defer, sizeof(int) * (size_t)n);
+      bool scratch = false;
+      if (plan_one(L, f, i, j, trial, &scratch)) {
+        memcpy(L->defer, trial, sizeof(int) * (size_t)n);
+        L->bgrad[j] = op->results[0];
+        L->bgrad_scratch[j] = scratch;
+        L->skip[i] = true;
+      }
+      break;
+    }
+  }
+  free(trial);
+  return 0;
+}
+
 /* Op i of the current function, a matmul (L->op), as one GEMM step: with its epilogue when the
    product's user matches one, into the f32 gradient acc when that is not NULL (cl_fuse_grad_accum). */
 int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc) {
   const Func *f = L->f;
   int rc = 0;
+  if (L->bgrad[i]) {   /* the bias gradient too, then the ops that use it */
+    const Value *r = L->bgrad[i];
+    if (lower_matmul(L, s, acc)) return IR_EINPUT;
+    RtStep *st = &s->items[s->n - 1];
+    if (st->i[0] != 1 || st->n_out != 1)
+      return cl_fail(L, "internal error: a bias-gradient epilogue on a batch of %lld", (long long)st->i[0]);
+    RtBuf *g = &st->bufs[st->n_in + 1];
+    if (cl_buf_of(L, r, g)) return IR_EINPUT;
+    if (L->bgrad_scratch[i]) {   /* at the start of scratch until its deferred users have run */
+      g->offset = cg_align64(f->arena_bytes);
+      int64_t bytes = cg_align64(g->n * cl_st_size(g->storage));
+      if (bytes > L->scratch) L->scratch = bytes;
+      L->moved_value = r;
+      L->moved_offset = g->offset;
+    }
+    st->n_out = 2;
+    st->i[CUDA_GEMM_EPI_INT] = RT_GEMM_EPI_BGRAD;
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, ", bias gradient");
+    const Op *mm = L->op;
+    for (int k = 0; k < i && !rc; k++)
+      if (L->defer[k] == i && !L->skip[k]) {
+        int at = k;
+        rc = cl_lower_op(L, s, &at);
+      }
+    L->op = mm;
+    L->moved_value = NULL;
+    return rc;
+  }
   /* the product's user: the next op, or the one after when the op between (the bias's
      cast) neither reads the product nor writes the matmul's operands: the GEMM then runs
      at the user's place, after it */
   int j = i + 1;
-  if (j < f->ops.n && !reads(f, j, L->op->results[0]) && j + 1 < f->ops.n && may_precede(L, f, j, L->op)) j++;
+  if (j < f->ops.n && !L->skip[j] && L->defer[j] < 0 && !reads(f, j, L->op->results[0]) && j + 1 < f->ops.n &&
+      may_precede(L, f, j, L->op))
+    j++;
   Epilogue e;
-  if (!acc && lower_matmul_step_is_single(L) && match_epilogue(f, i, j, &e)) {
+  if (!acc && lower_matmul_step_is_single(L) && (j >= f->ops.n || (!L->skip[j] && L->defer[j] < 0)) &&
+      match_epilogue(f, i, j, &e)) {
     const Op *mm = L->op;
     if (j > i + 1) {   /* the op between first */
       L->op = f->ops.items[i + 1];

@@ -223,13 +223,17 @@ static bool gemm_type_ok(RtStorage s) { return s == RT_ST_F32 || s == RT_ST_BF16
 static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   const int64_t *i = st->i;
   int64_t epi = i[RT_GEMM_EPI_INT];
-  bool bias = epi & RT_GEMM_EPI_BIAS, gelu = epi & RT_GEMM_EPI_GELU, cin = epi & RT_GEMM_EPI_C;
-  if (epi < 0 || epi > 7 || (gelu && !bias) || (epi && (i[0] != 1 || i[RT_GEMM_BETA_INT])))
-    return fail(err, errlen, 2, "GEMM %s: epilogue flags %lld (a GELU needs the bias; epilogues take batch 1 and beta 0)",
+  bool bias = epi & RT_GEMM_EPI_BIAS, gelu = epi & RT_GEMM_EPI_GELU, cin = epi & RT_GEMM_EPI_C,
+       bgrad = epi & RT_GEMM_EPI_BGRAD;
+  if (epi < 0 || epi > 15 || (gelu && !bias) || (bgrad && epi != RT_GEMM_EPI_BGRAD) ||
+      (epi && (i[0] != 1 || (i[RT_GEMM_BETA_INT] && !bgrad))) || (bgrad && i[5]))
+    return fail(err, errlen, 2,
+                "GEMM %s: epilogue flags %lld (a GELU needs the bias; a bias gradient goes alone, with tb = 0; epilogues "
+                "take batch 1 and beta 0, but for the bias gradient)",
                 st->label, (long long)epi);
-  if (st->n_in != 2 + bias + cin || st->n_out != 1 + gelu)
-    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s -> C%s", st->label, bias ? " bias" : "",
-                cin ? " residual" : "", gelu ? " pre-activation" : "");
+  if (st->n_in != 2 + bias + cin || st->n_out != 1 + gelu + bgrad)
+    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s -> C%s%s", st->label, bias ? " bias" : "",
+                cin ? " residual" : "", gelu ? " pre-activation" : "", bgrad ? " bias-gradient" : "");
   for (int k = 0; k < 9; k++)
     if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
   if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
@@ -261,6 +265,11 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   if ((b && (b->n < N || (b->storage != c && b->storage != RT_ST_F32))) || (r && (r->n < M * N || r->storage != c)) ||
       (x && (x->n < M * N || x->storage != c)))
     return fail(err, errlen, 2, "GEMM %s: an epilogue buffer is too small or of another type than the result", st->label);
+  /* the bias gradient [N] in the operands' type, C's or f32 */
+  const RtBuf *g = bgrad ? &st->bufs[st->n_in + 1] : NULL;
+  if (g && (g->n < N || (g->storage != a && g->storage != c && g->storage != RT_ST_F32)))
+    return fail(err, errlen, 2, "GEMM %s: the bias gradient buffer is too small or of another type than the operands, the "
+                "result or f32", st->label);
   return 0;
 }
 
@@ -521,6 +530,15 @@ static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *er
           LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
         return 1;
     }
+  }
+  if (epi & RT_GEMM_EPI_BGRAD) {   /* our B's column sums: Lt's A's rows, reduced over k */
+    uint32_t e = CUBLASLT_EPILOGUE_BGRADA;
+    void *bias = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[st->n_in + 1]);
+    int32_t bt = lt_type((RtStorage)st->bufs[st->n_in + 1].storage);
+    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), where))
+      return 1;
   }
   bool found = false;
   if (plan_try(cp, g, st, pa, pb, pc, i[0], &found, where, err, errlen)) return 1;

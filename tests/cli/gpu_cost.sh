@@ -91,13 +91,19 @@ check "12 GEMMs with a bias epilogue: 6 bias, 4 bias + residual, 2 bias + gelu" 
   END { if (b != 6 || r != 4 || g != 2) { print b, r, g; exit 1 } }' "$OUT"
 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --vocab-multiple 96 --cost > "$TMP/vm" 2>&1
 check "--vocab-multiple 96: the mask is the lm_head GEMM's bias (13 bias epilogues)" test "$(grep -c 'matmul .* + bias' "$TMP/vm")" = 13
+# bias gradients in the weight-gradient GEMM (cuBLASLt BGRADA): per layer q, k, v, attn.c_proj,
+# mlp.c_proj and mlp.c_fc would be 6, but c_fc's reduction is fused with GELU's backward (one
+# kernel), so 5 a layer, 10 reduction launches gone; left: the loss's, c_fc's 2 and wpe's
+check "10 weight-gradient GEMMs write their bias gradient; 4 reductions left in @grad_step" awk '
+  /matmul.*, bias gradient/ { g++ } $1 == "@grad_step" && $3 == "reduce" { r++ }
+  END { if (g != 10 || r != 4) { print g, r; exit 1 } }' "$OUT"
 n_fused=$(awk '/^launches a step:/ { print $4 }' "$OUT")
 n_unfused=$(LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost |
   awk '/^launches a step:/ { print $4 }')
-# unfused: each of the 6 GEMMs' cast and accumulate, the 17 casts and the 12 epilogues' kernels
-# are launches of their own
-check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12" \
-  test "$n_unfused" = $((n_fused + 41))
+# unfused: each of the 6 GEMMs' cast and accumulate, the 17 casts, the 12 epilogues' kernels
+# and the 10 bias reductions are launches of their own
+check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12 + 10" \
+  test "$n_unfused" = $((n_fused + 51))
 
 expect_exit 2 "--cost needs the CUDA target" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --cost
 expect_stderr_contains "--target=cuda"

@@ -4,7 +4,8 @@
  * machines without a GPU.  On the emulated device, device pointers are host pointers and
  * streams are synchronous, so cublasLtMatmul computes D = alpha op(A) op(B) + beta C on
  * the host right away.  Only what loom uses is here: f32 scale, f32 / f16 / bf16 data,
- * column-major strided batches, transposes, beta, no epilogues.  Not for performance.
+ * column-major strided batches, transposes, beta, the epilogues loom sets (BIAS, GELU_AUX_BIAS,
+ * BGRADA).  Not for performance.
  * On a stream that is capturing (the emulated driver's cuStreamIsCapturing, found through
  * LOOM_LIBCUDA), the matmul is recorded instead as a host function of the graph
  * (cuLaunchHostFunc) holding copies of its descriptors and scalars, run when the graph is.
@@ -28,7 +29,9 @@ typedef struct {
   cublasComputeType_t compute;
   int32_t trans_a, trans_b; /* cublasOperation_t: N or T */
   /* epilogues (loom's: BIAS, GELU_AUX_BIAS): D = epi(alpha op(A) op(B) + beta C + bias), the
-     bias a vector of m (one per row of D), GELU's aux the pre-activation (m x n, ld aux_ld) */
+     bias a vector of m (one per row of D), GELU's aux the pre-activation (m x n, ld aux_ld);
+     BGRADA: D = alpha op(A) op(B) + beta C, and the bias pointer receives the bias gradient
+     sum_k op(A)[i][k] for each of the m rows (batch 1) */
   uint32_t epilogue;
   const void *bias;
   int32_t bias_type;        /* cudaDataType_t; -1: D's type */
@@ -176,7 +179,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
     return CUBLAS_STATUS_SUCCESS;
   case CUBLASLT_MATMUL_DESC_EPILOGUE:
     if ((uint32_t)v != CUBLASLT_EPILOGUE_DEFAULT && (uint32_t)v != CUBLASLT_EPILOGUE_BIAS &&
-        (uint32_t)v != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+        (uint32_t)v != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && (uint32_t)v != CUBLASLT_EPILOGUE_BGRADA)
       return CUBLAS_STATUS_NOT_SUPPORTED;
     d->epilogue = (uint32_t)v;
     return CUBLAS_STATUS_SUCCESS;
@@ -348,9 +351,11 @@ static float gelu_tanh(float x) {
 /* D = al op(A) op(B) + be C (+ bias, GELU), now (checked by the caller). */
 static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const Layout *la, const void *B, const Layout *lb,
                                  float be, const void *C, const Layout *lc, void *D, const Layout *ld, Shape s) {
-  bool epi = d->epilogue != CUBLASLT_EPILOGUE_DEFAULT;
-  if (epi && (!d->bias || (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && (!d->aux || d->aux_ld < s.m))))
+  bool bgrad = d->epilogue == CUBLASLT_EPILOGUE_BGRADA;
+  bool epi = d->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !bgrad;   /* a bias added */
+  if ((epi || bgrad) && (!d->bias || (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && (!d->aux || d->aux_ld < s.m))))
     return CUBLAS_STATUS_INVALID_VALUE;
+  if (bgrad && s.batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;
   bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && la->type == CUDA_R_32F;
   float *pa = calloc((size_t)(s.m * s.k + 4 * s.k + 1), sizeof(float)); /* zeroed room for dot4 past row m */
   float *pb = malloc((size_t)(s.n * s.k + 1) * sizeof(float));
@@ -363,6 +368,11 @@ static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const L
     pack(pb, batch_ptr(B, lb, b), lb, d->trans_b == CUBLAS_OP_N, s.n, s.k, tf32); /* columns of op(B) */
     const char *cb = C ? batch_ptr(C, lc, b) : NULL;
     void *db = (void *)batch_ptr(D, ld, b);
+    for (int64_t i = 0; bgrad && i < s.m; i++) {   /* row i of op(A), summed in order of k */
+      float g = 0.0f;
+      for (int64_t kk = 0; kk < s.k; kk++) g += pa[i * s.k + kk];
+      store(d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : ld->type, (void *)d->bias, i, g);
+    }
     for (int64_t j = 0; j < s.n; j++)
       for (int64_t i = 0; i < s.m; i += 4) {
         float acc[4];
