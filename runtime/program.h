@@ -119,10 +119,14 @@ typedef struct {
      apart from the result).  RT_GEMM_EPI_BGRAD (alone; beta 0 or 1; tb = 0) also writes the
      column sums of B, bgrad[n] = sum_k B[k][n], to an output after C: a bias gradient, the
      bias of a layer whose output gradient is B (cuBLASLt's BGRADA: Lt's A is our B).
-     Buffers: A B [bias] [residual] -> C [pre-activation] [bias gradient]. */
+     RT_GEMM_EPI_DGELU (alone or with RT_GEMM_EPI_BGRAD; beta 0) multiplies the product by
+     GELU's derivative (tanh form) at the pre-activation, an input after B (cuBLASLt's DGELU);
+     with RT_GEMM_EPI_BGRAD the output after C receives the column sums of that result
+     instead (DGELU_BGRAD): GELU's backward and its bias gradient.
+     Buffers: A B [bias | pre-activation] [residual] -> C [pre-activation] [bias gradient]. */
 #define RT_GEMM_BETA_INT 10
 #define RT_GEMM_EPI_INT 9
-enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EPI_BGRAD = 8 };
+enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EPI_BGRAD = 8, RT_GEMM_EPI_DGELU = 16 };
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */

@@ -80,6 +80,7 @@ typedef struct {
   int *defer;                /* per op: the matmul after which it is lowered (cl_plan_bgrad), or -1 */
   const Value **bgrad;       /* per op: the bias gradient a matmul writes in its epilogue, or NULL */
   bool *bgrad_scratch;       /* per op: ... to scratch, where its deferred users read it */
+  int *gemm_at;              /* per op (a call): the matmul lowered in its place (DGELU), or -1 */
   const Value *moved_value;  /* a value cl_buf_of places at moved_offset of the arena, or NULL */
   int64_t moved_offset;
   bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
@@ -127,8 +128,12 @@ int cl_lower_cast_accumulate(Lower *L, Steps *s, const Value *g);
 int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc);
 /* Before the current function's ops are lowered: allocates L->defer and L->bgrad and finds the
    bias-gradient reductions a weight-gradient GEMM computes in its epilogue (the reduction
-   skipped, its users deferred to after the GEMM). */
+   skipped, its users deferred to after the GEMM), and the GELU backward kernels a GEMM
+   computes in its epilogue (L->gemm_at). */
 int cl_plan_bgrad(Lower *L, const Func *f);
+/* Op j, a call whose place a matmul takes (L->gemm_at[j]): that GEMM with the call's GELU
+   backward as its epilogue. */
+int cl_lower_gemm_at(Lower *L, Steps *s, int j);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

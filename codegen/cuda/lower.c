@@ -1358,6 +1358,7 @@ int cl_lower_op(Lower *L, Steps *s, int *i) {
     *i = nc.last;
     return rc;
   }
+  if (L->gemm_at[*i] >= 0) return cl_lower_gemm_at(L, s, *i);
   L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, *i);
   const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, *i) : NULL;
   switch (L->op->kind) {
@@ -1404,7 +1405,9 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   free(L->defer);
   free(L->bgrad);
   free(L->bgrad_scratch);
+  free(L->gemm_at);
   L->bgrad_scratch = NULL;
+  L->gemm_at = NULL;
   L->moved_value = NULL;
   L->skip = NULL;
   L->handle = NULL;

@@ -81,26 +81,27 @@ static const Value *accumulates(const Func *f, int at, const Value *v) {
 
 /* Op i (a matmul or a cast call) followed by its accumulation: the global (and marks the ops
    it takes over as skipped), or NULL. */
-const Value *cl_fuse_grad_accum(Lower *L, const Func *f, int i) {
+/* What cl_fuse_grad_accum would take for op i, without marking anything: the global, and in
+   *last the last op taken (the accumulate). */
+static const Value *grad_accum(const Func *f, int i, int *last) {
   if (getenv("LOOM_CUDA_NO_ACC_FUSION")) return NULL;   /* the unfused program, for the tests */
   const Op *op = f->ops.items[i];
   const Value *r = op->n_results == 1 ? op->results[0] : NULL;
+  *last = i + 1;
   if (!r || cl_uses(f, r) != 1) return NULL;
-  if (op->kind == OP_CALL) {
-    if (!is_cast_call(op) || r->type.dtype != DT_F32) return NULL;
-    const Value *g = accumulates(f, i + 1, r);
-    if (g) L->skip[i + 1] = true;
-    return g;
-  }
+  if (op->kind == OP_CALL) return is_cast_call(op) && r->type.dtype == DT_F32 ? accumulates(f, i + 1, r) : NULL;
   if (op->kind != OP_MATMUL || i + 1 >= f->ops.n) return NULL;
-  const Value *g = NULL;
-  int last = i + 1;
-  if (r->type.dtype == DT_F32) g = accumulates(f, i + 1, r);
-  else if (fuse_narrow()) {
-    const Op *c = f->ops.items[i + 1];
-    if (is_cast_call(c) && c->operands[0] == r && c->results[0]->type.dtype == DT_F32 && cl_uses(f, c->results[0]) == 1)
-      g = accumulates(f, last = i + 2, c->results[0]);
-  }
+  if (r->type.dtype == DT_F32) return accumulates(f, i + 1, r);
+  if (!fuse_narrow()) return NULL;
+  const Op *c = f->ops.items[i + 1];
+  if (is_cast_call(c) && c->operands[0] == r && c->results[0]->type.dtype == DT_F32 && cl_uses(f, c->results[0]) == 1)
+    return accumulates(f, *last = i + 2, c->results[0]);
+  return NULL;
+}
+
+const Value *cl_fuse_grad_accum(Lower *L, const Func *f, int i) {
+  int last;
+  const Value *g = grad_accum(f, i, &last);
   for (int k = i + 1; g && k <= last; k++) L->skip[k] = true;
   return g;
 }
@@ -380,19 +381,152 @@ static bool plan_one(Lower *L, const Func *f, int i, int j, int *defer, bool *sc
   return true;
 }
 
+/* ---------------------------------------------------------------- GELU backward (DGELU)
+
+   gelu_new's backward leaves dh = matmul (dy W^T), then a fused kernel of gelu_tanh_grad(pre,
+   dh) and (with a bias) its reduce_sum over every dim but the last: the bias gradient.  The
+   GEMM with cuBLASLt's DGELU_BGRAD epilogue (DGELU without the reduction) computes both: the
+   product times GELU's derivative at the saved pre-activation, and the column sums of that.
+   dh is gone (its write and two reads).  The GEMM runs at the kernel's place: the ops between
+   may not write its operands.  dh is no longer rounded to its dtype before GELU's derivative
+   multiplies it, and the sums are of the unrounded products (as cuBLASLt's): a bf16 program's
+   rounding points move, so bf16 and f16 programs fuse only with LOOM_CUDA_FUSE_BF16=1.
+   LOOM_CUDA_NO_EPILOGUE=1 or LOOM_CUDA_NO_DGELU=1: off. */
+
+/* Op j (a call) is the GELU backward of the product of the matmul at op i: its pre-activation
+   and results (db NULL without the reduction) in *pre, *dx, *db. */
+static bool match_dgelu(Lower *L, const Func *f, int i, int j, const Value **pre, const Value **dx, const Value **db) {
+  const Op *mm = f->ops.items[i], *call = f->ops.items[j];
+  const Value *r = mm->results[0];
+  const Type *rt = &r->type;
+  if (call->kind != OP_CALL || !call->callee || !call->callee->is_kernel || cl_uses(f, r) != 1 || rt->rank < 2 ||
+      rt->dims[rt->rank - 1] % 8 || (rt->dtype != DT_F32 && rt->dtype != DT_BF16 && rt->dtype != DT_F16) ||
+      (rt->dtype != DT_F32 && !fuse_narrow()))
+    return false;
+  const Func *k = call->callee;
+  if (k->args.n != 2 || k->ops.n < 1 || k->ops.n > 2 || k->rets.n != k->ops.n) return false;
+  const Op *gg = k->ops.items[0];
+  if (gg->kind != OP_GELU_TANH_GRAD || gg->operands[1] != k->args.items[1] || gg->operands[0] != k->args.items[0] ||
+      call->operands[1] != r || call->operands[0] == r || k->rets.items[0] != gg->results[0])
+    return false;
+  const Value *x = call->operands[0];
+  if (x->type.dtype != rt->dtype || type_numel(&x->type) != type_numel(rt) || gg->results[0]->type.dtype != rt->dtype)
+    return false;
+  *db = NULL;
+  if (k->ops.n == 2) {   /* the bias gradient: the reduction of the derivative over all but the last dim */
+    const Op *rs = k->ops.items[1];
+    const Attr *dims = op_attr(rs, "dims");
+    int rank = gg->results[0]->type.rank;
+    if (rs->kind != OP_REDUCE_SUM || rs->operands[0] != gg->results[0] || k->rets.items[1] != rs->results[0] ||
+        rs->results[0]->type.rank != 1 || rs->results[0]->type.dims[0] != rt->dims[rt->rank - 1] ||
+        rs->results[0]->type.dtype != rt->dtype || !dims || dims->kind != ATTR_INTS || dims->n != rank - 1)
+      return false;
+    for (int d = 0; d < dims->n; d++)
+      if (dims->ints[d] != d) return false;
+    *db = call->results[1];
+  }
+  *pre = x;
+  *dx = call->results[0];
+  /* the ops between may run before the GEMM: none writes its operands */
+  RtBuf ab[2];
+  for (int a = 0; a < 2; a++)
+    if (cl_buf_of(L, mm->operands[a], &ab[a])) {
+      L->err[0] = 0;
+      return false;
+    }
+  int unmade_to = -1;   /* ops up to this one write no result: a GEMM accumulating into its global */
+  for (int q = i + 1; q < j; q++) {
+    const Op *op = f->ops.items[q];
+    enum { CAP = 16 };
+    RtBuf w[CAP];
+    int nw = 0;
+    int last;
+    if (op->kind == OP_MATMUL && grad_accum(f, q, &last)) unmade_to = last - 1;
+    for (int t = 0; t < op->n_results && nw < CAP && q > unmade_to; t++)
+      if (cl_buf_of(L, op->results[t], &w[nw++])) {
+        L->err[0] = 0;
+        return false;
+      }
+    if ((op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN || op->kind == OP_FILL) && nw < CAP && cl_buf_of(L, op->operands[0], &w[nw++])) {
+      L->err[0] = 0;
+      return false;
+    }
+    if (op->n_results > CAP || (op->kind != OP_CALL && op->kind != OP_MATMUL && op->kind != OP_ACCUMULATE &&
+                                op->kind != OP_RESHAPE && op->kind != OP_FILL))
+      return false;   /* only the ops the passes put there */
+    RtBuf in;   /* a reshape in place writes nothing (no step) */
+    if (op->kind == OP_RESHAPE && nw == 1 && !cl_buf_of(L, op->operands[0], &in) && in.region == w[0].region &&
+        in.offset == w[0].offset)
+      continue;
+    L->err[0] = 0;
+    for (int t = 0; t < nw; t++)
+      if (cl_overlap(&w[t], &ab[0]) || cl_overlap(&w[t], &ab[1])) return false;
+  }
+  return true;
+}
+
+static void plan_dgelu(Lower *L, const Func *f) {
+  if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_DGELU")) return;
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *mm = f->ops.items[i];
+    if (mm->kind != OP_MATMUL || L->skip[i] || L->defer[i] >= 0 || L->bgrad[i]) continue;
+    const Op *save = L->op;
+    L->op = mm;
+    bool single = lower_matmul_step_is_single(L);
+    L->op = save;
+    if (!single) continue;
+    for (int j = i + 1; j < f->ops.n && j <= i + 16; j++) {
+      if (!reads(f, j, mm->results[0])) continue;
+      const Value *pre, *dx, *db;
+      if (!L->skip[j] && L->defer[j] < 0 && L->gemm_at[j] < 0 && match_dgelu(L, f, i, j, &pre, &dx, &db)) {
+        L->defer[i] = j;   /* not lowered in order: at op j's place */
+        L->gemm_at[j] = i;
+      }
+      break;
+    }
+  }
+}
+
+/* Op j (a call), the GELU backward of the matmul gemm_at[j]: that GEMM with DGELU[_BGRAD]. */
+int cl_lower_gemm_at(Lower *L, Steps *s, int j) {
+  const Func *f = L->f;
+  const Op *call = f->ops.items[j];
+  int i = L->gemm_at[j];
+  const Value *pre, *dx, *db;
+  L->op = f->ops.items[i];
+  if (!match_dgelu(L, f, i, j, &pre, &dx, &db)) return cl_fail(L, "internal error: the GELU backward epilogue no longer matches");
+  if (lower_matmul(L, s, NULL)) return IR_EINPUT;
+  RtStep *st = &s->items[s->n - 1];
+  if (st->i[0] != 1) return cl_fail(L, "internal error: a GEMM epilogue on a batch of %lld", (long long)st->i[0]);
+  if (cl_buf_of(L, pre, &st->bufs[2]) || cl_buf_of(L, dx, &st->bufs[3])) return IR_EINPUT;
+  st->n_in = 3;
+  st->n_out = 1;
+  if (db) {
+    if (cl_buf_of(L, db, &st->bufs[4])) return IR_EINPUT;
+    st->n_out = 2;
+  }
+  st->i[CUDA_GEMM_EPI_INT] = RT_GEMM_EPI_DGELU | (db ? RT_GEMM_EPI_BGRAD : 0);
+  snprintf(st->label, sizeof st->label, "matmul %%%s, gelu backward%s", dx->name ? dx->name : "?",
+           db ? ", bias gradient" : "");
+  L->op = call;
+  return 0;
+}
+
 int cl_plan_bgrad(Lower *L, const Func *f) {
   int n = f->ops.n ? f->ops.n : 1;
   L->defer = malloc(sizeof(int) * (size_t)n);
   L->bgrad = calloc((size_t)n, sizeof *L->bgrad);
   L->bgrad_scratch = calloc((size_t)n, sizeof *L->bgrad_scratch);
+  L->gemm_at = malloc(sizeof(int) * (size_t)n);
   int *trial = malloc(sizeof(int) * (size_t)n);
-  if (!L->defer || !L->bgrad || !L->bgrad_scratch || !trial) {
+  if (!L->defer || !L->bgrad || !L->bgrad_scratch || !L->gemm_at || !trial) {
     free(trial);
     return cl_fail(L, "out of memory");
   }
-  for (int k = 0; k < n; k++) L->defer[k] = -1;
+  for (int k = 0; k < n; k++) L->defer[k] = L->gemm_at[k] = -1;
   if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_BGRAD")) {
     free(trial);
+    plan_dgelu(L, f);
     return 0;
   }
   for (int i = 0; i < f->ops.n; i++) {
@@ -427,6 +561,7 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
     }
   }
   free(trial);
+  plan_dgelu(L, f);
   return 0;
 }
 

@@ -224,16 +224,20 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   const int64_t *i = st->i;
   int64_t epi = i[RT_GEMM_EPI_INT];
   bool bias = epi & RT_GEMM_EPI_BIAS, gelu = epi & RT_GEMM_EPI_GELU, cin = epi & RT_GEMM_EPI_C,
-       bgrad = epi & RT_GEMM_EPI_BGRAD;
-  if (epi < 0 || epi > 15 || (gelu && !bias) || (bgrad && epi != RT_GEMM_EPI_BGRAD) ||
-      (epi && (i[0] != 1 || (i[RT_GEMM_BETA_INT] && !bgrad))) || (bgrad && i[5]))
+       bgrad = epi & RT_GEMM_EPI_BGRAD, dgelu = epi & RT_GEMM_EPI_DGELU;
+  bool bgrada = bgrad && !dgelu;   /* B's column sums (BGRADA), else the result's (DGELU_BGRAD) */
+  if (epi < 0 || epi > 31 || (gelu && !bias) || (bgrada && epi != RT_GEMM_EPI_BGRAD) ||
+      (dgelu && (epi & ~(RT_GEMM_EPI_DGELU | RT_GEMM_EPI_BGRAD))) ||
+      (epi && (i[0] != 1 || (i[RT_GEMM_BETA_INT] && !bgrada))) || (bgrada && i[5]))
     return fail(err, errlen, 2,
-                "GEMM %s: epilogue flags %lld (a GELU needs the bias; a bias gradient goes alone, with tb = 0; epilogues "
-                "take batch 1 and beta 0, but for the bias gradient)",
+                "GEMM %s: epilogue flags %lld (a GELU needs the bias; a bias gradient of B goes alone, with tb = 0; "
+                "GELU's backward goes alone or with the bias gradient; epilogues take batch 1 and beta 0, but for the "
+                "bias gradient of B)",
                 st->label, (long long)epi);
-  if (st->n_in != 2 + bias + cin || st->n_out != 1 + gelu + bgrad)
-    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s -> C%s%s", st->label, bias ? " bias" : "",
-                cin ? " residual" : "", gelu ? " pre-activation" : "", bgrad ? " bias-gradient" : "");
+  if (st->n_in != 2 + bias + cin + dgelu || st->n_out != 1 + gelu + bgrad)
+    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s%s -> C%s%s", st->label, bias ? " bias" : "",
+                dgelu ? " pre-activation" : "", cin ? " residual" : "", gelu ? " pre-activation" : "",
+                bgrad ? " bias-gradient" : "");
   for (int k = 0; k < 9; k++)
     if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
   if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
@@ -261,7 +265,8 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
       return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
   /* the epilogue's buffers: the bias [N] in C's type or f32; the residual and the
      pre-activation [M, N] in C's type */
-  const RtBuf *b = bias ? &st->bufs[2] : NULL, *r = cin ? &st->bufs[2 + bias] : NULL, *x = gelu ? &st->bufs[st->n_in + 1] : NULL;
+  const RtBuf *b = bias ? &st->bufs[2] : NULL, *r = cin ? &st->bufs[2 + bias] : NULL,
+              *x = gelu ? &st->bufs[st->n_in + 1] : dgelu ? &st->bufs[2] : NULL;
   if ((b && (b->n < N || (b->storage != c && b->storage != RT_ST_F32))) || (r && (r->n < M * N || r->storage != c)) ||
       (x && (x->n < M * N || x->storage != c)))
     return fail(err, errlen, 2, "GEMM %s: an epilogue buffer is too small or of another type than the result", st->label);
@@ -531,8 +536,18 @@ static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *er
         return 1;
     }
   }
-  if (epi & RT_GEMM_EPI_BGRAD) {   /* our B's column sums: Lt's A's rows, reduced over k */
-    uint32_t e = CUBLASLT_EPILOGUE_BGRADA;
+  if (epi & RT_GEMM_EPI_DGELU) {   /* the pre-activation [M, N]: Lt's m x n, ld our N */
+    void *aux = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[2]);
+    int64_t ld = i[2];
+    uint32_t e = epi & RT_GEMM_EPI_BGRAD ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
+      return 1;
+  }
+  if (epi & RT_GEMM_EPI_BGRAD) {   /* BGRADA: our B's column sums, Lt's A's rows reduced over k;
+                                      DGELU_BGRAD: the result's column sums, Lt's D's rows */
+    uint32_t e = epi & RT_GEMM_EPI_DGELU ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_BGRADA;
     void *bias = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[st->n_in + 1]);
     int32_t bt = lt_type((RtStorage)st->bufs[st->n_in + 1].storage);
     if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||

@@ -72,7 +72,7 @@ expect_stdout_contains "@grad_step x 2, @optimizer_step x 1"
 # without LOOM_CUDA_FUSE_BF16=1 a bf16 program keeps its rounding points: no epilogue, no
 # bf16 product accumulated in its GEMM (the cast and accumulate still one kernel)
 expect_exit 0 "gpt2-tiny bf16 --cost, the bf16 fusions off" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost
-check "no GEMM epilogue and no GEMM accumulation in bf16 by default" test "$(grep -c '+ bias\|+ residual\|(+= \$grad' "$OUT")" = 0
+check "no GEMM epilogue and no GEMM accumulation in bf16 by default (the bias gradients alone)" test "$(grep -c '+ bias\|+ residual\|(+= \$grad\|gelu backward' "$OUT")" = 0
 export LOOM_CUDA_FUSE_BF16=1
 
 # weight gradients accumulated in their GEMM (beta = 1): gpt2-tiny's attn.c_proj, mlp.c_fc
@@ -91,19 +91,20 @@ check "12 GEMMs with a bias epilogue: 6 bias, 4 bias + residual, 2 bias + gelu" 
   END { if (b != 6 || r != 4 || g != 2) { print b, r, g; exit 1 } }' "$OUT"
 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --vocab-multiple 96 --cost > "$TMP/vm" 2>&1
 check "--vocab-multiple 96: the mask is the lm_head GEMM's bias (13 bias epilogues)" test "$(grep -c 'matmul .* + bias' "$TMP/vm")" = 13
-# bias gradients in the weight-gradient GEMM (cuBLASLt BGRADA): per layer q, k, v, attn.c_proj,
-# mlp.c_proj and mlp.c_fc would be 6, but c_fc's reduction is fused with GELU's backward (one
-# kernel), so 5 a layer, 10 reduction launches gone; left: the loss's, c_fc's 2 and wpe's
-check "10 weight-gradient GEMMs write their bias gradient; 4 reductions left in @grad_step" awk '
-  /matmul.*, bias gradient/ { g++ } $1 == "@grad_step" && $3 == "reduce" { r++ }
-  END { if (g != 10 || r != 4) { print g, r; exit 1 } }' "$OUT"
+# bias gradients in the weight-gradient GEMM (cuBLASLt BGRADA): q, k, v, attn.c_proj and
+# mlp.c_proj, 5 a layer; mlp.c_fc's in the GEMM before GELU's backward, which computes that
+# backward too (DGELU_BGRAD: 1 a layer); the 12 reduction launches gone, left: the loss's and wpe's
+check "10 weight-gradient GEMMs write their bias gradient, 2 GEMMs GELU's backward and its; 2 reductions left" awk '
+  /matmul.*, gelu backward, bias gradient/ { d++; next } /matmul.*, bias gradient/ { g++ }
+  $1 == "@grad_step" && $3 == "reduce" { r++ }
+  END { if (g != 10 || d != 2 || r != 2) { print g, d, r; exit 1 } }' "$OUT"
 n_fused=$(awk '/^launches a step:/ { print $4 }' "$OUT")
 n_unfused=$(LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost |
   awk '/^launches a step:/ { print $4 }')
-# unfused: each of the 6 GEMMs' cast and accumulate, the 17 casts, the 12 epilogues' kernels
-# and the 10 bias reductions are launches of their own
-check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12 + 10" \
-  test "$n_unfused" = $((n_fused + 51))
+# unfused: each of the 6 GEMMs' cast and accumulate, the 17 casts, the 12 epilogues' kernels,
+# the 10 bias reductions and the 2 GELU backward kernels are launches of their own
+check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12 + 10 + 2" \
+  test "$n_unfused" = $((n_fused + 53))
 
 expect_exit 2 "--cost needs the CUDA target" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --cost
 expect_stderr_contains "--target=cuda"

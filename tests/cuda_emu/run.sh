@@ -370,8 +370,8 @@ for m in gpt2-tiny llama-tiny; do
 done
 
 # GEMM epilogues (codegen/cuda/lower_gemm.c, "GEMM epilogues" and "bias gradients"; the
-# cuBLASLt double computes BIAS, GELU_AUX_BIAS, BGRADA (gpt2-tiny's 10 bias gradients) and
-# beta = 1 with C the residual): gradients and 3 training steps against
+# cuBLASLt double computes BIAS, GELU_AUX_BIAS, BGRADA (gpt2-tiny's 10 bias gradients),
+# DGELU_BGRAD (its 2 GELU backwards) and beta = 1 with C the residual): gradients and 3 training steps against
 # the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
 # differs), bf16 (LOOM_CUDA_FUSE_BF16=1) with loom check's bf16 rule (the product is no longer
 # rounded before the bias and the residual are added); the vocabulary padded (--vocab-multiple 96: the mask is the
