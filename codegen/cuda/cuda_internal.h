@@ -81,6 +81,12 @@ typedef struct {
   const Value **bgrad;       /* per op: the bias gradient a matmul writes in its epilogue, or NULL */
   bool *bgrad_scratch;       /* per op: ... to scratch, where its deferred users read it */
   int *gemm_at;              /* per op (a call): the matmul lowered in its place (DGELU), or -1 */
+  /* per value id: a slice (or its reshape) that is a view of its operand's buffer, no copy
+     (view[id].n > 0): at view[id] with row stride view_ld[id] (0: contiguous, cl_buf_of
+     gives it; else only a GEMM operand reads it, with that stride) */
+  RtBuf *view;
+  int64_t *view_ld;
+  int n_view;
   const Value *moved_value;  /* a value cl_buf_of places at moved_offset of the arena, or NULL */
   int64_t moved_offset;
   bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */

@@ -96,6 +96,10 @@ int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
     b->offset = L->global_offset[v->global->index];
     return 0;
   }
+  if (L->view && v->kind != VAL_GLOBAL && v->id >= 0 && v->id < L->n_view && L->view[v->id].n && !L->view_ld[v->id]) {
+    *b = L->view[v->id];   /* a contiguous part of another value (lower_gemm.c, views) */
+    return 0;
+  }
   b->region = RT_REGION_ARENA;
   if (v == L->moved_value) {   /* held in scratch for a while (lower_gemm.c: a bias gradient) */
     b->offset = L->moved_offset;
@@ -1406,6 +1410,11 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   free(L->bgrad);
   free(L->bgrad_scratch);
   free(L->gemm_at);
+  free(L->view);
+  free(L->view_ld);
+  L->view = NULL;
+  L->view_ld = NULL;
+  L->n_view = 0;
   L->bgrad_scratch = NULL;
   L->gemm_at = NULL;
   L->moved_value = NULL;

@@ -24,6 +24,13 @@ static int lower_matmul(Lower *L, Steps *s, const Value *into_global) {
   }
   int64_t v[9] = {batch, M, N, K, ta, tb, M * K, b->rank > 2 ? K * N : 0, M * N};
   memcpy(st->i, v, sizeof v);
+  for (int k = 0; k < 2; k++) {   /* an operand that is a strided view (plan_views) */
+    const Value *x = op->operands[k];
+    if (!L->view || x->kind == VAL_GLOBAL || x->id < 0 || x->id >= L->n_view || !L->view_ld[x->id]) continue;
+    if (batch != 1) return cl_fail(L, "internal error: a strided GEMM operand on a batch of %lld", (long long)batch);
+    st->bufs[k] = L->view[x->id];
+    st->i[RT_GEMM_LDA_INT + k] = L->view_ld[x->id];
+  }
   st->grid[0] = st->block[0] = 0;   /* a library call: no launch of ours */
   if (into_global) {
     if (cl_buf_of(L, into_global, &st->bufs[2])) return IR_EINPUT;
@@ -381,6 +388,107 @@ static bool plan_one(Lower *L, const Func *f, int i, int j, int *defer, bool *sc
   return true;
 }
 
+/* ---------------------------------------------------------------- views
+
+   The q, k and v projections take slices of one [D, 3, D] c_attn weight and of its [3, D]
+   bias: a copy kernel each (GPT-2 124M: 72 a step).  A slice restricted on one axis, every
+   other axis whole, is a matrix of rows (the axes before) with a row stride (the axes from
+   it on), at an offset: a GEMM reads it in place through its leading dimension (program.h
+   RT_GEMM_LDA_INT / RT_GEMM_LDB_INT), and any op reads it in place when it is contiguous
+   (one row: the bias's slice).  So the slice becomes no step when every use of it (through
+   reshapes) is a rank-2 GEMM operand, or it is contiguous, and nothing writes its operand's
+   bytes before the last use (the memory plan may have given them away after the slice). */
+
+/* Op k's writes: its results (but in-place reshapes, and the view's values), and the
+   global an accumulate, assign or fill writes; false if one has no buffer or op k is a
+   parameter update (which writes its operands). */
+static bool op_writes(Lower *L, const Op *op, const bool *in_view, RtBuf *w, int *nw, int cap) {
+  if (op->kind == OP_ADAMW) return false;
+  for (int t = 0; t < op->n_results; t++) {
+    const Value *v = op->results[t];
+    if (v->kind != VAL_GLOBAL && v->id >= 0 && v->id < L->n_view && in_view[v->id]) continue;
+    if (op->kind == OP_RESHAPE && v->kind != VAL_GLOBAL && op->operands[0]->kind != VAL_GLOBAL &&
+        v->offset == op->operands[0]->offset)
+      continue;
+    if (*nw >= cap || cl_buf_of(L, v, &w[(*nw)++])) return false;
+  }
+  if ((op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN || op->kind == OP_FILL) &&
+      (*nw >= cap || cl_buf_of(L, op->operands[0], &w[(*nw)++])))
+    return false;
+  return true;
+}
+
+static void plan_views(Lower *L, const Func *f) {
+  if (getenv("LOOM_CUDA_NO_VIEWS")) return;
+  bool *in_view = calloc((size_t)L->n_view + 1, sizeof(bool));
+  if (!in_view) return;   /* copies: correct, only slower */
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    if (op->kind != OP_SLICE || L->skip[i]) continue;
+    const Value *x = op->operands[0], *y = op->results[0];
+    const Attr *st = op_attr(op, "start"), *en = op_attr(op, "end");
+    const Type *xt = &x->type;
+    if (!st || !en || st->n != xt->rank || en->n != xt->rank || y->id < 0 || y->id >= L->n_view) continue;
+    int a = -1;   /* the one restricted axis */
+    bool ok = true;
+    for (int d = 0; d < xt->rank && ok; d++)
+      if (st->ints[d] != 0 || en->ints[d] != xt->dims[d]) ok = a < 0 ? (a = d, true) : false;
+    if (!ok || a < 0) continue;
+    int64_t rows = cl_prod_dims(xt, 0, a), ld = cl_prod_dims(xt, a, xt->rank), inner = cl_prod_dims(xt, a + 1, xt->rank);
+    int64_t cols = (en->ints[a] - st->ints[a]) * inner, off = st->ints[a] * inner;
+    bool contiguous = rows == 1 || cols == ld;
+    RtBuf xb;
+    if (cl_buf_of(L, x, &xb)) {
+      L->err[0] = 0;
+      continue;
+    }
+    /* the view's values (the slice, its reshapes) and their uses, up to the last */
+    memset(in_view, 0, (size_t)L->n_view + 1);
+    in_view[y->id] = true;
+    int last = i;
+    for (int k = i + 1; k < f->ops.n && ok; k++) {
+      const Op *u = f->ops.items[k];
+      for (int o = 0; o < u->n_operands && ok; o++) {
+        const Value *v = u->operands[o];
+        if (v->kind == VAL_GLOBAL || v->id < 0 || v->id >= L->n_view || !in_view[v->id]) continue;
+        last = k;
+        if (u->kind == OP_RESHAPE && u->results[0]->offset == v->offset && u->results[0]->id >= 0 &&
+            u->results[0]->id < L->n_view)
+          in_view[u->results[0]->id] = true;
+        else if (!contiguous && !(u->kind == OP_MATMUL && o < 2 && v->type.rank == 2 && rows == v->type.dims[0] &&
+                                  cols == v->type.dims[1] && u->operands[1 - o] != v))
+          ok = false;
+      }
+    }
+    for (int r = 0; r < f->rets.n && ok; r++) {
+      const Value *v = f->rets.items[r];
+      ok = v->kind == VAL_GLOBAL || v->id < 0 || v->id >= L->n_view || !in_view[v->id];
+    }
+    /* nothing between writes x's bytes */
+    for (int k = i + 1; k <= last && ok; k++) {
+      enum { CAP = 16 };
+      RtBuf w[CAP];
+      int nw = 0;
+      if (!op_writes(L, f->ops.items[k], in_view, w, &nw, CAP)) {
+        L->err[0] = 0;
+        ok = false;
+      }
+      for (int t = 0; t < nw && ok; t++) ok = !cl_overlap(&w[t], &xb);
+    }
+    if (!ok) continue;
+    RtBuf vb = xb;
+    vb.offset += off * cl_st_size(xb.storage);
+    vb.n = contiguous ? cols * rows : (rows - 1) * ld + cols;
+    for (int id = 0; id < L->n_view; id++)
+      if (in_view[id]) {
+        L->view[id] = vb;
+        L->view_ld[id] = contiguous ? 0 : ld;
+      }
+    L->skip[i] = true;
+  }
+  free(in_view);
+}
+
 /* ---------------------------------------------------------------- GELU backward (DGELU)
 
    gelu_new's backward leaves dh = matmul (dy W^T), then a fused kernel of gelu_tanh_grad(pre,
@@ -524,6 +632,14 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
     return cl_fail(L, "out of memory");
   }
   for (int k = 0; k < n; k++) L->defer[k] = L->gemm_at[k] = -1;
+  L->n_view = func_number((Func *)f) + 1;
+  L->view = calloc((size_t)L->n_view, sizeof *L->view);
+  L->view_ld = calloc((size_t)L->n_view, sizeof *L->view_ld);
+  if (!L->view || !L->view_ld) {
+    free(trial);
+    return cl_fail(L, "out of memory");
+  }
+  plan_views(L, f);
   if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_BGRAD")) {
     free(trial);
     plan_dgelu(L, f);

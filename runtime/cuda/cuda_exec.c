@@ -258,6 +258,15 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
                 st->label, cuda_storage_name(c));
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   int64_t need[3] = {rt_smul(M, K), rt_smul(K, N), rt_smul(M, N)}, stride[3] = {i[6], i[7], i[8]};
+  /* an operand with a row stride (a view): (rows - 1) * ld + cols elements, batch 1 */
+  for (int k = 0; k < 2; k++) {
+    int64_t ld = i[RT_GEMM_LDA_INT + k];
+    int64_t rows = k == 0 ? (i[4] ? K : M) : (i[5] ? N : K), cols = k == 0 ? (i[4] ? M : K) : (i[5] ? K : N);
+    if (ld < 0 || (ld && (ld < cols || batch != 1)))
+      return fail(err, errlen, 2, "GEMM %s: row stride %lld of operand %d is below its %lld columns or on a batch", st->label,
+                  (long long)ld, k, (long long)cols);
+    if (ld && rows > 0) need[k] = rt_smul(rows - 1, ld) + cols;
+  }
   const RtBuf *ops[3] = {&st->bufs[0], &st->bufs[1], &st->bufs[st->n_in]};
   for (int k = 0; k < 3; k++)
     if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
@@ -437,6 +446,9 @@ static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t
   const CublasLtApi *l = cp->lt ? cuda_cublaslt(NULL, 0) : NULL;
   const int64_t *i = st->i;
   CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
+  /* views: our row stride is Lt's leading dimension (Lt's A is our B) */
+  if (i[RT_GEMM_LDB_INT] > 0) L.lda = i[RT_GEMM_LDB_INT];
+  if (i[RT_GEMM_LDA_INT] > 0) L.ldb = i[RT_GEMM_LDA_INT];
   RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage,
             sc = (RtStorage)st->bufs[st->n_in].storage;
   *found = false;

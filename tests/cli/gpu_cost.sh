@@ -106,6 +106,16 @@ n_unfused=$(LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/
 check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12 + 10 + 2" \
   test "$n_unfused" = $((n_fused + 53))
 
+# slices as views (codegen/cuda/lower_gemm.c): in fp32 the q, k, v weight slices (read by
+# their GEMMs through a row stride), the bias slices and wpe's rows are no launches (13 copies
+# with LOOM_CUDA_NO_VIEWS=1); in bf16 the weights' slices stay (their bf16 cast is not kept
+# alive for the backward's GEMMs) and the 6 bias slices go
+n_sl=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --cost | grep -c 'loom_slice')
+n_sl_copy=$(LOOM_CUDA_NO_VIEWS=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --cost | grep -c 'loom_slice')
+check "fp32: no slice launch ($n_sl), 13 with LOOM_CUDA_NO_VIEWS=1 ($n_sl_copy)" test "$n_sl:$n_sl_copy" = "0:13"
+n_sl=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost | grep -c 'loom_slice')
+check "bf16: the 6 weight slices left ($n_sl)" test "$n_sl" = 6
+
 expect_exit 2 "--cost needs the CUDA target" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --cost
 expect_stderr_contains "--target=cuda"
 expect_exit 2 "--cost needs the lowered program" "$LOOM" ir models/gpt2-tiny.json --passes=train --target cuda --cost

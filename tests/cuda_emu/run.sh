@@ -393,6 +393,21 @@ for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
   fi
 done
 
+# Slices as views (codegen/cuda/lower_gemm.c, "views": q, k, v's slices of c_attn read in place by
+# their GEMMs through a row stride, the bias slices and wpe's rows by any op): 3 steps bit for
+# bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16
+for p in fp32 bf16; do
+  if "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/view-v.st" > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_NO_VIEWS=1 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/view-c.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/view-v.st" "$tmp/view-c.st" --rtol 0 > "$tmp/diff" 2>&1; then
+    ok "gpt2-tiny $p: slices read in place, 3 steps bit for bit those with the copies"
+  else
+    bad "gpt2-tiny $p: slices as views against the copies"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # CUDA graphs (runtime/cuda/cuda_exec.c): each function's steps captured once and replayed at
 # every call (the emulated driver records launches, memsets and the cuBLASLt double's GEMMs,
 # and replays them): 3 steps of 2 micro-batches are 9 graph launches and no kernel launched
