@@ -81,6 +81,8 @@ typedef struct {
   const Value **bgrad;       /* per op: the bias gradient a matmul writes in its epilogue, or NULL */
   bool *bgrad_scratch;       /* per op: ... to scratch, where its deferred users read it */
   int *gemm_at;              /* per op (a call): the matmul lowered in its place (DGELU), or -1 */
+  const Value **resid;       /* per op (a matmul): a value its GEMM adds (C, beta = 1), or NULL */
+  int *sum_into;             /* per op (a matmul): the 3-way sum call its GEMM finishes, or -1 */
   /* per value id: a slice (or its reshape) that is a view of its operand's buffer, no copy
      (view[id].n > 0): at view[id] with row stride view_ld[id] (0: contiguous, cl_buf_of
      gives it; else only a GEMM operand reads it, with that stride) */

@@ -1410,6 +1410,10 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   free(L->bgrad);
   free(L->bgrad_scratch);
   free(L->gemm_at);
+  free(L->resid);
+  free(L->sum_into);
+  L->resid = NULL;
+  L->sum_into = NULL;
   free(L->view);
   free(L->view_ld);
   L->view = NULL;

@@ -388,6 +388,82 @@ static bool plan_one(Lower *L, const Func *f, int i, int j, int *defer, bool *sc
   return true;
 }
 
+/* ---------------------------------------------------------------- sums of three products
+
+   The q, k and v projections' input gradient is dx = dq Wq^T + dk Wk^T + dv Wv^T: three GEMMs,
+   then a kernel add(add(p1, p2), p3) that reads the three products and writes dx (GPT-2
+   124M: 100 MB a layer).  Instead p2's GEMM adds p1 (C = p1, beta = 1; its result in p2's
+   place) and p3's GEMM adds that and writes dx: the kernel is gone.  The same additions in
+   the same order (fp32: the same bits); in bf16 the products are no longer rounded before
+   they are added, so bf16 and f16 only with LOOM_CUDA_FUSE_BF16=1.  LOOM_CUDA_NO_EPILOGUE=1
+   or LOOM_CUDA_NO_SUM3=1: off. */
+
+/* A kernel func add(add(a0, a1), a2) of its three arguments of one type: the order of the
+   arguments in ord[] (first added first). */
+static bool is_sum3(const Func *k, int ord[3]) {
+  if (!k || !k->is_kernel || k->args.n != 3 || k->rets.n != 1 || k->ops.n != 2) return false;
+  const Op *a = k->ops.items[0], *b = k->ops.items[1];
+  if (a->kind != OP_ADD || b->kind != OP_ADD || b->operands[0] != a->results[0] || k->rets.items[0] != b->results[0])
+    return false;
+  const Value *v[3] = {a->operands[0], a->operands[1], b->operands[1]};
+  for (int x = 0; x < 3; x++) {
+    ord[x] = -1;
+    for (int y = 0; y < 3; y++)
+      if (k->args.items[y] == v[x]) ord[x] = y;
+    if (ord[x] < 0 || !same_type(&v[x]->type, &b->results[0]->type)) return false;
+  }
+  return ord[0] != ord[1] && ord[1] != ord[2] && ord[0] != ord[2];
+}
+
+/* May the matmul at op i take an epilogue of its own (a plain GEMM of batch 1)? */
+static bool plain_single(Lower *L, const Func *f, int i) {
+  const Op *mm = f->ops.items[i];
+  int last;
+  if (mm->kind != OP_MATMUL || L->skip[i] || L->defer[i] >= 0 || L->bgrad[i] || L->resid[i] || L->sum_into[i] >= 0 ||
+      grad_accum(f, i, &last))
+    return false;
+  const Op *save = L->op;
+  L->op = mm;
+  bool single = lower_matmul_step_is_single(L);
+  L->op = save;
+  return single;
+}
+
+static void plan_sum3(Lower *L, const Func *f) {
+  if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_SUM3")) return;
+  for (int j = 1; j < f->ops.n; j++) {
+    const Op *call = f->ops.items[j];
+    int ord[3];
+    if (call->kind != OP_CALL || L->skip[j] || L->defer[j] >= 0 || L->gemm_at[j] >= 0 || !is_sum3(call->callee, ord))
+      continue;
+    const Value *p1 = call->operands[ord[0]], *p2 = call->operands[ord[1]], *p3 = call->operands[ord[2]];
+    const Type *t = &p3->type;
+    if ((t->dtype != DT_F32 && !fuse_narrow()) || (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16))
+      continue;
+    /* p3 the product of the op just before; p2 of an earlier matmul; each used here only */
+    int i = j - 1, k2 = -1;
+    const Op *m3 = f->ops.items[i];
+    if (m3->kind != OP_MATMUL || m3->results[0] != p3 || p2->kind != VAL_RESULT || p2->def->kind != OP_MATMUL)
+      continue;
+    for (int q = 0; q < i; q++)
+      if (f->ops.items[q] == p2->def) k2 = q;
+    if (k2 < 0 || cl_uses(f, p1) != 1 || cl_uses(f, p2) != 1 || cl_uses(f, p3) != 1 || p1 == p2 ||
+        !plain_single(L, f, k2) || !plain_single(L, f, i))
+      continue;
+    /* p1 exists when p2's GEMM runs (an argument, a global, or made before it) */
+    if (p1->kind == VAL_RESULT) {
+      int k1 = -1;
+      for (int q = 0; q < k2; q++)
+        if (f->ops.items[q] == p1->def) k1 = q;
+      if (k1 < 0) continue;
+    }
+    L->resid[k2] = p1;
+    L->resid[i] = p2;
+    L->sum_into[i] = j;
+    L->skip[j] = true;
+  }
+}
+
 /* ---------------------------------------------------------------- views
 
    The q, k and v projections take slices of one [D, 3, D] c_attn weight and of its [3, D]
@@ -631,7 +707,13 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
     free(trial);
     return cl_fail(L, "out of memory");
   }
-  for (int k = 0; k < n; k++) L->defer[k] = L->gemm_at[k] = -1;
+  L->resid = calloc((size_t)n, sizeof *L->resid);
+  L->sum_into = malloc(sizeof(int) * (size_t)n);
+  if (!L->resid || !L->sum_into) {
+    free(trial);
+    return cl_fail(L, "out of memory");
+  }
+  for (int k = 0; k < n; k++) L->defer[k] = L->gemm_at[k] = L->sum_into[k] = -1;
   L->n_view = func_number((Func *)f) + 1;
   L->view = calloc((size_t)L->n_view, sizeof *L->view);
   L->view_ld = calloc((size_t)L->n_view, sizeof *L->view_ld);
@@ -643,6 +725,7 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
   if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_BGRAD")) {
     free(trial);
     plan_dgelu(L, f);
+    plan_sum3(L, f);
     return 0;
   }
   for (int i = 0; i < f->ops.n; i++) {
@@ -678,6 +761,7 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
   }
   free(trial);
   plan_dgelu(L, f);
+  plan_sum3(L, f);
   return 0;
 }
 
@@ -714,6 +798,21 @@ int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc) {
     L->op = mm;
     L->moved_value = NULL;
     return rc;
+  }
+  if (L->resid[i]) {   /* a sum of products: C = resid, beta = 1 (plan_sum3) */
+    if (lower_matmul(L, s, NULL)) return IR_EINPUT;
+    RtStep *st = &s->items[s->n - 1];
+    if (st->i[0] != 1) return cl_fail(L, "internal error: a GEMM epilogue on a batch of %lld", (long long)st->i[0]);
+    st->bufs[3] = st->bufs[2];
+    if (cl_buf_of(L, L->resid[i], &st->bufs[2])) return IR_EINPUT;
+    const Op *call = L->sum_into[i] >= 0 ? f->ops.items[L->sum_into[i]] : NULL;
+    if (call && cl_buf_of(L, call->results[0], &st->bufs[3])) return IR_EINPUT;
+    st->n_in = 3;
+    st->i[CUDA_GEMM_EPI_INT] = RT_GEMM_EPI_C;
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " + %%%s%s", L->resid[i]->name ? L->resid[i]->name : "sum",
+             call ? " (the sum of three)" : "");
+    return 0;
   }
   /* the product's user: the next op, or the one after when the op between (the bias's
      cast) neither reads the product nor writes the matmul's operands: the GEMM then runs

@@ -395,16 +395,19 @@ done
 
 # Slices as views (codegen/cuda/lower_gemm.c, "views": q, k, v's slices of c_attn read in place by
 # their GEMMs through a row stride, the bias slices and wpe's rows by any op): 3 steps bit for
-# bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16
-for p in fp32 bf16; do
+# bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16; and the sum
+# of the three input-gradient products in their GEMMs ("sums of three products", fp32: the
+# same additions in the same order) bit for bit that of the kernel (LOOM_CUDA_NO_SUM3=1)
+for kp in VIEWS:fp32 VIEWS:bf16 SUM3:fp32; do
+  k=${kp%%:*} p=${kp##*:}
   if "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
        --out "$tmp/view-v.st" > "$tmp/log" 2>&1 &&
-     LOOM_CUDA_NO_VIEWS=1 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
+     env LOOM_CUDA_NO_$k=1 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
        --out "$tmp/view-c.st" >> "$tmp/log" 2>&1 &&
      "$ST_DIFF" "$tmp/view-v.st" "$tmp/view-c.st" --rtol 0 > "$tmp/diff" 2>&1; then
-    ok "gpt2-tiny $p: slices read in place, 3 steps bit for bit those with the copies"
+    ok "gpt2-tiny $p: 3 steps bit for bit those with LOOM_CUDA_NO_$k=1"
   else
-    bad "gpt2-tiny $p: slices as views against the copies"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+    bad "gpt2-tiny $p: against LOOM_CUDA_NO_$k=1"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
   fi
 done
 
