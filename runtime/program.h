@@ -126,11 +126,12 @@ typedef struct {
      Buffers: A B [bias | pre-activation] [residual] -> C [pre-activation] [bias gradient]. */
 #define RT_GEMM_BETA_INT 10
 #define RT_GEMM_EPI_INT 9
-/* On CUDA, i[RT_GEMM_LDA_INT] and i[RT_GEMM_LDB_INT] (batch 1; 0: packed): the row stride of A
-   and of B as stored (row-major, elements), for an operand that is a view of a wider matrix
-   (a slice of one; codegen/cuda/lower_gemm.c "views"). */
+/* On CUDA, i[RT_GEMM_LDA_INT], i[RT_GEMM_LDB_INT], i[RT_GEMM_LDC_INT] (batch 1; 0: packed): the
+   row stride of A, B and C as stored (row-major, elements), for a matrix that is a view of a
+   wider one (a slice of one; codegen/cuda/lower_gemm.c "views" and "gradient trees"). */
 #define RT_GEMM_LDA_INT 11
 #define RT_GEMM_LDB_INT 12
+#define RT_GEMM_LDC_INT 13   /* the same for C (and the residual), as written */
 enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EPI_BGRAD = 8, RT_GEMM_EPI_DGELU = 16 };
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes

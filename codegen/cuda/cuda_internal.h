@@ -89,6 +89,13 @@ typedef struct {
   RtBuf *view;
   int64_t *view_ld;
   int n_view;
+  /* gradient trees (lower_gemm.c): per value id, a product its GEMM adds into a view of an f32
+     gradient (acc_into[id].n > 0, row stride acc_ld[id]); per op, a pad lowered as the
+     accumulation of its operand into a view of one (leaf_into[k].n > 0, leaf_of[k] the value) */
+  RtBuf *acc_into;
+  int64_t *acc_ld;
+  RtBuf *leaf_into;
+  const Value **leaf_of;
   const Value *moved_value;  /* a value cl_buf_of places at moved_offset of the arena, or NULL */
   int64_t moved_offset;
   bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
@@ -142,6 +149,8 @@ int cl_plan_bgrad(Lower *L, const Func *f);
 /* Op j, a call whose place a matmul takes (L->gemm_at[j]): that GEMM with the call's GELU
    backward as its epilogue. */
 int cl_lower_gemm_at(Lower *L, Steps *s, int j);
+/* Op k, a pad of a gradient tree (L->leaf_into[k]): its operand accumulated into the view. */
+int cl_lower_tree_leaf(Lower *L, Steps *s, int k);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

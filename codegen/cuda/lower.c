@@ -1363,6 +1363,7 @@ int cl_lower_op(Lower *L, Steps *s, int *i) {
     return rc;
   }
   if (L->gemm_at[*i] >= 0) return cl_lower_gemm_at(L, s, *i);
+  if (L->leaf_into[*i].n) return cl_lower_tree_leaf(L, s, *i);
   L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, *i);
   const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, *i) : NULL;
   switch (L->op->kind) {
@@ -1414,6 +1415,14 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   free(L->sum_into);
   L->resid = NULL;
   L->sum_into = NULL;
+  free(L->acc_into);
+  free(L->acc_ld);
+  free(L->leaf_into);
+  free(L->leaf_of);
+  L->acc_into = NULL;
+  L->acc_ld = NULL;
+  L->leaf_into = NULL;
+  L->leaf_of = NULL;
   free(L->view);
   free(L->view_ld);
   L->view = NULL;

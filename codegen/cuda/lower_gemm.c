@@ -32,6 +32,15 @@ static int lower_matmul(Lower *L, Steps *s, const Value *into_global) {
     st->i[RT_GEMM_LDA_INT + k] = L->view_ld[x->id];
   }
   st->grid[0] = st->block[0] = 0;   /* a library call: no launch of ours */
+  const Value *r = op->results[0];
+  if (!into_global && L->acc_into && r->id >= 0 && r->id < L->n_view && L->acc_into[r->id].n) {
+    /* a piece of a gradient tree: added into its view of the gradient (plan_trees) */
+    st->bufs[2] = L->acc_into[r->id];
+    st->i[CUDA_GEMM_BETA_INT] = 1;
+    st->i[RT_GEMM_LDC_INT] = L->acc_ld[r->id] == N ? 0 : L->acc_ld[r->id];
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " (+= a part of a gradient)");
+  }
   if (into_global) {
     if (cl_buf_of(L, into_global, &st->bufs[2])) return IR_EINPUT;
     st->i[CUDA_GEMM_BETA_INT] = 1;
@@ -464,6 +473,193 @@ static void plan_sum3(Lower *L, const Func *f) {
   }
 }
 
+/* ---------------------------------------------------------------- gradient trees
+
+   c_attn's gradients are sums of pieces padded into place: per q, k, v the weight's
+   dW_j = x^T d_j and the bias's db_j, each reshaped and padded to [D, 3, D] ([3, D]), the
+   three added (kernels), cast to f32 and accumulated into $grad (GPT-2 124M: 8 launches a
+   layer and the padded matrices written and read).  A tree of such sums (kernels that only
+   add their arguments, then maybe cast to f32) under an accumulate has leaves pad(reshape(y))
+   padded on one axis: y lands on a view of the gradient (rows, a row stride, an offset).  A
+   product y of a GEMM accumulates there itself (beta = 1, C's row stride: program.h
+   RT_GEMM_LDC_INT); any other y is accumulated there by the pad's step.  The pads, the sums
+   and the accumulate are gone.  Adding zeros is exact, so a leaf's own accumulation is the
+   same arithmetic (on always); a GEMM's adds its product unrounded, which moves a bf16
+   program's rounding point: bf16 GEMM leaves only with LOOM_CUDA_FUSE_BF16=1.
+   LOOM_CUDA_NO_EPILOGUE=1 or LOOM_CUDA_NO_TREES=1: off. */
+
+/* A kernel func that adds its arguments, each once, maybe casting the sum to f32 last. */
+static bool is_sum_kernel(const Func *k) {
+  if (!k || !k->is_kernel || k->args.n < 2 || k->rets.n != 1 || k->ops.n < 1) return false;
+  int adds = 0;
+  for (int o = 0; o < k->ops.n; o++) {
+    const Op *op = k->ops.items[o];
+    bool last = o == k->ops.n - 1;
+    if (op->kind == OP_CAST && last && o > 0 && op->results[0]->type.dtype == DT_F32 &&
+        op->operands[0] == ((const Op *)k->ops.items[o - 1])->results[0])
+      continue;
+    if (op->kind != OP_ADD || op->operands[0] == op->operands[1] || cl_uses(k, op->results[0]) != 1) return false;
+    adds++;
+  }
+  for (int a = 0; a < k->args.n; a++)
+    if (cl_uses(k, k->args.items[a]) != 1) return false;
+  const Op *fin = k->ops.items[k->ops.n - 1];
+  return adds == k->args.n - 1 && k->rets.items[0] == fin->results[0];
+}
+
+/* The view of the gradient g a pad leaf's operand lands on. */
+static bool pad_view(Lower *L, const Op *pad, const Value *g, RtBuf *view, int64_t *rows, int64_t *cols, int64_t *ld) {
+  const Attr *lo = op_attr(pad, "low"), *hi = op_attr(pad, "high");
+  const Type *t = &pad->results[0]->type;
+  if (pad->kind != OP_PAD || !lo || !hi || lo->n != t->rank || hi->n != t->rank || t->rank != g->type.rank ||
+      type_numel(t) != type_numel(&g->type))
+    return false;
+  int a = -1;
+  for (int d = 0; d < t->rank; d++) {
+    if (t->dims[d] != g->type.dims[d] || lo->ints[d] < 0 || hi->ints[d] < 0) return false;
+    if (lo->ints[d] || hi->ints[d]) {
+      if (a >= 0) return false;
+      a = d;
+    }
+  }
+  if (a < 0) return false;
+  int64_t inner = cl_prod_dims(t, a + 1, t->rank);
+  *rows = cl_prod_dims(t, 0, a);
+  *ld = cl_prod_dims(t, a, t->rank);
+  *cols = (t->dims[a] - lo->ints[a] - hi->ints[a]) * inner;
+  if (cl_buf_of(L, g, view)) {
+    L->err[0] = 0;
+    return false;
+  }
+  view->offset += lo->ints[a] * inner * cl_st_size(view->storage);
+  view->n = (*rows - 1) * *ld + *cols;
+  return true;
+}
+
+static int op_index(const Func *f, const Op *op, int below) {
+  for (int q = below - 1; q >= 0; q--)
+    if (f->ops.items[q] == op) return q;
+  return -1;
+}
+
+static void plan_trees(Lower *L, const Func *f) {
+  if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_TREES")) return;
+  int n = f->ops.n;
+  int *stack = malloc(sizeof(int) * (size_t)(n + 1)), *calls = malloc(sizeof(int) * (size_t)(n + 1));
+  int *pads = malloc(sizeof(int) * (size_t)(n + 1));
+  if (!stack || !calls || !pads) goto done;
+  for (int a = 0; a < n; a++) {
+    const Op *acc = f->ops.items[a];
+    if (acc->kind != OP_ACCUMULATE || L->skip[a] || L->defer[a] >= 0) continue;
+    const Value *g = acc->operands[0], *t = acc->operands[1];
+    if (g->kind != VAL_GLOBAL || g->type.dtype != DT_F32 || t->kind != VAL_RESULT || t->def->kind != OP_CALL ||
+        cl_uses(f, t) != 1)
+      continue;
+    /* the tree: sum calls down to pads */
+    int ns = 0, nc = 0, np = 0, first = a;
+    bool ok = true;
+    int c0 = op_index(f, t->def, a);
+    if (c0 < 0) continue;
+    stack[ns++] = c0;
+    while (ns && ok) {
+      int c = stack[--ns];
+      const Op *call = f->ops.items[c];
+      if (L->skip[c] || L->defer[c] >= 0 || L->gemm_at[c] >= 0 || !is_sum_kernel(call->callee)) {
+        ok = false;
+        break;
+      }
+      calls[nc++] = c;
+      if (c < first) first = c;
+      for (int o = 0; o < call->n_operands && ok; o++) {
+        const Value *v = call->operands[o];
+        int q = v->kind == VAL_RESULT ? op_index(f, v->def, c) : -1;
+        if (q < 0 || cl_uses(f, v) != 1 || L->skip[q] || L->defer[q] >= 0) {
+          ok = false;
+          break;
+        }
+        if (v->def->kind == OP_CALL) stack[ns++] = q;
+        else if (v->def->kind == OP_PAD) pads[np++] = q;
+        else ok = false;
+      }
+    }
+    if (!ok || !np) continue;
+    /* each leaf: pad(reshape(y)) or pad(y) */
+    RtBuf views[64];
+    int64_t lds[64];
+    const Value *ys[64];
+    int gemm[64];
+    if (np > 64) continue;
+    for (int l = 0; l < np && ok; l++) {
+      const Op *pad = f->ops.items[pads[l]];
+      int64_t rows, cols, ld;
+      const Value *y = pad->operands[0];
+      if (y->kind == VAL_RESULT && y->def->kind == OP_RESHAPE && cl_uses(f, y) == 1) y = y->def->operands[0];
+      if (!pad_view(L, pad, g, &views[l], &rows, &cols, &ld) || type_numel(&y->type) != rows * cols) {
+        ok = false;
+        break;
+      }
+      ys[l] = y;
+      lds[l] = ld;
+      gemm[l] = -1;
+      int q = y->kind == VAL_RESULT ? op_index(f, y->def, pads[l]) : -1;
+      if (q >= 0 && y->def->kind == OP_MATMUL && cl_uses(f, y) == 1 && y->type.rank == 2 && y->type.dims[0] == rows &&
+          y->type.dims[1] == cols && (y->type.dtype == DT_F32 || fuse_narrow()) && !L->resid[q] && L->sum_into[q] < 0 &&
+          L->defer[q] < 0 && !L->skip[q]) {
+        int last;
+        const Op *save = L->op;
+        L->op = y->def;
+        bool single = lower_matmul_step_is_single(L);
+        L->op = save;
+        if (single && !grad_accum(f, q, &last)) {
+          gemm[l] = q;
+          if (q < first) first = q;
+          continue;
+        }
+      }
+      /* accumulated by the pad's step: contiguous, a float */
+      if (!(rows == 1 || cols == ld) || !dtype_is_float(y->type.dtype)) ok = false;
+    }
+    if (!ok) continue;
+    /* nothing else touches the gradient from the first piece on */
+    for (int q = first; q < a && ok; q++) {
+      const Op *op = f->ops.items[q];
+      for (int o = 0; o < op->n_operands && ok; o++) ok = op->operands[o] != g;
+    }
+    if (!ok) continue;
+    for (int l = 0; l < np; l++) {
+      L->skip[pads[l]] = true;
+      if (gemm[l] >= 0) {
+        L->acc_into[ys[l]->id] = views[l];
+        L->acc_ld[ys[l]->id] = lds[l];
+      } else {
+        L->skip[pads[l]] = false;
+        L->leaf_into[pads[l]] = views[l];
+        L->leaf_of[pads[l]] = ys[l];
+      }
+    }
+    for (int c = 0; c < nc; c++) L->skip[calls[c]] = true;
+    L->skip[a] = true;
+  }
+done:
+  free(stack);
+  free(calls);
+  free(pads);
+}
+
+int cl_lower_tree_leaf(Lower *L, Steps *s, int k) {
+  const Value *y = L->leaf_of[k];
+  L->op = L->f->ops.items[k];
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, "");
+  if (!st || cl_set_bufs(L, st, (const Value *const[]){y, y}, 2, false)) return IR_EINPUT;
+  st->bufs[0] = L->leaf_into[k];
+  st->bufs[0].n = type_numel(&y->type);
+  snprintf(st->label, sizeof st->label, "accumulate into a part of a gradient%s",
+           y->type.dtype != DT_F32 ? " (cast)" : "");
+  st->i[0] = type_numel(&y->type);
+  cl_launch_ew(st, st->i[0]);
+  return cl_instantiate(L, st, "accumulate", "loom_update", (const int[]){0, 1, -1}, "true", "", 1024);
+}
+
 /* ---------------------------------------------------------------- views
 
    The q, k and v projections take slices of one [D, 3, D] c_attn weight and of its [3, D]
@@ -714,6 +910,15 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
     return cl_fail(L, "out of memory");
   }
   for (int k = 0; k < n; k++) L->defer[k] = L->gemm_at[k] = L->sum_into[k] = -1;
+  L->leaf_into = calloc((size_t)n, sizeof *L->leaf_into);
+  L->leaf_of = calloc((size_t)n, sizeof *L->leaf_of);
+  int nv = func_number((Func *)f) + 1;
+  L->acc_into = calloc((size_t)nv, sizeof *L->acc_into);
+  L->acc_ld = calloc((size_t)nv, sizeof *L->acc_ld);
+  if (!L->leaf_into || !L->leaf_of || !L->acc_into || !L->acc_ld) {
+    free(trial);
+    return cl_fail(L, "out of memory");
+  }
   L->n_view = func_number((Func *)f) + 1;
   L->view = calloc((size_t)L->n_view, sizeof *L->view);
   L->view_ld = calloc((size_t)L->n_view, sizeof *L->view_ld);
@@ -726,6 +931,7 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
     free(trial);
     plan_dgelu(L, f);
     plan_sum3(L, f);
+    plan_trees(L, f);
     return 0;
   }
   for (int i = 0; i < f->ops.n; i++) {
@@ -762,6 +968,7 @@ int cl_plan_bgrad(Lower *L, const Func *f) {
   free(trial);
   plan_dgelu(L, f);
   plan_sum3(L, f);
+  plan_trees(L, f);
   return 0;
 }
 

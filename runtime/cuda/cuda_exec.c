@@ -267,6 +267,11 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
                   (long long)ld, k, (long long)cols);
     if (ld && rows > 0) need[k] = rt_smul(rows - 1, ld) + cols;
   }
+  int64_t ldc = i[RT_GEMM_LDC_INT];
+  if (ldc < 0 || (ldc && (ldc < N || batch != 1 || (epi & (RT_GEMM_EPI_C | RT_GEMM_EPI_GELU | RT_GEMM_EPI_DGELU)))))
+    return fail(err, errlen, 2, "GEMM %s: row stride %lld of C is below its %lld columns, on a batch or with a matrix epilogue",
+                st->label, (long long)ldc, (long long)N);
+  if (ldc && M > 0) need[2] = rt_smul(M - 1, ldc) + N;
   const RtBuf *ops[3] = {&st->bufs[0], &st->bufs[1], &st->bufs[st->n_in]};
   for (int k = 0; k < 3; k++)
     if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
@@ -449,6 +454,7 @@ static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t
   /* views: our row stride is Lt's leading dimension (Lt's A is our B) */
   if (i[RT_GEMM_LDB_INT] > 0) L.lda = i[RT_GEMM_LDB_INT];
   if (i[RT_GEMM_LDA_INT] > 0) L.ldb = i[RT_GEMM_LDA_INT];
+  if (i[RT_GEMM_LDC_INT] > 0) L.ldc = i[RT_GEMM_LDC_INT];
   RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage,
             sc = (RtStorage)st->bufs[st->n_in].storage;
   *found = false;

@@ -104,10 +104,18 @@ n_unfused=$(LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/
 # the q, k, v projections' input gradient: the second GEMM adds the first product, the third
 # adds that and writes the sum (2 layers)
 check "2 GEMMs finish the sum of three products" test "$(grep -c 'matmul .*(the sum of three)' "$OUT")" = 2
+# c_attn's gradients: q, k and v's weight-gradient GEMMs add into their third of the f32
+# gradient (a row stride), their bias gradients are accumulated into their third by a step
+# each; one pad left in @grad_step (wpe's gradient, the positions past the sequence)
+check "6 GEMMs and 6 steps add into a part of c_attn's gradients, 1 pad left" awk '
+  /matmul.*\(\+= a part of a gradient\)/ { g++; next } /accumulate into a part of a gradient/ { a++ }
+  $1 == "@grad_step" && / loom_pad_/ { p++ }
+  END { if (g != 6 || a != 6 || p != 1) { print g, a, p; exit 1 } }' "$OUT"
 # unfused: each of the 6 GEMMs' cast and accumulate, the 17 casts, the 12 epilogues' kernels,
-# the 10 bias reductions, the 2 GELU backward kernels and the 2 sums are launches of their own
-check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12 + 10 + 2 + 2" \
-  test "$n_unfused" = $((n_fused + 55))
+# the 10 bias reductions, the 2 GELU backward kernels and the 2 sums are launches of their own,
+# and per layer c_attn's gradient trees: 6 pads, 3 sum kernels and 2 accumulates for the 3 steps
+check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12 + 10 + 2 + 2 + 2 x 8" \
+  test "$n_unfused" = $((n_fused + 71))
 
 # slices as views (codegen/cuda/lower_gemm.c): in fp32 the q, k, v weight slices (read by
 # their GEMMs through a row stride), the bias slices and wpe's rows are no launches (13 copies

@@ -395,10 +395,13 @@ done
 
 # Slices as views (codegen/cuda/lower_gemm.c, "views": q, k, v's slices of c_attn read in place by
 # their GEMMs through a row stride, the bias slices and wpe's rows by any op): 3 steps bit for
-# bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16; and the sum
+# bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16; the sum
 # of the three input-gradient products in their GEMMs ("sums of three products", fp32: the
-# same additions in the same order) bit for bit that of the kernel (LOOM_CUDA_NO_SUM3=1)
-for kp in VIEWS:fp32 VIEWS:bf16 SUM3:fp32; do
+# same additions in the same order) bit for bit that of the kernel (LOOM_CUDA_NO_SUM3=1); and
+# c_attn's gradient pieces added into their parts of the gradient ("gradient trees": fp32,
+# and bf16 without LOOM_CUDA_FUSE_BF16, where only the bias pieces' steps change) bit for bit
+# the pads, sums and accumulate (LOOM_CUDA_NO_TREES=1)
+for kp in VIEWS:fp32 VIEWS:bf16 SUM3:fp32 TREES:fp32 TREES:bf16; do
   k=${kp%%:*} p=${kp##*:}
   if "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
        --out "$tmp/view-v.st" > "$tmp/log" 2>&1 &&
