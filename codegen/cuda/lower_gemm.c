@@ -1,7 +1,13 @@
 /* codegen/cuda/lower_gemm.c — matmuls as cuBLASLt calls, and the fusions around them: the
- * gradient accumulation into the f32 gradient (beta = 1), the cast + accumulate pair, and the
- * GEMM epilogues (bias, GELU, residual).  lower.c's lower_func calls in here for every matmul
- * (cl_lower_matmul_op) and for the accumulation a call or matmul starts (cl_fuse_grad_accum).
+ * gradient accumulation into the f32 gradient (beta = 1), the cast + accumulate pair, the GEMM
+ * epilogues (bias, GELU, residual), the bias gradients (BGRADA), GELU's backward
+ * (DGELU_BGRAD), sums of three products, gradient trees (pieces added into their part of a
+ * gradient) and slices read in place (views).  lower.c's lower_func calls cl_plan_bgrad once
+ * per function (the plans that reorder or skip ops), then in here for every matmul
+ * (cl_lower_matmul_op), the accumulation a call or matmul starts (cl_fuse_grad_accum), a call
+ * whose place a GEMM takes (cl_lower_gemm_at) and a gradient tree's leaf (cl_lower_tree_leaf).
+ * A little over 1,000 lines: each fusion is a matcher beside its lowering; the next split is
+ * the planning (bias gradients, GELU, sums, trees, views) from the lowering.
  */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/lower_common.h"
@@ -459,6 +465,15 @@ static void plan_sum3(Lower *L, const Func *f) {
     if (k2 < 0 || cl_uses(f, p1) != 1 || cl_uses(f, p2) != 1 || cl_uses(f, p3) != 1 || p1 == p2 ||
         !plain_single(L, f, k2) || !plain_single(L, f, i))
       continue;
+    /* p3's GEMM writes the sum where the kernel did: over none of its operands' bytes (which
+       the memory plan may have given away after the GEMM), nor p2's (C; in place is fine) */
+    RtBuf out, in[3];
+    bool clash = cl_buf_of(L, call->results[0], &out) || cl_buf_of(L, m3->operands[0], &in[0]) ||
+                 cl_buf_of(L, m3->operands[1], &in[1]) || cl_buf_of(L, p2, &in[2]);
+    L->err[0] = 0;
+    for (int a = 0; a < 3 && !clash; a++)
+      clash = cl_overlap(&out, &in[a]) && !(a == 2 && out.offset == in[2].offset && out.region == in[2].region);
+    if (clash) continue;
     /* p1 exists when p2's GEMM runs (an argument, a global, or made before it) */
     if (p1->kind == VAL_RESULT) {
       int k1 = -1;
@@ -808,12 +823,25 @@ static bool match_dgelu(Lower *L, const Func *f, int i, int j, const Value **pre
   *pre = x;
   *dx = call->results[0];
   /* the ops between may run before the GEMM: none writes its operands */
-  RtBuf ab[2];
-  for (int a = 0; a < 2; a++)
-    if (cl_buf_of(L, mm->operands[a], &ab[a])) {
+  RtBuf ab[3], out;
+  for (int a = 0; a < 3; a++)
+    if (cl_buf_of(L, a < 2 ? mm->operands[a] : x, &ab[a])) {
       L->err[0] = 0;
       return false;
     }
+  /* and the GEMM's outputs (placed where the kernel's were, maybe over bytes its operands
+     left) overlap none of its inputs, but the derivative exactly over the pre-activation (the
+     kernel's in-place write: the epilogue reads each element's aux before it writes it) */
+  for (int o = 0; o < call->n_results; o++) {
+    if (cl_buf_of(L, call->results[o], &out)) {
+      L->err[0] = 0;
+      return false;
+    }
+    for (int a = 0; a < 3; a++)
+      if (cl_overlap(&out, &ab[a]) && !(o == 0 && a == 2 && out.region == ab[2].region && out.offset == ab[2].offset &&
+                                         out.n == ab[2].n && out.storage == ab[2].storage))
+        return false;
+  }
   int unmade_to = -1;   /* ops up to this one write no result: a GEMM accumulating into its global */
   for (int q = i + 1; q < j; q++) {
     const Op *op = f->ops.items[q];
