@@ -548,7 +548,7 @@ static bool pad_view(Lower *L, const Op *pad, const Value *g, RtBuf *view, int64
   }
   view->offset += lo->ints[a] * inner * cl_st_size(view->storage);
   view->n = (*rows - 1) * *ld + *cols;
-  return true;
+  return view->offset % 64 == 0;   /* as every buffer of the program (kernels may load vectors) */
 }
 
 static int op_index(const Func *f, const Op *op, int below) {
@@ -762,7 +762,8 @@ static void plan_views(Lower *L, const Func *f) {
       }
       for (int t = 0; t < nw && ok; t++) ok = !cl_overlap(&w[t], &xb);
     }
-    if (!ok) continue;
+    /* at 64 bytes, as every buffer of the program (kernels may load vectors) */
+    if (!ok || (xb.offset + off * cl_st_size(xb.storage)) % 64) continue;
     RtBuf vb = xb;
     vb.offset += off * cl_st_size(xb.storage);
     vb.n = contiguous ? cols * rows : (rows - 1) * ld + cols;
