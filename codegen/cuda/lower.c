@@ -17,9 +17,10 @@
  *
  * Why one file of ~1,500 lines: every builtin's lowering is a case of lower_builtin beside
  * its launch shape and shared-memory size.  The step builders (cl_new_step, cl_set_bufs,
- * cl_instantiate, ...) are shared through cuda_internal.h, and the first op family has moved
- * out (lower_mesh.c: collectives, transfers and per-rank ops); attention, data movement and
- * the optimizer are the next families to move the same way.
+ * cl_instantiate, ...) are shared through cuda_internal.h, and op families have moved out
+ * (lower_mesh.c: collectives, transfers and per-rank ops; lower_gemm.c: matmuls, their
+ * epilogues and the gradient accumulation); attention, data movement and the optimizer are
+ * the next families to move the same way.
  */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/cuda/kernels.h"
@@ -95,7 +96,15 @@ int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
     b->offset = L->global_offset[v->global->index];
     return 0;
   }
+  if (L->view && v->kind != VAL_GLOBAL && v->id >= 0 && v->id < L->n_view && L->view[v->id].n && !L->view_ld[v->id]) {
+    *b = L->view[v->id];   /* a contiguous part of another value (lower_gemm.c, views) */
+    return 0;
+  }
   b->region = RT_REGION_ARENA;
+  if (v == L->moved_value) {   /* held in scratch for a while (lower_gemm.c: a bias gradient) */
+    b->offset = L->moved_offset;
+    return 0;
+  }
   if (v->offset < 0) return cl_fail(L, "value %%%s has no arena offset; run the memory-plan pass first", vname(v));
   if (v->offset % 64)
     return cl_fail(L, "value %%%s is at offset %lld, not 64-byte aligned", vname(v), (long long)v->offset);
@@ -107,7 +116,7 @@ int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
   return 0;
 }
 
-static bool overlap(const RtBuf *a, const RtBuf *b) {
+bool cl_overlap(const RtBuf *a, const RtBuf *b) {
   int64_t ea = a->offset + cl_st_size(a->storage) * a->n, eb = b->offset + cl_st_size(b->storage) * b->n;
   return a->region == b->region && a->offset < eb && b->offset < ea;
 }
@@ -412,7 +421,7 @@ static bool all_float(const RtStep *st) {
   return true;
 }
 
-static int lower_call(Lower *L, Steps *s) {
+int cl_lower_call(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Func *k = op->callee;
   int fi = -1;
@@ -438,7 +447,7 @@ static int lower_call(Lower *L, Steps *s) {
     /* a reduction of size-1 dims (count 1) writes output o at point o: element for element too */
     bool elementwise = !(ret->kind == VAL_RESULT && op_info(ret->def->kind)->cls == CLASS_REDUCTION) || info->count == 1;
     for (int i = 0; i < st->n_in + st->n_out; i++) {
-      if (i == o || !overlap(&st->bufs[i], &st->bufs[o])) continue;
+      if (i == o || !cl_overlap(&st->bufs[i], &st->bufs[o])) continue;
       bool exact = i < st->n_in && elementwise && st->bufs[i].offset == st->bufs[o].offset && st->bufs[i].n == N &&
                    st->bufs[o].n == N && cl_st_size(st->bufs[i].storage) == cl_st_size(st->bufs[o].storage);
       if (!exact)
@@ -468,34 +477,6 @@ static int lower_call(Lower *L, Steps *s) {
   st->i[1] = info->split;
   st->block[0] = info->fin_block;
   st->grid[0] = clamp_grid((info->fin_work + info->fin_block - 1) / info->fin_block, 65536);
-  return 0;
-}
-
-/* A matmul; into_global (NULL: none) is the f32 gradient the GEMM accumulates its result into
-   (C = that global, beta = 1: fuse_grad_accum), instead of writing its own result. */
-static int lower_matmul(Lower *L, Steps *s, const Value *into_global) {
-  const Op *op = L->op;
-  const Type *a = &op->operands[0]->type, *b = &op->operands[1]->type, *c = &op->results[0]->type;
-  bool ta = op_bool(op, "ta"), tb = op_bool(op, "tb");
-  int64_t M = c->dims[c->rank - 2], N = c->dims[c->rank - 1], K = a->dims[a->rank - (ta ? 2 : 1)];
-  RtStep *st = cl_new_step(L, s, RT_STEP_GEMM, 0, "");
-  if (!st || cl_set_operand_bufs(L, st)) return IR_EINPUT;
-  int64_t batch = M * N != 0 ? type_numel(c) / (M * N) : 0;
-  /* activations times a shared weight: the batch folded into M (one GEMM of batch x M rows;
-     A's and C's batches follow one another) */
-  if (batch > 1 && b->rank == 2 && !ta) {
-    M *= batch;
-    batch = 1;
-  }
-  int64_t v[9] = {batch, M, N, K, ta, tb, M * K, b->rank > 2 ? K * N : 0, M * N};
-  memcpy(st->i, v, sizeof v);
-  st->grid[0] = st->block[0] = 0;   /* a library call: no launch of ours */
-  if (into_global) {
-    if (cl_buf_of(L, into_global, &st->bufs[2])) return IR_EINPUT;
-    st->i[CUDA_GEMM_BETA_INT] = 1;
-    size_t n = strlen(st->label);
-    snprintf(st->label + n, sizeof st->label - n, " (+= $%s)", into_global->global->name);
-  }
   return 0;
 }
 
@@ -1191,7 +1172,7 @@ static bool extends(const Lower *L, const RtStep *h, const RtStep *u) {
 static bool conflict(const RtStep *t, const RtStep *u) {
   for (int i = 0; i < t->n_in + t->n_out; i++)
     for (int j = 0; j < u->n_in + u->n_out; j++)
-      if ((i >= t->n_in || j >= u->n_in) && overlap(&t->bufs[i], &u->bufs[j])) return true;
+      if ((i >= t->n_in || j >= u->n_in) && cl_overlap(&t->bufs[i], &u->bufs[j])) return true;
   return false;
 }
 
@@ -1270,7 +1251,7 @@ typedef struct {
 } NormChain;
 
 /* Uses of v as an operand of f's ops or as a result of f. */
-static int uses(const Func *f, const Value *v) {
+int cl_uses(const Func *f, const Value *v) {
   int n = 0;
   for (int i = 0; i < f->ops.n; i++) {
     const Op *op = f->ops.items[i];
@@ -1296,7 +1277,7 @@ static int find_norm_chain(Lower *L, const Func *f, int at, NormChain *c) {
     if (is_sumsq_kernel(op->callee)) {
       const Value *g = op->operands[0];
       if (g->kind != VAL_GLOBAL || L->global_region[g->global->index] != RT_REGION_GRADS || pending == 2 ||
-          uses(f, op->results[0]) != 1)
+          cl_uses(f, op->results[0]) != 1)
         break;
       c->grads[c->n_grads++] = g->global->index;
       sums[pending++] = op->results[0];
@@ -1307,7 +1288,7 @@ static int find_norm_chain(Lower *L, const Func *f, int at, NormChain *c) {
     /* total + sum, or the first two sums */
     bool ok = (total && pending == 1 && ((a == total && b == sums[0]) || (b == total && a == sums[0]))) ||
               (!total && pending == 2 && ((a == sums[0] && b == sums[1]) || (a == sums[1] && b == sums[0])));
-    if (!ok || (total && uses(f, total) != 1)) break;
+    if (!ok || (total && cl_uses(f, total) != 1)) break;
     total = op->results[0];
     pending = 0;
   }
@@ -1369,248 +1350,27 @@ static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
   return cl_instantiate(L, st, "sumparts", "loom_sum_parts", (const int[]){1, -1}, NULL, "", 256);
 }
 
-/* ---------------------------------------------------------------- gradient accumulation
-
-   The training passes leave each gradient as `%g = matmul ...` (or a fused reduction), in
-   bf16 `%f = call @cast(%g)` to f32, then `accumulate $grad.X, %f`: two or three launches and
-   the gradient written and read twice.  Here:
-     - matmul [+ cast] + accumulate, consecutive, each result used once, into an f32 global of
-       as many elements: one GEMM with C = the global and beta = 1 (f32 accumulation of the
-       product, no bf16 rounding of it: fp32 programs give the same bits, bf16 ones a more
-       exact sum);
-     - cast + accumulate, consecutive, the cast's result used once: one loom_update that reads
-       the narrow value and adds it in f32 (the same arithmetic, the same bits).
-   Done in the lowering rather than in fuse: the GEMM is a library call the IR has no op for
-   (matmul with an accumulator), and the pairs are adjacent in every program the passes make. */
-
-/* The fusions that move a bf16 (f16) program's rounding points (a product no longer rounded to
-   its dtype before the bias, the residual or the f32 gradient is added) are on only with
-   LOOM_CUDA_FUSE_BF16=1: more exact, but no longer within the suite's 2e-2 of the CPU
-   backend's bf16 program, which rounds at every op (its gradients differ by up to 2.7%).
-   fp32 programs fuse always (the same bits, or within 1e-5). */
-static bool fuse_narrow(void) {
-  const char *e = getenv("LOOM_CUDA_FUSE_BF16");
-  return e && *e && strcmp(e, "0");
-}
-
-/* A kernel func that only converts its one float argument to another float dtype. */
-static bool is_cast_call(const Op *op) {
-  if (op->kind != OP_CALL || op->n_operands != 1 || op->n_results != 1) return false;
-  const Func *k = op->callee;
-  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 1) return false;
-  const Op *c = k->ops.items[0];
-  return c->kind == OP_CAST && c->operands[0] == k->args.items[0] && k->rets.items[0] == c->results[0] &&
-         dtype_is_float(c->operands[0]->type.dtype) && dtype_is_float(c->results[0]->type.dtype);
-}
-
-/* Op `at` of f is `accumulate $g, v` into an f32 global of v's element count. */
-static const Value *accumulates(const Func *f, int at, const Value *v) {
-  if (at >= f->ops.n) return NULL;
-  const Op *op = f->ops.items[at];
-  if (op->kind != OP_ACCUMULATE || op->operands[1] != v) return NULL;
-  const Value *g = op->operands[0];
-  if (g->kind != VAL_GLOBAL || g->type.dtype != DT_F32 || type_numel(&g->type) != type_numel(&v->type)) return NULL;
-  return g;
-}
-
-/* Op i (a matmul or a cast call) followed by its accumulation: the global (and marks the ops
-   it takes over as skipped), or NULL. */
-static const Value *fuse_grad_accum(Lower *L, const Func *f, int i) {
-  if (getenv("LOOM_CUDA_NO_ACC_FUSION")) return NULL;   /* the unfused program, for the tests */
-  const Op *op = f->ops.items[i];
-  const Value *r = op->n_results == 1 ? op->results[0] : NULL;
-  if (!r || uses(f, r) != 1) return NULL;
-  if (op->kind == OP_CALL) {
-    if (!is_cast_call(op) || r->type.dtype != DT_F32) return NULL;
-    const Value *g = accumulates(f, i + 1, r);
-    if (g) L->skip[i + 1] = true;
-    return g;
+/* Op *i of the current function (not skipped) as its steps; *i moves to the last op it took
+   (a norm chain takes several). */
+int cl_lower_op(Lower *L, Steps *s, int *i) {
+  const Func *f = L->f;
+  L->op = f->ops.items[*i];
+  NormChain nc;
+  if (L->op->kind == OP_CALL && find_norm_chain(L, f, *i, &nc)) {
+    int rc = lower_norm_chain(L, s, &nc);
+    free(nc.grads);
+    *i = nc.last;
+    return rc;
   }
-  if (op->kind != OP_MATMUL || i + 1 >= f->ops.n) return NULL;
-  const Value *g = NULL;
-  int last = i + 1;
-  if (r->type.dtype == DT_F32) g = accumulates(f, i + 1, r);
-  else if (fuse_narrow()) {
-    const Op *c = f->ops.items[i + 1];
-    if (is_cast_call(c) && c->operands[0] == r && c->results[0]->type.dtype == DT_F32 && uses(f, c->results[0]) == 1)
-      g = accumulates(f, last = i + 2, c->results[0]);
+  if (L->gemm_at[*i] >= 0) return cl_lower_gemm_at(L, s, *i);
+  if (L->leaf_into[*i].n) return cl_lower_tree_leaf(L, s, *i);
+  L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, *i);
+  const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, *i) : NULL;
+  switch (L->op->kind) {
+  case OP_CALL: return acc ? cl_lower_cast_accumulate(L, s, acc) : cl_lower_call(L, s);
+  case OP_MATMUL: return cl_lower_matmul_op(L, s, *i, acc);
+  default: return cl_mesh_op(L->op) ? cl_lower_mesh_op(L, s) : lower_builtin(L, s);
   }
-  for (int k = i + 1; g && k <= last; k++) L->skip[k] = true;
-  return g;
-}
-
-/* cast + accumulate as one step: loom_update<f32 global, narrow value, acc>. */
-static int lower_cast_accumulate(Lower *L, Steps *s, const Value *g) {
-  const Value *x = L->op->operands[0];
-  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, "");
-  if (!st || cl_set_bufs(L, st, (const Value *const[]){g, x}, 2, false)) return IR_EINPUT;
-  snprintf(st->label, sizeof st->label, "accumulate $%s (cast)", g->global->name);
-  st->i[0] = type_numel(&x->type);
-  cl_launch_ew(st, st->i[0]);
-  return cl_instantiate(L, st, "accumulate", "loom_update", (const int[]){0, 1, -1}, "true", "", 1024);
-}
-
-/* ---------------------------------------------------------------- GEMM epilogues
-
-   A matmul whose result only feeds the next op (or the one after, when the op between may run
-   first), a fused kernel that adds a bias [N] to it (broadcast over the rows), then maybe GELU
-   (tanh form, keeping the pre-activation as a result too: gelu_new's forward) or a residual of
-   the result's shape (or only adds that residual), then maybe a reshape, becomes one cuBLASLt
-   call with the epilogue BIAS or GELU_AUX_BIAS and, for the residual, beta = 1 with C = the
-   residual (program.h, RT_GEMM_EPI_INT).  The kernel's launch and its
-   read and write of the product are gone.  The product is no longer rounded to the result's
-   dtype before the bias (and the residual) are added: bf16 results differ from the unfused
-   program's in their last bits (fp32 ones by the order of the additions).  In the lowering
-   rather than in fuse: the pattern is a matmul next to a fused kernel, which fuse makes.
-   LOOM_CUDA_NO_EPILOGUE=1 keeps them apart (the tests' unfused program). */
-typedef struct {
-  const Value *bias, *residual;   /* the call's operands */
-  const Value *out, *pre;         /* the call's results: the GEMM's C, and GELU's pre-activation */
-} Epilogue;
-
-/* Does op j of f read value v? */
-static bool reads(const Func *f, int j, const Value *v) {
-  const Op *op = f->ops.items[j];
-  for (int k = 0; k < op->n_operands; k++)
-    if (op->operands[k] == v) return true;
-  return false;
-}
-
-/* The call operand bound to kernel argument v (an arg of callee), or NULL. */
-static const Value *operand_of(const Op *call, const Value *v) {
-  const Func *k = call->callee;
-  for (int a = 0; a < k->args.n; a++)
-    if (k->args.items[a] == v) return call->operands[a];
-  return NULL;
-}
-
-/* add(x, y) with one side `known`: the other side, or NULL. */
-static const Value *other_side(const Op *op, const Value *known) {
-  if (op->kind != OP_ADD) return NULL;
-  return op->operands[0] == known ? op->operands[1] : op->operands[1] == known ? op->operands[0] : NULL;
-}
-
-static bool same_type(const Type *a, const Type *b) {
-  if (a->dtype != b->dtype || type_numel(a) != type_numel(b)) return false;
-  return true;
-}
-
-/* The matmul at op i and the kernel call at op j (> i) that uses its product. */
-static bool match_epilogue(const Func *f, int i, int j, Epilogue *e) {
-  memset(e, 0, sizeof *e);
-  if (getenv("LOOM_CUDA_NO_EPILOGUE") || j >= f->ops.n) return false;
-  const Op *mm = f->ops.items[i], *call = f->ops.items[j];
-  const Value *r = mm->results[0];
-  const Type *rt = &r->type;
-  if ((rt->dtype != DT_BF16 && rt->dtype != DT_F32 && rt->dtype != DT_F16) || uses(f, r) != 1 || call->kind != OP_CALL)
-    return false;
-  if (rt->dtype != DT_F32 && !fuse_narrow()) return false;
-  const Func *k = call->callee;
-  if (!k || !k->is_kernel || k->ops.n < 1 || k->ops.n > 4) return false;
-  const Value *m = NULL;   /* the kernel's argument that is the product */
-  for (int a = 0; a < k->args.n; a++)
-    if (call->operands[a] == r) {
-      if (m) return false;
-      m = k->args.items[a];
-    }
-  if (!m) return false;
-  int64_t N = rt->dims[rt->rank - 1];
-  /* broadcast bias; add product, bias (or no bias: a residual alone follows) */
-  const Op *bc = k->ops.items[0], *add = k->ops.n > 1 ? k->ops.items[1] : NULL;
-  const Value *last = m;
-  int at = 0;
-  /* a bias (and GELU's pre-activation, whose leading dimension cuBLASLt wants a multiple of
-     8) only on a width of a multiple of 8: no algorithm is promised for the others, and the
-     unfused kernel would be gone */
-  if (add && N % 8 == 0 && bc->kind == OP_BROADCAST && bc->operands[0]->kind == VAL_ARG && bc->operands[0]->type.rank == 1 &&
-      bc->operands[0]->type.dims[0] == N && bc->operands[0]->type.dtype == rt->dtype &&
-      other_side(add, bc->results[0]) == m && same_type(&add->results[0]->type, rt)) {
-    e->bias = operand_of(call, bc->operands[0]);
-    last = add->results[0];
-    at = 2;
-  }
-  if (at < k->ops.n) {
-    const Op *op = k->ops.items[at];
-    const Value *x = other_side(op, last);
-    if (op->kind == OP_GELU_TANH && op->operands[0] == last && e->bias) {
-      e->pre = last;
-      last = op->results[0];
-      at++;
-    } else if (x && x->kind == VAL_ARG && x != m && same_type(&x->type, rt) && same_type(&op->results[0]->type, rt)) {
-      e->residual = operand_of(call, x);
-      last = op->results[0];
-      at++;
-    }
-  }
-  if (at < k->ops.n && ((const Op *)k->ops.items[at])->kind == OP_RESHAPE &&
-      ((const Op *)k->ops.items[at])->operands[0] == last) {
-    last = ((const Op *)k->ops.items[at])->results[0];
-    at++;
-  }
-  if (at != k->ops.n) return false;
-  /* results: the last value alone, or the pre-activation and GELU's value */
-  if (e->pre ? !(k->rets.n == 2 && k->rets.items[0] == e->pre && k->rets.items[1] == last)
-             : !(k->rets.n == 1 && k->rets.items[0] == last))
-    return false;
-  if (e->pre && uses(k, e->pre) != 2) return false;   /* GELU and the return only */
-  e->out = call->results[e->pre ? 1 : 0];
-  if (e->pre) e->pre = call->results[0];
-  return (e->bias || e->residual) && (!e->residual || e->residual != r);
-}
-
-/* The matmul L->op with the epilogue e: A B bias [residual] -> out [pre-activation]. */
-/* Would lower_matmul make L->op one GEMM of batch 1 (after folding a shared weight's batch)? */
-static bool lower_matmul_step_is_single(const Lower *L) {
-  const Op *op = L->op;
-  const Type *b = &op->operands[1]->type, *c = &op->results[0]->type;
-  int64_t MN = c->dims[c->rank - 2] * c->dims[c->rank - 1];
-  return MN > 0 && (type_numel(c) == MN || (b->rank == 2 && !op_bool(op, "ta")));
-}
-
-static int lower_matmul_epilogue(Lower *L, Steps *s, const Epilogue *e) {
-  if (lower_matmul(L, s, NULL)) return IR_EINPUT;
-  RtStep *st = &s->items[s->n - 1];
-  if (st->i[0] != 1) return cl_fail(L, "internal error: a GEMM epilogue on a batch of %lld", (long long)st->i[0]);
-  int n = 2;
-  if (e->bias && cl_buf_of(L, e->bias, &st->bufs[n++])) return IR_EINPUT;
-  if (e->residual && cl_buf_of(L, e->residual, &st->bufs[n++])) return IR_EINPUT;
-  st->n_in = n;
-  st->n_out = 1;
-  if (cl_buf_of(L, e->out, &st->bufs[n])) return IR_EINPUT;
-  if (e->pre) {
-    st->n_out = 2;
-    if (cl_buf_of(L, e->pre, &st->bufs[n + 1])) return IR_EINPUT;
-  }
-  st->i[CUDA_GEMM_EPI_INT] = (e->bias ? RT_GEMM_EPI_BIAS : 0) | (e->pre ? RT_GEMM_EPI_GELU : 0) |
-                             (e->residual ? RT_GEMM_EPI_C : 0);
-  const Value *o = e->pre ? e->pre : e->out;
-  snprintf(st->label, sizeof st->label, "matmul %%%s%s%s%s", o->name ? o->name : "?", e->bias ? " + bias" : "",
-           e->pre ? ", gelu" : "", e->residual ? " + residual" : "");
-  return 0;
-}
-
-/* May op j of f (a call or builtin) run before the matmul mm: none of its results shares memory
-   with mm's operands (the memory plan may have given their place away after mm), and it is no
-   matmul, accumulate or update of a global (the cases this reordering does not need)? */
-static bool may_precede(Lower *L, const Func *f, int j, const Op *mm) {
-  const Op *op = f->ops.items[j];
-  if (op->kind != OP_CALL || !op->callee || !op->callee->is_kernel) return false;
-  for (int k = 0; k < op->n_results; k++) {
-    RtBuf rb;
-    if (op->results[k]->kind == VAL_GLOBAL || cl_buf_of(L, op->results[k], &rb)) {
-      L->err[0] = 0;
-      return false;
-    }
-    for (int a = 0; a < 2; a++) {
-      RtBuf ab;
-      if (cl_buf_of(L, mm->operands[a], &ab)) {
-        L->err[0] = 0;
-        return false;
-      }
-      if (overlap(&rb, &ab)) return false;
-    }
-  }
-  return true;
 }
 
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
@@ -1639,50 +1399,42 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
     free(L->handle);
     return cl_fail(L, "out of memory");
   }
+  rc = cl_plan_bgrad(L, f);
   for (int i = 0; i < f->ops.n && !rc; i++) {
-    L->op = f->ops.items[i];
-    if (L->skip[i]) continue;
-    NormChain nc;
-    if (L->op->kind == OP_CALL && find_norm_chain(L, f, i, &nc)) {
-      rc = lower_norm_chain(L, &s, &nc);
-      free(nc.grads);
-      i = nc.last;
-      continue;
-    }
-    L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, i);
-    const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? fuse_grad_accum(L, f, i) : NULL;
-    switch (L->op->kind) {
-    case OP_CALL: rc = acc ? lower_cast_accumulate(L, &s, acc) : lower_call(L, &s); break;
-    case OP_MATMUL: {
-      /* the product's user: the next op, or the one after when the op between (the bias's
-         cast) neither reads the product nor writes the matmul's operands: the GEMM then runs
-         at the user's place, after it */
-      int j = i + 1;
-      if (j < f->ops.n && !reads(f, j, L->op->results[0]) && j + 1 < f->ops.n && may_precede(L, f, j, L->op)) j++;
-      Epilogue e;
-      if (!acc && lower_matmul_step_is_single(L) && match_epilogue(f, i, j, &e)) {
-        const Op *mm = L->op;
-        if (j > i + 1) {   /* the op between first */
-          L->op = f->ops.items[i + 1];
-          L->skip[i + 1] = true;
-          rc = lower_call(L, &s);
-          L->op = mm;
-        }
-        L->skip[j] = true;
-        if (!rc) rc = lower_matmul_epilogue(L, &s, &e);
-      } else {
-        rc = lower_matmul(L, &s, acc);
-      }
-      break;
-    }
-    default: rc = cl_mesh_op(L->op) ? cl_lower_mesh_op(L, &s) : lower_builtin(L, &s); break;
-    }
+    if (L->skip[i] || L->defer[i] >= 0) continue;   /* lowered with another op, or after one */
+    rc = cl_lower_op(L, &s, &i);
   }
   L->op = NULL;
   free(L->skip);
   free(L->handle);
+  free(L->defer);
+  free(L->bgrad);
+  free(L->bgrad_scratch);
+  free(L->gemm_at);
+  free(L->resid);
+  free(L->sum_into);
+  L->resid = NULL;
+  L->sum_into = NULL;
+  free(L->acc_into);
+  free(L->acc_ld);
+  free(L->leaf_into);
+  free(L->leaf_of);
+  L->acc_into = NULL;
+  L->acc_ld = NULL;
+  L->leaf_into = NULL;
+  L->leaf_of = NULL;
+  free(L->view);
+  free(L->view_ld);
+  L->view = NULL;
+  L->view_ld = NULL;
+  L->n_view = 0;
+  L->bgrad_scratch = NULL;
+  L->gemm_at = NULL;
+  L->moved_value = NULL;
   L->skip = NULL;
   L->handle = NULL;
+  L->defer = NULL;
+  L->bgrad = NULL;
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
