@@ -140,6 +140,8 @@ static int run_all(MeshCpu *mc, Job *jobs, int func, void *rets0, void *rets1, c
       rc = jobs[k].rc;
       snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
     }
+  if (rc && mc->rx.lw && local_world_fault(mc->rx.lw))   /* the rank and collective that stopped the world */
+    snprintf(err, errlen, "%.2000s", local_world_fault(mc->rx.lw));
   return rc;
 }
 

@@ -151,6 +151,8 @@ int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *
       if (r->world > 1) snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
       else snprintf(err, errlen, "%s", jobs[k].err);
     }
+  if (rc && r->lw && local_world_fault(r->lw))   /* the rank and collective that stopped the world */
+    snprintf(err, errlen, "%.2000s", local_world_fault(r->lw));
   for (int i = 0; i < f->rets.n; i++) {
     rets[i] = rc ? NULL : jobs[0].ret[i];   /* replicated: every rank has the same */
     if (rc) tensor_free(jobs[0].ret[i]);
