@@ -414,9 +414,9 @@ LocalWorld *local_world_new(const int64_t mesh[COMM_AXES], char *err, size_t err
     if (strlen(f) >= sizeof w->fault ||
         sscanf(f, "%7[a-z]:%d:%lld%c", w->fault_kind, &w->fault_rank, &w->fault_n, &tail) != 3 ||
         (strcmp(w->fault_kind, "hang") && strcmp(w->fault_kind, "kill") && strcmp(w->fault_kind, "fail")) ||
-        w->fault_rank < 0 || w->fault_n < 1) {
-      snprintf(err, errlen, "LOOM_MESH_FAULT=%.100s: give hang:R:N, kill:R:N or fail:R:N (rank R, its collective #N "
-               "counted from 1)", f);
+        w->fault_rank < 0 || w->fault_rank >= w->world || w->fault_n < 1) {
+      snprintf(err, errlen, "LOOM_MESH_FAULT=%.100s: give hang:R:N, kill:R:N or fail:R:N (rank R < %d, the mesh's "
+               "ranks; its collective #N, counted from 1)", f, w->world);
       free(w);
       return NULL;
     }

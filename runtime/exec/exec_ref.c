@@ -270,7 +270,7 @@ static int open_common(RefExec *r, const Module *m, uint64_t seed, const char *i
   }
   int64_t mesh[COMM_AXES];
   for (int a = 0; a < COMM_AXES; a++) mesh[a] = m->mesh.size[a];
-  if (r->world > 1 && !(r->lw = local_world_new(mesh, err, errlen))) return 1;
+  if (r->world > 1 && !(r->lw = local_world_new(mesh, err, errlen))) return EXIT_USAGE;   /* LOOM_MESH_FAULT or _TIMEOUT */
   /* Whole tensors, initialized as a single-rank run would, then split to the ranks.  Views
      only: the exposed ones, left as calloc made them (no page touched until a sync_out or a
      resume writes one), and no rank stores: the executor's ranks fill their own pieces. */
