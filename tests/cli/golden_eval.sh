@@ -124,6 +124,22 @@ else
   echo "SKIP PyTorch's mean over the batches: set LOOM_TEST_PYTHON to a python with torch and transformers"
 fi
 
+# A long run says where it is: a progress line every 2 s (500 batches on the reference executor).
+expect_exit 0 "loom data: a byte-level shard (cut to 32,001 tokens below)" "$LOOM" data data/shakespeare.txt -o "$TMP/long.bin"
+python3 -c "
+import struct, sys
+b = open('$TMP/long.bin', 'rb').read(); h = bytearray(b[:1024]); struct.pack_into('<i', h, 8, 32001)
+open('$TMP/long500.bin', 'wb').write(bytes(h) + b[1024:1024 + 2 * 32001])"
+expect_exit 0 "loom eval of 500 batches on the reference executor" "$LOOM" eval models/gpt2-tiny.json \
+  --weights $G/weights.safetensors --tokens "$TMP/long500.bin" --backend ref
+expect_stderr_contains "eval of 32000 tokens (500 batches of 2 x 32)"
+took=$(grep -o 'took [0-9.]* s' "$ERR" | cut -d' ' -f2)
+if awk -v t="$took" 'BEGIN { exit !(t >= 2.5) }'; then
+  expect_stderr_matches "eval: batch [0-9]+ of 500, mean loss so far [0-9.]+, [0-9.]+ s"
+else
+  echo "SKIP the progress line: the run took $took s (< 2.5 s: no line is due)"
+fi
+
 # --weights a Hugging Face folder from loom train --out DIR/ (as loom sample takes it).
 expect_exit 0 "loom train --out DIR/ (2 steps)" "$LOOM" train models/gpt2-tiny.json --data $G/tokens.bin --steps 2 -q \
   --init $G/weights.safetensors --out "$TMP/hf/"
