@@ -281,7 +281,10 @@ int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_
   e->close = mesh_close_ev;
   e->world = (int)mesh_world(&m->mesh);
   snprintf(e->where, sizeof e->where, "the cpu backend");
-  return eval_cpu_mesh_open((MeshCpu **)&e->impl, m, prog, n, llvm, weights, err, errlen);
+  MeshCpu *mc = NULL;
+  int rc = eval_cpu_mesh_open(&mc, m, prog, n, llvm, weights, err, errlen);
+  e->impl = mc;   /* closed whatever the open did */
+  return rc;
 }
 
 void eval_close(Evaluator *e) {
