@@ -129,6 +129,8 @@ expect_exit 2 "a fixed dp that does not divide" "$LOOM" plan $M --gpus 4 --mesh 
 expect_stderr_contains "does not divide --gpus 4"
 expect_exit 2 "ep with a dense model" "$LOOM" plan $M --gpus 4 --mesh ep=2
 expect_stderr_contains "expert parallelism splits a mixture of experts' experts"
+expect_exit 2 "a misspelt flag of plan" "$LOOM" plan $M --gups 4
+expect_stderr_contains "unknown option '--gups'; did you mean '--gpus'?"
 expect_exit 2 "--gpus is required" "$LOOM" plan $M
 expect_stderr_contains "--gpus N is required"
 finish
