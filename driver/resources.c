@@ -59,6 +59,14 @@ static void rank_needs(const Module *m, int target, double *state, double *arena
   int64_t peak = memory_rank_peak(m, target);
   if (peak > 0 && (double)peak > *state) *arena = (double)peak - *state;
   if (peak > 0 && m->pipe.kind) *state = (double)peak, *arena = 0;   /* the pipelined peak is not split */
+  /* The arena a rank allocates is the largest of every function's, @forward's included (the
+     evaluation function, which memory_rank_peak leaves out of a step's peak): on a dp mesh
+     it gathers the whole batch's logits on every rank, so at dp=4096 it, not the step, is
+     what no machine holds. */
+  for (int i = 0; i < m->funcs.n && !m->pipe.kind; i++) {
+    const Func *f = m->funcs.items[i];
+    if (!f->is_kernel && (double)f->arena_bytes > *arena) *arena = (double)f->arena_bytes;
+  }
 }
 
 int run_check_memory(const Module *m, const RunSpec *s, Backend backend, char *err, size_t errlen) {
