@@ -80,6 +80,13 @@ typedef struct {
   bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
   int *handle;               /* per value id of the current function: its collective start's handle */
   int n_handles;
+  int n_values;              /* value ids of the current function (func_number) */
+  /* lower_fuse.c, the bf16 weight copies: per global, its copy's offset in the parameter
+     region (-1: none) and dtype; per value id of the current function, the global + 1 whose
+     copy holds the value (0: none) */
+  int64_t *copy_offset;
+  DType *copy_dtype;
+  int *value_copy;
   char *err;
   size_t errlen;
 } Lower;
@@ -119,6 +126,20 @@ int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused 
 const Value *cl_fuse_grad_accum(Lower *L, const Func *f, int i);
 int cl_lower_cast_accumulate(Lower *L, Steps *s, const Value *g);
 int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc);
+
+/* lower_fuse.c: the bf16 weight copies (see its opening comment).  cl_weight_copies_plan:
+   which parameters get one, after the globals are placed (grows the parameter region).
+   cl_weight_copy_call: L->op is the cast of such a parameter (true: no step; its result reads
+   the copy).  cl_weight_copy_follow: a reshape at the same place reads the same copy.
+   cl_weight_copy_buf: v's buffer is a copy (cl_buf_of's first question).  cl_weight_copy_adamw:
+   the in-place adamw step st of such a parameter also writes its copy (an output appended;
+   1) or not (0).  cl_weight_copies_func: the function RT_FUNC_WEIGHT_COPIES (no steps: none). */
+int cl_weight_copies_plan(Lower *L);
+bool cl_weight_copy_call(Lower *L);
+void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to);
+bool cl_weight_copy_buf(const Lower *L, const Value *v, RtBuf *b);
+int cl_weight_copy_adamw(Lower *L, RtStep *st);
+int cl_weight_copies_func(Lower *L, RtFunc *rf);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

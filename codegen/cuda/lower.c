@@ -82,6 +82,7 @@ static const char *vname(const Value *v) {
 
 /* The buffer of a value: a global's region, or the function's arena. */
 int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
+  if (cl_weight_copy_buf(L, v, b)) return 0;   /* a parameter's cast, read from its bf16 copy (lower_fuse.c) */
   memset(b, 0, sizeof *b);
   int st = storage_of(v->type.dtype);
   if (st < 0)
@@ -420,6 +421,7 @@ int cl_lower_call(Lower *L, Steps *s) {
   for (int i = 0; i < L->m->funcs.n; i++)
     if (L->m->funcs.items[i] == k) fi = i;
   if (fi < 0 || !k->is_kernel) return cl_fail(L, "calls @%s, which is not a kernel func of this module", k->name);
+  if (cl_weight_copy_call(L)) return 0;   /* the cast of a parameter with a bf16 copy: no step (lower_fuse.c) */
   if (fused_kernel(L, fi)) return IR_EINPUT;
   const CudaKernelInfo *info = &L->fused_info[fi];
   bool split = info->split > 1;
@@ -1022,6 +1024,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (op->operands[0]->kind != VAL_GLOBAL && op->operands[0]->offset == op->results[0]->offset) {
       RtBuf a, b;   /* shares its operand's buffer: no step, but check both */
       if (cl_buf_of(L, op->operands[0], &a) || cl_buf_of(L, op->results[0], &b)) return IR_EINPUT;
+      cl_weight_copy_follow(L, op->operands[0], op->results[0]);
       return 0;
     }
     STEP("");
@@ -1093,6 +1096,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     for (int i = 0; i < 10; i++)
       if (st->bufs[i].storage != RT_ST_F32) vec = false;
     cl_launch_ew(st, vec ? cnt / 4 : cnt);
+    /* the parameter's bf16 copy written too (lower_fuse.c): output 4, buffer 10 */
+    if (L->adamw_in_place && cl_weight_copy_adamw(L, st))
+      return cl_instantiate(L, st, "adamw", "loom_adamw_copy", IDX(0, 1, 2, 3, 4, 10), vec ? "true" : "false",
+                            vec ? "_v4" : "", 1024);
     return cl_instantiate(L, st, "adamw", "loom_adamw", IDX(0, 1, 2, 3, 4), vec ? "true" : "false", vec ? "_v4" : "", 1024);
   }
   default: break;
@@ -1154,7 +1161,9 @@ static bool extends(const Lower *L, const RtStep *h, const RtStep *u) {
       if (!follows(&h->bufs[k], &u->bufs[k], &d) || (k > 0 && d != d0)) return false;
       d0 = d;
     }
-    return true;
+    /* the bf16 copies (lower_fuse.c: the parameters' mirror at half scale): the same distance */
+    return h->n_out == 3 || (h->n_out == 4 && u->n_out == 4 && h->bufs[10].region == u->bufs[10].region &&
+                             u->bufs[10].offset - h->bufs[10].offset == d0 * cl_st_size(h->bufs[10].storage));
   }
   return launches(L, h, "loom_fill_") && launches(L, u, "loom_fill_") && h->n_in == 0 && u->n_in == 0 &&
          h->f[0] == u->f[0] && follows(&h->bufs[0], &u->bufs[0], &d);
@@ -1198,7 +1207,7 @@ static void merge_updates(const Lower *L, RtFunc *rf) {
     int64_t n = (u->bufs[0].offset - h->bufs[0].offset) / cl_st_size(u->bufs[0].storage) + u->bufs[0].n;
     bool adamw = launches(L, h, "loom_adamw_");
     for (int k = 0; k < (adamw ? 4 : 1); k++) h->bufs[k].n = n;
-    for (int k = 7; adamw && k < 10; k++) h->bufs[k].n = n;
+    for (int k = 7; adamw && k < 7 + h->n_out; k++) h->bufs[k].n = n;   /* p m v and the bf16 copy */
     h->i[0] = n;
     bool vec = strstr(L->names[h->which], "_v4") != NULL;   /* 4 per thread; every span stays a multiple of 4 */
     cl_launch_ew(h, vec ? n / 4 : n);
@@ -1361,7 +1370,9 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   Steps s = {0};
   int rc = 0;
   L->skip = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
-  L->handle = calloc((size_t)func_number((Func *)f) + 1, sizeof(int));
+  L->n_values = func_number((Func *)f);
+  L->handle = calloc((size_t)L->n_values + 1, sizeof(int));
+  L->value_copy = NULL;   /* lower_fuse.c: values read from a parameter's bf16 copy */
   L->n_handles = 0;
   if (!L->skip || !L->handle) {
     free(L->skip);
@@ -1389,8 +1400,10 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->op = NULL;
   free(L->skip);
   free(L->handle);
+  free(L->value_copy);
   L->skip = NULL;
   L->handle = NULL;
+  L->value_copy = NULL;
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
@@ -1430,7 +1443,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   int n_programs = 0;
   for (int i = 0; i < nf; i++)
     if (!((const Func *)m->funcs.items[i])->is_kernel) n_programs++;
-  out->funcs = calloc((size_t)(n_programs ? n_programs : 1), sizeof(RtFunc));
+  out->funcs = calloc((size_t)n_programs + 1, sizeof(RtFunc));   /* + the bf16 weight copies' */
   if (!L.global_offset || !L.global_region || !L.fused_symbol || !L.fused_fin || !L.fused_info || !out->globals ||
       !out->funcs) {
     rc = cl_fail(&L, "out of memory");
@@ -1466,12 +1479,18 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   }
   free(order);
   for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = cg_align64(out->region_bytes[r]);
+  if (!rc) rc = cl_weight_copies_plan(&L);   /* the parameters with a bf16 copy (lower_fuse.c) */
 
   /* program functions (kernels are compiled as their calls are met) */
   for (int i = 0; i < nf && !rc; i++) {
     const Func *f = m->funcs.items[i];
     if (f->is_kernel) continue;
     rc = lower_func(&L, f, &out->funcs[out->n_funcs++]);
+  }
+  if (!rc) {   /* the function that writes the copies, when there are any */
+    RtFunc wc;
+    rc = cl_weight_copies_func(&L, &wc);
+    if (!rc && wc.n_steps) out->funcs[out->n_funcs++] = wc;
   }
   /* kernels no program calls still belong to the translation unit (--emit=cuda shows them) */
   for (int i = 0; i < nf && !rc; i++) {
@@ -1507,6 +1526,8 @@ done:
   free(L.fused_symbol);
   free(L.fused_fin);
   free(L.fused_info);
+  free(L.copy_offset);
+  free(L.copy_dtype);
   free(L.names);
   str_free(&L.text);
   for (int b = 0; b < L.n_bodies; b++) free(L.bodies[b]);

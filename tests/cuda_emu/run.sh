@@ -369,6 +369,29 @@ for m in gpt2-tiny llama-tiny; do
   done
 done
 
+# The bf16 weight copies (codegen/cuda/lower_fuse.c: AdamW writes each parameter's bf16 copy,
+# the steps read it instead of casting; the runtime writes the copies after every load) against
+# the casts (LOOM_CUDA_NO_WEIGHT_COPIES=1): 3 steps of 2 micro-batches bit for bit (the same
+# rounding of the same values), on one device and on a dp=2 mesh (ZeRO-1 and 3 keep the
+# casts: their gathers write the parameters); --cost counts no cast launch left
+for mf in "llama-tiny:" "gpt2-tiny:--mesh dp=2"; do
+  m=${mf%%:*} fl=${mf#*:}
+  # shellcheck disable=SC2086
+  if LOOM_LIBNCCL=$(dirname "$LOOM_LIBCUDA")/libloom_fake_nccl.so LOOM_EMU_DEVICES=2 "$LOOM" train \
+       tests/golden/$m/train_spec.json --backend cuda --precision bf16 --steps 3 --batch 4 -q $fl --out "$tmp/wc-f.st" \
+       > "$tmp/log" 2>&1 &&
+     LOOM_LIBNCCL=$(dirname "$LOOM_LIBCUDA")/libloom_fake_nccl.so LOOM_EMU_DEVICES=2 LOOM_CUDA_NO_WEIGHT_COPIES=1 "$LOOM" \
+       train tests/golden/$m/train_spec.json --backend cuda --precision bf16 --steps 3 --batch 4 -q $fl \
+       --out "$tmp/wc-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/wc-f.st" "$tmp/wc-u.st" --rtol 0 > "$tmp/diff" 2>&1 &&
+     "$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision bf16 --batch 4 $fl --cost \
+       2>&1 | grep -Eq '^cast +0 '; then
+    ok "$m bf16 ${fl:-one device}: parameters' bf16 copies written by AdamW, 3 steps bit for bit the casting program, no cast launched"
+  else
+    bad "$m bf16 ${fl:-one device}: bf16 weight copies against the casts"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # GEMM epilogues (codegen/cuda/lower.c, "GEMM epilogues"; the cuBLASLt double computes BIAS
 # and GELU_AUX_BIAS and beta = 1 with C the residual): gradients and 3 training steps against
 # the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
@@ -395,14 +418,16 @@ done
 # CUDA graphs (runtime/cuda/cuda_exec.c): each function's steps captured once and replayed at
 # every call (the emulated driver records launches, memsets and the cuBLASLt double's GEMMs,
 # and replays them): 3 steps of 2 micro-batches are 9 graph launches and no kernel launched
-# one by one, and the results are those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
+# one by one but bf16's weight copies after the initialization (one launch: lower_fuse.c), and
+# the results are those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
 for mp in gpt2-tiny:fp32 llama-tiny:bf16; do
   m=${mp%%:*} p=${mp##*:}
+  direct=$([ $p = bf16 ] && echo 1 || echo 0)
   if LOOM_EMU_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
        --out "$tmp/graph.st" > "$tmp/graph.log" 2>&1 &&
      LOOM_CUDA_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
        --out "$tmp/nograph.st" > "$tmp/log" 2>&1 &&
-     grep -q 'loom-emu: 0 kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels' "$tmp/graph.log" &&
+     grep -q "loom-emu: $direct kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels" "$tmp/graph.log" &&
      "$ST_DIFF" "$tmp/graph.st" "$tmp/nograph.st" --rtol 0 > "$tmp/diff" 2>&1; then
     ok "$m $p: CUDA graphs, $(grep -o '9 graph launches.*' "$tmp/graph.log"); bit for bit the step-by-step run"
   else

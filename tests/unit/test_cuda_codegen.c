@@ -136,7 +136,9 @@ static const char *program_problem(const RtProgram *p, const Module *m, const ch
   for (int fi = 0; fi < p->n_funcs; fi++) {
     const RtFunc *f = &p->funcs[fi];
     const Func *irf = module_find_func(m, f->name);
-    if (!irf || f->arena_bytes < irf->arena_bytes) return snprintf(why, n, "@%s: arena", f->name), why;
+    bool copies = !strcmp(f->name, RT_FUNC_WEIGHT_COPIES);   /* the lowering's own (lower_fuse.c): no IR func */
+    if (copies && (f->n_args || f->n_rets)) return snprintf(why, n, "@%s: arguments", f->name), why;
+    if (!copies && (!irf || f->arena_bytes < irf->arena_bytes)) return snprintf(why, n, "@%s: arena", f->name), why;
     for (int s = 0; s < f->n_steps; s++) {
       const RtStep *st = &f->steps[s];
       if (st->kind == RT_STEP_KERNEL) {
@@ -256,9 +258,38 @@ static void test_tiny_models(void) {
       /* the optimizer: vectorized adamw on f32 state */
       const RtFunc *os = find_func(&p, "optimizer_step");
       const RtStep *ad = os ? find_step(os, "adamw", 0) : NULL;
-      check(ad && ad->which == kernel_index(&p, "loom_adamw_fffff_v4") && ad->n_in == 7 && ad->n_out == 3 &&
-                ad->f[0] == 0.9 && ad->f[1] == 0.95,
-            "tiny %s: adamw runs loom_adamw_fffff_v4 (f32 master state, 4 elements per access)", label);
+      /* bf16: the parameters' bf16 copies written by the same launch (output 4, buffer 10), at the
+         parameter's offset / 2 past the parameters (lower_fuse.c) */
+      int64_t mirror = 0;
+      for (int g = 0; g < p.n_globals; g++)
+        if (p.globals[g].region == RT_REGION_PARAMS && p.globals[g].offset + 4 * p.globals[g].n > mirror)
+          mirror = p.globals[g].offset + 4 * p.globals[g].n;
+      mirror = (mirror + 63) / 64 * 64;
+      check(ad && ad->which == kernel_index(&p, bf16 ? "loom_adamw_fffffb_v4" : "loom_adamw_fffff_v4") && ad->n_in == 7 &&
+                ad->n_out == (bf16 ? 4 : 3) && ad->f[0] == 0.9 && ad->f[1] == 0.95 &&
+                (!bf16 || (ad->bufs[10].region == RT_REGION_PARAMS && ad->bufs[10].storage == RT_ST_BF16 &&
+                           ad->bufs[10].offset == mirror + ad->bufs[0].offset / 2 && ad->bufs[10].n == ad->bufs[0].n)),
+            "tiny %s: adamw runs %s (f32 master state, 4 elements per access%s)", label,
+            bf16 ? "loom_adamw_fffffb_v4" : "loom_adamw_fffff_v4", bf16 ? ", the bf16 copy written" : "");
+      /* bf16: no step casts a parameter; @weight_copies casts every one into its copy */
+      const RtFunc *wc = find_func(&p, RT_FUNC_WEIGHT_COPIES);
+      int casts = 0, copied = 0, n_params = 0;
+      for (int k = 0; gs && k < gs->n_steps; k++)
+        casts += gs->steps[k].kind == RT_STEP_KERNEL && gs->steps[k].n_in == 1 && gs->steps[k].n_out == 1 &&
+                 gs->steps[k].bufs[0].region == RT_REGION_PARAMS && gs->steps[k].bufs[0].storage == RT_ST_F32 &&
+                 gs->steps[k].bufs[1].storage == RT_ST_BF16;
+      for (int k = 0; wc && k < wc->n_steps; k++) {
+        const RtStep *st = &wc->steps[k];
+        bool good = !strcmp(p.kernel_names[st->which], "loom_copy_fb") && st->bufs[0].region == RT_REGION_PARAMS &&
+                    st->bufs[1].offset == mirror + st->bufs[0].offset / 2 && st->bufs[1].n == st->bufs[0].n;
+        for (int g = 0; good && g < p.n_globals; g++)
+          copied += p.globals[g].region == RT_REGION_PARAMS && p.globals[g].offset >= st->bufs[0].offset &&
+                    p.globals[g].offset + 4 * p.globals[g].n <= st->bufs[0].offset + 4 * st->bufs[0].n;
+      }
+      for (int g = 0; g < p.n_globals; g++) n_params += p.globals[g].region == RT_REGION_PARAMS;
+      check(bf16 ? !casts && wc && copied == n_params : !wc,
+            "tiny %s: %s", label, bf16 ? "no step casts a parameter; @weight_copies writes every parameter's bf16 copy"
+                                       : "no weight copies in fp32");
       ok = ad && strstr(ad->label, "(in place)") && !find_step(os, "assign", 0);
       for (int b = 0; ok && b < 3; b++)
         ok = ad->bufs[7 + b].region == ad->bufs[b].region && ad->bufs[7 + b].offset == ad->bufs[b].offset &&
@@ -320,8 +351,10 @@ static void test_tiny_models(void) {
       for (int g = 0; g < p.n_globals; g++)
         if (p.globals[g].region == RT_REGION_PARAMS && p.globals[g].offset + 4 * p.globals[g].n > want_params)
           want_params = p.globals[g].offset + 4 * p.globals[g].n;
-      check(p.region_bytes[RT_REGION_PARAMS] == (want_params + 63) / 64 * 64,
-            "tiny %s: parameters f32 in a region of %lld bytes", label, (long long)p.region_bytes[RT_REGION_PARAMS]);
+      want_params = (want_params + 63) / 64 * 64;
+      if (bf16) want_params += (want_params / 2 + 63) / 64 * 64;   /* and their bf16 copies */
+      check(p.region_bytes[RT_REGION_PARAMS] == want_params, "tiny %s: parameters f32 in a region of %lld bytes%s", label,
+            (long long)p.region_bytes[RT_REGION_PARAMS], bf16 ? " (their bf16 copies included)" : "");
       free(tu);
       rt_program_free(&p);
       module_free(m);

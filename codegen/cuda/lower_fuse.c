@@ -1,0 +1,212 @@
+/* codegen/cuda/lower_fuse.c — fusions of the CUDA lowering around the optimizer and the norms
+ * (issue 31), hooked into lower.c's cases.
+ *
+ * The bf16 weight copies.  A bf16 program computes on f32 master weights: mixed-precision
+ * (passes/precision.c) makes every use of a parameter read `cast $p : bf16`, which fuse turns
+ * into one kernel call per parameter per micro-batch (GPT-2 124M: 148 launches of
+ * `k0_forward_k0` a micro-batch).  Here such a parameter gets a bf16 copy that lives beside the
+ * parameters, and
+ *   - the cast call produces no step: its result is read from the copy (cl_weight_copy_buf,
+ *     consulted by cl_buf_of; a reshape at the same place follows it);
+ *   - the in-place AdamW of the parameter writes the copy as it writes the parameter (the same
+ *     rounding of the same f32 value as the cast: the same bits);
+ *   - a function of the program, RT_FUNC_WEIGHT_COPIES, casts the parameters into their copies
+ *     (a launch per contiguous span); the runtime runs it before the first call that follows
+ *     a write of any global from the host (initialization, loading weights, a checkpoint),
+ *     so the copies exist before the first step and follow every load.  The f32 masters stay
+ *     the truth: checkpoints read and write only them.
+ * A parameter qualifies when it is an f32 global of the parameter region, every cast of it in
+ * the program is to bf16 (or f16: two bytes), and nothing writes it but its in-place AdamW
+ * (ZeRO's gathers, pipeline transfers or any other writer leave it as it was).  The copies
+ * mirror the parameter region at half scale (copy of the parameter at byte o: base + o / 2),
+ * so the multi-tensor AdamW's spans (merge_updates) cover the copies with the same element
+ * indices, and the 64-byte gaps (zero) map to zero gaps.
+ * LOOM_CUDA_NO_WEIGHT_COPIES=1 keeps the casts (the tests' unfused program).
+ */
+#include "codegen/cuda/cuda_internal.h"
+#include "codegen/lower_common.h"
+
+static bool no_copies(void) {
+  const char *e = getenv("LOOM_CUDA_NO_WEIGHT_COPIES");
+  return e && *e && strcmp(e, "0");
+}
+
+/* A call of a kernel func that only casts its one argument, an f32 global of the parameter
+   region, to a 2-byte float dtype: that global's index, else -1. */
+static int cast_of_param(const Lower *L, const Op *op) {
+  if (op->kind != OP_CALL || op->n_operands != 1 || op->n_results != 1) return -1;
+  const Func *k = op->callee;
+  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 1) return -1;
+  const Op *c = k->ops.items[0];
+  if (c->kind != OP_CAST || c->operands[0] != k->args.items[0] || k->rets.items[0] != c->results[0]) return -1;
+  const Value *p = op->operands[0], *r = op->results[0];
+  if (p->kind != VAL_GLOBAL || p->type.dtype != DT_F32 || L->global_region[p->global->index] != RT_REGION_PARAMS)
+    return -1;
+  if ((r->type.dtype != DT_BF16 && r->type.dtype != DT_F16) || type_numel(&r->type) != type_numel(&p->type)) return -1;
+  return p->global->index;
+}
+
+int cl_weight_copies_plan(Lower *L) {
+  const Module *m = L->m;
+  int ng = m->globals.n;
+  L->copy_offset = malloc(sizeof(int64_t) * (size_t)(ng ? ng : 1));
+  L->copy_dtype = calloc((size_t)(ng ? ng : 1), sizeof(DType));
+  if (!L->copy_offset || !L->copy_dtype) return cl_fail(L, "out of memory");
+  for (int g = 0; g < ng; g++) L->copy_offset[g] = -1;
+  if (no_copies()) return 0;
+  /* 0: not cast; 1: cast (to copy_dtype); 2: ruled out */
+  char *state = calloc((size_t)(ng ? ng : 1), 1);
+  if (!state) return cl_fail(L, "out of memory");
+  for (int fi = 0; fi < m->funcs.n; fi++) {
+    const Func *f = m->funcs.items[fi];
+    if (f->is_kernel) continue;
+    /* the assigns of in-place AdamW updates write their globals; the adamw itself none */
+    bool *assign_back = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
+    if (!assign_back) {
+      free(state);
+      return cl_fail(L, "out of memory");
+    }
+    for (int i = 0; i < f->ops.n; i++) {
+      int found[3];
+      if (adamw_assigned_back(f, i, found))
+        for (int k = 0; k < 3; k++) assign_back[found[k]] = true;
+    }
+    for (int i = 0; i < f->ops.n; i++) {
+      const Op *op = f->ops.items[i];
+      int g = cast_of_param(L, op);
+      if (g >= 0) {
+        DType dt = op->results[0]->type.dtype;
+        if (state[g] == 0) state[g] = 1, L->copy_dtype[g] = dt;
+        else if (state[g] == 1 && L->copy_dtype[g] != dt) state[g] = 2;
+        continue;
+      }
+      /* any other writer of a global rules it out */
+      const OpInfo *info = op_info(op->kind);
+      if ((info->flags & (OPF_W1 | OPF_W3)) && !assign_back[i])
+        for (int k = 0; k < ((info->flags & OPF_W3) ? 3 : 1) && k < op->n_operands; k++)
+          if (op->operands[k]->kind == VAL_GLOBAL) state[op->operands[k]->global->index] = 2;
+      for (int r = 0; r < op->n_results; r++)
+        if (op->results[r]->kind == VAL_GLOBAL) state[op->results[r]->global->index] = 2;
+    }
+    free(assign_back);
+  }
+  RtProgram *p = L->p;
+  int64_t base = cg_align64(p->region_bytes[RT_REGION_PARAMS]);
+  bool any = false;
+  for (int g = 0; g < ng; g++)
+    if (state[g] == 1) {
+      L->copy_offset[g] = base + L->global_offset[g] / 2;
+      any = true;
+    }
+  free(state);
+  if (any) p->region_bytes[RT_REGION_PARAMS] = base + cg_align64(base / 2);
+  return 0;
+}
+
+bool cl_weight_copy_call(Lower *L) {
+  int g = cast_of_param(L, L->op);
+  if (g < 0 || L->copy_offset[g] < 0 || L->copy_dtype[g] != L->op->results[0]->type.dtype) return false;
+  if (!L->value_copy) {
+    L->value_copy = calloc((size_t)L->n_values + 1, sizeof(int));
+    if (!L->value_copy) return false;   /* the cast stays: correct, only slower */
+  }
+  L->value_copy[L->op->results[0]->id] = g + 1;
+  return true;
+}
+
+void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to) {
+  if (L->value_copy && from->kind != VAL_GLOBAL && to->kind != VAL_GLOBAL && L->value_copy[from->id])
+    L->value_copy[to->id] = L->value_copy[from->id];
+}
+
+bool cl_weight_copy_buf(const Lower *L, const Value *v, RtBuf *b) {
+  if (!L->value_copy || v->kind == VAL_GLOBAL || v->id < 0 || v->id > L->n_values || !L->value_copy[v->id]) return false;
+  int g = L->value_copy[v->id] - 1;
+  memset(b, 0, sizeof *b);
+  b->region = RT_REGION_PARAMS;
+  b->storage = L->copy_dtype[g] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16;
+  b->round = RT_ROUND_NONE;
+  b->offset = L->copy_offset[g];
+  b->n = type_numel(&v->type);
+  return true;
+}
+
+int cl_weight_copy_adamw(Lower *L, RtStep *st) {
+  const Value *p = L->op->operands[0];
+  if (p->kind != VAL_GLOBAL || L->copy_offset[p->global->index] < 0) return 0;
+  int g = p->global->index;
+  if (st->n_in + st->n_out >= RT_MAX_BUFS) return 0;
+  RtBuf *b = &st->bufs[st->n_in + st->n_out++];
+  memset(b, 0, sizeof *b);
+  b->region = RT_REGION_PARAMS;
+  b->storage = L->copy_dtype[g] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16;
+  b->offset = L->copy_offset[g];
+  b->n = st->bufs[0].n;
+  return 1;
+}
+
+/* The function that writes every copy from its parameter: one loom_copy per run of
+   parameters whose copies follow one another (the gaps between them are zero in both). */
+int cl_weight_copies_func(Lower *L, RtFunc *rf) {
+  const Module *m = L->m;
+  int ng = m->globals.n, n = 0;
+  int *order = malloc(sizeof(int) * (size_t)(ng ? ng : 1));
+  if (!order) return cl_fail(L, "out of memory");
+  for (int g = 0; g < ng; g++)
+    if (L->copy_offset[g] >= 0) order[n++] = g;
+  for (int a = 1; a < n; a++)   /* by offset */
+    for (int b = a; b > 0 && L->global_offset[order[b - 1]] > L->global_offset[order[b]]; b--) {
+      int t = order[b];
+      order[b] = order[b - 1];
+      order[b - 1] = t;
+    }
+  memset(rf, 0, sizeof *rf);
+  snprintf(rf->name, sizeof rf->name, "%s", RT_FUNC_WEIGHT_COPIES);
+  Steps s = {0};
+  int rc = 0;
+  L->f = NULL;
+  for (int a = 0; a < n && !rc;) {
+    int g0 = order[a];
+    int64_t start = L->global_offset[g0], end = start + 4 * L->p->globals[g0].n;
+    int b = a + 1;
+    for (; b < n && L->global_offset[order[b]] == cg_align64(end) && L->copy_dtype[order[b]] == L->copy_dtype[g0]; b++)
+      end = L->global_offset[order[b]] + 4 * L->p->globals[order[b]].n;
+    int64_t count = (end - start) / 4;
+    RtStep *st = NULL;
+    if (s.n == s.cap) {
+      int cap = s.cap ? 2 * s.cap : 8;
+      RtStep *items = realloc(s.items, sizeof(RtStep) * (size_t)cap);
+      if (!items) {
+        rc = cl_fail(L, "out of memory");
+        break;
+      }
+      s.items = items;
+      s.cap = cap;
+    }
+    st = &s.items[s.n++];
+    memset(st, 0, sizeof *st);
+    st->kind = RT_STEP_KERNEL;
+    st->grid[1] = st->grid[2] = st->block[1] = st->block[2] = 1;
+    snprintf(st->label, sizeof st->label, "%s copy of $%.60s [%d tensors]", dtype_name(L->copy_dtype[g0]),
+             m->globals.items[g0] ? ((const Global *)m->globals.items[g0])->name : "?", b - a);
+    st->n_in = st->n_out = 1;
+    st->bufs[0] = (RtBuf){.region = RT_REGION_PARAMS, .storage = RT_ST_F32, .offset = start, .n = count};
+    st->bufs[1] = (RtBuf){.region = RT_REGION_PARAMS,
+                          .storage = L->copy_dtype[g0] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16,
+                          .offset = L->copy_offset[g0],
+                          .n = count};
+    st->i[0] = count;
+    cl_launch_ew(st, count);
+    rc = cl_instantiate(L, st, "copy", "loom_copy", (const int[]){0, 1, -1}, NULL, "", 1024);
+    a = b;
+  }
+  free(order);
+  rf->steps = s.items;
+  rf->n_steps = s.n;
+  if (rc) {
+    free(s.items);
+    rf->steps = NULL;
+    rf->n_steps = 0;
+  }
+  return rc;
+}
