@@ -87,6 +87,14 @@ typedef struct {
   int64_t *copy_offset;
   DType *copy_dtype;
   int *value_copy;
+  /* lower_fuse.c, the norms: the op index being lowered; per op of the current function, the
+     offset in its stats area of the statistics a gradient op reads (-1: none); the stats area's
+     bytes; the (step, buffer) pairs whose offsets are relative to it */
+  int op_index;
+  int64_t *norm_stats;
+  int64_t stats_bytes;
+  int (*stats_fix)[2];
+  int n_stats_fix, cap_stats_fix;
   char *err;
   size_t errlen;
 } Lower;
@@ -140,6 +148,12 @@ void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to);
 bool cl_weight_copy_buf(const Lower *L, const Value *v, RtBuf *b);
 int cl_weight_copy_adamw(Lower *L, RtStep *st);
 int cl_weight_copies_func(Lower *L, RtFunc *rf);
+/* lower_fuse.c, the norms (see its comment): cl_fuse_norm_fwd adds the statistics output to the
+   forward step st of op i when a gradient op reads them; cl_fuse_norm_bwd lowers the gradient op
+   j from them (1: it has none, lower it as before); cl_fuse_func_end places the stats area. */
+int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i);
+int cl_fuse_norm_bwd(Lower *L, Steps *s, int j);
+void cl_fuse_func_end(Lower *L, Steps *s);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

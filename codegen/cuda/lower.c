@@ -690,11 +690,14 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(D);
     st->f[0] = op_float(op, "eps");
     launch_rows(st, st->i[0], D);
+    if (cl_fuse_norm_fwd(L, s, st, L->op_index)) return IR_EINPUT;   /* (mean, rstd) saved (lower_fuse.c) */
     if (ln) return cl_instantiate(L, st, "layernorm", "loom_norm_fwd", IDX(0, 1, 2, 3), "true", "", 1024);
     return cl_instantiate(L, st, "rmsnorm", "loom_norm_fwd", IDX(0, 1, 1, 2), "false", "", 1024);
   }
   case OP_LAYERNORM_GRAD:
   case OP_RMSNORM_GRAD: {
+    int fused = cl_fuse_norm_bwd(L, s, L->op_index);   /* from the saved statistics, one launch (lower_fuse.c) */
+    if (fused != 1) return fused;
     bool ln = op->kind == OP_LAYERNORM_GRAD;
     const Type *xt = &op->operands[1]->type;
     int64_t D = last_dim(xt), rows = D ? type_numel(xt) / D : 0, parts = ln ? 2 : 1;
@@ -1381,6 +1384,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   }
   for (int i = 0; i < f->ops.n && !rc; i++) {
     L->op = f->ops.items[i];
+    L->op_index = i;
     if (L->skip[i]) continue;
     NormChain nc;
     if (L->op->kind == OP_CALL && find_norm_chain(L, f, i, &nc)) {
@@ -1404,6 +1408,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->skip = NULL;
   L->handle = NULL;
   L->value_copy = NULL;
+  cl_fuse_func_end(L, &s);   /* the norms' saved statistics placed past the scratch */
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
@@ -1527,6 +1532,7 @@ done:
   free(L.fused_fin);
   free(L.fused_info);
   free(L.copy_offset);
+  free(L.stats_fix);
   free(L.copy_dtype);
   free(L.names);
   str_free(&L.text);

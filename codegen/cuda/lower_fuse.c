@@ -210,3 +210,187 @@ int cl_weight_copies_func(Lower *L, RtFunc *rf) {
   }
   return rc;
 }
+
+/* ---------------------------------------------------------------- norms
+
+   A layernorm (rmsnorm) whose gradient op later in the same function reads the same x and
+   weight with the same eps saves its rows' (mean, rstd) for it, in a stats area of the
+   function past the arena and its scratch (each pair its own, so nothing between writes it);
+   the gradient then reads them instead of recomputing them and runs in one launch
+   (loom_norm_bwd_saved: the block that finishes last sums the per-block parts of dw and db in
+   block order).  The same arithmetic as the two launches it replaces: the same bits.
+   When dw (db) is only accumulated into an f32 gradient (fp32: `accumulate $g, %dw`; bf16 with
+   LOOM_CUDA_FUSE_BF16=1: through a cast to f32, which no longer rounds it to bf16 first) the
+   last block adds the sums to the gradient, and the accumulate launches are gone.
+   LOOM_CUDA_NO_NORM_STATS=1 keeps the two launches (the tests' unfused program). */
+
+static bool no_norm_stats(void) {
+  const char *e = getenv("LOOM_CUDA_NO_NORM_STATS");
+  return e && *e && strcmp(e, "0");
+}
+
+static bool fuse_narrow_ok(void) {
+  const char *e = getenv("LOOM_CUDA_FUSE_BF16");
+  return e && *e && strcmp(e, "0");
+}
+
+/* Uses of v by the ops of f. */
+static int uses_of(const Func *f, const Value *v) {
+  int n = 0;
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_operands; k++) n += op->operands[k] == v;
+  }
+  for (int r = 0; r < f->rets.n; r++) n += f->rets.items[r] == v;
+  return n;
+}
+
+static bool refers(const Op *op, const Value *g) {
+  for (int k = 0; k < op->n_operands; k++)
+    if (op->operands[k] == g) return true;
+  for (int k = 0; k < op->n_results; k++)
+    if (op->results[k] == g) return true;
+  return false;
+}
+
+/* A call that only casts its argument v to f32. */
+static bool casts_to_f32(const Op *op, const Value *v) {
+  if (op->kind != OP_CALL || op->n_operands != 1 || op->operands[0] != v || op->n_results != 1) return false;
+  const Func *k = op->callee;
+  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 1) return false;
+  const Op *c = k->ops.items[0];
+  return c->kind == OP_CAST && c->operands[0] == k->args.items[0] && k->rets.items[0] == c->results[0] &&
+         op->results[0]->type.dtype == DT_F32;
+}
+
+/* dw (db) = result r of the gradient op j: the f32 gradient it is only accumulated into within
+   the next ops (those ops in acc_ops[0..1], -1 unused), or NULL. */
+static const Value *accumulated_into(const Func *f, int j, const Value *r, int acc_ops[2]) {
+  acc_ops[0] = acc_ops[1] = -1;
+  if (getenv("LOOM_CUDA_NO_ACC_FUSION") || uses_of(f, r) != 1) return NULL;
+  const Value *v = r;
+  for (int k = j + 1; k < f->ops.n && k <= j + 8; k++) {
+    const Op *op = f->ops.items[k];
+    if (v == r && r->type.dtype != DT_F32 && casts_to_f32(op, r)) {
+      if (!fuse_narrow_ok() || uses_of(f, op->results[0]) != 1) return NULL;
+      acc_ops[0] = k;
+      v = op->results[0];
+      continue;
+    }
+    if (op->kind == OP_ACCUMULATE && op->operands[1] == v) {
+      const Value *g = op->operands[0];
+      if (v->type.dtype != DT_F32 || g->kind != VAL_GLOBAL || g->type.dtype != DT_F32 ||
+          type_numel(&g->type) != type_numel(&r->type))
+        return NULL;
+      for (int q = j + 1; q < k; q++)   /* nothing between touches the gradient */
+        if (q != acc_ops[0] && refers(f->ops.items[q], g)) return NULL;
+      acc_ops[1] = k;
+      return g;
+    }
+  }
+  return NULL;
+}
+
+static int stats_fix(Lower *L, Steps *s, int buf) {
+  if (L->n_stats_fix == L->cap_stats_fix) {
+    int cap = L->cap_stats_fix ? 2 * L->cap_stats_fix : 16;
+    int(*fix)[2] = realloc(L->stats_fix, sizeof *fix * (size_t)cap);
+    if (!fix) return cl_fail(L, "out of memory");
+    L->stats_fix = fix;
+    L->cap_stats_fix = cap;
+  }
+  L->stats_fix[L->n_stats_fix][0] = s->n - 1;
+  L->stats_fix[L->n_stats_fix++][1] = buf;
+  return 0;
+}
+
+/* A buffer at `at` of the stats area (its place fixed by cl_fuse_func_end). */
+static RtBuf stats_buf(int64_t at, int64_t n, int storage) {
+  return (RtBuf){.region = RT_REGION_ARENA, .storage = (uint8_t)storage, .is_int = storage == RT_ST_I32, .offset = at, .n = n};
+}
+
+int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i) {
+  const Func *f = L->f;
+  const Op *op = L->op;
+  if (no_norm_stats()) return 0;
+  bool ln = op->kind == OP_LAYERNORM;
+  int j = -1;
+  for (int k = i + 1; k < f->ops.n && j < 0; k++) {
+    const Op *g = f->ops.items[k];
+    if ((g->kind == (ln ? OP_LAYERNORM : OP_RMSNORM)) && g->operands[0] == op->operands[0] &&
+        g->operands[1] == op->operands[1])
+      return 0;   /* another forward of the same x first: that one saves them */
+    if (g->kind == (ln ? OP_LAYERNORM_GRAD : OP_RMSNORM_GRAD) && g->operands[1] == op->operands[0] &&
+        g->operands[2] == op->operands[1] && op_float(g, "eps") == op_float(op, "eps"))
+      j = k;
+  }
+  if (j < 0 || st->n_in + st->n_out >= RT_MAX_BUFS) return 0;
+  if (!L->norm_stats) {
+    L->norm_stats = malloc(sizeof(int64_t) * (size_t)(f->ops.n ? f->ops.n : 1));
+    if (!L->norm_stats) return 0;   /* unfused: correct, only slower */
+    for (int k = 0; k < f->ops.n; k++) L->norm_stats[k] = -1;
+  }
+  int64_t rows = st->i[0], at = L->stats_bytes;
+  L->stats_bytes += cg_align64(4 * (2 * rows + 1));   /* (mean, rstd) per row, then the counter */
+  L->norm_stats[j] = at;
+  st->bufs[st->n_in + st->n_out++] = stats_buf(at, 2 * rows + 1, RT_ST_F32);
+  st->i[2] = 1;
+  return stats_fix(L, s, st->n_in + st->n_out - 1);
+}
+
+int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
+  const Op *op = L->op;
+  if (!L->norm_stats || L->norm_stats[j] < 0) return 1;
+  bool ln = op->kind == OP_LAYERNORM_GRAD;
+  const Type *xt = &op->operands[1]->type;
+  int64_t D = xt->rank ? xt->dims[xt->rank - 1] : 1, rows = D ? type_numel(xt) / D : 0, np = ln ? 2 : 1;
+  int64_t nb = rows < 1 ? 1 : rows > 256 ? 256 : rows, stats_at = L->norm_stats[j];
+  /* dw (db) accumulated straight into their f32 gradients? (all of them, or none) */
+  const Value *acc[2] = {0};
+  int acc_ops[2][2];
+  bool fuse_acc = true;
+  for (int r = 0; r < np; r++)
+    if (!(acc[r] = accumulated_into(L->f, j, op->results[1 + r], acc_ops[r]))) fuse_acc = false;
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dx dw, saved statistics)");
+  if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 3, false)) return IR_EINPUT;
+  st->bufs[st->n_in++] = stats_buf(stats_at, 2 * rows + 1, RT_ST_F32);
+  if (stats_fix(L, s, 3)) return IR_EINPUT;
+  st = &s->items[s->n - 1];
+  for (int r = 0; r < 1 + np; r++)
+    if (cl_buf_of(L, r > 0 && fuse_acc ? acc[r - 1] : op->results[r], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
+  int part = st->n_in + st->n_out;
+  /* the parts in scratch; the counter after the statistics */
+  int64_t at = 0;
+  st->n_out++;
+  st->bufs[part] = (RtBuf){.region = RT_REGION_ARENA, .storage = RT_ST_F32, .offset = cg_align64(L->f->arena_bytes) + at, .n = nb * np * D};
+  if (at + 4 * nb * np * D > L->scratch) L->scratch = cg_align64(at + 4 * nb * np * D);
+  st->bufs[st->n_in + st->n_out++] = stats_buf(stats_at + 8 * rows, 1, RT_ST_F32);
+  if (stats_fix(L, s, part + 1)) return IR_EINPUT;
+  st->i[0] = rows;
+  st->i[1] = D;
+  st->i[2] = part;
+  st->f[0] = op_float(op, "eps");
+  st->block[0] = D <= 32 ? 32 : D <= 64 ? 64 : D <= 256 ? 128 : D <= 4096 ? 256 : 512;   /* lower.c's row_threads */
+  st->grid[0] = (uint32_t)nb;
+  if (fuse_acc) {
+    for (int r = 0; r < np; r++)
+      for (int k = 0; k < 2; k++)
+        if (acc_ops[r][k] >= 0) L->skip[acc_ops[r][k]] = true;
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " (+= $%s)", acc[0]->global->name);
+  }
+  char extra[32];
+  snprintf(extra, sizeof extra, "%s, %s", ln ? "true" : "false", fuse_acc ? "true" : "false");
+  return cl_instantiate(L, st, ln ? "lngrad_saved" : "rmsgrad_saved", "loom_norm_bwd_saved", (const int[]){0, 1, 2, 4, 5, -1},
+                        extra, fuse_acc ? "_acc" : "", 1024);
+}
+
+void cl_fuse_func_end(Lower *L, Steps *s) {
+  int64_t base = cg_align64(L->f->arena_bytes) + cg_align64(L->scratch);
+  for (int k = 0; k < L->n_stats_fix; k++) s->items[L->stats_fix[k][0]].bufs[L->stats_fix[k][1]].offset += base;
+  if (L->stats_bytes) L->scratch = cg_align64(L->scratch) + L->stats_bytes;   /* the arena grows by both */
+  free(L->norm_stats);
+  L->norm_stats = NULL;
+  L->n_stats_fix = 0;
+  L->stats_bytes = 0;
+}

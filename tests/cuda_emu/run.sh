@@ -392,6 +392,26 @@ for mf in "llama-tiny:" "gpt2-tiny:--mesh dp=2"; do
   fi
 done
 
+# Norms from saved statistics (codegen/cuda/lower_fuse.c: the forward saves (mean, rstd), the
+# gradient reads them and sums dw, db in the same launch, adding them to the f32 gradients where
+# they are only accumulated) against the two-launch gradient (LOOM_CUDA_NO_NORM_STATS=1): fp32
+# bit for bit (the same arithmetic), bf16 with LOOM_CUDA_FUSE_BF16=1 (dw no longer rounded to
+# bf16 before it is accumulated) with loom check's bf16 rule
+for mp in gpt2-tiny:fp32 llama-tiny:fp32 gpt2-tiny:bf16; do
+  m=${mp%%:*} p=${mp##*:}
+  tol=$([ $p = fp32 ] && echo "0" || echo "2e-2 --atol 0.06")
+  if LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/ns-f.st" > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_NORM_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+       --precision $p --steps 3 -q --out "$tmp/ns-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/ns-f.st" "$tmp/ns-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/ns-f.st" "$tmp/ns-u.st" --rtol $tol >> "$tmp/diff" 2>&1; then
+    ok "$m $p: norms from saved statistics (one gradient launch, dw accumulated in it), 3 steps within ${tol%% *} of the two-launch program"
+  else
+    bad "$m $p: norms from saved statistics against the two-launch program"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # GEMM epilogues (codegen/cuda/lower.c, "GEMM epilogues"; the cuBLASLt double computes BIAS
 # and GELU_AUX_BIAS and beta = 1 with C the residual): gradients and 3 training steps against
 # the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order

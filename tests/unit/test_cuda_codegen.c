@@ -242,13 +242,17 @@ static void test_tiny_models(void) {
                 dq[1].smem == (bf16 ? 4u * 64 * 24 + 4u * (2 * 64 * 24 + 4 * 64) : 4u * (2 * 32 * 17 + 2 * 64 * 17 + 2 * 32 * 65 + 128)),
             "tiny %s: attention_grad runs %s and %s (%u and %u bytes of shared memory)", label, want_dq, want_kv,
             dq ? dq->smem : 0, dq ? dq[1].smem : 0);
-      /* layernorm_grad / rmsnorm_grad: partial sums in scratch, then their sum */
+      /* layernorm_grad / rmsnorm_grad: from the forward's saved statistics (past the arena), one
+         step: per-block partial sums of dw (db) in scratch, summed by the last block */
       const RtStep *ng = gs ? find_step(gs, gpt2 ? "layernorm_grad" : "rmsnorm_grad", 0) : NULL;
-      ok = ng && strstr(ng->label, "(dx)") && strstr(ng[1].label, "(dw)") && ng->n_out == 2 && irgs &&
-           ng->bufs[4].offset >= irgs->arena_bytes && ng->bufs[4].n == (int64_t)ng->grid[0] * (gpt2 ? 2 : 1) * 64 &&
-           ng[1].n_in == 1 && ng[1].bufs[0].offset == ng->bufs[4].offset && ng[1].n_out == (gpt2 ? 2 : 1) &&
-           ng[1].i[0] == ng->grid[0] && ng[1].i[1] == 64 && ng[1].i[2] == (gpt2 ? 2 : 1);
-      check(ok, "tiny %s: the norm gradient sums per-block partials of dw in a second step (deterministic)", label);
+      int np = gpt2 ? 2 : 1;
+      ok = ng && strstr(ng->label, "saved statistics") && ng->n_in == 4 && ng->n_out == 3 + np && irgs &&
+           ng->bufs[3].offset >= irgs->arena_bytes && ng->bufs[3].n == 2 * 64 + 1 && ng->i[2] == 5 + np &&
+           ng->bufs[5 + np].offset >= irgs->arena_bytes && ng->bufs[5 + np].n == (int64_t)ng->grid[0] * np * 64 &&
+           ng->bufs[6 + np].offset == ng->bufs[3].offset + 8 * 64 && ng->bufs[5 + np].offset < ng->bufs[3].offset &&
+           !strstr(ng[1].label, "(dw)");
+      check(ok, "tiny %s: the norm gradient reads the saved statistics and sums the per-block parts of dw in the same "
+            "step (deterministic)", label);
       /* embedding_grad: zero fill, then the scatter without atomics */
       const RtStep *eg = gs ? find_step(gs, "embedding_grad", 0) : NULL;
       ok = eg && strstr(eg->label, "(zero)") && eg->n_out == 1 && eg[1].n_in == 2 && eg[1].n_out == 1 &&
@@ -395,6 +399,14 @@ static bool buf_is(const RtBuf *b, RtRegion region, int64_t offset, int64_t n, i
   return b->region == region && b->offset == offset && b->n == n && b->storage == storage && b->round == RT_ROUND_NONE;
 }
 
+static void test_program(void);
+static void test_program_twice(void) {   /* with the norms' saved statistics, and without */
+  test_program();
+  setenv("LOOM_CUDA_NO_NORM_STATS", "1", 1);
+  test_program();
+  unsetenv("LOOM_CUDA_NO_NORM_STATS");
+}
+
 static void test_program(void) {
   char err[IR_ERR_LEN] = "";
   Module *m = NULL;
@@ -415,9 +427,24 @@ static void test_program(void) {
             p.region_bytes[RT_REGION_PARAMS] == 640 && p.region_bytes[RT_REGION_GRADS] == 512,
         "program: globals with native sizes (bf16 [8] takes 16 bytes of a 64-byte slot), regions 640/512");
   const RtFunc *f = &p.funcs[0];
-  check(p.n_funcs == 1 && f->n_steps == 7 && f->arena_bytes > 8192 && buf_is(&f->args[0], RT_REGION_ARENA, 0, 128, RT_ST_BF16),
-        "program: 7 steps, arguments in bf16, the arena grows by the scratch (%lld bytes)", (long long)f->arena_bytes);
-  if (f->n_steps == 7) {
+  /* LOOM_CUDA_NO_NORM_STATS=1: layernorm_grad recomputes the statistics, in two steps */
+  int steps = getenv("LOOM_CUDA_NO_NORM_STATS") ? 7 : 6;
+  check(p.n_funcs == 1 && f->n_steps == steps && f->arena_bytes > 8192 && buf_is(&f->args[0], RT_REGION_ARENA, 0, 128, RT_ST_BF16),
+        "program: %d steps, arguments in bf16, the arena grows by the scratch (%lld bytes)", steps, (long long)f->arena_bytes);
+  if (f->n_steps == 6 && steps == 6) {
+    const RtStep *s = f->steps;
+    /* the forward saves (mean, rstd) past the scratch (8192 + 512), the gradient reads them:
+       dy h w stats -> dx dw db, the parts in scratch, the counter after the 8 rows' statistics */
+    check(s[2].n_out == 2 && s[2].i[2] == 1 && buf_is(&s[2].bufs[4], RT_REGION_ARENA, 8704, 17, RT_ST_F32) &&
+              s[5].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[5].which], "loom_lngrad_saved_bbbbb") &&
+              s[5].n_in == 4 && s[5].n_out == 5 && s[5].grid[0] == 8 && s[5].i[2] == 7 &&
+              buf_is(&s[5].bufs[3], RT_REGION_ARENA, 8704, 17, RT_ST_F32) &&
+              buf_is(&s[5].bufs[5], RT_REGION_ARENA, 5376, 8, RT_ST_BF16) &&
+              buf_is(&s[5].bufs[7], RT_REGION_ARENA, 8192, 8 * 2 * 8, RT_ST_F32) &&
+              buf_is(&s[5].bufs[8], RT_REGION_ARENA, 8704 + 64, 1, RT_ST_F32) && f->arena_bytes == 8192 + 512 + 128,
+          "program: layernorm saves its statistics; layernorm_grad is one step from them (dx, dw, db; parts in scratch)");
+  }
+  if (f->n_steps == 7 && steps == 7) {
     const RtStep *s = f->steps;
     check(s[0].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[0].which], "loom_copy_fb") &&
               buf_is(&s[0].bufs[0], RT_REGION_PARAMS, 0, 128, RT_ST_F32) &&
@@ -863,7 +890,7 @@ static void test_programs(void) {
 int main(void) {
   double t0 = now();
   test_tiny_models();
-  test_program();
+  test_program_twice();
   test_errors();
   test_collective_step();
   test_fixed_rank_send();
