@@ -82,19 +82,18 @@ typedef struct {
   int n_handles;
   int n_values;              /* value ids of the current function (func_number) */
   /* lower_fuse.c, the bf16 weight copies: per global, its copy's offset in the parameter
-     region (-1: none) and dtype; per value id of the current function, the global + 1 whose
-     copy holds the value (0: none) */
+     region (-1: none) and dtype; per value id of the current function, the buffer that holds
+     the value instead of its arena place (a parameter's copy, the stats area), where value_has */
   int64_t *copy_offset;
   DType *copy_dtype;
-  int *value_copy;
+  RtBuf *value_buf;
+  bool *value_has;
   /* lower_fuse.c, the norms: the op index being lowered; per op of the current function, the
      offset in its stats area of the statistics a gradient op reads (-1: none); the stats area's
-     bytes; the (step, buffer) pairs whose offsets are relative to it */
+     bytes (past the arena and its scratch, placed at the function's end) */
   int op_index;
   int64_t *norm_stats;
   int64_t stats_bytes;
-  int (*stats_fix)[2];
-  int n_stats_fix, cap_stats_fix;
   char *err;
   size_t errlen;
 } Lower;
@@ -154,6 +153,9 @@ int cl_weight_copies_func(Lower *L, RtFunc *rf);
 int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i);
 int cl_fuse_norm_bwd(Lower *L, Steps *s, int j);
 void cl_fuse_func_end(Lower *L, Steps *s);
+/* lower_fuse.c, the classifier: the cross_entropy op i and its gradient in one step (1: no
+   such gradient, or its buffer is not free early enough: lower it as before). */
+int cl_fuse_xent(Lower *L, Steps *s, int i);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

@@ -954,6 +954,10 @@ static int lower_builtin(Lower *L, Steps *s) {
   case OP_CROSS_ENTROPY:
   case OP_CROSS_ENTROPY_GRAD: {
     bool fwd = op->kind == OP_CROSS_ENTROPY;
+    if (fwd) {   /* with its gradient in one pass over the logits (lower_fuse.c) */
+      int fused = cl_fuse_xent(L, s, L->op_index);
+      if (fused != 1) return fused;
+    }
     const Type *logits = &op->operands[fwd ? 0 : 1]->type;
     STEP("");
     if (st->bufs[fwd ? 1 : 2].storage != RT_ST_I32) return cl_fail(L, "targets must be i32");
@@ -1375,7 +1379,8 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->skip = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
   L->n_values = func_number((Func *)f);
   L->handle = calloc((size_t)L->n_values + 1, sizeof(int));
-  L->value_copy = NULL;   /* lower_fuse.c: values read from a parameter's bf16 copy */
+  L->value_buf = NULL;   /* lower_fuse.c: values held elsewhere than their arena place */
+  L->value_has = NULL;
   L->n_handles = 0;
   if (!L->skip || !L->handle) {
     free(L->skip);
@@ -1404,10 +1409,8 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->op = NULL;
   free(L->skip);
   free(L->handle);
-  free(L->value_copy);
   L->skip = NULL;
   L->handle = NULL;
-  L->value_copy = NULL;
   cl_fuse_func_end(L, &s);   /* the norms' saved statistics placed past the scratch */
   rf->steps = s.items;
   rf->n_steps = s.n;
@@ -1532,7 +1535,6 @@ done:
   free(L.fused_fin);
   free(L.fused_info);
   free(L.copy_offset);
-  free(L.stats_fix);
   free(L.copy_dtype);
   free(L.names);
   str_free(&L.text);

@@ -103,31 +103,46 @@ int cl_weight_copies_plan(Lower *L) {
   return 0;
 }
 
-bool cl_weight_copy_call(Lower *L) {
-  int g = cast_of_param(L, L->op);
-  if (g < 0 || L->copy_offset[g] < 0 || L->copy_dtype[g] != L->op->results[0]->type.dtype) return false;
-  if (!L->value_copy) {
-    L->value_copy = calloc((size_t)L->n_values + 1, sizeof(int));
-    if (!L->value_copy) return false;   /* the cast stays: correct, only slower */
+/* Value v of the current function lives in buffer b from now on, instead of its arena place
+   (false: out of memory, nothing changed). */
+static bool set_alias(Lower *L, const Value *v, RtBuf b) {
+  if (v->kind == VAL_GLOBAL || v->id < 0 || v->id > L->n_values) return false;
+  if (!L->value_buf) {
+    L->value_buf = calloc((size_t)L->n_values + 1, sizeof(RtBuf));
+    L->value_has = calloc((size_t)L->n_values + 1, sizeof(bool));
+    if (!L->value_buf || !L->value_has) {
+      free(L->value_buf);
+      free(L->value_has);
+      L->value_buf = NULL;
+      L->value_has = NULL;
+      return false;
+    }
   }
-  L->value_copy[L->op->results[0]->id] = g + 1;
+  L->value_buf[v->id] = b;
+  L->value_has[v->id] = true;
   return true;
 }
 
+bool cl_weight_copy_call(Lower *L) {
+  int g = cast_of_param(L, L->op);
+  if (g < 0 || L->copy_offset[g] < 0 || L->copy_dtype[g] != L->op->results[0]->type.dtype) return false;
+  const Value *r = L->op->results[0];
+  RtBuf b = {.region = RT_REGION_PARAMS, .storage = L->copy_dtype[g] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16,
+             .round = RT_ROUND_NONE, .offset = L->copy_offset[g], .n = type_numel(&r->type)};
+  return set_alias(L, r, b);   /* false: the cast stays (correct, only slower) */
+}
+
 void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to) {
-  if (L->value_copy && from->kind != VAL_GLOBAL && to->kind != VAL_GLOBAL && L->value_copy[from->id])
-    L->value_copy[to->id] = L->value_copy[from->id];
+  if (L->value_has && from->kind != VAL_GLOBAL && L->value_has[from->id]) {
+    RtBuf b = L->value_buf[from->id];
+    b.n = type_numel(&to->type);
+    set_alias(L, to, b);
+  }
 }
 
 bool cl_weight_copy_buf(const Lower *L, const Value *v, RtBuf *b) {
-  if (!L->value_copy || v->kind == VAL_GLOBAL || v->id < 0 || v->id > L->n_values || !L->value_copy[v->id]) return false;
-  int g = L->value_copy[v->id] - 1;
-  memset(b, 0, sizeof *b);
-  b->region = RT_REGION_PARAMS;
-  b->storage = L->copy_dtype[g] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16;
-  b->round = RT_ROUND_NONE;
-  b->offset = L->copy_offset[g];
-  b->n = type_numel(&v->type);
+  if (!L->value_has || v->kind == VAL_GLOBAL || v->id < 0 || v->id > L->n_values || !L->value_has[v->id]) return false;
+  *b = L->value_buf[v->id];
   return true;
 }
 
@@ -291,23 +306,14 @@ static const Value *accumulated_into(const Func *f, int j, const Value *r, int a
   return NULL;
 }
 
-static int stats_fix(Lower *L, Steps *s, int buf) {
-  if (L->n_stats_fix == L->cap_stats_fix) {
-    int cap = L->cap_stats_fix ? 2 * L->cap_stats_fix : 16;
-    int(*fix)[2] = realloc(L->stats_fix, sizeof *fix * (size_t)cap);
-    if (!fix) return cl_fail(L, "out of memory");
-    L->stats_fix = fix;
-    L->cap_stats_fix = cap;
-  }
-  L->stats_fix[L->n_stats_fix][0] = s->n - 1;
-  L->stats_fix[L->n_stats_fix++][1] = buf;
-  return 0;
+/* A buffer at `at` of the stats area: its offset is STATS_MARK + at until cl_fuse_func_end
+   places the area (no arena is that large). */
+#define STATS_MARK ((int64_t)1 << 60)
+static RtBuf stats_buf(int64_t at, int64_t n, int storage) {
+  return (RtBuf){.region = RT_REGION_ARENA, .storage = (uint8_t)storage, .is_int = storage == RT_ST_I32,
+                 .offset = STATS_MARK + at, .n = n};
 }
 
-/* A buffer at `at` of the stats area (its place fixed by cl_fuse_func_end). */
-static RtBuf stats_buf(int64_t at, int64_t n, int storage) {
-  return (RtBuf){.region = RT_REGION_ARENA, .storage = (uint8_t)storage, .is_int = storage == RT_ST_I32, .offset = at, .n = n};
-}
 
 int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i) {
   const Func *f = L->f;
@@ -335,7 +341,7 @@ int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i) {
   L->norm_stats[j] = at;
   st->bufs[st->n_in + st->n_out++] = stats_buf(at, 2 * rows + 1, RT_ST_F32);
   st->i[2] = 1;
-  return stats_fix(L, s, st->n_in + st->n_out - 1);
+  return 0;
 }
 
 int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
@@ -354,8 +360,6 @@ int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
   RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dx dw, saved statistics)");
   if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 3, false)) return IR_EINPUT;
   st->bufs[st->n_in++] = stats_buf(stats_at, 2 * rows + 1, RT_ST_F32);
-  if (stats_fix(L, s, 3)) return IR_EINPUT;
-  st = &s->items[s->n - 1];
   for (int r = 0; r < 1 + np; r++)
     if (cl_buf_of(L, r > 0 && fuse_acc ? acc[r - 1] : op->results[r], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
   int part = st->n_in + st->n_out;
@@ -365,7 +369,6 @@ int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
   st->bufs[part] = (RtBuf){.region = RT_REGION_ARENA, .storage = RT_ST_F32, .offset = cg_align64(L->f->arena_bytes) + at, .n = nb * np * D};
   if (at + 4 * nb * np * D > L->scratch) L->scratch = cg_align64(at + 4 * nb * np * D);
   st->bufs[st->n_in + st->n_out++] = stats_buf(stats_at + 8 * rows, 1, RT_ST_F32);
-  if (stats_fix(L, s, part + 1)) return IR_EINPUT;
   st->i[0] = rows;
   st->i[1] = D;
   st->i[2] = part;
@@ -387,10 +390,128 @@ int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
 
 void cl_fuse_func_end(Lower *L, Steps *s) {
   int64_t base = cg_align64(L->f->arena_bytes) + cg_align64(L->scratch);
-  for (int k = 0; k < L->n_stats_fix; k++) s->items[L->stats_fix[k][0]].bufs[L->stats_fix[k][1]].offset += base;
+  for (int k = 0; k < s->n; k++)
+    for (int b = 0; b < s->items[k].n_in + s->items[k].n_out; b++) {
+      RtBuf *u = &s->items[k].bufs[b];
+      if (u->region == RT_REGION_ARENA && u->offset >= STATS_MARK) u->offset += base - STATS_MARK;
+    }
+  free(L->value_buf);
+  free(L->value_has);
+  L->value_buf = NULL;
+  L->value_has = NULL;
   if (L->stats_bytes) L->scratch = cg_align64(L->scratch) + L->stats_bytes;   /* the arena grows by both */
   free(L->norm_stats);
   L->norm_stats = NULL;
-  L->n_stats_fix = 0;
   L->stats_bytes = 0;
+}
+
+/* ---------------------------------------------------------------- the fused classifier
+
+   `%ce = cross_entropy %logits, %t` and, later in the same function, `%dl = cross_entropy_grad
+   %c, %logits, %t` with %c a constant (the loss's seed: 1 / (rows x micro-batches)) become one
+   launch at the forward's place (loom_xent_fused: per row, the online max and sum, the loss,
+   then the gradient), so the logits are read once where they were read twice, by two launches.
+   The same arithmetic as loom_xent_fwd and loom_xent_bwd: the same bits.  The gradient is
+   written earlier than the program says, so its buffer must hold nothing live in between (or be
+   the logits' own, in place: each row is read before its block writes it, and nothing in between
+   reads the logits).  LOOM_CUDA_NO_XENT_FUSION=1 keeps the two launches. */
+
+/* Is the arena buffer of value v free from op `from` to op `to` of f (inclusive), but for `self`
+   (v's buffer may be self's, exactly, when no op strictly between reads self)? */
+static bool slot_free(Lower *L, const Func *f, const Value *v, int from, int to, const Value *self, const Value *moved) {
+  RtBuf vb;
+  if (cl_buf_of(L, v, &vb)) {
+    L->err[0] = 0;
+    return false;
+  }
+  int nv = L->n_values + 1;
+  int *def = malloc(sizeof(int) * (size_t)nv), *last = malloc(sizeof(int) * (size_t)nv);
+  const Value **val = calloc((size_t)nv, sizeof *val);
+  bool ok = def && last && val;
+  for (int k = 0; ok && k < nv; k++) def[k] = INT32_MAX, last[k] = -1;
+  for (int a = 0; ok && a < f->args.n; a++) {
+    const Value *u = f->args.items[a];
+    if (u->id >= 0 && u->id < nv) def[u->id] = -1, val[u->id] = u;
+  }
+  for (int i = 0; ok && i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    for (int k = 0; k < op->n_results; k++) {
+      const Value *u = op->results[k];
+      if (u->kind != VAL_GLOBAL && u->id >= 0 && u->id < nv) def[u->id] = i, last[u->id] = i, val[u->id] = u;
+    }
+    for (int k = 0; k < op->n_operands; k++) {
+      const Value *u = op->operands[k];
+      if (u->kind != VAL_GLOBAL && u->id >= 0 && u->id < nv && last[u->id] < i) last[u->id] = i;
+    }
+  }
+  for (int r = 0; ok && r < f->rets.n; r++) {
+    const Value *u = f->rets.items[r];
+    if (u->kind != VAL_GLOBAL && u->id >= 0 && u->id < nv) last[u->id] = f->ops.n;
+  }
+  for (int k = 0; ok && k < nv; k++) {
+    const Value *u = val[k];
+    if (!u || u == v || u == moved || def[k] > to || last[k] < from) continue;
+    RtBuf ub;
+    if (cl_buf_of(L, u, &ub)) {
+      L->err[0] = 0;
+      ok = false;
+      break;
+    }
+    if (!cl_overlap(&ub, &vb)) continue;
+    if (u == self && ub.region == vb.region && ub.offset == vb.offset &&
+        ub.n * cl_st_size(ub.storage) == vb.n * cl_st_size(vb.storage)) {
+      for (int i = from + 1; i < to && ok; i++) {
+        const Op *op = f->ops.items[i];
+        for (int q = 0; q < op->n_operands; q++)
+          if (op->operands[q] == self) ok = false;
+      }
+      continue;
+    }
+    ok = false;
+  }
+  free(def);
+  free(last);
+  free(val);
+  return ok;
+}
+
+int cl_fuse_xent(Lower *L, Steps *s, int i) {
+  const Func *f = L->f;
+  const Op *op = L->op;
+  const char *e = getenv("LOOM_CUDA_NO_XENT_FUSION");
+  if (e && *e && strcmp(e, "0")) return 1;
+  const Value *logits = op->operands[0], *tg = op->operands[1];
+  int j = -1, c = -1;
+  for (int k = i + 1; k < f->ops.n && j < 0; k++) {
+    const Op *g = f->ops.items[k];
+    if (g->kind == OP_CROSS_ENTROPY_GRAD && g->operands[1] == logits && g->operands[2] == tg) j = k;
+  }
+  if (j < 0) return 1;
+  const Op *g = f->ops.items[j];
+  const Value *dl = g->operands[0];
+  for (int k = i + 1; k < j; k++)
+    if (((const Op *)f->ops.items[k])->n_results && ((const Op *)f->ops.items[k])->results[0] == dl) c = k;
+  if (c < 0 || ((const Op *)f->ops.items[c])->kind != OP_CONSTANT || dl->type.dtype != DT_F32) return 1;
+  /* the loss rows move to the stats area (the gradient's buffer may be theirs, freed early) */
+  const Value *ce = op->results[0];
+  if (cl_uses(f, ce) < 1 || !slot_free(L, f, g->results[0], i, j, logits, ce)) return 1;
+  for (int r = 0; r < f->rets.n; r++)
+    if (f->rets.items[r] == ce) return 1;
+  int64_t rows_at = L->stats_bytes;
+  if (!set_alias(L, ce, stats_buf(rows_at, type_numel(&ce->type), ce->type.dtype == DT_F32 ? RT_ST_F32 : RT_ST_BF16)))
+    return 1;
+  L->stats_bytes += cg_align64(4 * type_numel(&ce->type));
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " + cross_entropy_grad (one pass)");
+  if (!st || cl_set_bufs(L, st, (const Value *const[]){logits, tg}, 2, true)) return IR_EINPUT;
+  if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "targets must be i32");
+  if (cl_buf_of(L, g->results[0], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
+  int64_t V = logits->type.rank ? logits->type.dims[logits->type.rank - 1] : 1;
+  st->i[0] = V ? type_numel(&logits->type) / V : 0;
+  st->i[1] = V;
+  st->f[0] = op_float(f->ops.items[c], "value");
+  st->block[0] = V <= 32 ? 32 : V <= 64 ? 64 : V <= 256 ? 128 : V <= 4096 ? 256 : 512;   /* lower.c's row_threads */
+  st->grid[0] = (uint32_t)(st->i[0] < 1 ? 1 : st->i[0] > (1 << 20) ? (1 << 20) : st->i[0]);
+  L->skip[j] = true;
+  if (cl_uses(f, dl) == 1) L->skip[c] = true;   /* the seed's fill, read by nothing else */
+  return cl_instantiate(L, st, "xent_fused", "loom_xent_fused", (const int[]){0, 2, 3, -1}, NULL, "", 1024);
 }

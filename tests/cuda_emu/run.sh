@@ -412,6 +412,26 @@ for mp in gpt2-tiny:fp32 llama-tiny:fp32 gpt2-tiny:bf16; do
   fi
 done
 
+# The fused classifier (codegen/cuda/lower_fuse.c: cross-entropy's forward and gradient in one
+# pass over the logits, the loss rows moved out of the gradient's way) against the two launches
+# (LOOM_CUDA_NO_XENT_FUSION=1): 3 steps bit for bit (the same arithmetic), a padded vocabulary
+# (masked logits) in bf16, Llama in fp32
+for mp in "gpt2-tiny:bf16:--vocab-multiple 96" "llama-tiny:fp32:"; do
+  m=${mp%%:*} rest=${mp#*:} p=${rest%%:*} vm=${rest#*:}
+  # shellcheck disable=SC2086
+  if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q --out "$tmp/xe-f.st" \
+       > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_NO_XENT_FUSION=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
+       --out "$tmp/xe-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/xe-f.st" "$tmp/xe-u.st" --rtol 0 > "$tmp/diff" 2>&1 &&
+     "$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision $p $vm --cost 2>&1 |
+       grep -q 'loom_xent_fused'; then
+    ok "$m $p $vm: cross-entropy forward and gradient in one pass (loom_xent_fused), 3 steps bit for bit the two launches"
+  else
+    bad "$m $p: the fused classifier against the two launches"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # GEMM epilogues (codegen/cuda/lower.c, "GEMM epilogues"; the cuBLASLt double computes BIAS
 # and GELU_AUX_BIAS and beta = 1 with C the residual): gradients and 3 training steps against
 # the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
