@@ -344,6 +344,41 @@ int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i) {
   return 0;
 }
 
+/* The op after the gradient op j (after the accumulations of dw and db this step takes over,
+   taken[0..n_taken)): a call of a kernel that only adds its two arguments, one of them dx (read
+   by nothing else), the other *res of dx's type: its index (*sum its result), or -1.  A bf16
+   (f16) dx is then no longer rounded before the add: LOOM_CUDA_FUSE_BF16=1 only. */
+static int residual_add(Lower *L, int j, const int *taken, int n_taken, const Value **res, const Value **sum) {
+  const Func *f = L->f;
+  const Value *dx = ((const Op *)f->ops.items[j])->results[0];
+  *res = *sum = NULL;
+  if (getenv("LOOM_CUDA_NO_NORM_RESIDUAL") || uses_of(f, dx) != 1) return -1;
+  if (dx->type.dtype != DT_F32 && !fuse_narrow_ok()) return -1;
+  int at = j + 1;
+  for (bool more = true; more;) {
+    more = false;
+    for (int t = 0; t < n_taken; t++)
+      if (taken[t] == at) at++, more = true;
+  }
+  if (at >= f->ops.n) return -1;
+  const Op *op = f->ops.items[at];
+  if (op->kind != OP_CALL || op->n_operands != 2 || op->n_results != 1) return -1;
+  const Func *k = op->callee;
+  if (!k || !k->is_kernel || k->args.n != 2 || k->rets.n != 1 || k->ops.n != 1) return -1;
+  const Op *add = k->ops.items[0];
+  if (add->kind != OP_ADD || k->rets.items[0] != add->results[0] || add->operands[0] == add->operands[1] ||
+      add->operands[0]->kind != VAL_ARG || add->operands[1]->kind != VAL_ARG)
+    return -1;
+  const Value *a = op->operands[0], *b = op->operands[1], *r = a == dx ? b : b == dx ? a : NULL;
+  const Value *out = op->results[0];
+  if (!r || r == dx || r->kind == VAL_GLOBAL || r->type.dtype != dx->type.dtype || type_numel(&r->type) != type_numel(&dx->type) ||
+      out->type.dtype != dx->type.dtype || type_numel(&out->type) != type_numel(&dx->type) || out->kind == VAL_GLOBAL)
+    return -1;
+  *res = r;
+  *sum = out;
+  return at;
+}
+
 int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
   const Op *op = L->op;
   if (!L->norm_stats || L->norm_stats[j] < 0) return 1;
@@ -357,12 +392,32 @@ int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
   bool fuse_acc = true;
   for (int r = 0; r < np; r++)
     if (!(acc[r] = accumulated_into(L->f, j, op->results[1 + r], acc_ops[r]))) fuse_acc = false;
+  const Value *res = NULL, *sum = NULL;   /* the residual gradient added to dx next, and the sum */
+  int taken[4], n_taken = 0;
+  for (int r = 0; fuse_acc && r < np; r++)
+    for (int k = 0; k < 2; k++)
+      if (acc_ops[r][k] >= 0) taken[n_taken++] = acc_ops[r][k];
+  int add_op = residual_add(L, j, taken, n_taken, &res, &sum);
   RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dx dw, saved statistics)");
   if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 3, false)) return IR_EINPUT;
   st->bufs[st->n_in++] = stats_buf(stats_at, 2 * rows + 1, RT_ST_F32);
+  if (res && cl_buf_of(L, res, &st->bufs[st->n_in++])) return IR_EINPUT;
   for (int r = 0; r < 1 + np; r++)
-    if (cl_buf_of(L, r > 0 && fuse_acc ? acc[r - 1] : op->results[r], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
-  int part = st->n_in + st->n_out;
+    if (cl_buf_of(L, r == 0 && sum ? sum : r > 0 && fuse_acc ? acc[r - 1] : op->results[r], &st->bufs[st->n_in + st->n_out++]))
+      return IR_EINPUT;
+  if (sum) {   /* the sum may take the place of dy, x or r (element for element), nothing else's */
+    const RtBuf *o = &st->bufs[st->n_in];
+    for (int k = 0; k < st->n_in + st->n_out; k++) {
+      const RtBuf *b = &st->bufs[k];
+      if (k == st->n_in || !cl_overlap(b, o)) continue;
+      bool exact = (k <= 1 || k == 4) && b->offset == o->offset && b->n == o->n && cl_st_size(b->storage) == cl_st_size(o->storage);
+      if (!exact) return cl_fail(L, "internal error: the norm gradient's residual sum shares memory with buffer %d", k);
+    }
+    L->skip[add_op] = true;
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " + residual");
+  }
+  int part = st->n_in + st->n_out;   /* after dx dw [db] */
   /* the parts in scratch; the counter after the statistics */
   int64_t at = 0;
   st->n_out++;
@@ -382,10 +437,13 @@ int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
     size_t n = strlen(st->label);
     snprintf(st->label + n, sizeof st->label - n, " (+= $%s)", acc[0]->global->name);
   }
-  char extra[32];
-  snprintf(extra, sizeof extra, "%s, %s", ln ? "true" : "false", fuse_acc ? "true" : "false");
-  return cl_instantiate(L, st, ln ? "lngrad_saved" : "rmsgrad_saved", "loom_norm_bwd_saved", (const int[]){0, 1, 2, 4, 5, -1},
-                        extra, fuse_acc ? "_acc" : "", 1024);
+  char extra[96], suffix[16];
+  int o = sum ? 5 : 4;
+  snprintf(extra, sizeof extra, "%s, %s, %s, %s", sum ? (st->bufs[4].storage == RT_ST_BF16 ? "loom_sbf16" : st->bufs[4].storage == RT_ST_F16 ? "loom_sf16" : "loom_sf32") : "loom_sf32",
+           ln ? "true" : "false", fuse_acc ? "true" : "false", sum ? "true" : "false");
+  snprintf(suffix, sizeof suffix, "%s%s", fuse_acc ? "_acc" : "", sum ? "_res" : "");
+  return cl_instantiate(L, st, ln ? "lngrads" : "rmsgrads", "loom_norm_bwd_saved", (const int[]){0, 1, 2, o, o + 1, -1},
+                        extra, suffix, 1024);
 }
 
 void cl_fuse_func_end(Lower *L, Steps *s) {

@@ -245,12 +245,12 @@ static void test_tiny_models(void) {
       /* layernorm_grad / rmsnorm_grad: from the forward's saved statistics (past the arena), one
          step: per-block partial sums of dw (db) in scratch, summed by the last block */
       const RtStep *ng = gs ? find_step(gs, gpt2 ? "layernorm_grad" : "rmsnorm_grad", 0) : NULL;
-      int np = gpt2 ? 2 : 1;
-      ok = ng && strstr(ng->label, "saved statistics") && ng->n_in == 4 && ng->n_out == 3 + np && irgs &&
-           ng->bufs[3].offset >= irgs->arena_bytes && ng->bufs[3].n == 2 * 64 + 1 && ng->i[2] == 5 + np &&
-           ng->bufs[5 + np].offset >= irgs->arena_bytes && ng->bufs[5 + np].n == (int64_t)ng->grid[0] * np * 64 &&
-           ng->bufs[6 + np].offset == ng->bufs[3].offset + 8 * 64 && ng->bufs[5 + np].offset < ng->bufs[3].offset &&
-           !strstr(ng[1].label, "(dw)");
+      int np = gpt2 ? 2 : 1, res = ng && strstr(ng->label, "+ residual") ? 1 : 0, pt = 5 + np + res;
+      ok = ng && strstr(ng->label, "saved statistics") && ng->n_in == 4 + res && ng->n_out == 3 + np && irgs &&
+           ng->bufs[3].offset >= irgs->arena_bytes && ng->bufs[3].n == 2 * 64 + 1 && ng->i[2] == pt &&
+           ng->bufs[pt].offset >= irgs->arena_bytes && ng->bufs[pt].n == (int64_t)ng->grid[0] * np * 64 &&
+           ng->bufs[pt + 1].offset == ng->bufs[3].offset + 8 * 64 && ng->bufs[pt].offset < ng->bufs[3].offset &&
+           !strstr(ng[1].label, "(dw)") && (res || !bf16 || !strcmp(p.kernel_names[ng->which], gpt2 ? "loom_lngrads_bbbbb" : "loom_rmsgrads_bbbbb"));
       check(ok, "tiny %s: the norm gradient reads the saved statistics and sums the per-block parts of dw in the same "
             "step (deterministic)", label);
       /* embedding_grad: zero fill, then the scatter without atomics */
@@ -436,7 +436,7 @@ static void test_program(void) {
     /* the forward saves (mean, rstd) past the scratch (8192 + 512), the gradient reads them:
        dy h w stats -> dx dw db, the parts in scratch, the counter after the 8 rows' statistics */
     check(s[2].n_out == 2 && s[2].i[2] == 1 && buf_is(&s[2].bufs[4], RT_REGION_ARENA, 8704, 17, RT_ST_F32) &&
-              s[5].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[5].which], "loom_lngrad_saved_bbbbb") &&
+              s[5].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[5].which], "loom_lngrads_bbbbb") &&
               s[5].n_in == 4 && s[5].n_out == 5 && s[5].grid[0] == 8 && s[5].i[2] == 7 &&
               buf_is(&s[5].bufs[3], RT_REGION_ARENA, 8704, 17, RT_ST_F32) &&
               buf_is(&s[5].bufs[5], RT_REGION_ARENA, 5376, 8, RT_ST_BF16) &&

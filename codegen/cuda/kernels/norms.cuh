@@ -90,10 +90,12 @@ LOOM_DEV void loom_norm_bwd(const LoomArgs &a) {
    as loom_norm_bwd computes it, and the same per-block partial sums of dw (db) in part; the
    block that finishes last (a counter the forward zeroed) sums the parts in block order, as
    loom_norm_colsum does, into dw (db), or adds them to the f32 gradients dw (db) (ACC).  The
-   same bits as loom_norm_bwd + loom_norm_colsum (+ an f32 accumulate).
-   bufs: dy x w stats -> dx dw [db], then part and the counter at buffers i[2], i[2] + 1;
+   same bits as loom_norm_bwd + loom_norm_colsum (+ an f32 accumulate).  RES: the residual
+   stream's gradient r (an input after stats) is added to dx, which is stored as r + dx (the
+   add that followed; each element read and written by the same thread, so in place is safe).
+   bufs: dy x w stats [r] -> dx dw [db], then part and the counter at buffers i[2], i[2] + 1;
    i: rows, D, i[2] */
-template <class SDY, class SX, class SW, class SDX, class SDW, bool LN, bool ACC>
+template <class SDY, class SX, class SW, class SDX, class SDW, class SR, bool LN, bool ACC, bool RES>
 LOOM_DEV void loom_norm_bwd_saved(const LoomArgs &a) {
   __shared__ float sh[64];
   __shared__ int last;
@@ -101,9 +103,10 @@ LOOM_DEV void loom_norm_bwd_saved(const LoomArgs &a) {
   const typename SX::T *x = LOOM_IN(SX, 1);
   const typename SW::T *w = LOOM_IN(SW, 2);
   const float *stats = (const float *)a.buf[3];
-  typename SDX::T *dx = LOOM_OUT(SDX, 4);
-  typename SDW::T *dw = LOOM_OUT(SDW, 5);
-  typename SDW::T *db = LN ? LOOM_OUT(SDW, 6) : 0;
+  const typename SR::T *res = RES ? LOOM_IN(SR, 4) : 0;
+  typename SDX::T *dx = LOOM_OUT(SDX, RES ? 5 : 4);
+  typename SDW::T *dw = LOOM_OUT(SDW, RES ? 6 : 5);
+  typename SDW::T *db = LN ? LOOM_OUT(SDW, RES ? 7 : 6) : 0;
   const long long rows = a.i[0], D = a.i[1], np = LN ? 2 : 1;
   float *part_all = (float *)a.buf[a.i[2]];
   unsigned *counter = (unsigned *)a.buf[a.i[2] + 1];
@@ -128,7 +131,8 @@ LOOM_DEV void loom_norm_bwd_saved(const LoomArgs &a) {
     sum_gx /= (float)D;
     for (long long d = threadIdx.x; d < D; d += blockDim.x) {
       float xhat = (SX::ld(x, base + d) - mean) * rstd, g = SDY::ld(dy, base + d) * SW::ld(w, d);
-      SDX::st(dx, base + d, rstd * (g - (LN ? sum_g : 0.0f) - xhat * sum_gx));
+      float v = rstd * (g - (LN ? sum_g : 0.0f) - xhat * sum_gx);
+      SDX::st(dx, base + d, RES ? SR::ld(res, base + d) + v : v);
     }
   }
   /* this block's parts are written: the last block to get here sums them all */
