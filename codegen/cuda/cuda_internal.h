@@ -142,6 +142,7 @@ int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc);
    the in-place adamw step st of such a parameter also writes its copy (an output appended;
    1) or not (0).  cl_weight_copies_func: the function RT_FUNC_WEIGHT_COPIES (no steps: none). */
 int cl_weight_copies_plan(Lower *L);
+int cl_weight_copies_begin(Lower *L, const Func *f);   /* per function, before its ops: the aliases */
 bool cl_weight_copy_call(Lower *L);
 void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to);
 bool cl_weight_copy_buf(const Lower *L, const Value *v, RtBuf *b);

@@ -1387,6 +1387,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
     free(L->handle);
     return cl_fail(L, "out of memory");
   }
+  rc = cl_weight_copies_begin(L, f);   /* the casts that read copies, before any plan looks at buffers */
   for (int i = 0; i < f->ops.n && !rc; i++) {
     L->op = f->ops.items[i];
     L->op_index = i;

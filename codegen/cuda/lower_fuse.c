@@ -123,13 +123,30 @@ static bool set_alias(Lower *L, const Value *v, RtBuf b) {
   return true;
 }
 
+/* Before the function's ops are lowered (and before any plan asks for a buffer: lower_gemm.c's
+   views take their base's buffer when planned): every cast of a parameter with a copy, and every
+   reshape of one at the same place, reads the copy. */
+int cl_weight_copies_begin(Lower *L, const Func *f) {
+  for (int i = 0; i < f->ops.n; i++) {
+    const Op *op = f->ops.items[i];
+    int g = cast_of_param(L, op);
+    if (g >= 0 && L->copy_offset[g] >= 0 && L->copy_dtype[g] == op->results[0]->type.dtype) {
+      const Value *r = op->results[0];
+      RtBuf b = {.region = RT_REGION_PARAMS, .storage = L->copy_dtype[g] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16,
+                 .round = RT_ROUND_NONE, .offset = L->copy_offset[g], .n = type_numel(&r->type)};
+      set_alias(L, r, b);   /* false (out of memory): the cast stays, correct, only slower */
+    } else if (op->kind == OP_RESHAPE && op->operands[0]->kind != VAL_GLOBAL &&
+               op->operands[0]->offset == op->results[0]->offset) {
+      cl_weight_copy_follow(L, op->operands[0], op->results[0]);
+    }
+  }
+  return 0;
+}
+
 bool cl_weight_copy_call(Lower *L) {
-  int g = cast_of_param(L, L->op);
-  if (g < 0 || L->copy_offset[g] < 0 || L->copy_dtype[g] != L->op->results[0]->type.dtype) return false;
-  const Value *r = L->op->results[0];
-  RtBuf b = {.region = RT_REGION_PARAMS, .storage = L->copy_dtype[g] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16,
-             .round = RT_ROUND_NONE, .offset = L->copy_offset[g], .n = type_numel(&r->type)};
-  return set_alias(L, r, b);   /* false: the cast stays (correct, only slower) */
+  const Value *r = L->op->n_results == 1 ? L->op->results[0] : NULL;
+  return r && cast_of_param(L, L->op) >= 0 && L->value_has && r->kind != VAL_GLOBAL && L->value_has[r->id] &&
+         L->value_buf[r->id].region == RT_REGION_PARAMS;
 }
 
 void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to) {
