@@ -460,7 +460,7 @@ int cl_fuse_norm_bwd(Lower *L, Steps *s, int j) {
            ln ? "true" : "false", fuse_acc ? "true" : "false", sum ? "true" : "false");
   snprintf(suffix, sizeof suffix, "%s%s", fuse_acc ? "_acc" : "", sum ? "_res" : "");
   return cl_instantiate(L, st, ln ? "lngrads" : "rmsgrads", "loom_norm_bwd_saved", (const int[]){0, 1, 2, o, o + 1, -1},
-                        extra, suffix, 1024);
+                        extra, suffix, 512);   /* row_threads gives at most 512: registers to spare */
 }
 
 void cl_fuse_func_end(Lower *L, Steps *s) {
