@@ -58,7 +58,8 @@ int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen) {
   if (!rc && log) fprintf(log, "JIT-compiling the kernels with LLVM ...\n");
   t0 = seconds_now();
   if (!rc) rc = cpu_backend_load(&b, bytes, n, llvm, plan->threads, err, errlen);
-  if (!rc && log) fprintf(log, "JIT-compiled %d kernels in %.2f s\n", b.prog.n_kernels, seconds_now() - t0);
+  if (!rc && log) fprintf(log, "JIT-compiled %d kernels in %.2f s%s\n", b.prog.n_kernels, seconds_now() - t0,
+                        jit_from_cache(b.jit) ? " (object code from the cache)" : "");
   t0 = seconds_now();
   if (!rc) rc = cpu_backend_init_params(&b, plan->seed, plan->init, err, errlen);
   if (!rc && log) {

@@ -2,7 +2,9 @@
  *
  * The text is what codegen/cpu writes (cpu_emit_llvm / cpu_lower): portable LLVM IR.
  * jit_load optimizes it with LLVM's O2 pipeline for the host it runs on (so the loop
- * vectorizer uses the host's vector width), compiles it with an ORC LLJIT, resolves libm
+ * vectorizer uses the host's vector width), compiles it to object code (kept in the on-disk
+ * cache, runtime/io/diskcache.h: a second run of the same program skips LLVM), links it
+ * with an ORC LLJIT, resolves libm
  * (tanhf, expf, ...) from the running process, and returns the kernels' addresses:
  *
  *     void kernel(char **args, int64_t begin, int64_t end)     (codegen/cpu/cpu.h)
@@ -13,6 +15,7 @@
 #ifndef LOOM_RUNTIME_JIT_H
 #define LOOM_RUNTIME_JIT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,6 +29,8 @@ typedef void (*JitKernelFn)(char **args, int64_t begin, int64_t end);
 int jit_load(const char *llvm_ir_text, const char *const *symbols, int n, void **fns_out, Jit **out, char *err,
              size_t errlen);
 void jit_free(Jit *jit);
+/* Whether jit_load found the object code in the on-disk cache (runtime/io/diskcache.h). */
+bool jit_from_cache(const Jit *jit);
 
 /* The text after the O2 pipeline for this host (malloc'd): what jit_load compiles.  Shows
    whether loops were vectorized (look for `<8 x float>`).  Marks the module as optimized

@@ -13,104 +13,7 @@
 #include <unistd.h>
 
 #include "runtime/cuda/nvrtc.h"
-
-/* ------------------------------------------------------------------ SHA-256 */
-
-typedef struct {
-  uint32_t h[8];
-  uint64_t len;
-  unsigned char buf[64];
-  size_t nbuf;
-} Sha256;
-
-static const uint32_t sha_k[64] = {
-  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
-  0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
-  0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-  0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
-  0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-  0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-static uint32_t ror(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-static void sha_block(Sha256 *s, const unsigned char *p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; i++)
-    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-  for (int i = 16; i < 64; i++) {
-    uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3], e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
-  for (int i = 0; i < 64; i++) {
-    uint32_t t1 = h + (ror(e, 6) ^ ror(e, 11) ^ ror(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] + w[i];
-    uint32_t t2 = (ror(a, 2) ^ ror(a, 13) ^ ror(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g;
-    g = f;
-    f = e;
-    e = d + t1;
-    d = c;
-    c = b;
-    b = a;
-    a = t1 + t2;
-  }
-  s->h[0] += a;
-  s->h[1] += b;
-  s->h[2] += c;
-  s->h[3] += d;
-  s->h[4] += e;
-  s->h[5] += f;
-  s->h[6] += g;
-  s->h[7] += h;
-}
-
-static void sha_init(Sha256 *s) {
-  static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  memcpy(s->h, h0, sizeof h0);
-  s->len = 0;
-  s->nbuf = 0;
-}
-
-static void sha_update(Sha256 *s, const void *data, size_t n) {
-  const unsigned char *p = data;
-  s->len += n;
-  while (n) {
-    size_t take = 64 - s->nbuf < n ? 64 - s->nbuf : n;
-    memcpy(s->buf + s->nbuf, p, take);
-    s->nbuf += take;
-    p += take;
-    n -= take;
-    if (s->nbuf == 64) {
-      sha_block(s, s->buf);
-      s->nbuf = 0;
-    }
-  }
-}
-
-static void sha_final(Sha256 *s, unsigned char out[32]) {
-  uint64_t bits = s->len * 8;
-  unsigned char pad = 0x80;
-  sha_update(s, &pad, 1);
-  unsigned char zero = 0;
-  while (s->nbuf != 56) sha_update(s, &zero, 1);
-  unsigned char lenb[8];
-  for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)(bits >> (56 - 8 * i));
-  sha_update(s, lenb, 8);
-  for (int i = 0; i < 8; i++)
-    for (int j = 0; j < 4; j++) out[4 * i + j] = (unsigned char)(s->h[i] >> (24 - 8 * j));
-}
-
-static void hex_of(const unsigned char *d, size_t n, char *out) {
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = digits[d[i] >> 4];
-    out[2 * i + 1] = digits[d[i] & 15];
-  }
-  out[2 * n] = 0;
-}
+#include "runtime/io/diskcache.h"
 
 void nvrtc_sha256_hex(const void *data, size_t n, char out[65]) {
   Sha256 s;
@@ -118,7 +21,7 @@ void nvrtc_sha256_hex(const void *data, size_t n, char out[65]) {
   sha_init(&s);
   sha_update(&s, data, n);
   sha_final(&s, d);
-  hex_of(d, 32, out);
+  dc_hex(d, 32, out);
 }
 
 /* ------------------------------------------------------------------ loading NVRTC */
@@ -226,25 +129,10 @@ int nvrtc_available(int *major, int *minor, char *why, size_t n) {
 
 /* ------------------------------------------------------------------ the cache */
 
+/* Entries of runtime/io/diskcache.h; flags bit 0: the payload is a cubin (else PTX). */
 #define CACHE_MAGIC "LOOMNVR1"
-#define CACHE_HEADER 88   /* magic 8, flags 8, length 8, payload sha 32, key 32 */
 
-void nvrtc_cache_dir(char *out, size_t n) {
-  const char *d = getenv("LOOM_CACHE_DIR");
-  if (d) {
-    if (!*d || !strcmp(d, "off")) snprintf(out, n, "%s", "");
-    else snprintf(out, n, "%s", d);
-    return;
-  }
-  const char *x = getenv("XDG_CACHE_HOME");
-  if (x && *x) {
-    snprintf(out, n, "%s/loom", x);
-    return;
-  }
-  const char *home = getenv("HOME");
-  if (home && *home) snprintf(out, n, "%s/.cache/loom", home);
-  else snprintf(out, n, "%s", "");
-}
+void nvrtc_cache_dir(char *out, size_t n) { dc_dir(out, n); }
 
 static void cache_key(const char *source, const char *arch, const char *const *opts, int n_opts, int major, int minor,
                       unsigned char key[32]) {
@@ -258,115 +146,23 @@ static void cache_key(const char *source, const char *arch, const char *const *o
   sha_final(&s, key);
 }
 
-static int cache_file(const char *dir, const unsigned char key[32], char *out, size_t n) {
-  char hex[65];
-  hex_of(key, 32, hex);
-  int k = snprintf(out, n, "%s/%s.bin", dir, hex);
-  return k < 0 || (size_t)k >= n;
-}
-
 int nvrtc_cache_path(const char *source, const char *arch, const char *const *opts, int n_opts, char *out, size_t n,
                      char *err, size_t errlen) {
   const NvrtcApi *a = nvrtc_api(err, errlen);
   if (!a) return 1;
   char dir[1024];
-  nvrtc_cache_dir(dir, sizeof dir);
+  dc_dir(dir, sizeof dir);
   if (!dir[0]) {
     snprintf(err, errlen, "the NVRTC cache is off (LOOM_CACHE_DIR=%s)", getenv("LOOM_CACHE_DIR") ? "off" : "");
     return 1;
   }
   unsigned char key[32];
   cache_key(source, arch, opts, n_opts, a->major, a->minor, key);
-  if (cache_file(dir, key, out, n)) {
+  if (dc_path(dir, key, ".bin", out, n)) {
     snprintf(err, errlen, "the cache path is too long");
     return 1;
   }
   return 0;
-}
-
-static void put_u64(unsigned char *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint64_t get_u64(const unsigned char *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
-/* Reads a cache entry; 0 and the payload when it is whole and belongs to key. */
-static int cache_read(const char *path, const unsigned char key[32], unsigned char **image, size_t *n, bool *is_cubin) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return 1;
-  unsigned char h[CACHE_HEADER];
-  int rc = 1;
-  unsigned char *data = NULL;
-  if (fread(h, 1, CACHE_HEADER, f) != CACHE_HEADER) goto done;
-  if (memcmp(h, CACHE_MAGIC, 8) || memcmp(h + 56, key, 32)) goto done;
-  uint64_t len = get_u64(h + 16);
-  if (len == 0 || len > ((uint64_t)1 << 34)) goto done;
-  data = malloc((size_t)len + 1);
-  if (!data) goto done;
-  if (fread(data, 1, (size_t)len, f) != len) goto done;
-  unsigned char extra;
-  if (fread(&extra, 1, 1, f) != 0) goto done;   /* trailing bytes: not ours */
-  Sha256 s;
-  unsigned char sum[32];
-  sha_init(&s);
-  sha_update(&s, data, (size_t)len);
-  sha_final(&s, sum);
-  if (memcmp(sum, h + 24, 32)) goto done;
-  data[len] = 0;
-  *image = data;
-  *n = (size_t)len;
-  *is_cubin = h[8] & 1;
-  data = NULL;
-  rc = 0;
-done:
-  free(data);
-  fclose(f);
-  return rc;
-}
-
-static int mkdirs(const char *dir) {
-  char p[1024];
-  snprintf(p, sizeof p, "%s", dir);
-  for (char *s = p + 1; *s; s++) {
-    if (*s != '/') continue;
-    *s = 0;
-    if (mkdir(p, 0755) && errno != EEXIST) return 1;
-    *s = '/';
-  }
-  if (mkdir(p, 0755) && errno != EEXIST) return 1;
-  return 0;
-}
-
-/* Writes an entry atomically (temporary file + rename); failures are silent (the cache is
-   an optimization). */
-static void cache_write(const char *dir, const char *path, const unsigned char key[32], const unsigned char *image,
-                        size_t n, bool is_cubin) {
-  if (mkdirs(dir)) return;
-  static int counter;
-  char tmp[1300];
-  int k = snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%d", path, (long)getpid(),
-                   __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-  if (k < 0 || (size_t)k >= sizeof tmp) return;
-  FILE *f = fopen(tmp, "wb");
-  if (!f) return;
-  unsigned char h[CACHE_HEADER];
-  memset(h, 0, sizeof h);
-  memcpy(h, CACHE_MAGIC, 8);
-  h[8] = is_cubin ? 1 : 0;
-  put_u64(h + 16, n);
-  Sha256 s;
-  sha_init(&s);
-  sha_update(&s, image, n);
-  sha_final(&s, h + 24);
-  memcpy(h + 56, key, 32);
-  bool ok = fwrite(h, 1, sizeof h, f) == sizeof h && fwrite(image, 1, n, f) == n;
-  ok = fflush(f) == 0 && ok;
-  ok = fsync(fileno(f)) == 0 && ok;
-  if (fclose(f) != 0) ok = false;
-  if (!ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
 /* ------------------------------------------------------------------ compiling */
@@ -461,18 +257,31 @@ int nvrtc_compile_cached(const char *source, const char *arch, const char *const
     return 1;
   }
   char dir[1024], path[1200];
-  nvrtc_cache_dir(dir, sizeof dir);
+  dc_dir(dir, sizeof dir);
   unsigned char key[32];
   cache_key(source, arch, opts, n_opts, a->major, a->minor, key);
-  bool use_cache = dir[0] && !cache_file(dir, key, path, sizeof path);
-  if (use_cache && !cache_read(path, key, image, n, is_cubin)) {
+  bool use_cache = dir[0] && !dc_path(dir, key, ".bin", path, sizeof path);
+  unsigned flags = 0;
+  if (use_cache && !dc_read(path, CACHE_MAGIC, key, image, n, &flags)) {
+    *is_cubin = flags & 1;
     if (log) *log = calloc(1, 1);
     if (cache_hit) *cache_hit = true;
     return 0;
   }
-  if (compile_now(a, source, arch, opts, n_opts, image, n, is_cubin, log, err, errlen)) return 1;
-  if (use_cache) cache_write(dir, path, key, *image, *n, *is_cubin);
-  return 0;
+  /* a miss: the entry's lock, so that the ranks of a mesh on this machine compile it once
+     (the first compiles, the others find it when the lock is theirs) */
+  int lock = use_cache ? dc_lock(dir, key) : -1;
+  if (lock >= 0 && !dc_read(path, CACHE_MAGIC, key, image, n, &flags)) {
+    dc_unlock(lock);
+    *is_cubin = flags & 1;
+    if (log) *log = calloc(1, 1);
+    if (cache_hit) *cache_hit = true;
+    return 0;
+  }
+  int rc = compile_now(a, source, arch, opts, n_opts, image, n, is_cubin, log, err, errlen);
+  if (!rc && use_cache) dc_write(dir, path, CACHE_MAGIC, key, *image, *n, *is_cubin ? 1u : 0u);
+  dc_unlock(lock);
+  return rc;
 }
 
 int nvrtc_compile(const char *source, const char *arch, const char *const *opts, int n_opts,
@@ -484,6 +293,9 @@ int nvrtc_compile(const char *source, const char *arch, const char *const *opts,
 
 static uint64_t rd(const unsigned char *p, int bytes);
 
+static void put_u64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
 static void put_u32(unsigned char *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }

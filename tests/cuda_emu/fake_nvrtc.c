@@ -4,7 +4,9 @@
  * emu.h in front and emu_tail.h behind (the device code becomes host code, see emu.h) and
  * hands back the shared object as the "cubin": an ELF file whose symbol table names the
  * kernels, so loom's checks and its on-disk cache treat it like a cubin.  The fake driver
- * (fake_cuda.c) loads it.  nvrtcVersion says 99.0, so cache entries never mix with real ones.
+ * (fake_cuda.c) loads it.  nvrtcVersion says 99.N, so cache entries never mix with real ones,
+ * N a checksum of emu.h and emu_tail.h (which are not in the source loom hashes), so an
+ * entry compiled by an older emulator is not loaded after they change.
  *
  * Environment: LOOM_EMU_CXX (default g++), LOOM_EMU_DIR (the directory of emu.h; default
  * the source tree's tests/cuda_emu, set at build time), LOOM_EMU_KEEP=1 keeps the temporary
@@ -12,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include <nvrtc.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,10 +45,27 @@ const char *nvrtcGetErrorString(nvrtcResult r) {
   }
 }
 
+static int emu_checksum(void) {
+  const char *emu = getenv("LOOM_EMU_DIR");
+  if (!emu || !*emu) emu = LOOM_EMU_DIR;
+  uint32_t h = 2166136261u;
+  const char *files[] = {"emu.h", "emu_tail.h"};
+  for (int i = 0; i < 2; i++) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", emu, files[i]);
+    FILE *f = fopen(path, "rb");
+    if (!f) continue;
+    int c;
+    while ((c = fgetc(f)) != EOF) h = (h ^ (uint32_t)c) * 16777619u;
+    fclose(f);
+  }
+  return (int)(h % 1000000u);
+}
+
 nvrtcResult nvrtcVersion(int *major, int *minor) {
   if (!major || !minor) return NVRTC_ERROR_INVALID_INPUT;
   *major = 99;
-  *minor = 0;
+  *minor = emu_checksum();
   return NVRTC_SUCCESS;
 }
 

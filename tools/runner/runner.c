@@ -381,7 +381,8 @@ int main(int argc, char **argv) {
     double t0 = seconds_now();
     if (plan.opt.log) fprintf(plan.opt.log, "JIT-compiling the kernels with LLVM ...\n");
     rc = cpu_backend_load(&b, pl.parts[1], pl.sizes[1], ir_text, threads, err, sizeof err);
-    if (!rc && plan.opt.log) fprintf(plan.opt.log, "JIT-compiled %d kernels in %.2f s\n", b.prog.n_kernels, seconds_now() - t0);
+    if (!rc && plan.opt.log) fprintf(plan.opt.log, "JIT-compiled %d kernels in %.2f s%s\n", b.prog.n_kernels, seconds_now() - t0,
+                                     jit_from_cache(b.jit) ? " (object code from the cache)" : "");
     t0 = seconds_now();
     if (!rc) rc = cpu_backend_init_params(&b, seed, init, err, sizeof err);
     if (!rc && plan.opt.log) fprintf(plan.opt.log, "%s in %.2f s\n", init ? "loaded the weights" : "initialized the parameters",
