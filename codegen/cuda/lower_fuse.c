@@ -493,7 +493,8 @@ void cl_fuse_func_end(Lower *L, Steps *s) {
 
 /* Is the arena buffer of value v free from op `from` to op `to` of f (inclusive), but for `self`
    (v's buffer may be self's, exactly, when no op strictly between reads self)? */
-static bool slot_free(Lower *L, const Func *f, const Value *v, int from, int to, const Value *self, const Value *moved) {
+static bool slot_free(Lower *L, const Func *f, const Value *v, int from, int to, const Value *self, const Value *const *moved,
+                      int n_moved) {
   RtBuf vb;
   if (cl_buf_of(L, v, &vb)) {
     L->err[0] = 0;
@@ -525,7 +526,9 @@ static bool slot_free(Lower *L, const Func *f, const Value *v, int from, int to,
   }
   for (int k = 0; ok && k < nv; k++) {
     const Value *u = val[k];
-    if (!u || u == v || u == moved || def[k] > to || last[k] < from) continue;
+    bool gone = false;   /* held elsewhere, or never computed */
+    for (int q = 0; q < n_moved; q++) gone |= u == moved[q];
+    if (!u || u == v || gone || def[k] > to || last[k] < from) continue;
     RtBuf ub;
     if (cl_buf_of(L, u, &ub)) {
       L->err[0] = 0;
@@ -564,12 +567,28 @@ int cl_fuse_xent(Lower *L, Steps *s, int i) {
   if (j < 0) return 1;
   const Op *g = f->ops.items[j];
   const Value *dl = g->operands[0];
-  for (int k = i + 1; k < j; k++)
-    if (((const Op *)f->ops.items[k])->n_results && ((const Op *)f->ops.items[k])->results[0] == dl) c = k;
+  /* the seed: a constant, or a data-parallel rank's slice of one (the same value) */
+  int slice = -1;
+  const Value *seed = dl;
+  for (int k = j - 1; k >= 0 && c < 0; k--) {
+    const Op *d = f->ops.items[k];
+    if (!d->n_results || d->results[0] != dl) continue;
+    if (d->kind == OP_SHARD_SLICE && slice < 0) {
+      dl = d->operands[0];
+      slice = k;
+      k = j;   /* look again for the sliced value's definition */
+      continue;
+    }
+    c = k;
+  }
   if (c < 0 || ((const Op *)f->ops.items[c])->kind != OP_CONSTANT || dl->type.dtype != DT_F32) return 1;
   /* the loss rows move to the stats area (the gradient's buffer may be theirs, freed early) */
   const Value *ce = op->results[0];
-  if (cl_uses(f, ce) < 1 || !slot_free(L, f, g->results[0], i, j, logits, ce)) return 1;
+  /* the seed's ops (its fill, a rank's slice of it) go when nothing else reads them; they may
+     not write over the gradient once it is written */
+  bool drop = c > i && (slice < 0 || slice > i) && cl_uses(f, seed) == 1 && (slice < 0 || cl_uses(f, dl) == 1);
+  const Value *moved[3] = {ce, seed, dl};
+  if (cl_uses(f, ce) < 1 || !slot_free(L, f, g->results[0], i, j, logits, moved, drop ? 3 : 1)) return 1;
   for (int r = 0; r < f->rets.n; r++)
     if (f->rets.items[r] == ce) return 1;
   int64_t rows_at = L->stats_bytes;
@@ -587,6 +606,9 @@ int cl_fuse_xent(Lower *L, Steps *s, int i) {
   st->block[0] = V <= 32 ? 32 : V <= 64 ? 64 : V <= 256 ? 128 : V <= 4096 ? 256 : 512;   /* lower.c's row_threads */
   st->grid[0] = (uint32_t)(st->i[0] < 1 ? 1 : st->i[0] > (1 << 20) ? (1 << 20) : st->i[0]);
   L->skip[j] = true;
-  if (cl_uses(f, dl) == 1) L->skip[c] = true;   /* the seed's fill, read by nothing else */
+  if (drop) {   /* the seed's fill (and slice), read by nothing else */
+    L->skip[c] = true;
+    if (slice >= 0) L->skip[slice] = true;
+  }
   return cl_instantiate(L, st, "xent_fused", "loom_xent_fused", (const int[]){0, 2, 3, -1}, NULL, "", 1024);
 }
