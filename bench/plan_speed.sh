@@ -3,7 +3,9 @@
 # bf16 on H100s: Llama-1B on 8 at 1M tokens (target 0.5 s), Llama-3-70B on 4,096 at 4M tokens
 # (target 5 s), Llama-3.1-405B on 16,384 at 16M tokens (target 10 s), and the two mixtures of
 # experts on 512 at 4M tokens.  Runs each RUNS times (default 3) and prints every wall time,
-# their median and the plan's best layout (the first run also warms the page cache).
+# their median, the median CPU time (user + system, all threads: on a machine shared with
+# other work the wall time is mostly waiting) and the plan's best layout (the first run also
+# warms the page cache).
 # usage: bash bench/plan_speed.sh [BUILD_DIR] [NAME...]   (NAME: 1B 70B 405B mixtral qwen3; default all)
 #        LOOM_THREADS=1 for one core; RUNS=N; LOOM_PLAN_EXHAUSTIVE=1 for the exhaustive search (driver/plan.h)
 BUILD=${1:-build}
@@ -23,15 +25,19 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ */
 for name in "${NAMES[@]}"; do
   run=${PLANS[$name]}
   [ -z "$run" ] && { echo "unknown plan '$name' (1B 70B 405B mixtral qwen3)" >&2; exit 2; }
-  times=()
+  times=() cpus=()
+  tf=$(mktemp)
   for k in $(seq "$RUNS"); do
     start=$(date +%s.%N)
-    out=$("$LOOM" plan $run --hw h100 --precision bf16 --top 1 2> /dev/null)
+    out=$(/usr/bin/time -f '%U %S' -o "$tf" "$LOOM" plan $run --hw h100 --precision bf16 --top 1 2> /dev/null)
     rc=$?
     times+=("$(echo "$(date +%s.%N) - $start" | bc)")
+    cpus+=("$(awk 'END {print $1 + $2}' "$tf")")
   done
+  rm -f "$tf"
   median=$(printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
+  cpu=$(printf '%s\n' "${cpus[@]}" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
   best=$(echo "$out" | awk '$1 == "1" { $1 = ""; print }' | cut -c1-70)
-  printf "%-8s %-62s median %7.2f s  (runs: %s; rc %d)  best: %s\n" "$name" "loom plan $run" "$median" \
-    "$(printf '%.2f ' "${times[@]}" | sed 's/ $//')" $rc "$best"
+  printf "%-8s %-62s median %7.2f s, CPU %6.2f s  (runs: %s; rc %d)  best: %s\n" "$name" "loom plan $run" "$median" \
+    "$cpu" "$(printf '%.2f ' "${times[@]}" | sed 's/ $//')" $rc "$best"
 done

@@ -7,6 +7,7 @@
  *   input.c        a model from a spec or an .ir file
  *   train_lower.c  the cpu backend: lowering to bytes, and training a lowered module
  *   train_cuda.c   the cuda backend: one GPU, or this process as one rank of a mesh
+ *   eval.c         loom eval: the eval pipeline and lowering, an Evaluator opened to run it
  *   hardware.c     a hardware description (models/hardware/NAME.json)
  *   payload.c      a compiled executable's payload (the runner binary + the program)
  *   sample.c       generation with a KV cache (loom sample, compiled executables)
@@ -152,6 +153,14 @@ bool cuda_backend_available(char *why, size_t n);
    micro-batches; MFU's numerator). */
 int driver_train(Module *m, Backend backend, const RunPlan *plan, char *err, size_t errlen);
 double driver_step_flops(const Module *m, int64_t grad_accum);
+
+/* ---- eval.c (loom only) ---- */
+/* in->m through the eval pipeline (+ autodiff with grads, + shard on a mesh; + lowering but
+   on ref) with the command's pass hooks and reproducer, then opened on backend with weights
+   (a safetensors path): e runs it (runtime/exec/eval.c).  A cuda mesh and grads on a mesh
+   are refused (2).  Whatever it returns, eval_close(e); in->m stays the caller's. */
+int driver_eval_open(Input *in, Backend backend, bool grads, const PassOptions *hooks, const char *repro,
+                     const char *weights, Evaluator *e, char *err, size_t errlen);
 
 /* ---- resources.c: does the run fit this machine (see the file) ---- */
 /* Bytes of memory this process may use, and *what limits it ("physical memory", a cgroup's, ulimit -v's). */

@@ -138,6 +138,10 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
       plan_layout_text(c, lay, sizeof lay);
       fprintf(stderr, "exact %s: step %.2f ms (screened %.2f), memory %.2f GiB (screened %.2f)\n", lay, c->t.step_s * 1e3,
               c->step_s * 1e3, mem / 1073741824.0, c->mem / 1073741824.0);
+      fprintf(stderr, "  compute %.2f memory %.2f overhead %.2f exposed %.2f bubble %.2f optimizer %.2f; comm dp %.2f tp %.2f "
+              "cp %.2f pp %.2f ms\n", c->t.compute_s * 1e3, c->t.memory_s * 1e3, c->t.overhead_s * 1e3,
+              c->t.exposed_comm_s * 1e3, c->t.bubble_s * 1e3, c->t.optimizer_s * 1e3, c->t.comm_s[AX_DP] * 1e3,
+              c->t.comm_s[AX_TP] * 1e3, c->t.comm_s[AX_CP] * 1e3, c->t.comm_s[AX_PP] * 1e3);
     }
     c->step_s = c->t.step_s, c->mem = (double)mem, c->exact = true, c->fits = c->mem <= hw->mem_bytes;
     if (c->fits) best[exact_n++] = *c;
@@ -156,9 +160,10 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
       char lay[160];
       plan_layout_text(&cs[closest], lay, sizeof lay);
       snprintf(err, errlen, "no layout fits %s's %.1f GiB: the closest, %s, needs %.1f GiB a device%s; use more devices, "
-               "a shorter --seq%s (recomputation is searched without pp only)", hw->name, hw->mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
+               "a shorter --seq%s%s", hw->name, hw->mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
                cs[closest].exact ? "" : " (screened: extrapolated from 1 and 2 layers a chunk)",
-               strcmp(rq->base->precision, "bf16") ? " or --precision bf16" : "");
+               strcmp(rq->base->precision, "bf16") ? " or --precision bf16" : "",
+               rq->fix_rc >= 0 && rq->fix_rc != RECOMPUTE_FULL ? ", or --recompute full (fixed here; searched otherwise)" : "");
     } else {
       snprintf(err, errlen, "no layout of %lld devices could be built%s%s", (long long)gpus, refused ? ": " : "",
                first_refusal);

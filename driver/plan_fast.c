@@ -9,38 +9,58 @@
  *   - a layer's forward and backward per micro-batch: the reference's time a layer x the
  *     micro-batch, x 4/3 with full recomputation (the forward again), x 1.1 selective;
  *   - pp: the schedule (ir/schedule.c) simulated with those chunk costs (forward a third,
- *     backward two, split in halves for zb-h1 and dualpipev; the head on the last chunk):
+ *     backward two, split 0.6 : 0.4 into B and W for zb-h1 and dualpipev; the head on the last chunk):
  *     its makespan holds the bubble, no compile needed; each chunk's forward and backward
  *     also send a micro-batch's activations to the next pp rank;
- *   - dp and ZeRO: the gradients' reduction over dp (ring, over the link dp spans), ZeRO-3's
- *     parameter gathers each micro-batch, the optimizer's state split over dp;
+ *   - dp and ZeRO: each program profiled once per ZeRO stage the candidates use (compiled at
+ *     dp = 2 with two micro-batches): the dp collectives of its @grad_step and @optimizer_step
+ *     (how many, their bytes), re-timed at the candidate's dp over the link dp spans as the
+ *     time model times them (a ring, every collective paying its steps' latency: ZeRO's one
+ *     collective a tensor makes the latencies most of the optimizer step at hundreds of dp
+ *     ranks), and the update split over dp with ZeRO;
  *   - memory: the reference's state a layer (split as ZeRO splits it) and its activations a
  *     layer x the micro-batch x the micro-batches pp holds in flight.
  * The estimates order the candidates; they are never printed.  The candidates are then
- * screened (compiled with 1 and 2 layers a chunk, the exhaustive search's figures) in the
- * order of their estimates, until the next one's estimate, less a margin, is above the
+ * screened (compiled with 1 and 2 layers a chunk, the exhaustive search's figures, and
+ * stopped after the first where the exhaustive search's pruning would stop them) in the
+ * order of their estimates, until the next one's estimate, less a margin (10%), is above the
  * 2 x top-th best screened step that fits; the rest stay "pruned" at that bound (and the
- * exact phase screens one if it reaches it after all, as the exhaustive search does).  So
- * the table is the exhaustive search's wherever the estimates are within the margins of the
- * screened figures; LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
+ * exact phase screens one if it reaches it after all, as the exhaustive search does).
+ * Recomputation where the layout fits without it, and a micro-batch twice one screened far
+ * out of memory, are skipped as the exhaustive search skips them.  So the table is the
+ * exhaustive search's wherever the estimates are within the margin of the screened figures;
+ * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Where it stands (2026-11-27).  LOOM_PLAN_CHECK=1 gives the exhaustive table on the cases
- * tried: tests/cli/plan.sh's (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
- * recomputation fixed), GPT-2 124M on 8 and 64 H100s at 0.5M tokens, with fewer compiles
- * (GPT-2 124M on 8 and 64: 252 and 359 against the pruned exhaustive search's 1,373 and
- * 3,373).  The default, but not yet as fast as issue 34 asks, because at scale the
- * estimates are too far under
- * the screened steps: Llama-3-70B on 4,096 H100s at 4M tokens had most at 0.55-1.09 of the
- * screened steps (median 0.82), so some 1,800 candidates fell within the margin and were
- * screened (4,228 compiles).  The first version, its layer programs compiled at dp = 1,
- * missed what grows with dp: with dp > 1 the partitioned @grad_step broadcasts some
- * operands (the biases, the position embedding) to the whole batch's shape and then slices
- * the rank's part (shard_slice; in the time model bf16[512,1024,3072] -> [64,1024,3072] costs
- * 1.08 ms, 60 of GPT-2 124M's 148 ms at dp=8, none at dp=1), hence dp 1, 2 and 4 now.  What
- * is left: the references at the candidates' own links (tp and cp across nodes), the
- * pipeline chunks' forward/backward split and the recomputation factors calibrated against
- * compiled chunks (or chunks compiled as references), the dp exposure of ZeRO-2/3; then a
- * smaller margin, and the default.
+ * Where it stands (2026-11-28).  LOOM_PLAN_CHECK=1 gives the exhaustive table on
+ * tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
+ * recomputation fixed) and GPT-2 124M on 8 H100s at 0.5M tokens (docs/planning.md).  At
+ * Llama-3-70B on 4,096 H100s and 4M tokens the estimates of the screened candidates are
+ * 0.64-1.08 of their screened steps (median 0.93; 1f1b 0.96-1.02, dualpipev the furthest
+ * under, down to 0.64): about 400 candidates are still screened, 1,564 compiles (824 of them
+ * the references), 15.6 s of CPU.  Before the dp profile (the optimizer's collectives were
+ * an all-reduce of the gradients estimated from the state, and the optimizer step at dp = 256
+ * with ZeRO-1 is 5.2 s in the time model, nearly all ring latencies) they were 0.2-1.06
+ * (median 0.87) and 2,393 compiles, 32.6 s of CPU.  What is left for issue 34's 5 s:
+ *   - the pipeline chunks: dualpipev and zb-h1 estimates are under by up to a third.  The
+ *     pipeline pass splits the layers by FLOPs with the head in the last chunk; where the
+ *     head costs more than a layer (Llama-3-70B: 1.06 layers) its min-max split is uneven at
+ *     2 layers a chunk, and the screening extrapolates from it.  Mirroring that split in the
+ *     estimate (tried) made 1f1b's estimates 20% low instead of exact: the split's costs
+ *     (the chunks' own FLOPs, cp's blocks) are not the model's layer FLOPs; a reference
+ *     compiled as a small pipeline (pp = 2, v = 2: a first, middle and last chunk) would give
+ *     the chunk costs and the stash;
+ *   - memory with pp: the estimate is 0.7-10x under the screened memory (the stash of
+ *     in-flight micro-batches), so nothing is set aside for memory and most screened
+ *     candidates (324 of 459) turn out far out of memory: a memory estimate within 2x would
+ *     halve the compiles;
+ *   - a layer's ops grow with dp: the partitioned program broadcasts replicated operands
+ *     (biases, the position embedding) to the whole batch's shape and then slices the rank's
+ *     part (shard.c's broadcast rule gives R, the elementwise consumer wants S(0): a
+ *     shard_slice).  It is real in the lowered program, not an artifact of the time model: a
+ *     fused kernel writes bf16[8,32,64] for a rank's [2,32,64] at dp=4 (gpt2-tiny), dp times
+ *     the memory traffic and arena; hence the references at dp 1, 2 and 4.  A rewrite of
+ *     shard_slice(broadcast(x)) into a broadcast to the local shape (the slice of a broadcast
+ *     dim is the same for every rank) would remove it and the dp = 4 references.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -50,9 +70,9 @@
 #include "ir/schedule.h"
 
 /* The margins: a candidate is screened when its estimated step x (1 - STEP_MARGIN) is not
-   above the threshold, and set aside as far out of memory only when its estimated memory x
+   above the threshold (the estimates at scale are at most 8% over the screened steps), and set aside as far out of memory only when its estimated memory x
    MEM_MARGIN is above 1.5 x the device (as the exact phase judges "far"). */
-#define STEP_MARGIN 0.15
+#define STEP_MARGIN 0.10
 #define MEM_MARGIN 0.4
 
 /* A layer program's figures at one dp, each linear in the layers (per layer "l", the rest
@@ -68,11 +88,29 @@ typedef struct {
 /* dp: the figures at dp = 1, 2 and 4 (those the candidates need): a layer's ops change with
    dp (the partitioned program broadcasts some operands to the whole batch before slicing
    its part), affine in dp from 2 on. */
+/* The dp collectives of a program at one ZeRO stage (compiled at dp = 2 with 2 micro-batches,
+   so that ZeRO-0/1 reduce in @optimizer_step as they do with pp or gradient accumulation):
+   per function (@grad_step, @optimizer_step) and kind (all_reduce, reduce_scatter,
+   all_gather), how many and their bytes (a rank's buffer, as the time model counts it: the
+   same at every dp), a layer's ("l") and the rest ("b"); and @optimizer_step's own time
+   without them (the update, at dp = 2).  The time model runs them one after another, each
+   a ring whose steps cost the link's latency: with ZeRO's one collective a tensor, at
+   hundreds of dp ranks the latencies are most of the step, so they are counted, not
+   guessed. */
+enum { DPC_AR, DPC_RS, DPC_AG, DPC_KINDS };
+typedef struct {
+  bool ok;
+  double n_l[2][DPC_KINDS], n_b[2][DPC_KINDS], by_l[2][DPC_KINDS], by_b[2][DPC_KINDS];   /* [grad_step, optimizer_step] */
+  double u_l, u_b;   /* the update at dp = 2 */
+} DpComm;
+
 typedef struct {
   int64_t tp, cp, ep;
   bool sp;
   bool need[3];    /* dp = 1, 2, 4 */
   Figures f[3];
+  bool need_z[4];  /* ZeRO stages the candidates use (dp > 1) */
+  DpComm z[4];
 } LayerProg;
 
 typedef struct {
@@ -127,6 +165,106 @@ static void compile_figures(Ctx *x, const LayerProg *p, int k, Figures *f, int64
   f->a_lb = al2 - al1, f->a_la = al1 - f->a_lb, f->a_bb = ab2 - ab1, f->a_ba = ab1 - f->a_bb;
 }
 
+/* Adds m's dp collectives in @grad_step and @optimizer_step to n[func][kind], by[func][kind]. */
+static void dp_collectives(const Module *m, double n[2][DPC_KINDS], double by[2][DPC_KINDS]) {
+  static const char *const kinds[DPC_KINDS] = {"all_reduce", "reduce_scatter", "all_gather"};
+  for (int fi = 0; fi < 2; fi++) {
+    const Func *f = module_find_func(m, fi ? "optimizer_step" : "grad_step");
+    for (int i = 0; f && i < f->ops.n; i++) {
+      const Op *op = f->ops.items[i];
+      const Attr *ax = op_attr(op, "axis");
+      if (op_info(op->kind)->cls != CLASS_COLLECTIVE || !ax || mesh_axis_parse(ax->s) != AX_DP) continue;
+      const char *name = op_info(op->kind)->name;
+      int k = 0;
+      while (k < DPC_KINDS && strncmp(name, kinds[k], strlen(kinds[k]))) k++;
+      if (k == DPC_KINDS || strstr(name, "wait")) continue;
+      double b = 0;   /* the larger of its operands and results, as timing.c counts it */
+      for (int j = 0; j < op->n_operands; j++) {
+        const Value *v = op->operands[j];
+        double vb = (double)type_numel(&v->type) * (double)dtype_size(v->type.dtype);
+        b = vb > b ? vb : b;
+      }
+      for (int j = 0; j < op->n_results; j++) {
+        const Value *v = op->results[j];
+        double vb = (double)type_numel(&v->type) * (double)dtype_size(v->type.dtype);
+        b = vb > b ? vb : b;
+      }
+      n[fi][k] += 1, by[fi][k] += b;
+    }
+  }
+}
+
+/* The dp time of n collectives of kind k holding `bytes` in all, over dp ranks (ring, as
+   timing_collective: every collective pays its steps' latency). */
+static double dp_time(int k, double n, double bytes, int64_t dp, double beta, double alpha) {
+  if (dp <= 1 || n <= 0) return 0;
+  double steps = (double)(dp - 1) * (k == DPC_AR ? 2 : 1);
+  return steps * (n * alpha + bytes / (double)dp / beta);
+}
+
+/* p's dp collectives at ZeRO stage z (see DpComm): compiled with 1 and 2 layers at dp = 2. */
+static void compile_dp_comm(Ctx *x, const LayerProg *p, int z, DpComm *d, int64_t L) {
+  int nl = L >= 2 ? 2 : 1;
+  double n[2][2][DPC_KINDS] = {{{0}}}, by[2][2][DPC_KINDS] = {{{0}}}, u[2] = {0, 0};
+  d->ok = true;
+  for (int l = 0; l < nl && d->ok; l++) {
+    Cand ref = {.dp = 2, .tp = p->tp, .cp = p->cp, .pp = 1, .v = 1, .ep = p->ep, .zero = z, .sched = PIPE_NONE,
+                .rc = RECOMPUTE_NONE, .sp = p->sp, .batch = 2 * p->ep, .ga = 2};
+    StepTime t;
+    int64_t mem;
+    Module *m = NULL;
+    bool counted = false;
+    char err[IR_ERR_LEN];
+    d->ok = !compile_one(x, &ref, l + 1, &t, &mem, &m, err, sizeof err, &counted);
+    if (counted) count_compile(x);
+    if (d->ok) {
+      dp_collectives(m, n[l], by[l]);
+      Mesh mesh = m->mesh;
+      const Hardware *hw = x->hw;
+      int link = timing_axis_link(hw, &mesh, AX_DP);
+      double comm = 0;
+      for (int k = 0; k < DPC_KINDS; k++) comm += dp_time(k, n[l][1][k], by[l][1][k], 2, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
+      u[l] = t.optimizer_s - comm > 0 ? t.optimizer_s - comm : 0;
+    }
+    module_free(m);
+  }
+  if (!d->ok) return;
+  if (nl == 1) {   /* one layer: all of it "per layer" */
+    for (int f = 0; f < 2; f++)
+      for (int k = 0; k < DPC_KINDS; k++) n[1][f][k] = 2 * n[0][f][k], by[1][f][k] = 2 * by[0][f][k];
+    u[1] = 2 * u[0];
+  }
+  for (int f = 0; f < 2; f++)
+    for (int k = 0; k < DPC_KINDS; k++) {
+      d->n_l[f][k] = n[1][f][k] - n[0][f][k], d->n_b[f][k] = n[0][f][k] - d->n_l[f][k];
+      d->by_l[f][k] = by[1][f][k] - by[0][f][k], d->by_b[f][k] = by[0][f][k] - d->by_l[f][k];
+    }
+  d->u_l = u[1] - u[0], d->u_b = u[0] - d->u_l;
+}
+
+typedef struct {
+  Ctx *x;
+  Programs *ps;
+  int64_t L;
+  int n, next;
+  pthread_mutex_t lock;
+} RefJobs;
+
+static void *ref_worker(void *arg) {
+  RefJobs *r = arg;
+  for (;;) {
+    pthread_mutex_lock(&r->lock);
+    int j = r->next++;
+    pthread_mutex_unlock(&r->lock);
+    if (j >= r->n) break;
+    LayerProg *p = &r->ps->p[j / 7];
+    int k = j % 7;
+    if (k < 3 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
+    if (k >= 3 && p->need_z[k - 3]) compile_dp_comm(r->x, p, k - 3, &p->z[k - 3], r->L);
+  }
+  return NULL;
+}
+
 /* The figures at dp: dp = 1's, or the affine line through dp = 2 and 4 (2's alone when no
    candidate needs 4). */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
@@ -145,7 +283,7 @@ static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
 }
 
 /* The estimated step and memory of c from its layer program's figures at its dp. */
-static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand *c) {
+static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, const DpComm *dc, Cand *c) {
   const Hardware *hw = x->hw;
   int64_t L = rq->base->model.n_layer, mbs = c->batch / (c->dp * c->ep);
   double rcf = c->rc == RECOMPUTE_FULL ? 4.0 / 3.0 : c->rc == RECOMPUTE_SELECTIVE ? 1.1 : 1.0;
@@ -155,6 +293,29 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
   double n_stage = (double)L / (double)c->pp;
   double zshare = c->zero == 0 ? 1 : 1 / dp;   /* the optimizer's update: over the rank's share with ZeRO */
   double opt = (p->o_b + n_stage * p->o_l) * zshare;
+  /* dp's collectives, from the program's profile at this ZeRO stage (DpComm): those of
+     @optimizer_step (once a step) and of @grad_step (every micro-batch), over the link dp
+     spans; the slowest pp stage holds its layers and the embedding or the head (about half
+     the rest) */
+  bool counted = dc && dc->ok && c->dp > 1;
+  double comm_g = 0, comm_o = 0, comm_ar = 0;
+  if (counted) {
+    Mesh mesh = {0};
+    for (int a = 0; a < AX_COUNT; a++) mesh.size[a] = 1;
+    mesh.size[AX_DP] = c->dp, mesh.size[AX_TP] = c->tp, mesh.size[AX_CP] = c->cp, mesh.size[AX_PP] = c->pp;
+    mesh.size[AX_EP] = c->ep;
+    int link = timing_axis_link(hw, &mesh, AX_DP);
+    double beta = hw->link_bw[link] * hw->eff_link, alpha = hw->link_lat[link], sb = c->pp > 1 ? 0.5 : 1;
+    for (int k = 0; k < DPC_KINDS; k++) {
+      comm_g += dp_time(k, dc->n_b[0][k] * sb + n_stage * dc->n_l[0][k], dc->by_b[0][k] * sb + n_stage * dc->by_l[0][k],
+                        c->dp, beta, alpha);
+      double o = dp_time(k, dc->n_b[1][k] * sb + n_stage * dc->n_l[1][k], dc->by_b[1][k] * sb + n_stage * dc->by_l[1][k],
+                         c->dp, beta, alpha);
+      comm_o += o;
+      if (k == DPC_AR) comm_ar = o;
+    }
+    opt = (dc->u_b * sb + n_stage * dc->u_l) * (c->zero ? 2 / dp : 1) + comm_o;
+  }
   double step = INFINITY, inflight = 1;
   if (c->pp > 1) {
     Schedule s;
@@ -174,12 +335,15 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
     if (chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err)) {
       double (*cost)[3] = calloc((size_t)chunks, sizeof *cost);
       for (int k = 0; cost && k < chunks; k++) {
-        double t = n * layer + (k == chunks - 1 ? base : 0);
+        double t = n * layer + (k == chunks - 1 ? base + comm_g : 0);
         double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
         fw += k < chunks - 1 ? p2p : 0, bw += k > 0 ? p2p : 0;
         cost[k][ACT_F] = fw;
-        cost[k][ACT_B] = s.split_bw ? bw / 2 : bw;
-        cost[k][ACT_W] = s.split_bw ? bw / 2 : 0;
+        /* zb-h1 and dualpipev split the backward: the input gradients (B) take more of it
+           than the weights' (W); 0.6 puts zb-h1's estimates within 1% of its screened steps
+           at Llama-3-70B (halves: 2% under) */
+        cost[k][ACT_B] = s.split_bw ? bw * 0.6 : bw;
+        cost[k][ACT_W] = s.split_bw ? bw * 0.4 : 0;
       }
       if (cost && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
         step = sim.makespan + opt;
@@ -194,9 +358,18 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
   } else {
     step = (double)c->ga * (base + (double)L * layer) + opt;
   }
-  /* dp: the gradients (4 bytes a parameter: the state's quarter) reduced over dp once a
-     step, over the link dp spans; the last micro-batch's backward hides some of it */
-  if (c->dp > 1) {
+  if (counted && c->pp == 1) {
+    /* @grad_step's, every micro-batch: ZeRO-2/3's reduce-scatters (and ZeRO-3's gathers)
+       run beside the backward, which hides up to about its two thirds; ZeRO-0 with one
+       micro-batch reduces in the backward too (its profile, at two, in the step) */
+    double hidden = (2.0 / 3.0) * (base + (double)L * layer);
+    if (c->zero == 0 && c->ga == 1) step += comm_ar > hidden ? comm_ar - hidden : 0, step -= comm_ar, step += comm_g;
+    else if (c->zero >= 2) step += (double)c->ga * (comm_g > hidden ? comm_g - hidden : 0);
+    else step += (double)c->ga * comm_g;
+  }
+  /* dp without a profile: the gradients (4 bytes a parameter: the state's quarter) reduced
+     over dp once a step, over the link dp spans; the last micro-batch's backward hides some */
+  if (c->dp > 1 && !counted) {
     Mesh mesh = {0};
     for (int a = 0; a < AX_COUNT; a++) mesh.size[a] = 1;
     mesh.size[AX_DP] = c->dp, mesh.size[AX_TP] = c->tp, mesh.size[AX_CP] = c->cp, mesh.size[AX_PP] = c->pp;
@@ -210,6 +383,12 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
     step += comm > hidden ? comm - hidden : 0;
   }
   c->est_s = step;
+  if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 2) {
+    char lay[160];
+    plan_layout_text(c, lay, sizeof lay);
+    fprintf(stderr, "estimate %s: layer %.4g ms (g_la %.4g g_lb %.4g), base %.4g ms, opt %.4g ms, step %.4g ms\n", lay,
+            layer * 1e3, p->g_la * 1e3, p->g_lb * 1e3, base * 1e3, opt * 1e3, step * 1e3);
+  }
   /* memory: state split as ZeRO splits it (of 16 bytes a parameter: 4 the weights, 4 the
      gradients, 8 the optimizer's moments), a stage's activations for the micro-batches in
      flight, the rest of the arena once */
@@ -217,6 +396,13 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, Cand
   double share = c->zero == 0 ? 1 : c->zero == 1 ? (8 + 8 / dp) / 16 : c->zero == 2 ? (4 + 12 / dp) / 16 : 1 / dp;
   double act = n_stage * (p->a_la + p->a_lb * q) * rcm * inflight + (p->a_ba + p->a_bb * q);
   c->est_mem = state * share + act;
+  if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 2) {
+    char lay[160];
+    plan_layout_text(c, lay, sizeof lay);
+    fprintf(stderr, "memory %s: state %.3g GiB x %.3g, a layer %.3g GiB (a_la %.3g a_lb %.3g) x %.3g layers x %.3g in flight, rest %.3g\n",
+            lay, state / 1073741824.0, share, (p->a_la + p->a_lb * q) / 1073741824.0, p->a_la / 1073741824.0, p->a_lb / 1073741824.0, n_stage, inflight,
+            (p->a_ba + p->a_bb * q) / 1073741824.0);
+  }
 }
 
 /* ---- screening the candidates the estimates leave, in their order ---- */
@@ -227,7 +413,9 @@ typedef struct {
   const int *order;   /* by estimated step */
   int n, next;
   const int *none;    /* the same layout without recomputation (plan_screen.c's siblings), or -1 */
-  bool *bad, *skip;
+  const int *half;    /* the same layout with half the micro-batch, or -1 */
+  bool *bad, *skip, *far;
+  bool *done;         /* screened (its figures final) */
   char (*why)[IR_ERR_LEN];
   pthread_mutex_t lock;
   /* the keep best screened candidates that fit, by screened step (ascending), and their
@@ -242,11 +430,22 @@ static double fast_threshold(const Fast *f) { return f->n_best < f->keep ? INFIN
 
 /* One candidate screened as the exhaustive search screens it: its compiles of 1 and 2
    layers a chunk (the memo's shared lowering), extrapolated. */
-static int screen_one(Ctx *x, Cand *c, int64_t L, RunSpec *sp, char *err) {
+static int screen_one(Ctx *x, Cand *c, int64_t L, RunSpec *sp, double threshold, char *err) {
   int64_t ls[2], m[2] = {0, 0};
   int nl = screen_layers(c, L, ls);
   double st[2] = {0, 0};
   for (int j = 0; j < nl; j++) {
+    /* after the first compile, the exhaustive search's pruning (plan_screen.c): a lower bound
+       on the step over the threshold, or far out of memory with 1 layer a chunk already */
+    if (j == 1 && x->layer_s > 0 && !getenv("LOOM_PLAN_CHECK")) {
+      double k = (double)L / (double)(c->pp * c->v) - 1;
+      double seqs = (double)c->batch * (double)c->ga / (double)(c->dp * c->ep * c->tp * c->cp);
+      double lb = st[0] + k * (double)c->v * seqs * x->layer_s;
+      if (lb > threshold || (double)m[0] > 1.5 * x->hw->mem_bytes) {
+        c->pruned = true, c->step_s = lb, c->mem = (double)m[0], c->fits = false;
+        return 0;
+      }
+    }
     *sp = *x->base;
     int rc = cand_spec(x, c, ls[j], sp, err, IR_ERR_LEN);
     if (rc) return rc;
@@ -286,6 +485,15 @@ static void *fast_worker(void *arg) {
       pthread_mutex_unlock(&f->lock);
       continue;
     }
+    /* a micro-batch twice one screened far out of memory (more than 1.5 x the device, as
+       the exact phase judges "far"): memory grows with the micro-batch, so it is never taken
+       (the exhaustive search skips it too) */
+    int h = f->half[i];
+    if (h >= 0 && (f->far[h] || (f->done[h] && !f->bad[h] && f->cs[h].mem > far))) {
+      f->skip[i] = f->far[i] = true, f->skipped++;
+      pthread_mutex_unlock(&f->lock);
+      continue;
+    }
     /* set aside: an estimate past the margins (its figures are bounds, as a pruned
        candidate's are in the exhaustive search) */
     bool set_aside = c->est_mem * MEM_MARGIN > far || c->est_s * (1 - STEP_MARGIN) > fast_threshold(f);
@@ -302,9 +510,14 @@ static void *fast_worker(void *arg) {
       f->bad[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
       continue;
     }
-    f->bad[i] = screen_one(f->x, c, L, sp, f->why[i]) != 0;
+    pthread_mutex_lock(&f->lock);
+    double th = fast_threshold(f);
+    pthread_mutex_unlock(&f->lock);
+    f->bad[i] = screen_one(f->x, c, L, sp, th, f->why[i]) != 0;
     pthread_mutex_lock(&f->lock);
     f->screened++;
+    if (c->pruned) f->pruned++, f->far[i] = c->mem > far;
+    else f->done[i] = true;
     if (!f->bad[i] && c->fits && (f->n_best < f->keep || c->step_s < f->best[f->keep - 1])) {
       int at = f->n_best < f->keep ? f->n_best++ : f->keep - 1;
       while (at > 0 && f->best[at - 1] > c->step_s) f->best[at] = f->best[at - 1], f->best_est[at] = f->best_est[at - 1], at--;
@@ -347,15 +560,28 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     LayerProg *p = program_of(&ps, &cs[i]);
     p->need[cs[i].dp == 1 ? 0 : 1] = true;
     if (cs[i].dp > 2) p->need[2] = true;
+    if (cs[i].dp > 1) p->need_z[cs[i].zero] = true;
   }
-  for (int k = 0; k < ps.n; k++)
-    for (int d = 0; d < 3; d++)
-      if (ps.p[k].need[d]) compile_figures(x, &ps.p[k], d, &ps.p[k].f[d], L);
+  /* the references, on every thread: job j is program j / 7's dp figures (j % 7 < 3: dp =
+     1, 2, 4) or its dp collectives (ZeRO stage j % 7 - 3) */
+  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 7 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
+  {
+    int nt = threads_to_use();
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 1; t < nt && t < 64; t++)
+      if (!pthread_create(&th[started], NULL, ref_worker, &rj)) started++;
+    ref_worker(&rj);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+  }
+  if (getenv("LOOM_PLAN_DEBUG"))
+    fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
   /* estimates; a candidate whose program could not be compiled is screened first (its own
      compile gives the reason, as the exhaustive search's does) */
   for (int i = 0; i < n; i++) {
     Figures f;
-    if (figures_at(program_of(&ps, &cs[i]), cs[i].dp, &f)) estimate(x, rq, &f, &cs[i]);
+    LayerProg *p = program_of(&ps, &cs[i]);
+    if (figures_at(p, cs[i].dp, &f)) estimate(x, rq, &f, &p->z[cs[i].zero], &cs[i]);
     else cs[i].est_s = 0, cs[i].est_mem = 0;
     cs[i].pruned = false;
   }
@@ -375,9 +601,11 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
      recomputation (or with the one --recompute fixes), then those with it, which look at
      their layout's screening without it; each phase in the order of the estimates */
   int *half = malloc(sizeof(int) * ((size_t)n + 1)), *none = malloc(sizeof(int) * ((size_t)n + 1));
-  f.skip = calloc((size_t)n + 1, 1), f.none = none;
-  if (!half || !none || !f.skip || siblings(cs, n, half, none)) {
+  f.skip = calloc((size_t)n + 1, 1), f.none = none, f.half = half;
+  f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1);
+  if (!half || !none || !f.skip || !f.far || !f.done || siblings(cs, n, half, none)) {
     free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
+    free(f.far), free(f.done);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
@@ -422,6 +650,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
   free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
+  free(f.far), free(f.done);
   *n_io = kept, *refused_out += refused;
   return 0;
 }

@@ -8,6 +8,12 @@
  *   slice of the whole operand, concat of one operand     -> the operand
  *   scale by 1, add_scalar of 0                           -> the operand
  *   scale, add_scalar, neg, reshape, broadcast of a constant -> a constant (computed in f32)
+ *   shard_slice of a constant                             -> the constant, the slice's type
+ *   shard_slice(broadcast(x)) along a dim the broadcast made -> broadcast(x) to the slice's
+ *       (local) type: every rank's part of a broadcast dim is the same, so each rank
+ *       broadcasts straight to its part instead of writing the whole mesh's tensor and
+ *       slicing it (at dp=N, N times the bytes and the arena: GPT-2's biases and position
+ *       embedding broadcast to the global batch)
  * Rewrites either reuse an existing value or change an op in place; ops left unused are
  * removed at the end.  An operand that is a global is read when its op runs, so a fold
  * never makes a later op read a global that this function writes: that would move the
@@ -40,6 +46,31 @@ static bool fold_constant(Op *op) {
   op->n_operands = 0;
   memset(op->attrs, 0, sizeof op->attrs);
   op->attrs[0] = value;
+  return true;
+}
+
+/* shard_slice(broadcast(x)) along a dim that is new in the broadcast or 1 in x: rewritten in
+   place into broadcast(x) with the slice's type. */
+static bool slice_of_broadcast(Op *op, const bool *written) {
+  if (op->kind != OP_SHARD_SLICE || op->n_operands != 1) return false;
+  const Value *bv = op->operands[0];
+  if (bv->kind == VAL_RESULT && bv->def->kind == OP_CONSTANT && dtype_is_float(bv->type.dtype)) {
+    Attr value = bv->def->attrs[0];   /* a constant: every part is the same constant */
+    op->kind = OP_CONSTANT;
+    op->n_operands = 0;
+    memset(op->attrs, 0, sizeof op->attrs);
+    op->attrs[0] = value;
+    return true;
+  }
+  if (bv->kind != VAL_RESULT || bv->def->kind != OP_BROADCAST) return false;
+  Value *x = bv->def->operands[0];
+  if (!movable(x, written)) return false;
+  int d = (int)op_int(op, "dim"), off = bv->type.rank - x->type.rank;
+  if (d < 0 || d >= bv->type.rank || off < 0) return false;
+  if (d >= off && x->type.dims[d - off] != 1) return false;
+  op->kind = OP_BROADCAST;
+  op->operands[0] = x;
+  memset(op->attrs, 0, sizeof op->attrs);
   return true;
 }
 
@@ -100,7 +131,7 @@ static int canonicalize_func(Module *m, Func *f) {
       if (v->kind == VAL_RESULT && repl[v->id]) op->operands[k] = repl[v->id];
     }
     if (op->n_results != 1) continue;
-    if (fold_constant(op)) {
+    if (fold_constant(op) || slice_of_broadcast(op, written)) {
       changed++;
       continue;
     }

@@ -194,7 +194,7 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
   int rc = 0;
   for (int i = 0; i < n && !rc; i++) {
     const Pass *p = pass_lookup(names[i]);
-    PassContext ctx = {opt, 0};
+    PassContext ctx = {opt, 0, pipeline_run};
     double t0 = now_ms();
     rc = p->run(m, &ctx, err, errlen);
     double dt = now_ms() - t0;

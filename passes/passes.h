@@ -97,6 +97,9 @@ struct PassContext {
   const PassOptions *opt;
   /* counters a pass may report, e.g. "dce: removed 12 ops" in --time-passes output */
   int changed;
+  /* pipeline_run itself, for a pass that runs a sub-pipeline (recompute measures a
+     candidate's memory by planning it) */
+  int (*run_pipeline)(Module *m, const char *pipeline, const PassOptions *opt, char *err, size_t errlen);
 };
 
 const Pass *pass_lookup(const char *name);

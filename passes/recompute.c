@@ -569,7 +569,7 @@ static void set_prefix(RC *rc, const Moves *mv, int k) {
 
 /* The real planned peak of the module with R = in_r (NULL: nothing recomputed): a copy,
    rewritten, through the rest of the training pipeline and lowering. */
-static int real_peak(Module *m, const bool *in_r, const PassOptions *opt, int target, int64_t *peak, int64_t *arena,
+static int real_peak(Module *m, const bool *in_r, const PassContext *ctx, int target, int64_t *peak, int64_t *arena,
                      char *err, size_t errlen) {
   char *text = module_to_string(m);
   Module *c = NULL;
@@ -592,9 +592,11 @@ static int real_peak(Module *m, const bool *in_r, const PassOptions *opt, int ta
   }
   PassOptions po;
   memset(&po, 0, sizeof po);
-  po.train = opt ? opt->train : NULL;
+  po.train = ctx->opt ? ctx->opt->train : NULL;
   po.target = target;
-  rc = pipeline_run(c, c->mesh.size[AX_PP] > 1 ? "pipeline,bucket,canonicalize,cse,dce,overlap,fuse,memory-plan"
+  /* the pass manager's runner, handed to us (PassContext.run_pipeline): a pass that runs
+     passes without a loop between the two files */
+  rc = ctx->run_pipeline(c, c->mesh.size[AX_PP] > 1 ? "pipeline,bucket,canonicalize,cse,dce,overlap,fuse,memory-plan"
                                                  : "bucket,canonicalize,cse,dce,overlap,fuse,memory-plan",
                     &po, err, errlen);
   if (!rc && c->pipe.kind) {   /* the worst pp rank: its state, arena and stash (memory_rank.c) */
@@ -643,7 +645,7 @@ static void print_freed(FILE *out, RC *rc, const bool *before) {
 }
 
 /* Step 1 and 3 of auto; leaves rc->in_r as chosen. */
-static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out, char *err, size_t errlen) {
+static int choose_auto(RC *rc, const PassContext *ctx, int64_t budget, FILE *out, char *err, size_t errlen) {
   int target = rc->target;
   int64_t state, p0, a0;
   bool pp = rc->m->mesh.size[AX_PP] > 1;   /* peaks are the worst pp rank's (real_peak) */
@@ -657,7 +659,7 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
              "more ranks (--zero 3 with a larger dp, or tp)", b, x, (long long)state);
     return IR_EINPUT;
   }
-  int rc_ = real_peak(rc->m, NULL, opt, target, &p0, &a0, err, errlen);
+  int rc_ = real_peak(rc->m, NULL, ctx, target, &p0, &a0, err, errlen);
   if (rc_) return rc_;
   human(y, sizeof y, p0);
   human(z, sizeof z, a0);
@@ -684,7 +686,7 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
   for (int s = 0; s <= SAMPLES && !rc_; s++) {
     int k = (int)((int64_t)mv.n * s / SAMPLES);
     set_prefix(rc, &mv, k);
-    if ((rc_ = real_peak(rc->m, rc->in_r, opt, target, &peak, &arena, err, errlen))) break;
+    if ((rc_ = real_peak(rc->m, rc->in_r, ctx, target, &peak, &arena, err, errlen))) break;
     if (peak < best_peak) {
       best_peak = peak;
       snprintf(what, sizeof what, "the first %d of %d greedy moves", k, mv.n);
@@ -699,7 +701,7 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
   while (!rc_ && hi >= 0 && hi - lo > 1) {
     int mid = lo + (hi - lo) / 2;
     set_prefix(rc, &mv, mid);
-    if ((rc_ = real_peak(rc->m, rc->in_r, opt, target, &peak, &arena, err, errlen))) break;
+    if ((rc_ = real_peak(rc->m, rc->in_r, ctx, target, &peak, &arena, err, errlen))) break;
     if (peak <= budget) hi = mid;
     else lo = mid;
   }
@@ -711,7 +713,7 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
       memset(rc->in_r, 0, (size_t)rc->n_ops + 1);
       if (p == 0) policy_full(rc);
       else policy_selective(rc, RC_DEFAULT_CLASSES);
-      if ((rc_ = real_peak(rc->m, rc->in_r, opt, target, &peak, &arena, err, errlen))) break;
+      if ((rc_ = real_peak(rc->m, rc->in_r, ctx, target, &peak, &arena, err, errlen))) break;
       pk[p] = peak;
       if (peak < best_peak) best_peak = peak, best_what = names[p];
     }
@@ -737,7 +739,7 @@ static int choose_auto(RC *rc, const PassOptions *opt, int64_t budget, FILE *out
   }
   if (!rc_) {
     set_prefix(rc, &mv, hi);
-    rc_ = real_peak(rc->m, rc->in_r, opt, target, &peak, &arena, err, errlen);
+    rc_ = real_peak(rc->m, rc->in_r, ctx, target, &peak, &arena, err, errlen);
     if (!rc_) {
       human(y, sizeof y, peak);
       human(z, sizeof z, arena);
@@ -800,7 +802,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   } else if (mode == RECOMPUTE_FULL) {
     policy_full(&rc);
   } else {
-    r = choose_auto(&rc, ctx->opt, ts->memory_budget, out, err, errlen);
+    r = choose_auto(&rc, ctx, ts->memory_budget, out, err, errlen);
   }
   free(need);
   free(wanted);

@@ -116,10 +116,23 @@ typedef struct {
      bias[N] to every row (an input after B), RT_GEMM_EPI_GELU then applies GELU (tanh form)
      and writes the pre-activation to an output after C (cuBLASLt's GELU_AUX_BIAS), and
      RT_GEMM_EPI_C adds another matrix (an input after the bias: a residual, beta = 1 with C
-     apart from the result).  Buffers: A B [bias] [residual] -> C [pre-activation]. */
+     apart from the result).  RT_GEMM_EPI_BGRAD (alone; beta 0 or 1; tb = 0) also writes the
+     column sums of B, bgrad[n] = sum_k B[k][n], to an output after C: a bias gradient, the
+     bias of a layer whose output gradient is B (cuBLASLt's BGRADA: Lt's A is our B).
+     RT_GEMM_EPI_DGELU (alone or with RT_GEMM_EPI_BGRAD; beta 0) multiplies the product by
+     GELU's derivative (tanh form) at the pre-activation, an input after B (cuBLASLt's DGELU);
+     with RT_GEMM_EPI_BGRAD the output after C receives the column sums of that result
+     instead (DGELU_BGRAD): GELU's backward and its bias gradient.
+     Buffers: A B [bias | pre-activation] [residual] -> C [pre-activation] [bias gradient]. */
 #define RT_GEMM_BETA_INT 10
 #define RT_GEMM_EPI_INT 9
-enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4 };
+/* On CUDA, i[RT_GEMM_LDA_INT], i[RT_GEMM_LDB_INT], i[RT_GEMM_LDC_INT] (batch 1; 0: packed): the
+   row stride of A, B and C as stored (row-major, elements), for a matrix that is a view of a
+   wider one (a slice of one; codegen/cuda/lower_gemm.c "views" and "gradient trees"). */
+#define RT_GEMM_LDA_INT 11
+#define RT_GEMM_LDB_INT 12
+#define RT_GEMM_LDC_INT 13   /* the same for C (and the residual), as written */
+enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EPI_BGRAD = 8, RT_GEMM_EPI_DGELU = 16 };
 
 /* CUDA: a program whose parameters have bf16 copies (codegen/cuda/lower_fuse.c: the steps
    read the copies, the in-place AdamW writes them) has a function of this name, with no

@@ -26,6 +26,7 @@ static const char *program = "loom";
 void tools_set_program(const char *name) {
   if (name && *name) program = name;
 }
+const char *tools_program(void) { return program; }
 
 int usage_error(const char *cmd, const char *fmt, ...) {
   va_list ap;

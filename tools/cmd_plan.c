@@ -196,7 +196,7 @@ int cmd_plan(int argc, char **argv) {
       if (r < 0 || !buf[0]) return usage_error("plan", "--mesh takes axis=size pairs such as tp=8,pp=4");
       continue;
     }
-    if (a[0] == '-') return usage_error("plan", "unknown option '%s' (see loom plan --help)", a);
+    if (a[0] == '-') return unknown_option("plan", a, help);   /* with a did-you-mean, as every command */
     if (spec_path) return usage_error("plan", "more than one spec ('%s' and '%s')", spec_path, a);
     spec_path = a;
   }

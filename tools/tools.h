@@ -57,6 +57,7 @@ int report(int rc, const char *msg);   /* prints "loom: error: msg" when rc != 0
 /* Messages name this program instead of "loom" (a compiled executable: its argv[0]); a
    usage_error with cmd NULL then names the program alone. */
 void tools_set_program(const char *name);
+const char *tools_program(void);   /* that name: what every message of this process starts with */
 /* "unknown option 'ARG'", with "did you mean" the closest --flag that HELP names. */
 int unknown_option(const char *cmd, const char *arg, const char *help);
 /* The word of words[0..n) within a typo of word (two edits), or NULL. */

@@ -65,8 +65,15 @@ void cuda_step_cost(const RtProgram *p, const RtStep *st, CudaStepCost *c) {
     c->flops = 2.0 * (double)i[0] * (double)i[1] * (double)i[2] * (double)i[3];
     int s = st->bufs[0].storage;
     c->peak_dtype = s == RT_ST_BF16 ? DT_BF16 : s == RT_ST_F16 ? DT_F16 : DT_F32;
+    /* an operand that is a view (a row stride): its rows x columns, not the span */
+    for (int k = 0; k < 2; k++)
+      if (i[RT_GEMM_LDA_INT + k] > 0)
+        c->bytes += ((double)i[1 + k] * (double)i[3] - (double)st->bufs[k].n) * st_size(st->bufs[k].storage);
+    double cb = i[RT_GEMM_LDC_INT] > 0 ? (double)i[1] * (double)i[2] * st_size(st->bufs[st->n_in].storage)
+                                       : buf_bytes(&st->bufs[st->n_in]);
+    if (i[RT_GEMM_LDC_INT] > 0) c->bytes += cb - buf_bytes(&st->bufs[st->n_in]);
     /* C read as well when the GEMM accumulates into it (beta = 1: CUDA_GEMM_BETA_INT) */
-    if (i[CUDA_GEMM_BETA_INT] && st->n_out) c->bytes += buf_bytes(&st->bufs[st->n_in]);
+    if (i[CUDA_GEMM_BETA_INT] && st->n_out) c->bytes += cb;
     return;
   }
   const char *name = st->which >= 0 && st->which < p->n_kernels ? p->kernel_names[st->which] : "";

@@ -77,6 +77,27 @@ typedef struct {
   int n_bodies;
   int64_t scratch;           /* scratch bytes the current function's steps need */
   bool *skip;                /* per op of the current function: lowered with an earlier op */
+  int *defer;                /* per op: the matmul after which it is lowered (cl_plan_bgrad), or -1 */
+  const Value **bgrad;       /* per op: the bias gradient a matmul writes in its epilogue, or NULL */
+  bool *bgrad_scratch;       /* per op: ... to scratch, where its deferred users read it */
+  int *gemm_at;              /* per op (a call): the matmul lowered in its place (DGELU), or -1 */
+  const Value **resid;       /* per op (a matmul): a value its GEMM adds (C, beta = 1), or NULL */
+  int *sum_into;             /* per op (a matmul): the 3-way sum call its GEMM finishes, or -1 */
+  /* per value id: a slice (or its reshape) that is a view of its operand's buffer, no copy
+     (view[id].n > 0): at view[id] with row stride view_ld[id] (0: contiguous, cl_buf_of
+     gives it; else only a GEMM operand reads it, with that stride) */
+  RtBuf *view;
+  int64_t *view_ld;
+  int n_view;
+  /* gradient trees (lower_gemm.c): per value id, a product its GEMM adds into a view of an f32
+     gradient (acc_into[id].n > 0, row stride acc_ld[id]); per op, a pad lowered as the
+     accumulation of its operand into a view of one (leaf_into[k].n > 0, leaf_of[k] the value) */
+  RtBuf *acc_into;
+  int64_t *acc_ld;
+  RtBuf *leaf_into;
+  const Value **leaf_of;
+  const Value *moved_value;  /* a value cl_buf_of places at moved_offset of the arena, or NULL */
+  int64_t moved_offset;
   bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
   int *handle;               /* per value id of the current function: its collective start's handle */
   int n_handles;
@@ -123,6 +144,7 @@ int64_t cl_prod_dims(const Type *t, int from, int to);   /* dims [from, to) mult
 bool cl_overlap(const RtBuf *a, const RtBuf *b);   /* do two buffers share bytes? */
 int cl_uses(const Func *f, const Value *v);        /* uses of v as an operand or result of f */
 int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused kernel's step(s) */
+int cl_lower_op(Lower *L, Steps *s, int *i);       /* op *i as lower_func does (*i: the last op taken) */
 
 /* lower_gemm.c: matmuls as cuBLASLt steps and the fusions around them.  cl_fuse_grad_accum:
    op i (a matmul or cast call) followed by the accumulation of its result into an f32
@@ -133,6 +155,16 @@ int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused 
 const Value *cl_fuse_grad_accum(Lower *L, const Func *f, int i);
 int cl_lower_cast_accumulate(Lower *L, Steps *s, const Value *g);
 int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc);
+/* Before the current function's ops are lowered: allocates L->defer and L->bgrad and finds the
+   bias-gradient reductions a weight-gradient GEMM computes in its epilogue (the reduction
+   skipped, its users deferred to after the GEMM), and the GELU backward kernels a GEMM
+   computes in its epilogue (L->gemm_at). */
+int cl_plan_bgrad(Lower *L, const Func *f);
+/* Op j, a call whose place a matmul takes (L->gemm_at[j]): that GEMM with the call's GELU
+   backward as its epilogue. */
+int cl_lower_gemm_at(Lower *L, Steps *s, int j);
+/* Op k, a pad of a gradient tree (L->leaf_into[k]): its operand accumulated into the view. */
+int cl_lower_tree_leaf(Lower *L, Steps *s, int k);
 
 /* lower_fuse.c: the bf16 weight copies (see its opening comment).  cl_weight_copies_plan:
    which parameters get one, after the globals are placed (grows the parameter region).

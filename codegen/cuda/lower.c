@@ -97,7 +97,15 @@ int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
     b->offset = L->global_offset[v->global->index];
     return 0;
   }
+  if (L->view && v->kind != VAL_GLOBAL && v->id >= 0 && v->id < L->n_view && L->view[v->id].n && !L->view_ld[v->id]) {
+    *b = L->view[v->id];   /* a contiguous part of another value (lower_gemm.c, views) */
+    return 0;
+  }
   b->region = RT_REGION_ARENA;
+  if (v == L->moved_value) {   /* held in scratch for a while (lower_gemm.c: a bias gradient) */
+    b->offset = L->moved_offset;
+    return 0;
+  }
   if (v->offset < 0) return cl_fail(L, "value %%%s has no arena offset; run the memory-plan pass first", vname(v));
   if (v->offset % 64)
     return cl_fail(L, "value %%%s is at offset %lld, not 64-byte aligned", vname(v), (long long)v->offset);
@@ -1358,6 +1366,30 @@ static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
   return cl_instantiate(L, st, "sumparts", "loom_sum_parts", (const int[]){1, -1}, NULL, "", 256);
 }
 
+/* Op *i of the current function (not skipped) as its steps; *i moves to the last op it took
+   (a norm chain takes several). */
+int cl_lower_op(Lower *L, Steps *s, int *i) {
+  const Func *f = L->f;
+  L->op = f->ops.items[*i];
+  L->op_index = *i;   /* lower_fuse.c's fusions look at the ops after it */
+  NormChain nc;
+  if (L->op->kind == OP_CALL && find_norm_chain(L, f, *i, &nc)) {
+    int rc = lower_norm_chain(L, s, &nc);
+    free(nc.grads);
+    *i = nc.last;
+    return rc;
+  }
+  if (L->gemm_at[*i] >= 0) return cl_lower_gemm_at(L, s, *i);
+  if (L->leaf_into[*i].n) return cl_lower_tree_leaf(L, s, *i);
+  L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, *i);
+  const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, *i) : NULL;
+  switch (L->op->kind) {
+  case OP_CALL: return acc ? cl_lower_cast_accumulate(L, s, acc) : cl_lower_call(L, s);
+  case OP_MATMUL: return cl_lower_matmul_op(L, s, *i, acc);
+  default: return cl_mesh_op(L->op) ? cl_lower_mesh_op(L, s) : lower_builtin(L, s);
+  }
+}
+
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
@@ -1388,30 +1420,42 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
     return cl_fail(L, "out of memory");
   }
   rc = cl_weight_copies_begin(L, f);   /* the casts that read copies, before any plan looks at buffers */
+  if (!rc) rc = cl_plan_bgrad(L, f);
   for (int i = 0; i < f->ops.n && !rc; i++) {
-    L->op = f->ops.items[i];
-    L->op_index = i;
-    if (L->skip[i]) continue;
-    NormChain nc;
-    if (L->op->kind == OP_CALL && find_norm_chain(L, f, i, &nc)) {
-      rc = lower_norm_chain(L, &s, &nc);
-      free(nc.grads);
-      i = nc.last;
-      continue;
-    }
-    L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, i);
-    const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, i) : NULL;
-    switch (L->op->kind) {
-    case OP_CALL: rc = acc ? cl_lower_cast_accumulate(L, &s, acc) : cl_lower_call(L, &s); break;
-    case OP_MATMUL: rc = cl_lower_matmul_op(L, &s, i, acc); break;
-    default: rc = cl_mesh_op(L->op) ? cl_lower_mesh_op(L, &s) : lower_builtin(L, &s); break;
-    }
+    if (L->skip[i] || L->defer[i] >= 0) continue;   /* lowered with another op, or after one */
+    rc = cl_lower_op(L, &s, &i);
   }
   L->op = NULL;
   free(L->skip);
   free(L->handle);
+  free(L->defer);
+  free(L->bgrad);
+  free(L->bgrad_scratch);
+  free(L->gemm_at);
+  free(L->resid);
+  free(L->sum_into);
+  L->resid = NULL;
+  L->sum_into = NULL;
+  free(L->acc_into);
+  free(L->acc_ld);
+  free(L->leaf_into);
+  free(L->leaf_of);
+  L->acc_into = NULL;
+  L->acc_ld = NULL;
+  L->leaf_into = NULL;
+  L->leaf_of = NULL;
+  free(L->view);
+  free(L->view_ld);
+  L->view = NULL;
+  L->view_ld = NULL;
+  L->n_view = 0;
+  L->bgrad_scratch = NULL;
+  L->gemm_at = NULL;
+  L->moved_value = NULL;
   L->skip = NULL;
   L->handle = NULL;
+  L->defer = NULL;
+  L->bgrad = NULL;
   cl_fuse_func_end(L, &s);   /* the norms' saved statistics placed past the scratch */
   rf->steps = s.items;
   rf->n_steps = s.n;

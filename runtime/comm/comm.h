@@ -70,6 +70,9 @@ Comm *local_world_rank(LocalWorld *w, int rank);
 /* Wakes every rank waiting in a collective; they and all later collectives return 1.
    A rank that fails calls this so the others do not wait forever. */
 void local_world_abort(LocalWorld *w);
+/* What stopped the world first, naming the rank and the collective (LOOM_MESH_FAULT, the
+   LOOM_MESH_TIMEOUT watchdog), or NULL: a failing rank's own error says it. */
+const char *local_world_fault(LocalWorld *w);
 void local_world_free(LocalWorld *w);
 
 #endif

@@ -223,13 +223,21 @@ static bool gemm_type_ok(RtStorage s) { return s == RT_ST_F32 || s == RT_ST_BF16
 static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   const int64_t *i = st->i;
   int64_t epi = i[RT_GEMM_EPI_INT];
-  bool bias = epi & RT_GEMM_EPI_BIAS, gelu = epi & RT_GEMM_EPI_GELU, cin = epi & RT_GEMM_EPI_C;
-  if (epi < 0 || epi > 7 || (gelu && !bias) || (epi && (i[0] != 1 || i[RT_GEMM_BETA_INT])))
-    return fail(err, errlen, 2, "GEMM %s: epilogue flags %lld (a GELU needs the bias; epilogues take batch 1 and beta 0)",
+  bool bias = epi & RT_GEMM_EPI_BIAS, gelu = epi & RT_GEMM_EPI_GELU, cin = epi & RT_GEMM_EPI_C,
+       bgrad = epi & RT_GEMM_EPI_BGRAD, dgelu = epi & RT_GEMM_EPI_DGELU;
+  bool bgrada = bgrad && !dgelu;   /* B's column sums (BGRADA), else the result's (DGELU_BGRAD) */
+  if (epi < 0 || epi > 31 || (gelu && !bias) || (bgrada && epi != RT_GEMM_EPI_BGRAD) ||
+      (dgelu && (epi & ~(RT_GEMM_EPI_DGELU | RT_GEMM_EPI_BGRAD))) ||
+      (epi && (i[0] != 1 || (i[RT_GEMM_BETA_INT] && !bgrada))) || (bgrada && i[5]))
+    return fail(err, errlen, 2,
+                "GEMM %s: epilogue flags %lld (a GELU needs the bias; a bias gradient of B goes alone, with tb = 0; "
+                "GELU's backward goes alone or with the bias gradient; epilogues take batch 1 and beta 0, but for the "
+                "bias gradient of B)",
                 st->label, (long long)epi);
-  if (st->n_in != 2 + bias + cin || st->n_out != 1 + gelu)
-    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s -> C%s", st->label, bias ? " bias" : "",
-                cin ? " residual" : "", gelu ? " pre-activation" : "");
+  if (st->n_in != 2 + bias + cin + dgelu || st->n_out != 1 + gelu + bgrad)
+    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s%s -> C%s%s", st->label, bias ? " bias" : "",
+                dgelu ? " pre-activation" : "", cin ? " residual" : "", gelu ? " pre-activation" : "",
+                bgrad ? " bias-gradient" : "");
   for (int k = 0; k < 9; k++)
     if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
   if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
@@ -250,6 +258,20 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
                 st->label, cuda_storage_name(c));
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   int64_t need[3] = {rt_smul(M, K), rt_smul(K, N), rt_smul(M, N)}, stride[3] = {i[6], i[7], i[8]};
+  /* an operand with a row stride (a view): (rows - 1) * ld + cols elements, batch 1 */
+  for (int k = 0; k < 2; k++) {
+    int64_t ld = i[RT_GEMM_LDA_INT + k];
+    int64_t rows = k == 0 ? (i[4] ? K : M) : (i[5] ? N : K), cols = k == 0 ? (i[4] ? M : K) : (i[5] ? K : N);
+    if (ld < 0 || (ld && (ld < cols || batch != 1)))
+      return fail(err, errlen, 2, "GEMM %s: row stride %lld of operand %d is below its %lld columns or on a batch", st->label,
+                  (long long)ld, k, (long long)cols);
+    if (ld && rows > 0) need[k] = rt_smul(rows - 1, ld) + cols;
+  }
+  int64_t ldc = i[RT_GEMM_LDC_INT];
+  if (ldc < 0 || (ldc && (ldc < N || batch != 1 || (epi & (RT_GEMM_EPI_C | RT_GEMM_EPI_GELU | RT_GEMM_EPI_DGELU)))))
+    return fail(err, errlen, 2, "GEMM %s: row stride %lld of C is below its %lld columns, on a batch or with a matrix epilogue",
+                st->label, (long long)ldc, (long long)N);
+  if (ldc && M > 0) need[2] = rt_smul(M - 1, ldc) + N;
   const RtBuf *ops[3] = {&st->bufs[0], &st->bufs[1], &st->bufs[st->n_in]};
   for (int k = 0; k < 3; k++)
     if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
@@ -257,10 +279,16 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
       return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
   /* the epilogue's buffers: the bias [N] in C's type or f32; the residual and the
      pre-activation [M, N] in C's type */
-  const RtBuf *b = bias ? &st->bufs[2] : NULL, *r = cin ? &st->bufs[2 + bias] : NULL, *x = gelu ? &st->bufs[st->n_in + 1] : NULL;
+  const RtBuf *b = bias ? &st->bufs[2] : NULL, *r = cin ? &st->bufs[2 + bias] : NULL,
+              *x = gelu ? &st->bufs[st->n_in + 1] : dgelu ? &st->bufs[2] : NULL;
   if ((b && (b->n < N || (b->storage != c && b->storage != RT_ST_F32))) || (r && (r->n < M * N || r->storage != c)) ||
       (x && (x->n < M * N || x->storage != c)))
     return fail(err, errlen, 2, "GEMM %s: an epilogue buffer is too small or of another type than the result", st->label);
+  /* the bias gradient [N] in the operands' type, C's or f32 */
+  const RtBuf *g = bgrad ? &st->bufs[st->n_in + 1] : NULL;
+  if (g && (g->n < N || (g->storage != a && g->storage != c && g->storage != RT_ST_F32)))
+    return fail(err, errlen, 2, "GEMM %s: the bias gradient buffer is too small or of another type than the operands, the "
+                "result or f32", st->label);
   return 0;
 }
 
@@ -423,6 +451,10 @@ static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t
   const CublasLtApi *l = cp->lt ? cuda_cublaslt(NULL, 0) : NULL;
   const int64_t *i = st->i;
   CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
+  /* views: our row stride is Lt's leading dimension (Lt's A is our B) */
+  if (i[RT_GEMM_LDB_INT] > 0) L.lda = i[RT_GEMM_LDB_INT];
+  if (i[RT_GEMM_LDA_INT] > 0) L.ldb = i[RT_GEMM_LDA_INT];
+  if (i[RT_GEMM_LDC_INT] > 0) L.ldc = i[RT_GEMM_LDC_INT];
   RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage,
             sc = (RtStorage)st->bufs[st->n_in].storage;
   *found = false;
@@ -521,6 +553,25 @@ static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *er
           LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
         return 1;
     }
+  }
+  if (epi & RT_GEMM_EPI_DGELU) {   /* the pre-activation [M, N]: Lt's m x n, ld our N */
+    void *aux = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[2]);
+    int64_t ld = i[2];
+    uint32_t e = epi & RT_GEMM_EPI_BGRAD ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
+      return 1;
+  }
+  if (epi & RT_GEMM_EPI_BGRAD) {   /* BGRADA: our B's column sums, Lt's A's rows reduced over k;
+                                      DGELU_BGRAD: the result's column sums, Lt's D's rows */
+    uint32_t e = epi & RT_GEMM_EPI_DGELU ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_BGRADA;
+    void *bias = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[st->n_in + 1]);
+    int32_t bt = lt_type((RtStorage)st->bufs[st->n_in + 1].storage);
+    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where) ||
+        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), where))
+      return 1;
   }
   bool found = false;
   if (plan_try(cp, g, st, pa, pb, pc, i[0], &found, where, err, errlen)) return 1;

@@ -10,6 +10,7 @@
  *   exec_cuda.c     one GPU: a lowered program and its compiled image
  *   exec_cuda_mesh.c  one rank of a CUDA mesh (a process per GPU, NCCL)
  *   exec_cuda_pipe.c  its pipeline walker
+ *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard
  *   train_common.c  the training entry point: parameters, executor, the loop (runtime/trainer.c), --out
  *   weights.c       safetensors parameters into a module's or a program's globals
  *   hf_export.c     a folder Hugging Face transformers loads (--out DIR/, loom export)
@@ -93,10 +94,6 @@ int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
    its lowered program (prog, n, llvm) trained with every rank a thread. */
 int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
                           char *err, size_t errlen);
-/* exec_mesh.c: @forward on every rank, weights from safetensors (whole, split to the
-   ranks); rank 0's logits [B*T*V] and loss. */
-int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const char *weights,
-                  const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err, size_t errlen);
 /* exec_cuda_mesh.c: a rank of m's mesh from its lowered program (taken over: freed here) and
    CUDA module image; the module only splits the micro-batch.  Rank 0 alone logs and writes
    files: plan_for_rank clears a plan's outputs for the others. */
@@ -105,6 +102,59 @@ int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, con
 void plan_for_rank(RunPlan *plan, int64_t rank);
 /* The loop and --out for any executor. */
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen);
+
+/* ---- eval.c: loom eval's execution (the driver, driver/eval.c, builds what runs) ---- */
+/* Gradients of one batch's loss as views under the checkpoint's names (one per expert);
+   host: buffers read back from a device (NULL when the views point into the program). */
+typedef struct {
+  RtTensor *views;
+  int n;
+  float **host;
+  int n_host;
+} EvalGrads;
+void eval_grads_free(EvalGrads *g);
+/* One backend and layout opened on its parameters: forward runs one whole batch [B,T]
+   (logits [B*T*V] and the mean loss over its positions); grads (NULL where unsupported:
+   a mesh) the gradient of that batch's loss.  Whatever an open returns, eval_close it. */
+typedef struct Evaluator Evaluator;
+struct Evaluator {
+  int (*forward)(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
+                 size_t errlen);
+  int (*grads)(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen);
+  void (*close)(Evaluator *e);
+  void *impl;
+  int world;          /* ranks */
+  char where[256];    /* what ran it, for the closing line ("the cpu backend", a GPU's name) */
+};
+/* The cpu backend, one rank: a lowered program's bytes and its kernels' LLVM IR. */
+int eval_open_cpu(Evaluator *e, const unsigned char *prog, size_t n, const char *llvm, const char *weights, char *err,
+                  size_t errlen);
+/* Every rank of a partitioned module m as a thread, on the cpu backend (its lowered bytes). */
+int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_t n, const char *llvm,
+                       const char *weights, char *err, size_t errlen);
+/* GPU 0: a lowered CUDA program and its compiled image, both taken over (freed at close). */
+int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const char *where, const char *weights,
+                   char *err, size_t errlen);
+/* The reference executor on m itself: one rank, or every rank of a mesh as threads. */
+int eval_open_ref(Evaluator *e, const Module *m, const char *weights, char *err, size_t errlen);
+void eval_close(Evaluator *e);
+typedef struct {
+  const char *tokens;          /* an llm.c token shard */
+  int64_t batch, seq, vocab;
+  int64_t max_batches;         /* 0: every whole batch of the shard */
+  const char *out;             /* logits, loss (and gradients) of one batch to a safetensors file, or NULL */
+  bool grads;                  /* the gradients too (into out) */
+  FILE *log;                   /* a progress line every 2 s of a long run, or NULL */
+} EvalPlan;
+typedef struct {
+  double loss;                 /* the mean cross-entropy over every scored position */
+  int64_t batches, available;  /* scored, and whole batches in the shard */
+  int64_t tokens;              /* positions scored */
+  double seconds;
+} EvalResult;
+/* Scores the shard's first min(max_batches, available) whole batches (batch k: inputs
+   tokens[k*B*T : (k+1)*B*T], targets one further); with out or grads, the first batch only. */
+int eval_run(Evaluator *e, const EvalPlan *p, EvalResult *res, char *err, size_t errlen);
 
 /* ---- hf_export.c: a folder transformers loads (loom train --out DIR/, loom export) ---- */
 typedef struct {

@@ -140,6 +140,8 @@ static int run_all(MeshCpu *mc, Job *jobs, int func, void *rets0, void *rets1, c
       rc = jobs[k].rc;
       snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
     }
+  if (rc && mc->rx.lw && local_world_fault(mc->rx.lw))   /* the rank and collective that stopped the world */
+    snprintf(err, errlen, "%.2000s", local_world_fault(mc->rx.lw));
   return rc;
 }
 
@@ -421,25 +423,33 @@ int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const 
   return rc;
 }
 
-int eval_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const char *weights,
-                  const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err, size_t errlen) {
-  MeshCpu *mc = calloc(1, sizeof *mc);
-  Job *jobs = NULL;
+/* loom eval --mesh: the mesh opened once for @forward, weights split to the ranks; each
+   step runs every rank on its piece of a whole batch; rank 0's logits [B*T*V] and loss. */
+int eval_cpu_mesh_open(MeshCpu **out, Module *m, const unsigned char *prog, size_t n, const char *llvm,
+                       const char *weights, char *err, size_t errlen) {
+  MeshCpu *mc = *out = calloc(1, sizeof *mc);
   if (!mc) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = mesh_open(mc, m, prog, n, llvm, 0, weights, 0, false, false, NULL, err, errlen);
-  if (!rc && !(jobs = calloc((size_t)mc->world, sizeof *jobs))) {
+  return mesh_open(mc, m, prog, n, llvm, 0, weights, 0, false, false, NULL, err, errlen);
+}
+
+int eval_cpu_mesh_step(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err,
+                       size_t errlen) {
+  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
+  if (!jobs) {
     snprintf(err, errlen, "out of memory");
-    rc = EXIT_RUN;
+    return EXIT_RUN;
   }
-  if (!rc) {
-    split_tokens(mc, inputs, targets, jobs);
-    rc = run_all(mc, jobs, mc->f_grad, logits, loss, err, errlen);
-  }
+  split_tokens(mc, inputs, targets, jobs);
+  int rc = run_all(mc, jobs, mc->f_grad, logits, loss, err, errlen);
   free(jobs);
+  return rc;
+}
+
+void eval_cpu_mesh_close(MeshCpu *mc) {
+  if (!mc) return;
   mesh_close(mc);
   free(mc);
-  return rc;
 }

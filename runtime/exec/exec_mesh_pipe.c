@@ -190,6 +190,8 @@ static int run_all(MeshCpu *mc, PipeJob *jobs, char *err, size_t errlen) {
       rc = jobs[k].rc;
       snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
     }
+  if (rc && mc->rx.lw && local_world_fault(mc->rx.lw))   /* the rank and collective that stopped the world */
+    snprintf(err, errlen, "%.2000s", local_world_fault(mc->rx.lw));
   return rc;
 }
 

@@ -187,6 +187,8 @@ static int run_all(RefExec *r, PipeJob *jobs, char *err, size_t errlen) {
       rc = jobs[k].rc;
       snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
     }
+  if (rc && r->lw && local_world_fault(r->lw))   /* the rank and collective that stopped the world */
+    snprintf(err, errlen, "%.2000s", local_world_fault(r->lw));
   if (rc) {   /* a failed world cannot be reused */
     int64_t mesh[COMM_AXES];
     for (int a = 0; a < COMM_AXES; a++) mesh[a] = r->m->mesh.size[a];

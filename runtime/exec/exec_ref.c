@@ -151,6 +151,8 @@ int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *
       if (r->world > 1) snprintf(err, errlen, "rank %d: %.2000s", k, jobs[k].err);
       else snprintf(err, errlen, "%s", jobs[k].err);
     }
+  if (rc && r->lw && local_world_fault(r->lw))   /* the rank and collective that stopped the world */
+    snprintf(err, errlen, "%.2000s", local_world_fault(r->lw));
   for (int i = 0; i < f->rets.n; i++) {
     rets[i] = rc ? NULL : jobs[0].ret[i];   /* replicated: every rank has the same */
     if (rc) tensor_free(jobs[0].ret[i]);
@@ -268,7 +270,7 @@ static int open_common(RefExec *r, const Module *m, uint64_t seed, const char *i
   }
   int64_t mesh[COMM_AXES];
   for (int a = 0; a < COMM_AXES; a++) mesh[a] = m->mesh.size[a];
-  if (r->world > 1 && !(r->lw = local_world_new(mesh, err, errlen))) return 1;
+  if (r->world > 1 && !(r->lw = local_world_new(mesh, err, errlen))) return EXIT_USAGE;   /* LOOM_MESH_FAULT or _TIMEOUT */
   /* Whole tensors, initialized as a single-rank run would, then split to the ranks.  Views
      only: the exposed ones, left as calloc made them (no page touched until a sync_out or a
      resume writes one), and no rank stores: the executor's ranks fill their own pieces. */

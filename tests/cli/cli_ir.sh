@@ -158,4 +158,11 @@ expect_stderr_contains "seq"
 expect_exit 2 "loom ir --batch abc" "$LOOM" ir models/gpt2-tiny.json --batch abc
 expect_stderr_contains "batch"
 
+# At dp=4 each rank broadcasts the biases and the position embedding straight to its part
+# of the batch (canonicalize: shard_slice(broadcast(x)) -> broadcast), not to the whole
+# mesh's batch and then slices it.
+run "$LOOM" ir models/gpt2-tiny.json --passes=train --mesh dp=4 --batch 8
+check "dp=4: no broadcast to the global batch followed by a shard_slice (every broadcast is to a rank's [2,32,...])" \
+  sh -c "grep -q 'broadcast .*: f32\[2,32,64\]<dp:s0>' '$OUT' && ! grep -q 'broadcast .*: f32\[8,32,' '$OUT'"
+
 finish

@@ -83,13 +83,15 @@ expect_exit 2 "loom eval with two specs" "$LOOM" eval $SPEC models/llama-tiny.js
 expect_stderr_contains "more than one spec"
 expect_exit 2 "loom eval on an .ir file" "$LOOM" eval tests/ir/ops_unary.ir --weights $W --tokens $K
 expect_stderr_contains "eval takes a model spec (.json), not an IR file"
-# --batch/--seq: the last value of each wins, as in `loom ir`, however many are given.
-expect_exit 0 "loom eval --batch 1 --batch 2 (the last wins)" "$LOOM" eval $SPEC --weights $W --tokens $K --batch 1 --batch 2
+# --batch/--seq: the last value of each wins, as in `loom ir`, however many are given (one
+# batch scored: --batches 1; the shard holds more).
+expect_exit 0 "loom eval --batch 1 --batch 2 (the last wins)" "$LOOM" eval $SPEC --weights $W --tokens $K --batch 1 --batch 2 \
+  --batches 1
 expect_stderr_contains "eval of 64 tokens"
 expect_exit 0 "loom eval --batch 1 --seq 8 --batch 2 (three overrides)" "$LOOM" eval $SPEC --weights $W --tokens $K \
-  --batch 1 --seq 8 --batch 2
+  --batch 1 --seq 8 --batch 2 --batches 1
 expect_stderr_contains "eval of 16 tokens"
-expect_exit 0 "loom eval --seq=16 --batch=1" "$LOOM" eval $SPEC --weights=$W --tokens=$K --seq=16 --batch=1
+expect_exit 0 "loom eval --seq=16 --batch=1" "$LOOM" eval $SPEC --weights=$W --tokens=$K --seq=16 --batch=1 --batches=1
 expect_stderr_contains "eval of 16 tokens"
 expect_stdout_contains "loss "
 

@@ -72,7 +72,7 @@ expect_stdout_contains "@grad_step x 2, @optimizer_step x 1"
 # without LOOM_CUDA_FUSE_BF16=1 a bf16 program keeps its rounding points: no epilogue, no
 # bf16 product accumulated in its GEMM (the cast and accumulate still one kernel)
 expect_exit 0 "gpt2-tiny bf16 --cost, the bf16 fusions off" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost
-check "no GEMM epilogue and no GEMM accumulation in bf16 by default" test "$(grep -c '+ bias\|+ residual\|(+= \$grad' "$OUT")" = 0
+check "no GEMM epilogue and no GEMM accumulation in bf16 by default (the bias gradients alone)" test "$(grep -c '+ bias\|+ residual\|(+= \$grad\|gelu backward' "$OUT")" = 0
 export LOOM_CUDA_FUSE_BF16=1
 
 # weight gradients accumulated in their GEMM (beta = 1): gpt2-tiny's attn.c_proj, mlp.c_fc
@@ -94,13 +94,46 @@ check "12 GEMMs with a bias epilogue: 6 bias, 4 bias + residual, 2 bias + gelu" 
   END { if (b != 6 || r != 4 || g != 2) { print b, r, g; exit 1 } }' "$OUT"
 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --vocab-multiple 96 --cost > "$TMP/vm" 2>&1
 check "--vocab-multiple 96: the mask is the lm_head GEMM's bias (13 bias epilogues)" test "$(grep -c 'matmul .* + bias' "$TMP/vm")" = 13
+# bias gradients in the weight-gradient GEMM (cuBLASLt BGRADA): q, k, v, attn.c_proj and
+# mlp.c_proj, 5 a layer; mlp.c_fc's in the GEMM before GELU's backward, which computes that
+# backward too (DGELU_BGRAD: 1 a layer); the 12 reduction launches gone, left: the loss's and wpe's
+check "10 weight-gradient GEMMs write their bias gradient, 2 GEMMs GELU's backward and its; 2 reductions left" awk '
+  /matmul.*, gelu backward, bias gradient/ { d++; next } /matmul.*, bias gradient/ { g++ }
+  $1 == "@grad_step" && $3 == "reduce" { r++ }
+  END { if (g != 10 || d != 2 || r != 2) { print g, d, r; exit 1 } }' "$OUT"
 n_fused=$(awk '/^launches a step:/ { print $4 }' "$OUT")
 n_unfused=$(LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost |
   awk '/^launches a step:/ { print $4 }')
+# the q, k, v projections' input gradient: the second GEMM adds the first product, the third
+# adds that and writes the sum (2 layers)
+check "2 GEMMs finish the sum of three products" test "$(grep -c 'matmul .*(the sum of three)' "$OUT")" = 2
+# c_attn's gradients: q, k and v's weight-gradient GEMMs add into their third of the f32
+# gradient (a row stride), their bias gradients are accumulated into their third by a step
+# each; one pad left in @grad_step (wpe's gradient, the positions past the sequence)
+check "6 GEMMs and 6 steps add into a part of c_attn's gradients, 1 pad left" awk '
+  /matmul.*\(\+= a part of a gradient\)/ { g++; next } /accumulate into a part of a gradient/ { a++ }
+  $1 == "@grad_step" && / loom_pad_/ { p++ }
+  END { if (g != 6 || a != 6 || p != 1) { print g, a, p; exit 1 } }' "$OUT"
 # unfused: each of the 6 GEMMs' cast and accumulate, the 7 casts, the norms' 10 casts and
-# accumulates and the 12 epilogues' kernels are launches of their own
-check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 7 + 2 x 10 + 12" \
-  test "$n_unfused" = $((n_fused + 51))
+# accumulates, the 12 epilogues' kernels, the 10 bias reductions, the 2 GELU backward kernels
+# and the 2 sums are launches of their own, and per layer c_attn's gradient trees: 6 pads, 3 sum
+# kernels and 2 accumulates for the 3 steps
+check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 7 + 2 x 10 + 12 + 10 + 2 + 2 + 2 x 8" \
+  test "$n_unfused" = $((n_fused + 81))
+
+# slices as views (codegen/cuda/lower_gemm.c): in fp32 the q, k, v weight slices (read by
+# their GEMMs through a row stride), the bias slices and wpe's rows are no launches (13 copies
+# with LOOM_CUDA_NO_VIEWS=1); in bf16 the weights' bf16 copies (codegen/cuda/lower_fuse.c) live
+# as long as the parameters, so their slices are views too (with the casts,
+# LOOM_CUDA_NO_WEIGHT_COPIES=1, the 6 weight slices stay: the cast dies before the backward)
+n_sl=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --cost | grep -c 'loom_slice')
+n_sl_copy=$(LOOM_CUDA_NO_VIEWS=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --cost | grep -c 'loom_slice')
+check "fp32: no slice launch ($n_sl), 13 with LOOM_CUDA_NO_VIEWS=1 ($n_sl_copy)" test "$n_sl:$n_sl_copy" = "0:13"
+n_sl=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost | grep -c 'loom_slice')
+n_sl_cast=$(LOOM_CUDA_NO_WEIGHT_COPIES=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 \
+  --cost | grep -c 'loom_slice')
+check "bf16: no slice launch ($n_sl), the 6 weight slices with LOOM_CUDA_NO_WEIGHT_COPIES=1 ($n_sl_cast)" \
+  test "$n_sl:$n_sl_cast" = "0:6"
 
 expect_exit 2 "--cost needs the CUDA target" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --cost
 expect_stderr_contains "--target=cuda"

@@ -120,12 +120,17 @@ sed 's/"memory_gb": 80/"memory_gb": 0.000001/' models/hardware/h100-sxm.json > "
 expect_exit 2 "nothing fits a 1 KB device" "$LOOM" plan $M "${P[@]}" --hw "$TMP/tiny.json"
 expect_stderr_contains "no layout fits"
 expect_stderr_contains "the closest"
+check "  no stale hint (recomputation is searched with pp too)" bash -c "! grep -q 'without pp only' '$ERR'"
+expect_exit 2 "  with --recompute none fixed: the hint to recompute" "$LOOM" plan $M "${P[@]}" --hw "$TMP/tiny.json" --mesh pp=1 --recompute none
+expect_stderr_contains "or --recompute full (fixed here"
 expect_exit 2 "a global batch that is not whole sequences" "$LOOM" plan $M --gpus 4 --seq 32 --global-batch-tokens 1000
 expect_stderr_contains "use a multiple of 32"
 expect_exit 2 "a fixed dp that does not divide" "$LOOM" plan $M --gpus 4 --mesh dp=3
 expect_stderr_contains "does not divide --gpus 4"
 expect_exit 2 "ep with a dense model" "$LOOM" plan $M --gpus 4 --mesh ep=2
 expect_stderr_contains "expert parallelism splits a mixture of experts' experts"
+expect_exit 2 "a misspelt flag of plan" "$LOOM" plan $M --gups 4
+expect_stderr_contains "unknown option '--gups'; did you mean '--gpus'?"
 expect_exit 2 "--gpus is required" "$LOOM" plan $M
 expect_stderr_contains "--gpus N is required"
 finish

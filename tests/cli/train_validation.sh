@@ -29,9 +29,16 @@ expect_exit 0 "  losses bitwise equal with and without validation" "$ST_DIFF" "$
 # the validation loss is the forward loss: one window (--val-tokens 64) = loom eval of the final weights
 expect_exit 0 "cpu: --val-tokens 64 (one micro-batch)" run_train --val-data "$VAL" --val-tokens 64 --log "$TMP/one.jsonl" --out "$TMP/one.st"
 last_val=$(tail -1 "$TMP/one.jsonl" | grep -o '"val_loss":[^,]*' | cut -d: -f2)
-expect_exit 0 "loom eval of the final weights on the val shard" "$LOOM" eval $SPEC --weights "$TMP/one.st" --tokens "$VAL"
+expect_exit 0 "loom eval of the final weights on the val shard's first batch" "$LOOM" eval $SPEC --weights "$TMP/one.st" \
+  --tokens "$VAL" --batches 1
 eval_loss=$(grep -o 'loss [0-9.]*' "$OUT" | head -1 | cut -d' ' -f2)
 check "val_loss $last_val = eval loss $eval_loss (to 1e-5)" awk -v a="$last_val" -v b="$eval_loss" 'BEGIN { d = a - b; exit !(d < 1e-5 && d > -1e-5) }'
+# three windows (--val-tokens 192) = loom eval --batches 3: the mean over the same batches
+expect_exit 0 "cpu: --val-tokens 192 (three micro-batches)" run_train --val-data "$VAL" --val-tokens 192 --log "$TMP/three.jsonl" --out "$TMP/three.st"
+last_val=$(tail -1 "$TMP/three.jsonl" | grep -o '"val_loss":[^,]*' | cut -d: -f2)
+expect_exit 0 "loom eval --batches 3 of the final weights" "$LOOM" eval $SPEC --weights "$TMP/three.st" --tokens "$VAL" --batches 3
+eval_loss=$(grep -o 'loss [0-9.]*' "$OUT" | head -1 | cut -d' ' -f2)
+check "val_loss $last_val = eval loss $eval_loss over 3 batches (to 1e-5)" awk -v a="$last_val" -v b="$eval_loss" 'BEGIN { d = a - b; exit !(d < 1e-5 && d > -1e-5) }'
 
 # the same validation losses on every backend and layout
 for layout in "--backend ref" "--mesh dp=2" "--mesh tp=2" "--mesh dp=2,tp=2 --zero 1" "--mesh dp=2 --backend ref" \

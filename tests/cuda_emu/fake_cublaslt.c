@@ -4,7 +4,8 @@
  * machines without a GPU.  On the emulated device, device pointers are host pointers and
  * streams are synchronous, so cublasLtMatmul computes D = alpha op(A) op(B) + beta C on
  * the host right away.  Only what loom uses is here: f32 scale, f32 / f16 / bf16 data,
- * column-major strided batches, transposes, beta, no epilogues.  Not for performance.
+ * column-major strided batches, transposes, beta, the epilogues loom sets (BIAS, GELU_AUX_BIAS,
+ * BGRADA, DGELU, DGELU_BGRAD).  Not for performance.
  * On a stream that is capturing (the emulated driver's cuStreamIsCapturing, found through
  * LOOM_LIBCUDA), the matmul is recorded instead as a host function of the graph
  * (cuLaunchHostFunc) holding copies of its descriptors and scalars, run when the graph is.
@@ -28,7 +29,12 @@ typedef struct {
   cublasComputeType_t compute;
   int32_t trans_a, trans_b; /* cublasOperation_t: N or T */
   /* epilogues (loom's: BIAS, GELU_AUX_BIAS): D = epi(alpha op(A) op(B) + beta C + bias), the
-     bias a vector of m (one per row of D), GELU's aux the pre-activation (m x n, ld aux_ld) */
+     bias a vector of m (one per row of D), GELU's aux the pre-activation (m x n, ld aux_ld);
+     BGRADA: D = alpha op(A) op(B) + beta C, and the bias pointer receives the bias gradient
+     sum_k op(A)[i][k] for each of the m rows (batch 1); DGELU: D = (alpha op(A) op(B) + beta C)
+     times GELU's derivative at aux (the forward's pre-activation, m x n, ld aux_ld, D's
+     type); DGELU_BGRAD also sums each row of that D (before it is rounded to D's type) into
+     the bias pointer */
   uint32_t epilogue;
   const void *bias;
   int32_t bias_type;        /* cudaDataType_t; -1: D's type */
@@ -176,7 +182,8 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t 
     return CUBLAS_STATUS_SUCCESS;
   case CUBLASLT_MATMUL_DESC_EPILOGUE:
     if ((uint32_t)v != CUBLASLT_EPILOGUE_DEFAULT && (uint32_t)v != CUBLASLT_EPILOGUE_BIAS &&
-        (uint32_t)v != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+        (uint32_t)v != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && (uint32_t)v != CUBLASLT_EPILOGUE_BGRADA &&
+        (uint32_t)v != CUBLASLT_EPILOGUE_DGELU && (uint32_t)v != CUBLASLT_EPILOGUE_DGELU_BGRAD)
       return CUBLAS_STATUS_NOT_SUPPORTED;
     d->epilogue = (uint32_t)v;
     return CUBLAS_STATUS_SUCCESS;
@@ -345,17 +352,31 @@ static float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+/* GELU's derivative, tanh form (cuBLASLt's DGELU), in f32: with u = c (x + 0.044715 x^3),
+   d/dx 0.5 x (1 + tanh u) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) c (1 + 3 * 0.044715 x^2). */
+static float gelu_tanh_grad(float x) {
+  const float c = 0.7978845608028654f;
+  float t = tanhf(c * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 /* D = al op(A) op(B) + be C (+ bias, GELU), now (checked by the caller). */
 static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const Layout *la, const void *B, const Layout *lb,
                                  float be, const void *C, const Layout *lc, void *D, const Layout *ld, Shape s) {
-  bool epi = d->epilogue != CUBLASLT_EPILOGUE_DEFAULT;
-  if (epi && (!d->bias || (d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS && (!d->aux || d->aux_ld < s.m))))
-    return CUBLAS_STATUS_INVALID_VALUE;
+  bool bgrad = d->epilogue == CUBLASLT_EPILOGUE_BGRADA;
+  bool dgelu = d->epilogue == CUBLASLT_EPILOGUE_DGELU || d->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  bool dbias = d->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  bool epi = d->epilogue == CUBLASLT_EPILOGUE_BIAS || d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;   /* a bias added */
+  bool aux = d->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || dgelu;
+  if (((epi || bgrad || dbias) && !d->bias) || (aux && (!d->aux || d->aux_ld < s.m))) return CUBLAS_STATUS_INVALID_VALUE;
+  if ((bgrad || dgelu) && s.batch != 1) return CUBLAS_STATUS_NOT_SUPPORTED;
+  float *sums = dbias ? calloc((size_t)s.m + 1, sizeof(float)) : NULL;
+  if (dbias && !sums) return CUBLAS_STATUS_ALLOC_FAILED;
   bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && la->type == CUDA_R_32F;
   float *pa = calloc((size_t)(s.m * s.k + 4 * s.k + 1), sizeof(float)); /* zeroed room for dot4 past row m */
   float *pb = malloc((size_t)(s.n * s.k + 1) * sizeof(float));
   if (!pa || !pb) {
-    free(pa), free(pb);
+    free(pa), free(pb), free(sums);
     return CUBLAS_STATUS_ALLOC_FAILED;
   }
   for (int64_t b = 0; b < s.batch; b++) {
@@ -363,6 +384,11 @@ static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const L
     pack(pb, batch_ptr(B, lb, b), lb, d->trans_b == CUBLAS_OP_N, s.n, s.k, tf32); /* columns of op(B) */
     const char *cb = C ? batch_ptr(C, lc, b) : NULL;
     void *db = (void *)batch_ptr(D, ld, b);
+    for (int64_t i = 0; bgrad && i < s.m; i++) {   /* row i of op(A), summed in order of k */
+      float g = 0.0f;
+      for (int64_t kk = 0; kk < s.k; kk++) g += pa[i * s.k + kk];
+      store(d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : ld->type, (void *)d->bias, i, g);
+    }
     for (int64_t j = 0; j < s.n; j++)
       for (int64_t i = 0; i < s.m; i += 4) {
         float acc[4];
@@ -376,11 +402,14 @@ static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const L
             store(ld->type, (char *)d->aux + b * ld->stride * elem_size(ld->type), i + r + j * d->aux_ld, v);
             v = gelu_tanh(v);
           }
+          if (dgelu) v *= gelu_tanh_grad(load(ld->type, d->aux, i + r + j * d->aux_ld));
+          if (dbias) sums[i + r] += v;   /* in order of j */
           store(ld->type, db, i + r + j * ld->ld, v);
         }
       }
   }
-  free(pa), free(pb);
+  for (int64_t i = 0; dbias && i < s.m; i++) store(d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : ld->type, (void *)d->bias, i, sums[i]);
+  free(pa), free(pb), free(sums);
   return CUBLAS_STATUS_SUCCESS;
 }
 

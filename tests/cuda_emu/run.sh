@@ -437,8 +437,9 @@ for mp in "gpt2-tiny:bf16:--vocab-multiple 96" "llama-tiny:fp32:"; do
   fi
 done
 
-# GEMM epilogues (codegen/cuda/lower.c, "GEMM epilogues"; the cuBLASLt double computes BIAS
-# and GELU_AUX_BIAS and beta = 1 with C the residual): gradients and 3 training steps against
+# GEMM epilogues (codegen/cuda/lower_gemm.c, "GEMM epilogues" and "bias gradients"; the
+# cuBLASLt double computes BIAS, GELU_AUX_BIAS, BGRADA (gpt2-tiny's 10 bias gradients),
+# DGELU_BGRAD (its 2 GELU backwards) and beta = 1 with C the residual): gradients and 3 training steps against
 # the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
 # differs), bf16 (LOOM_CUDA_FUSE_BF16=1) with loom check's bf16 rule (the product is no longer
 # rounded before the bias and the residual are added); the vocabulary padded (--vocab-multiple 96: the mask is the
@@ -457,6 +458,27 @@ for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
     ok "$m $p: GEMMs with bias, GELU and residual epilogues, 3 steps within ${tol%% *} of the unfused program"
   else
     bad "$m $p: GEMM epilogues against the unfused program"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
+# Slices as views (codegen/cuda/lower_gemm.c, "views": q, k, v's slices of c_attn read in place by
+# their GEMMs through a row stride, the bias slices and wpe's rows by any op): 3 steps bit for
+# bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16; the sum
+# of the three input-gradient products in their GEMMs ("sums of three products", fp32: the
+# same additions in the same order) bit for bit that of the kernel (LOOM_CUDA_NO_SUM3=1); and
+# c_attn's gradient pieces added into their parts of the gradient ("gradient trees": fp32,
+# and bf16 without LOOM_CUDA_FUSE_BF16, where only the bias pieces' steps change) bit for bit
+# the pads, sums and accumulate (LOOM_CUDA_NO_TREES=1)
+for kp in VIEWS:fp32 VIEWS:bf16 SUM3:fp32 TREES:fp32 TREES:bf16; do
+  k=${kp%%:*} p=${kp##*:}
+  if "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/view-v.st" > "$tmp/log" 2>&1 &&
+     env LOOM_CUDA_NO_$k=1 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/view-c.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/view-v.st" "$tmp/view-c.st" --rtol 0 > "$tmp/diff" 2>&1; then
+    ok "gpt2-tiny $p: 3 steps bit for bit those with LOOM_CUDA_NO_$k=1"
+  else
+    bad "gpt2-tiny $p: against LOOM_CUDA_NO_$k=1"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
   fi
 done
 

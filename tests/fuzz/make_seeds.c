@@ -6,12 +6,15 @@
  *   build/loom compile tests/golden/gpt2-tiny/train_spec.json --backend cpu -o /tmp/exe-cpu
  *   build/loom compile tests/golden/llama-tiny/train_spec.json --backend cpu --mesh dp=2 -o /tmp/exe-mesh
  *   build/loom compile tests/golden/gpt2-tiny/train_spec.json --backend cuda --arch sm_90a -o /tmp/exe-cuda
- *   build/fuzz_make_seeds tests/fuzz/corpus /tmp/exe-cpu /tmp/exe-mesh /tmp/exe-cuda
+ *   build/fuzz_make_seeds tests/fuzz/corpus --regressions ../regressions/payload /tmp/exe-cpu /tmp/exe-mesh /tmp/exe-cuda
  *
+ * Remake the payload seeds and regressions whenever the payload or program format changes:
+ * unit.test_cpu_exec fails until then (every seed must load as the runner loads it).
  * Writes corpus/safetensors/, corpus/tokens/, corpus/checkpoint/ (in fuzz_checkpoint.c's
  * container format: whole checkpoints by ckpt_save, sharded ones by ckpt_save_shards with
  * its ranks as threads) and corpus/payload/ (the tail of each executable given: payload and
- * trailer, offset 0). */
+ * trailer, offset 0) and, with --regressions DIR (relative to OUT_DIR), the payload
+ * regressions remade from the next executable (a cpu one) by mutating its program. */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,6 +25,7 @@
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/io/tokens.h"
+#include "tests/fuzz/payload_layout.h"
 #include "tools/tools.h"
 
 static const char *out_dir;
@@ -268,42 +272,112 @@ static void sharded_checkpoint_seeds(const char *js) {
   sharded_seed("sharded_ep2_experts", "1,1,1,1,2", 2, ep2, (int[]){11}, 1, js);
 }
 
-/* The payload of a compiled executable, rebuilt with offset 0 and the large text parts (the
-   LLVM IR, the IR) emptied: the harness does not read them, and small seeds fuzz faster. */
+/* The payload of a compiled executable, rebuilt with offset 0 and the large parts that are
+   not lowered programs (the LLVM IR, the IR, a cubin) emptied: the harness does not read
+   them, and small seeds fuzz faster.  The programs (the training one and a cpu executable's
+   decode program) are kept whole: the harness loads them (payload_layout.h). */
 static void put_u64(FILE *o, uint64_t v) {
   for (int i = 0; i < 8; i++) fputc((int)(v >> (8 * i)) & 255, o);
 }
 
-static void payload_seed(const char *exe, int k) {
-  size_t n;
-  uint8_t *b = slurp(exe, &n);
-  Payload p;
-  memset(&p, 0, sizeof p);
-  if (payload_parse(&p, b, n, err, sizeof err)) die(exe);
+/* Writes a payload seed (offset 0) of p's parts, part `swap` replaced by bytes[0, nb) when
+   bytes is not NULL, to SUB/NAME (SUB: a folder under out_dir, or a path). */
+static void write_payload(const Payload *p, const PayloadLayout *l, int swap, const unsigned char *bytes, size_t nb,
+                          const char *sub, const char *name) {
   char *buf = NULL;
   size_t len = 0;
   FILE *o = open_memstream(&buf, &len);
-  put_u64(o, (uint64_t)p.n_parts);
-  for (int i = 0; i < p.n_parts; i++) {
-    bool keep = i < 2 || p.sizes[i] < 256;
-    put_u64(o, keep ? p.sizes[i] : 0);
-    if (keep) fwrite(p.parts[i], 1, p.sizes[i], o);
+  put_u64(o, (uint64_t)p->n_parts);
+  for (int i = 0; i < p->n_parts; i++) {
+    bool keep = i == 0 || i == l->program || i == l->decode || p->sizes[i] < 256;
+    const void *data = i == swap && bytes ? bytes : p->parts[i];
+    size_t n = i == swap && bytes ? nb : p->sizes[i];
+    put_u64(o, keep ? n : 0);
+    if (keep) fwrite(data, 1, n, o);
   }
   uint64_t size = (uint64_t)ftell(o);
   fwrite("LOOMPAY1", 1, 8, o);
   put_u64(o, 0);
   put_u64(o, size);
   fclose(o);
+  put(sub, name, buf, len);
+  free(buf);
+}
+
+/* The inputs that once failed (tests/fuzz/README.md's table), remade from a cpu executable's
+   program so that they pass rt_program_load and reach the checks they were found in:
+   mutations of the program's fields, saved again with rt_program_save. */
+static void payload_regressions(const Payload *p, const PayloadLayout *l, const char *sub) {
+  enum { STEP_COUNTS, GLOBAL_OFFSET, BUILTIN_PRODUCT, REGION_SUM, COUNTS_PAST_INPUT, N_REG };
+  static const char *const names[N_REG] = {"step_buffer_count_overflow", "global_offset_overflow",
+                                           "builtin_size_product_overflow", "harness_region_sum_overflow",
+                                           "counts_past_the_input_oom"};
+  for (int r = 0; r < N_REG; r++) {
+    RtProgram prog;
+    if (rt_program_load(p->parts[l->program], p->sizes[l->program], &prog, err, sizeof err)) die(names[r]);
+    RtFunc *f = &prog.funcs[0];
+    switch (r) {
+    case STEP_COUNTS:   /* n_in + n_out overflowed int in the buffer-count check */
+      f->steps[0].n_in = f->steps[0].n_out = 0x7fffffff;
+      break;
+    case GLOBAL_OFFSET:   /* offset + 4 * n overflowed int64 */
+      prog.globals[0].offset = INT64_MAX - 64;
+      break;
+    case BUILTIN_PRODUCT: {   /* i[0] * i[1] * ... overflowed in the builtin checks */
+      bool done = false;
+      for (int fi = 0; fi < prog.n_funcs && !done; fi++)
+        for (int k = 0; k < prog.funcs[fi].n_steps && !done; k++) {
+          RtStep *st = &prog.funcs[fi].steps[k];
+          if (st->kind != RT_STEP_BUILTIN) continue;
+          for (int j = 0; j < 4; j++) st->i[j] = INT64_MAX / 3;
+          done = true;
+        }
+      if (!done) {
+        snprintf(err, sizeof err, "no builtin step in the program");
+        die(names[r]);
+      }
+      break;
+    }
+    case REGION_SUM:   /* the harness's own sum of region and arena sizes overflowed */
+      for (int k = 0; k < RT_REGION_COUNT; k++) prog.region_bytes[k] = 4 << 20;
+      for (int fi = 0; fi < prog.n_funcs; fi++) prog.funcs[fi].arena_bytes = 4 << 20;
+      break;
+    default: break;
+    }
+    unsigned char *bytes;
+    size_t nb;
+    if (rt_program_save(&prog, &bytes, &nb, err, sizeof err)) die(names[r]);
+    rt_program_free(&prog);
+    if (r == COUNTS_PAST_INPUT) {   /* a function count far past the bytes (asked for gigabytes) */
+      int32_t big = 1 << 20;
+      memcpy(bytes + 12, &big, 4);   /* after the magic (8) and the step size (4): n_funcs */
+    }
+    write_payload(p, l, l->program, bytes, nb, sub, names[r]);
+    free(bytes);
+  }
+}
+
+static void payload_seed(const char *exe, int k, const char *regressions) {
+  size_t n;
+  uint8_t *b = slurp(exe, &n);
+  Payload p;
+  memset(&p, 0, sizeof p);
+  if (payload_parse(&p, b, n, err, sizeof err)) die(exe);
+  PayloadLayout l = payload_layout(&p);
+  if (!l.kind) {
+    snprintf(err, sizeof err, "%d parts: not a layout the runner reads (tests/fuzz/payload_layout.h)", p.n_parts);
+    die(exe);
+  }
   char name[64];
   snprintf(name, sizeof name, "executable_%d.payload", k);
-  put("payload", name, buf, len);
-  free(buf);
+  write_payload(&p, &l, -1, NULL, 0, "payload", name);
+  if (regressions && l.cpu) payload_regressions(&p, &l, regressions);
   free(b);
 }
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: fuzz_make_seeds OUT_DIR [COMPILED_EXECUTABLE...]\n");
+    fprintf(stderr, "usage: fuzz_make_seeds OUT_DIR [--regressions DIR] [COMPILED_EXECUTABLE...]\n");
     return 2;
   }
   out_dir = argv[1];
@@ -311,6 +385,15 @@ int main(int argc, char **argv) {
   safetensors_seeds();
   token_seeds();
   checkpoint_seeds();
-  for (int i = 2; i < argc; i++) payload_seed(argv[i], i - 1);
+  const char *reg = NULL;   /* the payload regressions, from the first cpu executable */
+  int k = 1;
+  for (int i = 2; i < argc; i++) {
+    if (!strcmp(argv[i], "--regressions") && i + 1 < argc) {
+      reg = argv[++i];
+      continue;
+    }
+    payload_seed(argv[i], k++, reg);
+    reg = NULL;
+  }
   return 0;
 }

@@ -14,15 +14,24 @@
  *     Executor interface: the loss falls, parameters and optimizer state are exposed by
  *     name, a token outside the vocabulary is refused as bad input.
  *  4. Malformed programs are refused at init with status 2.
+ *  5. The fuzz harness's payload seeds (tests/fuzz/corpus/payload/) are executables of
+ *     today's format: each parses, has a layout the runner reads, and every lowered program
+ *     in it loads (rt_program_load) and, on the cpu backend, passes cpu_program_init, so
+ *     fuzz_payload reaches those checks; the seeds cover cpu, cpu mesh and cuda.  When the
+ *     payload or program format changes, this fails until the seeds are remade
+ *     (tests/fuzz/make_seeds.c says how).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <dirent.h>
+
 #include "ir/ir.h"
 #include "runtime/cpu/cpu_exec.h"
 #include "runtime/cpu/cpu_kernels.h"
+#include "tests/fuzz/payload_layout.h"
 
 static int n_pass, n_fail;
 static uint64_t rng = 7;
@@ -408,8 +417,105 @@ static void test_malformed(void) {
   }
 }
 
+static void never_run(char **args, int64_t b, int64_t e) {
+  (void)args, (void)b, (void)e;
+  abort();
+}
+
+/* 5: every payload seed loads as the runner would load it. */
+static void test_payload_seeds(void) {
+  const char *dir = "tests/fuzz/corpus/payload";
+  const char *remake = "the payload or program format changed: remake the seeds (tests/fuzz/make_seeds.c)";
+  DIR *d = opendir(dir);
+  check(d != NULL, "the payload seeds' folder tests/fuzz/corpus/payload exists", dir);
+  bool seen_cpu = false, seen_mesh = false, seen_cuda = false;
+  int n_seeds = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char path[1024], name[1200], msg[IR_ERR_LEN + 200], err[IR_ERR_LEN] = "";
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    FILE *f = fopen(path, "rb");
+    uint8_t *buf = NULL;
+    long len = -1;
+    if (f && !fseek(f, 0, SEEK_END) && (len = ftell(f)) > 0 && !fseek(f, 0, SEEK_SET) && (buf = malloc((size_t)len)) &&
+        fread(buf, 1, (size_t)len, f) != (size_t)len)
+      len = -1;
+    if (f) fclose(f);
+    n_seeds++;
+    Payload p;
+    memset(&p, 0, sizeof p);
+    int rc = len > 0 ? payload_parse(&p, buf, (size_t)len, err, sizeof err) : 1;
+    snprintf(name, sizeof name, "seed %s parses as a payload", path);
+    snprintf(msg, sizeof msg, "%s; %s", err, remake);
+    check(!rc, name, rc ? msg : NULL);
+    PayloadLayout l = rc ? (PayloadLayout){NULL, -1, -1, false} : payload_layout(&p);
+    snprintf(name, sizeof name, "seed %s (%d parts) has a layout the runner reads", path, p.n_parts);
+    check(rc || l.kind, name, rc || l.kind ? NULL : remake);
+    seen_cpu |= l.kind && !strcmp(l.kind, "cpu") && l.decode > 0;
+    seen_mesh |= l.kind && !strcmp(l.kind, "cpu mesh") && l.decode > 0;
+    seen_cuda |= l.kind && !strcmp(l.kind, "cuda");
+    for (int k = 0; k < 2 && l.kind; k++) {
+      int part = k ? l.decode : l.program;
+      if (part < 0) continue;
+      RtProgram prog;
+      err[0] = 0;
+      rc = rt_program_load(p.parts[part], p.sizes[part], &prog, err, sizeof err);
+      snprintf(name, sizeof name, "seed %s: its %s program (part %d) loads", path, k ? "decode" : "lowered", part);
+      snprintf(msg, sizeof msg, "%s; %s", err, remake);
+      check(!rc, name, rc ? msg : NULL);
+      if (rc) continue;
+      if (l.cpu) {   /* what fuzz_payload runs next: cpu_program_init's checks */
+        void **fns = calloc((size_t)prog.n_kernels + 1, sizeof *fns);
+        CpuKernelFn kf = never_run;
+        for (int i = 0; fns && i < prog.n_kernels; i++) memcpy(&fns[i], &kf, sizeof kf);
+        CpuProgram cp;
+        err[0] = 0;
+        rc = fns ? cpu_program_init(&cp, &prog, fns, 1, err, sizeof err) : 1;
+        snprintf(name, sizeof name, "seed %s: its %s program passes cpu_program_init", path, k ? "decode" : "lowered");
+        check(!rc, name, rc ? err : NULL);
+        if (!rc) cpu_program_free(&cp);
+        free(fns);
+      }
+      rt_program_free(&prog);
+    }
+    free(buf);
+  }
+  if (d) closedir(d);
+  bool covered = n_seeds >= 3 && seen_cpu && seen_mesh && seen_cuda;
+  check(covered, "the payload seeds cover a cpu and a cpu mesh executable that sample, and a cuda one",
+        covered ? NULL : remake);
+  /* the regressions (remade by make_seeds.c from the cpu seed) reach the checks they were
+     found in: their programs load, but for the one whose counts run past the input */
+  static const char *const regs[] = {"step_buffer_count_overflow", "global_offset_overflow",
+                                     "builtin_size_product_overflow", "harness_region_sum_overflow",
+                                     "counts_past_the_input_oom"};
+  for (size_t r = 0; r < sizeof regs / sizeof regs[0]; r++) {
+    char path[256], name[400], err[IR_ERR_LEN] = "";
+    snprintf(path, sizeof path, "tests/fuzz/regressions/payload/%s", regs[r]);
+    FILE *f = fopen(path, "rb");
+    long len = -1;
+    uint8_t *buf = NULL;
+    if (f && !fseek(f, 0, SEEK_END) && (len = ftell(f)) > 0 && !fseek(f, 0, SEEK_SET) && (buf = malloc((size_t)len)) &&
+        fread(buf, 1, (size_t)len, f) != (size_t)len)
+      len = -1;
+    if (f) fclose(f);
+    Payload p;
+    memset(&p, 0, sizeof p);
+    PayloadLayout l = {NULL, -1, -1, false};
+    if (len > 0 && !payload_parse(&p, buf, (size_t)len, err, sizeof err)) l = payload_layout(&p);
+    RtProgram prog;
+    bool past = strstr(regs[r], "past_the_input") != NULL;
+    int rc = l.program > 0 ? rt_program_load(p.parts[l.program], p.sizes[l.program], &prog, err, sizeof err) : -1;
+    snprintf(name, sizeof name, "regression %s: its program %s", path, past ? "is refused as damaged" : "loads");
+    check(past ? rc == 2 && !strstr(err, "magic") : rc == 0, name, rc < 0 || (rc != 0) != past ? remake : NULL);
+    if (rc == 0) rt_program_free(&prog);
+    free(buf);
+  }
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
+  test_payload_seeds();
   test_forward();
   test_globals();
   test_executor();

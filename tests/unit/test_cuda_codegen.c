@@ -151,7 +151,8 @@ static const char *program_problem(const RtProgram *p, const Module *m, const ch
                  why;
       } else if (st->kind == RT_STEP_GEMM) {
         int64_t epi = st->i[RT_GEMM_EPI_INT];
-        int n_in = 2 + !!(epi & RT_GEMM_EPI_BIAS) + !!(epi & RT_GEMM_EPI_C), n_out = 1 + !!(epi & RT_GEMM_EPI_GELU);
+        int n_in = 2 + !!(epi & RT_GEMM_EPI_BIAS) + !!(epi & RT_GEMM_EPI_C) + !!(epi & RT_GEMM_EPI_DGELU),
+            n_out = 1 + !!(epi & RT_GEMM_EPI_GELU) + !!(epi & RT_GEMM_EPI_BGRAD);
         if (st->n_in != n_in || st->n_out != n_out || st->i[0] <= 0 || st->i[1] <= 0 || st->i[2] <= 0 || st->i[3] <= 0)
           return snprintf(why, n, "@%s step %d: GEMM fields", f->name, s), why;
       } else {

@@ -194,7 +194,7 @@ static int run_sample(int argc, char **argv, const json_t *s, const Payload *pl,
 /* report(), but a run a signal stopped cleanly (130 / 143) says so without "error". */
 static int finish(int rc, const char *err) {
   if (train_stopped(rc) && err[0]) {
-    fprintf(stderr, "loom: %s\n", err);
+    fprintf(stderr, "%s: %s\n", tools_program(), err);   /* this executable's name, as its other messages */
     return rc;
   }
   return report(rc, err);
