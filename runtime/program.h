@@ -134,6 +134,12 @@ typedef struct {
 #define RT_GEMM_LDC_INT 13   /* the same for C (and the residual), as written */
 enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EPI_BGRAD = 8, RT_GEMM_EPI_DGELU = 16 };
 
+/* CUDA: a program whose parameters have bf16 copies (codegen/cuda/lower_fuse.c: the steps
+   read the copies, the in-place AdamW writes them) has a function of this name, with no
+   arguments or results, that writes every copy from its f32 parameter.  The CUDA runtime runs
+   it before the first call of another function after the host wrote a global. */
+#define RT_FUNC_WEIGHT_COPIES "weight_copies"
+
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */
 #define RT_MAX_FUNC_IO 256

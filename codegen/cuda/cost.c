@@ -112,6 +112,7 @@ int64_t cuda_cost_calls(const RtProgram *p, int f, int64_t grad_accum) {
   bool train = false;
   for (int k = 0; k < p->n_funcs; k++)
     train |= !strcmp(p->funcs[k].name, "grad_step") || !strcmp(p->funcs[k].name, "optimizer_step");
+  if (!strcmp(p->funcs[f].name, RT_FUNC_WEIGHT_COPIES)) return 0;   /* once after a load, not a step */
   if (!train) return 1;
   if (!strcmp(p->funcs[f].name, "grad_step")) return grad_accum > 0 ? grad_accum : 1;
   return !strcmp(p->funcs[f].name, "optimizer_step");

@@ -101,6 +101,20 @@ typedef struct {
   bool adamw_in_place;       /* the current adamw writes its parameter and moments directly */
   int *handle;               /* per value id of the current function: its collective start's handle */
   int n_handles;
+  int n_values;              /* value ids of the current function (func_number) */
+  /* lower_fuse.c, the bf16 weight copies: per global, its copy's offset in the parameter
+     region (-1: none) and dtype; per value id of the current function, the buffer that holds
+     the value instead of its arena place (a parameter's copy, the stats area), where value_has */
+  int64_t *copy_offset;
+  DType *copy_dtype;
+  RtBuf *value_buf;
+  bool *value_has;
+  /* lower_fuse.c, the norms: the op index being lowered; per op of the current function, the
+     offset in its stats area of the statistics a gradient op reads (-1: none); the stats area's
+     bytes (past the arena and its scratch, placed at the function's end) */
+  int op_index;
+  int64_t *norm_stats;
+  int64_t stats_bytes;
   char *err;
   size_t errlen;
 } Lower;
@@ -151,6 +165,30 @@ int cl_plan_bgrad(Lower *L, const Func *f);
 int cl_lower_gemm_at(Lower *L, Steps *s, int j);
 /* Op k, a pad of a gradient tree (L->leaf_into[k]): its operand accumulated into the view. */
 int cl_lower_tree_leaf(Lower *L, Steps *s, int k);
+
+/* lower_fuse.c: the bf16 weight copies (see its opening comment).  cl_weight_copies_plan:
+   which parameters get one, after the globals are placed (grows the parameter region).
+   cl_weight_copy_call: L->op is the cast of such a parameter (true: no step; its result reads
+   the copy).  cl_weight_copy_follow: a reshape at the same place reads the same copy.
+   cl_weight_copy_buf: v's buffer is a copy (cl_buf_of's first question).  cl_weight_copy_adamw:
+   the in-place adamw step st of such a parameter also writes its copy (an output appended;
+   1) or not (0).  cl_weight_copies_func: the function RT_FUNC_WEIGHT_COPIES (no steps: none). */
+int cl_weight_copies_plan(Lower *L);
+int cl_weight_copies_begin(Lower *L, const Func *f);   /* per function, before its ops: the aliases */
+bool cl_weight_copy_call(Lower *L);
+void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to);
+bool cl_weight_copy_buf(const Lower *L, const Value *v, RtBuf *b);
+int cl_weight_copy_adamw(Lower *L, RtStep *st);
+int cl_weight_copies_func(Lower *L, RtFunc *rf);
+/* lower_fuse.c, the norms (see its comment): cl_fuse_norm_fwd adds the statistics output to the
+   forward step st of op i when a gradient op reads them; cl_fuse_norm_bwd lowers the gradient op
+   j from them (1: it has none, lower it as before); cl_fuse_func_end places the stats area. */
+int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i);
+int cl_fuse_norm_bwd(Lower *L, Steps *s, int j);
+void cl_fuse_func_end(Lower *L, Steps *s);
+/* lower_fuse.c, the classifier: the cross_entropy op i and its gradient in one step (1: no
+   such gradient, or its buffer is not free early enough: lower it as before). */
+int cl_fuse_xent(Lower *L, Steps *s, int i);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

@@ -82,6 +82,7 @@ static const char *vname(const Value *v) {
 
 /* The buffer of a value: a global's region, or the function's arena. */
 int cl_buf_of(Lower *L, const Value *v, RtBuf *b) {
+  if (cl_weight_copy_buf(L, v, b)) return 0;   /* a parameter's cast, read from its bf16 copy (lower_fuse.c) */
   memset(b, 0, sizeof *b);
   int st = storage_of(v->type.dtype);
   if (st < 0)
@@ -428,6 +429,7 @@ int cl_lower_call(Lower *L, Steps *s) {
   for (int i = 0; i < L->m->funcs.n; i++)
     if (L->m->funcs.items[i] == k) fi = i;
   if (fi < 0 || !k->is_kernel) return cl_fail(L, "calls @%s, which is not a kernel func of this module", k->name);
+  if (cl_weight_copy_call(L)) return 0;   /* the cast of a parameter with a bf16 copy: no step (lower_fuse.c) */
   if (fused_kernel(L, fi)) return IR_EINPUT;
   const CudaKernelInfo *info = &L->fused_info[fi];
   bool split = info->split > 1;
@@ -696,11 +698,14 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(D);
     st->f[0] = op_float(op, "eps");
     launch_rows(st, st->i[0], D);
+    if (cl_fuse_norm_fwd(L, s, st, L->op_index)) return IR_EINPUT;   /* (mean, rstd) saved (lower_fuse.c) */
     if (ln) return cl_instantiate(L, st, "layernorm", "loom_norm_fwd", IDX(0, 1, 2, 3), "true", "", 1024);
     return cl_instantiate(L, st, "rmsnorm", "loom_norm_fwd", IDX(0, 1, 1, 2), "false", "", 1024);
   }
   case OP_LAYERNORM_GRAD:
   case OP_RMSNORM_GRAD: {
+    int fused = cl_fuse_norm_bwd(L, s, L->op_index);   /* from the saved statistics, one launch (lower_fuse.c) */
+    if (fused != 1) return fused;
     bool ln = op->kind == OP_LAYERNORM_GRAD;
     const Type *xt = &op->operands[1]->type;
     int64_t D = last_dim(xt), rows = D ? type_numel(xt) / D : 0, parts = ln ? 2 : 1;
@@ -957,6 +962,10 @@ static int lower_builtin(Lower *L, Steps *s) {
   case OP_CROSS_ENTROPY:
   case OP_CROSS_ENTROPY_GRAD: {
     bool fwd = op->kind == OP_CROSS_ENTROPY;
+    if (fwd) {   /* with its gradient in one pass over the logits (lower_fuse.c) */
+      int fused = cl_fuse_xent(L, s, L->op_index);
+      if (fused != 1) return fused;
+    }
     const Type *logits = &op->operands[fwd ? 0 : 1]->type;
     STEP("");
     if (st->bufs[fwd ? 1 : 2].storage != RT_ST_I32) return cl_fail(L, "targets must be i32");
@@ -1030,6 +1039,7 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (op->operands[0]->kind != VAL_GLOBAL && op->operands[0]->offset == op->results[0]->offset) {
       RtBuf a, b;   /* shares its operand's buffer: no step, but check both */
       if (cl_buf_of(L, op->operands[0], &a) || cl_buf_of(L, op->results[0], &b)) return IR_EINPUT;
+      cl_weight_copy_follow(L, op->operands[0], op->results[0]);
       return 0;
     }
     STEP("");
@@ -1101,6 +1111,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     for (int i = 0; i < 10; i++)
       if (st->bufs[i].storage != RT_ST_F32) vec = false;
     cl_launch_ew(st, vec ? cnt / 4 : cnt);
+    /* the parameter's bf16 copy written too (lower_fuse.c): output 4, buffer 10 */
+    if (L->adamw_in_place && cl_weight_copy_adamw(L, st))
+      return cl_instantiate(L, st, "adamw", "loom_adamw_copy", IDX(0, 1, 2, 3, 4, 10), vec ? "true" : "false",
+                            vec ? "_v4" : "", 1024);
     return cl_instantiate(L, st, "adamw", "loom_adamw", IDX(0, 1, 2, 3, 4), vec ? "true" : "false", vec ? "_v4" : "", 1024);
   }
   default: break;
@@ -1162,7 +1176,9 @@ static bool extends(const Lower *L, const RtStep *h, const RtStep *u) {
       if (!follows(&h->bufs[k], &u->bufs[k], &d) || (k > 0 && d != d0)) return false;
       d0 = d;
     }
-    return true;
+    /* the bf16 copies (lower_fuse.c: the parameters' mirror at half scale): the same distance */
+    return h->n_out == 3 || (h->n_out == 4 && u->n_out == 4 && h->bufs[10].region == u->bufs[10].region &&
+                             u->bufs[10].offset - h->bufs[10].offset == d0 * cl_st_size(h->bufs[10].storage));
   }
   return launches(L, h, "loom_fill_") && launches(L, u, "loom_fill_") && h->n_in == 0 && u->n_in == 0 &&
          h->f[0] == u->f[0] && follows(&h->bufs[0], &u->bufs[0], &d);
@@ -1206,7 +1222,7 @@ static void merge_updates(const Lower *L, RtFunc *rf) {
     int64_t n = (u->bufs[0].offset - h->bufs[0].offset) / cl_st_size(u->bufs[0].storage) + u->bufs[0].n;
     bool adamw = launches(L, h, "loom_adamw_");
     for (int k = 0; k < (adamw ? 4 : 1); k++) h->bufs[k].n = n;
-    for (int k = 7; adamw && k < 10; k++) h->bufs[k].n = n;
+    for (int k = 7; adamw && k < 7 + h->n_out; k++) h->bufs[k].n = n;   /* p m v and the bf16 copy */
     h->i[0] = n;
     bool vec = strstr(L->names[h->which], "_v4") != NULL;   /* 4 per thread; every span stays a multiple of 4 */
     cl_launch_ew(h, vec ? n / 4 : n);
@@ -1355,6 +1371,7 @@ static int lower_norm_chain(Lower *L, Steps *s, NormChain *c) {
 int cl_lower_op(Lower *L, Steps *s, int *i) {
   const Func *f = L->f;
   L->op = f->ops.items[*i];
+  L->op_index = *i;   /* lower_fuse.c's fusions look at the ops after it */
   NormChain nc;
   if (L->op->kind == OP_CALL && find_norm_chain(L, f, *i, &nc)) {
     int rc = lower_norm_chain(L, s, &nc);
@@ -1392,14 +1409,18 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   Steps s = {0};
   int rc = 0;
   L->skip = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
-  L->handle = calloc((size_t)func_number((Func *)f) + 1, sizeof(int));
+  L->n_values = func_number((Func *)f);
+  L->handle = calloc((size_t)L->n_values + 1, sizeof(int));
+  L->value_buf = NULL;   /* lower_fuse.c: values held elsewhere than their arena place */
+  L->value_has = NULL;
   L->n_handles = 0;
   if (!L->skip || !L->handle) {
     free(L->skip);
     free(L->handle);
     return cl_fail(L, "out of memory");
   }
-  rc = cl_plan_bgrad(L, f);
+  rc = cl_weight_copies_begin(L, f);   /* the casts that read copies, before any plan looks at buffers */
+  if (!rc) rc = cl_plan_bgrad(L, f);
   for (int i = 0; i < f->ops.n && !rc; i++) {
     if (L->skip[i] || L->defer[i] >= 0) continue;   /* lowered with another op, or after one */
     rc = cl_lower_op(L, &s, &i);
@@ -1435,6 +1456,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->handle = NULL;
   L->defer = NULL;
   L->bgrad = NULL;
+  cl_fuse_func_end(L, &s);   /* the norms' saved statistics placed past the scratch */
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
@@ -1474,7 +1496,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   int n_programs = 0;
   for (int i = 0; i < nf; i++)
     if (!((const Func *)m->funcs.items[i])->is_kernel) n_programs++;
-  out->funcs = calloc((size_t)(n_programs ? n_programs : 1), sizeof(RtFunc));
+  out->funcs = calloc((size_t)n_programs + 1, sizeof(RtFunc));   /* + the bf16 weight copies' */
   if (!L.global_offset || !L.global_region || !L.fused_symbol || !L.fused_fin || !L.fused_info || !out->globals ||
       !out->funcs) {
     rc = cl_fail(&L, "out of memory");
@@ -1510,12 +1532,18 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   }
   free(order);
   for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = cg_align64(out->region_bytes[r]);
+  if (!rc) rc = cl_weight_copies_plan(&L);   /* the parameters with a bf16 copy (lower_fuse.c) */
 
   /* program functions (kernels are compiled as their calls are met) */
   for (int i = 0; i < nf && !rc; i++) {
     const Func *f = m->funcs.items[i];
     if (f->is_kernel) continue;
     rc = lower_func(&L, f, &out->funcs[out->n_funcs++]);
+  }
+  if (!rc) {   /* the function that writes the copies, when there are any */
+    RtFunc wc;
+    rc = cl_weight_copies_func(&L, &wc);
+    if (!rc && wc.n_steps) out->funcs[out->n_funcs++] = wc;
   }
   /* kernels no program calls still belong to the translation unit (--emit=cuda shows them) */
   for (int i = 0; i < nf && !rc; i++) {
@@ -1551,6 +1579,8 @@ done:
   free(L.fused_symbol);
   free(L.fused_fin);
   free(L.fused_info);
+  free(L.copy_offset);
+  free(L.copy_dtype);
   free(L.names);
   str_free(&L.text);
   for (int b = 0; b < L.n_bodies; b++) free(L.bodies[b]);

@@ -823,6 +823,8 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   if (!rc && !(cp->graph = calloc(nf, sizeof *cp->graph))) rc = fail(err, errlen, 1, "out of memory");
   if (!rc && !(cp->graph_off = calloc(nf, sizeof *cp->graph_off))) rc = fail(err, errlen, 1, "out of memory");
   if (!rc) rc = CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the program's memory)");
+  cp->f_copies = cuda_find_func(cp, RT_FUNC_WEIGHT_COPIES);
+  cp->copies_stale = true;
   cp->mem.total = cp->mem.arenas + cp->mem.regions + cp->mem.workspace;
   if (!rc && cuda_device_query(device, &cp->info, err, errlen)) rc = 1;   /* free memory, now */
   if (rc) cuda_program_free(cp);
@@ -1004,8 +1006,18 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
   const RtFunc *fn = &cp->p->funcs[func];
   CUstream stream = (CUstream)cp->stream;
   char where[256];
-  snprintf(where, sizeof where, "copying the arguments of @%s", fn->name);
   int rc = 0;
+  /* the bf16 copies of the parameters, after the host wrote them (or anything else) */
+  if (cp->copies_stale && cp->f_copies >= 0 && func != cp->f_copies) {
+    for (int s = 0; !rc && s < cp->p->funcs[cp->f_copies].n_steps; s++) rc = run_step(cp, cp->f_copies, s, err, errlen);
+    if (rc) {
+      cp->broken = true;
+      d->cuStreamSynchronize(stream);
+      return rc;
+    }
+    cp->copies_stale = false;
+  }
+  snprintf(where, sizeof where, "copying the arguments of @%s", fn->name);
   size_t off = 0;
   for (int a = 0; !rc && a < fn->n_args; a++) {
     const RtBuf *b = &fn->args[a];
@@ -1100,6 +1112,7 @@ int cuda_global_read(CudaProgram *cp, int g, float *out, char *err, size_t errle
 }
 
 int cuda_global_write(CudaProgram *cp, int g, const float *in, char *err, size_t errlen) {
+  cp->copies_stale = true;   /* the parameters' bf16 copies are rewritten before the next call */
   return global_xfer(cp, g, NULL, in, err, errlen);
 }
 
@@ -1123,6 +1136,7 @@ int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) 
   if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  cp->copies_stale = true;
   for (int g = 0; g < cp->p->n_globals; g++) {
     const RtGlobal *gl = &cp->p->globals[g];
     if (gl->init == RT_INIT_ZEROS) {   /* Adam's moments, gradients: zero bytes in every storage, on the device */

@@ -167,6 +167,11 @@ typedef struct {
      synchronized-each-step program, or one whose capture the driver refused (graph_off) */
   void **graph;
   bool *graph_off;
+  /* the parameters' bf16 copies (RT_FUNC_WEIGHT_COPIES, runtime/program.h): that function
+     (-1: none), run step by step before the next call of another function once the host has
+     written a global (copies_stale) */
+  int f_copies;
+  bool copies_stale;
 } CudaProgram;
 
 /* The time of each step of the last call of function f that was profiled (CudaOptions.profile),

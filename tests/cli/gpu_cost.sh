@@ -80,9 +80,12 @@ export LOOM_CUDA_FUSE_BF16=1
 # embedding's and the lm_head's), and every other narrow gradient cast while it is accumulated
 expect_exit 0 "gpt2-tiny bf16 --cost" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost
 check "6 GEMMs accumulate into their f32 weight gradient" test "$(grep -c '(+= \$grad\.h\.[01]\.\(attn\.c_proj\|mlp\.c_fc\|mlp\.c_proj\)\.weight)' "$OUT")" = 6
-check "17 narrow gradients cast while accumulated, no cast step left before an accumulate" awk '
-  /accumulate \$grad.*\(cast\)/ { n++ } $3 == "cast" { c = 1; next } c && / accumulate \$grad/ { bad++ } { c = 0 }
-  END { exit !(n == 17 && !bad) }' "$OUT"
+# (of the 17 narrow gradients, the 5 norms' 10 dw and db are added by the norm gradient's own
+# launch, codegen/cuda/lower_fuse.c; the other 7 are cast while accumulated)
+check "17 narrow gradients: 7 cast while accumulated, 5 norm gradients add their 10, no cast step left before an accumulate" awk '
+  /accumulate \$grad.*\(cast\)/ { n++ } /layernorm_grad .*statistics.*\(\+= \$grad/ { m++ }
+  $3 == "cast" { c = 1; next } c && / accumulate \$grad/ { bad++ } { c = 0 }
+  END { exit !(n == 7 && m == 5 && !bad) }' "$OUT"
 # GEMM epilogues: per layer the q, k, v projections add their bias, attn.c_proj and
 # mlp.c_proj their bias and the residual, mlp.c_fc its bias and GELU (2 layers: 12 GEMMs); with
 # a padded vocabulary the lm_head adds the mask as its bias (13)
@@ -111,21 +114,26 @@ check "6 GEMMs and 6 steps add into a part of c_attn's gradients, 1 pad left" aw
   /matmul.*\(\+= a part of a gradient\)/ { g++; next } /accumulate into a part of a gradient/ { a++ }
   $1 == "@grad_step" && / loom_pad_/ { p++ }
   END { if (g != 6 || a != 6 || p != 1) { print g, a, p; exit 1 } }' "$OUT"
-# unfused: each of the 6 GEMMs' cast and accumulate, the 17 casts, the 12 epilogues' kernels,
-# the 10 bias reductions, the 2 GELU backward kernels and the 2 sums are launches of their own,
-# and per layer c_attn's gradient trees: 6 pads, 3 sum kernels and 2 accumulates for the 3 steps
-check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 17 + 12 + 10 + 2 + 2 + 2 x 8" \
-  test "$n_unfused" = $((n_fused + 71))
+# unfused: each of the 6 GEMMs' cast and accumulate, the 7 casts, the norms' 10 casts and
+# accumulates, the 12 epilogues' kernels, the 10 bias reductions, the 2 GELU backward kernels
+# and the 2 sums are launches of their own, and per layer c_attn's gradient trees: 6 pads, 3 sum
+# kernels and 2 accumulates for the 3 steps
+check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 7 + 2 x 10 + 12 + 10 + 2 + 2 + 2 x 8" \
+  test "$n_unfused" = $((n_fused + 81))
 
 # slices as views (codegen/cuda/lower_gemm.c): in fp32 the q, k, v weight slices (read by
 # their GEMMs through a row stride), the bias slices and wpe's rows are no launches (13 copies
-# with LOOM_CUDA_NO_VIEWS=1); in bf16 the weights' slices stay (their bf16 cast is not kept
-# alive for the backward's GEMMs) and the 6 bias slices go
+# with LOOM_CUDA_NO_VIEWS=1); in bf16 the weights' bf16 copies (codegen/cuda/lower_fuse.c) live
+# as long as the parameters, so their slices are views too (with the casts,
+# LOOM_CUDA_NO_WEIGHT_COPIES=1, the 6 weight slices stay: the cast dies before the backward)
 n_sl=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --cost | grep -c 'loom_slice')
 n_sl_copy=$(LOOM_CUDA_NO_VIEWS=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --cost | grep -c 'loom_slice')
 check "fp32: no slice launch ($n_sl), 13 with LOOM_CUDA_NO_VIEWS=1 ($n_sl_copy)" test "$n_sl:$n_sl_copy" = "0:13"
 n_sl=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost | grep -c 'loom_slice')
-check "bf16: the 6 weight slices left ($n_sl)" test "$n_sl" = 6
+n_sl_cast=$(LOOM_CUDA_NO_WEIGHT_COPIES=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 \
+  --cost | grep -c 'loom_slice')
+check "bf16: no slice launch ($n_sl), the 6 weight slices with LOOM_CUDA_NO_WEIGHT_COPIES=1 ($n_sl_cast)" \
+  test "$n_sl:$n_sl_cast" = "0:6"
 
 expect_exit 2 "--cost needs the CUDA target" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --cost
 expect_stderr_contains "--target=cuda"

@@ -289,6 +289,16 @@ static inline void loom_emu_check_align(const void *p, unsigned n, const char *w
   loom_emu::fail("%s", msg);
 }
 
+/* ------------------------------------------------------------------ atomics and fences
+   Blocks run one after another and a block's threads one at a time: an atomic is a plain
+   read-modify-write, a fence orders nothing that is not already ordered. */
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+  unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+static inline void __threadfence() {}
+
 /* ------------------------------------------------------------------ barriers and warp ops */
 static inline void __syncthreads() {
   using namespace loom_emu;

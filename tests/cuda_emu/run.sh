@@ -370,6 +370,73 @@ for m in gpt2-tiny llama-tiny; do
   done
 done
 
+# The bf16 weight copies (codegen/cuda/lower_fuse.c: AdamW writes each parameter's bf16 copy,
+# the steps read it instead of casting; the runtime writes the copies after every load) against
+# the casts (LOOM_CUDA_NO_WEIGHT_COPIES=1): 3 steps of 2 micro-batches bit for bit (the same
+# rounding of the same values), on one device and on a dp=2 mesh (ZeRO-1 and 3 keep the
+# casts: their gathers write the parameters); --cost counts no cast launch left.  The unfused
+# side also keeps cross-entropy's two launches (LOOM_CUDA_NO_XENT_FUSION=1): on the dp=2 mesh
+# the fused classifier takes a rank's slice of the seed
+for mf in "llama-tiny:" "gpt2-tiny:--mesh dp=2"; do
+  m=${mf%%:*} fl=${mf#*:}
+  # shellcheck disable=SC2086
+  if LOOM_LIBNCCL=$(dirname "$LOOM_LIBCUDA")/libloom_fake_nccl.so LOOM_EMU_DEVICES=2 "$LOOM" train \
+       tests/golden/$m/train_spec.json --backend cuda --precision bf16 --steps 3 --batch 4 -q $fl --out "$tmp/wc-f.st" \
+       > "$tmp/log" 2>&1 &&
+     LOOM_LIBNCCL=$(dirname "$LOOM_LIBCUDA")/libloom_fake_nccl.so LOOM_EMU_DEVICES=2 LOOM_CUDA_NO_WEIGHT_COPIES=1 \
+       LOOM_CUDA_NO_XENT_FUSION=1 "$LOOM" \
+       train tests/golden/$m/train_spec.json --backend cuda --precision bf16 --steps 3 --batch 4 -q $fl \
+       --out "$tmp/wc-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/wc-f.st" "$tmp/wc-u.st" --rtol 0 > "$tmp/diff" 2>&1 &&
+     "$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision bf16 --batch 4 $fl --cost \
+       2>&1 | grep -Eq '^cast +0 '; then
+    ok "$m bf16 ${fl:-one device}: parameters' bf16 copies written by AdamW, 3 steps bit for bit the casting program, no cast launched"
+  else
+    bad "$m bf16 ${fl:-one device}: bf16 weight copies against the casts"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
+# Norms from saved statistics (codegen/cuda/lower_fuse.c: the forward saves (mean, rstd), the
+# gradient reads them and sums dw, db in the same launch, adding them to the f32 gradients where
+# they are only accumulated, and adds the residual stream's gradient to dx where an add follows:
+# llama-tiny fp32 has 4) against the two-launch gradient (LOOM_CUDA_NO_NORM_STATS=1): fp32 bit for
+# bit (the same arithmetic), bf16 with LOOM_CUDA_FUSE_BF16=1 (dw and dx no longer rounded to bf16
+# before they are added) with loom check's bf16 rule
+for mp in gpt2-tiny:fp32 llama-tiny:fp32 gpt2-tiny:bf16; do
+  m=${mp%%:*} p=${mp##*:}
+  tol=$([ $p = fp32 ] && echo "0" || echo "2e-2 --atol 0.06")
+  if LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+       --out "$tmp/ns-f.st" > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_NORM_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+       --precision $p --steps 3 -q --out "$tmp/ns-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/ns-f.st" "$tmp/ns-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/ns-f.st" "$tmp/ns-u.st" --rtol $tol >> "$tmp/diff" 2>&1; then
+    ok "$m $p: norms from saved statistics (one gradient launch, dw accumulated in it), 3 steps within ${tol%% *} of the two-launch program"
+  else
+    bad "$m $p: norms from saved statistics against the two-launch program"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
+# The fused classifier (codegen/cuda/lower_fuse.c: cross-entropy's forward and gradient in one
+# pass over the logits, the loss rows moved out of the gradient's way) against the two launches
+# (LOOM_CUDA_NO_XENT_FUSION=1): 3 steps bit for bit (the same arithmetic), a padded vocabulary
+# (masked logits) in bf16, Llama in fp32
+for mp in "gpt2-tiny:bf16:--vocab-multiple 96" "llama-tiny:fp32:"; do
+  m=${mp%%:*} rest=${mp#*:} p=${rest%%:*} vm=${rest#*:}
+  # shellcheck disable=SC2086
+  if "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q --out "$tmp/xe-f.st" \
+       > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_NO_XENT_FUSION=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
+       --out "$tmp/xe-u.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/xe-f.st" "$tmp/xe-u.st" --rtol 0 > "$tmp/diff" 2>&1 &&
+     "$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision $p $vm --cost 2>&1 |
+       grep -q 'loom_xent_fused'; then
+    ok "$m $p $vm: cross-entropy forward and gradient in one pass (loom_xent_fused), 3 steps bit for bit the two launches"
+  else
+    bad "$m $p: the fused classifier against the two launches"; tail -3 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # GEMM epilogues (codegen/cuda/lower_gemm.c, "GEMM epilogues" and "bias gradients"; the
 # cuBLASLt double computes BIAS, GELU_AUX_BIAS, BGRADA (gpt2-tiny's 10 bias gradients),
 # DGELU_BGRAD (its 2 GELU backwards) and beta = 1 with C the residual): gradients and 3 training steps against
@@ -423,14 +490,16 @@ done
 # CUDA graphs (runtime/cuda/cuda_exec.c): each function's steps captured once and replayed at
 # every call (the emulated driver records launches, memsets and the cuBLASLt double's GEMMs,
 # and replays them): 3 steps of 2 micro-batches are 9 graph launches and no kernel launched
-# one by one, and the results are those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
+# one by one but bf16's weight copies after the initialization (one launch: lower_fuse.c), and
+# the results are those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
 for mp in gpt2-tiny:fp32 llama-tiny:bf16; do
   m=${mp%%:*} p=${mp##*:}
+  direct=$([ $p = bf16 ] && echo 1 || echo 0)
   if LOOM_EMU_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
        --out "$tmp/graph.st" > "$tmp/graph.log" 2>&1 &&
      LOOM_CUDA_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
        --out "$tmp/nograph.st" > "$tmp/log" 2>&1 &&
-     grep -q 'loom-emu: 0 kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels' "$tmp/graph.log" &&
+     grep -q "loom-emu: $direct kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels" "$tmp/graph.log" &&
      "$ST_DIFF" "$tmp/graph.st" "$tmp/nograph.st" --rtol 0 > "$tmp/diff" 2>&1; then
     ok "$m $p: CUDA graphs, $(grep -o '9 graph launches.*' "$tmp/graph.log"); bit for bit the step-by-step run"
   else

@@ -136,7 +136,9 @@ static const char *program_problem(const RtProgram *p, const Module *m, const ch
   for (int fi = 0; fi < p->n_funcs; fi++) {
     const RtFunc *f = &p->funcs[fi];
     const Func *irf = module_find_func(m, f->name);
-    if (!irf || f->arena_bytes < irf->arena_bytes) return snprintf(why, n, "@%s: arena", f->name), why;
+    bool copies = !strcmp(f->name, RT_FUNC_WEIGHT_COPIES);   /* the lowering's own (lower_fuse.c): no IR func */
+    if (copies && (f->n_args || f->n_rets)) return snprintf(why, n, "@%s: arguments", f->name), why;
+    if (!copies && (!irf || f->arena_bytes < irf->arena_bytes)) return snprintf(why, n, "@%s: arena", f->name), why;
     for (int s = 0; s < f->n_steps; s++) {
       const RtStep *st = &f->steps[s];
       if (st->kind == RT_STEP_KERNEL) {
@@ -241,13 +243,17 @@ static void test_tiny_models(void) {
                 dq[1].smem == (bf16 ? 4u * 64 * 24 + 4u * (2 * 64 * 24 + 4 * 64) : 4u * (2 * 32 * 17 + 2 * 64 * 17 + 2 * 32 * 65 + 128)),
             "tiny %s: attention_grad runs %s and %s (%u and %u bytes of shared memory)", label, want_dq, want_kv,
             dq ? dq->smem : 0, dq ? dq[1].smem : 0);
-      /* layernorm_grad / rmsnorm_grad: partial sums in scratch, then their sum */
+      /* layernorm_grad / rmsnorm_grad: from the forward's saved statistics (past the arena), one
+         step: per-block partial sums of dw (db) in scratch, summed by the last block */
       const RtStep *ng = gs ? find_step(gs, gpt2 ? "layernorm_grad" : "rmsnorm_grad", 0) : NULL;
-      ok = ng && strstr(ng->label, "(dx)") && strstr(ng[1].label, "(dw)") && ng->n_out == 2 && irgs &&
-           ng->bufs[4].offset >= irgs->arena_bytes && ng->bufs[4].n == (int64_t)ng->grid[0] * (gpt2 ? 2 : 1) * 64 &&
-           ng[1].n_in == 1 && ng[1].bufs[0].offset == ng->bufs[4].offset && ng[1].n_out == (gpt2 ? 2 : 1) &&
-           ng[1].i[0] == ng->grid[0] && ng[1].i[1] == 64 && ng[1].i[2] == (gpt2 ? 2 : 1);
-      check(ok, "tiny %s: the norm gradient sums per-block partials of dw in a second step (deterministic)", label);
+      int np = gpt2 ? 2 : 1, res = ng && strstr(ng->label, "+ residual") ? 1 : 0, pt = 5 + np + res;
+      ok = ng && strstr(ng->label, "saved statistics") && ng->n_in == 4 + res && ng->n_out == 3 + np && irgs &&
+           ng->bufs[3].offset >= irgs->arena_bytes && ng->bufs[3].n == 2 * 64 + 1 && ng->i[2] == pt &&
+           ng->bufs[pt].offset >= irgs->arena_bytes && ng->bufs[pt].n == (int64_t)ng->grid[0] * np * 64 &&
+           ng->bufs[pt + 1].offset == ng->bufs[3].offset + 8 * 64 && ng->bufs[pt].offset < ng->bufs[3].offset &&
+           !strstr(ng[1].label, "(dw)") && (res || !bf16 || !strcmp(p.kernel_names[ng->which], gpt2 ? "loom_lngrads_bbbbb" : "loom_rmsgrads_bbbbb"));
+      check(ok, "tiny %s: the norm gradient reads the saved statistics and sums the per-block parts of dw in the same "
+            "step (deterministic)", label);
       /* embedding_grad: zero fill, then the scatter without atomics */
       const RtStep *eg = gs ? find_step(gs, "embedding_grad", 0) : NULL;
       ok = eg && strstr(eg->label, "(zero)") && eg->n_out == 1 && eg[1].n_in == 2 && eg[1].n_out == 1 &&
@@ -257,9 +263,38 @@ static void test_tiny_models(void) {
       /* the optimizer: vectorized adamw on f32 state */
       const RtFunc *os = find_func(&p, "optimizer_step");
       const RtStep *ad = os ? find_step(os, "adamw", 0) : NULL;
-      check(ad && ad->which == kernel_index(&p, "loom_adamw_fffff_v4") && ad->n_in == 7 && ad->n_out == 3 &&
-                ad->f[0] == 0.9 && ad->f[1] == 0.95,
-            "tiny %s: adamw runs loom_adamw_fffff_v4 (f32 master state, 4 elements per access)", label);
+      /* bf16: the parameters' bf16 copies written by the same launch (output 4, buffer 10), at the
+         parameter's offset / 2 past the parameters (lower_fuse.c) */
+      int64_t mirror = 0;
+      for (int g = 0; g < p.n_globals; g++)
+        if (p.globals[g].region == RT_REGION_PARAMS && p.globals[g].offset + 4 * p.globals[g].n > mirror)
+          mirror = p.globals[g].offset + 4 * p.globals[g].n;
+      mirror = (mirror + 63) / 64 * 64;
+      check(ad && ad->which == kernel_index(&p, bf16 ? "loom_adamw_fffffb_v4" : "loom_adamw_fffff_v4") && ad->n_in == 7 &&
+                ad->n_out == (bf16 ? 4 : 3) && ad->f[0] == 0.9 && ad->f[1] == 0.95 &&
+                (!bf16 || (ad->bufs[10].region == RT_REGION_PARAMS && ad->bufs[10].storage == RT_ST_BF16 &&
+                           ad->bufs[10].offset == mirror + ad->bufs[0].offset / 2 && ad->bufs[10].n == ad->bufs[0].n)),
+            "tiny %s: adamw runs %s (f32 master state, 4 elements per access%s)", label,
+            bf16 ? "loom_adamw_fffffb_v4" : "loom_adamw_fffff_v4", bf16 ? ", the bf16 copy written" : "");
+      /* bf16: no step casts a parameter; @weight_copies casts every one into its copy */
+      const RtFunc *wc = find_func(&p, RT_FUNC_WEIGHT_COPIES);
+      int casts = 0, copied = 0, n_params = 0;
+      for (int k = 0; gs && k < gs->n_steps; k++)
+        casts += gs->steps[k].kind == RT_STEP_KERNEL && gs->steps[k].n_in == 1 && gs->steps[k].n_out == 1 &&
+                 gs->steps[k].bufs[0].region == RT_REGION_PARAMS && gs->steps[k].bufs[0].storage == RT_ST_F32 &&
+                 gs->steps[k].bufs[1].storage == RT_ST_BF16;
+      for (int k = 0; wc && k < wc->n_steps; k++) {
+        const RtStep *st = &wc->steps[k];
+        bool good = !strcmp(p.kernel_names[st->which], "loom_copy_fb") && st->bufs[0].region == RT_REGION_PARAMS &&
+                    st->bufs[1].offset == mirror + st->bufs[0].offset / 2 && st->bufs[1].n == st->bufs[0].n;
+        for (int g = 0; good && g < p.n_globals; g++)
+          copied += p.globals[g].region == RT_REGION_PARAMS && p.globals[g].offset >= st->bufs[0].offset &&
+                    p.globals[g].offset + 4 * p.globals[g].n <= st->bufs[0].offset + 4 * st->bufs[0].n;
+      }
+      for (int g = 0; g < p.n_globals; g++) n_params += p.globals[g].region == RT_REGION_PARAMS;
+      check(bf16 ? !casts && wc && copied == n_params : !wc,
+            "tiny %s: %s", label, bf16 ? "no step casts a parameter; @weight_copies writes every parameter's bf16 copy"
+                                       : "no weight copies in fp32");
       ok = ad && strstr(ad->label, "(in place)") && !find_step(os, "assign", 0);
       for (int b = 0; ok && b < 3; b++)
         ok = ad->bufs[7 + b].region == ad->bufs[b].region && ad->bufs[7 + b].offset == ad->bufs[b].offset &&
@@ -321,8 +356,10 @@ static void test_tiny_models(void) {
       for (int g = 0; g < p.n_globals; g++)
         if (p.globals[g].region == RT_REGION_PARAMS && p.globals[g].offset + 4 * p.globals[g].n > want_params)
           want_params = p.globals[g].offset + 4 * p.globals[g].n;
-      check(p.region_bytes[RT_REGION_PARAMS] == (want_params + 63) / 64 * 64,
-            "tiny %s: parameters f32 in a region of %lld bytes", label, (long long)p.region_bytes[RT_REGION_PARAMS]);
+      want_params = (want_params + 63) / 64 * 64;
+      if (bf16) want_params += (want_params / 2 + 63) / 64 * 64;   /* and their bf16 copies */
+      check(p.region_bytes[RT_REGION_PARAMS] == want_params, "tiny %s: parameters f32 in a region of %lld bytes%s", label,
+            (long long)p.region_bytes[RT_REGION_PARAMS], bf16 ? " (their bf16 copies included)" : "");
       free(tu);
       rt_program_free(&p);
       module_free(m);
@@ -363,6 +400,14 @@ static bool buf_is(const RtBuf *b, RtRegion region, int64_t offset, int64_t n, i
   return b->region == region && b->offset == offset && b->n == n && b->storage == storage && b->round == RT_ROUND_NONE;
 }
 
+static void test_program(void);
+static void test_program_twice(void) {   /* with the norms' saved statistics, and without */
+  test_program();
+  setenv("LOOM_CUDA_NO_NORM_STATS", "1", 1);
+  test_program();
+  unsetenv("LOOM_CUDA_NO_NORM_STATS");
+}
+
 static void test_program(void) {
   char err[IR_ERR_LEN] = "";
   Module *m = NULL;
@@ -383,9 +428,24 @@ static void test_program(void) {
             p.region_bytes[RT_REGION_PARAMS] == 640 && p.region_bytes[RT_REGION_GRADS] == 512,
         "program: globals with native sizes (bf16 [8] takes 16 bytes of a 64-byte slot), regions 640/512");
   const RtFunc *f = &p.funcs[0];
-  check(p.n_funcs == 1 && f->n_steps == 7 && f->arena_bytes > 8192 && buf_is(&f->args[0], RT_REGION_ARENA, 0, 128, RT_ST_BF16),
-        "program: 7 steps, arguments in bf16, the arena grows by the scratch (%lld bytes)", (long long)f->arena_bytes);
-  if (f->n_steps == 7) {
+  /* LOOM_CUDA_NO_NORM_STATS=1: layernorm_grad recomputes the statistics, in two steps */
+  int steps = getenv("LOOM_CUDA_NO_NORM_STATS") ? 7 : 6;
+  check(p.n_funcs == 1 && f->n_steps == steps && f->arena_bytes > 8192 && buf_is(&f->args[0], RT_REGION_ARENA, 0, 128, RT_ST_BF16),
+        "program: %d steps, arguments in bf16, the arena grows by the scratch (%lld bytes)", steps, (long long)f->arena_bytes);
+  if (f->n_steps == 6 && steps == 6) {
+    const RtStep *s = f->steps;
+    /* the forward saves (mean, rstd) past the scratch (8192 + 512), the gradient reads them:
+       dy h w stats -> dx dw db, the parts in scratch, the counter after the 8 rows' statistics */
+    check(s[2].n_out == 2 && s[2].i[2] == 1 && buf_is(&s[2].bufs[4], RT_REGION_ARENA, 8704, 17, RT_ST_F32) &&
+              s[5].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[5].which], "loom_lngrads_bbbbb") &&
+              s[5].n_in == 4 && s[5].n_out == 5 && s[5].grid[0] == 8 && s[5].i[2] == 7 &&
+              buf_is(&s[5].bufs[3], RT_REGION_ARENA, 8704, 17, RT_ST_F32) &&
+              buf_is(&s[5].bufs[5], RT_REGION_ARENA, 5376, 8, RT_ST_BF16) &&
+              buf_is(&s[5].bufs[7], RT_REGION_ARENA, 8192, 8 * 2 * 8, RT_ST_F32) &&
+              buf_is(&s[5].bufs[8], RT_REGION_ARENA, 8704 + 64, 1, RT_ST_F32) && f->arena_bytes == 8192 + 512 + 128,
+          "program: layernorm saves its statistics; layernorm_grad is one step from them (dx, dw, db; parts in scratch)");
+  }
+  if (f->n_steps == 7 && steps == 7) {
     const RtStep *s = f->steps;
     check(s[0].kind == RT_STEP_KERNEL && !strcmp(p.kernel_names[s[0].which], "loom_copy_fb") &&
               buf_is(&s[0].bufs[0], RT_REGION_PARAMS, 0, 128, RT_ST_F32) &&
@@ -831,7 +891,7 @@ static void test_programs(void) {
 int main(void) {
   double t0 = now();
   test_tiny_models();
-  test_program();
+  test_program_twice();
   test_errors();
   test_collective_step();
   test_fixed_rank_send();

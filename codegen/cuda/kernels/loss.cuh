@@ -83,3 +83,35 @@ LOOM_DEV void loom_xent_bwd(const LoomArgs &a) {
   }
 }
 
+/* Forward and backward in one launch (codegen/cuda/lower_fuse.c: the backward's dloss a
+   constant, f[0]): per row the forward's (max, sum), its loss, then the backward's gradient,
+   with loom_xent_fwd's and loom_xent_bwd's arithmetic (the same bits).  The gradient may be
+   written over the logits: each element is read by the thread that then writes it, after the
+   whole row was read for the statistics and the target's logit for the loss.
+   bufs: logits targets -> loss dlogits;  i: rows, V;  f: dloss */
+template <class SL, class SLOSS, class SG>
+LOOM_DEV void loom_xent_fused(const LoomArgs &a) {
+  __shared__ float sh[64];
+  const typename SL::T *l = LOOM_IN(SL, 0);
+  const int *tg = (const int *)a.buf[1];
+  typename SLOSS::T *loss = LOOM_OUT(SLOSS, 2);
+  typename SG::T *g = LOOM_OUT(SG, 3);
+  const long long rows = a.i[0], V = a.i[1];
+  const float dl = (float)a.f[0];
+  for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+    const long long base = r * V;
+    float m = -LOOM_INF, s = 0.0f;
+    for (long long d = threadIdx.x; d < V; d += blockDim.x) loom_ms_add(m, s, SL::ld(l, base + d));
+    loom_block_ms(m, s, sh);
+    const long long t = tg[r];
+    const bool good = t >= 0 && t < V;
+    if (threadIdx.x == 0) SLOSS::st(loss, r, good ? logf(s) + m - SL::ld(l, base + t) : __int_as_float(0x7fc00000));
+    __syncthreads();   /* the target's logit is read before the row is overwritten (in place) */
+    const float bad = good ? 0.0f : __int_as_float(0x7fc00000);
+    for (long long d = threadIdx.x; d < V; d += blockDim.x) {
+      float p = expf(SL::ld(l, base + d) - m) / s;
+      if (d == t) p -= 1.0f;
+      SG::st(g, base + d, p * dl + bad);
+    }
+  }
+}

@@ -43,8 +43,11 @@ struct loom_adam_k {
     p2 = __fsub_rn(pk, __fdiv_rn(__fmul_rn(step, mk), denom));
   }
 };
-template <class SP, class SM, class SV, class SG, class SS, bool VEC>
-LOOM_DEV void loom_adamw(const LoomArgs &a) {
+/* COPY: in place, and the parameter's bf16 (f16) copy written from the new value
+   (codegen/cuda/lower_fuse.c): bufs p m v g gscale lr t -> p m v copy (buffer 10).  The copy is
+   rounded as loom_copy rounds the cast it replaces: the same bits. */
+template <class SP, class SM, class SV, class SG, class SS, class SC, bool COPY, bool VEC>
+LOOM_DEV void loom_adamw_impl(const LoomArgs &a) {
   const long long n = a.i[0];
   loom_adam_k c;
   const float lr = SS::ld(LOOM_IN(SS, 5), 0);
@@ -73,6 +76,12 @@ LOOM_DEV void loom_adamw(const LoomArgs &a) {
       p2[k] = P2;
       m2[k] = M2;
       v2[k] = V2;
+      if (COPY) {   /* 4 copies in one 8-byte store (the copy of a 16-byte-aligned span is 8-byte aligned) */
+        loom_v4<typename SC::T> C;
+        typename SC::T *cp = LOOM_OUT(SC, 10);
+        SC::st(C.v, 0, P2.x), SC::st(C.v, 1, P2.y), SC::st(C.v, 2, P2.z), SC::st(C.v, 3, P2.w);
+        loom_stv4(cp + 4 * k, C);
+      }
     }
   } else {
     const typename SP::T *p = LOOM_IN(SP, 0);
@@ -88,7 +97,16 @@ LOOM_DEV void loom_adamw(const LoomArgs &a) {
       SP::st(p2, k, P2);
       SM::st(m2, k, M2);
       SV::st(v2, k, V2);
+      if (COPY) SC::st(LOOM_OUT(SC, 10), k, SP::rnd(P2));
     }
   }
+}
+template <class SP, class SM, class SV, class SG, class SS, bool VEC>
+LOOM_DEV void loom_adamw(const LoomArgs &a) {
+  loom_adamw_impl<SP, SM, SV, SG, SS, loom_sbf16, false, VEC>(a);
+}
+template <class SP, class SM, class SV, class SG, class SS, class SC, bool VEC>
+LOOM_DEV void loom_adamw_copy(const LoomArgs &a) {
+  loom_adamw_impl<SP, SM, SV, SG, SS, SC, true, VEC>(a);
 }
 
