@@ -299,6 +299,14 @@ int func_number(Func *f);
    back to $p, $m and $v, with nothing between that reads or writes those globals: the
    adamw may update the globals in place.  assigns[] gets the three assigns' indices. */
 bool adamw_assigned_back(const Func *f, int i, int assigns[3]);
+/* The parameters a CUDA program keeps a 2-byte copy of (codegen/cuda/lower_fuse.c; the memory
+   plan counts them): an f32 parameter every cast of which, in calls of one-cast kernels, is to
+   one 2-byte float dtype, and which nothing writes but its in-place AdamW.  copy[g] = that
+   dtype, or DT_F32 for a global without a copy; returns how many have one (-1: out of memory). */
+int weight_copy_dtypes(const Module *m, DType *copy);
+/* A call of a kernel func that only casts an f32 parameter global to a 2-byte float of its
+   size: the global's index, else -1. */
+int weight_cast_of_param(const Op *op);
 
 /* Attribute setters/getters by name; getters return the default when unset. */
 void op_set_int(Op *op, const char *name, int64_t v);

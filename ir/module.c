@@ -1,5 +1,6 @@
 /* ir/module.c — building modules, functions, ops and values. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir.h"
@@ -233,6 +234,66 @@ bool adamw_assigned_back(const Func *f, int i, int assigns[3]) {
     for (int r = 0; r < 3; r++)
       if (f->rets.items[k] == op->results[r]) return false;
   return n_found == 3;
+}
+
+/* A call of a kernel func that only casts its one argument, an f32 parameter global, to a
+   2-byte float dtype of the same size: that global's index, else -1. */
+int weight_cast_of_param(const Op *op) {
+  if (op->kind != OP_CALL || op->n_operands != 1 || op->n_results != 1) return -1;
+  const Func *k = op->callee;
+  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 1) return -1;
+  const Op *c = k->ops.items[0];
+  if (c->kind != OP_CAST || c->operands[0] != k->args.items[0] || k->rets.items[0] != c->results[0]) return -1;
+  const Value *p = op->operands[0], *r = op->results[0];
+  if (p->kind != VAL_GLOBAL || p->type.dtype != DT_F32 || p->global->kind != GLOBAL_PARAM) return -1;
+  if ((r->type.dtype != DT_BF16 && r->type.dtype != DT_F16) || type_numel(&r->type) != type_numel(&p->type)) return -1;
+  return p->global->index;
+}
+
+int weight_copy_dtypes(const Module *m, DType *copy) {
+  int ng = m->globals.n, n = 0;
+  /* 0: not cast; 1: cast (to copy[g]); 2: ruled out */
+  char *state = calloc((size_t)(ng ? ng : 1), 1);
+  if (!state) return -1;
+  for (int fi = 0; fi < m->funcs.n; fi++) {
+    const Func *f = m->funcs.items[fi];
+    if (f->is_kernel) continue;
+    /* the assigns of in-place AdamW updates write their globals; the adamw itself none */
+    bool *assign_back = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
+    if (!assign_back) {
+      free(state);
+      return -1;
+    }
+    for (int i = 0; i < f->ops.n; i++) {
+      int found[3];
+      if (adamw_assigned_back(f, i, found))
+        for (int k = 0; k < 3; k++) assign_back[found[k]] = true;
+    }
+    for (int i = 0; i < f->ops.n; i++) {
+      const Op *op = f->ops.items[i];
+      int g = weight_cast_of_param(op);
+      if (g >= 0) {
+        DType dt = op->results[0]->type.dtype;
+        if (state[g] == 0) state[g] = 1, copy[g] = dt;
+        else if (state[g] == 1 && copy[g] != dt) state[g] = 2;
+        continue;
+      }
+      /* any other writer of a global rules it out */
+      const OpInfo *info = op_info(op->kind);
+      if ((info->flags & (OPF_W1 | OPF_W3)) && !assign_back[i])
+        for (int k = 0; k < ((info->flags & OPF_W3) ? 3 : 1) && k < op->n_operands; k++)
+          if (op->operands[k]->kind == VAL_GLOBAL) state[op->operands[k]->global->index] = 2;
+      for (int r = 0; r < op->n_results; r++)
+        if (op->results[r]->kind == VAL_GLOBAL) state[op->results[r]->global->index] = 2;
+    }
+    free(assign_back);
+  }
+  for (int g = 0; g < ng; g++) {
+    if (state[g] != 1) copy[g] = DT_F32;
+    else n++;
+  }
+  free(state);
+  return n;
 }
 
 int ir_expert_name(const char *name, int64_t e, char *buf, size_t n) {

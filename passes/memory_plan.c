@@ -536,12 +536,31 @@ int64_t memory_live_peak(Func *f, int target) {
   return best;
 }
 
+/* The CUDA backend's 2-byte copies of the weights a bf16 program reads (ir/module.c's
+   weight_copy_dtypes; codegen/cuda/lower_fuse.c places them): when any parameter has one, the
+   copies mirror the whole parameter region at half its bytes.  The cpu backend has none (nor
+   the CUDA program under LOOM_CUDA_NO_WEIGHT_COPIES=1, a test switch the plan ignores). */
+int64_t memory_weight_copies(const Module *m, int target) {
+  if (target != TARGET_CUDA || m->globals.n == 0) return 0;
+  DType *copy = malloc(sizeof(DType) * (size_t)m->globals.n);
+  int n = copy ? weight_copy_dtypes(m, copy) : -1;
+  free(copy);
+  if (n <= 0) return 0;
+  int64_t params = 0;
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    if (g->kind == GLOBAL_PARAM) params += type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+  }
+  return params / 2;
+}
+
 int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena) {
   int64_t st = 0, ar = 0;
   for (int i = 0; i < m->globals.n; i++) {
     const Global *g = m->globals.items[i];
     st += type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
   }
+  st += memory_weight_copies(m, target);
   for (int i = 0; i < m->funcs.n; i++) {
     const Func *f = m->funcs.items[i];
     if (!f->is_kernel && f->arena_bytes > ar) ar = f->arena_bytes;
@@ -582,6 +601,12 @@ void memory_report(FILE *out, Module *m, int target) {
   if (other) {
     human(d, sizeof d, other);
     fprintf(out, "  other state       %12s  (%lld bytes)\n", d, (long long)other);
+  }
+  int64_t copies = m->pipe.kind ? 0 : memory_weight_copies(m, target);
+  if (copies) {
+    human(d, sizeof d, copies);
+    fprintf(out, "  weight copies     %12s  (%lld bytes: the parameters in 2 bytes, written by AdamW)\n", d, (long long)copies);
+    other += copies;
   }
   int64_t peak_arena = 0;
   for (int i = 0; i < m->funcs.n; i++) {

@@ -137,6 +137,8 @@ void memory_report(FILE *out, Module *m, int target);
 /* The planned peak per rank: state (every global) + the largest function arena (after
    memory-plan); the two parts into *state and *arena when not NULL. */
 int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena);
+/* The bytes of the CUDA backend's 2-byte weight copies (0 on the cpu target). */
+int64_t memory_weight_copies(const Module *m, int target);
 /* memory_rank.c: the largest memory of any rank, pipelined or not (see the file); -1 when a
    pipelined module's schedule cannot be built. */
 int64_t memory_rank_peak(const Module *m, int target);

@@ -31,21 +31,6 @@ static bool no_copies(void) {
   return e && *e && strcmp(e, "0");
 }
 
-/* A call of a kernel func that only casts its one argument, an f32 global of the parameter
-   region, to a 2-byte float dtype: that global's index, else -1. */
-static int cast_of_param(const Lower *L, const Op *op) {
-  if (op->kind != OP_CALL || op->n_operands != 1 || op->n_results != 1) return -1;
-  const Func *k = op->callee;
-  if (!k || !k->is_kernel || k->args.n != 1 || k->rets.n != 1 || k->ops.n != 1) return -1;
-  const Op *c = k->ops.items[0];
-  if (c->kind != OP_CAST || c->operands[0] != k->args.items[0] || k->rets.items[0] != c->results[0]) return -1;
-  const Value *p = op->operands[0], *r = op->results[0];
-  if (p->kind != VAL_GLOBAL || p->type.dtype != DT_F32 || L->global_region[p->global->index] != RT_REGION_PARAMS)
-    return -1;
-  if ((r->type.dtype != DT_BF16 && r->type.dtype != DT_F16) || type_numel(&r->type) != type_numel(&p->type)) return -1;
-  return p->global->index;
-}
-
 int cl_weight_copies_plan(Lower *L) {
   const Module *m = L->m;
   int ng = m->globals.n;
@@ -54,51 +39,16 @@ int cl_weight_copies_plan(Lower *L) {
   if (!L->copy_offset || !L->copy_dtype) return cl_fail(L, "out of memory");
   for (int g = 0; g < ng; g++) L->copy_offset[g] = -1;
   if (no_copies()) return 0;
-  /* 0: not cast; 1: cast (to copy_dtype); 2: ruled out */
-  char *state = calloc((size_t)(ng ? ng : 1), 1);
-  if (!state) return cl_fail(L, "out of memory");
-  for (int fi = 0; fi < m->funcs.n; fi++) {
-    const Func *f = m->funcs.items[fi];
-    if (f->is_kernel) continue;
-    /* the assigns of in-place AdamW updates write their globals; the adamw itself none */
-    bool *assign_back = calloc((size_t)(f->ops.n ? f->ops.n : 1), sizeof(bool));
-    if (!assign_back) {
-      free(state);
-      return cl_fail(L, "out of memory");
-    }
-    for (int i = 0; i < f->ops.n; i++) {
-      int found[3];
-      if (adamw_assigned_back(f, i, found))
-        for (int k = 0; k < 3; k++) assign_back[found[k]] = true;
-    }
-    for (int i = 0; i < f->ops.n; i++) {
-      const Op *op = f->ops.items[i];
-      int g = cast_of_param(L, op);
-      if (g >= 0) {
-        DType dt = op->results[0]->type.dtype;
-        if (state[g] == 0) state[g] = 1, L->copy_dtype[g] = dt;
-        else if (state[g] == 1 && L->copy_dtype[g] != dt) state[g] = 2;
-        continue;
-      }
-      /* any other writer of a global rules it out */
-      const OpInfo *info = op_info(op->kind);
-      if ((info->flags & (OPF_W1 | OPF_W3)) && !assign_back[i])
-        for (int k = 0; k < ((info->flags & OPF_W3) ? 3 : 1) && k < op->n_operands; k++)
-          if (op->operands[k]->kind == VAL_GLOBAL) state[op->operands[k]->global->index] = 2;
-      for (int r = 0; r < op->n_results; r++)
-        if (op->results[r]->kind == VAL_GLOBAL) state[op->results[r]->global->index] = 2;
-    }
-    free(assign_back);
-  }
+  /* which parameters qualify: ir/module.c's rule, which the memory plan counts too */
+  if (weight_copy_dtypes(m, L->copy_dtype) < 0) return cl_fail(L, "out of memory");
   RtProgram *p = L->p;
   int64_t base = cg_align64(p->region_bytes[RT_REGION_PARAMS]);
   bool any = false;
   for (int g = 0; g < ng; g++)
-    if (state[g] == 1) {
+    if (L->copy_dtype[g] != DT_F32) {
       L->copy_offset[g] = base + L->global_offset[g] / 2;
       any = true;
     }
-  free(state);
   if (any) p->region_bytes[RT_REGION_PARAMS] = base + cg_align64(base / 2);
   return 0;
 }
@@ -129,7 +79,7 @@ static bool set_alias(Lower *L, const Value *v, RtBuf b) {
 int cl_weight_copies_begin(Lower *L, const Func *f) {
   for (int i = 0; i < f->ops.n; i++) {
     const Op *op = f->ops.items[i];
-    int g = cast_of_param(L, op);
+    int g = weight_cast_of_param(op);
     if (g >= 0 && L->copy_offset[g] >= 0 && L->copy_dtype[g] == op->results[0]->type.dtype) {
       const Value *r = op->results[0];
       RtBuf b = {.region = RT_REGION_PARAMS, .storage = L->copy_dtype[g] == DT_BF16 ? RT_ST_BF16 : RT_ST_F16,
@@ -145,7 +95,7 @@ int cl_weight_copies_begin(Lower *L, const Func *f) {
 
 bool cl_weight_copy_call(Lower *L) {
   const Value *r = L->op->n_results == 1 ? L->op->results[0] : NULL;
-  return r && cast_of_param(L, L->op) >= 0 && L->value_has && r->kind != VAL_GLOBAL && L->value_has[r->id] &&
+  return r && weight_cast_of_param(L->op) >= 0 && L->value_has && r->kind != VAL_GLOBAL && L->value_has[r->id] &&
          L->value_buf[r->id].region == RT_REGION_PARAMS;
 }
 

@@ -141,4 +141,14 @@ expect_exit 2 "--cost needs the lowered program" "$LOOM" ir models/gpt2-tiny.jso
 expect_stderr_contains "add lower to --passes"
 expect_exit 2 "--json alone" "$LOOM" ir models/gpt2-tiny.json --json
 expect_stderr_contains "--json goes with --cost"
+# The memory plan counts the CUDA backend's bf16 weight copies (lower_fuse.c): half the
+# parameters' f32 bytes in a bf16 program, none in fp32 or on the cpu target.
+cp_b=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --memory --target cuda --precision bf16 2>&1 | sed -n 's/^  weight copies .*(\([0-9]*\) bytes.*/\1/p')
+par_b=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --memory --target cuda --precision bf16 2>&1 | sed -n 's/^  parameters .*(\([0-9]*\) bytes).*/\1/p')
+none=0
+"$LOOM" ir models/gpt2-tiny.json --passes=train,lower --memory --target cuda 2>&1 | grep -q 'weight copies' && none=1
+"$LOOM" ir models/gpt2-tiny.json --passes=train,lower --memory --precision bf16 2>&1 | grep -q 'weight copies' && none=1
+check "--memory on cuda bf16 counts the weight copies: $cp_b bytes = half of the parameters' $par_b; none in fp32 or on the cpu" \
+  test -n "$cp_b" -a "$cp_b" = "$(( ${par_b:-0} / 2 ))" -a $none = 0
+
 finish
