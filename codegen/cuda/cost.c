@@ -9,6 +9,7 @@
  */
 #include "codegen/cuda/cost.h"
 #include "codegen/cuda/cuda.h"
+#include "codegen/cuda/cuda_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,18 +19,7 @@ static const char *const cat_names[CC_COUNT] = {"gemm", "attention", "norm", "el
 
 const char *cuda_cost_cat_name(int cat) { return cat >= 0 && cat < CC_COUNT ? cat_names[cat] : "?"; }
 
-static int st_size(int st) {
-  switch (st) {
-  case RT_ST_BF16:
-  case RT_ST_F16: return 2;
-  case RT_ST_F8E4M3:
-  case RT_ST_F8E5M2:
-  case RT_ST_BOOL: return 1;
-  default: return 4;
-  }
-}
-
-static double buf_bytes(const RtBuf *b) { return (double)b->n * st_size(b->storage); }
+static double buf_bytes(const RtBuf *b) { return (double)b->n * cl_st_size(b->storage); }
 
 static bool starts(const char *s, const char *prefix) { return !strncmp(s, prefix, strlen(prefix)); }
 
@@ -68,8 +58,8 @@ void cuda_step_cost(const RtProgram *p, const RtStep *st, CudaStepCost *c) {
     /* an operand that is a view (a row stride): its rows x columns, not the span */
     for (int k = 0; k < 2; k++)
       if (i[RT_GEMM_LDA_INT + k] > 0)
-        c->bytes += ((double)i[1 + k] * (double)i[3] - (double)st->bufs[k].n) * st_size(st->bufs[k].storage);
-    double cb = i[RT_GEMM_LDC_INT] > 0 ? (double)i[1] * (double)i[2] * st_size(st->bufs[st->n_in].storage)
+        c->bytes += ((double)i[1 + k] * (double)i[3] - (double)st->bufs[k].n) * cl_st_size(st->bufs[k].storage);
+    double cb = i[RT_GEMM_LDC_INT] > 0 ? (double)i[1] * (double)i[2] * cl_st_size(st->bufs[st->n_in].storage)
                                        : buf_bytes(&st->bufs[st->n_in]);
     if (i[RT_GEMM_LDC_INT] > 0) c->bytes += cb - buf_bytes(&st->bufs[st->n_in]);
     /* C read as well when the GEMM accumulates into it (beta = 1: CUDA_GEMM_BETA_INT) */

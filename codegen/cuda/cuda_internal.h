@@ -126,6 +126,8 @@ typedef struct {
 
 int cl_fail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cl_st_size(int storage);                 /* bytes per element of an RtStorage */
+bool cl_env_on(const char *name);            /* the variable is set, not empty and not "0" */
+bool cl_fuse_narrow(void);                   /* LOOM_CUDA_FUSE_BF16 (lower_gemm.c says what it allows) */
 int cl_buf_of(Lower *L, const Value *v, RtBuf *b);   /* a value's buffer: its region and place */
 /* A new step of the current op (zeroed, launch 1x1x1, labelled "<op> %<result><suffix>"). */
 RtStep *cl_new_step(Lower *L, Steps *s, RtStepKind kind, int which, const char *suffix);

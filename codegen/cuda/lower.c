@@ -50,6 +50,11 @@ static int storage_of(DType dt) {
   }
 }
 
+bool cl_env_on(const char *name) {
+  const char *e = getenv(name);
+  return e && *e && strcmp(e, "0");
+}
+
 int cl_st_size(int st) {
   switch (st) {
   case RT_ST_BF16:

@@ -26,10 +26,7 @@
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/lower_common.h"
 
-static bool no_copies(void) {
-  const char *e = getenv("LOOM_CUDA_NO_WEIGHT_COPIES");
-  return e && *e && strcmp(e, "0");
-}
+static bool no_copies(void) { return cl_env_on("LOOM_CUDA_NO_WEIGHT_COPIES"); }
 
 int cl_weight_copies_plan(Lower *L) {
   const Module *m = L->m;
@@ -206,26 +203,7 @@ int cl_weight_copies_func(Lower *L, RtFunc *rf) {
    last block adds the sums to the gradient, and the accumulate launches are gone.
    LOOM_CUDA_NO_NORM_STATS=1 keeps the two launches (the tests' unfused program). */
 
-static bool no_norm_stats(void) {
-  const char *e = getenv("LOOM_CUDA_NO_NORM_STATS");
-  return e && *e && strcmp(e, "0");
-}
-
-static bool fuse_narrow_ok(void) {
-  const char *e = getenv("LOOM_CUDA_FUSE_BF16");
-  return e && *e && strcmp(e, "0");
-}
-
-/* Uses of v by the ops of f. */
-static int uses_of(const Func *f, const Value *v) {
-  int n = 0;
-  for (int i = 0; i < f->ops.n; i++) {
-    const Op *op = f->ops.items[i];
-    for (int k = 0; k < op->n_operands; k++) n += op->operands[k] == v;
-  }
-  for (int r = 0; r < f->rets.n; r++) n += f->rets.items[r] == v;
-  return n;
-}
+static bool no_norm_stats(void) { return cl_env_on("LOOM_CUDA_NO_NORM_STATS"); }
 
 static bool refers(const Op *op, const Value *g) {
   for (int k = 0; k < op->n_operands; k++)
@@ -249,12 +227,12 @@ static bool casts_to_f32(const Op *op, const Value *v) {
    the next ops (those ops in acc_ops[0..1], -1 unused), or NULL. */
 static const Value *accumulated_into(const Func *f, int j, const Value *r, int acc_ops[2]) {
   acc_ops[0] = acc_ops[1] = -1;
-  if (getenv("LOOM_CUDA_NO_ACC_FUSION") || uses_of(f, r) != 1) return NULL;
+  if (getenv("LOOM_CUDA_NO_ACC_FUSION") || cl_uses(f, r) != 1) return NULL;
   const Value *v = r;
   for (int k = j + 1; k < f->ops.n && k <= j + 8; k++) {
     const Op *op = f->ops.items[k];
     if (v == r && r->type.dtype != DT_F32 && casts_to_f32(op, r)) {
-      if (!fuse_narrow_ok() || uses_of(f, op->results[0]) != 1) return NULL;
+      if (!cl_fuse_narrow() || cl_uses(f, op->results[0]) != 1) return NULL;
       acc_ops[0] = k;
       v = op->results[0];
       continue;
@@ -319,8 +297,8 @@ static int residual_add(Lower *L, int j, const int *taken, int n_taken, const Va
   const Func *f = L->f;
   const Value *dx = ((const Op *)f->ops.items[j])->results[0];
   *res = *sum = NULL;
-  if (getenv("LOOM_CUDA_NO_NORM_RESIDUAL") || uses_of(f, dx) != 1) return -1;
-  if (dx->type.dtype != DT_F32 && !fuse_narrow_ok()) return -1;
+  if (getenv("LOOM_CUDA_NO_NORM_RESIDUAL") || cl_uses(f, dx) != 1) return -1;
+  if (dx->type.dtype != DT_F32 && !cl_fuse_narrow()) return -1;
   int at = j + 1;
   for (bool more = true; more;) {
     more = false;
@@ -506,8 +484,7 @@ static bool slot_free(Lower *L, const Func *f, const Value *v, int from, int to,
 int cl_fuse_xent(Lower *L, Steps *s, int i) {
   const Func *f = L->f;
   const Op *op = L->op;
-  const char *e = getenv("LOOM_CUDA_NO_XENT_FUSION");
-  if (e && *e && strcmp(e, "0")) return 1;
+  if (cl_env_on("LOOM_CUDA_NO_XENT_FUSION")) return 1;
   const Value *logits = op->operands[0], *tg = op->operands[1];
   int j = -1, c = -1;
   for (int k = i + 1; k < f->ops.n && j < 0; k++) {

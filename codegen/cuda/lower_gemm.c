@@ -76,10 +76,7 @@ static int lower_matmul(Lower *L, Steps *s, const Value *into_global) {
    LOOM_CUDA_FUSE_BF16=1: more exact, but no longer within the suite's 2e-2 of the CPU
    backend's bf16 program, which rounds at every op (its gradients differ by up to 2.7%).
    fp32 programs fuse always (the same bits, or within 1e-5). */
-static bool fuse_narrow(void) {
-  const char *e = getenv("LOOM_CUDA_FUSE_BF16");
-  return e && *e && strcmp(e, "0");
-}
+bool cl_fuse_narrow(void) { return cl_env_on("LOOM_CUDA_FUSE_BF16"); }
 
 /* A kernel func that only converts its one float argument to another float dtype. */
 static bool is_cast_call(const Op *op) {
@@ -114,7 +111,7 @@ static const Value *grad_accum(const Func *f, int i, int *last) {
   if (op->kind == OP_CALL) return is_cast_call(op) && r->type.dtype == DT_F32 ? accumulates(f, i + 1, r) : NULL;
   if (op->kind != OP_MATMUL || i + 1 >= f->ops.n) return NULL;
   if (r->type.dtype == DT_F32) return accumulates(f, i + 1, r);
-  if (!fuse_narrow()) return NULL;
+  if (!cl_fuse_narrow()) return NULL;
   const Op *c = f->ops.items[i + 1];
   if (is_cast_call(c) && c->operands[0] == r && c->results[0]->type.dtype == DT_F32 && cl_uses(f, c->results[0]) == 1)
     return accumulates(f, *last = i + 2, c->results[0]);
@@ -193,7 +190,7 @@ static bool match_epilogue(const Func *f, int i, int j, Epilogue *e) {
   const Type *rt = &r->type;
   if ((rt->dtype != DT_BF16 && rt->dtype != DT_F32 && rt->dtype != DT_F16) || cl_uses(f, r) != 1 || call->kind != OP_CALL)
     return false;
-  if (rt->dtype != DT_F32 && !fuse_narrow()) return false;
+  if (rt->dtype != DT_F32 && !cl_fuse_narrow()) return false;
   const Func *k = call->callee;
   if (!k || !k->is_kernel || k->ops.n < 1 || k->ops.n > 4) return false;
   const Value *m = NULL;   /* the kernel's argument that is the product */
@@ -453,7 +450,7 @@ static void plan_sum3(Lower *L, const Func *f) {
       continue;
     const Value *p1 = call->operands[ord[0]], *p2 = call->operands[ord[1]], *p3 = call->operands[ord[2]];
     const Type *t = &p3->type;
-    if ((t->dtype != DT_F32 && !fuse_narrow()) || (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16))
+    if ((t->dtype != DT_F32 && !cl_fuse_narrow()) || (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16))
       continue;
     /* p3 the product of the op just before; p2 of an earlier matmul; each used here only */
     int i = j - 1, k2 = -1;
@@ -618,7 +615,7 @@ static void plan_trees(Lower *L, const Func *f) {
       gemm[l] = -1;
       int q = y->kind == VAL_RESULT ? op_index(f, y->def, pads[l]) : -1;
       if (q >= 0 && y->def->kind == OP_MATMUL && cl_uses(f, y) == 1 && y->type.rank == 2 && y->type.dims[0] == rows &&
-          y->type.dims[1] == cols && (y->type.dtype == DT_F32 || fuse_narrow()) && !L->resid[q] && L->sum_into[q] < 0 &&
+          y->type.dims[1] == cols && (y->type.dtype == DT_F32 || cl_fuse_narrow()) && !L->resid[q] && L->sum_into[q] < 0 &&
           L->defer[q] < 0 && !L->skip[q]) {
         int last;
         const Op *save = L->op;
@@ -797,7 +794,7 @@ static bool match_dgelu(Lower *L, const Func *f, int i, int j, const Value **pre
   const Type *rt = &r->type;
   if (call->kind != OP_CALL || !call->callee || !call->callee->is_kernel || cl_uses(f, r) != 1 || rt->rank < 2 ||
       rt->dims[rt->rank - 1] % 8 || (rt->dtype != DT_F32 && rt->dtype != DT_BF16 && rt->dtype != DT_F16) ||
-      (rt->dtype != DT_F32 && !fuse_narrow()))
+      (rt->dtype != DT_F32 && !cl_fuse_narrow()))
     return false;
   const Func *k = call->callee;
   if (k->args.n != 2 || k->ops.n < 1 || k->ops.n > 2 || k->rets.n != k->ops.n) return false;
