@@ -63,10 +63,9 @@ static void rank_needs(const Module *m, int target, double *state, double *arena
      evaluation function, which memory_rank_peak leaves out of a step's peak): on a dp mesh
      it gathers the whole batch's logits on every rank, so at dp=4096 it, not the step, is
      what no machine holds. */
-  for (int i = 0; i < m->funcs.n && !m->pipe.kind; i++) {
-    const Func *f = m->funcs.items[i];
-    if (!f->is_kernel && (double)f->arena_bytes > *arena) *arena = (double)f->arena_bytes;
-  }
+  int64_t largest = 0;
+  memory_planned_peak(m, target, NULL, &largest);
+  if (!m->pipe.kind && (double)largest > *arena) *arena = (double)largest;
 }
 
 int run_check_memory(const Module *m, const RunSpec *s, Backend backend, char *err, size_t errlen) {

@@ -216,8 +216,8 @@ static int object_code(const char *text, LLVMMemoryBufferRef *obj, bool *hit, ch
   size_t n = 0;
   int lock = -1, rc = 0;
   if (use_cache && dc_read(path, CACHE_MAGIC, key, &payload, &n, NULL)) {
-    lock = dc_lock(dir, key);
-    if (lock >= 0 && dc_read(path, CACHE_MAGIC, key, &payload, &n, NULL)) payload = NULL;
+    lock = dc_lock(dir, key);   /* a miss: wait for whoever compiles it, then look again */
+    if (lock >= 0) dc_read(path, CACHE_MAGIC, key, &payload, &n, NULL);
   }
   if (payload) {
     *obj = LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)payload, n, "loom-kernels.o");

@@ -262,16 +262,15 @@ int nvrtc_compile_cached(const char *source, const char *arch, const char *const
   cache_key(source, arch, opts, n_opts, a->major, a->minor, key);
   bool use_cache = dir[0] && !dc_path(dir, key, ".bin", path, sizeof path);
   unsigned flags = 0;
-  if (use_cache && !dc_read(path, CACHE_MAGIC, key, image, n, &flags)) {
-    *is_cubin = flags & 1;
-    if (log) *log = calloc(1, 1);
-    if (cache_hit) *cache_hit = true;
-    return 0;
+  int lock = -1;
+  bool hit = use_cache && !dc_read(path, CACHE_MAGIC, key, image, n, &flags);
+  if (use_cache && !hit) {
+    /* a miss: the entry's lock, so that the ranks of a mesh on this machine compile it once
+       (the first compiles, the others find it when the lock is theirs) */
+    lock = dc_lock(dir, key);
+    hit = lock >= 0 && !dc_read(path, CACHE_MAGIC, key, image, n, &flags);
   }
-  /* a miss: the entry's lock, so that the ranks of a mesh on this machine compile it once
-     (the first compiles, the others find it when the lock is theirs) */
-  int lock = use_cache ? dc_lock(dir, key) : -1;
-  if (lock >= 0 && !dc_read(path, CACHE_MAGIC, key, image, n, &flags)) {
+  if (hit) {
     dc_unlock(lock);
     *is_cubin = flags & 1;
     if (log) *log = calloc(1, 1);
