@@ -282,6 +282,60 @@ static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
   return true;
 }
 
+/* The layers of each of C chunks when the pipeline pass splits Lm layers (passes/pipeline.c
+   split_units: the largest chunk's FLOPs made least, the head, of `head` layers' FLOPs, on
+   the last chunk, the later start on ties), in n[0..C).  The screening compiles 1 and 2
+   layers a chunk and extrapolates: where the head weighs more than a layer, those splits are
+   uneven, and the screened step with them; the estimate mirrors it. */
+static void chunk_split(int C, int Lm, double head, int *n) {
+  double *best = malloc(sizeof(double) * (size_t)(C + 1) * (size_t)(Lm + 1));
+  int *arg = malloc(sizeof(int) * (size_t)(C + 1) * (size_t)(Lm + 1));
+  if (!best || !arg) {
+    for (int c = 0; c < C; c++) n[c] = Lm / C + (c < Lm % C);
+    free(best), free(arg);
+    return;
+  }
+#define BEST(c, l) best[(c) * (Lm + 1) + (l)]
+#define ARG(c, l) arg[(c) * (Lm + 1) + (l)]
+  for (int c = 0; c <= C; c++)
+    for (int l = 0; l <= Lm; l++) BEST(c, l) = 1e300, ARG(c, l) = 0;
+  BEST(0, 0) = 0;
+  for (int c = 1; c <= C; c++)
+    for (int l = c; l <= Lm; l++)
+      for (int k = c - 1; k < l; k++) {
+        double w = (double)(l - k) + (l == Lm ? head : 0);
+        double mx = BEST(c - 1, k) > w ? BEST(c - 1, k) : w;
+        if (mx < BEST(c, l) || (mx == BEST(c, l) && k > ARG(c, l))) BEST(c, l) = mx, ARG(c, l) = k;
+      }
+  int l = Lm;
+  for (int c = C; c >= 1; c--) n[c - 1] = l - ARG(c, l), l = ARG(c, l);
+#undef BEST
+#undef ARG
+  free(best), free(arg);
+}
+
+/* The splits chunk_split gives, kept: few distinct (chunks, layers) pairs, many candidates. */
+typedef struct {
+  int C, Lm;
+  int *n;
+} Split;
+static Split splits[64];
+static int n_splits;
+static pthread_mutex_t splits_lock = PTHREAD_MUTEX_INITIALIZER;
+static const int *split_of(int C, int Lm, double head) {
+  pthread_mutex_lock(&splits_lock);
+  const int *r = NULL;
+  for (int i = 0; i < n_splits && !r; i++)
+    if (splits[i].C == C && splits[i].Lm == Lm) r = splits[i].n;
+  if (!r && n_splits < 64 && (splits[n_splits].n = malloc(sizeof(int) * (size_t)C))) {
+    chunk_split(C, Lm, head, splits[n_splits].n);
+    splits[n_splits].C = C, splits[n_splits].Lm = Lm;
+    r = splits[n_splits++].n;
+  }
+  pthread_mutex_unlock(&splits_lock);
+  return r;
+}
+
 /* The estimated step and memory of c from its layer program's figures at its dp. */
 static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, const DpComm *dc, Cand *c) {
   const Hardware *hw = x->hw;
@@ -322,7 +376,6 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
     SimResult sim;
     char err[IR_ERR_LEN];
     int chunks = (int)(c->pp * c->v);
-    double n = (double)L / chunks;
     /* a chunk's activations (its forward) and their gradients (its backward) go to the
        next pp rank: a micro-batch's tokens of this cp rank (sp: of this tp rank) x hidden */
     Mesh mesh = {0};
@@ -332,29 +385,40 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
     double bytes = (double)mbs * (double)rq->base->seq / (double)c->cp / (c->sp ? (double)c->tp : 1) *
                    (double)rq->base->model.hidden * (strcmp(rq->base->precision, "bf16") ? 4 : 2);
     double p2p = timing_collective(OP_SEND, 2, bytes, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
-    if (chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err)) {
+    /* the screening's layers a chunk (screen_layers): 1 and 2, extrapolated, or the model */
+    int64_t ls[2];
+    int nl = screen_layers(c, L, ls);
+    double ms[2] = {0, 0};
+    double head = x->layer_flops > 0 ? (x->seq_flops - (double)L * x->layer_flops) / x->layer_flops : 1;
+    bool built = chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err),
+         ok = built;
+    for (int j = 0; ok && j < nl; j++) {
+      const int *split = c->v > 1 ? split_of(chunks, (int)ls[j], head) : NULL;
       double (*cost)[3] = calloc((size_t)chunks, sizeof *cost);
-      for (int k = 0; cost && k < chunks; k++) {
-        double t = n * layer + (k == chunks - 1 ? base + comm_g : 0);
+      ok = cost && (split || c->v == 1);
+      for (int k = 0; ok && k < chunks; k++) {
+        double t = (split ? split[k] : (double)ls[j] / chunks) * layer + (k == chunks - 1 ? base + comm_g : 0);
         double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
         fw += k < chunks - 1 ? p2p : 0, bw += k > 0 ? p2p : 0;
         cost[k][ACT_F] = fw;
         /* zb-h1 and dualpipev split the backward: the input gradients (B) take more of it
-           than the weights' (W); 0.6 puts zb-h1's estimates within 1% of its screened steps
-           at Llama-3-70B (halves: 2% under) */
+           than the weights' (W) */
         cost[k][ACT_B] = s.split_bw ? bw * 0.6 : bw;
         cost[k][ACT_W] = s.split_bw ? bw * 0.4 : 0;
       }
-      if (cost && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
-        step = sim.makespan + opt;
+      if (ok && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
+        ms[j] = sim.makespan;
         int most = 0;
         for (int r = 0; r < s.p; r++) most = sim.peak_f[r] > most ? sim.peak_f[r] : most;
         inflight = (double)most / (double)c->v;   /* chunks held, in stages' worth */
         sim_result_free(&sim, s.p);
+      } else {
+        ok = false;
       }
       free(cost);
-      schedule_free(&s);
     }
+    if (ok) step = (nl == 1 ? ms[0] : ms[0] + ((double)L / (double)chunks - 1) * (ms[1] - ms[0])) + opt;
+    if (built) schedule_free(&s);
   } else {
     step = (double)c->ga * (base + (double)L * layer) + opt;
   }
@@ -416,6 +480,8 @@ typedef struct {
   const int *half;    /* the same layout with half the micro-batch, or -1 */
   bool *bad, *skip, *far;
   bool *done;         /* screened (its figures final) */
+  bool *final;        /* taken and finished, whatever came of it (a recomputing sibling waits for it) */
+  pthread_cond_t finished;
   char (*why)[IR_ERR_LEN];
   pthread_mutex_t lock;
   /* the keep best screened candidates that fit, by screened step (ascending), and their
@@ -477,11 +543,15 @@ static void *fast_worker(void *arg) {
     int i = f->order[k];
     Cand *c = &f->cs[i];
     /* recomputation, as the exhaustive search takes it: not where the layout fits without
-       it, and set aside where that layout was (it is never faster there) */
+       it, and set aside where that layout was (it is never faster there).  The layout
+       without it estimates faster, so it was taken before; another thread may still be
+       screening it: its outcome is waited for (it waits on nothing) */
     int o = f->none[i];
+    while (o >= 0 && !f->final[o]) pthread_cond_wait(&f->finished, &f->lock);
     if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
       if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
       else c->pruned = true, c->step_s = f->cs[o].step_s, c->mem = 0, c->fits = false, f->pruned++;
+      f->final[i] = true;
       pthread_mutex_unlock(&f->lock);
       continue;
     }
@@ -491,6 +561,7 @@ static void *fast_worker(void *arg) {
     int h = f->half[i];
     if (h >= 0 && (f->far[h] || (f->done[h] && !f->bad[h] && f->cs[h].mem > far))) {
       f->skip[i] = f->far[i] = true, f->skipped++;
+      f->final[i] = true;
       pthread_mutex_unlock(&f->lock);
       continue;
     }
@@ -503,11 +574,15 @@ static void *fast_worker(void *arg) {
       c->step_s = c->est_s * (1 - STEP_MARGIN);
       c->mem = c->est_mem * MEM_MARGIN;
       f->pruned++;
+      f->final[i] = true;
     }
     pthread_mutex_unlock(&f->lock);
     if (set_aside) continue;
     if (!sp) {
-      f->bad[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
+      pthread_mutex_lock(&f->lock);
+      f->bad[i] = f->final[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
+      pthread_cond_broadcast(&f->finished);
+      pthread_mutex_unlock(&f->lock);
       continue;
     }
     pthread_mutex_lock(&f->lock);
@@ -523,17 +598,29 @@ static void *fast_worker(void *arg) {
       while (at > 0 && f->best[at - 1] > c->step_s) f->best[at] = f->best[at - 1], f->best_est[at] = f->best_est[at - 1], at--;
       f->best[at] = c->step_s, f->best_est[at] = c->est_s;
     }
+    f->final[i] = true;
+    pthread_cond_broadcast(&f->finished);
     pthread_mutex_unlock(&f->lock);
   }
   free(sp);
   return NULL;
 }
 
+/* By estimated step; a recomputing candidate after its layout without recomputation (which
+   it waits for), whatever their estimates. */
 static const Cand *sort_base;
+static const int *sort_none;
+static double sort_key(int i) {
+  double k = sort_base[i].est_s;
+  int o = sort_none[i];
+  return o >= 0 && sort_base[o].est_s > k ? sort_base[o].est_s : k;
+}
 static int by_estimate(const void *a, const void *b) {
-  const Cand *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
-  if (x->est_s != y->est_s) return x->est_s < y->est_s ? -1 : 1;
-  return *(const int *)a - *(const int *)b;
+  int i = *(const int *)a, j = *(const int *)b;
+  double ki = sort_key(i), kj = sort_key(j);
+  if (ki != kj) return ki < kj ? -1 : 1;
+  if (sort_base[i].rc != sort_base[j].rc) return sort_base[i].rc - sort_base[j].rc;
+  return i - j;
 }
 
 int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused_out, char *first_refusal,
@@ -597,30 +684,25 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
-  /* two phases, as the exhaustive search's rounds: first the candidates without
-     recomputation (or with the one --recompute fixes), then those with it, which look at
-     their layout's screening without it; each phase in the order of the estimates */
+  /* one pass in the order of the estimates: the candidates with recomputation look at their
+     layout's screening without it (the exhaustive search's rounds), which comes first; the
+     threshold falls as soon as any layout fits, recomputing or not */
   int *half = malloc(sizeof(int) * ((size_t)n + 1)), *none = malloc(sizeof(int) * ((size_t)n + 1));
   f.skip = calloc((size_t)n + 1, 1), f.none = none, f.half = half;
-  f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1);
-  if (!half || !none || !f.skip || !f.far || !f.done || siblings(cs, n, half, none)) {
+  f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1), f.final = calloc((size_t)n + 1, 1);
+  if (!half || !none || !f.skip || !f.far || !f.done || !f.final || siblings(cs, n, half, none)) {
     free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
-    free(f.far), free(f.done);
+    free(f.far), free(f.done), free(f.final);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
-  int n0 = 0;
-  for (int i = 0; i < n; i++)
-    if (rq->fix_rc >= 0 || cs[i].rc == RECOMPUTE_NONE) order[n0++] = i;
-  int n1 = n0;
-  for (int i = 0; i < n; i++)
-    if (!(rq->fix_rc >= 0 || cs[i].rc == RECOMPUTE_NONE)) order[n1++] = i;
-  sort_base = cs;
-  qsort(order, (size_t)n0, sizeof *order, by_estimate);
-  qsort(order + n0, (size_t)(n - n0), sizeof *order, by_estimate);
+  pthread_cond_init(&f.finished, NULL);
+  for (int i = 0; i < n; i++) order[i] = i;
+  sort_base = cs, sort_none = none;
+  qsort(order, (size_t)n, sizeof *order, by_estimate);
   int nt = threads_to_use();
-  for (int phase = 0; phase < 2; phase++) {
-    f.next = phase ? n0 : 0, f.n = phase ? n : n0;
+  {
+    f.next = 0, f.n = n;
     pthread_t th[64];
     int started = 0;
     for (int t = 1; t < nt && t < 64; t++)
@@ -628,6 +710,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     fast_worker(&f);
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   }
+  pthread_cond_destroy(&f.finished);
   int kept = 0, refused = 0;
   for (int i = 0; i < n; i++) {
     if (f.skip[i]) continue;
@@ -650,7 +733,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
   free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
-  free(f.far), free(f.done);
+  free(f.far), free(f.done), free(f.final);
   *n_io = kept, *refused_out += refused;
   return 0;
 }
