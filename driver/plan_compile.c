@@ -268,6 +268,10 @@ void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, int *refused, char 
   /* the screening's own compiles: the memo's shared lowering (the same figures, bit for bit:
      LOOM_PLAN_CHECK checks it in the exhaustive search), not a whole lowering */
   for (int j = 0; j < nl && !rc; j++) {
+    if (j == 0 && nl == 2 && c->has_first) {   /* its first compile's figures, kept when it was pruned */
+      st[0] = c->first_s, m[0] = (int64_t)c->first_mem;
+      continue;
+    }
     *sp = *x->base;
     rc = cand_spec(x, c, ls[j], sp, err, sizeof err);
     if (rc) break;
@@ -279,7 +283,7 @@ void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, int *refused, char 
     count_compile(x);
   }
   free(sp);
-  c->pruned = false;
+  c->pruned = false, c->has_first = false;
   if (rc) {
     if (!(*refused)++) snprintf(first_refusal, IR_ERR_LEN, "%s", err);
     c->step_s = c->mem = INFINITY, c->fits = false;

@@ -85,9 +85,6 @@ typedef struct {
   double a_la, a_lb, a_ba, a_bb;   /* the largest arena */
 } Figures;
 
-/* dp: the figures at dp = 1, 2 and 4 (those the candidates need): a layer's ops change with
-   dp (the partitioned program broadcasts some operands to the whole batch before slicing
-   its part), affine in dp from 2 on. */
 /* The dp collectives of a program at one ZeRO stage (compiled at dp = 2 with 2 micro-batches,
    so that ZeRO-0/1 reduce in @optimizer_step as they do with pp or gradient accumulation):
    per function (@grad_step, @optimizer_step) and kind (all_reduce, reduce_scatter,
@@ -107,8 +104,8 @@ typedef struct {
 typedef struct {
   int64_t tp, cp, ep;
   bool sp;
-  bool need[3];    /* dp = 1, 2, 4 */
-  Figures f[3];
+  bool need[2];    /* dp = 1, 2 (figures_at) */
+  Figures f[2];
   bool need_z[4];  /* ZeRO stages the candidates use (dp > 1) */
   DpComm z[4];
 } LayerProg;
@@ -126,10 +123,10 @@ static LayerProg *program_of(Programs *ps, const Cand *c) {
   return NULL;
 }
 
-/* The reference compiles of p at dp (index k: 1, 2, 4): ZeRO 0, nothing recomputed, no pp,
+/* The reference compiles of p at dp (index k: 1, 2): ZeRO 0, nothing recomputed, no pp,
    one micro-batch of 1 and of 2 sequences a rank, 1 and 2 layers, lowered whole. */
 static void compile_figures(Ctx *x, const LayerProg *p, int k, Figures *f, int64_t L) {
-  int64_t dp = k == 0 ? 1 : k == 1 ? 2 : 4;
+  int64_t dp = k == 0 ? 1 : 2;
   int nl = L >= 2 ? 2 : 1;
   double g[2][2], o[2][2], st[2][2], ar[2][2];   /* [layers - 1][sequences - 1] */
   f->ok = true;
@@ -257,29 +254,20 @@ static void *ref_worker(void *arg) {
     int j = r->next++;
     pthread_mutex_unlock(&r->lock);
     if (j >= r->n) break;
-    LayerProg *p = &r->ps->p[j / 7];
-    int k = j % 7;
-    if (k < 3 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
-    if (k >= 3 && p->need_z[k - 3]) compile_dp_comm(r->x, p, k - 3, &p->z[k - 3], r->L);
+    LayerProg *p = &r->ps->p[j / 6];
+    int k = j % 6;
+    if (k < 2 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
+    if (k >= 2 && p->need_z[k - 2]) compile_dp_comm(r->x, p, k - 2, &p->z[k - 2], r->L);
   }
   return NULL;
 }
 
-/* The figures at dp: dp = 1's, or the affine line through dp = 2 and 4 (2's alone when no
-   candidate needs 4). */
+/* The figures at dp: dp = 1's or dp = 2's.  A layer's ops no longer grow with dp (canonicalize
+   rewrites shard_slice(broadcast(x)) into a broadcast to the rank's part): at Llama-3-70B
+   the references at dp = 4 gave dp = 2's figures to 0.01%, so they are no longer compiled. */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
-  if (dp == 1 || !p->need[2]) {
-    *out = p->f[dp == 1 ? 0 : 1];
-    return out->ok;
-  }
-  const Figures *a = &p->f[1], *b = &p->f[2];
-  if (!a->ok || !b->ok) return false;
-  double w = (double)(dp - 2) / 2;
-#define AT(field) out->field = a->field + w * (b->field - a->field)
-  AT(g_la), AT(g_lb), AT(g_ba), AT(g_bb), AT(o_l), AT(o_b), AT(s_l), AT(s_b), AT(a_la), AT(a_lb), AT(a_ba), AT(a_bb);
-#undef AT
-  out->ok = true;
-  return true;
+  *out = p->f[dp == 1 ? 0 : 1];
+  return out->ok;
 }
 
 /* The layers of each of C chunks when the pipeline pass splits Lm layers (passes/pipeline.c
@@ -393,9 +381,13 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
     bool built = chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err),
          ok = built;
     for (int j = 0; ok && j < nl; j++) {
-      const int *split = c->v > 1 ? split_of(chunks, (int)ls[j], head) : NULL;
+      /* the split mirrored for dualpipev only: it brings dualpipev's estimates from 0.68-1.03
+         to 0.82-1.07 of their screened steps at Llama-3-70B on 4,096, but takes 1f1b and
+         zb-h1 from 0.96-1.02 and 0.81-1.05 down to 0.69-0.92 and 0.75-1.05, and interleaved
+         over (1.07-1.09), where a candidate could be set aside wrongly */
+      const int *split = c->sched == PIPE_DUALPIPEV ? split_of(chunks, (int)ls[j], head) : NULL;
       double (*cost)[3] = calloc((size_t)chunks, sizeof *cost);
-      ok = cost && (split || c->v == 1);
+      ok = cost && (split || c->sched != PIPE_DUALPIPEV);
       for (int k = 0; ok && k < chunks; k++) {
         double t = (split ? split[k] : (double)ls[j] / chunks) * layer + (k == chunks - 1 ? base + comm_g : 0);
         double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
@@ -509,6 +501,7 @@ static int screen_one(Ctx *x, Cand *c, int64_t L, RunSpec *sp, double threshold,
       double lb = st[0] + k * (double)c->v * seqs * x->layer_s;
       if (lb > threshold || (double)m[0] > 1.5 * x->hw->mem_bytes) {
         c->pruned = true, c->step_s = lb, c->mem = (double)m[0], c->fits = false;
+        c->has_first = true, c->first_s = st[0], c->first_mem = (double)m[0];
         return 0;
       }
     }
@@ -646,12 +639,11 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   for (int i = 0; i < n; i++) {
     LayerProg *p = program_of(&ps, &cs[i]);
     p->need[cs[i].dp == 1 ? 0 : 1] = true;
-    if (cs[i].dp > 2) p->need[2] = true;
     if (cs[i].dp > 1) p->need_z[cs[i].zero] = true;
   }
-  /* the references, on every thread: job j is program j / 7's dp figures (j % 7 < 3: dp =
-     1, 2, 4) or its dp collectives (ZeRO stage j % 7 - 3) */
-  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 7 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
+  /* the references, on every thread: job j is program j / 6's dp figures (j % 6 < 2: dp =
+     1, 2) or its dp collectives (ZeRO stage j % 6 - 2) */
+  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 6 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
   {
     int nt = threads_to_use();
     pthread_t th[64];
@@ -663,6 +655,14 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   if (getenv("LOOM_PLAN_DEBUG"))
     fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
+  if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 3)
+    for (int i = 0; i < ps.n; i++)
+      for (int k = 0; k < 2; k++)
+        if (ps.p[i].need[k] && ps.p[i].f[k].ok)
+          fprintf(stderr, "program tp=%lld cp=%lld sp=%d at dp %d: g_la %.6g g_lb %.6g g_ba %.6g g_bb %.6g o_l %.6g s_l %.6g a_la %.6g a_lb %.6g\n",
+                  (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, k + 1, ps.p[i].f[k].g_la,
+                  ps.p[i].f[k].g_lb, ps.p[i].f[k].g_ba, ps.p[i].f[k].g_bb, ps.p[i].f[k].o_l, ps.p[i].f[k].s_l,
+                  ps.p[i].f[k].a_la, ps.p[i].f[k].a_lb);
   /* estimates; a candidate whose program could not be compiled is screened first (its own
      compile gives the reason, as the exhaustive search's does) */
   for (int i = 0; i < n; i++) {
@@ -670,7 +670,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     LayerProg *p = program_of(&ps, &cs[i]);
     if (figures_at(p, cs[i].dp, &f)) estimate(x, rq, &f, &p->z[cs[i].zero], &cs[i]);
     else cs[i].est_s = 0, cs[i].est_mem = 0;
-    cs[i].pruned = false;
+    cs[i].pruned = false, cs[i].has_first = false;
   }
   *programs = ps.n;
   free(ps.p);
