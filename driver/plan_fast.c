@@ -500,7 +500,11 @@ static int screen_one(Ctx *x, Cand *c, int64_t L, RunSpec *sp, double threshold,
       double seqs = (double)c->batch * (double)c->ga / (double)(c->dp * c->ep * c->tp * c->cp);
       double lb = st[0] + k * (double)c->v * seqs * x->layer_s;
       if (lb > threshold || (double)m[0] > 1.5 * x->hw->mem_bytes) {
-        c->pruned = true, c->step_s = lb, c->mem = (double)m[0], c->fits = false;
+        /* its bound: the larger of that lower bound (at peak FLOP/s: far under at scale) and
+           the one a candidate set aside at its estimate gets, so that the exact phase does
+           not screen it in full where it would not screen a set-aside one */
+        double eb = c->est_s * (1 - STEP_MARGIN);
+        c->pruned = true, c->step_s = eb > lb ? eb : lb, c->mem = (double)m[0], c->fits = false;
         c->has_first = true, c->first_s = st[0], c->first_mem = (double)m[0];
         return 0;
       }
