@@ -3,15 +3,17 @@
  *
  * A candidate's step is a sum over a few kinds of program: its layers (one kind per tp, cp,
  * sequence parallelism and ep), the embedding and head, the optimizer step and the dp
- * collectives.  Each layer program is compiled once (a reference: dp = pp = 1, ZeRO 0, one
- * sequence a rank, nothing recomputed, 1 and 2 layers, lowered whole) and every candidate
- * estimated from its reference:
+ * collectives.  Each layer program is compiled once (a reference: dp = 2, and dp = 1 where a
+ * candidate has it; pp = 1, ZeRO 0, one and two sequences a rank, nothing recomputed, 1 and 2
+ * layers, lowered whole) and every candidate estimated from its reference:
  *   - a layer's forward and backward per micro-batch: the reference's time a layer x the
  *     micro-batch, x 4/3 with full recomputation (the forward again), x 1.1 selective;
  *   - pp: the schedule (ir/schedule.c) simulated with those chunk costs (forward a third,
- *     backward two, split 0.6 : 0.4 into B and W for zb-h1 and dualpipev; the head on the last chunk):
- *     its makespan holds the bubble, no compile needed; each chunk's forward and backward
- *     also send a micro-batch's activations to the next pp rank;
+ *     backward two, split 0.6 : 0.4 into B and W for zb-h1 and dualpipev; the head on the last
+ *     chunk; dualpipev's chunks split as the pipeline pass splits the screening's 1 and 2
+ *     layers a chunk, extrapolated as the screening does): its makespan holds the bubble, no
+ *     compile needed; each chunk's forward and backward also send a micro-batch's
+ *     activations to the next pp rank;
  *   - dp and ZeRO: each program profiled once per ZeRO stage the candidates use (compiled at
  *     dp = 2 with two micro-batches): the dp collectives of its @grad_step and @optimizer_step
  *     (how many, their bytes), re-timed at the candidate's dp over the link dp spans as the
@@ -22,45 +24,50 @@
  *     layer x the micro-batch x the micro-batches pp holds in flight.
  * The estimates order the candidates; they are never printed.  The candidates are then
  * screened (compiled with 1 and 2 layers a chunk, the exhaustive search's figures, and
- * stopped after the first where the exhaustive search's pruning would stop them) in the
- * order of their estimates, until the next one's estimate, less a margin (10%), is above the
- * 2 x top-th best screened step that fits; the rest stay "pruned" at that bound (and the
- * exact phase screens one if it reaches it after all, as the exhaustive search does).
+ * stopped after the first where the exhaustive search's pruning would stop them, bounded
+ * then by the larger of its bound and the estimate's) in one pass in the order of their
+ * estimates (a recomputing candidate after its layout without recomputation, whose outcome
+ * it waits for), until the next one's estimate, less a margin (10%), is above the 2 x
+ * top-th best screened step that fits; the rest stay "pruned" at that bound (and the exact
+ * phase screens one if it reaches it after all, as the exhaustive search does, several at
+ * once on the threads).
  * Recomputation where the layout fits without it, and a micro-batch twice one screened far
  * out of memory, are skipped as the exhaustive search skips them.  So the table is the
  * exhaustive search's wherever the estimates are within the margin of the screened figures;
  * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Where it stands (2026-11-28).  LOOM_PLAN_CHECK=1 gives the exhaustive table on
- * tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
- * recomputation fixed) and GPT-2 124M on 8 H100s at 0.5M tokens (docs/planning.md).  At
- * Llama-3-70B on 4,096 H100s and 4M tokens the estimates of the screened candidates are
- * 0.64-1.08 of their screened steps (median 0.93; 1f1b 0.96-1.02, dualpipev the furthest
- * under, down to 0.64): about 400 candidates are still screened, 1,564 compiles (824 of them
- * the references), 15.6 s of CPU.  Before the dp profile (the optimizer's collectives were
- * an all-reduce of the gradients estimated from the state, and the optimizer step at dp = 256
- * with ZeRO-1 is 5.2 s in the time model, nearly all ring latencies) they were 0.2-1.06
- * (median 0.87) and 2,393 compiles, 32.6 s of CPU.  What is left for issue 34's 5 s:
- *   - the pipeline chunks: dualpipev and zb-h1 estimates are under by up to a third.  The
- *     pipeline pass splits the layers by FLOPs with the head in the last chunk; where the
- *     head costs more than a layer (Llama-3-70B: 1.06 layers) its min-max split is uneven at
- *     2 layers a chunk, and the screening extrapolates from it.  Mirroring that split in the
- *     estimate (tried) made 1f1b's estimates 20% low instead of exact: the split's costs
- *     (the chunks' own FLOPs, cp's blocks) are not the model's layer FLOPs; a reference
- *     compiled as a small pipeline (pp = 2, v = 2: a first, middle and last chunk) would give
- *     the chunk costs and the stash;
- *   - memory with pp: the estimate is 0.7-10x under the screened memory (the stash of
- *     in-flight micro-batches), so nothing is set aside for memory and most screened
- *     candidates (324 of 459) turn out far out of memory: a memory estimate within 2x would
- *     halve the compiles;
- *   - a layer's ops grow with dp: the partitioned program broadcasts replicated operands
- *     (biases, the position embedding) to the whole batch's shape and then slices the rank's
- *     part (shard.c's broadcast rule gives R, the elementwise consumer wants S(0): a
- *     shard_slice).  It is real in the lowered program, not an artifact of the time model: a
- *     fused kernel writes bf16[8,32,64] for a rank's [2,32,64] at dp=4 (gpt2-tiny), dp times
- *     the memory traffic and arena; hence the references at dp 1, 2 and 4.  A rewrite of
- *     shard_slice(broadcast(x)) into a broadcast to the local shape (the slice of a broadcast
- *     dim is the same for every rank) would remove it and the dp = 4 references.
+ * Where it stands (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
+ * table on tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and
+ * full recomputation fixed), GPT-2 124M on 8 H100s at 0.5M tokens and Llama-1B on 64 H100s at
+ * 1M tokens (both with --target cpu: on the CUDA target the exhaustive search's own check of
+ * the memo aborts, the bf16 weight copies being counted from a half-lowered module; see
+ * docs/planning.md).  Llama-3-70B on 4,096 H100s at 4M tokens: 1,605 compiles (628 of them
+ * the references; 258 candidates screened, 218 screened in full by the exact phase, 49
+ * compiled whole), about 18 s of CPU, the same best three.  Where that goes (perf): the
+ * screening about 40%, the exact phase's screening of pruned candidates it reaches about
+ * 35%, its whole compiles 12%, the references 5%, the estimates (30,000 schedule
+ * simulations) 5%.  What is left for issue 34's 5 s:
+ *   - memory: the estimate with pp is far from the screened memory (0.1-1.6 of it, median
+ *     0.45), so nothing is set aside for memory: of the 258 screened, 141 turn out far out of
+ *     memory (over 1.5 x the device), and so do 89 of the 218 the exact phase screens.  The
+ *     reference's "a layer's arena" is no stash: at tp=1 its part a sequence is 0 and its
+ *     fixed part 3.4 GB (the gradients' buffers), multiplied by the micro-batches in flight.
+ *     Tried: a stash reference per program and recomputation (a 2-rank zb-h1 pipeline of 2
+ *     and 4 layers: each chunk's stash a layer, pipe_stash_peaks' walk over the candidate's
+ *     schedule, the split mirrored and extrapolated as the screening does): median 1.0 of
+ *     the screened memory but 0.36-2.26, so no safe margin would set aside more than a fifth
+ *     of the far ones, for 294 more compiles; not kept.  The screened memory itself is an
+ *     extrapolation from splits the pipeline pass makes uneven (the head on the last chunk),
+ *     and the whole compiles' memory is 0.8-1.3 of it: 43 of the 49 whole compiles at 70B do
+ *     not fit;
+ *   - the step margin (10%): at 70B about 300 candidates lie within 10% of the best in
+ *     their estimates, so about 250 are screened whatever the order; the estimates of those
+ *     screened are 0.82-1.09 of their screened steps (dualpipev 0.82-1.07 with the split
+ *     mirrored, zb-h1 0.83-1.05, 1f1b 0.96-1.02); a tighter margin needs them within a few
+ *     percent;
+ *   - the exact phase screens in full every pruned candidate whose bound lies below where its
+ *     walk ends, and the walk goes on past the screened threshold while whole compiles turn
+ *     out not to fit (the memory above).
  */
 #include <math.h>
 #include <stdlib.h>
