@@ -17,11 +17,13 @@ typedef struct {
   int64_t mesh[COMM_AXES];
   RtProgram prog;
   CudaProgram cp;
+  RtDevice dev;          /* cp as a device (runtime/device.h) */
   bool have_cp;
   int f_grad, f_opt, f_forward;
   float **whole;         /* per global: the whole tensor's host buffer (params, state), or NULL */
   float *piece;          /* the largest piece */
   float *gather;         /* world x the largest piece, for sync_out */
+  float **piece_of;      /* [world]: rank q's piece in gather */
   Tensor *whole_tok, *whole_tgt, *tok, *tgt;
   int32_t *tok32, *tgt32;
   int *owner;            /* a pipeline: per global, the pp coordinate that updates it (-1: none); else NULL */

@@ -548,7 +548,7 @@ static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, 
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   CudaRank *r = self;
   void *args[2] = {&lr, &t}, *rets[2] = {grad_norm, NULL};
-  return cuda_program_call(&r->cp, r->pipe->f_opt, args, rets, err, errlen);
+  return r->dev.call(&r->dev, r->pipe->f_opt, args, rets, err, errlen);
 }
 
 /* ---- setup ---- */

@@ -96,13 +96,13 @@ static void *pipe_rank(void *arg) {
   PipeJob *j = arg;
   MeshCpu *mc = j->mc;
   RefExec *r = &mc->rx;
-  CpuProgram *cp = &mc->cp[j->rank];
+  RtDevice *dev = &mc->dev[j->rank];
   TagComm *tc = &mc->tc[j->rank];
   int q = tc->c.coord[COMM_PP];
   if (j->opt) {
     tc->mb = -1;
     void *args[2] = {&j->lr, &j->t}, *rets[RT_MAX_FUNC_IO] = {&j->norm};
-    j->rc = cpu_program_call(cp, mc->f_stage_opt[q], args, rets, j->err, sizeof j->err);
+    j->rc = dev->call(dev, mc->f_stage_opt[q], args, rets, j->err, sizeof j->err);
     if (j->rc) local_world_abort(r->lw);
     return NULL;
   }
@@ -127,7 +127,7 @@ static void *pipe_rank(void *arg) {
       j->rc = EXIT_USAGE;
       break;
     }
-    const RtFunc *fn = &cp->p->funcs[fi];
+    const RtFunc *fn = &dev->p->funcs[fi];
     Held *in = a->kind == ACT_B ? &stash[slot] : a->kind == ACT_W ? &wst[slot] : NULL;
     int nin = in ? in->n : 0;
     if (fn->n_args != 2 + nin) {
@@ -153,7 +153,7 @@ static void *pipe_rank(void *arg) {
     tc->mb = a->mb;
     tc->waited_us = 0;
     double t = now_us();
-    j->rc = cpu_program_call(cp, fi, args, rets, j->err, sizeof j->err);
+    j->rc = dev->call(dev, fi, args, rets, j->err, sizeof j->err);
     /* a chunk function receives first: its wait for the neighbour is idle time before the work */
     r->act_start[j->rank][i] = t + tc->waited_us - j->t0;
     r->act_end[j->rank][i] = now_us() - j->t0;
