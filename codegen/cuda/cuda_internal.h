@@ -55,7 +55,8 @@ void cuda_float_literal(float f, char *buf, size_t n);
    program's collectives and per-rank ops). */
 #define KNAME 32   /* RtProgram.kernel_names entries, NUL included */
 
-typedef struct {
+struct Steps;
+typedef struct Lower {
   const Module *m;
   RtProgram *p;
   const Func *f;
@@ -115,16 +116,21 @@ typedef struct {
   int op_index;
   int64_t *norm_stats;
   int64_t stats_bytes;
+  /* the dispatcher (lower.c's op lowering), for a family that lowers an op it had deferred
+     (lower_gemm.c): a hook, so that no split-off file calls back into lower.c */
+  int (*lower_op)(struct Lower *L, struct Steps *s, int *i);
   char *err;
   size_t errlen;
 } Lower;
 
-typedef struct {
+typedef struct Steps {
   RtStep *items;
   int n, cap;
 } Steps;
 
+/* steps.c: the step builders (see its opening comment). */
 int cl_fail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cl_storage_of(DType dt);                 /* a dtype's RtStorage on CUDA, or -1 */
 int cl_st_size(int storage);                 /* bytes per element of an RtStorage */
 bool cl_env_on(const char *name);            /* the variable is set, not empty and not "0" */
 bool cl_fuse_narrow(void);                   /* LOOM_CUDA_FUSE_BF16 (lower_gemm.c says what it allows) */
@@ -146,7 +152,20 @@ int64_t cl_prod_dims(const Type *t, int from, int to);   /* dims [from, to) mult
 bool cl_overlap(const RtBuf *a, const RtBuf *b);   /* do two buffers share bytes? */
 int cl_uses(const Func *f, const Value *v);        /* uses of v as an operand or result of f */
 int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused kernel's step(s) */
-int cl_lower_op(Lower *L, Steps *s, int *i);       /* op *i as lower_func does (*i: the last op taken) */
+int cl_fused_kernel(Lower *L, int fi);             /* kernel func fi's symbol (once per distinct body) */
+/* Appends an output buffer of n f32 (i32) in the scratch past the arena, at byte `at` of it. */
+int cl_add_scratch(Lower *L, RtStep *st, int64_t at, int64_t n);
+int cl_add_scratch_i32(Lower *L, RtStep *st, int64_t at, int64_t n);
+int64_t cl_last_dim(const Type *t);                /* the innermost dim (1 for a scalar) */
+uint32_t cl_clamp_grid(int64_t blocks, int64_t max);   /* blocks clamped to [1, max] */
+uint32_t cl_row_threads(int64_t D);                /* threads of a block per row of D */
+void cl_launch_rows(RtStep *st, int64_t rows, int64_t D);   /* one block per row */
+/* Raw data movement "loom_<base>_<size>" = template tmpl on elements of size bytes. */
+int cl_instantiate_raw(Lower *L, RtStep *st, const char *base, const char *tmpl, int size);
+bool cl_all_float(const RtStep *st);               /* no i32 buffer */
+/* lower.c: op *i as lower_func does (*i: the last op taken); reached from the other files
+   through L->lower_op */
+int cl_lower_op(Lower *L, Steps *s, int *i);
 
 /* lower_gemm.c: matmuls as cuBLASLt steps and the fusions around them.  cl_fuse_grad_accum:
    op i (a matmul or cast call) followed by the accumulation of its result into an f32

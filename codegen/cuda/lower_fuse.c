@@ -6,7 +6,7 @@
  * into one kernel call per parameter per micro-batch (GPT-2 124M: 148 launches of
  * `k0_forward_k0` a micro-batch).  Here such a parameter gets a bf16 copy that lives beside the
  * parameters, and
- *   - the cast call produces no step: its result is read from the copy (cl_weight_copy_buf,
+ *   - the cast call produces no step: its result is read from the copy (cl_weight_copy_buf in steps.c,
  *     consulted by cl_buf_of; a reshape at the same place follows it);
  *   - the in-place AdamW of the parameter writes the copy as it writes the parameter (the same
  *     rounding of the same f32 value as the cast: the same bits);
@@ -90,24 +90,12 @@ int cl_weight_copies_begin(Lower *L, const Func *f) {
   return 0;
 }
 
-bool cl_weight_copy_call(Lower *L) {
-  const Value *r = L->op->n_results == 1 ? L->op->results[0] : NULL;
-  return r && weight_cast_of_param(L->op) >= 0 && L->value_has && r->kind != VAL_GLOBAL && L->value_has[r->id] &&
-         L->value_buf[r->id].region == RT_REGION_PARAMS;
-}
-
 void cl_weight_copy_follow(Lower *L, const Value *from, const Value *to) {
   if (L->value_has && from->kind != VAL_GLOBAL && L->value_has[from->id]) {
     RtBuf b = L->value_buf[from->id];
     b.n = type_numel(&to->type);
     set_alias(L, to, b);
   }
-}
-
-bool cl_weight_copy_buf(const Lower *L, const Value *v, RtBuf *b) {
-  if (!L->value_has || v->kind == VAL_GLOBAL || v->id < 0 || v->id > L->n_values || !L->value_has[v->id]) return false;
-  *b = L->value_buf[v->id];
-  return true;
 }
 
 int cl_weight_copy_adamw(Lower *L, RtStep *st) {

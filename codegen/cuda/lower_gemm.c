@@ -1026,7 +1026,7 @@ int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc) {
     for (int k = 0; k < i && !rc; k++)
       if (L->defer[k] == i && !L->skip[k]) {
         int at = k;
-        rc = cl_lower_op(L, s, &at);
+        rc = L->lower_op(L, s, &at);
       }
     L->op = mm;
     L->moved_value = NULL;
