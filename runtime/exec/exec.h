@@ -20,8 +20,9 @@
  *   hf_export.c     a folder Hugging Face transformers loads (--out DIR/, loom export)
  *   host.c          the process: clocks, peak memory, malloc settings
  *
- * This library sits on runtime/ and ir/ (the reference interpreter, and the mesh executors'
- * bookkeeping of whole and per-rank tensors, still read the IR module); nothing here includes
+ * This library sits on runtime/ and ir/ (the reference interpreter runs the IR module; the mesh
+ * executors read it when they open: whole views, a pipeline's schedule, the micro-batch
+ * piece's placement; their steps do not); nothing here includes
  * frontend/, passes/ or codegen/.  Exit codes: 0 success, 2 bad input or usage, 1 run-time
  * failure; library calls return those codes, so a command returns what failed.
  */

@@ -304,17 +304,14 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   }
   const Type *tt = &((Value *)tf->args.items[0])->type;
   Type whole = whole_type(m, tt);
-  r->whole_tok = tensor_new(&whole);
-  r->whole_tgt = tensor_new(&whole);
-  r->tok = tensor_new(tt);
-  r->tgt = tensor_new(tt);
-  if (!r->whole_tok || !r->whole_tgt || !r->tok || !r->tgt) goto oom;
-  r->tok32 = malloc(sizeof(int32_t) * (size_t)r->tok->n);
-  r->tgt32 = malloc(sizeof(int32_t) * (size_t)r->tok->n);
+  piece_placement(tt, &r->tok_place);
+  r->whole_n = type_numel(&whole);
+  r->tok32 = malloc(sizeof(int32_t) * (size_t)(r->tok_place.n + 1));
+  r->tgt32 = malloc(sizeof(int32_t) * (size_t)(r->tok_place.n + 1));
   if (!r->tok32 || !r->tgt32) goto oom;
   r->ex.self = r;
-  r->ex.batch = r->whole_tok->type.dims[0];
-  r->ex.seq = r->whole_tok->type.dims[1];
+  r->ex.batch = whole.dims[0];
+  r->ex.seq = whole.dims[1];
   r->ex.grad_step = grad_step;
   r->ex.optimizer_step = optimizer_step;
   r->ex.eval_step = r->f_forward >= 0 ? eval_step : NULL;
@@ -354,10 +351,6 @@ static void rank_close(CudaRank *r) {
   free(r->ex.params);
   free(r->ex.state);
   free(r->piece);
-  tensor_free(r->whole_tok);
-  tensor_free(r->whole_tgt);
-  tensor_free(r->tok);
-  tensor_free(r->tgt);
   free(r->tok32);
   free(r->tgt32);
   free(r->gather);

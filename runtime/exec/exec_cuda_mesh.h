@@ -11,7 +11,7 @@ typedef struct CudaPipe CudaPipe;
 
 typedef struct {
   Executor ex;
-  const Module *m;       /* for the data split only (move_piece of the micro-batch) */
+  const Module *m;       /* read at open only (the micro-batch's placement, a pipeline's schedule) */
   Comm *comm;
   int rank, world;
   int64_t mesh[COMM_AXES];
@@ -24,7 +24,8 @@ typedef struct {
   float *piece;          /* the largest piece */
   float *gather;         /* world x the largest piece, for sync_out */
   float **piece_of;      /* [world]: rank q's piece in gather */
-  Tensor *whole_tok, *whole_tgt, *tok, *tgt;
+  RtGlobal tok_place;    /* the micro-batch piece's placement (piece_placement) */
+  int64_t whole_n;       /* tokens of a whole micro-batch */
   int32_t *tok32, *tgt32;
   int *owner;            /* a pipeline: per global, the pp coordinate that updates it (-1: none); else NULL */
   int *view_global;      /* per parameter view (ex.params): its global, and where in it the view starts */

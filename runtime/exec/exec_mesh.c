@@ -124,19 +124,11 @@ static int run_all(MeshCpu *mc, Job *jobs, int func, void *rets0, void *rets1, c
 
 /* Every rank's piece of a whole micro-batch, as int32 arguments of jobs[k]. */
 static void split_tokens(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, Job *jobs) {
-  RefExec *r = &mc->rx;
-  for (int64_t k = 0; k < mc->whole_tok->n; k++) {
-    mc->whole_tok->i[k] = inputs[k];
-    mc->whole_tgt->i[k] = targets[k];
-  }
+  int64_t mesh[COMM_AXES];
+  mesh_sizes(mc, mesh);
   for (int k = 0; k < mc->world; k++) {
-    const int *coord = local_world_rank(r->lw, k)->coord;
-    move_piece(&r->m->mesh, mc->whole_tok, mc->tok[k], coord, true);
-    move_piece(&r->m->mesh, mc->whole_tgt, mc->tgt[k], coord, true);
-    for (int64_t e = 0; e < mc->tok[k]->n; e++) {
-      mc->tok32[k][e] = (int32_t)mc->tok[k]->i[e];
-      mc->tgt32[k][e] = (int32_t)mc->tgt[k]->i[e];
-    }
+    mesh_tokens_piece(&mc->tok_place, mesh, rank_coord(mc, k), inputs, mc->tok32[k]);
+    mesh_tokens_piece(&mc->tok_place, mesh, rank_coord(mc, k), targets, mc->tgt32[k]);
     jobs[k].args[0] = mc->tok32[k];
     jobs[k].args[1] = mc->tgt32[k];
   }
@@ -269,13 +261,11 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   const RtProgram *p = &mc->b.prog;
   mc->cp = calloc((size_t)mc->world, sizeof *mc->cp);
   mc->gmap = calloc((size_t)p->n_globals + 1, sizeof *mc->gmap);
-  mc->tok = calloc((size_t)mc->world, sizeof *mc->tok);
-  mc->tgt = calloc((size_t)mc->world, sizeof *mc->tgt);
   mc->tok32 = calloc((size_t)mc->world, sizeof *mc->tok32);
   mc->tgt32 = calloc((size_t)mc->world, sizeof *mc->tgt32);
   mc->dev = calloc((size_t)mc->world, sizeof *mc->dev);
   mc->piece_of = calloc((size_t)mc->world, sizeof *mc->piece_of);
-  if (!mc->cp || !mc->gmap || !mc->tok || !mc->tgt || !mc->tok32 || !mc->tgt32 || !mc->dev || !mc->piece_of) {
+  if (!mc->cp || !mc->gmap || !mc->tok32 || !mc->tgt32 || !mc->dev || !mc->piece_of) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
@@ -298,12 +288,8 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   }
   const Type *tt = &((Value *)tf->args.items[0])->type;
   Type whole = whole_type(m, tt);
-  mc->whole_tok = tensor_new(&whole);
-  mc->whole_tgt = tensor_new(&whole);
-  if (!mc->whole_tok || !mc->whole_tgt) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
-  }
+  piece_placement(tt, &mc->tok_place);
+  mc->whole_n = type_numel(&whole);
   for (int k = 0; k < mc->world; k++) {
     if (k > 0 && (rc = cpu_program_init(&mc->cp[k], p, mc->b.fns, per, err, errlen))) {
       mc->world = k;   /* ranks 1..k-1 hold programs to free */
@@ -315,11 +301,9 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
     int64_t mesh[COMM_AXES];
     mesh_sizes(mc, mesh);
     if ((rc = mesh_init_pieces(&mc->dev[k], mesh, rank_coord(mc, k), init, seed, NULL, err, errlen))) return rc;
-    mc->tok[k] = tensor_new(tt);
-    mc->tgt[k] = tensor_new(tt);
-    mc->tok32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok[k] ? mc->tok[k]->n : 1));
-    mc->tgt32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok[k] ? mc->tok[k]->n : 1));
-    if (!mc->tok[k] || !mc->tgt[k] || !mc->tok32[k] || !mc->tgt32[k]) {
+    mc->tok32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok_place.n + 1));
+    mc->tgt32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok_place.n + 1));
+    if (!mc->tok32[k] || !mc->tgt32[k]) {
       snprintf(err, errlen, "out of memory");
       return EXIT_RUN;
     }
@@ -367,15 +351,11 @@ static void mesh_close(MeshCpu *mc) {
   }
   for (int k = 1; mc->cp && k < mc->world; k++) cpu_program_free(&mc->cp[k]);
   for (int k = 0; k < mc->world; k++) {
-    if (mc->tok) tensor_free(mc->tok[k]);
-    if (mc->tgt) tensor_free(mc->tgt[k]);
     if (mc->tok32) free(mc->tok32[k]);
     if (mc->tgt32) free(mc->tgt32[k]);
   }
-  free(mc->tok), free(mc->tgt), free(mc->tok32), free(mc->tgt32), free(mc->gmap), free(mc->cp);
+  free(mc->tok32), free(mc->tgt32), free(mc->gmap), free(mc->cp);
   free(mc->dev), free(mc->piece_of);
-  tensor_free(mc->whole_tok);
-  tensor_free(mc->whole_tgt);
   cpu_backend_free(&mc->b);
   ref_exec_free(&mc->rx);
 }

@@ -25,8 +25,8 @@ typedef struct {
   float **piece_of;    /* [world]: sync_out's pieces of one global */
   int world, f_grad, f_opt, f_forward;   /* f_forward: @forward, for validation (-1: none) */
   int *gmap;           /* program global k -> module global index */
-  Tensor *whole_tok, *whole_tgt;   /* the whole micro-batch (int64, as move_piece moves) */
-  Tensor **tok, **tgt; /* per rank: its piece */
+  RtGlobal tok_place;  /* the micro-batch piece's placement (piece_placement) */
+  int64_t whole_n;     /* tokens of a whole micro-batch */
   int32_t **tok32, **tgt32;
   /* a pipelined module (exec_mesh_pipe.c) */
   TagComm *tc;         /* [world] */

@@ -1,6 +1,7 @@
 /* runtime/exec/mesh_pieces.c — see mesh_pieces.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/comm/comm.h"
 #include "runtime/exec/exec.h"
@@ -46,6 +47,22 @@ void mesh_assemble(const RtGlobal *gl, const int64_t mesh[5], int world, float *
     if (owner >= 0 && coord[COMM_PP] != owner) continue;   /* a stage that does not update it */
     rt_piece_copy(gl, mesh, coord, whole, piece_of[q], false);
   }
+}
+
+typedef struct {
+  const int32_t *whole;
+  int32_t *piece;
+} TokenCopy;
+
+static void token_run(int64_t w, int64_t p, int64_t n, void *arg) {
+  TokenCopy *c = arg;
+  memcpy(c->piece + p, c->whole + w, sizeof(int32_t) * (size_t)n);
+}
+
+void mesh_tokens_piece(const RtGlobal *place, const int64_t mesh[5], const int coord[5], const int32_t *whole,
+                       int32_t *piece) {
+  TokenCopy c = {whole, piece};
+  rt_piece_runs(place, mesh, coord, token_run, &c);
 }
 
 int mesh_scatter(RtDevice *d, int k, const int64_t mesh[5], const int coord[5], float *whole, float *scratch, char *err,

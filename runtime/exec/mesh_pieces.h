@@ -23,5 +23,10 @@ void mesh_assemble(const RtGlobal *gl, const int64_t mesh[5], int world, float *
    (through scratch when d has no host storage). */
 int mesh_scatter(RtDevice *d, int k, const int64_t mesh[5], const int coord[5], float *whole, float *scratch, char *err,
                  size_t errlen);
+/* The rank at coord's piece of a whole micro-batch (int32, [batch, seq] row-major) by the
+   placement of the program's token arguments, an RtGlobal's (ir_rank, split, piece_dims, n:
+   piece_placement, runtime/exec/exec_ref.h, makes it from the IR type once at open). */
+void mesh_tokens_piece(const RtGlobal *place, const int64_t mesh[5], const int coord[5], const int32_t *whole,
+                       int32_t *piece);
 
 #endif
