@@ -28,7 +28,9 @@ hostile "--steps 1e18" 'key "steps" (--steps)' $(train) --steps 1e18
 hostile "--grad-accum 2147483647" 'key "grad_accum" (--grad-accum)' $(train) --grad-accum 2147483647
 hostile "--val-tokens 9000000000000000000" "--val-tokens" $(train) --val-data $K --val-tokens 9000000000000000000
 expect_stderr_contains "hold 300 tokens"
-hostile "--mesh dp=4096 --batch 4096" 'key "mesh" (--mesh)' $(train) --mesh dp=4096 --batch 4096
+# 4096 ranks as threads of 64 sequences each: 24 MB a rank, 99 GB in all (one sequence a
+# rank fits: 2.8 MB a rank since validation keeps each rank's logits, not the whole batch's)
+hostile "--mesh dp=4096 --batch 262144" 'key "mesh" (--mesh)' $(train) --mesh dp=4096 --batch 262144
 expect_stderr_matches "4096 ranks .* GB in all, and this machine has"
 hostile "--batch 1000000" 'key "batch" (--batch)' $(train) --batch 1000000
 expect_stderr_matches "GB in all, and this machine has [0-9.]+ [KMGT]?B"
