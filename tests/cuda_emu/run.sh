@@ -461,6 +461,37 @@ for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
   fi
 done
 
+# A tied embedding's gradient of whole pieces (codegen/cuda/lower_gemm.c, "whole leaves": the
+# lm_head's dW added into the f32 gradient by its GEMM, the embedding's rows by its kernel; no
+# fill, sum, cast or accumulate) against LOOM_CUDA_NO_TIED_GRAD=1: fp32 within 1e-5 (g + a + b
+# for g + (a + b): the same bits at the first micro-batch, not at the second), bf16 (the pieces
+# no longer rounded before they are added: LOOM_CUDA_FUSE_BF16=1) with loom check's bf16 rule;
+# and the embedding with the positions' add in one kernel (codegen/cuda/lower_fuse.c) bit for bit
+# LOOM_CUDA_NO_EMBED_POS=1 (the same add, rounded once); a padded vocabulary in bf16, the tied
+# Llama (no positions) in fp32
+for mp in "gpt2-tiny:fp32:" "gpt2-tiny:bf16:--vocab-multiple 96" "llama-tiny-tied:fp32:"; do
+  m=${mp%%:*} rest=${mp#*:} p=${rest%%:*} vm=${rest#*:}
+  tol=$([ $p = fp32 ] && echo "1e-5" || echo "2e-2 --atol 0.06")
+  want=$([ $m = gpt2-tiny ] && echo 2 || echo 1)
+  # shellcheck disable=SC2086
+  if LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
+       --out "$tmp/tied-f.st" > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_TIED_GRAD=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+       --precision $p $vm --steps 3 -q --out "$tmp/tied-u.st" >> "$tmp/log" 2>&1 &&
+     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_EMBED_POS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+       --precision $p $vm --steps 3 -q --out "$tmp/tied-e.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-u.st" --rtol $tol >> "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-e.st" --rtol 0 >> "$tmp/diff" 2>&1 &&
+     [ "$(LOOM_CUDA_FUSE_BF16=1 "$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision $p \
+          $vm --cost | grep -c 'embedding_grad (+= a gradient)\|embedding_pos')" = "$want" ]; then
+    ok "$m $p $vm: the tied embedding's gradient added in place (3 steps within ${tol%% *} of the pieces summed), the positions added by the embedding (bit for bit)"
+  else
+    bad "$m $p $vm: the tied embedding's gradient or the positions' add against the unfused program"; tail -3 "$tmp/log"
+    grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # Slices as views (codegen/cuda/lower_gemm.c, "views": q, k, v's slices of c_attn read in place by
 # their GEMMs through a row stride, the bias slices and wpe's rows by any op): 3 steps bit for
 # bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16; the sum
