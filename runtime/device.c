@@ -28,6 +28,12 @@ static int ex_grad_step(void *self, const int32_t *inputs, const int32_t *target
   return re->dev->call(re->dev, re->f_grad, args, rets, err, errlen);
 }
 
+static int ex_whole_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float lr, float t,
+                         float *losses, float *grad_norm, char *err, size_t errlen) {
+  RtRankExec *re = self;
+  return re->dev->step(re->dev, re->f_grad, re->f_opt, n, inputs, targets, lr, t, losses, grad_norm, err, errlen);
+}
+
 static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   RtRankExec *re = self;
   void *args[2] = {&lr, &t}, *rets[RT_MAX_FUNC_IO] = {grad_norm};
@@ -117,6 +123,7 @@ int rt_rank_exec_init(RtRankExec *re, RtDevice *dev, int64_t batch, int64_t seq,
   re->ex.seq = seq;
   re->ex.grad_step = ex_grad_step;
   re->ex.optimizer_step = ex_optimizer_step;
+  if (dev->step) re->ex.whole_step = ex_whole_step;   /* a step at once (one CUDA graph) */
   if (re->f_forward >= 0) re->ex.eval_step = ex_eval_step;
   if (!dev->host) {   /* copies: they start as the device's values */
     re->ex.sync_out = ex_sync_out;

@@ -38,6 +38,11 @@ struct RtDevice {
   int (*write)(RtDevice *d, int g, const float *in, char *err, size_t errlen);
   float *(*host)(RtDevice *d, int g);
   void (*close)(RtDevice *d);
+  /* optional (NULL: none): a whole training step, n micro-batches of f_grad (inputs, targets
+     [n][tokens]) then f_opt(lr, t), their losses[n] and the norm as call would give them (the
+     cuda backend: one CUDA graph a step, cuda_program_step); the rank executor's whole_step */
+  int (*step)(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets, float lr,
+              float t, float *losses, float *grad_norm, char *err, size_t errlen);
 };
 
 /* The function named `name` (without '@'), or -1. */

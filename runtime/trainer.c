@@ -456,7 +456,7 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
   r->losses = calloc((size_t)o->steps + 1, sizeof(float));
   r->grad_norms = calloc((size_t)o->steps + 1, sizeof(float));
   r->lrs = calloc((size_t)o->steps + 1, sizeof(float));
-  int64_t rows = ex->pipeline_step ? G : 1;   /* a pipeline takes the step's micro-batches at once */
+  int64_t rows = ex->pipeline_step || ex->whole_step ? G : 1;   /* a pipeline (a whole step) takes them at once */
   int32_t *inputs = malloc(sizeof(int32_t) * (size_t)(rows * B * T)), *targets = malloc(sizeof(int32_t) * (size_t)(rows * B * T));
   float *mb_losses = malloc(sizeof(float) * (size_t)G);
   DataLoader dl, vl;
@@ -541,8 +541,14 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
   train_stop_arm();
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
-    float loss_sum = 0;
-    if (ex->pipeline_step) {
+    float loss_sum = 0, norm = 0;
+    if (ex->whole_step) {
+      for (int64_t g = 0; g < G; g++) data_next(&dl, inputs + g * B * T, targets + g * B * T);
+      if ((rc = ex->whole_step(ex->self, G, inputs, targets, (float)train_lr_at(o, s), (float)(s + 1), mb_losses, &norm,
+                               err, errlen)))
+        goto done;
+      for (int64_t g = 0; g < G; g++) loss_sum += mb_losses[g];
+    } else if (ex->pipeline_step) {
       for (int64_t g = 0; g < G; g++) data_next(&dl, inputs + g * B * T, targets + g * B * T);
       if ((rc = ex->pipeline_step(ex->self, G, inputs, targets, mb_losses, err, errlen))) goto done;
       for (int64_t g = 0; g < G; g++) loss_sum += mb_losses[g];
@@ -554,8 +560,8 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
         loss_sum += loss;
       }
     }
-    float loss = loss_sum / (float)G, lr = (float)train_lr_at(o, s), norm;
-    if ((rc = ex->optimizer_step(ex->self, lr, (float)(s + 1), &norm, err, errlen))) goto done;
+    float loss = loss_sum / (float)G, lr = (float)train_lr_at(o, s);
+    if (!ex->whole_step && (rc = ex->optimizer_step(ex->self, lr, (float)(s + 1), &norm, err, errlen))) goto done;
     double dt = now_s() - t0;
     if ((rc = loads_read(ex, o, &loads, err, errlen))) goto done;
     r->losses[s] = loss;

@@ -47,6 +47,11 @@ typedef struct {
   /* The optimizer step at learning rate lr and 1-based step count t; returns the global
      gradient norm before clipping. */
   int (*optimizer_step)(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen);
+  /* Optional, instead of grad_step and optimizer_step: the whole step at once (the n
+     micro-batches, inputs and targets [n][batch*seq], then the optimizer step), losses[n] and
+     the norm as those two give them (one GPU: one CUDA graph a step, runtime/cuda/cuda_exec.c). */
+  int (*whole_step)(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float lr, float t, float *losses,
+                    float *grad_norm, char *err, size_t errlen);
   int n_params;
   RtTensor *params;     /* under their Hugging Face names */
   int n_state;

@@ -76,6 +76,14 @@ void cuda_step_cost(const RtProgram *p, const RtStep *st, CudaStepCost *c) {
   }
   const char *fam = starts(name, "loom_") ? name + 5 : name;
   c->cat = family_cat(fam);
+  if (starts(fam, "embedding")) {
+    /* a gather (scatter) touches the rows of its ids, at most n_ids of the table's: the table
+       counted at min(rows, n_ids) rows (read and written when the backward adds into it, i[5]) */
+    int t = starts(fam, "embedding_bwd") ? 2 : 0;
+    const RtBuf *tb = &st->bufs[t];
+    double row = (double)st->i[2] * cl_st_size(tb->storage), rows = (double)st->i[0];
+    if (rows * row < buf_bytes(tb)) c->bytes += rows * row * (t && st->i[5] ? 2 : 1) - buf_bytes(tb);
+  }
   if (c->cat == CC_ATTENTION && !starts(fam, "attn_cached")) {
     /* i: B, T, H, D, S, KV, causal (attention and the attention blocks alike) */
     const int64_t *i = st->i;

@@ -210,6 +210,9 @@ void cl_fuse_func_end(Lower *L, Steps *s);
 /* lower_fuse.c, the classifier: the cross_entropy op i and its gradient in one step (1: no
    such gradient, or its buffer is not free early enough: lower it as before). */
 int cl_fuse_xent(Lower *L, Steps *s, int i);
+/* lower_fuse.c: the embedding op i and the add of positions after it in one step (1: no such
+   add, lower it as before). */
+int cl_fuse_embed_pos(Lower *L, Steps *s, int i);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

@@ -525,6 +525,8 @@ static int lower_builtin(Lower *L, Steps *s) {
     return cl_instantiate(L, st, "xent_bwd", "loom_xent_bwd", IDX(0, 1, 3), NULL, "", 1024);
   }
   case OP_EMBEDDING: {
+    int fused = cl_fuse_embed_pos(L, s, L->op_index);   /* with the positions' add (lower_fuse.c) */
+    if (fused != 1) return fused;
     STEP("");
     if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "ids must be i32");
     INT(type_numel(&op->operands[1]->type));
@@ -535,14 +537,18 @@ static int lower_builtin(Lower *L, Steps *s) {
     return cl_instantiate(L, st, "embedding", "loom_embedding_fwd", IDX(0, 2), NULL, "", 1024);
   }
   case OP_EMBEDDING_GRAD: {
-    if (zero_result(L, s)) return IR_EINPUT;   /* 1: zero the table gradient */
+    /* a leaf of a gradient tree (lower_gemm.c): its rows added into the f32 gradient, no fill */
+    const RtBuf *into = L->leaf_into && L->leaf_into[L->op_index].n ? &L->leaf_into[L->op_index] : NULL;
+    if (!into && zero_result(L, s)) return IR_EINPUT;   /* 1: zero the table gradient */
     /* 2: the rows of the ids that occur */
-    STEP("");
+    STEP(into ? " (+= a gradient)" : "");
+    if (into) st->bufs[2] = *into;
     if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "ids must be i32");
     INT(type_numel(&op->operands[1]->type));
     INT(y->dims[0]);
     INT(y->dims[1]);
     if (vocab_ints(L, st, &n)) return IR_EINPUT;
+    INT(into != NULL);
     st->block[0] = 256;
     st->grid[0] = cl_clamp_grid(st->i[0], 65536);
     return cl_instantiate(L, st, "embedding_bwd", "loom_embedding_bwd", IDX(0, 2), NULL, "", 1024);
@@ -918,7 +924,7 @@ int cl_lower_op(Lower *L, Steps *s, int *i) {
     return rc;
   }
   if (L->gemm_at[*i] >= 0) return cl_lower_gemm_at(L, s, *i);
-  if (L->leaf_into[*i].n) return cl_lower_tree_leaf(L, s, *i);
+  if (L->leaf_into[*i].n && L->op->kind == OP_PAD) return cl_lower_tree_leaf(L, s, *i);
   L->adamw_in_place = L->op->kind == OP_ADAMW && adamw_in_place(L, *i);
   const Value *acc = L->op->kind == OP_CALL || L->op->kind == OP_MATMUL ? cl_fuse_grad_accum(L, f, *i) : NULL;
   switch (L->op->kind) {

@@ -527,3 +527,95 @@ int cl_fuse_xent(Lower *L, Steps *s, int i) {
   }
   return cl_instantiate(L, st, "xent_fused", "loom_xent_fused", (const int[]){0, 2, 3, -1}, NULL, "", 1024);
 }
+
+/* ---------------------------------------------------------------- embedding + positions
+
+   GPT-2's x = wte[tokens] + broadcast(wpe): the embedding writes its rows, a kernel reads them
+   back with the positions and writes the sum (one [B, T, D] written and read for nothing).
+   When the embedding's only user is a call of a kernel add(y, broadcast(p)) (either order) with
+   p of y's trailing shape [T, D] and y's dtype, and every op between them makes no step (the
+   bf16 parameter casts that read the weight copies), the embedding writes the sum: the same
+   add, rounded once, the same bits.  Not for a vocabulary-parallel table (its rows are summed
+   over the ranks before the positions are added).  LOOM_CUDA_NO_EMBED_POS=1: off. */
+/* Does v exist before op i runs: a global or argument, a value defined before i, a cast that
+   reads a weight copy, or a slice read in place (no step) of such a value? */
+static bool ready_at(Lower *L, const Value *v, int i, int depth) {
+  if (v->kind == VAL_GLOBAL || v->kind == VAL_ARG || (L->value_has && v->id >= 0 && L->value_has[v->id])) return true;
+  if (v->kind != VAL_RESULT || depth > 4) return false;
+  const Func *f = L->f;
+  for (int q = 0; q < f->ops.n; q++) {
+    const Op *o = f->ops.items[q];
+    if (o != v->def) continue;
+    if (q < i) return true;
+    bool view = (o->kind == OP_SLICE || o->kind == OP_RESHAPE) && L->skip[q] && L->view && v->id >= 0 &&
+                v->id < L->n_view && L->view[v->id].n;
+    return view && ready_at(L, o->operands[0], i, depth + 1);
+  }
+  return false;
+}
+
+int cl_fuse_embed_pos(Lower *L, Steps *s, int i) {
+  const Func *f = L->f;
+  const Op *op = L->op;
+  const Attr *va = op_attr(op, "vocab_axis");
+  if (cl_env_on("LOOM_CUDA_NO_EMBED_POS") || (va && va->s && va->s[0])) return 1;
+  const Value *y = op->results[0];
+  if (cl_uses(f, y) != 1 || y->type.rank < 2) return 1;
+  int j = i + 1;
+  for (; j < f->ops.n && j <= i + 4; j++) {
+    const Op *o = f->ops.items[j];
+    bool reads_y = false;
+    for (int k = 0; k < o->n_operands; k++) reads_y |= o->operands[k] == y;
+    if (reads_y) break;
+    /* an op between makes no step: a cast that reads a weight copy, a slice read in place */
+    bool copy = o->kind == OP_CALL && o->n_results == 1 && L->value_has && L->value_has[o->results[0]->id];
+    bool view = (o->kind == OP_SLICE || o->kind == OP_RESHAPE) && L->skip[j] && L->view && o->results[0]->id >= 0 &&
+                o->results[0]->id < L->n_view && L->view[o->results[0]->id].n;
+    if (!copy && !view) return 1;
+  }
+  if (j >= f->ops.n || j > i + 4 || L->skip[j]) return 1;
+  const Op *call = f->ops.items[j];
+  const Func *k = call->callee;
+  if (call->kind != OP_CALL || call->n_operands != 2 || call->n_results != 1 || !k || !k->is_kernel || k->args.n != 2 ||
+      k->rets.n != 1 || k->ops.n != 2)
+    return 1;
+  const Op *bc = k->ops.items[0], *add = k->ops.items[1];
+  if (bc->kind != OP_BROADCAST || add->kind != OP_ADD || k->rets.items[0] != add->results[0] ||
+      bc->operands[0]->kind != VAL_ARG)
+    return 1;
+  const Value *ya = add->operands[0] == bc->results[0] ? add->operands[1] : add->operands[0];
+  if (ya == bc->results[0] || ya->kind != VAL_ARG || ya == bc->operands[0] ||
+      (add->operands[0] != bc->results[0] && add->operands[1] != bc->results[0]))
+    return 1;
+  const Value *p = NULL, *yo = NULL;
+  for (int a = 0; a < 2; a++) {
+    if (k->args.items[a] == bc->operands[0]) p = call->operands[a];
+    if (k->args.items[a] == ya) yo = call->operands[a];
+  }
+  const Value *x = call->results[0];
+  if (yo != y || !p || p->type.dtype != y->type.dtype || x->type.dtype != y->type.dtype ||
+      type_numel(&x->type) != type_numel(&y->type) || p->type.rank > y->type.rank)
+    return 1;
+  for (int d = 0; d < p->type.rank; d++)
+    if (p->type.dims[d] != y->type.dims[y->type.rank - p->type.rank + d]) return 1;
+  if (!ready_at(L, p, i, 0)) return 1;
+  /* the sum may not land on what the pass still reads (the kernel it replaces read only y there) */
+  RtBuf bx, bin;
+  if (cl_buf_of(L, x, &bx)) return IR_EINPUT;
+  for (int a = 0; a < 3; a++) {
+    if (cl_buf_of(L, a == 2 ? p : op->operands[a], &bin)) return IR_EINPUT;
+    if (cl_overlap(&bx, &bin)) return 1;
+  }
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " + positions");
+  if (!st || cl_set_bufs(L, st, (const Value *const[]){op->operands[0], op->operands[1], p}, 3, false)) return IR_EINPUT;
+  if (st->bufs[1].storage != RT_ST_I32) return cl_fail(L, "ids must be i32");
+  if (cl_buf_of(L, x, &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
+  const Type *t = &op->operands[0]->type;
+  st->i[0] = type_numel(&op->operands[1]->type);
+  st->i[1] = t->dims[0];
+  st->i[2] = t->dims[1];
+  st->i[5] = type_numel(&p->type);
+  cl_launch_ew(st, st->i[0] * st->i[2]);
+  L->skip[j] = true;
+  return cl_instantiate(L, st, "embedding_pos", "loom_embedding_pos_fwd", (const int[]){0, 3, -1}, NULL, "", 1024);
+}

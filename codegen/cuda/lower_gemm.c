@@ -43,9 +43,10 @@ static int lower_matmul(Lower *L, Steps *s, const Value *into_global) {
     /* a piece of a gradient tree: added into its view of the gradient (plan_trees) */
     st->bufs[2] = L->acc_into[r->id];
     st->i[CUDA_GEMM_BETA_INT] = 1;
+    /* acc_ld 0: a whole leaf, the gradient itself */
     st->i[RT_GEMM_LDC_INT] = L->acc_ld[r->id] == N ? 0 : L->acc_ld[r->id];
     size_t n = strlen(st->label);
-    snprintf(st->label + n, sizeof st->label - n, " (+= a part of a gradient)");
+    snprintf(st->label + n, sizeof st->label - n, L->acc_ld[r->id] ? " (+= a part of a gradient)" : " (+= a gradient)");
   }
   if (into_global) {
     if (cl_buf_of(L, into_global, &st->bufs[2])) return IR_EINPUT;
@@ -498,7 +499,7 @@ static void plan_sum3(Lower *L, const Func *f) {
    and the accumulate are gone.  Adding zeros is exact, so a leaf's own accumulation is the
    same arithmetic (on always); a GEMM's adds its product unrounded, which moves a bf16
    program's rounding point: bf16 GEMM leaves only with LOOM_CUDA_FUSE_BF16=1.
-   LOOM_CUDA_NO_EPILOGUE=1 or LOOM_CUDA_NO_TREES=1: off. */
+   LOOM_CUDA_NO_EPILOGUE=1 or LOOM_CUDA_NO_TREES=1: off (whole leaves, below: LOOM_CUDA_NO_TIED_GRAD=1). */
 
 /* A kernel func that adds its arguments, each once, maybe casting the sum to f32 last. */
 static bool is_sum_kernel(const Func *k) {
@@ -554,8 +555,29 @@ static int op_index(const Func *f, const Op *op, int below) {
   return -1;
 }
 
+/* Op q of f, a whole leaf of a tree into the f32 gradient g: a matmul or an embedding's gradient
+   of g's element count, used once, whose sum with the other pieces g was (a tied embedding's
+   table: the lm_head's dW and the embedding's rows).  It adds into g itself: the GEMM with
+   beta = 1, the embedding's gradient its rows (no fill of the table, no sum, no cast, no
+   accumulate).  The pieces overlap, so their sum's order changes (fp32: g + a + b for
+   g + (a + b), the same bits while g is zero) and a narrow sum is no longer rounded: narrow
+   leaves only with LOOM_CUDA_FUSE_BF16=1.  LOOM_CUDA_NO_TIED_GRAD=1: off. */
+static bool whole_leaf(Lower *L, const Func *f, int q, const Value *g) {
+  const Op *op = f->ops.items[q];
+  const Value *y = op->results[0];
+  if ((op->kind != OP_MATMUL && op->kind != OP_EMBEDDING_GRAD) || op->n_results != 1 || cl_uses(f, y) != 1 ||
+      type_numel(&y->type) != type_numel(&g->type) || y->type.rank != g->type.rank || L->defer[q] >= 0 || L->skip[q] ||
+      L->gemm_at[q] >= 0 || (y->type.dtype != DT_F32 && !cl_fuse_narrow()))
+    return false;
+  for (int d = 0; d < y->type.rank; d++)
+    if (y->type.dims[d] != g->type.dims[d]) return false;
+  return true;
+}
+
 static void plan_trees(Lower *L, const Func *f) {
-  if (getenv("LOOM_CUDA_NO_EPILOGUE") || getenv("LOOM_CUDA_NO_TREES")) return;
+  /* LOOM_CUDA_NO_TREES: no pad leaves; LOOM_CUDA_NO_TIED_GRAD: no whole ones */
+  bool pads_ok = !getenv("LOOM_CUDA_NO_TREES"), whole_ok = !cl_env_on("LOOM_CUDA_NO_TIED_GRAD");
+  if (getenv("LOOM_CUDA_NO_EPILOGUE") || (!pads_ok && !whole_ok)) return;
   int n = f->ops.n;
   int *stack = malloc(sizeof(int) * (size_t)(n + 1)), *calls = malloc(sizeof(int) * (size_t)(n + 1));
   int *pads = malloc(sizeof(int) * (size_t)(n + 1));
@@ -590,7 +612,7 @@ static void plan_trees(Lower *L, const Func *f) {
           break;
         }
         if (v->def->kind == OP_CALL) stack[ns++] = q;
-        else if (v->def->kind == OP_PAD) pads[np++] = q;
+        else if ((pads_ok && v->def->kind == OP_PAD) || (whole_ok && whole_leaf(L, f, q, g))) pads[np++] = q;
         else ok = false;
       }
     }
@@ -605,6 +627,32 @@ static void plan_trees(Lower *L, const Func *f) {
       const Op *pad = f->ops.items[pads[l]];
       int64_t rows, cols, ld;
       const Value *y = pad->operands[0];
+      if (pad->kind != OP_PAD) {   /* a whole leaf: the gradient itself */
+        y = pad->results[0];
+        cols = g->type.rank ? g->type.dims[g->type.rank - 1] : 1;
+        rows = cols ? type_numel(&g->type) / cols : 0;
+        ld = cols;
+        if (cl_buf_of(L, g, &views[l])) {
+          L->err[0] = 0;
+          ok = false;
+          break;
+        }
+        ys[l] = y;
+        lds[l] = ld;
+        gemm[l] = pad->kind == OP_MATMUL ? pads[l] : -1;
+        if (pad->kind == OP_MATMUL) {   /* a single GEMM of the gradient's shape, as a pad leaf's below */
+          const Op *save = L->op;
+          L->op = pad;
+          bool single = lower_matmul_step_is_single(L);
+          L->op = save;
+          int last;
+          if (!single || y->type.rank != 2 || y->type.dims[0] != rows || y->type.dims[1] != cols || L->resid[pads[l]] ||
+              L->sum_into[pads[l]] >= 0 || grad_accum(f, pads[l], &last))
+            ok = false;
+        }
+        if (pads[l] < first) first = pads[l];
+        continue;
+      }
       if (y->kind == VAL_RESULT && y->def->kind == OP_RESHAPE && cl_uses(f, y) == 1) y = y->def->operands[0];
       if (!pad_view(L, pad, g, &views[l], &rows, &cols, &ld) || type_numel(&y->type) != rows * cols) {
         ok = false;
@@ -639,6 +687,17 @@ static void plan_trees(Lower *L, const Func *f) {
     }
     if (!ok) continue;
     for (int l = 0; l < np; l++) {
+      const Op *leaf = f->ops.items[pads[l]];
+      if (leaf->kind != OP_PAD) {   /* a whole leaf lowers in place: the GEMM or the embedding's rows add */
+        if (gemm[l] >= 0) {
+          L->acc_into[ys[l]->id] = views[l];
+          L->acc_ld[ys[l]->id] = 0;   /* whole: C is the gradient (lower_matmul) */
+        } else {
+          L->leaf_into[pads[l]] = views[l];
+          L->leaf_of[pads[l]] = ys[l];
+        }
+        continue;
+      }
       L->skip[pads[l]] = true;
       if (gemm[l] >= 0) {
         L->acc_into[ys[l]->id] = views[l];

@@ -996,6 +996,9 @@ void cuda_program_free(CudaProgram *cp) {
     if (cp->graph[f]) d->cuGraphExecDestroy((CUgraphExec)cp->graph[f]);
   free(cp->graph);
   free(cp->graph_off);
+  if (d && cp->step_graph) d->cuGraphExecDestroy((CUgraphExec)cp->step_graph);
+  if (d && cp->step_io) d->cuMemFree((CUdeviceptr)cp->step_io);
+  free(cp->step_host);
   for (int e = 0; d && cp->prof_ev && e < cp->n_prof_ev; e++)
     if (cp->prof_ev[e]) d->cuEventDestroy((CUevent)cp->prof_ev[e]);
   free(cp->prof_ev);
@@ -1224,6 +1227,170 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
   return rc;
 }
 
+/* ---- one CUDA graph a training step (cuda_program_step) ----
+   step_io holds, 64-byte aligned each: per micro-batch its tokens and targets (in @grad_step's
+   argument storages), @optimizer_step's lr and t, then (the outputs, from step_in on) each
+   micro-batch's loss and the gradient norm.  The graph moves them with device copies (no host
+   copy can be captured); the host copies them in before the launch and out after it. */
+static size_t io_bytes(const RtBuf *b) { return ((size_t)b->n * (size_t)cuda_storage_size((RtStorage)b->storage) + 63) / 64 * 64; }
+
+static bool step_graph_wanted(CudaProgram *cp, int fg, int fo) {
+  const char *e = getenv("LOOM_CUDA_STEP_GRAPH");
+  if ((e && !strcmp(e, "0")) || cp->step_graph_off || !graphed(cp, fg) || !graphed(cp, fo)) return false;
+  const RtFunc *g = &cp->p->funcs[fg], *o = &cp->p->funcs[fo];
+  return g->n_args == 2 && g->n_rets >= 1 && o->n_args == 2 && o->n_rets >= 1;
+}
+
+/* step_io and its host image for n micro-batches (kept while n stays) */
+static int step_io_init(CudaProgram *cp, int fg, int fo, int64_t n, char *err, size_t errlen) {
+  const RtFunc *g = &cp->p->funcs[fg], *o = &cp->p->funcs[fo];
+  size_t in = (size_t)n * (io_bytes(&g->args[0]) + io_bytes(&g->args[1])) + io_bytes(&o->args[0]) + io_bytes(&o->args[1]);
+  size_t all = in + (size_t)n * io_bytes(&g->rets[0]) + io_bytes(&o->rets[0]);
+  if (cp->step_io && cp->step_graph_n == n) return 0;
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d) return 1;
+  if (cp->step_graph) d->cuGraphExecDestroy((CUgraphExec)cp->step_graph);
+  cp->step_graph = NULL;
+  if (cp->step_io) d->cuMemFree((CUdeviceptr)cp->step_io);
+  cp->step_io = 0;
+  free(cp->step_host);
+  cp->step_host = malloc(all);
+  if (!cp->step_host) return fail(err, errlen, 1, "out of memory");
+  CUdeviceptr at = 0;
+  if (CU(cuMemAlloc, (&at, all), "(the training step's inputs and outputs)")) return 1;
+  cp->step_io = (uint64_t)at;
+  cp->step_in = in;
+  cp->step_bytes = all;
+  cp->step_graph_n = n;
+  return 0;
+}
+
+/* The step's launches on the stream (captured into the graph): per micro-batch its tokens and
+   targets into @grad_step's arguments, its steps, its loss out; then lr and t, @optimizer_step's
+   steps, the norm out. */
+static int step_issue(CudaProgram *cp, int fg, int fo, int64_t n, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  CUstream stream = (CUstream)cp->stream;
+  const RtFunc *g = &cp->p->funcs[fg], *o = &cp->p->funcs[fo];
+  const char *where = "(the training step's graph)";
+  size_t in = 0, out = cp->step_in;
+  int rc = 0;
+  for (int64_t m = 0; !rc && m < n; m++) {
+    for (int a = 0; !rc && a < 2; a++) {
+      size_t bytes = (size_t)g->args[a].n * (size_t)cuda_storage_size((RtStorage)g->args[a].storage);
+      if (bytes)
+        rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, fg, &g->args[a]), (CUdeviceptr)(cp->step_io + in), bytes, stream), where);
+      in += io_bytes(&g->args[a]);
+    }
+    for (int s = 0; !rc && s < g->n_steps; s++) rc = run_step(cp, fg, s, err, errlen);
+    size_t bytes = (size_t)g->rets[0].n * (size_t)cuda_storage_size((RtStorage)g->rets[0].storage);
+    if (!rc && bytes)
+      rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)(cp->step_io + out), (CUdeviceptr)cuda_buf_addr(cp, fg, &g->rets[0]), bytes, stream), where);
+    out += io_bytes(&g->rets[0]);
+  }
+  for (int a = 0; !rc && a < 2; a++) {
+    size_t bytes = (size_t)o->args[a].n * (size_t)cuda_storage_size((RtStorage)o->args[a].storage);
+    if (bytes) rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, fo, &o->args[a]), (CUdeviceptr)(cp->step_io + in), bytes, stream), where);
+    in += io_bytes(&o->args[a]);
+  }
+  for (int s = 0; !rc && s < o->n_steps; s++) rc = run_step(cp, fo, s, err, errlen);
+  size_t bytes = (size_t)o->rets[0].n * (size_t)cuda_storage_size((RtStorage)o->rets[0].storage);
+  if (!rc && bytes)
+    rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)(cp->step_io + out), (CUdeviceptr)cuda_buf_addr(cp, fo, &o->rets[0]), bytes, stream), where);
+  return rc;
+}
+
+/* Captures the step's graph; a capture the driver refuses is not an error: the step goes call
+   by call from then on (step_graph_off). */
+static void step_capture(CudaProgram *cp, int fg, int fo, int64_t n) {
+  const CudaDriverApi *d = cuda_driver(NULL, 0);
+  CUstream stream = (CUstream)cp->stream;
+  char e[512] = "";
+  if (!d || d->cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) {
+    cp->step_graph_off = true;
+    return;
+  }
+  int rc = step_issue(cp, fg, fo, n, e, sizeof e);
+  CUgraph g = NULL;
+  CUresult r = d->cuStreamEndCapture(stream, &g);
+  CUgraphExec exec = NULL;
+  if (!rc && r == CUDA_SUCCESS && g) r = d->cuGraphInstantiate(&exec, g, 0);
+  if (g) d->cuGraphDestroy(g);
+  if (rc || r != CUDA_SUCCESS || !exec) {
+    if (exec) d->cuGraphExecDestroy(exec);
+    cp->step_graph_off = true;
+    return;
+  }
+  cp->step_graph = exec;
+}
+
+int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
+                      float lr, float t, float *losses, float *grad_norm, char *err, size_t errlen) {
+  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (f_grad < 0 || f_grad >= cp->p->n_funcs || f_opt < 0 || f_opt >= cp->p->n_funcs || n < 1 ||
+      cp->p->funcs[f_grad].n_rets < 1 || cp->p->funcs[f_grad].rets[0].n != 1 || cp->p->funcs[f_opt].n_rets < 1 ||
+      cp->p->funcs[f_opt].rets[0].n != 1)
+    return fail(err, errlen, 2, "the program has no @grad_step -> loss and @optimizer_step -> grad_norm");
+  if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  const RtFunc *g = &cp->p->funcs[f_grad], *o = &cp->p->funcs[f_opt];
+  int64_t ntok = g->n_args == 2 ? g->args[0].n : 0;
+  bool graph = step_graph_wanted(cp, f_grad, f_opt) && g->args[1].n == ntok && !step_io_init(cp, f_grad, f_opt, n, err, errlen);
+  if (!graph) {   /* call by call: the same launches */
+    void *rets[RT_MAX_FUNC_IO] = {0};
+    int rc = 0;
+    for (int64_t m = 0; !rc && m < n; m++) {
+      void *args[2] = {(void *)(inputs + m * ntok), (void *)(targets + m * ntok)};
+      rets[0] = &losses[m];
+      rc = cuda_program_call(cp, f_grad, args, rets, err, errlen);
+    }
+    void *oargs[2] = {&lr, &t};
+    rets[0] = grad_norm;
+    return rc ? rc : cuda_program_call(cp, f_opt, oargs, rets, err, errlen);
+  }
+  CUstream stream = (CUstream)cp->stream;
+  int rc = 0;
+  if (cp->copies_stale && cp->f_copies >= 0) {   /* the bf16 copies, after the host wrote a global */
+    for (int s = 0; !rc && s < cp->p->funcs[cp->f_copies].n_steps; s++) rc = run_step(cp, cp->f_copies, s, err, errlen);
+    if (!rc) cp->copies_stale = false;
+  }
+  size_t off = 0;
+  for (int64_t m = 0; m < n; m++)
+    for (int a = 0; a < 2; a++) {
+      cuda_f32_to_storage((RtStorage)g->args[a].storage, (const float *)(const void *)((a ? targets : inputs) + m * ntok),
+                          cp->step_host + off, g->args[a].n);
+      off += io_bytes(&g->args[a]);
+    }
+  const float *oin[2] = {&lr, &t};
+  for (int a = 0; a < 2; a++) {
+    cuda_f32_to_storage((RtStorage)o->args[a].storage, oin[a], cp->step_host + off, o->args[a].n);
+    off += io_bytes(&o->args[a]);
+  }
+  if (!rc) rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)cp->step_io, cp->step_host, cp->step_in, stream), "(the training step's inputs)");
+  if (!rc && !cp->step_graph) step_capture(cp, f_grad, f_opt, n);
+  if (!rc && cp->step_graph)
+    rc = CU(cuGraphLaunch, ((CUgraphExec)cp->step_graph, stream), "launching the CUDA graph of the training step");
+  else if (!rc)
+    rc = step_issue(cp, f_grad, f_opt, n, err, errlen);   /* refused: the same launches, one by one */
+  if (!rc)
+    rc = CU(cuMemcpyDtoHAsync, (cp->step_host + cp->step_in, (CUdeviceptr)(cp->step_io + cp->step_in),
+                                cp->step_bytes - cp->step_in, stream), "(the training step's losses)");
+  if (!rc) rc = CU(cuStreamSynchronize, (stream), "after the training step (a kernel or GEMM of it failed; LOOM_CUDA_SYNC=1 names the step)");
+  if (rc) {
+    cp->broken = true;
+    d->cuStreamSynchronize(stream);
+    return rc;
+  }
+  off = cp->step_in;
+  for (int64_t m = 0; m < n; m++) {
+    cuda_storage_to_f32((RtStorage)g->rets[0].storage, cp->step_host + off, &losses[m], 1);
+    off += io_bytes(&g->rets[0]);
+  }
+  cuda_storage_to_f32((RtStorage)o->rets[0].storage, cp->step_host + off, grad_norm, 1);
+  return 0;
+}
+
 /* Host <-> device copy of n elements of storage s at addr, converting from/to f32 (int32). */
 static int xfer(CudaProgram *cp, uint64_t addr, RtStorage s, int64_t n, float *out, const float *in, const char *what,
                 char *err, size_t errlen) {
@@ -1355,7 +1522,13 @@ static int dev_write(RtDevice *d, int g, const float *in, char *err, size_t errl
   return cuda_global_write(d->impl, g, in, err, errlen);
 }
 
+/* one CUDA graph a training step (cuda_program_step) */
+static int dev_step(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets, float lr,
+                    float t, float *losses, float *grad_norm, char *err, size_t errlen) {
+  return cuda_program_step(d->impl, f_grad, f_opt, n, inputs, targets, lr, t, losses, grad_norm, err, errlen);
+}
+
 void cuda_device(RtDevice *d, CudaProgram *cp) {
   *d = (RtDevice){.p = cp->p, .kind = "CUDA", .impl = cp, .call = dev_call, .read = dev_read, .write = dev_write,
-                  .host = NULL, .close = NULL};
+                  .host = NULL, .close = NULL, .step = dev_step};
 }

@@ -172,6 +172,19 @@ typedef struct {
      synchronized-each-step program, or one whose capture the driver refused (graph_off) */
   void **graph;
   bool *graph_off;
+  /* one CUDA graph a training step (cuda_program_step): the step's micro-batches' @grad_step
+     and its @optimizer_step, captured at the first step and launched at every one; the
+     micro-batches' tokens and targets, lr and t go in through step_io (copied there before the
+     launch, moved into the functions' arguments by the graph), the losses and the gradient
+     norm come out through it (one copy out after the launch, then the step's only
+     synchronization).  NULL until captured, or when the calls go one by one (step_graph_off:
+     refused, LOOM_CUDA_STEP_GRAPH=0, or no graphs at all) */
+  void *step_graph;
+  int64_t step_graph_n;    /* the micro-batches it was captured for */
+  bool step_graph_off;
+  uint64_t step_io;        /* device bytes: inputs (step_in bytes), then outputs */
+  unsigned char *step_host;   /* their host image */
+  size_t step_in, step_bytes;
   /* the parameters' bf16 copies (RT_FUNC_WEIGHT_COPIES, runtime/program.h): that function
      (-1: none), run step by step before the next call of another function once the host has
      written a global (copies_stale) */
@@ -200,6 +213,13 @@ int cuda_find_func(const CudaProgram *cp, const char *name);   /* -1 if absent *
    rets[k] caller buffers (f32 or int32; NULL: not wanted).  Returns once the results are
    on the host. */
 int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen);
+/* One training step: n micro-batches of function f_grad (@grad_step(tokens, targets) -> loss,
+   inputs and targets [n][tokens]) and function f_opt (@optimizer_step(lr, t) -> grad_norm) as
+   one CUDA graph (CudaProgram.step_graph), or call by call where graphs are off; the same
+   results either way (the same launches): losses[n], *grad_norm.  Returns once they are on
+   the host. */
+int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
+                      float lr, float t, float *losses, float *grad_norm, char *err, size_t errlen);
 /* The same with some arguments and results on the device: dargs[k] / drets[k] nonzero is a
    device address holding (receiving) argument (result) k in its RtBuf's storage, copied on
    the device; the others go through the host as above (dargs, drets may be NULL). */

@@ -11,9 +11,11 @@
  * bad launch shape) prints what happened and is sticky, as a kernel fault is on a GPU: every
  * later synchronization fails until cuDevicePrimaryCtxReset.
  * Stream capture and graphs: between cuStreamBeginCapture and cuStreamEndCapture a stream
- * records its kernel launches (with a copy of their one LoomArgs parameter), memsets and host
- * functions (cuLaunchHostFunc: how the cuBLASLt double captures a GEMM) instead of running
- * them; a copy to or from the host, a synchronization of the stream, an event, or a graph
+ * records its kernel launches (with a copy of their one LoomArgs parameter), memsets, copies
+ * within the device (cuMemcpyDtoDAsync: a whole training step's graph moves each micro-batch's
+ * tokens in and its loss out) and host functions (cuLaunchHostFunc: how the cuBLASLt double
+ * captures a GEMM) instead of running them; a copy to or from the host, a synchronization of
+ * the stream, an event, or a graph
  * launch on it is refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidates the capture,
  * as the driver does.  cuGraphLaunch replays the recorded operations in order.
  */
@@ -59,13 +61,13 @@ typedef struct {
    (CudaLoomArgs: 16 pointers, 40 long longs, 4 doubles); a captured launch keeps a copy. */
 #define LOOM_ARGS_BYTES 480
 
-typedef enum { NODE_KERNEL, NODE_MEMSET, NODE_HOST } NodeKind;
+typedef enum { NODE_KERNEL, NODE_MEMSET, NODE_HOST, NODE_COPY } NodeKind;
 typedef struct {
   NodeKind kind;
   Function *f;
   unsigned grid[3], block[3], smem;
   unsigned char args[LOOM_ARGS_BYTES];
-  CUdeviceptr dst;
+  CUdeviceptr dst, src;   /* src: NODE_COPY's */
   unsigned char value;
   size_t n;
   CUhostFn fn;
@@ -494,9 +496,16 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
 }
 
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-  if (capturing(s)) return refuse_capture(s);   /* copies are not emulated in graphs */
   if (!n) return CUDA_SUCCESS;
   if (!in_device(dst, n) || !in_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (capturing(s)) {   /* recorded, copied when the graph runs */
+    Node *nd = add_node(s, NODE_COPY);
+    if (!nd) return CUDA_ERROR_OUT_OF_MEMORY;
+    nd->dst = dst;
+    nd->src = src;
+    nd->n = n;
+    return CUDA_SUCCESS;
+  }
   memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
   return CUDA_SUCCESS;
 }
@@ -681,6 +690,7 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     }
     case NODE_MEMSET: memset((void *)(uintptr_t)nd->dst, nd->value, nd->n); break;
     case NODE_HOST: nd->fn(nd->data); break;
+    case NODE_COPY: memmove((void *)(uintptr_t)nd->dst, (const void *)(uintptr_t)nd->src, nd->n); break;
     }
   }
   return r;

@@ -461,6 +461,37 @@ for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
   fi
 done
 
+# A tied embedding's gradient of whole pieces (codegen/cuda/lower_gemm.c, "whole leaves": the
+# lm_head's dW added into the f32 gradient by its GEMM, the embedding's rows by its kernel; no
+# fill, sum, cast or accumulate) against LOOM_CUDA_NO_TIED_GRAD=1: fp32 within 1e-5 (g + a + b
+# for g + (a + b): the same bits at the first micro-batch, not at the second), bf16 (the pieces
+# no longer rounded before they are added: LOOM_CUDA_FUSE_BF16=1) with loom check's bf16 rule;
+# and the embedding with the positions' add in one kernel (codegen/cuda/lower_fuse.c) bit for bit
+# LOOM_CUDA_NO_EMBED_POS=1 (the same add, rounded once); a padded vocabulary in bf16, the tied
+# Llama (no positions) in fp32
+for mp in "gpt2-tiny:fp32:" "gpt2-tiny:bf16:--vocab-multiple 96" "llama-tiny-tied:fp32:"; do
+  m=${mp%%:*} rest=${mp#*:} p=${rest%%:*} vm=${rest#*:}
+  tol=$([ $p = fp32 ] && echo "1e-5" || echo "2e-2 --atol 0.06")
+  want=$([ $m = gpt2-tiny ] && echo 2 || echo 1)
+  # shellcheck disable=SC2086
+  if LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps 3 -q \
+       --out "$tmp/tied-f.st" > "$tmp/log" 2>&1 &&
+     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_TIED_GRAD=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+       --precision $p $vm --steps 3 -q --out "$tmp/tied-u.st" >> "$tmp/log" 2>&1 &&
+     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_EMBED_POS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+       --precision $p $vm --steps 3 -q --out "$tmp/tied-e.st" >> "$tmp/log" 2>&1 &&
+     "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-u.st" --rtol $tol >> "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-e.st" --rtol 0 >> "$tmp/diff" 2>&1 &&
+     [ "$(LOOM_CUDA_FUSE_BF16=1 "$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision $p \
+          $vm --cost | grep -c 'embedding_grad (+= a gradient)\|embedding_pos')" = "$want" ]; then
+    ok "$m $p $vm: the tied embedding's gradient added in place (3 steps within ${tol%% *} of the pieces summed), the positions added by the embedding (bit for bit)"
+  else
+    bad "$m $p $vm: the tied embedding's gradient or the positions' add against the unfused program"; tail -3 "$tmp/log"
+    grep FAIL "$tmp/diff" | head -5
+  fi
+done
+
 # Slices as views (codegen/cuda/lower_gemm.c, "views": q, k, v's slices of c_attn read in place by
 # their GEMMs through a row stride, the bias slices and wpe's rows by any op): 3 steps bit for
 # bit those of the program with the copies (LOOM_CUDA_NO_VIEWS=1), fp32 and bf16; the sum
@@ -487,23 +518,32 @@ for kp in VIEWS:fp32 VIEWS:bf16 SUM3:fp32 TREES:fp32 TREES:bf16; do
   fi
 done
 
-# CUDA graphs (runtime/cuda/cuda_exec.c): each function's steps captured once and replayed at
-# every call (the emulated driver records launches, memsets and the cuBLASLt double's GEMMs,
-# and replays them): 3 steps of 2 micro-batches are 9 graph launches and no kernel launched
-# one by one but bf16's weight copies after the initialization (one launch: lower_fuse.c), and
-# the results are those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
+# CUDA graphs (runtime/cuda/cuda_exec.c): a training step (its 2 micro-batches' @grad_step and
+# the @optimizer_step, the tokens moved in and the losses out by device copies) captured once
+# into one graph and replayed at every step (the emulated driver records launches, memsets,
+# device copies and the cuBLASLt double's GEMMs, and replays them): 3 steps are 3 graph
+# launches and no kernel launched one by one but bf16's weight copies after the initialization
+# (one launch: lower_fuse.c); with LOOM_CUDA_STEP_GRAPH=0 each function's graph (9 launches);
+# the results those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
 for mp in gpt2-tiny:fp32 llama-tiny:bf16; do
   m=${mp%%:*} p=${mp##*:}
   direct=$([ $p = bf16 ] && echo 1 || echo 0)
-  if LOOM_EMU_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+  if LOOM_EMU_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 \
        --out "$tmp/graph.st" > "$tmp/graph.log" 2>&1 &&
-     LOOM_CUDA_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 -q \
+     LOOM_EMU_STATS=1 LOOM_CUDA_STEP_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p \
+       --steps 3 --out "$tmp/fgraph.st" > "$tmp/fgraph.log" 2>&1 &&
+     LOOM_CUDA_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 \
        --out "$tmp/nograph.st" > "$tmp/log" 2>&1 &&
-     grep -q "loom-emu: $direct kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels" "$tmp/graph.log" &&
-     "$ST_DIFF" "$tmp/graph.st" "$tmp/nograph.st" --rtol 0 > "$tmp/diff" 2>&1; then
-    ok "$m $p: CUDA graphs, $(grep -o '9 graph launches.*' "$tmp/graph.log"); bit for bit the step-by-step run"
+     grep -q "loom-emu: $direct kernels launched directly, 3 graph launches replaying [1-9][0-9]* kernels" "$tmp/graph.log" &&
+     grep -q "loom-emu: $direct kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels" "$tmp/fgraph.log" &&
+     "$ST_DIFF" "$tmp/graph.st" "$tmp/nograph.st" --rtol 0 > "$tmp/diff" 2>&1 &&
+     "$ST_DIFF" "$tmp/fgraph.st" "$tmp/nograph.st" --rtol 0 >> "$tmp/diff" 2>&1 &&
+     diff <(grep -o '| loss [0-9][0-9.]* .* | norm [0-9.]*' "$tmp/graph.log") \
+       <(grep -o '| loss [0-9][0-9.]* .* | norm [0-9.]*' "$tmp/log") > /dev/null; then
+    ok "$m $p: one CUDA graph a step, $(grep -o '3 graph launches.*' "$tmp/graph.log"); bit for bit (and the printed losses) the step-by-step run and the per-function graphs"
   else
-    bad "$m $p: CUDA graphs against the step-by-step run"; tail -3 "$tmp/graph.log" "$tmp/log"; grep FAIL "$tmp/diff" | head -5
+    bad "$m $p: CUDA graphs against the step-by-step run"; tail -n 3 "$tmp/graph.log" "$tmp/fgraph.log" "$tmp/log"
+    grep FAIL "$tmp/diff" | head -5
   fi
 done
 

@@ -12,7 +12,10 @@
 #             the Llama-1B shape and a mid-size Mixtral (STEPS, default 12);
 #   sanitize  compute-sanitizer memcheck and racecheck of training steps (check 1's tail);
 #   torch     check 11 (issue 31): bench/gpu_step.sh with PyTorch beside loom and loom's
-#             LOOM_PROFILE table for GPT-2 124M and the Llama-1B shape ($OUT/profile/).
+#             LOOM_PROFILE table for GPT-2 124M and the Llama-1B shape ($OUT/profile/);
+#   stepgraph check 16 (issue 31): one CUDA graph a step and the tied embedding's gradient,
+#             bit for bit (within the rule) the programs without them, then GPT-2 124M's step
+#             with and without the step's graph.
 # Each check gets a timeout from what is left of SECONDS, so the script ends by itself inside
 # the call's limit. Every finished check's log is appended to $OUT/all.log at once (what a
 # killed run did finish still comes back); $OUT/summary.txt has one line a check.
@@ -92,6 +95,10 @@ if [[ $PHASES == *owed* ]]; then
 fi
 if [[ $PHASES == *torch* ]]; then
   check torch 330 "LOOM_PROFILE=15 PROFILE_DIR=$OUT/profile STEPS=${STEPS:-10} LOOM=$B/loom bash bench/gpu_step.sh"
+fi
+if [[ $PHASES == *stepgraph* ]]; then   # check 16 (branch cudabytes)
+  check stepgraph-correct 200 "set -e; for p in fp32 bf16; do for v in X=1 LOOM_CUDA_STEP_GRAPH=0 LOOM_CUDA_GRAPH=0 LOOM_CUDA_NO_TIED_GRAD=1 LOOM_CUDA_NO_EMBED_POS=1; do env \$v LOOM_CUDA_FUSE_BF16=1 $B/loom train $g/gpt2-tiny/train_spec.json --backend cuda --precision \$p --steps 3 -q --out /tmp/sg-\$p-\${v%%=*}.st; done; for k in LOOM_CUDA_STEP_GRAPH LOOM_CUDA_GRAPH LOOM_CUDA_NO_EMBED_POS; do $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-\$k.st --rtol 0; done; t=1e-5; [ \$p = bf16 ] && t='2e-2 --atol 0.06'; $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-LOOM_CUDA_NO_TIED_GRAD.st --rtol \$t; done"
+  check stepgraph-speed 300 "for v in X=1 LOOM_CUDA_STEP_GRAPH=0; do echo \"-- \$v\"; env \$v LOOM_CUDA_FUSE_BF16=1 TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
 fi
 if [[ $PHASES == *sanitize* ]]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

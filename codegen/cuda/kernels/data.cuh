@@ -5,7 +5,9 @@
    backward bufs: dy ids -> dtable;   i: as forward.  Deterministic without atomics: the
    block of position r works only if r is the first position holding its id; it then sums
    dy over every position with that id in position order (the reference's order) and writes
-   the row.  Rows of ids that never occur are zeroed by a fill step before. */
+   the row.  Rows of ids that never occur are zeroed by a fill step before; with i[5] set the
+   rows are added into dtable instead (an f32 gradient the table's other pieces also add into:
+   lower_gemm.c's gradient trees), and no fill runs. */
 template <class ST, class SY>
 LOOM_DEV void loom_embedding_fwd(const LoomArgs &a) {
   const typename ST::T *table = LOOM_IN(ST, 0);
@@ -16,6 +18,22 @@ LOOM_DEV void loom_embedding_fwd(const LoomArgs &a) {
   for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
     long long r = k / D, d = k - r * D, id = ids[r] - off;
     SY::st(y, k, id >= 0 && id < V ? ST::ld(table, id * D + d) : other);
+  }
+}
+/* The embedding plus a table of positions broadcast over the batch, x = table[id] + pos[r % T]
+   in one pass (lower_fuse.c): bufs table ids pos -> y; i: as forward, then T x D (pos's
+   elements).  The add rounds once, as the kernel it replaces. */
+template <class ST, class SY>
+LOOM_DEV void loom_embedding_pos_fwd(const LoomArgs &a) {
+  const typename ST::T *table = LOOM_IN(ST, 0);
+  const int *ids = (const int *)a.buf[1];
+  const typename SY::T *pos = LOOM_IN(SY, 2);
+  typename SY::T *y = LOOM_OUT(SY, 3);
+  const long long n = a.i[0] * a.i[2], V = a.i[1], D = a.i[2], np = a.i[5];
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) {
+    long long r = k / D, d = k - r * D, id = ids[r];
+    float e = id >= 0 && id < V ? ST::ld(table, id * D + d) : __int_as_float(0x7fc00000);
+    SY::st(y, k, e + SY::ld(pos, k % np));
   }
 }
 template <class SDY, class SO>
@@ -57,7 +75,10 @@ LOOM_DEV void loom_embedding_bwd(const LoomArgs &a) {
           for (int q = 0; q < total; q++) acc += SDY::ld(dy, (r + list[q]) * D + d);
         __syncthreads();
       }
-      if (d < D) SO::st(out, ((long long)id - voff) * D + d, acc);
+      if (d < D) {
+        const long long at = ((long long)id - voff) * D + d;
+        SO::st(out, at, a.i[5] ? SO::ld(out, at) + acc : acc);
+      }
     }
   }
 }

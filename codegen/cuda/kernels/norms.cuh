@@ -37,6 +37,32 @@ LOOM_DEV void loom_norm_fwd(const LoomArgs &a) {
   }
 }
 
+/* One row of the norm's backward from its (mean, rstd), shared by loom_norm_bwd and
+   loom_norm_bwd_saved (one copy of the arithmetic: the same bits): adds the row's dw (db)
+   terms to this block's part (column d always by the same thread) and stores dx, or r + dx
+   (RES: the residual stream's gradient added; each element read and written by one thread). */
+template <class SDY, class SX, class SW, class SDX, class SR, bool LN, bool RES>
+LOOM_DEV void loom_norm_bwd_row(const typename SDY::T *dy, const typename SX::T *x, const typename SW::T *w,
+                                const typename SR::T *res, typename SDX::T *dx, float *part, long long base, long long D,
+                                float mean, float rstd, float *sh) {
+  float sum_g = 0.0f, sum_gx = 0.0f;
+  for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+    float xhat = (SX::ld(x, base + d) - mean) * rstd, dyv = SDY::ld(dy, base + d), g = dyv * SW::ld(w, d);
+    sum_g += g;
+    sum_gx += g * xhat;
+    part[d] += dyv * xhat;
+    if (LN) part[D + d] += dyv;
+  }
+  loom_block_sum2(sum_g, sum_gx, sh);
+  sum_g /= (float)D;
+  sum_gx /= (float)D;
+  for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+    float xhat = (SX::ld(x, base + d) - mean) * rstd, g = SDY::ld(dy, base + d) * SW::ld(w, d);
+    float v = rstd * (g - (LN ? sum_g : 0.0f) - xhat * sum_gx);
+    SDX::st(dx, base + d, RES ? SR::ld(res, base + d) + v : v);
+  }
+}
+
 /* Backward, part 1: dx per row, and this block's partial sums of dw (and db) over its rows
    into part[blockIdx.x][LN ? 2 : 1][D] (f32 scratch; column d always by the same thread).
    bufs: dy x w -> dx part;  i: rows, D;  f: eps */
@@ -68,21 +94,7 @@ LOOM_DEV void loom_norm_bwd(const LoomArgs &a) {
       v += t * t;
     }
     const float rstd = 1.0f / sqrtf(loom_block_sum(v, sh) / (float)D + eps);
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
-      float xhat = (SX::ld(x, base + d) - mean) * rstd, dyv = SDY::ld(dy, base + d), g = dyv * SW::ld(w, d);
-      sum_g += g;
-      sum_gx += g * xhat;
-      part[d] += dyv * xhat;
-      if (LN) part[D + d] += dyv;
-    }
-    loom_block_sum2(sum_g, sum_gx, sh);
-    sum_g /= (float)D;
-    sum_gx /= (float)D;
-    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
-      float xhat = (SX::ld(x, base + d) - mean) * rstd, g = SDY::ld(dy, base + d) * SW::ld(w, d);
-      SDX::st(dx, base + d, rstd * (g - (LN ? sum_g : 0.0f) - xhat * sum_gx));
-    }
+    loom_norm_bwd_row<SDY, SX, SW, SDX, SDX, LN, false>(dy, x, w, 0, dx, part, base, D, mean, rstd, sh);
   }
 }
 
@@ -118,22 +130,7 @@ LOOM_DEV void loom_norm_bwd_saved(const LoomArgs &a) {
   for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
     const long long base = r * D;
     const float mean = LN ? stats[2 * r] : 0.0f, rstd = stats[2 * r + 1];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
-      float xhat = (SX::ld(x, base + d) - mean) * rstd, dyv = SDY::ld(dy, base + d), g = dyv * SW::ld(w, d);
-      sum_g += g;
-      sum_gx += g * xhat;
-      part[d] += dyv * xhat;
-      if (LN) part[D + d] += dyv;
-    }
-    loom_block_sum2(sum_g, sum_gx, sh);
-    sum_g /= (float)D;
-    sum_gx /= (float)D;
-    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
-      float xhat = (SX::ld(x, base + d) - mean) * rstd, g = SDY::ld(dy, base + d) * SW::ld(w, d);
-      float v = rstd * (g - (LN ? sum_g : 0.0f) - xhat * sum_gx);
-      SDX::st(dx, base + d, RES ? SR::ld(res, base + d) + v : v);
-    }
+    loom_norm_bwd_row<SDY, SX, SW, SDX, SR, LN, RES>(dy, x, w, res, dx, part, base, D, mean, rstd, sh);
   }
   /* this block's parts are written: the last block to get here sums them all */
   __threadfence();
