@@ -163,6 +163,8 @@ void cl_launch_rows(RtStep *st, int64_t rows, int64_t D);   /* one block per row
 /* Raw data movement "loom_<base>_<size>" = template tmpl on elements of size bytes. */
 int cl_instantiate_raw(Lower *L, RtStep *st, const char *base, const char *tmpl, int size);
 bool cl_all_float(const RtStep *st);               /* no i32 buffer */
+/* seq_axis of L->op (rope, the attention blocks) as program.h has it: the axis + 1, 0 whole */
+int cl_seq_axis1(Lower *L, int64_t *axis1);
 /* lower.c: op *i as lower_func does (*i: the last op taken); reached from the other files
    through L->lower_op */
 int cl_lower_op(Lower *L, Steps *s, int *i);
@@ -210,6 +212,10 @@ void cl_fuse_func_end(Lower *L, Steps *s);
 /* lower_fuse.c, the classifier: the cross_entropy op i and its gradient in one step (1: no
    such gradient, or its buffer is not free early enough: lower it as before). */
 int cl_fuse_xent(Lower *L, Steps *s, int i);
+
+/* lower_attn.c: attention, attention_grad, attention_block and attention_block_grad (L->op)
+   as the flash-attention kernels of kernels/attention.cuh and kernels/attn_block.cuh. */
+int cl_lower_attention(Lower *L, Steps *s);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as
