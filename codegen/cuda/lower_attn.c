@@ -95,7 +95,45 @@ static int lower_attention_block(Lower *L, Steps *s) {
   return 0;
 }
 
-/* attention: one step, q k v -> out.  i: B, T, H, D, S, KV, causal, window;  f: scale */
+/* ---------------------------------------------------------------- the saved log-sum-exp
+
+   An attention on tensor cores whose attention_grad later in the same function reads the same
+   q, k and v (same causal, window and scale; dout in their dtype) saves, for it, each row's
+   log-sum-exp L2 and O before its rounding (f32), in the function's stats area past the arena
+   (lower_fuse.c's, as the norms' mean and rstd: each attention its own, nothing between writes
+   it).  The gradient's dq kernel then takes Dsum = dout . O and runs one pass (3 tile products
+   a key tile instead of 5: no recomputation of L2 and Dsum), and dk dv read the forward's L2.
+   Not when the forward and the gradient are in different functions (pipeline chunks,
+   recomputation): they keep the two passes.  LOOM_CUDA_NO_ATTN_LSE=1 keeps them everywhere
+   (the tests' unfused program).  The f32 attention on CUDA cores keeps them too. */
+
+static bool no_attn_lse(void) { return cl_env_on("LOOM_CUDA_NO_ATTN_LSE"); }
+
+/* The attention_grad that reads attention op i (tensor cores on both sides), or -1. */
+static int lse_reader(Lower *L, int i) {
+  const Func *f = L->f;
+  const Op *op = f->ops.items[i];
+  DType dt = op->operands[0]->type.dtype;
+  for (int k = 0; k < 3; k++)
+    if (op->operands[k]->type.dtype != dt) return -1;
+  for (int k = i + 1; k < f->ops.n; k++) {
+    const Op *g = f->ops.items[k];
+    bool same = g->n_operands >= 4 && g->operands[1] == op->operands[0] && g->operands[2] == op->operands[1] &&
+                g->operands[3] == op->operands[2];
+    if (g->kind == OP_ATTENTION && g->operands[0] == op->operands[0] && g->operands[1] == op->operands[1] &&
+        g->operands[2] == op->operands[2])
+      return -1;   /* another forward of the same q k v first (recomputation): that one saves them */
+    if (g->kind == OP_ATTENTION_GRAD && same) {
+      if (op_bool(g, "causal") != op_bool(op, "causal") || op_int(g, "window") != op_int(op, "window") ||
+          op_float(g, "scale") != op_float(op, "scale") || g->operands[0]->type.dtype != dt)
+        return -1;
+      return k;
+    }
+  }
+  return -1;
+}
+
+/* attention: one step, q k v -> out [L2 O].  i: B, T, H, D, S, KV, causal, window[, save];  f: scale */
 static int lower_attention_fwd(Lower *L, Steps *s) {
   const Op *op = L->op;
   const Type *q = &op->operands[0]->type, *kt = &op->operands[1]->type;
@@ -115,13 +153,24 @@ static int lower_attention_fwd(Lower *L, Steps *s) {
   snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
   if (tensor_cores(st, 3, q->dims[3])) {   /* two stages of K and V tiles, 64 rows of D + 8 */
     st->smem = (uint32_t)(2 * 2 * 64 * (q->dims[3] + 8) * 2);
+    int j = no_attn_lse() ? -1 : lse_reader(L, L->op_index);
+    int64_t rows = q->dims[0] * q->dims[2] * q->dims[1], n_o = type_numel(q);
+    int64_t at = j < 0 || st->n_in + st->n_out + 2 > RT_MAX_BUFS ? -1 : cl_stats_reserve(L, j, cg_align64(4 * rows) + 4 * n_o);
+    if (at >= 0) {   /* L2 per row (b, h, t), then O as out's layout, f32 */
+      st->bufs[st->n_in + st->n_out++] = cl_stats_buf(at, rows, RT_ST_F32);
+      st->bufs[st->n_in + st->n_out++] = cl_stats_buf(at + cg_align64(4 * rows), n_o, RT_ST_F32);
+      st->i[8] = 1;
+      size_t n = strlen(st->label);
+      snprintf(st->label + n, sizeof st->label - n, " (+ L2, O for the gradient)");
+    }
     return cl_instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
   }
   return cl_instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
 }
 
 /* attention_grad: two steps, dout q k v -> dq (and each row's L2 and Dsum into scratch), then
-   dout q k v L2 Dsum -> dk dv. */
+   dout q k v L2 Dsum -> dk dv.  With the forward's L2 and O saved (see above): dout q k v L2 O
+   -> dq Dsum in one pass, then dk dv from the forward's L2. */
 static int lower_attention_grad(Lower *L, Steps *s) {
   const Op *op = L->op;
   char extra[24], suffix[24];
@@ -132,25 +181,35 @@ static int lower_attention_grad(Lower *L, Steps *s) {
   int64_t ints[8] = {B, T, H, D, S, KV, op_bool(op, "causal"), op_int(op, "window")};
   snprintf(extra, sizeof extra, "%lld", (long long)D);
   snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
-  /* 1: dq, L, Dsum */
-  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dq)");
+  /* 1: dq, L, Dsum (or dq, Dsum from the saved L2 and O) */
+  const int64_t saved_at = cl_stats_of(L, L->op_index);
+  RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, saved_at >= 0 ? " (dq, saved L2 and O)" : " (dq)");
   if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
-  st->n_out = 1;
-  if (cl_buf_of(L, op->results[0], &st->bufs[4]) || cl_add_scratch(L, st, l_at, rows) || cl_add_scratch(L, st, d_at, rows))
-    return IR_EINPUT;
+  if (saved_at >= 0) {
+    st->bufs[st->n_in++] = cl_stats_buf(saved_at, rows, RT_ST_F32);
+    st->bufs[st->n_in++] = cl_stats_buf(saved_at + cg_align64(4 * rows), B * T * H * D, RT_ST_F32);
+    st->n_out = 1;
+    if (cl_buf_of(L, op->results[0], &st->bufs[6]) || cl_add_scratch(L, st, d_at, rows)) return IR_EINPUT;
+  } else {
+    st->n_out = 1;
+    if (cl_buf_of(L, op->results[0], &st->bufs[4]) || cl_add_scratch(L, st, l_at, rows) || cl_add_scratch(L, st, d_at, rows))
+      return IR_EINPUT;
+  }
   memcpy(st->i, ints, sizeof ints);
+  st->i[8] = saved_at >= 0;
   st->f[0] = op_float(op, "scale");
   st->block[0] = 128;
   st->grid[0] = (uint32_t)(B * H);
   st->grid[1] = cl_clamp_grid((T + 63) / 64, 65535);
   st->smem = fa_smem(1, D);
   bool tc = tensor_cores(st, 4, D);
+  if (saved_at >= 0 && !tc) return cl_fail(L, "internal error: the saved log-sum-exp of an attention off the tensor cores");
   int64_t tile = D <= 64 ? 64 : 32;   /* the tensor-core kernels' key (dq) and query (dk dv) tiles */
   if (tc) st->smem = (uint32_t)(8 * tile * (D + 8));   /* two stages of K and V tiles */
-  if (tc ? cl_instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, 4), extra, suffix, 128)
+  if (tc ? cl_instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, saved_at >= 0 ? 6 : 4), extra, suffix, 128)
          : cl_instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
     return IR_EINPUT;
-  RtBuf lb = st->bufs[5], db = st->bufs[6];
+  RtBuf lb = st->bufs[saved_at >= 0 ? 4 : 5], db = st->bufs[saved_at >= 0 ? 7 : 6];
   /* 2: dk, dv */
   st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dk dv)");
   if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;

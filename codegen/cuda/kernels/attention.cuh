@@ -555,8 +555,11 @@ LOOM_DEV void loom_frag_split(const float (*acc)[4], int j0, unsigned hi[4], uns
    within a (batch, head) are 32-bit (the lowering checks T*H*D and S*KV*D < 2^31).  A
    sliding window (W > 0): the key tiles before the window of the block's first query are
    not visited, tiles crossing the window's edge are masked.
+   With i[8] = 1 (a gradient op of the same function reads them: lower_attn.c) it also saves
+   each row's log-sum-exp in base 2 (L2 = m c2 + log2 l, +inf for a row that sees no key) and
+   O before its rounding to the output's format (f32), for loom_attn_bwd_dq_tc's one pass.
    grid (B*H, ceil(T/64)); dynamic smem 2 stages * 2 * 64 * (D+8) * 2 bytes.
-   bufs: q k v -> out;  i: B, T, H, D, S, KV, causal, window;  f: scale */
+   bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window[, save];  f: scale */
 template <class SQ, class SK, class SV, class SO, int D>
 LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
   constexpr bool BF = SQ::is_bf16;
@@ -711,6 +714,10 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
     else tile(true, n0, st);
     __syncthreads();   /* every warp is done with this stage before it is loaded again */
   }
+  /* i[8]: also L2 -> buf 4 and O in f32 -> buf 5 (read here, after the loop: no registers held
+     through it) */
+  const bool save = a.i[8] != 0;
+  float *Lsave = (float *)a.buf[4], *Osave = (float *)a.buf[5];
   #pragma unroll
   for (int hr = 0; hr < 2; hr++) {
     float l = lsum[hr];
@@ -724,6 +731,14 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
     for (int d = 0; d < ND; d++) {
       SO::st(out, at + 8 * d, o[d][2 * hr] * inv);
       SO::st(out, at + 8 * d + 1, o[d][2 * hr + 1] * inv);
+    }
+    if (save) {   /* for the gradient: L2 as loom_attn_bwd_dq_tc's pass 1 has it, O unrounded */
+      if (t2 == 0) Lsave[(long long)bh * T + row] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
+      #pragma unroll
+      for (int d = 0; d < ND; d++) {
+        Osave[at + 8 * d] = o[d][2 * hr] * inv;
+        Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
+      }
     }
   }
 }
@@ -751,8 +766,11 @@ LOOM_DEV void loom_tc_async(unsigned short *dst, const unsigned short *src, int 
    ldmatrix.trans.  Masked only on tiles that cross the diagonal or the end of the keys;
    32-bit indices within a (batch, head).  A sliding window as the forward's.  L2 and Dsum
    go to scratch for part 2.
+   With i[8] = 1 the forward saved L2 and O (f32; loom_attn_fwd_tc): Dsum = dout . O, and the
+   one pass is pass 2 (FlashAttention-2's dq: 3 tile products a key tile, not 5).
    grid (B*H, ceil(T/64)); dynamic smem 2 stages * 2 * BN * (D+8) * 2 bytes.
-   bufs: dout q k v -> dq L2 Dsum;  i: B, T, H, D, S, KV, causal, window;  f: scale */
+   bufs: dout q k v -> dq L2 Dsum;  i: B, T, H, D, S, KV, causal, window;  f: scale
+   (i[8] = 1: dout q k v L2 O -> dq Dsum) */
 template <class SDO, class SQ, class SK, class SV, class SDQ, int D>
 LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
   constexpr bool BF = SQ::is_bf16;
@@ -771,8 +789,10 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
   const long long qbase = ((long long)b * T * H + h) * D, kbase = ((long long)b * S * KV + kvh) * D;
   const unsigned short *dout = LOOM_IN(SDO, 0) + qbase, *q = LOOM_IN(SQ, 1) + qbase;
   const unsigned short *k = LOOM_IN(SK, 2) + kbase, *v = LOOM_IN(SV, 3) + kbase;
-  typename SDQ::T *dq = LOOM_OUT(SDQ, 4);
-  float *Lout = (float *)a.buf[5], *Dout = (float *)a.buf[6];
+  const bool saved = a.i[8] != 0;   /* i[8]: L2 and O saved by the forward (one pass) */
+  typename SDQ::T *dq = LOOM_OUT(SDQ, saved ? 6 : 4);
+  float *Lout = (float *)a.buf[saved ? 4 : 5], *Dout = (float *)a.buf[saved ? 7 : 6];
+  const float *Osaved = saved ? (const float *)a.buf[5] : nullptr;
   const int n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S, n_first = (int)loom_win_first(m0, W, BN);
   const int nk = n_end > n_first ? (n_end - n_first + BN - 1) / BN : 0;
   auto load = [&](int st, int n0) {
@@ -803,6 +823,28 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     kmin[hr] = W > 0 ? row - W + 1 : 0;
     kmax[hr] = causal && row + 1 < S ? row + 1 : S;
   }
+  if (saved)   /* L2 as the forward saved it; Dsum = dout . O over this thread's columns, then the quad's */
+    #pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+      const int row = hr ? r1 : r0;
+      float dd = 0.0f;
+      if (row < T) {
+        const float *orow = Osaved + ((long long)b * T + row) * H * D + (long long)h * D;
+        #pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+          #pragma unroll
+          for (int half = 0; half < 2; half++) {
+            const unsigned x = of[kk][hr + 2 * half];
+            const float *oo = orow + 16 * kk + 8 * half + t2;
+            dd = __fmaf_rn(loom_half_lo<BF>(x), oo[0], dd);
+            dd = __fmaf_rn(loom_half_hi<BF>(x), oo[1], dd);
+          }
+      }
+      dd += __shfl_xor_sync(0xffffffffu, dd, 1);
+      dd += __shfl_xor_sync(0xffffffffu, dd, 2);
+      dsum[hr] = dd;
+      mrow[hr] = row < T ? Lout[(long long)bh * T + row] : LOOM_INF;
+    }
   const int lr = lane & 7, lm = lane >> 3;
   const int boff = (8 * (lm >> 1) + lr) * LD + 8 * (lm & 1);   /* K, V as B of S, dP: key blocks j, j+1 x d halves */
   const int toff = (8 * (lm & 1) + lr) * LD + 8 * (lm >> 1);   /* K^T as B of dQ: key halves x d blocks d, d+1 */
@@ -884,9 +926,10 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
         }
       }
   };
-  for (int i = 0, st = 0; i < 2 * nk; i++, st ^= 1) {
+  const int n_items = saved ? nk : 2 * nk, i_p2 = saved ? 0 : nk;   /* items from i_p2 on: pass 2 */
+  for (int i = 0, st = 0; i < n_items; i++, st ^= 1) {
     const int n0 = n_first + (i % nk) * BN;
-    if (i + 1 < 2 * nk) {
+    if (i + 1 < n_items) {
       load(st ^ 1, n_first + ((i + 1) % nk) * BN);
       loom_cp_wait<1>();
     } else {
@@ -894,7 +937,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     }
     __syncthreads();
     const bool edge = !(n0 < interior_end && n0 + BN <= S && n0 >= window_start);
-    if (i < nk) {
+    if (i < i_p2) {
       if (edge) item(true, false, n0, st);
       else item(false, false, n0, st);
       if (i == nk - 1)
@@ -925,7 +968,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
       SDQ::st(dq, at + 8 * d + 1, acc[d][2 * hr + 1]);
     }
     if (t2 == 0) {
-      Lout[(long long)bh * T + row] = nk > 0 ? mrow[hr] : LOOM_INF;
+      if (!saved) Lout[(long long)bh * T + row] = nk > 0 ? mrow[hr] : LOOM_INF;
       Dout[(long long)bh * T + row] = nk > 0 ? dsum[hr] : 0.0f;
     }
   }
