@@ -28,6 +28,126 @@ LOOM_DEV void loom_fa_load(float *dst, const typename S::T *src, long long row0,
   }
 }
 
+/* The CUDA-core kernels' tile arithmetic, shared by loom_attn_* (here: masks by index, a
+   sliding window) and loom_attnblk_* (attn_block.cuh: masks by global position, context
+   parallelism): the kernels keep their own loops, tile skipping and masks, and call these for
+   the products and the softmax (issue 30 found the two copied; issue 32 made them one).
+   Thread (rg, cg) = (tid / 8, tid % 8) owns rows 4 rg .. 4 rg + 3 of a query tile and the
+   columns cg, cg + 8, ...; in dk dv, (kg, qg) owns keys 2 kg, 2 kg + 1 and queries qg + 8 j.
+   Every element keeps one fixed summation order. */
+
+/* s[i][j] = Q[4 rg + i] . K[cg + 8 j] over d (and with DP, dp[i][j] = dO[4 rg + i] . V[cg + 8 j]) */
+template <int D, int NC, bool DP>
+LOOM_DEV void loom_fa_scores(float (*s)[NC], float (*dp)[NC], const float *sQ, const float *sO, const float *sK,
+                             const float *sV, int rg, int cg) {
+  constexpr int LD = D + 1;
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < NC; j++) {
+      s[i][j] = 0.0f;
+      if (DP) dp[i][j] = 0.0f;
+    }
+#pragma unroll 4
+  for (int d = 0; d < D; d++) {
+    float qv[4], ov[4];
+    for (int i = 0; i < 4; i++) {
+      qv[i] = sQ[(rg * 4 + i) * LD + d];
+      if (DP) ov[i] = sO[(rg * 4 + i) * LD + d];
+    }
+    for (int j = 0; j < NC; j++) {
+      const float kv = sK[(cg + 8 * j) * LD + d];
+      const float vv = DP ? sV[(cg + 8 * j) * LD + d] : 0.0f;
+      for (int i = 0; i < 4; i++) {
+        s[i][j] += qv[i] * kv;
+        if (DP) dp[i][j] += ov[i] * vv;
+      }
+    }
+  }
+}
+
+/* The forward's online softmax for row i of the thread's 4 (s: its 8 scores, scaled, -inf
+   where masked): the running max and sum, p into sP, o rescaled. */
+template <int NJ>
+LOOM_DEV void loom_fa_online(float *s, float &mrow, float &lrow, float *o, float *sProw, int cg) {
+  float mx = -LOOM_INF;
+  for (int j = 0; j < 8; j++) mx = fmaxf(mx, s[j]);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+  const float m_new = fmaxf(mrow, mx), m_use = m_new == -LOOM_INF ? 0.0f : m_new;
+  const float alpha = expf(mrow - m_use);
+  float ps = 0.0f;
+  for (int j = 0; j < 8; j++) {
+    float p = expf(s[j] - m_use);
+    sProw[cg + 8 * j] = p;
+    ps += p;
+  }
+  ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+  ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+  ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+  lrow = lrow * alpha + ps;
+  mrow = m_new;
+  for (int j = 0; j < NJ; j++) o[j] *= alpha;
+}
+
+/* acc[i][j] += sum_c W[4 rg + i][c] X[c][cg + 8 j] over the BN columns c of a tile: O += P V
+   (W = P, X = V) in the forward, dQ += dS K (W = dS, X = K) in dq.  W's rows are BN + 1 apart. */
+template <int D, int BN>
+LOOM_DEV void loom_fa_acc_rows(float (*acc)[D / 8], const float *sW, const float *sX, int rg, int cg) {
+  constexpr int LD = D + 1, NJ = D / 8;
+#pragma unroll 2
+  for (int c = 0; c < BN; c++) {
+    float xv[NJ];
+    for (int j = 0; j < NJ; j++) xv[j] = sX[c * LD + cg + 8 * j];
+    for (int i = 0; i < 4; i++) {
+      const float w = sW[(rg * 4 + i) * (BN + 1) + c];
+      for (int j = 0; j < NJ; j++) acc[i][j] += w * xv[j];
+    }
+  }
+}
+
+/* dk dv: s[i][j] = K[2 kg + i] . Q[qg + 8 j], dp[i][j] = V[2 kg + i] . dO[qg + 8 j] */
+template <int D, int NQ>
+LOOM_DEV void loom_fa_scores_t(float (*s)[NQ], float (*dp)[NQ], const float *sK, const float *sV, const float *sQ,
+                               const float *sO, int kg, int qg) {
+  constexpr int LD = D + 1;
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < NQ; j++) s[i][j] = dp[i][j] = 0.0f;
+#pragma unroll 4
+  for (int d = 0; d < D; d++) {
+    const float kv0 = sK[(kg * 2) * LD + d], kv1 = sK[(kg * 2 + 1) * LD + d];
+    const float vv0 = sV[(kg * 2) * LD + d], vv1 = sV[(kg * 2 + 1) * LD + d];
+    for (int j = 0; j < NQ; j++) {
+      const float qv = sQ[(qg + 8 * j) * LD + d], ov = sO[(qg + 8 * j) * LD + d];
+      s[0][j] += kv0 * qv;
+      s[1][j] += kv1 * qv;
+      dp[0][j] += vv0 * ov;
+      dp[1][j] += vv1 * ov;
+    }
+  }
+}
+
+/* dk dv: dV[i] += sum_r P[2 kg + i][r] dO[r], dK[i] += sum_r dS[2 kg + i][r] Q[r] over the BM
+   queries of the tile (P, dS rows BM + 1 apart). */
+template <int D, int BM>
+LOOM_DEV void loom_fa_acc_keys(float (*dK)[D / 8], float (*dV)[D / 8], const float *sP, const float *sS, const float *sQ,
+                               const float *sO, int kg, int qg) {
+  constexpr int LD = D + 1, NJ = D / 8;
+  for (int r = 0; r < BM; r++) {
+    float ov[NJ], qv[NJ];
+    for (int j = 0; j < NJ; j++) {
+      ov[j] = sO[r * LD + qg + 8 * j];
+      qv[j] = sQ[r * LD + qg + 8 * j];
+    }
+    for (int i = 0; i < 2; i++) {
+      const float p = sP[(kg * 2 + i) * (BM + 1) + r], ds = sS[(kg * 2 + i) * (BM + 1) + r];
+      for (int j = 0; j < NJ; j++) {
+        dV[i][j] += p * ov[j];
+        dK[i][j] += ds * qv[j];
+      }
+    }
+  }
+}
+
 /* Forward: grid (B*H, ceil(T/64)); dynamic smem (64*3*(D+1) + 64*65) floats.
    bufs: q k v -> out;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SQ, class SK, class SV, class SO, int D>
@@ -60,53 +180,17 @@ LOOM_DEV void loom_attn_fwd(const LoomArgs &a) {
     loom_fa_load<SV, D>(sV, v + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
     __syncthreads();
     float s[4][8];
-    for (int i = 0; i < 4; i++)
-      for (int j = 0; j < 8; j++) s[i][j] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-      float qv[4];
-      for (int i = 0; i < 4; i++) qv[i] = sQ[(rg * 4 + i) * LD + d];
-      for (int j = 0; j < 8; j++) {
-        float kv = sK[(cg + 8 * j) * LD + d];
-        for (int i = 0; i < 4; i++) s[i][j] += qv[i] * kv;
-      }
-    }
+    loom_fa_scores<D, 8, false>(s, nullptr, sQ, nullptr, sK, nullptr, rg, cg);
     for (int i = 0; i < 4; i++) {
       const long long t = m0 + rg * 4 + i;
-      float mx = -LOOM_INF;
       for (int j = 0; j < 8; j++) {
         const long long key = n0 + cg + 8 * j;
         s[i][j] = key < S && (!causal || key <= t) && (W <= 0 || t - key < W) ? s[i][j] * scale : -LOOM_INF;
-        mx = fmaxf(mx, s[i][j]);
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float m_new = fmaxf(mrow[i], mx), m_use = m_new == -LOOM_INF ? 0.0f : m_new;
-      const float alpha = expf(mrow[i] - m_use);
-      float ps = 0.0f;
-      for (int j = 0; j < 8; j++) {
-        float p = expf(s[i][j] - m_use);
-        sP[(rg * 4 + i) * (BN + 1) + cg + 8 * j] = p;
-        ps += p;
-      }
-      ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-      lrow[i] = lrow[i] * alpha + ps;
-      mrow[i] = m_new;
-      for (int j = 0; j < NJ; j++) o[i][j] *= alpha;
+      loom_fa_online<NJ>(s[i], mrow[i], lrow[i], o[i], sP + (rg * 4 + i) * (BN + 1), cg);
     }
     __syncwarp();
-#pragma unroll 2
-    for (int c = 0; c < BN; c++) {
-      float vv[NJ];
-      for (int j = 0; j < NJ; j++) vv[j] = sV[c * LD + cg + 8 * j];
-      for (int i = 0; i < 4; i++) {
-        const float p = sP[(rg * 4 + i) * (BN + 1) + c];
-        for (int j = 0; j < NJ; j++) o[i][j] += p * vv[j];
-      }
-    }
+    loom_fa_acc_rows<D, BN>(o, sP, sV, rg, cg);
   }
   for (int i = 0; i < 4; i++) {
     const long long t = m0 + rg * 4 + i;
@@ -156,23 +240,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
       loom_fa_load<SV, D>(sV, v + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
       __syncthreads();
       float s[4][NC], dp[4][NC];
-      for (int i = 0; i < 4; i++)
-        for (int j = 0; j < NC; j++) s[i][j] = dp[i][j] = 0.0f;
-#pragma unroll 4
-      for (int d = 0; d < D; d++) {
-        float qv[4], ov[4];
-        for (int i = 0; i < 4; i++) {
-          qv[i] = sQ[(rg * 4 + i) * LD + d];
-          ov[i] = sO[(rg * 4 + i) * LD + d];
-        }
-        for (int j = 0; j < NC; j++) {
-          const float kv = sK[(cg + 8 * j) * LD + d], vv = sV[(cg + 8 * j) * LD + d];
-          for (int i = 0; i < 4; i++) {
-            s[i][j] += qv[i] * kv;
-            dp[i][j] += ov[i] * vv;
-          }
-        }
-      }
+      loom_fa_scores<D, NC, true>(s, dp, sQ, sO, sK, sV, rg, cg);
       for (int i = 0; i < 4; i++) {
         const long long t = m0 + rg * 4 + i;
         for (int j = 0; j < NC; j++) {
@@ -209,14 +277,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
       }
       if (pass == 1) {
         __syncwarp();
-        for (int c = 0; c < BN; c++) {
-          float kv[NJ];
-          for (int j = 0; j < NJ; j++) kv[j] = sK[c * LD + cg + 8 * j];
-          for (int i = 0; i < 4; i++) {
-            const float ds = sS[(rg * 4 + i) * (BN + 1) + c];
-            for (int j = 0; j < NJ; j++) acc[i][j] += ds * kv[j];
-          }
-        }
+        loom_fa_acc_rows<D, BN>(acc, sS, sK, rg, cg);
       }
     }
     if (pass == 0)
@@ -281,20 +342,7 @@ LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
       }
       __syncthreads();
       float s[2][NQ], dp[2][NQ];
-      for (int i = 0; i < 2; i++)
-        for (int j = 0; j < NQ; j++) s[i][j] = dp[i][j] = 0.0f;
-#pragma unroll 4
-      for (int d = 0; d < D; d++) {
-        const float kv0 = sK[(kg * 2) * LD + d], kv1 = sK[(kg * 2 + 1) * LD + d];
-        const float vv0 = sV[(kg * 2) * LD + d], vv1 = sV[(kg * 2 + 1) * LD + d];
-        for (int j = 0; j < NQ; j++) {
-          const float qv = sQ[(qg + 8 * j) * LD + d], ov = sO[(qg + 8 * j) * LD + d];
-          s[0][j] += kv0 * qv;
-          s[1][j] += kv1 * qv;
-          dp[0][j] += vv0 * ov;
-          dp[1][j] += vv1 * ov;
-        }
-      }
+      loom_fa_scores_t<D, NQ>(s, dp, sK, sV, sQ, sO, kg, qg);
       for (int i = 0; i < 2; i++) {
         const long long key = n0 + kg * 2 + i;
         for (int j = 0; j < NQ; j++) {
@@ -307,20 +355,7 @@ LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
         }
       }
       __syncwarp();
-      for (int r = 0; r < BM; r++) {
-        float ov[NJ], qv[NJ];
-        for (int j = 0; j < NJ; j++) {
-          ov[j] = sO[r * LD + qg + 8 * j];
-          qv[j] = sQ[r * LD + qg + 8 * j];
-        }
-        for (int i = 0; i < 2; i++) {
-          const float p = sP[(kg * 2 + i) * (BM + 1) + r], ds = sS[(kg * 2 + i) * (BM + 1) + r];
-          for (int j = 0; j < NJ; j++) {
-            dV[i][j] += p * ov[j];
-            dK[i][j] += ds * qv[j];
-          }
-        }
-      }
+      loom_fa_acc_keys<D, BM>(dK, dV, sP, sS, sQ, sO, kg, qg);
     }
   }
   for (int i = 0; i < 2; i++) {
