@@ -90,7 +90,8 @@ def build(tu_path):
     # the prelude's `extern __shared__ float loom_smem[]` is per kernel; the rest is device code
     src = HEAD + prelude + INSTANCES + LAUNCHER
     arch = os.environ.get("ARCH", "")
-    flags = ["-O3", "-std=c++17"] + ([f"-gencode=arch=compute_{arch},code=sm_{arch}"] if arch else [])
+    # no -std: torch's load_inline picks its own (C++17, or C++20 where its headers need it)
+    flags = ["-O3"] + ([f"-gencode=arch=compute_{arch},code=sm_{arch}"] if arch else [])
     return load_inline("loom_attn_bench", cpp_sources="void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
                        "torch::Tensor o, torch::Tensor L, torch::Tensor Os, double scale);\nvoid bwd(torch::Tensor dout, "
                        "torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk, "
