@@ -9,7 +9,9 @@
  *   memory_tb_s        memory bandwidth (10^12 bytes/s)
  *   devices_per_node   devices that share the intra-node link
  *   intra_node, inter_node   {"gb_s": one direction per device (10^9 bytes/s), "latency_us": per ring step}
- *   efficiency         optional fractions of the peaks: matmul, attention, memory, link (default 1)
+ *   efficiency         optional fractions of the peaks: matmul, attention, memory, link (default 1),
+ *                      and per category of memory-bound op (passes/timing.h: norm, elementwise,
+ *                      loss, optimizer, cast, reduce, copy; default: memory's)
  *   op_overhead_us     optional time added per op (kernel launch, dispatch; default 0)
  *   placement          optional axis order, innermost first (default ["tp","cp","ep","dp","pp"])
  * HW is a path to such a file, or a name looked up as $LOOM_HARDWARE_DIR/NAME.json, then in
@@ -126,11 +128,28 @@ static int parse(const char *path, json_t *root, Hardware *hw, char *err, size_t
   if (!rc) rc = number(path, "efficiency", eff, "attention", 1, &hw->eff_attention, err, errlen);
   if (!rc) rc = number(path, "efficiency", eff, "memory", 1, &hw->eff_memory, err, errlen);
   if (!rc) rc = number(path, "efficiency", eff, "link", 1, &hw->eff_link, err, errlen);
+  for (int c = 0; !rc && c < TC_COUNT; c++)
+    if (json_object_get(eff, timing_cat_names[c]))
+      rc = number(path, "efficiency", eff, timing_cat_names[c], 0, &hw->eff_cat[c], err, errlen);
+  const char *ekey;
+  json_t *val;
+  json_object_foreach(eff, ekey, val) {
+    bool known = !strcmp(ekey, "matmul") || !strcmp(ekey, "attention") || !strcmp(ekey, "memory") || !strcmp(ekey, "link");
+    for (int c = 0; c < TC_COUNT; c++) known |= !strcmp(ekey, timing_cat_names[c]);
+    if (!rc && !known) {
+      snprintf(err, errlen, "%s: efficiency: unknown key '%s'; the keys are matmul, attention, memory, link and the "
+               "memory-bound categories norm, elementwise, loss, optimizer, cast, reduce, copy", path, ekey);
+      rc = 2;
+    }
+  }
   json_decref(empty);
   if (rc) return rc;
   double e[4] = {hw->eff_matmul, hw->eff_attention, hw->eff_memory, hw->eff_link};
   for (int k = 0; k < 4; k++)
     if (e[k] <= 0 || e[k] > 1) return bad(err, errlen, path, "efficiency", "every efficiency is in (0, 1]");
+  for (int c = 0; c < TC_COUNT; c++)
+    if (json_object_get(eff, timing_cat_names[c]) && (hw->eff_cat[c] <= 0 || hw->eff_cat[c] > 1))
+      return bad(err, errlen, path, "efficiency", "every efficiency is in (0, 1]");
   hardware_default_order(hw->axis_order);
   json_t *pl = json_object_get(root, "placement");
   if (pl) {

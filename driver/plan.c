@@ -81,6 +81,29 @@ static int candidates(const PlanRequest *rq, Cand **out, int *n_out, char *err, 
   return 0;
 }
 
+/* A pruned candidate screened in full, on a thread of its own (resolve). */
+typedef struct {
+  Ctx *x;
+  Cand *c;
+  int64_t L;
+  const Hardware *hw;
+  int refused;
+  char why[IR_ERR_LEN];
+} Resolving;
+
+static void *resolve_worker(void *arg) {
+  Resolving *r = arg;
+  r->why[0] = 0;
+  resolve(r->x, r->c, r->L, r->hw, &r->refused, r->why);
+  if (getenv("LOOM_PLAN_DEBUG")) {
+    char lay[160];
+    plan_layout_text(r->c, lay, sizeof lay);
+    fprintf(stderr, "resolved %s: step %.4g ms (estimated %.4g), memory %.3g GiB (estimated %.3g)\n", lay,
+            r->c->step_s * 1e3, r->c->est_s * 1e3, r->c->mem / 1073741824.0, r->c->est_mem / 1073741824.0);
+  }
+  return NULL;
+}
+
 /* The exact phase: the best 2 x top screened compiled whole (the screening's order is
    close, not exact), those that fit ranked by their exact step into out->best. */
 static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refused_io, char *first_refusal,
@@ -107,7 +130,22 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
         plan_layout_text(c, lay, sizeof lay);
         fprintf(stderr, "pruned, reached: %s (bound %.2f ms), screened in full\n", lay, c->step_s * 1e3);
       }
-      resolve(x, c, L, hw, &refused, first_refusal);
+      /* with the next few pruned ones near it, on every thread: resolving one the walk would
+         not have reached only replaces its bound with its screened figures (the walk's
+         order is the same) */
+      Resolving rj[16];
+      int nr = 0;
+      for (int k = i; k < n && k < i + 8 * nt && nr < (nt < 16 ? nt : 16); k++)
+        if (cs[k].pruned && cs[k].mem <= 1.5 * hw->mem_bytes) rj[nr++] = (Resolving){.x = x, .c = &cs[k], .L = L, .hw = hw};
+      pthread_t th[16];
+      int started = 0;
+      for (int k = 1; k < nr; k++)
+        if (!pthread_create(&th[started], NULL, resolve_worker, &rj[k])) started++;
+        else resolve_worker(&rj[k]);
+      resolve_worker(&rj[0]);
+      for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+      for (int k = 0; k < nr; k++)
+        if (rj[k].refused && !refused++) snprintf(first_refusal, IR_ERR_LEN, "%s", rj[k].why);
       qsort(cs + i, (size_t)(n - i), sizeof *cs, cmp_step);
       i--;
       continue;

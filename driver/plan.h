@@ -41,6 +41,8 @@ typedef struct {
   bool exact, fits;
   bool pruned;        /* not screened in full: step_s is a lower bound (see plan_screen.c) */
   double est_s, est_mem;   /* the fast search's estimate */
+  bool has_first;          /* pruned after its first screening compile, whose figures these are */
+  double first_s, first_mem;
 } PlanCand;
 
 typedef struct {

@@ -3,15 +3,17 @@
  *
  * A candidate's step is a sum over a few kinds of program: its layers (one kind per tp, cp,
  * sequence parallelism and ep), the embedding and head, the optimizer step and the dp
- * collectives.  Each layer program is compiled once (a reference: dp = pp = 1, ZeRO 0, one
- * sequence a rank, nothing recomputed, 1 and 2 layers, lowered whole) and every candidate
- * estimated from its reference:
+ * collectives.  Each layer program is compiled once (a reference: dp = 2, and dp = 1 where a
+ * candidate has it; pp = 1, ZeRO 0, one and two sequences a rank, nothing recomputed, 1 and 2
+ * layers, lowered whole) and every candidate estimated from its reference:
  *   - a layer's forward and backward per micro-batch: the reference's time a layer x the
  *     micro-batch, x 4/3 with full recomputation (the forward again), x 1.1 selective;
  *   - pp: the schedule (ir/schedule.c) simulated with those chunk costs (forward a third,
- *     backward two, split 0.6 : 0.4 into B and W for zb-h1 and dualpipev; the head on the last chunk):
- *     its makespan holds the bubble, no compile needed; each chunk's forward and backward
- *     also send a micro-batch's activations to the next pp rank;
+ *     backward two, split 0.6 : 0.4 into B and W for zb-h1 and dualpipev; the head on the last
+ *     chunk; dualpipev's chunks split as the pipeline pass splits the screening's 1 and 2
+ *     layers a chunk, extrapolated as the screening does): its makespan holds the bubble, no
+ *     compile needed; each chunk's forward and backward also send a micro-batch's
+ *     activations to the next pp rank;
  *   - dp and ZeRO: each program profiled once per ZeRO stage the candidates use (compiled at
  *     dp = 2 with two micro-batches): the dp collectives of its @grad_step and @optimizer_step
  *     (how many, their bytes), re-timed at the candidate's dp over the link dp spans as the
@@ -22,45 +24,50 @@
  *     layer x the micro-batch x the micro-batches pp holds in flight.
  * The estimates order the candidates; they are never printed.  The candidates are then
  * screened (compiled with 1 and 2 layers a chunk, the exhaustive search's figures, and
- * stopped after the first where the exhaustive search's pruning would stop them) in the
- * order of their estimates, until the next one's estimate, less a margin (10%), is above the
- * 2 x top-th best screened step that fits; the rest stay "pruned" at that bound (and the
- * exact phase screens one if it reaches it after all, as the exhaustive search does).
+ * stopped after the first where the exhaustive search's pruning would stop them, bounded
+ * then by the larger of its bound and the estimate's) in one pass in the order of their
+ * estimates (a recomputing candidate after its layout without recomputation, whose outcome
+ * it waits for), until the next one's estimate, less a margin (10%), is above the 2 x
+ * top-th best screened step that fits; the rest stay "pruned" at that bound (and the exact
+ * phase screens one if it reaches it after all, as the exhaustive search does, several at
+ * once on the threads).
  * Recomputation where the layout fits without it, and a micro-batch twice one screened far
  * out of memory, are skipped as the exhaustive search skips them.  So the table is the
  * exhaustive search's wherever the estimates are within the margin of the screened figures;
  * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Where it stands (2026-11-28).  LOOM_PLAN_CHECK=1 gives the exhaustive table on
- * tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and full
- * recomputation fixed) and GPT-2 124M on 8 H100s at 0.5M tokens (docs/planning.md).  At
- * Llama-3-70B on 4,096 H100s and 4M tokens the estimates of the screened candidates are
- * 0.64-1.08 of their screened steps (median 0.93; 1f1b 0.96-1.02, dualpipev the furthest
- * under, down to 0.64): about 400 candidates are still screened, 1,564 compiles (824 of them
- * the references), 15.6 s of CPU.  Before the dp profile (the optimizer's collectives were
- * an all-reduce of the gradients estimated from the state, and the optimizer step at dp = 256
- * with ZeRO-1 is 5.2 s in the time model, nearly all ring latencies) they were 0.2-1.06
- * (median 0.87) and 2,393 compiles, 32.6 s of CPU.  What is left for issue 34's 5 s:
- *   - the pipeline chunks: dualpipev and zb-h1 estimates are under by up to a third.  The
- *     pipeline pass splits the layers by FLOPs with the head in the last chunk; where the
- *     head costs more than a layer (Llama-3-70B: 1.06 layers) its min-max split is uneven at
- *     2 layers a chunk, and the screening extrapolates from it.  Mirroring that split in the
- *     estimate (tried) made 1f1b's estimates 20% low instead of exact: the split's costs
- *     (the chunks' own FLOPs, cp's blocks) are not the model's layer FLOPs; a reference
- *     compiled as a small pipeline (pp = 2, v = 2: a first, middle and last chunk) would give
- *     the chunk costs and the stash;
- *   - memory with pp: the estimate is 0.7-10x under the screened memory (the stash of
- *     in-flight micro-batches), so nothing is set aside for memory and most screened
- *     candidates (324 of 459) turn out far out of memory: a memory estimate within 2x would
- *     halve the compiles;
- *   - a layer's ops grow with dp: the partitioned program broadcasts replicated operands
- *     (biases, the position embedding) to the whole batch's shape and then slices the rank's
- *     part (shard.c's broadcast rule gives R, the elementwise consumer wants S(0): a
- *     shard_slice).  It is real in the lowered program, not an artifact of the time model: a
- *     fused kernel writes bf16[8,32,64] for a rank's [2,32,64] at dp=4 (gpt2-tiny), dp times
- *     the memory traffic and arena; hence the references at dp 1, 2 and 4.  A rewrite of
- *     shard_slice(broadcast(x)) into a broadcast to the local shape (the slice of a broadcast
- *     dim is the same for every rank) would remove it and the dp = 4 references.
+ * Where it stands (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
+ * table on tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and
+ * full recomputation fixed), GPT-2 124M on 8 H100s at 0.5M tokens and Llama-1B on 64 H100s at
+ * 1M tokens (both with --target cpu: on the CUDA target the exhaustive search's own check of
+ * the memo aborts, the bf16 weight copies being counted from a half-lowered module; see
+ * docs/planning.md).  Llama-3-70B on 4,096 H100s at 4M tokens: 1,605 compiles (628 of them
+ * the references; 258 candidates screened, 218 screened in full by the exact phase, 49
+ * compiled whole), about 18 s of CPU, the same best three.  Where that goes (perf): the
+ * screening about 40%, the exact phase's screening of pruned candidates it reaches about
+ * 35%, its whole compiles 12%, the references 5%, the estimates (30,000 schedule
+ * simulations) 5%.  What is left for issue 34's 5 s:
+ *   - memory: the estimate with pp is far from the screened memory (0.1-1.6 of it, median
+ *     0.45), so nothing is set aside for memory: of the 258 screened, 141 turn out far out of
+ *     memory (over 1.5 x the device), and so do 89 of the 218 the exact phase screens.  The
+ *     reference's "a layer's arena" is no stash: at tp=1 its part a sequence is 0 and its
+ *     fixed part 3.4 GB (the gradients' buffers), multiplied by the micro-batches in flight.
+ *     Tried: a stash reference per program and recomputation (a 2-rank zb-h1 pipeline of 2
+ *     and 4 layers: each chunk's stash a layer, pipe_stash_peaks' walk over the candidate's
+ *     schedule, the split mirrored and extrapolated as the screening does): median 1.0 of
+ *     the screened memory but 0.36-2.26, so no safe margin would set aside more than a fifth
+ *     of the far ones, for 294 more compiles; not kept.  The screened memory itself is an
+ *     extrapolation from splits the pipeline pass makes uneven (the head on the last chunk),
+ *     and the whole compiles' memory is 0.8-1.3 of it: 43 of the 49 whole compiles at 70B do
+ *     not fit;
+ *   - the step margin (10%): at 70B about 300 candidates lie within 10% of the best in
+ *     their estimates, so about 250 are screened whatever the order; the estimates of those
+ *     screened are 0.82-1.09 of their screened steps (dualpipev 0.82-1.07 with the split
+ *     mirrored, zb-h1 0.83-1.05, 1f1b 0.96-1.02); a tighter margin needs them within a few
+ *     percent;
+ *   - the exact phase screens in full every pruned candidate whose bound lies below where its
+ *     walk ends, and the walk goes on past the screened threshold while whole compiles turn
+ *     out not to fit (the memory above).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -85,9 +92,6 @@ typedef struct {
   double a_la, a_lb, a_ba, a_bb;   /* the largest arena */
 } Figures;
 
-/* dp: the figures at dp = 1, 2 and 4 (those the candidates need): a layer's ops change with
-   dp (the partitioned program broadcasts some operands to the whole batch before slicing
-   its part), affine in dp from 2 on. */
 /* The dp collectives of a program at one ZeRO stage (compiled at dp = 2 with 2 micro-batches,
    so that ZeRO-0/1 reduce in @optimizer_step as they do with pp or gradient accumulation):
    per function (@grad_step, @optimizer_step) and kind (all_reduce, reduce_scatter,
@@ -107,8 +111,8 @@ typedef struct {
 typedef struct {
   int64_t tp, cp, ep;
   bool sp;
-  bool need[3];    /* dp = 1, 2, 4 */
-  Figures f[3];
+  bool need[2];    /* dp = 1, 2 (figures_at) */
+  Figures f[2];
   bool need_z[4];  /* ZeRO stages the candidates use (dp > 1) */
   DpComm z[4];
 } LayerProg;
@@ -126,10 +130,10 @@ static LayerProg *program_of(Programs *ps, const Cand *c) {
   return NULL;
 }
 
-/* The reference compiles of p at dp (index k: 1, 2, 4): ZeRO 0, nothing recomputed, no pp,
+/* The reference compiles of p at dp (index k: 1, 2): ZeRO 0, nothing recomputed, no pp,
    one micro-batch of 1 and of 2 sequences a rank, 1 and 2 layers, lowered whole. */
 static void compile_figures(Ctx *x, const LayerProg *p, int k, Figures *f, int64_t L) {
-  int64_t dp = k == 0 ? 1 : k == 1 ? 2 : 4;
+  int64_t dp = k == 0 ? 1 : 2;
   int nl = L >= 2 ? 2 : 1;
   double g[2][2], o[2][2], st[2][2], ar[2][2];   /* [layers - 1][sequences - 1] */
   f->ok = true;
@@ -257,29 +261,74 @@ static void *ref_worker(void *arg) {
     int j = r->next++;
     pthread_mutex_unlock(&r->lock);
     if (j >= r->n) break;
-    LayerProg *p = &r->ps->p[j / 7];
-    int k = j % 7;
-    if (k < 3 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
-    if (k >= 3 && p->need_z[k - 3]) compile_dp_comm(r->x, p, k - 3, &p->z[k - 3], r->L);
+    LayerProg *p = &r->ps->p[j / 6];
+    int k = j % 6;
+    if (k < 2 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
+    if (k >= 2 && p->need_z[k - 2]) compile_dp_comm(r->x, p, k - 2, &p->z[k - 2], r->L);
   }
   return NULL;
 }
 
-/* The figures at dp: dp = 1's, or the affine line through dp = 2 and 4 (2's alone when no
-   candidate needs 4). */
+/* The figures at dp: dp = 1's or dp = 2's.  A layer's ops no longer grow with dp (canonicalize
+   rewrites shard_slice(broadcast(x)) into a broadcast to the rank's part): at Llama-3-70B
+   the references at dp = 4 gave dp = 2's figures to 0.01%, so they are no longer compiled. */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
-  if (dp == 1 || !p->need[2]) {
-    *out = p->f[dp == 1 ? 0 : 1];
-    return out->ok;
+  *out = p->f[dp == 1 ? 0 : 1];
+  return out->ok;
+}
+
+/* The layers of each of C chunks when the pipeline pass splits Lm layers (passes/pipeline.c
+   split_units: the largest chunk's FLOPs made least, the head, of `head` layers' FLOPs, on
+   the last chunk, the later start on ties), in n[0..C).  The screening compiles 1 and 2
+   layers a chunk and extrapolates: where the head weighs more than a layer, those splits are
+   uneven, and the screened step with them; the estimate mirrors it. */
+static void chunk_split(int C, int Lm, double head, int *n) {
+  double *best = malloc(sizeof(double) * (size_t)(C + 1) * (size_t)(Lm + 1));
+  int *arg = malloc(sizeof(int) * (size_t)(C + 1) * (size_t)(Lm + 1));
+  if (!best || !arg) {
+    for (int c = 0; c < C; c++) n[c] = Lm / C + (c < Lm % C);
+    free(best), free(arg);
+    return;
   }
-  const Figures *a = &p->f[1], *b = &p->f[2];
-  if (!a->ok || !b->ok) return false;
-  double w = (double)(dp - 2) / 2;
-#define AT(field) out->field = a->field + w * (b->field - a->field)
-  AT(g_la), AT(g_lb), AT(g_ba), AT(g_bb), AT(o_l), AT(o_b), AT(s_l), AT(s_b), AT(a_la), AT(a_lb), AT(a_ba), AT(a_bb);
-#undef AT
-  out->ok = true;
-  return true;
+#define BEST(c, l) best[(c) * (Lm + 1) + (l)]
+#define ARG(c, l) arg[(c) * (Lm + 1) + (l)]
+  for (int c = 0; c <= C; c++)
+    for (int l = 0; l <= Lm; l++) BEST(c, l) = 1e300, ARG(c, l) = 0;
+  BEST(0, 0) = 0;
+  for (int c = 1; c <= C; c++)
+    for (int l = c; l <= Lm; l++)
+      for (int k = c - 1; k < l; k++) {
+        double w = (double)(l - k) + (l == Lm ? head : 0);
+        double mx = BEST(c - 1, k) > w ? BEST(c - 1, k) : w;
+        if (mx < BEST(c, l) || (mx == BEST(c, l) && k > ARG(c, l))) BEST(c, l) = mx, ARG(c, l) = k;
+      }
+  int l = Lm;
+  for (int c = C; c >= 1; c--) n[c - 1] = l - ARG(c, l), l = ARG(c, l);
+#undef BEST
+#undef ARG
+  free(best), free(arg);
+}
+
+/* The splits chunk_split gives, kept: few distinct (chunks, layers) pairs, many candidates. */
+typedef struct {
+  int C, Lm;
+  int *n;
+} Split;
+static Split splits[64];
+static int n_splits;
+static pthread_mutex_t splits_lock = PTHREAD_MUTEX_INITIALIZER;
+static const int *split_of(int C, int Lm, double head) {
+  pthread_mutex_lock(&splits_lock);
+  const int *r = NULL;
+  for (int i = 0; i < n_splits && !r; i++)
+    if (splits[i].C == C && splits[i].Lm == Lm) r = splits[i].n;
+  if (!r && n_splits < 64 && (splits[n_splits].n = malloc(sizeof(int) * (size_t)C))) {
+    chunk_split(C, Lm, head, splits[n_splits].n);
+    splits[n_splits].C = C, splits[n_splits].Lm = Lm;
+    r = splits[n_splits++].n;
+  }
+  pthread_mutex_unlock(&splits_lock);
+  return r;
 }
 
 /* The estimated step and memory of c from its layer program's figures at its dp. */
@@ -322,7 +371,6 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
     SimResult sim;
     char err[IR_ERR_LEN];
     int chunks = (int)(c->pp * c->v);
-    double n = (double)L / chunks;
     /* a chunk's activations (its forward) and their gradients (its backward) go to the
        next pp rank: a micro-batch's tokens of this cp rank (sp: of this tp rank) x hidden */
     Mesh mesh = {0};
@@ -332,29 +380,44 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
     double bytes = (double)mbs * (double)rq->base->seq / (double)c->cp / (c->sp ? (double)c->tp : 1) *
                    (double)rq->base->model.hidden * (strcmp(rq->base->precision, "bf16") ? 4 : 2);
     double p2p = timing_collective(OP_SEND, 2, bytes, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
-    if (chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err)) {
+    /* the screening's layers a chunk (screen_layers): 1 and 2, extrapolated, or the model */
+    int64_t ls[2];
+    int nl = screen_layers(c, L, ls);
+    double ms[2] = {0, 0};
+    double head = x->layer_flops > 0 ? (x->seq_flops - (double)L * x->layer_flops) / x->layer_flops : 1;
+    bool built = chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err),
+         ok = built;
+    for (int j = 0; ok && j < nl; j++) {
+      /* the split mirrored for dualpipev only: it brings dualpipev's estimates from 0.68-1.03
+         to 0.82-1.07 of their screened steps at Llama-3-70B on 4,096, but takes 1f1b and
+         zb-h1 from 0.96-1.02 and 0.81-1.05 down to 0.69-0.92 and 0.75-1.05, and interleaved
+         over (1.07-1.09), where a candidate could be set aside wrongly */
+      const int *split = c->sched == PIPE_DUALPIPEV ? split_of(chunks, (int)ls[j], head) : NULL;
       double (*cost)[3] = calloc((size_t)chunks, sizeof *cost);
-      for (int k = 0; cost && k < chunks; k++) {
-        double t = n * layer + (k == chunks - 1 ? base + comm_g : 0);
+      ok = cost && (split || c->sched != PIPE_DUALPIPEV);
+      for (int k = 0; ok && k < chunks; k++) {
+        double t = (split ? split[k] : (double)ls[j] / chunks) * layer + (k == chunks - 1 ? base + comm_g : 0);
         double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
         fw += k < chunks - 1 ? p2p : 0, bw += k > 0 ? p2p : 0;
         cost[k][ACT_F] = fw;
         /* zb-h1 and dualpipev split the backward: the input gradients (B) take more of it
-           than the weights' (W); 0.6 puts zb-h1's estimates within 1% of its screened steps
-           at Llama-3-70B (halves: 2% under) */
+           than the weights' (W) */
         cost[k][ACT_B] = s.split_bw ? bw * 0.6 : bw;
         cost[k][ACT_W] = s.split_bw ? bw * 0.4 : 0;
       }
-      if (cost && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
-        step = sim.makespan + opt;
+      if (ok && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
+        ms[j] = sim.makespan;
         int most = 0;
         for (int r = 0; r < s.p; r++) most = sim.peak_f[r] > most ? sim.peak_f[r] : most;
         inflight = (double)most / (double)c->v;   /* chunks held, in stages' worth */
         sim_result_free(&sim, s.p);
+      } else {
+        ok = false;
       }
       free(cost);
-      schedule_free(&s);
     }
+    if (ok) step = (nl == 1 ? ms[0] : ms[0] + ((double)L / (double)chunks - 1) * (ms[1] - ms[0])) + opt;
+    if (built) schedule_free(&s);
   } else {
     step = (double)c->ga * (base + (double)L * layer) + opt;
   }
@@ -416,6 +479,8 @@ typedef struct {
   const int *half;    /* the same layout with half the micro-batch, or -1 */
   bool *bad, *skip, *far;
   bool *done;         /* screened (its figures final) */
+  bool *final;        /* taken and finished, whatever came of it (a recomputing sibling waits for it) */
+  pthread_cond_t finished;
   char (*why)[IR_ERR_LEN];
   pthread_mutex_t lock;
   /* the keep best screened candidates that fit, by screened step (ascending), and their
@@ -442,7 +507,12 @@ static int screen_one(Ctx *x, Cand *c, int64_t L, RunSpec *sp, double threshold,
       double seqs = (double)c->batch * (double)c->ga / (double)(c->dp * c->ep * c->tp * c->cp);
       double lb = st[0] + k * (double)c->v * seqs * x->layer_s;
       if (lb > threshold || (double)m[0] > 1.5 * x->hw->mem_bytes) {
-        c->pruned = true, c->step_s = lb, c->mem = (double)m[0], c->fits = false;
+        /* its bound: the larger of that lower bound (at peak FLOP/s: far under at scale) and
+           the one a candidate set aside at its estimate gets, so that the exact phase does
+           not screen it in full where it would not screen a set-aside one */
+        double eb = c->est_s * (1 - STEP_MARGIN);
+        c->pruned = true, c->step_s = eb > lb ? eb : lb, c->mem = (double)m[0], c->fits = false;
+        c->has_first = true, c->first_s = st[0], c->first_mem = (double)m[0];
         return 0;
       }
     }
@@ -477,11 +547,15 @@ static void *fast_worker(void *arg) {
     int i = f->order[k];
     Cand *c = &f->cs[i];
     /* recomputation, as the exhaustive search takes it: not where the layout fits without
-       it, and set aside where that layout was (it is never faster there) */
+       it, and set aside where that layout was (it is never faster there).  The layout
+       without it estimates faster, so it was taken before; another thread may still be
+       screening it: its outcome is waited for (it waits on nothing) */
     int o = f->none[i];
+    while (o >= 0 && !f->final[o]) pthread_cond_wait(&f->finished, &f->lock);
     if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
       if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
       else c->pruned = true, c->step_s = f->cs[o].step_s, c->mem = 0, c->fits = false, f->pruned++;
+      f->final[i] = true;
       pthread_mutex_unlock(&f->lock);
       continue;
     }
@@ -491,6 +565,7 @@ static void *fast_worker(void *arg) {
     int h = f->half[i];
     if (h >= 0 && (f->far[h] || (f->done[h] && !f->bad[h] && f->cs[h].mem > far))) {
       f->skip[i] = f->far[i] = true, f->skipped++;
+      f->final[i] = true;
       pthread_mutex_unlock(&f->lock);
       continue;
     }
@@ -503,11 +578,15 @@ static void *fast_worker(void *arg) {
       c->step_s = c->est_s * (1 - STEP_MARGIN);
       c->mem = c->est_mem * MEM_MARGIN;
       f->pruned++;
+      f->final[i] = true;
     }
     pthread_mutex_unlock(&f->lock);
     if (set_aside) continue;
     if (!sp) {
-      f->bad[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
+      pthread_mutex_lock(&f->lock);
+      f->bad[i] = f->final[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
+      pthread_cond_broadcast(&f->finished);
+      pthread_mutex_unlock(&f->lock);
       continue;
     }
     pthread_mutex_lock(&f->lock);
@@ -523,17 +602,29 @@ static void *fast_worker(void *arg) {
       while (at > 0 && f->best[at - 1] > c->step_s) f->best[at] = f->best[at - 1], f->best_est[at] = f->best_est[at - 1], at--;
       f->best[at] = c->step_s, f->best_est[at] = c->est_s;
     }
+    f->final[i] = true;
+    pthread_cond_broadcast(&f->finished);
     pthread_mutex_unlock(&f->lock);
   }
   free(sp);
   return NULL;
 }
 
+/* By estimated step; a recomputing candidate after its layout without recomputation (which
+   it waits for), whatever their estimates. */
 static const Cand *sort_base;
+static const int *sort_none;
+static double sort_key(int i) {
+  double k = sort_base[i].est_s;
+  int o = sort_none[i];
+  return o >= 0 && sort_base[o].est_s > k ? sort_base[o].est_s : k;
+}
 static int by_estimate(const void *a, const void *b) {
-  const Cand *x = &sort_base[*(const int *)a], *y = &sort_base[*(const int *)b];
-  if (x->est_s != y->est_s) return x->est_s < y->est_s ? -1 : 1;
-  return *(const int *)a - *(const int *)b;
+  int i = *(const int *)a, j = *(const int *)b;
+  double ki = sort_key(i), kj = sort_key(j);
+  if (ki != kj) return ki < kj ? -1 : 1;
+  if (sort_base[i].rc != sort_base[j].rc) return sort_base[i].rc - sort_base[j].rc;
+  return i - j;
 }
 
 int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused_out, char *first_refusal,
@@ -559,12 +650,11 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   for (int i = 0; i < n; i++) {
     LayerProg *p = program_of(&ps, &cs[i]);
     p->need[cs[i].dp == 1 ? 0 : 1] = true;
-    if (cs[i].dp > 2) p->need[2] = true;
     if (cs[i].dp > 1) p->need_z[cs[i].zero] = true;
   }
-  /* the references, on every thread: job j is program j / 7's dp figures (j % 7 < 3: dp =
-     1, 2, 4) or its dp collectives (ZeRO stage j % 7 - 3) */
-  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 7 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
+  /* the references, on every thread: job j is program j / 6's dp figures (j % 6 < 2: dp =
+     1, 2) or its dp collectives (ZeRO stage j % 6 - 2) */
+  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 6 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
   {
     int nt = threads_to_use();
     pthread_t th[64];
@@ -576,6 +666,14 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   if (getenv("LOOM_PLAN_DEBUG"))
     fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
+  if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 3)
+    for (int i = 0; i < ps.n; i++)
+      for (int k = 0; k < 2; k++)
+        if (ps.p[i].need[k] && ps.p[i].f[k].ok)
+          fprintf(stderr, "program tp=%lld cp=%lld sp=%d at dp %d: g_la %.6g g_lb %.6g g_ba %.6g g_bb %.6g o_l %.6g s_l %.6g a_la %.6g a_lb %.6g\n",
+                  (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, k + 1, ps.p[i].f[k].g_la,
+                  ps.p[i].f[k].g_lb, ps.p[i].f[k].g_ba, ps.p[i].f[k].g_bb, ps.p[i].f[k].o_l, ps.p[i].f[k].s_l,
+                  ps.p[i].f[k].a_la, ps.p[i].f[k].a_lb);
   /* estimates; a candidate whose program could not be compiled is screened first (its own
      compile gives the reason, as the exhaustive search's does) */
   for (int i = 0; i < n; i++) {
@@ -583,7 +681,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     LayerProg *p = program_of(&ps, &cs[i]);
     if (figures_at(p, cs[i].dp, &f)) estimate(x, rq, &f, &p->z[cs[i].zero], &cs[i]);
     else cs[i].est_s = 0, cs[i].est_mem = 0;
-    cs[i].pruned = false;
+    cs[i].pruned = false, cs[i].has_first = false;
   }
   *programs = ps.n;
   free(ps.p);
@@ -597,30 +695,25 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
-  /* two phases, as the exhaustive search's rounds: first the candidates without
-     recomputation (or with the one --recompute fixes), then those with it, which look at
-     their layout's screening without it; each phase in the order of the estimates */
+  /* one pass in the order of the estimates: the candidates with recomputation look at their
+     layout's screening without it (the exhaustive search's rounds), which comes first; the
+     threshold falls as soon as any layout fits, recomputing or not */
   int *half = malloc(sizeof(int) * ((size_t)n + 1)), *none = malloc(sizeof(int) * ((size_t)n + 1));
   f.skip = calloc((size_t)n + 1, 1), f.none = none, f.half = half;
-  f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1);
-  if (!half || !none || !f.skip || !f.far || !f.done || siblings(cs, n, half, none)) {
+  f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1), f.final = calloc((size_t)n + 1, 1);
+  if (!half || !none || !f.skip || !f.far || !f.done || !f.final || siblings(cs, n, half, none)) {
     free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
-    free(f.far), free(f.done);
+    free(f.far), free(f.done), free(f.final);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
-  int n0 = 0;
-  for (int i = 0; i < n; i++)
-    if (rq->fix_rc >= 0 || cs[i].rc == RECOMPUTE_NONE) order[n0++] = i;
-  int n1 = n0;
-  for (int i = 0; i < n; i++)
-    if (!(rq->fix_rc >= 0 || cs[i].rc == RECOMPUTE_NONE)) order[n1++] = i;
-  sort_base = cs;
-  qsort(order, (size_t)n0, sizeof *order, by_estimate);
-  qsort(order + n0, (size_t)(n - n0), sizeof *order, by_estimate);
+  pthread_cond_init(&f.finished, NULL);
+  for (int i = 0; i < n; i++) order[i] = i;
+  sort_base = cs, sort_none = none;
+  qsort(order, (size_t)n, sizeof *order, by_estimate);
   int nt = threads_to_use();
-  for (int phase = 0; phase < 2; phase++) {
-    f.next = phase ? n0 : 0, f.n = phase ? n : n0;
+  {
+    f.next = 0, f.n = n;
     pthread_t th[64];
     int started = 0;
     for (int t = 1; t < nt && t < 64; t++)
@@ -628,6 +721,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     fast_worker(&f);
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   }
+  pthread_cond_destroy(&f.finished);
   int kept = 0, refused = 0;
   for (int i = 0; i < n; i++) {
     if (f.skip[i]) continue;
@@ -650,7 +744,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
   free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
-  free(f.far), free(f.done);
+  free(f.far), free(f.done), free(f.final);
   *n_io = kept, *refused_out += refused;
   return 0;
 }

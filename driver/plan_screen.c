@@ -240,7 +240,7 @@ static void *screen_worker(void *arg) {
       int64_t m[2] = {0, 0};
       double lb = 0;
       w->bad[i] = false;
-      c->pruned = false;
+      c->pruned = false, c->has_first = false;
       for (int j = 0; j < nl && !w->bad[i]; j++) {
         if (j == 1 && w->x->layer_s > 0) {
           lb = lower_bound(w, c, st[0]);
@@ -250,6 +250,7 @@ static void *screen_worker(void *arg) {
           pthread_mutex_unlock(&w->lock);
           if (prune) {   /* memory grows with the layers: its 1-layer figure is a lower bound too */
             c->pruned = true, c->step_s = lb, c->mem = (double)m[0], c->fits = false;
+            c->has_first = true, c->first_s = st[0], c->first_mem = (double)m[0];
             skip_shared(sh, n_sh, ls[1]);
             break;
           }

@@ -3,7 +3,8 @@
  * One op, on one rank:
  *   matmul, attention(_grad)   max(FLOPs / (peak[dtype] · eff_matmul|eff_attention),
  *                                  bytes / (mem_bw · eff_memory))
- *   everything else that runs  bytes / (mem_bw · eff_memory)        (memory bound)
+ *   everything else that runs  bytes / (mem_bw · eff)                (memory bound; eff the
+ *                              op's category's efficiency, timing_category, else eff_memory)
  *   reshape                    0 (an alias of its operand's bytes)
  *   a call of a fused kernel   its operands' and results' bytes (the kernel keeps the rest in
  *                              registers), plus the FLOPs of any matmul inside
@@ -107,6 +108,42 @@ static void wait_until(Acc *a, double end) {
   if (end > a->clock) a->exposed += end - a->clock, a->clock = end;
 }
 
+const char *const timing_cat_names[TC_COUNT] = {"norm", "elementwise", "loss", "optimizer", "cast", "reduce", "copy"};
+
+static int builtin_category(OpKind k) {
+  switch (k) {
+  case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_GRAD: case OP_RMSNORM_GRAD: return TC_NORM;
+  case OP_CROSS_ENTROPY: case OP_CROSS_ENTROPY_GRAD: case OP_TARGET_PICK: return TC_LOSS;
+  case OP_ADAMW: return TC_OPTIMIZER;
+  case OP_CAST: return TC_CAST;
+  case OP_ACCUMULATE: case OP_SOFTMAX: case OP_SOFTMAX_GRAD: case OP_ROPE: case OP_ROPE_AT: return TC_ELEMENTWISE;
+  case OP_TOPK: case OP_MOE_COUNT: case OP_MOE_WEIGHT_GRAD: return TC_REDUCE;
+  default: break;
+  }
+  switch (op_info(k)->cls) {
+  case CLASS_ELEMENTWISE: return TC_ELEMENTWISE;
+  case CLASS_REDUCTION: return TC_REDUCE;
+  default: return TC_COPY;   /* data movement: transpose, slice, pad, concat, broadcast, embedding, gathers, fills */
+  }
+}
+
+/* A builtin by its kind; a call of a fused kernel by what is inside, as cost.c names the
+   kernels: a norm or the loss if it holds one, else a reduction if it reduces, a cast if it
+   only casts, else elementwise. */
+int timing_category(const Op *op) {
+  if (op->kind != OP_CALL || !op->callee) return builtin_category(op->kind);
+  const Func *k = op->callee;
+  bool reduces = false, casts_only = k->ops.n > 0;
+  for (int i = 0; i < k->ops.n; i++) {
+    const Op *o = k->ops.items[i];
+    int c = builtin_category(o->kind);
+    if (c == TC_NORM || c == TC_LOSS) return c;
+    reduces |= c == TC_REDUCE;
+    casts_only &= o->kind == OP_CAST || o->kind == OP_RESHAPE;
+  }
+  return reduces ? TC_REDUCE : casts_only ? TC_CAST : TC_ELEMENTWISE;
+}
+
 /* Runs one op on the timeline; returns its own duration (for the top list). */
 static double op_time(const Op *op, Acc *a) {
   const Hardware *hw = a->hw;
@@ -166,10 +203,15 @@ static double op_time(const Op *op, Acc *a) {
               op->kind == OP_ATTENTION_BLOCK_GRAD;
   double eff = attn ? hw->eff_attention : hw->eff_matmul;
   double tc = flops > 0 ? flops / (peak_of(hw, compute_dtype(op)) * eff) : 0;
-  double tm = bytes / (hw->mem_bw * hw->eff_memory);
+  int cat = flops > 0 ? -1 : timing_category(op);
+  double eff_mem = cat >= 0 && hw->eff_cat[cat] > 0 ? hw->eff_cat[cat] : hw->eff_memory;
+  double tm = bytes / (hw->mem_bw * eff_mem);
   a->t->model_flops += a->scale * flops;
   if (tc >= tm && tc > 0) a->t->compute_s += a->scale * tc;
-  else a->t->memory_s += a->scale * tm;
+  else {
+    a->t->memory_s += a->scale * tm;
+    if (cat >= 0) a->t->memory_cat_s[cat] += a->scale * tm;
+  }
   a->t->overhead_s += a->scale * hw->op_overhead;
   double d = (tc > tm ? tc : tm) + hw->op_overhead;
   a->clock += d;
@@ -338,6 +380,10 @@ void timing_report(FILE *out, const Module *m, const Hardware *hw, const StepTim
           t->compute_s * 1e3, t->model_flops, t->peak_flops * 1e-12, hw->eff_matmul);
   fprintf(out, "  memory-bound ops     %12.3f ms   at %.4g GB/s x %.2f\n", t->memory_s * 1e3, hw->mem_bw * 1e-9,
           hw->eff_memory);
+  for (int c = 0; c < TC_COUNT; c++)
+    if (t->memory_cat_s[c] > 0)
+      fprintf(out, "    %-18s %12.3f ms   x %.2f%s\n", timing_cat_names[c], t->memory_cat_s[c] * 1e3,
+              hw->eff_cat[c] > 0 ? hw->eff_cat[c] : hw->eff_memory, hw->eff_cat[c] > 0 ? " (its own)" : "");
   fprintf(out, "  per-op overhead      %12.3f ms\n", t->overhead_s * 1e3);
   for (int k = 0; k < AX_COUNT; k++)
     if (m->mesh.size[k] > 1)

@@ -23,6 +23,14 @@
 #include "passes/passes.h"
 
 enum { LINK_INTRA, LINK_INTER };
+
+/* The memory-bound ops by category (the names and split of codegen/cuda/cost.c's table, so a
+   measured LOOM_PROFILE table maps onto them): each may have an efficiency of its own in the
+   hardware file ("efficiency": {"norm": 0.6, ...}); one it lacks uses "memory".  timing_category
+   says which an op is. */
+typedef enum { TC_NORM, TC_ELEMENTWISE, TC_LOSS, TC_OPTIMIZER, TC_CAST, TC_REDUCE, TC_COPY, TC_COUNT } TimingCat;
+extern const char *const timing_cat_names[TC_COUNT];
+int timing_category(const Op *op);
 #define TIMING_TOP 8
 
 typedef struct {
@@ -34,6 +42,7 @@ typedef struct {
   double link_bw[2];             /* bytes/s one device sends in one direction: intra-node, inter-node */
   double link_lat[2];            /* seconds per message step (alpha) */
   double eff_matmul, eff_attention, eff_memory, eff_link;   /* fractions of the peaks above */
+  double eff_cat[TC_COUNT];      /* per category of memory-bound op; 0: eff_memory */
   double op_overhead;            /* seconds added per op (a kernel launch, a dispatch) */
   int axis_order[AX_COUNT];      /* placement on the machine, innermost first (tp cp ep dp pp) */
 } Hardware;
@@ -58,6 +67,7 @@ double timing_collective(OpKind kind, int64_t n, double bytes, double beta, doub
 typedef struct {
   double compute_s;           /* ops whose FLOPs bound them (matmul, attention) */
   double memory_s;            /* ops bound by memory traffic (fused kernels, data movement, optimizer) */
+  double memory_cat_s[TC_COUNT];   /* memory_s by category */
   double overhead_s;          /* per-op overhead */
   double comm_s[AX_COUNT];    /* collective and transfer time per axis */
   double exposed_comm_s;      /* the time ranks wait for collectives (comm_s less what compute hides) */

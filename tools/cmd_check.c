@@ -307,7 +307,7 @@ static int compare_into(Cell *c, const char *out, const StFile *ref, Select want
     double r, ab = 0, mr = 0;
     bool is_param = strcmp(b->name, "losses") != 0;
     if (!a) {
-      snprintf(err, errlen, "the run wrote no '%s' (in %s)", b->name, out);
+      snprintf(err, errlen, "the run wrote no '%.200s' (in %.1700s)", b->name, out);
       rc = EXIT_USAGE;
     } else if ((r = diff_rel_err(a, b, &ab, &mr, e, sizeof e)) < 0) {
       snprintf(err, errlen, "%.200s: %.1700s", b->name, e);

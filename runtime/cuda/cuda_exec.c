@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "runtime/cpu/cpu_kernels.h"   /* rt_round: the one definition of every narrow format */
+#include "runtime/io/diskcache.h"     /* the GEMM algorithms' choices (tune_gemms) */
 
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
   va_list ap;
@@ -368,6 +369,9 @@ void cuda_options_default(CudaOptions *o) {
   o->profile = pr && *pr && strcmp(pr, "0");
   const char *g = getenv("LOOM_CUDA_GRAPH");
   o->graphs = !(g && !strcmp(g, "0"));
+  const char *tu = getenv("LOOM_CUDA_GEMM_TUNE");
+  o->gemm_tune = !(tu && (!*tu || !strcmp(tu, "0")));
+  o->gemm_tune_verbose = tu && !strcmp(tu, "verbose");
 }
 
 int cuda_find_func(const CudaProgram *cp, const char *name) {
@@ -399,6 +403,11 @@ struct CudaGemmPlan {
   bool empty;       /* batch, M or N is 0: nothing to compute */
   bool zero;        /* K = 0: C = 0 */
   bool per_batch;   /* no algorithm for the strided batch: one matmul per batch */
+  /* the heuristic's candidates, best first (cuda_options_default: LOOM_CUDA_GEMM_TUNE); the
+     one in use is algo (tune_gemms picks it) */
+  cublasLtMatmulAlgo_t cand[LOOM_GEMM_CANDIDATES];
+  int n_cand;
+  unsigned char key[32];   /* tune_key's, once tune_gemms has seen it */
 };
 
 #define CU(fn, args, where) cuda_cu_fail(d->fn args, #fn, where, err, errlen)
@@ -490,14 +499,17 @@ static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t
     rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
             where);
   if (!rc) {
-    cublasLtMatmulHeuristicResult_t res;
-    int count = 0;
-    memset(&res, 0, sizeof res);
+    cublasLtMatmulHeuristicResult_t res[LOOM_GEMM_CANDIDATES];
+    int count = 0, want = cp->opt.gemm_tune ? LOOM_GEMM_CANDIDATES : 1;
+    memset(res, 0, sizeof res);
     cublasStatus_t s = l->cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)cp->lt, g->desc, g->a, g->b, g->c, g->c, pref,
-                                                         1, &res, &count);
+                                                         want, res, &count);
     /* NOT_SUPPORTED / no result: no algorithm for this shape (the caller may try per batch). */
-    if (s == CUBLAS_STATUS_SUCCESS && count > 0 && res.state == CUBLAS_STATUS_SUCCESS && res.workspaceSize <= ws) {
-      g->algo = res.algo;
+    g->n_cand = 0;
+    for (int k = 0; s == CUBLAS_STATUS_SUCCESS && k < count && k < want; k++)
+      if (res[k].state == CUBLAS_STATUS_SUCCESS && res[k].workspaceSize <= ws) g->cand[g->n_cand++] = res[k].algo;
+    if (g->n_cand > 0) {
+      g->algo = g->cand[0];   /* the heuristic's first: what runs unless tune_gemms times a faster one */
       *found = true;
     } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
       rc = cuda_lt_fail(s, "cublasLtMatmulAlgoGetHeuristic", where, err, errlen);
@@ -626,6 +638,143 @@ static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err,
       return 1;
   }
   return 0;
+}
+
+/* ------------------------------------------------------------------ GEMM algorithms
+   With LOOM_CUDA_GEMM_TUNE (on unless it is 0), every GEMM shape of the program times the
+   cuBLASLt heuristic's candidates (up to LOOM_GEMM_CANDIDATES) once, on this device, and keeps
+   the fastest; the choice is cached on disk (runtime/io/diskcache.h) under a key of the
+   device, the cuBLASLt version, the GEMM's description and the candidates themselves, so a
+   later run (or another rank of the node, which waits on the entry's lock) reads it instead
+   of timing.  The timing runs at start-up on the program's own buffers, which hold only zeros
+   then (dev_alloc zeroed them; nothing is loaded before cuda_program_init returns); they are
+   zeroed again afterwards.  A candidate that fails to run is passed over.  Which algorithm
+   runs changes the bits of a GEMM's result (another tiling or split-K), as the heuristic's own
+   choice does from one cuBLASLt version to the next: LOOM_CUDA_GEMM_TUNE=0 runs the
+   heuristic's first candidate, the same on every run; LOOM_CUDA_GEMM_TUNE=verbose prints each
+   shape's times. */
+
+static const char tune_magic[8] = {'L', 'O', 'O', 'M', 'G', 'T', 'U', '1'};
+
+static void tune_key(const CudaProgram *cp, const CudaGemmPlan *g, const RtStep *st, unsigned char key[32]) {
+  const CublasLtApi *l = cuda_cublaslt(NULL, 0);
+  Sha256 h;
+  sha_init(&h);
+  char head[512];
+  int n = snprintf(head, sizeof head, "loom gemm tune 1|%s|%s|lt %zu|ws %lld|tf32 %d|per_batch %d|cand %d|", cp->info.name,
+                   cp->info.arch, l ? l->cublasLtGetVersion() : (size_t)0, (long long)cp->mem.workspace, (int)cp->opt.tf32,
+                   (int)g->per_batch, g->n_cand);
+  sha_update(&h, head, (size_t)n);
+  sha_update(&h, st->i, sizeof st->i);   /* shape, transposes, strides, epilogue, beta, leading dims */
+  for (int b = 0; b < st->n_in + st->n_out; b++) sha_update(&h, &st->bufs[b].storage, sizeof st->bufs[b].storage);
+  /* the pointers' alignments decide which candidates exist: the candidates are in the key */
+  sha_update(&h, g->cand, sizeof g->cand[0] * (size_t)g->n_cand);
+  sha_final(&h, key);
+}
+
+/* Times candidate c of GEMM (f, s): one run to warm up, then `reps` between two events. */
+static int time_candidate(CudaProgram *cp, int f, int s, int c, void *ev[2], int reps, float *ms) {
+  const CudaDriverApi *d = cuda_driver(NULL, 0);
+  CudaGemmPlan *g = cp->plans[f][s];
+  char where[256], e[512];
+  step_where(cp, f, s, where, sizeof where);
+  g->algo = g->cand[c];
+  if (run_gemm(cp, f, s, where, e, sizeof e)) return 1;
+  if (d->cuEventRecord((CUevent)ev[0], (CUstream)cp->stream) != CUDA_SUCCESS) return 1;
+  for (int r = 0; r < reps; r++)
+    if (run_gemm(cp, f, s, where, e, sizeof e)) return 1;
+  if (d->cuEventRecord((CUevent)ev[1], (CUstream)cp->stream) != CUDA_SUCCESS ||
+      d->cuStreamSynchronize((CUstream)cp->stream) != CUDA_SUCCESS ||
+      d->cuEventElapsedTime(ms, (CUevent)ev[0], (CUevent)ev[1]) != CUDA_SUCCESS)
+    return 1;
+  return 0;
+}
+
+static int tune_gemms(CudaProgram *cp, char *err, size_t errlen) {
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  const RtProgram *p = cp->p;
+  char dir[4096];
+  dc_dir(dir, sizeof dir);
+  if (dir[0]) dc_mkdirs(dir);
+  void *ev[2] = {NULL, NULL};
+  int shapes = 0, timed = 0, cached = 0, rc = 0;
+  for (int f = 0; !rc && f < p->n_funcs; f++)
+    for (int s = 0; !rc && s < p->funcs[f].n_steps; s++) {
+      CudaGemmPlan *g = cp->plans[f][s];
+      if (!g || g->empty || g->zero || g->n_cand < 2) continue;
+      const RtStep *st = &p->funcs[f].steps[s];
+      unsigned char *key = g->key;
+      tune_key(cp, g, st, key);
+      /* the same shape earlier in this program: its choice */
+      const CudaGemmPlan *same = NULL;
+      for (int f2 = 0; f2 <= f && !same; f2++)
+        for (int s2 = 0; s2 < (f2 == f ? s : p->funcs[f2].n_steps) && !same; s2++) {
+          const CudaGemmPlan *h = cp->plans[f2][s2];
+          if (h && !h->empty && !h->zero && h->n_cand >= 2 && !memcmp(h->key, key, 32)) same = h;
+        }
+      if (same) {
+        g->algo = same->algo;
+        continue;
+      }
+      shapes++;
+      char path[4200] = "";
+      if (dir[0] && dc_path(dir, key, ".gemm", path, sizeof path)) path[0] = 0;
+      int lock = path[0] ? dc_lock(dir, key) : -1;
+      unsigned char *payload = NULL;
+      size_t n = 0;
+      unsigned flags = 0;
+      int choice = -1;
+      if (path[0] && !dc_read(path, tune_magic, key, &payload, &n, &flags) && n == sizeof(int32_t)) {
+        int32_t c;
+        memcpy(&c, payload, sizeof c);
+        if (c >= 0 && c < g->n_cand) choice = c, cached++;
+      }
+      free(payload);
+      if (choice < 0) {
+        if (!ev[0]) {
+          for (int k = 0; k < 2 && !rc; k++) rc = CU(cuEventCreate, ((CUevent *)&ev[k], CU_EVENT_DEFAULT), "(timing GEMM algorithms)");
+          if (rc) {
+            dc_unlock(lock);
+            break;
+          }
+        }
+        float best = 0;
+        char line[1024];
+        int at = snprintf(line, sizeof line, "cuda: GEMM @%s step %d (%s), M %lld N %lld K %lld batch %lld:",
+                          p->funcs[f].name, s, st->label, (long long)st->i[1], (long long)st->i[2], (long long)st->i[3],
+                          (long long)st->i[0]);
+        for (int c = 0; c < g->n_cand; c++) {
+          float ms = 0;
+          bool ok = !time_candidate(cp, f, s, c, ev, 3, &ms);
+          if (ok && (choice < 0 || ms < best)) choice = c, best = ms;
+          if (at < (int)sizeof line - 24)
+            at += ok ? snprintf(line + at, sizeof line - (size_t)at, " %.3f", ms / 3)
+                     : snprintf(line + at, sizeof line - (size_t)at, " failed");
+        }
+        if (choice < 0) choice = 0;   /* none ran: the heuristic's first, whose failure the step will report */
+        if (cp->opt.gemm_tune_verbose) fprintf(stderr, "%s ms; candidate %d\n", line, choice);
+        int32_t c32 = choice;
+        if (path[0]) dc_write(dir, path, tune_magic, key, (const unsigned char *)&c32, sizeof c32, 0);
+        timed++;
+      }
+      dc_unlock(lock);
+      g->algo = g->cand[choice];
+    }
+  for (int k = 0; k < 2; k++)
+    if (ev[k]) d->cuEventDestroy((CUevent)ev[k]);
+  if (!rc && timed) {   /* the runs wrote into the arena and the gradients: zeros again, as dev_alloc left them */
+    for (int r = 1; !rc && r < RT_REGION_COUNT; r++)
+      if (cp->regions[r] && p->region_bytes[r] > 0)
+        rc = CU(cuMemsetD8Async, ((CUdeviceptr)cp->regions[r], 0, (size_t)p->region_bytes[r], (CUstream)cp->stream),
+                "(after timing GEMM algorithms)");
+    if (!rc && cp->arena && cp->mem.arenas > 0)
+      rc = CU(cuMemsetD8Async, ((CUdeviceptr)cp->arena, 0, (size_t)cp->mem.arenas, (CUstream)cp->stream),
+              "(after timing GEMM algorithms)");
+  }
+  cp->gemm_shapes = shapes, cp->gemm_timed = timed, cp->gemm_cached = cached;
+  if (cp->opt.gemm_tune_verbose && shapes)
+    fprintf(stderr, "cuda: GEMM algorithms: %d shapes, %d timed, %d from the cache\n", shapes, timed, cached);
+  return rc;
 }
 
 static int dev_alloc(CudaProgram *cp, uint64_t *out, int64_t bytes, const char *what, char *err, size_t errlen) {
@@ -819,6 +968,7 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   for (int f = 0; !rc && f < p->n_funcs; f++)
     for (int s = 0; !rc && s < p->funcs[f].n_steps; s++)
       if (p->funcs[f].steps[s].kind == RT_STEP_GEMM) rc = plan_gemm(cp, f, s, &cp->plans[f][s], err, errlen);
+  if (!rc && cp->opt.gemm_tune) rc = tune_gemms(cp, err, errlen);
   if (!rc && cp->opt.profile) rc = profile_init(cp, err, errlen);
   if (!rc && !(cp->graph = calloc(nf, sizeof *cp->graph))) rc = fail(err, errlen, 1, "out of memory");
   if (!rc && !(cp->graph_off = calloc(nf, sizeof *cp->graph_off))) rc = fail(err, errlen, 1, "out of memory");

@@ -110,7 +110,10 @@ typedef struct {
   size_t workspace_bytes;  /* cuBLASLt workspace (0: 32 MiB) */
   bool profile;            /* events around every step of every call (LOOM_PROFILE set): cuda_profile_ms */
   bool graphs;             /* a call's steps captured once into a CUDA graph and replayed (see below) */
+  bool gemm_tune;          /* time the heuristic's GEMM candidates at start-up (LOOM_CUDA_GEMM_TUNE; cuda_exec.c) */
+  bool gemm_tune_verbose;  /* LOOM_CUDA_GEMM_TUNE=verbose: print each shape's times */
 } CudaOptions;
+#define LOOM_GEMM_CANDIDATES 8   /* the most heuristic results a GEMM shape times */
 
 typedef struct CudaGemmPlan CudaGemmPlan;
 
@@ -129,6 +132,7 @@ typedef struct {
   uint64_t arena;          /* the arena every function shares (their calls never overlap) */
   uint64_t workspace;
   CudaGemmPlan ***plans;   /* [func][step], NULL for non-GEMM steps */
+  int gemm_shapes, gemm_timed, gemm_cached;   /* GEMM shapes with several candidates; timed now; read from the cache */
   RtStorage *gstorage;     /* [p->n_globals] */
   unsigned char *staging;  /* host bytes for args / rets conversions */
   size_t staging_bytes;

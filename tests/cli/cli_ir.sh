@@ -164,5 +164,7 @@ expect_stderr_contains "batch"
 run "$LOOM" ir models/gpt2-tiny.json --passes=train --mesh dp=4 --batch 8
 check "dp=4: no broadcast to the global batch followed by a shard_slice (every broadcast is to a rank's [2,32,...])" \
   sh -c "grep -q 'broadcast .*: f32\[2,32,64\]<dp:s0>' '$OUT' && ! grep -q 'broadcast .*: f32\[8,32,' '$OUT'"
+check "dp=4: a training program's @forward returns each rank's logits [2,32,256] and the loss (validation reads only the loss; no gather of the whole batch's logits)" \
+  grep -q 'func @forward(.*) -> (f32\[2,32,256\]<dp:s0>, f32\[\])' "$OUT"
 
 finish

@@ -59,6 +59,40 @@ expect_stderr_contains "each of tp, cp, ep, dp, pp exactly once"
 hwfile 's/"matmul": 1,/"matmul": 1.5,/'
 expect_exit 2 "an efficiency above 1" "$LOOM" ir models/gpt2-tiny.json --passes=train --time --hw "$TMP/hw.json"
 expect_stderr_contains "in (0, 1]"
+# per-category efficiencies of the memory-bound ops: norm at 0.5 doubles the norm line and
+# adds what it doubled to the step; the other categories keep memory's
+hwfile 's/"memory": 1,/"memory": 1, "norm": 0.5,/'
+ir --batch 16 --time > "$TMP/time1" 2>&1
+ir --batch 16 --time --hw "$TMP/hw.json" > "$TMP/time2" 2>&1
+check "efficiency.norm 0.5: the norm ops' time doubles, the step grows by as much, elementwise unchanged" awk '
+  FNR == NR { if ($1 == "norm") n1 = $2; if ($1 == "elementwise") e1 = $2; if ($1 == "step") s1 = $2; next }
+  { if ($1 == "norm") n2 = $2; if ($1 == "elementwise") e2 = $2; if ($1 == "step") s2 = $2 }
+  END { d = n2 - 2 * n1; ds = (s2 - s1) - n1; if (d < 0) d = -d; if (ds < 0) ds = -ds
+        exit !(n1 > 0 && d < 0.002 && ds < 0.003 && e1 == e2) }' "$TMP/time1" "$TMP/time2"
+hwfile 's/"memory": 1,/"memory": 1, "nrom": 0.5,/'
+expect_exit 2 "an unknown efficiency" "$LOOM" ir models/gpt2-tiny.json --passes=train --time --hw "$TMP/hw.json"
+expect_stderr_contains "efficiency: unknown key 'nrom'; the keys are matmul, attention, memory, link and the memory-bound categories norm"
+hwfile 's/"memory": 1,/"memory": 1, "loss": 0,/'
+expect_exit 2 "a zero efficiency" "$LOOM" ir models/gpt2-tiny.json --passes=train --time --hw "$TMP/hw.json"
+expect_stderr_contains "in (0, 1]"
+# bench/hw_from_profile.py: two LOOM_PROFILE tables (as cost.c prints them) into per-category
+# efficiencies, launches-weighted over the tables; a category timed at 0.0% keeps the file's
+prof() { printf 'CUDA profile of one step (%s); roofline on NVIDIA H100 SXM5 80GB\n' "$1"
+  printf 'category                           launches         ms   TFLOP/s      GB/s roofline\n'
+  printf 'gemm                                     %s     10.000     600.0       0.0    %s%%\n' "$2" "$3"
+  printf 'norm                                     %s      1.000       0.0    2000.0    %s%%\n' "$4" "$5"
+  printf 'copy                                      5      1.000       0.0       0.0     0.0%%\n'
+  printf 'total                                    99     12.000       0.0       0.0    50.0%%\n\n'; }
+prof a 100 60.0 30 50.0 > "$TMP/prof1"
+prof b 300 70.0 10 90.0 > "$TMP/prof2"
+if python3 bench/hw_from_profile.py "$TMP/prof1" models/hardware/h100-sxm.json "$TMP/hwp.json" "$TMP/prof2" > "$TMP/conv" 2>&1; then
+  check "hw_from_profile: matmul (100 x 0.6 + 300 x 0.7) / 400 = 0.675, norm (30 x 0.5 + 10 x 0.9) / 40 = 0.6, copy kept" \
+    python3 -c "import json, sys; e = json.load(open('$TMP/hwp.json'))['efficiency']
+sys.exit(not (e['matmul'] == 0.675 and e['norm'] == 0.6 and e['copy' if 'copy' in e else 'memory'] == 1 and 'copy' not in e))"
+  expect_exit 0 "loom ir --time takes the measured file" "$LOOM" ir models/gpt2-tiny.json --passes=train --time --hw "$TMP/hwp.json"
+else
+  check "bench/hw_from_profile.py runs" false; cat "$TMP/conv"
+fi
 head -c 200 models/hardware/h100-sxm.json > "$TMP/hw.json"
 expect_exit 2 "a truncated file" "$LOOM" ir models/gpt2-tiny.json --passes=train --time --hw "$TMP/hw.json"
 expect_stderr_contains "hw.json"

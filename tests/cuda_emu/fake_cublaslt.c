@@ -24,6 +24,7 @@
 #include <cublasLt.h>
 
 #define ALGO_MAGIC 0x10f7a1e0u /* what the heuristic hands out and the matmul wants back */
+#define FAKE_CANDIDATES 3      /* algorithms the heuristic offers; the last fails to run */
 
 typedef struct {
   cublasComputeType_t compute;
@@ -309,12 +310,19 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t ligh
     return CUBLAS_STATUS_NOT_SUPPORTED;
   for (int i = 0; i < 4; i++) /* no kernel reads elements split across pointers */
     if (p->align[i] % (uint32_t)elem_size(L[i]->type)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  cublasLtMatmulHeuristicResult_t *r = &heuristicResultsArray[0];
-  memset(r, 0, sizeof *r);
-  r->algo.data[0] = ALGO_MAGIC; /* workspaceSize stays 0 */
-  r->state = CUBLAS_STATUS_SUCCESS;
-  r->wavesCount = 1.0f;
-  *returnAlgoCount = 1;
+  /* Up to FAKE_CANDIDATES algorithms, as the real heuristic offers several: they compute the
+     same, but the last one always fails to run (NOT_SUPPORTED), as a real candidate can, so
+     loom's timing of the candidates (LOOM_CUDA_GEMM_TUNE) passes over a failure every time. */
+  int n = requestedAlgoCount < FAKE_CANDIDATES ? requestedAlgoCount : FAKE_CANDIDATES;
+  for (int k = 0; k < n; k++) {
+    cublasLtMatmulHeuristicResult_t *r = &heuristicResultsArray[k];
+    memset(r, 0, sizeof *r);
+    r->algo.data[0] = ALGO_MAGIC; /* workspaceSize stays 0 */
+    r->algo.data[1] = (uint64_t)k;
+    r->state = CUBLAS_STATUS_SUCCESS;
+    r->wavesCount = 1.0f;
+  }
+  *returnAlgoCount = n;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -458,6 +466,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(cublasLtHandle_t lightHandle, cublasL
   const Layout *la = (Layout *)Adesc, *lb = (Layout *)Bdesc, *lc = (Layout *)Cdesc, *ld = (Layout *)Ddesc;
   Shape s;
   if (!check_shape(d, la, lb, lc, ld, &s) || (algo && algo->data[0] != ALGO_MAGIC)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (algo && algo->data[1] == FAKE_CANDIDATES - 1 && FAKE_CANDIDATES > 1) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (!check_types(la, lb, lc, ld)) return CUBLAS_STATUS_NOT_SUPPORTED;
   float al = *(const float *)alpha, be = *(const float *)beta;
   if (be != 0 && !C) return CUBLAS_STATUS_INVALID_VALUE;

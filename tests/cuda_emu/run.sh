@@ -554,6 +554,26 @@ else
   bad "LOOM_PROFILE=1 on CUDA (--cost counts $n launches)"; tail -30 "$tmp/prof.err"
 fi
 
+# The GEMM algorithms timed at start-up (LOOM_CUDA_GEMM_TUNE, runtime/cuda/cuda_exec.c): the
+# double's heuristic offers 3 candidates whose last always fails to run.  A fresh cache times
+# every shape (passing over the failure), a second run reads every choice from the cache, and
+# both train to the same bits as LOOM_CUDA_GEMM_TUNE=0 (the heuristic's first candidate)
+tc="$tmp/tune-cache"
+for r in 1 2; do
+  LOOM_CACHE_DIR=$tc LOOM_CUDA_GEMM_TUNE=verbose "$LOOM" train models/gpt2-tiny.json --backend cuda --steps 3 \
+    --data "$tmp/d.bin" --out "$tmp/tune$r.st" > "$tmp/tune$r.log" 2>&1 || cat "$tmp/tune$r.log"
+done
+LOOM_CUDA_GEMM_TUNE=0 "$LOOM" train models/gpt2-tiny.json --backend cuda --steps 3 --data "$tmp/d.bin" \
+  --out "$tmp/tune0.st" > "$tmp/tune0.log" 2>&1 || cat "$tmp/tune0.log"
+n1=$(sed -n 's/^cuda: GEMM algorithms: \([0-9]*\) shapes, \1 timed, 0 from the cache$/\1/p' "$tmp/tune1.log")
+if [ -n "$n1" ] && [ "$n1" -gt 0 ] && grep -q "^cuda: GEMM algorithms: $n1 shapes, 0 timed, $n1 from the cache$" "$tmp/tune2.log" &&
+   [ "$(grep -c ' failed ms; candidate [01]$' "$tmp/tune1.log")" = "$n1" ] &&
+   cmp -s "$tmp/tune1.st" "$tmp/tune0.st" && cmp -s "$tmp/tune2.st" "$tmp/tune0.st"; then
+  ok "GEMM algorithms timed at start-up: $n1 shapes timed (the failing candidate passed over), then read from the cache; the same bits as untimed"
+else
+  bad "GEMM algorithm timing (LOOM_CUDA_GEMM_TUNE)"; tail -5 "$tmp/tune1.log" "$tmp/tune2.log"
+fi
+
 # bench/gpu_step.sh end to end (its parsing of loom's output), on a tiny model
 if EMULATED=1 MODELS="models/gpt2-tiny.json:2:32" STEPS=4 LOOM=$LOOM bash bench/gpu_step.sh > "$tmp/bench" 2>&1 &&
    grep -Eq '^\| gpt2-tiny \| 2 x 32 \| 0\.000 \| [0-9.]+ \| [0-9]+ \| [0-9.]+% \| [0-9.]+ MiB \| [0-9.]+ MiB \(arenas .*\| [0-9.]+ \| [0-9.]+ \|$' "$tmp/bench"; then
