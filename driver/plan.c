@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "driver/plan_internal.h"
 #include "ir/schedule.h"
@@ -121,8 +122,12 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
+  PlanProgress pg;
+  plan_progress_init(&pg, rq->progress, isatty(STDERR_FILENO) == 1, now_s());
   for (int i = 0; i < n && exact_n < 2 * top; i++) {
     Cand *c = &cs[i];
+    plan_progress_say(&pg, now_s(), "loom plan: compiling the best whole: %d of %d fit so far, %d compiles", exact_n, 2 * top,
+                      x->compiles);
     if (c->pruned && c->mem > 1.5 * hw->mem_bytes) continue;   /* far out of memory: its figure is a lower bound */
     if (c->pruned) {   /* reached after all: screened in full, then the rest sorted again */
       if (getenv("LOOM_PLAN_DEBUG")) {
@@ -185,6 +190,7 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
     if (c->fits) best[exact_n++] = *c;
     else if (closest < 0 || c->mem < cs[closest].mem) closest = i;
   }
+  plan_progress_end(&pg);
   qsort(best, (size_t)exact_n, sizeof *best, cmp_step);
   if (closest < 0 && !exact_n)   /* nothing compiled whole: the screening's least memory, every candidate's */
     for (int i = 0; i < n; i++)

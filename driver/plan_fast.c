@@ -72,6 +72,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "driver/plan_internal.h"
 #include "ir/schedule.h"
@@ -489,6 +490,7 @@ typedef struct {
      the layer programs do not hold, alike for similar layouts) */
   double *best, *best_est;
   int keep, n_best, screened, pruned, skipped;
+  PlanProgress progress;   /* candidates screened of n (plan_internal.h) */
 } Fast;
 
 static double fast_threshold(const Fast *f) { return f->n_best < f->keep ? INFINITY : f->best[f->keep - 1]; }
@@ -603,6 +605,8 @@ static void *fast_worker(void *arg) {
       f->best[at] = c->step_s, f->best_est[at] = c->est_s;
     }
     f->final[i] = true;
+    plan_progress_say(&f->progress, now_s(), "loom plan: screened %d of %d candidates, %d set aside (%d compiles)",
+                      f->screened, f->n, f->skipped + f->pruned, f->x->compiles);
     pthread_cond_broadcast(&f->finished);
     pthread_mutex_unlock(&f->lock);
   }
@@ -714,6 +718,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   int nt = threads_to_use();
   {
     f.next = 0, f.n = n;
+    plan_progress_init(&f.progress, rq->progress, isatty(STDERR_FILENO) == 1, t_start);
     pthread_t th[64];
     int started = 0;
     for (int t = 1; t < nt && t < 64; t++)
@@ -722,6 +727,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   }
   pthread_cond_destroy(&f.finished);
+  plan_progress_end(&f.progress);
   int kept = 0, refused = 0;
   for (int i = 0; i < n; i++) {
     if (f.skip[i]) continue;

@@ -3,6 +3,9 @@
 #define LOOM_DRIVER_PLAN_INTERNAL_H
 
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdio.h>
 
 #include "driver/plan.h"
@@ -55,6 +58,33 @@ int ctx_init(Ctx *x, const PlanRequest *rq);
 void ctx_free(Ctx *x);
 void count_compile(Ctx *x);
 double now_s(void);
+
+/* The progress line of a long search on standard error: on a terminal one line rewritten at
+   most twice a second (plan_progress_end clears it before the summary); elsewhere (a pipe,
+   `tee`, a log) a whole line every 10 s at most, so a plan of minutes shows it is alive. */
+typedef struct {
+  bool on, tty;
+  double t0, shown, every;
+} PlanProgress;
+static inline void plan_progress_init(PlanProgress *p, bool on, bool tty, double t0) {
+  const char *e = getenv("LOOM_PLAN_PROGRESS_S");   /* the interval off a terminal (tests/cli/plan.sh) */
+  p->on = on, p->tty = tty, p->t0 = t0, p->shown = t0, p->every = tty ? 0.5 : e && *e ? atof(e) : 10.0;
+}
+__attribute__((format(printf, 3, 4))) static inline void plan_progress_say(PlanProgress *p, double now,
+                                                                           const char *fmt, ...) {
+  if (!p->on || now - p->shown < p->every) return;
+  p->shown = now;
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, p->tty ? "\r%s (%.0f s)" : "%s (%.0f s)\n", line, now - p->t0);
+  fflush(stderr);
+}
+static inline void plan_progress_end(PlanProgress *p) {
+  if (p->on && p->tty && p->shown > p->t0) fprintf(stderr, "\r\033[K");
+}
 /* OpenBLAS's idle worker threads stopped (they would take a core from the search). */
 void blas_threads_stop(void);
 /* x->layer_s, x->seq_flops, x->layer_flops: from the trained modules of 1 and 2 layers. */

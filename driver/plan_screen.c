@@ -40,10 +40,9 @@ typedef struct {
   int64_t L;
   const Hardware *hw;
   pthread_mutex_t lock;
-  /* the progress line (standard error, a terminal only): candidates screened of n_all */
-  bool tty;
+  /* the progress line (plan_internal.h): candidates screened of n_all */
+  PlanProgress progress;
   int screened, n_all;
-  double t0, shown;
   /* pruning: the keep best screened steps of candidates that fit, ascending; the exact
      phase stops once it has compiled keep that fit whole, so a candidate whose lower bound
      exceeds the last of them is not reached (unless those do not fit when compiled whole) */
@@ -273,12 +272,8 @@ static void *screen_worker(void *arg) {
       w->n_pruned += c->pruned;
       w->screened++;
       double now = now_s();
-      if (w->tty && now - w->shown >= 0.5) {   /* the progress line, twice a second at most */
-        w->shown = now;
-        fprintf(stderr, "\rloom plan: screened %d of at most %d candidates (%d compiles, %.0f s)", w->screened, w->n_all,
-                w->x->compiles, now - w->t0);
-        fflush(stderr);
-      }
+      plan_progress_say(&w->progress, now, "loom plan: screened %d of at most %d candidates (%d compiles)", w->screened,
+                        w->n_all, w->x->compiles);
       pthread_mutex_unlock(&w->lock);
     }
     for (int s = 0; s < n_sh; s++) module_free(sh[s].m), unpin(w->x, sh[s].pin);   /* the copies of it are freed */
@@ -354,9 +349,10 @@ int screen_exhaustive(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *r
   int *fam = malloc(sizeof(int) * (size_t)(n + 1)), *fam_run = malloc(sizeof(int) * (size_t)(n + 1));
   bool *skip = calloc((size_t)n + 1, 1), *far = calloc((size_t)n + 1, 1);
   Screen w = {.x = x, .cs = cs, .bad = calloc((size_t)n + 1, 1), .why = calloc((size_t)n + 1, IR_ERR_LEN), .order = order,
-              .fam = fam, .fam_run = fam_run, .L = L, .hw = hw_, .lock = PTHREAD_MUTEX_INITIALIZER, .tty = rq->progress && isatty(STDERR_FILENO) == 1,
-              .n_all = n, .t0 = t_start, .shown = t_start, .keep = 2 * top, .best = malloc(sizeof(double) * 2 * (size_t)top),
+              .fam = fam, .fam_run = fam_run, .L = L, .hw = hw_, .lock = PTHREAD_MUTEX_INITIALIZER,
+              .n_all = n, .keep = 2 * top, .best = malloc(sizeof(double) * 2 * (size_t)top),
               .check = getenv("LOOM_PLAN_CHECK") != NULL};
+  plan_progress_init(&w.progress, rq->progress, isatty(STDERR_FILENO) == 1, t_start);
   if (!w.bad || !w.why || !w.best || !order || !skip || !far || !half || !none || !round_c || !fam || !fam_run) {
     free(w.bad), free(w.why), free(w.best), free(order), free(skip), free(far), free(half), free(none), free(round_c);
     free(fam), free(fam_run);
@@ -440,7 +436,7 @@ int screen_exhaustive(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *r
     }
     cs[kept++] = *c;
   }
-  if (w.tty && w.shown > w.t0) fprintf(stderr, "\r\033[K");   /* the progress line gives way to the summary */
+  plan_progress_end(&w.progress);   /* the progress line gives way to the summary */
   free(w.bad), free(w.why), free(w.best), free(order), free(skip), free(far), free(half), free(none), free(round_c), free(fam),
       free(fam_run), free(done);
   *st = (ScreenStats){.skipped = skipped, .pruned = w.n_pruned, .threads = nt, .seconds = now_s() - t_start};

@@ -68,7 +68,7 @@ int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen) {
                  seconds_now() - t0);
   }
   if (!rc) rc = cpu_backend_executor(&b, plan->batch, plan->seq, err, errlen);
-  if (!rc) rc = train_and_write(&b.ce.ex, plan, err, errlen);
+  if (!rc) rc = train_and_write(&b.re.ex, plan, err, errlen);
   if (!rc && plan->verbose) cpu_arena_report(plan->opt.log, &b.cp, 1);
   if (!rc && plan->trace_out && plan->opt.log)
     fprintf(plan->opt.log, "note: --trace-out records pipelines and meshes (compute and communication per rank); a "

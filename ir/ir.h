@@ -304,6 +304,9 @@ bool adamw_assigned_back(const Func *f, int i, int assigns[3]);
    one 2-byte float dtype, and which nothing writes but its in-place AdamW.  copy[g] = that
    dtype, or DT_F32 for a global without a copy; returns how many have one (-1: out of memory). */
 int weight_copy_dtypes(const Module *m, DType *copy);
+/* The same where the functions with before_fuse[i] set are not lowered yet (the planner's
+   memo): their bare `cast $p` ops count as the one-cast kernel calls fuse will make of them. */
+int weight_copy_dtypes_before_fuse(const Module *m, DType *copy, const bool *before_fuse);
 /* A call of a kernel func that only casts an f32 parameter global to a 2-byte float of its
    size: the global's index, else -1. */
 int weight_cast_of_param(const Op *op);

@@ -250,7 +250,22 @@ int weight_cast_of_param(const Op *op) {
   return p->global->index;
 }
 
-int weight_copy_dtypes(const Module *m, DType *copy) {
+/* The same cast as an op of its own, as a function is before fuse: the planner's memo figures
+   some functions without lowering them (passes/lower_memo.c), and the plan must count the
+   copies as the whole lowering will (LOOM_PLAN_CHECK compares the two).  Only in functions
+   the caller says are not lowered: a lowered function's bare cast stays a cast (lower_fuse.c
+   gives no copy to a parameter only such a cast reads). */
+static int bare_cast_of_param(const Op *op) {
+  if (op->kind != OP_CAST || op->n_operands != 1 || op->n_results != 1) return -1;
+  const Value *p = op->operands[0], *r = op->results[0];
+  if (p->kind != VAL_GLOBAL || p->type.dtype != DT_F32 || p->global->kind != GLOBAL_PARAM) return -1;
+  if ((r->type.dtype != DT_BF16 && r->type.dtype != DT_F16) || type_numel(&r->type) != type_numel(&p->type)) return -1;
+  return p->global->index;
+}
+
+int weight_copy_dtypes(const Module *m, DType *copy) { return weight_copy_dtypes_before_fuse(m, copy, NULL); }
+
+int weight_copy_dtypes_before_fuse(const Module *m, DType *copy, const bool *before_fuse) {
   int ng = m->globals.n, n = 0;
   /* 0: not cast; 1: cast (to copy[g]); 2: ruled out */
   char *state = calloc((size_t)(ng ? ng : 1), 1);
@@ -272,6 +287,7 @@ int weight_copy_dtypes(const Module *m, DType *copy) {
     for (int i = 0; i < f->ops.n; i++) {
       const Op *op = f->ops.items[i];
       int g = weight_cast_of_param(op);
+      if (g < 0 && before_fuse && before_fuse[fi]) g = bare_cast_of_param(op);
       if (g >= 0) {
         DType dt = op->results[0]->type.dtype;
         if (state[g] == 0) state[g] = 1, copy[g] = dt;

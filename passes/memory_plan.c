@@ -540,11 +540,16 @@ int64_t memory_live_peak(Func *f, int target) {
    weight_copy_dtypes; codegen/cuda/lower_fuse.c places them): when any parameter has one, the
    copies mirror the whole parameter region at half its bytes.  The cpu backend has none (nor
    the CUDA program under LOOM_CUDA_NO_WEIGHT_COPIES=1, a test switch the plan ignores). */
-int64_t memory_weight_copies(const Module *m, int target) {
+int64_t memory_weight_copies(const Module *m, int target) { return memory_weight_copies_given(m, target, NULL, 0); }
+
+int64_t memory_weight_copies_given(const Module *m, int target, const FuncFigures *given, int n_given) {
   if (target != TARGET_CUDA || m->globals.n == 0) return 0;
   DType *copy = malloc(sizeof(DType) * (size_t)m->globals.n);
-  int n = copy ? weight_copy_dtypes(m, copy) : -1;
+  bool *before = n_given > 0 ? calloc((size_t)m->funcs.n + 1, 1) : NULL;
+  for (int i = 0; before && i < n_given && i < m->funcs.n; i++) before[i] = given[i].given;
+  int n = copy && (before || n_given <= 0) ? weight_copy_dtypes_before_fuse(m, copy, before) : -1;
   free(copy);
+  free(before);
   if (n <= 0) return 0;
   int64_t params = 0;
   for (int i = 0; i < m->globals.n; i++) {

@@ -33,7 +33,7 @@ int64_t memory_rank_peak_given(const Module *m, int target, const FuncFigures *g
       const Global *g = m->globals.items[i];
       state += type_numel(&g->value->type) * elem(g->value, target);
     }
-    state += memory_weight_copies(m, target);
+    state += memory_weight_copies_given(m, target, given, n_given);   /* memo-figured functions are not lowered */
     for (int i = 0; i < m->funcs.n; i++) {   /* @forward (evaluation) is not part of a step */
       const Func *f = m->funcs.items[i];
       int64_t a = i < n_given && given[i].given ? given[i].arena_bytes : f->arena_bytes;

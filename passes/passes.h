@@ -153,6 +153,9 @@ typedef struct {
   int n_globals;
   const int *globals;
 } FuncFigures;
+/* memory_weight_copies where given[i].given marks a function figured by the planner's memo,
+   not lowered yet (its bare casts count as the kernel calls fuse will make). */
+int64_t memory_weight_copies_given(const Module *m, int target, const FuncFigures *given, int n_given);
 /* memory_rank_peak with given[i] standing for m->funcs.items[i] where i < n_given and
    given[i].given. */
 int64_t memory_rank_peak_given(const Module *m, int target, const FuncFigures *given, int n_given);

@@ -8,6 +8,9 @@
  *   builtins.def     every runtime builtin, defined once (name, buffers, the IR op it runs)
  *   trainer.h/.c     the training loop over an Executor: data, learning-rate schedule,
  *                    accumulation, validation, logging, checkpoints, exact resume
+ *   device.h/.c      RtDevice, one rank's device (call a function, read or write a global;
+ *                    cpu_exec.c and cuda_exec.c implement it), and the one rank executor
+ *                    over it (RtRankExec: grad, optimizer and validation steps, the views)
  *
  *   cpu/             the CPU backend
  *     cpu_exec.h/.c    a program run step by step: arena, JIT'd kernels, GEMMs, builtins

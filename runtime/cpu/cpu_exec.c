@@ -280,82 +280,31 @@ void cpu_profile_reset(CpuProgram *cp) {
   }
 }
 
-/* ---------------------------------------------------------------- executor */
+/* ---------------------------------------------------------------- the device (runtime/device.h) */
 
-static int ex_grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
-                        size_t errlen) {
-  CpuExecutor *ce = self;
-  void *args[2] = {(void *)inputs, (void *)targets}, *rets[8] = {loss};
-  return cpu_program_call(ce->cp, ce->f_grad, args, rets, err, errlen);
+static int dev_call(RtDevice *d, int func, void *const *args, void **rets, char *err, size_t errlen) {
+  return cpu_program_call(d->impl, func, args, rets, err, errlen);
 }
 
-static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
-  CpuExecutor *ce = self;
-  void *args[2] = {&lr, &t}, *rets[8] = {grad_norm};
-  return cpu_program_call(ce->cp, ce->f_opt, args, rets, err, errlen);
-}
+static float *dev_host(RtDevice *d, int g) { return cpu_global(d->impl, g); }
 
-static RtTensor view(CpuProgram *cp, int g) {
-  const RtGlobal *gl = &cp->p->globals[g];
-  RtTensor v = {gl->name, gl->rank, {0}, cpu_global(cp, g), NULL};
-  for (int d = 0; d < gl->rank; d++) v.shape[d] = gl->shape[d];
-  return v;
-}
-
-int cpu_executor_init(CpuExecutor *ce, CpuProgram *cp, char *err, size_t errlen) {
-  memset(ce, 0, sizeof *ce);
-  ce->cp = cp;
-  ce->f_grad = cpu_find_func(cp, "grad_step");
-  ce->f_opt = cpu_find_func(cp, "optimizer_step");
-  const RtFunc *g = ce->f_grad >= 0 ? &cp->p->funcs[ce->f_grad] : NULL;
-  const RtFunc *o = ce->f_opt >= 0 ? &cp->p->funcs[ce->f_opt] : NULL;
-  if (!g || !o || g->n_args != 2 || !g->args[0].is_int || !g->args[1].is_int || g->args[0].n != g->args[1].n ||
-      g->n_rets < 1 || g->rets[0].is_int || g->rets[0].n != 1 || o->n_args != 2 || o->args[0].is_int ||
-      o->args[0].n != 1 || o->args[1].is_int || o->args[1].n != 1 || o->n_rets < 1 || o->rets[0].n != 1 ||
-      o->rets[0].is_int)
-    return fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
-                "@optimizer_step(lr, step) -> grad_norm");
-  int ng = cp->p->n_globals;
-  int nv = 0;
-  for (int k = 0; k < ng; k++) nv += rt_views_of(cp->p->globals[k].rank, cp->p->globals[k].shape, cp->p->globals[k].experts);
-  ce->ex.params = calloc((size_t)nv + 1, sizeof(RtTensor));
-  ce->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
-  if (!ce->ex.params || !ce->ex.state) {
-    cpu_executor_free(ce);
-    return fail(err, errlen, 1, "out of memory");
-  }
-  for (int k = 0; k < ng; k++) {
-    const RtGlobal *gl = &cp->p->globals[k];
-    RtTensor v = view(cp, k);
-    int rc = 0;
-    if (gl->region == RT_REGION_PARAMS) rc = rt_views_add(ce->ex.params, &ce->ex.n_params, v.name, v.rank, v.shape, v.data, gl->experts);
-    else if (gl->region == RT_REGION_OPTIM) rc = rt_views_add(ce->ex.state, &ce->ex.n_state, v.name, v.rank, v.shape, v.data, gl->experts);
-    if (rc) {
-      cpu_executor_free(ce);
-      return fail(err, errlen, 1, "out of memory");
-    }
-  }
-  ce->ex.self = ce;
-  ce->ex.batch = 1;
-  ce->ex.seq = g->args[0].n;
-  ce->ex.grad_step = ex_grad_step;
-  ce->ex.optimizer_step = ex_optimizer_step;
+static int dev_read(RtDevice *d, int g, float *out, char *err, size_t errlen) {
+  const float *x = cpu_global(d->impl, g);
+  if (!x) return fail(err, errlen, 2, "no global %d in the program", g);
+  memcpy(out, x, sizeof(float) * (size_t)d->p->globals[g].n);
   return 0;
 }
 
-int cpu_executor_set_shape(CpuExecutor *ce, int64_t batch, int64_t seq, char *err, size_t errlen) {
-  int64_t n = ce->cp->p->funcs[ce->f_grad].args[0].n;
-  if (batch <= 0 || seq <= 0 || batch * seq != n)
-    return fail(err, errlen, 2, "a batch of %lld tokens cannot be %lld x %lld", (long long)n, (long long)batch, (long long)seq);
-  ce->ex.batch = batch;
-  ce->ex.seq = seq;
+static int dev_write(RtDevice *d, int g, const float *in, char *err, size_t errlen) {
+  float *x = cpu_global(d->impl, g);
+  if (!x) return fail(err, errlen, 2, "no global %d in the program", g);
+  const RtGlobal *gl = &d->p->globals[g];
+  memcpy(x, in, sizeof(float) * (size_t)gl->n);
+  if (gl->round) rt_round_buf(NULL, x, gl->n, (RtRound)gl->round);
   return 0;
 }
 
-void cpu_executor_free(CpuExecutor *ce) {
-  rt_views_free(ce->ex.params, ce->ex.n_params);
-  rt_views_free(ce->ex.state, ce->ex.n_state);
-  free(ce->ex.params);
-  free(ce->ex.state);
-  memset(ce, 0, sizeof *ce);
+void cpu_device(RtDevice *d, CpuProgram *cp) {
+  *d = (RtDevice){.p = cp->p, .kind = "cpu", .impl = cp, .call = dev_call, .read = dev_read, .write = dev_write,
+                  .host = dev_host, .close = NULL};
 }

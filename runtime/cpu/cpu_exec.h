@@ -29,6 +29,7 @@
 #include "runtime/comm/comm.h"
 #include "runtime/program.h"
 #include "runtime/cpu/threadpool.h"
+#include "runtime/device.h"
 #include "runtime/trainer.h"
 
 typedef void (*CpuKernelFn)(char **args, int64_t begin, int64_t end);
@@ -105,19 +106,9 @@ void cpu_globals_init(CpuProgram *cp, uint64_t seed);
 int cpu_profile_top(const CpuProgram *cp, int func, int *steps, int max);
 void cpu_profile_reset(CpuProgram *cp);
 
-/* The training loop's Executor over a program with @grad_step(tokens, targets: int32
-   [B*T]) -> loss and @optimizer_step(lr, step: f32 scalars) -> grad_norm.  Parameters
-   (RT_REGION_PARAMS) and optimizer state (RT_REGION_OPTIM) are exposed as RtTensors.
-   program.h does not record argument shapes, so batch and seq are set to 1 and the token
-   count; call cpu_executor_set_shape with the real ones before train_run. */
-typedef struct {
-  Executor ex;
-  CpuProgram *cp;
-  int f_grad, f_opt;
-} CpuExecutor;
-
-int cpu_executor_init(CpuExecutor *ce, CpuProgram *cp, char *err, size_t errlen);
-int cpu_executor_set_shape(CpuExecutor *ce, int64_t batch, int64_t seq, char *err, size_t errlen);
-void cpu_executor_free(CpuExecutor *ce);
+/* The program as an RtDevice (runtime/device.h: the one rank executor runs it): host
+   storage (the globals are live), read and write copies of it.  d borrows cp (its close frees
+   nothing). */
+void cpu_device(RtDevice *d, CpuProgram *cp);
 
 #endif

@@ -1343,108 +1343,19 @@ int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) 
 
 #endif
 
-/* ================================================================== executor */
+/* ================================================================== the device (runtime/device.h) */
 
-static int ex_grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
-                        size_t errlen) {
-  CudaExecutor *ce = self;
-  void *args[2] = {(void *)inputs, (void *)targets}, *rets[8] = {loss};
-  return cuda_program_call(ce->cp, ce->f_grad, args, rets, err, errlen);
+static int dev_call(RtDevice *d, int func, void *const *args, void **rets, char *err, size_t errlen) {
+  return cuda_program_call(d->impl, func, args, rets, err, errlen);
+}
+static int dev_read(RtDevice *d, int g, float *out, char *err, size_t errlen) {
+  return cuda_global_read(d->impl, g, out, err, errlen);
+}
+static int dev_write(RtDevice *d, int g, const float *in, char *err, size_t errlen) {
+  return cuda_global_write(d->impl, g, in, err, errlen);
 }
 
-static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
-  CudaExecutor *ce = self;
-  void *args[2] = {&lr, &t}, *rets[8] = {grad_norm};
-  return cuda_program_call(ce->cp, ce->f_opt, args, rets, err, errlen);
-}
-
-static int ex_sync_out(void *self, char *err, size_t errlen) {
-  CudaExecutor *ce = self;
-  for (int h = 0; h < ce->n_held; h++)
-    if (cuda_global_read(ce->cp, ce->held[h], ce->host[h], err, errlen)) return 1;
-  return 0;
-}
-
-static int ex_sync_in(void *self, char *err, size_t errlen) {
-  CudaExecutor *ce = self;
-  for (int h = 0; h < ce->n_held; h++)
-    if (cuda_global_write(ce->cp, ce->held[h], ce->host[h], err, errlen)) return 1;
-  return 0;
-}
-
-int cuda_executor_init(CudaExecutor *ce, CudaProgram *cp, char *err, size_t errlen) {
-  memset(ce, 0, sizeof *ce);
-  ce->cp = cp;
-  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
-  ce->f_grad = cuda_find_func(cp, "grad_step");
-  ce->f_opt = cuda_find_func(cp, "optimizer_step");
-  const RtFunc *g = ce->f_grad >= 0 ? &cp->p->funcs[ce->f_grad] : NULL;
-  const RtFunc *o = ce->f_opt >= 0 ? &cp->p->funcs[ce->f_opt] : NULL;
-  if (!g || !o || g->n_args != 2 || !g->args[0].is_int || !g->args[1].is_int || g->args[0].n != g->args[1].n ||
-      g->n_rets < 1 || g->rets[0].is_int || g->rets[0].n != 1 || o->n_args != 2 || o->args[0].is_int ||
-      o->args[0].n != 1 || o->args[1].is_int || o->args[1].n != 1 || o->n_rets < 1 || o->rets[0].n != 1 ||
-      o->rets[0].is_int)
-    return fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
-                "@optimizer_step(lr, step) -> grad_norm");
-  int ng = cp->p->n_globals, nv = 0;
-  for (int k = 0; k < ng; k++) {
-    const RtGlobal *gl = &cp->p->globals[k];
-    if (gl->region == RT_REGION_PARAMS || gl->region == RT_REGION_OPTIM) nv += rt_views_of(gl->rank, gl->shape, gl->experts);
-  }
-  ce->ex.params = calloc((size_t)nv + 1, sizeof(RtTensor));
-  ce->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
-  ce->gidx = calloc((size_t)nv + 1, sizeof(int));
-  ce->held = calloc((size_t)ng + 1, sizeof(int));
-  ce->host = calloc((size_t)ng + 1, sizeof(float *));
-  bool ok = ce->ex.params && ce->ex.state && ce->gidx && ce->held && ce->host;
-  /* the parameters' views first, then the state's (gidx in that order) */
-  for (int pass = 0; ok && pass < 2; pass++)
-    for (int k = 0; ok && k < ng; k++) {
-      const RtGlobal *gl = &cp->p->globals[k];
-      if (gl->region != (pass ? RT_REGION_OPTIM : RT_REGION_PARAMS)) continue;
-      float *data = malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1));
-      if (!(ok = data != NULL)) break;
-      ce->held[ce->n_held] = k;
-      ce->host[ce->n_held++] = data;
-      RtTensor *out = pass ? ce->ex.state : ce->ex.params;
-      int *n = pass ? &ce->ex.n_state : &ce->ex.n_params, before = *n;
-      ok = !rt_views_add(out, n, gl->name, gl->rank, gl->shape, data, gl->experts);
-      for (int v = before; v < *n; v++) ce->gidx[(pass ? ce->ex.n_params : 0) + v] = k;
-    }
-  if (!ok) {
-    cuda_executor_free(ce);
-    return fail(err, errlen, 1, "out of memory");
-  }
-  ce->ex.self = ce;
-  ce->ex.batch = 1;
-  ce->ex.seq = g->args[0].n;
-  ce->ex.grad_step = ex_grad_step;
-  ce->ex.optimizer_step = ex_optimizer_step;
-  ce->ex.sync_out = ex_sync_out;
-  ce->ex.sync_in = ex_sync_in;
-  int rc = ex_sync_out(ce, err, errlen);
-  if (rc) cuda_executor_free(ce);
-  return rc;
-}
-
-int cuda_executor_set_shape(CudaExecutor *ce, int64_t batch, int64_t seq, char *err, size_t errlen) {
-  int64_t n = ce->cp->p->funcs[ce->f_grad].args[0].n;
-  if (batch <= 0 || seq <= 0 || batch * seq != n)
-    return fail(err, errlen, 2, "a batch of %lld tokens cannot be %lld x %lld", (long long)n, (long long)batch,
-                (long long)seq);
-  ce->ex.batch = batch;
-  ce->ex.seq = seq;
-  return 0;
-}
-
-void cuda_executor_free(CudaExecutor *ce) {
-  for (int h = 0; ce->host && h < ce->n_held; h++) free(ce->host[h]);   /* the views' data */
-  rt_views_free(ce->ex.params, ce->ex.n_params);
-  rt_views_free(ce->ex.state, ce->ex.n_state);
-  free(ce->host);
-  free(ce->held);
-  free(ce->ex.params);
-  free(ce->ex.state);
-  free(ce->gidx);
-  memset(ce, 0, sizeof *ce);
+void cuda_device(RtDevice *d, CudaProgram *cp) {
+  *d = (RtDevice){.p = cp->p, .kind = "CUDA", .impl = cp, .call = dev_call, .read = dev_read, .write = dev_write,
+                  .host = NULL, .close = NULL};
 }

@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "runtime/cuda/cuda_api.h"
+#include "runtime/device.h"
 #include "runtime/program.h"
 #include "runtime/trainer.h"
 
@@ -315,28 +316,11 @@ typedef struct CudaP2pPlan {
 int cuda_p2p_plan(const RtFunc *fn, CudaP2pPlan *out, char *err, size_t errlen);
 void cuda_p2p_plan_free(CudaP2pPlan *pl);
 
-/* ------------------------------------------------------------------ the training executor */
+/* ------------------------------------------------------------------ the device */
 
-/* runtime/trainer.h's Executor over @grad_step(tokens, targets: int32) -> loss and
-   @optimizer_step(lr, step: f32) -> grad_norm, as cpu_executor.  params (RT_REGION_PARAMS)
-   and state (RT_REGION_OPTIM) are host f32 copies: sync_out copies the device's values into
-   them (init does it once), sync_in writes them to the device.  Whoever writes into them
-   (loading weights, a resume) calls ex.sync_in afterwards.  A stack of experts
-   (RtGlobal.experts, [E,...]) is seen outside as its E checkpoint tensors (rt_views_add:
-   "P.experts.<e>.X.weight"), views into one host copy of the global, as the cpu executor
-   shows it; sync_in/out copy each global once. */
-typedef struct {
-  Executor ex;
-  CudaProgram *cp;
-  int f_grad, f_opt;
-  int *gidx;               /* [n_params + n_state]: the global behind each tensor (E tensors share a stack's) */
-  int n_held;              /* globals with a host copy: the parameters and the optimizer state */
-  int *held;               /* [n_held]: their indices */
-  float **host;            /* [n_held]: their host copies (f32, RtGlobal.n each); the tensors point into them */
-} CudaExecutor;
-
-int cuda_executor_init(CudaExecutor *ce, CudaProgram *cp, char *err, size_t errlen);
-int cuda_executor_set_shape(CudaExecutor *ce, int64_t batch, int64_t seq, char *err, size_t errlen);
-void cuda_executor_free(CudaExecutor *ce);
+/* The program as an RtDevice (runtime/device.h: the one rank executor runs it): no host
+   storage; read and write copy a global (f32 on the host, its storage on the device).  d
+   borrows cp (its close frees nothing). */
+void cuda_device(RtDevice *d, CudaProgram *cp);
 
 #endif

@@ -4,20 +4,25 @@
  *   exec_ref.c      the training Executor over the reference interpreter (one rank, or every
  *                   rank of a partitioned module as threads)
  *   exec_pipe.c     the reference interpreter's pipeline walker (ir/schedule.h's action lists)
- *   exec_cpu.c      the cpu backend: a lowered program JIT-compiled, its Executor
- *   exec_mesh.c     the cpu backend's mesh executor (every rank a thread)
+ *   exec_cpu.c      the cpu backend: a lowered program JIT-compiled; its Executor is the
+ *                   rank executor over the program as a device (runtime/device.h)
+ *   exec_mesh.c     the cpu backend's mesh executor (every rank a thread, each a device)
  *   exec_mesh_pipe.c  its pipeline walker
- *   exec_cuda.c     one GPU: a lowered program and its compiled image
+ *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
+ *                   executor over it as a device
  *   exec_cuda_mesh.c  one rank of a CUDA mesh (a process per GPU, NCCL)
  *   exec_cuda_pipe.c  its pipeline walker
+ *   mesh_pieces.c   what both mesh executors share: a rank's starting pieces on its device,
+ *                   the whole tensors from the ranks' pieces and back (RtGlobal placements)
  *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard
  *   train_common.c  the training entry point: parameters, executor, the loop (runtime/trainer.c), --out
  *   weights.c       safetensors parameters into a module's or a program's globals
  *   hf_export.c     a folder Hugging Face transformers loads (--out DIR/, loom export)
  *   host.c          the process: clocks, peak memory, malloc settings
  *
- * This library sits on runtime/ and ir/ (the reference interpreter, and the mesh executors'
- * bookkeeping of whole and per-rank tensors, still read the IR module); nothing here includes
+ * This library sits on runtime/ and ir/ (the reference interpreter runs the IR module; the mesh
+ * executors read it when they open: whole views, a pipeline's schedule, the micro-batch
+ * piece's placement; their steps do not); nothing here includes
  * frontend/, passes/ or codegen/.  Exit codes: 0 success, 2 bad input or usage, 1 run-time
  * failure; library calls return those codes, so a command returns what failed.
  */

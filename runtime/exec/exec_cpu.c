@@ -33,23 +33,10 @@ int cpu_backend_init_params(CpuBackend *b, uint64_t seed, const char *init, char
   return init ? load_weights_rt(&b->prog, &b->cp, init, err, errlen) : 0;
 }
 
-/* Validation: the program's @forward -> (logits, loss), only the loss copied out. */
-static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  CpuExecutor *ce = self;
-  int f = cpu_find_func(ce->cp, "forward");
-  if (f < 0 || ce->cp->p->funcs[f].n_rets != 2) {
-    snprintf(err, errlen, "the program has no @forward(tokens, targets) -> (logits, loss) to validate with");
-    return EXIT_USAGE;
-  }
-  void *args[2] = {(void *)inputs, (void *)targets}, *rets[8] = {NULL, loss};
-  return cpu_program_call(ce->cp, f, args, rets, err, errlen);
-}
-
 int cpu_backend_executor(CpuBackend *b, int64_t batch, int64_t seq, char *err, size_t errlen) {
-  int rc = cpu_executor_init(&b->ce, &b->cp, err, errlen);
-  if (!rc) rc = cpu_executor_set_shape(&b->ce, batch, seq, err, errlen);
-  b->have_ce = rc == 0;
-  if (!rc && cpu_find_func(&b->cp, "forward") >= 0) b->ce.ex.eval_step = eval_step;
+  cpu_device(&b->dev, &b->cp);
+  int rc = rt_rank_exec_init(&b->re, &b->dev, batch, seq, err, errlen);
+  b->have_re = rc == 0;
   return rc;
 }
 
@@ -110,7 +97,7 @@ void cpu_arena_report(FILE *out, const CpuProgram *cps, int n) {
 }
 
 void cpu_backend_free(CpuBackend *b) {
-  if (b->have_ce) cpu_executor_free(&b->ce);
+  if (b->have_re) rt_rank_exec_free(&b->re);
   if (b->have_cp) cpu_program_free(&b->cp);
   if (b->jit) jit_free(b->jit);
   rt_program_free(&b->prog);

@@ -15,9 +15,10 @@ typedef struct {
   Jit *jit;
   void **fns;
   CpuProgram cp;
-  CpuExecutor ce;
+  RtDevice dev;      /* cp as a device, and the rank executor over it */
+  RtRankExec re;
   char *llvm;        /* the kernels' LLVM IR text (owned) */
-  bool have_cp, have_ce;
+  bool have_cp, have_re;
 } CpuBackend;
 
 /* From bytes (rt_program_save) and the kernels' LLVM IR text. */
@@ -25,7 +26,8 @@ int cpu_backend_load(CpuBackend *b, const unsigned char *prog, size_t n, const c
                      size_t errlen);
 /* Parameters: seeded (bitwise as the reference executor) or from safetensors by HF name. */
 int cpu_backend_init_params(CpuBackend *b, uint64_t seed, const char *init, char *err, size_t errlen);
-/* The training Executor (needs grad_step and optimizer_step). */
+/* The training Executor (needs grad_step and optimizer_step): re.ex, the rank executor over
+   the program as a device (runtime/device.h). */
 int cpu_backend_executor(CpuBackend *b, int64_t batch, int64_t seq, char *err, size_t errlen);
 /* Per function: time per call by step kind, then the `top` slowest steps with their share
    (LOOM_PROFILE=N asks `loom train --backend cpu` for this with top N). */

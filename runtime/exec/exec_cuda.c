@@ -8,18 +8,6 @@
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/exec/exec.h"
 
-/* Validation: the program's @forward -> (logits, loss), only the loss copied out. */
-static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  CudaExecutor *ce = self;
-  int f = cuda_find_func(ce->cp, "forward");
-  if (f < 0 || ce->cp->p->funcs[f].n_rets != 2) {
-    snprintf(err, errlen, "the program has no @forward(tokens, targets) -> (logits, loss) to validate with");
-    return EXIT_USAGE;
-  }
-  void *args[2] = {(void *)inputs, (void *)targets}, *rets[8] = {NULL, loss};
-  return cuda_program_call(ce->cp, f, args, rets, err, errlen);
-}
-
 int cuda_load_params(CudaProgram *cp, const RtProgram *prog, const char *path, char *err, size_t errlen) {
   int nmax = 1;
   for (int i = 0; i < prog->n_globals; i++)
@@ -53,20 +41,20 @@ void (*cuda_profile_printer)(const CudaProgram *cp, int64_t grad_accum, FILE *ou
 int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t n, const RunPlan *plan, char *err,
                        size_t errlen) {
   CudaProgram cp;
-  CudaExecutor ce;
-  bool have_cp = false, have_ce = false;
+  RtDevice dev;
+  RtRankExec re;
+  bool have_cp = false, have_re = false;
   int rc = 0;
   have_cp = !(rc = cuda_program_init(&cp, prog, image, n, 0, err, errlen));
   double t0 = seconds_now();
   if (!rc) rc = cuda_globals_init(&cp, plan->seed, err, errlen);
   if (!rc && plan->opt.log && seconds_now() - t0 >= 1)   /* a billion parameters take a while */
     fprintf(plan->opt.log, "cuda: parameters and optimizer state initialized in %.1f s\n", seconds_now() - t0);
-  if (!rc) have_ce = !(rc = cuda_executor_init(&ce, &cp, err, errlen));
-  if (!rc) rc = cuda_executor_set_shape(&ce, plan->batch, plan->seq, err, errlen);
-  if (!rc && cuda_find_func(&cp, "forward") >= 0) ce.ex.eval_step = eval_step;
+  if (!rc) cuda_device(&dev, &cp);
+  if (!rc) have_re = !(rc = rt_rank_exec_init(&re, &dev, plan->batch, plan->seq, err, errlen));
   if (!rc && plan->init) {   /* into the host copies, then to the device */
-    rc = load_weights_views(ce.ex.params, ce.ex.n_params, plan->init, err, errlen);
-    if (!rc) rc = ce.ex.sync_in(ce.ex.self, err, errlen);
+    rc = load_weights_views(re.ex.params, re.ex.n_params, plan->init, err, errlen);
+    if (!rc) rc = re.ex.sync_in(re.ex.self, err, errlen);
   }
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: parameters %s; host memory peak so far %.0f MiB\n", plan->init ? "loaded" : "initialized",
@@ -74,12 +62,12 @@ int cuda_train_program(const RtProgram *prog, const unsigned char *image, size_t
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: device memory %.1f MiB (arenas %.1f, parameters and state %.1f, workspace %.1f)\n",
             cp.mem.total / 1048576.0, cp.mem.arenas / 1048576.0, cp.mem.regions / 1048576.0, cp.mem.workspace / 1048576.0);
-  if (!rc) rc = train_and_write(&ce.ex, plan, err, errlen);
+  if (!rc) rc = train_and_write(&re.ex, plan, err, errlen);
   if (!rc && cp.opt.profile) {
     if (cuda_profile_printer) cuda_profile_printer(&cp, plan->opt.grad_accum, stderr);
     else fprintf(stderr, "LOOM_PROFILE: the per-kernel table is printed by loom train, not by a compiled executable\n");
   }
-  if (have_ce) cuda_executor_free(&ce);
+  if (have_re) rt_rank_exec_free(&re);
   if (have_cp) cuda_program_free(&cp);
   return rc;
 }

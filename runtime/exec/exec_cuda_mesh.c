@@ -23,6 +23,7 @@
 #include "runtime/exec/exec_cuda_mesh.h"
 #include "runtime/exec/exec_ref.h"
 #include "runtime/exec/exec.h"
+#include "runtime/exec/mesh_pieces.h"
 
 
 /* Global k's pieces from every rank, gathered over NCCL (every rank takes part); rank 0 (with
@@ -30,15 +31,11 @@
    every rank; in a pipeline only the stage that updates it counts). */
 static int gather_global(CudaRank *r, int k, float *whole, bool all, char *err, size_t errlen) {
   const RtGlobal *gl = &r->prog.globals[k];
-  int rc = cuda_global_read(&r->cp, k, r->piece, err, errlen);
+  int rc = r->dev.read(&r->dev, k, r->piece, err, errlen);
   if (!rc) rc = nccl_all_gather_host(r->comm, r->piece, r->gather, gl->n, err, errlen);
-  if (rc) return rc;
-  for (int q = 0; q < r->world && (all || r->rank == 0); q++) {
-    int coord[COMM_AXES];
-    mesh_coords_of(r->mesh, q, coord);
-    if (r->owner && r->owner[k] >= 0 && coord[COMM_PP] != r->owner[k]) continue;   /* a stage that does not update it */
-    rt_piece_copy(gl, r->mesh, coord, whole, r->gather + (size_t)q * (size_t)gl->n, false);
-  }
+  if (rc || !(all || r->rank == 0)) return rc;
+  for (int q = 0; q < r->world; q++) r->piece_of[q] = r->gather + (size_t)q * (size_t)gl->n;
+  mesh_assemble(gl, r->mesh, r->world, r->piece_of, r->owner ? r->owner[k] : -1, whole);
   return 0;
 }
 
@@ -76,8 +73,7 @@ static int sync_in(void *self, char *err, size_t errlen) {
   CudaRank *r = self;
   for (int k = 0; k < r->prog.n_globals; k++) {
     if (!r->whole[k]) continue;
-    rt_piece_copy(&r->prog.globals[k], r->mesh, r->comm->coord, r->whole[k], r->piece, true);
-    int rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
+    int rc = mesh_scatter(&r->dev, k, r->mesh, r->comm->coord, r->whole[k], r->piece, err, errlen);
     if (rc) return rc;
   }
   return 0;
@@ -153,7 +149,7 @@ static int save_shards(void *self, const char *save_dir, int64_t step, const cha
       rc = 1;
       break;
     }
-    if ((rc = cuda_global_read(&r->cp, k, data[nt], err, errlen))) break;
+    if ((rc = r->dev.read(&r->dev, k, data[nt], err, errlen))) break;
     StTensor *t = &ts[nt];
     t->name = (char *)gl->name;
     t->dtype = ST_F32;
@@ -194,58 +190,30 @@ static int load_shards(void *self, const Checkpoint *c, char *err, size_t errlen
     if (!r->whole[k]) continue;
     const RtGlobal *gl = &r->prog.globals[k];
     int rc = ckpt_shards_read_piece(c, gl->name, gl, r->mesh, r->comm->coord, r->piece, err, errlen);
-    if (!rc) rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
+    if (!rc) rc = r->dev.write(&r->dev, k, r->piece, err, errlen);
     if (rc) return rc;
   }
   return 0;
-}
-
-/* Every global's starting piece on the device: the seeded initialization's, or the
-   parameters' slices of `init`; zero-initialized globals stay as the device memory starts. */
-static int init_pieces(CudaRank *r, const char *init, uint64_t seed, char *err, size_t errlen) {
-  const RtProgram *p = &r->prog;
-  float **pieces = calloc((size_t)p->n_globals + 1, sizeof *pieces);
-  int rc = pieces ? 0 : EXIT_RUN;
-  if (rc) snprintf(err, errlen, "out of memory");
-  for (int k = 0; k < p->n_globals && !rc && init; k++)   /* the parameters: loaded together (one map of the file) */
-    if (p->globals[k].region == RT_REGION_PARAMS && !(pieces[k] = malloc(sizeof(float) * (size_t)(p->globals[k].n + 1)))) {
-      snprintf(err, errlen, "out of memory");
-      rc = EXIT_RUN;
-    }
-  if (!rc && init) rc = load_weights_pieces(p, r->mesh, r->comm->coord, init, pieces, err, errlen);
-  for (int k = 0; k < p->n_globals && !rc; k++) {
-    const RtGlobal *gl = &p->globals[k];
-    if (pieces[k]) rc = cuda_global_write(&r->cp, k, pieces[k], err, errlen);
-    else if (gl->init != RT_INIT_ZEROS) {
-      rt_global_init_piece(gl, r->mesh, r->comm->coord, seed, r->piece);
-      rc = cuda_global_write(&r->cp, k, r->piece, err, errlen);
-    }
-    free(pieces[k]);
-    pieces[k] = NULL;
-  }
-  for (int k = 0; pieces && k < p->n_globals; k++) free(pieces[k]);
-  free(pieces);
-  return rc;
 }
 
 static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   CudaRank *r = self;
   cuda_rank_tokens(r, inputs, targets);
   void *args[2] = {r->tok32, r->tgt32}, *rets[2] = {loss, NULL};
-  return cuda_program_call(&r->cp, r->f_grad, args, rets, err, errlen);
+  return r->dev.call(&r->dev, r->f_grad, args, rets, err, errlen);
 }
 
 static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   CudaRank *r = self;
   cuda_rank_tokens(r, inputs, targets);
   void *args[2] = {r->tok32, r->tgt32}, *rets[2] = {NULL, loss};
-  return cuda_program_call(&r->cp, r->f_forward, args, rets, err, errlen);
+  return r->dev.call(&r->dev, r->f_forward, args, rets, err, errlen);
 }
 
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   CudaRank *r = self;
   void *args[2] = {&lr, &t}, *rets[2] = {grad_norm, NULL};
-  return cuda_program_call(&r->cp, r->f_opt, args, rets, err, errlen);
+  return r->dev.call(&r->dev, r->f_opt, args, rets, err, errlen);
 }
 
 /* prog: the lowered program (cuda_lower's, or a compiled executable's; r takes it over),
@@ -272,6 +240,7 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   }
   if (!rc) r->have_cp = !(rc = cuda_program_init(&r->cp, &r->prog, image, n, device, err, errlen));
   if (!rc) rc = cuda_program_set_comm(&r->cp, r->comm, err, errlen);
+  if (!rc) cuda_device(&r->dev, &r->cp);
   if (rc) return rc;
   if (mesh_world(&m->mesh) != r->world) {
     snprintf(err, errlen, "the mesh has %lld ranks but the launch %d processes", (long long)mesh_world(&m->mesh), r->world);
@@ -290,7 +259,8 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   r->ex.state = calloc((size_t)nv + 1, sizeof(RtTensor));
   r->piece = malloc(sizeof(float) * (size_t)most);
   r->gather = malloc(sizeof(float) * (size_t)most * (size_t)r->world);
-  if (!r->whole || !r->ex.params || !r->ex.state || !r->piece || !r->gather) goto oom;
+  r->piece_of = calloc((size_t)r->world, sizeof *r->piece_of);
+  if (!r->whole || !r->ex.params || !r->ex.state || !r->piece || !r->gather || !r->piece_of) goto oom;
   /* the trainer's whole views: parameters under their checkpoint names, the optimizer state
      (calloc'd: no page is touched before a sync_out or a resume writes it) */
   r->view_global = calloc((size_t)nv + 1, sizeof(int));
@@ -314,7 +284,7 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   if (!(r->stream = malloc(sizeof(float) * (size_t)most_whole))) goto oom;
   r->stream_global = -1;
   double t1 = seconds_now();
-  if ((rc = init_pieces(r, plan->init, plan->seed, err, errlen))) return rc;
+  if ((rc = mesh_init_pieces(&r->dev, r->mesh, r->comm->coord, plan->init, plan->seed, r->piece, err, errlen))) return rc;
   if (plan->opt.log)
     fprintf(plan->opt.log, "cuda: rank 0's pieces %s in %.1f s; its host memory peak so far %.0f MiB\n",
             plan->init ? "loaded" : "initialized", seconds_now() - t1, peak_rss_mib());
@@ -334,17 +304,14 @@ static int rank_open(CudaRank *r, Module *m, RtProgram *prog, const void *image,
   }
   const Type *tt = &((Value *)tf->args.items[0])->type;
   Type whole = whole_type(m, tt);
-  r->whole_tok = tensor_new(&whole);
-  r->whole_tgt = tensor_new(&whole);
-  r->tok = tensor_new(tt);
-  r->tgt = tensor_new(tt);
-  if (!r->whole_tok || !r->whole_tgt || !r->tok || !r->tgt) goto oom;
-  r->tok32 = malloc(sizeof(int32_t) * (size_t)r->tok->n);
-  r->tgt32 = malloc(sizeof(int32_t) * (size_t)r->tok->n);
+  piece_placement(tt, &r->tok_place);
+  r->whole_n = type_numel(&whole);
+  r->tok32 = malloc(sizeof(int32_t) * (size_t)(r->tok_place.n + 1));
+  r->tgt32 = malloc(sizeof(int32_t) * (size_t)(r->tok_place.n + 1));
   if (!r->tok32 || !r->tgt32) goto oom;
   r->ex.self = r;
-  r->ex.batch = r->whole_tok->type.dims[0];
-  r->ex.seq = r->whole_tok->type.dims[1];
+  r->ex.batch = whole.dims[0];
+  r->ex.seq = whole.dims[1];
   r->ex.grad_step = grad_step;
   r->ex.optimizer_step = optimizer_step;
   r->ex.eval_step = r->f_forward >= 0 ? eval_step : NULL;
@@ -384,13 +351,10 @@ static void rank_close(CudaRank *r) {
   free(r->ex.params);
   free(r->ex.state);
   free(r->piece);
-  tensor_free(r->whole_tok);
-  tensor_free(r->whole_tgt);
-  tensor_free(r->tok);
-  tensor_free(r->tgt);
   free(r->tok32);
   free(r->tgt32);
   free(r->gather);
+  free(r->piece_of);
   rt_program_free(&r->prog);
 }
 

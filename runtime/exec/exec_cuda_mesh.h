@@ -11,18 +11,21 @@ typedef struct CudaPipe CudaPipe;
 
 typedef struct {
   Executor ex;
-  const Module *m;       /* for the data split only (move_piece of the micro-batch) */
+  const Module *m;       /* read at open only (the micro-batch's placement, a pipeline's schedule) */
   Comm *comm;
   int rank, world;
   int64_t mesh[COMM_AXES];
   RtProgram prog;
   CudaProgram cp;
+  RtDevice dev;          /* cp as a device (runtime/device.h) */
   bool have_cp;
   int f_grad, f_opt, f_forward;
   float **whole;         /* per global: the whole tensor's host buffer (params, state), or NULL */
   float *piece;          /* the largest piece */
   float *gather;         /* world x the largest piece, for sync_out */
-  Tensor *whole_tok, *whole_tgt, *tok, *tgt;
+  float **piece_of;      /* [world]: rank q's piece in gather */
+  RtGlobal tok_place;    /* the micro-batch piece's placement (piece_placement) */
+  int64_t whole_n;       /* tokens of a whole micro-batch */
   int32_t *tok32, *tgt32;
   int *owner;            /* a pipeline: per global, the pp coordinate that updates it (-1: none); else NULL */
   int *view_global;      /* per parameter view (ex.params): its global, and where in it the view starts */

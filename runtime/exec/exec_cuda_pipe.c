@@ -490,7 +490,7 @@ static int run_schedule(CudaRank *r, const Schedule *s, const RankPlan *plan, fl
 /* every micro-batch's piece of this rank */
 static void fill_pieces(CudaRank *r, int64_t n, const int32_t *inputs, const int32_t *targets) {
   CudaPipe *pp = r->pipe;
-  int64_t BT = r->whole_tok->n;
+  int64_t BT = r->whole_n;
   for (int64_t g = 0; g < n; g++) {
     cuda_rank_tokens(r, inputs + g * BT, targets + g * BT);
     memcpy(pp->mtok + g * pp->piece, r->tok32, sizeof(int32_t) * (size_t)pp->piece);
@@ -548,7 +548,7 @@ static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, 
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   CudaRank *r = self;
   void *args[2] = {&lr, &t}, *rets[2] = {grad_norm, NULL};
-  return cuda_program_call(&r->cp, r->pipe->f_opt, args, rets, err, errlen);
+  return r->dev.call(&r->dev, r->pipe->f_opt, args, rets, err, errlen);
 }
 
 /* ---- setup ---- */
@@ -579,7 +579,7 @@ int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
   pp->drets = calloc(RT_MAX_FUNC_IO, sizeof(uint64_t));
   pp->args = calloc(RT_MAX_FUNC_IO, sizeof(void *));
   pp->rets = calloc(RT_MAX_FUNC_IO, sizeof(void *));
-  pp->piece = r->tok->n;
+  pp->piece = r->tok_place.n;
   pp->mtok = malloc(sizeof(int32_t) * (size_t)(s->m * pp->piece));
   pp->mtgt = malloc(sizeof(int32_t) * (size_t)(s->m * pp->piece));
   if (!pp->f_fwd || !pp->f_bwd || !pp->f_bww || !pp->fx || !pp->stash || !pp->wst || !pp->dargs || !pp->drets || !pp->args ||

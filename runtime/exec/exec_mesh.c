@@ -21,6 +21,7 @@
 
 #include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/exec.h"
+#include "runtime/exec/mesh_pieces.h"
 
 /* ---- a rank's pieces (its CpuProgram's globals) <-> the whole views ---- */
 
@@ -33,8 +34,8 @@ static const int *rank_coord(const MeshCpu *mc, int rank) {
   return mc->rx.lw ? local_world_rank(mc->rx.lw, rank)->coord : zero;
 }
 
-/* Every rank's pieces into the whole views (replicated pieces are equal: rank order wins;
-   in a pipeline only the owning stage's count). */
+/* Every rank's pieces into the whole views (mesh_pieces.c: replicated pieces are equal, rank
+   order wins; in a pipeline only the owning stage's count). */
 static int sync_out(void *self, char *err, size_t errlen) {
   MeshCpu *mc = self;
   (void)err, (void)errlen;
@@ -44,11 +45,8 @@ static int sync_out(void *self, char *err, size_t errlen) {
     int gi = mc->gmap[k];
     Tensor *whole = gi >= 0 ? mc->rx.full[gi] : NULL;
     if (!whole) continue;
-    for (int q = 0; q < mc->world; q++) {
-      const int *coord = rank_coord(mc, q);
-      if (mc->rx.owner && mc->rx.owner[gi] >= 0 && coord[COMM_PP] != mc->rx.owner[gi]) continue;
-      rt_piece_copy(&mc->b.prog.globals[k], mesh, coord, whole->f, cpu_global(&mc->cp[q], k), false);
-    }
+    for (int q = 0; q < mc->world; q++) mc->piece_of[q] = mc->dev[q].host(&mc->dev[q], k);
+    mesh_assemble(&mc->b.prog.globals[k], mesh, mc->world, mc->piece_of, mc->rx.owner ? mc->rx.owner[gi] : -1, whole->f);
   }
   return 0;
 }
@@ -56,39 +54,17 @@ static int sync_out(void *self, char *err, size_t errlen) {
 /* The whole views (a resume wrote them) -> every rank's pieces. */
 static int sync_in(void *self, char *err, size_t errlen) {
   MeshCpu *mc = self;
-  (void)err, (void)errlen;
   int64_t mesh[COMM_AXES];
   mesh_sizes(mc, mesh);
   for (int k = 0; k < mc->b.prog.n_globals; k++) {
     int gi = mc->gmap[k];
     Tensor *whole = gi >= 0 ? mc->rx.full[gi] : NULL;
     for (int q = 0; whole && q < mc->world; q++) {
-      rt_piece_copy(&mc->b.prog.globals[k], mesh, rank_coord(mc, q), whole->f, cpu_global(&mc->cp[q], k), true);
+      int rc = mesh_scatter(&mc->dev[q], k, mesh, rank_coord(mc, q), whole->f, NULL, err, errlen);
+      if (rc) return rc;
     }
   }
   return 0;
-}
-
-/* Rank q's starting pieces: the parameters' slices of `init`, or the seeded initialization's
-   values of its pieces; zero-initialized globals stay as cpu_program_init left them. */
-static int init_pieces(MeshCpu *mc, int q, const char *init, uint64_t seed, char *err, size_t errlen) {
-  const RtProgram *p = &mc->b.prog;
-  int64_t mesh[COMM_AXES];
-  mesh_sizes(mc, mesh);
-  const int *coord = rank_coord(mc, q);
-  float **pieces = calloc((size_t)p->n_globals + 1, sizeof *pieces);
-  if (!pieces) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
-  }
-  for (int k = 0; k < p->n_globals && init; k++)
-    if (p->globals[k].region == RT_REGION_PARAMS) pieces[k] = cpu_global(&mc->cp[q], k);
-  int rc = init ? load_weights_pieces(p, mesh, coord, init, pieces, err, errlen) : 0;
-  for (int k = 0; k < p->n_globals && !rc; k++)
-    if (!pieces[k] && p->globals[k].init != RT_INIT_ZEROS)
-      rt_global_init_piece(&p->globals[k], mesh, coord, seed, cpu_global(&mc->cp[q], k));
-  free(pieces);
-  return rc;
 }
 
 /* ---- running a function on every rank ---- */
@@ -104,7 +80,8 @@ typedef struct {
 
 static void *job_main(void *arg) {
   Job *j = arg;
-  j->rc = cpu_program_call(&j->mc->cp[j->rank], j->func, j->args, j->rets, j->err, sizeof j->err);
+  RtDevice *d = &j->mc->dev[j->rank];
+  j->rc = d->call(d, j->func, j->args, j->rets, j->err, sizeof j->err);
   if (j->rc) local_world_abort(j->mc->rx.lw);   /* the others must not wait for this rank */
   return NULL;
 }
@@ -147,19 +124,11 @@ static int run_all(MeshCpu *mc, Job *jobs, int func, void *rets0, void *rets1, c
 
 /* Every rank's piece of a whole micro-batch, as int32 arguments of jobs[k]. */
 static void split_tokens(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, Job *jobs) {
-  RefExec *r = &mc->rx;
-  for (int64_t k = 0; k < mc->whole_tok->n; k++) {
-    mc->whole_tok->i[k] = inputs[k];
-    mc->whole_tgt->i[k] = targets[k];
-  }
+  int64_t mesh[COMM_AXES];
+  mesh_sizes(mc, mesh);
   for (int k = 0; k < mc->world; k++) {
-    const int *coord = local_world_rank(r->lw, k)->coord;
-    move_piece(&r->m->mesh, mc->whole_tok, mc->tok[k], coord, true);
-    move_piece(&r->m->mesh, mc->whole_tgt, mc->tgt[k], coord, true);
-    for (int64_t e = 0; e < mc->tok[k]->n; e++) {
-      mc->tok32[k][e] = (int32_t)mc->tok[k]->i[e];
-      mc->tgt32[k][e] = (int32_t)mc->tgt[k]->i[e];
-    }
+    mesh_tokens_piece(&mc->tok_place, mesh, rank_coord(mc, k), inputs, mc->tok32[k]);
+    mesh_tokens_piece(&mc->tok_place, mesh, rank_coord(mc, k), targets, mc->tgt32[k]);
     jobs[k].args[0] = mc->tok32[k];
     jobs[k].args[1] = mc->tgt32[k];
   }
@@ -226,32 +195,31 @@ static int write_trace(MeshCpu *mc, const char *path, char *err, size_t errlen) 
   return 0;
 }
 
-static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  MeshCpu *mc = self;
-  step_begins(mc);
+/* func on every rank, each on its piece of a whole micro-batch; rank 0's (replicated) results
+   into rets0, rets1. */
+static int run_split(MeshCpu *mc, int func, const int32_t *inputs, const int32_t *targets, void *rets0, void *rets1,
+                     char *err, size_t errlen) {
   Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
   if (!jobs) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
   split_tokens(mc, inputs, targets, jobs);
-  int rc = run_all(mc, jobs, mc->f_grad, loss, NULL, err, errlen);
+  int rc = run_all(mc, jobs, func, rets0, rets1, err, errlen);
   free(jobs);
   return rc;
+}
+
+static int grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  MeshCpu *mc = self;
+  step_begins(mc);
+  return run_split(mc, mc->f_grad, inputs, targets, loss, NULL, err, errlen);
 }
 
 /* Validation: @forward on every rank; rank 0's (replicated) loss. */
 static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   MeshCpu *mc = self;
-  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
-  if (!jobs) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
-  }
-  split_tokens(mc, inputs, targets, jobs);
-  int rc = run_all(mc, jobs, mc->f_forward, NULL, loss, err, errlen);
-  free(jobs);
-  return rc;
+  return run_split(mc, mc->f_forward, inputs, targets, NULL, loss, err, errlen);
 }
 
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
@@ -293,11 +261,11 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   const RtProgram *p = &mc->b.prog;
   mc->cp = calloc((size_t)mc->world, sizeof *mc->cp);
   mc->gmap = calloc((size_t)p->n_globals + 1, sizeof *mc->gmap);
-  mc->tok = calloc((size_t)mc->world, sizeof *mc->tok);
-  mc->tgt = calloc((size_t)mc->world, sizeof *mc->tgt);
   mc->tok32 = calloc((size_t)mc->world, sizeof *mc->tok32);
   mc->tgt32 = calloc((size_t)mc->world, sizeof *mc->tgt32);
-  if (!mc->cp || !mc->gmap || !mc->tok || !mc->tgt || !mc->tok32 || !mc->tgt32) {
+  mc->dev = calloc((size_t)mc->world, sizeof *mc->dev);
+  mc->piece_of = calloc((size_t)mc->world, sizeof *mc->piece_of);
+  if (!mc->cp || !mc->gmap || !mc->tok32 || !mc->tgt32 || !mc->dev || !mc->piece_of) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
@@ -320,12 +288,8 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
   }
   const Type *tt = &((Value *)tf->args.items[0])->type;
   Type whole = whole_type(m, tt);
-  mc->whole_tok = tensor_new(&whole);
-  mc->whole_tgt = tensor_new(&whole);
-  if (!mc->whole_tok || !mc->whole_tgt) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
-  }
+  piece_placement(tt, &mc->tok_place);
+  mc->whole_n = type_numel(&whole);
   for (int k = 0; k < mc->world; k++) {
     if (k > 0 && (rc = cpu_program_init(&mc->cp[k], p, mc->b.fns, per, err, errlen))) {
       mc->world = k;   /* ranks 1..k-1 hold programs to free */
@@ -333,12 +297,13 @@ static int mesh_open(MeshCpu *mc, Module *m, const unsigned char *bytes, size_t 
     }
     if (k == 0) mc->cp[0] = mc->b.cp;
     mc->cp[k].comm = local_world_rank(mc->rx.lw, k);
-    if ((rc = init_pieces(mc, k, init, seed, err, errlen))) return rc;
-    mc->tok[k] = tensor_new(tt);
-    mc->tgt[k] = tensor_new(tt);
-    mc->tok32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok[k] ? mc->tok[k]->n : 1));
-    mc->tgt32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok[k] ? mc->tok[k]->n : 1));
-    if (!mc->tok[k] || !mc->tgt[k] || !mc->tok32[k] || !mc->tgt32[k]) {
+    cpu_device(&mc->dev[k], &mc->cp[k]);
+    int64_t mesh[COMM_AXES];
+    mesh_sizes(mc, mesh);
+    if ((rc = mesh_init_pieces(&mc->dev[k], mesh, rank_coord(mc, k), init, seed, NULL, err, errlen))) return rc;
+    mc->tok32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok_place.n + 1));
+    mc->tgt32[k] = malloc(sizeof(int32_t) * (size_t)(mc->tok_place.n + 1));
+    if (!mc->tok32[k] || !mc->tgt32[k]) {
       snprintf(err, errlen, "out of memory");
       return EXIT_RUN;
     }
@@ -386,14 +351,11 @@ static void mesh_close(MeshCpu *mc) {
   }
   for (int k = 1; mc->cp && k < mc->world; k++) cpu_program_free(&mc->cp[k]);
   for (int k = 0; k < mc->world; k++) {
-    if (mc->tok) tensor_free(mc->tok[k]);
-    if (mc->tgt) tensor_free(mc->tgt[k]);
     if (mc->tok32) free(mc->tok32[k]);
     if (mc->tgt32) free(mc->tgt32[k]);
   }
-  free(mc->tok), free(mc->tgt), free(mc->tok32), free(mc->tgt32), free(mc->gmap), free(mc->cp);
-  tensor_free(mc->whole_tok);
-  tensor_free(mc->whole_tgt);
+  free(mc->tok32), free(mc->tgt32), free(mc->gmap), free(mc->cp);
+  free(mc->dev), free(mc->piece_of);
   cpu_backend_free(&mc->b);
   ref_exec_free(&mc->rx);
 }
@@ -437,15 +399,7 @@ int eval_cpu_mesh_open(MeshCpu **out, Module *m, const unsigned char *prog, size
 
 int eval_cpu_mesh_step(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err,
                        size_t errlen) {
-  Job *jobs = calloc((size_t)mc->world, sizeof *jobs);
-  if (!jobs) {
-    snprintf(err, errlen, "out of memory");
-    return EXIT_RUN;
-  }
-  split_tokens(mc, inputs, targets, jobs);
-  int rc = run_all(mc, jobs, mc->f_grad, logits, loss, err, errlen);
-  free(jobs);
-  return rc;
+  return run_split(mc, mc->f_grad, inputs, targets, logits, loss, err, errlen);
 }
 
 void eval_cpu_mesh_close(MeshCpu *mc) {

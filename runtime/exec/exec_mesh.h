@@ -21,10 +21,12 @@ typedef struct {
   RefExec rx;          /* whole tensors, each rank's pieces, the LocalWorld; a pipeline's schedule */
   CpuBackend b;        /* the lowered program, its JIT'd kernels, rank 0's CpuProgram */
   CpuProgram *cp;      /* [world]; cp[0] is &b.cp */
+  RtDevice *dev;       /* [world]: cp[k] as a device (runtime/device.h) */
+  float **piece_of;    /* [world]: sync_out's pieces of one global */
   int world, f_grad, f_opt, f_forward;   /* f_forward: @forward, for validation (-1: none) */
   int *gmap;           /* program global k -> module global index */
-  Tensor *whole_tok, *whole_tgt;   /* the whole micro-batch (int64, as move_piece moves) */
-  Tensor **tok, **tgt; /* per rank: its piece */
+  RtGlobal tok_place;  /* the micro-batch piece's placement (piece_placement) */
+  int64_t whole_n;     /* tokens of a whole micro-batch */
   int32_t **tok32, **tgt32;
   /* a pipelined module (exec_mesh_pipe.c) */
   TagComm *tc;         /* [world] */

@@ -17,6 +17,7 @@
 
 #include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/exec.h"
+#include "runtime/exec/mesh_pieces.h"
 
 static double now_us(void) {
   struct timespec ts;
@@ -96,13 +97,13 @@ static void *pipe_rank(void *arg) {
   PipeJob *j = arg;
   MeshCpu *mc = j->mc;
   RefExec *r = &mc->rx;
-  CpuProgram *cp = &mc->cp[j->rank];
+  RtDevice *dev = &mc->dev[j->rank];
   TagComm *tc = &mc->tc[j->rank];
   int q = tc->c.coord[COMM_PP];
   if (j->opt) {
     tc->mb = -1;
     void *args[2] = {&j->lr, &j->t}, *rets[RT_MAX_FUNC_IO] = {&j->norm};
-    j->rc = cpu_program_call(cp, mc->f_stage_opt[q], args, rets, j->err, sizeof j->err);
+    j->rc = dev->call(dev, mc->f_stage_opt[q], args, rets, j->err, sizeof j->err);
     if (j->rc) local_world_abort(r->lw);
     return NULL;
   }
@@ -127,7 +128,7 @@ static void *pipe_rank(void *arg) {
       j->rc = EXIT_USAGE;
       break;
     }
-    const RtFunc *fn = &cp->p->funcs[fi];
+    const RtFunc *fn = &dev->p->funcs[fi];
     Held *in = a->kind == ACT_B ? &stash[slot] : a->kind == ACT_W ? &wst[slot] : NULL;
     int nin = in ? in->n : 0;
     if (fn->n_args != 2 + nin) {
@@ -153,7 +154,7 @@ static void *pipe_rank(void *arg) {
     tc->mb = a->mb;
     tc->waited_us = 0;
     double t = now_us();
-    j->rc = cpu_program_call(cp, fi, args, rets, j->err, sizeof j->err);
+    j->rc = dev->call(dev, fi, args, rets, j->err, sizeof j->err);
     /* a chunk function receives first: its wait for the neighbour is idle time before the work */
     r->act_start[j->rank][i] = t + tc->waited_us - j->t0;
     r->act_end[j->rank][i] = now_us() - j->t0;
@@ -197,20 +198,14 @@ static int run_all(MeshCpu *mc, PipeJob *jobs, char *err, size_t errlen) {
 
 /* every rank's piece of each of n micro-batches */
 static void fill_pieces(MeshCpu *mc, int64_t n, const int32_t *inputs, const int32_t *targets) {
-  RefExec *r = &mc->rx;
-  int64_t BT = mc->whole_tok->n;
-  for (int64_t g = 0; g < n; g++) {
-    for (int64_t e = 0; e < BT; e++) mc->whole_tok->i[e] = inputs[g * BT + e], mc->whole_tgt->i[e] = targets[g * BT + e];
+  int64_t mesh[COMM_AXES], BT = mc->whole_n;
+  for (int a = 0; a < COMM_AXES; a++) mesh[a] = mc->rx.m->mesh.size[a];
+  for (int64_t g = 0; g < n; g++)
     for (int k = 0; k < mc->world; k++) {
-      const int *coord = local_world_rank(r->lw, k)->coord;
-      move_piece(&r->m->mesh, mc->whole_tok, mc->tok[k], coord, true);
-      move_piece(&r->m->mesh, mc->whole_tgt, mc->tgt[k], coord, true);
-      for (int64_t e = 0; e < mc->piece; e++) {
-        mc->mtok[k][g * mc->piece + e] = (int32_t)mc->tok[k]->i[e];
-        mc->mtgt[k][g * mc->piece + e] = (int32_t)mc->tgt[k]->i[e];
-      }
+      const int *coord = local_world_rank(mc->rx.lw, k)->coord;
+      mesh_tokens_piece(&mc->tok_place, mesh, coord, inputs + g * BT, mc->mtok[k] + g * mc->piece);
+      mesh_tokens_piece(&mc->tok_place, mesh, coord, targets + g * BT, mc->mtgt[k] + g * mc->piece);
     }
-  }
 }
 
 /* Validation: one micro-batch's forward through every chunk (exec_pipe.c's forward-only
@@ -306,7 +301,7 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
   const Schedule *s = mc->rx.sched;
   int C = s->chunks, P = s->p;
   mc->n_micro = s->m;
-  mc->piece = mc->tok[0]->n;
+  mc->piece = mc->tok_place.n;
   mc->tc = calloc((size_t)mc->world, sizeof *mc->tc);
   mc->f_fwd = calloc((size_t)C, sizeof(int));
   mc->f_bwd = calloc((size_t)C, sizeof(int));

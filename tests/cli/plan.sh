@@ -112,6 +112,16 @@ for m in models/gpt2-tiny-4l.json models/llama-tiny-8l.json; do
   grep -E '^  [0-9] ' "$OUT" > "$TMP/fast.txt"
   check "  the fast search prints the exhaustive table" cmp "$TMP/fast.txt" "$TMP/unpruned.txt"
 done
+# off a terminal (a pipe, tee) the progress is whole lines (every 10 s; here every screening)
+LOOM_PLAN_PROGRESS_S=0 expect_exit 0 "progress lines under a pipe" "$LOOM" plan models/gpt2-tiny-4l.json --gpus 8 \
+  --target cpu --precision fp32 --seq 32 --global-batch-tokens 2048 --top 3
+expect_stderr_contains "loom plan: screened 1 of "
+check "  whole lines, no carriage return" sh -c "! grep -q \"\$(printf '\\r')\" '$ERR'"
+# on the CUDA target in bf16 the screening memo counts the bf16 weight copies of functions it
+# did not lower (bare casts) as the whole lowering does
+LOOM_PLAN_CHECK=1 expect_exit 0 "cuda bf16, checked (the weight copies of memo-figured functions)" "$LOOM" plan \
+  models/gpt2-tiny-4l.json --gpus 8 --target cuda --precision bf16 --seq 32 --global-batch-tokens 2048 --top 3
+expect_stderr_contains "gives the same table"
 LOOM_PLAN_FAST=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search on 4, 10 rows, checked" "$LOOM" plan $M "${P[@]}" --mesh pp=1
 expect_stderr_contains "gives the same table"
 LOOM_PLAN_FAST=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search with ZeRO-3 and full recomputation fixed, checked" "$LOOM" plan $M "${P[@]}" --zero 3 --recompute full

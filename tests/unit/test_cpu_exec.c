@@ -342,11 +342,19 @@ static void test_executor(void) {
   memcpy(&kfn[0], &k0, sizeof k0);
   memcpy(&kfn[1], &k1, sizeof k1);
   CpuProgram cp;
-  CpuExecutor ce;
+  RtDevice dev;
+  RtRankExec ce;
   char err[1024];
-  if (cpu_program_init(&cp, &p, kfn, 2, err, sizeof err) || cpu_executor_init(&ce, &cp, err, sizeof err) ||
-      cpu_executor_set_shape(&ce, TB, TT, err, sizeof err)) {
+  if (cpu_program_init(&cp, &p, kfn, 2, err, sizeof err)) {
+    check(false, "program init", err);
+    return;
+  }
+  cpu_device(&dev, &cp);
+  check(rt_rank_exec_init(&ce, &dev, TB + 1, TT, err, sizeof err) == 2 && strstr(err, "cannot be"),
+        "executor: a batch shape that is not @grad_step's token count is refused", err);
+  if (rt_rank_exec_init(&ce, &dev, TB, TT, err, sizeof err)) {
     check(false, "executor init", err);
+    cpu_program_free(&cp);
     return;
   }
   cpu_globals_init(&cp, 1);
@@ -368,13 +376,14 @@ static void test_executor(void) {
   check(!rc && last < 0.5f * first && gnorm > 0, "executor: training lowers the loss", rc ? err : msg);
   check(ex->n_params == 1 && !strcmp(ex->params[0].name, "wte") && ex->params[0].rank == 2 &&
           ex->params[0].shape[1] == TV && ex->params[0].data == cpu_global(&cp, 0) && ex->n_state == 2 &&
-          !strcmp(ex->state[1].name, "adam_v.wte") && ex->batch == TB && ex->seq == TT,
+          !strcmp(ex->state[1].name, "adam_v.wte") && ex->batch == TB && ex->seq == TT && !ex->sync_out &&
+          !ex->sync_in,
         "executor: params and state by name", NULL);
   in[3] = TV;   /* outside the vocabulary */
   rc = ex->grad_step(ex->self, in, out, &last, err, sizeof err);
   check(rc == 2 && strstr(err, "outside the vocabulary") && strstr(err, "embedding"), "executor: bad token refused",
         err);
-  cpu_executor_free(&ce);
+  rt_rank_exec_free(&ce);
   cpu_program_free(&cp);
 }
 

@@ -942,14 +942,18 @@ static void gpu_executor(void) {
   CHECK(!rc, "cuda_program_init (executor program): %s", err);
   if (rc) return;
   CHECK(!cuda_globals_init(&cp, 7, err, sizeof err), "globals: %s", err);
-  CudaExecutor ce;
-  rc = cuda_executor_init(&ce, &cp, err, sizeof err);
-  CHECK(!rc && ce.ex.n_params == 1 && ce.ex.n_state == 1, "cuda_executor_init: %s", err);
+  RtDevice dev;
+  cuda_device(&dev, &cp);
+  RtRankExec ce;
+  CHECK(rt_rank_exec_init(&ce, &dev, 3, 3, err, sizeof err) == 2 && strstr(err, "cannot be 3 x 3"),
+        "a batch shape that is not @grad_step's token count is refused: %s", err);
+  rc = rt_rank_exec_init(&ce, &dev, 2, 4, err, sizeof err);
+  CHECK(!rc && ce.ex.n_params == 1 && ce.ex.n_state == 1 && ce.ex.batch == 2 && ce.ex.sync_out && ce.ex.sync_in,
+        "rt_rank_exec_init over the CUDA device: %s", err);
   if (rc) {
     cuda_program_free(&cp);
     return;
   }
-  CHECK(!cuda_executor_set_shape(&ce, 2, 4, err, sizeof err) && ce.ex.batch == 2, "set_shape");
   float w[EV], g[EV] = {0}, m[EV] = {0};
   rt_global_init_values(&e.g[0], 7, w);
   CHECK(!memcmp(ce.ex.params[0].data, w, sizeof w), "params hold the initial values");
@@ -991,7 +995,7 @@ static void gpu_executor(void) {
   memset(ce.ex.params[0].data, 0, sizeof w);
   CHECK(!ce.ex.sync_out(ce.ex.self, err, sizeof err) && ce.ex.params[0].data[EV - 1] == (float)(EV - 1),
         "sync_in then sync_out round-trips");
-  cuda_executor_free(&ce);
+  rt_rank_exec_free(&ce);
   cuda_program_free(&cp);
 }
 

@@ -388,7 +388,7 @@ int main(int argc, char **argv) {
     if (!rc && plan.opt.log) fprintf(plan.opt.log, "%s in %.2f s\n", init ? "loaded the weights" : "initialized the parameters",
                                      seconds_now() - t0);
     if (!rc) rc = cpu_backend_executor(&b, plan.batch, plan.seq, err, sizeof err);
-    if (!rc) rc = train_and_write(&b.ce.ex, &plan, err, sizeof err);
+    if (!rc) rc = train_and_write(&b.re.ex, &plan, err, sizeof err);
     cpu_backend_free(&b);
     rc = finish(rc, err);
     goto done;

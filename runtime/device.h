@@ -1,0 +1,74 @@
+/* runtime/device.h — one rank's device: a lowered program (runtime/program.h) opened on a
+ * backend, seen through four operations, and the one rank executor over it.
+ *
+ * A backend implements RtDevice once (runtime/cpu/cpu_exec.c: the JIT-compiled program on
+ * the host; runtime/cuda/cuda_exec.c: a CudaProgram on one GPU); what runs a program above
+ * it (the rank executor below, validation, loom eval) calls the device, not the backend.
+ *   call    runs function `func`: args[k] host buffers of RtFunc.args[k] (f32, or int32 for
+ *           integer buffers), rets[k] caller buffers of RtFunc.rets[k] (NULL: not copied out)
+ *   read    a global's values (RtGlobal.n floats, f32) into a host buffer
+ *   write   a host buffer (f32) into a global (rounded to the global's storage)
+ *   host    a global's live host storage when the device keeps it on the host (the cpu
+ *           backend: read and write are then copies of it), else NULL
+ *   close   frees what the device's open made (a device made over a backend's program it
+ *           does not own frees nothing)
+ * Errors as the backends': 0 ok, 2 bad input, 1 run-time failure, with a message.
+ *
+ * The reference interpreter (ir/interp.c, runtime/exec/exec_ref.c) does not implement it: it
+ * runs the IR module, not a lowered program, so there is no RtProgram to describe its
+ * functions' buffers and its globals' placements (RtFunc, RtGlobal) that the executors read;
+ * giving it one would mean lowering the module, which is what the cpu backend is.
+ */
+#ifndef LOOM_RUNTIME_DEVICE_H
+#define LOOM_RUNTIME_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/program.h"
+#include "runtime/trainer.h"
+
+typedef struct RtDevice RtDevice;
+struct RtDevice {
+  const RtProgram *p;   /* the program it runs (borrowed from the backend) */
+  const char *kind;     /* "cpu", "cuda" */
+  void *impl;           /* the backend's program (CpuProgram, CudaProgram) */
+  int (*call)(RtDevice *d, int func, void *const *args, void **rets, char *err, size_t errlen);
+  int (*read)(RtDevice *d, int g, float *out, char *err, size_t errlen);
+  int (*write)(RtDevice *d, int g, const float *in, char *err, size_t errlen);
+  float *(*host)(RtDevice *d, int g);
+  void (*close)(RtDevice *d);
+};
+
+/* The function named `name` (without '@'), or -1. */
+int rt_device_find(const RtDevice *d, const char *name);
+static inline void rt_device_close(RtDevice *d) {
+  if (d && d->close) d->close(d);
+}
+
+/* ------------------------------------------------------------ the rank executor */
+
+/* runtime/trainer.h's Executor over a device whose program has @grad_step(tokens, targets:
+   int32 [B*T]) -> loss and @optimizer_step(lr, step: f32 scalars) -> grad_norm, and, when it
+   has @forward(tokens, targets) -> (logits, loss), the validation step (eval_step).
+   Parameters (RT_REGION_PARAMS) and optimizer state (RT_REGION_OPTIM) are exposed as
+   RtTensors, a stack of experts (RtGlobal.experts) as its E checkpoint tensors
+   (rt_views_add).  On a device with host storage the tensors are views into it (live);
+   otherwise they are host copies of the globals: sync_out copies the device's values into
+   them (init does it once), sync_in writes them back, and whoever writes into them (loading
+   weights, a resume) calls ex.sync_in afterwards.
+   program.h does not record argument shapes: batch * seq must be @grad_step's token count
+   (0, 0: 1 and that count). */
+typedef struct {
+  Executor ex;
+  RtDevice *dev;        /* borrowed */
+  int f_grad, f_opt, f_forward;
+  int n_held;           /* globals with a host copy (a device without host storage) */
+  int *held;            /* [n_held]: their indices */
+  float **host;         /* [n_held]: their copies (f32, RtGlobal.n each); the tensors point into them */
+} RtRankExec;
+
+int rt_rank_exec_init(RtRankExec *re, RtDevice *dev, int64_t batch, int64_t seq, char *err, size_t errlen);
+void rt_rank_exec_free(RtRankExec *re);
+
+#endif
