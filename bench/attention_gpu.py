@@ -15,7 +15,9 @@ For each shape (batch B with B*T = 16384 tokens, H = 2048 / D heads, causal, bf1
 loom's forward and forward + backward ms and TFLOP/s beside SDPA flash's, and the largest
 relative difference of out, dq, dk, dv from SDPA's (bf16 results: expect ~1e-2).  FLOPs as
 FlashAttention counts them: forward 4 B H T^2 D / 2 (causal), backward 2.5 x forward.
-Set SHAPES="T:D,T:D" to choose, ITERS (default 20), GQA=G (query heads per kv head, default 1).
+Set SHAPES="T:D,T:D" to choose, ITERS (default 20), GQA=G (query heads per kv head, default 1),
+LSE=0 for the backward without the forward's saved L2 and O (dq in two passes: the path of a
+gradient in another function, or LOOM_CUDA_NO_ATTN_LSE=1).
 """
 import os, re, sys, time
 
@@ -30,25 +32,31 @@ static void go(const void *fn, LoomArgs &a, dim3 grid, unsigned smem) {
   TORCH_CHECK(e == cudaSuccess, cudaGetErrorString(e));
 }
 static LoomArgs args_of(std::vector<torch::Tensor> bufs, int64_t B, int64_t T, int64_t H, int64_t D, int64_t S,
-                        int64_t KV, double scale) {
+                        int64_t KV, double scale, bool saved = false) {
   LoomArgs a;
   memset(&a, 0, sizeof a);
   for (size_t i = 0; i < bufs.size(); i++) a.buf[i] = bufs[i].data_ptr();
-  long long ints[7] = {B, T, H, D, S, KV, 1};
-  for (int i = 0; i < 7; i++) a.i[i] = ints[i];
+  long long ints[9] = {B, T, H, D, S, KV, 1, 0, saved};   /* causal, no window; i[8]: the saved L2 and O */
+  for (int i = 0; i < 9; i++) a.i[i] = ints[i];
   a.f[0] = scale;
   return a;
 }
-void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, double scale) {
+/* Os.numel() > 0: the forward also saves L2 and O (f32) and dq runs its one pass from them
+   (lower_attn.c's path when the gradient is in the same function); else two passes. */
+void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, torch::Tensor L, torch::Tensor Os,
+         double scale) {
   int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), KV = k.size(2);
-  LoomArgs a = args_of({q, k, v, o}, B, T, H, D, S, KV, scale);
+  bool saved = Os.numel() > 0;
+  LoomArgs a = saved ? args_of({q, k, v, o, L, Os}, B, T, H, D, S, KV, scale, true) : args_of({q, k, v, o}, B, T, H, D, S, KV, scale);
   go(D == 64 ? (const void *)FWD64 : (const void *)FWD128, a, dim3(B * H, (T + 63) / 64), 2 * 2 * 64 * (D + 8) * 2);
 }
 void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk,
-         torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, double scale) {
+         torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale) {
   int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), KV = k.size(2);
   int64_t tile = D <= 64 ? 64 : 32;
-  LoomArgs a = args_of({dout, q, k, v, dq, L, Ds}, B, T, H, D, S, KV, scale);
+  bool saved = Os.numel() > 0;
+  LoomArgs a = saved ? args_of({dout, q, k, v, L, Os, dq, Ds}, B, T, H, D, S, KV, scale, true)
+                     : args_of({dout, q, k, v, dq, L, Ds}, B, T, H, D, S, KV, scale);
   go(D == 64 ? (const void *)DQ64 : (const void *)DQ128, a, dim3(B * H, (T + 63) / 64), 8 * tile * (D + 8));
   LoomArgs b = args_of({dout, q, k, v, L, Ds, dk, dv}, B, T, H, D, S, KV, scale);
   go(D == 64 ? (const void *)KV64 : (const void *)KV128, b, dim3(B * KV, (S + 63) / 64),
@@ -82,11 +90,12 @@ def build(tu_path):
     # the prelude's `extern __shared__ float loom_smem[]` is per kernel; the rest is device code
     src = HEAD + prelude + INSTANCES + LAUNCHER
     arch = os.environ.get("ARCH", "")
-    flags = ["-O3", "-std=c++17"] + ([f"-gencode=arch=compute_{arch},code=sm_{arch}"] if arch else [])
+    # no -std: torch's load_inline picks its own (C++17, or C++20 where its headers need it)
+    flags = ["-O3"] + ([f"-gencode=arch=compute_{arch},code=sm_{arch}"] if arch else [])
     return load_inline("loom_attn_bench", cpp_sources="void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
-                       "torch::Tensor o, double scale);\nvoid bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, "
-                       "torch::Tensor v, torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, torch::Tensor L, "
-                       "torch::Tensor Ds, double scale);", cuda_sources=src, functions=["fwd", "bwd"],
+                       "torch::Tensor o, torch::Tensor L, torch::Tensor Os, double scale);\nvoid bwd(torch::Tensor dout, "
+                       "torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk, "
+                       "torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale);", cuda_sources=src, functions=["fwd", "bwd"],
                        extra_cuda_cflags=flags, verbose=False)
 
 
@@ -115,9 +124,11 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     iters = int(os.environ.get("ITERS", "20"))
     gqa = int(os.environ.get("GQA", "1"))
+    lse = os.environ.get("LSE", "1") != "0"
     shapes = [tuple(int(x) for x in s.split(":")) for s in os.environ.get("SHAPES", "1024:64,2048:64,1024:128,2048:128").split(",")]
     dev = torch.cuda.get_device_name(0)
-    print(f"device: {dev}; torch {torch.__version__}; bf16, causal, GQA {gqa}")
+    print(f"device: {dev}; torch {torch.__version__}; bf16, causal, GQA {gqa}; "
+          + ("the forward saves L2 and O, dq in one pass" if lse else "LSE=0: dq in two passes"))
     print(f"{'T':>5s} {'D':>4s} {'B':>3s} {'H':>3s} | {'loom fwd ms':>11s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} | "
           f"{'sdpa fwd ms':>11s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} | {'out':>7s} {'dq':>7s} {'dk':>7s} {'dv':>7s}")
     for T, D in shapes:
@@ -136,8 +147,9 @@ def main():
         dv = torch.empty_like(dk)
         L = torch.empty(B * H * T, device="cuda", dtype=torch.float32)
         Ds = torch.empty_like(L)
-        f_loom = lambda: ext.fwd(q, k, v, o, scale)
-        fb_loom = lambda: (ext.fwd(q, k, v, o, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, scale))
+        Os = torch.empty(B, T, H, D, device="cuda", dtype=torch.float32) if lse else torch.empty(0, device="cuda")
+        f_loom = lambda: ext.fwd(q, k, v, o, L, Os, scale)
+        fb_loom = lambda: (ext.fwd(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale))
         # SDPA takes [B, H, T, D]; GQA by repeating kv heads (enable_gqa where the version has it)
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
         kr = kt.repeat_interleave(gqa, dim=1) if gqa > 1 else kt

@@ -88,7 +88,11 @@ void cuda_step_cost(const RtProgram *p, const RtStep *st, CudaStepCost *c) {
     /* i: B, T, H, D, S, KV, causal (attention and the attention blocks alike) */
     const int64_t *i = st->i;
     double bhtsd = (double)i[0] * (double)i[2] * (double)i[1] * (double)i[4] * (double)i[3];
-    double k = strstr(fam, "dkdv") ? 8 : strstr(fam, "dq") ? 6 : 4;
+    /* tile products of 2 B H T S D FLOPs: forward 2, dk dv 4, dq 3 (S, dP, dS K) from a saved
+       L2 (i[8] of attn_dq: lower_attn.c; the attention blocks get lse as an operand), else 5
+       (a first pass recomputes L2 and Dsum) */
+    bool dq_saved = starts(fam, "attnblk") || i[8];
+    double k = strstr(fam, "dkdv") ? 8 : strstr(fam, "dq") ? (dq_saved ? 6 : 10) : 4;
     c->flops = k * bhtsd * (i[6] ? 0.5 : 1.0);
     int s = st->bufs[0].storage;
     c->peak_dtype = strstr(fam, "_tc") ? (s == RT_ST_F16 ? DT_F16 : DT_BF16) : DT_F32;

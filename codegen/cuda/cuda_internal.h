@@ -110,9 +110,10 @@ typedef struct Lower {
   DType *copy_dtype;
   RtBuf *value_buf;
   bool *value_has;
-  /* lower_fuse.c, the norms: the op index being lowered; per op of the current function, the
-     offset in its stats area of the statistics a gradient op reads (-1: none); the stats area's
-     bytes (past the arena and its scratch, placed at the function's end) */
+  /* lower_fuse.c, the norms (and lower_attn.c, attention): the op index being lowered; per op
+     of the current function, the offset in its stats area of the statistics a gradient op
+     reads (-1: none); the stats area's bytes (past the arena and its scratch, placed at the
+     function's end) */
   int op_index;
   int64_t *norm_stats;
   int64_t stats_bytes;
@@ -163,6 +164,8 @@ void cl_launch_rows(RtStep *st, int64_t rows, int64_t D);   /* one block per row
 /* Raw data movement "loom_<base>_<size>" = template tmpl on elements of size bytes. */
 int cl_instantiate_raw(Lower *L, RtStep *st, const char *base, const char *tmpl, int size);
 bool cl_all_float(const RtStep *st);               /* no i32 buffer */
+/* seq_axis of L->op (rope, the attention blocks) as program.h has it: the axis + 1, 0 whole */
+int cl_seq_axis1(Lower *L, int64_t *axis1);
 /* lower.c: op *i as lower_func does (*i: the last op taken); reached from the other files
    through L->lower_op */
 int cl_lower_op(Lower *L, Steps *s, int *i);
@@ -207,12 +210,21 @@ int cl_weight_copies_func(Lower *L, RtFunc *rf);
 int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i);
 int cl_fuse_norm_bwd(Lower *L, Steps *s, int j);
 void cl_fuse_func_end(Lower *L, Steps *s);
+/* The stats area for other families: n elements at byte `at` of it as a buffer; `bytes` of it
+   for the gradient op j (its offset, -1: none); the offset reserved for op j (-1: none). */
+RtBuf cl_stats_buf(int64_t at, int64_t n, int storage);
+int64_t cl_stats_reserve(Lower *L, int j, int64_t bytes);
+int64_t cl_stats_of(const Lower *L, int j);
 /* lower_fuse.c, the classifier: the cross_entropy op i and its gradient in one step (1: no
    such gradient, or its buffer is not free early enough: lower it as before). */
 int cl_fuse_xent(Lower *L, Steps *s, int i);
 /* lower_fuse.c: the embedding op i and the add of positions after it in one step (1: no such
    add, lower it as before). */
 int cl_fuse_embed_pos(Lower *L, Steps *s, int i);
+
+/* lower_attn.c: attention, attention_grad, attention_block and attention_block_grad (L->op)
+   as the flash-attention kernels of kernels/attention.cuh and kernels/attn_block.cuh. */
+int cl_lower_attention(Lower *L, Steps *s);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

@@ -20,109 +20,15 @@
  * cl_instantiate, ...) live in steps.c, shared through cuda_internal.h, and op families have
  * moved out (lower_mesh.c: collectives, transfers and per-rank ops; lower_gemm.c: matmuls,
  * their epilogues and the gradient accumulation; lower_fuse.c: weight copies, norm statistics,
- * the fused classifier).  Those files never call back here: the one op they lower through the
- * dispatcher goes through L->lower_op.  Attention, data movement and the optimizer are the
- * next families to move the same way.
+ * the fused classifier; lower_attn.c: attention, its gradient and the attention blocks).
+ * Those files never call back here: the one op they lower through the dispatcher goes through
+ * L->lower_op.  Data movement and the optimizer are the next families to move the same way.
  */
 #include "codegen/cuda/cuda_internal.h"
 #include "codegen/cuda/kernels.h"
 #include "codegen/lower_common.h"
 #include "runtime/cuda/nvrtc.h"
 
-
-/* flash attention: the head size as a template argument */
-static int attention_dims(Lower *L, const Type *q, const Type *k) {
-  int64_t Dh = q->dims[3], H = q->dims[2], KV = k->dims[2], T = q->dims[1], S = k->dims[1];
-  if (Dh % 8 || Dh < 8 || Dh > 128)
-    return cl_fail(L, "head size %lld: the CUDA flash-attention kernels take head sizes that are multiples of 8 up "
-                 "to 128", (long long)Dh);
-  if (KV <= 0 || H % KV) return cl_fail(L, "%lld query heads do not share %lld kv heads evenly", (long long)H, (long long)KV);
-  if ((T + 63) / 64 > 65535 || (S + 31) / 32 > 65535 || q->dims[0] * H > INT32_MAX)
-    return cl_fail(L, "the sequence (%lld) or batch x heads is too large for one launch", (long long)T);
-  return 0;
-}
-
-static uint32_t fa_smem(int which, int64_t D) {
-  int64_t LD = D + 1;
-  switch (which) {
-  case 0: return (uint32_t)(4 * (3 * 64 * LD + 64 * 65));                      /* forward */
-  case 1: return (uint32_t)(4 * (2 * 64 * LD + 2 * 32 * LD + 64 * 33));          /* dq */
-  default: return (uint32_t)(4 * (2 * 32 * LD + 2 * 64 * LD + 2 * 32 * 65 + 128)); /* dk dv */
-  }
-}
-
-/* Attention on tensor cores (loom_attn_*_tc): the first n_operands buffers (q, k, v; dout,
-   q, k, v) all bf16 or all f16, the head size a multiple of 16.  f32 attention stays on CUDA cores, in f32 (TF32 would not hold
-   the f32 results to 1e-4 of the reference). */
-static bool tensor_cores(const RtStep *st, int n_operands, int64_t D) {
-  int t = st->bufs[0].storage;
-  for (int k = 1; k < n_operands; k++)
-    if (st->bufs[k].storage != t) return false;
-  /* their indices within a (batch, head) are 32-bit, their softmax in base 2 takes scale > 0 */
-  const int64_t *i = st->i;   /* B, T, H, D, S, KV */
-  bool small = i[1] * i[2] * i[3] < INT32_MAX && i[4] * i[5] * i[3] < INT32_MAX && i[0] * i[2] < INT32_MAX;
-  return (t == RT_ST_BF16 || t == RT_ST_F16) && D % 16 == 0 && small && st->f[0] > 0;
-}
-
-/* seq_axis (rope and the attention blocks: the sequence split over a mesh axis) as program.h
-   has it: the axis + 1, 0 when the sequence is whole. */
-static int seq_axis1(Lower *L, int64_t *axis1) {
-  const Attr *a = op_attr(L->op, "seq_axis");
-  int axis = a && a->s && a->s[0] ? mesh_axis_parse(a->s) : -1;
-  if (axis < 0 && a && a->s && a->s[0]) return cl_fail(L, "seq_axis '%s' is not a mesh axis", a->s);
-  *axis1 = axis + 1;
-  return 0;
-}
-
-/* attention_block (one step: q k v -> o lse) and attention_block_grad (two: dout q k v lse
-   delta -> dq, then the same inputs -> dk dv): loom_attnblk_* of kernels/attn_block.cuh, on
-   CUDA cores in f32 whatever the inputs' dtypes (the outputs are f32; no scratch).  i[] is program.h's
-   RT_B_ATTN_BLOCK layout and one slot more: i[CUDA_ATTN_BLOCK_COORD_INT] (11), the rank's
-   coordinate on the seq axis, which the runtime writes before the launch (RtStep.coord_at;
-   rope's slot is CUDA_ROPE_COORD_INT). */
-static int lower_attention_block(Lower *L, Steps *s) {
-  const Op *op = L->op;
-  bool grad = op->kind == OP_ATTENTION_BLOCK_GRAD;
-  const Type *q = &op->operands[grad]->type, *kt = &op->operands[grad + 1]->type;
-  int64_t axis1 = 0;
-  if (attention_dims(L, q, kt) || seq_axis1(L, &axis1)) return IR_EINPUT;
-  int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
-  const int64_t ints[CUDA_ATTN_BLOCK_COORD_INT + 2] = {
-      B, T, H, D, S, KV, op_bool(op, "causal"), axis1, op_int(op, "seq_n"), op_bool(op, "zigzag"),
-      op_int(op, "kv_shift"), 0 /* the coordinate: see above */, op_int(op, "window")};
-  char extra[24], suffix[24];
-  snprintf(extra, sizeof extra, "%lld", (long long)D);
-  snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
-  static const char *const base[3] = {"attnblk_fwd", "attnblk_dq", "attnblk_dkdv"};
-  static const char *const label[3] = {"", " (dq)", " (dk dv)"};
-  for (int which = grad; which < (grad ? 3 : 1); which++) {   /* 0 forward; 1 dq, 2 dk dv */
-    RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, label[which]);
-    if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, op->n_operands, false)) return IR_EINPUT;
-    /* the outputs: o, lse; dq; dk, dv */
-    int first = which == 2, n_out = which == 1 ? 1 : 2;
-    for (int r = 0; r < n_out; r++)
-      if (cl_buf_of(L, op->results[first + r], &st->bufs[st->n_in + st->n_out++])) return IR_EINPUT;
-    memcpy(st->i, ints, sizeof ints);
-    if (axis1) {
-      st->coord_at = CUDA_ATTN_BLOCK_COORD_INT + 1;
-      st->coord_axis = (uint8_t)(axis1 - 1);
-    }
-    st->f[0] = op_float(op, "scale");
-    st->block[0] = 128;   /* dk dv: a block per 32 keys and kv head; the others per 64 queries and head */
-    st->grid[0] = (uint32_t)(B * (which == 2 ? KV : H));
-    st->grid[1] = which == 2 ? cl_clamp_grid((S + 31) / 32, 65535) : cl_clamp_grid((T + 63) / 64, 65535);
-    /* the tiles of loom_attn_fwd, _bwd_dq, _bwd_dkdv, then the positions of the key tile (64
-       keys, 32 for dq) or of the query tile (64, dk dv) */
-    st->smem = fa_smem(which, D) + 8 * (which == 1 ? 32 : 64);
-    char tmpl[32];
-    snprintf(tmpl, sizeof tmpl, "loom_%s", base[which]);
-    /* templated on the storage of the inputs (q k v; dout q k v); the outputs are f32 */
-    if (cl_instantiate(L, st, base[which], tmpl, grad ? (const int[]){0, 1, 2, 3, -1} : (const int[]){0, 1, 2, -1},
-                    extra, suffix, 128))
-      return IR_EINPUT;
-  }
-  return 0;
-}
 
 /* moe_sort and moe_count (kernels/moe.cuh): a counting sort in chunks of CUDA_MOE_CHUNK
    assignments.  i[] is program.h's (n, experts, capacity) and one slot more,
@@ -224,7 +130,6 @@ static int lower_builtin(Lower *L, Steps *s) {
   const Type *y = op->n_results ? &op->results[0]->type : NULL;
   RtStep *st;
   int n = 0;
-  char extra[64], suffix[32];
 #define STEP(suffix_)                                               \
   do {                                                              \
     st = cl_new_step(L, s, RT_STEP_KERNEL, 0, (suffix_));              \
@@ -298,83 +203,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (fwd) return cl_instantiate(L, st, "softmax", "loom_softmax_fwd", IDX(0, 1), NULL, "", 1024);
     return cl_instantiate(L, st, "softmax_bwd", "loom_softmax_bwd", IDX(0, 1, 2), NULL, "", 1024);
   }
-  case OP_ATTENTION: {
-    const Type *q = x, *kt = &op->operands[1]->type;
-    if (attention_dims(L, q, kt)) return IR_EINPUT;
-    STEP("");
-    for (int d = 0; d < 4; d++) INT(q->dims[d]);
-    INT(kt->dims[1]);
-    INT(kt->dims[2]);
-    INT(op_bool(op, "causal"));
-    INT(op_int(op, "window"));
-    st->f[0] = op_float(op, "scale");
-    st->block[0] = 128;
-    st->grid[0] = (uint32_t)(q->dims[0] * q->dims[2]);
-    st->grid[1] = cl_clamp_grid((q->dims[1] + 63) / 64, 65535);
-    st->smem = fa_smem(0, q->dims[3]);
-    snprintf(extra, sizeof extra, "%lld", (long long)q->dims[3]);
-    snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
-    if (tensor_cores(st, 3, q->dims[3])) {   /* two stages of K and V tiles, 64 rows of D + 8 */
-      st->smem = (uint32_t)(2 * 2 * 64 * (q->dims[3] + 8) * 2);
-      return cl_instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
-    }
-    return cl_instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
-  }
-  case OP_ATTENTION_GRAD: {
-    const Type *q = &op->operands[1]->type, *kt = &op->operands[2]->type;
-    if (attention_dims(L, q, kt)) return IR_EINPUT;
-    int64_t B = q->dims[0], T = q->dims[1], H = q->dims[2], D = q->dims[3], S = kt->dims[1], KV = kt->dims[2];
-    int64_t rows = B * H * T, l_at = 0, d_at = cg_align64(4 * rows);
-    int64_t ints[8] = {B, T, H, D, S, KV, op_bool(op, "causal"), op_int(op, "window")};
-    snprintf(extra, sizeof extra, "%lld", (long long)D);
-    snprintf(suffix, sizeof suffix, "_%lld", (long long)D);
-    /* 1: dq, L, Dsum */
-    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dq)");
-    if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
-    st->n_out = 1;
-    if (cl_buf_of(L, op->results[0], &st->bufs[4]) || cl_add_scratch(L, st, l_at, rows) || cl_add_scratch(L, st, d_at, rows))
-      return IR_EINPUT;
-    memcpy(st->i, ints, sizeof ints);
-    st->f[0] = op_float(op, "scale");
-    st->block[0] = 128;
-    st->grid[0] = (uint32_t)(B * H);
-    st->grid[1] = cl_clamp_grid((T + 63) / 64, 65535);
-    st->smem = fa_smem(1, D);
-    bool tc = tensor_cores(st, 4, D);
-    int64_t tile = D <= 64 ? 64 : 32;   /* the tensor-core kernels' key (dq) and query (dk dv) tiles */
-    if (tc) st->smem = (uint32_t)(8 * tile * (D + 8));   /* two stages of K and V tiles */
-    if (tc ? cl_instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, 4), extra, suffix, 128)
-           : cl_instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
-      return IR_EINPUT;
-    RtBuf lb = st->bufs[5], db = st->bufs[6];
-    /* 2: dk, dv */
-    st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (dk dv)");
-    if (!st || cl_set_bufs(L, st, (const Value *const *)op->operands, 4, false)) return IR_EINPUT;
-    st->bufs[4] = lb;
-    st->bufs[5] = db;
-    st->n_in = 6;
-    st->n_out = 2;
-    if (cl_buf_of(L, op->results[1], &st->bufs[6]) || cl_buf_of(L, op->results[2], &st->bufs[7])) return IR_EINPUT;
-    memcpy(st->i, ints, sizeof ints);
-    st->f[0] = op_float(op, "scale");
-    st->block[0] = 128;
-    st->grid[0] = (uint32_t)(B * KV);
-    st->grid[1] = cl_clamp_grid((S + 31) / 32, 65535);
-    st->smem = fa_smem(2, D);
-    if (tc) {
-      st->grid[1] = cl_clamp_grid((S + 63) / 64, 65535);
-      /* K and V (64 rows), then two stages of Q, dO (tile rows) and their L2, Dsum */
-      st->smem = (uint32_t)(4 * 64 * (D + 8) + 4 * (2 * tile * (D + 8) + 4 * tile));
-      return cl_instantiate(L, st, "attn_dkdv_tc", "loom_attn_bwd_dkdv_tc", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
-    }
-    return cl_instantiate(L, st, "attn_dkdv", "loom_attn_bwd_dkdv", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 128);
-  }
-  case OP_ATTENTION_BLOCK:
-  case OP_ATTENTION_BLOCK_GRAD: return lower_attention_block(L, s);
   case OP_ROPE: {
     int64_t axis1 = 0;
     if (x->dims[3] % 2) return cl_fail(L, "rope needs an even head size");
-    if (seq_axis1(L, &axis1)) return IR_EINPUT;
+    if (cl_seq_axis1(L, &axis1)) return IR_EINPUT;
     STEP("");
     for (int d = 0; d < 4; d++) INT(x->dims[d]);
     INT(op_int(op, "offset"));
@@ -930,6 +762,10 @@ int cl_lower_op(Lower *L, Steps *s, int *i) {
   switch (L->op->kind) {
   case OP_CALL: return acc ? cl_lower_cast_accumulate(L, s, acc) : cl_lower_call(L, s);
   case OP_MATMUL: return cl_lower_matmul_op(L, s, *i, acc);
+  case OP_ATTENTION:
+  case OP_ATTENTION_GRAD:
+  case OP_ATTENTION_BLOCK:
+  case OP_ATTENTION_BLOCK_GRAD: return cl_lower_attention(L, s);
   default: return cl_mesh_op(L->op) ? cl_lower_mesh_op(L, s) : lower_builtin(L, s);
   }
 }

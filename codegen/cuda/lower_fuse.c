@@ -247,6 +247,23 @@ static RtBuf stats_buf(int64_t at, int64_t n, int storage) {
                  .offset = STATS_MARK + at, .n = n};
 }
 
+RtBuf cl_stats_buf(int64_t at, int64_t n, int storage) { return stats_buf(at, n, storage); }
+
+/* `bytes` of the stats area for the gradient op j (the attention's saved L2 and O,
+   lower_attn.c): its offset in the area, or -1 (no memory: the caller keeps its unfused path). */
+int64_t cl_stats_reserve(Lower *L, int j, int64_t bytes) {
+  if (!L->norm_stats) {
+    L->norm_stats = malloc(sizeof(int64_t) * (size_t)(L->f->ops.n ? L->f->ops.n : 1));
+    if (!L->norm_stats) return -1;
+    for (int k = 0; k < L->f->ops.n; k++) L->norm_stats[k] = -1;
+  }
+  int64_t at = L->stats_bytes;
+  L->stats_bytes += cg_align64(bytes);
+  L->norm_stats[j] = at;
+  return at;
+}
+
+int64_t cl_stats_of(const Lower *L, int j) { return L->norm_stats ? L->norm_stats[j] : -1; }
 
 int cl_fuse_norm_fwd(Lower *L, Steps *s, RtStep *st, int i) {
   const Func *f = L->f;

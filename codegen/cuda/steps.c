@@ -499,3 +499,13 @@ int cl_uses(const Func *f, const Value *v) {
   for (int r = 0; r < f->rets.n; r++) n += f->rets.items[r] == v;
   return n;
 }
+
+/* seq_axis (rope and the attention blocks: the sequence split over a mesh axis) as program.h
+   has it: the axis + 1, 0 when the sequence is whole. */
+int cl_seq_axis1(Lower *L, int64_t *axis1) {
+  const Attr *a = op_attr(L->op, "seq_axis");
+  int axis = a && a->s && a->s[0] ? mesh_axis_parse(a->s) : -1;
+  if (axis < 0 && a && a->s && a->s[0]) return cl_fail(L, "seq_axis '%s' is not a mesh axis", a->s);
+  *axis1 = axis + 1;
+  return 0;
+}

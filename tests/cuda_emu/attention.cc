@@ -2,7 +2,8 @@
  * emulated device against a double-precision reference: forward (out) and backward (dq; dk,
  * dv) on tensor cores (loom_attn_*_tc, bf16 and f16) and on CUDA cores, causal and not,
  * grouped KV heads, query and key lengths that are not multiples of the tiles, head sizes
- * 16, 64 and 128, sliding windows (causal and not).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
+ * 16, 64 and 128, sliding windows (causal and not); and on tensor cores the one-pass backward
+ * from the forward's saved L2 and O (against the reference and the two-pass kernels).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
  * translation unit from `loom ir --emit=cuda` (the templates come from its prelude).
  * Exit 0 when every result of every case is within 2e-5 of its largest element. */
 #include TU
@@ -48,7 +49,7 @@ static int launch(void (*fn)(LoomArgs), LoomArgs *a, unsigned gx, unsigned gy, u
 }
 
 /* Forward, then backward (dq, L, Dsum; then dk, dv), with the launch shapes of
-   codegen/cuda/lower.c. */
+   codegen/cuda/lower_attn.c. */
 template <class S, int D>
 static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs *kv) {
   const unsigned bh = (unsigned)(c.B * c.H), tq = (unsigned)((c.T + 63) / 64), L1 = D + 1, L8 = D + 8;
@@ -74,7 +75,17 @@ static double rel(const std::vector<float> &got, const std::vector<double> &want
   return big > 0 ? err / big : err;
 }
 
-static int run(const Case &c, bool tcore) {
+/* mode 0: CUDA cores; 1: tensor cores; 2: tensor cores, the forward saving L2 and O (f32)
+   for the one-pass dq (lower_attn.c's saved log-sum-exp), checked against the reference
+   and against mode 1's results of the same case (out bit for bit: the same arithmetic). */
+static std::vector<float> prev_o, prev_dq, prev_dk, prev_dv;
+
+static double rel_f(const std::vector<float> &got, const std::vector<float> &want) {
+  return rel(got, std::vector<double>(want.begin(), want.end()));
+}
+
+static int run(const Case &c, int mode) {
+  const bool tcore = mode > 0, saved = mode == 2;
   std::mt19937 rng(c.T * 131 + c.D);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const size_t nq = (size_t)c.B * c.T * c.H * c.D, nk = (size_t)c.B * c.S * c.KV * c.D;
@@ -84,7 +95,7 @@ static int run(const Case &c, bool tcore) {
   for (auto &x : v) x = to16(nd(rng), c.bf16);
   for (auto &x : go) x = to16(nd(rng), c.bf16);
   std::vector<float> o(nq, NAN), dq_(nq, NAN), dk_(nk, NAN), dv_(nk, NAN), Ls((size_t)c.B * c.H * c.T, NAN),
-      Ds(Ls.size(), NAN);
+      Ds(Ls.size(), NAN), Os(saved ? nq : 0, NAN);
   const double scale = 1.0 / sqrt((double)c.D);
   LoomArgs f, bq, bkv;
   memset(&f, 0, sizeof f);
@@ -96,6 +107,12 @@ static int run(const Case &c, bool tcore) {
   void *qb[7] = {go.data(), q.data(), k.data(), v.data(), dq_.data(), Ls.data(), Ds.data()};
   void *kb[8] = {go.data(), q.data(), k.data(), v.data(), Ls.data(), Ds.data(), dk_.data(), dv_.data()};
   memcpy(f.buf, fb, sizeof fb), memcpy(bq.buf, qb, sizeof qb), memcpy(bkv.buf, kb, sizeof kb);
+  if (saved) {   /* forward: q k v -> out L2 O;  dq: dout q k v L2 O -> dq Dsum */
+    f.i[8] = bq.i[8] = 1;
+    f.buf[4] = Ls.data(), f.buf[5] = Os.data();
+    void *sb[8] = {go.data(), q.data(), k.data(), v.data(), Ls.data(), Os.data(), dq_.data(), Ds.data()};
+    memcpy(bq.buf, sb, sizeof sb);
+  }
   int rc;
   if (c.bf16) rc = c.D == 16 ? kernels<loom_sbf16, 16>(c, tcore, &f, &bq, &bkv)
                  : c.D == 64 ? kernels<loom_sbf16, 64>(c, tcore, &f, &bq, &bkv)
@@ -139,12 +156,22 @@ static int run(const Case &c, bool tcore) {
         }
       }
   const double eo = rel(o, O), eq = rel(dq_, dQ), ek = rel(dk_, dK), ev = rel(dv_, dV);
-  const bool ok = eo <= ATT_TOL && eq <= ATT_TOL && ek <= ATT_TOL && ev <= ATT_TOL;
-  char win[32] = "";
+  bool ok = eo <= ATT_TOL && eq <= ATT_TOL && ek <= ATT_TOL && ev <= ATT_TOL;
+  char win[32] = "", vs[160] = "";
   if (c.W) snprintf(win, sizeof win, ", window %d", c.W);
-  printf("%s %s %s D %d, B %d T %d S %d, H %d KV %d%s%s: relative errors out %.1e dq %.1e dk %.1e dv %.1e\n",
-         ok ? "ok  " : "FAIL", tcore ? "tensor cores" : "CUDA cores  ", c.bf16 ? "bf16" : "f16 ", c.D, c.B, c.T, c.S, c.H,
-         c.KV, c.causal ? ", causal" : "", win, eo, eq, ek, ev);
+  if (saved) {   /* against the two-pass kernels (mode 1, the case before): 1e-5 of the largest */
+    const bool same_o = memcmp(o.data(), prev_o.data(), nq * sizeof(float)) == 0;
+    const double dq2 = rel_f(dq_, prev_dq), dk2 = rel_f(dk_, prev_dk), dv2 = rel_f(dv_, prev_dv);
+    const double vt = LOOM_ATTN_SPLIT ? 1e-5 : ATT_TOL;   /* rounded P: a changed L2 may round P elsewhere */
+    ok = ok && same_o && dq2 <= vt && dk2 <= vt && dv2 <= vt;
+    snprintf(vs, sizeof vs, "; against two passes: out %s, dq %.1e dk %.1e dv %.1e", same_o ? "the same bits" : "DIFFERS",
+             dq2, dk2, dv2);
+  } else if (tcore) {
+    prev_o = o, prev_dq = dq_, prev_dk = dk_, prev_dv = dv_;
+  }
+  printf("%s %s %s D %d, B %d T %d S %d, H %d KV %d%s%s: relative errors out %.1e dq %.1e dk %.1e dv %.1e%s\n",
+         ok ? "ok  " : "FAIL", saved ? "saved L2, O  " : tcore ? "tensor cores " : "CUDA cores   ", c.bf16 ? "bf16" : "f16 ", c.D,
+         c.B, c.T, c.S, c.H, c.KV, c.causal ? ", causal" : "", win, eo, eq, ek, ev, vs);
   return ok ? 0 : 1;
 }
 
@@ -162,6 +189,6 @@ int main() {
       {1, 150, 2, 2, 128, 150, true, false, 70}, /* f16, D 128 (32-row tiles), a window across tiles */
   };
   int failed = 0;
-  for (const Case &c : cases) failed += run(c, true) + run(c, false);
+  for (const Case &c : cases) failed += run(c, 1) + run(c, 2) + run(c, 0);
   return failed ? 1 : 0;
 }

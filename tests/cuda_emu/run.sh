@@ -91,7 +91,7 @@ sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_e
 if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
      -DTU="\"$tmp/tu_emu.cu\"" tests/cuda_emu/attention.cc -o "$tmp/attention" > "$tmp/log" 2>&1 &&
    "$tmp/attention" > "$tmp/att" 2>&1; then
-  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16, sliding windows) within 2e-5 of a double reference"
+  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16, sliding windows; the one-pass dq from the forward's saved L2 and O) within 2e-5 of a double reference"
   sed 's/^/     /' "$tmp/att"
 else
   bad "attention kernels"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
@@ -103,6 +103,36 @@ if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -
 else
   bad "attention kernels, rounded P"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
 fi
+
+# The forward's saved log-sum-exp (codegen/cuda/lower_attn.c, docs/attention.md): an
+# attention on tensor cores whose gradient is in the same function saves L2 and O, and dq runs
+# one pass from them.  Against the unfused program (LOOM_CUDA_NO_ATTN_LSE=1: dq's two passes):
+# bf16 within the goldens' 2e-2 (llama-tiny: D 16, GQA; mistral-tiny: a window; GPT-2 shapes
+# at D 64 and D 128, seq 128), fp32 the same bits (f32 attention keeps the CUDA cores' path).
+n_saved=$("$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target=cuda --precision bf16 --cost 2>&1 | grep -c 'saved L2 and O')
+n_two=$(LOOM_CUDA_NO_ATTN_LSE=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target=cuda --precision bf16 --cost 2>&1 |
+  grep -c 'saved L2 and O')
+[ "$n_saved" = 2 ] && [ "$n_two" = 0 ] && ok "gpt2-tiny bf16: both attention gradients read the forward's L2 and O (none with LOOM_CUDA_NO_ATTN_LSE=1)" ||
+  bad "gpt2-tiny bf16: $n_saved attention gradients read saved L2 and O (2 expected), $n_two with LOOM_CUDA_NO_ATTN_LSE=1 (0)"
+lse_pair() {   # name, tolerance, command...: the command's $tmp/lse_{1,0}.st with and without the saved L2
+  local name=$1 tol=$2; shift 2
+  "$@" "$tmp/lse_1.st" > "$tmp/log" 2>&1 && LOOM_CUDA_NO_ATTN_LSE=1 "$@" "$tmp/lse_0.st" >> "$tmp/log" 2>&1 &&
+    "$ST_DIFF" "$tmp/lse_1.st" "$tmp/lse_0.st" --rtol $tol > "$tmp/diff" 2>&1 &&
+    ok "$name: saved L2 and O against two passes, within --rtol $tol (largest rel_err $(awk '$1 == "PASS" && $6 + 0 > m { m = $6 + 0 } END { print m + 0 }' "$tmp/diff"))" ||
+    { bad "$name: saved L2 and O against two passes (--rtol $tol)"; tail -5 "$tmp/log"; grep FAIL "$tmp/diff" | head -5; }
+}
+lse_pair "llama-tiny bf16, 2 steps" 2e-2 "$LOOM" train tests/golden/llama-tiny/train_spec.json --backend cuda --precision bf16 \
+  --steps 2 -q --out
+g=tests/golden/mistral-tiny
+python3 -c "import json; print(json.dumps({'model': json.load(open('$g/config.json')), 'precision': 'bf16'}))" > "$tmp/mistral16.json"
+lse_pair "mistral-tiny bf16 (window 8), gradients" 2e-2 "$LOOM" eval "$tmp/mistral16.json" --weights $g/weights.safetensors \
+  --tokens $g/tokens.bin --batch 2 --seq 32 --grads --backend cuda --out
+lse_pair "llama-tiny fp32, 2 steps" 0 "$LOOM" train tests/golden/llama-tiny/train_spec.json --backend cuda --steps 2 -q --out
+sed 's/"n_head": *4/"n_head": 2/' "$tmp/bench16.json" > "$tmp/bench16_d128.json"
+for m in bench16 bench16_d128; do
+  lse_pair "bench-gpt2-small bf16 seq 128 (D $([ $m = bench16 ] && echo 64 || echo 128)), gradients" 2e-2 \
+    "$LOOM" eval "$tmp/$m.json" --weights "$tmp/w.st" --tokens "$tmp/d.bin" --batch 1 --seq 128 --grads --backend cuda --out
+done
 
 # Context parallelism's kernels alone (attn_block.cc: the attention blocks against a double
 # reference, every rank and kv_shift, in both thread orders; rope at global positions),

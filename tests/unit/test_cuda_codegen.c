@@ -226,13 +226,26 @@ static void test_tiny_models(void) {
       /* attention_grad: two steps, the scratch past the plan's arena */
       const RtStep *dq = gs ? find_step(gs, "attention_grad", 0) : NULL;
       const Func *irgs = module_find_func(m, "grad_step");
-      bool ok = dq && dq + 1 < gs->steps + gs->n_steps && strstr(dq->label, "(dq)") && strstr(dq[1].label, "(dk dv)") &&
-                dq->n_in == 4 && dq->n_out == 3 && dq[1].n_in == 6 && dq[1].n_out == 2 && irgs &&
-                dq->bufs[5].offset >= irgs->arena_bytes && dq->bufs[5].storage == RT_ST_F32 &&
-                dq->bufs[5].n == 2 * 4 * 32 && dq->bufs[6].offset >= dq->bufs[5].offset + 4 * dq->bufs[5].n &&
-                dq[1].bufs[4].offset == dq->bufs[5].offset && dq[1].bufs[5].offset == dq->bufs[6].offset &&
-                dq[1].grid[0] == (uint32_t)(2 * (gpt2 ? 4 : 2)) && dq[1].grid[1] == 1;
-      check(ok, "tiny %s: attention_grad is two steps (dq; dk dv) sharing L and Dsum in scratch past the arena",
+      bool ok = dq && dq + 1 < gs->steps + gs->n_steps && strstr(dq[1].label, "(dk dv)") && dq[1].n_in == 6 &&
+                dq[1].n_out == 2 && irgs && dq[1].grid[0] == (uint32_t)(2 * (gpt2 ? 4 : 2)) && dq[1].grid[1] == 1;
+      /* the forward of dq's layer (the last one: the backward runs from the last layer) */
+      const RtStep *fw = NULL;
+      for (int k = 0; gs && k < gs->n_steps; k++)
+        if (!strncmp(gs->steps[k].label, "attention %", 11)) fw = &gs->steps[k];
+      if (bf16)   /* the forward saved L2 and O (f32) in the stats area past the arena; dq one pass (lower_attn.c) */
+        ok = ok && strstr(dq->label, "(dq, saved L2 and O)") && dq->n_in == 6 && dq->n_out == 2 && dq->i[8] == 1 &&
+             fw && fw->n_out == 3 && fw->i[8] == 1 && fw->bufs[4].offset == dq->bufs[4].offset &&
+             fw->bufs[5].offset == dq->bufs[5].offset && dq->bufs[4].offset >= irgs->arena_bytes &&
+             dq->bufs[4].storage == RT_ST_F32 && dq->bufs[4].n == 2 * 4 * 32 && dq->bufs[5].storage == RT_ST_F32 &&
+             dq->bufs[5].n == 2 * 32 * 4 * 16 && dq->bufs[7].offset >= irgs->arena_bytes &&
+             dq[1].bufs[4].offset == dq->bufs[4].offset && dq[1].bufs[5].offset == dq->bufs[7].offset;
+      else   /* f32: two passes, L and Dsum in scratch */
+        ok = ok && strstr(dq->label, "(dq)") && dq->n_in == 4 && dq->n_out == 3 && dq->i[8] == 0 &&
+             dq->bufs[5].offset >= irgs->arena_bytes && dq->bufs[5].storage == RT_ST_F32 &&
+             dq->bufs[5].n == 2 * 4 * 32 && dq->bufs[6].offset >= dq->bufs[5].offset + 4 * dq->bufs[5].n &&
+             dq[1].bufs[4].offset == dq->bufs[5].offset && dq[1].bufs[5].offset == dq->bufs[6].offset;
+      check(ok, "tiny %s: attention_grad is two steps (dq; dk dv) sharing L and Dsum past the arena (bf16: L2 and O saved "
+                "by the forward, dq one pass)",
             label);
       /* bf16: both on tensor cores; dk dv then in tiles of 64 keys */
       char want_dq[64], want_kv[64];

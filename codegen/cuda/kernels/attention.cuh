@@ -28,6 +28,126 @@ LOOM_DEV void loom_fa_load(float *dst, const typename S::T *src, long long row0,
   }
 }
 
+/* The CUDA-core kernels' tile arithmetic, shared by loom_attn_* (here: masks by index, a
+   sliding window) and loom_attnblk_* (attn_block.cuh: masks by global position, context
+   parallelism): the kernels keep their own loops, tile skipping and masks, and call these for
+   the products and the softmax (issue 30 found the two copied; issue 32 made them one).
+   Thread (rg, cg) = (tid / 8, tid % 8) owns rows 4 rg .. 4 rg + 3 of a query tile and the
+   columns cg, cg + 8, ...; in dk dv, (kg, qg) owns keys 2 kg, 2 kg + 1 and queries qg + 8 j.
+   Every element keeps one fixed summation order. */
+
+/* s[i][j] = Q[4 rg + i] . K[cg + 8 j] over d (and with DP, dp[i][j] = dO[4 rg + i] . V[cg + 8 j]) */
+template <int D, int NC, bool DP>
+LOOM_DEV void loom_fa_scores(float (*s)[NC], float (*dp)[NC], const float *sQ, const float *sO, const float *sK,
+                             const float *sV, int rg, int cg) {
+  constexpr int LD = D + 1;
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < NC; j++) {
+      s[i][j] = 0.0f;
+      if (DP) dp[i][j] = 0.0f;
+    }
+#pragma unroll 4
+  for (int d = 0; d < D; d++) {
+    float qv[4], ov[4];
+    for (int i = 0; i < 4; i++) {
+      qv[i] = sQ[(rg * 4 + i) * LD + d];
+      if (DP) ov[i] = sO[(rg * 4 + i) * LD + d];
+    }
+    for (int j = 0; j < NC; j++) {
+      const float kv = sK[(cg + 8 * j) * LD + d];
+      const float vv = DP ? sV[(cg + 8 * j) * LD + d] : 0.0f;
+      for (int i = 0; i < 4; i++) {
+        s[i][j] += qv[i] * kv;
+        if (DP) dp[i][j] += ov[i] * vv;
+      }
+    }
+  }
+}
+
+/* The forward's online softmax for row i of the thread's 4 (s: its 8 scores, scaled, -inf
+   where masked): the running max and sum, p into sP, o rescaled. */
+template <int NJ>
+LOOM_DEV void loom_fa_online(float *s, float &mrow, float &lrow, float *o, float *sProw, int cg) {
+  float mx = -LOOM_INF;
+  for (int j = 0; j < 8; j++) mx = fmaxf(mx, s[j]);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+  const float m_new = fmaxf(mrow, mx), m_use = m_new == -LOOM_INF ? 0.0f : m_new;
+  const float alpha = expf(mrow - m_use);
+  float ps = 0.0f;
+  for (int j = 0; j < 8; j++) {
+    float p = expf(s[j] - m_use);
+    sProw[cg + 8 * j] = p;
+    ps += p;
+  }
+  ps += __shfl_xor_sync(0xffffffffu, ps, 1);
+  ps += __shfl_xor_sync(0xffffffffu, ps, 2);
+  ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+  lrow = lrow * alpha + ps;
+  mrow = m_new;
+  for (int j = 0; j < NJ; j++) o[j] *= alpha;
+}
+
+/* acc[i][j] += sum_c W[4 rg + i][c] X[c][cg + 8 j] over the BN columns c of a tile: O += P V
+   (W = P, X = V) in the forward, dQ += dS K (W = dS, X = K) in dq.  W's rows are BN + 1 apart. */
+template <int D, int BN>
+LOOM_DEV void loom_fa_acc_rows(float (*acc)[D / 8], const float *sW, const float *sX, int rg, int cg) {
+  constexpr int LD = D + 1, NJ = D / 8;
+#pragma unroll 2
+  for (int c = 0; c < BN; c++) {
+    float xv[NJ];
+    for (int j = 0; j < NJ; j++) xv[j] = sX[c * LD + cg + 8 * j];
+    for (int i = 0; i < 4; i++) {
+      const float w = sW[(rg * 4 + i) * (BN + 1) + c];
+      for (int j = 0; j < NJ; j++) acc[i][j] += w * xv[j];
+    }
+  }
+}
+
+/* dk dv: s[i][j] = K[2 kg + i] . Q[qg + 8 j], dp[i][j] = V[2 kg + i] . dO[qg + 8 j] */
+template <int D, int NQ>
+LOOM_DEV void loom_fa_scores_t(float (*s)[NQ], float (*dp)[NQ], const float *sK, const float *sV, const float *sQ,
+                               const float *sO, int kg, int qg) {
+  constexpr int LD = D + 1;
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < NQ; j++) s[i][j] = dp[i][j] = 0.0f;
+#pragma unroll 4
+  for (int d = 0; d < D; d++) {
+    const float kv0 = sK[(kg * 2) * LD + d], kv1 = sK[(kg * 2 + 1) * LD + d];
+    const float vv0 = sV[(kg * 2) * LD + d], vv1 = sV[(kg * 2 + 1) * LD + d];
+    for (int j = 0; j < NQ; j++) {
+      const float qv = sQ[(qg + 8 * j) * LD + d], ov = sO[(qg + 8 * j) * LD + d];
+      s[0][j] += kv0 * qv;
+      s[1][j] += kv1 * qv;
+      dp[0][j] += vv0 * ov;
+      dp[1][j] += vv1 * ov;
+    }
+  }
+}
+
+/* dk dv: dV[i] += sum_r P[2 kg + i][r] dO[r], dK[i] += sum_r dS[2 kg + i][r] Q[r] over the BM
+   queries of the tile (P, dS rows BM + 1 apart). */
+template <int D, int BM>
+LOOM_DEV void loom_fa_acc_keys(float (*dK)[D / 8], float (*dV)[D / 8], const float *sP, const float *sS, const float *sQ,
+                               const float *sO, int kg, int qg) {
+  constexpr int LD = D + 1, NJ = D / 8;
+  for (int r = 0; r < BM; r++) {
+    float ov[NJ], qv[NJ];
+    for (int j = 0; j < NJ; j++) {
+      ov[j] = sO[r * LD + qg + 8 * j];
+      qv[j] = sQ[r * LD + qg + 8 * j];
+    }
+    for (int i = 0; i < 2; i++) {
+      const float p = sP[(kg * 2 + i) * (BM + 1) + r], ds = sS[(kg * 2 + i) * (BM + 1) + r];
+      for (int j = 0; j < NJ; j++) {
+        dV[i][j] += p * ov[j];
+        dK[i][j] += ds * qv[j];
+      }
+    }
+  }
+}
+
 /* Forward: grid (B*H, ceil(T/64)); dynamic smem (64*3*(D+1) + 64*65) floats.
    bufs: q k v -> out;  i: B, T, H, D, S, KV, causal, window;  f: scale */
 template <class SQ, class SK, class SV, class SO, int D>
@@ -60,53 +180,17 @@ LOOM_DEV void loom_attn_fwd(const LoomArgs &a) {
     loom_fa_load<SV, D>(sV, v + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
     __syncthreads();
     float s[4][8];
-    for (int i = 0; i < 4; i++)
-      for (int j = 0; j < 8; j++) s[i][j] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-      float qv[4];
-      for (int i = 0; i < 4; i++) qv[i] = sQ[(rg * 4 + i) * LD + d];
-      for (int j = 0; j < 8; j++) {
-        float kv = sK[(cg + 8 * j) * LD + d];
-        for (int i = 0; i < 4; i++) s[i][j] += qv[i] * kv;
-      }
-    }
+    loom_fa_scores<D, 8, false>(s, nullptr, sQ, nullptr, sK, nullptr, rg, cg);
     for (int i = 0; i < 4; i++) {
       const long long t = m0 + rg * 4 + i;
-      float mx = -LOOM_INF;
       for (int j = 0; j < 8; j++) {
         const long long key = n0 + cg + 8 * j;
         s[i][j] = key < S && (!causal || key <= t) && (W <= 0 || t - key < W) ? s[i][j] * scale : -LOOM_INF;
-        mx = fmaxf(mx, s[i][j]);
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float m_new = fmaxf(mrow[i], mx), m_use = m_new == -LOOM_INF ? 0.0f : m_new;
-      const float alpha = expf(mrow[i] - m_use);
-      float ps = 0.0f;
-      for (int j = 0; j < 8; j++) {
-        float p = expf(s[i][j] - m_use);
-        sP[(rg * 4 + i) * (BN + 1) + cg + 8 * j] = p;
-        ps += p;
-      }
-      ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-      lrow[i] = lrow[i] * alpha + ps;
-      mrow[i] = m_new;
-      for (int j = 0; j < NJ; j++) o[i][j] *= alpha;
+      loom_fa_online<NJ>(s[i], mrow[i], lrow[i], o[i], sP + (rg * 4 + i) * (BN + 1), cg);
     }
     __syncwarp();
-#pragma unroll 2
-    for (int c = 0; c < BN; c++) {
-      float vv[NJ];
-      for (int j = 0; j < NJ; j++) vv[j] = sV[c * LD + cg + 8 * j];
-      for (int i = 0; i < 4; i++) {
-        const float p = sP[(rg * 4 + i) * (BN + 1) + c];
-        for (int j = 0; j < NJ; j++) o[i][j] += p * vv[j];
-      }
-    }
+    loom_fa_acc_rows<D, BN>(o, sP, sV, rg, cg);
   }
   for (int i = 0; i < 4; i++) {
     const long long t = m0 + rg * 4 + i;
@@ -156,23 +240,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
       loom_fa_load<SV, D>(sV, v + ((b * S + n0) * KV + kvh) * D, 0, S - n0, KV * D, BN);
       __syncthreads();
       float s[4][NC], dp[4][NC];
-      for (int i = 0; i < 4; i++)
-        for (int j = 0; j < NC; j++) s[i][j] = dp[i][j] = 0.0f;
-#pragma unroll 4
-      for (int d = 0; d < D; d++) {
-        float qv[4], ov[4];
-        for (int i = 0; i < 4; i++) {
-          qv[i] = sQ[(rg * 4 + i) * LD + d];
-          ov[i] = sO[(rg * 4 + i) * LD + d];
-        }
-        for (int j = 0; j < NC; j++) {
-          const float kv = sK[(cg + 8 * j) * LD + d], vv = sV[(cg + 8 * j) * LD + d];
-          for (int i = 0; i < 4; i++) {
-            s[i][j] += qv[i] * kv;
-            dp[i][j] += ov[i] * vv;
-          }
-        }
-      }
+      loom_fa_scores<D, NC, true>(s, dp, sQ, sO, sK, sV, rg, cg);
       for (int i = 0; i < 4; i++) {
         const long long t = m0 + rg * 4 + i;
         for (int j = 0; j < NC; j++) {
@@ -209,14 +277,7 @@ LOOM_DEV void loom_attn_bwd_dq(const LoomArgs &a) {
       }
       if (pass == 1) {
         __syncwarp();
-        for (int c = 0; c < BN; c++) {
-          float kv[NJ];
-          for (int j = 0; j < NJ; j++) kv[j] = sK[c * LD + cg + 8 * j];
-          for (int i = 0; i < 4; i++) {
-            const float ds = sS[(rg * 4 + i) * (BN + 1) + c];
-            for (int j = 0; j < NJ; j++) acc[i][j] += ds * kv[j];
-          }
-        }
+        loom_fa_acc_rows<D, BN>(acc, sS, sK, rg, cg);
       }
     }
     if (pass == 0)
@@ -281,20 +342,7 @@ LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
       }
       __syncthreads();
       float s[2][NQ], dp[2][NQ];
-      for (int i = 0; i < 2; i++)
-        for (int j = 0; j < NQ; j++) s[i][j] = dp[i][j] = 0.0f;
-#pragma unroll 4
-      for (int d = 0; d < D; d++) {
-        const float kv0 = sK[(kg * 2) * LD + d], kv1 = sK[(kg * 2 + 1) * LD + d];
-        const float vv0 = sV[(kg * 2) * LD + d], vv1 = sV[(kg * 2 + 1) * LD + d];
-        for (int j = 0; j < NQ; j++) {
-          const float qv = sQ[(qg + 8 * j) * LD + d], ov = sO[(qg + 8 * j) * LD + d];
-          s[0][j] += kv0 * qv;
-          s[1][j] += kv1 * qv;
-          dp[0][j] += vv0 * ov;
-          dp[1][j] += vv1 * ov;
-        }
-      }
+      loom_fa_scores_t<D, NQ>(s, dp, sK, sV, sQ, sO, kg, qg);
       for (int i = 0; i < 2; i++) {
         const long long key = n0 + kg * 2 + i;
         for (int j = 0; j < NQ; j++) {
@@ -307,20 +355,7 @@ LOOM_DEV void loom_attn_bwd_dkdv(const LoomArgs &a) {
         }
       }
       __syncwarp();
-      for (int r = 0; r < BM; r++) {
-        float ov[NJ], qv[NJ];
-        for (int j = 0; j < NJ; j++) {
-          ov[j] = sO[r * LD + qg + 8 * j];
-          qv[j] = sQ[r * LD + qg + 8 * j];
-        }
-        for (int i = 0; i < 2; i++) {
-          const float p = sP[(kg * 2 + i) * (BM + 1) + r], ds = sS[(kg * 2 + i) * (BM + 1) + r];
-          for (int j = 0; j < NJ; j++) {
-            dV[i][j] += p * ov[j];
-            dK[i][j] += ds * qv[j];
-          }
-        }
-      }
+      loom_fa_acc_keys<D, BM>(dK, dV, sP, sS, sQ, sO, kg, qg);
     }
   }
   for (int i = 0; i < 2; i++) {
@@ -555,8 +590,11 @@ LOOM_DEV void loom_frag_split(const float (*acc)[4], int j0, unsigned hi[4], uns
    within a (batch, head) are 32-bit (the lowering checks T*H*D and S*KV*D < 2^31).  A
    sliding window (W > 0): the key tiles before the window of the block's first query are
    not visited, tiles crossing the window's edge are masked.
+   With i[8] = 1 (a gradient op of the same function reads them: lower_attn.c) it also saves
+   each row's log-sum-exp in base 2 (L2 = m c2 + log2 l, +inf for a row that sees no key) and
+   O before its rounding to the output's format (f32), for loom_attn_bwd_dq_tc's one pass.
    grid (B*H, ceil(T/64)); dynamic smem 2 stages * 2 * 64 * (D+8) * 2 bytes.
-   bufs: q k v -> out;  i: B, T, H, D, S, KV, causal, window;  f: scale */
+   bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window[, save];  f: scale */
 template <class SQ, class SK, class SV, class SO, int D>
 LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
   constexpr bool BF = SQ::is_bf16;
@@ -711,6 +749,10 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
     else tile(true, n0, st);
     __syncthreads();   /* every warp is done with this stage before it is loaded again */
   }
+  /* i[8]: also L2 -> buf 4 and O in f32 -> buf 5 (read here, after the loop: no registers held
+     through it) */
+  const bool save = a.i[8] != 0;
+  float *Lsave = (float *)a.buf[4], *Osave = (float *)a.buf[5];
   #pragma unroll
   for (int hr = 0; hr < 2; hr++) {
     float l = lsum[hr];
@@ -724,6 +766,14 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
     for (int d = 0; d < ND; d++) {
       SO::st(out, at + 8 * d, o[d][2 * hr] * inv);
       SO::st(out, at + 8 * d + 1, o[d][2 * hr + 1] * inv);
+    }
+    if (save) {   /* for the gradient: L2 as loom_attn_bwd_dq_tc's pass 1 has it, O unrounded */
+      if (t2 == 0) Lsave[(long long)bh * T + row] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
+      #pragma unroll
+      for (int d = 0; d < ND; d++) {
+        Osave[at + 8 * d] = o[d][2 * hr] * inv;
+        Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
+      }
     }
   }
 }
@@ -751,8 +801,11 @@ LOOM_DEV void loom_tc_async(unsigned short *dst, const unsigned short *src, int 
    ldmatrix.trans.  Masked only on tiles that cross the diagonal or the end of the keys;
    32-bit indices within a (batch, head).  A sliding window as the forward's.  L2 and Dsum
    go to scratch for part 2.
+   With i[8] = 1 the forward saved L2 and O (f32; loom_attn_fwd_tc): Dsum = dout . O, and the
+   one pass is pass 2 (FlashAttention-2's dq: 3 tile products a key tile, not 5).
    grid (B*H, ceil(T/64)); dynamic smem 2 stages * 2 * BN * (D+8) * 2 bytes.
-   bufs: dout q k v -> dq L2 Dsum;  i: B, T, H, D, S, KV, causal, window;  f: scale */
+   bufs: dout q k v -> dq L2 Dsum;  i: B, T, H, D, S, KV, causal, window;  f: scale
+   (i[8] = 1: dout q k v L2 O -> dq Dsum) */
 template <class SDO, class SQ, class SK, class SV, class SDQ, int D>
 LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
   constexpr bool BF = SQ::is_bf16;
@@ -771,8 +824,10 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
   const long long qbase = ((long long)b * T * H + h) * D, kbase = ((long long)b * S * KV + kvh) * D;
   const unsigned short *dout = LOOM_IN(SDO, 0) + qbase, *q = LOOM_IN(SQ, 1) + qbase;
   const unsigned short *k = LOOM_IN(SK, 2) + kbase, *v = LOOM_IN(SV, 3) + kbase;
-  typename SDQ::T *dq = LOOM_OUT(SDQ, 4);
-  float *Lout = (float *)a.buf[5], *Dout = (float *)a.buf[6];
+  const bool saved = a.i[8] != 0;   /* i[8]: L2 and O saved by the forward (one pass) */
+  typename SDQ::T *dq = LOOM_OUT(SDQ, saved ? 6 : 4);
+  float *Lout = (float *)a.buf[saved ? 4 : 5], *Dout = (float *)a.buf[saved ? 7 : 6];
+  const float *Osaved = saved ? (const float *)a.buf[5] : nullptr;
   const int n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S, n_first = (int)loom_win_first(m0, W, BN);
   const int nk = n_end > n_first ? (n_end - n_first + BN - 1) / BN : 0;
   auto load = [&](int st, int n0) {
@@ -803,6 +858,28 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     kmin[hr] = W > 0 ? row - W + 1 : 0;
     kmax[hr] = causal && row + 1 < S ? row + 1 : S;
   }
+  if (saved)   /* L2 as the forward saved it; Dsum = dout . O over this thread's columns, then the quad's */
+    #pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+      const int row = hr ? r1 : r0;
+      float dd = 0.0f;
+      if (row < T) {
+        const float *orow = Osaved + ((long long)b * T + row) * H * D + (long long)h * D;
+        #pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+          #pragma unroll
+          for (int half = 0; half < 2; half++) {
+            const unsigned x = of[kk][hr + 2 * half];
+            const float *oo = orow + 16 * kk + 8 * half + t2;
+            dd = __fmaf_rn(loom_half_lo<BF>(x), oo[0], dd);
+            dd = __fmaf_rn(loom_half_hi<BF>(x), oo[1], dd);
+          }
+      }
+      dd += __shfl_xor_sync(0xffffffffu, dd, 1);
+      dd += __shfl_xor_sync(0xffffffffu, dd, 2);
+      dsum[hr] = dd;
+      mrow[hr] = row < T ? Lout[(long long)bh * T + row] : LOOM_INF;
+    }
   const int lr = lane & 7, lm = lane >> 3;
   const int boff = (8 * (lm >> 1) + lr) * LD + 8 * (lm & 1);   /* K, V as B of S, dP: key blocks j, j+1 x d halves */
   const int toff = (8 * (lm & 1) + lr) * LD + 8 * (lm >> 1);   /* K^T as B of dQ: key halves x d blocks d, d+1 */
@@ -884,9 +961,10 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
         }
       }
   };
-  for (int i = 0, st = 0; i < 2 * nk; i++, st ^= 1) {
+  const int n_items = saved ? nk : 2 * nk, i_p2 = saved ? 0 : nk;   /* items from i_p2 on: pass 2 */
+  for (int i = 0, st = 0; i < n_items; i++, st ^= 1) {
     const int n0 = n_first + (i % nk) * BN;
-    if (i + 1 < 2 * nk) {
+    if (i + 1 < n_items) {
       load(st ^ 1, n_first + ((i + 1) % nk) * BN);
       loom_cp_wait<1>();
     } else {
@@ -894,7 +972,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     }
     __syncthreads();
     const bool edge = !(n0 < interior_end && n0 + BN <= S && n0 >= window_start);
-    if (i < nk) {
+    if (i < i_p2) {
       if (edge) item(true, false, n0, st);
       else item(false, false, n0, st);
       if (i == nk - 1)
@@ -925,7 +1003,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
       SDQ::st(dq, at + 8 * d + 1, acc[d][2 * hr + 1]);
     }
     if (t2 == 0) {
-      Lout[(long long)bh * T + row] = nk > 0 ? mrow[hr] : LOOM_INF;
+      if (!saved) Lout[(long long)bh * T + row] = nk > 0 ? mrow[hr] : LOOM_INF;
       Dout[(long long)bh * T + row] = nk > 0 ? dsum[hr] : 0.0f;
     }
   }

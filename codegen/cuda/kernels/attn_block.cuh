@@ -2,8 +2,10 @@
    Ring attention's pieces (context parallelism; ops.def attention_block and
    attention_block_grad, defined by ir/interp_ops.c): the queries of this rank against one
    block of keys, on CUDA cores in f32, with the tiles and thread layout of loom_attn_fwd,
-   loom_attn_bwd_dq and loom_attn_bwd_dkdv.  What differs is the causal mask: it compares
-   global positions (ir_seq_pos), not indices.  i: B, Tq, H, D, Tk, KV, causal, seq axis + 1,
+   loom_attn_bwd_dq and loom_attn_bwd_dkdv, and their tile arithmetic (loom_fa_scores,
+   loom_fa_online, loom_fa_acc_rows, loom_fa_scores_t, loom_fa_acc_keys of attention.cuh: one
+   copy).  What differs is the causal mask: it compares global positions (ir_seq_pos), not
+   indices.  i: B, Tq, H, D, Tk, KV, causal, seq axis + 1,
    seq_n, zigzag, kv_shift, c, window;  f: scale.  window = i[12] > 0: a key is also hidden
    when it lies window or more positions before the query (a tile before every row's window
    is skipped like a tile past the causal diagonal).
@@ -101,53 +103,17 @@ LOOM_DEV void loom_attnblk_fwd(const LoomArgs &a) {
     for (int j = tid; j < BN; j += LOOM_FA_THREADS) sKp[j] = n0 + j < Tk ? kr.at(n0 + j) : -1;   /* -1: no key */
     __syncthreads();
     float s[4][8];
-    for (int i = 0; i < 4; i++)
-      for (int j = 0; j < 8; j++) s[i][j] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-      float qv[4];
-      for (int i = 0; i < 4; i++) qv[i] = sQ[(rg * 4 + i) * LD + d];
-      for (int j = 0; j < 8; j++) {
-        float kv = sK[(cg + 8 * j) * LD + d];
-        for (int i = 0; i < 4; i++) s[i][j] += qv[i] * kv;
-      }
-    }
+    loom_fa_scores<D, 8, false>(s, nullptr, sQ, nullptr, sK, nullptr, rg, cg);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-      float mx = -LOOM_INF;
       for (int j = 0; j < 8; j++) {
         const long long kp = sKp[cg + 8 * j];
         s[i][j] = kp >= 0 && (!causal || kp <= qpos[i]) && (W <= 0 || qpos[i] - kp < W) ? s[i][j] * scale : -LOOM_INF;
-        mx = fmaxf(mx, s[i][j]);
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float m_new = fmaxf(mrow[i], mx), m_use = m_new == -LOOM_INF ? 0.0f : m_new;
-      const float alpha = expf(mrow[i] - m_use);
-      float ps = 0.0f;
-      for (int j = 0; j < 8; j++) {
-        float p = expf(s[i][j] - m_use);
-        sP[(rg * 4 + i) * (BN + 1) + cg + 8 * j] = p;
-        ps += p;
-      }
-      ps += __shfl_xor_sync(0xffffffffu, ps, 1);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 2);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-      lrow[i] = lrow[i] * alpha + ps;
-      mrow[i] = m_new;
-      for (int j = 0; j < NJ; j++) o[i][j] *= alpha;
+      loom_fa_online<NJ>(s[i], mrow[i], lrow[i], o[i], sP + (rg * 4 + i) * (BN + 1), cg);
     }
     __syncwarp();
-#pragma unroll 2
-    for (int c = 0; c < BN; c++) {
-      float vv[NJ];
-      for (int j = 0; j < NJ; j++) vv[j] = sV[c * LD + cg + 8 * j];
-      for (int i = 0; i < 4; i++) {
-        const float p = sP[(rg * 4 + i) * (BN + 1) + c];
-        for (int j = 0; j < NJ; j++) o[i][j] += p * vv[j];
-      }
-    }
+    loom_fa_acc_rows<D, BN>(o, sP, sV, rg, cg);
   }
 #pragma unroll
   for (int i = 0; i < 4; i++) {
@@ -207,23 +173,7 @@ LOOM_DEV void loom_attnblk_dq(const LoomArgs &a) {
     for (int j = tid; j < BN; j += LOOM_FA_THREADS) sKp[j] = n0 + j < Tk ? kr.at(n0 + j) : -1;
     __syncthreads();
     float s[4][NC], dp[4][NC];
-    for (int i = 0; i < 4; i++)
-      for (int j = 0; j < NC; j++) s[i][j] = dp[i][j] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d++) {
-      float qv[4], ov[4];
-      for (int i = 0; i < 4; i++) {
-        qv[i] = sQ[(rg * 4 + i) * LD + d];
-        ov[i] = sO[(rg * 4 + i) * LD + d];
-      }
-      for (int j = 0; j < NC; j++) {
-        const float kv = sK[(cg + 8 * j) * LD + d], vv = sV[(cg + 8 * j) * LD + d];
-        for (int i = 0; i < 4; i++) {
-          s[i][j] += qv[i] * kv;
-          dp[i][j] += ov[i] * vv;
-        }
-      }
-    }
+    loom_fa_scores<D, NC, true>(s, dp, sQ, sO, sK, sV, rg, cg);
 #pragma unroll
     for (int i = 0; i < 4; i++)
       for (int j = 0; j < NC; j++) {
@@ -233,14 +183,7 @@ LOOM_DEV void loom_attnblk_dq(const LoomArgs &a) {
         sS[(rg * 4 + i) * (BN + 1) + cg + 8 * j] = p * (dp[i][j] - drow[i]) * scale;
       }
     __syncwarp();   /* a row's ds are written and read by the 8 lanes of its row group */
-    for (int c = 0; c < BN; c++) {
-      float kv[NJ];
-      for (int j = 0; j < NJ; j++) kv[j] = sK[c * LD + cg + 8 * j];
-      for (int i = 0; i < 4; i++) {
-        const float ds = sS[(rg * 4 + i) * (BN + 1) + c];
-        for (int j = 0; j < NJ; j++) acc[i][j] += ds * kv[j];
-      }
-    }
+    loom_fa_acc_rows<D, BN>(acc, sS, sK, rg, cg);
   }
 #pragma unroll
   for (int i = 0; i < 4; i++) {
@@ -303,20 +246,7 @@ LOOM_DEV void loom_attnblk_dkdv(const LoomArgs &a) {
       }
       __syncthreads();
       float s[2][NQ], dp[2][NQ];
-      for (int i = 0; i < 2; i++)
-        for (int j = 0; j < NQ; j++) s[i][j] = dp[i][j] = 0.0f;
-#pragma unroll 4
-      for (int d = 0; d < D; d++) {
-        const float kv0 = sK[(kg * 2) * LD + d], kv1 = sK[(kg * 2 + 1) * LD + d];
-        const float vv0 = sV[(kg * 2) * LD + d], vv1 = sV[(kg * 2 + 1) * LD + d];
-        for (int j = 0; j < NQ; j++) {
-          const float qv = sQ[(qg + 8 * j) * LD + d], ov = sO[(qg + 8 * j) * LD + d];
-          s[0][j] += kv0 * qv;
-          s[1][j] += kv1 * qv;
-          dp[0][j] += vv0 * ov;
-          dp[1][j] += vv1 * ov;
-        }
-      }
+      loom_fa_scores_t<D, NQ>(s, dp, sK, sV, sQ, sO, kg, qg);
 #pragma unroll
       for (int i = 0; i < 2; i++)
         for (int j = 0; j < NQ; j++) {
@@ -327,20 +257,7 @@ LOOM_DEV void loom_attnblk_dkdv(const LoomArgs &a) {
           sS[(kg * 2 + i) * (BM + 1) + r] = p * (dp[i][j] - sD[r]) * scale;
         }
       __syncwarp();   /* a key's p and ds are written and read by the 8 lanes of its key group */
-      for (int r = 0; r < BM; r++) {
-        float ov[NJ], qv[NJ];
-        for (int j = 0; j < NJ; j++) {
-          ov[j] = sO[r * LD + qg + 8 * j];
-          qv[j] = sQ[r * LD + qg + 8 * j];
-        }
-        for (int i = 0; i < 2; i++) {
-          const float p = sP[(kg * 2 + i) * (BM + 1) + r], ds = sS[(kg * 2 + i) * (BM + 1) + r];
-          for (int j = 0; j < NJ; j++) {
-            dV[i][j] += p * ov[j];
-            dK[i][j] += ds * qv[j];
-          }
-        }
-      }
+      loom_fa_acc_keys<D, BM>(dK, dV, sP, sS, sQ, sO, kg, qg);
     }
   }
 #pragma unroll
