@@ -15,7 +15,12 @@
 #             LOOM_PROFILE table for GPT-2 124M and the Llama-1B shape ($OUT/profile/);
 #   stepgraph check 16 (issue 31): one CUDA graph a step and the tied embedding's gradient,
 #             bit for bit (within the rule) the programs without them, then GPT-2 124M's step
-#             with and without the step's graph.
+#             with and without the step's graph;
+#   gemmtune  check 15 (issue 31): GPT-2 124M's step with the GEMM algorithms timed at
+#             start-up (LOOM_CUDA_GEMM_TUNE=verbose: each shape's candidates in the log; an empty
+#             tuning cache, so the first run's start-up shows the cost) and without (=0);
+#   hwprofile check 7's per-category efficiencies from the torch phase's profiles (run after
+#             torch): $OUT/hw-profile.json, and --time with it beside the measured step.
 # Each check gets a timeout from what is left of SECONDS, so the script ends by itself inside
 # the call's limit. Every finished check's log is appended to $OUT/all.log at once (what a
 # killed run did finish still comes back); $OUT/summary.txt has one line a check.
@@ -99,6 +104,13 @@ fi
 if [[ $PHASES == *stepgraph* ]]; then   # check 16 (branch cudabytes)
   check stepgraph-correct 200 "set -e; for p in fp32 bf16; do for v in X=1 LOOM_CUDA_STEP_GRAPH=0 LOOM_CUDA_GRAPH=0 LOOM_CUDA_NO_TIED_GRAD=1 LOOM_CUDA_NO_EMBED_POS=1; do env \$v LOOM_CUDA_FUSE_BF16=1 $B/loom train $g/gpt2-tiny/train_spec.json --backend cuda --precision \$p --steps 3 -q --out /tmp/sg-\$p-\${v%%=*}.st; done; for k in LOOM_CUDA_STEP_GRAPH LOOM_CUDA_GRAPH LOOM_CUDA_NO_EMBED_POS; do $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-\$k.st --rtol 0; done; t=1e-5; [ \$p = bf16 ] && t='2e-2 --atol 0.06'; $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-LOOM_CUDA_NO_TIED_GRAD.st --rtol \$t; done"
   check stepgraph-speed 300 "for v in X=1 LOOM_CUDA_STEP_GRAPH=0; do echo \"-- \$v\"; env \$v LOOM_CUDA_FUSE_BF16=1 TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
+fi
+if [[ $PHASES == *gemmtune* ]]; then   # check 15
+  check gemmtune 300 "for v in 0 verbose; do echo \"-- LOOM_CUDA_GEMM_TUNE=\$v\"; LOOM_CACHE_DIR=/tmp/gemmtune-cache LOOM_CUDA_GEMM_TUNE=\$v TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
+fi
+if [[ $PHASES == *hwprofile* ]]; then   # check 7's categories (after torch)
+  hwf=models/hardware/h200.json; nvidia-smi -L 2>/dev/null | grep -q H100 && hwf=models/hardware/h100-sxm.json
+  check hwprofile 60 "set -e; python3 bench/hw_from_profile.py $OUT/profile/gpt2-124M.txt $hwf $OUT/hw-profile.json $OUT/profile/llama-1B.txt; $B/loom ir models/gpt2-124M.json --passes=train,lower --target cuda --batch 16 --seq 1024 --precision bf16 --vocab-multiple 128 --time --hw $OUT/hw-profile.json"
 fi
 if [[ $PHASES == *sanitize* ]]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
