@@ -253,6 +253,7 @@ typedef struct {
   int64_t L;
   int n, next;
   pthread_mutex_t lock;
+  PlanProgress progress;   /* reference jobs started of n (plan_internal.h) */
 } RefJobs;
 
 static void *ref_worker(void *arg) {
@@ -260,6 +261,9 @@ static void *ref_worker(void *arg) {
   for (;;) {
     pthread_mutex_lock(&r->lock);
     int j = r->next++;
+    if (j < r->n)
+      plan_progress_say(&r->progress, now_s(), "loom plan: compiling the layer programs' references: %d of %d (%d compiles)",
+                        j, r->n, r->x->compiles);
     pthread_mutex_unlock(&r->lock);
     if (j >= r->n) break;
     LayerProg *p = &r->ps->p[j / 6];
@@ -659,6 +663,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   /* the references, on every thread: job j is program j / 6's dp figures (j % 6 < 2: dp =
      1, 2) or its dp collectives (ZeRO stage j % 6 - 2) */
   RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 6 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
+  plan_progress_init(&rj.progress, rq->progress, isatty(STDERR_FILENO) == 1, t_start);
   {
     int nt = threads_to_use();
     pthread_t th[64];
@@ -667,6 +672,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
       if (!pthread_create(&th[started], NULL, ref_worker, &rj)) started++;
     ref_worker(&rj);
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    plan_progress_end(&rj.progress);
   }
   if (getenv("LOOM_PLAN_DEBUG"))
     fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
