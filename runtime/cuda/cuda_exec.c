@@ -1105,6 +1105,22 @@ static bool graphed(const CudaProgram *cp, int f) {
   return fn->n_steps > 0;
 }
 
+/* Ends the stream's capture and, when the captured launches all went well (ok), instantiates
+   it: the runnable graph, or NULL where the driver refused either (the caller runs step by
+   step from then on). */
+static CUgraphExec end_capture(const CudaDriverApi *d, CUstream stream, bool ok) {
+  CUgraph g = NULL;
+  CUresult r = d->cuStreamEndCapture(stream, &g);
+  CUgraphExec exec = NULL;
+  if (ok && r == CUDA_SUCCESS && g) r = d->cuGraphInstantiate(&exec, g, 0);
+  if (g) d->cuGraphDestroy(g);
+  if (r != CUDA_SUCCESS && exec) {
+    d->cuGraphExecDestroy(exec);
+    exec = NULL;
+  }
+  return exec;
+}
+
 /* Captures function f's steps into cp->graph[f].  A capture the driver refuses (an operation
    it cannot record) is not an error: the function runs step by step from then on
    (graph_off); the steps ran nowhere during the capture. */
@@ -1117,16 +1133,8 @@ static int capture(CudaProgram *cp, int f, char *err, size_t errlen) {
   char step_err[512] = "";
   int rc = 0;
   for (int s = 0; !rc && s < cp->p->funcs[f].n_steps; s++) rc = run_step(cp, f, s, step_err, sizeof step_err);
-  CUgraph g = NULL;
-  CUresult r = d->cuStreamEndCapture(stream, &g);
-  CUgraphExec exec = NULL;
-  if (!rc && r == CUDA_SUCCESS && g) r = d->cuGraphInstantiate(&exec, g, 0);
-  if (g) d->cuGraphDestroy(g);
-  if (rc || r != CUDA_SUCCESS || !exec) {
-    if (exec) d->cuGraphExecDestroy(exec);
-    cp->graph_off[f] = true;
-    return 0;
-  }
+  CUgraphExec exec = end_capture(d, stream, rc == 0);
+  if (!exec) cp->graph_off[f] = true;
   cp->graph[f] = exec;
   return 0;
 }
@@ -1311,16 +1319,8 @@ static void step_capture(CudaProgram *cp, int fg, int fo, int64_t n) {
     return;
   }
   int rc = step_issue(cp, fg, fo, n, e, sizeof e);
-  CUgraph g = NULL;
-  CUresult r = d->cuStreamEndCapture(stream, &g);
-  CUgraphExec exec = NULL;
-  if (!rc && r == CUDA_SUCCESS && g) r = d->cuGraphInstantiate(&exec, g, 0);
-  if (g) d->cuGraphDestroy(g);
-  if (rc || r != CUDA_SUCCESS || !exec) {
-    if (exec) d->cuGraphExecDestroy(exec);
-    cp->step_graph_off = true;
-    return;
-  }
+  CUgraphExec exec = end_capture(d, stream, rc == 0);
+  if (!exec) cp->step_graph_off = true;
   cp->step_graph = exec;
 }
 
