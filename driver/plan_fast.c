@@ -634,6 +634,38 @@ static void *fast_worker(void *arg) {
   return NULL;
 }
 
+/* The candidates' estimates, a block at a time; a candidate whose program could not be
+   compiled is screened first (its own compile gives the reason, as the exhaustive search's
+   does). */
+typedef struct {
+  Ctx *x;
+  const PlanRequest *rq;
+  Programs *ps;
+  Cand *cs;
+  int n, next;
+  pthread_mutex_t lock;
+} EstJobs;
+
+static void *est_worker(void *arg) {
+  EstJobs *e = arg;
+  for (;;) {
+    pthread_mutex_lock(&e->lock);
+    int from = e->next;
+    e->next += 256;
+    pthread_mutex_unlock(&e->lock);
+    if (from >= e->n) break;
+    for (int i = from; i < e->n && i < from + 256; i++) {
+      Cand *c = &e->cs[i];
+      Figures f;
+      LayerProg *p = program_of(e->ps, c);
+      if (figures_at(p, c->dp, &f)) estimate(e->x, e->rq, &f, &p->z[c->zero], c);
+      else c->est_s = 0, c->est_mem = 0;
+      c->pruned = false, c->has_first = false;
+    }
+  }
+  return NULL;
+}
+
 /* By estimated step; a recomputing candidate after its layout without recomputation (which
    it waits for), whatever their estimates. */
 static const Cand *sort_base;
@@ -700,14 +732,16 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
                   (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, k + 1, ps.p[i].f[k].g_la,
                   ps.p[i].f[k].g_lb, ps.p[i].f[k].g_ba, ps.p[i].f[k].g_bb, ps.p[i].f[k].o_l, ps.p[i].f[k].s_l,
                   ps.p[i].f[k].a_la, ps.p[i].f[k].a_lb);
-  /* estimates; a candidate whose program could not be compiled is screened first (its own
-     compile gives the reason, as the exhaustive search's does) */
-  for (int i = 0; i < n; i++) {
-    Figures f;
-    LayerProg *p = program_of(&ps, &cs[i]);
-    if (figures_at(p, cs[i].dp, &f)) estimate(x, rq, &f, &p->z[cs[i].zero], &cs[i]);
-    else cs[i].est_s = 0, cs[i].est_mem = 0;
-    cs[i].pruned = false, cs[i].has_first = false;
+  /* estimates, on every thread (each simulates its pipeline schedule) */
+  {
+    EstJobs ej = {.x = x, .rq = rq, .ps = &ps, .cs = cs, .n = n, .lock = PTHREAD_MUTEX_INITIALIZER};
+    int nt = threads_to_use();
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 1; t < nt && t < 64; t++)
+      if (!pthread_create(&th[started], NULL, est_worker, &ej)) started++;
+    est_worker(&ej);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   }
   *programs = ps.n;
   free(ps.p);
