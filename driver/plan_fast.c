@@ -36,7 +36,22 @@
  * exhaustive search's wherever the estimates are within the margin of the screened figures;
  * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Where it stands (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
+ * Where it stands (2026-11-28, third session).  The screening is deterministic (fast_worker:
+ * the same candidates, compiles and table every run; the counts had varied with the threads'
+ * timing).  A compile's interior pipeline chunks are lowered once (ir/hash.c ignores the
+ * numbers in names, passes/lower_memo.c shares a module's equal functions' figures), the
+ * shard pass's reshard cache is bucketed, and the estimates run on every thread: Llama-3-70B
+ * on 4,096 at 4M tokens is 1,081 compiles, about 10 s of CPU on a loaded 2-core machine (it
+ * was about 12-13 s there), Llama-3.1-405B on 16,384 at 16M 1,963 compiles, about 55-60 s
+ * (was 66-68 s).  What a compile costs now is mostly the pipeline and shard passes over
+ * modules of pp x v and 2 pp x v layers.  What the compiles are spent on at 405B: 434
+ * candidates screened and 372 screened by the exact phase, 316 of those 372 far out of
+ * memory.  The memory estimate is the lever: against the screened memory it is 1.3-6.7x
+ * under for dualpipev and zb-h1 with full recomputation (their W pass holds the recomputed
+ * activations: rcm = 0.15 is wrong there) and 0.3-2.5x for selective; a screened candidate's
+ * first compile rarely exceeds 1.5 x the device alone (resolve stops there when it does).
+ *
+ * Before (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
  * table on tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and
  * full recomputation fixed), GPT-2 124M on 8 H100s at 0.5M tokens and Llama-1B on 64 H100s at
  * 1M tokens (both with --target cpu: on the CUDA target the exhaustive search's own check of
