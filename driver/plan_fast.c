@@ -97,6 +97,10 @@
    MEM_MARGIN is above 1.5 x the device (as the exact phase judges "far"). */
 #define STEP_MARGIN 0.10
 #define MEM_MARGIN 0.4
+/* The part of a layer's activations (as held without recomputation) that a chunk holds
+   from its B to its W with recomputation (zb-h1, dualpipev): measured against the screened
+   memory, below. */
+#define W_HOLD 0.25
 
 /* A layer program's figures at one dp, each linear in the layers (per layer "l", the rest
    "b") and in the sequences a micro-batch holds (a fixed part a, a part b a sequence). */
@@ -351,6 +355,29 @@ static const int *split_of(int C, int Lm, double head) {
   return r;
 }
 
+/* The activations a pp rank holds at its peak, in chunks' worth of a micro-batch's
+   activations without recomputation, walking each rank's actions in order as
+   schedule_simulate runs them: a chunk whose forward ran and backward (B) did not holds
+   rcm of them; with the backward split (zb-h1, dualpipev) and recomputation, one whose B
+   ran and W did not holds w of them (B recomputes the forward, and W needs the recomputed
+   inputs of the layers' matmuls).  Without the split (or w = 0) this is rcm x the
+   simulation's peak_f. */
+static double held_chunks(const Schedule *s, double rcm, double w) {
+  double most = 0;
+  for (int r = 0; r < s->p; r++) {
+    int f = 0, wl = 0;
+    for (int i = 0; i < s->n[r]; i++) {
+      int k = s->acts[r][i].kind;
+      if (k == ACT_F) f++;
+      else if (k == ACT_B) f--, wl += s->split_bw;
+      else wl--;
+      double h = rcm * f + (s->split_bw ? w * wl : 0);
+      most = h > most ? h : most;
+    }
+  }
+  return most;
+}
+
 /* The estimated step and memory of c from its layer program's figures at its dp. */
 static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, const DpComm *dc, Cand *c) {
   const Hardware *hw = x->hw;
@@ -427,9 +454,7 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
       }
       if (ok && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
         ms[j] = sim.makespan;
-        int most = 0;
-        for (int r = 0; r < s.p; r++) most = sim.peak_f[r] > most ? sim.peak_f[r] : most;
-        inflight = (double)most / (double)c->v;   /* chunks held, in stages' worth */
+        inflight = held_chunks(&s, rcm, c->rc == RECOMPUTE_FULL ? W_HOLD : 0) / (double)c->v;   /* stages' worth */
         sim_result_free(&sim, s.p);
       } else {
         ok = false;
@@ -477,7 +502,7 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
      flight, the rest of the arena once */
   double state = (p->s_b + (double)L * p->s_l) / (double)c->pp;
   double share = c->zero == 0 ? 1 : c->zero == 1 ? (8 + 8 / dp) / 16 : c->zero == 2 ? (4 + 12 / dp) / 16 : 1 / dp;
-  double act = n_stage * (p->a_la + p->a_lb * q) * rcm * inflight + (p->a_ba + p->a_bb * q);
+  double act = n_stage * (p->a_la + p->a_lb * q) * (c->pp > 1 ? 1 : rcm) * inflight + (p->a_ba + p->a_bb * q);
   c->est_mem = state * share + act;
   if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 2) {
     char lay[160];
@@ -601,7 +626,13 @@ static void *fast_worker(void *arg) {
     double th = f->thr_at[k > LAG ? k - LAG : 0];
     if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
       if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
-      else c->pruned = true, c->step_s = f->cs[o].step_s, c->mem = 0, c->fits = false, f->pruned++;
+      else {
+        /* o's bound, and its own memory estimate past the margin (the bound the exact phase
+           judges "far" by, as for a candidate set aside at its estimate): so the exact phase
+           does not screen in full one the estimate puts far out of memory */
+        c->pruned = true, c->step_s = f->cs[o].step_s, c->fits = false, f->pruned++;
+        c->mem = c->est_mem * MEM_MARGIN > far ? c->est_mem * MEM_MARGIN : 0;
+      }
       fast_finish(f, i);
       pthread_mutex_unlock(&f->lock);
       continue;
