@@ -34,7 +34,7 @@
 
 #include "ir/schedule.h"
 #include "runtime/comm/comm_nccl.h"
-#include "runtime/exec/exec_cuda_mesh.h"
+#include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/exec.h"
 
 typedef struct {
@@ -493,8 +493,8 @@ static void fill_pieces(CudaRank *r, int64_t n, const int32_t *inputs, const int
   int64_t BT = r->whole_n;
   for (int64_t g = 0; g < n; g++) {
     cuda_rank_tokens(r, inputs + g * BT, targets + g * BT);
-    memcpy(pp->mtok + g * pp->piece, r->tok32, sizeof(int32_t) * (size_t)pp->piece);
-    memcpy(pp->mtgt + g * pp->piece, r->tgt32, sizeof(int32_t) * (size_t)pp->piece);
+    memcpy(pp->mtok + g * pp->piece, r->tok32[0], sizeof(int32_t) * (size_t)pp->piece);
+    memcpy(pp->mtgt + g * pp->piece, r->tgt32[0], sizeof(int32_t) * (size_t)pp->piece);
   }
 }
 
@@ -548,7 +548,7 @@ static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, 
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   CudaRank *r = self;
   void *args[2] = {&lr, &t}, *rets[2] = {grad_norm, NULL};
-  return r->dev.call(&r->dev, r->pipe->f_opt, args, rets, err, errlen);
+  return r->dev->call(r->dev, r->pipe->f_opt, args, rets, err, errlen);
 }
 
 /* ---- setup ---- */

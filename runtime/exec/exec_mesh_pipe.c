@@ -17,7 +17,6 @@
 
 #include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/exec.h"
-#include "runtime/exec/mesh_pieces.h"
 
 static double now_us(void) {
   struct timespec ts;
@@ -330,11 +329,11 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
     }
   for (int k = 0; k < mc->world; k++) {
     TagComm *tc = &mc->tc[k];
-    tc->inner = mc->cp[k].comm;
+    tc->inner = mc->cpu[k].comm;
     tc->c = *tc->inner;
     tc->c.all_reduce = tc_all_reduce, tc->c.all_gather = tc_all_gather, tc->c.reduce_scatter = tc_reduce_scatter;
     tc->c.all_to_all = tc_all_to_all, tc->c.barrier = tc_barrier, tc->c.send = tc_send, tc->c.recv = tc_recv;
-    mc->cp[k].comm = &tc->c;
+    mc->cpu[k].comm = &tc->c;
     mc->mtok[k] = malloc(sizeof(int32_t) * (size_t)(mc->n_micro * mc->piece));
     mc->mtgt[k] = malloc(sizeof(int32_t) * (size_t)(mc->n_micro * mc->piece));
     if (!mc->mtok[k] || !mc->mtgt[k]) {
@@ -351,7 +350,7 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
 
 void pipe_cpu_free(MeshCpu *mc) {
   for (int k = 0; k < mc->world && mc->tc; k++)
-    if (mc->cp && mc->tc[k].inner) mc->cp[k].comm = mc->tc[k].inner;
+    if (mc->cpu && mc->tc[k].inner) mc->cpu[k].comm = mc->tc[k].inner;
   for (int k = 0; k < mc->world && mc->mtok; k++) free(mc->mtok[k]), free(mc->mtgt[k]);
   free(mc->tc), free(mc->f_fwd), free(mc->f_bwd), free(mc->f_bwd_w), free(mc->f_stage_opt), free(mc->mtok), free(mc->mtgt);
   mc->tc = NULL, mc->mtok = mc->mtgt = NULL;

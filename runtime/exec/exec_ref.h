@@ -76,11 +76,6 @@ int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *
    piece's type says how it is split): to_piece whole -> piece, else piece -> whole. */
 void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece);
 
-/* pieces.c: the placement of a per-rank value of type `local` as an RtGlobal's (ir_rank,
-   split, piece_dims, n; the rest zero): the mesh executors split the micro-batch by it
-   (mesh_pieces.c) without the IR at every step. */
-void piece_placement(const Type *local, RtGlobal *out);
-
 /* The whole (global) type of a per-rank value's type, on module m's mesh. */
 Type whole_type(const Module *m, const Type *local);
 
