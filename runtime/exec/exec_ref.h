@@ -39,11 +39,10 @@ void ref_exec_free(RefExec *r);
 /* The same without needing the training functions (training false): for eval. */
 int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, char *err,
                   size_t errlen);
-/* For an executor whose ranks hold their own pieces (the cpu mesh: each rank's program takes
-   its pieces by the lowered program's placements, as a CUDA rank does): the whole views of
-   the parameters and optimizer state (zeros, untouched until written; no other global is
-   made), the local world, the pipeline schedule; no initialization and no rank stores, and
-   no sync_out / sync_in (the executor's own). */
+/* For an executor whose ranks hold their own pieces (the mesh executor's threads, for a
+   pipeline: mesh_threads.c): the local world, the pipeline schedule and its measured times,
+   and whole views of the parameters and optimizer state (zeros, untouched: the executor has
+   its own); no initialization and no rank stores, and no sync_out / sync_in. */
 int ref_exec_open_views(RefExec *r, const Module *m, bool training, char *err, size_t errlen);
 /* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
 int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
