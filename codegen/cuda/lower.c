@@ -782,8 +782,10 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
                    f->args.n, f->rets.n, RT_MAX_FUNC_IO);
   rf->n_args = f->args.n;
   rf->n_rets = f->rets.n;
-  for (int i = 0; i < f->args.n; i++)
+  for (int i = 0; i < f->args.n; i++) {
     if (cl_buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
+    cg_describe_place(&((Value *)f->args.items[i])->type, &rf->arg_place[i]);
+  }
   for (int i = 0; i < f->rets.n; i++)
     if (cl_buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
   Steps s = {0};
@@ -887,6 +889,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   /* globals: one region per kind, in placement order (cg_placement_order: a weight-decay
      group's AdamW updates merge), each dtype's size, 64-byte aligned */
   out->n_globals = ng;
+  cg_describe_mesh(&m->mesh, out);
   int *order = cg_placement_order(m);
   if (!order) rc = cl_fail(&L, "out of memory");
   for (int k = 0; k < ng && !rc; k++) {
