@@ -81,7 +81,8 @@ static int gemms_writing(const RtStep *body, int n, const RtBuf *b, int *first) 
 
 int cl_first_grads_func(Lower *L, RtProgram *p) {
   int fg = find(p, "grad_step"), fo = find(p, "optimizer_step");
-  if (cl_env_on("LOOM_CUDA_NO_GRAD_WRITE") || fg < 0 || fo < 0 || strlen(RT_FUNC_FIRST_GRAD_STEP) >= sizeof p->funcs[0].name)
+  if (cl_env_on("LOOM_CUDA_NO_GRAD_WRITE") || fg < 0 || fo < 0 || (L->m && mesh_world(&L->m->mesh) > 1) ||
+      strlen(RT_FUNC_FIRST_GRAD_STEP) >= sizeof p->funcs[0].name)
     return 0;
   RtFunc *g = &p->funcs[fg], *o = &p->funcs[fo];
   for (int f = 0; f < 2; f++) {   /* collectives (a mesh rank): every rank's gradients meet elsewhere */
