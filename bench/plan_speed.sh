@@ -4,8 +4,8 @@
 # (target 5 s), Llama-3.1-405B on 16,384 at 16M tokens (target 10 s), and the two mixtures of
 # experts on 512 at 4M tokens.  Runs each RUNS times (default 3) and prints every wall time,
 # their median, the median CPU time (user + system, all threads: on a machine shared with
-# other work the wall time is mostly waiting), the load average after the runs (1, 5 and 15
-# minutes: above the core count, the wall times wait for other work) and the plan's best
+# other work the wall time is mostly waiting), the load average before the runs (1 minute)
+# and after them (1, 5 and 15 minutes: above the core count, the wall times wait for other work) and the plan's best
 # layout (the first run also warms the page cache).
 # usage: bash bench/plan_speed.sh [BUILD_DIR] [NAME...]   (NAME: 1B 70B 405B mixtral qwen3; default all)
 #        LOOM_THREADS=1 for one core; RUNS=N; LOOM_PLAN_EXHAUSTIVE=1 for the exhaustive search (driver/plan.h)
@@ -27,6 +27,7 @@ for name in "${NAMES[@]}"; do
   run=${PLANS[$name]}
   [ -z "$run" ] && { echo "unknown plan '$name' (1B 70B 405B mixtral qwen3)" >&2; exit 2; }
   times=() cpus=()
+  load0=$(cut -d' ' -f1 /proc/loadavg)
   tf=$(mktemp)
   for k in $(seq "$RUNS"); do
     start=$(date +%s.%N)
@@ -40,5 +41,5 @@ for name in "${NAMES[@]}"; do
   cpu=$(printf '%s\n' "${cpus[@]}" | sort -g | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')
   best=$(echo "$out" | awk '$1 == "1" { $1 = ""; print }' | cut -c1-70)
   printf "%-8s %-62s median %7.2f s, CPU %6.2f s  (runs: %s; rc %d; load %s)  best: %s\n" "$name" "loom plan $run" \
-    "$median" "$cpu" "$(printf '%.2f ' "${times[@]}" | sed 's/ $//')" $rc "$(cut -d' ' -f1-3 /proc/loadavg)" "$best"
+    "$median" "$cpu" "$(printf '%.2f ' "${times[@]}" | sed 's/ $//')" $rc "$load0 -> $(cut -d' ' -f1-3 /proc/loadavg)" "$best"
 done

@@ -95,7 +95,7 @@ typedef struct {
 static void *resolve_worker(void *arg) {
   Resolving *r = arg;
   r->why[0] = 0;
-  resolve(r->x, r->c, r->L, r->hw, &r->refused, r->why);
+  resolve(r->x, r->c, r->L, r->hw, true, &r->refused, r->why);
   if (getenv("LOOM_PLAN_DEBUG")) {
     char lay[160];
     plan_layout_text(r->c, lay, sizeof lay);
@@ -194,7 +194,7 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
   qsort(best, (size_t)exact_n, sizeof *best, cmp_step);
   if (closest < 0 && !exact_n)   /* nothing compiled whole: the screening's least memory, every candidate's */
     for (int i = 0; i < n; i++)
-      if (cs[i].pruned) resolve(x, &cs[i], L, hw, &refused, first_refusal);
+      if (cs[i].pruned) resolve(x, &cs[i], L, hw, false, &refused, first_refusal);
   if (closest < 0)
     for (int i = 0; i < n; i++)
       if (!cs[i].exact && (closest < 0 || cs[i].mem < cs[closest].mem)) closest = i;

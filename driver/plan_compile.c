@@ -258,7 +258,7 @@ int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem
    would have (the same compiles give the same figures; LOOM_PLAN_CHECK holds the screening's
    shared lowering to them).  A refusal makes it the last of all, never taken. */
 
-void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, int *refused, char *first_refusal) {
+void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, int *refused, char *first_refusal) {
   int64_t ls[2], m[2] = {0, 0};
   int nl = screen_layers(c, L, ls), rc = 0;
   double st[2] = {0, 0};
@@ -281,6 +281,15 @@ void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, int *refused, char 
     if (!rc) rc = back_screen(x, c, sp, mod, &st[j], &m[j], err, sizeof err);
     unpin(x, pin);
     count_compile(x);
+    /* far out of memory at 1 layer a chunk already (memory grows with the layers: the
+       exhaustive search prunes on the same figure, and LOOM_PLAN_CHECK holds it under the
+       screened memory): the exact phase skips it, so the second compile is not made */
+    if (!rc && stop_far && j == 0 && nl == 2 && (double)m[0] > 1.5 * hw->mem_bytes) {
+      c->pruned = true, c->has_first = true, c->first_s = st[0], c->first_mem = (double)m[0];
+      c->mem = (double)m[0], c->fits = false;
+      free(sp);
+      return;
+    }
   }
   free(sp);
   c->pruned = false, c->has_first = false;

@@ -36,7 +36,22 @@
  * exhaustive search's wherever the estimates are within the margin of the screened figures;
  * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Where it stands (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
+ * Where it stands (2026-11-28, third session).  The screening is deterministic (fast_worker:
+ * the same candidates, compiles and table every run; the counts had varied with the threads'
+ * timing).  A compile's interior pipeline chunks are lowered once (ir/hash.c ignores the
+ * numbers in names, passes/lower_memo.c shares a module's equal functions' figures), the
+ * shard pass's reshard cache is bucketed, and the estimates run on every thread: Llama-3-70B
+ * on 4,096 at 4M tokens is 1,081 compiles, about 10 s of CPU on a loaded 2-core machine (it
+ * was about 12-13 s there), Llama-3.1-405B on 16,384 at 16M 1,963 compiles, about 55-60 s
+ * (was 66-68 s).  What a compile costs now is mostly the pipeline and shard passes over
+ * modules of pp x v and 2 pp x v layers.  What the compiles are spent on at 405B: 434
+ * candidates screened and 372 screened by the exact phase, 316 of those 372 far out of
+ * memory.  The memory estimate is the lever: against the screened memory it is 1.3-6.7x
+ * under for dualpipev and zb-h1 with full recomputation (their W pass holds the recomputed
+ * activations: rcm = 0.15 is wrong there) and 0.3-2.5x for selective; a screened candidate's
+ * first compile rarely exceeds 1.5 x the device alone (resolve stops there when it does).
+ *
+ * Before (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
  * table on tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and
  * full recomputation fixed), GPT-2 124M on 8 H100s at 0.5M tokens and Llama-1B on 64 H100s at
  * 1M tokens (both with --target cpu: on the CUDA target the exhaustive search's own check of
@@ -473,31 +488,54 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
   }
 }
 
-/* ---- screening the candidates the estimates leave, in their order ---- */
+/* ---- screening the candidates the estimates leave, in their order ----
+   Deterministic, whatever the threads' timing: what a candidate's screening decides (set
+   aside, skipped, pruned after its first compile) reads only candidates before it in the
+   order whose outcome is final, waited for where needed:
+   - the threshold for the candidate at position k is that of the first k - LAG positions'
+     screened figures (thr_at[k - LAG]): the threads take positions in order and wait until
+     those are final (LAG > the threads at work rarely waits);
+   - its layout without recomputation (always before it) and its half micro-batch (when
+     before it; ignored when after) are waited for. */
+enum { LAG = 8 };
 typedef struct {
   Ctx *x;
   const PlanRequest *rq;
   Cand *cs;
   const int *order;   /* by estimated step */
+  int *pos;           /* pos[order[k]] = k */
   int n, next;
   const int *none;    /* the same layout without recomputation (plan_screen.c's siblings), or -1 */
   const int *half;    /* the same layout with half the micro-batch, or -1 */
   bool *bad, *skip, *far;
   bool *done;         /* screened (its figures final) */
-  bool *final;        /* taken and finished, whatever came of it (a recomputing sibling waits for it) */
+  bool *final;        /* taken and finished, whatever came of it (later ones wait for it) */
   pthread_cond_t finished;
   char (*why)[IR_ERR_LEN];
   pthread_mutex_t lock;
-  /* the keep best screened candidates that fit, by screened step (ascending), and their
-     estimates: the threshold is the largest of those estimates, so that a candidate is
-     compared with the finalists in the estimates' own terms (the estimates leave out what
-     the layer programs do not hold, alike for similar layouts) */
-  double *best, *best_est;
-  int keep, n_best, screened, pruned, skipped;
+  /* the keep best screened steps that fit among the first `prefix` positions (all final),
+     ascending, and thr_at[k]: the threshold those of the first k positions give (the
+     keep-th best, or infinity) */
+  double *best, *thr_at;
+  int keep, n_best, prefix, screened, pruned, skipped;
   PlanProgress progress;   /* candidates screened of n (plan_internal.h) */
 } Fast;
 
-static double fast_threshold(const Fast *f) { return f->n_best < f->keep ? INFINITY : f->best[f->keep - 1]; }
+/* Under f->lock: candidate i's outcome is final; the final prefix of the order grows. */
+static void fast_finish(Fast *f, int i) {
+  f->final[i] = true;
+  while (f->prefix < f->n && f->final[f->order[f->prefix]]) {
+    int j = f->order[f->prefix++];
+    const Cand *c = &f->cs[j];
+    if (f->done[j] && !f->bad[j] && c->fits && (f->n_best < f->keep || c->step_s < f->best[f->keep - 1])) {
+      int at = f->n_best < f->keep ? f->n_best++ : f->keep - 1;
+      while (at > 0 && f->best[at - 1] > c->step_s) f->best[at] = f->best[at - 1], at--;
+      f->best[at] = c->step_s;
+    }
+    f->thr_at[f->prefix] = f->n_best < f->keep ? INFINITY : f->best[f->keep - 1];
+  }
+  pthread_cond_broadcast(&f->finished);
+}
 
 /* One candidate screened as the exhaustive search screens it: its compiles of 1 and 2
    layers a chunk (the memo's shared lowering), extrapolated. */
@@ -554,67 +592,92 @@ static void *fast_worker(void *arg) {
     Cand *c = &f->cs[i];
     /* recomputation, as the exhaustive search takes it: not where the layout fits without
        it, and set aside where that layout was (it is never faster there).  The layout
-       without it estimates faster, so it was taken before; another thread may still be
-       screening it: its outcome is waited for (it waits on nothing) */
-    int o = f->none[i];
-    while (o >= 0 && !f->final[o]) pthread_cond_wait(&f->finished, &f->lock);
+       without it comes before it (by_estimate); its outcome is waited for.  So is the half
+       micro-batch's where it comes before; the threshold's positions too */
+    int o = f->none[i], h = f->half[i];
+    if (h >= 0 && f->pos[h] > k) h = -1;
+    while ((o >= 0 && !f->final[o]) || (h >= 0 && !f->final[h]) || f->prefix < k - LAG)
+      pthread_cond_wait(&f->finished, &f->lock);
+    double th = f->thr_at[k > LAG ? k - LAG : 0];
     if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
       if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
       else c->pruned = true, c->step_s = f->cs[o].step_s, c->mem = 0, c->fits = false, f->pruned++;
-      f->final[i] = true;
+      fast_finish(f, i);
       pthread_mutex_unlock(&f->lock);
       continue;
     }
     /* a micro-batch twice one screened far out of memory (more than 1.5 x the device, as
        the exact phase judges "far"): memory grows with the micro-batch, so it is never taken
        (the exhaustive search skips it too) */
-    int h = f->half[i];
     if (h >= 0 && (f->far[h] || (f->done[h] && !f->bad[h] && f->cs[h].mem > far))) {
       f->skip[i] = f->far[i] = true, f->skipped++;
-      f->final[i] = true;
+      fast_finish(f, i);
       pthread_mutex_unlock(&f->lock);
       continue;
     }
     /* set aside: an estimate past the margins (its figures are bounds, as a pruned
        candidate's are in the exhaustive search) */
-    bool set_aside = c->est_mem * MEM_MARGIN > far || c->est_s * (1 - STEP_MARGIN) > fast_threshold(f);
-    if (set_aside) {
+    if (c->est_mem * MEM_MARGIN > far || c->est_s * (1 - STEP_MARGIN) > th) {
       c->pruned = true, c->fits = false;
       /* the bound it sorts by in the exact phase (which screens it if it reaches it) */
       c->step_s = c->est_s * (1 - STEP_MARGIN);
       c->mem = c->est_mem * MEM_MARGIN;
       f->pruned++;
-      f->final[i] = true;
-    }
-    pthread_mutex_unlock(&f->lock);
-    if (set_aside) continue;
-    if (!sp) {
-      pthread_mutex_lock(&f->lock);
-      f->bad[i] = f->final[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
-      pthread_cond_broadcast(&f->finished);
+      fast_finish(f, i);
       pthread_mutex_unlock(&f->lock);
       continue;
     }
-    pthread_mutex_lock(&f->lock);
-    double th = fast_threshold(f);
+    if (!sp) {
+      f->bad[i] = true, snprintf(f->why[i], IR_ERR_LEN, "out of memory");
+      fast_finish(f, i);
+      pthread_mutex_unlock(&f->lock);
+      continue;
+    }
     pthread_mutex_unlock(&f->lock);
-    f->bad[i] = screen_one(f->x, c, L, sp, th, f->why[i]) != 0;
+    bool bad = screen_one(f->x, c, L, sp, th, f->why[i]) != 0;
     pthread_mutex_lock(&f->lock);
+    f->bad[i] = bad;
     f->screened++;
     if (c->pruned) f->pruned++, f->far[i] = c->mem > far;
     else f->done[i] = true;
-    if (!f->bad[i] && c->fits && (f->n_best < f->keep || c->step_s < f->best[f->keep - 1])) {
-      int at = f->n_best < f->keep ? f->n_best++ : f->keep - 1;
-      while (at > 0 && f->best[at - 1] > c->step_s) f->best[at] = f->best[at - 1], f->best_est[at] = f->best_est[at - 1], at--;
-      f->best[at] = c->step_s, f->best_est[at] = c->est_s;
-    }
-    f->final[i] = true;
+    fast_finish(f, i);
     plan_progress_say(&f->progress, now_s(), "loom plan: screened %d of %d candidates, %d set aside (%d compiles)",
                       f->screened, f->n, f->skipped + f->pruned, f->x->compiles);
-    pthread_cond_broadcast(&f->finished);
     pthread_mutex_unlock(&f->lock);
   }
   free(sp);
+  return NULL;
+}
+
+/* The candidates' estimates, a block at a time; a candidate whose program could not be
+   compiled is screened first (its own compile gives the reason, as the exhaustive search's
+   does). */
+typedef struct {
+  Ctx *x;
+  const PlanRequest *rq;
+  Programs *ps;
+  Cand *cs;
+  int n, next;
+  pthread_mutex_t lock;
+} EstJobs;
+
+static void *est_worker(void *arg) {
+  EstJobs *e = arg;
+  for (;;) {
+    pthread_mutex_lock(&e->lock);
+    int from = e->next;
+    e->next += 256;
+    pthread_mutex_unlock(&e->lock);
+    if (from >= e->n) break;
+    for (int i = from; i < e->n && i < from + 256; i++) {
+      Cand *c = &e->cs[i];
+      Figures f;
+      LayerProg *p = program_of(e->ps, c);
+      if (figures_at(p, c->dp, &f)) estimate(e->x, e->rq, &f, &p->z[c->zero], c);
+      else c->est_s = 0, c->est_mem = 0;
+      c->pruned = false, c->has_first = false;
+    }
+  }
   return NULL;
 }
 
@@ -684,24 +747,26 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
                   (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, k + 1, ps.p[i].f[k].g_la,
                   ps.p[i].f[k].g_lb, ps.p[i].f[k].g_ba, ps.p[i].f[k].g_bb, ps.p[i].f[k].o_l, ps.p[i].f[k].s_l,
                   ps.p[i].f[k].a_la, ps.p[i].f[k].a_lb);
-  /* estimates; a candidate whose program could not be compiled is screened first (its own
-     compile gives the reason, as the exhaustive search's does) */
-  for (int i = 0; i < n; i++) {
-    Figures f;
-    LayerProg *p = program_of(&ps, &cs[i]);
-    if (figures_at(p, cs[i].dp, &f)) estimate(x, rq, &f, &p->z[cs[i].zero], &cs[i]);
-    else cs[i].est_s = 0, cs[i].est_mem = 0;
-    cs[i].pruned = false, cs[i].has_first = false;
+  /* estimates, on every thread (each simulates its pipeline schedule) */
+  {
+    EstJobs ej = {.x = x, .rq = rq, .ps = &ps, .cs = cs, .n = n, .lock = PTHREAD_MUTEX_INITIALIZER};
+    int nt = threads_to_use();
+    pthread_t th[64];
+    int started = 0;
+    for (int t = 1; t < nt && t < 64; t++)
+      if (!pthread_create(&th[started], NULL, est_worker, &ej)) started++;
+    est_worker(&ej);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
   }
   *programs = ps.n;
   free(ps.p);
   int *order = malloc(sizeof(int) * ((size_t)n + 1));
   Fast f = {.x = x, .rq = rq, .cs = cs, .order = order, .n = n, .bad = calloc((size_t)n + 1, 1),
             .why = calloc((size_t)n + 1, IR_ERR_LEN), .keep = 2 * rq->top, .best = malloc(sizeof(double) * 2 * (size_t)rq->top),
-            .best_est = malloc(sizeof(double) * 2 * (size_t)rq->top)};
+            .thr_at = malloc(sizeof(double) * ((size_t)n + 1)), .pos = malloc(sizeof(int) * ((size_t)n + 1))};
   pthread_mutex_init(&f.lock, NULL);
-  if (!order || !f.bad || !f.why || !f.best || !f.best_est) {
-    free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est);
+  if (!order || !f.bad || !f.why || !f.best || !f.thr_at || !f.pos) {
+    free(order), free(f.bad), free(f.why), free(f.best), free(f.thr_at), free(f.pos);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
@@ -712,7 +777,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   f.skip = calloc((size_t)n + 1, 1), f.none = none, f.half = half;
   f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1), f.final = calloc((size_t)n + 1, 1);
   if (!half || !none || !f.skip || !f.far || !f.done || !f.final || siblings(cs, n, half, none)) {
-    free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
+    free(order), free(f.bad), free(f.why), free(f.best), free(f.thr_at), free(f.pos), free(half), free(none), free(f.skip);
     free(f.far), free(f.done), free(f.final);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
@@ -721,6 +786,8 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   for (int i = 0; i < n; i++) order[i] = i;
   sort_base = cs, sort_none = none;
   qsort(order, (size_t)n, sizeof *order, by_estimate);
+  for (int k = 0; k < n; k++) f.pos[order[k]] = k;
+  f.thr_at[0] = INFINITY;
   int nt = threads_to_use();
   {
     f.next = 0, f.n = n;
@@ -755,7 +822,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     cs[kept++] = cs[i];
   }
   *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
-  free(order), free(f.bad), free(f.why), free(f.best), free(f.best_est), free(half), free(none), free(f.skip);
+  free(order), free(f.bad), free(f.why), free(f.best), free(f.thr_at), free(f.pos), free(half), free(none), free(f.skip);
   free(f.far), free(f.done), free(f.final);
   *n_io = kept, *refused_out += refused;
   return 0;

@@ -113,8 +113,10 @@ int back(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, StepTime *t, int64
    model when that is as small) and the screened figures extrapolated from them. */
 int screen_layers(const Cand *c, int64_t L, int64_t out[2]);
 void extrapolate(Cand *c, int64_t L, const int64_t ls[2], int nl, const double st[2], const int64_t m[2]);
-/* A pruned candidate screened in full after all (the exact phase reached it). */
-void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, int *refused, char *first_refusal);
+/* A pruned candidate screened in full after all (the exact phase reached it).  stop_far:
+   one found far out of memory (over 1.5 x the device) at its first compile stays pruned,
+   its memory that compile's (a lower bound: the exact phase skips it all the same). */
+void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, int *refused, char *first_refusal);
 
 /* The exact phase's whole compiles, several at once (each thread takes the next). */
 typedef struct {

@@ -325,7 +325,8 @@ bool attr_eq(const Attr *a, const Attr *b);
 /* ---------------------------------------------------------------- hash.c */
 /* A 128-bit structural hash of f: its name, arguments, ops (kinds, attributes, operands,
    result types and names), results and the globals it reads (global_hash: name, type,
-   kind; gh[i] the hash of the module's global i, or NULL).  It numbers f's values
+   kind; gh[i] the hash of the module's global i, or NULL); names up to the numbers in them,
+   send/recv peers and tags up to a renaming (ir/hash.c says why).  It numbers f's values
    (func_number).  When globals is not NULL it receives f's distinct global operands in
    first-use order (their count in *n_globals); seen[] has one flag per module global, all
    false, and is left so. */

@@ -6,7 +6,10 @@
  * storage target and the overlap setting.  The globals a lowered function reads are kept as
  * positions in its first-use order of globals before lowering (lowering drops reads, never
  * adds one), so an equal function of another module finds its own.  The table is open
- * addressing under a lock; when it is 70% full it stops taking entries (lowering goes on). */
+ * addressing under a lock; when it is 70% full it stops taking entries (lowering goes on).
+ * func_hash ignores the numbers in names and renames peers and tags, so a pipeline's interior
+ * chunks (the same ops on other layers' parameters) have one key: within a module the first
+ * of them is lowered and the others take its figures (twin_figures). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +113,27 @@ static int learn(LowerMemo *memo, Fn *fn, const Func *f, const Module *m, const 
   return 0;
 }
 
+/* fn's figures from its twin t's (the same key: lowered alike), the globals t reads once
+   lowered mapped through their first-use places to fn's own.  slot_of: scratch, -1. */
+static int twin_figures(const Fn *t, Fn *fn, int *slot_of) {
+  int *g = malloc(sizeof(int) * ((size_t)t->fig.n_globals + 1));
+  if (!g) return IR_ERUN;
+  for (int k = 0; k < t->n_pre; k++) slot_of[t->pre[k]] = k;
+  bool known = true;   /* lowering drops reads, never adds one (see the top) */
+  for (int k = 0; k < t->fig.n_globals; k++) {
+    int at = slot_of[t->fig.globals[k]];
+    known &= at >= 0;
+    g[k] = at >= 0 ? fn->pre[at] : -1;
+  }
+  for (int k = 0; k < t->n_pre; k++) slot_of[t->pre[k]] = -1;
+  if (!known) {
+    free(g);
+    return IR_ERUN;
+  }
+  fn->fig = (FuncFigures){true, t->fig.call_s, t->fig.arena_bytes, t->fig.n_globals, g};
+  return 0;
+}
+
 int lower_memo_predict(LowerMemo *memo, Module *m, const char *lowering, const PassOptions *opt, const Hardware *hw,
                        int64_t grad_accum, double *step_s, int64_t *mem, char *err, size_t errlen) {
   int n = m->funcs.n, ng = m->globals.n, rc = 0;
@@ -127,16 +151,23 @@ int lower_memo_predict(LowerMemo *memo, Module *m, const char *lowering, const P
   const TrainSettings *ts = opt->train ? opt->train : &train_defaults;
   ctx[1] = (uint64_t)m->local | (uint64_t)(m->pipe.kind != 0) << 1 | (uint64_t)ts->overlap << 2 | (uint64_t)opt->target << 3;
   int n_miss = 0;
+  int *twin = malloc(sizeof(int) * ((size_t)n + 1));   /* an earlier missing function with the same key, or -1 */
+  if (!twin) rc = IR_ERUN;
   for (int i = 0; i < n && !rc; i++) {
     Func *f = m->funcs.items[i];
     all[i] = f;
+    twin[i] = -1;
     func_hash(f, gh, fn[i].key, pre, &fn[i].n_pre, seen);
     fn[i].key[0] ^= ctx[0] * UINT64_C(0x9E3779B97F4A7C15), fn[i].key[1] ^= ctx[1] * UINT64_C(0xC2B2AE3D27D4EB4F);
     if (!fn[i].key[0] && !fn[i].key[1]) fn[i].key[0] = 1;   /* {0, 0} marks an empty entry */
     if (!(fn[i].pre = malloc(sizeof(int) * ((size_t)fn[i].n_pre + 1)))) rc = IR_ERUN;
     for (int k = 0; !rc && k < fn[i].n_pre; k++) fn[i].pre[k] = pre[k]->index;
     if (!rc) rc = look_up(memo, &fn[i]);
-    if (!rc && !fn[i].fig.given) miss[n_miss++] = f;
+    /* the same function met earlier in this module (a pipeline's interior chunks): lowered
+       once, its figures shared (twin_figures) */
+    for (int j = 0; !rc && !fn[i].fig.given && j < i && twin[i] < 0; j++)
+      if (!fn[j].fig.given && twin[j] < 0 && fn[j].key[0] == fn[i].key[0] && fn[j].key[1] == fn[i].key[1]) twin[i] = j;
+    if (!rc && !fn[i].fig.given && twin[i] < 0) miss[n_miss++] = f;
   }
   if (rc) snprintf(err, errlen, "out of memory");
   if (!rc && n_miss) {   /* the new ones lowered alone; then the module's functions (and the kernels) again */
@@ -147,15 +178,19 @@ int lower_memo_predict(LowerMemo *memo, Module *m, const char *lowering, const P
     for (int k = 0; k < lowered.n; k++)
       if (((Func *)lowered.items[k])->is_kernel) ptrvec_push(m->arena, &m->funcs, lowered.items[k]);
     for (int i = 0; i < n && !rc; i++)
-      if (!fn[i].fig.given && learn(memo, &fn[i], m->funcs.items[i], m, hw, opt->target, slot_of, seen))
+      if (!fn[i].fig.given && twin[i] < 0 && learn(memo, &fn[i], m->funcs.items[i], m, hw, opt->target, slot_of, seen))
         rc = IR_ERUN, snprintf(err, errlen, "out of memory");
+    for (int i = 0; i < n && !rc; i++)
+      if (twin[i] >= 0 && twin_figures(&fn[twin[i]], &fn[i], slot_of))
+        rc = IR_ERUN, snprintf(err, errlen, "out of memory, or @%s's lowering read a global it did not read before",
+                               ((Func *)all[i])->name);
   }
   for (int i = 0; i < n && !rc; i++) fig[i] = fn[i].fig;
   StepTime t;
   if (!rc) rc = timing_predict_given(m, hw, grad_accum, fig, n, &t, err, errlen);
   if (!rc) *step_s = t.step_s, *mem = memory_rank_peak_given(m, opt->target, fig, n);
   for (int i = 0; fn && i < n; i++) free(fn[i].pre), free((void *)fn[i].fig.globals);
-  free(fn), free(pre), free(slot_of), free(seen), free(gh), free(fig), free(all), free(miss);
+  free(fn), free(pre), free(slot_of), free(seen), free(gh), free(fig), free(all), free(miss), free(twin);
   module_free(m);
   return rc;
 }

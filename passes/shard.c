@@ -39,14 +39,6 @@
 #include "shard_internal.h"
 
 
-static void cache_forget_global(Sharder *s, const Value *g) {
-  int out = 0;
-  while (out < s->n_cache && s->cache[out].from != g) out++;   /* most writes find none: nothing moves */
-  for (int i = out; i < s->n_cache; i++)
-    if (s->cache[i].from != g) s->cache[out++] = s->cache[i];
-  s->n_cache = out;
-}
-
 /* ---- the rules: per axis, what each op needs and gives ---- */
 
 /* Is the op linear in its operands, so partial sums pass through (with the others R)?
@@ -469,12 +461,8 @@ static void emit(Sharder *s, Op *op) {
         reduced.kind[a] = SH_R;
         partial = true;
       }
-    for (int k = 0; partial && k < s->n_cache; k++)
-      if (s->cache[k].from == ops[i] && sharding_eq(&s->cache[k].want, &reduced)) {
-        ops[i] = s->cache[k].to;
-        gin[i] = shard_global_type(m, ops[i]);
-        break;
-      }
+    Value *hit = partial ? shard_cache_find(s, ops[i], &reduced) : NULL;
+    if (hit) ops[i] = hit, gin[i] = shard_global_type(m, ops[i]);
   }
   /* Ops whose per-rank form is a different computation (vocabulary-parallel
      cross-entropy, KV heads sliced per rank: shard_tp.c). */
@@ -505,7 +493,7 @@ static void emit(Sharder *s, Op *op) {
   for (int i = 0; i < writes; i++) need[i] = ops[i]->type.sh;
   if (op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN) need[1] = ops[0]->type.sh;
   for (int i = writes; i < nops; i++) ops[i] = shard_reshard(s, ops[i], &need[i]);
-  for (int i = 0; i < writes; i++) cache_forget_global(s, ops[i]);
+  for (int i = 0; i < writes; i++) shard_cache_forget(s, ops[i]);
   if (cp_attention) {   /* the ring (or all-gather) over cp: shard_cp.c */
     shard_cp_emit_attention(s, op, ops);
     return;
@@ -611,7 +599,7 @@ static int shard_func(Sharder *s, Func *src) {
   int n = func_number(src);
   s->map = calloc((size_t)n + 1, sizeof *s->map);
   s->cp_merged = m->mesh.size[AX_CP] > 1 ? calloc((size_t)n + 1, sizeof *s->cp_merged) : NULL;
-  s->n_cache = 0;
+  shard_cache_clear(s);
   s->n_ep_space = s->n_ep_counts = 0;
   /* The arguments' placements: the tokens split over dp (shard_dp_plan_arg); others replicated. */
   for (int i = 0; i < src->args.n; i++) {
@@ -672,6 +660,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   s.cp_tag = 1 << 24;   /* apart from the pipeline pass's tags (tied gradients: 1<<20 + global) */
   s.err = err;
   s.errlen = errlen;
+  shard_cache_clear(&s);
   s.zero_dim = calloc((size_t)m->globals.n + 1, sizeof(int));
   s.undecided = calloc((size_t)m->globals.n + 1, sizeof(bool));
   shard_tp_init(&s);

@@ -103,11 +103,43 @@ bool shard_dp_zero3_param(const Sharder *s, const Value *v) {
   return s->zero >= 3 && v->kind == VAL_GLOBAL && v->global->kind == GLOBAL_PARAM && s->zero_dim[v->global->index] >= 0;
 }
 
+static int cache_bucket_of(const Value *v) { return (int)(((uintptr_t)v >> 4) * UINT64_C(0x9E3779B97F4A7C15) >> 54) & 1023; }
+
+Value *shard_cache_find(const Sharder *s, const Value *from, const Sharding *want) {
+  for (int i = s->cache_bucket[cache_bucket_of(from)]; i >= 0; i = s->cache[i].next)
+    if (s->cache[i].from == from && sharding_eq(&s->cache[i].want, want)) return s->cache[i].to;
+  return NULL;
+}
+
+void shard_cache_add(Sharder *s, Value *from, Value *to, const Sharding *want) {
+  if (s->n_cache == s->cap_cache) {
+    s->cap_cache = s->cap_cache ? s->cap_cache * 2 : 256;
+    s->cache = realloc(s->cache, sizeof *s->cache * (size_t)s->cap_cache);
+  }
+  int b = cache_bucket_of(from);
+  s->cache[s->n_cache].from = from;
+  s->cache[s->n_cache].to = to;
+  s->cache[s->n_cache].want = *want;
+  s->cache[s->n_cache].next = s->cache_bucket[b];
+  s->cache_bucket[b] = s->n_cache++;
+}
+
+void shard_cache_clear(Sharder *s) {
+  s->n_cache = 0;
+  memset(s->cache_bucket, 0xff, sizeof s->cache_bucket);   /* -1: empty */
+}
+
+void shard_cache_forget(Sharder *s, const Value *g) {
+  for (int *at = &s->cache_bucket[cache_bucket_of(g)]; *at >= 0;)
+    if (s->cache[*at].from == g) *at = s->cache[*at].next;   /* unlinked (its slot is not reused) */
+    else at = &s->cache[*at].next;
+}
+
 Value *shard_reshard(Sharder *s, Value *v, const Sharding *want) {
   if (sharding_eq(&v->type.sh, want)) return v;
   bool cacheable = !shard_dp_zero3_param(s, v);
-  for (int i = 0; cacheable && i < s->n_cache; i++)
-    if (s->cache[i].from == v && sharding_eq(&s->cache[i].want, want)) return s->cache[i].to;
+  Value *hit = cacheable ? shard_cache_find(s, v, want) : NULL;
+  if (hit) return hit;
   Value *x = v;
   /* Reduce partial sums first, then gather, then split: the fewest bytes in flight.  When
      several axes split one dim, a larger axis index is the outer split (tp outside dp:
@@ -120,15 +152,7 @@ Value *shard_reshard(Sharder *s, Value *v, const Sharding *want) {
       if ((pass == 0 && have.kind == SH_P) || (pass == 1 && have.kind == SH_S) || (pass == 2 && have.kind == SH_R))
         x = reshard_axis(s, x, a, w);
     }
-  if (cacheable) {
-    if (s->n_cache == s->cap_cache) {
-      s->cap_cache = s->cap_cache ? s->cap_cache * 2 : 256;
-      s->cache = realloc(s->cache, sizeof *s->cache * (size_t)s->cap_cache);
-    }
-    s->cache[s->n_cache].from = v;
-    s->cache[s->n_cache].to = x;
-    s->cache[s->n_cache++].want = *want;
-  }
+  if (cacheable) shard_cache_add(s, v, x, want);
   return x;
 }
 

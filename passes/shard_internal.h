@@ -67,12 +67,21 @@ typedef struct Sharder {
   int n_ep_counts;
   /* reshard cache: (value, placement on an axis) -> converted value; cleared when the
      global it reads is written, never kept for ZeRO-3 parameters (re-gathered at each use) */
-  struct { Value *from, *to; Sharding want; } *cache;
+  struct { Value *from, *to; Sharding want; int next; } *cache;
   int n_cache, cap_cache;
+  int cache_bucket[1024];    /* by `from`: the latest entry, chained by next (-1 ends; shard_cache_*) */
   char *err;
   size_t errlen;
   int failed;
 } Sharder;
+
+/* The reshard cache's entry for (from, want), or NULL (shard_emit.c); an entry added; the
+   cache emptied (a function starts); every entry from g dropped (g written).  Bucketed by
+   `from`, so that a function of many layers does not scan every earlier conversion. */
+Value *shard_cache_find(const Sharder *s, const Value *from, const Sharding *want);
+void shard_cache_add(Sharder *s, Value *from, Value *to, const Sharding *want);
+void shard_cache_clear(Sharder *s);
+void shard_cache_forget(Sharder *s, const Value *g);
 
 /* What an op's sharding rule decides on one axis. */
 typedef struct {

@@ -37,7 +37,7 @@
  *     checkpoint.c     atomic checkpoints;  checkpoint_shards.c  one shard per rank;
  *     checkpoint_files.c  their file helpers and expert names
  *   exec/            the execution layer (runtime/exec/exec.h, library loom_exec): executors,
- *                    pipeline walkers, the training entry point, weights and HF export.  It
+ *                    the pipeline walker, the training entry point, weights and HF export.  It
  *                    also reads the IR module (the reference interpreter, and the mesh
  *                    executors' bookkeeping of whole and per-rank tensors): see
  *                    docs/architecture.md for what is left to make it IR-free.

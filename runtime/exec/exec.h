@@ -3,15 +3,17 @@
  *
  *   exec_ref.c      the training Executor over the reference interpreter (one rank, or every
  *                   rank of a partitioned module as threads)
- *   exec_pipe.c     the reference interpreter's pipeline walker (ir/schedule.h's action lists)
+ *   pipe_walk.c     the pipeline walker: a pipelined module's steps over ir/schedule.h's action
+ *                   lists, once, over a transport (pipe_walk.h) that each backend implements
+ *   exec_pipe.c     the reference interpreter as the walker's transport
  *   exec_cpu.c      the cpu backend: a lowered program JIT-compiled; its Executor is the
  *                   rank executor over the program as a device (runtime/device.h)
  *   exec_mesh.c     the cpu backend's mesh executor (every rank a thread, each a device)
- *   exec_mesh_pipe.c  its pipeline walker
+ *   exec_mesh_pipe.c  its ranks' devices as the walker's transport
  *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
  *                   executor over it as a device
  *   exec_cuda_mesh.c  one rank of a CUDA mesh (a process per GPU, NCCL)
- *   exec_cuda_pipe.c  its pipeline walker
+ *   exec_cuda_pipe.c  the rank's GPU as the walker's transport (device stash, NCCL groups)
  *   mesh_pieces.c   what both mesh executors share: a rank's starting pieces on its device,
  *                   the whole tensors from the ranks' pieces and back (RtGlobal placements)
  *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard

@@ -1,32 +1,34 @@
-/* runtime/exec/exec_cuda_pipe.c — a pipelined module (pass "pipeline") on one rank of a CUDA mesh.
+/* runtime/exec/exec_cuda_pipe.c — a pipelined module (pass "pipeline") on one rank of a CUDA
+ * mesh: this process's GPU as the pipeline walker's transport (pipe_walk.h).
  *
- * The driver of exec_mesh_pipe.c (the CPU's), with this process as one rank: a step walks
- * the rank's action list of the schedule (ir/schedule.h) — F runs @fwd.cK on the
- * micro-batch and keeps its results (the stash) in device memory of its own, B runs
- * @bwd.cK (or @bwd_b.cK, whose results W takes) with the stash as device arguments, W runs
- * @bwd_w.cK — and the optimizer step runs the rank's @optimizer_step.sR.
+ * The walker runs this rank's action list; here the stash is device memory (a block per F,
+ * split B, of a pool reused by size), passed to the consumer as device arguments
+ * (cuda_program_call_dev), and the losses, which reach the ranks of the last chunk only,
+ * are shared at the end of a walk.
  *
  * Transfers.  A chunk function's sends and receives go to fixed pp ranks (rel=0), and their
  * partners are other ranks' functions, run at other times.  NCCL pairs them without tags,
  * in issue order per pair of ranks, and a send completes only once its receive is posted,
  * so they are not run where the function has them: a send step copies its buffer into a
  * staging block of its own, a receive step copies its slot into its buffer
- * (runtime/cuda/cuda_mesh.c), and between actions the driver issues NCCL groups on the pp
- * axis's stream that it planned at setup ("the plan" below): every rank runs every rank's
- * action list at once, and each round's pairs of a send and its due receive form one group
- * on each side, so a group holds only messages whose partners are in the partner's group of
- * the same round and none can deadlock.  (Grouping an action's sends with the next action's
- * receives, the obvious plan, deadlocks afab, zb-h1, interleaved and pp=4 1f1b: the simulation
- * showed it before any GPU would have.)  A schedule whose messages do not pair (tag, size,
- * type) or cannot run is refused at setup, naming the ranks and actions.  A transfer to the
- * rank itself (dualpipev's V: chunks pp-1 and pp share the last rank) is a device block held
- * from its send to its receive.  The optimizer step's transfers (tied parameters' gradients, sent and
- * received by the two ranks that share one) run inside the call, each run of consecutive
- * transfer steps one group (cuda_mesh.c).
+ * (runtime/cuda/cuda_mesh.c), and between actions (the walker's `between`) this transport
+ * issues NCCL groups on the pp axis's stream that it planned at setup ("the plan" below):
+ * every rank runs every rank's action list at once, and each round's pairs of a send and
+ * its due receive form one group on each side, so a group holds only messages whose
+ * partners are in the partner's group of the same round and none can deadlock.  (Grouping
+ * an action's sends with the next action's receives, the obvious plan, deadlocks afab,
+ * zb-h1, interleaved and pp=4 1f1b: the simulation showed it before any GPU would have.)  A
+ * schedule whose messages do not pair (tag, size, type) or cannot run is refused at setup,
+ * naming the ranks and actions.  A transfer to the rank itself (dualpipev's V: chunks pp-1
+ * and pp share the last rank) is a device block held from its send to its receive.  The
+ * optimizer step's transfers (tied parameters' gradients, sent and received by the two ranks
+ * that share one) run inside the call, each run of consecutive transfer steps one group
+ * (cuda_mesh.c).
  *
- * Not here yet: the measured timeline (--trace-out) and per-rank idle time of the CPU
- * driver, and overlapping a group with the previous action's tail (each action's call ends
- * with a synchronization, as every cuda_program_call does).
+ * Not here yet: the measured timeline (--trace-out) and per-rank idle time in the run's
+ * report (the walker records them; this rank holds one pp rank's), and overlapping a group
+ * with the previous action's tail (each action's call ends with a synchronization, as every
+ * cuda_program_call does).
  */
 #include <stdarg.h>
 #include <stdlib.h>
@@ -36,6 +38,7 @@
 #include "runtime/comm/comm_nccl.h"
 #include "runtime/exec/exec_cuda_mesh.h"
 #include "runtime/exec/exec.h"
+#include "runtime/exec/pipe_walk.h"
 
 typedef struct {
   uint64_t addr;
@@ -54,30 +57,27 @@ typedef struct {
 } SelfMsg;
 
 struct CudaPipe {
-  Schedule sched;
-  struct RankPlan *plan;   /* this rank's groups for sched */
-  int q, C;
-  int *f_fwd, *f_bwd, *f_bww, f_opt;
+  PipeWalk *walk;
+  struct RankPlan *plan;   /* this rank's groups for the training schedule */
+  struct RankPlan *eval_plan;   /* validation's, made at each one */
+  const struct RankPlan *cur;   /* the walk under way: its plan, its schedule, its next item */
+  const Schedule *cur_s;
+  int item;
+  int q;
   FnXfers *fx;       /* per program function */
   Block *pool;
   int n_pool, cap_pool;
-  int *stash, *wst;  /* [mb * C + c]: pool block of F's results for B, of B's for W; -1 */
-  int n_slots;       /* mb * C entries of stash and wst */
   uint64_t bank;     /* the next action's receives from other ranks (its groups come after the
                         last action's call returned, which had read its own) */
   int64_t bank_bytes;
   SelfMsg *self;
   int n_self, cap_self;
-  int64_t piece;     /* this rank's token piece of one micro-batch */
-  int32_t *mtok, *mtgt;
   uint64_t slot[RT_MAX_FUNC_IO * 2 + 64];
   int max_x;         /* the most transfers a function has */
   int *send_block;   /* [action * max_x + transfer]: the block of a send to another rank, -1 */
   int n_send_block;
   NcclP2p *ops;
   int cap_ops;
-  uint64_t *dargs, *drets;
-  void **args, **rets;
 };
 
 static int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
@@ -91,6 +91,17 @@ static int pfail(char *err, size_t errlen, int rc, const char *fmt, ...) {
   return rc;
 }
 
+/* v[need - 1] made room for (capacity *cap, doubling); 1: out of memory */
+static int grow(void **v, int *cap, int need, size_t size) {
+  if (need <= *cap) return 0;
+  int c = *cap ? 2 * *cap : 16;
+  while (c < need) c *= 2;
+  void *n = realloc(*v, size * (size_t)c);
+  if (!n) return 1;
+  *v = n, *cap = c;
+  return 0;
+}
+
 /* ---- device blocks: the stash and transfers to the rank itself, reused by size ---- */
 
 static int block_get(CudaRank *r, int64_t bytes, int *out, char *err, size_t errlen) {
@@ -99,12 +110,8 @@ static int block_get(CudaRank *r, int64_t bytes, int *out, char *err, size_t err
   for (int k = 0; k < pp->n_pool; k++)
     if (!pp->pool[k].busy && pp->pool[k].bytes >= bytes && (best < 0 || pp->pool[k].bytes < pp->pool[best].bytes)) best = k;
   if (best < 0) {
-    if (pp->n_pool == pp->cap_pool) {
-      int cap = pp->cap_pool ? 2 * pp->cap_pool : 16;
-      Block *nb = realloc(pp->pool, sizeof *nb * (size_t)cap);
-      if (!nb) return pfail(err, errlen, EXIT_RUN, "out of memory");
-      pp->pool = nb, pp->cap_pool = cap;
-    }
+    if (grow((void **)&pp->pool, &pp->cap_pool, pp->n_pool + 1, sizeof *pp->pool))
+      return pfail(err, errlen, EXIT_RUN, "out of memory");
     Block *b = &pp->pool[pp->n_pool];
     *b = (Block){0, bytes > 0 ? bytes : 256, false};
     if (cuda_dev_alloc(&r->cp, &b->addr, b->bytes, "a pipeline stash", err, errlen)) return EXIT_RUN;
@@ -175,10 +182,7 @@ static const char *act_text(const Schedule *s, int q, int i, char *buf, size_t n
   return buf;
 }
 
-static int action_func(const CudaPipe *pp, const Schedule *s, int q, int i) {
-  const Action *a = &s->acts[q][i];
-  return a->kind == ACT_F ? pp->f_fwd[a->chunk] : a->kind == ACT_W ? pp->f_bww[a->chunk] : pp->f_bwd[a->chunk];
-}
+static int action_func(const CudaPipe *pp, const Schedule *s, int q, int i) { return pipe_walk_func(pp->walk, &s->acts[q][i]); }
 
 static const FnXfers *act_fx(const CudaPipe *pp, const Schedule *s, int q, int i) { return &pp->fx[action_func(pp, s, q, i)]; }
 
@@ -187,16 +191,6 @@ static void plan_free(RankPlan *p) {
   free(p->g);
   free(p->items);
   memset(p, 0, sizeof *p);
-}
-
-static int grow(void **v, int *cap, int need, size_t size) {
-  if (need <= *cap) return 0;
-  int c = *cap ? 2 * *cap : 16;
-  while (c < need) c *= 2;
-  void *n = realloc(*v, size * (size_t)c);
-  if (!n) return 1;
-  *v = n, *cap = c;
-  return 0;
 }
 
 static int add_item(RankPlan *p, int action, int group) {
@@ -347,11 +341,7 @@ static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi
   CudaPipe *pp = r->pipe;
   const PlanGroup *g = &plan->g[gi];
   if (!g->n) return 0;
-  if (g->n > pp->cap_ops) {
-    NcclP2p *o = realloc(pp->ops, sizeof *o * (size_t)g->n);
-    if (!o) return pfail(err, errlen, EXIT_RUN, "out of memory");
-    pp->ops = o, pp->cap_ops = g->n;
-  }
+  if (grow((void **)&pp->ops, &pp->cap_ops, g->n, sizeof *pp->ops)) return pfail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; k < g->n; k++) {
     const PlanOp *o = &g->ops[k];
     uint64_t addr;
@@ -390,12 +380,8 @@ static int name_slots(CudaRank *r, const Schedule *s, int i, char *err, size_t e
   for (int x = 0; x < f->n; x++) {
     const CudaPipeXfer *t = &f->x[x];
     if (t->peer == q && t->send) {   /* to this rank itself: a block held until its receive */
-      if (pp->n_self == pp->cap_self) {
-        int cap = pp->cap_self ? 2 * pp->cap_self : 8;
-        SelfMsg *ns = realloc(pp->self, sizeof *ns * (size_t)cap);
-        if (!ns) return pfail(err, errlen, EXIT_RUN, "out of memory");
-        pp->self = ns, pp->cap_self = cap;
-      }
+      if (grow((void **)&pp->self, &pp->cap_self, pp->n_self + 1, sizeof *pp->self))
+        return pfail(err, errlen, EXIT_RUN, "out of memory");
       SelfMsg *m = &pp->self[pp->n_self++];
       *m = (SelfMsg){-1, t->tag, act->mb};
       if (block_get(r, t->bytes, &m->block, err, errlen)) return EXIT_RUN;
@@ -432,182 +418,140 @@ static void release_self(CudaPipe *pp, const Schedule *s, int i) {
   }
 }
 
-static int run_action(CudaRank *r, const Schedule *s, int i, float *losses, char *err, size_t errlen) {
+/* ---- the transport ---- */
+
+/* A stash slot is a pool block: its index + 1 (0 is the walker's empty slot). */
+static int blk(const void *slot) { return (int)(intptr_t)slot - 1; }
+
+static int cu_find(void *ctx, const char *name) { return cuda_find_func(&((CudaRank *)ctx)->cp, name); }
+
+static int cu_takes(void *ctx, int from, int skip, int to, char *err, size_t errlen) {
+  return pipe_rt_takes(&((CudaRank *)ctx)->prog, from, skip, to, err, errlen);
+}
+
+static int cu_alloc(void *ctx, int rank, int func, int skip, void **slot, int64_t *bytes, char *err, size_t errlen) {
+  (void)rank;
+  CudaRank *r = ctx;
+  const RtFunc *fn = &r->prog.funcs[func];
+  int b, rc = block_get(r, laid_bytes(fn->rets, fn->n_rets, skip, NULL), &b, err, errlen);
+  *slot = rc ? NULL : (void *)(intptr_t)(b + 1);
+  *bytes = 0;
+  for (int k = skip; k < fn->n_rets; k++) *bytes += 4 * fn->rets[k].n;
+  return rc;
+}
+
+static void cu_free(void *ctx, int rank, void *slot) {
+  (void)rank;
+  int b = blk(slot);
+  block_put(((CudaRank *)ctx)->pipe, &b);
+}
+
+/* addr[k], k in [from, n): buffer k of the block at base, laid as laid_bytes lays them */
+static void lay_dev(uint64_t *addr, const RtBuf *b, int n, int from, uint64_t base) {
+  int64_t off[RT_MAX_FUNC_IO];
+  laid_bytes(b, n, from, off);
+  for (int k = from; k < n; k++) addr[k] = base + (uint64_t)off[k - from];
+}
+
+static int cu_call(void *ctx, const PipeCall *c, char *err, size_t errlen) {
+  CudaRank *r = ctx;
   CudaPipe *pp = r->pipe;
-  int q = pp->q, C = pp->C;
-  const Action *a = &s->acts[q][i];
-  int fi = action_func(pp, s, q, i), slot = a->mb * C + a->chunk;
-  const RtFunc *fn = &r->prog.funcs[fi];
-  int *in = a->kind == ACT_B ? &pp->stash[slot] : a->kind == ACT_W ? &pp->wst[slot] : NULL;
-  int *out = a->kind == ACT_F ? &pp->stash[slot] : a->kind == ACT_B && s->split_bw ? &pp->wst[slot] : NULL;
-  bool loss = a->kind == ACT_F && a->chunk == C - 1;
-  memset(pp->dargs, 0, sizeof(uint64_t) * RT_MAX_FUNC_IO);
-  memset(pp->drets, 0, sizeof(uint64_t) * RT_MAX_FUNC_IO);
-  memset(pp->rets, 0, sizeof(void *) * RT_MAX_FUNC_IO);
-  pp->args[0] = pp->mtok + a->mb * pp->piece;
-  pp->args[1] = pp->mtgt + a->mb * pp->piece;
-  if (in) {
-    if (*in < 0) return pfail(err, errlen, 2, "pp rank %d: %c%d.%d runs before what it takes", q, "FBW"[a->kind], a->mb, a->chunk);
-    int64_t off[RT_MAX_FUNC_IO];
-    laid_bytes(fn->args, fn->n_args, 2, off);   /* the arguments after tokens and targets: the producer's results */
-    for (int k = 2; k < fn->n_args; k++) pp->dargs[k] = pp->pool[*in].addr + (uint64_t)off[k - 2];
+  float lr = c->lr, t = c->t;
+  if (c->action < 0) {
+    void *args[2] = {&lr, &t}, *rets[2] = {c->norm, NULL};
+    return r->dev.call(&r->dev, c->func, args, rets, err, errlen);
   }
-  float dummy;
-  if (loss) pp->rets[0] = losses ? &losses[a->mb] : &dummy;
-  if (out) {
-    int64_t off[RT_MAX_FUNC_IO], bytes = laid_bytes(fn->rets, fn->n_rets, loss, off);
-    if (block_get(r, bytes, out, err, errlen)) return EXIT_RUN;
-    for (int k = loss; k < fn->n_rets; k++) pp->drets[k] = pp->pool[*out].addr + (uint64_t)off[k - loss];
-  }
-  int rc = name_slots(r, s, i, err, errlen);
-  if (!rc) rc = cuda_program_call_dev(&r->cp, fi, pp->args, pp->dargs, pp->rets, pp->drets, err, errlen);
+  const RtFunc *fn = &r->prog.funcs[c->func];
+  uint64_t dargs[RT_MAX_FUNC_IO] = {0}, drets[RT_MAX_FUNC_IO] = {0};
+  void *args[RT_MAX_FUNC_IO] = {(void *)c->tok, (void *)c->tgt}, *rets[RT_MAX_FUNC_IO] = {c->loss};
+  if (c->in) lay_dev(dargs, fn->args, fn->n_args, 2, pp->pool[blk(c->in)].addr);   /* the producer's results */
+  if (c->out) lay_dev(drets, fn->rets, fn->n_rets, c->skip, pp->pool[blk(c->out)].addr);
+  int rc = name_slots(r, pp->cur_s, c->action, err, errlen);
+  if (!rc) rc = cuda_program_call_dev(&r->cp, c->func, args, dargs, rets, drets, err, errlen);
   r->cp.pipe_slot = NULL, r->cp.n_pipe_slot = 0;
-  if (in) block_put(pp, in);
-  release_self(pp, s, i);
+  release_self(pp, pp->cur_s, c->action);
   return rc;
 }
 
-static int run_schedule(CudaRank *r, const Schedule *s, const RankPlan *plan, float *losses, char *err, size_t errlen) {
+/* The walk of s: its plan (validation's made now), no send blocks yet. */
+static int cu_begin(void *ctx, const Schedule *s, bool training, char *err, size_t errlen) {
+  CudaRank *r = ctx;
   CudaPipe *pp = r->pipe;
-  int n = s->n[pp->q], rc = 0;
-  int need = (n > 0 ? n : 1) * pp->max_x;
-  if (need > pp->n_send_block) {
-    int *nb = realloc(pp->send_block, sizeof(int) * (size_t)need);
-    if (!nb) return pfail(err, errlen, EXIT_RUN, "out of memory");
-    pp->send_block = nb, pp->n_send_block = need;
-  }
+  if (grow((void **)&pp->send_block, &pp->n_send_block, (s->n[pp->q] > 0 ? s->n[pp->q] : 1) * pp->max_x, sizeof(int)))
+    return pfail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; k < pp->n_send_block; k++) pp->send_block[k] = -1;
-  for (int k = 0; !rc && k < plan->n_items; k++) {
-    const PlanItem *it = &plan->items[k];
-    rc = it->action >= 0 ? run_action(r, s, it->action, losses, err, errlen) : exchange(r, s, plan, it->group, err, errlen);
-  }
-  if (!rc) rc = cuda_mesh_sync(&r->cp, "after the pipeline's last transfers", err, errlen);
-  for (int k = 0; k < pp->n_slots; k++) block_put(pp, &pp->stash[k]), block_put(pp, &pp->wst[k]);
-  for (int k = 0; k < pp->n_send_block; k++) block_put(pp, &pp->send_block[k]);
+  pp->cur_s = s, pp->item = 0, pp->cur = pp->plan;
+  if (training) return 0;
+  if (!(pp->eval_plan = calloc(1, sizeof *pp->eval_plan))) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  pp->cur = pp->eval_plan;
+  int rc = plan_rank(pp, s, pp->eval_plan, "validation's forward-only schedule", err, errlen);
+  if (rc) free(pp->eval_plan), pp->eval_plan = NULL;
   return rc;
 }
 
-/* every micro-batch's piece of this rank */
-static void fill_pieces(CudaRank *r, int64_t n, const int32_t *inputs, const int32_t *targets) {
+/* Before action i (after the last: i = its count): the groups the plan puts there. */
+static int cu_between(void *ctx, const Schedule *s, int i, char *err, size_t errlen) {
+  CudaRank *r = ctx;
   CudaPipe *pp = r->pipe;
-  int64_t BT = r->whole_n;
-  for (int64_t g = 0; g < n; g++) {
-    cuda_rank_tokens(r, inputs + g * BT, targets + g * BT);
-    memcpy(pp->mtok + g * pp->piece, r->tok32, sizeof(int32_t) * (size_t)pp->piece);
-    memcpy(pp->mtgt + g * pp->piece, r->tgt32, sizeof(int32_t) * (size_t)pp->piece);
-  }
+  const RankPlan *plan = pp->cur;
+  int rc = 0;
+  while (!rc && pp->item < plan->n_items && plan->items[pp->item].action < 0)
+    rc = exchange(r, s, plan, plan->items[pp->item++].group, err, errlen);
+  if (!rc && i < s->n[pp->q] && (pp->item >= plan->n_items || plan->items[pp->item++].action != i))
+    rc = pfail(err, errlen, EXIT_RUN, "pp rank %d: the plan does not run action %d next", pp->q, i);
+  return rc;
 }
 
 /* The losses reach the ranks of the last chunk only: every rank gets those of the one of
    them at coordinate 0 on the other axes (an all-gather of n floats a rank). */
-static int share_losses(CudaRank *r, float *losses, int64_t n, char *err, size_t errlen) {
-  const Schedule *s = &r->pipe->sched;
+static int cu_end(void *ctx, int rc, float *losses, int64_t n, char *err, size_t errlen) {
+  CudaRank *r = ctx;
+  CudaPipe *pp = r->pipe;
+  if (!rc) rc = cuda_mesh_sync(&r->cp, "after the pipeline's last transfers", err, errlen);
+  for (int k = 0; k < pp->n_send_block; k++) block_put(pp, &pp->send_block[k]);
+  if (pp->eval_plan) plan_free(pp->eval_plan);
+  free(pp->eval_plan);
+  pp->eval_plan = NULL, pp->cur = NULL;
+  if (rc) return rc;
+  const Schedule *s = &pp->walk->sched;
   int coord[COMM_AXES] = {0};
   coord[COMM_PP] = schedule_chunk_rank(s->kind, s->p, s->v, s->chunks - 1);
   int src = mesh_rank_of(r->mesh, coord);
   float *all = calloc((size_t)(n * r->world) + 1, sizeof(float));
   if (!all) return pfail(err, errlen, EXIT_RUN, "out of memory");
-  int rc = nccl_all_gather_host(r->comm, losses, all, n, err, errlen);
+  rc = nccl_all_gather_host(r->comm, losses, all, n, err, errlen);
   if (!rc) memcpy(losses, all + (size_t)src * (size_t)n, sizeof(float) * (size_t)n);
   free(all);
   return rc;
 }
 
+static const PipeOps cuda_ops = {cu_find, cu_takes, cu_alloc, cu_free, cu_call, cu_begin, cu_between, cu_end};
+
 static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
                          size_t errlen) {
-  CudaRank *r = self;
-  if (n != r->pipe->sched.m)
-    return pfail(err, errlen, EXIT_USAGE, "the pipeline was built for %d micro-batches per step, not %lld", r->pipe->sched.m,
-                 (long long)n);
-  fill_pieces(r, n, inputs, targets);
-  /* the loss of a micro-batch reaches the ranks of the last chunk only: they send it to all */
-  for (int64_t k = 0; k < n; k++) losses[k] = 0;
-  int rc = run_schedule(r, &r->pipe->sched, r->pipe->plan, losses, err, errlen);
-  if (!rc) rc = share_losses(r, losses, n, err, errlen);
-  return rc;
+  return pipe_walk_step(((CudaRank *)self)->pipe->walk, n, inputs, targets, losses, err, errlen);
 }
-
-static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  CudaRank *r = self;
-  Schedule ev;
-  if (pipe_forward_schedule(&r->pipe->sched, &ev)) {
-    schedule_free(&ev);
-    return pfail(err, errlen, EXIT_RUN, "out of memory");
-  }
-  fill_pieces(r, 1, inputs, targets);
-  *loss = 0;
-  RankPlan plan;
-  int rc = plan_rank(r->pipe, &ev, &plan, "validation's forward-only schedule", err, errlen);
-  if (!rc) rc = run_schedule(r, &ev, &plan, loss, err, errlen);
-  plan_free(&plan);
-  if (!rc) rc = share_losses(r, loss, 1, err, errlen);
-  schedule_free(&ev);
-  return rc;
-}
-
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
-  CudaRank *r = self;
-  void *args[2] = {&lr, &t}, *rets[2] = {grad_norm, NULL};
-  return r->dev.call(&r->dev, r->pipe->f_opt, args, rets, err, errlen);
+  return pipe_walk_optimizer(((CudaRank *)self)->pipe->walk, lr, t, grad_norm, err, errlen);
+}
+static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
+  return pipe_walk_eval(((CudaRank *)self)->pipe->walk, inputs, targets, loss, err, errlen);
 }
 
 /* ---- setup ---- */
-
-static int find(CudaRank *r, const char *pre, int k) {
-  char name[64];
-  snprintf(name, sizeof name, "%s%d", pre, k);
-  return cuda_find_func(&r->cp, name);
-}
 
 int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
   const Module *m = r->m;
   CudaPipe *pp = r->pipe = calloc(1, sizeof *pp);
   if (!pp) return pfail(err, errlen, EXIT_RUN, "out of memory");
-  int rc = schedule_build(m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro, &pp->sched, err, errlen);
-  if (rc) return rc;
-  const Schedule *s = &pp->sched;
-  int C = pp->C = s->chunks, nf = r->prog.n_funcs;
   pp->q = r->comm->coord[COMM_PP];
-  pp->f_fwd = calloc((size_t)C, sizeof(int));
-  pp->f_bwd = calloc((size_t)C, sizeof(int));
-  pp->f_bww = calloc((size_t)C, sizeof(int));
-  pp->fx = calloc((size_t)nf + 1, sizeof *pp->fx);
-  pp->n_slots = s->m * C;
-  pp->stash = malloc(sizeof(int) * (size_t)pp->n_slots);
-  pp->wst = malloc(sizeof(int) * (size_t)pp->n_slots);
-  pp->dargs = calloc(RT_MAX_FUNC_IO, sizeof(uint64_t));
-  pp->drets = calloc(RT_MAX_FUNC_IO, sizeof(uint64_t));
-  pp->args = calloc(RT_MAX_FUNC_IO, sizeof(void *));
-  pp->rets = calloc(RT_MAX_FUNC_IO, sizeof(void *));
-  pp->piece = r->tok_place.n;
-  pp->mtok = malloc(sizeof(int32_t) * (size_t)(s->m * pp->piece));
-  pp->mtgt = malloc(sizeof(int32_t) * (size_t)(s->m * pp->piece));
-  if (!pp->f_fwd || !pp->f_bwd || !pp->f_bww || !pp->fx || !pp->stash || !pp->wst || !pp->dargs || !pp->drets || !pp->args ||
-      !pp->rets || !pp->mtok || !pp->mtgt)
-    return pfail(err, errlen, EXIT_RUN, "out of memory");
-  for (int k = 0; k < pp->n_slots; k++) pp->stash[k] = pp->wst[k] = -1;
-  for (int c = 0; c < C; c++) {
-    pp->f_fwd[c] = find(r, "fwd.c", c);
-    pp->f_bwd[c] = find(r, s->split_bw ? "bwd_b.c" : "bwd.c", c);
-    pp->f_bww[c] = s->split_bw ? find(r, "bwd_w.c", c) : -1;
-    if (pp->f_fwd[c] < 0 || pp->f_bwd[c] < 0 || (s->split_bw && pp->f_bww[c] < 0))
-      return pfail(err, errlen, EXIT_USAGE, "the program has no @fwd.c%d and @%s.c%d%s: the module and its schedule (%s) "
-                   "disagree", c, s->split_bw ? "bwd_b" : "bwd", c, s->split_bw ? " and @bwd_w" : "", pipe_kind_names[s->kind]);
-    /* what F leaves for B (and B for W) must be what B (W) takes, value for value */
-    const RtFunc *f = &r->prog.funcs[pp->f_fwd[c]], *b = &r->prog.funcs[pp->f_bwd[c]];
-    const RtFunc *pairs[2][2] = {{f, b}, {b, s->split_bw ? &r->prog.funcs[pp->f_bww[c]] : NULL}};
-    for (int k = 0; k < 2 && pairs[k][1]; k++) {
-      const RtFunc *from = pairs[k][0], *to = pairs[k][1];
-      int skip = k == 0 && c == C - 1;   /* the last chunk's forward returns the loss first */
-      bool ok = from->n_rets - skip == to->n_args - 2;
-      for (int j = 0; ok && j < to->n_args - 2; j++)
-        ok = from->rets[skip + j].n == to->args[2 + j].n && from->rets[skip + j].storage == to->args[2 + j].storage;
-      if (!ok) return pfail(err, errlen, EXIT_USAGE, "@%s's results are not what @%s takes", from->name, to->name);
-    }
-  }
-  char name[64];
-  snprintf(name, sizeof name, "optimizer_step.s%d", pp->q);
-  if ((pp->f_opt = cuda_find_func(&r->cp, name)) < 0) return pfail(err, errlen, EXIT_USAGE, "the program has no @%s", name);
+  int nf = r->prog.n_funcs;
+  int rc = pipe_walk_new(&pp->walk, m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro, NULL,
+                         r->mesh, r->comm->coord, &r->tok_place, r->whole_n, err, errlen);
+  if (!rc) rc = pipe_walk_bind(pp->walk, &cuda_ops, r, err, errlen);
+  if (rc) return rc;
+  const Schedule *s = &pp->walk->sched;
+  if (!(pp->fx = calloc((size_t)nf + 1, sizeof *pp->fx))) return pfail(err, errlen, EXIT_RUN, "out of memory");
   /* every function's transfers, and the bank: the most any action receives */
   int64_t most = 256;
   for (int f = 0; f < nf; f++) {
@@ -650,12 +594,9 @@ void cuda_pipe_free(CudaRank *r) {
   for (int k = 0; k < pp->n_pool; k++) cuda_dev_free(&r->cp, pp->pool[k].addr);
   cuda_dev_free(&r->cp, pp->bank);
   for (int f = 0; pp->fx && f < r->prog.n_funcs; f++) free(pp->fx[f].x);
-  schedule_free(&pp->sched);
+  pipe_walk_free(pp->walk);
   if (pp->plan) plan_free(pp->plan);
-  free(pp->plan), free(pp->send_block);
-  free(pp->f_fwd), free(pp->f_bwd), free(pp->f_bww), free(pp->fx), free(pp->pool), free(pp->stash), free(pp->wst);
-  free(pp->self), free(pp->mtok), free(pp->mtgt), free(pp->ops), free(pp->dargs), free(pp->drets), free(pp->args);
-  free(pp->rets);
+  free(pp->plan), free(pp->send_block), free(pp->fx), free(pp->pool), free(pp->self), free(pp->ops);
   free(pp);
   r->pipe = NULL;
 }

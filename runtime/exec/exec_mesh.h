@@ -1,24 +1,14 @@
 /* runtime/exec/exec_mesh.h — the cpu backend's mesh executor (exec_mesh.c) and its pipeline
-   driver (exec_mesh_pipe.c): what the two files share.  Private to tools/. */
+   transport (exec_mesh_pipe.c): what the two files share.  Private to tools/. */
 #ifndef LOOM_RUNTIME_EXEC_EXEC_MESH_H
 #define LOOM_RUNTIME_EXEC_EXEC_MESH_H
 
 #include "runtime/exec/exec_cpu.h"
 #include "runtime/exec/exec_ref.h"
 
-/* A rank's communicator in a pipeline: the LocalWorld's, with the micro-batch added to
-   every point-to-point tag (as the reference executor's pipeline does) and the time spent
-   waiting in recv counted (idle, not work). */
-typedef struct {
-  Comm c;
-  Comm *inner;
-  int64_t mb;          /* the current micro-batch (-1: the optimizer step) */
-  double waited_us;
-} TagComm;
-
 typedef struct {
   Executor ex;
-  RefExec rx;          /* whole tensors, each rank's pieces, the LocalWorld; a pipeline's schedule */
+  RefExec rx;          /* whole tensors, each rank's pieces, the LocalWorld; a pipeline's walker */
   CpuBackend b;        /* the lowered program, its JIT'd kernels, rank 0's CpuProgram */
   CpuProgram *cp;      /* [world]; cp[0] is &b.cp */
   RtDevice *dev;       /* [world]: cp[k] as a device (runtime/device.h) */
@@ -28,19 +18,15 @@ typedef struct {
   RtGlobal tok_place;  /* the micro-batch piece's placement (piece_placement) */
   int64_t whole_n;     /* tokens of a whole micro-batch */
   int32_t **tok32, **tgt32;
-  /* a pipelined module (exec_mesh_pipe.c) */
-  TagComm *tc;         /* [world] */
-  int *f_fwd, *f_bwd, *f_bwd_w;   /* per chunk: @fwd.cK, @bwd.cK (or @bwd_b.cK), @bwd_w.cK (-1 if none) */
-  int *f_stage_opt;    /* per pp rank: @optimizer_step.sR */
-  int32_t **mtok, **mtgt;         /* per rank: every micro-batch's piece, [n_micro][piece] */
-  int64_t n_micro, piece;
   /* async collectives (the overlap pass): each rank's communication thread, or NULL */
   CommEngine **engines;           /* [world] */
   bool step_open;                 /* a training step has begun (its timeline is being recorded) */
 } MeshCpu;
 
-/* exec_mesh_pipe.c: the function indices, the tagging communicators and the Executor's
-   pipeline_step and optimizer_step for a pipelined module; pipe_cpu_free undoes it. */
+/* exec_mesh_pipe.c: a pipelined module on the pipeline walker (rx.walk, pipe_walk.h) with the
+   ranks' programs as its transport: the Executor's pipeline_step, optimizer_step and
+   eval_step, the ranks talking through the walker's tagging communicators (pipe_cpu_free
+   gives them theirs back). */
 int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen);
 void pipe_cpu_free(MeshCpu *mc);
 

@@ -62,36 +62,6 @@ static int sync_in(void *self, char *err, size_t errlen) {
 /* ---- running every rank ---- */
 
 typedef struct {
-  IrComm ir;
-  Comm *comm;
-} CommAdapter;
-
-static int ad_all_reduce(IrComm *c, int axis, float *buf, int64_t n, bool max) {
-  Comm *k = ((CommAdapter *)c)->comm;
-  return k->all_reduce(k, axis, buf, n, max);
-}
-static int ad_all_gather(IrComm *c, int axis, const float *in, float *out, int64_t n) {
-  Comm *k = ((CommAdapter *)c)->comm;
-  return k->all_gather(k, axis, in, out, n);
-}
-static int ad_reduce_scatter(IrComm *c, int axis, const float *in, float *out, int64_t n) {
-  Comm *k = ((CommAdapter *)c)->comm;
-  return k->reduce_scatter(k, axis, in, out, n);
-}
-static int ad_all_to_all(IrComm *c, int axis, const float *in, float *out, int64_t n) {
-  Comm *k = ((CommAdapter *)c)->comm;
-  return k->all_to_all(k, axis, in, out, n);
-}
-static int ad_send(IrComm *c, int axis, int peer, int64_t tag, const float *buf, int64_t n) {
-  Comm *k = ((CommAdapter *)c)->comm;
-  return k->send(k, axis, peer, tag, buf, n);
-}
-static int ad_recv(IrComm *c, int axis, int peer, int64_t tag, float *buf, int64_t n) {
-  Comm *k = ((CommAdapter *)c)->comm;
-  return k->recv(k, axis, peer, tag, buf, n);
-}
-
-typedef struct {
   RefExec *r;
   int rank;
   Func *f;
@@ -104,13 +74,8 @@ typedef struct {
 static void *rank_main(void *arg) {
   RankJob *j = arg;
   RefExec *r = j->r;
-  CommAdapter ad = {{NULL, {0}, ad_all_reduce, ad_all_gather, ad_reduce_scatter, ad_all_to_all, ad_send, ad_recv}, NULL};   /* p2p: cp's ring */
-  IrComm *comm = NULL;
-  if (r->lw) {
-    ad.comm = local_world_rank(r->lw, j->rank);
-    memcpy(ad.ir.coord, ad.comm->coord, sizeof ad.ir.coord);
-    comm = &ad.ir;
-  }
+  RefComm ad;   /* p2p: cp's ring */
+  IrComm *comm = r->lw ? ref_comm(&ad, local_world_rank(r->lw, j->rank)) : NULL;
   j->rc = interp_run_comm(j->f, r->g[j->rank], j->args, j->ret, comm, j->err, sizeof j->err);
   if (j->rc && r->lw) local_world_abort(r->lw);   /* the others must not wait for this rank */
   return NULL;

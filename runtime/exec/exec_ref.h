@@ -21,12 +21,9 @@ typedef struct {
   Tensor *inputs, *targets, *lr, *step;   /* whole batch (the ranks take their part) */
   float last_loss, last_norm;
   /* a pipelined module (runtime/exec/exec_pipe.c) */
-  Schedule *sched;        /* the action lists */
-  double **act_start, **act_end;   /* per rank, per action of the last step: microseconds */
-  double busy_us[64], span_us[64]; /* per pp rank, summed over steps */
-  int64_t pipe_steps;
+  struct PipeWalk *walk;  /* the pipeline walker (pipe_walk.h): the schedule, the measured timeline and stash */
+  Schedule *sched;        /* walk's action lists */
   int *owner;             /* per global: the pp coordinate whose copy is the truth, or -1 */
-  int64_t *stash_peak;    /* per rank: the most stash bytes held at once (measured) */
 } RefExec;
 
 /* The module holds @grad_step(tokens, targets) -> loss and @optimizer_step(lr, step) ->
@@ -48,24 +45,19 @@ int ref_exec_open_views(RefExec *r, const Module *m, bool training, char *err, s
 /* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
 int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
 
-/* exec_pipe.c: a pipelined module (m->pipe.kind): the action lists, the pipeline step,
-   the per-rank optimizer steps; the measured trace of the last step. */
+/* exec_pipe.c: a pipelined module (m->pipe.kind) on the pipeline walker with the interpreter
+   as its transport: the schedule, the pipeline step, the per-rank optimizer steps. */
 int pipe_exec_setup(RefExec *r, char *err, size_t errlen);
 void pipe_exec_free(RefExec *r);
-int pipe_exec_trace(RefExec *r, const char *path, const char *backend, char *err, size_t errlen);
-/* Validation of a pipeline: a schedule of one micro-batch's forward actions (every chunk in
-   order on its rank; free it with schedule_free), and the action times and stash peaks a
-   validation run would overwrite, saved and restored (pipe_restore frees the copy). */
 /* The pp coordinate whose optimizer step assigns the global's parameter (its owner; the
    first when tied copies are kept on two), or -1. */
 int pipe_owner_of(const Module *m, const Global *gl);
-int pipe_forward_schedule(const Schedule *train, Schedule *ev);
+/* The interpreter's communicator over a runtime one (a's lifetime). */
 typedef struct {
-  double **start, **end;
-  int64_t *peak;
-} PipeSaved;
-int pipe_save(RefExec *r, PipeSaved *sv);
-void pipe_restore(RefExec *r, PipeSaved *sv);
+  IrComm ir;
+  Comm *comm;
+} RefComm;
+IrComm *ref_comm(RefComm *a, Comm *c);
 /* pipe_stash_peaks and pipe_func_rank: ir/schedule.h. */
 
 /* train_common.c: after a pipelined run, the measured idle per pp rank beside the predicted

@@ -11,6 +11,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/exec/exec_ref.h"
 #include "runtime/exec/exec.h"
+#include "runtime/exec/pipe_walk.h"
 
 /* A tensor of --out streamed from the executor (Executor.stream_param). */
 static int fill_param(void *arg, int i, const void **data, char *err, size_t errlen) {
@@ -163,7 +164,8 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
    predicted and measured stash peaks, and the measured timeline (--trace-out). */
 int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen) {
   int rc = 0;
-  if (r->pipe_steps) {
+  const PipeWalk *w = r->walk;
+  if (w->steps) {
     /* measured idle against the schedule's prediction with equal unit costs */
     const Schedule *s = r->sched;
     double cost[256][3];
@@ -174,25 +176,21 @@ int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *
         fprintf(plan->opt.log, "pipeline %s, pp=%d, %d micro-batches: predicted bubble %.3f (equal F, B, W); measured idle "
                 "per rank:", pipe_kind_names[s->kind], s->p, s->m, sim.bubble);
         for (int q = 0; q < s->p; q++) {
-          double busy = r->busy_us[q], span = r->span_us[q];
+          double busy = w->busy_us[q], span = w->span_us[q];
           fprintf(plan->opt.log, " %.3f", busy > 0 ? (span - busy) / busy : 0);
         }
-        fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)r->pipe_steps);
+        fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)w->steps);
         int64_t peak[64], fb[256], wb[256];
         pipe_stash_peaks(r->m, s, peak, fb, wb);
         fprintf(plan->opt.log, "stash peak per pp rank, predicted / measured (bytes):");
-        for (int q = 0; q < s->p; q++) {
-          int coord[COMM_AXES] = {0};
-          coord[COMM_PP] = q;
-          int k = mesh_rank_of(local_world_rank(r->lw, 0)->mesh, coord);
-          fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)r->stash_peak[k]);
-        }
+        for (int q = 0; q < s->p; q++)
+          fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)w->stash_peak[pipe_walk_speaker(w, q)]);
         fputc('\n', plan->opt.log);
       }
       sim_result_free(&sim, s->p);
     }
     if (plan->trace_out) {
-      rc = pipe_exec_trace(r, plan->trace_out, backend, err, errlen);
+      rc = pipe_walk_trace(w, plan->trace_out, backend, err, errlen);
       if (!rc && plan->opt.log) fprintf(plan->opt.log, "wrote the measured timeline to %s\n", plan->trace_out);
     }
   }

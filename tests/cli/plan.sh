@@ -11,7 +11,8 @@
 #   - pruning at a lower bound prints the table the unpruned search prints, and the fast
 #     search (layer programs) the exhaustive search's;
 #   - MFU counts the model's FLOPs (loom ir --flops), the same for every recomputation; a GPU
-#     plan in fp32 because the spec names no precision says so.
+#     plan in fp32 because the spec names no precision says so;
+#   - the fast search's counts are the same on 1 thread and on 3.
 LOOM=$1
 . "$(dirname "$0")/lib.sh"
 "$LOOM" data data/shakespeare.txt -o "$TMP/d.bin" > /dev/null 2>&1
@@ -112,6 +113,14 @@ for m in models/gpt2-tiny-4l.json models/llama-tiny-8l.json; do
   grep -E '^  [0-9] ' "$OUT" > "$TMP/fast.txt"
   check "  the fast search prints the exhaustive table" cmp "$TMP/fast.txt" "$TMP/unpruned.txt"
 done
+# the fast search is deterministic: the same candidates, stops and compiles on 1 thread and on 3
+# (what a candidate's screening decides reads only final outcomes of those before it)
+D=(models/llama-tiny-8l.json --gpus 16 --target cuda --precision bf16 --seq 64 --global-batch-tokens 8192 --top 3)
+LOOM_THREADS=1 expect_exit 0 "the fast search on 1 thread" "$LOOM" plan "${D[@]}"
+grep 'candidates (' "$OUT" | sed 's/ in [0-9.]* s;//' > "$TMP/t1.txt"
+LOOM_THREADS=3 expect_exit 0 "  on 3 threads" "$LOOM" plan "${D[@]}"
+grep 'candidates (' "$OUT" | sed 's/ in [0-9.]* s;//' > "$TMP/t3.txt"
+check "  the same counts and compiles" sh -c "test -s '$TMP/t1.txt' && cmp '$TMP/t1.txt' '$TMP/t3.txt'"
 # off a terminal (a pipe, tee) the progress is whole lines (every 10 s; here every screening)
 LOOM_PLAN_PROGRESS_S=0 expect_exit 0 "progress lines under a pipe" "$LOOM" plan models/gpt2-tiny-4l.json --gpus 8 \
   --target cpu --precision fp32 --seq 32 --global-batch-tokens 2048 --top 3

@@ -18,7 +18,7 @@
  *                translation unit compiles for sm_80 and sm_90a and the cubin defines every
  *                kernel the program names.  All four configurations compile for both
  *                (8 compiles, ~40 s on 2 cores with the sanitizers); LOOM_TEST_CUDA_QUICK=1
- *                compiles all four for sm_90a and only llama-1B bf16 for sm_80.  Times are
+ *                compiles all four for sm_90a and only llama-1B bf16 for sm_80 (ctest sets it).  Times are
  *                printed.
  *   cache        a second compile of the same source is a hit (same bytes, faster); a
  *                corrupted, truncated or foreign cache entry is ignored, recompiled and
