@@ -139,6 +139,12 @@ enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EP
    arguments or results, that writes every copy from its f32 parameter.  The CUDA runtime runs
    it before the first call of another function after the host wrote a global. */
 #define RT_FUNC_WEIGHT_COPIES "weight_copies"
+/* CUDA: a single-device training program whose @optimizer_step leaves the gradients as they
+   were (codegen/cuda/lower_grads.c dropped its zero fills) has @grad_step's variant of this
+   name, for the first micro-batch of a step: it writes the gradients instead of adding to
+   them.  The CUDA runtime runs it in @grad_step's place while the gradients are stale (after
+   @optimizer_step), and zeroes them before anything else reads them then. */
+#define RT_FUNC_FIRST_GRAD_STEP "grad_step.first"
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */
