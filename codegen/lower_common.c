@@ -70,6 +70,18 @@ int cg_describe_global(const Global *g, const Mesh *mesh, RtGlobal *rg, int64_t 
   return 0;
 }
 
+void cg_describe_place(const Type *t, RtPlace *pl) {
+  memset(pl, 0, sizeof *pl);
+  pl->ir_rank = (int8_t)(t->rank < 8 ? t->rank : 8);
+  for (int d = 0; d < pl->ir_rank; d++) pl->piece_dims[d] = t->dims[d];
+  for (int a = 0; a < AX_COUNT && a < 5; a++)
+    if (t->sh.kind[a] == SH_S) pl->split[a] = (int8_t)(t->sh.dim[a] + 1);
+}
+
+void cg_describe_mesh(const Mesh *mesh, RtProgram *out) {
+  for (int a = 0; a < 5; a++) out->mesh[a] = a < AX_COUNT && mesh->size[a] > 1 ? mesh->size[a] : 1;
+}
+
 /* The order globals are placed in their regions: parameters grouped by the weight decay
    their AdamW uses (the first group seen first), module order within a group; each
    parameter's gradient, first moment and second moment in the same order (all first

@@ -31,6 +31,11 @@ RtRegion cg_region_of(const Global *g);
    and placement.  Returns -1 (rg untouched) when the name does not fit. */
 int cg_describe_global(const Global *g, const Mesh *mesh, RtGlobal *rg, int64_t offset);
 
+/* The placement of a per-rank value of type t (an RtFunc argument's), as RtGlobal's; and the
+   program's mesh. */
+void cg_describe_place(const Type *t, RtPlace *pl);
+void cg_describe_mesh(const Mesh *mesh, RtProgram *out);
+
 /* The order globals are placed in their regions: parameters grouped by the weight decay of
    their AdamW, each gradient and moment in its parameter's order, so that a group's AdamW
    updates are one span in every region.  A malloc'd permutation of the global indices, or

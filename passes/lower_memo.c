@@ -82,7 +82,8 @@ static int look_up(LowerMemo *memo, Fn *fn) {
 
 /* f, just lowered: its figures into fn->fig and the memo.  slot_of (per global, -1) and seen
    (per global, false) are scratch, left as found. */
-static int learn(LowerMemo *memo, Fn *fn, const Func *f, const Module *m, const Hardware *hw, int *slot_of, bool *seen) {
+static int learn(LowerMemo *memo, Fn *fn, const Func *f, const Module *m, const Hardware *hw, int target, int *slot_of,
+                 bool *seen) {
   int *post = malloc(sizeof(int) * ((size_t)m->globals.n + 1)), n_post = 0;
   if (!post) return IR_ERUN;
   for (int j = 0; j < f->ops.n; j++) {   /* the globals it reads now, as memory_rank counts them */
@@ -95,7 +96,7 @@ static int learn(LowerMemo *memo, Fn *fn, const Func *f, const Module *m, const 
     }
   }
   for (int k = 0; k < fn->n_pre; k++) slot_of[fn->pre[k]] = k;
-  Entry e = {{fn->key[0], fn->key[1]}, timing_call_s(f, m, hw), f->arena_bytes, n_post,
+  Entry e = {{fn->key[0], fn->key[1]}, timing_call_s(f, m, hw), memory_func_arena(f, target), n_post,
              malloc(sizeof(int) * ((size_t)n_post + 1))};
   bool known = e.slots != NULL;   /* every global it reads, it read before lowering (else it is not kept) */
   for (int k = 0; k < n_post; k++) {
@@ -177,7 +178,7 @@ int lower_memo_predict(LowerMemo *memo, Module *m, const char *lowering, const P
     for (int k = 0; k < lowered.n; k++)
       if (((Func *)lowered.items[k])->is_kernel) ptrvec_push(m->arena, &m->funcs, lowered.items[k]);
     for (int i = 0; i < n && !rc; i++)
-      if (!fn[i].fig.given && twin[i] < 0 && learn(memo, &fn[i], m->funcs.items[i], m, hw, slot_of, seen))
+      if (!fn[i].fig.given && twin[i] < 0 && learn(memo, &fn[i], m->funcs.items[i], m, hw, opt->target, slot_of, seen))
         rc = IR_ERUN, snprintf(err, errlen, "out of memory");
     for (int i = 0; i < n && !rc; i++)
       if (twin[i] >= 0 && twin_figures(&fn[twin[i]], &fn[i], slot_of))

@@ -568,7 +568,7 @@ int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t
   st += memory_weight_copies(m, target);
   for (int i = 0; i < m->funcs.n; i++) {
     const Func *f = m->funcs.items[i];
-    if (!f->is_kernel && f->arena_bytes > ar) ar = f->arena_bytes;
+    if (!f->is_kernel && memory_func_arena(f, target) > ar) ar = memory_func_arena(f, target);
   }
   if (state) *state = st;
   if (arena) *arena = ar;
@@ -629,18 +629,26 @@ void memory_report(FILE *out, Module *m, int target) {
     if (!strcmp(f->name, "grad_step") && loss && loss->kind == VAL_RESULT)
       for (int k = 0; k < f->ops.n; k++)
         if (f->ops.items[k] == loss->def) act = live_after(f, k, target);
-    human(d, sizeof d, f->arena_bytes);
+    int64_t arena = memory_func_arena(f, target), stats, scratch;
+    human(d, sizeof d, arena);
     if (act) {
       human(e, sizeof e, act);
-      human(t, sizeof t, f->arena_bytes - act);
+      human(t, sizeof t, arena - act);
       fprintf(out, "  @%-16s peak %12s = activations %s + workspace %s  (%lld bytes)\n", f->name, d, e, t,
-              (long long)f->arena_bytes);
+              (long long)arena);
     } else {
-      fprintf(out, "  @%-16s peak %12s  (%lld bytes)\n", f->name, d, (long long)f->arena_bytes);
+      fprintf(out, "  @%-16s peak %12s  (%lld bytes)\n", f->name, d, (long long)arena);
     }
-    if (f->arena_bytes > peak_arena) peak_arena = f->arena_bytes;
+    memory_cuda_extra_parts(f, target, &stats, &scratch);
+    if (stats > 0) {   /* the CUDA lowering's, past the arena (memory_cuda.c) */
+      human(e, sizeof e, stats);
+      human(t, sizeof t, scratch);
+      fprintf(out, "  %-17s of which stats area %s (saved norm and attention statistics, loss rows) + scratch %s\n", "",
+              e, t);
+    }
+    if (arena > peak_arena) peak_arena = arena;
     int64_t live = act ? memory_live_peak(f, target) : 0;
-    if (live && live < f->arena_bytes - f->arena_bytes / 100) {   /* more than 1% apart */
+    if (live && live < f->arena_bytes - f->arena_bytes / 100) {   /* more than 1% apart (the planned arena alone) */
       human(e, sizeof e, live);
       fprintf(out, "  %-17s most alive at once %s: the rest of the arena is the first-fit plan's fragmentation\n", "", e);
     }

@@ -36,7 +36,7 @@ int64_t memory_rank_peak_given(const Module *m, int target, const FuncFigures *g
     state += memory_weight_copies_given(m, target, given, n_given);   /* memo-figured functions are not lowered */
     for (int i = 0; i < m->funcs.n; i++) {   /* @forward (evaluation) is not part of a step */
       const Func *f = m->funcs.items[i];
-      int64_t a = i < n_given && given[i].given ? given[i].arena_bytes : f->arena_bytes;
+      int64_t a = i < n_given && given[i].given ? given[i].arena_bytes : memory_func_arena(f, target);
       if (!f->is_kernel && strcmp(f->name, "forward") && a > arena) arena = a;
     }
     return state + arena;
@@ -65,7 +65,7 @@ int64_t memory_rank_peak_given(const Module *m, int target, const FuncFigures *g
       for (int k = 0; k < given[fi].n_globals; k++) note_global(m, given[fi].globals[k], q, np, seen, state, target);
       continue;
     }
-    if (f->arena_bytes > arena[q]) arena[q] = f->arena_bytes;
+    if (memory_func_arena(f, target) > arena[q]) arena[q] = memory_func_arena(f, target);
     for (int i = 0; i < f->ops.n; i++) {
       const Op *op = f->ops.items[i];
       for (int k = 0; k < op->n_operands; k++)

@@ -11,6 +11,7 @@
  *   optimizer.c     pass "optimizer": @optimizer_step (norm, clipping, AdamW, zeroing)
  *   fuse.c          pass "fuse": elementwise/broadcast/reduction chains -> kernel funcs + call
  *   memory_plan.c   pass "memory-plan": arena offsets (liveness, aliasing, in place); memory_report()
+ *   memory_cuda.c   the CUDA lowering's bytes past the arena (stats area, scratch) the memory figures count
  *   memory_rank.c   memory per rank of a partitioned (and pipelined) program: loom plan, recompute auto
  *   shard.c         pass "shard": per-rank program over the mesh, collectives inserted; the
  *                   axes' own rules in shard_dp.c (dp, ZeRO), shard_tp.c (tp, sp), shard_cp.c
@@ -137,6 +138,14 @@ void memory_report(FILE *out, Module *m, int target);
 /* The planned peak per rank: state (every global) + the largest function arena (after
    memory-plan); the two parts into *state and *arena when not NULL. */
 int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena);
+/* memory_cuda.c: the bytes the CUDA lowering adds past f's arena (0 on the cpu target): its
+   stats area (the norms' mean and rstd, attention's log-sum-exp and f32 O, the fused
+   classifier's loss rows) and its scratch; the two apart into *stats and *scratch; and f's
+   arena with them (memory-plan's arena_bytes + memory_cuda_extra), what every memory figure
+   counts for a function. */
+int64_t memory_cuda_extra(const Func *f, int target);
+void memory_cuda_extra_parts(const Func *f, int target, int64_t *stats, int64_t *scratch);
+int64_t memory_func_arena(const Func *f, int target);
 /* The bytes of the CUDA backend's 2-byte weight copies (0 on the cpu target). */
 int64_t memory_weight_copies(const Module *m, int target);
 /* memory_rank.c: the largest memory of any rank, pipelined or not (see the file); -1 when a

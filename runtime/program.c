@@ -16,7 +16,7 @@
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/program.h"
 
-static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '2'};
+static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '3'};
 
 typedef struct {
   unsigned char *p;
@@ -75,6 +75,9 @@ const RtBuiltinInfo rt_builtins[RT_B_COUNT] = {
 
 const char *rt_builtin_name(int b) { return b >= 0 && b < RT_B_COUNT ? rt_builtins[b].name : "?"; }
 
+/* An RtFunc as saved: all but the placements of the arguments it does not have. */
+#define RT_FUNC_HEAD offsetof(RtFunc, arg_place)
+
 int rt_program_save(const RtProgram *p, unsigned char **bytes, size_t *n, char *err, size_t errlen) {
   Out o = {0};
   uint32_t step_size = sizeof(RtStep);
@@ -83,12 +86,16 @@ int rt_program_save(const RtProgram *p, unsigned char **bytes, size_t *n, char *
   put(&o, &step_size, 4);
   put(&o, counts, sizeof counts);
   put(&o, p->region_bytes, sizeof p->region_bytes);
+  int64_t mesh[5];
+  for (int a = 0; a < 5; a++) mesh[a] = p->mesh[a] > 1 ? p->mesh[a] : 1;
+  put(&o, mesh, sizeof mesh);
   put(&o, p->kernel_names, sizeof p->kernel_names[0] * (size_t)p->n_kernels);
   put(&o, p->globals, sizeof(RtGlobal) * (size_t)p->n_globals);
   for (int i = 0; i < p->n_funcs; i++) {
     RtFunc f = p->funcs[i];
     f.steps = NULL;
-    put(&o, &f, sizeof f);
+    put(&o, &f, RT_FUNC_HEAD);   /* then only the arguments' placements */
+    put(&o, f.arg_place, sizeof(RtPlace) * (size_t)(f.n_args > 0 && f.n_args <= RT_MAX_FUNC_IO ? f.n_args : 0));
     put(&o, p->funcs[i].steps, sizeof(RtStep) * (size_t)p->funcs[i].n_steps);
   }
   if (o.oom) {
@@ -123,14 +130,18 @@ int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *
     snprintf(err, errlen, "the compiled program is not one this build of loom reads (magic or layout differs); recompile it");
     return 2;
   }
-  if (!get(&in, counts, sizeof counts) || !get(&in, out->region_bytes, sizeof out->region_bytes)) goto bad;
+  if (!get(&in, counts, sizeof counts) || !get(&in, out->region_bytes, sizeof out->region_bytes) ||
+      !get(&in, out->mesh, sizeof out->mesh))
+    goto bad;
+  for (int a = 0; a < 5; a++)   /* sizes a damaged file would not give */
+    if (out->mesh[a] < 1 || rt_program_world(out) > 1 << 20) goto bad;
   for (int i = 0; i < 3; i++)
     if (counts[i] < 0 || counts[i] > 1 << 20) goto bad;
   /* every counted item must be in the bytes left (an RtFunc is kilobytes: a damaged count
      would otherwise ask for gigabytes before the short read is noticed) */
   size_t left = in.n - in.at;
   if ((size_t)counts[2] > left / sizeof out->kernel_names[0] || (size_t)counts[1] > left / sizeof(RtGlobal) ||
-      (size_t)counts[0] > left / sizeof(RtFunc))
+      (size_t)counts[0] > left / RT_FUNC_HEAD)
     goto bad;
   out->n_funcs = counts[0];
   out->n_globals = counts[1];
@@ -146,11 +157,12 @@ int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *
   for (int i = 0; i < out->n_globals; i++) out->globals[i].name[sizeof out->globals[i].name - 1] = 0;
   for (int i = 0; i < out->n_funcs; i++) {
     RtFunc *f = &out->funcs[i];
-    if (!get(&in, f, sizeof *f)) goto bad;
+    if (!get(&in, f, RT_FUNC_HEAD)) goto bad;
     f->steps = NULL;
     f->name[sizeof f->name - 1] = 0;
     if (f->n_steps < 0 || (size_t)f->n_steps > (in.n - in.at) / sizeof(RtStep) || f->n_args < 0 ||
-        f->n_args > RT_MAX_FUNC_IO || f->n_rets < 0 || f->n_rets > RT_MAX_FUNC_IO)
+        f->n_args > RT_MAX_FUNC_IO || f->n_rets < 0 || f->n_rets > RT_MAX_FUNC_IO ||
+        !get(&in, f->arg_place, sizeof(RtPlace) * (size_t)f->n_args))
       goto bad;
     f->steps = calloc((size_t)f->n_steps + 1, sizeof(RtStep));
     if (!f->steps) goto oom;
@@ -384,8 +396,18 @@ int rt_program_check(const RtProgram *p, const RtChecker *c, char *err, size_t e
       snprintf(err, errlen, "@%s: malformed function header", fn->name);
       return 2;
     }
-    for (int a = 0; a < fn->n_args; a++)
+    for (int a = 0; a < fn->n_args; a++) {
       if ((rc = c->buf(c->ctx, p, f, &fn->args[a], "argument", err, errlen))) return rc;
+      const RtPlace *pl = &fn->arg_place[a];   /* a piece of n elements, each split dim among its dims */
+      int64_t n = 1;
+      bool ok = pl->ir_rank >= 0 && pl->ir_rank <= 8;
+      for (int d = 0; ok && d < pl->ir_rank; d++) ok = pl->piece_dims[d] > 0, n = rt_smul(n, pl->piece_dims[d]);
+      for (int x = 0; ok && x < 5; x++) ok = pl->split[x] >= 0 && pl->split[x] <= pl->ir_rank;
+      if (!ok || (pl->ir_rank && n != fn->args[a].n)) {
+        snprintf(err, errlen, "@%s: argument %d has a malformed placement", fn->name, a);
+        return 2;
+      }
+    }
     for (int a = 0; a < fn->n_rets; a++)
       if ((rc = c->buf(c->ctx, p, f, &fn->rets[a], "result", err, errlen))) return rc;
     for (int s = 0; s < fn->n_steps; s++) {

@@ -139,10 +139,23 @@ enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EP
    arguments or results, that writes every copy from its f32 parameter.  The CUDA runtime runs
    it before the first call of another function after the host wrote a global. */
 #define RT_FUNC_WEIGHT_COPIES "weight_copies"
+/* CUDA: a single-device training program whose @optimizer_step leaves the gradients as they
+   were (codegen/cuda/lower_grads.c dropped its zero fills) has @grad_step's variant of this
+   name, for the first micro-batch of a step: it writes the gradients instead of adding to
+   them.  The CUDA runtime runs it in @grad_step's place while the gradients are stale (after
+   @optimizer_step), and zeroes them before anything else reads them then. */
+#define RT_FUNC_FIRST_GRAD_STEP "grad_step.first"
 
 /* The most arguments and results of a lowered function: a pipeline chunk's backward takes
    its forward's stash (every activation it keeps) as arguments. */
 #define RT_MAX_FUNC_IO 256
+/* A per-rank value's placement on a mesh, as RtGlobal's (below; all 0 when whole): the rank
+   holds a piece of piece_dims (ir_rank dims) whose dim split[a] - 1 is split over mesh axis a. */
+typedef struct {
+  int8_t ir_rank;
+  int8_t split[5];
+  int64_t piece_dims[8];
+} RtPlace;
 typedef struct {
   char name[64];
   int n_steps;
@@ -150,6 +163,10 @@ typedef struct {
   int64_t arena_bytes;
   int n_args, n_rets;
   RtBuf args[RT_MAX_FUNC_IO], rets[RT_MAX_FUNC_IO];
+  /* each argument's placement: a mesh executor splits a whole micro-batch into every rank's
+     piece of @grad_step's tokens by it (runtime/exec/exec_mesh.c).  Last: a saved program
+     holds the first n_args (rt_program_save) */
+  RtPlace arg_place[RT_MAX_FUNC_IO];
 } RtFunc;
 
 /* A global (parameter, gradient accumulator, optimizer state): its region and place. */
@@ -200,6 +217,7 @@ typedef struct {
   int64_t region_bytes[RT_REGION_COUNT];   /* sizes of the global regions (the arena is per function) */
   int n_kernels;
   char (*kernel_names)[32];                /* symbol of kernel k in the JIT'd code */
+  int64_t mesh[5];   /* the mesh it was partitioned for (dp tp cp pp ep); 0 counts as 1 */
 } RtProgram;
 
 /* runtime/cpu/jit.c: frees what a program owns (steps, globals, kernel names). */
@@ -226,6 +244,12 @@ static inline int64_t rt_smul(int64_t a, int64_t b) {
 static inline int64_t rt_sadd(int64_t a, int64_t b) {
   int64_t r;
   return __builtin_add_overflow(a, b, &r) ? (a < 0 ? INT64_MIN : INT64_MAX) : r;
+}
+/* The ranks of the program's mesh (saturating). */
+static inline int64_t rt_program_world(const RtProgram *p) {
+  int64_t w = 1;
+  for (int a = 0; a < 5; a++) w = rt_smul(w, p->mesh[a] > 1 ? p->mesh[a] : 1);
+  return w;
 }
 static inline int64_t rt_ssub(int64_t a, int64_t b) {
   int64_t r;

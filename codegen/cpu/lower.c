@@ -654,8 +654,10 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
                  f->args.n, f->rets.n, RT_MAX_FUNC_IO);
   rf->n_args = f->args.n;
   rf->n_rets = f->rets.n;
-  for (int i = 0; i < f->args.n; i++)
+  for (int i = 0; i < f->args.n; i++) {
     if (buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
+    cg_describe_place(&((Value *)f->args.items[i])->type, &rf->arg_place[i]);
+  }
   for (int i = 0; i < f->rets.n; i++)
     if (buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
   Steps s = {0};
@@ -719,6 +721,7 @@ int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, s
 
   /* globals: one region per kind, 64-byte aligned, in placement order */
   out->n_globals = ng;
+  cg_describe_mesh(&m->mesh, out);
   int *order = cg_placement_order(m);
   if (!order) {
     rc = lfail(&L, "out of memory");

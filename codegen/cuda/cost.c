@@ -110,13 +110,22 @@ double cuda_step_bound(const CudaStepCost *c, const Hardware *hw) {
   return tc > tm ? tc : tm;
 }
 
+static int cuda_find_program_func(const RtProgram *p, const char *name) {
+  for (int f = 0; f < p->n_funcs; f++)
+    if (!strcmp(p->funcs[f].name, name)) return f;
+  return -1;
+}
+
 int64_t cuda_cost_calls(const RtProgram *p, int f, int64_t grad_accum) {
   bool train = false;
   for (int k = 0; k < p->n_funcs; k++)
     train |= !strcmp(p->funcs[k].name, "grad_step") || !strcmp(p->funcs[k].name, "optimizer_step");
   if (!strcmp(p->funcs[f].name, RT_FUNC_WEIGHT_COPIES)) return 0;   /* once after a load, not a step */
   if (!train) return 1;
-  if (!strcmp(p->funcs[f].name, "grad_step")) return grad_accum > 0 ? grad_accum : 1;
+  /* the first micro-batch runs the variant that writes the gradients (lower_grads.c) */
+  bool first = cuda_find_program_func(p, RT_FUNC_FIRST_GRAD_STEP) >= 0;
+  if (!strcmp(p->funcs[f].name, RT_FUNC_FIRST_GRAD_STEP)) return 1;
+  if (!strcmp(p->funcs[f].name, "grad_step")) return (grad_accum > 0 ? grad_accum : 1) - first;
   return !strcmp(p->funcs[f].name, "optimizer_step");
 }
 
@@ -187,8 +196,18 @@ void cuda_cost_report(FILE *o, const RtProgram *p, const Hardware *hw, const Cud
             c->total_bound_s * 1e3);
     return;
   }
+  int *order = malloc(sizeof(int) * (size_t)(p->n_funcs + 1));   /* in the order a step runs them */
+  int n_order = 0;
+  for (int pass = 0; order && pass < 3; pass++)
+    for (int f = 0; f < p->n_funcs; f++) {
+      const char *name = p->funcs[f].name;
+      int key = !strcmp(name, RT_FUNC_FIRST_GRAD_STEP) ? 0 : !strcmp(name, "grad_step") ? 1 : 2;
+      if (key == pass) order[n_order++] = f;
+    }
+  if (!order) return;
   fprintf(o, "# every launch and library call of one step (");
-  for (int f = 0, first = 1; f < p->n_funcs; f++) {
+  for (int q = 0, first = 1; q < n_order; q++) {
+    int f = order[q];
     int64_t calls = cuda_cost_calls(p, f, c->grad_accum);
     if (calls) fprintf(o, "%s@%s x %lld", first ? "" : ", ", p->funcs[f].name, (long long)calls), first = 0;
   }
@@ -196,7 +215,8 @@ void cuda_cost_report(FILE *o, const RtProgram *p, const Hardware *hw, const Cud
           "memory %.2f\n", hw->name, hw->eff_matmul, hw->eff_attention, hw->eff_memory);
   fprintf(o, "%-16s %5s %-11s %10s %10s %10s  %-26s %s\n", "function", "step", "category", "GFLOP", "MB", "bound us",
           "kernel", "label");
-  for (int f = 0; f < p->n_funcs; f++) {
+  for (int q = 0; q < n_order; q++) {
+    int f = order[q];
     int64_t calls = cuda_cost_calls(p, f, c->grad_accum);
     for (int s = 0; calls && s < p->funcs[f].n_steps; s++) {
       const RtStep *st = &p->funcs[f].steps[s];
@@ -209,6 +229,7 @@ void cuda_cost_report(FILE *o, const RtProgram *p, const Hardware *hw, const Cud
               sc.flops * 1e-9, sc.bytes * 1e-6, cuda_step_bound(&sc, hw) * 1e6, k, st->label);
     }
   }
+  free(order);
   fprintf(o, "\n%-12s %9s %12s %10s %11s\n", "category", "launches", "TFLOP", "GB", "bound ms");
   for (int k = 0; k < CC_COUNT; k++)
     fprintf(o, "%-12s %9lld %12.4f %10.3f %11.3f\n", cat_names[k], (long long)c->launches[k], c->flops[k] * 1e-12,
@@ -287,8 +308,9 @@ void cuda_profile_report(FILE *o, const RtProgram *p, const Hardware *hw, const 
       rows[r].bound_s += d.bound_s;
     }
   }
-  fprintf(o, "\nCUDA profile of one step (@grad_step x %lld, @optimizer_step x 1; the last call of each, timed by "
-          "events around every launch and library call); roofline on %s\n", (long long)grad_accum, hw->name);
+  fprintf(o, "\nCUDA profile of one step (@grad_step x %lld%s, @optimizer_step x 1; the last call of each, timed by "
+          "events around every launch and library call); roofline on %s\n", (long long)grad_accum,
+          cuda_find_program_func(p, RT_FUNC_FIRST_GRAD_STEP) >= 0 ? ", the first as @" RT_FUNC_FIRST_GRAD_STEP : "", hw->name);
   fprintf(o, "%-34s %8s %10s %9s %9s %8s\n", "category", "launches", "ms", "TFLOP/s", "GB/s", "roofline");
   for (int k = 0; k < CC_COUNT; k++)
     if (cats[k].launches) prof_line(o, cat_names[k], &cats[k], "");

@@ -151,6 +151,12 @@ int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, con
 int cl_builtin_symbol(Lower *L, const char *name, int max_threads, const char *call);
 int64_t cl_prod_dims(const Type *t, int from, int to);   /* dims [from, to) multiplied */
 bool cl_overlap(const RtBuf *a, const RtBuf *b);   /* do two buffers share bytes? */
+/* lower.c: the multi-tensor AdamW and the fills of neighbouring globals, merged into one launch
+   each (after a function is lowered). */
+void cl_merge_updates(const Lower *L, RtFunc *rf);
+/* lower_grads.c: drops the optimizer's zero fills of the gradients and adds the first
+   micro-batch's @grad_step, which writes them (RT_FUNC_FIRST_GRAD_STEP), where it can. */
+int cl_first_grads_func(Lower *L, RtProgram *p);
 int cl_uses(const Func *f, const Value *v);        /* uses of v as an operand or result of f */
 int cl_lower_call(Lower *L, Steps *s);             /* the call L->op: its fused kernel's step(s) */
 int cl_fused_kernel(Lower *L, int fi);             /* kernel func fi's symbol (once per distinct body) */

@@ -585,7 +585,7 @@ static bool conflict(const RtStep *t, const RtStep *u) {
    between conflicts with it.  The 64-byte gaps between tensors are zero in every region
    (allocations start zeroed) and stay zero under both (AdamW of zeros is zero), so the
    results are those of one launch per tensor, bit for bit. */
-static void merge_updates(const Lower *L, RtFunc *rf) {
+void cl_merge_updates(const Lower *L, RtFunc *rf) {
   int out = 0, *tensors = calloc((size_t)rf->n_steps + 1, sizeof *tensors);   /* per kept step: merged into it */
   if (!tensors) return;   /* unmerged is correct, only slower */
   for (int s = 0; s < rf->n_steps; s++) {
@@ -782,8 +782,10 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
                    f->args.n, f->rets.n, RT_MAX_FUNC_IO);
   rf->n_args = f->args.n;
   rf->n_rets = f->rets.n;
-  for (int i = 0; i < f->args.n; i++)
+  for (int i = 0; i < f->args.n; i++) {
     if (cl_buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
+    cg_describe_place(&((Value *)f->args.items[i])->type, &rf->arg_place[i]);
+  }
   for (int i = 0; i < f->rets.n; i++)
     if (cl_buf_of(L, f->rets.items[i], &rf->rets[i])) return IR_EINPUT;
   Steps s = {0};
@@ -840,7 +842,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   rf->steps = s.items;
   rf->n_steps = s.n;
   rf->arena_bytes = L->scratch ? cg_align64(f->arena_bytes) + L->scratch : f->arena_bytes;
-  if (!rc) merge_updates(L, rf);
+  if (!rc) cl_merge_updates(L, rf);
   return rc;
 }
 
@@ -876,7 +878,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   int n_programs = 0;
   for (int i = 0; i < nf; i++)
     if (!((const Func *)m->funcs.items[i])->is_kernel) n_programs++;
-  out->funcs = calloc((size_t)n_programs + 1, sizeof(RtFunc));   /* + the bf16 weight copies' */
+  out->funcs = calloc((size_t)n_programs + 2, sizeof(RtFunc));   /* + the bf16 weight copies' + the first micro-batch's */
   if (!L.global_offset || !L.global_region || !L.fused_symbol || !L.fused_fin || !L.fused_info || !out->globals ||
       !out->funcs) {
     rc = cl_fail(&L, "out of memory");
@@ -887,6 +889,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
   /* globals: one region per kind, in placement order (cg_placement_order: a weight-decay
      group's AdamW updates merge), each dtype's size, 64-byte aligned */
   out->n_globals = ng;
+  cg_describe_mesh(&m->mesh, out);
   int *order = cg_placement_order(m);
   if (!order) rc = cl_fail(&L, "out of memory");
   for (int k = 0; k < ng && !rc; k++) {
@@ -925,6 +928,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     rc = cl_weight_copies_func(&L, &wc);
     if (!rc && wc.n_steps) out->funcs[out->n_funcs++] = wc;
   }
+  if (!rc) rc = cl_first_grads_func(&L, out);   /* @grad_step writing the gradients (lower_grads.c) */
   /* kernels no program calls still belong to the translation unit (--emit=cuda shows them) */
   for (int i = 0; i < nf && !rc; i++) {
     const Func *f = m->funcs.items[i];

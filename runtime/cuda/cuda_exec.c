@@ -975,6 +975,11 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   if (!rc) rc = CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the program's memory)");
   cp->f_copies = cuda_find_func(cp, RT_FUNC_WEIGHT_COPIES);
   cp->copies_stale = true;
+  cp->f_first = cuda_find_func(cp, RT_FUNC_FIRST_GRAD_STEP);
+  cp->f_grad = cuda_find_func(cp, "grad_step");
+  cp->f_opt = cuda_find_func(cp, "optimizer_step");
+  if (cp->f_grad < 0 || cp->f_opt < 0) cp->f_first = -1;
+  cp->grads_stale = cp->grads_held = false;   /* allocated as zeros */
   cp->mem.total = cp->mem.arenas + cp->mem.regions + cp->mem.workspace;
   if (!rc && cuda_device_query(device, &cp->info, err, errlen)) rc = 1;   /* free memory, now */
   if (rc) cuda_program_free(cp);
@@ -1143,6 +1148,29 @@ int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets,
   return cuda_program_call_dev(cp, func, args, NULL, rets, NULL, err, errlen);
 }
 
+/* The gradients after @optimizer_step (which no longer zeroes them: codegen/cuda/lower_grads.c)
+   are stale: zeroed here, on the stream, before anything but the first micro-batch's
+   @grad_step reads them. */
+static int grads_zero(CudaProgram *cp, char *err, size_t errlen) {
+  if (!cp->grads_stale) return 0;
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  size_t bytes = (size_t)cp->p->region_bytes[RT_REGION_GRADS];
+  if (bytes && CU(cuMemsetD8Async, ((CUdeviceptr)cp->regions[RT_REGION_GRADS], 0, bytes, (CUstream)cp->stream),
+                  "(zeroing the gradients)"))
+    return 1;
+  cp->grads_stale = false;
+  return 0;
+}
+
+static bool reads_grads(const CudaProgram *cp, int f) {
+  const RtFunc *fn = &cp->p->funcs[f];
+  for (int s = 0; s < fn->n_steps; s++)
+    for (int b = 0; b < fn->steps[s].n_in + fn->steps[s].n_out; b++)
+      if (fn->steps[s].bufs[b].region == RT_REGION_GRADS) return true;
+  return false;
+}
+
 int cuda_dev_alloc(CudaProgram *cp, uint64_t *addr, int64_t bytes, const char *what, char *err, size_t errlen) {
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
@@ -1164,12 +1192,16 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
   if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  int rc = 0;
+  if (cp->f_first >= 0 && cp->grads_stale) {   /* the gradients after @optimizer_step: written, or zeroed first */
+    if (func == cp->f_grad) func = cp->f_first;
+    else if (func != cp->f_first && reads_grads(cp, func)) rc = grads_zero(cp, err, errlen);
+  }
   const RtFunc *fn = &cp->p->funcs[func];
   CUstream stream = (CUstream)cp->stream;
   char where[256];
-  int rc = 0;
   /* the bf16 copies of the parameters, after the host wrote them (or anything else) */
-  if (cp->copies_stale && cp->f_copies >= 0 && func != cp->f_copies) {
+  if (!rc && cp->copies_stale && cp->f_copies >= 0 && func != cp->f_copies) {
     for (int s = 0; !rc && s < cp->p->funcs[cp->f_copies].n_steps; s++) rc = run_step(cp, cp->f_copies, s, err, errlen);
     if (rc) {
       cp->broken = true;
@@ -1232,6 +1264,8 @@ int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const ui
     /* Let queued work finish (or fail) before anyone frees what it uses. */
     d->cuStreamSynchronize(stream);
   }
+  if (!rc && cp->f_first >= 0 && (func == cp->f_first || func == cp->f_grad)) cp->grads_stale = false, cp->grads_held = true;
+  if (!rc && cp->f_first >= 0 && func == cp->f_opt) cp->grads_stale = true, cp->grads_held = false;
   return rc;
 }
 
@@ -1290,7 +1324,9 @@ static int step_issue(CudaProgram *cp, int fg, int fo, int64_t n, char *err, siz
         rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)cuda_buf_addr(cp, fg, &g->args[a]), (CUdeviceptr)(cp->step_io + in), bytes, stream), where);
       in += io_bytes(&g->args[a]);
     }
-    for (int s = 0; !rc && s < g->n_steps; s++) rc = run_step(cp, fg, s, err, errlen);
+    /* the first micro-batch writes the gradients, whatever they held (the same buffers) */
+    int f = m == 0 && fg == cp->f_grad && cp->f_first >= 0 ? cp->f_first : fg;
+    for (int s = 0; !rc && s < cp->p->funcs[f].n_steps; s++) rc = run_step(cp, f, s, err, errlen);
     size_t bytes = (size_t)g->rets[0].n * (size_t)cuda_storage_size((RtStorage)g->rets[0].storage);
     if (!rc && bytes)
       rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)(cp->step_io + out), (CUdeviceptr)cuda_buf_addr(cp, fg, &g->rets[0]), bytes, stream), where);
@@ -1336,7 +1372,8 @@ int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const i
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   const RtFunc *g = &cp->p->funcs[f_grad], *o = &cp->p->funcs[f_opt];
   int64_t ntok = g->n_args == 2 ? g->args[0].n : 0;
-  bool graph = step_graph_wanted(cp, f_grad, f_opt) && g->args[1].n == ntok && !step_io_init(cp, f_grad, f_opt, n, err, errlen);
+  bool graph = step_graph_wanted(cp, f_grad, f_opt) && g->args[1].n == ntok && !(cp->f_first >= 0 && cp->grads_held) &&
+               !step_io_init(cp, f_grad, f_opt, n, err, errlen);
   if (!graph) {   /* call by call: the same launches */
     void *rets[RT_MAX_FUNC_IO] = {0};
     int rc = 0;
@@ -1388,6 +1425,7 @@ int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const i
     off += io_bytes(&g->rets[0]);
   }
   cuda_storage_to_f32((RtStorage)o->rets[0].storage, cp->step_host + off, grad_norm, 1);
+  if (cp->f_first >= 0 && f_opt == cp->f_opt) cp->grads_stale = true, cp->grads_held = false;   /* @optimizer_step left them */
   return 0;
 }
 
@@ -1421,6 +1459,8 @@ static int global_xfer(CudaProgram *cp, int g, float *out, const float *in, char
   const RtGlobal *gl = &cp->p->globals[g];
   char what[320];
   snprintf(what, sizeof what, "(%s global $%s)", in ? "writing" : "reading", gl->name);
+  if (gl->region == RT_REGION_GRADS && grads_zero(cp, err, errlen)) return 1;   /* stale: zeros, as the program says */
+  if (gl->region == RT_REGION_GRADS && in) cp->grads_held = true;
   return xfer(cp, cp->regions[gl->region] + (uint64_t)gl->offset, cp->gstorage[g], gl->n, out, in, what, err, errlen);
 }
 
@@ -1454,6 +1494,7 @@ int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) 
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   cp->copies_stale = true;
+  cp->grads_stale = cp->grads_held = false;   /* zeroed below */
   for (int g = 0; g < cp->p->n_globals; g++) {
     const RtGlobal *gl = &cp->p->globals[g];
     if (gl->init == RT_INIT_ZEROS) {   /* Adam's moments, gradients: zero bytes in every storage, on the device */

@@ -190,6 +190,15 @@ typedef struct {
      written a global (copies_stale) */
   int f_copies;
   bool copies_stale;
+  /* the first micro-batch's @grad_step (RT_FUNC_FIRST_GRAD_STEP, runtime/program.h; -1: none),
+     which writes the gradients: @optimizer_step then leaves them stale (grads_stale) and the
+     next call of @grad_step (f_grad) runs it instead; anything else that reads the gradients
+     first (another function, the host) has them zeroed */
+  int f_first, f_grad, f_opt;
+  bool grads_stale;
+  bool grads_held;   /* they hold a sum being made (a micro-batch's call ran, the host wrote one):
+                        a whole step's graph, whose first micro-batch writes them, waits for the
+                        optimizer (the calls go one by one) */
 } CudaProgram;
 
 /* The time of each step of the last call of function f that was profiled (CudaOptions.profile),

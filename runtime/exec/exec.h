@@ -8,14 +8,15 @@
  *   exec_pipe.c     the reference interpreter as the walker's transport
  *   exec_cpu.c      the cpu backend: a lowered program JIT-compiled; its Executor is the
  *                   rank executor over the program as a device (runtime/device.h)
- *   exec_mesh.c     the cpu backend's mesh executor (every rank a thread, each a device)
- *   exec_mesh_pipe.c  its ranks' devices as the walker's transport
+ *   exec_mesh.c     the mesh executor (every rank a device): the micro-batch's split, the
+ *                   steps, the whole views gathered and scattered by the RtGlobal placements,
+ *                   the ranks' starting pieces, --out streamed; over a world of
+ *   mesh_threads.c    ranks as threads on the cpu backend (runtime/comm's LocalWorld), or
+ *   mesh_nccl.c       a process per rank on its GPU (NCCL; sharded checkpoints)
+ *   exec_mesh_pipe.c  the threads' ranks' devices as the walker's transport
  *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
  *                   executor over it as a device
- *   exec_cuda_mesh.c  one rank of a CUDA mesh (a process per GPU, NCCL)
- *   exec_cuda_pipe.c  the rank's GPU as the walker's transport (device stash, NCCL groups)
- *   mesh_pieces.c   what both mesh executors share: a rank's starting pieces on its device,
- *                   the whole tensors from the ranks' pieces and back (RtGlobal placements)
+ *   exec_cuda_pipe.c  an NCCL rank's GPU as the walker's transport (device stash, NCCL groups)
  *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard
  *   train_common.c  the training entry point: parameters, executor, the loop (runtime/trainer.c), --out
  *   weights.c       safetensors parameters into a module's or a program's globals
@@ -23,8 +24,8 @@
  *   host.c          the process: clocks, peak memory, malloc settings
  *
  * This library sits on runtime/ and ir/ (the reference interpreter runs the IR module; the mesh
- * executors read it when they open: whole views, a pipeline's schedule, the micro-batch
- * piece's placement; their steps do not); nothing here includes
+ * executor reads a pipelined program's schedule and owners from it when it opens; the other
+ * programs it runs from the RtProgram alone); nothing here includes
  * frontend/, passes/ or codegen/.  Exit codes: 0 success, 2 bad input or usage, 1 run-time
  * failure; library calls return those codes, so a command returns what failed.
  */
@@ -97,13 +98,14 @@ typedef struct {
 } RunPlan;
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
-/* exec_mesh.c: a partitioned module m (the bookkeeping of whole and per-rank tensors) and
-   its lowered program (prog, n, llvm) trained with every rank a thread. */
+/* mesh_threads.c: a partitioned program (prog, n, llvm: the lowered program's bytes and its
+   kernels' LLVM IR) trained with every rank a thread; m: a pipelined program's module (its
+   schedule), else NULL or the module (not read). */
 int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
                           char *err, size_t errlen);
-/* exec_cuda_mesh.c: a rank of m's mesh from its lowered program (taken over: freed here) and
-   CUDA module image; the module only splits the micro-batch.  Rank 0 alone logs and writes
-   files: plan_for_rank clears a plan's outputs for the others. */
+/* mesh_nccl.c: this process's rank of a partitioned program (taken over: freed here) and its
+   CUDA module image; m as above.  Rank 0 alone logs and writes files: plan_for_rank clears
+   a plan's outputs for the others. */
 int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
                     size_t errlen);
 void plan_for_rank(RunPlan *plan, int64_t rank);

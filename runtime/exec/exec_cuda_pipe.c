@@ -36,7 +36,7 @@
 
 #include "ir/schedule.h"
 #include "runtime/comm/comm_nccl.h"
-#include "runtime/exec/exec_cuda_mesh.h"
+#include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/exec.h"
 #include "runtime/exec/pipe_walk.h"
 
@@ -459,7 +459,7 @@ static int cu_call(void *ctx, const PipeCall *c, char *err, size_t errlen) {
   float lr = c->lr, t = c->t;
   if (c->action < 0) {
     void *args[2] = {&lr, &t}, *rets[2] = {c->norm, NULL};
-    return r->dev.call(&r->dev, c->func, args, rets, err, errlen);
+    return r->dev->call(r->dev, c->func, args, rets, err, errlen);
   }
   const RtFunc *fn = &r->prog.funcs[c->func];
   uint64_t dargs[RT_MAX_FUNC_IO] = {0}, drets[RT_MAX_FUNC_IO] = {0};

@@ -75,7 +75,7 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
   PipeWalk *w = mc->rx.walk;
   int rc = pipe_walk_bind(w, &cpu_ops, mc, err, errlen);
   if (rc) return rc;
-  for (int k = 0; k < mc->world; k++) mc->cp[k].comm = &w->tc[k].c;
+  for (int k = 0; k < mc->world; k++) mc->cpu[k].comm = &w->tc[k].c;
   mc->ex.grad_step = NULL;
   mc->ex.pipeline_step = pipeline_step;
   mc->ex.optimizer_step = optimizer_step;
@@ -85,6 +85,6 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
 
 void pipe_cpu_free(MeshCpu *mc) {
   PipeWalk *w = mc->rx.walk;
-  for (int k = 0; w && w->tc && mc->cp && k < mc->world; k++)
-    if (mc->cp[k].comm == &w->tc[k].c) mc->cp[k].comm = w->tc[k].inner;
+  for (int k = 0; w && w->tc && mc->cpu && k < mc->world; k++)
+    if (mc->cpu[k].comm == &w->tc[k].c) mc->cpu[k].comm = w->tc[k].inner;
 }

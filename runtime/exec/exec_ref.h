@@ -36,11 +36,10 @@ void ref_exec_free(RefExec *r);
 /* The same without needing the training functions (training false): for eval. */
 int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, bool training, char *err,
                   size_t errlen);
-/* For an executor whose ranks hold their own pieces (the cpu mesh: each rank's program takes
-   its pieces by the lowered program's placements, as a CUDA rank does): the whole views of
-   the parameters and optimizer state (zeros, untouched until written; no other global is
-   made), the local world, the pipeline schedule; no initialization and no rank stores, and
-   no sync_out / sync_in (the executor's own). */
+/* For an executor whose ranks hold their own pieces (the mesh executor's threads, for a
+   pipeline: mesh_threads.c): the local world, the pipeline schedule and its measured times,
+   and whole views of the parameters and optimizer state (zeros, untouched: the executor has
+   its own); no initialization and no rank stores, and no sync_out / sync_in. */
 int ref_exec_open_views(RefExec *r, const Module *m, bool training, char *err, size_t errlen);
 /* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
 int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
@@ -67,10 +66,9 @@ int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *
 /* Copies between a whole tensor and the piece of it that the rank at coord holds (the
    piece's type says how it is split): to_piece whole -> piece, else piece -> whole. */
 void move_piece(const Mesh *mesh, Tensor *whole, Tensor *piece, const int coord[AX_COUNT], bool to_piece);
-
 /* pieces.c: the placement of a per-rank value of type `local` as an RtGlobal's (ir_rank,
-   split, piece_dims, n; the rest zero): the mesh executors split the micro-batch by it
-   (mesh_pieces.c) without the IR at every step. */
+   split, piece_dims, n; the rest zero), for the reference interpreter's pipeline (exec_pipe.c),
+   which splits the micro-batch as the lowered programs' RtFunc.arg_place does. */
 void piece_placement(const Type *local, RtGlobal *out);
 
 /* The whole (global) type of a per-rank value's type, on module m's mesh. */

@@ -1,14 +1,10 @@
 /* runtime/exec/pieces.c — whole tensors and the pieces the ranks of a mesh hold: the whole
-   type of a per-rank value, copies between a whole tensor and a rank's piece, the placement
-   of a per-rank value (the micro-batch's, for the mesh executors), a CUDA rank's piece of the
-   micro-batch.  The executors and their pipeline walkers call down into it (it
-   was in exec_ref.c and exec_cuda_mesh.c, which their pipeline walkers then called back). */
+   type of a per-rank value, copies between a whole tensor and a rank's piece.  The executors and their pipeline walkers call down into it (it was
+   in exec_ref.c, which its pipeline walker then called back). */
 #include <string.h>
 
 #include "runtime/exec/exec.h"
-#include "runtime/exec/exec_cuda_mesh.h"
 #include "runtime/exec/exec_ref.h"
-#include "runtime/exec/mesh_pieces.h"
 
 Type whole_type(const Module *m, const Type *local) {
   Type t = *local;
@@ -57,10 +53,4 @@ void piece_placement(const Type *local, RtGlobal *out) {
   for (int d = 0; d < local->rank && d < 8; d++) out->piece_dims[d] = local->dims[d], out->n *= local->dims[d];
   for (int a = 0; a < AX_COUNT && a < 5; a++)
     if (local->sh.kind[a] == SH_S) out->split[a] = (int8_t)(local->sh.dim[a] + 1);
-}
-
-/* This rank's piece of a whole micro-batch, as int32. */
-void cuda_rank_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets) {
-  mesh_tokens_piece(&r->tok_place, r->mesh, r->comm->coord, inputs, r->tok32);
-  mesh_tokens_piece(&r->tok_place, r->mesh, r->comm->coord, targets, r->tgt32);
 }

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "runtime/exec/exec.h"
-#include "runtime/exec/mesh_pieces.h"
+#include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/pipe_walk.h"
 
 static double now_us(void) {

@@ -62,11 +62,20 @@ import json, sys
 c = json.load(open('$TMP/tiny.json'))
 sys.exit(0 if c['categories']['gemm']['flops'] == $((6 * N * tok)) else 'got %d' % c['categories']['gemm']['flops'])"
 
-# two micro-batches: @grad_step's steps twice, @optimizer_step's once
+# two micro-batches: the first's @grad_step (it writes the gradients: codegen/cuda/lower_grads.c),
+# the second's, @optimizer_step's once; the first writes them with as many launches or fewer
+# (its fills of the gradients no GEMM writes, merged, and the optimizer's fills gone)
 expect_exit 0 "gpt2-tiny --grad-accum 2 --cost" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --grad-accum 2 --cost
-check "launches a step = 2 x @grad_step's steps + @optimizer_step's" awk '
-  $1 == "@grad_step" { g++ } $1 == "@optimizer_step" { o++ } /^launches a step:/ { n = $4 }
-  END { if (g == 0 || o == 0 || n != 2 * g + o) { print g, o, n; exit 1 } }' "$OUT"
+check "launches a step = @grad_step.first's steps + @grad_step's + @optimizer_step's" awk '
+  $1 == "@grad_step.first" { f++ } $1 == "@grad_step" { g++ } $1 == "@optimizer_step" { o++ }
+  / loom_fill_.*\$grad/ && $1 != "@grad_step.first" { bad++ } /^launches a step:/ { n = $4 }
+  END { if (f == 0 || g == 0 || o == 0 || n != f + g + o || f > g + 2 || bad) { print f, g, o, n, bad; exit 1 } }' "$OUT"
+expect_stdout_contains "@grad_step.first x 1, @grad_step x 1, @optimizer_step x 1"
+expect_exit 0 "gpt2-tiny --grad-accum 2 --cost, LOOM_CUDA_NO_GRAD_WRITE=1" env LOOM_CUDA_NO_GRAD_WRITE=1 "$LOOM" ir \
+  models/gpt2-tiny.json --passes=train,lower --target cuda --grad-accum 2 --cost
+check "LOOM_CUDA_NO_GRAD_WRITE=1: 2 x @grad_step's steps + @optimizer_step's (its fills)" awk '
+  $1 == "@grad_step" { g++ } $1 == "@optimizer_step" { o++ } $1 == "@optimizer_step" && / loom_fill_/ { z++ }
+  /^launches a step:/ { n = $4 } END { if (g == 0 || o == 0 || z == 0 || n != 2 * g + o) { print g, o, z, n; exit 1 } }' "$OUT"
 expect_stdout_contains "@grad_step x 2, @optimizer_step x 1"
 
 # without LOOM_CUDA_FUSE_BF16=1 a bf16 program keeps its rounding points: no epilogue, no
@@ -99,7 +108,7 @@ check "--vocab-multiple 96: the mask is the lm_head GEMM's bias (13 bias epilogu
 # backward too (DGELU_BGRAD: 1 a layer); the 12 reduction launches gone, left: the loss's and wpe's
 check "10 weight-gradient GEMMs write their bias gradient, 2 GEMMs GELU's backward and its; 2 reductions left" awk '
   /matmul.*, gelu backward, bias gradient/ { d++; next } /matmul.*, bias gradient/ { g++ }
-  $1 == "@grad_step" && $3 == "reduce" { r++ }
+  $1 == "@grad_step.first" && $3 == "reduce" { r++ }
   END { if (g != 10 || d != 2 || r != 2) { print g, d, r; exit 1 } }' "$OUT"
 n_fused=$(awk '/^launches a step:/ { print $4 }' "$OUT")
 n_unfused=$(LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost |
@@ -112,7 +121,7 @@ check "2 GEMMs finish the sum of three products" test "$(grep -c 'matmul .*(the 
 # each; one pad left in @grad_step (wpe's gradient, the positions past the sequence)
 check "6 GEMMs and 6 steps add into a part of c_attn's gradients, 1 pad left" awk '
   /matmul.*\(\+= a part of a gradient\)/ { g++; next } /accumulate into a part of a gradient/ { a++ }
-  $1 == "@grad_step" && / loom_pad_/ { p++ }
+  $1 == "@grad_step.first" && / loom_pad_/ { p++ }
   END { if (g != 6 || a != 6 || p != 1) { print g, a, p; exit 1 } }' "$OUT"
 # unfused: each of the 6 GEMMs' cast and accumulate, the 7 casts, the norms' 10 casts and
 # accumulates, the 12 epilogues' kernels, the 10 bias reductions, the 2 GELU backward kernels

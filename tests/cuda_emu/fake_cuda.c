@@ -229,13 +229,22 @@ static CUresult sync_status(void) {
 
 CUresult cuCtxSynchronize(void) { return sync_status(); }
 /* LOOM_EMU_STATS=1: at exit, how the work reached the device (kernels launched one by one,
-   graphs launched and the kernels they replayed), for the tests of CUDA graphs. */
+   graphs launched and the kernels they replayed), for the tests of CUDA graphs; and every
+   cuMemAlloc's size in bytes, in order (as asked, before rounding), for the test that the memory
+   plan counts what the runtime allocates (tests/cli/cuda_memory.sh). */
 static long n_direct, n_graphs, n_replayed;
+static size_t *alloc_log;
+static int n_alloc_log, cap_alloc_log;
 __attribute__((destructor)) static void print_stats(void) {
   const char *e = getenv("LOOM_EMU_STATS");
-  if (e && *e && strcmp(e, "0"))
+  if (e && *e && strcmp(e, "0")) {
     fprintf(stderr, "loom-emu: %ld kernels launched directly, %ld graph launches replaying %ld kernels\n", n_direct,
             n_graphs, n_replayed);
+    fprintf(stderr, "loom-emu: cuMemAlloc bytes:");
+    for (int i = 0; i < n_alloc_log; i++) fprintf(stderr, " %zu", alloc_log[i]);
+    fprintf(stderr, "\n");
+  }
+  free(alloc_log);
 }
 
 static int capturing(CUstream s) { return s && ((Stream *)s)->capturing; }
@@ -435,6 +444,12 @@ CUresult cuMemAlloc(CUdeviceptr *p, size_t bytes) {
     char *ptr = (char *)base + (map - page - data);
     allocs[n_allocs++] = (Alloc){base, ptr, map, data};
     allocated += data;
+    if (n_alloc_log == cap_alloc_log) {   /* the log is best effort: a failed growth drops the entry */
+      int cap = cap_alloc_log ? 2 * cap_alloc_log : 64;
+      size_t *l = realloc(alloc_log, (size_t)cap * sizeof *l);
+      if (l) alloc_log = l, cap_alloc_log = cap;
+    }
+    if (n_alloc_log < cap_alloc_log) alloc_log[n_alloc_log++] = bytes;
     *p = (CUdeviceptr)(uintptr_t)ptr;
   } else if (base != MAP_FAILED) {
     munmap(base, map);

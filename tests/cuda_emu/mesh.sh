@@ -95,7 +95,7 @@ else
   bad "torchrun-style launch"; cat "$tmp/env0.log" "$tmp/env1.log" | tail -20; grep FAIL "$tmp/diff" | head -3
 fi
 
-# 2b. a compiled executable of a CUDA mesh (program, cubin and the IR): it starts one process
+# 2b. a compiled executable of a CUDA mesh (program and cubin, no IR): it starts one process
 #     per rank itself, bitwise loom train's run
 "$LOOM" compile tests/golden/gpt2-tiny/train_spec.json --backend cuda --mesh dp=2 --zero 1 --batch 4 -o "$tmp/exe" \
   > "$tmp/log" 2>&1

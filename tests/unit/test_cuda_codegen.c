@@ -135,7 +135,8 @@ static const char *program_problem(const RtProgram *p, const Module *m, const ch
   if (strstr(tu, "#include")) return snprintf(why, n, "the TU includes a header"), why;
   for (int fi = 0; fi < p->n_funcs; fi++) {
     const RtFunc *f = &p->funcs[fi];
-    const Func *irf = module_find_func(m, f->name);
+    /* the first micro-batch's @grad_step (lower_grads.c) is @grad_step's program */
+    const Func *irf = module_find_func(m, strcmp(f->name, RT_FUNC_FIRST_GRAD_STEP) ? f->name : "grad_step");
     bool copies = !strcmp(f->name, RT_FUNC_WEIGHT_COPIES);   /* the lowering's own (lower_fuse.c): no IR func */
     if (copies && (f->n_args || f->n_rets)) return snprintf(why, n, "@%s: arguments", f->name), why;
     if (!copies && (!irf || f->arena_bytes < irf->arena_bytes)) return snprintf(why, n, "@%s: arena", f->name), why;
@@ -341,9 +342,30 @@ static void test_tiny_models(void) {
         }
       }
       for (int g = 0; g < p.n_globals; g++) params += p.globals[g].region == RT_REGION_PARAMS;
-      check(adamw == 2 && fills == 2 && covered == params,
-            "tiny %s: optimizer_step: %d adamw launches over %d of %d parameters, %d gradient fills (want 2, all, 2)",
-            label, adamw, covered, params, fills);
+      check(adamw == 2 && fills == 0 && covered == params,
+            "tiny %s: optimizer_step: %d adamw launches over %d of %d parameters, %d gradient fills (want 2, all, 0: "
+            "the first micro-batch writes the gradients)", label, adamw, covered, params, fills);
+      /* @grad_step.first: @grad_step's steps, the gradients' GEMMs with beta 0 where they write a
+         whole gradient first (or its parts, c_attn's thirds), and fills of the others (merged) */
+      const RtFunc *fs = find_func(&p, RT_FUNC_FIRST_GRAD_STEP);
+      int ffills = 0, beta0 = 0, beta1 = 0, beta1_g = 0;
+      for (int k = 0; fs && k < fs->n_steps; k++) {
+        const RtStep *st = &fs->steps[k];
+        if (st->kind == RT_STEP_KERNEL && !strncmp(p.kernel_names[st->which], "loom_fill_", 10) &&
+            st->bufs[0].region == RT_REGION_GRADS)
+          ffills++;
+        if (st->kind == RT_STEP_GEMM && st->n_out && st->bufs[st->n_in].region == RT_REGION_GRADS)
+          beta0 += st->i[RT_GEMM_BETA_INT] == 0, beta1 += st->i[RT_GEMM_BETA_INT] == 1;
+      }
+      for (int k = 0; gs && k < gs->n_steps; k++) {
+        const RtStep *st = &gs->steps[k];
+        beta1_g += st->kind == RT_STEP_GEMM && st->n_out && st->bufs[st->n_in].region == RT_REGION_GRADS &&
+                   st->i[RT_GEMM_BETA_INT] == 1;
+      }
+      check(fs && gs && fs->n_steps == gs->n_steps + ffills && ffills >= 1 && ffills <= 3 && (beta0 > 0 || !beta1_g) &&
+                beta0 + beta1 == beta1_g && fs->arena_bytes == gs->arena_bytes,
+            "tiny %s: @grad_step.first: %d fills, %d of the %d gradient GEMMs write (beta 0), the rest add", label, ffills,
+            beta0, beta1_g);
       /* the gradient norm: the per-tensor chain (sum of squares, then add) becomes sums of
          squares over the contiguous gradient span, in parts, and one sum of the parts */
       int norm_parts = 0, norm_sums = 0, norm_tensors = 0, grads = 0, other_calls = 0;

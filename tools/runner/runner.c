@@ -92,12 +92,11 @@ static int run_cuda(const json_t *s, const Payload *pl, RunPlan *plan, char *err
    train does); as one rank of a launch, its GPU must run the cubin, and it trains its piece. */
 static int run_cuda_mesh(int argc, char **argv, const json_t *s, const Payload *pl, const char *ir, const LaunchEnv *le,
                          RunPlan *plan, char *err, size_t errlen) {
-  Module *m = NULL;
-  int rc = ir ? parse_module("<compiled program>", ir, &m, err, errlen) : EXIT_RUN;
-  if (!rc) rc = verify_module(m, err, errlen);
-  int64_t world = rc ? 1 : mesh_world(&m->mesh);
+  RtProgram prog;
+  int rc = rt_program_load(pl->parts[1], pl->sizes[1], &prog, err, errlen);
+  int64_t world = rc ? 1 : rt_program_world(&prog);
   if (!rc && le->world == 1) {
-    module_free(m);
+    rt_program_free(&prog);
     if (plan->opt.log) printf("starting %lld processes, one per GPU (rank 0 prints the log)\n", (long long)world);
     fflush(stdout);
     SpawnSpec sp = {.world = (int)world, .argv = argv, .log = stderr};
@@ -126,9 +125,8 @@ static int run_cuda_mesh(int argc, char **argv, const json_t *s, const Payload *
              info.arch);
     rc = EXIT_USAGE;
   }
-  RtProgram prog;
-  memset(&prog, 0, sizeof prog);
-  if (!rc) rc = rt_program_load(pl->parts[1], pl->sizes[1], &prog, err, errlen);
+  Module *m = NULL;   /* a pipelined program's module (its schedule); the others carry none */
+  if (!rc && ir && *ir && !(rc = parse_module("<compiled program>", ir, &m, err, errlen))) rc = verify_module(m, err, errlen);
   plan_for_rank(plan, le->rank);
   if (!rc) rc = cuda_rank_train(m, &prog, pl->parts[2], pl->sizes[2], plan, err, errlen);
   rt_program_free(&prog);
@@ -218,7 +216,7 @@ int main(int argc, char **argv) {
     free(pl.file);
     return report(EXIT_RUN, "the compiled model in this executable is incomplete; compile it again");
   }
-  /* a CUDA mesh: program, cubin, the IR (the micro-batch's split), "cuda-mesh"; one process
+  /* a CUDA mesh: program, cubin, the IR (a pipeline's schedule; else empty), "cuda-mesh"; one process
      per GPU, as loom train starts them; the other executables are one process */
   bool cuda_mesh = pl.n_parts == 5 && pl.sizes[4] == 9 && !memcmp(pl.parts[4], "cuda-mesh", 9);
   if (!cuda_mesh && (lrc = launch_env_single(&le, "a loom executable", err, sizeof err))) {
@@ -233,7 +231,7 @@ int main(int argc, char **argv) {
     pl.n_parts -= 3;
   }
   /* parts after the settings: ref: the IR; cpu: program, LLVM IR; cuda: program, cubin,
-     "cuda"; a cpu mesh: program, LLVM IR, the IR, "mesh" */
+     "cuda"; a cpu mesh: program, LLVM IR, the IR (a pipeline's; else empty), "mesh" */
   bool mesh = pl.n_parts == 5 && !cuda_mesh, cpu = pl.n_parts == 3 || mesh, cuda = pl.n_parts == 4 || cuda_mesh;
   ir_text = cuda_mesh ? strndup((const char *)pl.parts[3], pl.sizes[3])
             : cuda    ? strdup("")
@@ -365,11 +363,11 @@ int main(int argc, char **argv) {
     rc = finish(rc, err);
     goto done;
   }
-  if (mesh) {   /* the lowered program for every rank; the IR for the whole/piece bookkeeping */
+  if (mesh) {   /* the lowered program for every rank; a pipelined one's IR for its schedule */
     char *text = strndup((const char *)pl.parts[3], pl.sizes[3]);
     Module *mm = NULL;
-    rc = text ? parse_module("<compiled program>", text, &mm, err, sizeof err) : EXIT_RUN;
-    if (!rc) rc = verify_module(mm, err, sizeof err);
+    rc = text ? 0 : EXIT_RUN;
+    if (!rc && *text && !(rc = parse_module("<compiled program>", text, &mm, err, sizeof err))) rc = verify_module(mm, err, sizeof err);
     if (!rc) rc = run_training_cpu_mesh(mm, pl.parts[1], pl.sizes[1], ir_text, &plan, err, sizeof err);
     module_free(mm);
     free(text);

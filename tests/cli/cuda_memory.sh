@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/cli/cuda_memory.sh — the memory plan counts what the CUDA runtime allocates: on the
+# emulated device (tests/cuda_emu, which logs every cuMemAlloc under LOOM_EMU_STATS=1), a
+# training run's allocations are the plan's total (`loom ir --memory --target cuda`: the
+# state, the weight copies and the largest function arena, the CUDA lowering's stats area and
+# scratch included, passes/memory_cuda.c) plus the cuBLASLt workspace (32 MiB), and the arena
+# allocated is the plan's largest.  Models that save each kind of statistics: gpt2-tiny in bf16
+# (layer norms' mean and rstd, attention's log-sum-exp and O, the fused classifier's loss
+# rows), llama-tiny in bf16 (RMS norms), and gpt2-tiny in fp32 with none (attention on CUDA
+# cores saves none; the norms' and the classifier's switched off): the scratch alone.
+LOOM=$1
+. "$(dirname "$0")/lib.sh"
+
+lib=$(dirname "$LOOM")
+if [ ! -f "$lib/libloom_fake_cuda.so" ] || ! command -v "${LOOM_EMU_CXX:-g++}" > /dev/null; then
+  echo "SKIPPED: the emulated device (tests/cuda_emu) is not built here, or no C++ compiler"
+  finish
+fi
+export LOOM_LIBCUDA=$lib/libloom_fake_cuda.so LOOM_LIBNVRTC=$lib/libloom_fake_nvrtc.so
+export LOOM_LIBCUBLASLT=$lib/libloom_fake_cublaslt.so LOOM_CACHE_DIR=${LOOM_CACHE_DIR:-$TMP/cache}
+
+# one case: NAME, then env assignments, then the model and precision
+case_run() {
+  local name=$1 model=$3 prec=$4
+  local -a envs
+  read -r -a envs <<< "$2"
+  env "${envs[@]}" "$LOOM" ir tests/golden/$model/train_spec.json --passes=train,lower --target cuda --precision $prec \
+    --memory > "$TMP/plan" 2>&1 || { fail "$name: loom ir --memory" "$(cat "$TMP/plan")"; return; }
+  # the step graph's staging copy (its inputs and outputs) is the runtime's, not the plan's
+  env "${envs[@]}" LOOM_EMU_STATS=1 LOOM_CUDA_STEP_GRAPH=0 "$LOOM" train tests/golden/$model/train_spec.json \
+    --backend cuda --precision $prec --steps 1 --out "$TMP/w.st" > "$TMP/train" 2>&1 ||
+    { fail "$name: loom train on the emulated device" "$(tail -5 "$TMP/train")"; return; }
+  check "$name: the allocations are the plan's total + the cuBLASLt workspace, the arena its largest" \
+    python3 - "$TMP/plan" "$TMP/train" "$name" <<'PY'
+import re, sys
+plan, log, name = open(sys.argv[1]).read(), open(sys.argv[2]).read(), sys.argv[3]
+total = int(re.search(r"^  total .*\((\d+) bytes", plan, re.M).group(1))
+arenas = [int(x) for x in re.findall(r"^  @(?:grad_step|optimizer_step|forward) +peak .*\((\d+) bytes\)", plan, re.M)]
+stats = re.search(r"of which stats area ([\d.]+ \S+)", plan)
+allocs = [int(x) for x in re.search(r"^loom-emu: cuMemAlloc bytes:(.*)$", log, re.M).group(1).split()]
+workspace = 32 << 20
+assert workspace in allocs, (allocs, "no cuBLASLt workspace")
+rest = list(allocs)
+rest.remove(workspace)
+assert sum(rest) == total, f"{name}: allocated {sum(rest)} bytes besides the workspace ({rest}), planned {total}"
+assert max(arenas) in rest, f"{name}: the arena the runtime allocated is not the plan's largest {max(arenas)} ({rest})"
+want_stats = name != "gpt2-tiny fp32 without norm statistics"
+assert bool(stats) == want_stats, f"{name}: the plan's stats area line: {stats and stats.group(1)}"
+PY
+}
+case_run "gpt2-tiny bf16" "" gpt2-tiny bf16
+case_run "gpt2-tiny fp32 without norm statistics" "LOOM_CUDA_NO_NORM_STATS=1 LOOM_CUDA_NO_XENT_FUSION=1" gpt2-tiny fp32
+case_run "llama-tiny bf16" "" llama-tiny bf16
+
+# the stats area is the plan's for GPT-2 124M too (no device: the figure alone, checked above
+# on the tiny models): its saved statistics are hundreds of MB at 16 x 1024
+expect_exit 0 "GPT-2 124M's plan" "$LOOM" ir models/gpt2-124M.json --passes=train,lower --target cuda --precision bf16 \
+  --batch 16 --seq 1024 --vocab-multiple 128 --memory
+expect_stdout_contains "of which stats area 588.19 MiB"
+finish
