@@ -50,6 +50,19 @@
  * under for dualpipev and zb-h1 with full recomputation (their W pass holds the recomputed
  * activations: rcm = 0.15 is wrong there) and 0.3-2.5x for selective; a screened candidate's
  * first compile rarely exceeds 1.5 x the device alone (resolve stops there when it does).
+ * Then (the same day): all 372 the exact phase screened at 405B were recomputing layouts;
+ * one whose layout without recomputation had been pruned took that one's bound with memory
+ * 0, so the exact phase screened it whatever its estimate said; such ones now keep
+ * their own memory estimate x MEM_MARGIN where that is past "far" (the set-aside rule), and
+ * a chunk between its B and W holds W_HOLD of a layer's activations under full
+ * recomputation (held_chunks walks the schedule's lists).  405B: 1,830 compiles (from
+ * 1,963), 45.7 s of CPU at load 9.3 (51.6 s at load 6-7 before), the same best layout;
+ * 70B unchanged (1,081).  What is left there: the exact phase still screens about 160
+ * recomputing layouts in full at 405B, most far out of memory: dualpipev selective
+ * (estimated 0.55 of the screened memory), interleaved full and selective.  W_HOLD = 1
+ * would take 405B to 1,616 compiles but sets aside one layout (not fitting, not far) at
+ * 6.96 x its screened memory.  The activations a layer are themselves the reference's
+ * largest arena, no stash (a_lb = 0 at tp = 8 cp = 8: a fixed 1.48 GiB a layer).
  *
  * Before (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
  * table on tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and
@@ -98,8 +111,13 @@
 #define STEP_MARGIN 0.10
 #define MEM_MARGIN 0.4
 /* The part of a layer's activations (as held without recomputation) that a chunk holds
-   from its B to its W with recomputation (zb-h1, dualpipev): measured against the screened
-   memory, below. */
+   from its B to its W with full recomputation (zb-h1, dualpipev).  Measured (Llama-3-70B on
+   4,096, 405B on 16,384): without it these estimates were 0.09-0.78 of the screened memory;
+   with 1 they are 0.42-2.04 at 70B but 0.52-6.96 at 405B (dp=16 tp=8 cp=8 pp=16 dualpipev
+   mbs=2 ga=64: 780 GiB estimated, 112 screened, where the schedule defers 64 chunks' W), past
+   MEM_MARGIN's 2.5; with a quarter every measured one is within it (the estimate is convex
+   in this: at most 0.98 at 70B, 2.15 at 405B).  Selective recomputation is left out: its estimates are already
+   0.3-3.5 of the screened memory at 405B. */
 #define W_HOLD 0.25
 
 /* A layer program's figures at one dp, each linear in the layers (per layer "l", the rest
