@@ -57,9 +57,9 @@
  * a chunk between its B and W holds W_HOLD of a layer's activations under full
  * recomputation (held_chunks walks the schedule's lists).  405B: 1,830 compiles (from
  * 1,963), 45.7 s of CPU at load 9.3 (51.6 s at load 6-7 before), the same best layout;
- * 70B unchanged (1,081).  What is left there: the exact phase still screens about 160
+ * 70B unchanged (1,081).  What is left there: the exact phase still screens 250-290
  * recomputing layouts in full at 405B, most far out of memory: dualpipev selective
- * (estimated 0.55 of the screened memory), interleaved full and selective.  W_HOLD = 1
+ * (about half the screened memory in the ones looked at), interleaved full and selective.  W_HOLD = 1
  * would take 405B to 1,616 compiles but sets aside one layout (not fitting, not far) at
  * 6.96 x its screened memory.  The activations a layer are themselves the reference's
  * largest arena, no stash (a_lb = 0 at tp = 8 cp = 8: a fixed 1.48 GiB a layer).
