@@ -25,22 +25,6 @@ void mesh_assemble(const RtGlobal *gl, const int64_t mesh[5], int world, float *
   }
 }
 
-typedef struct {
-  const int32_t *whole;
-  int32_t *piece;
-} TokenCopy;
-
-static void token_run(int64_t w, int64_t p, int64_t n, void *arg) {
-  TokenCopy *c = arg;
-  memcpy(c->piece + p, c->whole + w, sizeof(int32_t) * (size_t)n);
-}
-
-void mesh_tokens_piece(const RtGlobal *place, const int64_t mesh[5], const int coord[5], const int32_t *whole,
-                       int32_t *piece) {
-  TokenCopy c = {whole, piece};
-  rt_piece_runs(place, mesh, coord, token_run, &c);
-}
-
 void cuda_rank_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets) {
   mesh_tokens_piece(&r->tok_place, r->mesh, r->coord[0], inputs, r->tok32[0]);
   mesh_tokens_piece(&r->tok_place, r->mesh, r->coord[0], targets, r->tgt32[0]);

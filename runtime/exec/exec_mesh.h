@@ -101,7 +101,7 @@ void mesh_exec_free(MeshExec *mx);
    q at mesh_coords_of(mesh, q)): replicated pieces are equal, rank order wins; owner >= 0 (a
    pipeline): only the ranks of that pp coordinate count. */
 void mesh_assemble(const RtGlobal *gl, const int64_t mesh[5], int world, float *const *piece_of, int owner, float *whole);
-/* The rank at coord's piece of a whole micro-batch (int32, [batch, seq] row-major) by the
+/* pieces.c: the rank at coord's piece of a whole micro-batch (int32, [batch, seq] row-major) by the
    placement of the program's token arguments (an RtGlobal's ir_rank, split, piece_dims, n). */
 void mesh_tokens_piece(const RtGlobal *place, const int64_t mesh[5], const int coord[5], const int32_t *whole,
                        int32_t *piece);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "runtime/exec/exec.h"
+#include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/exec_ref.h"
 
 Type whole_type(const Module *m, const Type *local) {
@@ -53,4 +54,22 @@ void piece_placement(const Type *local, RtGlobal *out) {
   for (int d = 0; d < local->rank && d < 8; d++) out->piece_dims[d] = local->dims[d], out->n *= local->dims[d];
   for (int a = 0; a < AX_COUNT && a < 5; a++)
     if (local->sh.kind[a] == SH_S) out->split[a] = (int8_t)(local->sh.dim[a] + 1);
+}
+
+/* The micro-batch's piece a rank holds (exec_mesh.h), here below the mesh executor and the
+   pipeline walker, which both split by it. */
+typedef struct {
+  const int32_t *whole;
+  int32_t *piece;
+} TokenCopy;
+
+static void token_run(int64_t w, int64_t p, int64_t n, void *arg) {
+  TokenCopy *c = arg;
+  memcpy(c->piece + p, c->whole + w, sizeof(int32_t) * (size_t)n);
+}
+
+void mesh_tokens_piece(const RtGlobal *place, const int64_t mesh[5], const int coord[5], const int32_t *whole,
+                       int32_t *piece) {
+  TokenCopy c = {whole, piece};
+  rt_piece_runs(place, mesh, coord, token_run, &c);
 }
