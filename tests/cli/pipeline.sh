@@ -4,7 +4,7 @@
 # reference executor (every schedule at pp=2, and the bitwise checks); ranks are threads,
 # transfers through the in-process communicator.  Models: 4- and 8-layer tiny GPT-2 (tied embeddings: the two copies'
 # gradients are exchanged between the first and last stage) and 4- and 8-layer tiny Llama.
-#   - every schedule at pp=2 and pp=4 with grad_accum 4 and 8 (interleaved with v=2, and
+#   - every schedule at pp=2 with grad_accum 4 and at pp=4 with 4 and 8 (interleaved with v=2, and
 #     dualpipev, which has 2 chunks per rank: pp=4 x 2 chunks needs 8 layers, so those run on
 #     the 8-layer tiny models at pp=4 and on the 4-layer ones at pp=2): 5 steps from the
 #     same init and data, losses and every final parameter within 1e-5 of the single-rank run,
@@ -66,12 +66,13 @@ eq() {   # model ga clip what flags...
 for m in gpt2-tiny-4l llama-tiny-4l; do
   for ga in 4 8; do
     for p in 2 4; do
+      [ $p = 2 ] && [ $ga = 8 ] && continue   # pp=2 reaches its steady state at grad_accum 4 already
       for s in afab 1f1b zb-h1 dualpipev; do
         [ $s = dualpipev ] && [ $p = 4 ] && continue   # 8 chunks: more than 4 layers
         eq $m $ga 1 "pp=$p $s grad_accum $ga" --mesh pp=$p --pp-schedule $s
       done
     done
-    eq $m $ga 1 "pp=2 interleaved v=2 grad_accum $ga" --mesh pp=2 --pp-schedule interleaved --pp-virtual 2
+    [ $ga = 4 ] && eq $m $ga 1 "pp=2 interleaved v=2 grad_accum $ga" --mesh pp=2 --pp-schedule interleaved --pp-virtual 2
     # pp=4 with 2 chunks per rank needs 8 layers: the 8-layer tiny models
     m8=${m%-4l}-8l
     eq $m8 $ga 1 "pp=4 interleaved v=2 grad_accum $ga" --mesh pp=4 --pp-schedule interleaved --pp-virtual 2
