@@ -162,107 +162,124 @@ int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const c
   return rc;
 }
 
-/* ---- the reference executor: one rank on a store of the module's globals, or every rank of
-   a partitioned module as threads (RefExec; no gradients there) ---- */
+/* ---- one rank on a device (runtime/device.h): the reference interpreter's ---- */
 
 typedef struct {
-  const Module *m;
-  GlobalStore *g;    /* one rank */
-  RefExec rx;        /* a mesh */
-  bool mesh, have_rx;
-} EvRef;
+  RtDevice dev;
+  RtProgram prog;   /* what the device runs (a description, for the interpreter) */
+  int f_forward, f_grad;
+} EvDev;
 
-/* The forward's arguments from int32 token ids (the whole batch: the ranks take their parts). */
-static int ref_args(const EvRef *r, const Func *f, const int32_t *in, const int32_t *tg, Tensor **args, char *err,
-                    size_t errlen) {
-  for (int k = 0; k < 2; k++) {
-    const Type *t = &((Value *)f->args.items[k])->type;
-    Type whole = r->mesh ? whole_type(r->m, t) : *t;
-    if (!(args[k] = tensor_new(&whole))) return oom(err, errlen);
-    for (int64_t j = 0; j < args[k]->n; j++) args[k]->i[j] = (k ? tg : in)[j];
-  }
-  return 0;
+static int dev_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
+                       size_t errlen) {
+  EvDev *d = e->impl;
+  void *args[2] = {(void *)in, (void *)tg}, *rets[RT_MAX_FUNC_IO] = {logits, loss};
+  return d->dev.call(&d->dev, d->f_forward, args, rets, err, errlen);
 }
 
-static int ref_call(Evaluator *e, const char *fname, const int32_t *in, const int32_t *tg, Tensor **rets, char *err,
-                    size_t errlen) {
-  EvRef *r = e->impl;
-  Func *f = module_find_func(r->m, fname);
-  Tensor *args[2] = {0};
-  int rc = ref_args(r, f, in, tg, args, err, errlen);
-  if (!rc) rc = r->mesh ? ref_exec_run(&r->rx, f, args, rets, err, errlen) : interp_run(f, r->g, args, rets, err, errlen);
-  tensor_free(args[0]);
-  tensor_free(args[1]);
+/* @grad_step accumulates d(loss)/d(param) into the gradient region: its globals read in
+   place (host storage) or read back, as views under the checkpoint's names. */
+static int dev_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
+  EvDev *d = e->impl;
+  float loss = 0;
+  void *args[2] = {(void *)in, (void *)tg}, *rets[RT_MAX_FUNC_IO] = {&loss};
+  int rc = d->dev.call(&d->dev, d->f_grad, args, rets, err, errlen);
+  if (rc) return rc;
+  const RtProgram *p = d->dev.p;
+  float **host = calloc((size_t)p->n_globals + 1, sizeof *host);
+  if (!host) return oom(err, errlen);
+  if (!d->dev.host) g->host = host, g->n_host = p->n_globals;   /* the copies are the views' data */
+  for (int i = 0; !rc && i < p->n_globals; i++) {
+    const RtGlobal *gl = &p->globals[i];
+    if (gl->region != RT_REGION_GRADS) continue;
+    if (d->dev.host) host[i] = d->dev.host(&d->dev, i);
+    else if (!(host[i] = calloc((size_t)gl->n + 1, sizeof(float)))) rc = oom(err, errlen);
+    else rc = d->dev.read(&d->dev, i, host[i], err, errlen);
+  }
+  if (!rc) rc = grad_views(p, host, g, err, errlen);
+  if (d->dev.host) free(host);   /* the views point into the device's storage */
   return rc;
 }
 
+static void dev_close(Evaluator *e) {
+  EvDev *d = e->impl;
+  rt_device_close(&d->dev);
+  rt_program_free(&d->prog);
+  free(d);
+}
+
+/* ---- the reference executor: one rank as a device, or every rank of a partitioned module
+   as threads (RefExec; no gradients there) ---- */
+
+typedef struct {
+  const Module *m;
+  RefExec rx;
+} EvRef;
+
 static int ref_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
                        size_t errlen) {
-  Tensor *rets[2] = {0};
-  int rc = ref_call(e, "forward", in, tg, rets, err, errlen);
+  EvRef *r = e->impl;
+  Func *f = module_find_func(r->m, "forward");
+  Tensor *args[2] = {0}, *rets[2] = {0};
+  int rc = 0;
+  for (int k = 0; k < 2 && !rc; k++) {   /* whole: the ranks take their parts */
+    Type whole = whole_type(r->m, &((Value *)f->args.items[k])->type);
+    if (!(args[k] = tensor_new(&whole))) rc = oom(err, errlen);
+    for (int64_t j = 0; !rc && j < args[k]->n; j++) args[k]->i[j] = (k ? tg : in)[j];
+  }
+  if (!rc) rc = ref_exec_run(&r->rx, f, args, rets, err, errlen);
   if (!rc) {
     memcpy(logits, rets[0]->f, sizeof(float) * (size_t)rets[0]->n);
     *loss = rets[1]->f[0];
   }
-  tensor_free(rets[0]);
-  tensor_free(rets[1]);
+  for (int k = 0; k < 2; k++) tensor_free(args[k]), tensor_free(rets[k]);
   return rc;
-}
-
-/* @grad_step accumulates d(loss)/d(param) into $grad.<name>, written in the checkpoint's
-   shape (its HF shape, or a stack of experts as one tensor per expert). */
-static int ref_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
-  EvRef *r = e->impl;
-  Tensor *loss = NULL;
-  int rc = ref_call(e, "grad_step", in, tg, &loss, err, errlen);
-  tensor_free(loss);
-  if (rc) return rc;
-  const Module *m = r->m;
-  int max = 1;
-  for (int i = 0; i < m->globals.n; i++) {
-    const Global *gl = m->globals.items[i];
-    max += rt_views_of(gl->value->type.rank, r->g->t[i]->type.dims, gl->hf_experts);
-  }
-  if (!(g->views = calloc((size_t)max, sizeof *g->views))) return oom(err, errlen);
-  for (int i = 0; i < m->globals.n; i++) {
-    const Global *gl = m->globals.items[i];
-    if (gl->kind != GLOBAL_STATE || strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) continue;
-    Tensor *t = r->g->t[i];
-    int bad = gl->hf_rank ? rt_views_add(g->views, &g->n, gl->name, gl->hf_rank, gl->hf_dims, t->f, false)
-                          : rt_views_add(g->views, &g->n, gl->name, t->type.rank, t->type.dims, t->f, gl->hf_experts);
-    if (bad) return oom(err, errlen);
-  }
-  return 0;
 }
 
 static void ref_close(Evaluator *e) {
   EvRef *r = e->impl;
-  if (r->have_rx) ref_exec_free(&r->rx);
-  globals_free(r->g);
+  ref_exec_free(&r->rx);
   free(r);
 }
 
-int eval_open_ref(Evaluator *e, const Module *m, const char *weights, char *err, size_t errlen) {
+int eval_open_ref(Evaluator *e, const Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
-  EvRef *r = calloc(1, sizeof *r);
-  if (!r) return oom(err, errlen);
-  e->impl = r;
-  e->close = ref_close;
-  e->forward = ref_forward;
-  r->m = m;
-  r->mesh = mesh_world(&m->mesh) > 1;
   e->world = (int)mesh_world(&m->mesh);
   snprintf(e->where, sizeof e->where, "the reference executor");
-  if (r->mesh) {
-    r->have_rx = true;   /* freed whatever the open did */
-    return ref_exec_open(&r->rx, m, 0, weights, false, err, errlen);
+  if (e->world > 1) {
+    rt_program_free(desc);
+    EvRef *r = calloc(1, sizeof *r);
+    if (!r) return oom(err, errlen);
+    e->impl = r;
+    e->close = ref_close;
+    e->forward = ref_forward;
+    r->m = m;
+    return ref_exec_open(&r->rx, m, 0, weights, false, err, errlen);   /* freed whatever the open did */
   }
-  e->grads = module_find_func(m, "grad_step") ? ref_grads : NULL;
-  if (!(r->g = globals_new(m))) {
-    snprintf(err, errlen, "out of memory for the parameters");
-    return EXIT_RUN;
+  EvDev *d = calloc(1, sizeof *d);
+  if (!d) {
+    rt_program_free(desc);
+    return oom(err, errlen);
   }
-  return load_weights(m, r->g, weights, err, errlen);
+  d->prog = *desc;   /* taken over */
+  memset(desc, 0, sizeof *desc);
+  e->impl = d;
+  e->close = dev_close;
+  e->forward = dev_forward;
+  int rc = ref_device_open(&d->dev, m, &d->prog, NULL, err, errlen);
+  d->f_forward = rt_device_find(&d->dev, "forward");
+  d->f_grad = rt_device_find(&d->dev, "grad_step");
+  e->grads = d->f_grad >= 0 ? dev_grads : NULL;
+  if (!rc && d->f_forward < 0) {
+    snprintf(err, errlen, "the module has no @forward(tokens, targets) -> (logits, loss)");
+    rc = EXIT_USAGE;
+  }
+  if (!rc) {   /* the interpreter's initial values, then the weights */
+    GlobalStore *g = ((RefRank *)d->dev.impl)->g;
+    globals_init(m, g, 0);
+    rc = load_weights(m, g, weights, err, errlen);
+  }
+  return rc;
 }
 
 /* ---- the cpu backend's mesh (exec_mesh.c: every rank a thread) ---- */

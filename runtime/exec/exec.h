@@ -98,6 +98,10 @@ typedef struct {
 } RunPlan;
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* ref_device.c: m (after the training pipeline) trained on the reference interpreter as a
+   device: one rank through the rank executor (runtime/device.h); desc: m's description
+   (codegen's cg_describe_module), taken over (freed here). */
+int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen);
 /* mesh_threads.c: a partitioned program (prog, n, llvm: the lowered program's bytes and its
    kernels' LLVM IR) trained with every rank a thread; m: a pipelined program's module (its
    schedule), else NULL or the module (not read). */
@@ -144,8 +148,9 @@ int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_
 /* GPU 0: a lowered CUDA program and its compiled image, both taken over (freed at close). */
 int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const char *where, const char *weights,
                    char *err, size_t errlen);
-/* The reference executor on m itself: one rank, or every rank of a mesh as threads. */
-int eval_open_ref(Evaluator *e, const Module *m, const char *weights, char *err, size_t errlen);
+/* The reference executor on m itself (desc: its description, cg_describe_module; taken
+   over): one rank, or every rank of a mesh as threads. */
+int eval_open_ref(Evaluator *e, const Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen);
 void eval_close(Evaluator *e);
 typedef struct {
   const char *tokens;          /* an llm.c token shard */

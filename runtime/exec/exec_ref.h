@@ -6,6 +6,7 @@
 
 #include "ir/ir.h"
 #include "runtime/comm/comm.h"
+#include "runtime/device.h"
 #include "ir/schedule.h"
 #include "runtime/trainer.h"
 #include "runtime/exec/exec.h"
@@ -43,6 +44,18 @@ int ref_exec_open(RefExec *r, const Module *m, uint64_t seed, const char *init, 
 int ref_exec_open_views(RefExec *r, const Module *m, bool training, char *err, size_t errlen);
 /* Runs f on every rank with whole arguments; rets[] receive the (replicated) results. */
 int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *err, size_t errlen);
+
+/* ref_device.c: the reference interpreter as a device (runtime/device.h) over desc, the
+   module's description (codegen's cg_describe_module: functions and globals in module order;
+   borrowed): one rank's globals, zeros (the caller initializes them: host storage), and its
+   communicator comm (NULL: one rank; the device reads it at every call, so a pipeline may
+   swap in its own). */
+typedef struct {
+  const Module *m;
+  GlobalStore *g;
+  Comm *comm;
+} RefRank;
+int ref_device_open(RtDevice *d, const Module *m, const RtProgram *desc, Comm *comm, char *err, size_t errlen);
 
 /* exec_pipe.c: a pipelined module (m->pipe.kind) on the pipeline walker with the interpreter
    as its transport: the schedule, the pipeline step, the per-rank optimizer steps. */

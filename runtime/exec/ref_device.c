@@ -1,0 +1,167 @@
+/* runtime/exec/ref_device.c — the reference interpreter (ir/interp.c) as a device
+ * (runtime/device.h), so that `--backend ref` runs through the same rank executor, mesh
+ * executor and pipeline walker as the lowered programs.
+ *
+ * Its program is a description of the module without steps (codegen's cg_describe_module,
+ * made by the driver): the functions in module order with their arguments' and results'
+ * element counts and kinds, the globals in module order with their placements.  A call runs
+ * the IR function on the interpreter with the rank's globals (a GlobalStore) and, on a mesh,
+ * its communicator; the arguments and results are copied between the caller's buffers (f32,
+ * int32 for integers) and the interpreter's tensors (f32 values already rounded to their
+ * dtype, int64).  The globals' float tensors are the device's host storage.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/exec/exec.h"
+#include "runtime/exec/exec_ref.h"
+
+static int fail(char *err, size_t errlen, int rc, const char *msg) {
+  snprintf(err, errlen, "%s", msg);
+  return rc;
+}
+
+static int rd_call(RtDevice *d, int func, void *const *args, void **rets, char *err, size_t errlen) {
+  RefRank *r = d->impl;
+  if (func < 0 || func >= d->p->n_funcs) return fail(err, errlen, EXIT_USAGE, "no such function in the module");
+  const Func *f = r->m->funcs.items[func];
+  const RtFunc *rf = &d->p->funcs[func];
+  Tensor **a = calloc((size_t)f->args.n + 1, sizeof *a), **o = calloc((size_t)f->rets.n + 1, sizeof *o);
+  int rc = a && o ? 0 : fail(err, errlen, EXIT_RUN, "out of memory");
+  for (int k = 0; !rc && k < f->args.n; k++) {
+    if (!args[k]) {
+      snprintf(err, errlen, "@%s: argument %d is missing", f->name, k);
+      rc = EXIT_USAGE;
+      break;
+    }
+    if (!(a[k] = tensor_new(&((const Value *)f->args.items[k])->type))) {
+      rc = fail(err, errlen, EXIT_RUN, "out of memory");
+      break;
+    }
+    if (rf->args[k].is_int)
+      for (int64_t j = 0; j < a[k]->n; j++) a[k]->i[j] = ((const int32_t *)args[k])[j];
+    else
+      memcpy(a[k]->f, args[k], sizeof(float) * (size_t)a[k]->n);
+  }
+  RefComm ad;   /* collectives and point-to-point (cp's ring, a pipeline's transfers) */
+  if (!rc) rc = interp_run_comm(f, r->g, a, o, r->comm ? ref_comm(&ad, r->comm) : NULL, err, errlen);
+  for (int k = 0; !rc && k < f->rets.n; k++) {
+    if (!rets[k] || !o[k]) continue;
+    if (rf->rets[k].is_int)
+      for (int64_t j = 0; j < o[k]->n; j++) ((int32_t *)rets[k])[j] = (int32_t)o[k]->i[j];
+    else
+      memcpy(rets[k], o[k]->f, sizeof(float) * (size_t)o[k]->n);
+  }
+  for (int k = 0; a && k < f->args.n; k++) tensor_free(a[k]);
+  for (int k = 0; o && k < f->rets.n; k++) tensor_free(o[k]);
+  free(a), free(o);
+  return rc;
+}
+
+static int rd_read(RtDevice *d, int g, float *out, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  const Tensor *t = ((RefRank *)d->impl)->g->t[g];
+  memcpy(out, t->f, sizeof(float) * (size_t)t->n);
+  return 0;
+}
+
+static int rd_write(RtDevice *d, int g, const float *in, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  Tensor *t = ((RefRank *)d->impl)->g->t[g];
+  for (int64_t k = 0; k < t->n; k++) t->f[k] = dtype_round(t->type.dtype, in[k]);
+  return 0;
+}
+
+static float *rd_host(RtDevice *d, int g) { return ((RefRank *)d->impl)->g->t[g]->f; }
+
+static void rd_close(RtDevice *d) {
+  RefRank *r = d->impl;
+  if (r) globals_free(r->g);
+  free(r);
+  d->impl = NULL;
+}
+
+int ref_device_open(RtDevice *d, const Module *m, const RtProgram *desc, Comm *comm, char *err, size_t errlen) {
+  memset(d, 0, sizeof *d);
+  if (desc->n_funcs != m->funcs.n || desc->n_globals != m->globals.n)
+    return fail(err, errlen, EXIT_USAGE, "the program's description is not the module's");
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *gl = m->globals.items[i];
+    if (!dtype_is_float(gl->value->type.dtype)) {
+      snprintf(err, errlen, "global $%.200s holds integers: the executors hold float globals only", gl->name);
+      return EXIT_USAGE;
+    }
+  }
+  RefRank *r = calloc(1, sizeof *r);
+  GlobalStore *g = calloc(1, sizeof *g);
+  if (g) g->t = calloc((size_t)m->globals.n + 1, sizeof *g->t);
+  if (!r || !g || !g->t) {
+    free(r), free(g ? g->t : NULL), free(g);
+    return fail(err, errlen, EXIT_RUN, "out of memory");
+  }
+  *r = (RefRank){m, g, comm};
+  *d = (RtDevice){desc, "ref", r, rd_call, rd_read, rd_write, rd_host, rd_close, NULL};
+  for (int i = 0; i < m->globals.n; i++, g->n++)   /* zeros: the caller fills them */
+    if (!(g->t[i] = tensor_new(&((const Global *)m->globals.items[i])->value->type))) {
+      rd_close(d);
+      return fail(err, errlen, EXIT_RUN, "out of memory for the parameters");
+    }
+  return 0;
+}
+
+/* ---- training on one rank ---- */
+
+/* What the reference executor refuses before it starts: a module without its training
+   functions, a mesh the module is not partitioned for. */
+static int training_check(const Module *m, char *err, size_t errlen) {
+  int world = (int)mesh_world(&m->mesh);
+  if (m->pipe.kind) {
+    const Func *f0 = module_find_func(m, "fwd.c0");
+    if (!f0 || f0->args.n < 2) {
+      snprintf(err, errlen, "the pipelined module has no @fwd.c0(tokens, targets): run the pipeline pass (--passes=train)");
+      return EXIT_USAGE;
+    }
+  } else {
+    const Func *g = module_find_func(m, "grad_step"), *o = module_find_func(m, "optimizer_step");
+    if (!g || !o || g->args.n != 2 || o->args.n != 2) {
+      snprintf(err, errlen, "the module has no @grad_step(tokens, targets) and @optimizer_step(lr, step); "
+               "run the autodiff and optimizer passes (loom ir --passes=train)");
+      return EXIT_USAGE;
+    }
+  }
+  if (world > 1 && !m->local) {
+    snprintf(err, errlen, "the mesh has %d ranks but the program is not partitioned: run the shard pass", world);
+    return EXIT_USAGE;
+  }
+  return 0;
+}
+
+int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen) {
+  int rc = training_check(m, err, errlen);
+  if (!rc && mesh_world(&m->mesh) > 1) {
+    rt_program_free(desc);
+    return run_training(m, plan, err, errlen);   /* the mesh: RefExec (for now) */
+  } else if (!rc) {
+    RtDevice dev;
+    RtRankExec re;
+    bool have_re = false;
+    rc = ref_device_open(&dev, m, desc, NULL, err, errlen);
+    if (!rc) {   /* the parameters as the interpreter initializes them, or the checkpoint's */
+      GlobalStore *g = ((RefRank *)dev.impl)->g;
+      globals_init(m, g, plan->seed);
+      if (plan->init) rc = load_weights(m, g, plan->init, err, errlen);
+    }
+    const Type *tt = &((const Value *)module_find_func(m, "grad_step")->args.items[0])->type;
+    if (!rc) rc = rt_rank_exec_init(&re, &dev, tt->rank == 2 ? tt->dims[0] : 0, tt->rank == 2 ? tt->dims[1] : 0, err,
+                                    errlen);
+    have_re = !rc;
+    if (!rc) rc = train_and_write(&re.ex, plan, err, errlen);
+    if (have_re) rt_rank_exec_free(&re);
+    rt_device_close(&dev);
+  }
+  if (!rc && !m->pipe.kind && plan->trace_out && plan->opt.log)
+    fprintf(plan->opt.log, "note: --trace-out records pipelines and meshes on the cpu backend; this run writes no "
+            "timeline (use --backend cpu)\n");
+  rt_program_free(desc);
+  return rc;
+}
