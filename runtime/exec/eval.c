@@ -162,6 +162,15 @@ int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const c
   return rc;
 }
 
+/* ---- a mesh (exec_mesh.c: every rank a thread) ---- */
+
+static int mesh_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
+                        size_t errlen) {
+  return eval_cpu_mesh_step(e->impl, in, tg, logits, loss, err, errlen);
+}
+
+static void mesh_close_ev(Evaluator *e) { eval_cpu_mesh_close(e->impl); }
+
 /* ---- one rank on a device (runtime/device.h): the reference interpreter's ---- */
 
 typedef struct {
@@ -208,53 +217,17 @@ static void dev_close(Evaluator *e) {
   free(d);
 }
 
-/* ---- the reference executor: one rank as a device, or every rank of a partitioned module
-   as threads (RefExec; no gradients there) ---- */
-
-typedef struct {
-  const Module *m;
-  RefExec rx;
-} EvRef;
-
-static int ref_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
-                       size_t errlen) {
-  EvRef *r = e->impl;
-  Func *f = module_find_func(r->m, "forward");
-  Tensor *args[2] = {0}, *rets[2] = {0};
-  int rc = 0;
-  for (int k = 0; k < 2 && !rc; k++) {   /* whole: the ranks take their parts */
-    Type whole = whole_type(r->m, &((Value *)f->args.items[k])->type);
-    if (!(args[k] = tensor_new(&whole))) rc = oom(err, errlen);
-    for (int64_t j = 0; !rc && j < args[k]->n; j++) args[k]->i[j] = (k ? tg : in)[j];
-  }
-  if (!rc) rc = ref_exec_run(&r->rx, f, args, rets, err, errlen);
-  if (!rc) {
-    memcpy(logits, rets[0]->f, sizeof(float) * (size_t)rets[0]->n);
-    *loss = rets[1]->f[0];
-  }
-  for (int k = 0; k < 2; k++) tensor_free(args[k]), tensor_free(rets[k]);
-  return rc;
-}
-
-static void ref_close(Evaluator *e) {
-  EvRef *r = e->impl;
-  ref_exec_free(&r->rx);
-  free(r);
-}
-
-int eval_open_ref(Evaluator *e, const Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen) {
+int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
   e->world = (int)mesh_world(&m->mesh);
   snprintf(e->where, sizeof e->where, "the reference executor");
-  if (e->world > 1) {
-    rt_program_free(desc);
-    EvRef *r = calloc(1, sizeof *r);
-    if (!r) return oom(err, errlen);
-    e->impl = r;
-    e->close = ref_close;
-    e->forward = ref_forward;
-    r->m = m;
-    return ref_exec_open(&r->rx, m, 0, weights, false, err, errlen);   /* freed whatever the open did */
+  if (e->world > 1) {   /* every rank a thread (exec_mesh.c) */
+    e->forward = mesh_forward;
+    e->close = mesh_close_ev;
+    MeshCpu *mc = NULL;
+    int rc = eval_cpu_mesh_open(&mc, m, desc, NULL, 0, NULL, weights, err, errlen);
+    e->impl = mc;   /* closed whatever the open did */
+    return rc;
   }
   EvDev *d = calloc(1, sizeof *d);
   if (!d) {
@@ -282,15 +255,6 @@ int eval_open_ref(Evaluator *e, const Module *m, RtProgram *desc, const char *we
   return rc;
 }
 
-/* ---- the cpu backend's mesh (exec_mesh.c: every rank a thread) ---- */
-
-static int mesh_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
-                        size_t errlen) {
-  return eval_cpu_mesh_step(e->impl, in, tg, logits, loss, err, errlen);
-}
-
-static void mesh_close_ev(Evaluator *e) { eval_cpu_mesh_close(e->impl); }
-
 int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_t n, const char *llvm,
                        const char *weights, char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
@@ -299,7 +263,7 @@ int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_
   e->world = (int)mesh_world(&m->mesh);
   snprintf(e->where, sizeof e->where, "the cpu backend");
   MeshCpu *mc = NULL;
-  int rc = eval_cpu_mesh_open(&mc, m, prog, n, llvm, weights, err, errlen);
+  int rc = eval_cpu_mesh_open(&mc, m, NULL, prog, n, llvm, weights, err, errlen);
   e->impl = mc;   /* closed whatever the open did */
   return rc;
 }

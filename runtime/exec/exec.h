@@ -99,14 +99,18 @@ typedef struct {
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* ref_device.c: m (after the training pipeline) trained on the reference interpreter as a
-   device: one rank through the rank executor (runtime/device.h); desc: m's description
-   (codegen's cg_describe_module), taken over (freed here). */
+   device: one rank through the rank executor (runtime/device.h), a mesh through the mesh
+   executor's threads (run_training_ref_mesh); desc: m's description (codegen's
+   cg_describe_module), taken over (freed here). */
 int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen);
 /* mesh_threads.c: a partitioned program (prog, n, llvm: the lowered program's bytes and its
    kernels' LLVM IR) trained with every rank a thread; m: a pipelined program's module (its
    schedule), else NULL or the module (not read). */
 int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
                           char *err, size_t errlen);
+/* mesh_threads.c: the same on the reference interpreter (ref_device.c), every rank of m a
+   thread; desc: m's description, taken over. */
+int run_training_ref_mesh(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen);
 /* mesh_nccl.c: this process's rank of a partitioned program (taken over: freed here) and its
    CUDA module image; m as above.  Rank 0 alone logs and writes files: plan_for_rank clears
    a plan's outputs for the others. */
@@ -150,7 +154,7 @@ int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const c
                    char *err, size_t errlen);
 /* The reference executor on m itself (desc: its description, cg_describe_module; taken
    over): one rank, or every rank of a mesh as threads. */
-int eval_open_ref(Evaluator *e, const Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen);
+int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen);
 void eval_close(Evaluator *e);
 typedef struct {
   const char *tokens;          /* an llm.c token shard */

@@ -121,10 +121,12 @@ int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen);
 void cuda_pipe_free(CudaRank *r);
 
 /* mesh_threads.c, for loom eval --mesh (runtime/exec/eval.c): the mesh opened for @forward
-   with the weights split to the ranks (*out is set even on failure: close it); a step runs
+   with the weights split to the ranks (*out is set even on failure: close it), on the cpu
+   backend (prog, n, llvm) or, with desc (m's description, taken over), the reference
+   interpreter; a step runs
    every rank on its piece of a whole batch, rank 0's logits [B*T*V] and loss come back. */
-int eval_cpu_mesh_open(MeshCpu **out, Module *m, const unsigned char *prog, size_t n, const char *llvm,
-                       const char *weights, char *err, size_t errlen);
+int eval_cpu_mesh_open(MeshCpu **out, Module *m, RtProgram *desc, const unsigned char *prog, size_t n,
+                       const char *llvm, const char *weights, char *err, size_t errlen);
 int eval_cpu_mesh_step(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err,
                        size_t errlen);
 void eval_cpu_mesh_close(MeshCpu *mc);

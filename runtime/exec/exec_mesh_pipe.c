@@ -75,7 +75,7 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
   PipeWalk *w = mc->rx.walk;
   int rc = pipe_walk_bind(w, &cpu_ops, mc, err, errlen);
   if (rc) return rc;
-  for (int k = 0; k < mc->world; k++) mc->cpu[k].comm = &w->tc[k].c;
+  for (int k = 0; mc->cpu && k < mc->world; k++) mc->cpu[k].comm = &w->tc[k].c;
   mc->ex.grad_step = NULL;
   mc->ex.pipeline_step = pipeline_step;
   mc->ex.optimizer_step = optimizer_step;
