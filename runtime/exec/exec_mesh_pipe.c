@@ -15,7 +15,7 @@
 #include "runtime/exec/exec.h"
 #include "runtime/exec/pipe_walk.h"
 
-static int cpu_find(void *ctx, const char *name) { return cpu_find_func(&((MeshCpu *)ctx)->b.cp, name); }
+static int cpu_find(void *ctx, const char *name) { return rt_device_find(&((MeshCpu *)ctx)->dev[0], name); }
 
 static int cpu_takes(void *ctx, int from, int skip, int to, char *err, size_t errlen) {
   return pipe_rt_takes(((MeshCpu *)ctx)->dev[0].p, from, skip, to, err, errlen);

@@ -329,10 +329,6 @@ static int training_check(const Module *m, char *err, size_t errlen) {
 
 int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen) {
   int rc = training_check(m, err, errlen);
-  if (!rc && m->pipe.kind) {
-    rt_program_free(desc);
-    return run_training(m, plan, err, errlen);   /* a pipeline: RefExec (for now) */
-  }
   if (!rc && mesh_world(&m->mesh) > 1) {
     rc = run_training_ref_mesh(m, desc, plan, err, errlen);
   } else if (!rc) {
