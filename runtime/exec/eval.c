@@ -16,7 +16,7 @@
 #include "runtime/exec/exec.h"
 #include "runtime/exec/exec_cpu.h"
 #include "runtime/exec/exec_mesh.h"
-#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/ref_device.h"
 #include "runtime/io/tokens.h"
 
 static int oom(char *err, size_t errlen) {

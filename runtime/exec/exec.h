@@ -1,17 +1,17 @@
 /* runtime/exec/exec.h — the execution layer's index: what runs a program that the driver
  * built (or that a compiled executable carries), trains it and writes its results.
  *
- *   exec_ref.c      the training Executor over the reference interpreter (one rank, or every
- *                   rank of a partitioned module as threads)
+ *   ref_device.c    the reference interpreter as a device (runtime/device.h) over the module's
+ *                   description: trained and evaluated by the same executors as the cpu backend
  *   pipe_walk.c     the pipeline walker: a pipelined module's steps over ir/schedule.h's action
  *                   lists, once, over a transport (pipe_walk.h) that each backend implements
- *   exec_pipe.c     the reference interpreter as the walker's transport
  *   exec_cpu.c      the cpu backend: a lowered program JIT-compiled; its Executor is the
  *                   rank executor over the program as a device (runtime/device.h)
  *   exec_mesh.c     the mesh executor (every rank a device): the micro-batch's split, the
  *                   steps, the whole views gathered and scattered by the RtGlobal placements,
  *                   the ranks' starting pieces, --out streamed; over a world of
- *   mesh_threads.c    ranks as threads on the cpu backend (runtime/comm's LocalWorld), or
+ *   mesh_threads.c    ranks as threads on the cpu backend or the reference interpreter
+ *                     (runtime/comm's LocalWorld; also the interpreter's training entry), or
  *   mesh_nccl.c       a process per rank on its GPU (NCCL; sharded checkpoints)
  *   exec_mesh_pipe.c  the threads' ranks' devices as the walker's transport
  *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
@@ -23,9 +23,9 @@
  *   hf_export.c     a folder Hugging Face transformers loads (--out DIR/, loom export)
  *   host.c          the process: clocks, peak memory, malloc settings
  *
- * This library sits on runtime/ and ir/ (the reference interpreter runs the IR module; the mesh
- * executor reads a pipelined program's schedule and owners from it when it opens; the other
- * programs it runs from the RtProgram alone); nothing here includes
+ * This library sits on runtime/ and ir/ (the reference interpreter's device runs the IR module;
+ * the mesh executor reads a pipelined program's schedule and owners from it when it opens; the
+ * other programs it runs from the RtProgram alone); nothing here includes
  * frontend/, passes/ or codegen/.  Exit codes: 0 success, 2 bad input or usage, 1 run-time
  * failure; library calls return those codes, so a command returns what failed.
  */
@@ -42,7 +42,8 @@
 enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
 
 /* How a program runs on this machine: cpu (fused kernels JIT-compiled with LLVM, GEMMs in a
-   CPU BLAS, the runtime's builtins) or ref (the reference executor, op by op). */
+   CPU BLAS, the runtime's builtins) or ref (the reference interpreter, op by op, as a device:
+   ref_device.c). */
 typedef enum { BACKEND_CPU, BACKEND_REF, BACKEND_CUDA } Backend;
 
 /* ---- host.c ---- */
@@ -83,7 +84,7 @@ typedef struct {
   const char *init;   /* parameters to start from (NULL: seeded GPT-2-style init) */
   const char *out;    /* final parameters + losses (NULL: none) */
   uint64_t seed;
-  Backend backend;    /* cpu: fused kernels, JIT, BLAS (the module must be lowered); ref: the reference executor */
+  Backend backend;    /* cpu: fused kernels, JIT, BLAS (the module must be lowered); ref: the reference interpreter */
   int threads;        /* cpu backend threads (0: LOOM_THREADS or all cores) */
   int64_t batch, seq;
   const char *trace_out;   /* a pipeline's measured timeline (Chrome trace JSON), or NULL */
@@ -96,11 +97,9 @@ typedef struct {
   const char *out_elsewhere;
   bool verbose;       /* --verbose: also the planned and measured arena of each function */
 } RunPlan;
-/* m must have passed the training pipeline; runs it on the reference executor. */
-int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
-/* ref_device.c: m (after the training pipeline) trained on the reference interpreter as a
-   device: one rank through the rank executor (runtime/device.h), a mesh through the mesh
-   executor's threads (run_training_ref_mesh); desc: m's description (codegen's
+/* mesh_threads.c: m (after the training pipeline) trained on the reference interpreter as a
+   device (ref_device.c): one rank through the rank executor (runtime/device.h), a mesh
+   (pipelined or not) through the mesh executor's threads; desc: m's description (codegen's
    cg_describe_module), taken over (freed here). */
 int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen);
 /* mesh_threads.c: a partitioned program (prog, n, llvm: the lowered program's bytes and its
@@ -108,9 +107,6 @@ int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err,
    schedule), else NULL or the module (not read). */
 int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
                           char *err, size_t errlen);
-/* mesh_threads.c: the same on the reference interpreter (ref_device.c), every rank of m a
-   thread; desc: m's description, taken over. */
-int run_training_ref_mesh(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen);
 /* mesh_nccl.c: this process's rank of a partitioned program (taken over: freed here) and its
    CUDA module image; m as above.  Rank 0 alone logs and writes files: plan_for_rank clears
    a plan's outputs for the others. */
@@ -119,6 +115,12 @@ int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, con
 void plan_for_rank(RunPlan *plan, int64_t rank);
 /* The loop and --out for any executor. */
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen);
+/* After a pipelined run (m: its module, for the predicted stash): the measured idle per pp
+   rank beside the predicted bubble and the stash peaks (to plan->opt.log), and the timeline
+   (plan->trace_out). */
+struct PipeWalk;
+int pipe_run_report(const struct PipeWalk *w, const Module *m, const RunPlan *plan, const char *backend, char *err,
+                    size_t errlen);
 
 /* ---- eval.c: loom eval's execution (the driver, driver/eval.c, builds what runs) ---- */
 /* Gradients of one batch's loss as views under the checkpoint's names (one per expert);
@@ -152,8 +154,8 @@ int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_
 /* GPU 0: a lowered CUDA program and its compiled image, both taken over (freed at close). */
 int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const char *where, const char *weights,
                    char *err, size_t errlen);
-/* The reference executor on m itself (desc: its description, cg_describe_module; taken
-   over): one rank, or every rank of a mesh as threads. */
+/* The reference interpreter as a device over m (desc: m's description, cg_describe_module;
+   taken over): one rank, or every rank of a mesh as threads (the mesh executor). */
 int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen);
 void eval_close(Evaluator *e);
 typedef struct {

@@ -203,6 +203,25 @@ static int open_views(MeshExec *mx) {
   return !(mx->stream = malloc(sizeof(float) * (size_t)most_whole));
 }
 
+/* A pipelined module's global: the pp coordinate whose optimizer step assigns its parameter
+   (its owner; the first when tied copies are kept on two), or -1. */
+static int pipe_owner_of(const Module *m, const Global *gl) {
+  const char *pre[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
+  const char *pname = gl->name;
+  for (int k = 0; k < 3; k++)
+    if (!strncmp(pname, pre[k], strlen(pre[k]))) pname += strlen(pre[k]);
+  for (int q = 0; q < (int)m->mesh.size[AX_PP]; q++) {
+    char name[64];
+    snprintf(name, sizeof name, "optimizer_step.s%d", q);
+    const Func *f = module_find_func(m, name);
+    for (int i = 0; f && i < f->ops.n; i++) {
+      const Op *op = f->ops.items[i];
+      if (op->kind == OP_ASSIGN && !strcmp(op->operands[0]->global->name, pname)) return q;
+    }
+  }
+  return -1;
+}
+
 int mesh_exec_open(MeshExec *mx, const Module *m, bool pipe, bool training, char *err, size_t errlen) {
   const RtProgram *p = mx->p;
   const char *grad = pipe ? "fwd.c0" : training ? "grad_step" : "forward";

@@ -8,8 +8,9 @@
  * pieces and scattered back, --out streamed a tensor at a time, the ranks' starting pieces;
  * all by the lowered program's placements (RtGlobal; the token arguments' RtFunc.arg_place).
  * Below it a world says where the ranks are and how pieces travel between processes:
- *   mesh_threads.c  every rank a thread of this process on the cpu backend, the collectives
- *                   runtime/comm's LocalWorld (the gather reads the ranks' host storage)
+ *   mesh_threads.c  every rank a thread of this process on the cpu backend or the reference
+ *                   interpreter (ref_device.h), the collectives runtime/comm's LocalWorld
+ *                   (the gather reads the ranks' host storage)
  *   mesh_nccl.c     this process one rank on its GPU (cuda backend), the others processes,
  *                   NCCL between them; sharded checkpoints, the trainer's stop agreement
  * A pipelined program's steps are the pipeline walker's (pipe_walk.c), over the threads'
@@ -21,7 +22,7 @@
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/device.h"
 #include "runtime/exec/exec_cpu.h"
-#include "runtime/exec/exec_ref.h"
+#include "ir/ir.h"
 
 typedef struct MeshExec MeshExec;
 typedef struct CudaPipe CudaPipe;
@@ -65,16 +66,16 @@ struct MeshExec {
   float *stream;       /* --out streamed: the whole of one global (the largest parameter's size) */
   int stream_global;   /* the global stream holds, -1 */
   /* ---- threads (mesh_threads.c) and their pipeline walker (exec_mesh_pipe.c) ---- */
-  RefExec rx;          /* a pipeline: its walker (rx.walk: the schedule, the measured times), the LocalWorld */
-  LocalWorld *lw;      /* the ranks' collectives (rx.lw in a pipeline) */
-  CpuBackend b;        /* the lowered program, its JIT'd kernels, rank 0's CpuProgram */
-  CpuProgram *cpu;     /* [world]; cpu[0] is a copy of b.cp */
+  struct PipeWalk *walk;   /* a pipeline: its walker (pipe_walk.h: the schedule, the measured times), or NULL */
+  LocalWorld *lw;      /* the ranks' collectives */
+  CpuBackend b;        /* the cpu backend: the lowered program, its JIT'd kernels, rank 0's CpuProgram */
+  CpuProgram *cpu;     /* [world]; cpu[0] is a copy of b.cp (NULL: the reference interpreter's ranks) */
   CommEngine **engines;           /* async collectives (the overlap pass): each rank's communication thread, or NULL */
   bool step_open;                 /* a training step has begun (its timeline is being recorded) */
   /* ---- a process per rank (mesh_nccl.c) and its pipeline walker (exec_cuda_pipe.c) ---- */
   const Module *m;     /* read at open only (a pipeline's schedule) */
   Comm *comm;
-  RtProgram prog;
+  RtProgram prog;      /* this rank's program (threads of the reference interpreter: the module's description) */
   CudaProgram cp;
   bool have_cp;
   float *gather_buf;   /* world x the largest piece */
@@ -108,7 +109,7 @@ void mesh_tokens_piece(const RtGlobal *place, const int64_t mesh[5], const int c
 /* This rank's piece of a whole micro-batch in r->tok32[0], r->tgt32[0] (a process per rank). */
 void cuda_rank_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets);
 
-/* exec_mesh_pipe.c: a pipelined module on the pipeline walker (rx.walk, pipe_walk.h) with the
+/* exec_mesh_pipe.c: a pipelined module on the pipeline walker (walk, pipe_walk.h) with the
    ranks' programs as its transport: the Executor's pipeline_step, optimizer_step and
    eval_step, the ranks talking through the walker's tagging communicators (pipe_cpu_free
    gives them theirs back). */

@@ -1,12 +1,12 @@
-/* runtime/exec/exec_mesh_pipe.c — a pipelined module (pass "pipeline") on the cpu backend:
- * every rank's device (a CpuProgram, runtime/device.h) as the pipeline walker's transport
- * (pipe_walk.h).
+/* runtime/exec/exec_mesh_pipe.c — a pipelined module (pass "pipeline") on a world of threads:
+ * every rank's device (runtime/device.h: a CpuProgram, or the reference interpreter) as the
+ * pipeline walker's transport (pipe_walk.h).
  *
  * Every rank is a thread of the walker.  The stash is a host block per F (split B), its
  * buffers laid one after another as the function returns them, which is how the consumer
- * takes them; the point-to-point transfers are the program's send/recv builtins, run inside
- * the calls through the walker's tagging communicator (the rank's CpuProgram talks through
- * it while the pipeline is set up).
+ * takes them; the point-to-point transfers are the program's send/recv (the cpu backend's
+ * builtins, the interpreter's ops), run inside the calls through the walker's tagging
+ * communicator (the rank's program talks through it while the pipeline is set up).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -60,19 +60,19 @@ static const PipeOps cpu_ops = {cpu_find, cpu_takes, cpu_alloc, cpu_free, cpu_ca
 
 static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
                          size_t errlen) {
-  return pipe_walk_step(((MeshCpu *)self)->rx.walk, n, inputs, targets, losses, err, errlen);
+  return pipe_walk_step(((MeshCpu *)self)->walk, n, inputs, targets, losses, err, errlen);
 }
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
-  return pipe_walk_optimizer(((MeshCpu *)self)->rx.walk, lr, t, grad_norm, err, errlen);
+  return pipe_walk_optimizer(((MeshCpu *)self)->walk, lr, t, grad_norm, err, errlen);
 }
 static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  return pipe_walk_eval(((MeshCpu *)self)->rx.walk, inputs, targets, loss, err, errlen);
+  return pipe_walk_eval(((MeshCpu *)self)->walk, inputs, targets, loss, err, errlen);
 }
 
-/* The walker the reference executor's open made (its schedule, timeline and stash, which
-   the run's report reads), bound to the ranks' programs. */
+/* The walker mesh_threads.c made (its schedule, timeline and stash, which the run's report
+   reads), bound to the ranks' devices. */
 int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
-  PipeWalk *w = mc->rx.walk;
+  PipeWalk *w = mc->walk;
   int rc = pipe_walk_bind(w, &cpu_ops, mc, err, errlen);
   if (rc) return rc;
   for (int k = 0; mc->cpu && k < mc->world; k++) mc->cpu[k].comm = &w->tc[k].c;
@@ -84,7 +84,7 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
 }
 
 void pipe_cpu_free(MeshCpu *mc) {
-  PipeWalk *w = mc->rx.walk;
+  PipeWalk *w = mc->walk;
   for (int k = 0; w && w->tc && mc->cpu && k < mc->world; k++)
     if (mc->cpu[k].comm == &w->tc[k].c) mc->cpu[k].comm = w->tc[k].inner;
 }

@@ -14,7 +14,7 @@
 
 #include "runtime/exec/exec.h"
 #include "runtime/exec/exec_mesh.h"
-#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/ref_device.h"
 #include "runtime/exec/pipe_walk.h"
 
 static void *job_main(void *arg) {
@@ -176,21 +176,21 @@ static int mesh_open(MeshExec *mx, Module *m, RtProgram *desc, const unsigned ch
   if (!ref) rt_program_free(&head);
   int per = threads_total(threads) / mx->world;
   if (per < 1) per = 1;
-  if (pipe) {   /* the schedule, the LocalWorld and the measured times (exec_pipe.c) */
-    if ((rc = ref_exec_open_views(&mx->rx, m, true, err, errlen))) return rc;
-    mx->lw = mx->rx.lw;
-  } else if (!(mx->lw = local_world_new(mx->mesh, err, errlen))) {
-    return EXIT_USAGE;   /* LOOM_MESH_FAULT or _TIMEOUT */
-  }
+  if (!(mx->lw = local_world_new(mx->mesh, err, errlen))) return EXIT_USAGE;   /* LOOM_MESH_FAULT or _TIMEOUT */
   if ((rc = open_devices(mx, m, ref, bytes, n, llvm, per, err, errlen))) return rc;
   const RtProgram *p = mx->p;
   mx->run = run_threads;
   mx->gather = gather_host;
   if ((rc = mesh_exec_open(mx, m, pipe, training, err, errlen))) return rc;
   if ((rc = mesh_exec_init(mx, init, seed, err, errlen))) return rc;
-  if (pipe && (rc = pipe_cpu_setup(mx, err, errlen))) return rc;
-  for (int k = 0; pipe && ref && k < mx->world; k++)   /* the interpreter's transfers: the walker's tagging comms */
-    ((RefRank *)mx->dev[k].impl)->comm = &mx->rx.walk->tc[k].c;
+  if (pipe) {   /* the schedule, its walk over the ranks' devices, the measured times */
+    if ((rc = pipe_walk_new(&mx->walk, m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro,
+                            mx->lw, mx->mesh, NULL, &mx->tok_place, mx->whole_n, err, errlen)))
+      return rc;
+    if ((rc = pipe_cpu_setup(mx, err, errlen))) return rc;
+    for (int k = 0; ref && k < mx->world; k++)   /* the interpreter's transfers: the walker's tagging comms */
+      ((RefRank *)mx->dev[k].impl)->comm = &mx->walk->tc[k].c;
+  }
   if (ref) {   /* the interpreter runs its collectives itself and records no timeline */
     if (log)
       fprintf(log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld)\n", mx->world,
@@ -236,8 +236,8 @@ static void mesh_close(MeshExec *mx) {
   else free(mx->dev), free(mx->coord);
   cpu_backend_free(&mx->b);
   rt_program_free(&mx->prog);   /* the interpreter's description */
-  if (mx->rx.m) ref_exec_free(&mx->rx);
-  else local_world_free(mx->lw);
+  pipe_walk_free(mx->walk);
+  local_world_free(mx->lw);
 }
 
 /* Every rank a thread, trained; desc: the reference interpreter's (open_devices). */
@@ -253,14 +253,14 @@ static int train_mesh(Module *m, RtProgram *desc, const unsigned char *prog, siz
   int rc = mesh_open(mx, m, desc, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->trace_out != NULL,
                      plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mx->ex, plan, err, errlen);
-  if (!rc && !ref && !mx->rx.sched && plan->verbose) cpu_arena_report(plan->opt.log, mx->cpu, mx->world);
-  if (!rc && !ref && plan->trace_out && !mx->rx.sched) {
+  if (!rc && !ref && !mx->walk && plan->verbose) cpu_arena_report(plan->opt.log, mx->cpu, mx->world);
+  if (!rc && !ref && plan->trace_out && !mx->walk) {
     rc = write_trace(mx, plan->trace_out, err, errlen);
     if (!rc && plan->opt.log)
       fprintf(plan->opt.log, "wrote the measured timeline to %s (the last step; per rank a compute and a comm track)\n",
               plan->trace_out);
   }
-  if (!rc && mx->rx.sched) rc = pipe_run_report(&mx->rx, plan, ref ? "reference executor" : "cpu backend", err, errlen);
+  if (!rc && mx->walk) rc = pipe_run_report(mx->walk, m, plan, ref ? "reference executor" : "cpu backend", err, errlen);
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && !ref && prof && *prof) cpu_backend_profile(&mx->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
   mesh_close(mx);
@@ -271,10 +271,6 @@ static int train_mesh(Module *m, RtProgram *desc, const unsigned char *prog, siz
 int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
                           char *err, size_t errlen) {
   return train_mesh(m, NULL, prog, n, llvm, plan, err, errlen);
-}
-
-int run_training_ref_mesh(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen) {
-  return train_mesh(m, desc, NULL, 0, NULL, plan, err, errlen);
 }
 
 int eval_cpu_mesh_open(MeshCpu **out, Module *m, RtProgram *desc, const unsigned char *prog, size_t n,
@@ -330,7 +326,7 @@ static int training_check(const Module *m, char *err, size_t errlen) {
 int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen) {
   int rc = training_check(m, err, errlen);
   if (!rc && mesh_world(&m->mesh) > 1) {
-    rc = run_training_ref_mesh(m, desc, plan, err, errlen);
+    rc = train_mesh(m, desc, NULL, 0, NULL, plan, err, errlen);
   } else if (!rc) {
     RtDevice dev;
     RtRankExec re;

@@ -1,6 +1,6 @@
 /* runtime/exec/ref_device.c — the reference interpreter (ir/interp.c) as a device
- * (runtime/device.h), so that `--backend ref` runs through the same rank executor, mesh
- * executor and pipeline walker as the lowered programs.
+ * (ref_device.h, runtime/device.h), so that `--backend ref` runs through the same rank
+ * executor, mesh executor and pipeline walker as the lowered programs.
  *
  * Its program is a description of the module without steps (codegen's cg_describe_module,
  * made by the driver): the functions in module order with their arguments' and results'
@@ -14,7 +14,42 @@
 #include <string.h>
 
 #include "runtime/exec/exec.h"
-#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/ref_device.h"
+
+/* ---- the interpreter's communicator over a runtime one ---- */
+
+typedef struct {
+  IrComm ir;
+  Comm *comm;
+} RefComm;
+
+static Comm *over(IrComm *c) { return ((RefComm *)c)->comm; }
+static int rc_all_reduce(IrComm *c, int axis, float *buf, int64_t n, bool max) {
+  return over(c)->all_reduce(over(c), axis, buf, n, max);
+}
+static int rc_all_gather(IrComm *c, int axis, const float *in, float *out, int64_t n) {
+  return over(c)->all_gather(over(c), axis, in, out, n);
+}
+static int rc_reduce_scatter(IrComm *c, int axis, const float *in, float *out, int64_t n) {
+  return over(c)->reduce_scatter(over(c), axis, in, out, n);
+}
+static int rc_all_to_all(IrComm *c, int axis, const float *in, float *out, int64_t n) {
+  return over(c)->all_to_all(over(c), axis, in, out, n);
+}
+static int rc_send(IrComm *c, int axis, int peer, int64_t tag, const float *buf, int64_t n) {
+  return over(c)->send(over(c), axis, peer, tag, buf, n);
+}
+static int rc_recv(IrComm *c, int axis, int peer, int64_t tag, float *buf, int64_t n) {
+  return over(c)->recv(over(c), axis, peer, tag, buf, n);
+}
+
+static IrComm *ref_comm(RefComm *a, Comm *c) {
+  *a = (RefComm){{NULL, {0}, rc_all_reduce, rc_all_gather, rc_reduce_scatter, rc_all_to_all, rc_send, rc_recv}, c};
+  memcpy(a->ir.coord, c->coord, sizeof a->ir.coord);
+  return &a->ir;
+}
+
+/* ---- the device ---- */
 
 static int fail(char *err, size_t errlen, int rc, const char *msg) {
   snprintf(err, errlen, "%s", msg);

@@ -9,7 +9,6 @@
 
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/exec/exec_ref.h"
 #include "runtime/exec/exec.h"
 #include "runtime/exec/pipe_walk.h"
 
@@ -162,12 +161,12 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
 
 /* After a pipelined run: the measured idle per pp rank beside the predicted bubble, the
    predicted and measured stash peaks, and the measured timeline (--trace-out). */
-int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen) {
+int pipe_run_report(const PipeWalk *w, const Module *m, const RunPlan *plan, const char *backend, char *err,
+                    size_t errlen) {
   int rc = 0;
-  const PipeWalk *w = r->walk;
   if (w->steps) {
     /* measured idle against the schedule's prediction with equal unit costs */
-    const Schedule *s = r->sched;
+    const Schedule *s = &w->sched;
     double cost[256][3];
     for (int c = 0; c < 256; c++) cost[c][0] = cost[c][1] = cost[c][2] = 1;
     SimResult sim;
@@ -181,7 +180,7 @@ int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *
         }
         fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)w->steps);
         int64_t peak[64], fb[256], wb[256];
-        pipe_stash_peaks(r->m, s, peak, fb, wb);
+        pipe_stash_peaks(m, s, peak, fb, wb);
         fprintf(plan->opt.log, "stash peak per pp rank, predicted / measured (bytes):");
         for (int q = 0; q < s->p; q++)
           fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)w->stash_peak[pipe_walk_speaker(w, q)]);
@@ -194,22 +193,5 @@ int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *
       if (!rc && plan->opt.log) fprintf(plan->opt.log, "wrote the measured timeline to %s\n", plan->trace_out);
     }
   }
-  return rc;
-}
-
-int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
-  int rc;
-  RefExec rx;
-  rc = ref_exec_init(&rx, m, plan->seed, plan->init, err, errlen);
-  if (!rc && rx.world > 1 && plan->opt.log)
-    fprintf(plan->opt.log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld)\n", rx.world,
-            (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP], (long long)m->mesh.size[AX_CP],
-            (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP]);
-  if (!rc) rc = train_and_write(&rx.ex, plan, err, errlen);
-  if (!rc && rx.sched) rc = pipe_run_report(&rx, plan, "reference executor", err, errlen);
-  if (!rc && !rx.sched && plan->trace_out && plan->opt.log)
-    fprintf(plan->opt.log, "note: --trace-out records pipelines and meshes on the cpu backend; this run writes no "
-            "timeline (use --backend cpu)\n");
-  ref_exec_free(&rx);
   return rc;
 }
