@@ -57,7 +57,7 @@ typedef struct {
 } SelfMsg;
 
 struct CudaPipe {
-  PipeWalk *walk;
+  PipeWalk *walk;           /* the mesh executor's (borrowed) */
   struct RankPlan *plan;   /* this rank's groups for the training schedule */
   struct RankPlan *eval_plan;   /* validation's, made at each one */
   const struct RankPlan *cur;   /* the walk under way: its plan, its schedule, its next item */
@@ -541,14 +541,12 @@ static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, 
 /* ---- setup ---- */
 
 int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
-  const Module *m = r->m;
   CudaPipe *pp = r->pipe = calloc(1, sizeof *pp);
   if (!pp) return pfail(err, errlen, EXIT_RUN, "out of memory");
   pp->q = r->comm->coord[COMM_PP];
+  pp->walk = r->walk;   /* the mesh executor's, from the program's schedule */
   int nf = r->prog.n_funcs;
-  int rc = pipe_walk_new(&pp->walk, m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro, NULL,
-                         r->mesh, r->comm->coord, &r->tok_place, r->whole_n, err, errlen);
-  if (!rc) rc = pipe_walk_bind(pp->walk, &cuda_ops, r, err, errlen);
+  int rc = pipe_walk_bind(pp->walk, &cuda_ops, r, err, errlen);
   if (rc) return rc;
   const Schedule *s = &pp->walk->sched;
   if (!(pp->fx = calloc((size_t)nf + 1, sizeof *pp->fx))) return pfail(err, errlen, EXIT_RUN, "out of memory");
@@ -594,7 +592,6 @@ void cuda_pipe_free(CudaRank *r) {
   for (int k = 0; k < pp->n_pool; k++) cuda_dev_free(&r->cp, pp->pool[k].addr);
   cuda_dev_free(&r->cp, pp->bank);
   for (int f = 0; pp->fx && f < r->prog.n_funcs; f++) free(pp->fx[f].x);
-  pipe_walk_free(pp->walk);
   if (pp->plan) plan_free(pp->plan);
   free(pp->plan), free(pp->send_block), free(pp->fx), free(pp->pool), free(pp->self), free(pp->ops);
   free(pp);

@@ -60,19 +60,19 @@ static const PipeOps cpu_ops = {cpu_find, cpu_takes, cpu_alloc, cpu_free, cpu_ca
 
 static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
                          size_t errlen) {
-  return pipe_walk_step(((MeshCpu *)self)->rx.walk, n, inputs, targets, losses, err, errlen);
+  return pipe_walk_step(((MeshCpu *)self)->walk, n, inputs, targets, losses, err, errlen);
 }
 static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
-  return pipe_walk_optimizer(((MeshCpu *)self)->rx.walk, lr, t, grad_norm, err, errlen);
+  return pipe_walk_optimizer(((MeshCpu *)self)->walk, lr, t, grad_norm, err, errlen);
 }
 static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  return pipe_walk_eval(((MeshCpu *)self)->rx.walk, inputs, targets, loss, err, errlen);
+  return pipe_walk_eval(((MeshCpu *)self)->walk, inputs, targets, loss, err, errlen);
 }
 
-/* The walker the reference executor's open made (its schedule, timeline and stash, which
-   the run's report reads), bound to the ranks' programs. */
+/* The walker the mesh executor's open made from the program (its schedule, timeline and
+   stash, which the run's report reads), bound to the ranks' programs. */
 int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
-  PipeWalk *w = mc->rx.walk;
+  PipeWalk *w = mc->walk;
   int rc = pipe_walk_bind(w, &cpu_ops, mc, err, errlen);
   if (rc) return rc;
   for (int k = 0; k < mc->world; k++) mc->cpu[k].comm = &w->tc[k].c;
@@ -84,7 +84,7 @@ int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen) {
 }
 
 void pipe_cpu_free(MeshCpu *mc) {
-  PipeWalk *w = mc->rx.walk;
+  PipeWalk *w = mc->walk;
   for (int k = 0; w && w->tc && mc->cpu && k < mc->world; k++)
     if (mc->cpu[k].comm == &w->tc[k].c) mc->cpu[k].comm = w->tc[k].inner;
 }

@@ -116,6 +116,10 @@ int pipe_walk_trace(const PipeWalk *w, const char *path, const char *backend, ch
 /* Validation's schedule: one micro-batch's forward actions, every chunk in order on its rank
    (free it with schedule_free, also on failure). */
 int pipe_forward_schedule(const Schedule *train, Schedule *ev);
+/* The predicted stash of a lowered program's pipeline, as pipe_stash_peaks gives a module's
+   (4 bytes a value): each pp rank's peak under w's training schedule (peak[0 .. p), at most
+   64).  After pipe_walk_bind. */
+void pipe_rt_stash_peaks(const PipeWalk *w, const RtProgram *p, int64_t *peak);
 /* PipeOps.takes for a lowered program: counts, element counts and storage. */
 int pipe_rt_takes(const RtProgram *p, int from, int skip, int to, char *err, size_t errlen);
 

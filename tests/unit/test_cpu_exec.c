@@ -146,7 +146,7 @@ static void test_forward(void) {
   f.rets[0] = loss;
   f.rets[1] = g;
   char names[1][32] = {"k_bias_gelu"};
-  RtProgram p = {1, &f, 5, gl, {0, l.next[1], l.next[2], l.next[3]}, 1, names, {1, 1, 1, 1, 1}};
+  RtProgram p = {1, &f, 5, gl, {0, l.next[1], l.next[2], l.next[3]}, 1, names, {1, 1, 1, 1, 1}, {0, 0, 0}};
 
   float xs[M * K], out_loss[2][M], out_g[2][M * N];
   int32_t tgt[M];
@@ -242,7 +242,7 @@ static void test_globals(void) {
     rg[k] = global(&l, gs[k].name, RT_REGION_PARAMS, gs[k].rank, gs[k].shape, gs[k].rk, gs[k].v,
                    gs[k].dt == DT_BF16 ? RT_ROUND_BF16 : RT_ROUND_NONE);
   }
-  RtProgram p = {0, NULL, ng, rg, {0, l.next[1], 0, 0}, 0, NULL, {1, 1, 1, 1, 1}};
+  RtProgram p = {0, NULL, ng, rg, {0, l.next[1], 0, 0}, 0, NULL, {1, 1, 1, 1, 1}, {0, 0, 0}};
   GlobalStore *st = globals_new(m);
   CpuProgram cp;
   char err[512];
@@ -336,7 +336,7 @@ static void test_executor(void) {
   f[1].n_rets = 1;
   f[1].rets[0] = gn;
   char names[2][32] = {"k_mean", "k_norm"};
-  RtProgram p = {2, f, 4, gl, {0, l.next[1], l.next[2], l.next[3]}, 2, names, {1, 1, 1, 1, 1}};
+  RtProgram p = {2, f, 4, gl, {0, l.next[1], l.next[2], l.next[3]}, 2, names, {1, 1, 1, 1, 1}, {0, 0, 0}};
   void *kfn[2];
   CpuKernelFn k0 = k_mean, k1 = k_norm;
   memcpy(&kfn[0], &k0, sizeof k0);
@@ -399,7 +399,7 @@ static void test_malformed(void) {
   f.n_steps = 1;
   f.steps = st;
   f.arena_bytes = l.next[0];
-  RtProgram p = {1, &f, 0, NULL, {0}, 0, NULL, {1, 1, 1, 1, 1}};
+  RtProgram p = {1, &f, 0, NULL, {0}, 0, NULL, {1, 1, 1, 1, 1}, {0, 0, 0}};
   CpuProgram cp;
   char err[512];
   int rc = cpu_program_init(&cp, &p, NULL, 1, err, sizeof err);
