@@ -30,11 +30,11 @@
  * with the previous action's tail (each action's call ends with a synchronization, as every
  * cuda_program_call does).
  */
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ir/schedule.h"
+#include "runtime/fail.h"
 #include "runtime/comm/comm_nccl.h"
 #include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/exec.h"
@@ -82,15 +82,6 @@ struct CudaPipe {
 
 static int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
-static int pfail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int pfail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
-}
-
 /* v[need - 1] made room for (capacity *cap, doubling); 1: out of memory */
 static int grow(void **v, int *cap, int need, size_t size) {
   if (need <= *cap) return 0;
@@ -111,7 +102,7 @@ static int block_get(CudaRank *r, int64_t bytes, int *out, char *err, size_t err
     if (!pp->pool[k].busy && pp->pool[k].bytes >= bytes && (best < 0 || pp->pool[k].bytes < pp->pool[best].bytes)) best = k;
   if (best < 0) {
     if (grow((void **)&pp->pool, &pp->cap_pool, pp->n_pool + 1, sizeof *pp->pool))
-      return pfail(err, errlen, EXIT_RUN, "out of memory");
+      return rt_fail(err, errlen, EXIT_RUN, "out of memory");
     Block *b = &pp->pool[pp->n_pool];
     *b = (Block){0, bytes > 0 ? bytes : 256, false};
     if (cuda_dev_alloc(&r->cp, &b->addr, b->bytes, "a pipeline stash", err, errlen)) return EXIT_RUN;
@@ -314,7 +305,7 @@ static int make_plans(const CudaPipe *pp, const Schedule *s, RankPlan *R, const 
 /* This rank's plan of schedule s (every rank's made, the others dropped). */
 static int plan_rank(const CudaPipe *pp, const Schedule *s, RankPlan *out, const char *what, char *err, size_t errlen) {
   RankPlan *R = calloc((size_t)s->p, sizeof *R);
-  if (!R) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!R) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   int rc = make_plans(pp, s, R, what, err, errlen);
   if (!rc) {
     *out = R[pp->q];
@@ -341,13 +332,13 @@ static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi
   CudaPipe *pp = r->pipe;
   const PlanGroup *g = &plan->g[gi];
   if (!g->n) return 0;
-  if (grow((void **)&pp->ops, &pp->cap_ops, g->n, sizeof *pp->ops)) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (grow((void **)&pp->ops, &pp->cap_ops, g->n, sizeof *pp->ops)) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; k < g->n; k++) {
     const PlanOp *o = &g->ops[k];
     uint64_t addr;
     if (o->send) {
       int b = pp->send_block[o->action * pp->max_x + o->xfer];
-      if (b < 0) return pfail(err, errlen, 2, "pp rank %d: a send of action %d issued before its action ran", pp->q, o->action);
+      if (b < 0) return rt_fail(err, errlen, 2, "pp rank %d: a send of action %d issued before its action ran", pp->q, o->action);
       addr = pp->pool[b].addr;
     } else {
       const FnXfers *f = act_fx(pp, s, pp->q, o->action);
@@ -375,20 +366,20 @@ static int name_slots(CudaRank *r, const Schedule *s, int i, char *err, size_t e
   const FnXfers *f = act_fx(pp, s, q, i);
   int64_t rat = 0;
   if (f->n > (int)(sizeof pp->slot / sizeof pp->slot[0]) || f->n > pp->max_x)
-    return pfail(err, errlen, 2, "@%s has %d transfers; the pipeline driver takes %d",
+    return rt_fail(err, errlen, 2, "@%s has %d transfers; the pipeline driver takes %d",
                  r->prog.funcs[action_func(pp, s, q, i)].name, f->n, (int)(sizeof pp->slot / sizeof pp->slot[0]));
   for (int x = 0; x < f->n; x++) {
     const CudaPipeXfer *t = &f->x[x];
     if (t->peer == q && t->send) {   /* to this rank itself: a block held until its receive */
       if (grow((void **)&pp->self, &pp->cap_self, pp->n_self + 1, sizeof *pp->self))
-        return pfail(err, errlen, EXIT_RUN, "out of memory");
+        return rt_fail(err, errlen, EXIT_RUN, "out of memory");
       SelfMsg *m = &pp->self[pp->n_self++];
       *m = (SelfMsg){-1, t->tag, act->mb};
       if (block_get(r, t->bytes, &m->block, err, errlen)) return EXIT_RUN;
       pp->slot[x] = pp->pool[m->block].addr;
     } else if (t->peer == q) {
       SelfMsg *m = self_find(pp, t->tag, act->mb);
-      if (!m) return pfail(err, errlen, 2, "pp rank %d: a receive from itself (tag %lld) before its send", q, (long long)t->tag);
+      if (!m) return rt_fail(err, errlen, 2, "pp rank %d: a receive from itself (tag %lld) before its send", q, (long long)t->tag);
       pp->slot[x] = pp->pool[m->block].addr;
     } else if (t->send) {
       int *b = &pp->send_block[i * pp->max_x + x];
@@ -478,11 +469,11 @@ static int cu_begin(void *ctx, const Schedule *s, bool training, char *err, size
   CudaRank *r = ctx;
   CudaPipe *pp = r->pipe;
   if (grow((void **)&pp->send_block, &pp->n_send_block, (s->n[pp->q] > 0 ? s->n[pp->q] : 1) * pp->max_x, sizeof(int)))
-    return pfail(err, errlen, EXIT_RUN, "out of memory");
+    return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; k < pp->n_send_block; k++) pp->send_block[k] = -1;
   pp->cur_s = s, pp->item = 0, pp->cur = pp->plan;
   if (training) return 0;
-  if (!(pp->eval_plan = calloc(1, sizeof *pp->eval_plan))) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!(pp->eval_plan = calloc(1, sizeof *pp->eval_plan))) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   pp->cur = pp->eval_plan;
   int rc = plan_rank(pp, s, pp->eval_plan, "validation's forward-only schedule", err, errlen);
   if (rc) free(pp->eval_plan), pp->eval_plan = NULL;
@@ -498,7 +489,7 @@ static int cu_between(void *ctx, const Schedule *s, int i, char *err, size_t err
   while (!rc && pp->item < plan->n_items && plan->items[pp->item].action < 0)
     rc = exchange(r, s, plan, plan->items[pp->item++].group, err, errlen);
   if (!rc && i < s->n[pp->q] && (pp->item >= plan->n_items || plan->items[pp->item++].action != i))
-    rc = pfail(err, errlen, EXIT_RUN, "pp rank %d: the plan does not run action %d next", pp->q, i);
+    rc = rt_fail(err, errlen, EXIT_RUN, "pp rank %d: the plan does not run action %d next", pp->q, i);
   return rc;
 }
 
@@ -518,7 +509,7 @@ static int cu_end(void *ctx, int rc, float *losses, int64_t n, char *err, size_t
   coord[COMM_PP] = schedule_chunk_rank(s->kind, s->p, s->v, s->chunks - 1);
   int src = mesh_rank_of(r->mesh, coord);
   float *all = calloc((size_t)(n * r->world) + 1, sizeof(float));
-  if (!all) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!all) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   rc = nccl_all_gather_host(r->comm, losses, all, n, err, errlen);
   if (!rc) memcpy(losses, all + (size_t)src * (size_t)n, sizeof(float) * (size_t)n);
   free(all);
@@ -542,23 +533,23 @@ static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, 
 
 int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
   CudaPipe *pp = r->pipe = calloc(1, sizeof *pp);
-  if (!pp) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!pp) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   pp->q = r->comm->coord[COMM_PP];
   pp->walk = r->walk;   /* the mesh executor's, from the program's schedule */
   int nf = r->prog.n_funcs;
   int rc = pipe_walk_bind(pp->walk, &cuda_ops, r, err, errlen);
   if (rc) return rc;
   const Schedule *s = &pp->walk->sched;
-  if (!(pp->fx = calloc((size_t)nf + 1, sizeof *pp->fx))) return pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!(pp->fx = calloc((size_t)nf + 1, sizeof *pp->fx))) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   /* every function's transfers, and the bank: the most any action receives */
   int64_t most = 256;
   for (int f = 0; f < nf; f++) {
     FnXfers *x = &pp->fx[f];
-    if (cuda_pipe_transfers(&r->prog, f, &x->x, &x->n)) return pfail(err, errlen, EXIT_RUN, "out of memory");
+    if (cuda_pipe_transfers(&r->prog, f, &x->x, &x->n)) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
     int64_t recv = 0;
     for (int k = 0; k < x->n; k++) {
       if (x->x[k].axis != AX_PP)
-        return pfail(err, errlen, EXIT_USAGE, "@%s: a transfer to a fixed rank on an axis other than pp",
+        return rt_fail(err, errlen, EXIT_USAGE, "@%s: a transfer to a fixed rank on an axis other than pp",
                      r->prog.funcs[f].name);
       if (!x->x[k].send && x->x[k].peer != pp->q) recv += align256(x->x[k].bytes);
     }
@@ -570,13 +561,13 @@ int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
   /* the plans (and with them the proof that they run): the training schedule's, and
      validation's forward-only one's (made again at each validation) */
   Schedule ev;
-  rc = pipe_forward_schedule(s, &ev) ? pfail(err, errlen, EXIT_RUN, "out of memory") : 0;
+  rc = pipe_forward_schedule(s, &ev) ? rt_fail(err, errlen, EXIT_RUN, "out of memory") : 0;
   char what[96];
   snprintf(what, sizeof what, "the %s schedule (pp=%d, %d micro-batches)", pipe_kind_names[s->kind], s->p, s->m);
   RankPlan check;
   if (!rc && !(rc = plan_rank(pp, &ev, &check, "validation's forward-only schedule", err, errlen))) plan_free(&check);
   schedule_free(&ev);
-  if (!rc && !(pp->plan = calloc(1, sizeof *pp->plan))) rc = pfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!rc && !(pp->plan = calloc(1, sizeof *pp->plan))) rc = rt_fail(err, errlen, EXIT_RUN, "out of memory");
   if (!rc) rc = plan_rank(pp, s, pp->plan, what, err, errlen);
   if (rc) return rc;
   r->ex.grad_step = NULL;
