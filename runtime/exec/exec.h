@@ -13,10 +13,11 @@
  *                   the ranks' starting pieces, --out streamed; over a world of
  *   mesh_threads.c    ranks as threads on the cpu backend (runtime/comm's LocalWorld), or
  *   mesh_nccl.c       a process per rank on its GPU (NCCL; sharded checkpoints)
- *   exec_mesh_pipe.c  the threads' ranks' devices as the walker's transport
+ *   exec_mesh_pipe.c  the local ranks' devices as the walker's transport (cpu and cuda: the
+ *                     stash in device memory)
  *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
  *                   executor over it as a device
- *   exec_cuda_pipe.c  an NCCL rank's GPU as the walker's transport (device stash, NCCL groups)
+ *   exec_cuda_pipe.c  on an NCCL rank's GPU, the device transport's hook (NCCL groups)
  *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard
  *   train_common.c  the training entry point: parameters, executor, the loop (runtime/trainer.c), --out
  *   weights.c       safetensors parameters into a module's or a program's globals

@@ -224,7 +224,7 @@ int cuda_rank_train(RtProgram *prog, const void *image, size_t n, const RunPlan 
   if (!rc && plan->opt.log) fprintf(plan->opt.log, "cuda: rank 0's host memory peak %.0f MiB\n", peak_rss_mib());
   /* the others must not wait for this rank (a signal's stop is every rank's, after one step) */
   if (rc && !train_stopped(rc) && r->comm) nccl_world_abort(r->comm);
-  cuda_pipe_free(r);
+  pipe_dev_free(r);   /* before the program whose memory its blocks are */
   if (r->p) mesh_exec_free(r);
   free(r->gather_buf);
   if (r->have_cp) cuda_program_free(&r->cp);

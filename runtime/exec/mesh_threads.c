@@ -155,7 +155,10 @@ static int mesh_open(MeshExec *mx, const unsigned char *bytes, size_t n, const c
   mx->gather = gather_host;
   if ((rc = mesh_exec_open(mx, training, err, errlen))) return rc;
   if ((rc = mesh_exec_init(mx, init, seed, err, errlen))) return rc;
-  if (pipe && (rc = pipe_cpu_setup(mx, err, errlen))) return rc;
+  if (pipe) {   /* the walker over the ranks' devices; their transfers through its tagging communicators */
+    if ((rc = pipe_dev_setup(mx, NULL, err, errlen))) return rc;
+    for (int k = 0; k < mx->world; k++) mx->cpu[k].comm = &mx->walk->tc[k].c;
+  }
   /* async collectives: a communication thread per rank (runtime/cpu/cpu_async.c) */
   if (!pipe && cpu_program_has_async(p)) {
     if (!(mx->engines = calloc((size_t)mx->world, sizeof *mx->engines))) {
@@ -177,7 +180,9 @@ static int mesh_open(MeshExec *mx, const unsigned char *bytes, size_t n, const c
 }
 
 static void mesh_close(MeshExec *mx) {
-  pipe_cpu_free(mx);
+  for (int k = 0; mx->walk && mx->walk->tc && mx->cpu && k < mx->world; k++)   /* their own communicators back */
+    if (mx->cpu[k].comm == &mx->walk->tc[k].c) mx->cpu[k].comm = mx->walk->tc[k].inner;
+  pipe_dev_free(mx);
   for (int k = 0; mx->engines && k < mx->world; k++) {   /* before the programs whose slots they read */
     comm_engine_free(mx->engines[k]);
     if (mx->cpu) mx->cpu[k].engine = NULL;
