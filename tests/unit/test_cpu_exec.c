@@ -20,6 +20,9 @@
  *     fuzz_payload reaches those checks; the seeds cover cpu, cpu mesh and cuda.  When the
  *     payload or program format changes, this fails until the seeds are remade
  *     (tests/fuzz/make_seeds.c says how).
+ *  6. A pipelined program's schedule (RtProgram.pipe) and its globals' stages (RtGlobal.owner)
+ *     survive rt_program_save/load (what a compiled pipeline runs from, with no IR); a stage
+ *     outside the mesh's pp, a schedule past its limits and the previous format are refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -522,9 +525,57 @@ static void test_payload_seeds(void) {
   }
 }
 
+static void test_program_pipe(void) {
+  RtGlobal gl[3];
+  memset(gl, 0, sizeof gl);
+  for (int k = 0; k < 3; k++) {
+    snprintf(gl[k].name, sizeof gl[k].name, "w%d", k);
+    gl[k].region = RT_REGION_PARAMS, gl[k].offset = 64 * k, gl[k].n = 4, gl[k].rank = 1, gl[k].shape[0] = 4;
+  }
+  gl[0].owner = 0, gl[1].owner = 1, gl[2].owner = -1;
+  RtProgram p = {0, NULL, 3, gl, {0, 192, 0, 0}, 0, NULL, {1, 1, 1, 2, 1}, {3, 2, 4}};   /* interleaved, v=2, 4 mbs */
+  unsigned char *bytes = NULL;
+  size_t n = 0;
+  char err[512] = "";
+  RtProgram q;
+  int rc = rt_program_save(&p, &bytes, &n, err, sizeof err);
+  if (!rc) rc = rt_program_load(bytes, n, &q, err, sizeof err);
+  check(!rc && q.pipe.kind == 3 && q.pipe.virt == 2 && q.pipe.micro == 4 && q.mesh[3] == 2 && q.n_globals == 3 &&
+            q.globals[0].owner == 0 && q.globals[1].owner == 1 && q.globals[2].owner == -1,
+        "a pipelined program's schedule and stages survive save and load", rc ? err : NULL);
+  if (!rc) rt_program_free(&q);
+  free(bytes);
+  /* damaged: a stage outside pp=2, an unknown schedule, no micro-batches */
+  for (int c = 0; c < 3; c++) {
+    RtProgram d = p;
+    RtGlobal dg[3];
+    memcpy(dg, gl, sizeof dg);
+    d.globals = dg;
+    if (c == 0) dg[1].owner = 2;
+    if (c == 1) d.pipe.kind = 9;
+    if (c == 2) d.pipe.micro = 0;
+    bytes = NULL, err[0] = 0;
+    rc = rt_program_save(&d, &bytes, &n, err, sizeof err);
+    if (!rc) rc = rt_program_load(bytes, n, &q, err, sizeof err);
+    char name[128];
+    snprintf(name, sizeof name, "a program with %s is refused as damaged (2)",
+             c == 0 ? "a stage outside the mesh's pp" : c == 1 ? "an unknown schedule" : "a schedule of 0 micro-batches");
+    check(rc == 2 && strstr(err, "damaged"), name, err);
+    if (!rc) rt_program_free(&q);
+    free(bytes);
+  }
+  /* the previous format (LOOMPRG3: no schedule, no stages) is refused with the fix */
+  bytes = NULL;
+  rc = rt_program_save(&p, &bytes, &n, err, sizeof err);
+  if (!rc) bytes[7] = '3', rc = rt_program_load(bytes, n, &q, err, sizeof err);
+  check(rc == 2 && strstr(err, "recompile it"), "a LOOMPRG3 program is refused: recompile it", err);
+  free(bytes);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   test_payload_seeds();
+  test_program_pipe();
   test_forward();
   test_globals();
   test_executor();
