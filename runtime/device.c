@@ -1,24 +1,39 @@
 /* runtime/device.c — the rank executor over an RtDevice (runtime/device.h): one Executor for
    every backend that runs a lowered program on one rank. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/fail.h"
 #include "runtime/device.h"
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 int rt_device_find(const RtDevice *d, const char *name) {
   for (int f = 0; d->p && f < d->p->n_funcs; f++)
     if (!strcmp(d->p->funcs[f].name, name)) return f;
   return -1;
+}
+
+int rt_device_buf_alloc(RtDevice *d, int64_t bytes, uint64_t *addr, char *err, size_t errlen) {
+  if (d->buf_alloc) return d->buf_alloc(d, bytes, addr, err, errlen);
+  void *b = bytes >= 0 ? malloc((size_t)(bytes ? bytes : 1)) : NULL;
+  *addr = (uint64_t)(uintptr_t)b;
+  return b ? 0 : rt_fail(err, errlen, 1, "out of memory for %lld bytes on the %s device", (long long)bytes, d->kind);
+}
+
+void rt_device_buf_free(RtDevice *d, uint64_t addr) {
+  if (d->buf_free) d->buf_free(d, addr);
+  else free((void *)(uintptr_t)addr);
+}
+
+int rt_device_call_dev(RtDevice *d, int func, void *const *args, const uint64_t *dargs, void **rets,
+                       const uint64_t *drets, char *err, size_t errlen) {
+  if (d->call_dev) return d->call_dev(d, func, args, dargs, rets, drets, err, errlen);
+  if (func < 0 || !d->p || func >= d->p->n_funcs) return rt_fail(err, errlen, 2, "no function #%d in the program", func);
+  const RtFunc *fn = &d->p->funcs[func];   /* host blocks: their addresses are host pointers */
+  void *a[RT_MAX_FUNC_IO] = {0}, *r[RT_MAX_FUNC_IO] = {0};
+  for (int k = 0; k < fn->n_args; k++) a[k] = dargs && dargs[k] ? (void *)(uintptr_t)dargs[k] : args[k];
+  for (int k = 0; k < fn->n_rets; k++) r[k] = drets && drets[k] ? (void *)(uintptr_t)drets[k] : rets[k];
+  return d->call(d, func, a, r, err, errlen);
 }
 
 static int ex_grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
@@ -45,7 +60,7 @@ static int ex_eval_step(void *self, const int32_t *inputs, const int32_t *target
                         size_t errlen) {
   RtRankExec *re = self;
   if (re->f_forward < 0 || re->dev->p->funcs[re->f_forward].n_rets != 2)
-    return fail(err, errlen, 2, "the program has no @forward(tokens, targets) -> (logits, loss) to validate with");
+    return rt_fail(err, errlen, 2, "the program has no @forward(tokens, targets) -> (logits, loss) to validate with");
   void *args[2] = {(void *)inputs, (void *)targets}, *rets[RT_MAX_FUNC_IO] = {NULL, loss};
   return re->dev->call(re->dev, re->f_forward, args, rets, err, errlen);
 }
@@ -85,7 +100,7 @@ static bool add_views(RtRankExec *re, RtTensor *out, int *n, RtRegion region) {
 int rt_rank_exec_init(RtRankExec *re, RtDevice *dev, int64_t batch, int64_t seq, char *err, size_t errlen) {
   memset(re, 0, sizeof *re);
   re->dev = dev;
-  if (!dev->p) return fail(err, errlen, 2, "the %s program is not initialized", dev->kind);
+  if (!dev->p) return rt_fail(err, errlen, 2, "the %s program is not initialized", dev->kind);
   const RtProgram *p = dev->p;
   re->f_grad = rt_device_find(dev, "grad_step");
   re->f_opt = rt_device_find(dev, "optimizer_step");
@@ -96,12 +111,12 @@ int rt_rank_exec_init(RtRankExec *re, RtDevice *dev, int64_t batch, int64_t seq,
       g->n_rets < 1 || g->rets[0].is_int || g->rets[0].n != 1 || o->n_args != 2 || o->args[0].is_int ||
       o->args[0].n != 1 || o->args[1].is_int || o->args[1].n != 1 || o->n_rets < 1 || o->rets[0].n != 1 ||
       o->rets[0].is_int)
-    return fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
+    return rt_fail(err, errlen, 2, "the program has no @grad_step(tokens, targets) -> loss and "
                 "@optimizer_step(lr, step) -> grad_norm");
   int64_t tokens = g->args[0].n;
   if (!batch && !seq) batch = 1, seq = tokens;
   if (batch <= 0 || seq <= 0 || batch * seq != tokens)
-    return fail(err, errlen, 2, "a batch of %lld tokens cannot be %lld x %lld", (long long)tokens, (long long)batch,
+    return rt_fail(err, errlen, 2, "a batch of %lld tokens cannot be %lld x %lld", (long long)tokens, (long long)batch,
                 (long long)seq);
   int ng = p->n_globals, nv = 0;
   for (int k = 0; k < ng; k++) {
@@ -116,7 +131,7 @@ int rt_rank_exec_init(RtRankExec *re, RtDevice *dev, int64_t batch, int64_t seq,
             add_views(re, re->ex.state, &re->ex.n_state, RT_REGION_OPTIM);
   if (!ok) {
     rt_rank_exec_free(re);
-    return fail(err, errlen, 1, "out of memory");
+    return rt_fail(err, errlen, 1, "out of memory");
   }
   re->ex.self = re;
   re->ex.batch = batch;

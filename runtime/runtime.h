@@ -3,6 +3,7 @@
  * runs the bytes of an RtProgram and nothing else.  This header only lists the files; include
  * the one you need.
  *
+ *   fail.h/.c        rt_fail: the one error helper (a message into err, the code returned)
  *   program.h/.c     the lowered program (RtProgram: functions of steps, globals, placements),
  *                    as bytes and back (rt_program_save/load), its builtins' table
  *   builtins.def     every runtime builtin, defined once (name, buffers, the IR op it runs)
@@ -24,7 +25,8 @@
  *     cpu_gemm.c       GEMMs through OpenBLAS;  jit.c  LLVM ORC JIT;  threadpool.c
  *   cuda/            the CUDA backend (libcuda, NVRTC, cuBLASLt and NCCL loaded at run time)
  *     cuda_api.c       the driver API through dlopen;  nvrtc.c  NVRTC and the kernel cache
- *     cuda_exec.c      a program on one GPU: checks, memory, GEMM plans, launches
+ *     cuda_exec.c      a program on one GPU: checks, memory, launches, graphs, transfers
+ *     cuda_gemm.c      its GEMM steps: cuBLASLt plans, epilogues, the algorithms' timing
  *     cuda_mesh.c      a program as one rank of a mesh: collective steps over NCCL
  *   comm/            ranks talking
  *     comm.h           the Comm interface (collectives and point-to-point per mesh axis)

@@ -1,5 +1,6 @@
 /* runtime/comm/comm_nccl.c — see comm_nccl.h. */
 #define LOOM_CUDA_INTERNAL 1
+#include "runtime/fail.h"
 #include "runtime/comm/comm_nccl.h"
 
 #include <arpa/inet.h>
@@ -12,7 +13,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +23,6 @@
 
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/program.h"
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 static double now_s(void) {
   struct timespec ts;
@@ -48,12 +40,12 @@ static const char *const axis_name[COMM_AXES] = {"dp", "tp", "cp", "pp", "ep"};
 static int check_mesh(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, int64_t *world, char *err, size_t errlen) {
   *world = 1;
   for (int a = 0; a < COMM_AXES; a++) {
-    if (mesh[a] < 1 || mesh[a] > 65536) return fail(err, errlen, 2, "mesh axis %s has size %lld", axis_name[a], (long long)mesh[a]);
+    if (mesh[a] < 1 || mesh[a] > 65536) return rt_fail(err, errlen, 2, "mesh axis %s has size %lld", axis_name[a], (long long)mesh[a]);
     *world *= mesh[a];
   }
   if (*world != bs->world)
-    return fail(err, errlen, 2, "the mesh has %lld ranks but WORLD_SIZE is %d", (long long)*world, bs->world);
-  if (bs->rank < 0 || bs->rank >= bs->world) return fail(err, errlen, 2, "rank %d of a world of %d", bs->rank, bs->world);
+    return rt_fail(err, errlen, 2, "the mesh has %lld ranks but WORLD_SIZE is %d", (long long)*world, bs->world);
+  if (bs->rank < 0 || bs->rank >= bs->world) return rt_fail(err, errlen, 2, "rank %d of a world of %d", bs->rank, bs->world);
   return 0;
 }
 
@@ -114,7 +106,7 @@ int nccl_version(char *err, size_t errlen) {
   const NcclApi *n = nccl_api(err, errlen);
   int v = 0;
   if (!n) return 0;
-  if (n->ncclGetVersion(&v) != ncclSuccess) return fail(err, errlen, 0, "ncclGetVersion failed");
+  if (n->ncclGetVersion(&v) != ncclSuccess) return rt_fail(err, errlen, 0, "ncclGetVersion failed");
   return v;
 }
 
@@ -180,7 +172,7 @@ static int ready(World *w, int rank, ncclComm_t c, ncclResult_t r, const char *w
     if (st == ncclSuccess) return 0;
     if (st != ncclInProgress) return nccl_fail(w, rank, st, c, what, err, errlen);
     if (now_s() > deadline)
-      return fail(err, errlen, 1, "rank %d: %s did not finish within %g s (LOOM_NCCL_TIMEOUT)", rank, what, w->timeout_s);
+      return rt_fail(err, errlen, 1, "rank %d: %s did not finish within %g s (LOOM_NCCL_TIMEOUT)", rank, what, w->timeout_s);
     sleep_s(pause);
     if (pause < 1e-3) pause *= 2;
   }
@@ -205,7 +197,7 @@ static int drain_stream(World *w, CUstream stream, int rank, const char *what, c
         return nccl_fail(w, rank, st, c, what, err, errlen);
     }
     if (now_s() > deadline)
-      return fail(err, errlen, 1, "rank %d: %s did not complete within %g s (a rank died or hangs? LOOM_NCCL_TIMEOUT)", rank,
+      return rt_fail(err, errlen, 1, "rank %d: %s did not complete within %g s (a rank died or hangs? LOOM_NCCL_TIMEOUT)", rank,
                   what, w->timeout_s);
     sleep_s(pause);
     if (pause < 1e-4) pause *= 2;
@@ -334,7 +326,7 @@ int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen) 
 
 int nccl_wait(Comm *c, char *err, size_t errlen) {
   World *w = world_of(c);
-  if (atomic_load(&w->aborted)) return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (atomic_load(&w->aborted)) return rt_fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
   if (cuda_set_current(w->ctx, err, errlen)) return 1;
   if (drain(w, c->rank, "waiting for the enqueued collectives", err, errlen)) {
     coll_fail(c, err);
@@ -430,9 +422,9 @@ int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x
   test_fault(c->rank, w->n_flight + 1);
   int es;
   ncclDataType_t dt = nccl_type(storage, &es);
-  if (!es) return fail(err, errlen, 2, "%s: NCCL moves f32, bf16, f16 and i32, not storage %d", label, storage);
+  if (!es) return rt_fail(err, errlen, 2, "%s: NCCL moves f32, bf16, f16 and i32, not storage %d", label, storage);
   int axis = (int)(builtin == RT_B_ALL_REDUCE ? i[1] : i[0]);
-  if (axis < 0 || axis >= COMM_AXES) return fail(err, errlen, 2, "%s: no mesh axis %d", label, axis);
+  if (axis < 0 || axis >= COMM_AXES) return rt_fail(err, errlen, 2, "%s: no mesh axis %d", label, axis);
   int64_t size = c->mesh[axis], n = 0;
   const char *name = "all_reduce";
   const char *xb = x;
@@ -446,17 +438,17 @@ int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x
     name = "all_to_all";
     n = i[2] * i[3] * i[4] * size;
     if (!((i[2] == 1 && i[5] == 1) || (i[2] == i[5] && i[3] * i[4] == i[6] * i[7])))
-      return fail(err, errlen, 2, "%s: an all_to_all whose chunks are not contiguous rows of equal size on both sides "
+      return rt_fail(err, errlen, 2, "%s: an all_to_all whose chunks are not contiguous rows of equal size on both sides "
                   "is not supported by the NCCL path", label);
     break;
-  default: return fail(err, errlen, 2, "%s: builtin %d is not a collective", label, builtin);
+  default: return rt_fail(err, errlen, 2, "%s: builtin %d is not a collective", label, builtin);
   }
   if (i[builtin == RT_B_ALL_REDUCE ? 2 : 1] != size)
-    return fail(err, errlen, 2, "%s: the program's axis %s has %lld ranks, this world's %lld", label, axis_name[axis],
+    return rt_fail(err, errlen, 2, "%s: the program's axis %s has %lld ranks, this world's %lld", label, axis_name[axis],
                 (long long)i[builtin == RT_B_ALL_REDUCE ? 2 : 1], (long long)size);
   ncclComm_t comm;
   if (coll_begin(c, axis, &comm))
-    return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+    return rt_fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
   Flight *fl;
   pthread_mutex_lock(&w->mu);
   fl = &w->flight[w->n_flight % FLIGHT];
@@ -477,7 +469,7 @@ int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x
                        "cuMemcpyDtoDAsync", what, m, sizeof m)) {
         atomic_store(&w->busy_ns, 0);
         coll_fail(c, m);
-        return fail(err, errlen, 1, "%s", m);
+        return rt_fail(err, errlen, 1, "%s", m);
       }
     }
   } else if (builtin == RT_B_ALL_REDUCE) {
@@ -518,7 +510,7 @@ int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x
     coll_fail(c, m);
     char rep[2048];
     flight_report(w, c->rank, rep, sizeof rep);
-    return fail(err, errlen, 1, "%s%s", m, rep);
+    return rt_fail(err, errlen, 1, "%s%s", m, rep);
   }
   pthread_mutex_lock(&w->mu);
   fl->state = FL_ENQUEUED;
@@ -530,23 +522,23 @@ int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, c
                    size_t errlen) {
   World *w = world_of(c);
   test_fault(c->rank, w->n_flight + 1);
-  if (axis < 0 || axis >= COMM_AXES) return fail(err, errlen, 2, "%s: no mesh axis %d", label, axis);
+  if (axis < 0 || axis >= COMM_AXES) return rt_fail(err, errlen, 2, "%s: no mesh axis %d", label, axis);
   int64_t size = c->mesh[axis], out = 0, in = 0;
-  if (n < 1) return fail(err, errlen, 2, "%s: an empty send/recv group", label);
-  if (size < 2) return fail(err, errlen, 2, "%s: point-to-point on %s, an axis of size 1", label, axis_name[axis]);
+  if (n < 1) return rt_fail(err, errlen, 2, "%s: an empty send/recv group", label);
+  if (size < 2) return rt_fail(err, errlen, 2, "%s: point-to-point on %s, an axis of size 1", label, axis_name[axis]);
   for (int k = 0; k < n; k++) {
     int es;
     nccl_type(ops[k].storage, &es);
-    if (!es) return fail(err, errlen, 2, "%s: NCCL moves f32, bf16, f16 and i32, not storage %d", label, ops[k].storage);
+    if (!es) return rt_fail(err, errlen, 2, "%s: NCCL moves f32, bf16, f16 and i32, not storage %d", label, ops[k].storage);
     if (ops[k].peer < 0 || ops[k].peer >= size || ops[k].peer == c->coord[axis] || ops[k].count < 0 || (ops[k].count && !ops[k].buf))
-      return fail(err, errlen, 2, "%s: a %s with peer %d on %s (this rank is %d of %lld)", label, ops[k].send ? "send" : "recv",
+      return rt_fail(err, errlen, 2, "%s: a %s with peer %d on %s (this rank is %d of %lld)", label, ops[k].send ? "send" : "recv",
                   ops[k].peer, axis_name[axis], c->coord[axis], (long long)size);
     *(ops[k].send ? &out : &in) += ops[k].count * es;
   }
   ncclComm_t comm;
   if (coll_begin(c, axis, &comm))
-    return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
-  if (!comm) return fail(err, errlen, 2, "%s: no communicator for %s", label, axis_name[axis]);
+    return rt_fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (!comm) return rt_fail(err, errlen, 2, "%s: no communicator for %s", label, axis_name[axis]);
   Flight *fl;
   pthread_mutex_lock(&w->mu);
   fl = &w->flight[w->n_flight % FLIGHT];
@@ -581,7 +573,7 @@ int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, c
     coll_fail(c, m);
     char rep[2048];
     flight_report(w, c->rank, rep, sizeof rep);
-    return fail(err, errlen, 1, "%s%s", m, rep);
+    return rt_fail(err, errlen, 1, "%s%s", m, rep);
   }
   pthread_mutex_lock(&w->mu);
   fl->state = FL_ENQUEUED;
@@ -591,7 +583,7 @@ int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, c
 
 int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) {
   World *w = world_of(c);
-  if (atomic_load(&w->aborted)) return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (atomic_load(&w->aborted)) return rt_fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
   if (cuda_set_current(w->ctx, err, errlen)) return 1;
   char m[1024];
   atomic_store(&w->busy_ns, now_ns());
@@ -601,7 +593,7 @@ int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen)
     coll_fail(c, m);
     char rep[2048];
     flight_report(w, c->rank, rep, sizeof rep);
-    return fail(err, errlen, 1, "%s%s", m, rep);
+    return rt_fail(err, errlen, 1, "%s%s", m, rep);
   }
   pthread_mutex_lock(&w->mu);
   for (int k = 0; k < FLIGHT; k++)
@@ -612,7 +604,7 @@ int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen)
 
 int nccl_all_gather_host(Comm *c, const float *mine, float *all, int64_t n, char *err, size_t errlen) {
   World *w = world_of(c);
-  if (atomic_load(&w->aborted)) return fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+  if (atomic_load(&w->aborted)) return rt_fail(err, errlen, 1, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
   if (cuda_set_current(w->ctx, err, errlen)) return 1;
   if (c->world == 1 || n == 0) {
     memcpy(all, mine, sizeof(float) * (size_t)n);
@@ -639,7 +631,7 @@ int nccl_all_gather_host(Comm *c, const float *mine, float *all, int64_t n, char
   if (!rc) rc = cuda_cu_fail(d->cuStreamSynchronize(w->own), "cuStreamSynchronize", where, m, sizeof m);
   if (din) d->cuMemFree(din);
   if (dout) d->cuMemFree(dout);
-  return rc ? fail(err, errlen, 1, "%s", m) : 0;
+  return rc ? rt_fail(err, errlen, 1, "%s", m) : 0;
 }
 
 int nccl_device(const Comm *c) { return c && c->impl ? ((const World *)c->impl)->device : -1; }
@@ -692,7 +684,7 @@ int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm 
   const int rank = bs->rank;
   /* The device first: without a driver there is nothing NCCL could do. */
   char why[1024];
-  if (!cuda_available(why, sizeof why)) return fail(err, errlen, 1, "rank %d: NCCL needs a GPU: %s", rank, why);
+  if (!cuda_available(why, sizeof why)) return rt_fail(err, errlen, 1, "rank %d: NCCL needs a GPU: %s", rank, why);
   const NcclApi *n = nccl_api(err, errlen);
   if (!n) return 1;
   const CudaDriverApi *d = cuda_driver(err, errlen);
@@ -702,7 +694,7 @@ int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm 
   if (!c || !w) {
     free(c);
     free(w);
-    return fail(err, errlen, 1, "out of memory");
+    return rt_fail(err, errlen, 1, "out of memory");
   }
   pthread_mutex_init(&w->mu, NULL);
   atomic_init(&w->aborted, false);
@@ -723,7 +715,7 @@ int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm 
   int count = 0, rc = cuda_device_count(&count, err, errlen);
   w->device = bs->device >= 0 ? bs->device : count > 0 ? rank % count : 0;
   if (!rc && w->device >= count)
-    rc = fail(err, errlen, 2, "rank %d: LOCAL_RANK %d but this machine has %d GPU%s", rank, w->device, count,
+    rc = rt_fail(err, errlen, 2, "rank %d: LOCAL_RANK %d but this machine has %d GPU%s", rank, w->device, count,
               count == 1 ? "" : "s");
   if (!rc && cuda_device_retain(w->device, &w->ctx, err, errlen)) rc = 1;
   char where[96];
@@ -767,7 +759,7 @@ int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm 
     ncclResult_t r = n->ncclCommSplit(w->world, color, key, &sub, &cfg);
     /* The split is an operation of the parent as well: both must settle. */
     rc = ready(w, rank, w->world, r, what, err, errlen);
-    if (!rc && !sub) rc = fail(err, errlen, 1, "rank %d: %s gave no communicator", rank, what);
+    if (!rc && !sub) rc = rt_fail(err, errlen, 1, "rank %d: %s gave no communicator", rank, what);
     w->axis[a] = sub;
     if (!rc) rc = ready(w, rank, sub, ncclSuccess, what, err, errlen);
   }
@@ -787,31 +779,31 @@ int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm 
 
 #define NO_CUDA "this loom was built without the CUDA headers (cuda.h, nccl.h): NCCL is not available"
 
-int nccl_version(char *err, size_t errlen) { return fail(err, errlen, 0, "%s", NO_CUDA); }
+int nccl_version(char *err, size_t errlen) { return rt_fail(err, errlen, 0, "%s", NO_CUDA); }
 int nccl_world_new(const int64_t mesh[COMM_AXES], const NcclBootstrap *bs, Comm **out, char *err, size_t errlen) {
   *out = NULL;
   NcclBootstrap env;
   int64_t world;
   int rc = bs ? 0 : nccl_bootstrap_from_env(&env, err, errlen);
   if (!rc) rc = check_mesh(mesh, bs ? bs : &env, &world, err, errlen);
-  return rc ? rc : fail(err, errlen, 1, "rank %d: %s", (bs ? bs : &env)->rank, NO_CUDA);
+  return rc ? rc : rt_fail(err, errlen, 1, "rank %d: %s", (bs ? bs : &env)->rank, NO_CUDA);
 }
 void nccl_world_free(Comm *c) { free(c); }
 void nccl_world_abort(Comm *c) { (void)c; }
 const char *nccl_last_error(const Comm *c) { return ""; }
-int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
-int nccl_wait(Comm *c, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int nccl_set_stream(Comm *c, void *stream, bool wait, char *err, size_t errlen) { return rt_fail(err, errlen, 1, "%s", NO_CUDA); }
+int nccl_wait(Comm *c, char *err, size_t errlen) { return rt_fail(err, errlen, 1, "%s", NO_CUDA); }
 int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x, void *y, void *stream, const char *label,
               char *err, size_t errlen) {
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
 int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, const char *label, char *err,
                    size_t errlen) {
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
-int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) { return rt_fail(err, errlen, 1, "%s", NO_CUDA); }
 int nccl_all_gather_host(Comm *c, const float *mine, float *all, int64_t n, char *err, size_t errlen) {
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
 int nccl_device(const Comm *c) { return -1; }
 

@@ -9,7 +9,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,15 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/fail.h"
 #include "runtime/comm/comm_nccl.h"
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 static double now_s(void) {
   struct timespec ts;
@@ -52,7 +44,7 @@ static int parse_int(const char *s, const char *what, int lo, int hi, int *out, 
   char *end;
   errno = 0;
   long v = strtol(s, &end, 10);
-  if (errno || end == s || *end || v < lo || v > hi) return fail(err, errlen, 2, "%s=%s is not a number in [%d, %d]", what, s, lo, hi);
+  if (errno || end == s || *end || v < lo || v > hi) return rt_fail(err, errlen, 2, "%s=%s is not a number in [%d, %d]", what, s, lo, hi);
   *out = (int)v;
   return 0;
 }
@@ -70,19 +62,19 @@ int nccl_bootstrap_from_env(NcclBootstrap *b, char *err, size_t errlen) {
   const char *id = getenv("NCCL_COMM_ID");
   if (w && parse_int(w, "WORLD_SIZE", 1, 1 << 20, &b->world, err, errlen)) return 2;
   if (r && parse_int(r, "RANK", 0, b->world - 1, &b->rank, err, errlen)) return 2;
-  if (!r && b->world > 1) return fail(err, errlen, 2, "WORLD_SIZE is %d but RANK is not set", b->world);
+  if (!r && b->world > 1) return rt_fail(err, errlen, 2, "WORLD_SIZE is %d but RANK is not set", b->world);
   if (l && parse_int(l, "LOCAL_RANK", 0, 1 << 16, &b->device, err, errlen)) return 2;
   if (t) {
     char *end;
     b->timeout_s = strtod(t, &end);
-    if (end == t || *end || !(b->timeout_s > 0)) return fail(err, errlen, 2, "LOOM_NCCL_TIMEOUT=%s is not a positive number of seconds", t);
+    if (end == t || *end || !(b->timeout_s > 0)) return rt_fail(err, errlen, 2, "LOOM_NCCL_TIMEOUT=%s is not a positive number of seconds", t);
   }
   b->use_comm_id = id && *id;
   snprintf(b->addr, sizeof b->addr, "%s", addr && *addr ? addr : "127.0.0.1");
   b->port = 29500;
   if (port && parse_int(port, "MASTER_PORT", 1, 65535, &b->port, err, errlen)) return 2;
   if (b->world > 1 && !b->use_comm_id && (!addr || !*addr || !port || !*port))
-    return fail(err, errlen, 2,
+    return rt_fail(err, errlen, 2,
                 "a world of %d ranks needs MASTER_ADDR and MASTER_PORT (rank 0's host and a free port) or NCCL_COMM_ID",
                 b->world);
   return 0;
@@ -143,7 +135,7 @@ static int listen_on(int port, char *err, size_t errlen) {
     close(fd);
   }
   fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -fail(err, errlen, 1, "rank 0: socket: %s", strerror(errno));
+  if (fd < 0) return -rt_fail(err, errlen, 1, "rank 0: socket: %s", strerror(errno));
   struct sockaddr_in a4;
   memset(&a4, 0, sizeof a4);
   a4.sin_family = AF_INET;
@@ -153,7 +145,7 @@ static int listen_on(int port, char *err, size_t errlen) {
   if (bind(fd, (struct sockaddr *)&a4, sizeof a4) || listen(fd, 128)) {
     int e = errno;
     close(fd);
-    return -fail(err, errlen, 1, "rank 0: cannot listen on port %d for the rendezvous: %s (is MASTER_PORT in use?)", port,
+    return -rt_fail(err, errlen, 1, "rank 0: cannot listen on port %d for the rendezvous: %s (is MASTER_PORT in use?)", port,
                  strerror(e));
   }
   return fd;
@@ -167,7 +159,7 @@ static int serve(int port, int world, const unsigned char id[NCCL_ID_BYTES], dou
   bool *seen = calloc((size_t)world, 1);
   if (!seen) {
     close(lfd);
-    return fail(err, errlen, 1, "out of memory");
+    return rt_fail(err, errlen, 1, "out of memory");
   }
   int served = 0, rc = 0;
   while (served < world - 1 && !rc) {
@@ -184,7 +176,7 @@ static int serve(int port, int world, const unsigned char id[NCCL_ID_BYTES], dou
           int w = snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", r);
           if (w > 0 && used + (size_t)w < sizeof missing) used += (size_t)w;
         }
-      rc = fail(err, errlen, 1, "rank 0: rendezvous on port %d: rank%s %s%s did not arrive within %g s (%d of %d did)", port,
+      rc = rt_fail(err, errlen, 1, "rank 0: rendezvous on port %d: rank%s %s%s did not arrive within %g s (%d of %d did)", port,
                 n_missing > 1 ? "s" : "", missing, n_missing > 16 ? ", ..." : "", timeout_s, served + 1, world);
       break;
     }
@@ -207,11 +199,11 @@ static int serve(int port, int world, const unsigned char id[NCCL_ID_BYTES], dou
     int wr = io_full(fd, reply, sizeof reply, true, cd);
     close(fd);
     if (st == ST_WORLD)
-      rc = fail(err, errlen, 2, "rank 0: rank %u says the world has %u ranks; rank 0 has WORLD_SIZE %d", r, w, world);
+      rc = rt_fail(err, errlen, 2, "rank 0: rank %u says the world has %u ranks; rank 0 has WORLD_SIZE %d", r, w, world);
     else if (st == ST_RANK)
-      rc = fail(err, errlen, 2, "rank 0: a process says it is rank %u of a world of %d", r, world);
+      rc = rt_fail(err, errlen, 2, "rank 0: a process says it is rank %u of a world of %d", r, world);
     else if (st == ST_DUP)
-      rc = fail(err, errlen, 2, "rank 0: two processes say they are rank %u (RANK set twice?)", r);
+      rc = rt_fail(err, errlen, 2, "rank 0: two processes say they are rank %u (RANK set twice?)", r);
     else if (!wr) {
       seen[r] = true;
       served++;
@@ -269,7 +261,7 @@ static int fetch(const char *addr, int port, int rank, int world, unsigned char 
     if (fd >= 0) break;
     if (!g) snprintf(last, sizeof last, "%s", strerror(last_errno));
     if (!ms_left(deadline))
-      return fail(err, errlen, 1, "rank %d: could not reach rank 0 at %s:%d within %g s (%s)", rank, addr, port, timeout_s,
+      return rt_fail(err, errlen, 1, "rank %d: could not reach rank 0 at %s:%d within %g s (%s)", rank, addr, port, timeout_s,
                   last);
     sleep_s(0.05);   /* rank 0 may not be listening yet */
   }
@@ -280,22 +272,22 @@ static int fetch(const char *addr, int port, int rank, int world, unsigned char 
   int rc = io_full(fd, hello, sizeof hello, true, deadline);
   if (!rc) rc = io_full(fd, reply, sizeof reply, false, deadline);
   close(fd);
-  if (rc == -2) return fail(err, errlen, 1, "rank %d: rank 0 at %s:%d did not answer within %g s", rank, addr, port, timeout_s);
+  if (rc == -2) return rt_fail(err, errlen, 1, "rank %d: rank 0 at %s:%d did not answer within %g s", rank, addr, port, timeout_s);
   if (rc || memcmp(reply, RDZV_MAGIC, 8))
-    return fail(err, errlen, 1, "rank %d: the rendezvous at %s:%d failed (is something else on that port?)", rank, addr, port);
+    return rt_fail(err, errlen, 1, "rank %d: the rendezvous at %s:%d failed (is something else on that port?)", rank, addr, port);
   uint32_t st = get_u32(reply + 8), w0 = get_u32(reply + 12);
   if (st == ST_WORLD)
-    return fail(err, errlen, 2, "rank %d: WORLD_SIZE is %d here but %u on rank 0", rank, world, w0);
-  if (st == ST_DUP) return fail(err, errlen, 2, "rank %d: another process already claimed rank %d", rank, rank);
-  if (st != ST_OK) return fail(err, errlen, 2, "rank %d: rank 0 refused rank %d of a world of %d", rank, rank, world);
+    return rt_fail(err, errlen, 2, "rank %d: WORLD_SIZE is %d here but %u on rank 0", rank, world, w0);
+  if (st == ST_DUP) return rt_fail(err, errlen, 2, "rank %d: another process already claimed rank %d", rank, rank);
+  if (st != ST_OK) return rt_fail(err, errlen, 2, "rank %d: rank 0 refused rank %d of a world of %d", rank, rank, world);
   memcpy(id, reply + 16, NCCL_ID_BYTES);
   return 0;
 }
 
 int nccl_rendezvous(const char *addr, int port, int rank, int world, unsigned char id[NCCL_ID_BYTES], double timeout_s,
                     char *err, size_t errlen) {
-  if (world < 1 || rank < 0 || rank >= world) return fail(err, errlen, 2, "rank %d of a world of %d", rank, world);
-  if (port < 1 || port > 65535) return fail(err, errlen, 2, "rendezvous port %d is not a TCP port", port);
+  if (world < 1 || rank < 0 || rank >= world) return rt_fail(err, errlen, 2, "rank %d of a world of %d", rank, world);
+  if (port < 1 || port > 65535) return rt_fail(err, errlen, 2, "rendezvous port %d is not a TCP port", port);
   if (world == 1) return 0;
   return rank == 0 ? serve(port, world, id, timeout_s, err, errlen)
                    : fetch(addr, port, rank, world, id, timeout_s, err, errlen);

@@ -1,8 +1,8 @@
 /* runtime/cpu/cpu_exec.c — see cpu_exec.h. */
+#include "runtime/fail.h"
 #include "runtime/cpu/cpu_exec.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,14 +11,6 @@
 #include "runtime/cpu/cpu_gemm.h"
 #include "runtime/cpu/cpu_kernels.h"
 
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 static char *alloc_region(int64_t bytes) {
   size_t n = ((size_t)(bytes > 0 ? bytes : 0) + 63) / 64 * 64;
@@ -48,20 +40,20 @@ static int check_buf(void *ctx, const RtProgram *p, int func, const RtBuf *b, co
 
 static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   const int64_t *i = st->i;
-  if (st->n_in != 2 || st->n_out != 1) return fail(err, errlen, 2, "GEMM %s: needs buffers A B -> C", st->label);
+  if (st->n_in != 2 || st->n_out != 1) return rt_fail(err, errlen, 2, "GEMM %s: needs buffers A B -> C", st->label);
   for (int k = 0; k < 9; k++)
-    if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
-  if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
+    if (i[k] < 0) return rt_fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
+  if (i[4] > 1 || i[5] > 1) return rt_fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
   if (i[1] > INT32_MAX || i[2] > INT32_MAX || i[3] > INT32_MAX)   /* CBLAS takes int sizes */
-    return fail(err, errlen, 2, "GEMM %s: a dimension exceeds the BLAS's int range", st->label);
+    return rt_fail(err, errlen, 2, "GEMM %s: a dimension exceeds the BLAS's int range", st->label);
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   int64_t need[3] = {M * K, K * N, M * N}, stride[3] = {i[6], i[7], i[8]};
   for (int k = 0; k < 3; k++) {
-    if (st->bufs[k].is_int) return fail(err, errlen, 2, "GEMM %s: buffer %d is not f32", st->label, k);
+    if (st->bufs[k].is_int) return rt_fail(err, errlen, 2, "GEMM %s: buffer %d is not f32", st->label, k);
     /* (batch - 1) * stride + need <= n, without overflow */
     if (batch > 0 && need[k] > 0 &&
         (need[k] > st->bufs[k].n || (stride[k] > 0 && batch - 1 > (st->bufs[k].n - need[k]) / stride[k])))
-      return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
+      return rt_fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
   }
   return 0;
 }
@@ -71,7 +63,7 @@ static int check_global(void *ctx, const RtProgram *p, int g, char *err, size_t 
   const RtGlobal *gl = &p->globals[g];
   if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || gl->offset < 0 || gl->offset % 4 ||
       !rt_fits(gl->offset, gl->n, 4, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
-    return fail(err, errlen, 2, "global $%s (%d) is outside its region", gl->name, g);
+    return rt_fail(err, errlen, 2, "global $%s (%d) is outside its region", gl->name, g);
   return 0;
 }
 
@@ -79,12 +71,12 @@ static int check_step(void *ctx, const RtProgram *p, const RtStep *st, char *msg
   switch (st->kind) {
   case RT_STEP_KERNEL:
     if (st->which < 0 || st->which >= p->n_kernels || st->i[0] < 0)
-      return fail(msg, n, 2, "names no kernel or has a negative extent");
+      return rt_fail(msg, n, 2, "names no kernel or has a negative extent");
     return 0;
   case RT_STEP_GEMM: return check_gemm(st, msg, n);
   case RT_STEP_BUILTIN: return cpu_builtin_check(st, msg, n);
   }
-  return fail(msg, n, 2, "an unknown kind");
+  return rt_fail(msg, n, 2, "an unknown kind");
 }
 
 static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *err, size_t errlen) {
@@ -93,7 +85,7 @@ static int check_program(const CpuProgram *cp, void *const *kernel_fns, char *er
   int rc = rt_program_check(p, &ck, err, errlen);
   for (int k = 0; !rc && k < p->n_kernels; k++)
     if (!kernel_fns || !kernel_fns[k])
-      rc = fail(err, errlen, 2, "kernel %s (%d) has no compiled function", p->kernel_names[k], k);
+      rc = rt_fail(err, errlen, 2, "kernel %s (%d) has no compiled function", p->kernel_names[k], k);
   return rc;
 }
 
@@ -105,7 +97,7 @@ int cpu_program_init(CpuProgram *cp, const RtProgram *p, void *const *kernel_fns
   cp->p = p;
   if (p->n_funcs < 0 || p->n_globals < 0 || p->n_kernels < 0 || (p->n_funcs && !p->funcs) ||
       (p->n_globals && !p->globals))
-    return fail(err, errlen, 2, "malformed program");
+    return rt_fail(err, errlen, 2, "malformed program");
   int rc = check_program(cp, kernel_fns, err, errlen);
   if (rc) return rc;
   cp->tp = tp_new(n_threads);
@@ -130,7 +122,7 @@ int cpu_program_init(CpuProgram *cp, const RtProgram *p, void *const *kernel_fns
   }
   if (!ok) {
     cpu_program_free(cp);
-    return fail(err, errlen, 1, "out of memory allocating the program's buffers");
+    return rt_fail(err, errlen, 1, "out of memory allocating the program's buffers");
   }
   for (int k = 0; k < p->n_kernels; k++) {
     /* A JIT'd symbol address arrives as void*; converting it to a function pointer is what
@@ -192,7 +184,7 @@ static double now_s(void) {
 }
 
 int cpu_program_call(CpuProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
-  if (func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
+  if (func < 0 || func >= cp->p->n_funcs) return rt_fail(err, errlen, 2, "no function #%d in the program", func);
   const RtFunc *fn = &cp->p->funcs[func];
   for (int a = 0; a < fn->n_args; a++)
     memcpy(buf_addr(cp, func, &fn->args[a]), args[a], 4 * (size_t)fn->args[a].n);
@@ -290,14 +282,14 @@ static float *dev_host(RtDevice *d, int g) { return cpu_global(d->impl, g); }
 
 static int dev_read(RtDevice *d, int g, float *out, char *err, size_t errlen) {
   const float *x = cpu_global(d->impl, g);
-  if (!x) return fail(err, errlen, 2, "no global %d in the program", g);
+  if (!x) return rt_fail(err, errlen, 2, "no global %d in the program", g);
   memcpy(out, x, sizeof(float) * (size_t)d->p->globals[g].n);
   return 0;
 }
 
 static int dev_write(RtDevice *d, int g, const float *in, char *err, size_t errlen) {
   float *x = cpu_global(d->impl, g);
-  if (!x) return fail(err, errlen, 2, "no global %d in the program", g);
+  if (!x) return rt_fail(err, errlen, 2, "no global %d in the program", g);
   const RtGlobal *gl = &d->p->globals[g];
   memcpy(x, in, sizeof(float) * (size_t)gl->n);
   if (gl->round) rt_round_buf(NULL, x, gl->n, (RtRound)gl->round);

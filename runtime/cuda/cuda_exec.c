@@ -1,27 +1,18 @@
 /* runtime/cuda/cuda_exec.c — see cuda_exec.h.
- * Over 1,000 lines on purpose: the program's checks, memory, GEMM plans, launches and
- * transfers all reach into CudaProgram's private state (LOOM_CUDA_INTERNAL); the executor
- * at the end is the one public user of them. */
+ * About 1,200 lines on purpose: the program's checks, memory, modules, launches, graphs and
+ * transfers all reach into CudaProgram's private state (LOOM_CUDA_INTERNAL); the GEMM steps'
+ * plans and algorithm timing are in cuda_gemm.c. */
 #define LOOM_CUDA_INTERNAL 1
+#include "runtime/fail.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/cuda/nvrtc.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/cpu/cpu_kernels.h"   /* rt_round: the one definition of every narrow format */
-#include "runtime/io/diskcache.h"     /* the GEMM algorithms' choices (tune_gemms) */
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 /* ================================================================== pure helpers */
 
@@ -37,33 +28,6 @@ void cuda_pack_args(const RtStep *st, const uint64_t base[RT_REGION_COUNT], Cuda
   }
   for (int k = 0; k < RT_MAX_INTS; k++) out->i[k] = (long long)st->i[k];
   for (int k = 0; k < 4; k++) out->f[k] = st->f[k];
-}
-
-static int64_t at_least_1(int64_t x) { return x > 0 ? x : 1; }
-
-CudaGemmLayout cuda_gemm_layout(int64_t M, int64_t N, int64_t K, int ta, int tb) {
-  CudaGemmLayout L;
-  memset(&L, 0, sizeof L);
-  L.m = N;
-  L.n = M;
-  L.k = K;
-  /* Lt's A = our B.  tb = 0: B is row-major [K,N] = column-major [N,K], already op(A) for
-     Lt's m x k.  tb = 1: B is row-major [N,K] = column-major [K,N], transposed by Lt. */
-  L.trans_a = tb ? 1 : 0;
-  L.a_rows = tb ? K : N;
-  L.a_cols = tb ? N : K;
-  /* Lt's B = our A.  ta = 0: A row-major [M,K] = column-major [K,M] (Lt's k x n).
-     ta = 1: A row-major [K,M] = column-major [M,K], transposed by Lt. */
-  L.trans_b = ta ? 1 : 0;
-  L.b_rows = ta ? M : K;
-  L.b_cols = ta ? K : M;
-  /* C row-major [M,N] = column-major [N,M]. */
-  L.c_rows = N;
-  L.c_cols = M;
-  L.lda = at_least_1(L.a_rows);
-  L.ldb = at_least_1(L.b_rows);
-  L.ldc = at_least_1(L.c_rows);
-  return L;
 }
 
 /* A float format with `eb` exponent and `mb` mantissa bits, bias, and inf/NaN as in IEEE
@@ -207,13 +171,13 @@ static int check_buf(void *ctx, const RtProgram *p, int func, const RtBuf *b, co
                      size_t errlen) {
   const char *fn = p->funcs[func].name;
   int sz = b->storage <= RT_ST_BOOL ? cuda_storage_size((RtStorage)b->storage) : 0;
-  if (!sz) return fail(err, errlen, 2, "@%s: %s: buffer has an unknown storage (%d)", fn, what, b->storage);
+  if (!sz) return rt_fail(err, errlen, 2, "@%s: %s: buffer has an unknown storage (%d)", fn, what, b->storage);
   if (b->is_int != (b->storage == RT_ST_I32 || b->storage == RT_ST_BOOL))
-    return fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
+    return rt_fail(err, errlen, 2, "@%s: %s: %s buffer held as %s", fn, what, b->is_int ? "an integer" : "a float",
                 cuda_storage_name((RtStorage)b->storage));
   if (b->region >= RT_REGION_COUNT || b->round > RT_ROUND_F8E5M2 || b->offset < 0 || b->offset % sz ||
       !rt_fits(b->offset, b->n, sz, rt_region_size(p, func, b->region)))
-    return fail(err, errlen, 2,
+    return rt_fail(err, errlen, 2,
                 "@%s: %s: buffer (region %d, offset %lld, %lld %s elements) is outside its region or misaligned", fn,
                 what, b->region, (long long)b->offset, (long long)b->n, cuda_storage_name((RtStorage)b->storage));
   return 0;
@@ -230,32 +194,32 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
   if (epi < 0 || epi > 31 || (gelu && !bias) || (bgrada && epi != RT_GEMM_EPI_BGRAD) ||
       (dgelu && (epi & ~(RT_GEMM_EPI_DGELU | RT_GEMM_EPI_BGRAD))) ||
       (epi && (i[0] != 1 || (i[RT_GEMM_BETA_INT] && !bgrada))) || (bgrada && i[5]))
-    return fail(err, errlen, 2,
+    return rt_fail(err, errlen, 2,
                 "GEMM %s: epilogue flags %lld (a GELU needs the bias; a bias gradient of B goes alone, with tb = 0; "
                 "GELU's backward goes alone or with the bias gradient; epilogues take batch 1 and beta 0, but for the "
                 "bias gradient of B)",
                 st->label, (long long)epi);
   if (st->n_in != 2 + bias + cin + dgelu || st->n_out != 1 + gelu + bgrad)
-    return fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s%s -> C%s%s", st->label, bias ? " bias" : "",
+    return rt_fail(err, errlen, 2, "GEMM %s: needs buffers A B%s%s%s -> C%s%s", st->label, bias ? " bias" : "",
                 dgelu ? " pre-activation" : "", cin ? " residual" : "", gelu ? " pre-activation" : "",
                 bgrad ? " bias-gradient" : "");
   for (int k = 0; k < 9; k++)
-    if (i[k] < 0) return fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
-  if (i[4] > 1 || i[5] > 1) return fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
+    if (i[k] < 0) return rt_fail(err, errlen, 2, "GEMM %s: negative size or stride (i[%d])", st->label, k);
+  if (i[4] > 1 || i[5] > 1) return rt_fail(err, errlen, 2, "GEMM %s: ta and tb must be 0 or 1", st->label);
   if (i[RT_GEMM_BETA_INT] != 0 && i[RT_GEMM_BETA_INT] != 1)
-    return fail(err, errlen, 2, "GEMM %s: beta (i[%d]) must be 0 or 1", st->label, RT_GEMM_BETA_INT);
-  if (i[0] > INT32_MAX) return fail(err, errlen, 2, "GEMM %s: batch count over 2^31", st->label);
+    return rt_fail(err, errlen, 2, "GEMM %s: beta (i[%d]) must be 0 or 1", st->label, RT_GEMM_BETA_INT);
+  if (i[0] > INT32_MAX) return rt_fail(err, errlen, 2, "GEMM %s: batch count over 2^31", st->label);
   for (int k = 1; k <= 3; k++)
-    if (i[k] > (INT64_C(1) << 40)) return fail(err, errlen, 2, "GEMM %s: dimension i[%d] too large", st->label, k);
+    if (i[k] > (INT64_C(1) << 40)) return rt_fail(err, errlen, 2, "GEMM %s: dimension i[%d] too large", st->label, k);
   RtStorage a = (RtStorage)st->bufs[0].storage, bt = (RtStorage)st->bufs[1].storage,
             c = (RtStorage)st->bufs[st->n_in].storage;
   if (!gemm_type_ok(a) || a != bt || !(c == a || c == RT_ST_F32))
-    return fail(err, errlen, 2,
+    return rt_fail(err, errlen, 2,
                 "GEMM %s: operands %s x %s -> %s are not supported on CUDA (f32, bf16 or f16 operands of one type; the "
                 "result in that type or f32)",
                 st->label, cuda_storage_name(a), cuda_storage_name(bt), cuda_storage_name(c));
   if (st->bufs[st->n_in].round != RT_ROUND_NONE && storage_of_round(st->bufs[2].round) != c)
-    return fail(err, errlen, 2, "GEMM %s: the result is held as %s but rounded to another format: store it in that format",
+    return rt_fail(err, errlen, 2, "GEMM %s: the result is held as %s but rounded to another format: store it in that format",
                 st->label, cuda_storage_name(c));
   int64_t batch = i[0], M = i[1], N = i[2], K = i[3];
   int64_t need[3] = {rt_smul(M, K), rt_smul(K, N), rt_smul(M, N)}, stride[3] = {i[6], i[7], i[8]};
@@ -264,31 +228,31 @@ static int check_gemm(const RtStep *st, char *err, size_t errlen) {
     int64_t ld = i[RT_GEMM_LDA_INT + k];
     int64_t rows = k == 0 ? (i[4] ? K : M) : (i[5] ? N : K), cols = k == 0 ? (i[4] ? M : K) : (i[5] ? K : N);
     if (ld < 0 || (ld && (ld < cols || batch != 1)))
-      return fail(err, errlen, 2, "GEMM %s: row stride %lld of operand %d is below its %lld columns or on a batch", st->label,
+      return rt_fail(err, errlen, 2, "GEMM %s: row stride %lld of operand %d is below its %lld columns or on a batch", st->label,
                   (long long)ld, k, (long long)cols);
     if (ld && rows > 0) need[k] = rt_smul(rows - 1, ld) + cols;
   }
   int64_t ldc = i[RT_GEMM_LDC_INT];
   if (ldc < 0 || (ldc && (ldc < N || batch != 1 || (epi & (RT_GEMM_EPI_C | RT_GEMM_EPI_GELU | RT_GEMM_EPI_DGELU)))))
-    return fail(err, errlen, 2, "GEMM %s: row stride %lld of C is below its %lld columns, on a batch or with a matrix epilogue",
+    return rt_fail(err, errlen, 2, "GEMM %s: row stride %lld of C is below its %lld columns, on a batch or with a matrix epilogue",
                 st->label, (long long)ldc, (long long)N);
   if (ldc && M > 0) need[2] = rt_smul(M - 1, ldc) + N;
   const RtBuf *ops[3] = {&st->bufs[0], &st->bufs[1], &st->bufs[st->n_in]};
   for (int k = 0; k < 3; k++)
     if (batch > 0 && need[k] > 0 &&   /* (batch - 1) * stride + need <= n, without overflow */
         (need[k] > ops[k]->n || (stride[k] > 0 && batch - 1 > (ops[k]->n - need[k]) / stride[k])))
-      return fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
+      return rt_fail(err, errlen, 2, "GEMM %s: operand %d reaches outside its buffer", st->label, k);
   /* the epilogue's buffers: the bias [N] in C's type or f32; the residual and the
      pre-activation [M, N] in C's type */
   const RtBuf *b = bias ? &st->bufs[2] : NULL, *r = cin ? &st->bufs[2 + bias] : NULL,
               *x = gelu ? &st->bufs[st->n_in + 1] : dgelu ? &st->bufs[2] : NULL;
   if ((b && (b->n < N || (b->storage != c && b->storage != RT_ST_F32))) || (r && (r->n < M * N || r->storage != c)) ||
       (x && (x->n < M * N || x->storage != c)))
-    return fail(err, errlen, 2, "GEMM %s: an epilogue buffer is too small or of another type than the result", st->label);
+    return rt_fail(err, errlen, 2, "GEMM %s: an epilogue buffer is too small or of another type than the result", st->label);
   /* the bias gradient [N] in the operands' type, C's or f32 */
   const RtBuf *g = bgrad ? &st->bufs[st->n_in + 1] : NULL;
   if (g && (g->n < N || (g->storage != a && g->storage != c && g->storage != RT_ST_F32)))
-    return fail(err, errlen, 2, "GEMM %s: the bias gradient buffer is too small or of another type than the operands, the "
+    return rt_fail(err, errlen, 2, "GEMM %s: the bias gradient buffer is too small or of another type than the operands, the "
                 "result or f32", st->label);
   return 0;
 }
@@ -300,7 +264,7 @@ static int check_global(void *ctx, const RtProgram *p, int g, char *err, size_t 
   int sz = cuda_storage_size(s);
   if (gl->region <= RT_REGION_ARENA || gl->region >= RT_REGION_COUNT || !sz || s == RT_ST_I32 || gl->offset < 0 ||
       gl->offset % sz || !rt_fits(gl->offset, gl->n, sz, p->region_bytes[gl->region]) || gl->rank < 0 || gl->rank > 8)
-    return fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
+    return rt_fail(err, errlen, 2, "global $%s (%d, %s) is outside its region or misaligned", gl->name, g,
                 cuda_storage_name(s));
   return 0;
 }
@@ -308,20 +272,20 @@ static int check_global(void *ctx, const RtProgram *p, int g, char *err, size_t 
 static int check_step(void *ctx, const RtProgram *p, const RtStep *st, char *msg, size_t n) {
   switch (st->kind) {
   case RT_STEP_KERNEL: {
-    if (st->which < 0 || st->which >= p->n_kernels) return fail(msg, n, 2, "names no kernel of the module");
+    if (st->which < 0 || st->which >= p->n_kernels) return rt_fail(msg, n, 2, "names no kernel of the module");
     uint64_t threads = st->block[0] > 1024 || st->block[1] > 1024 || st->block[2] > 1024
                            ? UINT64_MAX   /* no product to wrap around */
                            : (uint64_t)st->block[0] * st->block[1] * st->block[2];
     if (!st->grid[0] || !st->grid[1] || !st->grid[2] || !threads || threads > 1024 || st->grid[1] > 65535 ||
         st->grid[2] > 65535 || st->block[2] > 64)
-      return fail(msg, n, 2, "bad launch dimensions grid %ux%ux%u block %ux%ux%u", st->grid[0], st->grid[1],
+      return rt_fail(msg, n, 2, "bad launch dimensions grid %ux%ux%u block %ux%ux%u", st->grid[0], st->grid[1],
                   st->grid[2], st->block[0], st->block[1], st->block[2]);
     return 0;
   }
   case RT_STEP_GEMM: return check_gemm(st, msg, n);
   case RT_STEP_BUILTIN: return cuda_mesh_step_ok(st, msg, n) ? 0 : 2;
   }
-  return fail(msg, n, 2, "an unknown kind");
+  return rt_fail(msg, n, 2, "an unknown kind");
 }
 
 int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
@@ -338,7 +302,7 @@ int cuda_program_check(const RtProgram *p, char *err, size_t errlen) {
         for (int b = 0; b < st->n_in + st->n_out; b++)
           if (st->bufs[b].region == gl->region && st->bufs[b].offset == gl->offset && st->bufs[b].n > 0 &&
               st->bufs[b].storage != s)
-            return fail(err, errlen, 2, "global $%s is held as %s but step %d of @%s (%s) reads it as %s", gl->name,
+            return rt_fail(err, errlen, 2, "global $%s is held as %s but step %d of @%s (%s) reads it as %s", gl->name,
                         cuda_storage_name(s), k, p->funcs[f].name, st->label,
                         cuda_storage_name((RtStorage)st->bufs[b].storage));
       }
@@ -381,11 +345,6 @@ int cuda_find_func(const CudaProgram *cp, const char *name) {
   return -1;
 }
 
-uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b) {
-  uint64_t base = b->region == RT_REGION_ARENA ? cp->arena : cp->regions[b->region];   /* one arena for every function */
-  return base + (uint64_t)b->offset;
-}
-
 int cuda_program_init(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device, char *err,
                       size_t errlen) {
   CudaOptions o;
@@ -396,386 +355,10 @@ int cuda_program_init(CudaProgram *cp, const RtProgram *p, const void *image, si
 #ifdef LOOM_HAVE_CUDA_HEADERS
 /* ================================================================== on the device */
 
-struct CudaGemmPlan {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t a, b, c;
-  cublasLtMatmulAlgo_t algo;
-  bool empty;       /* batch, M or N is 0: nothing to compute */
-  bool zero;        /* K = 0: C = 0 */
-  bool per_batch;   /* no algorithm for the strided batch: one matmul per batch */
-  /* the heuristic's candidates, best first (cuda_options_default: LOOM_CUDA_GEMM_TUNE); the
-     one in use is algo (tune_gemms picks it) */
-  cublasLtMatmulAlgo_t cand[LOOM_GEMM_CANDIDATES];
-  int n_cand;
-  unsigned char key[32];   /* tune_key's, once tune_gemms has seen it */
-};
+#include "runtime/cuda/cuda_gemm.h"   /* the GEMM steps: plans, runs, the algorithms' timing */
 
 #define CU(fn, args, where) cuda_cu_fail(d->fn args, #fn, where, err, errlen)
 #define LT(fn, args, where) cuda_lt_fail(l->fn args, #fn, where, err, errlen)
-
-static void step_where(const CudaProgram *cp, int f, int s, char *w, size_t n) {
-  snprintf(w, n, "at @%s step %d (%s)", cp->p->funcs[f].name, s, cp->p->funcs[f].steps[s].label);
-}
-
-static void plan_free(const CublasLtApi *l, CudaGemmPlan *g) {
-  if (!g) return;
-  if (l) {
-    if (g->a) l->cublasLtMatrixLayoutDestroy(g->a);
-    if (g->b) l->cublasLtMatrixLayoutDestroy(g->b);
-    if (g->c) l->cublasLtMatrixLayoutDestroy(g->c);
-    if (g->desc) l->cublasLtMatmulDescDestroy(g->desc);
-  }
-  free(g);
-}
-
-static cudaDataType_t lt_type(RtStorage s) {
-  return s == RT_ST_BF16 ? CUDA_R_16BF : s == RT_ST_F16 ? CUDA_R_16F : CUDA_R_32F;
-}
-
-/* The alignment cuBLASLt may assume for a pointer and, batched, every pointer after it. */
-static uint32_t ptr_align(uint64_t addr, uint64_t stride_bytes) {
-  uint64_t x = addr | stride_bytes;
-  uint32_t a = 256;
-  while (a > 1 && x % a) a >>= 1;
-  return a;
-}
-
-static int make_layout(const CublasLtApi *l, cublasLtMatrixLayout_t *out, RtStorage s, int64_t rows, int64_t cols,
-                       int64_t ld, int64_t batch, int64_t stride, const char *where, char *err, size_t errlen) {
-  if (LT(cublasLtMatrixLayoutCreate, (out, lt_type(s), (uint64_t)rows, (uint64_t)cols, ld), where)) return 1;
-  if (batch > 1) {
-    int32_t bc = (int32_t)batch;
-    int64_t so = stride;
-    if (LT(cublasLtMatrixLayoutSetAttribute, (*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc), where) ||
-        LT(cublasLtMatrixLayoutSetAttribute, (*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &so, sizeof so), where))
-      return 1;
-  }
-  return 0;
-}
-
-/* Layouts, preference and the heuristic's best algorithm for `batch` (1 when per batch).
-   Returns 0 with *found set, or 1 on a cuBLASLt failure. */
-static int plan_try(CudaProgram *cp, CudaGemmPlan *g, const RtStep *st, uint64_t pa, uint64_t pb, uint64_t pc,
-                    int64_t batch, bool *found, const char *where, char *err, size_t errlen) {
-  const CublasLtApi *l = cp->lt ? cuda_cublaslt(NULL, 0) : NULL;
-  const int64_t *i = st->i;
-  CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
-  /* views: our row stride is Lt's leading dimension (Lt's A is our B) */
-  if (i[RT_GEMM_LDB_INT] > 0) L.lda = i[RT_GEMM_LDB_INT];
-  if (i[RT_GEMM_LDA_INT] > 0) L.ldb = i[RT_GEMM_LDA_INT];
-  if (i[RT_GEMM_LDC_INT] > 0) L.ldc = i[RT_GEMM_LDC_INT];
-  RtStorage sa = (RtStorage)st->bufs[0].storage, sb = (RtStorage)st->bufs[1].storage,
-            sc = (RtStorage)st->bufs[st->n_in].storage;
-  *found = false;
-  if (g->a) l->cublasLtMatrixLayoutDestroy(g->a);
-  if (g->b) l->cublasLtMatrixLayoutDestroy(g->b);
-  if (g->c) l->cublasLtMatrixLayoutDestroy(g->c);
-  g->a = g->b = g->c = NULL;
-  /* Lt's A is our B (stride i[7]), Lt's B our A (i[6]). */
-  if (make_layout(l, &g->a, sb, L.a_rows, L.a_cols, L.lda, batch, i[7], where, err, errlen) ||
-      make_layout(l, &g->b, sa, L.b_rows, L.b_cols, L.ldb, batch, i[6], where, err, errlen) ||
-      make_layout(l, &g->c, sc, L.c_rows, L.c_cols, L.ldc, batch, i[8], where, err, errlen))
-    return 1;
-  /* Per batch, every batch's pointer must be as aligned as the first: strides count either way. */
-  uint64_t nb = (uint64_t)i[0] > 1 ? 1 : 0;
-  uint32_t al_a = ptr_align(pb, nb * (uint64_t)i[7] * (uint64_t)cuda_storage_size(sb));
-  uint32_t al_b = ptr_align(pa, nb * (uint64_t)i[6] * (uint64_t)cuda_storage_size(sa));
-  uint32_t al_c = ptr_align(pc, nb * (uint64_t)i[8] * (uint64_t)cuda_storage_size(sc));
-  uint64_t ws = cp->mem.workspace > 0 ? (uint64_t)cp->mem.workspace : 0;
-  cublasLtMatmulPreference_t pref = NULL;
-  int rc = LT(cublasLtMatmulPreferenceCreate, (&pref), where);
-  if (!rc)
-    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), where);
-  if (!rc)
-    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
-            where);
-  if (!rc)
-    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
-            where);
-  if (!rc)
-    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
-            where);
-  if (!rc)
-    rc = LT(cublasLtMatmulPreferenceSetAttribute, (pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
-            where);
-  if (!rc) {
-    cublasLtMatmulHeuristicResult_t res[LOOM_GEMM_CANDIDATES];
-    int count = 0, want = cp->opt.gemm_tune ? LOOM_GEMM_CANDIDATES : 1;
-    memset(res, 0, sizeof res);
-    cublasStatus_t s = l->cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)cp->lt, g->desc, g->a, g->b, g->c, g->c, pref,
-                                                         want, res, &count);
-    /* NOT_SUPPORTED / no result: no algorithm for this shape (the caller may try per batch). */
-    g->n_cand = 0;
-    for (int k = 0; s == CUBLAS_STATUS_SUCCESS && k < count && k < want; k++)
-      if (res[k].state == CUBLAS_STATUS_SUCCESS && res[k].workspaceSize <= ws) g->cand[g->n_cand++] = res[k].algo;
-    if (g->n_cand > 0) {
-      g->algo = g->cand[0];   /* the heuristic's first: what runs unless tune_gemms times a faster one */
-      *found = true;
-    } else if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
-      rc = cuda_lt_fail(s, "cublasLtMatmulAlgoGetHeuristic", where, err, errlen);
-    }
-  }
-  if (pref) l->cublasLtMatmulPreferenceDestroy(pref);
-  return rc;
-}
-
-static int plan_gemm(CudaProgram *cp, int f, int s, CudaGemmPlan **out, char *err, size_t errlen) {
-  const RtStep *st = &cp->p->funcs[f].steps[s];
-  const int64_t *i = st->i;
-  char where[256];
-  step_where(cp, f, s, where, sizeof where);
-  CudaGemmPlan *g = calloc(1, sizeof *g);
-  if (!g) return fail(err, errlen, 1, "out of memory %s", where);
-  *out = g;
-  if (i[0] == 0 || i[1] == 0 || i[2] == 0) {
-    g->empty = true;
-    return 0;
-  }
-  if (i[3] == 0) {
-    g->zero = true;
-    return 0;
-  }
-  const CublasLtApi *l = cuda_cublaslt(err, errlen);
-  if (!l) return 1;
-  RtStorage sa = (RtStorage)st->bufs[0].storage;
-  cublasComputeType_t ct = sa == RT_ST_F32 && cp->opt.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  CudaGemmLayout L = cuda_gemm_layout(i[1], i[2], i[3], (int)i[4], (int)i[5]);
-  int32_t ta = L.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = L.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (LT(cublasLtMatmulDescCreate, (&g->desc, ct, CUDA_R_32F), where) ||
-      LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), where) ||
-      LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), where))
-    return 1;
-  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]),
-           pc = cuda_buf_addr(cp, f, &st->bufs[st->n_in]);
-  /* the epilogue (program.h, RT_GEMM_EPI_INT): its pointers are fixed for the program's life.
-     Our row-major C[M,N] is Lt's column-major D[N,M]: the bias runs along Lt's rows, our N. */
-  int64_t epi = i[RT_GEMM_EPI_INT];
-  if (epi & RT_GEMM_EPI_BIAS) {
-    uint32_t e = epi & RT_GEMM_EPI_GELU ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    void *bias = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[2]);
-    int32_t bt = lt_type((RtStorage)st->bufs[2].storage);
-    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
-        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where) ||
-        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), where))
-      return 1;
-    if (epi & RT_GEMM_EPI_GELU) {
-      void *aux = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[st->n_in + 1]);
-      int64_t ld = i[2];
-      if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), where) ||
-          LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
-        return 1;
-    }
-  }
-  if (epi & RT_GEMM_EPI_DGELU) {   /* the pre-activation [M, N]: Lt's m x n, ld our N */
-    void *aux = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[2]);
-    int64_t ld = i[2];
-    uint32_t e = epi & RT_GEMM_EPI_BGRAD ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
-        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux), where) ||
-        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld), where))
-      return 1;
-  }
-  if (epi & RT_GEMM_EPI_BGRAD) {   /* BGRADA: our B's column sums, Lt's A's rows reduced over k;
-                                      DGELU_BGRAD: the result's column sums, Lt's D's rows */
-    uint32_t e = epi & RT_GEMM_EPI_DGELU ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_BGRADA;
-    void *bias = (void *)(uintptr_t)cuda_buf_addr(cp, f, &st->bufs[st->n_in + 1]);
-    int32_t bt = lt_type((RtStorage)st->bufs[st->n_in + 1].storage);
-    if (LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), where) ||
-        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where) ||
-        LT(cublasLtMatmulDescSetAttribute, (g->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), where))
-      return 1;
-  }
-  bool found = false;
-  if (plan_try(cp, g, st, pa, pb, pc, i[0], &found, where, err, errlen)) return 1;
-  if (!found && i[0] > 1) {
-    g->per_batch = true;
-    if (plan_try(cp, g, st, pa, pb, pc, 1, &found, where, err, errlen)) return 1;
-  }
-  if (!found)
-    return fail(err, errlen, 2, "cuBLASLt has no algorithm for GEMM %s: %s x %s -> %s, M %lld N %lld K %lld, ta %d tb %d, batch %lld",
-                where, cuda_storage_name(sa), cuda_storage_name((RtStorage)st->bufs[1].storage),
-                cuda_storage_name((RtStorage)st->bufs[st->n_in].storage), (long long)i[1], (long long)i[2], (long long)i[3],
-                (int)i[4], (int)i[5], (long long)i[0]);
-  return 0;
-}
-
-static int run_gemm(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
-  const CudaDriverApi *d = cuda_driver(err, errlen);
-  const RtStep *st = &cp->p->funcs[f].steps[s];
-  const CudaGemmPlan *g = cp->plans[f][s];
-  const int64_t *i = st->i;
-  if (g->empty) return 0;
-  const RtBuf *out = &st->bufs[st->n_in];
-  int esz_a = cuda_storage_size((RtStorage)st->bufs[0].storage), esz_b = cuda_storage_size((RtStorage)st->bufs[1].storage),
-      esz_c = cuda_storage_size((RtStorage)out->storage);
-  uint64_t pa = cuda_buf_addr(cp, f, &st->bufs[0]), pb = cuda_buf_addr(cp, f, &st->bufs[1]), pc = cuda_buf_addr(cp, f, out);
-  /* a residual added in the epilogue: C is that matrix, D the result (beta = 1) */
-  int64_t epi = i[RT_GEMM_EPI_INT];
-  uint64_t pcin = epi & RT_GEMM_EPI_C ? cuda_buf_addr(cp, f, &st->bufs[st->n_in - 1]) : pc;
-  CUstream stream = (CUstream)cp->stream;
-  bool acc = i[RT_GEMM_BETA_INT] != 0;   /* C += op(A) op(B) */
-  if (g->zero && epi) return fail(err, errlen, 2, "GEMM %s: K = 0 with an epilogue is not supported", where);
-  if (g->zero) {
-    for (int64_t b = 0; !acc && b < i[0]; b++)
-      if (CU(cuMemsetD8Async, ((CUdeviceptr)(pc + (uint64_t)(b * i[8] * esz_c)), 0, (size_t)(i[1] * i[2] * esz_c), stream),
-             where))
-        return 1;
-    return 0;
-  }
-  const CublasLtApi *l = cuda_cublaslt(err, errlen);
-  if (!l) return 1;
-  float alpha = 1.0f, beta = acc || (epi & RT_GEMM_EPI_C) ? 1.0f : 0.0f;
-  int64_t nb = g->per_batch ? i[0] : 1;
-  for (int64_t b = 0; b < nb; b++) {
-    const void *A = (const void *)(uintptr_t)(pb + (uint64_t)(b * i[7] * esz_b));   /* Lt's A: our B */
-    const void *B = (const void *)(uintptr_t)(pa + (uint64_t)(b * i[6] * esz_a));   /* Lt's B: our A */
-    void *C = (void *)(uintptr_t)(pc + (uint64_t)(b * i[8] * esz_c));
-    const void *Cin = (const void *)(uintptr_t)(pcin + (uint64_t)(b * i[8] * esz_c));
-    if (LT(cublasLtMatmul,
-           ((cublasLtHandle_t)cp->lt, g->desc, &alpha, A, g->a, B, g->b, &beta, Cin, g->c, C, g->c, &g->algo,
-            (void *)(uintptr_t)cp->workspace, (size_t)cp->mem.workspace, stream),
-           where))
-      return 1;
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------------ GEMM algorithms
-   With LOOM_CUDA_GEMM_TUNE (on unless it is 0), every GEMM shape of the program times the
-   cuBLASLt heuristic's candidates (up to LOOM_GEMM_CANDIDATES) once, on this device, and keeps
-   the fastest; the choice is cached on disk (runtime/io/diskcache.h) under a key of the
-   device, the cuBLASLt version, the GEMM's description and the candidates themselves, so a
-   later run (or another rank of the node, which waits on the entry's lock) reads it instead
-   of timing.  The timing runs at start-up on the program's own buffers, which hold only zeros
-   then (dev_alloc zeroed them; nothing is loaded before cuda_program_init returns); they are
-   zeroed again afterwards.  A candidate that fails to run is passed over.  Which algorithm
-   runs changes the bits of a GEMM's result (another tiling or split-K), as the heuristic's own
-   choice does from one cuBLASLt version to the next: LOOM_CUDA_GEMM_TUNE=0 runs the
-   heuristic's first candidate, the same on every run; LOOM_CUDA_GEMM_TUNE=verbose prints each
-   shape's times. */
-
-static const char tune_magic[8] = {'L', 'O', 'O', 'M', 'G', 'T', 'U', '1'};
-
-static void tune_key(const CudaProgram *cp, const CudaGemmPlan *g, const RtStep *st, unsigned char key[32]) {
-  const CublasLtApi *l = cuda_cublaslt(NULL, 0);
-  Sha256 h;
-  sha_init(&h);
-  char head[512];
-  int n = snprintf(head, sizeof head, "loom gemm tune 1|%s|%s|lt %zu|ws %lld|tf32 %d|per_batch %d|cand %d|", cp->info.name,
-                   cp->info.arch, l ? l->cublasLtGetVersion() : (size_t)0, (long long)cp->mem.workspace, (int)cp->opt.tf32,
-                   (int)g->per_batch, g->n_cand);
-  sha_update(&h, head, (size_t)n);
-  sha_update(&h, st->i, sizeof st->i);   /* shape, transposes, strides, epilogue, beta, leading dims */
-  for (int b = 0; b < st->n_in + st->n_out; b++) sha_update(&h, &st->bufs[b].storage, sizeof st->bufs[b].storage);
-  /* the pointers' alignments decide which candidates exist: the candidates are in the key */
-  sha_update(&h, g->cand, sizeof g->cand[0] * (size_t)g->n_cand);
-  sha_final(&h, key);
-}
-
-/* Times candidate c of GEMM (f, s): one run to warm up, then `reps` between two events. */
-static int time_candidate(CudaProgram *cp, int f, int s, int c, void *ev[2], int reps, float *ms) {
-  const CudaDriverApi *d = cuda_driver(NULL, 0);
-  CudaGemmPlan *g = cp->plans[f][s];
-  char where[256], e[512];
-  step_where(cp, f, s, where, sizeof where);
-  g->algo = g->cand[c];
-  if (run_gemm(cp, f, s, where, e, sizeof e)) return 1;
-  if (d->cuEventRecord((CUevent)ev[0], (CUstream)cp->stream) != CUDA_SUCCESS) return 1;
-  for (int r = 0; r < reps; r++)
-    if (run_gemm(cp, f, s, where, e, sizeof e)) return 1;
-  if (d->cuEventRecord((CUevent)ev[1], (CUstream)cp->stream) != CUDA_SUCCESS ||
-      d->cuStreamSynchronize((CUstream)cp->stream) != CUDA_SUCCESS ||
-      d->cuEventElapsedTime(ms, (CUevent)ev[0], (CUevent)ev[1]) != CUDA_SUCCESS)
-    return 1;
-  return 0;
-}
-
-static int tune_gemms(CudaProgram *cp, char *err, size_t errlen) {
-  const CudaDriverApi *d = cuda_driver(err, errlen);
-  const RtProgram *p = cp->p;
-  char dir[4096];
-  dc_dir(dir, sizeof dir);
-  if (dir[0]) dc_mkdirs(dir);
-  void *ev[2] = {NULL, NULL};
-  int shapes = 0, timed = 0, cached = 0, rc = 0;
-  for (int f = 0; !rc && f < p->n_funcs; f++)
-    for (int s = 0; !rc && s < p->funcs[f].n_steps; s++) {
-      CudaGemmPlan *g = cp->plans[f][s];
-      if (!g || g->empty || g->zero || g->n_cand < 2) continue;
-      const RtStep *st = &p->funcs[f].steps[s];
-      unsigned char *key = g->key;
-      tune_key(cp, g, st, key);
-      /* the same shape earlier in this program: its choice */
-      const CudaGemmPlan *same = NULL;
-      for (int f2 = 0; f2 <= f && !same; f2++)
-        for (int s2 = 0; s2 < (f2 == f ? s : p->funcs[f2].n_steps) && !same; s2++) {
-          const CudaGemmPlan *h = cp->plans[f2][s2];
-          if (h && !h->empty && !h->zero && h->n_cand >= 2 && !memcmp(h->key, key, 32)) same = h;
-        }
-      if (same) {
-        g->algo = same->algo;
-        continue;
-      }
-      shapes++;
-      char path[4200] = "";
-      if (dir[0] && dc_path(dir, key, ".gemm", path, sizeof path)) path[0] = 0;
-      int lock = path[0] ? dc_lock(dir, key) : -1;
-      unsigned char *payload = NULL;
-      size_t n = 0;
-      unsigned flags = 0;
-      int choice = -1;
-      if (path[0] && !dc_read(path, tune_magic, key, &payload, &n, &flags) && n == sizeof(int32_t)) {
-        int32_t c;
-        memcpy(&c, payload, sizeof c);
-        if (c >= 0 && c < g->n_cand) choice = c, cached++;
-      }
-      free(payload);
-      if (choice < 0) {
-        if (!ev[0]) {
-          for (int k = 0; k < 2 && !rc; k++) rc = CU(cuEventCreate, ((CUevent *)&ev[k], CU_EVENT_DEFAULT), "(timing GEMM algorithms)");
-          if (rc) {
-            dc_unlock(lock);
-            break;
-          }
-        }
-        float best = 0;
-        char line[1024];
-        int at = snprintf(line, sizeof line, "cuda: GEMM @%s step %d (%s), M %lld N %lld K %lld batch %lld:",
-                          p->funcs[f].name, s, st->label, (long long)st->i[1], (long long)st->i[2], (long long)st->i[3],
-                          (long long)st->i[0]);
-        for (int c = 0; c < g->n_cand; c++) {
-          float ms = 0;
-          bool ok = !time_candidate(cp, f, s, c, ev, 3, &ms);
-          if (ok && (choice < 0 || ms < best)) choice = c, best = ms;
-          if (at < (int)sizeof line - 24)
-            at += ok ? snprintf(line + at, sizeof line - (size_t)at, " %.3f", ms / 3)
-                     : snprintf(line + at, sizeof line - (size_t)at, " failed");
-        }
-        if (choice < 0) choice = 0;   /* none ran: the heuristic's first, whose failure the step will report */
-        if (cp->opt.gemm_tune_verbose) fprintf(stderr, "%s ms; candidate %d\n", line, choice);
-        int32_t c32 = choice;
-        if (path[0]) dc_write(dir, path, tune_magic, key, (const unsigned char *)&c32, sizeof c32, 0);
-        timed++;
-      }
-      dc_unlock(lock);
-      g->algo = g->cand[choice];
-    }
-  for (int k = 0; k < 2; k++)
-    if (ev[k]) d->cuEventDestroy((CUevent)ev[k]);
-  if (!rc && timed) {   /* the runs wrote into the arena and the gradients: zeros again, as dev_alloc left them */
-    for (int r = 1; !rc && r < RT_REGION_COUNT; r++)
-      if (cp->regions[r] && p->region_bytes[r] > 0)
-        rc = CU(cuMemsetD8Async, ((CUdeviceptr)cp->regions[r], 0, (size_t)p->region_bytes[r], (CUstream)cp->stream),
-                "(after timing GEMM algorithms)");
-    if (!rc && cp->arena && cp->mem.arenas > 0)
-      rc = CU(cuMemsetD8Async, ((CUdeviceptr)cp->arena, 0, (size_t)cp->mem.arenas, (CUstream)cp->stream),
-              "(after timing GEMM algorithms)");
-  }
-  cp->gemm_shapes = shapes, cp->gemm_timed = timed, cp->gemm_cached = cached;
-  if (cp->opt.gemm_tune_verbose && shapes)
-    fprintf(stderr, "cuda: GEMM algorithms: %d shapes, %d timed, %d from the cache\n", shapes, timed, cached);
-  return rc;
-}
 
 static int dev_alloc(CudaProgram *cp, uint64_t *out, int64_t bytes, const char *what, char *err, size_t errlen) {
   const CudaDriverApi *d = cuda_driver(err, errlen);
@@ -808,7 +391,7 @@ static int load_module(CudaProgram *cp, const void *image, size_t n, char *err, 
   const unsigned char *parts[NVRTC_MAX_PROGRAMS];
   size_t sizes[NVRTC_MAX_PROGRAMS];
   int count = nvrtc_bundle_parts(image, n, parts, sizes, NVRTC_MAX_PROGRAMS);
-  if (count < 0) return fail(err, errlen, 2, "the program's CUDA module (%zu bytes) is a damaged bundle", n);
+  if (count < 0) return rt_fail(err, errlen, 2, "the program's CUDA module (%zu bytes) is a damaged bundle", n);
   if (count > 1) {
     for (int i = 0; i < count; i++) {
       int rc = load_module(cp, parts[i], sizes[i], err, errlen);
@@ -821,7 +404,7 @@ static int load_module(CudaProgram *cp, const void *image, size_t n, char *err, 
   const void *img = image;
   if (!looks_binary(b, n) && (n == 0 || b[n - 1] != 0)) {   /* PTX text must end in a NUL */
     copy = malloc(n + 1);
-    if (!copy) return fail(err, errlen, 1, "out of memory");
+    if (!copy) return rt_fail(err, errlen, 1, "out of memory");
     memcpy(copy, image, n);
     copy[n] = 0;
     img = copy;
@@ -849,7 +432,7 @@ static int load_kernels(CudaProgram *cp, char *err, size_t errlen) {
   const CudaDriverApi *d = cuda_driver(err, errlen);
   const RtProgram *p = cp->p;
   cp->fns = calloc((size_t)(p->n_kernels ? p->n_kernels : 1), sizeof(void *));
-  if (!cp->fns) return fail(err, errlen, 1, "out of memory");
+  if (!cp->fns) return rt_fail(err, errlen, 1, "out of memory");
   for (int k = 0; k < p->n_kernels; k++) {
     char name[sizeof p->kernel_names[0] + 1];
     memcpy(name, p->kernel_names[k], sizeof p->kernel_names[0]);
@@ -874,14 +457,14 @@ static int load_kernels(CudaProgram *cp, char *err, size_t errlen) {
     snprintf(where, sizeof where, "(kernel %s)", name);
     if (smem > 48 * 1024) {
       if ((int)smem > cp->info.max_smem_optin)
-        return fail(err, errlen, 2, "kernel %s asks for %u bytes of shared memory; %s allows %d", name, smem,
+        return rt_fail(err, errlen, 2, "kernel %s asks for %u bytes of shared memory; %s allows %d", name, smem,
                     cp->info.name, cp->info.max_smem_optin);
       if (CU(cuFuncSetAttribute, (fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem), where)) return 1;
     }
     int max_threads = 0;
     if (CU(cuFuncGetAttribute, (&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn), where)) return 1;
     if (threads > (uint32_t)max_threads)
-      return fail(err, errlen, 2, "kernel %s is launched with %u threads per block; compiled it allows %d (registers?)",
+      return rt_fail(err, errlen, 2, "kernel %s is launched with %u threads per block; compiled it allows %d (registers?)",
                   name, threads, max_threads);
   }
   return 0;
@@ -916,10 +499,10 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   cuda_program_memory_plan(p, cp->opt.workspace_bytes, &plan);
   cp->plans = calloc(nf, sizeof *cp->plans);
   cp->gstorage = calloc((size_t)(p->n_globals ? p->n_globals : 1), sizeof *cp->gstorage);
-  rc = cp->plans && cp->gstorage ? 0 : fail(err, errlen, 1, "out of memory");
+  rc = cp->plans && cp->gstorage ? 0 : rt_fail(err, errlen, 1, "out of memory");
   for (int f = 0; !rc && f < p->n_funcs; f++)
     if (!(cp->plans[f] = calloc((size_t)(p->funcs[f].n_steps ? p->funcs[f].n_steps : 1), sizeof(CudaGemmPlan *))))
-      rc = fail(err, errlen, 1, "out of memory");
+      rc = rt_fail(err, errlen, 1, "out of memory");
   for (int g = 0; !rc && g < p->n_globals; g++) cp->gstorage[g] = cuda_global_storage(p, g);
   /* Host staging: the largest function's arguments, or its results, in their storage. */
   for (int f = 0; !rc && f < p->n_funcs; f++) {
@@ -931,12 +514,12 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
     if (in > cp->staging_bytes) cp->staging_bytes = in;
     if (out > cp->staging_bytes) cp->staging_bytes = out;
   }
-  if (!rc && !(cp->staging = malloc(cp->staging_bytes ? cp->staging_bytes : 64))) rc = fail(err, errlen, 1, "out of memory");
+  if (!rc && !(cp->staging = malloc(cp->staging_bytes ? cp->staging_bytes : 64))) rc = rt_fail(err, errlen, 1, "out of memory");
   CUstream stream = NULL;
   if (!rc) rc = CU(cuStreamCreate, (&stream, CU_STREAM_NON_BLOCKING), "");
   cp->stream = stream;
   if (!rc && p->n_kernels > 0) {
-    if (!image || !n) rc = fail(err, errlen, 2, "the program has %d kernels but no CUDA module", p->n_kernels);
+    if (!image || !n) rc = rt_fail(err, errlen, 2, "the program has %d kernels but no CUDA module", p->n_kernels);
     else rc = load_module(cp, image, n, err, errlen);
     if (!rc) rc = load_kernels(cp, err, errlen);
   }
@@ -967,11 +550,11 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   }
   for (int f = 0; !rc && f < p->n_funcs; f++)
     for (int s = 0; !rc && s < p->funcs[f].n_steps; s++)
-      if (p->funcs[f].steps[s].kind == RT_STEP_GEMM) rc = plan_gemm(cp, f, s, &cp->plans[f][s], err, errlen);
-  if (!rc && cp->opt.gemm_tune) rc = tune_gemms(cp, err, errlen);
+      if (p->funcs[f].steps[s].kind == RT_STEP_GEMM) rc = cuda_plan_gemm(cp, f, s, &cp->plans[f][s], err, errlen);
+  if (!rc && cp->opt.gemm_tune) rc = cuda_tune_gemms(cp, err, errlen);
   if (!rc && cp->opt.profile) rc = profile_init(cp, err, errlen);
-  if (!rc && !(cp->graph = calloc(nf, sizeof *cp->graph))) rc = fail(err, errlen, 1, "out of memory");
-  if (!rc && !(cp->graph_off = calloc(nf, sizeof *cp->graph_off))) rc = fail(err, errlen, 1, "out of memory");
+  if (!rc && !(cp->graph = calloc(nf, sizeof *cp->graph))) rc = rt_fail(err, errlen, 1, "out of memory");
+  if (!rc && !(cp->graph_off = calloc(nf, sizeof *cp->graph_off))) rc = rt_fail(err, errlen, 1, "out of memory");
   if (!rc) rc = CU(cuStreamSynchronize, ((CUstream)cp->stream), "(initializing the program's memory)");
   cp->f_copies = cuda_find_func(cp, RT_FUNC_WEIGHT_COPIES);
   cp->copies_stale = true;
@@ -1011,7 +594,7 @@ void cuda_program_free(CudaProgram *cp) {
   free(cp->prof_ms);
   free(cp->prof_calls);
   for (int f = 0; cp->plans && f < cp->p->n_funcs; f++) {
-    for (int s = 0; cp->plans[f] && s < cp->p->funcs[f].n_steps; s++) plan_free(l, cp->plans[f][s]);
+    for (int s = 0; cp->plans[f] && s < cp->p->funcs[f].n_steps; s++) cuda_plan_free(l, cp->plans[f][s]);
     free(cp->plans[f]);
   }
   free(cp->plans);
@@ -1043,9 +626,9 @@ static int profile_init(CudaProgram *cp, char *err, size_t errlen) {
   cp->prof_ev = calloc((size_t)most + 1, sizeof *cp->prof_ev);
   cp->prof_ms = calloc((size_t)(nf ? nf : 1), sizeof *cp->prof_ms);
   cp->prof_calls = calloc((size_t)(nf ? nf : 1), sizeof *cp->prof_calls);
-  if (!cp->prof_ev || !cp->prof_ms || !cp->prof_calls) return fail(err, errlen, 1, "out of memory");
+  if (!cp->prof_ev || !cp->prof_ms || !cp->prof_calls) return rt_fail(err, errlen, 1, "out of memory");
   for (int f = 0; f < nf; f++)
-    if (!(cp->prof_ms[f] = calloc((size_t)cp->p->funcs[f].n_steps + 1, sizeof(float)))) return fail(err, errlen, 1, "out of memory");
+    if (!(cp->prof_ms[f] = calloc((size_t)cp->p->funcs[f].n_steps + 1, sizeof(float)))) return rt_fail(err, errlen, 1, "out of memory");
   for (int e = 0; e <= most; e++) {
     CUevent ev = NULL;
     if (CU(cuEventCreate, (&ev, CU_EVENT_DEFAULT), "(the profile's events)")) return 1;
@@ -1088,9 +671,9 @@ static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, s
 
 static int run_step(CudaProgram *cp, int func, int s, char *err, size_t errlen) {
   char where[256];
-  step_where(cp, func, s, where, sizeof where);
+  cuda_step_where(cp, func, s, where, sizeof where);
   const RtStep *st = &cp->p->funcs[func].steps[s];
-  return st->kind == RT_STEP_GEMM      ? run_gemm(cp, func, s, where, err, errlen)
+  return st->kind == RT_STEP_GEMM      ? cuda_run_gemm(cp, func, s, where, err, errlen)
          : st->kind == RT_STEP_BUILTIN ? cuda_mesh_step(cp, func, s, where, err, errlen)
                                        : launch(cp, func, s, where, err, errlen);
 }
@@ -1187,9 +770,9 @@ void cuda_dev_free(CudaProgram *cp, uint64_t addr) {
 
 int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const uint64_t *dargs, void **rets,
                           const uint64_t *drets, char *err, size_t errlen) {
-  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
-  if (func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
-  if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+  if (!cp->p) return rt_fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (func < 0 || func >= cp->p->n_funcs) return rt_fail(err, errlen, 2, "no function #%d in the program", func);
+  if (cp->broken) return rt_fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   int rc = 0;
@@ -1297,7 +880,7 @@ static int step_io_init(CudaProgram *cp, int fg, int fo, int64_t n, char *err, s
   cp->step_io = 0;
   free(cp->step_host);
   cp->step_host = malloc(all);
-  if (!cp->step_host) return fail(err, errlen, 1, "out of memory");
+  if (!cp->step_host) return rt_fail(err, errlen, 1, "out of memory");
   CUdeviceptr at = 0;
   if (CU(cuMemAlloc, (&at, all), "(the training step's inputs and outputs)")) return 1;
   cp->step_io = (uint64_t)at;
@@ -1362,12 +945,12 @@ static void step_capture(CudaProgram *cp, int fg, int fo, int64_t n) {
 
 int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
                       float lr, float t, float *losses, float *grad_norm, char *err, size_t errlen) {
-  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (!cp->p) return rt_fail(err, errlen, 2, "the CUDA program is not initialized");
   if (f_grad < 0 || f_grad >= cp->p->n_funcs || f_opt < 0 || f_opt >= cp->p->n_funcs || n < 1 ||
       cp->p->funcs[f_grad].n_rets < 1 || cp->p->funcs[f_grad].rets[0].n != 1 || cp->p->funcs[f_opt].n_rets < 1 ||
       cp->p->funcs[f_opt].rets[0].n != 1)
-    return fail(err, errlen, 2, "the program has no @grad_step -> loss and @optimizer_step -> grad_norm");
-  if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+    return rt_fail(err, errlen, 2, "the program has no @grad_step -> loss and @optimizer_step -> grad_norm");
+  if (cp->broken) return rt_fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   const RtFunc *g = &cp->p->funcs[f_grad], *o = &cp->p->funcs[f_opt];
@@ -1432,14 +1015,14 @@ int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const i
 /* Host <-> device copy of n elements of storage s at addr, converting from/to f32 (int32). */
 static int xfer(CudaProgram *cp, uint64_t addr, RtStorage s, int64_t n, float *out, const float *in, const char *what,
                 char *err, size_t errlen) {
-  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
-  if (cp->broken) return fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+  if (!cp->p) return rt_fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (cp->broken) return rt_fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   size_t bytes = (size_t)n * (size_t)cuda_storage_size(s);
   if (!bytes) return 0;
   void *tmp = malloc(bytes);
-  if (!tmp) return fail(err, errlen, 1, "out of memory %s", what);
+  if (!tmp) return rt_fail(err, errlen, 1, "out of memory %s", what);
   CUstream stream = (CUstream)cp->stream;
   int rc;
   if (in) {
@@ -1455,7 +1038,7 @@ static int xfer(CudaProgram *cp, uint64_t addr, RtStorage s, int64_t n, float *o
 }
 
 static int global_xfer(CudaProgram *cp, int g, float *out, const float *in, char *err, size_t errlen) {
-  if (!cp->p || g < 0 || g >= cp->p->n_globals) return fail(err, errlen, 2, "no global #%d in the program", g);
+  if (!cp->p || g < 0 || g >= cp->p->n_globals) return rt_fail(err, errlen, 2, "no global #%d in the program", g);
   const RtGlobal *gl = &cp->p->globals[g];
   char what[320];
   snprintf(what, sizeof what, "(%s global $%s)", in ? "writing" : "reading", gl->name);
@@ -1474,7 +1057,7 @@ int cuda_global_write(CudaProgram *cp, int g, const float *in, char *err, size_t
 }
 
 static int buf_xfer(CudaProgram *cp, int func, const RtBuf *b, void *out, const void *in, char *err, size_t errlen) {
-  if (!cp->p || func < 0 || func >= cp->p->n_funcs) return fail(err, errlen, 2, "no function #%d in the program", func);
+  if (!cp->p || func < 0 || func >= cp->p->n_funcs) return rt_fail(err, errlen, 2, "no function #%d in the program", func);
   char what[200];
   snprintf(what, sizeof what, "(%s a buffer of @%s)", in ? "writing" : "reading", cp->p->funcs[func].name);
   if (check_buf(NULL, cp->p, func, b, "buffer", err, errlen)) return 2;
@@ -1490,7 +1073,7 @@ int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, ch
 }
 
 int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) {
-  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (!cp->p) return rt_fail(err, errlen, 2, "the CUDA program is not initialized");
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   cp->copies_stale = true;
@@ -1506,7 +1089,7 @@ int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) 
       continue;
     }
     float *t = malloc(sizeof(float) * (size_t)(gl->n ? gl->n : 1));
-    if (!t) return fail(err, errlen, 1, "out of memory initializing $%s", gl->name);
+    if (!t) return rt_fail(err, errlen, 1, "out of memory initializing $%s", gl->name);
     rt_global_init_values(gl, seed, t);
     int rc = cuda_global_write(cp, g, t, err, errlen);
     free(t);
@@ -1522,32 +1105,32 @@ int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) 
 int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *image, size_t n, int device,
                            const CudaOptions *opt, char *err, size_t errlen) {
   memset(cp, 0, sizeof *cp);
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
 void cuda_program_free(CudaProgram *cp) { memset(cp, 0, sizeof *cp); }
 int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets, char *err, size_t errlen) {
-  return fail(err, errlen, cp->p ? 1 : 2, "%s", NO_CUDA);
+  return rt_fail(err, errlen, cp->p ? 1 : 2, "%s", NO_CUDA);
 }
 int cuda_program_call_dev(CudaProgram *cp, int func, void *const *args, const uint64_t *dargs, void **rets,
                           const uint64_t *drets, char *err, size_t errlen) {
-  return fail(err, errlen, cp->p ? 1 : 2, "%s", NO_CUDA);
+  return rt_fail(err, errlen, cp->p ? 1 : 2, "%s", NO_CUDA);
 }
 int cuda_dev_alloc(CudaProgram *cp, uint64_t *addr, int64_t bytes, const char *what, char *err, size_t errlen) {
   *addr = 0;
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
 void cuda_dev_free(CudaProgram *cp, uint64_t addr) { (void)cp, (void)addr; }
-int cuda_global_read(CudaProgram *cp, int g, float *out, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int cuda_global_read(CudaProgram *cp, int g, float *out, char *err, size_t errlen) { return rt_fail(err, errlen, 1, "%s", NO_CUDA); }
 int cuda_global_write(CudaProgram *cp, int g, const float *in, char *err, size_t errlen) {
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
 int cuda_buf_read(CudaProgram *cp, int func, const RtBuf *b, void *out, char *err, size_t errlen) {
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
 int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, char *err, size_t errlen) {
-  return fail(err, errlen, 1, "%s", NO_CUDA);
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
-int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) { return fail(err, errlen, 1, "%s", NO_CUDA); }
+int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) { return rt_fail(err, errlen, 1, "%s", NO_CUDA); }
 
 #endif
 
@@ -1569,7 +1152,19 @@ static int dev_step(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t
   return cuda_program_step(d->impl, f_grad, f_opt, n, inputs, targets, lr, t, losses, grad_norm, err, errlen);
 }
 
+/* device memory a caller keeps between calls (a pipeline's stash), and calls that read and
+   write it in place (cuda_program_call_dev) */
+static int dev_buf_alloc(RtDevice *d, int64_t bytes, uint64_t *addr, char *err, size_t errlen) {
+  return cuda_dev_alloc(d->impl, addr, bytes, "a pipeline stash", err, errlen);
+}
+static void dev_buf_free(RtDevice *d, uint64_t addr) { cuda_dev_free(d->impl, addr); }
+static int dev_call_dev(RtDevice *d, int func, void *const *args, const uint64_t *dargs, void **rets, const uint64_t *drets,
+                        char *err, size_t errlen) {
+  return cuda_program_call_dev(d->impl, func, args, dargs, rets, drets, err, errlen);
+}
+
 void cuda_device(RtDevice *d, CudaProgram *cp) {
   *d = (RtDevice){.p = cp->p, .kind = "CUDA", .impl = cp, .call = dev_call, .read = dev_read, .write = dev_write,
-                  .host = NULL, .close = NULL, .step = dev_step};
+                  .host = NULL, .close = NULL, .step = dev_step, .buf_alloc = dev_buf_alloc, .buf_free = dev_buf_free,
+                  .call_dev = dev_call_dev};
 }

@@ -20,17 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/fail.h"
 #include "runtime/comm/comm_nccl.h"
 #include "runtime/cuda/cuda_exec.h"
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
-}
 
 bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n) {
   int b = (int)st->which;
@@ -456,11 +448,11 @@ int cuda_p2p_plan(const RtFunc *fn, CudaP2pPlan *pl, char *err, size_t errlen) {
 #define CU(fn, args, where) cuda_cu_fail(d->fn args, #fn, where, err, errlen)
 
 int cuda_program_set_comm(CudaProgram *cp, Comm *comm, char *err, size_t errlen) {
-  if (!cp->p) return fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (!cp->p) return rt_fail(err, errlen, 2, "the CUDA program is not initialized");
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   for (int a = 0; a < 5; a++) {
-    if (comm->mesh[a] < 1) return fail(err, errlen, 2, "the mesh has an axis of size %lld", (long long)comm->mesh[a]);
+    if (comm->mesh[a] < 1) return rt_fail(err, errlen, 2, "the mesh has an axis of size %lld", (long long)comm->mesh[a]);
     cp->coord[a] = comm->coord[a];
   }
   /* events: one per start handle of any function, and one more for the plain collectives */
@@ -471,7 +463,7 @@ int cuda_program_set_comm(CudaProgram *cp, Comm *comm, char *err, size_t errlen)
       if (st->kind == RT_STEP_BUILTIN && st->which == RT_B_COLL_START && st->i[1] + 1 > handles) handles = (int)st->i[1] + 1;
     }
   cp->n_events = handles + 1;
-  if (!(cp->ev_done = calloc((size_t)cp->n_events, sizeof *cp->ev_done))) return fail(err, errlen, 1, "out of memory");
+  if (!(cp->ev_done = calloc((size_t)cp->n_events, sizeof *cp->ev_done))) return rt_fail(err, errlen, 1, "out of memory");
   int rc = CU(cuEventCreate, ((CUevent *)&cp->ev_ready, CU_EVENT_DISABLE_TIMING), "(the mesh's events)");
   for (int k = 0; !rc && k < cp->n_events; k++)
     rc = CU(cuEventCreate, ((CUevent *)&cp->ev_done[k], CU_EVENT_DISABLE_TIMING), "(the mesh's events)");
@@ -481,7 +473,7 @@ int cuda_program_set_comm(CudaProgram *cp, Comm *comm, char *err, size_t errlen)
      staging slots and the room for the largest group's calls */
   int n_groups = 0, max_group = 0;
   int64_t staging = 0;
-  if (!rc && !(cp->p2p = calloc((size_t)cp->p->n_funcs + 1, sizeof *cp->p2p))) rc = fail(err, errlen, 1, "out of memory");
+  if (!rc && !(cp->p2p = calloc((size_t)cp->p->n_funcs + 1, sizeof *cp->p2p))) rc = rt_fail(err, errlen, 1, "out of memory");
   for (int f = 0; !rc && f < cp->p->n_funcs; f++) {
     const RtFunc *fn = &cp->p->funcs[f];
     CudaP2pPlan *pl = &cp->p2p[f];
@@ -489,7 +481,7 @@ int cuda_program_set_comm(CudaProgram *cp, Comm *comm, char *err, size_t errlen)
     for (int k = 0; !rc && k < pl->n_ops; k++) {
       const RtStep *st = &fn->steps[pl->ops[k].step];
       if (st->i[2] != comm->mesh[st->i[1]])
-        rc = fail(err, errlen, 2, "@%s: step %d (%s): the program's axis %s has %lld ranks, the mesh's %lld", fn->name,
+        rc = rt_fail(err, errlen, 2, "@%s: step %d (%s): the program's axis %s has %lld ranks, the mesh's %lld", fn->name,
                   pl->ops[k].step, st->label, p2p_axis[st->i[1]], (long long)st->i[2], (long long)comm->mesh[st->i[1]]);
     }
     if (pl->n_groups > n_groups) n_groups = pl->n_groups;
@@ -500,7 +492,7 @@ int cuda_program_set_comm(CudaProgram *cp, Comm *comm, char *err, size_t errlen)
     cp->n_p2p_events = n_groups;
     if (!(cp->p2p_done = calloc((size_t)n_groups, sizeof *cp->p2p_done)) ||
         !(cp->p2p_args = calloc((size_t)max_group, sizeof *cp->p2p_args)))
-      rc = fail(err, errlen, 1, "out of memory");
+      rc = rt_fail(err, errlen, 1, "out of memory");
     for (int k = 0; !rc && k < n_groups; k++)
       rc = CU(cuEventCreate, ((CUevent *)&cp->p2p_done[k], CU_EVENT_DISABLE_TIMING), "(the transfers' events)");
   }
@@ -562,7 +554,7 @@ static int pipe_step(CudaProgram *cp, int f, int s, const char *where, char *err
     int e = s;
     while (e < fn->n_steps && is_pipe_transfer(&fn->steps[e])) e++;
     NcclP2p ops[64];
-    if (e - s > 64) return fail(err, errlen, 2, "%s: more than 64 transfers in a row", where);
+    if (e - s > 64) return rt_fail(err, errlen, 2, "%s: more than 64 transfers in a row", where);
     uint64_t base[RT_REGION_COUNT];
     for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arena : cp->regions[r];
     for (int t = s; t < e; t++) {
@@ -575,7 +567,7 @@ static int pipe_step(CudaProgram *cp, int f, int s, const char *where, char *err
   }
   int k = 0;
   for (int t = 0; t < s; t++) k += is_pipe_transfer(&fn->steps[t]);
-  if (k >= cp->n_pipe_slot) return fail(err, errlen, 2, "%s: a pipeline's transfer without a slot", where);
+  if (k >= cp->n_pipe_slot) return rt_fail(err, errlen, 2, "%s: a pipeline's transfer without a slot", where);
   const RtBuf *b = &st->bufs[0];
   uint64_t base = b->region == RT_REGION_ARENA ? cp->arena : cp->regions[b->region];
   CUdeviceptr mine = (CUdeviceptr)(base + (uint64_t)b->offset), slot = (CUdeviceptr)cp->pipe_slot[k];
@@ -593,12 +585,12 @@ static int p2p_step(CudaProgram *cp, int f, int s, const char *where, char *err,
   const RtFunc *fn = &cp->p->funcs[f];
   const CudaP2pPlan *pl = cp->p2p ? &cp->p2p[f] : NULL;
   int o = pl && pl->op_of_step ? pl->op_of_step[s] : -1;
-  if (o < 0) return fail(err, errlen, 2, "%s: a transfer outside the plan", where);
+  if (o < 0) return rt_fail(err, errlen, 2, "%s: a transfer outside the plan", where);
   const CudaP2pOp *op = &pl->ops[o];
   const CudaP2pGroup *g = &pl->groups[op->group];
   CUstream compute = (CUstream)cp->stream;
   CUstream comm = (CUstream)cp->axis_stream[g->axis];
-  if (!comm || op->group >= cp->n_p2p_events) return fail(err, errlen, 2, "%s: no stream or event for the transfer", where);
+  if (!comm || op->group >= cp->n_p2p_events) return rt_fail(err, errlen, 2, "%s: no stream or event for the transfer", where);
   uint64_t base[RT_REGION_COUNT];
   for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arena : cp->regions[r];
   const RtBuf *b = &fn->steps[s].bufs[0];
@@ -650,14 +642,14 @@ static int all_to_allv_step(CudaProgram *cp, const RtStep *st, const char *where
   for (int b = 0; b < 4; b++) at[b] = base[st->bufs[b].region] + (uint64_t)st->bufs[b].offset;
   int32_t *counts = calloc(2 * (size_t)n * (size_t)el + 1, sizeof *counts);
   NcclP2p *ops = calloc(2 * (size_t)n + 1, sizeof *ops);
-  int rc = counts && ops ? 0 : fail(err, errlen, 1, "out of memory");
+  int rc = counts && ops ? 0 : rt_fail(err, errlen, 1, "out of memory");
   if (!rc) rc = CU(cuMemcpyDtoHAsync, (counts, (CUdeviceptr)at[1], sizeof(int32_t) * (size_t)(n * el), compute), where);
   if (!rc)
     rc = CU(cuMemcpyDtoHAsync, (counts + n * el, (CUdeviceptr)at[2], sizeof(int32_t) * (size_t)(n * el), compute), where);
   if (!rc) rc = CU(cuStreamSynchronize, (compute), where);
   int64_t sent = 0, got = 0, n_ops = 0, self_rows = 0, self_from = 0, self_to = 0;
   for (int64_t g = 0; !rc && g < 2 * n * el; g++)
-    if (counts[g] < 0) rc = fail(err, errlen, 2, "%s: negative counts", where);
+    if (counts[g] < 0) rc = rt_fail(err, errlen, 2, "%s: negative counts", where);
   for (int j = 0; !rc && j < n; j++) {   /* sends and receives in peer order: both ends agree */
     int64_t out = 0, in = 0;
     for (int64_t e = 0; e < el; e++) out += counts[j * el + e], in += counts[n * el + j * el + e];
@@ -668,12 +660,12 @@ static int all_to_allv_step(CudaProgram *cp, const RtStep *st, const char *where
       if (in) ops[n_ops++] = (NcclP2p){false, j, (void *)(uintptr_t)(at[3] + (uint64_t)(got * D * es)), in * D,
                                       st->bufs[3].storage};
     }
-    if (j == me && out != in) rc = fail(err, errlen, 2, "%s: this rank sends itself %lld rows but expects %lld", where,
+    if (j == me && out != in) rc = rt_fail(err, errlen, 2, "%s: this rank sends itself %lld rows but expects %lld", where,
                                         (long long)out, (long long)in);
     sent += out, got += in;
   }
   if (!rc && (sent > S || got > rows))
-    rc = fail(err, errlen, 2, "%s: %lld rows to send of %lld, %lld to receive into %lld", where, (long long)sent,
+    rc = rt_fail(err, errlen, 2, "%s: %lld rows to send of %lld, %lld to receive into %lld", where, (long long)sent,
               (long long)S, (long long)got, (long long)rows);
   if (!rc && self_rows)
     rc = CU(cuMemcpyDtoDAsync, ((CUdeviceptr)(at[3] + (uint64_t)(self_to * D * es)),
@@ -698,7 +690,7 @@ static int all_to_allv_step(CudaProgram *cp, const RtStep *st, const char *where
 int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
   const RtStep *st = &cp->p->funcs[f].steps[s];
   if (!cp->comm)
-    return fail(err, errlen, 2, "%s: a collective, but this program runs on one GPU (a mesh needs one process per GPU: "
+    return rt_fail(err, errlen, 2, "%s: a collective, but this program runs on one GPU (a mesh needs one process per GPU: "
                 "loom train --backend cuda --mesh ... starts them)", where);
   if (st->which == RT_B_SEND || st->which == RT_B_RECV)
     return st->i[5] == 0 ? pipe_step(cp, f, s, where, err, errlen) : p2p_step(cp, f, s, where, err, errlen);
@@ -708,7 +700,7 @@ int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, 
   CUstream compute = (CUstream)cp->stream;
   if (st->which == RT_B_COLL_WAIT) {
     int h = (int)st->i[0];
-    if (h >= cp->n_events - 1) return fail(err, errlen, 2, "%s: no collective start has handle %d", where, h);
+    if (h >= cp->n_events - 1) return rt_fail(err, errlen, 2, "%s: no collective start has handle %d", where, h);
     return CU(cuStreamWaitEvent, (compute, (CUevent)cp->ev_done[h], 0), where);
   }
   bool start = st->which == RT_B_COLL_START;
@@ -716,7 +708,7 @@ int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, 
   const int64_t *ints = start ? st->i + 2 : st->i;
   int axis = (int)(builtin == RT_B_ALL_REDUCE ? ints[1] : ints[0]);
   int h = start ? (int)st->i[1] : cp->n_events - 1;
-  if (axis < 0 || axis >= 5 || h < 0 || h >= cp->n_events) return fail(err, errlen, 2, "%s: a bad axis or handle", where);
+  if (axis < 0 || axis >= 5 || h < 0 || h >= cp->n_events) return rt_fail(err, errlen, 2, "%s: a bad axis or handle", where);
   CUstream comm = cp->axis_stream[axis] ? (CUstream)cp->axis_stream[axis] : compute;
   uint64_t base[RT_REGION_COUNT];
   for (int r = 0; r < RT_REGION_COUNT; r++) base[r] = r == RT_REGION_ARENA ? cp->arena : cp->regions[r];
@@ -738,7 +730,7 @@ int cuda_pipe_exchange(CudaProgram *cp, int axis, int n, const NcclP2p *ops, con
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   if (!cp->comm || axis < 0 || axis >= 5 || !cp->axis_stream[axis] || cp->n_events < 1)
-    return fail(err, errlen, 2, "%s: point-to-point transfers on an axis this rank has no stream for", label);
+    return rt_fail(err, errlen, 2, "%s: point-to-point transfers on an axis this rank has no stream for", label);
   CUstream compute = (CUstream)cp->stream, comm = (CUstream)cp->axis_stream[axis];
   CUevent done = (CUevent)cp->ev_done[cp->n_events - 1];
   const char *where = "(a pipeline's transfers)";
@@ -754,20 +746,20 @@ int cuda_pipe_exchange(CudaProgram *cp, int axis, int n, const NcclP2p *ops, con
 
 int cuda_program_set_comm(CudaProgram *cp, Comm *comm, char *err, size_t errlen) {
   (void)cp, (void)comm;
-  return fail(err, errlen, 1, "this loom was built without the CUDA headers");
+  return rt_fail(err, errlen, 1, "this loom was built without the CUDA headers");
 }
 void cuda_mesh_free(CudaProgram *cp) { (void)cp; }
 int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen) {
   (void)cp, (void)f, (void)s, (void)where;
-  return fail(err, errlen, 1, "this loom was built without the CUDA headers");
+  return rt_fail(err, errlen, 1, "this loom was built without the CUDA headers");
 }
 int cuda_mesh_sync(CudaProgram *cp, const char *where, char *err, size_t errlen) {
   (void)cp, (void)where;
-  return fail(err, errlen, 1, "this loom was built without the CUDA headers");
+  return rt_fail(err, errlen, 1, "this loom was built without the CUDA headers");
 }
 int cuda_pipe_exchange(CudaProgram *cp, int axis, int n, const NcclP2p *ops, const char *label, char *err, size_t errlen) {
   (void)cp, (void)axis, (void)n, (void)ops, (void)label;
-  return fail(err, errlen, 1, "this loom was built without the CUDA headers");
+  return rt_fail(err, errlen, 1, "this loom was built without the CUDA headers");
 }
 
 #endif

@@ -5,7 +5,8 @@
    interpreter each rank is the interpreter as a device (ref_device.c) over the module with a
    store of its own pieces.  Their collectives go through runtime/comm's LocalWorld, and a
    gather reads the ranks' pieces where they live (host storage).  The lowered program comes
-   as bytes (rt_program_save) and the kernels' LLVM IR, as compiled executables carry them. */
+   as bytes (rt_program_save) and the kernels' LLVM IR, as compiled executables carry them.
+   Also here: the reference interpreter's training entry point (one rank: the rank executor). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -14,8 +15,8 @@
 
 #include "runtime/exec/exec.h"
 #include "runtime/exec/exec_mesh.h"
-#include "runtime/exec/ref_device.h"
 #include "runtime/exec/pipe_walk.h"
+#include "runtime/exec/ref_device.h"
 
 static void *job_main(void *arg) {
   MeshJob *j = arg;
@@ -125,7 +126,7 @@ static int threads_total(int asked) {
    llvm: the lowered program and its kernels' LLVM IR, JIT-compiled once; a CpuProgram per
    rank) or, ref, the reference interpreter's over m and its description in mx->prog (a store
    of globals per rank). */
-static int open_devices(MeshExec *mx, Module *m, bool ref, const unsigned char *bytes, size_t n, const char *llvm,
+static int open_devices(MeshExec *mx, const Module *m, bool ref, const unsigned char *bytes, size_t n, const char *llvm,
                         int per, char *err, size_t errlen) {
   int rc = ref ? 0 : cpu_backend_load(&mx->b, bytes, n, llvm, per, err, errlen);
   if (rc) return rc;
@@ -158,21 +159,22 @@ static int open_devices(MeshExec *mx, Module *m, bool ref, const unsigned char *
   return 0;
 }
 
-/* training: @grad_step and @optimizer_step (the Executor); else @forward (eval).  m: a
-   pipelined program's module (its schedule), else NULL or the module (the reference
-   interpreter's: desc, as open_devices). */
-static int mesh_open(MeshExec *mx, Module *m, RtProgram *desc, const unsigned char *bytes, size_t n, const char *llvm,
-                     uint64_t seed, const char *init, int threads, bool training, bool tracing, FILE *log, char *err,
-                     size_t errlen) {
-  bool pipe = training && m && m->pipe.kind;   /* a pipeline: per-chunk functions (exec_mesh_pipe.c) */
+/* training: @grad_step and @optimizer_step (the Executor), or a pipelined program's chunks
+   (RtProgram.pipe: its walker, exec_mesh_pipe.c); else @forward (eval).  desc: the reference
+   interpreter's ranks over m (desc: m's description, taken over), else the cpu backend's
+   (bytes, n, llvm; m unused). */
+static int mesh_open(MeshExec *mx, const Module *m, RtProgram *desc, const unsigned char *bytes, size_t n,
+                     const char *llvm, uint64_t seed, const char *init, int threads, bool training, bool tracing,
+                     FILE *log, char *err, size_t errlen) {
   bool ref = desc != NULL;
   RtProgram head;   /* the mesh, before the threads are counted */
   int rc = 0;
   if (ref) mx->prog = *desc, memset(desc, 0, sizeof *desc);   /* taken over */
   else if ((rc = rt_program_load(bytes, n, &head, err, errlen))) return rc;
   const RtProgram *h = ref ? &mx->prog : &head;
-  for (int a = 0; a < COMM_AXES; a++) mx->mesh[a] = h->mesh[a] > 1 ? h->mesh[a] : 1;
+  for (int a = 0; a < COMM_AXES; a++) mx->mesh[a] = h->mesh[a];
   mx->world = mx->n_local = (int)rt_program_world(h);
+  bool pipe = training && h->pipe.kind;   /* a pipeline: per-chunk functions (exec_mesh_pipe.c) */
   if (!ref) rt_program_free(&head);
   int per = threads_total(threads) / mx->world;
   if (per < 1) per = 1;
@@ -181,15 +183,14 @@ static int mesh_open(MeshExec *mx, Module *m, RtProgram *desc, const unsigned ch
   const RtProgram *p = mx->p;
   mx->run = run_threads;
   mx->gather = gather_host;
-  if ((rc = mesh_exec_open(mx, m, pipe, training, err, errlen))) return rc;
+  if ((rc = mesh_exec_open(mx, training, err, errlen))) return rc;
   if ((rc = mesh_exec_init(mx, init, seed, err, errlen))) return rc;
-  if (pipe) {   /* the schedule, its walk over the ranks' devices, the measured times */
-    if ((rc = pipe_walk_new(&mx->walk, m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro,
-                            mx->lw, mx->mesh, NULL, &mx->tok_place, mx->whole_n, err, errlen)))
-      return rc;
-    if ((rc = pipe_cpu_setup(mx, err, errlen))) return rc;
-    for (int k = 0; ref && k < mx->world; k++)   /* the interpreter's transfers: the walker's tagging comms */
-      ((RefRank *)mx->dev[k].impl)->comm = &mx->walk->tc[k].c;
+  if (pipe) {   /* the walker over the ranks' devices; their transfers through its tagging communicators */
+    if ((rc = pipe_dev_setup(mx, NULL, err, errlen))) return rc;
+    for (int k = 0; k < mx->world; k++) {
+      if (ref) ((RefRank *)mx->dev[k].impl)->comm = &mx->walk->tc[k].c;
+      else mx->cpu[k].comm = &mx->walk->tc[k].c;
+    }
   }
   if (ref) {   /* the interpreter runs its collectives itself and records no timeline */
     if (log)
@@ -219,7 +220,9 @@ static int mesh_open(MeshExec *mx, Module *m, RtProgram *desc, const unsigned ch
 }
 
 static void mesh_close(MeshExec *mx) {
-  pipe_cpu_free(mx);
+  for (int k = 0; mx->walk && mx->walk->tc && mx->cpu && k < mx->world; k++)   /* their own communicators back */
+    if (mx->cpu[k].comm == &mx->walk->tc[k].c) mx->cpu[k].comm = mx->walk->tc[k].inner;
+  pipe_dev_free(mx);
   for (int k = 0; mx->engines && k < mx->world; k++) {   /* before the programs whose slots they read */
     comm_engine_free(mx->engines[k]);
     if (mx->cpu) mx->cpu[k].engine = NULL;
@@ -236,12 +239,11 @@ static void mesh_close(MeshExec *mx) {
   else free(mx->dev), free(mx->coord);
   cpu_backend_free(&mx->b);
   rt_program_free(&mx->prog);   /* the interpreter's description */
-  pipe_walk_free(mx->walk);
   local_world_free(mx->lw);
 }
 
-/* Every rank a thread, trained; desc: the reference interpreter's (open_devices). */
-static int train_mesh(Module *m, RtProgram *desc, const unsigned char *prog, size_t n, const char *llvm,
+/* Every rank a thread, trained; desc: the reference interpreter's over m (mesh_open). */
+static int train_mesh(const Module *m, RtProgram *desc, const unsigned char *prog, size_t n, const char *llvm,
                       const RunPlan *plan, char *err, size_t errlen) {
   MeshExec *mx = calloc(1, sizeof *mx);
   if (!mx) {
@@ -260,7 +262,11 @@ static int train_mesh(Module *m, RtProgram *desc, const unsigned char *prog, siz
       fprintf(plan->opt.log, "wrote the measured timeline to %s (the last step; per rank a compute and a comm track)\n",
               plan->trace_out);
   }
-  if (!rc && mx->walk) rc = pipe_run_report(mx->walk, m, plan, ref ? "reference executor" : "cpu backend", err, errlen);
+  if (!rc && mx->walk) {
+    int64_t peak[64];
+    pipe_rt_stash_peaks(mx->walk, mx->p, peak);
+    rc = pipe_walk_report(mx->walk, peak, plan, ref ? "reference executor" : "cpu backend", err, errlen);
+  }
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && !ref && prof && *prof) cpu_backend_profile(&mx->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
   mesh_close(mx);
@@ -268,12 +274,12 @@ static int train_mesh(Module *m, RtProgram *desc, const unsigned char *prog, siz
   return rc;
 }
 
-int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
-                          char *err, size_t errlen) {
-  return train_mesh(m, NULL, prog, n, llvm, plan, err, errlen);
+int run_training_cpu_mesh(const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan, char *err,
+                          size_t errlen) {
+  return train_mesh(NULL, NULL, prog, n, llvm, plan, err, errlen);
 }
 
-int eval_cpu_mesh_open(MeshCpu **out, Module *m, RtProgram *desc, const unsigned char *prog, size_t n,
+int eval_cpu_mesh_open(MeshCpu **out, const Module *m, RtProgram *desc, const unsigned char *prog, size_t n,
                        const char *llvm, const char *weights, char *err, size_t errlen) {
   MeshExec *mx = *out = calloc(1, sizeof *mx);
   if (!mx) {

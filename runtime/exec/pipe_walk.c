@@ -2,11 +2,11 @@
  * micro-batches, the stash slots, the losses and the measurements, once; the backends' part
  * is their transport (PipeOps). */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "runtime/fail.h"
 #include "runtime/exec/exec.h"
 #include "runtime/exec/exec_mesh.h"
 #include "runtime/exec/pipe_walk.h"
@@ -15,15 +15,6 @@ static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
-}
-
-static int wfail(char *err, size_t errlen, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int wfail(char *err, size_t errlen, int rc, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return rc;
 }
 
 /* ---- the tagging communicator ---- */
@@ -58,7 +49,7 @@ static int tc_recv(Comm *c, int axis, int peer, int64_t tag, float *buf, int64_t
 int pipe_walk_new(PipeWalk **out, int kind, int p, int v, int m, LocalWorld *lw, const int64_t mesh[COMM_AXES],
                   const int coord[COMM_AXES], const RtGlobal *place, int64_t whole_n, char *err, size_t errlen) {
   PipeWalk *w = *out = calloc(1, sizeof *w);
-  if (!w) return wfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!w) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   int rc = schedule_build(kind, p, v, m, &w->sched, err, errlen);
   if (rc) return rc;
   const Schedule *s = &w->sched;
@@ -76,13 +67,13 @@ int pipe_walk_new(PipeWalk **out, int kind, int p, int v, int m, LocalWorld *lw,
   w->stash_peak = calloc((size_t)n, sizeof(int64_t));
   if (!w->coord || (lw && !w->tc) || !w->f_fwd || !w->f_bwd || !w->f_bww || !w->f_opt || !w->tok || !w->tgt ||
       !w->act_start || !w->act_end || !w->stash_peak)
-    return wfail(err, errlen, EXIT_RUN, "out of memory");
+    return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; k < n; k++) {
     memcpy(w->coord[k], lw ? local_world_rank(lw, k)->coord : coord, sizeof w->coord[k]);
     size_t acts = (size_t)s->n[w->coord[k][COMM_PP]] + 1, toks = (size_t)(s->m * place->n) + 1;
     w->act_start[k] = calloc(acts, sizeof(double)), w->act_end[k] = calloc(acts, sizeof(double));
     w->tok[k] = malloc(sizeof(int32_t) * toks), w->tgt[k] = malloc(sizeof(int32_t) * toks);
-    if (!w->act_start[k] || !w->act_end[k] || !w->tok[k] || !w->tgt[k]) return wfail(err, errlen, EXIT_RUN, "out of memory");
+    if (!w->act_start[k] || !w->act_end[k] || !w->tok[k] || !w->tgt[k]) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
     if (lw) {
       TagComm *tc = &w->tc[k];
       tc->inner = local_world_rank(lw, k);
@@ -110,7 +101,7 @@ int pipe_walk_bind(PipeWalk *w, const PipeOps *ops, void *ctx, char *err, size_t
     w->f_bwd[c] = find(w, s->split_bw ? "bwd_b.c" : "bwd.c", c);
     w->f_bww[c] = s->split_bw ? find(w, "bwd_w.c", c) : -1;
     if (w->f_fwd[c] < 0 || w->f_bwd[c] < 0 || (s->split_bw && w->f_bww[c] < 0))
-      return wfail(err, errlen, EXIT_USAGE, "the program has no @fwd.c%d and @%s.c%d%s: the module and its schedule (%s) "
+      return rt_fail(err, errlen, EXIT_USAGE, "the program has no @fwd.c%d and @%s.c%d%s: the module and its schedule (%s) "
                    "disagree", c, s->split_bw ? "bwd_b" : "bwd", c, s->split_bw ? " and @bwd_w" : "", pipe_kind_names[s->kind]);
     /* what F leaves for B (and B for W) must be what B (W) takes; the last chunk's F
        returns the loss first */
@@ -119,7 +110,7 @@ int pipe_walk_bind(PipeWalk *w, const PipeOps *ops, void *ctx, char *err, size_t
   }
   for (int q = 0; !rc && q < s->p; q++)
     if ((w->f_opt[q] = find(w, "optimizer_step.s", q)) < 0)
-      rc = wfail(err, errlen, EXIT_USAGE, "the program has no @optimizer_step.s%d", q);
+      rc = rt_fail(err, errlen, EXIT_USAGE, "the program has no @optimizer_step.s%d", q);
   return rc;
 }
 
@@ -163,7 +154,7 @@ static int walk_rank(PipeWalk *w, int k, const Schedule *s, float *losses, bool 
   const PipeOps *o = w->ops;
   int q = w->coord[k][COMM_PP], C = s->chunks, n = s->n[q], rc = 0;
   Slot *stash = calloc((size_t)(2 * s->m * C) + 1, sizeof *stash), *wst = stash + s->m * C;   /* F's for B, B's for W */
-  if (!stash) return wfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!stash) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   int64_t held = 0;
   float dummy;
   for (int i = 0; !rc && i < n; i++) {
@@ -176,7 +167,7 @@ static int walk_rank(PipeWalk *w, int k, const Schedule *s, float *losses, bool 
     PipeCall c = {.rank = k, .action = i, .mb = a->mb, .func = pipe_walk_func(w, a), .skip = loss};
     c.tok = w->tok[k] + a->mb * w->place.n, c.tgt = w->tgt[k] + a->mb * w->place.n;
     if (in && !in->h) {
-      rc = wfail(err, errlen, EXIT_USAGE, "pp rank %d: %c%d.%d runs before what it takes", q, "FBW"[a->kind], a->mb, a->chunk);
+      rc = rt_fail(err, errlen, EXIT_USAGE, "pp rank %d: %c%d.%d runs before what it takes", q, "FBW"[a->kind], a->mb, a->chunk);
       break;
     }
     if (out && (rc = o->stash_alloc(w->ctx, k, c.func, loss, &out->h, &out->bytes, err, errlen))) break;
@@ -237,12 +228,12 @@ static int run_ranks(PipeWalk *w, Job *jobs, char *err, size_t errlen) {
     return jobs[0].rc;
   }
   pthread_t *th = calloc((size_t)w->n_local, sizeof *th);
-  if (!th) return wfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!th) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   int started = 0, rc = 0;
   for (int k = 0; k < w->n_local; k++) {
     if (pthread_create(&th[k], NULL, job_main, &jobs[k])) {
       if (w->lw) local_world_abort(w->lw);
-      rc = wfail(err, errlen, EXIT_RUN, "cannot start the thread of rank %d", k);
+      rc = rt_fail(err, errlen, EXIT_RUN, "cannot start the thread of rank %d", k);
       break;
     }
     started++;
@@ -250,7 +241,7 @@ static int run_ranks(PipeWalk *w, Job *jobs, char *err, size_t errlen) {
   for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
   free(th);
   for (int k = 0; k < started && !rc; k++)
-    if (jobs[k].rc) rc = wfail(err, errlen, jobs[k].rc, "rank %d: %.2000s", k, jobs[k].buf);   /* the first says why */
+    if (jobs[k].rc) rc = rt_fail(err, errlen, jobs[k].rc, "rank %d: %.2000s", k, jobs[k].buf);   /* the first says why */
   if (rc && w->lw && local_world_fault(w->lw))   /* the rank and collective that stopped the world */
     snprintf(err, errlen, "%.2000s", local_world_fault(w->lw));
   return rc;
@@ -266,7 +257,7 @@ static int walk(PipeWalk *w, const Schedule *s, int64_t n, const int32_t *inputs
     }
   for (int64_t g = 0; g < n; g++) losses[g] = 0;   /* the ranks of the last chunk write them */
   Job *jobs = calloc((size_t)w->n_local, sizeof *jobs);
-  if (!jobs) return wfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!jobs) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   int rc = w->ops->begin ? w->ops->begin(w->ctx, s, training, err, errlen) : 0;
   if (!rc) {
     double t0 = now_us();
@@ -282,7 +273,7 @@ int pipe_walk_step(PipeWalk *w, int64_t n, const int32_t *inputs, const int32_t 
                    size_t errlen) {
   const Schedule *s = &w->sched;
   if (n != s->m)
-    return wfail(err, errlen, EXIT_USAGE, "the pipeline was built for %d micro-batches per step, not %lld", s->m, (long long)n);
+    return rt_fail(err, errlen, EXIT_USAGE, "the pipeline was built for %d micro-batches per step, not %lld", s->m, (long long)n);
   int rc = walk(w, s, n, inputs, targets, losses, true, err, errlen);
   if (rc) return rc;
   for (int q = 0; q < s->p && q < 64; q++) {   /* measured idle per pp rank: its first rank speaks for it */
@@ -301,7 +292,7 @@ int pipe_walk_step(PipeWalk *w, int64_t n, const int32_t *inputs, const int32_t 
 
 int pipe_walk_optimizer(PipeWalk *w, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   Job *jobs = calloc((size_t)w->n_local, sizeof *jobs);
-  if (!jobs) return wfail(err, errlen, EXIT_RUN, "out of memory");
+  if (!jobs) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; k < w->n_local; k++) jobs[k] = (Job){.lr = lr, .t = t};
   int rc = run_ranks(w, jobs, err, errlen);
   if (!rc) *grad_norm = jobs[0].norm;
@@ -327,7 +318,7 @@ int pipe_forward_schedule(const Schedule *t, Schedule *ev) {
    the training steps' timeline and stash peaks are left as they were. */
 int pipe_walk_eval(PipeWalk *w, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   Schedule ev;
-  int rc = pipe_forward_schedule(&w->sched, &ev) ? wfail(err, errlen, EXIT_RUN, "out of memory") : 0;
+  int rc = pipe_forward_schedule(&w->sched, &ev) ? rt_fail(err, errlen, EXIT_RUN, "out of memory") : 0;
   if (!rc) rc = walk(w, &ev, 1, inputs, targets, loss, false, err, errlen);
   schedule_free(&ev);
   return rc;
@@ -337,7 +328,7 @@ int pipe_walk_trace(const PipeWalk *w, const char *path, const char *backend, ch
   double *st[64], *en[64];   /* the last step's timeline of the first rank of every stage */
   for (int q = 0; q < w->sched.p && q < 64; q++) {
     int k = pipe_walk_speaker(w, q);
-    if (k < 0) return wfail(err, errlen, EXIT_USAGE, "the timeline of pp rank %d is not in this process", q);
+    if (k < 0) return rt_fail(err, errlen, EXIT_USAGE, "the timeline of pp rank %d is not in this process", q);
     st[q] = w->act_start[k], en[q] = w->act_end[k];
   }
   char what[128];
@@ -350,5 +341,23 @@ int pipe_rt_takes(const RtProgram *p, int from, int skip, int to, char *err, siz
   bool ok = f->n_rets - skip == g->n_args - 2;
   for (int j = 0; ok && j < g->n_args - 2; j++)
     ok = f->rets[skip + j].n == g->args[2 + j].n && f->rets[skip + j].storage == g->args[2 + j].storage;
-  return ok ? 0 : wfail(err, errlen, EXIT_USAGE, "@%s's results are not what @%s takes", f->name, g->name);
+  return ok ? 0 : rt_fail(err, errlen, EXIT_USAGE, "@%s's results are not what @%s takes", f->name, g->name);
+}
+
+static int64_t rets_bytes(const RtProgram *p, int f, int skip) {
+  int64_t b = 0;
+  for (int k = skip; f >= 0 && k < p->funcs[f].n_rets; k++) b += 4 * p->funcs[f].rets[k].n;
+  return b;
+}
+
+void pipe_rt_stash_peaks(const PipeWalk *w, const RtProgram *p, int64_t *peak) {
+  const Schedule *s = &w->sched;
+  int64_t *fb = calloc((size_t)s->chunks + 1, sizeof *fb), *wb = calloc((size_t)s->chunks + 1, sizeof *wb);
+  for (int q = 0; q < s->p; q++) peak[q] = 0;
+  for (int c = 0; fb && wb && c < s->chunks; c++) {
+    fb[c] = rets_bytes(p, w->f_fwd[c], c == s->chunks - 1);
+    wb[c] = s->split_bw ? rets_bytes(p, w->f_bwd[c], 0) : 0;
+  }
+  if (fb && wb) pipe_stash_walk(s, fb, wb, peak);
+  free(fb), free(wb);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "runtime/exec/exec.h"
+#include "runtime/fail.h"
 #include "runtime/exec/ref_device.h"
 
 /* ---- the interpreter's communicator over a runtime one ---- */
@@ -51,26 +52,20 @@ static IrComm *ref_comm(RefComm *a, Comm *c) {
 
 /* ---- the device ---- */
 
-static int fail(char *err, size_t errlen, int rc, const char *msg) {
-  snprintf(err, errlen, "%s", msg);
-  return rc;
-}
-
 static int rd_call(RtDevice *d, int func, void *const *args, void **rets, char *err, size_t errlen) {
   RefRank *r = d->impl;
-  if (func < 0 || func >= d->p->n_funcs) return fail(err, errlen, EXIT_USAGE, "no such function in the module");
+  if (func < 0 || func >= d->p->n_funcs) return rt_fail(err, errlen, EXIT_USAGE, "no such function in the module");
   const Func *f = r->m->funcs.items[func];
   const RtFunc *rf = &d->p->funcs[func];
   Tensor **a = calloc((size_t)f->args.n + 1, sizeof *a), **o = calloc((size_t)f->rets.n + 1, sizeof *o);
-  int rc = a && o ? 0 : fail(err, errlen, EXIT_RUN, "out of memory");
+  int rc = a && o ? 0 : rt_fail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; !rc && k < f->args.n; k++) {
     if (!args[k]) {
-      snprintf(err, errlen, "@%s: argument %d is missing", f->name, k);
-      rc = EXIT_USAGE;
+      rc = rt_fail(err, errlen, EXIT_USAGE, "@%s: argument %d is missing", f->name, k);
       break;
     }
     if (!(a[k] = tensor_new(&((const Value *)f->args.items[k])->type))) {
-      rc = fail(err, errlen, EXIT_RUN, "out of memory");
+      rc = rt_fail(err, errlen, EXIT_RUN, "out of memory");
       break;
     }
     if (rf->args[k].is_int)
@@ -119,12 +114,12 @@ static void rd_close(RtDevice *d) {
 int ref_device_open(RtDevice *d, const Module *m, const RtProgram *desc, Comm *comm, char *err, size_t errlen) {
   memset(d, 0, sizeof *d);
   if (desc->n_funcs != m->funcs.n || desc->n_globals != m->globals.n)
-    return fail(err, errlen, EXIT_USAGE, "the program's description is not the module's");
+    return rt_fail(err, errlen, EXIT_USAGE, "the program's description is not the module's");
   for (int i = 0; i < m->globals.n; i++) {
     const Global *gl = m->globals.items[i];
     if (!dtype_is_float(gl->value->type.dtype)) {
-      snprintf(err, errlen, "global $%.200s holds integers: the executors hold float globals only", gl->name);
-      return EXIT_USAGE;
+      return rt_fail(err, errlen, EXIT_USAGE, "global $%.200s holds integers: the executors hold float globals only",
+                     gl->name);
     }
   }
   RefRank *r = calloc(1, sizeof *r);
@@ -132,14 +127,15 @@ int ref_device_open(RtDevice *d, const Module *m, const RtProgram *desc, Comm *c
   if (g) g->t = calloc((size_t)m->globals.n + 1, sizeof *g->t);
   if (!r || !g || !g->t) {
     free(r), free(g ? g->t : NULL), free(g);
-    return fail(err, errlen, EXIT_RUN, "out of memory");
+    return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   }
   *r = (RefRank){m, g, comm};
-  *d = (RtDevice){desc, "ref", r, rd_call, rd_read, rd_write, rd_host, rd_close, NULL};
+  *d = (RtDevice){.p = desc, .kind = "ref", .impl = r, .call = rd_call, .read = rd_read, .write = rd_write,
+                  .host = rd_host, .close = rd_close};   /* stash blocks: host memory (rt_device_buf_alloc) */
   for (int i = 0; i < m->globals.n; i++, g->n++)   /* zeros: the caller fills them */
     if (!(g->t[i] = tensor_new(&((const Global *)m->globals.items[i])->value->type))) {
       rd_close(d);
-      return fail(err, errlen, EXIT_RUN, "out of memory for the parameters");
+      return rt_fail(err, errlen, EXIT_RUN, "out of memory for the parameters");
     }
   return 0;
 }

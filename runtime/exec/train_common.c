@@ -159,10 +159,10 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
   return rc;
 }
 
-/* After a pipelined run: the measured idle per pp rank beside the predicted bubble, the
-   predicted and measured stash peaks, and the measured timeline (--trace-out). */
-int pipe_run_report(const PipeWalk *w, const Module *m, const RunPlan *plan, const char *backend, char *err,
-                    size_t errlen) {
+/* After a pipelined run on walker w: the measured idle per pp rank beside the predicted
+   bubble, the predicted and measured stash peaks, and the measured timeline (--trace-out). */
+int pipe_walk_report(const PipeWalk *w, const int64_t *predicted, const RunPlan *plan, const char *backend, char *err,
+                     size_t errlen) {
   int rc = 0;
   if (w->steps) {
     /* measured idle against the schedule's prediction with equal unit costs */
@@ -179,11 +179,9 @@ int pipe_run_report(const PipeWalk *w, const Module *m, const RunPlan *plan, con
           fprintf(plan->opt.log, " %.3f", busy > 0 ? (span - busy) / busy : 0);
         }
         fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)w->steps);
-        int64_t peak[64], fb[256], wb[256];
-        pipe_stash_peaks(m, s, peak, fb, wb);
         fprintf(plan->opt.log, "stash peak per pp rank, predicted / measured (bytes):");
         for (int q = 0; q < s->p; q++)
-          fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)w->stash_peak[pipe_walk_speaker(w, q)]);
+          fprintf(plan->opt.log, " %lld / %lld", (long long)predicted[q], (long long)w->stash_peak[pipe_walk_speaker(w, q)]);
         fputc('\n', plan->opt.log);
       }
       sim_result_free(&sim, s->p);
