@@ -1,14 +1,15 @@
 /* runtime/exec/eval.c — loom eval's execution: one eval step (a batch's @forward -> logits and
- * loss, and with --grads the gradient of that loss for every parameter) on each backend and
- * layout, and the loop that scores a token shard batch after batch.
+ * loss, and with --grads the gradient of that loss for every parameter), and the loop that
+ * scores a token shard batch after batch.
  *
  * The driver (driver/eval.c) runs the passes and the lowering and hands this file what a
- * backend runs: a lowered program's bytes (cpu, one rank or every rank a thread), a lowered
- * CUDA program and its compiled image (GPU 0), or the module itself (the reference executor,
- * one rank or every rank a thread).  Each opens an Evaluator; eval_run then reads the shard's
- * whole batches, batch k being inputs tokens[k*B*T : (k+1)*B*T] and targets one further (the
- * llm.c loader's windows), and averages their losses.  Every batch has B*T positions, so the
- * mean of the batches' losses is the mean cross-entropy over all positions. */
+ * backend runs: a lowered program's bytes (cpu), a lowered CUDA program and its compiled image
+ * (GPU 0), or the module and its description (the reference interpreter).  One rank is one
+ * evaluator over the backend's device (runtime/device.h: EvDev); every rank of a mesh a thread
+ * of the mesh executor (exec_mesh.c).  eval_run then reads the shard's whole batches, batch k
+ * being inputs tokens[k*B*T : (k+1)*B*T] and targets one further (the llm.c loader's
+ * windows), and averages their losses.  Every batch has B*T positions, so the mean of the
+ * batches' losses is the mean cross-entropy over all positions. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,136 +48,16 @@ void eval_grads_free(EvalGrads *g) {
   memset(g, 0, sizeof *g);
 }
 
-/* ---- the cpu backend, one rank ---- */
-
-typedef struct {
-  CpuBackend b;
-} EvCpu;
-
-static int cpu_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
-                       size_t errlen) {
-  EvCpu *c = e->impl;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[2] = {logits, loss};
-  return cpu_program_call(&c->b.cp, cpu_find_func(&c->b.cp, "forward"), args, rets, err, errlen);
-}
-
-/* @grad_step accumulates d(loss)/d(param) into the gradient region, read in place. */
-static int cpu_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
-  EvCpu *c = e->impl;
-  float loss = 0;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[1] = {&loss};
-  int rc = cpu_program_call(&c->b.cp, cpu_find_func(&c->b.cp, "grad_step"), args, rets, err, errlen);
-  if (rc) return rc;
-  float **host = calloc((size_t)c->b.prog.n_globals + 1, sizeof *host);
-  if (!host) return oom(err, errlen);
-  for (int i = 0; i < c->b.prog.n_globals; i++) host[i] = cpu_global(&c->b.cp, i);
-  rc = grad_views(&c->b.prog, host, g, err, errlen);
-  free(host);   /* the views point into the program's region */
-  return rc;
-}
-
-static void cpu_close(Evaluator *e) {
-  EvCpu *c = e->impl;
-  cpu_backend_free(&c->b);
-  free(c);
-}
-
-int eval_open_cpu(Evaluator *e, const unsigned char *prog, size_t n, const char *llvm, const char *weights, char *err,
-                  size_t errlen) {
-  memset(e, 0, sizeof *e);
-  EvCpu *c = calloc(1, sizeof *c);
-  if (!c) return oom(err, errlen);
-  e->impl = c;
-  e->close = cpu_close;
-  e->forward = cpu_forward;
-  e->grads = cpu_grads;
-  e->world = 1;
-  snprintf(e->where, sizeof e->where, "the cpu backend");
-  int rc = cpu_backend_load(&c->b, prog, n, llvm, 0, err, errlen);
-  if (!rc) rc = load_weights_rt(&c->b.prog, &c->b.cp, weights, err, errlen);
-  return rc;
-}
-
-/* ---- the cuda backend, GPU 0 ---- */
-
-typedef struct {
-  RtProgram prog;
-  void *image;
-  CudaProgram cp;
-  bool have_cp;
-} EvCuda;
-
-static int cuda_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
-                        size_t errlen) {
-  EvCuda *c = e->impl;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[2] = {logits, loss};
-  return cuda_program_call(&c->cp, cuda_find_func(&c->cp, "forward"), args, rets, err, errlen);
-}
-
-static int cuda_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
-  EvCuda *c = e->impl;
-  float loss = 0;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[1] = {&loss};
-  int rc = cuda_program_call(&c->cp, cuda_find_func(&c->cp, "grad_step"), args, rets, err, errlen);
-  if (rc) return rc;
-  g->n_host = c->prog.n_globals;
-  if (!(g->host = calloc((size_t)g->n_host + 1, sizeof *g->host))) return oom(err, errlen);
-  for (int i = 0; i < c->prog.n_globals; i++) {   /* the gradients read back */
-    const RtGlobal *gl = &c->prog.globals[i];
-    if (gl->region != RT_REGION_GRADS) continue;
-    if (!(g->host[i] = calloc((size_t)gl->n + 1, sizeof(float)))) return oom(err, errlen);
-    if ((rc = cuda_global_read(&c->cp, i, g->host[i], err, errlen))) return rc;
-  }
-  return grad_views(&c->prog, g->host, g, err, errlen);
-}
-
-static void cuda_close(Evaluator *e) {
-  EvCuda *c = e->impl;
-  if (c->have_cp) cuda_program_free(&c->cp);
-  rt_program_free(&c->prog);
-  free(c->image);
-  free(c);
-}
-
-int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const char *where, const char *weights,
-                   char *err, size_t errlen) {
-  memset(e, 0, sizeof *e);
-  EvCuda *c = calloc(1, sizeof *c);
-  if (!c) {
-    rt_program_free(prog);
-    free(image);
-    return oom(err, errlen);
-  }
-  c->prog = *prog;   /* taken over */
-  memset(prog, 0, sizeof *prog);
-  c->image = image;
-  e->impl = c;
-  e->close = cuda_close;
-  e->forward = cuda_forward;
-  e->grads = cuda_grads;
-  e->world = 1;
-  snprintf(e->where, sizeof e->where, "%s", where);
-  int rc = cuda_program_init(&c->cp, &c->prog, image, n, 0, err, errlen);
-  c->have_cp = !rc;
-  if (!rc) rc = cuda_load_params(&c->cp, &c->prog, weights, err, errlen);
-  return rc;
-}
-
-/* ---- a mesh (exec_mesh.c: every rank a thread) ---- */
-
-static int mesh_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
-                        size_t errlen) {
-  return eval_cpu_mesh_step(e->impl, in, tg, logits, loss, err, errlen);
-}
-
-static void mesh_close_ev(Evaluator *e) { eval_cpu_mesh_close(e->impl); }
-
-/* ---- one rank on a device (runtime/device.h): the reference interpreter's ---- */
+/* ---- one rank: a device (runtime/device.h) of any backend ---- */
 
 typedef struct {
   RtDevice dev;
-  RtProgram prog;   /* what the device runs (a description, for the interpreter) */
   int f_forward, f_grad;
+  RtProgram prog;      /* cuda: the lowered program; ref: the module's description */
+  CpuBackend cpu;      /* the cpu backend's program and kernels */
+  CudaProgram cuda;
+  void *image;         /* cuda: the compiled image */
+  bool have_cuda;
 } EvDev;
 
 static int dev_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
@@ -213,15 +94,81 @@ static int dev_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGra
 static void dev_close(Evaluator *e) {
   EvDev *d = e->impl;
   rt_device_close(&d->dev);
+  if (d->have_cuda) cuda_program_free(&d->cuda);
+  cpu_backend_free(&d->cpu);
   rt_program_free(&d->prog);
+  free(d->image);
   free(d);
 }
 
-int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen) {
+/* An EvDev for e (closed whatever the open then does). */
+static EvDev *dev_new(Evaluator *e, const char *where) {
   memset(e, 0, sizeof *e);
-  e->world = (int)mesh_world(&m->mesh);
-  snprintf(e->where, sizeof e->where, "the reference executor");
-  if (e->world > 1) {   /* every rank a thread (exec_mesh.c) */
+  EvDev *d = calloc(1, sizeof *d);
+  if (!d) return NULL;
+  e->impl = d;
+  e->close = dev_close;
+  e->forward = dev_forward;
+  e->world = 1;
+  snprintf(e->where, sizeof e->where, "%s", where);
+  return d;
+}
+
+/* The device made: its functions found. */
+static int dev_ready(Evaluator *e, char *err, size_t errlen) {
+  EvDev *d = e->impl;
+  d->f_forward = rt_device_find(&d->dev, "forward");
+  d->f_grad = rt_device_find(&d->dev, "grad_step");
+  e->grads = d->f_grad >= 0 ? dev_grads : NULL;
+  if (d->f_forward >= 0) return 0;
+  snprintf(err, errlen, "the program has no @forward(tokens, targets) -> (logits, loss)");
+  return EXIT_USAGE;
+}
+
+int eval_open_cpu(Evaluator *e, const unsigned char *prog, size_t n, const char *llvm, const char *weights, char *err,
+                  size_t errlen) {
+  EvDev *d = dev_new(e, "the cpu backend");
+  if (!d) return oom(err, errlen);
+  int rc = cpu_backend_load(&d->cpu, prog, n, llvm, 0, err, errlen);
+  if (!rc) cpu_device(&d->dev, &d->cpu.cp);
+  if (!rc) rc = dev_ready(e, err, errlen);
+  if (!rc) rc = load_weights_rt(&d->cpu.prog, &d->cpu.cp, weights, err, errlen);
+  return rc;
+}
+
+int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const char *where, const char *weights,
+                   char *err, size_t errlen) {
+  EvDev *d = dev_new(e, where);
+  if (!d) {
+    rt_program_free(prog);
+    free(image);
+    return oom(err, errlen);
+  }
+  d->prog = *prog;   /* taken over */
+  memset(prog, 0, sizeof *prog);
+  d->image = image;
+  int rc = cuda_program_init(&d->cuda, &d->prog, image, n, 0, err, errlen);
+  d->have_cuda = !rc;
+  if (!rc) cuda_device(&d->dev, &d->cuda);
+  if (!rc) rc = dev_ready(e, err, errlen);
+  if (!rc) rc = cuda_load_params(&d->cuda, &d->prog, weights, err, errlen);
+  return rc;
+}
+
+/* ---- a mesh (exec_mesh.c: every rank a thread) ---- */
+
+static int mesh_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
+                        size_t errlen) {
+  return eval_cpu_mesh_step(e->impl, in, tg, logits, loss, err, errlen);
+}
+
+static void mesh_close_ev(Evaluator *e) { eval_cpu_mesh_close(e->impl); }
+
+int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen) {
+  if (mesh_world(&m->mesh) > 1) {   /* every rank a thread (exec_mesh.c) */
+    memset(e, 0, sizeof *e);
+    e->world = (int)mesh_world(&m->mesh);
+    snprintf(e->where, sizeof e->where, "the reference executor");
     e->forward = mesh_forward;
     e->close = mesh_close_ev;
     MeshCpu *mc = NULL;
@@ -229,24 +176,15 @@ int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights,
     e->impl = mc;   /* closed whatever the open did */
     return rc;
   }
-  EvDev *d = calloc(1, sizeof *d);
+  EvDev *d = dev_new(e, "the reference executor");
   if (!d) {
     rt_program_free(desc);
     return oom(err, errlen);
   }
   d->prog = *desc;   /* taken over */
   memset(desc, 0, sizeof *desc);
-  e->impl = d;
-  e->close = dev_close;
-  e->forward = dev_forward;
   int rc = ref_device_open(&d->dev, m, &d->prog, NULL, err, errlen);
-  d->f_forward = rt_device_find(&d->dev, "forward");
-  d->f_grad = rt_device_find(&d->dev, "grad_step");
-  e->grads = d->f_grad >= 0 ? dev_grads : NULL;
-  if (!rc && d->f_forward < 0) {
-    snprintf(err, errlen, "the module has no @forward(tokens, targets) -> (logits, loss)");
-    rc = EXIT_USAGE;
-  }
+  if (!rc) rc = dev_ready(e, err, errlen);
   if (!rc) {   /* the interpreter's initial values, then the weights */
     GlobalStore *g = ((RefRank *)d->dev.impl)->g;
     globals_init(m, g, 0);

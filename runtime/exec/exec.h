@@ -18,7 +18,7 @@
  *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
  *                   executor over it as a device
  *   exec_cuda_pipe.c  on an NCCL rank's GPU, the device transport's hook (NCCL groups)
- *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard
+ *   eval.c          loom eval: one eval step over a device (or a mesh), scoring a token shard
  *   train_common.c  the training entry point: parameters, executor, the loop (runtime/trainer.c), --out
  *   weights.c       safetensors parameters into a module's or a program's globals
  *   hf_export.c     a folder Hugging Face transformers loads (--out DIR/, loom export)
