@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "runtime/exec/exec.h"
-#include "runtime/fail.h"
 #include "runtime/exec/ref_device.h"
+#include "runtime/fail.h"
 
 /* ---- the interpreter's communicator over a runtime one ---- */
 
