@@ -629,10 +629,14 @@ static void *fast_worker(void *arg) {
     if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
       if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
       else {
-        /* o's bound, and its own memory estimate past the margin (the bound the exact phase
-           judges "far" by, as for a candidate set aside at its estimate): so the exact phase
-           does not screen in full one the estimate puts far out of memory */
+        /* o's bound or its own estimate's (a set-aside candidate's: recomputing, its estimate
+           is the higher), and its own memory estimate past the margin (the bound the exact
+           phase judges "far" by, as for a candidate set aside at its estimate): so the exact
+           phase does not screen in full one its own estimates put past where its walk ends
+           (at Llama-3.1-405B most it screened were recomputing layouts at o's bound) */
+        double own = c->est_s * (1 - STEP_MARGIN);
         c->pruned = true, c->step_s = f->cs[o].step_s, c->fits = false, f->pruned++;
+        if (isfinite(own) && own > c->step_s) c->step_s = own;
         c->mem = c->est_mem * MEM_MARGIN > far ? c->est_mem * MEM_MARGIN : 0;
       }
       fast_finish(f, i);
