@@ -1,5 +1,6 @@
 /* codegen/lower_common.c — see lower_common.h. */
 #include "codegen/lower_common.h"
+#include "ir/schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +81,13 @@ void cg_describe_place(const Type *t, RtPlace *pl) {
 
 void cg_describe_mesh(const Mesh *mesh, RtProgram *out) {
   for (int a = 0; a < 5; a++) out->mesh[a] = a < AX_COUNT && mesh->size[a] > 1 ? mesh->size[a] : 1;
+}
+
+void cg_describe_pipe(const Module *m, RtProgram *out) {
+  out->pipe = (RtPipe){0};
+  if (m->pipe.kind) out->pipe = (RtPipe){m->pipe.kind, (int32_t)m->pipe.virt, (int32_t)m->pipe.micro};
+  for (int k = 0; k < out->n_globals && k < m->globals.n; k++)
+    out->globals[k].owner = (int16_t)(m->pipe.kind ? pipe_owner_of(m, m->globals.items[k]) : -1);
 }
 
 /* The order globals are placed in their regions: parameters grouped by the weight decay

@@ -35,6 +35,10 @@ int cg_describe_global(const Global *g, const Mesh *mesh, RtGlobal *rg, int64_t 
    program's mesh. */
 void cg_describe_place(const Type *t, RtPlace *pl);
 void cg_describe_mesh(const Mesh *mesh, RtProgram *out);
+/* A pipelined module's schedule parameters (RtProgram.pipe) and every global's stage
+   (RtGlobal.owner, -1 when not pipelined): what the executors read instead of the module.
+   After the globals are described (out->n_globals of them, in module order). */
+void cg_describe_pipe(const Module *m, RtProgram *out);
 
 /* The order globals are placed in their regions: parameters grouped by the weight decay of
    their AdamW, each gradient and moment in its parameter's order, so that a group's AdamW

@@ -131,7 +131,7 @@ int run_training_cuda_rank(Module *m, const RunPlan *plan, char *err, size_t err
   if (!rc && plan->opt.log)
     fprintf(plan->opt.log, "cuda: %d kernels compiled for %s in %.2f s%s\n", prog.n_kernels, info.arch, seconds_now() - t0,
             hit ? " (from the cache)" : "");
-  if (!rc) rc = cuda_rank_train(m, &prog, image, n, plan, err, errlen);
+  if (!rc) rc = cuda_rank_train(&prog, image, n, plan, err, errlen);
   rt_program_free(&prog);
   free(src);
   free(log);

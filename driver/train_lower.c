@@ -38,7 +38,7 @@ int run_training_cpu(Module *m, const RunPlan *plan, char *err, size_t errlen) {
     if (!rc && log)
       fprintf(log, "starting %lld ranks as threads: JIT-compiling the kernels with LLVM and %s ...\n",
               (long long)mesh_world(&m->mesh), plan->init ? "loading the weights" : "initializing the parameters");
-    if (!rc) rc = run_training_cpu_mesh(m, prog, n, llvm, plan, err, errlen);
+    if (!rc) rc = run_training_cpu_mesh(prog, n, llvm, plan, err, errlen);
     free(prog);
     free(llvm);
     return rc;

@@ -495,6 +495,11 @@ int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t 
     f_bytes[c] = rets_bytes(chunk_func(m, "fwd", c), c == s->chunks - 1);
     w_bytes[c] = s->split_bw ? rets_bytes(chunk_func(m, "bwd_b", c), 0) : 0;
   }
+  pipe_stash_walk(s, f_bytes, w_bytes, peak);
+  return 0;
+}
+
+void pipe_stash_walk(const Schedule *s, const int64_t *f_bytes, const int64_t *w_bytes, int64_t *peak) {
   for (int q = 0; q < s->p; q++) {
     int64_t live = 0;
     peak[q] = 0;
@@ -506,7 +511,23 @@ int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t 
       if (live > peak[q]) peak[q] = live;
     }
   }
-  return 0;
+}
+
+int pipe_owner_of(const Module *m, const Global *gl) {
+  const char *pre[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
+  const char *pname = gl->name;
+  for (int k = 0; k < 3; k++)
+    if (!strncmp(pname, pre[k], strlen(pre[k]))) pname += strlen(pre[k]);
+  for (int q = 0; q < (int)m->mesh.size[AX_PP]; q++) {
+    char name[64];
+    snprintf(name, sizeof name, "optimizer_step.s%d", q);
+    const Func *f = module_find_func(m, name);
+    for (int i = 0; f && i < f->ops.n; i++) {
+      const Op *op = f->ops.items[i];
+      if (op->kind == OP_ASSIGN && !strcmp(op->operands[0]->global->name, pname)) return q;
+    }
+  }
+  return -1;
 }
 
 int pipe_func_rank(const Schedule *s, const char *name) {

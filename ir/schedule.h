@@ -94,6 +94,13 @@ int schedule_write_trace(const char *path, const Schedule *s, double *const *sta
    and from B to W (w_bytes[c]: @bwd_b.cK's), 4 bytes an element, and each pp rank's peak
    under the schedule's order (peak[q]). */
 int pipe_stash_peaks(const Module *m, const Schedule *s, int64_t *peak, int64_t *f_bytes, int64_t *w_bytes);
+/* The peaks alone, from each chunk's f_bytes and w_bytes (a lowered program's, which has no
+   module: runtime/exec/pipe_walk.c). */
+void pipe_stash_walk(const Schedule *s, const int64_t *f_bytes, const int64_t *w_bytes, int64_t *peak);
+/* The pp coordinate whose optimizer step (@optimizer_step.sR) assigns the global's parameter
+   (its owner; the first when tied copies are kept on two), or -1.  The lowering writes it
+   into the program (RtGlobal.owner). */
+int pipe_owner_of(const Module *m, const Global *gl);
 /* The pp rank that runs a pipelined module's function (@fwd.cK, @bwd.cK, @bwd_b.cK, @bwd_w.cK,
    @optimizer_step.sR), or -1 for any other. */
 int pipe_func_rank(const Schedule *s, const char *name);

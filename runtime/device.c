@@ -13,6 +13,29 @@ int rt_device_find(const RtDevice *d, const char *name) {
   return -1;
 }
 
+int rt_device_buf_alloc(RtDevice *d, int64_t bytes, uint64_t *addr, char *err, size_t errlen) {
+  if (d->buf_alloc) return d->buf_alloc(d, bytes, addr, err, errlen);
+  void *b = bytes >= 0 ? malloc((size_t)(bytes ? bytes : 1)) : NULL;
+  *addr = (uint64_t)(uintptr_t)b;
+  return b ? 0 : rt_fail(err, errlen, 1, "out of memory for %lld bytes on the %s device", (long long)bytes, d->kind);
+}
+
+void rt_device_buf_free(RtDevice *d, uint64_t addr) {
+  if (d->buf_free) d->buf_free(d, addr);
+  else free((void *)(uintptr_t)addr);
+}
+
+int rt_device_call_dev(RtDevice *d, int func, void *const *args, const uint64_t *dargs, void **rets,
+                       const uint64_t *drets, char *err, size_t errlen) {
+  if (d->call_dev) return d->call_dev(d, func, args, dargs, rets, drets, err, errlen);
+  if (func < 0 || !d->p || func >= d->p->n_funcs) return rt_fail(err, errlen, 2, "no function #%d in the program", func);
+  const RtFunc *fn = &d->p->funcs[func];   /* host blocks: their addresses are host pointers */
+  void *a[RT_MAX_FUNC_IO] = {0}, *r[RT_MAX_FUNC_IO] = {0};
+  for (int k = 0; k < fn->n_args; k++) a[k] = dargs && dargs[k] ? (void *)(uintptr_t)dargs[k] : args[k];
+  for (int k = 0; k < fn->n_rets; k++) r[k] = drets && drets[k] ? (void *)(uintptr_t)drets[k] : rets[k];
+  return d->call(d, func, a, r, err, errlen);
+}
+
 static int ex_grad_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err,
                         size_t errlen) {
   RtRankExec *re = self;

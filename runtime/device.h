@@ -43,6 +43,17 @@ struct RtDevice {
      cuda backend: one CUDA graph a step, cuda_program_step); the rank executor's whole_step */
   int (*step)(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets, float lr,
               float t, float *losses, float *grad_norm, char *err, size_t errlen);
+  /* optional (NULL: the host's memory): buffers a caller keeps on the device between calls (a
+     pipeline's stash, runtime/exec/exec_mesh_pipe.c), at device addresses: buf_alloc and
+     buf_free (the cuda backend: device memory); call_dev is call with argument k read from
+     address dargs[k] when that is not 0 (laid in its RtBuf's storage), else from host args[k],
+     and result k written to drets[k] when not 0, else to rets[k].  Use them through
+     rt_device_buf_alloc, _buf_free and _call_dev, which on a device without them (the cpu)
+     give host blocks and pass their addresses to call. */
+  int (*buf_alloc)(RtDevice *d, int64_t bytes, uint64_t *addr, char *err, size_t errlen);
+  void (*buf_free)(RtDevice *d, uint64_t addr);
+  int (*call_dev)(RtDevice *d, int func, void *const *args, const uint64_t *dargs, void **rets, const uint64_t *drets,
+                  char *err, size_t errlen);
 };
 
 /* The function named `name` (without '@'), or -1. */
@@ -50,6 +61,12 @@ int rt_device_find(const RtDevice *d, const char *name);
 static inline void rt_device_close(RtDevice *d) {
   if (d && d->close) d->close(d);
 }
+/* RtDevice.buf_alloc, buf_free and call_dev, or host blocks (malloc) and call where the
+   device has none (0, 2 bad input, 1 out of memory or a run-time failure, with a message). */
+int rt_device_buf_alloc(RtDevice *d, int64_t bytes, uint64_t *addr, char *err, size_t errlen);
+void rt_device_buf_free(RtDevice *d, uint64_t addr);
+int rt_device_call_dev(RtDevice *d, int func, void *const *args, const uint64_t *dargs, void **rets,
+                       const uint64_t *drets, char *err, size_t errlen);
 
 /* ------------------------------------------------------------ the rank executor */
 

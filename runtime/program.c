@@ -1,9 +1,9 @@
 /* runtime/program.c — a lowered program as bytes (compiled executables carry it).
  *
  * Layout, little-endian as the host writes it (a blob is only read on the kind of machine
- * that compiled it, so structs are written whole): "LOOMPRG2", u32 sizeof RtStep, then
- * n_funcs, n_globals, n_kernels, region_bytes[], kernel names, globals, and per function
- * its header and steps.  The reader checks every count against the bytes left.
+ * that compiled it, so structs are written whole): "LOOMPRG4", u32 sizeof RtStep, then
+ * n_funcs, n_globals, n_kernels, region_bytes[], the mesh, the pipeline (RtPipe), kernel
+ * names, globals, and per function its header, its arguments' placements and its steps.  The reader checks every count against the bytes left.
  */
 #include <math.h>
 #include <pthread.h>
@@ -16,7 +16,7 @@
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/program.h"
 
-static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '3'};
+static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '4'};
 
 typedef struct {
   unsigned char *p;
@@ -89,6 +89,7 @@ int rt_program_save(const RtProgram *p, unsigned char **bytes, size_t *n, char *
   int64_t mesh[5];
   for (int a = 0; a < 5; a++) mesh[a] = p->mesh[a] > 1 ? p->mesh[a] : 1;
   put(&o, mesh, sizeof mesh);
+  put(&o, &p->pipe, sizeof p->pipe);
   put(&o, p->kernel_names, sizeof p->kernel_names[0] * (size_t)p->n_kernels);
   put(&o, p->globals, sizeof(RtGlobal) * (size_t)p->n_globals);
   for (int i = 0; i < p->n_funcs; i++) {
@@ -131,10 +132,15 @@ int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *
     return 2;
   }
   if (!get(&in, counts, sizeof counts) || !get(&in, out->region_bytes, sizeof out->region_bytes) ||
-      !get(&in, out->mesh, sizeof out->mesh))
+      !get(&in, out->mesh, sizeof out->mesh) || !get(&in, &out->pipe, sizeof out->pipe))
     goto bad;
   for (int a = 0; a < 5; a++)   /* sizes a damaged file would not give */
     if (out->mesh[a] < 1 || rt_program_world(out) > 1 << 20) goto bad;
+  /* the schedule's own limits (ir/schedule.c's schedule_build refuses the rest with its reason) */
+  const RtPipe *pp = &out->pipe;
+  if (pp->kind < 0 || pp->kind > 5 || (pp->kind && (pp->virt < 1 || pp->virt > 64 || pp->micro < 1 || pp->micro > 4096)) ||
+      (!pp->kind && (pp->virt || pp->micro)))
+    goto bad;
   for (int i = 0; i < 3; i++)
     if (counts[i] < 0 || counts[i] > 1 << 20) goto bad;
   /* every counted item must be in the bytes left (an RtFunc is kilobytes: a damaged count
@@ -154,7 +160,10 @@ int rt_program_load(const unsigned char *bytes, size_t n, RtProgram *out, char *
       !get(&in, out->globals, sizeof(RtGlobal) * (size_t)out->n_globals))
     goto bad;
   for (int i = 0; i < out->n_kernels; i++) out->kernel_names[i][31] = 0;
-  for (int i = 0; i < out->n_globals; i++) out->globals[i].name[sizeof out->globals[i].name - 1] = 0;
+  for (int i = 0; i < out->n_globals; i++) {
+    out->globals[i].name[sizeof out->globals[i].name - 1] = 0;
+    if (out->globals[i].owner < -1 || out->globals[i].owner >= out->mesh[3]) goto bad;   /* a pp coordinate, or -1 */
+  }
   for (int i = 0; i < out->n_funcs; i++) {
     RtFunc *f = &out->funcs[i];
     if (!get(&in, f, RT_FUNC_HEAD)) goto bad;

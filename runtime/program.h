@@ -192,6 +192,10 @@ typedef struct {
   int8_t split[5];
   uint8_t partial;
   int64_t piece_dims[8];
+  /* A pipelined program (RtProgram.pipe.kind): the pp coordinate whose optimizer step
+     updates the global (its stage; the first when tied copies are kept on two), whose copy
+     checkpoints and --out read; -1: none.  Unused when not pipelined. */
+  int16_t owner;
 } RtGlobal;
 
 /* runtime/program.c: a rank's piece of a global (RtGlobal's placement) inside the whole
@@ -209,6 +213,16 @@ void rt_piece_copy(const RtGlobal *gl, const int64_t mesh[5], const int coord[5]
    non-first summand. */
 void rt_global_init_piece(const RtGlobal *gl, const int64_t mesh[5], const int coord[5], uint64_t seed, float *out);
 
+/* A pipelined program's schedule parameters (the pipeline pass's Module.pipe): the
+   executors build the action lists from them with ir/schedule.c (schedule_build), over
+   mesh[pp] ranks; the chunk functions are @fwd.cK, @bwd.cK (@bwd_b.cK, @bwd_w.cK) and
+   @optimizer_step.sR. */
+typedef struct {
+  int32_t kind;      /* ir/ir.h's PipeKind (1 afab, 2 1f1b, 3 interleaved, 4 zb-h1, 5 dualpipev); 0: none */
+  int32_t virt;      /* chunks per pp rank */
+  int32_t micro;     /* micro-batches a step */
+} RtPipe;
+
 typedef struct {
   int n_funcs;
   RtFunc *funcs;
@@ -218,6 +232,7 @@ typedef struct {
   int n_kernels;
   char (*kernel_names)[32];                /* symbol of kernel k in the JIT'd code */
   int64_t mesh[5];   /* the mesh it was partitioned for (dp tp cp pp ep); 0 counts as 1 */
+  RtPipe pipe;       /* its pipeline schedule (the pipeline pass's); kind 0: not pipelined */
 } RtProgram;
 
 /* runtime/cpu/jit.c: frees what a program owns (steps, globals, kernel names). */

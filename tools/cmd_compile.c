@@ -173,12 +173,12 @@ int cmd_compile(int argc, char **argv) {
       text = module_to_string(in.m);
     }
     /* parts: settings, then ref: the IR; cpu: program, LLVM IR; cuda: program, cubin, "cuda";
-       a cpu mesh: program, LLVM IR, the IR, "mesh"; a cuda mesh: program, cubin, the IR,
-       "cuda-mesh".  A mesh's IR is empty unless it is pipelined (the schedule's): the program
-       holds the placements and the mesh the executor reads */
+       a cpu mesh: program, LLVM IR, an empty IR part, "mesh"; a cuda mesh: program, cubin, an
+       empty IR part, "cuda-mesh".  A mesh carries no IR, pipelined or not: the program holds
+       the mesh, the placements, the schedule and the stages the executor reads */
     bool mesh = backend == BACKEND_CPU && mesh_world(&in.m->mesh) > 1;
     bool cuda_mesh = cuda && mesh_world(&in.m->mesh) > 1;
-    char *ir = !rc && (mesh || cuda_mesh) ? (in.m->pipe.kind ? module_to_string(in.m) : strdup("")) : NULL;
+    char *ir = !rc && (mesh || cuda_mesh) ? strdup("") : NULL;
     /* a cpu executable ends with the decode program: its program, LLVM IR, "sample" */
     unsigned char *dprog = NULL;
     size_t dprog_n = 0;

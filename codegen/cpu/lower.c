@@ -742,6 +742,7 @@ int cpu_lower(const Module *m, RtProgram *out, char **llvm_ir_text, char *err, s
     L.global_region[i] = r;
   }
   free(order);
+  cg_describe_pipe(m, out);   /* the schedule and each global's stage: a pipeline needs no IR to run */
   for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = cg_align64(out->region_bytes[r]);
 
   /* kernels: index, symbol and parallel extent */

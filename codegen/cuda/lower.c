@@ -823,6 +823,7 @@ int cuda_lower(const Module *m, RtProgram *out, char **cuda_source, char *err, s
     L.global_region[i] = r;
   }
   free(order);
+  cg_describe_pipe(m, out);   /* the schedule and each global's stage: a pipeline needs no IR to run */
   for (int r = 0; r < RT_REGION_COUNT; r++) out->region_bytes[r] = cg_align64(out->region_bytes[r]);
   if (!rc) rc = cl_weight_copies_plan(&L);   /* the parameters with a bf16 copy (lower_fuse.c) */
 

@@ -1152,7 +1152,19 @@ static int dev_step(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t
   return cuda_program_step(d->impl, f_grad, f_opt, n, inputs, targets, lr, t, losses, grad_norm, err, errlen);
 }
 
+/* device memory a caller keeps between calls (a pipeline's stash), and calls that read and
+   write it in place (cuda_program_call_dev) */
+static int dev_buf_alloc(RtDevice *d, int64_t bytes, uint64_t *addr, char *err, size_t errlen) {
+  return cuda_dev_alloc(d->impl, addr, bytes, "a pipeline stash", err, errlen);
+}
+static void dev_buf_free(RtDevice *d, uint64_t addr) { cuda_dev_free(d->impl, addr); }
+static int dev_call_dev(RtDevice *d, int func, void *const *args, const uint64_t *dargs, void **rets, const uint64_t *drets,
+                        char *err, size_t errlen) {
+  return cuda_program_call_dev(d->impl, func, args, dargs, rets, drets, err, errlen);
+}
+
 void cuda_device(RtDevice *d, CudaProgram *cp) {
   *d = (RtDevice){.p = cp->p, .kind = "CUDA", .impl = cp, .call = dev_call, .read = dev_read, .write = dev_write,
-                  .host = NULL, .close = NULL, .step = dev_step};
+                  .host = NULL, .close = NULL, .step = dev_step, .buf_alloc = dev_buf_alloc, .buf_free = dev_buf_free,
+                  .call_dev = dev_call_dev};
 }

@@ -282,7 +282,7 @@ int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_
   e->world = (int)mesh_world(&m->mesh);
   snprintf(e->where, sizeof e->where, "the cpu backend");
   MeshCpu *mc = NULL;
-  int rc = eval_cpu_mesh_open(&mc, m, prog, n, llvm, weights, err, errlen);
+  int rc = eval_cpu_mesh_open(&mc, prog, n, llvm, weights, err, errlen);
   e->impl = mc;   /* closed whatever the open did */
   return rc;
 }

@@ -13,10 +13,11 @@
  *                   the ranks' starting pieces, --out streamed; over a world of
  *   mesh_threads.c    ranks as threads on the cpu backend (runtime/comm's LocalWorld), or
  *   mesh_nccl.c       a process per rank on its GPU (NCCL; sharded checkpoints)
- *   exec_mesh_pipe.c  the threads' ranks' devices as the walker's transport
+ *   exec_mesh_pipe.c  the local ranks' devices as the walker's transport (cpu and cuda: the
+ *                     stash in device memory)
  *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
  *                   executor over it as a device
- *   exec_cuda_pipe.c  an NCCL rank's GPU as the walker's transport (device stash, NCCL groups)
+ *   exec_cuda_pipe.c  on an NCCL rank's GPU, the device transport's hook (NCCL groups)
  *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard
  *   train_common.c  the training entry point: parameters, executor, the loop (runtime/trainer.c), --out
  *   weights.c       safetensors parameters into a module's or a program's globals
@@ -99,16 +100,21 @@ typedef struct {
 /* m must have passed the training pipeline; runs it on the reference executor. */
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
 /* mesh_threads.c: a partitioned program (prog, n, llvm: the lowered program's bytes and its
-   kernels' LLVM IR) trained with every rank a thread; m: a pipelined program's module (its
-   schedule), else NULL or the module (not read). */
-int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
-                          char *err, size_t errlen);
+   kernels' LLVM IR) trained with every rank a thread; a pipelined one (RtProgram.pipe) on the
+   pipeline walker.  No IR: what the executor reads is in the program. */
+int run_training_cpu_mesh(const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan, char *err,
+                          size_t errlen);
 /* mesh_nccl.c: this process's rank of a partitioned program (taken over: freed here) and its
-   CUDA module image; m as above.  Rank 0 alone logs and writes files: plan_for_rank clears
-   a plan's outputs for the others. */
-int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
-                    size_t errlen);
+   CUDA module image.  Rank 0 alone logs and writes files: plan_for_rank clears a plan's
+   outputs for the others. */
+int cuda_rank_train(RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err, size_t errlen);
 void plan_for_rank(RunPlan *plan, int64_t rank);
+/* train_common.c: after a pipelined run on walker w (pipe_walk.h), the measured idle per pp
+   rank beside the predicted bubble and the stash peaks, predicted (predicted[q], pp rank q)
+   and measured (to plan->opt.log), and the timeline (plan->trace_out). */
+struct PipeWalk;
+int pipe_walk_report(const struct PipeWalk *w, const int64_t *predicted, const RunPlan *plan, const char *backend,
+                     char *err, size_t errlen);
 /* The loop and --out for any executor. */
 int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen);
 

@@ -1,17 +1,15 @@
-/* runtime/exec/exec_cuda_pipe.c — a pipelined module (pass "pipeline") on one rank of a CUDA
- * mesh: this process's GPU as the pipeline walker's transport (pipe_walk.h).
- *
- * The walker runs this rank's action list; here the stash is device memory (a block per F,
- * split B, of a pool reused by size), passed to the consumer as device arguments
- * (cuda_program_call_dev), and the losses, which reach the ranks of the last chunk only,
- * are shared at the end of a walk.
+/* runtime/exec/exec_cuda_pipe.c — a pipelined program (pass "pipeline") on one rank of a CUDA
+ * mesh: the device transport (exec_mesh_pipe.c: the stash in device memory, RtDevice.buf_alloc,
+ * passed to the consumer as device arguments, RtDevice.call_dev) with this file's hook
+ * (PipeHook), which issues the point-to-point transfers as NCCL groups between the actions and
+ * shares the losses, which reach the ranks of the last chunk only, at the end of a walk.
  *
  * Transfers.  A chunk function's sends and receives go to fixed pp ranks (rel=0), and their
  * partners are other ranks' functions, run at other times.  NCCL pairs them without tags,
  * in issue order per pair of ranks, and a send completes only once its receive is posted,
  * so they are not run where the function has them: a send step copies its buffer into a
  * staging block of its own, a receive step copies its slot into its buffer
- * (runtime/cuda/cuda_mesh.c), and between actions (the walker's `between`) this transport
+ * (runtime/cuda/cuda_mesh.c), and between actions (the walker's `between`) this hook
  * issues NCCL groups on the pp axis's stream that it planned at setup ("the plan" below):
  * every rank runs every rank's action list at once, and each round's pairs of a send and
  * its due receive form one group on each side, so a group holds only messages whose
@@ -20,7 +18,8 @@
  * zb-h1, interleaved and pp=4 1f1b: the simulation showed it before any GPU would have.)  A
  * schedule whose messages do not pair (tag, size, type) or cannot run is refused at setup,
  * naming the ranks and actions.  A transfer to the rank itself (dualpipev's V: chunks pp-1
- * and pp share the last rank) is a device block held from its send to its receive.  The
+ * and pp share the last rank) is a device block (of the transport's pool) held from its send to
+ * its receive.  The
  * optimizer step's transfers (tied parameters' gradients, sent and received by the two ranks
  * that share one) run inside the call, each run of consecutive transfer steps one group
  * (cuda_mesh.c).
@@ -41,12 +40,6 @@
 #include "runtime/exec/pipe_walk.h"
 
 typedef struct {
-  uint64_t addr;
-  int64_t bytes;
-  bool busy;
-} Block;
-
-typedef struct {
   CudaPipeXfer *x;   /* the function's fixed-rank transfers, in step order */
   int n;
 } FnXfers;
@@ -56,8 +49,10 @@ typedef struct {
   int64_t tag, mb;
 } SelfMsg;
 
+typedef struct CudaPipe CudaPipe;
 struct CudaPipe {
-  PipeWalk *walk;
+  CudaRank *r;
+  PipeWalk *walk;           /* the mesh executor's (borrowed) */
   struct RankPlan *plan;   /* this rank's groups for the training schedule */
   struct RankPlan *eval_plan;   /* validation's, made at each one */
   const struct RankPlan *cur;   /* the walk under way: its plan, its schedule, its next item */
@@ -65,8 +60,6 @@ struct CudaPipe {
   int item;
   int q;
   FnXfers *fx;       /* per program function */
-  Block *pool;
-  int n_pool, cap_pool;
   uint64_t bank;     /* the next action's receives from other ranks (its groups come after the
                         last action's call returned, which had read its own) */
   int64_t bank_bytes;
@@ -91,42 +84,6 @@ static int grow(void **v, int *cap, int need, size_t size) {
   if (!n) return 1;
   *v = n, *cap = c;
   return 0;
-}
-
-/* ---- device blocks: the stash and transfers to the rank itself, reused by size ---- */
-
-static int block_get(CudaRank *r, int64_t bytes, int *out, char *err, size_t errlen) {
-  CudaPipe *pp = r->pipe;
-  int best = -1;
-  for (int k = 0; k < pp->n_pool; k++)
-    if (!pp->pool[k].busy && pp->pool[k].bytes >= bytes && (best < 0 || pp->pool[k].bytes < pp->pool[best].bytes)) best = k;
-  if (best < 0) {
-    if (grow((void **)&pp->pool, &pp->cap_pool, pp->n_pool + 1, sizeof *pp->pool))
-      return rt_fail(err, errlen, EXIT_RUN, "out of memory");
-    Block *b = &pp->pool[pp->n_pool];
-    *b = (Block){0, bytes > 0 ? bytes : 256, false};
-    if (cuda_dev_alloc(&r->cp, &b->addr, b->bytes, "a pipeline stash", err, errlen)) return EXIT_RUN;
-    best = pp->n_pool++;
-  }
-  pp->pool[best].busy = true;
-  *out = best;
-  return 0;
-}
-
-static void block_put(CudaPipe *pp, int *k) {
-  if (*k >= 0) pp->pool[*k].busy = false;
-  *k = -1;
-}
-
-/* Bytes of buffers b[from..n) laid one after another (each 256-aligned), and their offsets:
-   a producer's results as its block holds them, which its consumer takes as arguments 2.. */
-static int64_t laid_bytes(const RtBuf *b, int n, int from, int64_t *off) {
-  int64_t at = 0;
-  for (int k = from; k < n; k++) {
-    if (off) off[k - from] = at;
-    at += align256((int64_t)b[k].n * cuda_storage_size((RtStorage)b[k].storage));
-  }
-  return at;
 }
 
 /* ---- the plan: NCCL groups between the actions, made by running every rank at once ----
@@ -328,8 +285,8 @@ static SelfMsg *self_find(CudaPipe *pp, int64_t tag, int64_t mb) {
    at the receive's place (its order among the action's receives from other ranks); the
    sends' blocks are free once it is issued (every later write to them is on the compute
    stream, which waits for the group). */
-static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi, char *err, size_t errlen) {
-  CudaPipe *pp = r->pipe;
+static int exchange(CudaPipe *pp, const Schedule *s, const RankPlan *plan, int gi, char *err, size_t errlen) {
+  CudaRank *r = pp->r;
   const PlanGroup *g = &plan->g[gi];
   if (!g->n) return 0;
   if (grow((void **)&pp->ops, &pp->cap_ops, g->n, sizeof *pp->ops)) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
@@ -339,7 +296,7 @@ static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi
     if (o->send) {
       int b = pp->send_block[o->action * pp->max_x + o->xfer];
       if (b < 0) return rt_fail(err, errlen, 2, "pp rank %d: a send of action %d issued before its action ran", pp->q, o->action);
-      addr = pp->pool[b].addr;
+      addr = pipe_dev_addr(r, 0, b);
     } else {
       const FnXfers *f = act_fx(pp, s, pp->q, o->action);
       int64_t at = 0;
@@ -353,14 +310,15 @@ static int exchange(CudaRank *r, const Schedule *s, const RankPlan *plan, int gi
   snprintf(label, sizeof label, "pipeline, %s", act_text(s, pp->q, g->ops[0].action, x1, sizeof x1));
   int rc = cuda_pipe_exchange(&r->cp, AX_PP, g->n, pp->ops, label, err, errlen);
   for (int k = 0; k < g->n; k++)
-    if (g->ops[k].send) block_put(pp, &pp->send_block[g->ops[k].action * pp->max_x + g->ops[k].xfer]);
+    if (g->ops[k].send) pipe_dev_put(r, 0, &pp->send_block[g->ops[k].action * pp->max_x + g->ops[k].xfer]);
   return rc;
 }
 
 /* The slots of action i's transfers (cp->pipe_slot): a block of its own for each send, the
-   bank for receives from other ranks, a held block for those from itself. */
-static int name_slots(CudaRank *r, const Schedule *s, int i, char *err, size_t errlen) {
-  CudaPipe *pp = r->pipe;
+   bank for receives from other ranks, a held block for those from itself (blocks of the
+   transport's pool, exec_mesh_pipe.c). */
+static int name_slots(CudaPipe *pp, const Schedule *s, int i, char *err, size_t errlen) {
+  CudaRank *r = pp->r;
   int q = pp->q;
   const Action *act = &s->acts[q][i];
   const FnXfers *f = act_fx(pp, s, q, i);
@@ -375,16 +333,16 @@ static int name_slots(CudaRank *r, const Schedule *s, int i, char *err, size_t e
         return rt_fail(err, errlen, EXIT_RUN, "out of memory");
       SelfMsg *m = &pp->self[pp->n_self++];
       *m = (SelfMsg){-1, t->tag, act->mb};
-      if (block_get(r, t->bytes, &m->block, err, errlen)) return EXIT_RUN;
-      pp->slot[x] = pp->pool[m->block].addr;
+      if (pipe_dev_block(r, 0, t->bytes, &m->block, err, errlen)) return EXIT_RUN;
+      pp->slot[x] = pipe_dev_addr(r, 0, m->block);
     } else if (t->peer == q) {
       SelfMsg *m = self_find(pp, t->tag, act->mb);
       if (!m) return rt_fail(err, errlen, 2, "pp rank %d: a receive from itself (tag %lld) before its send", q, (long long)t->tag);
-      pp->slot[x] = pp->pool[m->block].addr;
+      pp->slot[x] = pipe_dev_addr(r, 0, m->block);
     } else if (t->send) {
       int *b = &pp->send_block[i * pp->max_x + x];
-      if (block_get(r, t->bytes, b, err, errlen)) return EXIT_RUN;
-      pp->slot[x] = pp->pool[*b].addr;
+      if (pipe_dev_block(r, 0, t->bytes, b, err, errlen)) return EXIT_RUN;
+      pp->slot[x] = pipe_dev_addr(r, 0, *b);
     } else {
       pp->slot[x] = pp->bank + (uint64_t)rat;
       rat += align256(t->bytes);
@@ -404,70 +362,29 @@ static void release_self(CudaPipe *pp, const Schedule *s, int i) {
     if (t->send || t->peer != q) continue;
     SelfMsg *m = self_find(pp, t->tag, s->acts[q][i].mb);
     if (!m) continue;
-    block_put(pp, &m->block);
+    pipe_dev_put(pp->r, 0, &m->block);
     *m = pp->self[--pp->n_self];
   }
 }
 
-/* ---- the transport ---- */
+/* ---- the hook (PipeHook): the transport's calls are exec_mesh_pipe.c's ---- */
 
-/* A stash slot is a pool block: its index + 1 (0 is the walker's empty slot). */
-static int blk(const void *slot) { return (int)(intptr_t)slot - 1; }
-
-static int cu_find(void *ctx, const char *name) { return cuda_find_func(&((CudaRank *)ctx)->cp, name); }
-
-static int cu_takes(void *ctx, int from, int skip, int to, char *err, size_t errlen) {
-  return pipe_rt_takes(&((CudaRank *)ctx)->prog, from, skip, to, err, errlen);
+/* Before an action's call: the slots of its transfers named; after it, they are gone and
+   the blocks of its receives from this rank itself are free. */
+static int cu_before(void *ctx, const PipeCall *c, char *err, size_t errlen) {
+  CudaPipe *pp = ctx;
+  return name_slots(pp, pp->cur_s, c->action, err, errlen);
 }
 
-static int cu_alloc(void *ctx, int rank, int func, int skip, void **slot, int64_t *bytes, char *err, size_t errlen) {
-  (void)rank;
-  CudaRank *r = ctx;
-  const RtFunc *fn = &r->prog.funcs[func];
-  int b, rc = block_get(r, laid_bytes(fn->rets, fn->n_rets, skip, NULL), &b, err, errlen);
-  *slot = rc ? NULL : (void *)(intptr_t)(b + 1);
-  *bytes = 0;
-  for (int k = skip; k < fn->n_rets; k++) *bytes += 4 * fn->rets[k].n;
-  return rc;
-}
-
-static void cu_free(void *ctx, int rank, void *slot) {
-  (void)rank;
-  int b = blk(slot);
-  block_put(((CudaRank *)ctx)->pipe, &b);
-}
-
-/* addr[k], k in [from, n): buffer k of the block at base, laid as laid_bytes lays them */
-static void lay_dev(uint64_t *addr, const RtBuf *b, int n, int from, uint64_t base) {
-  int64_t off[RT_MAX_FUNC_IO];
-  laid_bytes(b, n, from, off);
-  for (int k = from; k < n; k++) addr[k] = base + (uint64_t)off[k - from];
-}
-
-static int cu_call(void *ctx, const PipeCall *c, char *err, size_t errlen) {
-  CudaRank *r = ctx;
-  CudaPipe *pp = r->pipe;
-  float lr = c->lr, t = c->t;
-  if (c->action < 0) {
-    void *args[2] = {&lr, &t}, *rets[2] = {c->norm, NULL};
-    return r->dev->call(r->dev, c->func, args, rets, err, errlen);
-  }
-  const RtFunc *fn = &r->prog.funcs[c->func];
-  uint64_t dargs[RT_MAX_FUNC_IO] = {0}, drets[RT_MAX_FUNC_IO] = {0};
-  void *args[RT_MAX_FUNC_IO] = {(void *)c->tok, (void *)c->tgt}, *rets[RT_MAX_FUNC_IO] = {c->loss};
-  if (c->in) lay_dev(dargs, fn->args, fn->n_args, 2, pp->pool[blk(c->in)].addr);   /* the producer's results */
-  if (c->out) lay_dev(drets, fn->rets, fn->n_rets, c->skip, pp->pool[blk(c->out)].addr);
-  int rc = name_slots(r, pp->cur_s, c->action, err, errlen);
-  if (!rc) rc = cuda_program_call_dev(&r->cp, c->func, args, dargs, rets, drets, err, errlen);
-  r->cp.pipe_slot = NULL, r->cp.n_pipe_slot = 0;
+static void cu_after(void *ctx, const PipeCall *c) {
+  CudaPipe *pp = ctx;
+  pp->r->cp.pipe_slot = NULL, pp->r->cp.n_pipe_slot = 0;
   release_self(pp, pp->cur_s, c->action);
-  return rc;
 }
 
 /* The walk of s: its plan (validation's made now), no send blocks yet. */
 static int cu_begin(void *ctx, const Schedule *s, bool training, char *err, size_t errlen) {
-  CudaRank *r = ctx;
-  CudaPipe *pp = r->pipe;
+  CudaPipe *pp = ctx;
   if (grow((void **)&pp->send_block, &pp->n_send_block, (s->n[pp->q] > 0 ? s->n[pp->q] : 1) * pp->max_x, sizeof(int)))
     return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   for (int k = 0; k < pp->n_send_block; k++) pp->send_block[k] = -1;
@@ -482,12 +399,11 @@ static int cu_begin(void *ctx, const Schedule *s, bool training, char *err, size
 
 /* Before action i (after the last: i = its count): the groups the plan puts there. */
 static int cu_between(void *ctx, const Schedule *s, int i, char *err, size_t errlen) {
-  CudaRank *r = ctx;
-  CudaPipe *pp = r->pipe;
+  CudaPipe *pp = ctx;
   const RankPlan *plan = pp->cur;
   int rc = 0;
   while (!rc && pp->item < plan->n_items && plan->items[pp->item].action < 0)
-    rc = exchange(r, s, plan, plan->items[pp->item++].group, err, errlen);
+    rc = exchange(pp, s, plan, plan->items[pp->item++].group, err, errlen);
   if (!rc && i < s->n[pp->q] && (pp->item >= plan->n_items || plan->items[pp->item++].action != i))
     rc = rt_fail(err, errlen, EXIT_RUN, "pp rank %d: the plan does not run action %d next", pp->q, i);
   return rc;
@@ -496,10 +412,10 @@ static int cu_between(void *ctx, const Schedule *s, int i, char *err, size_t err
 /* The losses reach the ranks of the last chunk only: every rank gets those of the one of
    them at coordinate 0 on the other axes (an all-gather of n floats a rank). */
 static int cu_end(void *ctx, int rc, float *losses, int64_t n, char *err, size_t errlen) {
-  CudaRank *r = ctx;
-  CudaPipe *pp = r->pipe;
+  CudaPipe *pp = ctx;
+  CudaRank *r = pp->r;
   if (!rc) rc = cuda_mesh_sync(&r->cp, "after the pipeline's last transfers", err, errlen);
-  for (int k = 0; k < pp->n_send_block; k++) block_put(pp, &pp->send_block[k]);
+  for (int k = 0; k < pp->n_send_block; k++) pipe_dev_put(r, 0, &pp->send_block[k]);
   if (pp->eval_plan) plan_free(pp->eval_plan);
   free(pp->eval_plan);
   pp->eval_plan = NULL, pp->cur = NULL;
@@ -516,31 +432,29 @@ static int cu_end(void *ctx, int rc, float *losses, int64_t n, char *err, size_t
   return rc;
 }
 
-static const PipeOps cuda_ops = {cu_find, cu_takes, cu_alloc, cu_free, cu_call, cu_begin, cu_between, cu_end};
-
-static int pipeline_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float *losses, char *err,
-                         size_t errlen) {
-  return pipe_walk_step(((CudaRank *)self)->pipe->walk, n, inputs, targets, losses, err, errlen);
-}
-static int optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
-  return pipe_walk_optimizer(((CudaRank *)self)->pipe->walk, lr, t, grad_norm, err, errlen);
-}
-static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
-  return pipe_walk_eval(((CudaRank *)self)->pipe->walk, inputs, targets, loss, err, errlen);
-}
-
 /* ---- setup ---- */
 
+static void cu_free(void *ctx) {
+  CudaPipe *pp = ctx;
+  if (!pp) return;
+  cuda_dev_free(&pp->r->cp, pp->bank);
+  for (int f = 0; pp->fx && f < pp->r->prog.n_funcs; f++) free(pp->fx[f].x);
+  if (pp->plan) plan_free(pp->plan);
+  free(pp->plan), free(pp->send_block), free(pp->fx), free(pp->self), free(pp->ops);
+  free(pp);
+}
+
 int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
-  const Module *m = r->m;
-  CudaPipe *pp = r->pipe = calloc(1, sizeof *pp);
+  CudaPipe *pp = calloc(1, sizeof *pp);
   if (!pp) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
+  pp->r = r;
   pp->q = r->comm->coord[COMM_PP];
-  int nf = r->prog.n_funcs;
-  int rc = pipe_walk_new(&pp->walk, m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, (int)m->pipe.micro, NULL,
-                         r->mesh, r->comm->coord, &r->tok_place, r->whole_n, err, errlen);
-  if (!rc) rc = pipe_walk_bind(pp->walk, &cuda_ops, r, err, errlen);
+  pp->walk = r->walk;   /* the mesh executor's, from the program's schedule */
+  /* the device transport, bound to the walker, this hook its own (freed with it from now on) */
+  PipeHook hook = {pp, cu_begin, cu_between, cu_end, cu_before, cu_after, cu_free};
+  int rc = pipe_dev_setup(r, &hook, err, errlen);
   if (rc) return rc;
+  int nf = r->prog.n_funcs;
   const Schedule *s = &pp->walk->sched;
   if (!(pp->fx = calloc((size_t)nf + 1, sizeof *pp->fx))) return rt_fail(err, errlen, EXIT_RUN, "out of memory");
   /* every function's transfers, and the bank: the most any action receives */
@@ -571,23 +485,5 @@ int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen) {
   schedule_free(&ev);
   if (!rc && !(pp->plan = calloc(1, sizeof *pp->plan))) rc = rt_fail(err, errlen, EXIT_RUN, "out of memory");
   if (!rc) rc = plan_rank(pp, s, pp->plan, what, err, errlen);
-  if (rc) return rc;
-  r->ex.grad_step = NULL;
-  r->ex.pipeline_step = pipeline_step;
-  r->ex.optimizer_step = optimizer_step;
-  r->ex.eval_step = eval_step;
-  return 0;
-}
-
-void cuda_pipe_free(CudaRank *r) {
-  CudaPipe *pp = r->pipe;
-  if (!pp) return;
-  for (int k = 0; k < pp->n_pool; k++) cuda_dev_free(&r->cp, pp->pool[k].addr);
-  cuda_dev_free(&r->cp, pp->bank);
-  for (int f = 0; pp->fx && f < r->prog.n_funcs; f++) free(pp->fx[f].x);
-  pipe_walk_free(pp->walk);
-  if (pp->plan) plan_free(pp->plan);
-  free(pp->plan), free(pp->send_block), free(pp->fx), free(pp->pool), free(pp->self), free(pp->ops);
-  free(pp);
-  r->pipe = NULL;
+  return rc;
 }

@@ -13,6 +13,7 @@
 #include "runtime/comm/comm.h"
 #include "runtime/exec/exec.h"
 #include "runtime/exec/exec_mesh.h"
+#include "runtime/exec/pipe_walk.h"
 
 /* ---- pieces and whole tensors ---- */
 
@@ -203,17 +204,13 @@ static int open_views(MeshExec *mx) {
   return !(mx->stream = malloc(sizeof(float) * (size_t)most_whole));
 }
 
-int mesh_exec_open(MeshExec *mx, const Module *m, bool pipe, bool training, char *err, size_t errlen) {
+int mesh_exec_open(MeshExec *mx, bool training, char *err, size_t errlen) {
   const RtProgram *p = mx->p;
+  bool pipe = training && p->pipe.kind;   /* its schedule and its globals' stages are the program's */
   const char *grad = pipe ? "fwd.c0" : training ? "grad_step" : "forward";
   mx->f_grad = rt_device_find(&mx->dev[0], grad);
   mx->f_opt = rt_device_find(&mx->dev[0], pipe ? "optimizer_step.s0" : "optimizer_step");
   mx->f_forward = training && !pipe ? rt_device_find(&mx->dev[0], "forward") : -1;
-  if (training && !pipe && rt_device_find(&mx->dev[0], "fwd.c0") >= 0) {
-    snprintf(err, errlen, "the program is pipelined, and its schedule is read from the IR module, which this run does "
-             "not have");
-    return EXIT_USAGE;
-  }
   const RtFunc *tf = mx->f_grad >= 0 ? &p->funcs[mx->f_grad] : NULL;
   if (!tf || (training && mx->f_opt < 0) || (pipe ? tf->n_args < 2 : tf->n_args != 2)) {
     snprintf(err, errlen, pipe       ? "the pipelined program has no @fwd.c0(tokens, targets, ...)"
@@ -249,13 +246,18 @@ int mesh_exec_open(MeshExec *mx, const Module *m, bool pipe, bool training, char
     oom = !mx->tok32[q] || !mx->tgt32[q];
   }
   if (!oom && pipe) {
-    oom = !(mx->owner = calloc((size_t)m->globals.n + 1, sizeof(int)));
-    for (int k = 0; !oom && k < m->globals.n; k++) mx->owner[k] = pipe_owner_of(m, m->globals.items[k]);
+    oom = !(mx->owner = calloc((size_t)p->n_globals + 1, sizeof(int)));
+    for (int k = 0; !oom && k < p->n_globals; k++) mx->owner[k] = p->globals[k].owner;
   }
   if (oom) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
+  /* a pipeline's walker: every rank of the threads' world, or this process's one rank */
+  int rc = pipe ? pipe_walk_new(&mx->walk, p->pipe.kind, (int)mx->mesh[COMM_PP], p->pipe.virt, p->pipe.micro, mx->lw,
+                                mx->mesh, mx->coord[0], &mx->tok_place, mx->whole_n, err, errlen)
+                : 0;
+  if (rc) return rc;
   mx->ex.self = mx;
   mx->ex.batch = whole[0];
   mx->ex.seq = whole[1];
@@ -278,4 +280,6 @@ void mesh_exec_free(MeshExec *mx) {
   free(mx->ex.params), free(mx->ex.state), free(mx->view_global), free(mx->view_off), free(mx->stream);
   free(mx->whole), free(mx->scratch), free(mx->piece_of), free(mx->tok32), free(mx->tgt32), free(mx->owner);
   free(mx->coord), free(mx->dev);
+  pipe_walk_free(mx->walk);
+  mx->walk = NULL;
 }

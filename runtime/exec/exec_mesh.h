@@ -12,19 +12,19 @@
  *                   runtime/comm's LocalWorld (the gather reads the ranks' host storage)
  *   mesh_nccl.c     this process one rank on its GPU (cuda backend), the others processes,
  *                   NCCL between them; sharded checkpoints, the trainer's stop agreement
- * A pipelined program's steps are the pipeline walker's (pipe_walk.c), over the threads'
- * devices (exec_mesh_pipe.c) or an NCCL rank's GPU (exec_cuda_pipe.c) as its transport, which
- * read the same struct (MeshCpu, CudaRank: its names). */
+ * A pipelined program's steps are the pipeline walker's (pipe_walk.c), with the local ranks'
+ * devices as its one transport (exec_mesh_pipe.c), plus, on cuda, the hook that issues its NCCL
+ * groups between the actions (exec_cuda_pipe.c); they read the same struct (MeshCpu, CudaRank:
+ * its names there). */
 #ifndef LOOM_RUNTIME_EXEC_EXEC_MESH_H
 #define LOOM_RUNTIME_EXEC_EXEC_MESH_H
 
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/device.h"
 #include "runtime/exec/exec_cpu.h"
-#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/pipe_walk.h"
 
 typedef struct MeshExec MeshExec;
-typedef struct CudaPipe CudaPipe;
 
 /* One call of a function on one rank this process runs. */
 typedef struct {
@@ -56,7 +56,9 @@ struct MeshExec {
   RtGlobal tok_place;  /* the micro-batch piece's placement (@grad_step's token argument's) */
   int64_t whole_n;     /* tokens of a whole micro-batch */
   int32_t **tok32, **tgt32;       /* [n_local]: each rank's piece of the micro-batch */
-  int *owner;          /* a pipeline: per global, the pp coordinate that updates it (-1: none); else NULL */
+  int *owner;          /* a pipeline: per global, the pp coordinate that updates it (RtGlobal.owner; -1: none); else NULL */
+  struct PipeWalk *walk;   /* a pipelined program (RtProgram.pipe): its walker (pipe_walk.h), else NULL */
+  struct PipeDev *pipe;    /* and the walker's transport over dev[] (exec_mesh_pipe.c), else NULL */
   float **whole;       /* per global: the whole tensor's host buffer (params, state), or NULL */
   float *scratch;      /* the largest piece */
   float **piece_of;    /* [world]: a gather's pieces */
@@ -64,30 +66,28 @@ struct MeshExec {
   int64_t *view_off;
   float *stream;       /* --out streamed: the whole of one global (the largest parameter's size) */
   int stream_global;   /* the global stream holds, -1 */
-  /* ---- threads (mesh_threads.c) and their pipeline walker (exec_mesh_pipe.c) ---- */
-  RefExec rx;          /* a pipeline: its walker (rx.walk: the schedule, the measured times), the LocalWorld */
-  LocalWorld *lw;      /* the ranks' collectives (rx.lw in a pipeline) */
+  /* ---- threads (mesh_threads.c) and their pipeline transport (exec_mesh_pipe.c) ---- */
+  LocalWorld *lw;      /* the ranks' collectives */
   CpuBackend b;        /* the lowered program, its JIT'd kernels, rank 0's CpuProgram */
   CpuProgram *cpu;     /* [world]; cpu[0] is a copy of b.cp */
   CommEngine **engines;           /* async collectives (the overlap pass): each rank's communication thread, or NULL */
   bool step_open;                 /* a training step has begun (its timeline is being recorded) */
-  /* ---- a process per rank (mesh_nccl.c) and its pipeline walker (exec_cuda_pipe.c) ---- */
-  const Module *m;     /* read at open only (a pipeline's schedule) */
+  /* ---- a process per rank (mesh_nccl.c) and its pipeline transport (exec_cuda_pipe.c) ---- */
   Comm *comm;
   RtProgram prog;
   CudaProgram cp;
   bool have_cp;
   float *gather_buf;   /* world x the largest piece */
-  CudaPipe *pipe;      /* a pipeline's walker (exec_cuda_pipe.c), or NULL */
 };
 typedef MeshExec MeshCpu;    /* as the pipeline walkers name it */
 typedef MeshExec CudaRank;
 
 /* exec_mesh.c: the executor over the world set in mx: the functions (training: @grad_step
    and @optimizer_step, or a pipeline's @fwd.c0 and @optimizer_step.s0; else @forward), the
-   micro-batch's placement, the whole views (training), the Executor's steps and syncs.  m:
-   a pipeline's module (the owners), else NULL. */
-int mesh_exec_open(MeshExec *mx, const Module *m, bool pipe, bool training, char *err, size_t errlen);
+   micro-batch's placement, the whole views (training), the Executor's steps and syncs; a
+   pipelined program (training): its walker (mx->walk, from the program's RtProgram.pipe;
+   the transport binds it) and its globals' stages (owner, RtGlobal.owner).  No IR. */
+int mesh_exec_open(MeshExec *mx, bool training, char *err, size_t errlen);
 /* The local ranks' starting pieces: the parameters' slices of `init` (safetensors, HF
    names), or the seeded initialization's values of their pieces. */
 int mesh_exec_init(MeshExec *mx, const char *init, uint64_t seed, char *err, size_t errlen);
@@ -108,23 +108,44 @@ void mesh_tokens_piece(const RtGlobal *place, const int64_t mesh[5], const int c
 /* This rank's piece of a whole micro-batch in r->tok32[0], r->tgt32[0] (a process per rank). */
 void cuda_rank_tokens(CudaRank *r, const int32_t *inputs, const int32_t *targets);
 
-/* exec_mesh_pipe.c: a pipelined module on the pipeline walker (rx.walk, pipe_walk.h) with the
-   ranks' programs as its transport: the Executor's pipeline_step, optimizer_step and
-   eval_step, the ranks talking through the walker's tagging communicators (pipe_cpu_free
-   gives them theirs back). */
-int pipe_cpu_setup(MeshCpu *mc, char *err, size_t errlen);
-void pipe_cpu_free(MeshCpu *mc);
-/* exec_cuda_pipe.c: a pipelined module on this rank: r->pipe made, r->ex's pipeline_step,
-   optimizer_step and eval_step set to the walker's.  0, or 1/2 with a message (a schedule
-   whose transfers NCCL could not pair or run without deadlock is refused, 2). */
+/* exec_mesh_pipe.c: a pipelined program on the pipeline walker (mx->walk, pipe_walk.h) with the
+   local ranks' devices as its transport, for every backend: the stash in blocks of each rank's
+   device memory (RtDevice.buf_alloc, reused by size), taken as device arguments
+   (RtDevice.call_dev); the Executor's pipeline_step, optimizer_step and eval_step set to the
+   walker's.  A backend whose transfers do not run inside the calls adds a hook (the cuda
+   backend's NCCL groups, exec_cuda_pipe.c): PipeOps' begin, between and end, and around each
+   action's call (action >= 0) before and after; free frees its ctx (with the transport). */
+typedef struct {
+  void *ctx;
+  int (*begin)(void *ctx, const Schedule *s, bool training, char *err, size_t errlen);
+  int (*between)(void *ctx, const Schedule *s, int i, char *err, size_t errlen);
+  int (*end)(void *ctx, int rc, float *losses, int64_t n, char *err, size_t errlen);
+  int (*before)(void *ctx, const PipeCall *c, char *err, size_t errlen);
+  void (*after)(void *ctx, const PipeCall *c);
+  void (*free)(void *ctx);
+} PipeHook;
+/* mx->pipe made with hook (NULL: none; its ctx is freed here on failure too), the walker bound
+   to it (refused, 2, when the schedule's functions are missing or do not fit). */
+int pipe_dev_setup(MeshExec *mx, const PipeHook *hook, char *err, size_t errlen);
+void pipe_dev_free(MeshExec *mx);
+/* A block of rank's pool (busy until put back) of at least `bytes`, its device address; the
+   bytes a producer's results from `from` on take laid one after another (each 256-aligned in
+   its storage; off[k - from]: buffer k's offset), which is how a block holds them. */
+int pipe_dev_block(MeshExec *mx, int rank, int64_t bytes, int *block, char *err, size_t errlen);
+uint64_t pipe_dev_addr(const MeshExec *mx, int rank, int block);
+void pipe_dev_put(MeshExec *mx, int rank, int *block);
+int64_t pipe_dev_laid(const RtBuf *b, int n, int from, int64_t *off);
+/* exec_cuda_pipe.c: the device transport on this rank's GPU with the hook that issues the
+   NCCL groups it planned between the actions and shares the losses at the end.  0, or 1/2
+   with a message (a schedule whose transfers NCCL could not pair or run without deadlock is
+   refused, 2).  pipe_dev_free frees it. */
 int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen);
-void cuda_pipe_free(CudaRank *r);
 
 /* mesh_threads.c, for loom eval --mesh (runtime/exec/eval.c): the mesh opened for @forward
    with the weights split to the ranks (*out is set even on failure: close it); a step runs
    every rank on its piece of a whole batch, rank 0's logits [B*T*V] and loss come back. */
-int eval_cpu_mesh_open(MeshCpu **out, Module *m, const unsigned char *prog, size_t n, const char *llvm,
-                       const char *weights, char *err, size_t errlen);
+int eval_cpu_mesh_open(MeshCpu **out, const unsigned char *prog, size_t n, const char *llvm, const char *weights,
+                       char *err, size_t errlen);
 int eval_cpu_mesh_step(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err,
                        size_t errlen);
 void eval_cpu_mesh_close(MeshCpu *mc);

@@ -4,7 +4,7 @@
  * Every rank is a thread of the walker; a call runs the IR function on the interpreter with
  * the rank's globals, its transfers through the walker's tagging communicator; the stash is
  * the Tensors F and B return.  Also here: the interpreter's communicator over a runtime one
- * (exec_ref.c's ranks use it too), and which pp rank owns a global of a pipelined module.
+ * (exec_ref.c's ranks use it too).
  *
  * The interpreter is not an RtDevice (runtime/device.h says why), so it is a transport of its
  * own rather than the device transport's: its functions are the module's, its buffers Tensors.
@@ -140,27 +140,6 @@ static int optimizer_step(void *self, float lr, float t, float *grad_norm, char 
 }
 static int eval_step(void *self, const int32_t *inputs, const int32_t *targets, float *loss, char *err, size_t errlen) {
   return pipe_walk_eval(((RefExec *)self)->walk, inputs, targets, loss, err, errlen);
-}
-
-/* The pp coordinate whose optimizer step assigns the global's parameter (its owner; the
-   first when tied copies are kept on two), or -1. */
-int pipe_owner_of(const Module *m, const Global *gl) {
-  const char *pre[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
-  const char *pname = gl->name;
-  for (int k = 0; k < 3; k++)
-    if (!strncmp(pname, pre[k], strlen(pre[k]))) pname += strlen(pre[k]);
-  char want[600];
-  snprintf(want, sizeof want, "%s", pname);
-  for (int q = 0; q < (int)m->mesh.size[AX_PP]; q++) {
-    char name[64];
-    snprintf(name, sizeof name, "optimizer_step.s%d", q);
-    const Func *f = module_find_func(m, name);
-    for (int i = 0; f && i < f->ops.n; i++) {
-      const Op *op = f->ops.items[i];
-      if (op->kind == OP_ASSIGN && !strcmp(op->operands[0]->global->name, want)) return q;
-    }
-  }
-  return -1;
 }
 
 int pipe_exec_setup(RefExec *r, char *err, size_t errlen) {

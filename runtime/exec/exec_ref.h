@@ -48,16 +48,13 @@ int ref_exec_run(RefExec *r, Func *f, Tensor **whole_args, Tensor **rets, char *
    as its transport: the schedule, the pipeline step, the per-rank optimizer steps. */
 int pipe_exec_setup(RefExec *r, char *err, size_t errlen);
 void pipe_exec_free(RefExec *r);
-/* The pp coordinate whose optimizer step assigns the global's parameter (its owner; the
-   first when tied copies are kept on two), or -1. */
-int pipe_owner_of(const Module *m, const Global *gl);
 /* The interpreter's communicator over a runtime one (a's lifetime). */
 typedef struct {
   IrComm ir;
   Comm *comm;
 } RefComm;
 IrComm *ref_comm(RefComm *a, Comm *c);
-/* pipe_stash_peaks and pipe_func_rank: ir/schedule.h. */
+/* pipe_stash_peaks, pipe_func_rank and pipe_owner_of: ir/schedule.h. */
 
 /* train_common.c: after a pipelined run, the measured idle per pp rank beside the predicted
    bubble and the stash peaks (to plan->opt.log), and the timeline (plan->trace_out). */

@@ -147,11 +147,10 @@ static int load_shards(void *self, const Checkpoint *c, char *err, size_t errlen
 }
 
 /* prog: the lowered program (cuda_lower's, or a compiled executable's; r takes it over),
-   image: its CUDA module for this rank's GPU; m: a pipelined program's module (its
-   schedule), else NULL or the module. */
-static int rank_open(MeshExec *r, Module *m, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
+   image: its CUDA module for this rank's GPU.  A pipelined program (RtProgram.pipe) runs on
+   the walker over this rank's GPU (exec_cuda_pipe.c). */
+static int rank_open(MeshExec *r, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
                      size_t errlen) {
-  r->m = m;
   r->prog = *prog;
   memset(prog, 0, sizeof *prog);
   r->p = &r->prog;
@@ -192,8 +191,8 @@ static int rank_open(MeshExec *r, Module *m, RtProgram *prog, const void *image,
   memcpy(r->coord[0], r->comm->coord, sizeof r->coord[0]);
   r->run = run_rank;
   r->gather = gather_nccl;
-  bool pipe = m && m->pipe.kind;   /* a pipeline: per-chunk functions (exec_cuda_pipe.c) */
-  if ((rc = mesh_exec_open(r, m, pipe, true, err, errlen))) return rc;
+  bool pipe = r->prog.pipe.kind;   /* a pipeline: per-chunk functions (exec_cuda_pipe.c) */
+  if ((rc = mesh_exec_open(r, true, err, errlen))) return rc;
   double t1 = seconds_now();
   if ((rc = mesh_exec_init(r, plan->init, plan->seed, err, errlen))) return rc;
   if (plan->opt.log)
@@ -213,20 +212,19 @@ static int rank_open(MeshExec *r, Module *m, RtProgram *prog, const void *image,
   return 0;
 }
 
-int cuda_rank_train(Module *m, RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err,
-                    size_t errlen) {
+int cuda_rank_train(RtProgram *prog, const void *image, size_t n, const RunPlan *plan, char *err, size_t errlen) {
   MeshExec *r = calloc(1, sizeof *r);
   if (!r) {
     rt_program_free(prog);
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = rank_open(r, m, prog, image, n, plan, err, errlen);
+  int rc = rank_open(r, prog, image, n, plan, err, errlen);
   if (!rc) rc = train_and_write(&r->ex, plan, err, errlen);
   if (!rc && plan->opt.log) fprintf(plan->opt.log, "cuda: rank 0's host memory peak %.0f MiB\n", peak_rss_mib());
   /* the others must not wait for this rank (a signal's stop is every rank's, after one step) */
   if (rc && !train_stopped(rc) && r->comm) nccl_world_abort(r->comm);
-  cuda_pipe_free(r);
+  pipe_dev_free(r);   /* before the program whose memory its blocks are */
   if (r->p) mesh_exec_free(r);
   free(r->gather_buf);
   if (r->have_cp) cuda_program_free(&r->cp);

@@ -12,6 +12,7 @@
 
 #include "runtime/exec/exec.h"
 #include "runtime/exec/exec_mesh.h"
+#include "runtime/exec/pipe_walk.h"
 
 static void *job_main(void *arg) {
   MeshJob *j = arg;
@@ -117,27 +118,22 @@ static int threads_total(int asked) {
   return n > 0 ? (int)n : 1;
 }
 
-/* training: @grad_step and @optimizer_step (the Executor); else @forward (eval).  m: a
-   pipelined program's module (its schedule), else NULL or the module. */
-static int mesh_open(MeshExec *mx, Module *m, const unsigned char *bytes, size_t n, const char *llvm, uint64_t seed,
+/* training: @grad_step and @optimizer_step (the Executor), or a pipelined program's chunks
+   (RtProgram.pipe: its walker, exec_mesh_pipe.c); else @forward (eval). */
+static int mesh_open(MeshExec *mx, const unsigned char *bytes, size_t n, const char *llvm, uint64_t seed,
                      const char *init, int threads, bool training, bool tracing, FILE *log, char *err, size_t errlen) {
-  bool pipe = training && m && m->pipe.kind;   /* a pipeline: per-chunk functions (exec_mesh_pipe.c) */
   RtProgram head;   /* the mesh, before the threads are counted */
   int rc = rt_program_load(bytes, n, &head, err, errlen);
   if (rc) return rc;
   for (int a = 0; a < COMM_AXES; a++) mx->mesh[a] = head.mesh[a];
   mx->world = mx->n_local = (int)rt_program_world(&head);
+  bool pipe = training && head.pipe.kind;   /* a pipeline: per-chunk functions (exec_mesh_pipe.c) */
   rt_program_free(&head);
   int per = threads_total(threads) / mx->world;
   if (per < 1) per = 1;
   if ((rc = cpu_backend_load(&mx->b, bytes, n, llvm, per, err, errlen))) return rc;
   const RtProgram *p = mx->p = &mx->b.prog;
-  if (pipe) {   /* the schedule, the LocalWorld and the measured times (exec_pipe.c) */
-    if ((rc = ref_exec_open_views(&mx->rx, m, true, err, errlen))) return rc;
-    mx->lw = mx->rx.lw;
-  } else if (!(mx->lw = local_world_new(mx->mesh, err, errlen))) {
-    return EXIT_USAGE;   /* LOOM_MESH_FAULT or _TIMEOUT */
-  }
+  if (!(mx->lw = local_world_new(mx->mesh, err, errlen))) return EXIT_USAGE;   /* LOOM_MESH_FAULT or _TIMEOUT */
   mx->cpu = calloc((size_t)mx->world, sizeof *mx->cpu);
   mx->dev = calloc((size_t)mx->world, sizeof *mx->dev);
   mx->coord = calloc((size_t)mx->world, sizeof *mx->coord);
@@ -157,9 +153,12 @@ static int mesh_open(MeshExec *mx, Module *m, const unsigned char *bytes, size_t
   }
   mx->run = run_threads;
   mx->gather = gather_host;
-  if ((rc = mesh_exec_open(mx, m, pipe, training, err, errlen))) return rc;
+  if ((rc = mesh_exec_open(mx, training, err, errlen))) return rc;
   if ((rc = mesh_exec_init(mx, init, seed, err, errlen))) return rc;
-  if (pipe && (rc = pipe_cpu_setup(mx, err, errlen))) return rc;
+  if (pipe) {   /* the walker over the ranks' devices; their transfers through its tagging communicators */
+    if ((rc = pipe_dev_setup(mx, NULL, err, errlen))) return rc;
+    for (int k = 0; k < mx->world; k++) mx->cpu[k].comm = &mx->walk->tc[k].c;
+  }
   /* async collectives: a communication thread per rank (runtime/cpu/cpu_async.c) */
   if (!pipe && cpu_program_has_async(p)) {
     if (!(mx->engines = calloc((size_t)mx->world, sizeof *mx->engines))) {
@@ -181,7 +180,9 @@ static int mesh_open(MeshExec *mx, Module *m, const unsigned char *bytes, size_t
 }
 
 static void mesh_close(MeshExec *mx) {
-  pipe_cpu_free(mx);
+  for (int k = 0; mx->walk && mx->walk->tc && mx->cpu && k < mx->world; k++)   /* their own communicators back */
+    if (mx->cpu[k].comm == &mx->walk->tc[k].c) mx->cpu[k].comm = mx->walk->tc[k].inner;
+  pipe_dev_free(mx);
   for (int k = 0; mx->engines && k < mx->world; k++) {   /* before the programs whose slots they read */
     comm_engine_free(mx->engines[k]);
     if (mx->cpu) mx->cpu[k].engine = NULL;
@@ -196,28 +197,31 @@ static void mesh_close(MeshExec *mx) {
   if (mx->p) mesh_exec_free(mx);
   else free(mx->dev), free(mx->coord);
   cpu_backend_free(&mx->b);
-  if (mx->rx.m) ref_exec_free(&mx->rx);
-  else local_world_free(mx->lw);
+  local_world_free(mx->lw);
 }
 
-int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan,
-                          char *err, size_t errlen) {
+int run_training_cpu_mesh(const unsigned char *prog, size_t n, const char *llvm, const RunPlan *plan, char *err,
+                          size_t errlen) {
   MeshExec *mx = calloc(1, sizeof *mx);
   if (!mx) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  int rc = mesh_open(mx, m, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->trace_out != NULL,
+  int rc = mesh_open(mx, prog, n, llvm, plan->seed, plan->init, plan->threads, true, plan->trace_out != NULL,
                      plan->opt.log, err, errlen);
   if (!rc) rc = train_and_write(&mx->ex, plan, err, errlen);
-  if (!rc && !mx->rx.sched && plan->verbose) cpu_arena_report(plan->opt.log, mx->cpu, mx->world);
-  if (!rc && plan->trace_out && !mx->rx.sched) {
+  if (!rc && !mx->walk && plan->verbose) cpu_arena_report(plan->opt.log, mx->cpu, mx->world);
+  if (!rc && plan->trace_out && !mx->walk) {
     rc = write_trace(mx, plan->trace_out, err, errlen);
     if (!rc && plan->opt.log)
       fprintf(plan->opt.log, "wrote the measured timeline to %s (the last step; per rank a compute and a comm track)\n",
               plan->trace_out);
   }
-  if (!rc && mx->rx.sched) rc = pipe_run_report(&mx->rx, plan, "cpu backend", err, errlen);
+  if (!rc && mx->walk) {
+    int64_t peak[64];
+    pipe_rt_stash_peaks(mx->walk, mx->p, peak);
+    rc = pipe_walk_report(mx->walk, peak, plan, "cpu backend", err, errlen);
+  }
   const char *prof = getenv("LOOM_PROFILE");
   if (!rc && prof && *prof) cpu_backend_profile(&mx->b, stderr, atoi(prof) > 0 ? atoi(prof) : 20);
   mesh_close(mx);
@@ -225,14 +229,14 @@ int run_training_cpu_mesh(Module *m, const unsigned char *prog, size_t n, const 
   return rc;
 }
 
-int eval_cpu_mesh_open(MeshCpu **out, Module *m, const unsigned char *prog, size_t n, const char *llvm,
-                       const char *weights, char *err, size_t errlen) {
+int eval_cpu_mesh_open(MeshCpu **out, const unsigned char *prog, size_t n, const char *llvm, const char *weights,
+                       char *err, size_t errlen) {
   MeshExec *mx = *out = calloc(1, sizeof *mx);
   if (!mx) {
     snprintf(err, errlen, "out of memory");
     return EXIT_RUN;
   }
-  return mesh_open(mx, m, prog, n, llvm, 0, weights, 0, false, false, NULL, err, errlen);
+  return mesh_open(mx, prog, n, llvm, 0, weights, 0, false, false, NULL, err, errlen);
 }
 
 int eval_cpu_mesh_step(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err,

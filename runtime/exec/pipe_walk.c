@@ -343,3 +343,21 @@ int pipe_rt_takes(const RtProgram *p, int from, int skip, int to, char *err, siz
     ok = f->rets[skip + j].n == g->args[2 + j].n && f->rets[skip + j].storage == g->args[2 + j].storage;
   return ok ? 0 : rt_fail(err, errlen, EXIT_USAGE, "@%s's results are not what @%s takes", f->name, g->name);
 }
+
+static int64_t rets_bytes(const RtProgram *p, int f, int skip) {
+  int64_t b = 0;
+  for (int k = skip; f >= 0 && k < p->funcs[f].n_rets; k++) b += 4 * p->funcs[f].rets[k].n;
+  return b;
+}
+
+void pipe_rt_stash_peaks(const PipeWalk *w, const RtProgram *p, int64_t *peak) {
+  const Schedule *s = &w->sched;
+  int64_t *fb = calloc((size_t)s->chunks + 1, sizeof *fb), *wb = calloc((size_t)s->chunks + 1, sizeof *wb);
+  for (int q = 0; q < s->p; q++) peak[q] = 0;
+  for (int c = 0; fb && wb && c < s->chunks; c++) {
+    fb[c] = rets_bytes(p, w->f_fwd[c], c == s->chunks - 1);
+    wb[c] = s->split_bw ? rets_bytes(p, w->f_bwd[c], 0) : 0;
+  }
+  if (fb && wb) pipe_stash_walk(s, fb, wb, peak);
+  free(fb), free(wb);
+}

@@ -14,11 +14,13 @@
  * It runs the ranks of this process: every rank of an in-process world (LocalWorld) as
  * threads, whose transfers run inside the calls through a TagComm each (the micro-batch added
  * to the tags, the wait in recv counted as idle), or the one rank of this process (a CUDA
- * mesh: one process per GPU).  A transport (PipeOps) is how one backend runs a call:
+ * mesh: one process per GPU).  A transport (PipeOps) is how a call runs:
  *   exec_pipe.c       the reference interpreter: IR functions, the stash as Tensors
- *   exec_mesh_pipe.c  the cpu backend: every rank's CpuProgram, the stash on the host
- *   exec_cuda_pipe.c  the cuda backend: the stash in device memory, NCCL groups it planned
- *                     issued between the actions (`between`), the losses shared at the end
+ *   exec_mesh_pipe.c  a lowered program on the ranks' devices (RtDevice), cpu and cuda: the
+ *                     stash in device memory (a host block on the cpu) taken as device
+ *                     arguments; on cuda with exec_cuda_pipe.c's hook, which issues the NCCL
+ *                     groups it planned between the actions (`between`) and shares the
+ *                     losses at the end
  * Errors as the executors': 0, 2 bad input, 1 run-time failure, with a message.
  */
 #ifndef LOOM_RUNTIME_EXEC_PIPE_WALK_H
@@ -92,8 +94,9 @@ typedef struct PipeWalk {
   int64_t steps;
 } PipeWalk;
 
-/* The schedule kind, pp ranks, chunks per rank and micro-batches of the module (Module.pipe);
-   lw: every rank of its world in this process, or NULL and `coord`: this process's rank. */
+/* The schedule kind, pp ranks, chunks per rank and micro-batches (a module's Module.pipe, a
+   lowered program's RtProgram.pipe: the action lists are built here, by ir/schedule.c); lw:
+   every rank of its world in this process, or NULL and `coord`: this process's rank. */
 int pipe_walk_new(PipeWalk **out, int kind, int p, int v, int m, LocalWorld *lw, const int64_t mesh[COMM_AXES],
                   const int coord[COMM_AXES], const RtGlobal *place, int64_t whole_n, char *err, size_t errlen);
 /* Sets the transport and finds its functions (refused, 2, when the schedule's are missing or a
@@ -116,6 +119,10 @@ int pipe_walk_trace(const PipeWalk *w, const char *path, const char *backend, ch
 /* Validation's schedule: one micro-batch's forward actions, every chunk in order on its rank
    (free it with schedule_free, also on failure). */
 int pipe_forward_schedule(const Schedule *train, Schedule *ev);
+/* The predicted stash of a lowered program's pipeline, as pipe_stash_peaks gives a module's
+   (4 bytes a value): each pp rank's peak under w's training schedule (peak[0 .. p), at most
+   64).  After pipe_walk_bind. */
+void pipe_rt_stash_peaks(const PipeWalk *w, const RtProgram *p, int64_t *peak);
 /* PipeOps.takes for a lowered program: counts, element counts and storage. */
 int pipe_rt_takes(const RtProgram *p, int from, int skip, int to, char *err, size_t errlen);
 

@@ -160,14 +160,14 @@ int train_and_write(Executor *ex, const RunPlan *plan, char *err, size_t errlen)
   return rc;
 }
 
-/* After a pipelined run: the measured idle per pp rank beside the predicted bubble, the
-   predicted and measured stash peaks, and the measured timeline (--trace-out). */
-int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen) {
+/* After a pipelined run on walker w: the measured idle per pp rank beside the predicted
+   bubble, the predicted and measured stash peaks, and the measured timeline (--trace-out). */
+int pipe_walk_report(const PipeWalk *w, const int64_t *predicted, const RunPlan *plan, const char *backend, char *err,
+                     size_t errlen) {
   int rc = 0;
-  const PipeWalk *w = r->walk;
   if (w->steps) {
     /* measured idle against the schedule's prediction with equal unit costs */
-    const Schedule *s = r->sched;
+    const Schedule *s = &w->sched;
     double cost[256][3];
     for (int c = 0; c < 256; c++) cost[c][0] = cost[c][1] = cost[c][2] = 1;
     SimResult sim;
@@ -180,11 +180,9 @@ int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *
           fprintf(plan->opt.log, " %.3f", busy > 0 ? (span - busy) / busy : 0);
         }
         fprintf(plan->opt.log, " (idle / busy, over %lld steps)\n", (long long)w->steps);
-        int64_t peak[64], fb[256], wb[256];
-        pipe_stash_peaks(r->m, s, peak, fb, wb);
         fprintf(plan->opt.log, "stash peak per pp rank, predicted / measured (bytes):");
         for (int q = 0; q < s->p; q++)
-          fprintf(plan->opt.log, " %lld / %lld", (long long)peak[q], (long long)w->stash_peak[pipe_walk_speaker(w, q)]);
+          fprintf(plan->opt.log, " %lld / %lld", (long long)predicted[q], (long long)w->stash_peak[pipe_walk_speaker(w, q)]);
         fputc('\n', plan->opt.log);
       }
       sim_result_free(&sim, s->p);
@@ -195,6 +193,13 @@ int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *
     }
   }
   return rc;
+}
+
+/* The reference executor's: the predicted stash from the module's functions. */
+int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen) {
+  int64_t peak[64] = {0}, fb[256], wb[256];
+  if (r->sched->chunks <= 256) pipe_stash_peaks(r->m, r->sched, peak, fb, wb);
+  return pipe_walk_report(r->walk, peak, plan, backend, err, errlen);
 }
 
 int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {

@@ -240,6 +240,17 @@ pipe() {   # model, description, flags...
   fi
 }
 pipe llama-tiny-4l "pp=2, 1f1b" --mesh pp=2
+# a compiled pp=2 CUDA executable: its program holds the schedule and each global's stage (no
+# IR in it, none parsed); it starts its ranks and trains bitwise as loom train did just above
+cp "$tmp/cuda.st" "$tmp/pp-train.st" 2> /dev/null
+if "$LOOM" compile models/llama-tiny-4l.json --data "$tmp/d.bin" -q --batch 4 --seq 32 --eps 1e-4 --grad-accum 4 \
+     --mesh pp=2 --backend cuda -o "$tmp/ppexe" > "$tmp/log" 2>&1 &&
+   "$tmp/ppexe" --steps 2 -q --out "$tmp/ppexe.st" > "$tmp/log3" 2>&1 &&
+   "$ST_DIFF" "$tmp/ppexe.st" "$tmp/pp-train.st" --rtol 0 > "$tmp/diff" 2>&1; then
+  ok "a compiled pp=2 CUDA executable (the schedule in its program, no IR) trains bitwise as loom train"
+else
+  bad "compiled pp=2 CUDA executable"; tail -n 5 "$tmp/log" "$tmp/log3"; grep FAIL "$tmp/diff" | head -3
+fi
 pipe llama-tiny-4l "pp=2, afab" --mesh pp=2 --pp-schedule afab
 pipe llama-tiny-4l "pp=2, zb-h1 (B and W split)" --mesh pp=2 --pp-schedule zb-h1
 pipe llama-tiny-4l "pp=2, interleaved (v=2)" --mesh pp=2 --pp-schedule interleaved

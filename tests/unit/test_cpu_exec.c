@@ -20,6 +20,9 @@
  *     fuzz_payload reaches those checks; the seeds cover cpu, cpu mesh and cuda.  When the
  *     payload or program format changes, this fails until the seeds are remade
  *     (tests/fuzz/make_seeds.c says how).
+ *  6. A pipelined program's schedule (RtProgram.pipe) and its globals' stages (RtGlobal.owner)
+ *     survive rt_program_save/load (what a compiled pipeline runs from, with no IR); a stage
+ *     outside the mesh's pp, a schedule past its limits and the previous format are refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -146,7 +149,7 @@ static void test_forward(void) {
   f.rets[0] = loss;
   f.rets[1] = g;
   char names[1][32] = {"k_bias_gelu"};
-  RtProgram p = {1, &f, 5, gl, {0, l.next[1], l.next[2], l.next[3]}, 1, names, {1, 1, 1, 1, 1}};
+  RtProgram p = {1, &f, 5, gl, {0, l.next[1], l.next[2], l.next[3]}, 1, names, {1, 1, 1, 1, 1}, {0, 0, 0}};
 
   float xs[M * K], out_loss[2][M], out_g[2][M * N];
   int32_t tgt[M];
@@ -242,7 +245,7 @@ static void test_globals(void) {
     rg[k] = global(&l, gs[k].name, RT_REGION_PARAMS, gs[k].rank, gs[k].shape, gs[k].rk, gs[k].v,
                    gs[k].dt == DT_BF16 ? RT_ROUND_BF16 : RT_ROUND_NONE);
   }
-  RtProgram p = {0, NULL, ng, rg, {0, l.next[1], 0, 0}, 0, NULL, {1, 1, 1, 1, 1}};
+  RtProgram p = {0, NULL, ng, rg, {0, l.next[1], 0, 0}, 0, NULL, {1, 1, 1, 1, 1}, {0, 0, 0}};
   GlobalStore *st = globals_new(m);
   CpuProgram cp;
   char err[512];
@@ -336,7 +339,7 @@ static void test_executor(void) {
   f[1].n_rets = 1;
   f[1].rets[0] = gn;
   char names[2][32] = {"k_mean", "k_norm"};
-  RtProgram p = {2, f, 4, gl, {0, l.next[1], l.next[2], l.next[3]}, 2, names, {1, 1, 1, 1, 1}};
+  RtProgram p = {2, f, 4, gl, {0, l.next[1], l.next[2], l.next[3]}, 2, names, {1, 1, 1, 1, 1}, {0, 0, 0}};
   void *kfn[2];
   CpuKernelFn k0 = k_mean, k1 = k_norm;
   memcpy(&kfn[0], &k0, sizeof k0);
@@ -399,7 +402,7 @@ static void test_malformed(void) {
   f.n_steps = 1;
   f.steps = st;
   f.arena_bytes = l.next[0];
-  RtProgram p = {1, &f, 0, NULL, {0}, 0, NULL, {1, 1, 1, 1, 1}};
+  RtProgram p = {1, &f, 0, NULL, {0}, 0, NULL, {1, 1, 1, 1, 1}, {0, 0, 0}};
   CpuProgram cp;
   char err[512];
   int rc = cpu_program_init(&cp, &p, NULL, 1, err, sizeof err);
@@ -522,9 +525,57 @@ static void test_payload_seeds(void) {
   }
 }
 
+static void test_program_pipe(void) {
+  RtGlobal gl[3];
+  memset(gl, 0, sizeof gl);
+  for (int k = 0; k < 3; k++) {
+    snprintf(gl[k].name, sizeof gl[k].name, "w%d", k);
+    gl[k].region = RT_REGION_PARAMS, gl[k].offset = 64 * k, gl[k].n = 4, gl[k].rank = 1, gl[k].shape[0] = 4;
+  }
+  gl[0].owner = 0, gl[1].owner = 1, gl[2].owner = -1;
+  RtProgram p = {0, NULL, 3, gl, {0, 192, 0, 0}, 0, NULL, {1, 1, 1, 2, 1}, {3, 2, 4}};   /* interleaved, v=2, 4 mbs */
+  unsigned char *bytes = NULL;
+  size_t n = 0;
+  char err[512] = "";
+  RtProgram q;
+  int rc = rt_program_save(&p, &bytes, &n, err, sizeof err);
+  if (!rc) rc = rt_program_load(bytes, n, &q, err, sizeof err);
+  check(!rc && q.pipe.kind == 3 && q.pipe.virt == 2 && q.pipe.micro == 4 && q.mesh[3] == 2 && q.n_globals == 3 &&
+            q.globals[0].owner == 0 && q.globals[1].owner == 1 && q.globals[2].owner == -1,
+        "a pipelined program's schedule and stages survive save and load", rc ? err : NULL);
+  if (!rc) rt_program_free(&q);
+  free(bytes);
+  /* damaged: a stage outside pp=2, an unknown schedule, no micro-batches */
+  for (int c = 0; c < 3; c++) {
+    RtProgram d = p;
+    RtGlobal dg[3];
+    memcpy(dg, gl, sizeof dg);
+    d.globals = dg;
+    if (c == 0) dg[1].owner = 2;
+    if (c == 1) d.pipe.kind = 9;
+    if (c == 2) d.pipe.micro = 0;
+    bytes = NULL, err[0] = 0;
+    rc = rt_program_save(&d, &bytes, &n, err, sizeof err);
+    if (!rc) rc = rt_program_load(bytes, n, &q, err, sizeof err);
+    char name[128];
+    snprintf(name, sizeof name, "a program with %s is refused as damaged (2)",
+             c == 0 ? "a stage outside the mesh's pp" : c == 1 ? "an unknown schedule" : "a schedule of 0 micro-batches");
+    check(rc == 2 && strstr(err, "damaged"), name, err);
+    if (!rc) rt_program_free(&q);
+    free(bytes);
+  }
+  /* the previous format (LOOMPRG3: no schedule, no stages) is refused with the fix */
+  bytes = NULL;
+  rc = rt_program_save(&p, &bytes, &n, err, sizeof err);
+  if (!rc) bytes[7] = '3', rc = rt_program_load(bytes, n, &q, err, sizeof err);
+  check(rc == 2 && strstr(err, "recompile it"), "a LOOMPRG3 program is refused: recompile it", err);
+  free(bytes);
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   test_payload_seeds();
+  test_program_pipe();
   test_forward();
   test_globals();
   test_executor();

@@ -90,8 +90,8 @@ static int run_cuda(const json_t *s, const Payload *pl, RunPlan *plan, char *err
 
 /* A CUDA mesh executable: with no launcher, this program again once per rank (as loom
    train does); as one rank of a launch, its GPU must run the cubin, and it trains its piece. */
-static int run_cuda_mesh(int argc, char **argv, const json_t *s, const Payload *pl, const char *ir, const LaunchEnv *le,
-                         RunPlan *plan, char *err, size_t errlen) {
+static int run_cuda_mesh(int argc, char **argv, const json_t *s, const Payload *pl, const LaunchEnv *le, RunPlan *plan,
+                         char *err, size_t errlen) {
   RtProgram prog;
   int rc = rt_program_load(pl->parts[1], pl->sizes[1], &prog, err, errlen);
   int64_t world = rc ? 1 : rt_program_world(&prog);
@@ -125,12 +125,9 @@ static int run_cuda_mesh(int argc, char **argv, const json_t *s, const Payload *
              info.arch);
     rc = EXIT_USAGE;
   }
-  Module *m = NULL;   /* a pipelined program's module (its schedule); the others carry none */
-  if (!rc && ir && *ir && !(rc = parse_module("<compiled program>", ir, &m, err, errlen))) rc = verify_module(m, err, errlen);
   plan_for_rank(plan, le->rank);
-  if (!rc) rc = cuda_rank_train(m, &prog, pl->parts[2], pl->sizes[2], plan, err, errlen);
+  if (!rc) rc = cuda_rank_train(&prog, pl->parts[2], pl->sizes[2], plan, err, errlen);
   rt_program_free(&prog);
-  module_free(m);
   return rc;
 }
 
@@ -216,8 +213,8 @@ int main(int argc, char **argv) {
     free(pl.file);
     return report(EXIT_RUN, "the compiled model in this executable is incomplete; compile it again");
   }
-  /* a CUDA mesh: program, cubin, the IR (a pipeline's schedule; else empty), "cuda-mesh"; one process
-     per GPU, as loom train starts them; the other executables are one process */
+  /* a CUDA mesh: program, cubin, an empty IR part, "cuda-mesh"; one process per GPU, as loom
+     train starts them; the other executables are one process */
   bool cuda_mesh = pl.n_parts == 5 && pl.sizes[4] == 9 && !memcmp(pl.parts[4], "cuda-mesh", 9);
   if (!cuda_mesh && (lrc = launch_env_single(&le, "a loom executable", err, sizeof err))) {
     free(pl.file);
@@ -231,11 +228,10 @@ int main(int argc, char **argv) {
     pl.n_parts -= 3;
   }
   /* parts after the settings: ref: the IR; cpu: program, LLVM IR; cuda: program, cubin,
-     "cuda"; a cpu mesh: program, LLVM IR, the IR (a pipeline's; else empty), "mesh" */
+     "cuda"; a cpu mesh: program, LLVM IR, an empty IR part, "mesh" (a mesh's program holds
+     what its executor reads, a pipeline's schedule too: no IR is parsed) */
   bool mesh = pl.n_parts == 5 && !cuda_mesh, cpu = pl.n_parts == 3 || mesh, cuda = pl.n_parts == 4 || cuda_mesh;
-  ir_text = cuda_mesh ? strndup((const char *)pl.parts[3], pl.sizes[3])
-            : cuda    ? strdup("")
-                      : strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);
+  ir_text = cuda ? strdup("") : strndup((const char *)pl.parts[cpu ? 2 : 1], pl.sizes[cpu ? 2 : 1]);
   json_t *s = json_loads(settings_text, 0, NULL);
   if (!s) {
     free(settings_text);
@@ -354,7 +350,7 @@ int main(int argc, char **argv) {
                   json_integer_value(json_object_get(s, "batch")), json_integer_value(json_object_get(s, "seq")), NULL,
                   NULL, NULL, false, NULL, false};   /* no spec file: --out DIR/ is refused with the fix (loom export) */
   if (cuda_mesh) {
-    rc = run_cuda_mesh(argc, argv, s, &pl, ir_text, &le, &plan, err, sizeof err);
+    rc = run_cuda_mesh(argc, argv, s, &pl, &le, &plan, err, sizeof err);
     rc = finish(rc, err);
     goto done;
   }
@@ -363,14 +359,8 @@ int main(int argc, char **argv) {
     rc = finish(rc, err);
     goto done;
   }
-  if (mesh) {   /* the lowered program for every rank; a pipelined one's IR for its schedule */
-    char *text = strndup((const char *)pl.parts[3], pl.sizes[3]);
-    Module *mm = NULL;
-    rc = text ? 0 : EXIT_RUN;
-    if (!rc && *text && !(rc = parse_module("<compiled program>", text, &mm, err, sizeof err))) rc = verify_module(mm, err, sizeof err);
-    if (!rc) rc = run_training_cpu_mesh(mm, pl.parts[1], pl.sizes[1], ir_text, &plan, err, sizeof err);
-    module_free(mm);
-    free(text);
+  if (mesh) {   /* the lowered program for every rank (its mesh, placements and schedule): no IR */
+    rc = run_training_cpu_mesh(pl.parts[1], pl.sizes[1], ir_text, &plan, err, sizeof err);
     rc = finish(rc, err);
     goto done;
   }
