@@ -8,9 +8,9 @@
 #   bash bench/gpu_cost.sh                 # both models
 #   HW=h200 MODELS="models/gpt2-124M.json:16:1024" bash bench/gpu_cost.sh
 #
-# LOOM_CUDA_FUSE_BF16 (default 1 here): the GEMM epilogues and accumulations that move a bf16
-# program's rounding points (codegen/cuda/lower.c), off by default in loom; set 0 to count
-# loom's default bf16 program.
+# LOOM_CUDA_FUSE_BF16 (default 1, as in loom since 2026-11-28): the GEMM epilogues and
+# accumulations that move a bf16 program's rounding points (codegen/cuda/lower_gemm.c); set 0
+# to count the program that rounds where the CPU backend does.
 # The targets (issue 31): GPT-2 at most 400 launches and at most 12 GB outside gemm and
 # attention; Llama-1B at most 40 GB outside gemm and attention.
 set -u

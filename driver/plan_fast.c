@@ -375,33 +375,20 @@ static const int *split_of(int C, int Lm, double head) {
 
 /* The activations a pp rank holds at its peak, in chunks' worth of a micro-batch's
    activations without recomputation, walking each rank's actions in order as
-   schedule_simulate runs them: a chunk whose forward ran and backward (B) did not holds
-   rcm of them; with the backward split (zb-h1, dualpipev) and recomputation, one whose B
-   ran and W did not holds w of them (B recomputes the forward, and W needs the recomputed
-   inputs of the layers' matmuls).  Without the split (or w = 0) this is rcm x the
-   simulation's peak_f. */
-static double held_chunks(const Schedule *s, double rcm, double w) {
-  double most = 0;
-  for (int r = 0; r < s->p; r++) {
-    int f = 0, wl = 0;
-    for (int i = 0; i < s->n[r]; i++) {
-      int k = s->acts[r][i].kind;
-      if (k == ACT_F) f++;
-      else if (k == ACT_B) f--, wl += s->split_bw;
-      else wl--;
-      double h = rcm * f + (s->split_bw ? w * wl : 0);
-      most = h > most ? h : most;
-    }
-  }
-  return most;
-}
+   schedule_simulate runs them (plan_sim.c keeps it per schedule, SimPlan.held): a chunk
+   whose forward ran and backward (B) did not holds RCM of them; with the backward split
+   (zb-h1, dualpipev) and recomputation, one whose B ran and W did not holds W of them (B
+   recomputes the forward, and W needs the recomputed inputs of the layers' matmuls).
+   Without the split (or W = 0) this is RCM x the simulation's peak_f.  Per RecomputeMode: */
+static const double RCM[3] = {1.0, 0.7, 0.15}, WH[3] = {0, 0, W_HOLD};
 
 /* The estimated step and memory of c from its layer program's figures at its dp. */
-static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, const DpComm *dc, Cand *c) {
+static void estimate(const Ctx *x, const PlanRequest *rq, const SimPlans *plans, const Figures *p, const DpComm *dc,
+                     Cand *c) {
   const Hardware *hw = x->hw;
   int64_t L = rq->base->model.n_layer, mbs = c->batch / (c->dp * c->ep);
   double rcf = c->rc == RECOMPUTE_FULL ? 4.0 / 3.0 : c->rc == RECOMPUTE_SELECTIVE ? 1.1 : 1.0;
-  double rcm = c->rc == RECOMPUTE_FULL ? 0.15 : c->rc == RECOMPUTE_SELECTIVE ? 0.7 : 1.0;
+  double rcm = RCM[c->rc];
   double q = (double)mbs, dp = (double)c->dp;
   double layer = (p->g_la + p->g_lb * q) * rcf, base = p->g_ba + p->g_bb * q;
   double n_stage = (double)L / (double)c->pp;
@@ -432,9 +419,6 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
   }
   double step = INFINITY, inflight = 1;
   if (c->pp > 1) {
-    Schedule s;
-    SimResult sim;
-    char err[IR_ERR_LEN];
     int chunks = (int)(c->pp * c->v);
     /* a chunk's activations (its forward) and their gradients (its backward) go to the
        next pp rank: a micro-batch's tokens of this cp rank (sp: of this tp rank) x hidden */
@@ -450,8 +434,10 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
     int nl = screen_layers(c, L, ls);
     double ms[2] = {0, 0};
     double head = x->layer_flops > 0 ? (x->seq_flops - (double)L * x->layer_flops) / x->layer_flops : 1;
-    bool built = chunks <= 256 && !schedule_build(c->sched, (int)c->pp, (int)c->v, (int)c->ga, &s, err, sizeof err),
-         ok = built;
+    const SimPlan *s = chunks <= 256 ? sim_plan_find(plans, c->sched, (int)c->pp, (int)c->v, (int)c->ga) : NULL;
+    bool ok = s && s->ok;
+    double *end = ok ? malloc(sizeof(double) * ((size_t)s->n + 1)) : NULL;
+    ok = ok && end;
     for (int j = 0; ok && j < nl; j++) {
       /* the split mirrored for dualpipev only: it brings dualpipev's estimates from 0.68-1.03
          to 0.82-1.07 of their screened steps at Llama-3-70B on 4,096, but takes 1f1b and
@@ -467,20 +453,18 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const Figures *p, cons
         cost[k][ACT_F] = fw;
         /* zb-h1 and dualpipev split the backward: the input gradients (B) take more of it
            than the weights' (W) */
-        cost[k][ACT_B] = s.split_bw ? bw * 0.6 : bw;
-        cost[k][ACT_W] = s.split_bw ? bw * 0.4 : 0;
+        cost[k][ACT_B] = s->split_bw ? bw * 0.6 : bw;
+        cost[k][ACT_W] = s->split_bw ? bw * 0.4 : 0;
       }
-      if (ok && !schedule_simulate(&s, (const double (*)[3])cost, &sim, err, sizeof err)) {
-        ms[j] = sim.makespan;
-        inflight = held_chunks(&s, rcm, c->rc == RECOMPUTE_FULL ? W_HOLD : 0) / (double)c->v;   /* stages' worth */
-        sim_result_free(&sim, s.p);
-      } else {
-        ok = false;
+      if (ok) {
+        ms[j] = sim_plan_makespan(s, (const double (*)[3])cost, end);
+        ok = ms[j] >= 0;   /* schedule_simulate would refuse it (a cost below 0) */
+        if (ok) inflight = s->held[c->rc] / (double)c->v;   /* stages' worth */
       }
       free(cost);
     }
+    free(end);
     if (ok) step = (nl == 1 ? ms[0] : ms[0] + ((double)L / (double)chunks - 1) * (ms[1] - ms[0])) + opt;
-    if (built) schedule_free(&s);
   } else {
     step = (double)c->ga * (base + (double)L * layer) + opt;
   }
@@ -705,6 +689,7 @@ typedef struct {
   Ctx *x;
   const PlanRequest *rq;
   Programs *ps;
+  const SimPlans *plans;
   Cand *cs;
   int n, next;
   pthread_mutex_t lock;
@@ -722,7 +707,7 @@ static void *est_worker(void *arg) {
       Cand *c = &e->cs[i];
       Figures f;
       LayerProg *p = program_of(e->ps, c);
-      if (figures_at(p, c->dp, &f)) estimate(e->x, e->rq, &f, &p->z[c->zero], c);
+      if (figures_at(p, c->dp, &f)) estimate(e->x, e->rq, e->plans, &f, &p->z[c->zero], c);
       else c->est_s = 0, c->est_mem = 0;
       c->pruned = false, c->has_first = false;
     }
@@ -798,7 +783,19 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
                   ps.p[i].f[k].a_la, ps.p[i].f[k].a_lb);
   /* estimates, on every thread (each simulates its pipeline schedule) */
   {
-    EstJobs ej = {.x = x, .rq = rq, .ps = &ps, .cs = cs, .n = n, .lock = PTHREAD_MUTEX_INITIALIZER};
+    SimPlans plans;
+    double t0 = now_s();
+    if (sim_plans_build(&plans, cs, n, RCM, WH)) {
+      sim_plans_free(&plans), free(ps.p);
+      snprintf(err, errlen, "out of memory");
+      return IR_ERUN;
+    }
+    if (getenv("LOOM_PLAN_DEBUG")) {
+      long acts = 0;
+      for (int i = 0; i < plans.n; i++) acts += plans.p[i].n;
+      fprintf(stderr, "schedules: %d, %ld actions, built in %.2f s\n", plans.n, acts, now_s() - t0);
+    }
+    EstJobs ej = {.x = x, .rq = rq, .ps = &ps, .plans = &plans, .cs = cs, .n = n, .lock = PTHREAD_MUTEX_INITIALIZER};
     int nt = threads_to_use();
     pthread_t th[64];
     int started = 0;
@@ -806,6 +803,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
       if (!pthread_create(&th[started], NULL, est_worker, &ej)) started++;
     est_worker(&ej);
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    sim_plans_free(&plans);
   }
   *programs = ps.n;
   free(ps.p);

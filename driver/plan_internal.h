@@ -153,6 +153,30 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n, int *refused, c
    recomputation (i recomputes); -1 where there is none.  1 when out of memory. */
 int siblings(const Cand *cs, int n, int *half, int *none);
 
+/* plan_sim.c: the pipeline schedules of the fast search's estimates, each ordered once so
+   that a simulation is one pass (schedule_simulate's makespan, to the bit). */
+typedef struct {
+  int kind, p, v, m;        /* the schedule (PipeKind, pp, virtual, micro-batches) */
+  bool ok, split_bw;        /* ok: built, and simulated without a deadlock */
+  int n;                    /* actions */
+  unsigned char *rank;      /* [n] each action's pp rank, in an order that follows every dependency */
+  int *dep;                 /* [n] the place of the action it waits for, or -1 */
+  uint16_t *ci;             /* [n] chunk x 4 + ActKind */
+  double held[3];           /* the peak held activations per recomputation (plan_fast.c's held_chunks) */
+} SimPlan;
+typedef struct {
+  SimPlan *p;               /* sorted by (kind, p, v, m) */
+  int n;
+} SimPlans;
+/* The distinct schedules of cs[0..n) (pp > 1, at most 256 chunks), built on every thread;
+   held[k] with rcm[k] a chunk between F and B, w[k] between B and W.  1 when out of memory. */
+int sim_plans_build(SimPlans *all, const Cand *cs, int n, const double rcm[3], const double w[3]);
+void sim_plans_free(SimPlans *all);
+const SimPlan *sim_plan_find(const SimPlans *all, int kind, int p, int v, int m);
+/* The makespan of sp (ok) with cost[chunk][ActKind] (as schedule_simulate takes them), or -1
+   where schedule_simulate would refuse it (an end below 0); end: scratch of sp->n. */
+double sim_plan_makespan(const SimPlan *sp, const double (*cost)[3], double *end);
+
 int cmp_step(const void *a, const void *b);
 int threads_to_use(void);
 

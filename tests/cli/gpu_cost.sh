@@ -78,11 +78,10 @@ check "LOOM_CUDA_NO_GRAD_WRITE=1: 2 x @grad_step's steps + @optimizer_step's (it
   /^launches a step:/ { n = $4 } END { if (g == 0 || o == 0 || z == 0 || n != 2 * g + o) { print g, o, z, n; exit 1 } }' "$OUT"
 expect_stdout_contains "@grad_step x 2, @optimizer_step x 1"
 
-# without LOOM_CUDA_FUSE_BF16=1 a bf16 program keeps its rounding points: no epilogue, no
+# with LOOM_CUDA_FUSE_BF16=0 a bf16 program keeps the CPU's rounding points: no epilogue, no
 # bf16 product accumulated in its GEMM (the cast and accumulate still one kernel)
-expect_exit 0 "gpt2-tiny bf16 --cost, the bf16 fusions off" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost
-check "no GEMM epilogue and no GEMM accumulation in bf16 by default (the bias gradients alone)" test "$(grep -c '+ bias\|+ residual\|(+= \$grad\|gelu backward' "$OUT")" = 0
-export LOOM_CUDA_FUSE_BF16=1
+LOOM_CUDA_FUSE_BF16=0 expect_exit 0 "gpt2-tiny bf16 --cost, the bf16 fusions off" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --target cuda --precision bf16 --cost
+check "no GEMM epilogue and no GEMM accumulation in bf16 with LOOM_CUDA_FUSE_BF16=0 (the bias gradients alone)" test "$(grep -c '+ bias\|+ residual\|(+= \$grad\|gelu backward' "$OUT")" = 0
 
 # weight gradients accumulated in their GEMM (beta = 1): gpt2-tiny's attn.c_proj, mlp.c_fc
 # and mlp.c_proj of 2 layers (c_attn's gradient is a sum of its q, k, v pieces, and wte's the

@@ -188,7 +188,8 @@ fi
 # gradients of every parameter (a stack of experts as its per-expert tensors, the hub's names)
 # within 1e-4, the same bits with every block's threads in reverse order; 3 AdamW steps
 # (grad_accum 2, clipping) within 1e-4; bf16 against the CPU backend's bf16 within 2e-2 (the
-# losses of the 3 steps, and one step's logits, loss and gradients); a capacity that drops
+# losses of the 3 steps, and one step's logits, loss and gradients of the program that rounds
+# where the CPU does, LOOM_CUDA_FUSE_BF16=0); a capacity that drops
 # assignments within 1e-5 of the CPU backend; a checkpoint (expert stacks and their AdamW
 # moments by expert) resumed bitwise; greedy sampling as the CPU's.
 g=tests/golden/mixtral-tiny
@@ -216,7 +217,7 @@ fi
 sed '0,/{/s/{/{"precision": "bf16", /' models/mixtral-tiny.json > "$tmp/moe16.json"
 for b in cpu cuda; do
   "$LOOM" train $g/train_spec.json -q --precision bf16 --backend $b --out "$tmp/moe16_$b.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
-  "$LOOM" eval "$tmp/moe16.json" --backend $b --weights $g/weights.safetensors --tokens $g/tokens.bin --grads \
+  LOOM_CUDA_FUSE_BF16=0 "$LOOM" eval "$tmp/moe16.json" --backend $b --weights $g/weights.safetensors --tokens $g/tokens.bin --grads \
     --out "$tmp/moe16e_$b.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
 done
 if "$ST_DIFF" "$tmp/moe16_cuda.st" "$tmp/moe16_cpu.st" --rtol 2e-2 --only losses > "$tmp/diff" 2>&1 &&
@@ -307,12 +308,12 @@ for ms in gpt2-tiny:64 llama-tiny:128; do
   run16() { "$LOOM" eval "$tmp/bf16.json" --weights tests/golden/$m/weights.safetensors --tokens "$tmp/d.bin" --seq $T \
               --batch 2 --grads --out "$1" "${@:2}" > "$tmp/log" 2>&1 || cat "$tmp/log"; }
   run16 "$tmp/cpu16.st" --backend cpu
-  run16 "$tmp/cuda16.st" --backend cuda
+  LOOM_CUDA_FUSE_BF16=0 run16 "$tmp/cuda16.st" --backend cuda   # rounding where the CPU rounds
   "$ST_DIFF" "$tmp/cuda16.st" "$tmp/cpu16.st" --rtol 2e-2 > "$tmp/diff" 2>&1 &&
     ok "$m seq $T bf16 (attention on tensor cores): every gradient within 2e-2 of the CPU backend" ||
     { bad "$m seq $T bf16 against the CPU"; grep FAIL "$tmp/diff" | head -5; }
   LOOM_EMU_ORDER=reverse run "$tmp/rev.st" --backend cuda
-  LOOM_EMU_ORDER=reverse run16 "$tmp/rev16.st" --backend cuda
+  LOOM_EMU_ORDER=reverse LOOM_CUDA_FUSE_BF16=0 run16 "$tmp/rev16.st" --backend cuda
   "$ST_DIFF" "$tmp/rev.st" "$tmp/cuda.st" --rtol 0 > "$tmp/diff" 2>&1 &&
     "$ST_DIFF" "$tmp/rev16.st" "$tmp/cuda16.st" --rtol 0 >> "$tmp/diff" 2>&1 &&
     ok "$m seq $T: the same bits (f32, and bf16 on tensor cores) with every block's threads run in reverse order" ||
@@ -378,13 +379,13 @@ S=2
 # Gradients accumulated in the GEMM (cuBLASLt beta = 1 into the f32 gradient) and cast +
 # accumulate as one kernel (codegen/cuda/lower.c, "gradient accumulation") against the
 # unfused program (LOOM_CUDA_NO_ACC_FUSION=1): 2 steps with 2 micro-batches, fp32 bit for bit
-# (the same arithmetic); bf16 (LOOM_CUDA_FUSE_BF16=1: the product is no longer rounded to bf16
+# (the same arithmetic); bf16 (the default, LOOM_CUDA_FUSE_BF16: the product is no longer rounded to bf16
 # before it is added) with loom check's bf16 rule: losses and gradient norms within 2e-2, parameters within 2e-2
 # plus 2 x steps x lr (AdamW moves a parameter by about lr whatever its gradient's size)
 for m in gpt2-tiny llama-tiny; do
   for p in fp32 bf16; do
     tol=$([ $p = fp32 ] && echo "0" || echo "2e-2 --atol 0.06")
-    if memo "$tmp/acc-f.st" LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+    if memo "$tmp/acc-f.st" "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
          --precision $p --steps $S -q > "$tmp/log" 2>&1 &&
        LOOM_CUDA_NO_ACC_FUSION=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps $S -q \
          --out "$tmp/acc-u.st" >> "$tmp/log" 2>&1 &&
@@ -427,14 +428,14 @@ done
 # gradient reads them and sums dw, db in the same launch, adding them to the f32 gradients where
 # they are only accumulated, and adds the residual stream's gradient to dx where an add follows:
 # llama-tiny fp32 has 4) against the two-launch gradient (LOOM_CUDA_NO_NORM_STATS=1): fp32 bit for
-# bit (the same arithmetic), bf16 with LOOM_CUDA_FUSE_BF16=1 (dw and dx no longer rounded to bf16
+# bit (the same arithmetic), bf16 as fused by default (LOOM_CUDA_FUSE_BF16; dw and dx no longer rounded to bf16
 # before they are added) with loom check's bf16 rule
 for mp in gpt2-tiny:fp32 llama-tiny:fp32 gpt2-tiny:bf16; do
   m=${mp%%:*} p=${mp##*:}
   tol=$([ $p = fp32 ] && echo "0" || echo "2e-2 --atol 0.06")
-  if memo "$tmp/ns-f.st" LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+  if memo "$tmp/ns-f.st" "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
        --precision $p --steps $S -q > "$tmp/log" 2>&1 &&
-     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_NORM_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+     LOOM_CUDA_NO_NORM_STATS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
        --precision $p --steps $S -q --out "$tmp/ns-u.st" >> "$tmp/log" 2>&1 &&
      "$ST_DIFF" "$tmp/ns-f.st" "$tmp/ns-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
      "$ST_DIFF" "$tmp/ns-f.st" "$tmp/ns-u.st" --rtol $tol >> "$tmp/diff" 2>&1; then
@@ -468,7 +469,7 @@ done
 # cuBLASLt double computes BIAS, GELU_AUX_BIAS, BGRADA (gpt2-tiny's 10 bias gradients),
 # DGELU_BGRAD (its 2 GELU backwards) and beta = 1 with C the residual): gradients and 2 training steps against
 # the unfused program (LOOM_CUDA_NO_EPILOGUE=1), fp32 within 1e-5 (the additions' order
-# differs), bf16 (LOOM_CUDA_FUSE_BF16=1) with loom check's bf16 rule (the product is no longer
+# differs), bf16 (fused by default: LOOM_CUDA_FUSE_BF16) with loom check's bf16 rule (the product is no longer
 # rounded before the bias and the residual are added); the vocabulary padded (--vocab-multiple 96: the mask is the
 # lm_head GEMM's bias) for GPT-2
 for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
@@ -476,7 +477,7 @@ for mp in gpt2-tiny:fp32 gpt2-tiny:bf16 llama-tiny:fp32 llama-tiny:bf16; do
   tol=$([ $p = fp32 ] && echo "1e-5" || echo "2e-2 --atol 0.06")
   vm=$([ $m = gpt2-tiny ] && echo "--vocab-multiple 96" || echo "")
   # shellcheck disable=SC2086
-  if memo "$tmp/epi-f.st" LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+  if memo "$tmp/epi-f.st" "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
        --precision $p $vm --steps $S -q > "$tmp/log" 2>&1 &&
      LOOM_CUDA_NO_EPILOGUE=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p $vm --steps $S -q \
        --out "$tmp/epi-u.st" >> "$tmp/log" 2>&1 &&
@@ -492,7 +493,7 @@ done
 # lm_head's dW added into the f32 gradient by its GEMM, the embedding's rows by its kernel; no
 # fill, sum, cast or accumulate) against LOOM_CUDA_NO_TIED_GRAD=1: fp32 within 1e-5 (g + a + b
 # for g + (a + b): the same bits at the first micro-batch, not at the second), bf16 (the pieces
-# no longer rounded before they are added: LOOM_CUDA_FUSE_BF16=1) with loom check's bf16 rule;
+# no longer rounded before they are added: the default LOOM_CUDA_FUSE_BF16) with loom check's bf16 rule;
 # and the embedding with the positions' add in one kernel (codegen/cuda/lower_fuse.c) bit for bit
 # LOOM_CUDA_NO_EMBED_POS=1 (the same add, rounded once); a padded vocabulary in bf16, the tied
 # Llama (no positions) in fp32
@@ -501,16 +502,16 @@ for mp in "gpt2-tiny:fp32:" "gpt2-tiny:bf16:--vocab-multiple 96" "llama-tiny-tie
   tol=$([ $p = fp32 ] && echo "1e-5" || echo "2e-2 --atol 0.06")
   want=$([ $m = gpt2-tiny ] && echo 2 || echo 1)
   # shellcheck disable=SC2086
-  if memo "$tmp/tied-f.st" LOOM_CUDA_FUSE_BF16=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+  if memo "$tmp/tied-f.st" "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
        --precision $p $vm --steps $S -q > "$tmp/log" 2>&1 &&
-     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_TIED_GRAD=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+     LOOM_CUDA_NO_TIED_GRAD=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
        --precision $p $vm --steps $S -q --out "$tmp/tied-u.st" >> "$tmp/log" 2>&1 &&
-     LOOM_CUDA_FUSE_BF16=1 LOOM_CUDA_NO_EMBED_POS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
+     LOOM_CUDA_NO_EMBED_POS=1 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda \
        --precision $p $vm --steps $S -q --out "$tmp/tied-e.st" >> "$tmp/log" 2>&1 &&
      "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-u.st" --only losses,grad_norms --rtol "${tol%% *}" > "$tmp/diff" 2>&1 &&
      "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-u.st" --rtol $tol >> "$tmp/diff" 2>&1 &&
      "$ST_DIFF" "$tmp/tied-f.st" "$tmp/tied-e.st" --rtol 0 >> "$tmp/diff" 2>&1 &&
-     [ "$(LOOM_CUDA_FUSE_BF16=1 "$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision $p \
+     [ "$("$LOOM" ir tests/golden/$m/train_spec.json --passes=train,lower --target cuda --precision $p \
           $vm --cost | grep '^@grad_step ' | grep -c 'embedding_grad (+= a gradient)\|embedding_pos')" = "$want" ]; then
     ok "$m $p $vm: the tied embedding's gradient added in place ($S steps within ${tol%% *} of the pieces summed), the positions added by the embedding (bit for bit)"
   else
@@ -525,18 +526,19 @@ done
 # of the three input-gradient products in their GEMMs ("sums of three products", fp32: the
 # same additions in the same order) bit for bit that of the kernel (LOOM_CUDA_NO_SUM3=1); and
 # c_attn's gradient pieces added into their parts of the gradient ("gradient trees": fp32,
-# and bf16 without LOOM_CUDA_FUSE_BF16, where only the bias pieces' steps change) bit for bit
+# and bf16 with LOOM_CUDA_FUSE_BF16=0, where only the bias pieces' steps change) bit for bit
 # the pads, sums and accumulate (LOOM_CUDA_NO_TREES=1)
 # (the program with every fusion runs once per precision)
+fz() { [ "$1" = bf16 ] && echo LOOM_CUDA_FUSE_BF16=0 || echo LOOM_CUDA_X=0; }   # bf16: the CPU's rounding points
 for p in fp32 bf16; do
-  "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps $S -q \
+  env "$(fz $p)" "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps $S -q \
     --out "$tmp/view-v-$p.st" > "$tmp/log-v-$p" 2>&1 || { bad "gpt2-tiny $p with every fusion"; tail -3 "$tmp/log-v-$p"; }
 done
 for kp in VIEWS:fp32 VIEWS:bf16 SUM3:fp32 TREES:fp32 TREES:bf16; do
   k=${kp%%:*} p=${kp##*:}
   rm -f "$tmp/view-v.st"; cp "$tmp/view-v-$p.st" "$tmp/view-v.st" 2> /dev/null; cp "$tmp/log-v-$p" "$tmp/log" 2> /dev/null
   if [ -s "$tmp/view-v.st" ] &&
-     env LOOM_CUDA_NO_$k=1 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps $S -q \
+     env "$(fz $p)" LOOM_CUDA_NO_$k=1 "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --backend cuda --precision $p --steps $S -q \
        --out "$tmp/view-c.st" >> "$tmp/log" 2>&1 &&
      "$ST_DIFF" "$tmp/view-v.st" "$tmp/view-c.st" --rtol 0 > "$tmp/diff" 2>&1; then
     ok "gpt2-tiny $p: $S steps bit for bit those with LOOM_CUDA_NO_$k=1"

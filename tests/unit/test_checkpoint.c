@@ -19,7 +19,7 @@
 static char root[64];
 
 static const char *P(const char *fmt, const char *a, const char *b) {
-  static char buf[8][512]; /* a few transient paths at once; test scaffolding only */
+  static char buf[8][1100]; /* a few transient paths at once (room for a 512-byte path and a name); test scaffolding only */
   static int k;
   k = (k + 1) % 8;
   snprintf(buf[k], sizeof buf[k], fmt, a, b);
