@@ -90,6 +90,59 @@ void cg_describe_pipe(const Module *m, RtProgram *out) {
     out->globals[k].owner = (int16_t)(m->pipe.kind ? pipe_owner_of(m, m->globals.items[k]) : -1);
 }
 
+static void describe_value(const Type *t, RtBuf *b) {
+  memset(b, 0, sizeof *b);
+  b->region = RT_REGION_ARENA;
+  b->n = type_numel(t);
+  b->is_int = !dtype_is_float(t->dtype);
+  b->round = cg_round_of(t->dtype);
+  b->storage = b->is_int ? RT_ST_I32 : RT_ST_F32;
+}
+
+int cg_describe_module(const Module *m, RtProgram *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  cg_describe_mesh(&m->mesh, out);
+  out->funcs = calloc((size_t)m->funcs.n + 1, sizeof *out->funcs);
+  out->globals = calloc((size_t)m->globals.n + 1, sizeof *out->globals);
+  if (!out->funcs || !out->globals) {
+    rt_program_free(out);
+    snprintf(err, errlen, "out of memory");
+    return IR_ERUN;
+  }
+  out->n_funcs = m->funcs.n;
+  out->n_globals = m->globals.n;
+  for (int k = 0; k < m->funcs.n; k++) {
+    const Func *f = m->funcs.items[k];
+    RtFunc *rf = &out->funcs[k];
+    if (strlen(f->name) >= sizeof rf->name || f->args.n > RT_MAX_FUNC_IO || f->rets.n > RT_MAX_FUNC_IO) {
+      snprintf(err, errlen, "@%s: a name of at most %zu characters and at most %d arguments and results each, "
+               "as a lowered program holds", f->name, sizeof rf->name - 1, RT_MAX_FUNC_IO);
+      rt_program_free(out);
+      return IR_EINPUT;
+    }
+    snprintf(rf->name, sizeof rf->name, "%s", f->name);
+    rf->n_args = f->args.n;
+    rf->n_rets = f->rets.n;
+    for (int i = 0; i < f->args.n; i++) {
+      const Type *t = &((const Value *)f->args.items[i])->type;
+      describe_value(t, &rf->args[i]);
+      cg_describe_place(t, &rf->arg_place[i]);
+    }
+    for (int i = 0; i < f->rets.n; i++) describe_value(&((const Value *)f->rets.items[i])->type, &rf->rets[i]);
+  }
+  for (int i = 0; i < m->globals.n; i++) {
+    const Global *g = m->globals.items[i];
+    if (cg_describe_global(g, &m->mesh, &out->globals[i], 0)) {
+      snprintf(err, errlen, "global $%.200s...: the name is longer than %zu characters", g->name,
+               sizeof out->globals[i].name - 1);
+      rt_program_free(out);
+      return IR_EINPUT;
+    }
+  }
+  cg_describe_pipe(m, out);   /* a pipeline's schedule and every global's stage */
+  return 0;
+}
+
 /* The order globals are placed in their regions: parameters grouped by the weight decay
    their AdamW uses (the first group seen first), module order within a group; each
    parameter's gradient, first moment and second moment in the same order (all first

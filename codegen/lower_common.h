@@ -40,6 +40,14 @@ void cg_describe_mesh(const Mesh *mesh, RtProgram *out);
    After the globals are described (out->n_globals of them, in module order). */
 void cg_describe_pipe(const Module *m, RtProgram *out);
 
+/* A module described as a program without steps, for the reference interpreter's device
+   (runtime/exec/ref_device.c), which runs the IR: every function in module order (its name,
+   its arguments' and results' element counts and kinds: f32, or int32 for integers and
+   bools; the arguments' placements) and every global in module order (cg_describe_global),
+   the mesh and a pipeline's schedule (cg_describe_pipe).  0, or 2 with a message (a name too
+   long, too many arguments; 1: out of memory); out is then freed. */
+int cg_describe_module(const Module *m, RtProgram *out, char *err, size_t errlen);
+
 /* The order globals are placed in their regions: parameters grouped by the weight decay of
    their AdamW, each gradient and moment in its parameter's order, so that a group's AdamW
    updates are one span in every region.  A malloc'd permutation of the global indices, or

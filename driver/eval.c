@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "codegen/cuda/cuda.h"
+#include "codegen/lower_common.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/nvrtc.h"
 #include "driver/driver.h"
@@ -81,6 +82,10 @@ int driver_eval_open(Input *in, Backend backend, bool grads, const PassOptions *
   switch (backend) {
   case BACKEND_CUDA: return open_cuda(m, weights, e, err, errlen);
   case BACKEND_CPU: return open_cpu(m, weights, e, err, errlen);
-  default: return eval_open_ref(e, m, weights, err, errlen);
+  default: {   /* the reference interpreter: the module described as a program (no steps) */
+    RtProgram desc;
+    rc = cg_describe_module(m, &desc, err, errlen);
+    return rc ? rc : eval_open_ref(e, m, &desc, weights, err, errlen);
+  }
   }
 }

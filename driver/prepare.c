@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codegen/lower_common.h"
 #include "driver/driver.h"
 
 TrainSettings spec_train_settings(const RunSpec *s) {
@@ -130,7 +131,11 @@ int driver_train(Module *m, Backend backend, const RunPlan *plan, char *err, siz
   switch (backend) {
   case BACKEND_CUDA: return mesh ? run_training_cuda_rank(m, plan, err, errlen) : run_training_cuda(m, plan, err, errlen);
   case BACKEND_CPU: return run_training_cpu(m, plan, err, errlen);
-  default: return run_training(m, plan, err, errlen);
+  default: {   /* the reference interpreter: the module described as a program (no steps) */
+    RtProgram desc;
+    int rc = cg_describe_module(m, &desc, err, errlen);
+    return rc ? rc : run_training_ref(m, &desc, plan, err, errlen);
+  }
   }
 }
 

@@ -2,7 +2,8 @@
  * backend, seen through four operations, and the one rank executor over it.
  *
  * A backend implements RtDevice once (runtime/cpu/cpu_exec.c: the JIT-compiled program on
- * the host; runtime/cuda/cuda_exec.c: a CudaProgram on one GPU); what runs a program above
+ * the host; runtime/cuda/cuda_exec.c: a CudaProgram on one GPU; the reference interpreter,
+ * below); what runs a program above
  * it (the rank executor below, validation, loom eval) calls the device, not the backend.
  *   call    runs function `func`: args[k] host buffers of RtFunc.args[k] (f32, or int32 for
  *           integer buffers), rets[k] caller buffers of RtFunc.rets[k] (NULL: not copied out)
@@ -14,10 +15,10 @@
  *           does not own frees nothing)
  * Errors as the backends': 0 ok, 2 bad input, 1 run-time failure, with a message.
  *
- * The reference interpreter (ir/interp.c, runtime/exec/exec_ref.c) does not implement it: it
- * runs the IR module, not a lowered program, so there is no RtProgram to describe its
- * functions' buffers and its globals' placements (RtFunc, RtGlobal) that the executors read;
- * giving it one would mean lowering the module, which is what the cpu backend is.
+ * The reference interpreter implements it too (runtime/exec/ref_device.c, in the execution
+ * layer because it runs the IR): its program is a description of the module without steps
+ * (codegen's cg_describe_module: the functions' arguments and results, the globals and their
+ * placements), and a call interprets the IR function.
  */
 #ifndef LOOM_RUNTIME_DEVICE_H
 #define LOOM_RUNTIME_DEVICE_H
@@ -31,8 +32,8 @@
 typedef struct RtDevice RtDevice;
 struct RtDevice {
   const RtProgram *p;   /* the program it runs (borrowed from the backend) */
-  const char *kind;     /* "cpu", "cuda" */
-  void *impl;           /* the backend's program (CpuProgram, CudaProgram) */
+  const char *kind;     /* "cpu", "cuda", "ref" */
+  void *impl;           /* the backend's program (CpuProgram, CudaProgram, RefRank) */
   int (*call)(RtDevice *d, int func, void *const *args, void **rets, char *err, size_t errlen);
   int (*read)(RtDevice *d, int g, float *out, char *err, size_t errlen);
   int (*write)(RtDevice *d, int g, const float *in, char *err, size_t errlen);

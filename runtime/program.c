@@ -25,7 +25,7 @@ typedef struct {
 } Out;
 
 static void put(Out *o, const void *src, size_t n) {
-  if (o->oom || !n) return;   /* nothing (a NULL array of none) */
+  if (o->oom || !n) return;   /* nothing (src may then be NULL: a program without kernels) */
   if (o->n + n > o->cap) {
     size_t cap = o->cap ? o->cap * 2 : 4096;
     while (cap < o->n + n) cap *= 2;

@@ -8,7 +8,7 @@
 #include "codegen/cuda/cuda.h"
 #include "runtime/cpu/jit.h"
 #include "ir/schedule.h"
-#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/exec.h"
 #include "tools/tools.h"
 
 static const char help[] =

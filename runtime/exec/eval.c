@@ -1,14 +1,15 @@
 /* runtime/exec/eval.c — loom eval's execution: one eval step (a batch's @forward -> logits and
- * loss, and with --grads the gradient of that loss for every parameter) on each backend and
- * layout, and the loop that scores a token shard batch after batch.
+ * loss, and with --grads the gradient of that loss for every parameter), and the loop that
+ * scores a token shard batch after batch.
  *
  * The driver (driver/eval.c) runs the passes and the lowering and hands this file what a
- * backend runs: a lowered program's bytes (cpu, one rank or every rank a thread), a lowered
- * CUDA program and its compiled image (GPU 0), or the module itself (the reference executor,
- * one rank or every rank a thread).  Each opens an Evaluator; eval_run then reads the shard's
- * whole batches, batch k being inputs tokens[k*B*T : (k+1)*B*T] and targets one further (the
- * llm.c loader's windows), and averages their losses.  Every batch has B*T positions, so the
- * mean of the batches' losses is the mean cross-entropy over all positions. */
+ * backend runs: a lowered program's bytes (cpu), a lowered CUDA program and its compiled image
+ * (GPU 0), or the module and its description (the reference interpreter).  One rank is one
+ * evaluator over the backend's device (runtime/device.h: EvDev); every rank of a mesh a thread
+ * of the mesh executor (exec_mesh.c).  eval_run then reads the shard's whole batches, batch k
+ * being inputs tokens[k*B*T : (k+1)*B*T] and targets one further (the llm.c loader's
+ * windows), and averages their losses.  Every batch has B*T positions, so the mean of the
+ * batches' losses is the mean cross-entropy over all positions. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +17,7 @@
 #include "runtime/exec/exec.h"
 #include "runtime/exec/exec_cpu.h"
 #include "runtime/exec/exec_mesh.h"
-#include "runtime/exec/exec_ref.h"
+#include "runtime/exec/ref_device.h"
 #include "runtime/io/tokens.h"
 
 static int oom(char *err, size_t errlen) {
@@ -47,225 +48,114 @@ void eval_grads_free(EvalGrads *g) {
   memset(g, 0, sizeof *g);
 }
 
-/* ---- the cpu backend, one rank ---- */
+/* ---- one rank: a device (runtime/device.h) of any backend ---- */
 
 typedef struct {
-  CpuBackend b;
-} EvCpu;
+  RtDevice dev;
+  int f_forward, f_grad;
+  RtProgram prog;      /* cuda: the lowered program; ref: the module's description */
+  CpuBackend cpu;      /* the cpu backend's program and kernels */
+  CudaProgram cuda;
+  void *image;         /* cuda: the compiled image */
+  bool have_cuda;
+} EvDev;
 
-static int cpu_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
+static int dev_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
                        size_t errlen) {
-  EvCpu *c = e->impl;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[2] = {logits, loss};
-  return cpu_program_call(&c->b.cp, cpu_find_func(&c->b.cp, "forward"), args, rets, err, errlen);
+  EvDev *d = e->impl;
+  void *args[2] = {(void *)in, (void *)tg}, *rets[RT_MAX_FUNC_IO] = {logits, loss};
+  return d->dev.call(&d->dev, d->f_forward, args, rets, err, errlen);
 }
 
-/* @grad_step accumulates d(loss)/d(param) into the gradient region, read in place. */
-static int cpu_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
-  EvCpu *c = e->impl;
+/* @grad_step accumulates d(loss)/d(param) into the gradient region: its globals read in
+   place (host storage) or read back, as views under the checkpoint's names. */
+static int dev_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
+  EvDev *d = e->impl;
   float loss = 0;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[1] = {&loss};
-  int rc = cpu_program_call(&c->b.cp, cpu_find_func(&c->b.cp, "grad_step"), args, rets, err, errlen);
+  void *args[2] = {(void *)in, (void *)tg}, *rets[RT_MAX_FUNC_IO] = {&loss};
+  int rc = d->dev.call(&d->dev, d->f_grad, args, rets, err, errlen);
   if (rc) return rc;
-  float **host = calloc((size_t)c->b.prog.n_globals + 1, sizeof *host);
+  const RtProgram *p = d->dev.p;
+  float **host = calloc((size_t)p->n_globals + 1, sizeof *host);
   if (!host) return oom(err, errlen);
-  for (int i = 0; i < c->b.prog.n_globals; i++) host[i] = cpu_global(&c->b.cp, i);
-  rc = grad_views(&c->b.prog, host, g, err, errlen);
-  free(host);   /* the views point into the program's region */
+  if (!d->dev.host) g->host = host, g->n_host = p->n_globals;   /* the copies are the views' data */
+  for (int i = 0; !rc && i < p->n_globals; i++) {
+    const RtGlobal *gl = &p->globals[i];
+    if (gl->region != RT_REGION_GRADS) continue;
+    if (d->dev.host) host[i] = d->dev.host(&d->dev, i);
+    else if (!(host[i] = calloc((size_t)gl->n + 1, sizeof(float)))) rc = oom(err, errlen);
+    else rc = d->dev.read(&d->dev, i, host[i], err, errlen);
+  }
+  if (!rc) rc = grad_views(p, host, g, err, errlen);
+  if (d->dev.host) free(host);   /* the views point into the device's storage */
   return rc;
 }
 
-static void cpu_close(Evaluator *e) {
-  EvCpu *c = e->impl;
-  cpu_backend_free(&c->b);
-  free(c);
+static void dev_close(Evaluator *e) {
+  EvDev *d = e->impl;
+  rt_device_close(&d->dev);
+  if (d->have_cuda) cuda_program_free(&d->cuda);
+  cpu_backend_free(&d->cpu);
+  rt_program_free(&d->prog);
+  free(d->image);
+  free(d);
+}
+
+/* An EvDev for e (closed whatever the open then does). */
+static EvDev *dev_new(Evaluator *e, const char *where) {
+  memset(e, 0, sizeof *e);
+  EvDev *d = calloc(1, sizeof *d);
+  if (!d) return NULL;
+  e->impl = d;
+  e->close = dev_close;
+  e->forward = dev_forward;
+  e->world = 1;
+  snprintf(e->where, sizeof e->where, "%s", where);
+  return d;
+}
+
+/* The device made: its functions found. */
+static int dev_ready(Evaluator *e, char *err, size_t errlen) {
+  EvDev *d = e->impl;
+  d->f_forward = rt_device_find(&d->dev, "forward");
+  d->f_grad = rt_device_find(&d->dev, "grad_step");
+  e->grads = d->f_grad >= 0 ? dev_grads : NULL;
+  if (d->f_forward >= 0) return 0;
+  snprintf(err, errlen, "the program has no @forward(tokens, targets) -> (logits, loss)");
+  return EXIT_USAGE;
 }
 
 int eval_open_cpu(Evaluator *e, const unsigned char *prog, size_t n, const char *llvm, const char *weights, char *err,
                   size_t errlen) {
-  memset(e, 0, sizeof *e);
-  EvCpu *c = calloc(1, sizeof *c);
-  if (!c) return oom(err, errlen);
-  e->impl = c;
-  e->close = cpu_close;
-  e->forward = cpu_forward;
-  e->grads = cpu_grads;
-  e->world = 1;
-  snprintf(e->where, sizeof e->where, "the cpu backend");
-  int rc = cpu_backend_load(&c->b, prog, n, llvm, 0, err, errlen);
-  if (!rc) rc = load_weights_rt(&c->b.prog, &c->b.cp, weights, err, errlen);
+  EvDev *d = dev_new(e, "the cpu backend");
+  if (!d) return oom(err, errlen);
+  int rc = cpu_backend_load(&d->cpu, prog, n, llvm, 0, err, errlen);
+  if (!rc) cpu_device(&d->dev, &d->cpu.cp);
+  if (!rc) rc = dev_ready(e, err, errlen);
+  if (!rc) rc = load_weights_rt(&d->cpu.prog, &d->cpu.cp, weights, err, errlen);
   return rc;
-}
-
-/* ---- the cuda backend, GPU 0 ---- */
-
-typedef struct {
-  RtProgram prog;
-  void *image;
-  CudaProgram cp;
-  bool have_cp;
-} EvCuda;
-
-static int cuda_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
-                        size_t errlen) {
-  EvCuda *c = e->impl;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[2] = {logits, loss};
-  return cuda_program_call(&c->cp, cuda_find_func(&c->cp, "forward"), args, rets, err, errlen);
-}
-
-static int cuda_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
-  EvCuda *c = e->impl;
-  float loss = 0;
-  void *args[2] = {(void *)in, (void *)tg}, *rets[1] = {&loss};
-  int rc = cuda_program_call(&c->cp, cuda_find_func(&c->cp, "grad_step"), args, rets, err, errlen);
-  if (rc) return rc;
-  g->n_host = c->prog.n_globals;
-  if (!(g->host = calloc((size_t)g->n_host + 1, sizeof *g->host))) return oom(err, errlen);
-  for (int i = 0; i < c->prog.n_globals; i++) {   /* the gradients read back */
-    const RtGlobal *gl = &c->prog.globals[i];
-    if (gl->region != RT_REGION_GRADS) continue;
-    if (!(g->host[i] = calloc((size_t)gl->n + 1, sizeof(float)))) return oom(err, errlen);
-    if ((rc = cuda_global_read(&c->cp, i, g->host[i], err, errlen))) return rc;
-  }
-  return grad_views(&c->prog, g->host, g, err, errlen);
-}
-
-static void cuda_close(Evaluator *e) {
-  EvCuda *c = e->impl;
-  if (c->have_cp) cuda_program_free(&c->cp);
-  rt_program_free(&c->prog);
-  free(c->image);
-  free(c);
 }
 
 int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const char *where, const char *weights,
                    char *err, size_t errlen) {
-  memset(e, 0, sizeof *e);
-  EvCuda *c = calloc(1, sizeof *c);
-  if (!c) {
+  EvDev *d = dev_new(e, where);
+  if (!d) {
     rt_program_free(prog);
     free(image);
     return oom(err, errlen);
   }
-  c->prog = *prog;   /* taken over */
+  d->prog = *prog;   /* taken over */
   memset(prog, 0, sizeof *prog);
-  c->image = image;
-  e->impl = c;
-  e->close = cuda_close;
-  e->forward = cuda_forward;
-  e->grads = cuda_grads;
-  e->world = 1;
-  snprintf(e->where, sizeof e->where, "%s", where);
-  int rc = cuda_program_init(&c->cp, &c->prog, image, n, 0, err, errlen);
-  c->have_cp = !rc;
-  if (!rc) rc = cuda_load_params(&c->cp, &c->prog, weights, err, errlen);
+  d->image = image;
+  int rc = cuda_program_init(&d->cuda, &d->prog, image, n, 0, err, errlen);
+  d->have_cuda = !rc;
+  if (!rc) cuda_device(&d->dev, &d->cuda);
+  if (!rc) rc = dev_ready(e, err, errlen);
+  if (!rc) rc = cuda_load_params(&d->cuda, &d->prog, weights, err, errlen);
   return rc;
 }
 
-/* ---- the reference executor: one rank on a store of the module's globals, or every rank of
-   a partitioned module as threads (RefExec; no gradients there) ---- */
-
-typedef struct {
-  const Module *m;
-  GlobalStore *g;    /* one rank */
-  RefExec rx;        /* a mesh */
-  bool mesh, have_rx;
-} EvRef;
-
-/* The forward's arguments from int32 token ids (the whole batch: the ranks take their parts). */
-static int ref_args(const EvRef *r, const Func *f, const int32_t *in, const int32_t *tg, Tensor **args, char *err,
-                    size_t errlen) {
-  for (int k = 0; k < 2; k++) {
-    const Type *t = &((Value *)f->args.items[k])->type;
-    Type whole = r->mesh ? whole_type(r->m, t) : *t;
-    if (!(args[k] = tensor_new(&whole))) return oom(err, errlen);
-    for (int64_t j = 0; j < args[k]->n; j++) args[k]->i[j] = (k ? tg : in)[j];
-  }
-  return 0;
-}
-
-static int ref_call(Evaluator *e, const char *fname, const int32_t *in, const int32_t *tg, Tensor **rets, char *err,
-                    size_t errlen) {
-  EvRef *r = e->impl;
-  Func *f = module_find_func(r->m, fname);
-  Tensor *args[2] = {0};
-  int rc = ref_args(r, f, in, tg, args, err, errlen);
-  if (!rc) rc = r->mesh ? ref_exec_run(&r->rx, f, args, rets, err, errlen) : interp_run(f, r->g, args, rets, err, errlen);
-  tensor_free(args[0]);
-  tensor_free(args[1]);
-  return rc;
-}
-
-static int ref_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
-                       size_t errlen) {
-  Tensor *rets[2] = {0};
-  int rc = ref_call(e, "forward", in, tg, rets, err, errlen);
-  if (!rc) {
-    memcpy(logits, rets[0]->f, sizeof(float) * (size_t)rets[0]->n);
-    *loss = rets[1]->f[0];
-  }
-  tensor_free(rets[0]);
-  tensor_free(rets[1]);
-  return rc;
-}
-
-/* @grad_step accumulates d(loss)/d(param) into $grad.<name>, written in the checkpoint's
-   shape (its HF shape, or a stack of experts as one tensor per expert). */
-static int ref_grads(Evaluator *e, const int32_t *in, const int32_t *tg, EvalGrads *g, char *err, size_t errlen) {
-  EvRef *r = e->impl;
-  Tensor *loss = NULL;
-  int rc = ref_call(e, "grad_step", in, tg, &loss, err, errlen);
-  tensor_free(loss);
-  if (rc) return rc;
-  const Module *m = r->m;
-  int max = 1;
-  for (int i = 0; i < m->globals.n; i++) {
-    const Global *gl = m->globals.items[i];
-    max += rt_views_of(gl->value->type.rank, r->g->t[i]->type.dims, gl->hf_experts);
-  }
-  if (!(g->views = calloc((size_t)max, sizeof *g->views))) return oom(err, errlen);
-  for (int i = 0; i < m->globals.n; i++) {
-    const Global *gl = m->globals.items[i];
-    if (gl->kind != GLOBAL_STATE || strncmp(gl->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) continue;
-    Tensor *t = r->g->t[i];
-    int bad = gl->hf_rank ? rt_views_add(g->views, &g->n, gl->name, gl->hf_rank, gl->hf_dims, t->f, false)
-                          : rt_views_add(g->views, &g->n, gl->name, t->type.rank, t->type.dims, t->f, gl->hf_experts);
-    if (bad) return oom(err, errlen);
-  }
-  return 0;
-}
-
-static void ref_close(Evaluator *e) {
-  EvRef *r = e->impl;
-  if (r->have_rx) ref_exec_free(&r->rx);
-  globals_free(r->g);
-  free(r);
-}
-
-int eval_open_ref(Evaluator *e, const Module *m, const char *weights, char *err, size_t errlen) {
-  memset(e, 0, sizeof *e);
-  EvRef *r = calloc(1, sizeof *r);
-  if (!r) return oom(err, errlen);
-  e->impl = r;
-  e->close = ref_close;
-  e->forward = ref_forward;
-  r->m = m;
-  r->mesh = mesh_world(&m->mesh) > 1;
-  e->world = (int)mesh_world(&m->mesh);
-  snprintf(e->where, sizeof e->where, "the reference executor");
-  if (r->mesh) {
-    r->have_rx = true;   /* freed whatever the open did */
-    return ref_exec_open(&r->rx, m, 0, weights, false, err, errlen);
-  }
-  e->grads = module_find_func(m, "grad_step") ? ref_grads : NULL;
-  if (!(r->g = globals_new(m))) {
-    snprintf(err, errlen, "out of memory for the parameters");
-    return EXIT_RUN;
-  }
-  return load_weights(m, r->g, weights, err, errlen);
-}
-
-/* ---- the cpu backend's mesh (exec_mesh.c: every rank a thread) ---- */
+/* ---- a mesh (exec_mesh.c: every rank a thread) ---- */
 
 static int mesh_forward(Evaluator *e, const int32_t *in, const int32_t *tg, float *logits, float *loss, char *err,
                         size_t errlen) {
@@ -273,6 +163,35 @@ static int mesh_forward(Evaluator *e, const int32_t *in, const int32_t *tg, floa
 }
 
 static void mesh_close_ev(Evaluator *e) { eval_cpu_mesh_close(e->impl); }
+
+int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen) {
+  if (mesh_world(&m->mesh) > 1) {   /* every rank a thread (exec_mesh.c) */
+    memset(e, 0, sizeof *e);
+    e->world = (int)mesh_world(&m->mesh);
+    snprintf(e->where, sizeof e->where, "the reference executor");
+    e->forward = mesh_forward;
+    e->close = mesh_close_ev;
+    MeshCpu *mc = NULL;
+    int rc = eval_cpu_mesh_open(&mc, m, desc, NULL, 0, NULL, weights, err, errlen);
+    e->impl = mc;   /* closed whatever the open did */
+    return rc;
+  }
+  EvDev *d = dev_new(e, "the reference executor");
+  if (!d) {
+    rt_program_free(desc);
+    return oom(err, errlen);
+  }
+  d->prog = *desc;   /* taken over */
+  memset(desc, 0, sizeof *desc);
+  int rc = ref_device_open(&d->dev, m, &d->prog, NULL, err, errlen);
+  if (!rc) rc = dev_ready(e, err, errlen);
+  if (!rc) {   /* the interpreter's initial values, then the weights */
+    GlobalStore *g = ((RefRank *)d->dev.impl)->g;
+    globals_init(m, g, 0);
+    rc = load_weights(m, g, weights, err, errlen);
+  }
+  return rc;
+}
 
 int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_t n, const char *llvm,
                        const char *weights, char *err, size_t errlen) {
@@ -282,7 +201,7 @@ int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_
   e->world = (int)mesh_world(&m->mesh);
   snprintf(e->where, sizeof e->where, "the cpu backend");
   MeshCpu *mc = NULL;
-  int rc = eval_cpu_mesh_open(&mc, prog, n, llvm, weights, err, errlen);
+  int rc = eval_cpu_mesh_open(&mc, m, NULL, prog, n, llvm, weights, err, errlen);
   e->impl = mc;   /* closed whatever the open did */
   return rc;
 }

@@ -1,32 +1,32 @@
 /* runtime/exec/exec.h — the execution layer's index: what runs a program that the driver
  * built (or that a compiled executable carries), trains it and writes its results.
  *
- *   exec_ref.c      the training Executor over the reference interpreter (one rank, or every
- *                   rank of a partitioned module as threads)
+ *   ref_device.c    the reference interpreter as a device (runtime/device.h) over the module's
+ *                   description: trained and evaluated by the same executors as the cpu backend
  *   pipe_walk.c     the pipeline walker: a pipelined module's steps over ir/schedule.h's action
  *                   lists, once, over a transport (pipe_walk.h) that each backend implements
- *   exec_pipe.c     the reference interpreter as the walker's transport
  *   exec_cpu.c      the cpu backend: a lowered program JIT-compiled; its Executor is the
  *                   rank executor over the program as a device (runtime/device.h)
  *   exec_mesh.c     the mesh executor (every rank a device): the micro-batch's split, the
  *                   steps, the whole views gathered and scattered by the RtGlobal placements,
  *                   the ranks' starting pieces, --out streamed; over a world of
- *   mesh_threads.c    ranks as threads on the cpu backend (runtime/comm's LocalWorld), or
+ *   mesh_threads.c    ranks as threads on the cpu backend or the reference interpreter
+ *                     (runtime/comm's LocalWorld; also the interpreter's training entry), or
  *   mesh_nccl.c       a process per rank on its GPU (NCCL; sharded checkpoints)
- *   exec_mesh_pipe.c  the local ranks' devices as the walker's transport (cpu and cuda: the
- *                     stash in device memory)
+ *   exec_mesh_pipe.c  the local ranks' devices as the walker's transport (cpu, cuda and the
+ *                     reference interpreter: the stash in device memory)
  *   exec_cuda.c     one GPU: a lowered program and its compiled image, trained by the rank
  *                   executor over it as a device
  *   exec_cuda_pipe.c  on an NCCL rank's GPU, the device transport's hook (NCCL groups)
- *   eval.c          loom eval: one eval step per backend and layout, scoring a token shard
+ *   eval.c          loom eval: one eval step over a device (or a mesh), scoring a token shard
  *   train_common.c  the training entry point: parameters, executor, the loop (runtime/trainer.c), --out
  *   weights.c       safetensors parameters into a module's or a program's globals
  *   hf_export.c     a folder Hugging Face transformers loads (--out DIR/, loom export)
  *   host.c          the process: clocks, peak memory, malloc settings
  *
- * This library sits on runtime/ and ir/ (the reference interpreter runs the IR module; the mesh
- * executor reads a pipelined program's schedule and owners from it when it opens; the other
- * programs it runs from the RtProgram alone); nothing here includes
+ * This library sits on runtime/ and ir/ (the reference interpreter's device runs the IR module;
+ * the mesh executor reads a pipelined program's schedule and owners from it when it opens; the
+ * other programs it runs from the RtProgram alone); nothing here includes
  * frontend/, passes/ or codegen/.  Exit codes: 0 success, 2 bad input or usage, 1 run-time
  * failure; library calls return those codes, so a command returns what failed.
  */
@@ -43,7 +43,8 @@
 enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
 
 /* How a program runs on this machine: cpu (fused kernels JIT-compiled with LLVM, GEMMs in a
-   CPU BLAS, the runtime's builtins) or ref (the reference executor, op by op). */
+   CPU BLAS, the runtime's builtins) or ref (the reference interpreter, op by op, as a device:
+   ref_device.c). */
 typedef enum { BACKEND_CPU, BACKEND_REF, BACKEND_CUDA } Backend;
 
 /* ---- host.c ---- */
@@ -84,7 +85,7 @@ typedef struct {
   const char *init;   /* parameters to start from (NULL: seeded GPT-2-style init) */
   const char *out;    /* final parameters + losses (NULL: none) */
   uint64_t seed;
-  Backend backend;    /* cpu: fused kernels, JIT, BLAS (the module must be lowered); ref: the reference executor */
+  Backend backend;    /* cpu: fused kernels, JIT, BLAS (the module must be lowered); ref: the reference interpreter */
   int threads;        /* cpu backend threads (0: LOOM_THREADS or all cores) */
   int64_t batch, seq;
   const char *trace_out;   /* a pipeline's measured timeline (Chrome trace JSON), or NULL */
@@ -97,8 +98,11 @@ typedef struct {
   const char *out_elsewhere;
   bool verbose;       /* --verbose: also the planned and measured arena of each function */
 } RunPlan;
-/* m must have passed the training pipeline; runs it on the reference executor. */
-int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen);
+/* mesh_threads.c: m (after the training pipeline) trained on the reference interpreter as a
+   device (ref_device.c): one rank through the rank executor (runtime/device.h), a mesh
+   (pipelined or not) through the mesh executor's threads; desc: m's description (codegen's
+   cg_describe_module), taken over (freed here). */
+int run_training_ref(Module *m, RtProgram *desc, const RunPlan *plan, char *err, size_t errlen);
 /* mesh_threads.c: a partitioned program (prog, n, llvm: the lowered program's bytes and its
    kernels' LLVM IR) trained with every rank a thread; a pipelined one (RtProgram.pipe) on the
    pipeline walker.  No IR: what the executor reads is in the program. */
@@ -150,8 +154,9 @@ int eval_open_cpu_mesh(Evaluator *e, Module *m, const unsigned char *prog, size_
 /* GPU 0: a lowered CUDA program and its compiled image, both taken over (freed at close). */
 int eval_open_cuda(Evaluator *e, RtProgram *prog, void *image, size_t n, const char *where, const char *weights,
                    char *err, size_t errlen);
-/* The reference executor on m itself: one rank, or every rank of a mesh as threads. */
-int eval_open_ref(Evaluator *e, const Module *m, const char *weights, char *err, size_t errlen);
+/* The reference interpreter as a device over m (desc: m's description, cg_describe_module;
+   taken over): one rank, or every rank of a mesh as threads (the mesh executor). */
+int eval_open_ref(Evaluator *e, Module *m, RtProgram *desc, const char *weights, char *err, size_t errlen);
 void eval_close(Evaluator *e);
 typedef struct {
   const char *tokens;          /* an llm.c token shard */

@@ -8,8 +8,9 @@
  * pieces and scattered back, --out streamed a tensor at a time, the ranks' starting pieces;
  * all by the lowered program's placements (RtGlobal; the token arguments' RtFunc.arg_place).
  * Below it a world says where the ranks are and how pieces travel between processes:
- *   mesh_threads.c  every rank a thread of this process on the cpu backend, the collectives
- *                   runtime/comm's LocalWorld (the gather reads the ranks' host storage)
+ *   mesh_threads.c  every rank a thread of this process on the cpu backend or the reference
+ *                   interpreter (ref_device.h), the collectives runtime/comm's LocalWorld
+ *                   (the gather reads the ranks' host storage)
  *   mesh_nccl.c     this process one rank on its GPU (cuda backend), the others processes,
  *                   NCCL between them; sharded checkpoints, the trainer's stop agreement
  * A pipelined program's steps are the pipeline walker's (pipe_walk.c), with the local ranks'
@@ -68,13 +69,13 @@ struct MeshExec {
   int stream_global;   /* the global stream holds, -1 */
   /* ---- threads (mesh_threads.c) and their pipeline transport (exec_mesh_pipe.c) ---- */
   LocalWorld *lw;      /* the ranks' collectives */
-  CpuBackend b;        /* the lowered program, its JIT'd kernels, rank 0's CpuProgram */
-  CpuProgram *cpu;     /* [world]; cpu[0] is a copy of b.cp */
+  CpuBackend b;        /* the cpu backend: the lowered program, its JIT'd kernels, rank 0's CpuProgram */
+  CpuProgram *cpu;     /* [world]; cpu[0] is a copy of b.cp (NULL: the reference interpreter's ranks) */
   CommEngine **engines;           /* async collectives (the overlap pass): each rank's communication thread, or NULL */
   bool step_open;                 /* a training step has begun (its timeline is being recorded) */
   /* ---- a process per rank (mesh_nccl.c) and its pipeline transport (exec_cuda_pipe.c) ---- */
   Comm *comm;
-  RtProgram prog;
+  RtProgram prog;      /* this rank's program (threads of the reference interpreter: the module's description) */
   CudaProgram cp;
   bool have_cp;
   float *gather_buf;   /* world x the largest piece */
@@ -140,10 +141,12 @@ void pipe_dev_put(MeshExec *mx, int rank, int *block);
 int cuda_pipe_setup(CudaRank *r, char *err, size_t errlen);
 
 /* mesh_threads.c, for loom eval --mesh (runtime/exec/eval.c): the mesh opened for @forward
-   with the weights split to the ranks (*out is set even on failure: close it); a step runs
+   with the weights split to the ranks (*out is set even on failure: close it), on the cpu
+   backend (prog, n, llvm) or, with desc (m's description, taken over), the reference
+   interpreter; a step runs
    every rank on its piece of a whole batch, rank 0's logits [B*T*V] and loss come back. */
-int eval_cpu_mesh_open(MeshCpu **out, const unsigned char *prog, size_t n, const char *llvm, const char *weights,
-                       char *err, size_t errlen);
+int eval_cpu_mesh_open(MeshCpu **out, const Module *m, RtProgram *desc, const unsigned char *prog, size_t n,
+                       const char *llvm, const char *weights, char *err, size_t errlen);
 int eval_cpu_mesh_step(MeshCpu *mc, const int32_t *inputs, const int32_t *targets, float *logits, float *loss, char *err,
                        size_t errlen);
 void eval_cpu_mesh_close(MeshCpu *mc);

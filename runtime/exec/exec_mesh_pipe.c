@@ -1,18 +1,19 @@
 /* runtime/exec/exec_mesh_pipe.c — a pipelined program (pass "pipeline") on the mesh
  * executor's devices (runtime/device.h): the pipeline walker's transport (pipe_walk.h) for
- * every backend that runs a lowered program, the cpu's and the cuda's.
+ * every backend, the cpu's, the cuda's and the reference interpreter's (ref_device.c).
  *
- * The walker runs the ranks of this process: every rank a thread (the cpu backend,
- * mesh_threads.c) or the one rank of this process (a CUDA mesh, mesh_nccl.c).  A stash slot is
- * a block of the rank's device memory (RtDevice.buf_alloc: device memory on cuda, a host block
- * on the cpu), from a pool of the rank's reused by size; it holds the producer's results after
- * the loss laid one after another, each in its RtBuf's storage at a 256-byte boundary, which
- * is how the consumer takes them as its arguments 2.. (RtDevice.call_dev).
+ * The walker runs the ranks of this process: every rank a thread (the cpu backend or the
+ * interpreter, mesh_threads.c) or the one rank of this process (a CUDA mesh, mesh_nccl.c).  A
+ * stash slot is a block of the rank's device memory (RtDevice.buf_alloc: device memory on
+ * cuda, a host block on the cpu and the interpreter), from a pool of the rank's reused by
+ * size; it holds the producer's results after the loss laid one after another, each in its
+ * RtBuf's storage at a 256-byte boundary, which is how the consumer takes them as its
+ * arguments 2.. (RtDevice.call_dev).
  *
- * The point-to-point transfers between the chunks are the backend's: on the cpu they run
- * inside the calls, the program's send/recv builtins talking through the walker's tagging
- * communicator (mesh_threads.c hands it to the ranks); on cuda they are NCCL groups that a
- * hook (PipeHook, exec_cuda_pipe.c) issues between the actions, naming the slots of an
+ * The point-to-point transfers between the chunks are the backend's: on the cpu and the
+ * interpreter they run inside the calls, the program's send/recv talking through the walker's
+ * tagging communicator (mesh_threads.c hands it to the ranks); on cuda they are NCCL groups
+ * that a hook (PipeHook, exec_cuda_pipe.c) issues between the actions, naming the slots of an
  * action's transfers before its call (blocks of this pool too) and sharing the losses at the
  * end of a walk.
  */

@@ -15,8 +15,8 @@
  * threads, whose transfers run inside the calls through a TagComm each (the micro-batch added
  * to the tags, the wait in recv counted as idle), or the one rank of this process (a CUDA
  * mesh: one process per GPU).  A transport (PipeOps) is how a call runs:
- *   exec_pipe.c       the reference interpreter: IR functions, the stash as Tensors
- *   exec_mesh_pipe.c  a lowered program on the ranks' devices (RtDevice), cpu and cuda: the
+ *   exec_mesh_pipe.c  the ranks' devices (RtDevice): cpu, cuda and the reference interpreter
+ *                     (ref_device.c, its program a description of the module): the
  *                     stash in device memory (a host block on the cpu) taken as device
  *                     arguments; on cuda with exec_cuda_pipe.c's hook, which issues the NCCL
  *                     groups it planned between the actions (`between`) and shares the
@@ -85,7 +85,7 @@ typedef struct PipeWalk {
   int (*coord)[COMM_AXES];        /* [n_local] */
   int *f_fwd, *f_bwd, *f_bww;     /* per chunk: @fwd.cK, @bwd.cK (@bwd_b.cK), @bwd_w.cK (-1: none) */
   int *f_opt;                     /* per pp rank: @optimizer_step.sR */
-  RtGlobal place;        /* the micro-batch piece's placement (piece_placement) */
+  RtGlobal place;        /* the micro-batch piece's placement (the first function's token argument's) */
   int64_t whole_n;       /* tokens of a whole micro-batch */
   int32_t **tok, **tgt;  /* [n_local]: every micro-batch's piece, [m][place.n] */
   double **act_start, **act_end;  /* [n_local][actions + 1]: the last training step's, microseconds */

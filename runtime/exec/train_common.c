@@ -9,7 +9,6 @@
 
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/exec/exec_ref.h"
 #include "runtime/exec/exec.h"
 #include "runtime/exec/pipe_walk.h"
 
@@ -192,29 +191,5 @@ int pipe_walk_report(const PipeWalk *w, const int64_t *predicted, const RunPlan 
       if (!rc && plan->opt.log) fprintf(plan->opt.log, "wrote the measured timeline to %s\n", plan->trace_out);
     }
   }
-  return rc;
-}
-
-/* The reference executor's: the predicted stash from the module's functions. */
-int pipe_run_report(RefExec *r, const RunPlan *plan, const char *backend, char *err, size_t errlen) {
-  int64_t peak[64] = {0}, fb[256], wb[256];
-  if (r->sched->chunks <= 256) pipe_stash_peaks(r->m, r->sched, peak, fb, wb);
-  return pipe_walk_report(r->walk, peak, plan, backend, err, errlen);
-}
-
-int run_training(Module *m, const RunPlan *plan, char *err, size_t errlen) {
-  int rc;
-  RefExec rx;
-  rc = ref_exec_init(&rx, m, plan->seed, plan->init, err, errlen);
-  if (!rc && rx.world > 1 && plan->opt.log)
-    fprintf(plan->opt.log, "running %d ranks as threads (mesh dp=%lld tp=%lld cp=%lld pp=%lld ep=%lld)\n", rx.world,
-            (long long)m->mesh.size[AX_DP], (long long)m->mesh.size[AX_TP], (long long)m->mesh.size[AX_CP],
-            (long long)m->mesh.size[AX_PP], (long long)m->mesh.size[AX_EP]);
-  if (!rc) rc = train_and_write(&rx.ex, plan, err, errlen);
-  if (!rc && rx.sched) rc = pipe_run_report(&rx, plan, "reference executor", err, errlen);
-  if (!rc && !rx.sched && plan->trace_out && plan->opt.log)
-    fprintf(plan->opt.log, "note: --trace-out records pipelines and meshes on the cpu backend; this run writes no "
-            "timeline (use --backend cpu)\n");
-  ref_exec_free(&rx);
   return rc;
 }

@@ -387,7 +387,7 @@ int main(int argc, char **argv) {
     rc = report(EXIT_RUN, err);
     goto done;
   }
-  rc = finish(run_training(m, &plan, err, sizeof err), err);
+  rc = finish(driver_train(m, BACKEND_REF, &plan, err, sizeof err), err);
   module_free(m);
 done:
   free(run_settings);
