@@ -36,7 +36,33 @@
  * exhaustive search's wherever the estimates are within the margin of the screened figures;
  * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
  *
- * Where it stands (2026-11-28, third session).  The screening is deterministic (fast_worker:
+ * Where it stands (2026-11-28, fourth session).  The estimates' schedule simulations were
+ * about a fifth of the CPU at 405B (each rebuilt its lists and schedule_simulate swept the
+ * ranks): the distinct schedules (about 200) are now built and ordered once (plan_sim.c) and a
+ * simulation is one pass with schedule_simulate's makespan to the bit (checked against it on
+ * every 70B candidate; a cost below 0, which schedule_simulate takes for "not run", refuses
+ * as it does).  A recomputing candidate set aside with its layout without recomputation
+ * takes the larger of that one's bound and its own estimate's (both lower bounds as the
+ * search takes them; its own is the higher, recomputation adding work): the exact phase had
+ * screened such ones in full at the bound of the layout without recomputation, most of
+ * them far out of memory.  Llama-3-70B on 4,096 at 4M tokens: 1,025 compiles (was 1,081;
+ * the exact phase screens 26, was 56), about 6.5-7.5 s of CPU on the loaded 2-core machine
+ * (was 9.5-10); Llama-3.1-405B on 16,384 at 16M: 1,467 compiles (was 1,827; the exact phase
+ * screens 71, was 284), about 29 s of CPU (was 45).  The same best layouts; LOOM_PLAN_CHECK
+ * gives the exhaustive table on tests/cli/plan.sh's cases, GPT-2 124M on 8 and Llama-1B on
+ * 64 (--target cpu).  Tried and not kept: the front and middle of a screening compile kept
+ * for the same layout's other schedules (Ctx cache, least recently used): with 6 entries 4
+ * of 437 compiles at 70B took one (family members lie far apart in the estimates' order),
+ * with 64 entries 55 (1 GB more memory; 405B 63 of 1,244, 1.9 GB): not worth the memory.
+ * What is left at 405B: about 430 candidates screened, 407 of them far out of memory; their
+ * memory estimates are 0.17-3.6 of the screened memory.  Measured there: the second compile
+ * (2 layers a chunk) adds 0.51-0.99 of the first's memory (70B: 0.31-1.00 with full
+ * recomputation), so no bound from the first compile alone is safe; the next lever is the
+ * stash a layer from the screened compiles (pipe_stash_peaks' f_bytes of 1 and 2 layers a
+ * chunk, per tp, cp, sp, recomputation and micro-batch), walked over each candidate's
+ * schedule.
+ *
+ * Before (2026-11-28, third session).  The screening is deterministic (fast_worker:
  * the same candidates, compiles and table every run; the counts had varied with the threads'
  * timing).  A compile's interior pipeline chunks are lowered once (ir/hash.c ignores the
  * numbers in names, passes/lower_memo.c shares a module's equal functions' figures), the
@@ -629,10 +655,14 @@ static void *fast_worker(void *arg) {
     if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
       if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
       else {
-        /* o's bound, and its own memory estimate past the margin (the bound the exact phase
-           judges "far" by, as for a candidate set aside at its estimate): so the exact phase
-           does not screen in full one the estimate puts far out of memory */
+        /* o's bound or its own estimate's (a set-aside candidate's: recomputing, its estimate
+           is the higher), and its own memory estimate past the margin (the bound the exact
+           phase judges "far" by, as for a candidate set aside at its estimate): so the exact
+           phase does not screen in full one its own estimates put past where its walk ends
+           (at Llama-3.1-405B most it screened were recomputing layouts at o's bound) */
+        double own = c->est_s * (1 - STEP_MARGIN);
         c->pruned = true, c->step_s = f->cs[o].step_s, c->fits = false, f->pruned++;
+        if (isfinite(own) && own > c->step_s) c->step_s = own;
         c->mem = c->est_mem * MEM_MARGIN > far ? c->est_mem * MEM_MARGIN : 0;
       }
       fast_finish(f, i);

@@ -13,7 +13,12 @@
  *     pass over the data: softmax-like chains split there);
  *   - a reduction joins only a group without reductions or with the same reduced dims.
  * An op that reads values of two open groups of the same size merges them.  Effect ops
- * (accumulate, assign, fill) close every group: kernels never move across a write.
+ * (accumulate, assign, fill, adamw) close the groups that read what they write, that they
+ * read a value of, or that hold a reduction; other groups stay open across them (a layer's
+ * backward keeps fusing across its weight gradients' accumulates: Llama's SwiGLU gradient,
+ * dS x up then silu_grad, one kernel) but take no reduction afterwards (GPT-2's residual
+ * gradient would swallow the bias gradient's sum, which the CUDA lowering makes a GEMM
+ * epilogue and a norm-gradient fusion).
  * Constants and iotas are cloned into each kernel that reads them instead of being
  * passed; a reshape of a value from outside stays a reshape (memory-plan aliases it).
  * A kernel passes at most FUSE_MAX_BUFS buffers (inputs + outputs: a lowered step's
@@ -30,6 +35,7 @@ typedef struct {
   int parent;             /* union-find: merged groups point to the survivor */
   int last;               /* index of the last member op */
   const Op *reduction;    /* the first reduction of the group (its signature) */
+  bool crossed;           /* stayed open across a write (close_at_write) */
 } Group;
 
 typedef struct {
@@ -79,15 +85,46 @@ static bool can_join(Fuser *fz, const Op *op, int g) {
   for (int k = 0; k < op->n_operands; k++)
     if (is_reduction_result(op->operands[k]) && group_of_value(fz, op->operands[k]) == g) return false;
   if (op_info(op->kind)->cls == CLASS_REDUCTION && gr->reduction && !same_reduction(gr->reduction, op)) return false;
+  if (gr->crossed && op_info(op->kind)->cls == CLASS_REDUCTION) return false;
   return true;
+}
+
+static bool same_storage(const Value *a, const Value *b) {
+  if (a == b) return true;
+  return a->kind == VAL_GLOBAL && b->kind == VAL_GLOBAL && a->global == b->global;
+}
+
+/* A write (op i) closes the groups a kernel placed after it would get wrong: a member reads
+   what it writes (it would read the new contents), or it reads a value of the group (the
+   value would not exist yet); and groups with a reduction (kept where they were).  The
+   groups left open are marked crossed (can_join). */
+static void close_at_write(Fuser *fz, int i) {
+  const Op *w = fz->f->ops.items[i];
+  int nw = op_n_writes(w->kind);
+  for (int k = 0; k < w->n_operands; k++) {
+    int g = group_of_value(fz, w->operands[k]);
+    if (g >= 0) fz->groups[g].open = false;
+  }
+  for (int j = 0; j < i; j++) {
+    if (fz->group_of[j] < 0) continue;
+    int g = find(fz, fz->group_of[j]);
+    if (!fz->groups[g].open) continue;
+    const Op *op = fz->f->ops.items[j];
+    if (fz->groups[g].reduction) fz->groups[g].open = false;
+    for (int k = 0; k < op->n_operands && fz->groups[g].open; k++)
+      for (int t = 0; t < nw && t < w->n_operands; t++)
+        if (same_storage(op->operands[k], w->operands[t])) fz->groups[g].open = false;
+  }
+  for (int g = 0; g < fz->n_groups; g++)
+    if (fz->groups[g].open) fz->groups[g].crossed = true;
 }
 
 static void assign_groups(Fuser *fz) {
   Func *f = fz->f;
   for (int i = 0; i < f->ops.n; i++) {
     Op *op = f->ops.items[i];
-    if (op_n_writes(op->kind)) {   /* a write: nothing moves across it */
-      for (int g = 0; g < fz->n_groups; g++) fz->groups[g].open = false;
+    if (op_n_writes(op->kind)) {   /* a write: nothing that reads what it writes moves across it */
+      close_at_write(fz, i);
       continue;
     }
     int target = -1;
@@ -106,7 +143,7 @@ static void assign_groups(Fuser *fz) {
       /* A reshape of an outside value stays a reshape: it costs nothing once aliased. */
       if (target < 0 && op->kind != OP_RESHAPE) {
         target = fz->n_groups++;
-        fz->groups[target] = (Group){space_of(op), true, target, i, NULL};
+        fz->groups[target] = (Group){space_of(op), true, target, i, NULL, false};
       }
     }
     /* Every group this op reads from without joining is now read by an outsider. */
@@ -285,7 +322,7 @@ static int fuse_func(Module *m, Func *f, int *serial) {
       int g = fz.group_of[i];
       if (g < 0 || bufs[g] <= FUSE_MAX_BUFS) continue;
       int single = fz.n_groups++;
-      fz.groups[single] = (Group){space_of(f->ops.items[i]), false, single, i, NULL};
+      fz.groups[single] = (Group){space_of(f->ops.items[i]), false, single, i, NULL, false};
       fz.group_of[i] = single;
       split = true;
     }

@@ -129,13 +129,11 @@ typedef struct {
    to it (refused, 2, when the schedule's functions are missing or do not fit). */
 int pipe_dev_setup(MeshExec *mx, const PipeHook *hook, char *err, size_t errlen);
 void pipe_dev_free(MeshExec *mx);
-/* A block of rank's pool (busy until put back) of at least `bytes`, its device address; the
-   bytes a producer's results from `from` on take laid one after another (each 256-aligned in
-   its storage; off[k - from]: buffer k's offset), which is how a block holds them. */
+/* A block of rank's pool (busy until put back: a hook's staging blocks share it with the
+   stash) of at least `bytes`; its device address. */
 int pipe_dev_block(MeshExec *mx, int rank, int64_t bytes, int *block, char *err, size_t errlen);
 uint64_t pipe_dev_addr(const MeshExec *mx, int rank, int block);
 void pipe_dev_put(MeshExec *mx, int rank, int *block);
-int64_t pipe_dev_laid(const RtBuf *b, int n, int from, int64_t *off);
 /* exec_cuda_pipe.c: the device transport on this rank's GPU with the hook that issues the
    NCCL groups it planned between the actions and shares the losses at the end.  0, or 1/2
    with a message (a schedule whose transfers NCCL could not pair or run without deadlock is

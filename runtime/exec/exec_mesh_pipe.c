@@ -73,7 +73,10 @@ void pipe_dev_put(MeshExec *mx, int rank, int *block) {
   *block = -1;
 }
 
-int64_t pipe_dev_laid(const RtBuf *b, int n, int from, int64_t *off) {
+/* Bytes of buffers b[from..n) laid one after another, each in its storage at a 256-byte
+   boundary, and their offsets (off[k - from]): a producer's results as its block holds them,
+   which its consumer takes as arguments 2.. */
+static int64_t laid(const RtBuf *b, int n, int from, int64_t *off) {
   int64_t at = 0;
   for (int k = from; k < n; k++) {
     if (off) off[k - from] = at;
@@ -82,10 +85,10 @@ int64_t pipe_dev_laid(const RtBuf *b, int n, int from, int64_t *off) {
   return at;
 }
 
-/* addr[k], k in [from, n): buffer k of the block at base, laid as pipe_dev_laid lays them */
+/* addr[k], k in [from, n): buffer k of the block at base, laid as laid() lays them */
 static void lay(uint64_t *addr, const RtBuf *b, int n, int from, uint64_t base) {
   int64_t off[RT_MAX_FUNC_IO];
-  pipe_dev_laid(b, n, from, off);
+  laid(b, n, from, off);
   for (int k = from; k < n; k++) addr[k] = base + (uint64_t)off[k - from];
 }
 
@@ -103,7 +106,7 @@ static int dev_takes(void *ctx, int from, int skip, int to, char *err, size_t er
 static int dev_alloc(void *ctx, int rank, int func, int skip, void **slot, int64_t *bytes, char *err, size_t errlen) {
   MeshExec *mx = ctx;
   const RtFunc *fn = &mx->p->funcs[func];
-  int b, rc = pipe_dev_block(mx, rank, pipe_dev_laid(fn->rets, fn->n_rets, skip, NULL), &b, err, errlen);
+  int b, rc = pipe_dev_block(mx, rank, laid(fn->rets, fn->n_rets, skip, NULL), &b, err, errlen);
   *slot = rc ? NULL : (void *)(intptr_t)(b + 1);
   *bytes = 0;   /* the stash measured: 4 bytes a value, as the prediction counts it */
   for (int k = skip; k < fn->n_rets; k++) *bytes += 4 * fn->rets[k].n;

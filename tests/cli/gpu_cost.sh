@@ -126,9 +126,11 @@ check "6 GEMMs and 6 steps add into a part of c_attn's gradients, 1 pad left" aw
 # accumulates, the 12 epilogues' kernels, the 10 bias reductions, the 2 GELU backward kernels
 # and the 2 sums are launches of their own, and per layer c_attn's gradient trees: 6 pads, 3 sum
 # kernels and 2 accumulates for the 3 steps; and the tied table's gradient: the embedding's fill,
-# the sum kernel and the accumulate (its pieces add into it in place: "whole leaves")
-check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 7 + 2 x 10 + 12 + 10 + 2 + 2 + 2 x 8 + 3" \
-  test "$n_unfused" = $((n_fused + 84))
+# the sum kernel and the accumulate (its pieces add into it in place: "whole leaves"); less 2:
+# since fuse keeps a group open across a write that touches nothing it reads (passes/fuse.c),
+# a layer's unfused adds share a kernel with a neighbour (one launch fewer a layer)
+check "the unfused program (LOOM_CUDA_NO_EPILOGUE=1 LOOM_CUDA_NO_ACC_FUSION=1): $n_unfused launches = $n_fused + 2 x 6 + 7 + 2 x 10 + 12 + 10 + 2 + 2 + 2 x 8 + 3 - 2" \
+  test "$n_unfused" = $((n_fused + 82))
 
 # slices as views (codegen/cuda/lower_gemm.c): in fp32 the q, k, v weight slices (read by
 # their GEMMs through a row stride), the bias slices and wpe's rows are no launches (13 copies

@@ -2,9 +2,9 @@
  * programs, by the rules the runner reads them with (tools/runner/runner.c; tools/cmd_compile.c
  * writes them): part 0 the settings, then
  *   cpu        program, LLVM IR                      (3 parts)
- *   cpu mesh   program, LLVM IR, IR, "mesh"          (5)
+ *   cpu mesh   program, LLVM IR, IR (empty), "mesh"  (5)
  *   cuda       program, image, "cuda"                (4)
- *   cuda mesh  program, image, IR, "cuda-mesh"       (5)
+ *   cuda mesh  program, image, IR (empty), "cuda-mesh" (5)
  *   ref        IR                                    (2)
  * and a cpu or cpu mesh executable adds its decode program, its LLVM IR and "sample" (6 or 8).
  * Shared by the fuzz harness (fuzz_payload.c) and the unit test that keeps the checked-in
