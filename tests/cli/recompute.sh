@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/cli/recompute.sh — activation recomputation (pass "recompute", passes/recompute.c).
-#   - bitwise: 3 training steps with --recompute selective, full and auto give exactly the
+#   - bitwise: 2 training steps with --recompute selective, full and auto give exactly the
 #     parameters and losses of --recompute none (loom diff --rtol 0), for the four tiny models
 #     on one rank, on dp=2 with ZeRO-3 and on tp=2 (cpu backend, batch 8; auto with a budget halfway
 #     between none's and selective's planned peaks, so it must recompute something; where
@@ -62,7 +62,7 @@ for m in gpt2-tiny llama-tiny gpt2-tiny-4l llama-tiny-4l; do
     sel_t=$(planned_total "${base[@]}" --recompute selective)
     budget=$(( (none_t + sel_t) / 2 ))
     ref=$TMP/none.st
-    "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 3 --lr 1e-3 --verbose --out "$ref" > "$TMP/none.log" 2>&1 \
+    "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 2 --lr 1e-3 --verbose --out "$ref" > "$TMP/none.log" 2>&1 \
       || { fail "$tag: recompute none did not run" "$(tail -3 "$TMP/none.log")"; continue; }
     check_measured "$TMP/none.log" "$tag none" "${base[@]}"
     if [ "$sel_t" -ge "$none_t" ]; then
@@ -79,7 +79,7 @@ for m in gpt2-tiny llama-tiny gpt2-tiny-4l llama-tiny-4l; do
       flags=(--recompute $p)
       [ $p = auto ] && flags+=(--memory-budget $budget)
       out=$TMP/$p.st
-      if ! "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 3 --lr 1e-3 --verbose "${flags[@]}" --out "$out" > "$TMP/$p.log" 2>&1; then
+      if ! "$LOOM" train "${base[@]}" --data "$TMP/d.bin" --steps 2 --lr 1e-3 --verbose "${flags[@]}" --out "$out" > "$TMP/$p.log" 2>&1; then
         fail "$tag: recompute $p did not run" "$(tail -3 "$TMP/$p.log")"
         continue
       fi
@@ -95,8 +95,8 @@ for m in gpt2-tiny llama-tiny gpt2-tiny-4l llama-tiny-4l; do
 done
 
 # Every op class at once (rope and attention recomputed too) on Llama: still the same bits.
-"$LOOM" train models/llama-tiny.json --batch 8 --data "$TMP/d.bin" --steps 3 --lr 1e-3 --out "$TMP/n.st" > /dev/null 2>&1
-"$LOOM" train models/llama-tiny.json --batch 8 --data "$TMP/d.bin" --steps 3 --lr 1e-3 \
+"$LOOM" train models/llama-tiny.json --batch 8 --data "$TMP/d.bin" --steps 2 --lr 1e-3 --out "$TMP/n.st" > /dev/null 2>&1
+"$LOOM" train models/llama-tiny.json --batch 8 --data "$TMP/d.bin" --steps 2 --lr 1e-3 \
   --recompute selective:norm,act,eltwise,rope,attn --out "$TMP/all.st" > "$TMP/all.log" 2>&1
 if grep -q "^recompute selective:norm,act,eltwise,rope,attn: [1-9]" "$TMP/all.log" &&
    "$ST_DIFF" "$TMP/all.st" "$TMP/n.st" --rtol 0 --atol 0 > "$TMP/diff.txt" 2>&1; then
@@ -153,10 +153,10 @@ expect_stderr_contains "key \"memory_budget\": expected a size per rank"
 # ---- with pipeline parallelism: the clones run in their chunk's backward ----
 pp_bitwise() {   # what, train args...
   local what=$1; shift
-  run "$LOOM" train "$@" -q --steps 3 --out "$TMP/pp-none.st"
+  run "$LOOM" train "$@" -q --steps 2 --out "$TMP/pp-none.st"
   [ "$RC" -eq 0 ] || { fail "$what: the run without recomputation failed"; show_last; return; }
   for r in selective full; do
-    run "$LOOM" train "$@" -q --steps 3 --recompute $r --out "$TMP/pp-$r.st"
+    run "$LOOM" train "$@" -q --steps 2 --recompute $r --out "$TMP/pp-$r.st"
     if [ "$RC" -ne 0 ]; then fail "$what --recompute $r failed"; show_last; continue; fi
     run "$ST_DIFF" "$TMP/pp-$r.st" "$TMP/pp-none.st" --rtol 0
     [ "$RC" -eq 0 ] && pass "$what: --recompute $r = none, bitwise" || { fail "$what: --recompute $r changes results"; grep FAIL "$OUT" | head -3; }
