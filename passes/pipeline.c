@@ -70,6 +70,9 @@ typedef struct {
   Value **map_pool;   /* Out's maps (build_chunk): zero between functions */
   const Global **param;   /* global index -> the parameter it is about (param_of), or NULL */
   int *touched, n_touched;
+  bool *used;         /* [rank x global]: a chunk function of that rank reads the parameter the
+                         global is about (set as build_chunk emits: global_users' answer) */
+  int rank, used_ng;  /* the rank of the chunk being built; globals.n when used was made */
   char *err;
   size_t errlen;
 } PP;
@@ -390,6 +393,39 @@ static void index_values(PP *pp) {
 static int op_chunk(PP *pp, int i) { return pp->unit_chunk[pp->unit[i]]; }
 static int val_chunk(PP *pp, const Value *v) { return pp->unit_chunk[pp->vunit[v->id]]; }
 
+/* Tied parameters: an accumulate whose added terms (through adds and casts each used once)
+   come from different chunks: its terms (leaves) and the adds and casts between (chain). */
+static bool tied_split(PP *pp, const int *uses, Op *op, Value **leaves, int *n_leaves, Op **chain, int *n_chain) {
+  int nl = 0, nc = 0;
+  bool split = false;
+  *n_leaves = *n_chain = 0;
+  if (op->kind != OP_ACCUMULATE || op->operands[1]->kind != VAL_RESULT) return false;
+  Value *stack[64];
+  int sp = 0;
+  stack[sp++] = op->operands[1];
+  bool ok = true;
+  while (sp && ok) {
+    Value *v = stack[--sp];
+    Op *d = v->kind == VAL_RESULT ? pp->def[v->id] : NULL;
+    bool inner = d && (d->kind == OP_ADD || d->kind == OP_CAST) && uses[v->id] == 1 && pp->vphase[v->id] == PH_B &&
+                 nc < 63 && sp < 62;
+    if (inner && d->kind == OP_ADD && !type_shape_eq(&d->operands[0]->type, &d->operands[1]->type)) inner = false;
+    if (inner) {
+      chain[nc++] = d;
+      for (int k = d->n_operands - 1; k >= 0; k--) stack[sp++] = d->operands[k];
+    } else if (nl < 64) {
+      leaves[nl++] = v;
+    } else {
+      ok = false;
+    }
+  }
+  for (int k = 1; k < nl && ok; k++)
+    if (leaves[k]->kind != VAL_RESULT || leaves[0]->kind != VAL_RESULT || val_chunk(pp, leaves[k]) != val_chunk(pp, leaves[0]))
+      split = true;
+  *n_leaves = nl, *n_chain = nc;
+  return split && ok;
+}
+
 /* Tied parameters: `accumulate $grad.X, add(a, b)` (through casts) whose terms come from
    different chunks becomes one accumulate per term, each in its term's chunk. */
 static void split_tied_accumulates(PP *pp) {
@@ -402,42 +438,23 @@ static void split_tied_accumulates(PP *pp) {
     for (int k = 0; k < op->n_operands; k++)
       if (op->operands[k]->kind == VAL_RESULT) uses[op->operands[k]->id]++;
   }
+  /* Nothing to split (no tied parameter across chunks: the usual case): the step, its ids and
+     the per-value tables stay as classify made them (reach is not read after this). */
+  Value *leaves[64];
+  Op *chain[64];
+  int nl = 0, nc = 0;
+  bool any = false;
+  for (int i = 0; i < n && !any; i++) any = tied_split(pp, uses, g->ops.items[i], leaves, &nl, chain, &nc);
+  if (!any) {
+    free(uses);
+    return;
+  }
   int cap = n * 3 + 256;
   int *phase = malloc(sizeof(int) * (size_t)cap), *unit = malloc(sizeof(int) * (size_t)cap);
   int no = 0;
   for (int i = 0; i < n; i++) {
     Op *op = g->ops.items[i];
-    Value *leaves[64];
-    Op *chain[64];
-    int nl = 0, nc = 0;
-    bool split = false;
-    if (op->kind == OP_ACCUMULATE && op->operands[1]->kind == VAL_RESULT) {
-      Value *stack[64];
-      int sp = 0;
-      stack[sp++] = op->operands[1];
-      const Type *want = &op->operands[0]->type;
-      bool ok = true;
-      while (sp && ok) {
-        Value *v = stack[--sp];
-        Op *d = v->kind == VAL_RESULT ? pp->def[v->id] : NULL;
-        bool inner = d && (d->kind == OP_ADD || d->kind == OP_CAST) && uses[v->id] == 1 && pp->vphase[v->id] == PH_B &&
-                     nc < 63 && sp < 62;
-        if (inner && d->kind == OP_ADD && !type_shape_eq(&d->operands[0]->type, &d->operands[1]->type)) inner = false;
-        if (inner) {
-          chain[nc++] = d;
-          for (int k = d->n_operands - 1; k >= 0; k--) stack[sp++] = d->operands[k];
-        } else if (nl < 64) {
-          leaves[nl++] = v;
-        } else {
-          ok = false;
-        }
-      }
-      (void)want;
-      for (int k = 1; k < nl && ok; k++)
-        if (leaves[k]->kind != VAL_RESULT || leaves[0]->kind != VAL_RESULT || val_chunk(pp, leaves[k]) != val_chunk(pp, leaves[0]))
-          split = true;
-      split &= ok && no + 2 * nl < cap - (n - i);
-    }
+    bool split = tied_split(pp, uses, op, leaves, &nl, chain, &nc) && no + 2 * nl < cap - (n - i);
     if (!split) {
       ptrvec_push(pp->m->arena, &out, op);
       phase[no] = pp->phase[i], unit[no++] = pp->unit[i];
@@ -555,6 +572,18 @@ static void end_out(Out *o) {
 
 static Value *get(Out *o, Value *v);
 
+/* A chunk function's new op: the parameters its global operands are about are used by the
+   chunk's rank (what global_users would find walking the functions afterwards). */
+static void note_globals(Out *o, const Op *c) {
+  PP *pp = o->pp;
+  if (!o->clone || !pp->used) return;
+  for (int k = 0; k < c->n_operands; k++)
+    if (c->operands[k]->kind == VAL_GLOBAL) {
+      const Global *p = param_of(pp, c->operands[k]->global);
+      if (p) pp->used[pp->rank * pp->used_ng + p->index] = true;
+    }
+}
+
 /* A floating op (parameters and constants only) cloned into o->f. */
 static Value *clone_float(Out *o, Value *v) {
   Op *d = o->pp->def[v->id];
@@ -566,6 +595,7 @@ static Value *clone_float(Out *o, Value *v) {
   memcpy(c->attrs, d->attrs, sizeof(Attr) * (size_t)op_info(d->kind)->n_attrs);   /* the rest stay zero */
   c->callee = d->callee;
   ptrvec_push(o->pp->m->arena, &o->f->ops, c);
+  note_globals(o, c);
   for (int r = 0; r < d->n_results; r++) {
     c->results[r]->name = d->results[r]->name;
     map_set(o, d->results[r]->id, c->results[r]);
@@ -591,6 +621,7 @@ static void emit(Out *o, Op *op) {
   memcpy(c->attrs, op->attrs, sizeof(Attr) * (size_t)op_info(op->kind)->n_attrs);
   c->callee = op->callee;
   ptrvec_push(o->pp->m->arena, &o->f->ops, c);
+  note_globals(o, c);
   for (int r = 0; r < op->n_results; r++) {
     c->results[r]->name = op->results[r]->name;
     map_set(o, op->results[r]->id, c->results[r]);
@@ -622,6 +653,7 @@ static void p2p(Out *o, Value *v, bool send, int peer, int tag) {
   op_set_int(op, "peer", peer);
   op_set_int(op, "tag", tag);
   ptrvec_push(pp->m->arena, &o->f->ops, op);
+  note_globals(o, op);
 }
 
 static int chunk_rank(PP *pp, int c) { return schedule_chunk_rank(pp->kind, pp->p, pp->v, c); }
@@ -725,6 +757,7 @@ static int build_chunk(PP *pp, int c) {
   char name[64];
   const int *ids = pp->cv_ids + pp->cv_start[c], nids = pp->cv_start[c + 1] - pp->cv_start[c];
   bool last = c == pp->C - 1;
+  pp->rank = chunk_rank(pp, c);
   /* ---- @fwd.cK ---- */
   snprintf(name, sizeof name, "fwd.c%d", c);
   Out o = new_out(pp, name);
@@ -1072,11 +1105,19 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     split_parts(&pp);
   }
   if (!rc) rc = cut_all(&pp);
+  pp.used_ng = m->globals.n;
+  if (!rc && !(pp.used = calloc((size_t)p * (size_t)m->globals.n + 1, 1))) rc = fail(&pp, IR_ERUN, "out of memory");
   for (int c = 0; c < pp.C && !rc; c++) rc = build_chunk(&pp, c);
   cut_free(&pp);
+  if (rc) free(pp.used);
   if (!rc) {
-    bool *used = calloc((size_t)p * (size_t)m->globals.n + 1, 1);
-    global_users(&pp, used);
+    bool *used = pp.used;
+    pp.used = NULL;
+    if (pp.used_ng != m->globals.n) {   /* (building added globals: walk the functions instead) */
+      free(used);
+      used = calloc((size_t)p * (size_t)m->globals.n + 1, 1);
+      global_users(&pp, used);
+    }
     for (int gi = 0; gi < m->globals.n; gi++) {   /* a parameter nothing reads still gets its update, on rank 0 */
       bool any = false;
       for (int r = 0; r < p; r++) any |= used[r * m->globals.n + gi];
