@@ -258,3 +258,48 @@ void cg_rope_f(const Op *op, double f[4]) {
   f[2] = orig / op_float(op, "low_freq_factor");
   f[3] = orig / op_float(op, "high_freq_factor");
 }
+
+RtStep *cg_new_step(RtStep **items, int *n, int *cap, const Op *op, RtStepKind kind, int which, const char *suffix) {
+  if (*n == *cap) {
+    int c = *cap ? 2 * *cap : 64;
+    RtStep *grown = realloc(*items, sizeof(RtStep) * (size_t)c);
+    if (!grown) return NULL;
+    *items = grown;
+    *cap = c;
+  }
+  RtStep *st = &(*items)[(*n)++];
+  memset(st, 0, sizeof *st);
+  st->kind = kind;
+  st->which = which;
+  const Value *r = op->n_results ? op->results[0] : op->operands[0];
+  const char *name = r->kind == VAL_GLOBAL ? r->global->name : r->name;
+  if (op->kind == OP_CALL) snprintf(st->label, sizeof st->label, "call @%s", op->callee->name);
+  else if (name)
+    snprintf(st->label, sizeof st->label, "%s %s%s%s", op_info(op->kind)->name, r->kind == VAL_GLOBAL ? "$" : "%", name,
+             suffix);
+  else snprintf(st->label, sizeof st->label, "%s%s", op_info(op->kind)->name, suffix);
+  return st;
+}
+
+int cg_func_head(const Func *f, RtFunc *rf, char *msg, size_t n) {
+  if (strlen(f->name) >= sizeof rf->name) {
+    snprintf(msg, n, "the function name is longer than %zu characters", sizeof rf->name - 1);
+    return IR_EINPUT;
+  }
+  snprintf(rf->name, sizeof rf->name, "%s", f->name);
+  if (f->arena_bytes < 0) {
+    snprintf(msg, n, "has no arena size; run the memory-plan pass first");
+    return IR_EINPUT;
+  }
+  rf->arena_bytes = f->arena_bytes;
+  if (f->args.n > RT_MAX_FUNC_IO || f->rets.n > RT_MAX_FUNC_IO) {
+    snprintf(msg, n,
+             "has %d arguments and %d results; a lowered function holds at most %d of each (RT_MAX_FUNC_IO): "
+             "a pipeline chunk this long keeps too many activations, use more stages or --pp-virtual",
+             f->args.n, f->rets.n, RT_MAX_FUNC_IO);
+    return IR_EINPUT;
+  }
+  rf->n_args = f->args.n;
+  rf->n_rets = f->rets.n;
+  return 0;
+}

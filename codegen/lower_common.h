@@ -67,4 +67,12 @@ int cg_wrap_start(RtStep *st, int h);
    step; also past the table).  runtime/builtins.def is the table. */
 int cg_builtin_op(int builtin);
 
+/* The step list both lowerings grow: a zeroed step of kind and which at the end of *items
+   (n used, cap allocated), labelled after op ("call @f", or "<op> %result" / "<op> $global",
+   then suffix); NULL: out of memory. */
+RtStep *cg_new_step(RtStep **items, int *n, int *cap, const Op *op, RtStepKind kind, int which, const char *suffix);
+/* The head of a lowered function: its name, arena, argument and result counts (buffers and
+   placements are the caller's).  0, or IR_EINPUT with the reason in msg. */
+int cg_func_head(const Func *f, RtFunc *rf, char *msg, size_t n);
+
 #endif

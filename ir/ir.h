@@ -118,6 +118,12 @@ enum {
   OPF_W3 = 1 << 4,           /* writes operands 0, 1 and 2 (globals) */
   OPF_SIDE = 1 << 5,         /* talks to another rank (send, recv): never removed, merged or moved */
   OPF_EFFECT = OPF_W1 | OPF_W3 | OPF_SIDE,
+  /* the op's recomputation class (passes/recompute.c, --recompute selective's classes): an
+     elementwise op without one is RC_ELTWISE, any other op none */
+  OPF_RC_ACT = 1 << 6,       /* an activation */
+  OPF_RC_NORM = 1 << 7,      /* a norm */
+  OPF_RC_ROPE = 1 << 8,      /* rotary embeddings */
+  OPF_RC_ATTN = 1 << 9,      /* attention */
 };
 
 typedef enum { ATTR_INT, ATTR_FLOAT, ATTR_BOOL, ATTR_INTS, ATTR_DTYPE, ATTR_STR, ATTR_FUNC } AttrKind;

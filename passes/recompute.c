@@ -381,14 +381,15 @@ static int rewrite(RC *rc, bool by_layer, double *flops, double *work) {
 
 /* ---- policies ---- */
 
+/* An op's class is written beside it in ir/ops.def (OPF_RC_*): a new activation or norm
+   names its class there, not here. */
 static unsigned class_of(const Op *op) {
-  switch (op->kind) {
-  case OP_LAYERNORM: case OP_RMSNORM: return RC_NORM;
-  case OP_GELU_TANH: case OP_SILU: case OP_RELU: case OP_SIGMOID: case OP_TANH: return RC_ACT;
-  case OP_ROPE: return RC_ROPE;
-  case OP_ATTENTION: return RC_ATTN;
-  default: return op_info(op->kind)->cls == CLASS_ELEMENTWISE ? RC_ELTWISE : 0;
-  }
+  const OpInfo *in = op_info(op->kind);
+  if (in->flags & OPF_RC_NORM) return RC_NORM;
+  if (in->flags & OPF_RC_ACT) return RC_ACT;
+  if (in->flags & OPF_RC_ROPE) return RC_ROPE;
+  if (in->flags & OPF_RC_ATTN) return RC_ATTN;
+  return in->cls == CLASS_ELEMENTWISE ? RC_ELTWISE : 0;
 }
 
 /* Reshapes follow their operand; parameter-only ops are always recomputed. */

@@ -85,26 +85,8 @@ typedef struct {
 } Steps;
 
 static RtStep *new_step(Lower *L, Steps *s, RtStepKind kind, int which) {
-  if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 64;
-    RtStep *items = realloc(s->items, sizeof(RtStep) * (size_t)cap);
-    if (!items) {
-      lfail(L, "out of memory");
-      return NULL;
-    }
-    s->items = items;
-    s->cap = cap;
-  }
-  RtStep *st = &s->items[s->n++];
-  memset(st, 0, sizeof *st);
-  st->kind = kind;
-  st->which = which;
-  const Op *op = L->op;
-  const Value *r = op->n_results ? op->results[0] : op->operands[0];
-  const char *name = r->kind == VAL_GLOBAL ? r->global->name : r->name;
-  if (op->kind == OP_CALL) snprintf(st->label, sizeof st->label, "call @%s", op->callee->name);
-  else if (name) snprintf(st->label, sizeof st->label, "%s %s%s", op_info(op->kind)->name, r->kind == VAL_GLOBAL ? "$" : "%", name);
-  else snprintf(st->label, sizeof st->label, "%s", op_info(op->kind)->name);
+  RtStep *st = cg_new_step(&s->items, &s->n, &s->cap, L->op, kind, which, "");
+  if (!st) lfail(L, "out of memory");
   return st;
 }
 
@@ -644,16 +626,8 @@ static int lower_wait(Lower *L, Steps *s) {
 static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
-  if (strlen(f->name) >= sizeof rf->name) return lfail(L, "the function name is longer than %zu characters", sizeof rf->name - 1);
-  snprintf(rf->name, sizeof rf->name, "%s", f->name);
-  if (f->arena_bytes < 0) return lfail(L, "has no arena size; run the memory-plan pass first");
-  rf->arena_bytes = f->arena_bytes;
-  if (f->args.n > RT_MAX_FUNC_IO || f->rets.n > RT_MAX_FUNC_IO)
-    return lfail(L, "has %d arguments and %d results; a lowered function holds at most %d of each (RT_MAX_FUNC_IO): "
-                 "a pipeline chunk this long keeps too many activations, use more stages or --pp-virtual",
-                 f->args.n, f->rets.n, RT_MAX_FUNC_IO);
-  rf->n_args = f->args.n;
-  rf->n_rets = f->rets.n;
+  char why[256];
+  if (cg_func_head(f, rf, why, sizeof why)) return lfail(L, "%s", why);
   for (int i = 0; i < f->args.n; i++) {
     if (buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
     cg_describe_place(&((Value *)f->args.items[i])->type, &rf->arg_place[i]);

@@ -683,14 +683,8 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
   L->scratch = 0;
-  if (strlen(f->name) >= sizeof rf->name) return cl_fail(L, "the function name is longer than %zu characters", sizeof rf->name - 1);
-  snprintf(rf->name, sizeof rf->name, "%s", f->name);
-  if (f->arena_bytes < 0) return cl_fail(L, "has no arena size; run the memory-plan pass first");
-  if (f->args.n > RT_MAX_FUNC_IO || f->rets.n > RT_MAX_FUNC_IO)
-    return cl_fail(L, "has %d arguments and %d results; a lowered function holds at most %d of each (RT_MAX_FUNC_IO)",
-                   f->args.n, f->rets.n, RT_MAX_FUNC_IO);
-  rf->n_args = f->args.n;
-  rf->n_rets = f->rets.n;
+  char why[256];
+  if (cg_func_head(f, rf, why, sizeof why)) return cl_fail(L, "%s", why);
   for (int i = 0; i < f->args.n; i++) {
     if (cl_buf_of(L, f->args.items[i], &rf->args[i])) return IR_EINPUT;
     cg_describe_place(&((Value *)f->args.items[i])->type, &rf->arg_place[i]);

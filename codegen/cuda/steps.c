@@ -277,30 +277,13 @@ int cl_fused_kernel(Lower *L, int fi) {
 
 RtStep *cl_new_step(Lower *L, Steps *s, RtStepKind kind, int which, const char *suffix) {
   if (which < 0) return NULL;
-  if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 64;
-    RtStep *items = realloc(s->items, sizeof(RtStep) * (size_t)cap);
-    if (!items) {
-      cl_fail(L, "out of memory");
-      return NULL;
-    }
-    s->items = items;
-    s->cap = cap;
+  RtStep *st = cg_new_step(&s->items, &s->n, &s->cap, L->op, kind, which, suffix);
+  if (!st) {
+    cl_fail(L, "out of memory");
+    return NULL;
   }
-  RtStep *st = &s->items[s->n++];
-  memset(st, 0, sizeof *st);
-  st->kind = kind;
-  st->which = which;
   st->grid[0] = st->grid[1] = st->grid[2] = 1;
   st->block[0] = st->block[1] = st->block[2] = 1;
-  const Op *op = L->op;
-  const Value *r = op->n_results ? op->results[0] : op->operands[0];
-  const char *name = r->kind == VAL_GLOBAL ? r->global->name : r->name;
-  if (op->kind == OP_CALL) snprintf(st->label, sizeof st->label, "call @%s", op->callee->name);
-  else if (name)
-    snprintf(st->label, sizeof st->label, "%s %s%s%s", op_info(op->kind)->name, r->kind == VAL_GLOBAL ? "$" : "%", name,
-             suffix);
-  else snprintf(st->label, sizeof st->label, "%s%s", op_info(op->kind)->name, suffix);
   return st;
 }
 
