@@ -70,6 +70,9 @@ typedef struct {
   Value **map_pool;   /* Out's maps (build_chunk): zero between functions */
   const Global **param;   /* global index -> the parameter it is about (param_of), or NULL */
   int *touched, n_touched;
+  bool *used;         /* [rank x global]: a chunk function of that rank reads the parameter the
+                         global is about (set as build_chunk emits: global_users' answer) */
+  int rank, used_ng;  /* the rank of the chunk being built; globals.n when used was made */
   char *err;
   size_t errlen;
 } PP;
@@ -390,6 +393,39 @@ static void index_values(PP *pp) {
 static int op_chunk(PP *pp, int i) { return pp->unit_chunk[pp->unit[i]]; }
 static int val_chunk(PP *pp, const Value *v) { return pp->unit_chunk[pp->vunit[v->id]]; }
 
+/* Tied parameters: an accumulate whose added terms (through adds and casts each used once)
+   come from different chunks: its terms (leaves) and the adds and casts between (chain). */
+static bool tied_split(PP *pp, const int *uses, Op *op, Value **leaves, int *n_leaves, Op **chain, int *n_chain) {
+  int nl = 0, nc = 0;
+  bool split = false;
+  *n_leaves = *n_chain = 0;
+  if (op->kind != OP_ACCUMULATE || op->operands[1]->kind != VAL_RESULT) return false;
+  Value *stack[64];
+  int sp = 0;
+  stack[sp++] = op->operands[1];
+  bool ok = true;
+  while (sp && ok) {
+    Value *v = stack[--sp];
+    Op *d = v->kind == VAL_RESULT ? pp->def[v->id] : NULL;
+    bool inner = d && (d->kind == OP_ADD || d->kind == OP_CAST) && uses[v->id] == 1 && pp->vphase[v->id] == PH_B &&
+                 nc < 63 && sp < 62;
+    if (inner && d->kind == OP_ADD && !type_shape_eq(&d->operands[0]->type, &d->operands[1]->type)) inner = false;
+    if (inner) {
+      chain[nc++] = d;
+      for (int k = d->n_operands - 1; k >= 0; k--) stack[sp++] = d->operands[k];
+    } else if (nl < 64) {
+      leaves[nl++] = v;
+    } else {
+      ok = false;
+    }
+  }
+  for (int k = 1; k < nl && ok; k++)
+    if (leaves[k]->kind != VAL_RESULT || leaves[0]->kind != VAL_RESULT || val_chunk(pp, leaves[k]) != val_chunk(pp, leaves[0]))
+      split = true;
+  *n_leaves = nl, *n_chain = nc;
+  return split && ok;
+}
+
 /* Tied parameters: `accumulate $grad.X, add(a, b)` (through casts) whose terms come from
    different chunks becomes one accumulate per term, each in its term's chunk. */
 static void split_tied_accumulates(PP *pp) {
@@ -402,42 +438,23 @@ static void split_tied_accumulates(PP *pp) {
     for (int k = 0; k < op->n_operands; k++)
       if (op->operands[k]->kind == VAL_RESULT) uses[op->operands[k]->id]++;
   }
+  /* Nothing to split (no tied parameter across chunks: the usual case): the step, its ids and
+     the per-value tables stay as classify made them (reach is not read after this). */
+  Value *leaves[64];
+  Op *chain[64];
+  int nl = 0, nc = 0;
+  bool any = false;
+  for (int i = 0; i < n && !any; i++) any = tied_split(pp, uses, g->ops.items[i], leaves, &nl, chain, &nc);
+  if (!any) {
+    free(uses);
+    return;
+  }
   int cap = n * 3 + 256;
   int *phase = malloc(sizeof(int) * (size_t)cap), *unit = malloc(sizeof(int) * (size_t)cap);
   int no = 0;
   for (int i = 0; i < n; i++) {
     Op *op = g->ops.items[i];
-    Value *leaves[64];
-    Op *chain[64];
-    int nl = 0, nc = 0;
-    bool split = false;
-    if (op->kind == OP_ACCUMULATE && op->operands[1]->kind == VAL_RESULT) {
-      Value *stack[64];
-      int sp = 0;
-      stack[sp++] = op->operands[1];
-      const Type *want = &op->operands[0]->type;
-      bool ok = true;
-      while (sp && ok) {
-        Value *v = stack[--sp];
-        Op *d = v->kind == VAL_RESULT ? pp->def[v->id] : NULL;
-        bool inner = d && (d->kind == OP_ADD || d->kind == OP_CAST) && uses[v->id] == 1 && pp->vphase[v->id] == PH_B &&
-                     nc < 63 && sp < 62;
-        if (inner && d->kind == OP_ADD && !type_shape_eq(&d->operands[0]->type, &d->operands[1]->type)) inner = false;
-        if (inner) {
-          chain[nc++] = d;
-          for (int k = d->n_operands - 1; k >= 0; k--) stack[sp++] = d->operands[k];
-        } else if (nl < 64) {
-          leaves[nl++] = v;
-        } else {
-          ok = false;
-        }
-      }
-      (void)want;
-      for (int k = 1; k < nl && ok; k++)
-        if (leaves[k]->kind != VAL_RESULT || leaves[0]->kind != VAL_RESULT || val_chunk(pp, leaves[k]) != val_chunk(pp, leaves[0]))
-          split = true;
-      split &= ok && no + 2 * nl < cap - (n - i);
-    }
+    bool split = tied_split(pp, uses, op, leaves, &nl, chain, &nc) && no + 2 * nl < cap - (n - i);
     if (!split) {
       ptrvec_push(pp->m->arena, &out, op);
       phase[no] = pp->phase[i], unit[no++] = pp->unit[i];
@@ -555,18 +572,30 @@ static void end_out(Out *o) {
 
 static Value *get(Out *o, Value *v);
 
+/* A chunk function's new op: the parameters its global operands are about are used by the
+   chunk's rank (what global_users would find walking the functions afterwards). */
+static void note_globals(Out *o, const Op *c) {
+  PP *pp = o->pp;
+  if (!o->clone || !pp->used) return;
+  for (int k = 0; k < c->n_operands; k++)
+    if (c->operands[k]->kind == VAL_GLOBAL) {
+      const Global *p = param_of(pp, c->operands[k]->global);
+      if (p) pp->used[pp->rank * pp->used_ng + p->index] = true;
+    }
+}
+
 /* A floating op (parameters and constants only) cloned into o->f. */
 static Value *clone_float(Out *o, Value *v) {
   Op *d = o->pp->def[v->id];
   Value *ops[256];   /* (a concat of cp's zigzag permutation has 2cp operands; shard allows cp <= 128) */
   for (int k = 0; k < d->n_operands && k < 256; k++) ops[k] = get(o, d->operands[k]);
-  Type types[IR_MAX_RESULTS];
-  for (int r = 0; r < d->n_results; r++) types[r] = d->results[r]->type;
-  Op *c = op_new_n(o->pp->m, d->kind, ops, d->n_operands, types, d->n_results);
-  memcpy(c->attrs, d->attrs, sizeof c->attrs);
+  Op *c = op_new_n(o->pp->m, d->kind, ops, d->n_operands, NULL, d->n_results);   /* types copied once, below */
+  memcpy(c->attrs, d->attrs, sizeof(Attr) * (size_t)op_info(d->kind)->n_attrs);   /* the rest stay zero */
   c->callee = d->callee;
   ptrvec_push(o->pp->m->arena, &o->f->ops, c);
+  note_globals(o, c);
   for (int r = 0; r < d->n_results; r++) {
+    c->results[r]->type = d->results[r]->type;
     c->results[r]->name = d->results[r]->name;
     map_set(o, d->results[r]->id, c->results[r]);
   }
@@ -583,13 +612,15 @@ static Value *get(Out *o, Value *v) {
 static void emit(Out *o, Op *op) {
   Value *ops[256];
   for (int k = 0; k < op->n_operands; k++) ops[k] = get(o, op->operands[k]);
-  Type types[IR_MAX_RESULTS];
-  for (int r = 0; r < op->n_results; r++) types[r] = op->results[r]->type;
-  Op *c = op_new_n(o->pp->m, op->kind, ops, op->n_operands, types, op->n_results);
-  memcpy(c->attrs, op->attrs, sizeof c->attrs);
+  Op *c = op_new_n(o->pp->m, op->kind, ops, op->n_operands, NULL, op->n_results);   /* types copied once, below */
+  /* the schema's attributes only (the rest stay zero): the whole array is 8 cache lines of
+     an op the walk has not touched yet, and this copy was the pass's hottest line */
+  memcpy(c->attrs, op->attrs, sizeof(Attr) * (size_t)op_info(op->kind)->n_attrs);
   c->callee = op->callee;
   ptrvec_push(o->pp->m->arena, &o->f->ops, c);
+  note_globals(o, c);
   for (int r = 0; r < op->n_results; r++) {
+    c->results[r]->type = op->results[r]->type;
     c->results[r]->name = op->results[r]->name;
     map_set(o, op->results[r]->id, c->results[r]);
   }
@@ -620,6 +651,7 @@ static void p2p(Out *o, Value *v, bool send, int peer, int tag) {
   op_set_int(op, "peer", peer);
   op_set_int(op, "tag", tag);
   ptrvec_push(pp->m->arena, &o->f->ops, op);
+  note_globals(o, op);
 }
 
 static int chunk_rank(PP *pp, int c) { return schedule_chunk_rank(pp->kind, pp->p, pp->v, c); }
@@ -723,6 +755,7 @@ static int build_chunk(PP *pp, int c) {
   char name[64];
   const int *ids = pp->cv_ids + pp->cv_start[c], nids = pp->cv_start[c + 1] - pp->cv_start[c];
   bool last = c == pp->C - 1;
+  pp->rank = chunk_rank(pp, c);
   /* ---- @fwd.cK ---- */
   snprintf(name, sizeof name, "fwd.c%d", c);
   Out o = new_out(pp, name);
@@ -893,7 +926,7 @@ static int opt_plan(PP *pp, Func *opt, OptPlan *pl) {
 /* Rank r's optimizer step: the ops about its parameters or about none, and the norm's chain
    over the terms it counts.  An op about another rank's parameter is not looked at: nothing
    this rank keeps reads it (the chain counts such a term as another rank's). */
-static int build_optimizer(PP *pp, Func *opt, const OptPlan *pl, const bool *used, int r) {
+static int build_optimizer(PP *pp, Func *opt, const OptPlan *pl, const bool *used, int r, const int *mine, int n_mine) {
   Module *m = pp->m;
   int ng = m->globals.n;
   char name[64];
@@ -941,10 +974,9 @@ static int build_optimizer(PP *pp, Func *opt, const OptPlan *pl, const bool *use
      parameter counted on its first owner, drops out of it. */
   int *dropped = pl->dropped_on, mark = r + 1, rc = 0;
   bool have_norm = false;
-  for (int i = 0; i < opt->ops.n && !rc; i++) {
+  for (int x = 0; x < n_mine && !rc; x++) {
+    int i = mine[x], ab = pl->ab[i];
     Op *op = opt->ops.items[i];
-    int ab = pl->ab[i];
-    if (ab >= 0 && !used[r * ng + ab]) continue;   /* another rank's */
     if (ab == -3) {
       char text[512];
       rc = fail(pp, IR_ERUN, "internal error: an @optimizer_step op outside the norm mixes parameters: %s",
@@ -1009,10 +1041,10 @@ static int build_optimizer(PP *pp, Func *opt, const OptPlan *pl, const bool *use
     }
     func_add_ret(o.f, x);
   }
-  /* the copies are this rank's: cleared for the next */
+  /* the copies are this rank's: cleared for the next (only this rank's ops set any) */
   for (int a = 0; a < opt->args.n; a++) o.map[((Value *)opt->args.items[a])->id] = NULL;
-  for (int i = 0; i < opt->ops.n; i++) {
-    Op *op = opt->ops.items[i];
+  for (int x = 0; x < n_mine; x++) {
+    Op *op = opt->ops.items[mine[x]];
     for (int rr = 0; rr < op->n_results; rr++) o.map[op->results[rr]->id] = NULL;
     if (op->n_operands && op->operands[0]->kind == VAL_RESULT) o.map[op->operands[0]->id] = NULL;
   }
@@ -1071,11 +1103,19 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     split_parts(&pp);
   }
   if (!rc) rc = cut_all(&pp);
+  pp.used_ng = m->globals.n;
+  if (!rc && !(pp.used = calloc((size_t)p * (size_t)m->globals.n + 1, 1))) rc = fail(&pp, IR_ERUN, "out of memory");
   for (int c = 0; c < pp.C && !rc; c++) rc = build_chunk(&pp, c);
   cut_free(&pp);
+  if (rc) free(pp.used);
   if (!rc) {
-    bool *used = calloc((size_t)p * (size_t)m->globals.n + 1, 1);
-    global_users(&pp, used);
+    bool *used = pp.used;
+    pp.used = NULL;
+    if (pp.used_ng != m->globals.n) {   /* (building added globals: walk the functions instead) */
+      free(used);
+      used = calloc((size_t)p * (size_t)m->globals.n + 1, 1);
+      global_users(&pp, used);
+    }
     for (int gi = 0; gi < m->globals.n; gi++) {   /* a parameter nothing reads still gets its update, on rank 0 */
       bool any = false;
       for (int r = 0; r < p; r++) any |= used[r * m->globals.n + gi];
@@ -1083,7 +1123,31 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
     }
     OptPlan pl;
     rc = opt_plan(&pp, opt, &pl);
-    for (int r = 0; r < p && !rc; r++) rc = build_optimizer(&pp, opt, &pl, used, r);
+    /* Each rank's ops of @optimizer_step (about none of the parameters, or about one it
+       uses), in order: each rank walks and clears only its own, not all p x ops. */
+    int ng = m->globals.n, n_opt = opt->ops.n;
+    int *owners = NULL, *n_own = NULL, *mine = NULL, *mine_start = NULL;
+    if (!rc) {
+      owners = malloc(sizeof(int) * ((size_t)ng * (size_t)p + 1)), n_own = calloc((size_t)ng + 1, sizeof(int));
+      mine_start = calloc((size_t)p + 2, sizeof(int));
+      if (!owners || !n_own || !mine_start) rc = fail(&pp, IR_ERUN, "out of memory");
+    }
+    for (int gi = 0; gi < ng && !rc; gi++)
+      for (int r = 0; r < p; r++)
+        if (used[r * ng + gi]) owners[gi * p + n_own[gi]++] = r;
+    for (int i = 0; i < n_opt && !rc; i++) {   /* counts, then the lists */
+      if (pl.ab[i] < 0) for (int r = 0; r < p; r++) mine_start[r + 2]++;
+      else for (int q = 0; q < n_own[pl.ab[i]]; q++) mine_start[owners[pl.ab[i] * p + q] + 2]++;
+    }
+    for (int r = 0; r < p && !rc; r++) mine_start[r + 2] += mine_start[r + 1];
+    if (!rc && !(mine = malloc(sizeof(int) * ((size_t)mine_start[p + 1] + 1)))) rc = fail(&pp, IR_ERUN, "out of memory");
+    for (int i = 0; i < n_opt && !rc; i++) {
+      if (pl.ab[i] < 0) for (int r = 0; r < p; r++) mine[mine_start[r + 1]++] = i;
+      else for (int q = 0; q < n_own[pl.ab[i]]; q++) mine[mine_start[owners[pl.ab[i] * p + q] + 1]++] = i;
+    }
+    for (int r = 0; r < p && !rc; r++)
+      rc = build_optimizer(&pp, opt, &pl, used, r, mine + mine_start[r], mine_start[r + 1] - mine_start[r]);
+    free(owners), free(n_own), free(mine), free(mine_start);
     opt_plan_free(&pl);
     free(used);
   }
