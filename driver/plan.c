@@ -88,6 +88,7 @@ typedef struct {
   Cand *c;
   int64_t L;
   const Hardware *hw;
+  double m2_lb;   /* the fast search's bound on its second compile's memory (resolve) */
   int refused;
   char why[IR_ERR_LEN];
 } Resolving;
@@ -95,7 +96,7 @@ typedef struct {
 static void *resolve_worker(void *arg) {
   Resolving *r = arg;
   r->why[0] = 0;
-  resolve(r->x, r->c, r->L, r->hw, true, &r->refused, r->why);
+  resolve(r->x, r->c, r->L, r->hw, true, r->m2_lb, &r->refused, r->why);
   if (getenv("LOOM_PLAN_DEBUG")) {
     char lay[160];
     plan_layout_text(r->c, lay, sizeof lay);
@@ -128,20 +129,47 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
     Cand *c = &cs[i];
     plan_progress_say(&pg, now_s(), "loom plan: compiling the best whole: %d of %d fit so far, %d compiles", exact_n, 2 * top,
                       x->compiles);
+    /* the fast search's stash bound past "far": never taken (the exhaustive search would
+       screen it, far out of memory) */
+    double m2_lb = 0;
+    if (c->pruned && c->mem <= 1.5 * hw->mem_bytes && x->stash) {
+      double b = stash_far_bound(x, c, &m2_lb);
+      if (b > 1.5 * hw->mem_bytes && getenv("LOOM_PLAN_CHECK")) {   /* the bound under its screened memory */
+        Cand copy = *c;
+        int bad = 0;
+        char why[IR_ERR_LEN];
+        resolve(x, &copy, L, hw, false, 0, &bad, why);
+        if (!bad && b > copy.mem * (1 + 1e-12)) {
+          char lay[160];
+          plan_layout_text(c, lay, sizeof lay);
+          fprintf(stderr, "LOOM_PLAN_CHECK: %s: stash bound %.17g over its screened memory %.17g\n", lay, b, copy.mem);
+          abort();
+        }
+      }
+      if (b > 1.5 * hw->mem_bytes) c->mem = b;
+    }
     if (c->pruned && c->mem > 1.5 * hw->mem_bytes) continue;   /* far out of memory: its figure is a lower bound */
     if (c->pruned) {   /* reached after all: screened in full, then the rest sorted again */
       if (getenv("LOOM_PLAN_DEBUG")) {
         char lay[160];
         plan_layout_text(c, lay, sizeof lay);
-        fprintf(stderr, "pruned, reached: %s (bound %.2f ms), screened in full\n", lay, c->step_s * 1e3);
+        fprintf(stderr, "pruned, reached: %s (bound %.2f ms, memory %.4g GiB), screened in full\n", lay, c->step_s * 1e3,
+                c->mem / 1073741824.0);
       }
       /* with the next few pruned ones near it, on every thread: resolving one the walk would
          not have reached only replaces its bound with its screened figures (the walk's
          order is the same) */
       Resolving rj[16];
       int nr = 0;
-      for (int k = i; k < n && k < i + 8 * nt && nr < (nt < 16 ? nt : 16); k++)
-        if (cs[k].pruned && cs[k].mem <= 1.5 * hw->mem_bytes) rj[nr++] = (Resolving){.x = x, .c = &cs[k], .L = L, .hw = hw};
+      for (int k = i; k < n && k < i + 8 * nt && nr < (nt < 16 ? nt : 16); k++) {
+        m2_lb = 0;
+        if (cs[k].pruned && cs[k].mem <= 1.5 * hw->mem_bytes && x->stash) {
+          double b = stash_far_bound(x, &cs[k], &m2_lb);
+          if (b > 1.5 * hw->mem_bytes) cs[k].mem = b;
+        }
+        if (cs[k].pruned && cs[k].mem <= 1.5 * hw->mem_bytes)
+          rj[nr++] = (Resolving){.x = x, .c = &cs[k], .L = L, .hw = hw, .m2_lb = m2_lb};
+      }
       pthread_t th[16];
       int started = 0;
       for (int k = 1; k < nr; k++)
@@ -194,7 +222,7 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
   qsort(best, (size_t)exact_n, sizeof *best, cmp_step);
   if (closest < 0 && !exact_n)   /* nothing compiled whole: the screening's least memory, every candidate's */
     for (int i = 0; i < n; i++)
-      if (cs[i].pruned) resolve(x, &cs[i], L, hw, false, &refused, first_refusal);
+      if (cs[i].pruned) resolve(x, &cs[i], L, hw, false, 0, &refused, first_refusal);
   if (closest < 0)
     for (int i = 0; i < n; i++)
       if (!cs[i].exact && (closest < 0 || cs[i].mem < cs[closest].mem)) closest = i;

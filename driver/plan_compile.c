@@ -36,6 +36,7 @@ void unpin(Ctx *x, int pin) {
 void ctx_free(Ctx *x) {
   for (int i = 0; i < FRONT_CACHE; i++) module_free(x->front[i].m), x->front[i].m = NULL;
   lower_memo_free(x->memo), x->memo = NULL;
+  stash_free(x->stash), x->stash = NULL;
   if (x->quiet) fclose(x->quiet);
   x->quiet = NULL;
 }
@@ -203,15 +204,41 @@ int back(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, StepTime *t, int64
   return rc;
 }
 
+/* 4 bytes an element of f's results from the skip-th on (ir/schedule.c's rets_bytes). */
+static int64_t results_bytes(const Module *m, const char *pre, int c, int skip) {
+  char name[64];
+  snprintf(name, sizeof name, "%s.c%d", pre, c);
+  const Func *f = module_find_func(m, name);
+  int64_t b = 0;
+  for (int i = skip; f && i < f->rets.n; i++) b += 4 * type_numel(&((const Value *)f->rets.items[i])->type);
+  return b;
+}
+
+/* m's stash a chunk after the pipeline pass, as pipe_stash_peaks counts it. */
+static void chunk_stash(const Module *m, ChunkStash *st) {
+  *st = (ChunkStash){0};
+  int C = m->pipe.kind ? (int)m->pipe.chunks : 0;
+  if (C < 2) return;
+  bool split = m->pipe.kind == PIPE_ZBH1 || m->pipe.kind == PIPE_DUALPIPEV;
+  st->ok = true;
+  for (int c = 0; c < C; c++) {
+    int k = c == 0 ? 0 : c == C - 1 ? 2 : 1;
+    int64_t f = results_bytes(m, "fwd", c, c == C - 1), w = split ? results_bytes(m, "bwd_b", c, 0) : 0;
+    if (k == 1 && c > 1 && (f != st->f[1] || w != st->w[1])) st->ok = false;
+    st->f[k] = f, st->w[k] = w;
+  }
+}
+
 /* back() for a screening compile: only its step and memory, each function lowered only
    when the memo does not know it (see "compiling a candidate").  m is freed. */
-int back_screen(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, double *step_s, int64_t *mem, char *err,
-                       size_t errlen) {
+int back_screen(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, double *step_s, int64_t *mem, ChunkStash *stash,
+                char *err, size_t errlen) {
   int rc = run_part(x, 2, sp, m, err, errlen);
   if (rc) {
     module_free(m);
     return rc;
   }
+  if (stash) chunk_stash(m, stash);
   TrainSettings ts;
   PassOptions opt;
   plan_options(x, sp, &ts, &opt);
@@ -258,10 +285,11 @@ int compile_one(Ctx *x, const Cand *c, int64_t layers, StepTime *t, int64_t *mem
    would have (the same compiles give the same figures; LOOM_PLAN_CHECK holds the screening's
    shared lowering to them).  A refusal makes it the last of all, never taken. */
 
-void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, int *refused, char *first_refusal) {
+void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, double m2_lb, int *refused,
+             char *first_refusal) {
   int64_t ls[2], m[2] = {0, 0};
   int nl = screen_layers(c, L, ls), rc = 0;
-  double st[2] = {0, 0};
+  double st[2] = {0, 0}, lb_first = 0;
   char err[IR_ERR_LEN];
   RunSpec *sp = malloc(sizeof *sp);   /* large (paths): not on the stack */
   if (!sp) rc = IR_ERUN, snprintf(err, sizeof err, "out of memory");
@@ -278,15 +306,20 @@ void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, int 
     Module *mod = NULL;
     int pin = -1;
     rc = front_middle(x, sp, &mod, &pin, err, sizeof err);
-    if (!rc) rc = back_screen(x, c, sp, mod, &st[j], &m[j], err, sizeof err);
+    if (!rc) rc = back_screen(x, c, sp, mod, &st[j], &m[j], NULL, err, sizeof err);
     unpin(x, pin);
     count_compile(x);
     /* far out of memory at 1 layer a chunk already (memory grows with the layers: the
        exhaustive search prunes on the same figure, and LOOM_PLAN_CHECK holds it under the
        screened memory): the exact phase skips it, so the second compile is not made */
-    if (!rc && stop_far && j == 0 && nl == 2 && (double)m[0] > 1.5 * hw->mem_bytes) {
+    /* or beyond with m2 at least m2_lb (the fast search's stash bound, screen_one's rule):
+       m1 + k (m2 - m1), k >= 1 */
+    double m1 = (double)m[0], k = (double)L / (double)(c->pp * c->v) - 1;
+    double lb = !rc && j == 0 && nl == 2 && m2_lb > m1 ? m1 + k * (m2_lb - m1) : m1;
+    if (!rc && j == 0) lb_first = lb;   /* (LOOM_PLAN_CHECK holds it to the screened memory below) */
+    if (!rc && stop_far && j == 0 && nl == 2 && lb > 1.5 * hw->mem_bytes && !getenv("LOOM_PLAN_CHECK")) {
       c->pruned = true, c->has_first = true, c->first_s = st[0], c->first_mem = (double)m[0];
-      c->mem = (double)m[0], c->fits = false;
+      c->mem = lb, c->fits = false;
       free(sp);
       return;
     }
@@ -298,8 +331,16 @@ void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, int 
     c->step_s = c->mem = INFINITY, c->fits = false;
     return;
   }
+  double lb = lb_first;
   extrapolate(c, L, ls, nl, st, m);
   c->fits = c->mem <= hw->mem_bytes;
+  if (getenv("LOOM_PLAN_CHECK") && nl == 2 && lb > c->mem * (1 + 1e-12)) {
+    char lay[160];
+    plan_layout_text(c, lay, sizeof lay);
+    fprintf(stderr, "LOOM_PLAN_CHECK: %s: memory bound after the first compile %.17g over its screened memory %.17g\n", lay, lb,
+            c->mem);
+    abort();
+  }
 }
 
 void *whole_worker(void *arg) {

@@ -37,6 +37,8 @@ typedef struct {
   int users;        /* copies being taken now */
 } Front;
 
+typedef struct Stash Stash;   /* plan_fast.c: the stash bounds */
+
 typedef struct {
   const RunSpec *base;
   const Hardware *hw;
@@ -51,6 +53,7 @@ typedef struct {
   double layer_s;         /* a layer's forward and backward for one sequence at peak FLOP/s (pruning) */
   double seq_flops;       /* the model's forward and backward FLOPs for one sequence (MFU) */
   double layer_flops;     /* one layer's share of them */
+  Stash *stash;           /* the fast search's stash bounds, for the exact phase (or NULL) */
 } Ctx;
 
 /* A Ctx for rq (ctx_free frees it); 1 when out of memory. */
@@ -102,9 +105,17 @@ int cand_spec(const Ctx *x, const Cand *c, int64_t layers, RunSpec *sp, char *er
    names with (unpin when it is freed). */
 int front_middle(Ctx *x, const RunSpec *sp, Module **out, int *pin, char *err, size_t errlen);
 void unpin(Ctx *x, int pin);
-/* The back part for a screening compile (the memo's shared lowering); m is freed. */
-int back_screen(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, double *step_s, int64_t *mem, char *err,
-                size_t errlen);
+/* A pipelined screening compile's stash (memory_rank.c, pipe_stash_peaks): the bytes one
+   micro-batch of a chunk holds from F to B (f) and from B to W (w), for the first chunk,
+   every interior one and the last (ok: the interior chunks all hold the same). */
+typedef struct {
+  bool ok;
+  int64_t f[3], w[3];   /* [first, interior, last] */
+} ChunkStash;
+/* The back part for a screening compile (the memo's shared lowering); m is freed.  stash:
+   NULL, or the pipeline's stash (ok false without pp). */
+int back_screen(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, double *step_s, int64_t *mem, ChunkStash *stash,
+                char *err, size_t errlen);
 /* The back part in full (the whole lowering): step, memory, the module kept in *keep. */
 int back(Ctx *x, const Cand *c, const RunSpec *sp, Module *m, StepTime *t, int64_t *mem, Module **keep, char *err,
          size_t errlen);
@@ -115,8 +126,11 @@ int screen_layers(const Cand *c, int64_t L, int64_t out[2]);
 void extrapolate(Cand *c, int64_t L, const int64_t ls[2], int nl, const double st[2], const int64_t m[2]);
 /* A pruned candidate screened in full after all (the exact phase reached it).  stop_far:
    one found far out of memory (over 1.5 x the device) at its first compile stays pruned,
-   its memory that compile's (a lower bound: the exact phase skips it all the same). */
-void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, int *refused, char *first_refusal);
+   its memory that compile's (a lower bound: the exact phase skips it all the same), or
+   m1 + k (m2_lb - m1) where that is larger, m2_lb a lower bound on the second compile's
+   memory (0: none). */
+void resolve(Ctx *x, Cand *c, int64_t L, const Hardware *hw, bool stop_far, double m2_lb, int *refused,
+             char *first_refusal);
 
 /* The exact phase's whole compiles, several at once (each thread takes the next). */
 typedef struct {
@@ -148,6 +162,13 @@ int screen_exhaustive(Ctx *x, const PlanRequest *rq, Cand *cs, int *n, int *refu
    The same contract as screen_exhaustive; *programs: layer programs compiled. */
 int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n, int *refused, char *first_refusal, ScreenStats *st,
                 int *programs, char *err, size_t errlen);
+
+/* plan_fast.c: a lower bound on pruned candidate c's screened memory from the stash the
+   screening compiles showed, or its reference's (made where they show nothing); 0 where
+   nothing tells or x->stash is NULL; *m2_lb: the bound on its second screening compile's
+   memory (2 layers a chunk; 0 where none). */
+double stash_far_bound(Ctx *x, const Cand *c, double *m2_lb);
+void stash_free(Stash *st);
 
 /* plan_screen.c: half[i], the candidate like i with half its batch; none[i], like i without
    recomputation (i recomputes); -1 where there is none.  1 when out of memory. */

@@ -129,14 +129,14 @@ static int screen_compile(Screen *w, const Cand *c, int64_t layers, Shared *sh, 
     int64_t mm = 0;
     char e2[IR_ERR_LEN];
     int r2 = copy ? back(x, c, sp, copy, &t, &mm, NULL, e2, sizeof e2) : IR_ERUN;
-    rc = back_screen(x, c, sp, m, step_s, mem, err, IR_ERR_LEN);
+    rc = back_screen(x, c, sp, m, step_s, mem, NULL, err, IR_ERR_LEN);
     if (r2 != rc || (!rc && (t.step_s != *step_s || mm != *mem))) {
       fprintf(stderr, "LOOM_PLAN_CHECK: rc %d/%d step %.17g/%.17g mem %lld/%lld\n", rc, r2, *step_s, t.step_s,
               (long long)*mem, (long long)mm);
       abort();
     }
   } else if (!rc) {
-    rc = back_screen(x, c, sp, m, step_s, mem, err, IR_ERR_LEN);
+    rc = back_screen(x, c, sp, m, step_s, mem, NULL, err, IR_ERR_LEN);
   }
   count_compile(x);
   return rc;

@@ -135,6 +135,15 @@ LOOM_PLAN_FAST=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search on 4, 10 rows,
 expect_stderr_contains "gives the same table"
 LOOM_PLAN_FAST=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search with ZeRO-3 and full recomputation fixed, checked" "$LOOM" plan $M "${P[@]}" --zero 3 --recompute full
 expect_stderr_contains "gives the same table"
+# a device of 30 MB: most pipelined layouts far out of memory, set aside at a lower bound on
+# their memory from the stash the screening compiles (and the references) show, without a
+# compile of their own; LOOM_PLAN_CHECK screens each one all the same and aborts if its bound
+# is over its screened memory
+sed 's/"memory_gb": 80/"memory_gb": 0.03/' models/hardware/h100-sxm.json > "$TMP/small.json"
+LOOM_PLAN_DEBUG=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search's stash bounds, checked" "$LOOM" plan \
+  models/llama-tiny-8l.json --gpus 8 --hw "$TMP/small.json" --target cuda --precision bf16 --seq 256 --global-batch-tokens 16384 --top 3
+expect_stderr_contains "gives the same table"
+expect_stderr_matches "set aside at their stash bound: [1-9]"
 sed 's/"memory_gb": 80/"memory_gb": 0.000001/' models/hardware/h100-sxm.json > "$TMP/tiny.json"
 expect_exit 2 "nothing fits a 1 KB device" "$LOOM" plan $M "${P[@]}" --hw "$TMP/tiny.json"
 expect_stderr_contains "no layout fits"
