@@ -342,7 +342,15 @@ static void *ref_worker(void *arg) {
    rewrites shard_slice(broadcast(x)) into a broadcast to the rank's part): at Llama-3-70B
    the references at dp = 4 gave dp = 2's figures to 0.01%, so they are no longer compiled. */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
-  *out = p->f[dp == 1 ? 0 : 1];
+  int k = dp == 1 ? 0 : 1;
+  /* dp = 1's references with sequence parallelism can come out with a negative part a
+     sequence (Llama-3-70B on 4,096, tp=8+sp cp=16: -0.0027 s a layer against dp = 2's
+     0.0010, its 1-sequence compile another program): at a large micro-batch every chunk
+     then costs less than nothing and the estimate was infinite.  dp = 2's figures stand in
+     where they are known (a layer's figures do not depend on dp, above) */
+  const Figures *f1 = &p->f[0];
+  if (k == 0 && p->f[1].ok && (f1->g_la < 0 || f1->g_lb < 0 || f1->g_ba < 0 || f1->g_bb < 0)) k = 1;
+  *out = p->f[k];
   return out->ok;
 }
 
@@ -475,6 +483,13 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const SimPlans *plans,
       ok = cost && (split || c->sched != PIPE_DUALPIPEV);
       for (int k = 0; ok && k < chunks; k++) {
         double t = (split ? split[k] : (double)ls[j] / chunks) * layer + (k == chunks - 1 ? base + comm_g : 0);
+        /* the figures are affine in the sequences and the layers, and their fixed parts
+           can come out below 0 (2 sequences' time over twice 1's, 2 layers' over twice 1's):
+           a chunk of few layers could then cost less than nothing, which the simulation
+           refuses, and the candidate's estimate was infinite: set aside for good though it
+           might win (about 480 at Llama-3-70B on 4,096).  No chunk costs less than 0 (an
+           estimate under its step only screens it sooner) */
+        if (t < 0) t = 0;
         double fw = t / 3 / rcf, bw = t - fw;   /* a forward is a third of a step's FLOPs */
         fw += k < chunks - 1 ? p2p : 0, bw += k > 0 ? p2p : 0;
         cost[k][ACT_F] = fw;
@@ -606,6 +621,7 @@ typedef struct {
   const int *none;    /* the same layout without recomputation (plan_screen.c's siblings), or -1 */
   const int *half;    /* the same layout with half the micro-batch, or -1 */
   bool *bad, *skip, *far;
+  bool *aside;        /* set aside at its stash bound (stash_aside) */
   bool *done;         /* screened (its figures final) */
   bool *final;        /* taken and finished, whatever came of it (later ones wait for it) */
   pthread_cond_t finished;
@@ -799,7 +815,7 @@ static void stash_aside(Fast *f, Cand *c, int i, double sb) {
   c->pruned = true, c->fits = false, c->has_first = false;
   c->step_s = c->est_s * (1 - STEP_MARGIN);   /* never taken: the exact phase skips it as far out of memory */
   c->mem = sb;
-  f->far[i] = true;
+  f->far[i] = f->aside[i] = true;
   f->pruned++, f->stash_aside++;
   fast_finish(f, i);
 }
@@ -891,7 +907,9 @@ static void *fast_worker(void *arg) {
     while ((o >= 0 && !f->final[o]) || (h >= 0 && !f->final[h]) || f->prefix < k - LAG)
       pthread_cond_wait(&f->finished, &f->lock);
     double th = f->thr_at[k > LAG ? k - LAG : 0];
-    if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || f->cs[o].pruned)) {
+    /* (o set aside at its stash bound counts as screened and not fitting: the exhaustive
+       search screens i then, and so does this one unless i's own figures set it aside) */
+    if (o >= 0 && !f->bad[o] && !f->skip[o] && (f->cs[o].fits || (f->cs[o].pruned && !f->aside[o]))) {
       if (f->cs[o].fits) f->skip[i] = true, f->skipped++;
       else {
         /* o's bound or its own estimate's (a set-aside candidate's: recomputing, its estimate
@@ -1139,9 +1157,10 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   int *half = malloc(sizeof(int) * ((size_t)n + 1)), *none = malloc(sizeof(int) * ((size_t)n + 1));
   f.skip = calloc((size_t)n + 1, 1), f.none = none, f.half = half;
   f.far = calloc((size_t)n + 1, 1), f.done = calloc((size_t)n + 1, 1), f.final = calloc((size_t)n + 1, 1);
-  if (!half || !none || !f.skip || !f.far || !f.done || !f.final || siblings(cs, n, half, none)) {
+  f.aside = calloc((size_t)n + 1, 1);
+  if (!half || !none || !f.skip || !f.far || !f.done || !f.final || !f.aside || siblings(cs, n, half, none)) {
     free(order), free(f.bad), free(f.why), free(f.best), free(f.thr_at), free(f.pos), free(half), free(none), free(f.skip);
-    free(f.far), free(f.done), free(f.final);
+    free(f.far), free(f.done), free(f.final), free(f.aside);
     stash_free(stash);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
@@ -1191,7 +1210,7 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
   stash_free(x->stash), x->stash = stash;
   free(order), free(f.bad), free(f.why), free(f.best), free(f.thr_at), free(f.pos), free(half), free(none), free(f.skip);
-  free(f.far), free(f.done), free(f.final);
+  free(f.far), free(f.done), free(f.final), free(f.aside);
   *n_io = kept, *refused_out += refused;
   return 0;
 }
