@@ -35,8 +35,37 @@
  * out of memory, are skipped as the exhaustive search skips them.  So the table is the
  * exhaustive search's wherever the estimates are within the margin of the screened figures;
  * LOOM_PLAN_CHECK=1 runs both searches and compares their tables.
+ * Memory, bounded: a pipelined candidate about to be screened is set aside without a compile
+ * where a lower bound on its screened memory is past "far" (1.5 x the device, where the
+ * exact phase never takes one): the stash its schedule holds (pipe_stash_peaks' walk) with
+ * each chunk's stash as the screening compiles (or a small reference) showed it for its
+ * layer program, recomputation, split backward and micro-batch (stash_bound, below); after
+ * its first compile, m1 + k (that bound on m2 - m1); and in the exact phase, before a
+ * pruned candidate is screened in full.  Every such bound is a true lower bound
+ * (LOOM_PLAN_CHECK screens each candidate so set aside and aborts if one is over).
  *
- * Where it stands (2026-11-28, fourth session).  The estimates' schedule simulations were
+ * Where it stands (2026-11-28, fifth session).  The stash bounds above: Llama-3.1-405B on
+ * 16,384 at 16M tokens was 1,454 compiles and about 27 s of CPU (24 s quiet), 401 of its 425
+ * screened candidates far out of memory; now 252 are set aside at their stash bound without
+ * a compile (66 references of 2 small compiles each: a 3-rank pipeline of 3 and 6 layers),
+ * many more after their first compile or before the exact phase screens them: 1,084
+ * compiles, 8.2 s of CPU at load 11-13 (1,171 and 11.3 s after merging main's fuse change,
+ * with a sanitizer build running beside it), the same best layout.  Measured at 405B: the
+ * stash is most of a far candidate's memory (dp=64 tp=8+sp cp=2 pp=16 zb-h1 mbs=1: state 5
+ * and 8 GiB, arena 2.5 and 3.6, stash 42 and 76 of the 1- and 2-layer compiles, 311
+ * screened), and a reference's chunk stash equals the screening compiles' (0.664 GiB an
+ * interior chunk at tp=8 selective, pp=3 and pp=16).  LOOM_PLAN_CHECK at 405B (its fast
+ * half) held all 261 bounds it met under their screened memory.  Also: dp = 1's layer
+ * figures with sequence parallelism came out with a negative part a sequence (its 1-sequence
+ * compile another program), so about 480 candidates at Llama-3-70B had chunks costing less
+ * than nothing and an infinite estimate, never screened though one might win; dp = 2's
+ * figures stand in for them (none below 0 left at 70B; a chunk is held at 0 at least).
+ * Llama-3-70B on 4,096 at 4M: 1,322 compiles and 8.9 s of CPU at load 13 (the code before
+ * on the same tree: 1,361 and 12.4 s), the same top 3.  What is left: the references cost
+ * 80-130 small compiles where few candidates are far (70B: 23 set aside); compile cost
+ * (the pipeline pass, func_number, module_clone) is now most of the plan.
+ *
+ * Before (2026-11-28, fourth session).  The estimates' schedule simulations were
  * about a fifth of the CPU at 405B (each rebuilt its lists and schedule_simulate swept the
  * ranks): the distinct schedules (about 200) are now built and ordered once (plan_sim.c) and a
  * simulation is one pass with schedule_simulate's makespan to the bit (checked against it on
@@ -975,11 +1004,11 @@ static void *fast_worker(void *arg) {
     bool bad = screen_one(f->x, c, L, sp, th, sbl[1], &after_first, stash, f->why[i]) != 0;
     pthread_mutex_lock(&f->lock);
     if (!bad) stash_learn(f->st, c, k, stash, 2);
-    if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 4) {
+    if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 4) {   /* the bounds against the figures */
       char lay[160];
       plan_layout_text(c, lay, sizeof lay);
-      fprintf(stderr, "stashb %s: bound %.4g GiB (%.4g after the first), screened %.4g GiB%s\n", lay, sb / 1073741824.0, after_first / 1073741824.0, c->mem / 1073741824.0,
-              c->pruned ? " (pruned)" : "");
+      fprintf(stderr, "stash bound %s: %.4g GiB (%.4g after its first compile), screened %.4g GiB%s\n", lay,
+              sb / 1073741824.0, after_first / 1073741824.0, c->mem / 1073741824.0, c->pruned ? " (pruned)" : "");
     }
     if (check && !bad && !c->pruned && (sb > c->mem * (1 + 1e-12) || after_first > c->mem * (1 + 1e-12))) {
       char lay[160];
