@@ -107,7 +107,7 @@ int front_middle(Ctx *x, const RunSpec *sp, Module **out, int *pin, char *err, s
 void unpin(Ctx *x, int pin);
 /* A pipelined screening compile's stash (memory_rank.c, pipe_stash_peaks): the bytes one
    micro-batch of a chunk holds from F to B (f) and from B to W (w), for the first chunk,
-   every interior one and the last (ok: the interior chunks all hold the same). */
+   every interior one and the last (ok: 3 chunks or more, the interior ones all the same). */
 typedef struct {
   bool ok;
   int64_t f[3], w[3];   /* [first, interior, last] */
