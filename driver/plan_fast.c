@@ -820,7 +820,7 @@ static const Seen *stash_reference(Ctx *x, Stash *st, const Cand *c) {
    kept (has_first) m1 + k (m2 bound - m1) as screen_one takes it. */
 double stash_far_bound(Ctx *x, const Cand *c, double *m2_lb) {
   Stash *st = x->stash;
-  const Seen *ref = st && stash_lacks(st, c, INT_MAX) ? stash_reference(x, st, c) : NULL;
+  const Seen *ref = st && stash_lacks(st, c, INT_MAX) && c->est_mem > x->hw->mem_bytes ? stash_reference(x, st, c) : NULL;
   double sbl[2] = {0, 0}, b = st ? stash_bound(st, c, INT_MAX, ref, sbl) : 0;
   *m2_lb = sbl[1];
   int64_t ls[2];
@@ -987,7 +987,10 @@ static void *fast_worker(void *arg) {
        its figures) */
     int lim = k > LAG ? k - LAG : 0;
     const Seen *ref = NULL;
-    if (stash_lacks(f->st, c, lim)) {   /* nothing screened to go by: c's reference (made once) */
+    /* nothing screened to go by: c's reference (made once), where its estimate does not fit
+       (a reference costs two small compiles; Llama-3-70B on 4,096 made 50 it had no use
+       for) */
+    if (stash_lacks(f->st, c, lim) && c->est_mem > f->x->hw->mem_bytes) {
       pthread_mutex_unlock(&f->lock);
       ref = stash_reference(f->x, f->st, c);
       pthread_mutex_lock(&f->lock);
