@@ -45,25 +45,26 @@
  * (LOOM_PLAN_CHECK screens each candidate so set aside and aborts if one is over).
  *
  * Where it stands (2026-11-28, fifth session).  The stash bounds above: Llama-3.1-405B on
- * 16,384 at 16M tokens was 1,454 compiles and about 27 s of CPU (24 s quiet), 401 of its 425
- * screened candidates far out of memory; now 252 are set aside at their stash bound without
- * a compile (66 references of 2 small compiles each: a 3-rank pipeline of 3 and 6 layers),
- * many more after their first compile or before the exact phase screens them: 1,084
- * compiles, 8.2 s of CPU at load 11-13 (1,171 and 11.3 s after merging main's fuse change,
- * with a sanitizer build running beside it), the same best layout.  Measured at 405B: the
- * stash is most of a far candidate's memory (dp=64 tp=8+sp cp=2 pp=16 zb-h1 mbs=1: state 5
- * and 8 GiB, arena 2.5 and 3.6, stash 42 and 76 of the 1- and 2-layer compiles, 311
- * screened), and a reference's chunk stash equals the screening compiles' (0.664 GiB an
- * interior chunk at tp=8 selective, pp=3 and pp=16).  LOOM_PLAN_CHECK at 405B (its fast
- * half) held all 261 bounds it met under their screened memory.  Also: dp = 1's layer
- * figures with sequence parallelism came out with a negative part a sequence (its 1-sequence
- * compile another program), so about 480 candidates at Llama-3-70B had chunks costing less
- * than nothing and an infinite estimate, never screened though one might win; dp = 2's
- * figures stand in for them (none below 0 left at 70B; a chunk is held at 0 at least).
- * Llama-3-70B on 4,096 at 4M: 1,322 compiles and 8.9 s of CPU at load 13 (the code before
- * on the same tree: 1,361 and 12.4 s), the same top 3.  What is left: the references cost
- * 80-130 small compiles where few candidates are far (70B: 23 set aside); compile cost
- * (the pipeline pass, func_number, module_clone) is now most of the plan.
+ * 16,384 at 16M tokens (--top 1) was 1,454 compiles, 401 of its 425 screened candidates far
+ * out of memory; now about 250 are set aside at their stash bound without a compile (about
+ * 60 references of 2 small compiles each: a 3-rank pipeline of 3 and 6 layers, made only
+ * where the candidate's memory estimate does not fit), many more after their first compile
+ * or before the exact phase screens them: 1,171 compiles, 9.6-10.8 s of CPU against the code
+ * before's 26-30 s, run alternately on the loaded 2-core machine (load 5.4-6.0; quiet it was
+ * 24.15 s of CPU, 13.84 s wall), the same best layout.  Measured at 405B: the stash is most
+ * of a far candidate's memory (dp=64 tp=8+sp cp=2 pp=16 zb-h1 mbs=1: state 5 and 8 GiB,
+ * arena 2.5 and 3.6, stash 42 and 76 of the 1- and 2-layer compiles, 311 screened), and a
+ * reference's chunk stash equals the screening compiles' (0.664 GiB an interior chunk at
+ * tp=8 selective, pp=3 and pp=16).  LOOM_PLAN_CHECK at 405B (its fast half) held all 277
+ * bounds it met under their screened memory.  Also: dp = 1's layer figures with sequence
+ * parallelism came out with a negative part a sequence (its 1-sequence compile another
+ * program), so about 480 candidates at Llama-3-70B had chunks costing less than nothing and
+ * an infinite estimate, never screened though one might win; dp = 2's figures stand in for
+ * them (none below 0 left at 70B; a chunk is held at 0 at least).  Llama-3-70B on 4,096 at
+ * 4M: --top 1 986 compiles and 6.1 s of CPU (before: 1,033, 6.7 s), --top 3 1,273 (1,361),
+ * the same top 3.  What is left: compile cost (the pipeline pass, func_number, module_clone)
+ * is now most of the plan; the 2-layer-a-chunk compiles of far candidates whose stash is
+ * not most of their memory (selective recomputation with zb-h1) are still made.
  *
  * Before (2026-11-28, fourth session).  The estimates' schedule simulations were
  * about a fifth of the CPU at 405B (each rebuilt its lists and schedule_simulate swept the
