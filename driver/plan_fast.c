@@ -595,8 +595,9 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const SimPlans *plans,
    largest arena, and the stash its schedule holds at its peak (pipe_stash_peaks: what a
    micro-batch's F hands its B, and B its W, 4 bytes an element), so at least that stash.
    A chunk's stash is the shapes of its forward's (and B's) results: the layer program's
-   (tp, cp, sp, ep), the recomputation, whether the backward is split, the layers a chunk
-   and the micro-batch decide them; the first and last chunks (the embedding, the head)
+   (tp, cp, sp, ep), the recomputation, whether the backward is split, the layers a chunk,
+   the micro-batch and whether dp is 1 decide them (at 405B dualpipev and zb-h1, ZeRO 0 and
+   1, dp 64 and 128, pp 8 and 16 showed the same bytes; dp = 1 with sp another program); the first and last chunks (the embedding, the head)
    hold their own, every interior one the same.  Each screening compile with pp shows them
    for its own (Seen); an unscreened candidate with the same program, recomputation, split
    and layers a chunk takes them, from a micro-batch of mbs' sequences scaled by
@@ -609,6 +610,7 @@ typedef struct {
   int64_t tp, cp, ep, mbs;
   int rc, layers, pos;   /* layers a chunk (1, 2); pos: the candidate's place in the order */
   bool sp, split;
+  bool dp1;              /* dp = 1: with sequence parallelism another program (figures_at) */
   ChunkStash s;
 } Seen;
 /* What the bounds read: the schedules, and what the screening compiles showed.  Kept for
@@ -671,7 +673,7 @@ static bool split_bw_of(int sched) { return sched == PIPE_ZBH1 || sched == PIPE_
 
 static bool seen_key(const Seen *e, const Cand *c, int layers) {
   return e->tp == c->tp && e->cp == c->cp && e->ep == c->ep && e->sp == c->sp && e->rc == c->rc &&
-         e->split == split_bw_of(c->sched) && e->layers == layers;
+         e->split == split_bw_of(c->sched) && e->layers == layers && e->dp1 == (c->dp == 1);
 }
 
 /* Under f->lock: what c's screening compiles (at position pos) showed. */
@@ -684,7 +686,8 @@ static void stash_learn(Stash *f, const Cand *c, int pos, const ChunkStash st[2]
       f->seen = ns;
     }
     f->seen[f->n_seen++] = (Seen){.tp = c->tp, .cp = c->cp, .ep = c->ep, .mbs = c->batch / (c->dp * c->ep), .rc = c->rc,
-                                  .layers = j + 1, .pos = pos, .sp = c->sp, .split = split_bw_of(c->sched), .s = st[j]};
+                                  .layers = j + 1, .pos = pos, .sp = c->sp, .split = split_bw_of(c->sched), .dp1 = c->dp == 1,
+                                  .s = st[j]};
   }
 }
 
@@ -757,15 +760,17 @@ static bool stash_lacks(const Stash *f, const Cand *c, int lim) {
 }
 
 /* c's reference: the stash of its layer program, recomputation, split and micro-batch,
-   from a pipeline of 3 ranks (1f1b, or zb-h1 for a split backward; dp = 1, ZeRO 0, 3
-   micro-batches) with 1 and 2 layers a chunk: first, interior and last chunks of the
+   from a pipeline of 3 ranks (1f1b, or zb-h1 for a split backward; dp = 2, or 1 for a
+   candidate at dp = 1; ZeRO 0, 3 micro-batches) with 1 and 2 layers a chunk: first, interior and last chunks of the
    same kinds as the screening compiles'.  Made once, on the thread that first asks; NULL
    when it cannot be (or the model has 6 layers or fewer). */
 static const Seen *stash_reference(Ctx *x, Stash *st, const Cand *c) {
   if (st->L <= 6 || c->pp <= 1) return NULL;
   int64_t mbs = c->batch / (c->dp * c->ep);
-  Cand ref = {.dp = 1, .tp = c->tp, .cp = c->cp, .pp = 3, .v = 1, .ep = c->ep, .zero = 0,
-              .sched = split_bw_of(c->sched) ? PIPE_ZBH1 : PIPE_1F1B, .rc = c->rc, .sp = c->sp, .batch = mbs * c->ep, .ga = 3};
+  int64_t dp = c->dp == 1 ? 1 : 2;   /* dp = 1 or not: the learned figures' two kinds (Seen.dp1) */
+  Cand ref = {.dp = dp, .tp = c->tp, .cp = c->cp, .pp = 3, .v = 1, .ep = c->ep, .zero = 0,
+              .sched = split_bw_of(c->sched) ? PIPE_ZBH1 : PIPE_1F1B, .rc = c->rc, .sp = c->sp, .batch = mbs * dp * c->ep,
+              .ga = 3};
   pthread_mutex_lock(&st->lock);
   int r = 0;
   for (; r < st->n_refs; r++) {
@@ -785,7 +790,7 @@ static const Seen *stash_reference(Ctx *x, Stash *st, const Cand *c) {
     st->refs[r].state = 1, st->refs[r].ok = false;
     for (int j = 0; j < 2; j++)
       st->refs[r].e[j] = (Seen){.tp = c->tp, .cp = c->cp, .ep = c->ep, .mbs = mbs, .rc = c->rc, .layers = j + 1, .pos = -1,
-                                .sp = c->sp, .split = split_bw_of(c->sched)};
+                                .sp = c->sp, .split = split_bw_of(c->sched), .dp1 = dp == 1};
     pthread_mutex_unlock(&st->lock);
     ChunkStash got[2] = {{0}, {0}};
     bool ok = true;
