@@ -46,25 +46,28 @@
  *
  * Where it stands (2026-11-28, fifth session).  The stash bounds above: Llama-3.1-405B on
  * 16,384 at 16M tokens (--top 1) was 1,454 compiles, 401 of its 425 screened candidates far
- * out of memory; now about 250 are set aside at their stash bound without a compile (about
- * 60 references of 2 small compiles each: a 3-rank pipeline of 3 and 6 layers, made only
+ * out of memory; now about 280 are set aside at their stash bound without a compile (about
+ * 75 references of 2 small compiles each: a 3-rank pipeline of 3 and 6 layers, made only
  * where the candidate's memory estimate does not fit), many more after their first compile
- * or before the exact phase screens them: 1,171 compiles, 9.6-10.8 s of CPU against the code
- * before's 26-30 s, run alternately on the loaded 2-core machine (load 5.4-6.0; quiet it was
+ * or before the exact phase screens them: 1,142 compiles, 9.1-9.9 s of CPU against the code
+ * before's 28.6-28.8 s, run alternately on the loaded 2-core machine (load 4-6; quiet it was
  * 24.15 s of CPU, 13.84 s wall), the same best layout.  Measured at 405B: the stash is most
  * of a far candidate's memory (dp=64 tp=8+sp cp=2 pp=16 zb-h1 mbs=1: state 5 and 8 GiB,
- * arena 2.5 and 3.6, stash 42 and 76 of the 1- and 2-layer compiles, 311 screened), and a
- * reference's chunk stash equals the screening compiles' (0.664 GiB an interior chunk at
- * tp=8 selective, pp=3 and pp=16).  LOOM_PLAN_CHECK at 405B (its fast half) held all 277
- * bounds it met under their screened memory.  Also: dp = 1's layer figures with sequence
- * parallelism came out with a negative part a sequence (its 1-sequence compile another
- * program), so about 480 candidates at Llama-3-70B had chunks costing less than nothing and
- * an infinite estimate, never screened though one might win; dp = 2's figures stand in for
- * them (none below 0 left at 70B; a chunk is held at 0 at least).  Llama-3-70B on 4,096 at
- * 4M: --top 1 986 compiles and 6.1 s of CPU (before: 1,033, 6.7 s), --top 3 1,273 (1,361),
- * the same top 3.  What is left: compile cost (the pipeline pass, func_number, module_clone)
- * is now most of the plan; the 2-layer-a-chunk compiles of far candidates whose stash is
- * not most of their memory (selective recomputation with zb-h1) are still made.
+ * arena 2.5 and 3.6, stash 42 and 76 of the 1- and 2-layer compiles, 311 screened); the
+ * screening compiles of dualpipev and zb-h1, ZeRO 0 and 1, dp 64 and 128, pp 8 and 16 showed
+ * the same stash bytes a chunk for the same key.  The dp = 1 references first made showed
+ * another (1.45 GiB an interior chunk at 2 layers with sp, against 3.64: dp = 1 with sp is
+ * another program, as figures_at says), a lower figure there, but so the stash is keyed by
+ * dp = 1 or not and references are made at dp = 2.  LOOM_PLAN_CHECK at 405B (its fast half)
+ * held all 286 bounds it met under their screened memory.  Also: dp = 1's layer figures
+ * with sequence parallelism came out with a negative part a sequence, so about 480
+ * candidates at Llama-3-70B had chunks costing less than nothing and an infinite estimate,
+ * never screened though one might win; dp = 2's figures stand in for them (none below 0 left
+ * at 70B; a chunk is held at 0 at least).  Llama-3-70B on 4,096 at 4M: --top 1 986 compiles
+ * and 5.9 s of CPU (before: 1,033, 8.5 s), --top 3 1,273 (1,361), the same top 3.  What is
+ * left: compile cost (the pipeline pass, func_number, module_clone) is now most of the plan;
+ * the 2-layer-a-chunk compiles of far candidates whose stash is not most of their memory
+ * (zb-h1 with selective recomputation) are still made.
  *
  * Before (2026-11-28, fourth session).  The estimates' schedule simulations were
  * about a fifth of the CPU at 405B (each rebuilt its lists and schedule_simulate swept the
