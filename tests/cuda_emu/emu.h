@@ -164,8 +164,11 @@ static void fiber_main() {
 }
 
 static void *fiber_stack_top(int t) {
-  /* 16-aligned top, less 8: at fiber_main's entry rsp + 8 is 16-aligned, as after a call. */
-  char *top = stacks + (size_t)(t + 1) * STACK;
+  /* 16-aligned top, less 8: at fiber_main's entry rsp + 8 is 16-aligned, as after a call.
+     Each top lower by a different multiple of 64 bytes (under 64 KiB): tops STACK apart would
+     all fall in the same cache sets, and a block's threads, run one after another, would
+     evict each other's frames at every switch. */
+  char *top = stacks + (size_t)(t + 1) * STACK - (size_t)((unsigned)t * 613u % 1024u) * 64;
   void **sp = (void **)(top - 8);
   *--sp = (void *)fiber_main;      /* loom_emu_switch's ret */
   for (int r = 0; r < 6; r++) *--sp = 0;   /* rbp rbx r12 r13 r14 r15 */
