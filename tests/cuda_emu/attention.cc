@@ -121,40 +121,47 @@ static int run(const Case &c, int mode) {
             : c.D == 64 ? kernels<loom_sf16, 64>(c, tcore, &f, &bq, &bkv)
                         : kernels<loom_sf16, 128>(c, tcore, &f, &bq, &bkv);
   if (rc) return 1;
-  /* the reference: P = softmax(scale q k^T), dP = dout v^T, dS = P (dP - rowsum(P dP)) */
-  std::vector<double> O(nq, 0), dQ(nq, 0), dK(nk, 0), dV(nk, 0);
-  auto at_q = [&](int b, int t, int h) { return (((size_t)b * c.T + t) * c.H + h) * c.D; };
-  auto at_k = [&](int b, int j, int h) { return (((size_t)b * c.S + j) * c.KV + h) * c.D; };
-  for (int b = 0; b < c.B; b++)
-    for (int t = 0; t < c.T; t++)
-      for (int h = 0; h < c.H; h++) {
-        const int kh = h / (c.H / c.KV);
-        std::vector<double> p(c.S, 0.0), dp(c.S, 0.0);
-        double m = -INFINITY, l = 0, dsum = 0;
-        for (int j = 0; j < c.S; j++) {
-          p[j] = -INFINITY;
-          if ((c.causal && j > t) || (c.W > 0 && t - j >= c.W)) continue;
-          double d = 0;
-          for (int e = 0; e < c.D; e++) d += (double)from16(q[at_q(b, t, h) + e], c.bf16) * from16(k[at_k(b, j, kh) + e], c.bf16);
-          p[j] = d * scale;
-          m = fmax(m, p[j]);
-        }
-        for (int j = 0; j < c.S; j++) l += p[j] == -INFINITY ? 0 : exp(p[j] - m);
-        for (int j = 0; j < c.S; j++) {
-          p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - m) / l;
-          for (int e = 0; e < c.D; e++) dp[j] += (double)from16(go[at_q(b, t, h) + e], c.bf16) * from16(v[at_k(b, j, kh) + e], c.bf16);
-          dsum += p[j] * dp[j];
-        }
-        for (int j = 0; j < c.S; j++) {
-          const double ds = p[j] * (dp[j] - dsum) * scale;
-          for (int e = 0; e < c.D; e++) {
-            O[at_q(b, t, h) + e] += p[j] * from16(v[at_k(b, j, kh) + e], c.bf16);
-            dQ[at_q(b, t, h) + e] += ds * from16(k[at_k(b, j, kh) + e], c.bf16);
-            dK[at_k(b, j, kh) + e] += ds * from16(q[at_q(b, t, h) + e], c.bf16);
-            dV[at_k(b, j, kh) + e] += p[j] * from16(go[at_q(b, t, h) + e], c.bf16);
+  /* the reference: P = softmax(scale q k^T), dP = dout v^T, dS = P (dP - rowsum(P dP)); the
+     modes of a case draw the same inputs (the generator's seed is the case's), so it is
+     computed once per case and shared */
+  static const Case *ref_of = nullptr;
+  static std::vector<double> O, dQ, dK, dV;
+  if (ref_of != &c) {
+    ref_of = &c;
+    O.assign(nq, 0), dQ.assign(nq, 0), dK.assign(nk, 0), dV.assign(nk, 0);
+    auto at_q = [&](int b, int t, int h) { return (((size_t)b * c.T + t) * c.H + h) * c.D; };
+    auto at_k = [&](int b, int j, int h) { return (((size_t)b * c.S + j) * c.KV + h) * c.D; };
+    for (int b = 0; b < c.B; b++)
+      for (int t = 0; t < c.T; t++)
+        for (int h = 0; h < c.H; h++) {
+          const int kh = h / (c.H / c.KV);
+          std::vector<double> p(c.S, 0.0), dp(c.S, 0.0);
+          double m = -INFINITY, l = 0, dsum = 0;
+          for (int j = 0; j < c.S; j++) {
+            p[j] = -INFINITY;
+            if ((c.causal && j > t) || (c.W > 0 && t - j >= c.W)) continue;
+            double d = 0;
+            for (int e = 0; e < c.D; e++) d += (double)from16(q[at_q(b, t, h) + e], c.bf16) * from16(k[at_k(b, j, kh) + e], c.bf16);
+            p[j] = d * scale;
+            m = fmax(m, p[j]);
+          }
+          for (int j = 0; j < c.S; j++) l += p[j] == -INFINITY ? 0 : exp(p[j] - m);
+          for (int j = 0; j < c.S; j++) {
+            p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - m) / l;
+            for (int e = 0; e < c.D; e++) dp[j] += (double)from16(go[at_q(b, t, h) + e], c.bf16) * from16(v[at_k(b, j, kh) + e], c.bf16);
+            dsum += p[j] * dp[j];
+          }
+          for (int j = 0; j < c.S; j++) {
+            const double ds = p[j] * (dp[j] - dsum) * scale;
+            for (int e = 0; e < c.D; e++) {
+              O[at_q(b, t, h) + e] += p[j] * from16(v[at_k(b, j, kh) + e], c.bf16);
+              dQ[at_q(b, t, h) + e] += ds * from16(k[at_k(b, j, kh) + e], c.bf16);
+              dK[at_k(b, j, kh) + e] += ds * from16(q[at_q(b, t, h) + e], c.bf16);
+              dV[at_k(b, j, kh) + e] += p[j] * from16(go[at_q(b, t, h) + e], c.bf16);
+            }
           }
         }
-      }
+  }
   const double eo = rel(o, O), eq = rel(dq_, dQ), ek = rel(dk_, dK), ev = rel(dv_, dV);
   bool ok = eo <= ATT_TOL && eq <= ATT_TOL && ek <= ATT_TOL && ev <= ATT_TOL;
   char win[32] = "", vs[160] = "";

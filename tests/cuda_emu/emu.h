@@ -164,8 +164,11 @@ static void fiber_main() {
 }
 
 static void *fiber_stack_top(int t) {
-  /* 16-aligned top, less 8: at fiber_main's entry rsp + 8 is 16-aligned, as after a call. */
-  char *top = stacks + (size_t)(t + 1) * STACK;
+  /* 16-aligned top, less 8: at fiber_main's entry rsp + 8 is 16-aligned, as after a call.
+     Each top lower by a different multiple of 64 bytes (under 64 KiB): tops STACK apart would
+     all fall in the same cache sets, and a block's threads, run one after another, would
+     evict each other's frames at every switch. */
+  char *top = stacks + (size_t)(t + 1) * STACK - (size_t)((unsigned)t * 613u % 1024u) * 64;
   void **sp = (void **)(top - 8);
   *--sp = (void *)fiber_main;      /* loom_emu_switch's ret */
   for (int r = 0; r < 6; r++) *--sp = 0;   /* rbp rbx r12 r13 r14 r15 */
@@ -389,24 +392,28 @@ static inline void loom_emu_mma(float d[4], const unsigned a[4], const unsigned 
   w->b[lane][0] = b[0];
   w->b[lane][1] = b[1];
   warp_barrier("mma.sync");
-  float A[16][16], B[16][8];
-  for (int l = 0; l < 32; l++) {
-    int g = l / 4, t = l % 4;
-    for (int h = 0; h < 2; h++) {
-      A[g][2 * t + h] = loom_emu_half(w->a[l][0] >> (16 * h), is_bf16);
-      A[g + 8][2 * t + h] = loom_emu_half(w->a[l][1] >> (16 * h), is_bf16);
-      A[g][2 * t + 8 + h] = loom_emu_half(w->a[l][2] >> (16 * h), is_bf16);
-      A[g + 8][2 * t + 8 + h] = loom_emu_half(w->a[l][3] >> (16 * h), is_bf16);
-      B[2 * t + h][g] = loom_emu_half(w->b[l][0] >> (16 * h), is_bf16);
-      B[2 * t + 8 + h][g] = loom_emu_half(w->b[l][1] >> (16 * h), is_bf16);
-    }
-  }
+  /* This lane's rows g, g + 8 of A (from lanes 4g..4g+3) and columns 2t, 2t + 1 of B (from
+     lanes 4n..4n+3 for column n): the values the whole matrices would hold there */
   int g = lane / 4, t = lane % 4;
-  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  float Ar[2][16], Bc[2][16];
+  for (int u = 0; u < 4; u++)
+    for (int h = 0; h < 2; h++) {
+      const int l = 4 * g + u;
+      Ar[0][2 * u + h] = loom_emu_half(w->a[l][0] >> (16 * h), is_bf16);
+      Ar[1][2 * u + h] = loom_emu_half(w->a[l][1] >> (16 * h), is_bf16);
+      Ar[0][2 * u + 8 + h] = loom_emu_half(w->a[l][2] >> (16 * h), is_bf16);
+      Ar[1][2 * u + 8 + h] = loom_emu_half(w->a[l][3] >> (16 * h), is_bf16);
+      for (int c = 0; c < 2; c++) {
+        const int ln = 4 * (2 * t + c) + u;
+        Bc[c][2 * u + h] = loom_emu_half(w->b[ln][0] >> (16 * h), is_bf16);
+        Bc[c][2 * u + 8 + h] = loom_emu_half(w->b[ln][1] >> (16 * h), is_bf16);
+      }
+    }
+  const int rows[4] = {0, 0, 1, 1}, cols[4] = {0, 1, 0, 1};
   float out[4];
   for (int r = 0; r < 4; r++) {
     float s = 0.0f;
-    for (int k = 0; k < 16; k++) s += A[rows[r]][k] * B[k][cols[r]];
+    for (int k = 0; k < 16; k++) s += Ar[rows[r]][k] * Bc[cols[r]][k];
     out[r] = w->c[lane][r] + s;
   }
   warp_barrier("mma.sync");

@@ -338,17 +338,31 @@ static void pack(float *out, const void *x, const Layout *l, bool k_contig, int6
     }
 }
 
-/* Four rows of op(A) against one column of op(B): four accumulators hide the add latency
-   while each still sums k in order 0..K-1. */
+/* Four rows of op(A) against one column of op(B), the rows interleaved (a[4 kk + r] is row
+   r's k = kk, see interleave4): four accumulators, each still summing k in order 0..K-1, one
+   multiply and one add per element as before, so the bits do not depend on how the compiler
+   groups the lanes.  Not instrumented by the sanitizers: it reads only the packed copies this
+   file allocated (pack() reads loom's buffers and store() writes them, both checked), and it
+   is most of the emulated device's time. */
+__attribute__((no_sanitize("address", "undefined"), noinline))
 static void dot4(const float *a, const float *b, int64_t k, float *out) {
   float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
   for (int64_t kk = 0; kk < k; kk++) {
-    s0 += a[kk] * b[kk];
-    s1 += a[k + kk] * b[kk];
-    s2 += a[2 * k + kk] * b[kk];
-    s3 += a[3 * k + kk] * b[kk];
+    const float bk = b[kk], *ak = a + 4 * kk;
+    s0 += ak[0] * bk;
+    s1 += ak[1] * bk;
+    s2 += ak[2] * bk;
+    s3 += ak[3] * bk;
   }
   out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+/* The packed rows of op(A) (m of k each) as groups of four rows interleaved by k, zeros past
+   row m: out[(i / 4) * 4k + 4 kk + i % 4] = in[i k + kk].  Both buffers are this file's own. */
+__attribute__((no_sanitize("address", "undefined"), noinline))
+static void interleave4(float *out, const float *in, int64_t m, int64_t k) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t kk = 0; kk < k; kk++) out[(i / 4) * 4 * k + 4 * kk + i % 4] = in[i * k + kk];
 }
 
 static const char *batch_ptr(const void *p, const Layout *l, int64_t b) {
@@ -381,15 +395,17 @@ static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const L
   float *sums = dbias ? calloc((size_t)s.m + 1, sizeof(float)) : NULL;
   if (dbias && !sums) return CUBLAS_STATUS_ALLOC_FAILED;
   bool tf32 = d->compute == CUBLAS_COMPUTE_32F_FAST_TF32 && la->type == CUDA_R_32F;
-  float *pa = calloc((size_t)(s.m * s.k + 4 * s.k + 1), sizeof(float)); /* zeroed room for dot4 past row m */
+  float *pa = malloc((size_t)(s.m * s.k + 1) * sizeof(float));
+  float *pa4 = calloc((size_t)((s.m + 3) / 4 * 4 * s.k + 1), sizeof(float)); /* zeroed room for dot4 past row m */
   float *pb = malloc((size_t)(s.n * s.k + 1) * sizeof(float));
-  if (!pa || !pb) {
-    free(pa), free(pb), free(sums);
+  if (!pa || !pa4 || !pb) {
+    free(pa), free(pa4), free(pb), free(sums);
     return CUBLAS_STATUS_ALLOC_FAILED;
   }
   for (int64_t b = 0; b < s.batch; b++) {
     pack(pa, batch_ptr(A, la, b), la, d->trans_a == CUBLAS_OP_T, s.m, s.k, tf32); /* rows of op(A) */
     pack(pb, batch_ptr(B, lb, b), lb, d->trans_b == CUBLAS_OP_N, s.n, s.k, tf32); /* columns of op(B) */
+    interleave4(pa4, pa, s.m, s.k);
     const char *cb = C ? batch_ptr(C, lc, b) : NULL;
     void *db = (void *)batch_ptr(D, ld, b);
     for (int64_t i = 0; bgrad && i < s.m; i++) {   /* row i of op(A), summed in order of k */
@@ -400,7 +416,7 @@ static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const L
     for (int64_t j = 0; j < s.n; j++)
       for (int64_t i = 0; i < s.m; i += 4) {
         float acc[4];
-        dot4(pa + i * s.k, pb + j * s.k, s.k, acc);
+        dot4(pa4 + i * s.k, pb + j * s.k, s.k, acc);   /* i is a multiple of 4: its group */
         for (int64_t r = 0; r < 4 && i + r < s.m; r++) {
           float v = al * acc[r];
           /* beta == 0: C is not read, it may hold NaN (documented cuBLAS behaviour) */
@@ -417,7 +433,7 @@ static cublasStatus_t matmul_now(const Desc *d, float al, const void *A, const L
       }
   }
   for (int64_t i = 0; dbias && i < s.m; i++) store(d->bias_type >= 0 ? (cudaDataType_t)d->bias_type : ld->type, (void *)d->bias, i, sums[i]);
-  free(pa), free(pb), free(sums);
+  free(pa), free(pa4), free(pb), free(sums);
   return CUBLAS_STATUS_SUCCESS;
 }
 
