@@ -1,0 +1,362 @@
+/* ---------------------------------------------------------------- attention on Hopper (sm_90a)
+   The FlashAttention-3 layout of the forward (docs/attention.md "Hopper"): warpgroup MMA
+   (wgmma.mma_async m64nNk16, f32 accumulators) on operands in shared memory described by
+   matrix descriptors, loads by the bulk-copy engine (cp.async.bulk) completing on mbarriers,
+   and a warp-specialized pipeline: one producer warp copies Q once and K, V tiles into a ring
+   of stages; two consumer warpgroups (64 query rows each) wait for a stage's "full" barrier,
+   run S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers
+   (attention.cuh's, base 2), O += P V (wgmma, P from registers in the accumulator's own
+   layout, V through a transposed descriptor), and arrive on the stage's "empty" barrier,
+   which the producer waits for before it copies the stage again.
+   Opt-in (LOOM_CUDA_WGMMA=1 when lowering, lower_attn.c): the layouts are checked only
+   against the emulated device's reading of the PTX ISA (tests/cuda_emu/emu_sm90.h) until a
+   GPU runs tests/gpu/OWED.md's check.  Built for an architecture without sm_90a's features
+   the kernel traps (the lowering cannot see the device; the variable is for sm_90a only).
+
+   Shared memory (from a 1024-byte boundary: the 128-byte swizzle's repeating pattern): Q as
+   D / 64 blocks of [128 rows][64 columns], then per stage K and V as D / 64 blocks of [64
+   keys][64 columns], then the mbarriers.  A row of a block is 128 bytes; its 16-byte unit u
+   sits at unit u ^ (row % 8) (the 128-byte swizzle, which the descriptors name).  The copies
+   are of 16-byte units (a bulk copy cannot scatter a row into swizzled units; the tensor
+   copies that can, cp.async.bulk.tensor, need tensor maps built by the host: not yet). */
+#if defined(LOOM_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LOOM_SM90 1
+#else
+#define LOOM_SM90 0
+#endif
+
+LOOM_DEV unsigned loom_sm90_smem(const void *p) {
+#if defined(LOOM_EMU)
+  return loom_emu_smem_addr(p);
+#else
+  return (unsigned)__cvta_generic_to_shared(p);
+#endif
+}
+
+/* mbarriers (a 64-bit object in shared memory, by its shared address) */
+LOOM_DEV void loom_mbar_init(unsigned bar, unsigned count) {
+#if defined(LOOM_EMU)
+  loom_emu_mbar_init(bar, count);
+#elif LOOM_SM90
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+/* the inits visible to the other threads and to the copy engine (before a __syncthreads) */
+LOOM_DEV void loom_mbar_init_fence() {
+#if !defined(LOOM_EMU) && LOOM_SM90
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+LOOM_DEV void loom_mbar_arrive(unsigned bar) {
+#if defined(LOOM_EMU)
+  loom_emu_mbar_arrive(bar, 0);
+#elif LOOM_SM90
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+/* the phase also waits for bytes more of completed copies, then this thread arrives */
+LOOM_DEV void loom_mbar_expect_tx(unsigned bar, unsigned bytes) {
+#if defined(LOOM_EMU)
+  loom_emu_mbar_arrive(bar, bytes);
+#elif LOOM_SM90
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/* until the phase of this parity has completed */
+LOOM_DEV void loom_mbar_wait(unsigned bar, unsigned parity) {
+#if defined(LOOM_EMU)
+  while (!loom_emu_mbar_try_wait(bar, parity)) {
+  }
+#elif LOOM_SM90
+  unsigned done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+#endif
+}
+/* bytes (a multiple of 16, both ends 16-byte aligned) global -> shared, completing on bar */
+LOOM_DEV void loom_bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
+#if defined(LOOM_EMU)
+  loom_emu_bulk_copy(dst, src, bytes, bar);
+#elif LOOM_SM90
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+
+/* wgmma: fence (before the first mma_async and after the thread touches the registers an
+   mma_async reads or writes), commit the issued ones as a group, wait until at most N
+   groups are in flight */
+LOOM_DEV void loom_wgmma_fence() {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma_fence();
+#elif LOOM_SM90
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+LOOM_DEV void loom_wgmma_commit() {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma_commit();
+#elif LOOM_SM90
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+LOOM_DEV void loom_wgmma_wait() {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma_wait(N);
+#elif LOOM_SM90
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* the compiler keeps n accumulators in registers, unread and unmoved, across an mma_async */
+LOOM_DEV void loom_wg_regs(float *x, int n) {
+#if !defined(LOOM_EMU)
+  for (int i = 0; i < n; i++) asm volatile("" : "+f"(x[i])::"memory");
+#endif
+}
+/* A matrix descriptor: start address, leading and stride byte offsets, the 128-byte swizzle
+   (mode 1), base offset 0 (every swizzle pattern starts on a 1024-byte boundary) */
+LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3ffffu) >> 4) | (unsigned long long)(lbo >> 4) << 16 |
+         (unsigned long long)(sbo >> 4) << 32 | 1ull << 62;
+}
+
+#define LOOM_F4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define LOOM_F16(d, i) LOOM_F4(d, i), LOOM_F4(d, i + 4), LOOM_F4(d, i + 8), LOOM_F4(d, i + 12)
+#define LOOM_F32(d, i) LOOM_F16(d, i), LOOM_F16(d, i + 16)
+#define LOOM_WG_D32                                                                                                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "     \
+  "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define LOOM_WG_D64                                                                                                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "     \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define LOOM_WG_SS64(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY      \
+               " " LOOM_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                       \
+               : LOOM_F32(d, 0)                                                                                        \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define LOOM_WG_RS64(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY      \
+               " " LOOM_WG_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                          \
+               : LOOM_F32(d, 0)                                                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+#define LOOM_WG_RS128(TY)                                                                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY     \
+               " " LOOM_WG_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                          \
+               : LOOM_F32(d, 0), LOOM_F32(d, 32)                                                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+
+/* d[32] (64 x 64, f32) = A B (+ d when scale_d): A 64 x 16 K-major, B 16 x 64 K-major (B's
+   rows of 16 are its columns' k: the keys' rows of K), both by descriptor */
+template <bool BF>
+LOOM_DEV void loom_wgmma_ss64(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, 64, nullptr, da, db, scale_d, 0, 0, BF);
+#elif LOOM_SM90
+  if (BF) LOOM_WG_SS64("bf16");
+  else LOOM_WG_SS64("f16");
+#endif
+}
+/* d[N / 2] (64 x N, f32) += A B: A 64 x 16 from registers (a[4], mma.sync's A fragment per
+   warp), B 16 x N N-major (imm-trans-b: V's rows of head dims) by descriptor */
+template <bool BF, int N>
+LOOM_DEV void loom_wgmma_rs(float *d, const unsigned a[4], unsigned long long db) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, N, a, 0, db, 1, 0, 1, BF);
+#elif LOOM_SM90
+  if (N == 64) {
+    if (BF) LOOM_WG_RS64("bf16");
+    else LOOM_WG_RS64("f16");
+  } else {
+    if (BF) LOOM_WG_RS128("bf16");
+    else LOOM_WG_RS128("f16");
+  }
+#endif
+}
+
+/* The byte offset of 16-byte unit u of row r in a tile stored as 64-column blocks of blk
+   bytes, rows of 128 bytes, the 128-byte swizzle */
+LOOM_DEV unsigned loom_sw128(int r, int u, unsigned blk) {
+  return (unsigned)(u >> 3) * blk + (unsigned)r * 128u + (unsigned)((u & 7) ^ (r & 7)) * 16u;
+}
+
+/* Forward on wgmma, q k v all bf16 or all f16, D 64 or 128, no sliding window (the lowering
+   keeps those on loom_attn_fwd_tc).  Outputs exactly loom_attn_fwd_tc's: out, and with
+   i[8] = 1 each row's L2 (base-2 log-sum-exp; +inf for a row with no key) and O in f32 for the
+   one-pass backward.  384 threads: warpgroup 0 the producer (its warp 0 copies; warps 1-3
+   leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
+   and keys past S are copies of the last row (finite: masked keys get p = 0, rows past T are
+   not stored).  Two stages of 64 keys.  P enters P V as attention.cuh's kernels have it (the
+   input format, with LOOM_ATTN_SPLIT its remainder too).
+   grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 2 stages * 2 * 64*D*2 + 40 bytes.
+   bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale */
+template <class SQ, class SK, class SV, class SO, int D>
+LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
+#if LOOM_SM90
+  static_assert(D == 64 || D == 128, "the wgmma forward takes head sizes 64 and 128");
+  constexpr bool BF = SQ::is_bf16;
+  constexpr int BM = 128, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 8;
+  constexpr unsigned QB = BM * 128, KB = BN * 128, TILE = BN * D * 2;   /* a 64-column block of Q, of a tile; a tile */
+  extern __shared__ float loom_smem[];
+  const unsigned raw = loom_sm90_smem(loom_smem), sQ = (raw + 1023u) & ~1023u, sKV = sQ + BM * D * 2;
+  const unsigned sBar = sKV + ST * 2 * TILE, qbar = sBar + 16 * ST;   /* full[s] at sBar + 8 s, empty[s] after them */
+  const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5];
+  const bool causal = a.i[6] != 0;
+  const float c2 = (float)a.f[0] * 1.4426950408889634f;
+  const int bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
+  const int n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (int)blockIdx.y) * BM;   /* long rows first */
+  const int n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S, nk = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < ST; s++) {
+      loom_mbar_init(sBar + 8 * s, 1);                 /* the producer's arrive, with the tile's bytes */
+      loom_mbar_init(sBar + 8 * (ST + s), 2 * 128);    /* every consumer thread, done with the stage */
+    }
+    loom_mbar_init(qbar, 1);
+    loom_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {   /* the producer */
+    if (tid >= 32) return;
+    const int qs = H * D, ks = KV * D;
+    const unsigned short *q = LOOM_IN(SQ, 0) + ((long long)b * T * H + h) * D;
+    const unsigned short *k = LOOM_IN(SK, 1) + ((long long)b * S * KV + kvh) * D;
+    const unsigned short *v = LOOM_IN(SV, 2) + ((long long)b * S * KV + kvh) * D;
+    if (tid == 0) loom_mbar_expect_tx(qbar, BM * D * 2);
+    __syncwarp();
+    for (int c = tid; c < BM * U; c += 32) {
+      const int r = c / U, u = c - r * U, row = m0 + r < T ? m0 + r : T - 1;
+      loom_bulk_load(sQ + loom_sw128(r, u, QB), q + row * qs + 8 * u, 16, qbar);
+    }
+    for (int it = 0; it < nk; it++) {
+      const int s = it % ST, n0 = it * BN;
+      const unsigned full = sBar + 8 * s, sK = sKV + s * 2 * TILE;
+      loom_mbar_wait(sBar + 8 * (ST + s), ((it / ST) & 1) ^ 1);   /* the stage's previous use is done */
+      if (tid == 0) loom_mbar_expect_tx(full, 2 * TILE);
+      __syncwarp();
+      for (int c = tid; c < BN * U; c += 32) {
+        const int r = c / U, u = c - r * U, at = (n0 + r < S ? n0 + r : S - 1) * ks + 8 * u;
+        const unsigned off = loom_sw128(r, u, KB);
+        loom_bulk_load(sK + off, k + at, 16, full);
+        loom_bulk_load(sK + TILE + off, v + at, 16, full);
+      }
+    }
+    return;
+  }
+  const int cw = wg - 1, l = tid & 127, warp = l >> 5, lane = l & 31, t2 = (lane & 3) * 2;
+  const int rw = m0 + 64 * cw + 16 * warp, r0 = rw + (lane >> 2), r1 = r0 + 8;   /* the warp's first row; this thread's two */
+  const int wg_last = m0 + 64 * cw + 63;
+  float o[ND][4], mrow[2] = {-LOOM_INF, -LOOM_INF}, lsum[2] = {0.0f, 0.0f};
+  #pragma unroll
+  for (int d = 0; d < ND; d++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
+  int kmax[2];   /* the keys rows r0 and r1 see: [0, kmax) */
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int row = hr ? r1 : r0;
+    kmax[hr] = causal && row + 1 < S ? row + 1 : S;
+  }
+  const int interior_end = causal ? rw + 1 - BN : S - BN + 1;   /* n0 < this (and n0 + BN <= S): no key masked */
+  loom_mbar_wait(qbar, 0);
+  /* one tile (a literal EDGE at each call, as loom_attn_fwd_tc's) */
+  auto tile = [&](const bool EDGE, int n0, unsigned sK) {
+    float s[NT][4];
+    loom_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      loom_wgmma_ss64<BF>(&s[0][0], loom_wg_desc(sQ + (kk >> 2) * QB + cw * 64 * 128 + (kk & 3) * 32, 16, 1024),
+                          loom_wg_desc(sK + (kk >> 2) * KB + (kk & 3) * 32, 16, 1024), kk > 0);
+    loom_wgmma_commit();
+    loom_wgmma_wait<0>();
+    loom_wg_regs(&s[0][0], 4 * NT);
+    if (EDGE)
+      #pragma unroll
+      for (int j = 0; j < NT; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++)
+          if (n0 + 8 * j + t2 + (e & 1) >= kmax[e >> 1]) s[j][e] = -LOOM_INF;
+    #pragma unroll
+    for (int hr = 0; hr < 2; hr++) {   /* row r0 (elements 0, 1), row r1 (2, 3) */
+      float mx = mrow[hr];
+      #pragma unroll
+      for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mc = EDGE && mx == -LOOM_INF ? 0.0f : mx * c2;
+      const float alpha = loom_ex2(__fmaf_rn(mrow[hr], c2, -mc));
+      mrow[hr] = mx;
+      float ps = 0.0f;
+      #pragma unroll
+      for (int j = 0; j < NT; j++)
+        #pragma unroll
+        for (int e = 2 * hr; e < 2 * hr + 2; e++) {
+          s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mc));
+          ps += s[j][e];
+        }
+      lsum[hr] = lsum[hr] * alpha + ps;
+      #pragma unroll
+      for (int d = 0; d < ND; d++) {
+        o[d][2 * hr] *= alpha;
+        o[d][2 * hr + 1] *= alpha;
+      }
+    }
+    unsigned hi[KN][4], lo[KN][4];
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(s, 2 * kk, hi[kk], lo[kk]);
+    loom_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) {   /* V's keys 16 kk ..: 8-key groups 1024 bytes apart, 64-column blocks KB */
+      const unsigned long long dv = loom_wg_desc(sK + TILE + kk * 16 * 128, KB, 1024);
+      if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&o[0][0], lo[kk], dv);
+      loom_wgmma_rs<BF, D>(&o[0][0], hi[kk], dv);
+    }
+    loom_wgmma_commit();
+    loom_wgmma_wait<0>();
+    loom_wg_regs(&o[0][0], 4 * ND);
+  };
+  for (int it = 0; it < nk; it++) {
+    const int s = it % ST, n0 = it * BN;
+    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
+    if (!causal || n0 <= wg_last) {   /* (causal: no row of this warpgroup sees a key of the tile past it) */
+      if (n0 < interior_end && n0 + BN <= S) tile(false, n0, sKV + s * 2 * TILE);
+      else tile(true, n0, sKV + s * 2 * TILE);
+    }
+    loom_mbar_arrive(sBar + 8 * (ST + s));
+  }
+  const bool save = a.i[8] != 0;
+  float *Lsave = (float *)a.buf[4], *Osave = (float *)a.buf[5];
+  typename SO::T *out = LOOM_OUT(SO, 3);
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float l = lsum[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = hr ? r1 : r0;
+    if (row >= T) continue;
+    const float inv = 1.0f / l;
+    const long long at = ((long long)b * T + row) * H * D + (long long)h * D + t2;
+    #pragma unroll
+    for (int d = 0; d < ND; d++) {
+      SO::st(out, at + 8 * d, o[d][2 * hr] * inv);
+      SO::st(out, at + 8 * d + 1, o[d][2 * hr + 1] * inv);
+    }
+    if (save) {   /* as loom_attn_fwd_tc saves them */
+      if (t2 == 0) Lsave[(long long)bh * T + row] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
+      #pragma unroll
+      for (int d = 0; d < ND; d++) {
+        Osave[at + 8 * d] = o[d][2 * hr] * inv;
+        Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
+      }
+    }
+  }
+#else
+  (void)a;
+  __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
+#endif
+}
