@@ -3,7 +3,8 @@
  * dv) on tensor cores (loom_attn_*_tc, bf16 and f16) and on CUDA cores, causal and not,
  * grouped KV heads, query and key lengths that are not multiples of the tiles, head sizes
  * 16, 64 and 128, sliding windows (causal and not); and on tensor cores the one-pass backward
- * from the forward's saved L2 and O (against the reference and the two-pass kernels).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
+ * from the forward's saved L2 and O (against the reference and the two-pass kernels), and the
+ * Hopper forward (attention_sm90.cuh, on emu_sm90.h's wgmma, mbarriers and bulk copies).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
  * translation unit from `loom ir --emit=cuda` (the templates come from its prelude).
  * Exit 0 when every result of every case is within 2e-5 of its largest element. */
 #include TU
