@@ -133,8 +133,9 @@ static int lse_reader(Lower *L, int i) {
   return -1;
 }
 
-/* LOOM_CUDA_WGMMA=1: the forward on Hopper's warpgroup MMA (kernels/attention_sm90.cuh), for
-   tensor-core attention at head size 64 or 128 without a sliding window.  Opt-in, for sm_90a
+/* LOOM_CUDA_WGMMA=1: the forward and the dk dv kernel on Hopper's warpgroup MMA
+   (kernels/attention_sm90.cuh), for tensor-core attention at head size 64 or 128 without a
+   sliding window (dq keeps the mma.sync kernel).  Opt-in, for sm_90a
    devices only (the lowering does not see the device; elsewhere the kernel traps): its
    shared-memory layouts are checked against the emulated device's reading of the PTX ISA, not
    yet on a GPU (tests/gpu/OWED.md). */
@@ -243,6 +244,14 @@ static int lower_attention_grad(Lower *L, Steps *s) {
   st->grid[0] = (uint32_t)(B * KV);
   st->grid[1] = cl_clamp_grid((S + 31) / 32, 65535);
   st->smem = fa_smem(2, D);
+  if (tc && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; K, V, two stages of Q, dO */
+    st->grid[1] = cl_clamp_grid((S + 63) / 64, 65535);
+    st->block[0] = 256;
+    st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
+    return cl_instantiate(L, st, "attn_dkdv_wg", "loom_attn_bwd_dkdv_wg", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 256);
+  }
   if (tc) {
     st->grid[1] = cl_clamp_grid((S + 63) / 64, 65535);
     /* K and V (64 rows), then two stages of Q, dO (tile rows) and their L2, Dsum */

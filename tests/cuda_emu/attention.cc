@@ -4,7 +4,8 @@
  * grouped KV heads, query and key lengths that are not multiples of the tiles, head sizes
  * 16, 64 and 128, sliding windows (causal and not); and on tensor cores the one-pass backward
  * from the forward's saved L2 and O (against the reference and the two-pass kernels), and the
- * Hopper forward (attention_sm90.cuh, on emu_sm90.h's wgmma, mbarriers and bulk copies).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
+ * Hopper kernels (attention_sm90.cuh's forward and dk dv, on emu_sm90.h's wgmma, mbarriers and
+ * bulk copies).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
  * translation unit from `loom ir --emit=cuda` (the templates come from its prelude).
  * Exit 0 when every result of every case is within 2e-5 of its largest element. */
 #include TU
@@ -33,6 +34,10 @@ static void fwd_tc(LoomArgs a) { loom_attn_fwd_tc<S, S, S, loom_sf32, D>(a); }
 template <class S, int D>
 static void fwd_wg(LoomArgs a) {
   if constexpr (D == 64 || D == 128) loom_attn_fwd_wg<S, S, S, loom_sf32, D>(a);
+}
+template <class S, int D>
+static void dkdv_wg(LoomArgs a) {
+  if constexpr (D == 64 || D == 128) loom_attn_bwd_dkdv_wg<S, S, S, S, loom_sf32, loom_sf32, D>(a);
 }
 template <class S, int D>
 static void fwd(LoomArgs a) { loom_attn_fwd<S, S, S, loom_sf32, D>(a); }
@@ -65,8 +70,10 @@ static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs
                            "wgmma forward", 384)
                   : launch(fwd_tc<S, D>, f, bh, tq, 2 * 2 * 64 * L8 * 2, "forward")) ||
            launch(dq_tc<S, D>, q, bh, tq, 8 * bn * L8, "dq") ||
-           launch(dkdv_tc<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
-                  4 * 64 * L8 + 4 * (2 * bn * L8 + 4 * bn), "dk dv");
+           (wgmma ? launch(dkdv_wg<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
+                           1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dk dv", 256)
+                  : launch(dkdv_tc<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
+                           4 * 64 * L8 + 4 * (2 * bn * L8 + 4 * bn), "dk dv"));
   return launch(fwd<S, D>, f, bh, tq, 4 * (3 * 64 * L1 + 64 * 65), "forward") ||
          launch(dq<S, D>, q, bh, tq, 4 * (2 * 64 * L1 + 2 * 32 * L1 + 64 * 33), "dq") ||
          launch(dkdv<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 31) / 32),
@@ -86,10 +93,11 @@ static double rel(const std::vector<float> &got, const std::vector<double> &want
 /* mode 0: CUDA cores; 1: tensor cores; 2: tensor cores, the forward saving L2 and O (f32)
    for the one-pass dq (lower_attn.c's saved log-sum-exp), checked against the reference
    and against mode 1's results of the same case (out bit for bit: the same arithmetic);
-   3: mode 2 with the Hopper forward (loom_attn_fwd_wg: wgmma, bulk copies, mbarriers) in
-   place of loom_attn_fwd_tc, against the reference and mode 2's results: the same bits in
-   out, L2, O and so the gradients (the emulator's wgmma sums each k16 step's products as its
-   mma.sync does, and the kernels share the softmax). */
+   3: mode 2 with the Hopper kernels (loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk
+   copies, mbarriers) in place of loom_attn_fwd_tc and loom_attn_bwd_dkdv_tc, against the
+   reference and mode 2's results: the same bits in out, L2, O and the gradients (the
+   emulator's wgmma sums each k16 step's products as its mma.sync does, and the kernels share
+   the rest of their arithmetic and its order). */
 static std::vector<float> prev_o, prev_dq, prev_dk, prev_dv, saved_o, saved_dq, saved_dk, saved_dv, saved_L, saved_O;
 
 static double rel_f(const std::vector<float> &got, const std::vector<float> &want) {
@@ -178,7 +186,7 @@ static int run(const Case &c, int mode) {
     const bool so = same(o, saved_o), sl = same(Ls, saved_L), sO = same(Os, saved_O),
                sg = same(dq_, saved_dq) && same(dk_, saved_dk) && same(dv_, saved_dv);
     ok = ok && so && sl && sO && sg;
-    snprintf(vs, sizeof vs, "; against mma.sync's forward: out %s, L2 %s, O %s, gradients %s", so ? "the same bits" : "DIFFERS",
+    snprintf(vs, sizeof vs, "; against mma.sync's kernels: out %s, L2 %s, O %s, gradients %s", so ? "the same bits" : "DIFFERS",
              sl ? "the same" : "DIFFERS", sO ? "the same" : "DIFFERS", sg ? "the same bits" : "DIFFER");
   } else if (saved) {   /* against the two-pass kernels (mode 1, the case before): 1e-5 of the largest */
     const bool same_o = memcmp(o.data(), prev_o.data(), nq * sizeof(float)) == 0;
@@ -192,7 +200,7 @@ static int run(const Case &c, int mode) {
     prev_o = o, prev_dq = dq_, prev_dk = dk_, prev_dv = dv_;
   }
   printf("%s %s %s D %d, B %d T %d S %d, H %d KV %d%s%s: relative errors out %.1e dq %.1e dk %.1e dv %.1e%s\n",
-         ok ? "ok  " : "FAIL", wg ? "wgmma fwd    " : saved ? "saved L2, O  " : tcore ? "tensor cores " : "CUDA cores   ", c.bf16 ? "bf16" : "f16 ", c.D,
+         ok ? "ok  " : "FAIL", wg ? "wgmma        " : saved ? "saved L2, O  " : tcore ? "tensor cores " : "CUDA cores   ", c.bf16 ? "bf16" : "f16 ", c.D,
          c.B, c.T, c.S, c.H, c.KV, c.causal ? ", causal" : "", win, eo, eq, ek, ev, vs);
   return ok ? 0 : 1;
 }

@@ -118,6 +118,12 @@ LOOM_DEV void loom_wg_regs(float *x, int n) {
   for (int i = 0; i < n; i++) asm volatile("" : "+f"(x[i])::"memory");
 #endif
 }
+/* the A fragments of RS mma_asyncs stay in their registers until the wait_group after them */
+LOOM_DEV void loom_wg_keep(unsigned *x, int n) {
+#if !defined(LOOM_EMU)
+  for (int i = 0; i < n; i++) asm volatile("" : "+r"(x[i])::"memory");
+#endif
+}
 /* A matrix descriptor: start address, leading and stride byte offsets, the 128-byte swizzle
    (mode 1), base offset 0 (every swizzle pattern starts on a 1024-byte boundary) */
 LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -140,6 +146,12 @@ LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned s
                " " LOOM_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                       \
                : LOOM_F32(d, 0)                                                                                        \
                : "l"(da), "l"(db), "r"(scale_d))
+#define LOOM_WG_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define LOOM_WG_SS32(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY      \
+               " " LOOM_WG_D16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                                       \
+               : LOOM_F16(d, 0)                                                                                        \
+               : "l"(da), "l"(db), "r"(scale_d))
 #define LOOM_WG_RS64(TY)                                                                                               \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY      \
                " " LOOM_WG_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                          \
@@ -160,6 +172,16 @@ LOOM_DEV void loom_wgmma_ss64(float *d, unsigned long long da, unsigned long lon
 #elif LOOM_SM90
   if (BF) LOOM_WG_SS64("bf16");
   else LOOM_WG_SS64("f16");
+#endif
+}
+/* the same, 64 x 32 (d[16]) */
+template <bool BF>
+LOOM_DEV void loom_wgmma_ss32(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, 32, nullptr, da, db, scale_d, 0, 0, BF);
+#elif LOOM_SM90
+  if (BF) LOOM_WG_SS32("bf16");
+  else LOOM_WG_SS32("f16");
 #endif
 }
 /* d[N / 2] (64 x N, f32) += A B: A 64 x 16 from registers (a[4], mma.sync's A fragment per
@@ -319,6 +341,8 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
     loom_wgmma_commit();
     loom_wgmma_wait<0>();
     loom_wg_regs(&o[0][0], 4 * ND);
+    loom_wg_keep(&hi[0][0], 4 * KN);
+    loom_wg_keep(&lo[0][0], 4 * KN);
   };
   for (int it = 0; it < nk; it++) {
     const int s = it % ST, n0 = it * BN;
@@ -354,6 +378,169 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
         Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
       }
     }
+  }
+#else
+  (void)a;
+  __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
+#endif
+}
+
+/* Backward part 2 (dk, dv) on wgmma: loom_attn_bwd_dkdv_tc's arithmetic in the forward's
+   pipeline.  256 threads: warpgroup 0 the producer (warp 0 copies K and V of the block's 64
+   keys once, then per item, a query head sharing the kv head and a query tile of 64, its Q
+   and dO into a ring of two stages), warpgroup 1 the consumer: S^T = K Q^T and dP^T = V dO^T
+   (wgmma, all four in shared memory, K-major), P^T = 2^(S^T c2 - L2) and dS^T = P^T (dP^T -
+   Dsum) scale in registers (L2 and Dsum read from global memory by each thread for its query
+   columns), dV += P^T dO and dK += dS^T Q (wgmma, P^T and dS^T from registers as the
+   forward's P, dO and Q through N-major descriptors).  The same sums in the same order as
+   loom_attn_bwd_dkdv_tc (its query tiles of 32 at D 128 are the same k16 steps).  No window
+   (the lowering keeps those on the mma.sync kernel).
+   grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + 2 stages * 2*64*D*2 + 40 bytes.
+   bufs: dout q k v L2 Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window (0);  f: scale */
+template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
+LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
+#if LOOM_SM90
+  static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
+  constexpr bool BF = SQ::is_bf16;
+  constexpr int BN = 64, BM = 64, ST = 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 8;
+  constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
+  extern __shared__ float loom_smem[];
+  const unsigned raw = loom_sm90_smem(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
+  const unsigned sBar = sQO + ST * 2 * TILE, kvbar = sBar + 16 * ST;   /* full[s], empty[s], then K and V's */
+  const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5], G = H / KV;
+  const bool causal = a.i[6] != 0;
+  const float scale = (float)a.f[0], c2 = scale * 1.4426950408889634f;
+  const int bk = blockIdx.x, b = bk / KV, kvh = bk - b * KV, n0 = (int)blockIdx.y * BN;
+  const int m_start = causal ? (n0 / BM) * BM : 0, nm = T > m_start ? (T - m_start + BM - 1) / BM : 0, n_items = G * nm;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < ST; s++) {
+      loom_mbar_init(sBar + 8 * s, 1);
+      loom_mbar_init(sBar + 8 * (ST + s), 128);
+    }
+    loom_mbar_init(kvbar, 1);
+    loom_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {   /* the producer */
+    if (tid >= 32) return;
+    const int qs = H * D, ks = KV * D;
+    const unsigned short *k = LOOM_IN(SK, 2) + ((long long)b * S * KV + kvh) * D;
+    const unsigned short *v = LOOM_IN(SV, 3) + ((long long)b * S * KV + kvh) * D;
+    if (tid == 0) loom_mbar_expect_tx(kvbar, 2 * TILE);
+    __syncwarp();
+    for (int c = tid; c < BN * U; c += 32) {
+      const int r = c / U, u = c - r * U, at = (n0 + r < S ? n0 + r : S - 1) * ks + 8 * u;
+      loom_bulk_load(sK + loom_sw128(r, u, BLK), k + at, 16, kvbar);
+      loom_bulk_load(sV + loom_sw128(r, u, BLK), v + at, 16, kvbar);
+    }
+    for (int it = 0; it < n_items; it++) {
+      const int s = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
+      const unsigned full = sBar + 8 * s, sQ = sQO + s * 2 * TILE;
+      const long long qbase = ((long long)b * T * H + h) * D;
+      const unsigned short *q = LOOM_IN(SQ, 1) + qbase, *dout = LOOM_IN(SDO, 0) + qbase;
+      loom_mbar_wait(sBar + 8 * (ST + s), ((it / ST) & 1) ^ 1);
+      if (tid == 0) loom_mbar_expect_tx(full, 2 * TILE);
+      __syncwarp();
+      for (int c = tid; c < BM * U; c += 32) {
+        const int r = c / U, u = c - r * U, at = (m0 + r < T ? m0 + r : T - 1) * qs + 8 * u;
+        const unsigned off = loom_sw128(r, u, BLK);
+        loom_bulk_load(sQ + off, q + at, 16, full);
+        loom_bulk_load(sQ + TILE + off, dout + at, 16, full);
+      }
+    }
+    return;
+  }
+  const int l = tid & 127, warp = l >> 5, lane = l & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+  const int kw = n0 + 16 * warp, k0 = kw + g, k1 = k0 + 8;   /* the warp's first key; this thread's two */
+  const float *Lin = (const float *)a.buf[4], *Din = (const float *)a.buf[5];
+  float dK[ND][4], dV[ND][4];
+  #pragma unroll
+  for (int d = 0; d < ND; d++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) dK[d][e] = dV[d][e] = 0.0f;
+  loom_mbar_wait(kvbar, 0);
+  /* one item, in halves of 32 queries (S^T and dP^T of a half: 32 registers, so D 128's
+     accumulators, 128 registers, fit beside them); the sums' order is the tile's */
+  auto item = [&](const bool EDGE, int m0, const float *Lr, const float *Dr, unsigned sQ) {
+    const unsigned sO = sQ + TILE;
+    #pragma unroll 1
+    for (int half = 0; half < 2; half++) {
+      const unsigned hq = half * 32 * 128;   /* the half's first query row */
+      float s[NQ / 2][4], dp[NQ / 2][4];
+      loom_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < KD; kk++) {
+        const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
+        loom_wgmma_ss32<BF>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
+        loom_wgmma_ss32<BF>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
+      }
+      loom_wgmma_commit();
+      loom_wgmma_wait<0>();
+      loom_wg_regs(&s[0][0], 2 * NQ);
+      loom_wg_regs(&dp[0][0], 2 * NQ);
+      #pragma unroll
+      for (int j = 0; j < NQ / 2; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = 32 * half + 8 * j + t2 + (e & 1), t = m0 + r;
+          const float L = t < T ? Lr[r] : 0.0f, Ds = t < T ? Dr[r] : 0.0f;
+          float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
+          if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
+          s[j][e] = p;
+          dp[j][e] = p * (dp[j][e] - Ds) * scale;
+        }
+      /* dV += P^T dO, dK += dS^T Q over the half's queries, 16 at a time */
+      unsigned hs[KM / 2][4], ls[KM / 2][4], hd[KM / 2][4], ld[KM / 2][4];
+      #pragma unroll
+      for (int kk = 0; kk < KM / 2; kk++) {
+        loom_frag_pack<BF>(s, 2 * kk, hs[kk], ls[kk]);
+        loom_frag_pack<BF>(dp, 2 * kk, hd[kk], ld[kk]);
+      }
+      loom_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < KM / 2; kk++) {
+        const unsigned qo = hq + kk * 16 * 128;
+        const unsigned long long bo = loom_wg_desc(sO + qo, BLK, 1024), bq = loom_wg_desc(sQ + qo, BLK, 1024);
+        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
+        loom_wgmma_rs<BF, D>(&dV[0][0], hs[kk], bo);
+        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dK[0][0], ld[kk], bq);
+        loom_wgmma_rs<BF, D>(&dK[0][0], hd[kk], bq);
+      }
+      loom_wgmma_commit();
+      loom_wgmma_wait<0>();
+      loom_wg_regs(&dV[0][0], 4 * ND);
+      loom_wg_regs(&dK[0][0], 4 * ND);
+      loom_wg_keep(&hs[0][0], 2 * KM);
+      loom_wg_keep(&ls[0][0], 2 * KM);
+      loom_wg_keep(&hd[0][0], 2 * KM);
+      loom_wg_keep(&ld[0][0], 2 * KM);
+    }
+  };
+  for (int it = 0; it < n_items; it++) {
+    const int s = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
+    const long long lb = ((long long)b * H + h) * T + m0;
+    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
+    if (!causal || m0 + BM - 1 >= n0) {   /* (causal: a tile wholly before the block's keys sees none) */
+      if (m0 + BM <= T && (!causal || m0 >= kw + 15)) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+      else item(true, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+    }
+    loom_mbar_arrive(sBar + 8 * (ST + s));
+  }
+  typename SDK::T *dk = LOOM_OUT(SDK, 6);
+  typename SDV::T *dv = LOOM_OUT(SDV, 7);
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int key = hr ? k1 : k0;
+    if (key >= S) continue;
+    const long long at = ((long long)b * S + key) * KV * D + (long long)kvh * D + t2;
+    #pragma unroll
+    for (int d = 0; d < ND; d++)
+      #pragma unroll
+      for (int e = 0; e < 2; e++) {
+        SDK::st(dk, at + 8 * d + e, dK[d][2 * hr + e]);
+        SDV::st(dv, at + 8 * d + e, dV[d][2 * hr + e]);
+      }
   }
 #else
   (void)a;
