@@ -19,11 +19,11 @@ Set SHAPES="T:D,T:D" to choose, ITERS (default 20), GQA=G (query heads per kv he
 LSE=0 for the backward without the forward's saved L2 and O (dq in two passes: the path of a
 gradient in another function, or LOOM_CUDA_NO_ATTN_LSE=1).
 
-On an sm_90 device (or with WGMMA=1) it also times the Hopper forward LOOM_CUDA_WGMMA=1 picks
-(loom_attn_fwd_wg: wgmma, bulk copies, mbarriers; built for sm_90a) and its forward +
-backward (the same backward, from its saved L2 and O), in columns of their own, and its out,
-L2 and O against the mma.sync forward's (the same arithmetic: expect 0, at most rounding
-noise).  WGMMA=0 leaves it out.
+On an sm_90 device (or with WGMMA=1) it also times the Hopper kernels LOOM_CUDA_WGMMA=1 picks
+(loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk copies, mbarriers; built for
+sm_90a; dq stays mma.sync's), forward and forward + backward, in columns of their own, and
+their out, L2, O, dq, dk, dv against the mma.sync kernels' ("vs mma": the same arithmetic,
+expect 0 or rounding noise).  WGMMA=0 leaves them out.
 """
 import os, re, sys, time
 
@@ -70,7 +70,7 @@ void fwd_wg(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, 
 #endif
 }
 void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk,
-         torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale) {
+         torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale, bool wg) {
   int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), KV = k.size(2);
   int64_t tile = D <= 64 ? 64 : 32;
   bool saved = Os.numel() > 0;
@@ -78,6 +78,13 @@ void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, 
                      : args_of({dout, q, k, v, dq, L, Ds}, B, T, H, D, S, KV, scale);
   go(D == 64 ? (const void *)DQ64 : (const void *)DQ128, a, dim3(B * H, (T + 63) / 64), 8 * tile * (D + 8));
   LoomArgs b = args_of({dout, q, k, v, L, Ds, dk, dv}, B, T, H, D, S, KV, scale);
+  if (wg) {   /* the Hopper dk dv (lower_attn.c's launch: 256 threads, 64 keys a block) */
+#ifdef KVG64
+    go(D == 64 ? (const void *)KVG64 : (const void *)KVG128, b, dim3(B * KV, (S + 63) / 64),
+       1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 256);
+#endif
+    return;
+  }
   go(D == 64 ? (const void *)KV64 : (const void *)KV128, b, dim3(B * KV, (S + 63) / 64),
      4 * 64 * (D + 8) + 4 * (2 * tile * (D + 8) + 4 * tile));
 }
@@ -101,8 +108,12 @@ extern "C" __global__ void __launch_bounds__(128) bench_kv_128(LoomArgs a) { loo
 INSTANCES_WG = r"""
 extern "C" __global__ void __launch_bounds__(384) bench_fwg_64(LoomArgs a) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a); }
 extern "C" __global__ void __launch_bounds__(384) bench_fwg_128(LoomArgs a) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a); }
+extern "C" __global__ void __launch_bounds__(256) bench_kvg_64(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a); }
+extern "C" __global__ void __launch_bounds__(256) bench_kvg_128(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a); }
 #define FWG64 bench_fwg_64
 #define FWG128 bench_fwg_128
+#define KVG64 bench_kvg_64
+#define KVG128 bench_kvg_128
 """
 
 
@@ -123,7 +134,7 @@ def build(tu_path, wgmma):
                        "torch::Tensor o, torch::Tensor L, torch::Tensor Os, double scale);\nvoid fwd_wg(torch::Tensor q, torch::Tensor k, "
                        "torch::Tensor v, torch::Tensor o, torch::Tensor L, torch::Tensor Os, double scale);\nvoid bwd(torch::Tensor dout, "
                        "torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk, "
-                       "torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale);", cuda_sources=src, functions=["fwd", "fwd_wg", "bwd"],
+                       "torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale, bool wg);", cuda_sources=src, functions=["fwd", "fwd_wg", "bwd"],
                        extra_cuda_cflags=flags, verbose=False)
 
 
@@ -180,7 +191,7 @@ def main():
         Ds = torch.empty_like(L)
         Os = torch.empty(B, T, H, D, device="cuda", dtype=torch.float32) if lse else torch.empty(0, device="cuda")
         f_loom = lambda: ext.fwd(q, k, v, o, L, Os, scale)
-        fb_loom = lambda: (ext.fwd(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale))
+        fb_loom = lambda: (ext.fwd(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale, False))
         # SDPA takes [B, H, T, D]; GQA by repeating kv heads (enable_gqa where the version has it)
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
         kr = kt.repeat_interleave(gqa, dim=1) if gqa > 1 else kt
@@ -206,11 +217,13 @@ def main():
         if wgmma:   # the Hopper forward: its times, and out, L2, O against the mma.sync forward's just computed
             o_ref, L_ref, Os_ref = o.clone(), L.clone(), Os.clone()
             f_wg = lambda: ext.fwd_wg(q, k, v, o, L, Os, scale)
-            fb_wg = lambda: (ext.fwd_wg(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale))
+            g_ref = (dq.clone(), dk.clone(), dv.clone())
+            fb_wg = lambda: (ext.fwd_wg(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale, True))
             ms_wf, ms_wfb = timed(f_wg, iters), timed(fb_wg, iters)
-            f_wg()
+            fb_wg()
             torch.cuda.synchronize()
-            dw = max(rel(o, o_ref), rel(Os, Os_ref) if lse else 0.0, rel(L, L_ref) if lse else 0.0)
+            dw = max(rel(o, o_ref), rel(Os, Os_ref) if lse else 0.0, rel(L, L_ref) if lse else 0.0,
+                     *(rel(x, y) for x, y in zip((dq, dk, dv), g_ref)))
             wcols = f" | {ms_wf:9.3f} {tf(ms_wf, 1):6.1f} {ms_wfb:8.3f} {tf(ms_wfb, 3.5):6.1f} {dw:7.1e}"
         print(f"{T:5d} {D:4d} {B:3d} {H:3d} | {ms_lf:11.3f} {tf(ms_lf, 1):6.1f} {ms_lfb:8.3f} {tf(ms_lfb, 3.5):6.1f} | "
               f"{ms_sf:11.3f} {tf(ms_sf, 1):6.1f} {ms_sfb:8.3f} {tf(ms_sfb, 3.5):6.1f} | "
