@@ -284,7 +284,10 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
     const int row = hr ? r1 : r0;
     kmax[hr] = causal && row + 1 < S ? row + 1 : S;
   }
-  const int interior_end = causal ? rw + 1 - BN : S - BN + 1;   /* n0 < this (and n0 + BN <= S): no key masked */
+  /* n0 < this (and n0 + BN <= S): no key of the warpgroup's rows masked.  Per warpgroup, not
+     per warp as in loom_attn_fwd_tc: the PTX ISA leaves a wgmma.mma_async undefined when the
+     threads of the warpgroup do not all take the branch that reaches it. */
+  const int interior_end = causal ? m0 + 64 * cw + 1 - BN : S - BN + 1;
   loom_mbar_wait(qbar, 0);
   /* one tile (a literal EDGE at each call, as loom_attn_fwd_tc's) */
   auto tile = [&](const bool EDGE, int n0, unsigned sK) {
@@ -484,7 +487,8 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
         #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int r = 32 * half + 8 * j + t2 + (e & 1), t = m0 + r;
-          const float L = t < T ? Lr[r] : 0.0f, Ds = t < T ? Dr[r] : 0.0f;
+          const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
+          const float L = t < T ? Lr[rv] : 0.0f, Ds = t < T ? Dr[rv] : 0.0f;
           float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
           if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
           s[j][e] = p;
@@ -522,7 +526,9 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
     const long long lb = ((long long)b * H + h) * T + m0;
     loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
     if (!causal || m0 + BM - 1 >= n0) {   /* (causal: a tile wholly before the block's keys sees none) */
-      if (m0 + BM <= T && (!causal || m0 >= kw + 15)) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+      /* unmasked when no query of the tile is before the block's last key and none past T:
+         the same for the whole warpgroup (a wgmma's branch must be) */
+      if (m0 + BM <= T && (!causal || m0 >= n0 + BN - 1)) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
       else item(true, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
     }
     loom_mbar_arrive(sBar + 8 * (ST + s));
