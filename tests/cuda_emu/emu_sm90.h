@@ -33,7 +33,10 @@
  *                      the wait_group that retires its group: until then they hold NaN (a
  *                      thread reading its accumulators early sees it); an mma_async with
  *                      no wgmma.fence since the thread's last wait_group fails.  Matrix
- *                      base offsets other than 0 are not emulated (they fail).
+ *                      base offsets other than 0 are not emulated (they fail).  Whether the
+ *                      warpgroup reached the same mma_async instruction is not seen; a
+ *                      kernel names the conditions of such branches (loom_wg_uniform),
+ *                      and those are checked.
  *
  * Not modelled: the async proxy (fence.proxy.async is a no-op), clusters, speed.
  */
@@ -346,6 +349,18 @@ static inline void loom_emu_wgmma(float *d, int N, const unsigned *a, unsigned l
     d[i] = NAN;
   }
   wg_barrier("wgmma.mma_async", NULL);
+}
+
+/* A condition every thread of the warpgroup must evaluate the same (a branch around a wgmma:
+   the PTX ISA leaves a wgmma.mma_async undefined otherwise); the kernel names it with
+   loom_wg_uniform, and here the 128 threads compare. */
+static inline bool loom_emu_wg_uniform(bool c) {
+  using namespace loom_emu;
+  Wgx *x = &wgx[cur / WG];
+  if (x->arrived == 0) x->n = c;
+  else if (x->n != (int)c) fail("%s: the threads of a warpgroup take a branch around a wgmma differently", "wgmma");
+  wg_barrier("loom_wg_uniform", NULL);   /* each thread compared as it arrived */
+  return c;
 }
 
 /* setmaxnreg.{inc,dec}.sync.aligned.u32: warpgroup-wide, a count in [24, 256], a multiple of 8 */

@@ -112,6 +112,15 @@ LOOM_DEV void loom_wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+/* c, which every thread of the warpgroup must compute the same (a branch around a wgmma):
+   the emulated device checks that they do */
+LOOM_DEV bool loom_wg_uniform(bool c) {
+#if defined(LOOM_EMU)
+  return loom_emu_wg_uniform(c);
+#else
+  return c;
+#endif
+}
 /* the compiler keeps n accumulators in registers, unread and unmoved, across an mma_async */
 LOOM_DEV void loom_wg_regs(float *x, int n) {
 #if !defined(LOOM_EMU)
@@ -284,9 +293,10 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
     const int row = hr ? r1 : r0;
     kmax[hr] = causal && row + 1 < S ? row + 1 : S;
   }
-  /* n0 < this (and n0 + BN <= S): no key of the warpgroup's rows masked.  Per warpgroup, not
-     per warp as in loom_attn_fwd_tc: the PTX ISA leaves a wgmma.mma_async undefined when the
-     threads of the warpgroup do not all take the branch that reaches it. */
+  /* n0 < this (and n0 + BN <= S): no key of the warpgroup's rows masked.  Written per
+     warpgroup (per warp it is the same: tiles of 64): the PTX ISA leaves a wgmma.mma_async
+     undefined when the threads of the warpgroup do not all take the branch that reaches it,
+     and loom_wg_uniform has the emulated device check that they do. */
   const int interior_end = causal ? m0 + 64 * cw + 1 - BN : S - BN + 1;
   loom_mbar_wait(qbar, 0);
   /* one tile (a literal EDGE at each call, as loom_attn_fwd_tc's) */
@@ -351,7 +361,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
     const int s = it % ST, n0 = it * BN;
     loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
     if (!causal || n0 <= wg_last) {   /* (causal: no row of this warpgroup sees a key of the tile past it) */
-      if (n0 < interior_end && n0 + BN <= S) tile(false, n0, sKV + s * 2 * TILE);
+      if (loom_wg_uniform(n0 < interior_end && n0 + BN <= S)) tile(false, n0, sKV + s * 2 * TILE);
       else tile(true, n0, sKV + s * 2 * TILE);
     }
     loom_mbar_arrive(sBar + 8 * (ST + s));
@@ -527,8 +537,8 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
     loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
     if (!causal || m0 + BM - 1 >= n0) {   /* (causal: a tile wholly before the block's keys sees none) */
       /* unmasked when no query of the tile is before the block's last key and none past T:
-         the same for the whole warpgroup (a wgmma's branch must be) */
-      if (m0 + BM <= T && (!causal || m0 >= n0 + BN - 1)) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+         the same for the whole warpgroup (a wgmma's branch must be; checked as the forward's) */
+      if (loom_wg_uniform(m0 + BM <= T && (!causal || m0 >= n0 + BN - 1))) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
       else item(true, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
     }
     loom_mbar_arrive(sBar + 8 * (ST + s));
