@@ -19,6 +19,14 @@
  * dS x up then silu_grad, one kernel) but take no reduction afterwards (GPT-2's residual
  * gradient would swallow the bias gradient's sum, which the CUDA lowering makes a GEMM
  * epilogue and a norm-gradient fusion).
+ * Siblings: an elementwise op that no operand's group takes joins an open group that reads
+ * one of its operands, or else a closed group (no reduction, at most HOIST_MAX ops back)
+ * that reads or defines one, when every operand is ready where that group's kernel runs:
+ * the op is computed earlier, the shared input read once (Llama's dS x gate, dS x up and
+ * silu_grad: one kernel).  An elementwise value another group defines is computed again
+ * instead of read when the reading group reads all its inputs anyway (silu of the gate's
+ * input in SwiGLU's gradient): its definer may then stop writing it (the forward keeps no
+ * gate).  Both move no rounding: the same ops on the same values.
  * Constants and iotas are cloned into each kernel that reads them instead of being
  * passed; a reshape of a value from outside stays a reshape (memory-plan aliases it).
  * A kernel passes at most FUSE_MAX_BUFS buffers (inputs + outputs: a lowered step's
@@ -45,6 +53,9 @@ typedef struct {
   int n_groups;
   int *group_of;          /* per op index: group or -1 */
   int *def_index;         /* per value id: index of the defining op, or -1 */
+  int *reader;            /* per value id (arguments and results): the last group that read it, or -1 */
+  bool *hoisted;          /* per op index: joined a closed group (sibling) */
+  int *remat;             /* per value id: the group that computes it again instead of reading it, or -1 */
 } Fuser;
 
 static bool fusable(const Op *op) {
@@ -119,6 +130,53 @@ static void close_at_write(Fuser *fz, int i) {
     if (fz->groups[g].open) fz->groups[g].crossed = true;
 }
 
+/* How far back (ops) an op may be hoisted into a closed group: a layer's backward, not the
+   forward it reads (a hoisted value lives from the group's kernel on). */
+enum { HOIST_MAX = 12 };
+
+/* Is v computed before op index p (where a closed group's kernel runs), or inside group g? */
+static bool ready_at(Fuser *fz, const Value *v, int p, int g) {
+  if (v->kind == VAL_ARG) return true;
+  if (v->kind != VAL_RESULT) return false;   /* a global may be written between: not hoisted */
+  int d = fz->def_index[v->id];
+  if (d < 0) return false;
+  if (fz->group_of[d] < 0) return d < p;
+  int h = find(fz, fz->group_of[d]);
+  return h == g || (!fz->groups[h].open && fz->groups[h].last < p);
+}
+
+/* A sibling: an elementwise op that no open group takes may join a closed group without a
+   reduction that reads one of its operands or defines one (dS x gate, then dS x up and
+   silu_grad: SwiGLU's gradient, one read of dS), when each operand is ready where that
+   group's kernel runs and no write in between touches one.  The kernel stays where it was:
+   the op is computed earlier. */
+static int sibling(Fuser *fz, const Op *op, int i) {
+  OpClass c = op_info(op->kind)->cls;
+  if (c != CLASS_ELEMENTWISE && op->kind != OP_CAST) return -1;
+  for (int k = 0; k < op->n_operands; k++) {
+    const Value *v = op->operands[k];
+    if (v->kind == VAL_GLOBAL) return -1;
+  }
+  for (int k = 0; k < 2 * op->n_operands; k++) {
+    const Value *v = op->operands[k / 2];
+    int g = k % 2 ? group_of_value(fz, v) : fz->reader[v->id] >= 0 ? find(fz, fz->reader[v->id]) : -1;
+    if (g < 0) continue;
+    Group *gr = &fz->groups[g];
+    int p = gr->last;
+    if (gr->open || gr->reduction || gr->n != space_of(op) || p >= i || i - p > HOIST_MAX) continue;
+    bool ok = true;
+    for (int j = 0; j < op->n_operands && ok; j++) ok = ready_at(fz, op->operands[j], p, g);
+    for (int w = p + 1; w < i && ok; w++) {
+      const Op *wr = fz->f->ops.items[w];
+      int nw = op_n_writes(wr->kind);
+      for (int t = 0; t < nw && t < wr->n_operands && ok; t++)
+        for (int j = 0; j < op->n_operands && ok; j++) ok = !same_storage(op->operands[j], wr->operands[t]);
+    }
+    if (ok) return g;
+  }
+  return -1;
+}
+
 static void assign_groups(Fuser *fz) {
   Func *f = fz->f;
   for (int i = 0; i < f->ops.n; i++) {
@@ -140,6 +198,22 @@ static void assign_groups(Fuser *fz) {
           if (fz->groups[g].last > fz->groups[target].last) fz->groups[target].last = fz->groups[g].last;
         }
       }
+      /* No operand's group takes it: an open group that reads one of its operands may
+         (one read of the shared input). */
+      OpClass cls = op_info(op->kind)->cls;
+      for (int k = 0; target < 0 && (cls == CLASS_ELEMENTWISE || op->kind == OP_CAST) && k < op->n_operands; k++) {
+        const Value *v = op->operands[k];
+        int g = v->kind == VAL_GLOBAL || fz->reader[v->id] < 0 ? -1 : find(fz, fz->reader[v->id]);
+        if (g >= 0 && can_join(fz, op, g)) target = g;
+      }
+      bool hoisted = false;
+      if (target < 0 && op->kind != OP_RESHAPE) hoisted = (target = sibling(fz, op, i)) >= 0;
+      if (hoisted) {
+        fz->group_of[i] = target;   /* its kernel stays at the group's last op: `last` unchanged */
+        fz->hoisted[i] = true;
+        for (int k = 0; k < op->n_operands; k++) fz->reader[op->operands[k]->id] = target;
+        continue;
+      }
       /* A reshape of an outside value stays a reshape: it costs nothing once aliased. */
       if (target < 0 && op->kind != OP_RESHAPE) {
         target = fz->n_groups++;
@@ -154,14 +228,54 @@ static void assign_groups(Fuser *fz) {
     if (target >= 0) {
       fz->group_of[i] = target;
       fz->groups[target].last = i;
+      for (int k = 0; k < op->n_operands; k++)
+        if (op->operands[k]->kind != VAL_GLOBAL) fz->reader[op->operands[k]->id] = target;
       if (op_info(op->kind)->cls == CLASS_REDUCTION && !fz->groups[target].reduction) fz->groups[target].reduction = op;
     }
   }
   for (int i = 0; i < f->ops.n; i++)
     if (fz->group_of[i] >= 0) fz->group_of[i] = find(fz, fz->group_of[i]);
-  /* A group's last op may have moved when groups merged. */
+  /* A group's last op may have moved when groups merged (a sibling's does not count). */
   for (int i = 0; i < f->ops.n; i++)
-    if (fz->group_of[i] >= 0) fz->groups[fz->group_of[i]].last = i;
+    if (fz->group_of[i] >= 0 && !fz->hoisted[i]) fz->groups[fz->group_of[i]].last = i;
+}
+
+/* Computed again, not read: a group reading v = op(u...), an elementwise op of another
+   group, when the group reads every u itself (SwiGLU's gradient reads the gate's input for
+   silu_grad: it computes silu again, and the forward no longer writes the gate).  The same
+   op on the same values: the same result.  stamp/now: scratch, per value id. */
+static void choose_remat(Fuser *fz, const int *first, const int *next, int *stamp, int *now) {
+  Func *f = fz->f;
+  for (int g = 0; g < fz->n_groups; g++) {
+    if (first[g] < 0) continue;
+    ++*now;
+    for (int i = first[g]; i >= 0; i = next[i]) {   /* what the group reads from outside */
+      const Op *op = f->ops.items[i];
+      for (int k = 0; k < op->n_operands; k++) {
+        const Value *v = op->operands[k];
+        if (v->kind != VAL_GLOBAL) stamp[v->id] = *now;
+      }
+    }
+    for (int i = first[g]; i >= 0; i = next[i]) {
+      const Op *op = f->ops.items[i];
+      for (int k = 0; k < op->n_operands; k++) {
+        const Value *v = op->operands[k];
+        if (v->kind != VAL_RESULT || fz->remat[v->id] >= 0) continue;
+        int d = fz->def_index[v->id];
+        const Op *dop = fz->f->ops.items[d];
+        if (fz->group_of[d] == g || fz->group_of[d] < 0 || op_info(dop->kind)->cls != CLASS_ELEMENTWISE ||
+            dop->n_results != 1)
+          continue;
+        bool all = true;
+        for (int j = 0; j < dop->n_operands && all; j++) {
+          const Value *u = dop->operands[j];
+          all = u->kind != VAL_GLOBAL && stamp[u->id] == *now &&
+                (u->kind != VAL_RESULT || fz->group_of[fz->def_index[u->id]] != g);
+        }
+        if (all) fz->remat[v->id] = g;
+      }
+    }
+  }
 }
 
 /* Builds the kernel of group g and returns the call that replaces it; *map[id] receives
@@ -198,6 +312,20 @@ static Op *build_kernel(Fuser *fz, int g, int serial, bool *used_outside, Value 
     for (int j = 0; j < op->n_operands; j++) {
       Value *v = op->operands[j];
       Value **slot = v->kind == VAL_GLOBAL ? &ginner[v->global->index] : &inner[v->id];
+      if (!*slot && v->kind == VAL_RESULT && fz->remat[v->id] == g) {
+        const Op *d = v->def;   /* computed again from the group's own inputs */
+        Value *ins[256];
+        for (int t = 0; t < d->n_operands; t++) {
+          Value *u = d->operands[t];
+          if (!inner[u->id]) inner[u->id] = func_add_arg(k, u->name, u->type), args[n_args++] = u;
+          ins[t] = inner[u->id];
+        }
+        Type t = v->type;
+        Op *c = func_add_op(k, d->kind, ins, d->n_operands, &t);
+        memcpy(c->attrs, d->attrs, sizeof c->attrs);
+        c->results[0]->name = v->name;
+        *slot = c->results[0];
+      }
       if (!*slot) {
         const Op *d = v->kind == VAL_RESULT ? v->def : NULL;
         if (d && (d->kind == OP_CONSTANT || d->kind == OP_IOTA)) {
@@ -266,9 +394,12 @@ static void link_members(const Fuser *fz, int n_ops, int *first, int *next, int 
 static int fuse_func(Module *m, Func *f, int *serial) {
   int n_values = func_number(f), n_ops = f->ops.n;
   Fuser fz = {f, m, calloc(2 * (size_t)n_ops + 1, sizeof(Group)), 0, malloc(sizeof(int) * ((size_t)n_ops + 1)),
-              malloc(sizeof(int) * ((size_t)n_values + 1))};
+              malloc(sizeof(int) * ((size_t)n_values + 1)), NULL, NULL, NULL};
+  fz.reader = malloc(sizeof(int) * ((size_t)n_values + 1));
+  fz.hoisted = calloc((size_t)n_ops + 1, 1);
+  fz.remat = malloc(sizeof(int) * ((size_t)n_values + 1));
   for (int i = 0; i < n_ops; i++) fz.group_of[i] = -1;
-  for (int i = 0; i < n_values; i++) fz.def_index[i] = -1;
+  for (int i = 0; i < n_values; i++) fz.def_index[i] = fz.reader[i] = -1;
   for (int i = 0; i < n_ops; i++) {
     const Op *op = f->ops.items[i];
     for (int r = 0; r < op->n_results; r++) fz.def_index[op->results[r]->id] = i;
@@ -285,13 +416,15 @@ static int fuse_func(Module *m, Func *f, int *serial) {
   int *stamp = calloc((size_t)n_values + (size_t)m->globals.n + 1, sizeof(int)), stamp_now = 0;
   for (;;) {
     link_members(&fz, n_ops, first, next, tail);
+    for (int i = 0; i < n_values; i++) fz.remat[i] = -1;
+    choose_remat(&fz, first, next, stamp, &stamp_now);
     memset(used_outside, 0, (size_t)n_values + 1);
     for (int i = 0; i < n_ops; i++) {
       const Op *op = f->ops.items[i];
       for (int k = 0; k < op->n_operands; k++) {
         const Value *v = op->operands[k];
         if (v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] >= 0 &&
-            fz.group_of[fz.def_index[v->id]] != fz.group_of[i])
+            fz.group_of[fz.def_index[v->id]] != fz.group_of[i] && (fz.group_of[i] < 0 || fz.remat[v->id] != fz.group_of[i]))
           used_outside[v->id] = true;
       }
     }
@@ -310,7 +443,7 @@ static int fuse_func(Module *m, Func *f, int *serial) {
         for (int k = 0; k < op->n_operands; k++) {
           const Value *v = op->operands[k];
           bool inside = v->kind == VAL_RESULT && fz.group_of[fz.def_index[v->id]] == g;
-          bool cloned = v->kind == VAL_RESULT && (v->def->kind == OP_CONSTANT || v->def->kind == OP_IOTA);
+          bool cloned = v->kind == VAL_RESULT && (v->def->kind == OP_CONSTANT || v->def->kind == OP_IOTA || fz.remat[v->id] == g);
           if (inside || cloned) continue;
           int *st = v->kind == VAL_GLOBAL ? &stamp[n_values + v->global->index] : &stamp[v->id];
           if (*st != stamp_now) *st = stamp_now, bufs[g]++;   /* not read already (here or by an earlier member) */
@@ -368,6 +501,7 @@ static int fuse_func(Module *m, Func *f, int *serial) {
   free(fz.groups);
   free(fz.group_of);
   free(fz.def_index);
+  free(fz.reader), free(fz.hoisted), free(fz.remat);
   remove_dead_ops(f);   /* constants now cloned into every kernel that read them */
   return kernels;
 }

@@ -49,6 +49,17 @@ static int ex_whole_step(void *self, int64_t n, const int32_t *inputs, const int
   return re->dev->step(re->dev, re->f_grad, re->f_opt, n, inputs, targets, lr, t, losses, grad_norm, err, errlen);
 }
 
+static int ex_issue_step(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float lr, float t,
+                         char *err, size_t errlen) {
+  RtRankExec *re = self;
+  return re->dev->step_issue(re->dev, re->f_grad, re->f_opt, n, inputs, targets, lr, t, err, errlen);
+}
+
+static int ex_finish_step(void *self, float *losses, float *grad_norm, char *err, size_t errlen) {
+  RtRankExec *re = self;
+  return re->dev->step_wait(re->dev, losses, grad_norm, err, errlen);
+}
+
 static int ex_optimizer_step(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen) {
   RtRankExec *re = self;
   void *args[2] = {&lr, &t}, *rets[RT_MAX_FUNC_IO] = {grad_norm};
@@ -139,6 +150,8 @@ int rt_rank_exec_init(RtRankExec *re, RtDevice *dev, int64_t batch, int64_t seq,
   re->ex.grad_step = ex_grad_step;
   re->ex.optimizer_step = ex_optimizer_step;
   if (dev->step) re->ex.whole_step = ex_whole_step;   /* a step at once (one CUDA graph) */
+  if (dev->step && dev->step_issue && dev->step_wait)   /* in two halves: step N+1 issued before step N's wait */
+    re->ex.issue_step = ex_issue_step, re->ex.finish_step = ex_finish_step;
   if (re->f_forward >= 0) re->ex.eval_step = ex_eval_step;
   if (!dev->host) {   /* copies: they start as the device's values */
     re->ex.sync_out = ex_sync_out;

@@ -44,6 +44,15 @@ struct RtDevice {
      cuda backend: one CUDA graph a step, cuda_program_step); the rank executor's whole_step */
   int (*step)(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets, float lr,
               float t, float *losses, float *grad_norm, char *err, size_t errlen);
+  /* optional (NULL: none): step in two halves, so that the host prepares step N+1 while step
+     N runs.  step_issue queues a whole step as step does and returns without waiting (inputs
+     and targets may be reused at once); step_wait waits for the oldest step issued and not
+     yet waited for and gives its losses[n] and norm.  At most two steps in flight.  The cuda
+     backend, unless LOOM_CUDA_SYNC_STEP=1 (cuda_program_step_issue); the rank executor's
+     issue_step and finish_step */
+  int (*step_issue)(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
+                    float lr, float t, char *err, size_t errlen);
+  int (*step_wait)(RtDevice *d, float *losses, float *grad_norm, char *err, size_t errlen);
   /* optional (NULL: the host's memory): buffers a caller keeps on the device between calls (a
      pipeline's stash, runtime/exec/exec_mesh_pipe.c), at device addresses: buf_alloc and
      buf_free (the cuda backend: device memory); call_dev is call with argument k read from

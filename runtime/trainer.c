@@ -442,13 +442,174 @@ static int take_save_dir(const TrainOptions *o, bool resumed_from, int *lock_fd,
   return 0;
 }
 
+/* ---- the loop ---- */
+
+typedef struct {
+  Executor *ex;
+  const TrainOptions *o;
+  TrainResult *r;
+  DataLoader *dl, *vl;
+  Loads *loads;
+  FILE *metrics;
+  int32_t *inputs, *targets;
+  float *mb_losses;
+  int64_t G, B, T, val_every, val_windows;
+  double start, first_loss, comm_total;
+  double last_arrival;   /* overlapped steps: when the last one's results came in */
+  int64_t end;           /* the step after the last one run */
+  int stopped;           /* the signal that ended the run early */
+} Loop;
+
+/* Everything after step s's results are in: its record, validation, the step line and the
+   metrics, the loss checks, a checkpoint, a stop.  in_flight: the step after it is already
+   issued (then no validation or checkpoint is due here: the loop finishes s first when one
+   is). *stop: a signal ended the run after this step. */
+static int report_step(Loop *L, int64_t s, float loss, float norm, double dt, bool in_flight, bool *stop, char *err,
+                       size_t errlen) {
+  const TrainOptions *o = L->o;
+  TrainResult *r = L->r;
+  int rc = 0;
+  float lr = (float)train_lr_at(o, s);
+  if ((rc = loads_read(L->ex, o, L->loads, err, errlen))) return rc;
+  r->losses[s] = loss;
+  r->grad_norms[s] = norm;
+  r->lrs[s] = lr;
+  r->n = s + 1;
+  if (s == r->first_step) L->first_loss = loss;
+  char comm[96] = "";
+  double comm_mean = NAN;
+  if (L->ex->comm_wait_ms) {   /* exposed communication: ranks blocked on collectives */
+    double most;
+    L->ex->comm_wait_ms(L->ex->self, &comm_mean, &most);
+    L->comm_total += comm_mean;
+    snprintf(comm, sizeof comm, " | comm wait %.1f ms (max %.1f)", comm_mean, most);
+  }
+  float val = NAN;
+  if (o->n_val > 0 && ((s + 1) % L->val_every == 0 || s + 1 == o->steps)) {
+    if ((rc = validate(L->ex, L->vl, L->val_windows, L->inputs, L->targets, &val, err, errlen))) return rc;
+    if ((rc = loads_zero(L->ex, o, L->loads, err, errlen))) return rc;   /* the forward's counts are not the next step's */
+    r->val_losses[s] = val;
+    if (L->ex->comm_wait_ms) {   /* the validation's waits are not the next step's */
+      double m0, m1;
+      L->ex->comm_wait_ms(L->ex->self, &m0, &m1);
+    }
+  }
+  double elapsed = now_s() - L->start, eta = elapsed / (double)(s + 1 - r->first_step) * (double)(o->steps - s - 1);
+  double mfu = o->flops_per_step > 0 && o->peak_flops > 0 ? o->flops_per_step / dt / o->peak_flops : NAN;
+  if (o->log) {
+    char vs[32] = "", ms[32] = "", es[32], xs[40] = "";
+    if (!isnan(val)) snprintf(vs, sizeof vs, " | val %.4f", val);
+    if (!isnan(mfu)) snprintf(ms, sizeof ms, " | mfu %.1f%%", 100 * mfu);
+    if (!isnan(L->loads->worst)) snprintf(xs, sizeof xs, " | experts max/mean %.2f", L->loads->worst);
+    format_eta(es, sizeof es, eta);
+    fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s%s | eta %s%s\n",
+            (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(L->G * L->B * L->T) / dt, ms, xs, es,
+            comm);
+    if (o->log_experts && !isnan(L->loads->worst)) loads_print(o->log, L->loads);
+  }
+  if (L->metrics) {
+    /* the line is made in memory and written at once; a failed write is cut back off, so
+       the file holds whole lines only (a reader never sees half a JSON object) */
+    FILE *file = L->metrics;
+    char *line = NULL;   /* the fields go into it through mem */
+    size_t line_n = 0;
+    FILE *mem = open_memstream(&line, &line_n);
+    if (!mem) {
+      snprintf(err, errlen, "out of memory");
+      rc = 1;
+      return rc;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    fprintf(mem, "{\"step\":%lld", (long long)(s + 1));
+    put_num(mem, "loss", loss);
+    if (!isnan(val)) put_num(mem, "val_loss", val);
+    put_num(mem, "lr", lr);
+    put_num(mem, "grad_norm", norm);
+    put_num(mem, "tokens_per_s", (double)(L->G * L->B * L->T) / dt);
+    put_num(mem, "step_ms", dt * 1e3);
+    if (!isnan(mfu)) put_num(mem, "mfu", mfu);
+    if (!isnan(comm_mean)) put_num(mem, "comm_wait_ms", comm_mean);
+    if (!isnan(L->loads->worst)) {
+      put_num(mem, "expert_max_mean", L->loads->worst);
+      loads_json(mem, L->loads);
+    }
+    fprintf(mem, ",\"tokens\":%lld", (long long)((s + 1) * L->G * L->B * L->T));
+    put_num(mem, "elapsed_s", elapsed);
+    put_num(mem, "eta_s", eta);
+    put_num(mem, "max_rss_mb", (double)ru.ru_maxrss / 1024.0);
+    fprintf(mem, ",\"time\":%lld}\n", (long long)time(NULL));
+    fclose(mem);
+    long at = ftell(file);
+    bool bad = fwrite(line, 1, line_n, file) != line_n;
+    bad = fflush(file) != 0 || bad;
+    free(line);
+    if (bad) {
+      if (at >= 0 && ftruncate(fileno(file), at) == 0) clearerr(file);
+      snprintf(err, errlen, "%s: cannot write the metrics log (disk full?); it holds the whole lines of the steps before",
+               o->metrics_path);
+      rc = 1;
+      return rc;
+    }
+  }
+  if (!isfinite(loss) || !isfinite(norm)) {
+    snprintf(err, errlen, "the %s became %s at step %lld; lower the learning rate (--lr) or check the data",
+             isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? norm : loss) ? "nan" : "infinite",
+             (long long)(s + 1));
+    rc = 1;
+    return rc;
+  }
+  bool last = s + 1 == o->steps, saved = false;
+  if (o->save_dir && ((o->save_every > 0 && (s + 1) % o->save_every == 0) || last)) {
+    if ((rc = save(L->ex, o, r, s + 1, L->dl, err, errlen))) return rc;
+    saved = true;
+  }
+  /* SIGINT / SIGTERM: this step is done; every rank stops after the same one */
+  int sig = train_stop_signal();
+  if (L->ex->agree_stop && (rc = L->ex->agree_stop(L->ex->self, sig, &sig, err, errlen))) return rc;
+  if (sig && !last && !in_flight) {   /* (a step in flight: after that one, which the loop finishes first) */
+    L->stopped = sig;
+    L->end = s + 1;
+    if (o->save_dir && !saved && (rc = save(L->ex, o, r, s + 1, L->dl, err, errlen))) return rc;
+    *stop = true;
+  }
+  return 0;
+}
+
+/* A step after which something reads the state (a checkpoint, validation, the end): the loop
+   finishes it before the next is issued. */
+static bool state_read_after(const Loop *L, int64_t s) {
+  const TrainOptions *o = L->o;
+  return s + 1 == o->steps || (o->n_val > 0 && (s + 1) % L->val_every == 0) ||
+         (o->save_dir && o->save_every > 0 && (s + 1) % o->save_every == 0);
+}
+
+/* Waits for the oldest step in flight, s (issued from t0 to t1), and reports it. */
+static int finish_step(Loop *L, int64_t s, double t0, double t1, bool in_flight, bool *stop, char *err, size_t errlen) {
+  float norm = 0, loss_sum = 0;
+  int rc = L->ex->finish_step(L->ex->self, L->mb_losses, &norm, err, errlen);
+  if (rc) return rc;
+  for (int64_t g = 0; g < L->G; g++) loss_sum += L->mb_losses[g];
+  /* the step's time: from when the device could start it (issued, and the step before done)
+     to its results, so that overlapped steps add up to the wall time; or the issue's own time
+     where it was longer (a device that runs the step as it is issued: the emulated one, or
+     one that went call by call) */
+  double now = now_s(), dt = now - (t0 > L->last_arrival ? t0 : L->last_arrival);
+  if (t1 - t0 > dt) dt = t1 - t0;
+  L->last_arrival = now;
+  return report_step(L, s, loss_sum / (float)L->G, norm, dt, in_flight, stop, err, errlen);
+}
+
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
 int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, size_t errlen) {
   TrainOptions local = *opt;   /* save_dir may become the folder a run resumed from */
   const TrainOptions *o = &local;
   char resumed[4096] = "", resumed_dir[4096];
-  int lock_fd = -1, stopped = 0;   /* stopped: the signal that ended the run early */
+  int lock_fd = -1;
+  int64_t pending = -1;   /* overlap: a step issued and not yet finished */
+  double pending_t0 = 0, pending_t1 = 0;
+  Loop L;
   Loads loads = {0};   /* mixture of experts: the expert load of each step */
   memset(r, 0, sizeof *r);
   err[0] = 0;
@@ -536,12 +697,35 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
      mesh's views are filled only by a sync_out or a resume) */
   if (loads_live(ex, o, &loads) && ex->sync_out && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
   if ((rc = loads_zero(ex, o, &loads, err, errlen))) goto done;
-  double start = now_s(), first_loss = NAN, comm_total = 0;
-  int64_t end = o->steps;   /* the step after the last one run */
+  L = (Loop){.ex = ex, .o = o, .r = r, .dl = &dl, .vl = &vl, .loads = &loads, .metrics = metrics, .inputs = inputs,
+             .targets = targets, .mb_losses = mb_losses, .G = G, .B = B, .T = T, .val_every = val_every,
+             .val_windows = val_windows, .start = now_s(), .first_loss = NAN, .end = o->steps};
+  /* Overlap (an executor with issue_step): step s+1 is issued before step s is waited for,
+     so the device runs while the host reads a loss, logs and loads the next batch.  Not with
+     per-step reads of the executor's state (the expert loads of a copying executor) */
+  bool overlap = ex->issue_step && ex->finish_step && ex->whole_step && !loads_live(ex, o, &loads);
   train_stop_arm();
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
     float loss_sum = 0, norm = 0;
+    bool stop = false;
+    if (overlap) {
+      for (int64_t g = 0; g < G; g++) data_next(&dl, inputs + g * B * T, targets + g * B * T);
+      if ((rc = ex->issue_step(ex->self, G, inputs, targets, (float)train_lr_at(o, s), (float)(s + 1), err, errlen)))
+        goto done;
+      double t1 = now_s();
+      if (pending >= 0 && (rc = finish_step(&L, pending, pending_t0, pending_t1, true, &stop, err, errlen))) {
+        pending = s;   /* drained below */
+        goto done;
+      }
+      pending = s, pending_t0 = t0, pending_t1 = t1;
+      /* step s stays in flight unless its state is read next or a signal asks to stop after it */
+      if (!state_read_after(&L, s) && !train_stop_signal()) continue;
+      pending = -1;
+      if ((rc = finish_step(&L, s, t0, t1, false, &stop, err, errlen))) goto done;
+      if (stop) break;
+      continue;
+    }
     if (ex->whole_step) {
       for (int64_t g = 0; g < G; g++) data_next(&dl, inputs + g * B * T, targets + g * B * T);
       if ((rc = ex->whole_step(ex->self, G, inputs, targets, (float)train_lr_at(o, s), (float)(s + 1), mb_losses, &norm,
@@ -563,112 +747,14 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
     float loss = loss_sum / (float)G, lr = (float)train_lr_at(o, s);
     if (!ex->whole_step && (rc = ex->optimizer_step(ex->self, lr, (float)(s + 1), &norm, err, errlen))) goto done;
     double dt = now_s() - t0;
-    if ((rc = loads_read(ex, o, &loads, err, errlen))) goto done;
-    r->losses[s] = loss;
-    r->grad_norms[s] = norm;
-    r->lrs[s] = lr;
-    r->n = s + 1;
-    if (s == r->first_step) first_loss = loss;
-    char comm[96] = "";
-    double comm_mean = NAN;
-    if (ex->comm_wait_ms) {   /* exposed communication: ranks blocked on collectives */
-      double most;
-      ex->comm_wait_ms(ex->self, &comm_mean, &most);
-      comm_total += comm_mean;
-      snprintf(comm, sizeof comm, " | comm wait %.1f ms (max %.1f)", comm_mean, most);
-    }
-    float val = NAN;
-    if (o->n_val > 0 && ((s + 1) % val_every == 0 || s + 1 == o->steps)) {
-      if ((rc = validate(ex, &vl, val_windows, inputs, targets, &val, err, errlen))) goto done;
-      if ((rc = loads_zero(ex, o, &loads, err, errlen))) goto done;   /* the forward's counts are not the next step's */
-      r->val_losses[s] = val;
-      if (ex->comm_wait_ms) {   /* the validation's waits are not the next step's */
-        double m0, m1;
-        ex->comm_wait_ms(ex->self, &m0, &m1);
-      }
-    }
-    double elapsed = now_s() - start, eta = elapsed / (double)(s + 1 - r->first_step) * (double)(o->steps - s - 1);
-    double mfu = o->flops_per_step > 0 && o->peak_flops > 0 ? o->flops_per_step / dt / o->peak_flops : NAN;
-    if (o->log) {
-      char vs[32] = "", ms[32] = "", es[32], xs[40] = "";
-      if (!isnan(val)) snprintf(vs, sizeof vs, " | val %.4f", val);
-      if (!isnan(mfu)) snprintf(ms, sizeof ms, " | mfu %.1f%%", 100 * mfu);
-      if (!isnan(loads.worst)) snprintf(xs, sizeof xs, " | experts max/mean %.2f", loads.worst);
-      format_eta(es, sizeof es, eta);
-      fprintf(o->log, "step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %8.1f ms | %9.0f tok/s%s%s | eta %s%s\n",
-              (long long)(s + 1), (long long)o->steps, loss, vs, lr, norm, dt * 1e3, (double)(G * B * T) / dt, ms, xs, es,
-              comm);
-      if (o->log_experts && !isnan(loads.worst)) loads_print(o->log, &loads);
-    }
-    if (metrics) {
-      /* the line is made in memory and written at once; a failed write is cut back off, so
-         the file holds whole lines only (a reader never sees half a JSON object) */
-      FILE *file = metrics;
-      char *line = NULL;   /* the fields go into it through mem */
-      size_t line_n = 0;
-      FILE *mem = open_memstream(&line, &line_n);
-      if (!mem) {
-        snprintf(err, errlen, "out of memory");
-        rc = 1;
-        goto done;
-      }
-      struct rusage ru;
-      getrusage(RUSAGE_SELF, &ru);
-      fprintf(mem, "{\"step\":%lld", (long long)(s + 1));
-      put_num(mem, "loss", loss);
-      if (!isnan(val)) put_num(mem, "val_loss", val);
-      put_num(mem, "lr", lr);
-      put_num(mem, "grad_norm", norm);
-      put_num(mem, "tokens_per_s", (double)(G * B * T) / dt);
-      put_num(mem, "step_ms", dt * 1e3);
-      if (!isnan(mfu)) put_num(mem, "mfu", mfu);
-      if (!isnan(comm_mean)) put_num(mem, "comm_wait_ms", comm_mean);
-      if (!isnan(loads.worst)) {
-        put_num(mem, "expert_max_mean", loads.worst);
-        loads_json(mem, &loads);
-      }
-      fprintf(mem, ",\"tokens\":%lld", (long long)((s + 1) * G * B * T));
-      put_num(mem, "elapsed_s", elapsed);
-      put_num(mem, "eta_s", eta);
-      put_num(mem, "max_rss_mb", (double)ru.ru_maxrss / 1024.0);
-      fprintf(mem, ",\"time\":%lld}\n", (long long)time(NULL));
-      fclose(mem);
-      long at = ftell(file);
-      bool bad = fwrite(line, 1, line_n, file) != line_n;
-      bad = fflush(file) != 0 || bad;
-      free(line);
-      if (bad) {
-        if (at >= 0 && ftruncate(fileno(file), at) == 0) clearerr(file);
-        snprintf(err, errlen, "%s: cannot write the metrics log (disk full?); it holds the whole lines of the steps before",
-                 o->metrics_path);
-        rc = 1;
-        goto done;
-      }
-    }
-    if (!isfinite(loss) || !isfinite(norm)) {
-      snprintf(err, errlen, "the %s became %s at step %lld; lower the learning rate (--lr) or check the data",
-               isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? norm : loss) ? "nan" : "infinite",
-               (long long)(s + 1));
-      rc = 1;
-      goto done;
-    }
-    bool last = s + 1 == o->steps, saved = false;
-    if (o->save_dir && ((o->save_every > 0 && (s + 1) % o->save_every == 0) || last)) {
-      if ((rc = save(ex, o, r, s + 1, &dl, err, errlen))) goto done;
-      saved = true;
-    }
-    /* SIGINT / SIGTERM: this step is done; every rank stops after the same one */
-    int sig = train_stop_signal();
-    if (ex->agree_stop && (rc = ex->agree_stop(ex->self, sig, &sig, err, errlen))) goto done;
-    if (sig && !last) {
-      stopped = sig;
-      end = s + 1;
-      if (o->save_dir && !saved && (rc = save(ex, o, r, s + 1, &dl, err, errlen))) goto done;
-      break;
-    }
+    if ((rc = report_step(&L, s, loss, norm, dt, false, &stop, err, errlen))) goto done;
+    if (stop) break;
   }
+  int64_t end = L.end;
+  int stopped = L.stopped;
+  double first_loss = L.first_loss, comm_total = L.comm_total;
   r->n = end;
-  r->seconds = now_s() - start;
+  r->seconds = now_s() - L.start;
   if (!stopped && ex->sync_out && !ex->stream_param && (rc = ex->sync_out(ex->self, err, errlen))) goto done;
   if (o->log && end > r->first_step) {
     int64_t run = end - r->first_step;
@@ -691,6 +777,11 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
     rc = 128 + stopped;
   }
 done:
+  if (pending >= 0) {   /* a step still in flight after a failure: let it land before anything is freed */
+    float norm;
+    char e2[256];
+    ex->finish_step(ex->self, mb_losses, &norm, e2, sizeof e2);
+  }
   train_stop_disarm();
   ckpt_unlock(lock_fd);
   free(loads.vals);

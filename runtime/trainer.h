@@ -52,6 +52,17 @@ typedef struct {
      the norm as those two give them (one GPU: one CUDA graph a step, runtime/cuda/cuda_exec.c). */
   int (*whole_step)(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float lr, float t, float *losses,
                     float *grad_norm, char *err, size_t errlen);
+  /* Optional, with whole_step: the whole step in two halves, so that the host reads a loss,
+     logs and loads the next batch while the device runs.  issue_step queues step s (as
+     whole_step would run it; inputs and targets may be reused at once) and returns without
+     waiting; finish_step waits for the oldest step issued and not yet finished and gives its
+     losses[n] and norm.  At most two steps are in flight.  The loop issues step s+1 before it
+     finishes step s, except before anything that reads the state after step s (a checkpoint,
+     validation, the end, a stop); nothing else touches the executor while a step is in
+     flight.  (One GPU: runtime/cuda/cuda_exec.c; LOOM_CUDA_SYNC_STEP=1 leaves them NULL.) */
+  int (*issue_step)(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float lr, float t, char *err,
+                    size_t errlen);
+  int (*finish_step)(void *self, float *losses, float *grad_norm, char *err, size_t errlen);
   int n_params;
   RtTensor *params;     /* under their Hugging Face names */
   int n_state;

@@ -88,7 +88,7 @@ void cuda_api_unload(void);
   X(cuStreamSynchronize) X(cuStreamQuery) X(cuLaunchKernel) X(cuGetErrorString) X(cuGetErrorName)           \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuStreamWaitEvent) X(cuEventElapsedTime)            \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy)     \
-  X(cuGraphExecDestroy)
+  X(cuGraphExecDestroy) X(cuEventSynchronize) X(cuMemAllocHost) X(cuMemFreeHost)
 
 #define LOOM_LT_FUNCS(X)                                                                                  \
   X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtGetVersion) X(cublasLtGetStatusString)                   \

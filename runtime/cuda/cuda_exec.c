@@ -1,5 +1,5 @@
 /* runtime/cuda/cuda_exec.c — see cuda_exec.h.
- * About 1,200 lines on purpose: the program's checks, memory, modules, launches, graphs and
+ * About 1,300 lines on purpose: the program's checks, memory, modules, launches, graphs and
  * transfers all reach into CudaProgram's private state (LOOM_CUDA_INTERNAL); the GEMM steps'
  * plans and algorithm timing are in cuda_gemm.c. */
 #define LOOM_CUDA_INTERNAL 1
@@ -336,6 +336,10 @@ void cuda_options_default(CudaOptions *o) {
   const char *tu = getenv("LOOM_CUDA_GEMM_TUNE");
   o->gemm_tune = !(tu && (!*tu || !strcmp(tu, "0")));
   o->gemm_tune_verbose = tu && !strcmp(tu, "verbose");
+  /* the training loop issues step N+1 before it waits for step N's loss unless asked not to;
+     LOOM_CUDA_SYNC=1 (a fault named at its step) implies the synchronous steps too */
+  const char *ss = getenv("LOOM_CUDA_SYNC_STEP");
+  o->sync_step = (ss && *ss && strcmp(ss, "0")) || o->sync_each_step;
 }
 
 int cuda_find_func(const CudaProgram *cp, const char *name) {
@@ -569,6 +573,8 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
   return rc;
 }
 
+static void step_slots_free(CudaProgram *cp, const CudaDriverApi *d);
+
 void cuda_program_free(CudaProgram *cp) {
   if (!cp->p) return;
   const CudaDriverApi *d = cuda_driver(NULL, 0);
@@ -586,7 +592,11 @@ void cuda_program_free(CudaProgram *cp) {
   free(cp->graph_off);
   if (d && cp->step_graph) d->cuGraphExecDestroy((CUgraphExec)cp->step_graph);
   if (d && cp->step_io) d->cuMemFree((CUdeviceptr)cp->step_io);
-  free(cp->step_host);
+  step_slots_free(cp, d);
+  for (int k = 0; k < CUDA_STEP_SLOTS; k++) {
+    if (d && cp->step_slot[k].done) d->cuEventDestroy((CUevent)cp->step_slot[k].done);
+    free(cp->step_slot[k].res);
+  }
   for (int e = 0; d && cp->prof_ev && e < cp->n_prof_ev; e++)
     if (cp->prof_ev[e]) d->cuEventDestroy((CUevent)cp->prof_ev[e]);
   free(cp->prof_ev);
@@ -866,21 +876,44 @@ static bool step_graph_wanted(CudaProgram *cp, int fg, int fo) {
   return g->n_args == 2 && g->n_rets >= 1 && o->n_args == 2 && o->n_rets >= 1;
 }
 
-/* step_io and its host image for n micro-batches (kept while n stays) */
+/* The slots' host images (page-locked where the driver gives them) and events. */
+static void step_slots_free(CudaProgram *cp, const CudaDriverApi *d) {
+  for (int k = 0; k < CUDA_STEP_SLOTS; k++) {
+    if (cp->step_slot[k].pinned && d) d->cuMemFreeHost(cp->step_slot[k].host);
+    else if (!cp->step_slot[k].pinned) free(cp->step_slot[k].host);
+    cp->step_slot[k].host = NULL;
+    cp->step_slot[k].pinned = false;
+  }
+}
+
+/* step_io and its slots' host images for n micro-batches (kept while n stays; not while a
+   step is in flight, whose copies use them) */
 static int step_io_init(CudaProgram *cp, int fg, int fo, int64_t n, char *err, size_t errlen) {
   const RtFunc *g = &cp->p->funcs[fg], *o = &cp->p->funcs[fo];
   size_t in = (size_t)n * (io_bytes(&g->args[0]) + io_bytes(&g->args[1])) + io_bytes(&o->args[0]) + io_bytes(&o->args[1]);
   size_t all = in + (size_t)n * io_bytes(&g->rets[0]) + io_bytes(&o->rets[0]);
   if (cp->step_io && cp->step_graph_n == n) return 0;
+  if (cp->step_count)
+    return rt_fail(err, errlen, 2, "a training step of %lld micro-batches issued while one of %lld is in flight; wait for it "
+                   "first", (long long)n, (long long)cp->step_graph_n);
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d) return 1;
   if (cp->step_graph) d->cuGraphExecDestroy((CUgraphExec)cp->step_graph);
   cp->step_graph = NULL;
   if (cp->step_io) d->cuMemFree((CUdeviceptr)cp->step_io);
   cp->step_io = 0;
-  free(cp->step_host);
-  cp->step_host = malloc(all);
-  if (!cp->step_host) return rt_fail(err, errlen, 1, "out of memory");
+  step_slots_free(cp, d);
+  for (int k = 0; k < CUDA_STEP_SLOTS; k++) {
+    void *h = NULL;
+    /* page-locked: a copy from or to pageable memory may wait for the stream, which would
+       make the host wait for step N before step N+1 is issued */
+    if (d->cuMemAllocHost(&h, all) == CUDA_SUCCESS && h) cp->step_slot[k].pinned = true;
+    else h = malloc(all);
+    if (!(cp->step_slot[k].host = h)) return rt_fail(err, errlen, 1, "out of memory");
+    if (!cp->step_slot[k].done && CU(cuEventCreate, ((CUevent *)&cp->step_slot[k].done, CU_EVENT_DISABLE_TIMING),
+                                     "(the training step's events)"))
+      return 1;
+  }
   CUdeviceptr at = 0;
   if (CU(cuMemAlloc, (&at, all), "(the training step's inputs and outputs)")) return 1;
   cp->step_io = (uint64_t)at;
@@ -943,73 +976,134 @@ static void step_capture(CudaProgram *cp, int fg, int fo, int64_t n) {
   cp->step_graph = exec;
 }
 
-int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
-                      float lr, float t, float *losses, float *grad_norm, char *err, size_t errlen) {
+int cuda_program_step_issue(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs,
+                            const int32_t *targets, float lr, float t, char *err, size_t errlen) {
   if (!cp->p) return rt_fail(err, errlen, 2, "the CUDA program is not initialized");
   if (f_grad < 0 || f_grad >= cp->p->n_funcs || f_opt < 0 || f_opt >= cp->p->n_funcs || n < 1 ||
       cp->p->funcs[f_grad].n_rets < 1 || cp->p->funcs[f_grad].rets[0].n != 1 || cp->p->funcs[f_opt].n_rets < 1 ||
       cp->p->funcs[f_opt].rets[0].n != 1)
     return rt_fail(err, errlen, 2, "the program has no @grad_step -> loss and @optimizer_step -> grad_norm");
   if (cp->broken) return rt_fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+  if (cp->step_count >= CUDA_STEP_SLOTS)
+    return rt_fail(err, errlen, 2, "%d training steps are in flight already; wait for one first", CUDA_STEP_SLOTS);
   const CudaDriverApi *d = cuda_driver(err, errlen);
   if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
   const RtFunc *g = &cp->p->funcs[f_grad], *o = &cp->p->funcs[f_opt];
   int64_t ntok = g->n_args == 2 ? g->args[0].n : 0;
-  bool graph = step_graph_wanted(cp, f_grad, f_opt) && g->args[1].n == ntok && !(cp->f_first >= 0 && cp->grads_held) &&
-               !step_io_init(cp, f_grad, f_opt, n, err, errlen);
-  if (!graph) {   /* call by call: the same launches */
+  bool graph = step_graph_wanted(cp, f_grad, f_opt) && g->args[1].n == ntok && !(cp->f_first >= 0 && cp->grads_held);
+  if (graph) {
+    int rc = step_io_init(cp, f_grad, f_opt, n, err, errlen);
+    if (rc == 2) return rc;   /* a step of another size in flight: the caller's mistake */
+    graph = !rc;
+  }
+  int k = (cp->step_head + cp->step_count) % CUDA_STEP_SLOTS;
+  if (!graph) {   /* call by call: the same launches, complete now; the results wait in the slot */
+    if (cp->step_slot[k].res_cap < n + 1) {
+      float *r = realloc(cp->step_slot[k].res, sizeof(float) * (size_t)(n + 1));
+      if (!r) return rt_fail(err, errlen, 1, "out of memory");
+      cp->step_slot[k].res = r;
+      cp->step_slot[k].res_cap = n + 1;
+    }
+    float *res = cp->step_slot[k].res;
     void *rets[RT_MAX_FUNC_IO] = {0};
     int rc = 0;
     for (int64_t m = 0; !rc && m < n; m++) {
       void *args[2] = {(void *)(inputs + m * ntok), (void *)(targets + m * ntok)};
-      rets[0] = &losses[m];
+      rets[0] = &res[m];
       rc = cuda_program_call(cp, f_grad, args, rets, err, errlen);
     }
     void *oargs[2] = {&lr, &t};
-    rets[0] = grad_norm;
-    return rc ? rc : cuda_program_call(cp, f_opt, oargs, rets, err, errlen);
+    rets[0] = &res[n];
+    if (!rc) rc = cuda_program_call(cp, f_opt, oargs, rets, err, errlen);
+    if (rc) return rc;
+    cp->step_slot[k].direct = true;
+    cp->step_slot[k].n = n, cp->step_slot[k].fg = f_grad, cp->step_slot[k].fo = f_opt;
+    cp->step_count++;
+    return 0;
   }
   CUstream stream = (CUstream)cp->stream;
+  unsigned char *host = cp->step_slot[k].host;
   int rc = 0;
   if (cp->copies_stale && cp->f_copies >= 0) {   /* the bf16 copies, after the host wrote a global */
     for (int s = 0; !rc && s < cp->p->funcs[cp->f_copies].n_steps; s++) rc = run_step(cp, cp->f_copies, s, err, errlen);
     if (!rc) cp->copies_stale = false;
   }
+  /* this slot's image is free: the step that used it last was waited for */
   size_t off = 0;
   for (int64_t m = 0; m < n; m++)
     for (int a = 0; a < 2; a++) {
       cuda_f32_to_storage((RtStorage)g->args[a].storage, (const float *)(const void *)((a ? targets : inputs) + m * ntok),
-                          cp->step_host + off, g->args[a].n);
+                          host + off, g->args[a].n);
       off += io_bytes(&g->args[a]);
     }
   const float *oin[2] = {&lr, &t};
   for (int a = 0; a < 2; a++) {
-    cuda_f32_to_storage((RtStorage)o->args[a].storage, oin[a], cp->step_host + off, o->args[a].n);
+    cuda_f32_to_storage((RtStorage)o->args[a].storage, oin[a], host + off, o->args[a].n);
     off += io_bytes(&o->args[a]);
   }
-  if (!rc) rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)cp->step_io, cp->step_host, cp->step_in, stream), "(the training step's inputs)");
+  if (!rc) rc = CU(cuMemcpyHtoDAsync, ((CUdeviceptr)cp->step_io, host, cp->step_in, stream), "(the training step's inputs)");
   if (!rc && !cp->step_graph) step_capture(cp, f_grad, f_opt, n);
   if (!rc && cp->step_graph)
     rc = CU(cuGraphLaunch, ((CUgraphExec)cp->step_graph, stream), "launching the CUDA graph of the training step");
   else if (!rc)
     rc = step_issue(cp, f_grad, f_opt, n, err, errlen);   /* refused: the same launches, one by one */
   if (!rc)
-    rc = CU(cuMemcpyDtoHAsync, (cp->step_host + cp->step_in, (CUdeviceptr)(cp->step_io + cp->step_in),
-                                cp->step_bytes - cp->step_in, stream), "(the training step's losses)");
-  if (!rc) rc = CU(cuStreamSynchronize, (stream), "after the training step (a kernel or GEMM of it failed; LOOM_CUDA_SYNC=1 names the step)");
+    rc = CU(cuMemcpyDtoHAsync, (host + cp->step_in, (CUdeviceptr)(cp->step_io + cp->step_in), cp->step_bytes - cp->step_in,
+                                stream), "(the training step's losses)");
+  if (!rc) rc = CU(cuEventRecord, ((CUevent)cp->step_slot[k].done, stream), "(the training step's event)");
   if (rc) {
     cp->broken = true;
     d->cuStreamSynchronize(stream);
     return rc;
   }
-  off = cp->step_in;
+  cp->step_slot[k].direct = false;
+  cp->step_slot[k].n = n, cp->step_slot[k].fg = f_grad, cp->step_slot[k].fo = f_opt;
+  cp->step_count++;
+  if (cp->f_first >= 0 && f_opt == cp->f_opt) cp->grads_stale = true, cp->grads_held = false;   /* @optimizer_step leaves them */
+  return 0;
+}
+
+int cuda_program_step_wait(CudaProgram *cp, float *losses, float *grad_norm, char *err, size_t errlen) {
+  if (!cp->p) return rt_fail(err, errlen, 2, "the CUDA program is not initialized");
+  if (!cp->step_count) return rt_fail(err, errlen, 2, "no training step is in flight to wait for");
+  int k = cp->step_head;
+  int64_t n = cp->step_slot[k].n;
+  cp->step_head = (k + 1) % CUDA_STEP_SLOTS;
+  cp->step_count--;
+  if (cp->step_slot[k].direct) {
+    memcpy(losses, cp->step_slot[k].res, sizeof(float) * (size_t)n);
+    *grad_norm = cp->step_slot[k].res[n];
+    return 0;
+  }
+  if (cp->broken) return rt_fail(err, errlen, 1, "the CUDA program failed earlier; free it and start again");
+  const CudaDriverApi *d = cuda_driver(err, errlen);
+  if (!d || cuda_set_current(cp->ctx, err, errlen)) return 1;
+  int rc = CU(cuEventSynchronize, ((CUevent)cp->step_slot[k].done),
+              "after the training step (a kernel or GEMM of it failed; LOOM_CUDA_SYNC=1 names the step)");
+  if (rc) {
+    cp->broken = true;
+    d->cuStreamSynchronize((CUstream)cp->stream);
+    return rc;
+  }
+  const RtFunc *g = &cp->p->funcs[cp->step_slot[k].fg], *o = &cp->p->funcs[cp->step_slot[k].fo];
+  const unsigned char *host = cp->step_slot[k].host;
+  size_t off = cp->step_in;
   for (int64_t m = 0; m < n; m++) {
-    cuda_storage_to_f32((RtStorage)g->rets[0].storage, cp->step_host + off, &losses[m], 1);
+    cuda_storage_to_f32((RtStorage)g->rets[0].storage, host + off, &losses[m], 1);
     off += io_bytes(&g->rets[0]);
   }
-  cuda_storage_to_f32((RtStorage)o->rets[0].storage, cp->step_host + off, grad_norm, 1);
-  if (cp->f_first >= 0 && f_opt == cp->f_opt) cp->grads_stale = true, cp->grads_held = false;   /* @optimizer_step left them */
+  cuda_storage_to_f32((RtStorage)o->rets[0].storage, host + off, grad_norm, 1);
   return 0;
+}
+
+/* The synchronous step: issued, then waited for (nothing else may be in flight, so that the
+   results are this step's). */
+int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
+                      float lr, float t, float *losses, float *grad_norm, char *err, size_t errlen) {
+  if (cp->step_count)
+    return rt_fail(err, errlen, 2, "a training step is in flight: wait for it before a synchronous one");
+  int rc = cuda_program_step_issue(cp, f_grad, f_opt, n, inputs, targets, lr, t, err, errlen);
+  return rc ? rc : cuda_program_step_wait(cp, losses, grad_norm, err, errlen);
 }
 
 /* Host <-> device copy of n elements of storage s at addr, converting from/to f32 (int32). */
@@ -1131,6 +1225,17 @@ int cuda_buf_write(CudaProgram *cp, int func, const RtBuf *b, const void *in, ch
   return rt_fail(err, errlen, 1, "%s", NO_CUDA);
 }
 int cuda_globals_init(CudaProgram *cp, uint64_t seed, char *err, size_t errlen) { return rt_fail(err, errlen, 1, "%s", NO_CUDA); }
+int cuda_program_step_issue(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs,
+                            const int32_t *targets, float lr, float t, char *err, size_t errlen) {
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int cuda_program_step_wait(CudaProgram *cp, float *losses, float *grad_norm, char *err, size_t errlen) {
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
+}
+int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
+                      float lr, float t, float *losses, float *grad_norm, char *err, size_t errlen) {
+  return rt_fail(err, errlen, 1, "%s", NO_CUDA);
+}
 
 #endif
 
@@ -1152,6 +1257,15 @@ static int dev_step(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t
   return cuda_program_step(d->impl, f_grad, f_opt, n, inputs, targets, lr, t, losses, grad_norm, err, errlen);
 }
 
+/* the same in two halves: the training loop issues step N+1 before it waits for step N */
+static int dev_step_issue(RtDevice *d, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
+                          float lr, float t, char *err, size_t errlen) {
+  return cuda_program_step_issue(d->impl, f_grad, f_opt, n, inputs, targets, lr, t, err, errlen);
+}
+static int dev_step_wait(RtDevice *d, float *losses, float *grad_norm, char *err, size_t errlen) {
+  return cuda_program_step_wait(d->impl, losses, grad_norm, err, errlen);
+}
+
 /* device memory a caller keeps between calls (a pipeline's stash), and calls that read and
    write it in place (cuda_program_call_dev) */
 static int dev_buf_alloc(RtDevice *d, int64_t bytes, uint64_t *addr, char *err, size_t errlen) {
@@ -1167,4 +1281,5 @@ void cuda_device(RtDevice *d, CudaProgram *cp) {
   *d = (RtDevice){.p = cp->p, .kind = "CUDA", .impl = cp, .call = dev_call, .read = dev_read, .write = dev_write,
                   .host = NULL, .close = NULL, .step = dev_step, .buf_alloc = dev_buf_alloc, .buf_free = dev_buf_free,
                   .call_dev = dev_call_dev};
+  if (!cp->opt.sync_step && !cp->comm) d->step_issue = dev_step_issue, d->step_wait = dev_step_wait;
 }

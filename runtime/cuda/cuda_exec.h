@@ -113,7 +113,10 @@ typedef struct {
   bool graphs;             /* a call's steps captured once into a CUDA graph and replayed (see below) */
   bool gemm_tune;          /* time the heuristic's GEMM candidates at start-up (LOOM_CUDA_GEMM_TUNE; cuda_exec.c) */
   bool gemm_tune_verbose;  /* LOOM_CUDA_GEMM_TUNE=verbose: print each shape's times */
+  bool sync_step;          /* LOOM_CUDA_SYNC_STEP=1 (or sync_each_step): the device offers no step_issue /
+                              step_wait, so the training loop waits for every step before the next */
 } CudaOptions;
+#define CUDA_STEP_SLOTS 2        /* training steps in flight at most (CudaProgram.step_slot) */
 #define LOOM_GEMM_CANDIDATES 8   /* the most heuristic results a GEMM shape times */
 
 typedef struct CudaGemmPlan CudaGemmPlan;
@@ -183,8 +186,26 @@ typedef struct {
   int64_t step_graph_n;    /* the micro-batches it was captured for */
   bool step_graph_off;
   uint64_t step_io;        /* device bytes: inputs (step_in bytes), then outputs */
-  unsigned char *step_host;   /* their host image */
   size_t step_in, step_bytes;
+  /* Steps issued and not yet waited for (cuda_program_step_issue / _wait): at most
+     CUDA_STEP_SLOTS, oldest first from step_head.  Each slot has its own host image of
+     step_io (page-locked where the driver gives it, so that the copies are asynchronous), so
+     that step N+1's inputs are written while step N's losses are still on their way into
+     step N's image; an event after the step's copy out says when they are on the host.  One
+     device step_io serves both: step N+1's copy in is queued on the stream after step N's
+     graph, so it cannot overwrite what step N reads.  A step that went call by call (no
+     graph) is complete when issued: its results wait in res. */
+  struct {
+    unsigned char *host;   /* step_bytes: inputs, then the outputs */
+    bool pinned;           /* host from cuMemAllocHost (else malloc) */
+    void *done;            /* CUevent recorded after the copy out */
+    bool direct;           /* ran call by call: results in res */
+    int64_t n;             /* its micro-batches */
+    int fg, fo;            /* its @grad_step and @optimizer_step */
+    float *res;            /* [n + 1]: losses, then the norm (direct steps) */
+    int64_t res_cap;
+  } step_slot[2];
+  int step_head, step_count;
   /* the parameters' bf16 copies (RT_FUNC_WEIGHT_COPIES, runtime/program.h): that function
      (-1: none), run step by step before the next call of another function once the host has
      written a global (copies_stale) */
@@ -206,7 +227,7 @@ typedef struct {
    and wait where the step waits). */
 const float *cuda_profile_ms(const CudaProgram *cp, int f);
 
-/* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1, LOOM_PROFILE (set and not 0:
+/* Options from the environment: LOOM_TF32=1, LOOM_CUDA_SYNC=1, LOOM_CUDA_SYNC_STEP=1, LOOM_PROFILE (set and not 0:
    profile), LOOM_CUDA_GRAPH=0 (no graphs: every step launched at every call). */
 void cuda_options_default(CudaOptions *o);
 /* image: the CUDA module (cubin / fatbin / PTX text, n bytes; PTX needs no terminating NUL).
@@ -229,6 +250,16 @@ int cuda_program_call(CudaProgram *cp, int func, void *const *args, void **rets,
    the host. */
 int cuda_program_step(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs, const int32_t *targets,
                       float lr, float t, float *losses, float *grad_norm, char *err, size_t errlen);
+/* The same in two halves, so that the host prepares and issues step N+1 while step N runs:
+   _issue copies the inputs into a free slot's host image and queues the step's copy in, graph
+   and copy out on the stream, and returns without waiting (inputs and targets may be reused at
+   once); _wait waits for the oldest step issued and not yet waited for (its event) and gives its
+   losses[n] and norm.  At most CUDA_STEP_SLOTS steps are in flight (a third _issue is refused,
+   2); anything else on the stream (a call, a global's read or write) comes after them in
+   stream order.  A step that cannot be a graph runs call by call inside _issue. */
+int cuda_program_step_issue(CudaProgram *cp, int f_grad, int f_opt, int64_t n, const int32_t *inputs,
+                            const int32_t *targets, float lr, float t, char *err, size_t errlen);
+int cuda_program_step_wait(CudaProgram *cp, float *losses, float *grad_norm, char *err, size_t errlen);
 /* The same with some arguments and results on the device: dargs[k] / drets[k] nonzero is a
    device address holding (receiving) argument (result) k in its RtBuf's storage, copied on
    the device; the others go through the host as above (dargs, drets may be NULL). */

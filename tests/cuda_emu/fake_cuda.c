@@ -6,7 +6,8 @@
  * capability LOOM_EMU_CC (default 90), 132 SMs, 227 KiB of opt-in shared memory, 80 GiB.
  * Device memory is host memory (a CUdeviceptr is a host address); every allocation ends at a
  * guard page, so a kernel that writes past an allocation faults at once.  Streams are
- * synchronous.  A "module" is the shared object fake_nvrtc.c made; a launch runs it through
+ * synchronous, but for copies into page-locked host memory (cuMemAllocHost): those land when
+ * the host waits for them (cuStreamSynchronize, cuEventSynchronize), as on a GPU.  A "module" is the shared object fake_nvrtc.c made; a launch runs it through
  * its loom_emu_launch (emu.h).  A failed launch (a deadlock, a warp op with exited lanes, a
  * bad launch shape) prints what happened and is sticky, as a kernel fault is on a GPU: every
  * later synchronization fails until cuDevicePrimaryCtxReset.
@@ -27,6 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdint.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -227,12 +231,25 @@ static CUresult sync_status(void) {
   return r;
 }
 
-CUresult cuCtxSynchronize(void) { return sync_status(); }
+static void land_locked(long seq);
+static long n_graphs, graphs_waited;
+CUresult cuCtxSynchronize(void) {
+  pthread_mutex_lock(&mu);
+  land_locked(LONG_MAX);
+  graphs_waited = n_graphs;
+  pthread_mutex_unlock(&mu);
+  return sync_status();
+}
 /* LOOM_EMU_STATS=1: at exit, how the work reached the device (kernels launched one by one,
    graphs launched and the kernels they replayed), for the tests of CUDA graphs; and every
    cuMemAlloc's size in bytes, in order (as asked, before rounding), for the test that the memory
    plan counts what the runtime allocates (tests/cli/cuda_memory.sh). */
-static long n_direct, n_graphs, n_replayed;
+static long n_direct, n_replayed;
+/* and how the host waited: stream and event synchronizations, and the graph launches issued
+   while the graph launched before them had not been waited for (by a synchronization of the
+   stream or of an event recorded after it): the training loop's overlap of step N+1's issue
+   with step N (runtime/trainer.c) */
+static long n_stream_syncs, n_event_syncs, n_overlapped;
 static size_t *alloc_log;
 static int n_alloc_log, cap_alloc_log;
 __attribute__((destructor)) static void print_stats(void) {
@@ -240,6 +257,8 @@ __attribute__((destructor)) static void print_stats(void) {
   if (e && *e && strcmp(e, "0")) {
     fprintf(stderr, "loom-emu: %ld kernels launched directly, %ld graph launches replaying %ld kernels\n", n_direct,
             n_graphs, n_replayed);
+    fprintf(stderr, "loom-emu: %ld graph launches issued before the host waited for the one before; host waits: %ld stream, "
+            "%ld event synchronizations\n", n_overlapped, n_stream_syncs, n_event_syncs);
     fprintf(stderr, "loom-emu: cuMemAlloc bytes:");
     for (int i = 0; i < n_alloc_log; i++) fprintf(stderr, " %zu", alloc_log[i]);
     fprintf(stderr, "\n");
@@ -270,13 +289,106 @@ static Node *add_node(CUstream s, NodeKind kind) {
   return nd;
 }
 
+/* Copies to page-locked host memory (cuMemAllocHost) land when the host waits for them, as
+   on a GPU, where they run when the stream reaches them: the source is read when the copy is
+   issued (streams are synchronous, so that is what the stream would copy), and written to the
+   host when the host synchronizes the stream or an event recorded after the copy.  A host that
+   reads the results of a step it did not wait for reads the stale bytes it would on a GPU. */
+typedef struct {
+  void *dst;
+  unsigned char *data;
+  size_t n;
+  long seq;   /* copies issued before it, and it */
+} Landing;
+static Landing *landings;
+static int n_landings, cap_landings;
+static long copy_seq;   /* deferred copies issued so far */
+typedef struct {
+  void *ptr;
+  size_t n;
+} HostAlloc;
+static HostAlloc *host_allocs;
+static int n_host_allocs, cap_host_allocs;
+
+/* lands the deferred copies up to seq (all: LONG_MAX); mu held */
+static void land_locked(long seq) {
+  int k = 0;
+  for (int i = 0; i < n_landings; i++) {
+    if (landings[i].seq <= seq) {
+      memcpy(landings[i].dst, landings[i].data, landings[i].n);
+      free(landings[i].data);
+    } else {
+      landings[k++] = landings[i];
+    }
+  }
+  n_landings = k;
+}
+
+static int in_host_alloc_locked(const void *p, size_t n) {
+  for (int i = 0; i < n_host_allocs; i++)
+    if ((uintptr_t)p >= (uintptr_t)host_allocs[i].ptr && (uintptr_t)p + n <= (uintptr_t)host_allocs[i].ptr + host_allocs[i].n)
+      return 1;
+  return 0;
+}
+
+CUresult cuMemAllocHost(void **p, size_t bytes) {
+  if (!p || !bytes) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_SUCCESS;
+  if (n_host_allocs == cap_host_allocs) {
+    int cap = cap_host_allocs ? 2 * cap_host_allocs : 16;
+    HostAlloc *a = realloc(host_allocs, sizeof *a * (size_t)cap);
+    if (a) host_allocs = a, cap_host_allocs = cap;
+    else r = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *p = r == CUDA_SUCCESS ? malloc(bytes) : NULL;
+  if (*p) host_allocs[n_host_allocs++] = (HostAlloc){*p, bytes};
+  else r = CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+CUresult cuMemFreeHost(void *p) {
+  pthread_mutex_lock(&mu);
+  int found = -1;
+  for (int i = 0; i < n_host_allocs && found < 0; i++)
+    if (host_allocs[i].ptr == p) found = i;
+  if (found >= 0) {
+    land_locked(LONG_MAX);   /* the driver waits for the copies into it, too */
+    host_allocs[found] = host_allocs[--n_host_allocs];
+    if (!n_host_allocs) {
+      free(host_allocs);
+      host_allocs = NULL;
+      cap_host_allocs = 0;
+      free(landings);
+      landings = NULL;
+      cap_landings = 0;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  if (found < 0) return CUDA_ERROR_INVALID_VALUE;
+  free(p);
+  return CUDA_SUCCESS;
+}
+
 CUresult cuStreamSynchronize(CUstream s) {
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
-  return capturing(s) ? refuse_capture(s) : sync_status();
+  if (capturing(s)) return refuse_capture(s);
+  pthread_mutex_lock(&mu);
+  land_locked(LONG_MAX);
+  n_stream_syncs++;
+  graphs_waited = n_graphs;
+  pthread_mutex_unlock(&mu);
+  return sync_status();
 }
 CUresult cuStreamQuery(CUstream s) {
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
-  return capturing(s) ? refuse_capture(s) : sync_status();
+  if (capturing(s)) return refuse_capture(s);
+  pthread_mutex_lock(&mu);
+  land_locked(LONG_MAX);   /* done: it is all there */
+  graphs_waited = n_graphs;
+  pthread_mutex_unlock(&mu);
+  return sync_status();
 }
 
 CUresult cuStreamCreate(CUstream *s, unsigned flags) {
@@ -376,17 +488,18 @@ CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
   return r;
 }
 
-/* Events: streams are synchronous, so an event is complete as soon as it is recorded and a
-   wait for one never waits.  An event holds the host's monotonic time when it was recorded
+/* Events: streams are synchronous, so an event is complete as soon as it is recorded; a wait
+   for one lands the page-locked copies issued before it (cuMemcpyDtoHAsync).  An event holds the host's monotonic time when it was recorded
    (negative: never), so the time between two is what the emulated work between them took. */
 typedef struct {
   double recorded_s;
+  long copies, graphs;   /* deferred copies and graph launches issued before it was recorded */
 } Event;
 
 CUresult cuEventCreate(CUevent *e, unsigned flags) {
   (void)flags;
   if (!e) return CUDA_ERROR_INVALID_VALUE;
-  Event *ev = malloc(sizeof *ev);
+  Event *ev = calloc(1, sizeof *ev);
   if (ev) ev->recorded_s = -1;
   *e = (CUevent)ev;
   return *e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -404,6 +517,22 @@ CUresult cuEventRecord(CUevent e, CUstream s) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   ((Event *)e)->recorded_s = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  pthread_mutex_lock(&mu);
+  ((Event *)e)->copies = copy_seq;
+  ((Event *)e)->graphs = n_graphs;
+  pthread_mutex_unlock(&mu);
+  return sync_status();
+}
+
+/* The work before the event is done: its deferred copies land. */
+CUresult cuEventSynchronize(CUevent e) {
+  if (!e) return CUDA_ERROR_INVALID_HANDLE;
+  Event *ev = (Event *)e;
+  pthread_mutex_lock(&mu);
+  land_locked(ev->copies);
+  n_event_syncs++;
+  if (ev->graphs > graphs_waited) graphs_waited = ev->graphs;
+  pthread_mutex_unlock(&mu);
   return sync_status();
 }
 
@@ -506,8 +635,26 @@ CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s) {
   if (capturing(s)) return refuse_capture(s);   /* copies are not emulated in graphs */
   if (!n) return CUDA_SUCCESS;
   if (!dst || !in_device(src, n)) return CUDA_ERROR_INVALID_VALUE;
-  memcpy(dst, (const void *)(uintptr_t)src, n);
-  return CUDA_SUCCESS;
+  pthread_mutex_lock(&mu);
+  CUresult r = CUDA_SUCCESS;
+  if (in_host_alloc_locked(dst, n)) {   /* page-locked: lands when the host waits for it */
+    if (n_landings == cap_landings) {
+      int cap = cap_landings ? 2 * cap_landings : 16;
+      Landing *l = realloc(landings, sizeof *l * (size_t)cap);
+      if (l) landings = l, cap_landings = cap;
+    }
+    unsigned char *copy = n_landings < cap_landings ? malloc(n) : NULL;
+    if (copy) {
+      memcpy(copy, (const void *)(uintptr_t)src, n);
+      landings[n_landings++] = (Landing){dst, copy, n, ++copy_seq};
+    } else {
+      r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  } else {   /* pageable: the driver returns once it is copied */
+    memcpy(dst, (const void *)(uintptr_t)src, n);
+  }
+  pthread_mutex_unlock(&mu);
+  return r;
 }
 
 CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
@@ -692,7 +839,14 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
   if (capturing(s)) return refuse_capture(s);
   Graph *g = (Graph *)e;
   CUresult r = sync_status();
-  n_graphs++;
+  pthread_mutex_lock(&mu);
+  if (n_graphs > graphs_waited) n_overlapped++;
+  long nth = ++n_graphs;
+  pthread_mutex_unlock(&mu);
+  /* LOOM_EMU_SIGINT_AT_GRAPH=N: a Ctrl-C while the Nth graph launch is issued (the tests of a
+     stop with a step in flight, at a step they can name) */
+  const char *sig_at = getenv("LOOM_EMU_SIGINT_AT_GRAPH");
+  if (sig_at && *sig_at && atol(sig_at) == nth) raise(SIGINT);
   for (int i = 0; i < g->n && r == CUDA_SUCCESS; i++) {
     Node *nd = &g->nodes[i];
     switch (nd->kind) {

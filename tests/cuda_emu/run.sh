@@ -350,14 +350,41 @@ LOOM_EMU_CC=80 "$tmp/exe" --steps 1 > "$tmp/run" 2>&1; rc=$?
 # uninterrupted run (llama-tiny: two shards, grad_accum 2), f32 and bf16
 spec=tests/golden/llama-tiny/train_spec.json
 for prec in fp32 bf16; do
-  run=("$LOOM" train $spec -q --steps 5 --precision $prec --backend cuda)
-  "${run[@]}" --out "$tmp/full.st" > /dev/null 2>&1
+  run=("$LOOM" train $spec --steps 5 --precision $prec --backend cuda)
+  "${run[@]}" --out "$tmp/full.st" --log "$tmp/full.jsonl" > "$tmp/full.log" 2>&1
   "${run[@]}" --save-dir "$tmp/ck-$prec" --save-every 2 > /dev/null 2>&1
   rm -rf "$tmp/ck-$prec/step_00000004" "$tmp/ck-$prec/step_00000005"
   if "${run[@]}" --resume "$tmp/ck-$prec" --out "$tmp/resumed.st" > "$tmp/log" 2>&1 && cmp -s "$tmp/full.st" "$tmp/resumed.st"; then
     ok "$prec on CUDA: resumed at step 2 of 5, bitwise equal to the uninterrupted run"
   else
     bad "$prec on CUDA: resume"; cat "$tmp/log"
+  fi
+  [ $prec = fp32 ] || continue
+  # The loss read back one step late (runtime/trainer.c, cuda_program_step_issue): the host
+  # issues step N+1 before it waits for step N (the emulated driver counts the graph launches
+  # issued before the one before was waited for: 0 when every step is waited for before the
+  # next; and lands the page-locked copies of the losses only when the host waits).  A Ctrl-C
+  # while step 3 of 5 is issued (raised by the driver at the 3rd graph launch) stops after step
+  # 3 with its checkpoint; resumed on the synchronous path (LOOM_CUDA_SYNC_STEP=1), the run ends
+  # bitwise as the uninterrupted overlapped one (weights, losses, grad norms), and its step
+  # lines and metrics (loss, lr, grad norm) are that run's
+  # (SIGINT's default restored where env can: loom keeps an ignored SIGINT ignored)
+  dflt=(); env --default-signal=INT true 2> /dev/null && dflt=(env --default-signal=INT)
+  LOOM_EMU_STATS=1 LOOM_EMU_SIGINT_AT_GRAPH=3 "${dflt[@]}" "${run[@]}" --save-dir "$tmp/ck-int" --log "$tmp/int.jsonl" \
+    > "$tmp/int.log" 2>&1
+  rc=$?
+  lines() { grep -o 'step *[0-9]*/5 | loss [^|]*| lr [^|]*| norm [0-9.]*' "$@"; }
+  metrics() { grep -o '"step":[0-9]*,"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$@"; }
+  if [ $rc = 130 ] && grep -q "stopped by SIGINT after step 3 of 5" "$tmp/int.log" && [ -d "$tmp/ck-int/step_00000003" ] &&
+     [ ! -e "$tmp/ck-int/step_00000004" ] &&
+     grep -q "^loom-emu: 2 graph launches issued before the host waited for the one before" "$tmp/int.log" &&
+     LOOM_CUDA_SYNC_STEP=1 "${run[@]}" --resume "$tmp/ck-int" --log "$tmp/int.jsonl" --out "$tmp/int.st" >> "$tmp/int.log" 2>&1 &&
+     cmp -s "$tmp/full.st" "$tmp/int.st" && [ "$(lines "$tmp/full.log" | wc -l)" = 5 ] &&
+     diff <(lines "$tmp/full.log") <(lines "$tmp/int.log") > /dev/null &&
+     [ "$(metrics "$tmp/full.jsonl" | wc -l)" = 5 ] && diff <(metrics "$tmp/full.jsonl") <(metrics "$tmp/int.jsonl") > /dev/null; then
+    ok "fp32 on CUDA: step N+1 issued before step N's wait ($(grep -o '2 graph launches issued before[^;]*' "$tmp/int.log")); Ctrl-C at step 3 of 5 saved step 3, resumed synchronously to the overlapped run's bits, step lines and metrics"
+  else
+    bad "fp32 on CUDA: the loss one step late (exit $rc)"; tail -n 8 "$tmp/int.log"
   fi
 done
 
@@ -567,8 +594,9 @@ done
 # into one graph and replayed at every step (the emulated driver records launches, memsets,
 # device copies and the cuBLASLt double's GEMMs, and replays them): 3 steps are 3 graph
 # launches and no kernel launched one by one but bf16's weight copies after the initialization
-# (one launch: lower_fuse.c); with LOOM_CUDA_STEP_GRAPH=0 each function's graph (9 launches);
-# the results those of the step-by-step run (LOOM_CUDA_GRAPH=0), bit for bit
+# (one launch: lower_fuse.c), steps 2 and 3 issued before the step before was waited for; with
+# LOOM_CUDA_STEP_GRAPH=0 each function's graph (9 launches); the results those of the
+# step-by-step run (LOOM_CUDA_GRAPH=0, synchronous), bit for bit
 for mp in gpt2-tiny:fp32 llama-tiny:bf16; do
   m=${mp%%:*} p=${mp##*:}
   direct=$([ $p = bf16 ] && echo 1 || echo 0)
@@ -579,6 +607,7 @@ for mp in gpt2-tiny:fp32 llama-tiny:bf16; do
      LOOM_CUDA_GRAPH=0 "$LOOM" train tests/golden/$m/train_spec.json --backend cuda --precision $p --steps 3 \
        --out "$tmp/nograph.st" > "$tmp/log" 2>&1 &&
      grep -q "loom-emu: $direct kernels launched directly, 3 graph launches replaying [1-9][0-9]* kernels" "$tmp/graph.log" &&
+     grep -q "loom-emu: 2 graph launches issued before the host waited for the one before" "$tmp/graph.log" &&
      grep -q "loom-emu: $direct kernels launched directly, 9 graph launches replaying [1-9][0-9]* kernels" "$tmp/fgraph.log" &&
      "$ST_DIFF" "$tmp/graph.st" "$tmp/nograph.st" --rtol 0 > "$tmp/diff" 2>&1 &&
      "$ST_DIFF" "$tmp/fgraph.st" "$tmp/nograph.st" --rtol 0 >> "$tmp/diff" 2>&1 &&

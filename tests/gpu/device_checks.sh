@@ -19,6 +19,9 @@
 #   gemmtune  check 15 (issue 31): GPT-2 124M's step with the GEMM algorithms timed at
 #             start-up (LOOM_CUDA_GEMM_TUNE=verbose: each shape's candidates in the log; an empty
 #             tuning cache, so the first run's start-up shows the cost) and without (=0);
+#   losslate  check 19 (issue 31 item 6): the loss read back one step late, bit for bit the
+#             synchronous path (LOOM_CUDA_SYNC_STEP=1) on the tiny models, then GPT-2 124M's
+#             step with and without it;
 #   hwprofile check 7's per-category efficiencies from the torch phase's profiles (run after
 #             torch): $OUT/hw-profile.json, and --time with it beside the measured step.
 # Each check gets a timeout from what is left of SECONDS, so the script ends by itself inside
@@ -107,6 +110,10 @@ if [[ $PHASES == *stepgraph* ]]; then   # check 16 (branch cudabytes)
 fi
 if [[ $PHASES == *gemmtune* ]]; then   # check 15
   check gemmtune 300 "for v in 0 verbose; do echo \"-- LOOM_CUDA_GEMM_TUNE=\$v\"; LOOM_CACHE_DIR=/tmp/gemmtune-cache LOOM_CUDA_GEMM_TUNE=\$v TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
+fi
+if [[ $PHASES == *losslate* ]]; then   # check 19 (branch losslate)
+  check losslate-correct 120 "set -e; for m in gpt2-tiny llama-tiny; do for p in fp32 bf16; do for v in X=1 LOOM_CUDA_SYNC_STEP=1; do env \$v $B/loom train $g/\$m/train_spec.json --backend cuda --precision \$p --steps 5 -q --out /tmp/ll-\$m-\$p-\${v%%=*}.st; done; cmp /tmp/ll-\$m-\$p-X.st /tmp/ll-\$m-\$p-LOOM_CUDA_SYNC_STEP.st; done; done"
+  check losslate-speed 300 "for v in X=1 LOOM_CUDA_SYNC_STEP=1; do echo \"-- \$v\"; env \$v TORCH=0 STEPS=${STEPS:-20} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
 fi
 if [[ $PHASES == *hwprofile* ]]; then   # check 7's categories (after torch)
   hwf=models/hardware/h200.json; nvidia-smi -L 2>/dev/null | grep -q H100 && hwf=models/hardware/h100-sxm.json

@@ -76,6 +76,29 @@ static void check_model(const char *path, bool bf16) {
         "bitwise equal to the unfused program", path, bf16 ? "bf16" : "fp32", kernels, l1, n1);
   globals_free(g1);
   globals_free(g2);
+  if (strstr(path, "llama")) {
+    /* SwiGLU's gradient reads the gate's input and computes silu again (fuse.c's
+       choose_remat): no function but the kernels holds the gate, so the forward writes
+       only the product; and dS x gate, dS x up and silu_grad are one kernel (a sibling). */
+    Func *gs = module_find_func(fused, "grad_step");
+    int gates = 0, swiglu_grads = 0;
+    for (int i = 0; gs && i < gs->ops.n; i++) {
+      const Op *op = gs->ops.items[i];
+      for (int r = 0; r < op->n_results; r++) {
+        const char *nm = op->results[r]->name;
+        gates += nm && strlen(nm) > 5 && !strcmp(nm + strlen(nm) - 5, ".gate");
+      }
+      if (op->kind != OP_CALL) continue;
+      int muls = 0, sg = 0;
+      for (int k = 0; k < op->callee->ops.n; k++) {
+        OpKind kd = ((const Op *)op->callee->ops.items[k])->kind;
+        muls += kd == OP_MUL, sg += kd == OP_SILU_GRAD;
+      }
+      swiglu_grads += sg == 1 && muls == 2;
+    }
+    CHECK(gates == 0 && swiglu_grads == spec.model.n_layer, "%s %s: the gate held by no step function (%d), %d of %d layers' "
+          "SwiGLU gradients one kernel", path, bf16 ? "bf16" : "fp32", gates, swiglu_grads, (int)spec.model.n_layer);
+  }
 out:
   module_free(plain);
   module_free(fused);
