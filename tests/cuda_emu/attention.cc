@@ -221,11 +221,15 @@ int main() {
   int failed = 0;
   /* LOOM_ATTN_SPLIT 0 changes the tensor-core kernels only: that build skips mode 0, whose
      CUDA-core kernels the default build has checked */
-  for (const Case &c : cases)
-    failed += run(c, 1) + run(c, 2) + (c.D >= 64 && !c.W ? run(c, 3) : 0) + (LOOM_ATTN_SPLIT ? run(c, 0) : 0);
-  /* the first case (a stage of the ring used twice) again with the bulk copies landing as
-     they are issued: a producer that refills a stage before its consumers release it shows */
-  loom_emu::bulk_eager = true;
-  failed += run(cases[0], 1) + run(cases[0], 2) + run(cases[0], 3);
+  for (const Case &c : cases) {
+    failed += run(c, 1) + run(c, 2) + (c.D >= 64 && !c.W ? run(c, 3) : 0);
+    if (&c == cases) {   /* (a stage of the ring used twice) again with the bulk copies landing as they are
+                            issued: a producer that refills a stage before its consumers release it shows */
+      loom_emu::bulk_eager = true;
+      failed += run(c, 3);
+      loom_emu::bulk_eager = false;
+    }
+    failed += LOOM_ATTN_SPLIT ? run(c, 0) : 0;
+  }
   return failed ? 1 : 0;
 }
