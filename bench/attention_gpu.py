@@ -18,6 +18,12 @@ FlashAttention counts them: forward 4 B H T^2 D / 2 (causal), backward 2.5 x for
 Set SHAPES="T:D,T:D" to choose, ITERS (default 20), GQA=G (query heads per kv head, default 1),
 LSE=0 for the backward without the forward's saved L2 and O (dq in two passes: the path of a
 gradient in another function, or LOOM_CUDA_NO_ATTN_LSE=1).
+
+On an sm_90 device (or with WGMMA=1) it also times the Hopper kernels LOOM_CUDA_WGMMA=1 picks
+(loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk copies, mbarriers; built for
+sm_90a; dq stays mma.sync's), forward and forward + backward, in columns of their own, and
+their out, L2, O, dq, dk, dv against the mma.sync kernels' ("vs mma": the same arithmetic,
+expect 0 or rounding noise).  WGMMA=0 leaves them out.
 """
 import os, re, sys, time
 
@@ -25,10 +31,10 @@ import torch
 
 HEAD = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n"
 LAUNCHER = r"""
-static void go(const void *fn, LoomArgs &a, dim3 grid, unsigned smem) {
+static void go(const void *fn, LoomArgs &a, dim3 grid, unsigned smem, unsigned threads = 128) {
   if (smem > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   void *args[] = {&a};
-  cudaError_t e = cudaLaunchKernel(fn, grid, dim3(128), args, smem, 0);
+  cudaError_t e = cudaLaunchKernel(fn, grid, dim3(threads), args, smem, 0);
   TORCH_CHECK(e == cudaSuccess, cudaGetErrorString(e));
 }
 static LoomArgs args_of(std::vector<torch::Tensor> bufs, int64_t B, int64_t T, int64_t H, int64_t D, int64_t S,
@@ -50,8 +56,21 @@ void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, tor
   LoomArgs a = saved ? args_of({q, k, v, o, L, Os}, B, T, H, D, S, KV, scale, true) : args_of({q, k, v, o}, B, T, H, D, S, KV, scale);
   go(D == 64 ? (const void *)FWD64 : (const void *)FWD128, a, dim3(B * H, (T + 63) / 64), 2 * 2 * 64 * (D + 8) * 2);
 }
+/* the Hopper forward (lower_attn.c's launch: 384 threads, 128 query rows a block) */
+void fwd_wg(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, torch::Tensor L, torch::Tensor Os,
+            double scale) {
+  int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), KV = k.size(2);
+  bool saved = Os.numel() > 0;
+  LoomArgs a = saved ? args_of({q, k, v, o, L, Os}, B, T, H, D, S, KV, scale, true) : args_of({q, k, v, o}, B, T, H, D, S, KV, scale);
+#ifdef FWG64
+  go(D == 64 ? (const void *)FWG64 : (const void *)FWG128, a, dim3(B * H, (T + 127) / 128),
+     1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 384);
+#else
+  TORCH_CHECK(false, "built without the wgmma forward (WGMMA=0)");
+#endif
+}
 void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk,
-         torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale) {
+         torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale, bool wg) {
   int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), S = k.size(1), KV = k.size(2);
   int64_t tile = D <= 64 ? 64 : 32;
   bool saved = Os.numel() > 0;
@@ -59,6 +78,13 @@ void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, 
                      : args_of({dout, q, k, v, dq, L, Ds}, B, T, H, D, S, KV, scale);
   go(D == 64 ? (const void *)DQ64 : (const void *)DQ128, a, dim3(B * H, (T + 63) / 64), 8 * tile * (D + 8));
   LoomArgs b = args_of({dout, q, k, v, L, Ds, dk, dv}, B, T, H, D, S, KV, scale);
+  if (wg) {   /* the Hopper dk dv (lower_attn.c's launch: 256 threads, 64 keys a block) */
+#ifdef KVG64
+    go(D == 64 ? (const void *)KVG64 : (const void *)KVG128, b, dim3(B * KV, (S + 63) / 64),
+       1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 256);
+#endif
+    return;
+  }
   go(D == 64 ? (const void *)KV64 : (const void *)KV128, b, dim3(B * KV, (S + 63) / 64),
      4 * 64 * (D + 8) + 4 * (2 * tile * (D + 8) + 4 * tile));
 }
@@ -79,23 +105,36 @@ extern "C" __global__ void __launch_bounds__(128) bench_kv_128(LoomArgs a) { loo
 #define KV64 bench_kv_64
 #define KV128 bench_kv_128
 """
+INSTANCES_WG = r"""
+extern "C" __global__ void __launch_bounds__(384) bench_fwg_64(LoomArgs a) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a); }
+extern "C" __global__ void __launch_bounds__(384) bench_fwg_128(LoomArgs a) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a); }
+extern "C" __global__ void __launch_bounds__(256) bench_kvg_64(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a); }
+extern "C" __global__ void __launch_bounds__(256) bench_kvg_128(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a); }
+#define FWG64 bench_fwg_64
+#define FWG128 bench_fwg_128
+#define KVG64 bench_kvg_64
+#define KVG128 bench_kvg_128
+"""
 
 
-def build(tu_path):
+def build(tu_path, wgmma):
     from torch.utils.cpp_extension import load_inline
     tu = open(tu_path).read()
     mark = "\n/*@loom-unit "
     start = tu.find("/*@loom-prelude*/\n")
     prelude = tu[max(start, 0):tu.index(mark)]
     # the prelude's `extern __shared__ float loom_smem[]` is per kernel; the rest is device code
-    src = HEAD + prelude + INSTANCES + LAUNCHER
+    src = HEAD + prelude + INSTANCES + (INSTANCES_WG if wgmma else "") + LAUNCHER
     arch = os.environ.get("ARCH", "")
+    if wgmma and not arch:   # wgmma is sm_90a's (the kernel traps elsewhere)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
     # no -std: torch's load_inline picks its own (C++17, or C++20 where its headers need it)
     flags = ["-O3"] + ([f"-gencode=arch=compute_{arch},code=sm_{arch}"] if arch else [])
-    return load_inline("loom_attn_bench", cpp_sources="void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
-                       "torch::Tensor o, torch::Tensor L, torch::Tensor Os, double scale);\nvoid bwd(torch::Tensor dout, "
+    return load_inline("loom_attn_bench" + ("_wg" if wgmma else ""), cpp_sources="void fwd(torch::Tensor q, torch::Tensor k, torch::Tensor v, "
+                       "torch::Tensor o, torch::Tensor L, torch::Tensor Os, double scale);\nvoid fwd_wg(torch::Tensor q, torch::Tensor k, "
+                       "torch::Tensor v, torch::Tensor o, torch::Tensor L, torch::Tensor Os, double scale);\nvoid bwd(torch::Tensor dout, "
                        "torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor dq, torch::Tensor dk, "
-                       "torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale);", cuda_sources=src, functions=["fwd", "bwd"],
+                       "torch::Tensor dv, torch::Tensor L, torch::Tensor Ds, torch::Tensor Os, double scale, bool wg);", cuda_sources=src, functions=["fwd", "fwd_wg", "bwd"],
                        extra_cuda_cflags=flags, verbose=False)
 
 
@@ -120,7 +159,9 @@ def main():
     if not torch.cuda.is_available():
         print("SKIPPED: no GPU (torch.cuda.is_available() is False)")
         return 0
-    ext = build(sys.argv[1])
+    wg_env = os.environ.get("WGMMA")
+    wgmma = wg_env == "1" or (wg_env is None and torch.cuda.get_device_capability(0) == (9, 0))
+    ext = build(sys.argv[1], wgmma)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     iters = int(os.environ.get("ITERS", "20"))
     gqa = int(os.environ.get("GQA", "1"))
@@ -130,7 +171,8 @@ def main():
     print(f"device: {dev}; torch {torch.__version__}; bf16, causal, GQA {gqa}; "
           + ("the forward saves L2 and O, dq in one pass" if lse else "LSE=0: dq in two passes"))
     print(f"{'T':>5s} {'D':>4s} {'B':>3s} {'H':>3s} | {'loom fwd ms':>11s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} | "
-          f"{'sdpa fwd ms':>11s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} | {'out':>7s} {'dq':>7s} {'dk':>7s} {'dv':>7s}")
+          f"{'sdpa fwd ms':>11s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} | {'out':>7s} {'dq':>7s} {'dk':>7s} {'dv':>7s}"
+          + (f" | {'wgmma fwd':>9s} {'TF/s':>6s} {'f+b ms':>8s} {'TF/s':>6s} {'vs mma':>7s}" if wgmma else ""))
     for T, D in shapes:
         H = 2048 // D
         B = max(1, 16384 // T)
@@ -149,7 +191,7 @@ def main():
         Ds = torch.empty_like(L)
         Os = torch.empty(B, T, H, D, device="cuda", dtype=torch.float32) if lse else torch.empty(0, device="cuda")
         f_loom = lambda: ext.fwd(q, k, v, o, L, Os, scale)
-        fb_loom = lambda: (ext.fwd(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale))
+        fb_loom = lambda: (ext.fwd(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale, False))
         # SDPA takes [B, H, T, D]; GQA by repeating kv heads (enable_gqa where the version has it)
         qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
         kr = kt.repeat_interleave(gqa, dim=1) if gqa > 1 else kt
@@ -171,9 +213,21 @@ def main():
         tf = lambda ms, mult: fl * mult / (ms * 1e-3) / 1e12
         errs = (rel(o, ref.transpose(1, 2)), rel(dq, qt.grad.transpose(1, 2)), rel(dk, kt.grad.transpose(1, 2)),
                 rel(dv, vt.grad.transpose(1, 2)))
+        wcols = ""
+        if wgmma:   # the Hopper forward: its times, and out, L2, O against the mma.sync forward's just computed
+            o_ref, L_ref, Os_ref = o.clone(), L.clone(), Os.clone()
+            f_wg = lambda: ext.fwd_wg(q, k, v, o, L, Os, scale)
+            g_ref = (dq.clone(), dk.clone(), dv.clone())
+            fb_wg = lambda: (ext.fwd_wg(q, k, v, o, L, Os, scale), ext.bwd(do, q, k, v, dq, dk, dv, L, Ds, Os, scale, True))
+            ms_wf, ms_wfb = timed(f_wg, iters), timed(fb_wg, iters)
+            fb_wg()
+            torch.cuda.synchronize()
+            dw = max(rel(o, o_ref), rel(Os, Os_ref) if lse else 0.0, rel(L, L_ref) if lse else 0.0,
+                     *(rel(x, y) for x, y in zip((dq, dk, dv), g_ref)))
+            wcols = f" | {ms_wf:9.3f} {tf(ms_wf, 1):6.1f} {ms_wfb:8.3f} {tf(ms_wfb, 3.5):6.1f} {dw:7.1e}"
         print(f"{T:5d} {D:4d} {B:3d} {H:3d} | {ms_lf:11.3f} {tf(ms_lf, 1):6.1f} {ms_lfb:8.3f} {tf(ms_lfb, 3.5):6.1f} | "
               f"{ms_sf:11.3f} {tf(ms_sf, 1):6.1f} {ms_sfb:8.3f} {tf(ms_sfb, 3.5):6.1f} | "
-              + " ".join(f"{e:7.1e}" for e in errs))
+              + " ".join(f"{e:7.1e}" for e in errs) + wcols)
     return 0
 
 

@@ -6,13 +6,23 @@ attention units (the NVRTC program split, runtime/cuda/nvrtc.h), compiles them w
 for ARCH (sm_90a) with `ptxas -v`, and from `cuobjdump -sass` prints per kernel:
 registers, spill bytes (stores + loads), and for the loop with the most HMMA instructions
 (the key- or query-tile loop: a backward branch's range) its instruction count, its HMMAs and
-the ratio.  Targets: at most 6 instructions per HMMA, no spills.
+the ratio.  Targets: at most 6 instructions per HMMA, no spills.  The Hopper kernels
+(LOOM_CUDA_WGMMA=1's loom_attn_fwd_wg) issue HGMMA (wgmma) instead: their rows count each
+HGMMA m64nNk16 as the N / 8 HMMA m16n8k16 of work it is for each of its 4 warps, so the
+ratio stays per HMMA's worth of work (instructions a warp runs per m16n8k16 product), and
+give the HGMMAs themselves in their own column.
   python3 bench/attention_sass.py TU.cu [ARCH]
 cuobjdump: $CUOBJDUMP, else on PATH or under $CUDA_HOME/bin, else PyPI's nvidia-cuda-cuobjdump
 (importable: PYTHONPATH=DIR after `pip install --target DIR nvidia-cuda-cuobjdump
 nvidia-cuda-nvdisasm`: cuobjdump runs nvdisasm).
 """
 import os, re, shutil, subprocess, sys, tempfile
+
+def mma_work(op):
+    """m16n8k16 products (per warp) an instruction is: HMMA.16816 1, HGMMA.64xNx16 N / 8."""
+    if op.startswith("HMMA"): return 1
+    m = re.match(r"HGMMA\.64x(\d+)x16", op)
+    return int(m.group(1)) // 8 if m else 0
 
 MARK = "\n/*@loom-unit "
 PRELUDE = "/*@loom-prelude*/\n"
@@ -37,7 +47,7 @@ def paths(body):
     for k, (b0, b1) in enumerate(blocks):
         if k not in best_lo: continue
         seg = body[b0:b1]
-        h = sum(1 for x in seg if x[1].startswith("HMMA"))
+        h = sum(mma_work(x[1]) for x in seg)
         lo = (best_lo[k][0] + h, best_lo[k][1] - len(seg))
         hi = (best_hi[k][0] + h, best_hi[k][1] + len(seg))
         last = seg[-1]
@@ -110,22 +120,23 @@ def main():
         m = re.match(r"\s*Function : (\w+)", line)
         if m:
             name = m.group(1); funcs[name] = []; continue
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", line)
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);", line)
         if m and name:
             funcs[name].append((int(m.group(1), 16), m.group(3), m.group(4), bool(m.group(2))))
     worst = 0.0
     print(f"{'kernel':30s} {'regs':>4s} {'spill st/ld':>11s} {'instr':>6s} {'HMMA':>5s} {'loop HMMA':>9s} "
-          f"{'tile path':>9s} {'per HMMA':>8s} {'edge path':>9s} {'per HMMA':>8s}")
+          f"{'tile path':>9s} {'per HMMA':>8s} {'edge path':>9s} {'per HMMA':>8s} {'HGMMA':>5s}")
     for fn, ins in funcs.items():
         ins = [x for x in ins if x[1] != "NOP"]
-        hmma = sum(1 for _, op, _, _ in ins if op.startswith("HMMA"))
+        hmma = sum(mma_work(op) for _, op, _, _ in ins)
+        hgmma = sum(1 for _, op, _, _ in ins if op.startswith("HGMMA"))
         best = None   # the loop (a backward branch's range) with the most HMMAs
         for i, (addr, op, rest, pred) in enumerate(ins):
             m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
             if not m or int(m.group(1), 16) >= addr: continue
             tgt = int(m.group(1), 16)
             body = [x for x in ins if tgt <= x[0] <= addr]
-            h = sum(1 for x in body if x[1].startswith("HMMA"))
+            h = sum(mma_work(x[1]) for x in body)
             if h and (best is None or h > best[0]): best = (h, body)
         lo = hi = (0, 0)
         if best:
@@ -140,9 +151,9 @@ def main():
         worst = max(worst, r_lo if lo[1] else 0)
         st, ld = spills.get(fn, (0, 0))
         print(f"{fn:30s} {regs.get(fn, 0):4d} {st:5d}/{ld:<5d} {len(ins):6d} {hmma:5d} {best[0] if best else 0:9d} "
-              f"{lo[0]:9d} {r_lo:8.1f} {hi[0]:9d} {r_hi:8.1f}")
+              f"{lo[0]:9d} {r_lo:8.1f} {hi[0]:9d} {r_hi:8.1f} {hgmma:5d}")
     print(f"most instructions per HMMA on a tile's path through the inner loop: {worst:.1f} (target at most 6; "
-          "the edge path, masked tiles on the diagonal or at the end, is beside it)")
+          "the edge path, masked tiles on the diagonal or at the end, is beside it; HGMMA counted as N/8 HMMA)")
     return 0
 
 if __name__ == "__main__":

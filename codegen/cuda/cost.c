@@ -95,7 +95,7 @@ void cuda_step_cost(const RtProgram *p, const RtStep *st, CudaStepCost *c) {
     double k = strstr(fam, "dkdv") ? 8 : strstr(fam, "dq") ? (dq_saved ? 6 : 10) : 4;
     c->flops = k * bhtsd * (i[6] ? 0.5 : 1.0);
     int s = st->bufs[0].storage;
-    c->peak_dtype = strstr(fam, "_tc") ? (s == RT_ST_F16 ? DT_F16 : DT_BF16) : DT_F32;
+    c->peak_dtype = strstr(fam, "_tc") || strstr(fam, "_wg") ? (s == RT_ST_F16 ? DT_F16 : DT_BF16) : DT_F32;   /* mma.sync, wgmma */
   } else if (c->cat == CC_GEMM) {   /* grouped matmuls: i R K N */
     c->flops = 2.0 * (double)st->i[0] * (double)st->i[1] * (double)st->i[2];
     c->peak_dtype = st->bufs[0].storage == RT_ST_BF16 ? DT_BF16 : DT_F32;

@@ -133,6 +133,16 @@ static int lse_reader(Lower *L, int i) {
   return -1;
 }
 
+/* LOOM_CUDA_WGMMA=1: the forward and the dk dv kernel on Hopper's warpgroup MMA
+   (kernels/attention_sm90.cuh), for tensor-core attention at head size 64 or 128 without a
+   sliding window (dq keeps the mma.sync kernel).  Opt-in, for sm_90a
+   devices only (the lowering does not see the device; elsewhere the kernel traps): its
+   shared-memory layouts are checked against the emulated device's reading of the PTX ISA, not
+   yet on a GPU (tests/gpu/OWED.md). */
+static bool wgmma_forward(int64_t D, int64_t window, int64_t T, int64_t S) {
+  return cl_env_on("LOOM_CUDA_WGMMA") && (D == 64 || D == 128) && (window <= 0 || window >= T + S);
+}
+
 /* attention: one step, q k v -> out [L2 O].  i: B, T, H, D, S, KV, causal, window[, save];  f: scale */
 static int lower_attention_fwd(Lower *L, Steps *s) {
   const Op *op = L->op;
@@ -153,6 +163,15 @@ static int lower_attention_fwd(Lower *L, Steps *s) {
   snprintf(suffix, sizeof suffix, "_%lld", (long long)q->dims[3]);
   if (tensor_cores(st, 3, q->dims[3])) {   /* two stages of K and V tiles, 64 rows of D + 8 */
     st->smem = (uint32_t)(2 * 2 * 64 * (q->dims[3] + 8) * 2);
+    const int64_t D = q->dims[3];
+    const bool wg = wgmma_forward(D, op_int(op, "window"), q->dims[1], kt->dims[1]);
+    if (wg) {   /* 128 query rows a block (a producer warpgroup, two consumers); Q, two stages of K and V, mbarriers */
+      st->block[0] = 384;
+      st->grid[1] = cl_clamp_grid((q->dims[1] + 127) / 128, 65535);
+      st->smem = (uint32_t)(1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
+      size_t n = strlen(st->label);
+      snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
+    }
     int j = no_attn_lse() ? -1 : lse_reader(L, L->op_index);
     int64_t rows = q->dims[0] * q->dims[2] * q->dims[1], n_o = type_numel(q);
     int64_t at = j < 0 || st->n_in + st->n_out + 2 > RT_MAX_BUFS ? -1 : cl_stats_reserve(L, j, cg_align64(4 * rows) + 4 * n_o);
@@ -163,6 +182,7 @@ static int lower_attention_fwd(Lower *L, Steps *s) {
       size_t n = strlen(st->label);
       snprintf(st->label + n, sizeof st->label - n, " (+ L2, O for the gradient)");
     }
+    if (wg) return cl_instantiate(L, st, "attn_fwd_wg", "loom_attn_fwd_wg", IDX(0, 1, 2, 3), extra, suffix, 384);
     return cl_instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
   }
   return cl_instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
@@ -224,6 +244,14 @@ static int lower_attention_grad(Lower *L, Steps *s) {
   st->grid[0] = (uint32_t)(B * KV);
   st->grid[1] = cl_clamp_grid((S + 31) / 32, 65535);
   st->smem = fa_smem(2, D);
+  if (tc && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; K, V, two stages of Q, dO */
+    st->grid[1] = cl_clamp_grid((S + 63) / 64, 65535);
+    st->block[0] = 256;
+    st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
+    return cl_instantiate(L, st, "attn_dkdv_wg", "loom_attn_bwd_dkdv_wg", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 256);
+  }
   if (tc) {
     st->grid[1] = cl_clamp_grid((S + 63) / 64, 65535);
     /* K and V (64 rows), then two stages of Q, dO (tile rows) and their L2, Dsum */

@@ -3,7 +3,9 @@
  * dv) on tensor cores (loom_attn_*_tc, bf16 and f16) and on CUDA cores, causal and not,
  * grouped KV heads, query and key lengths that are not multiples of the tiles, head sizes
  * 16, 64 and 128, sliding windows (causal and not); and on tensor cores the one-pass backward
- * from the forward's saved L2 and O (against the reference and the two-pass kernels).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
+ * from the forward's saved L2 and O (against the reference and the two-pass kernels), and the
+ * Hopper kernels (attention_sm90.cuh's forward and dk dv, on emu_sm90.h's wgmma, mbarriers and
+ * bulk copies).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
  * translation unit from `loom ir --emit=cuda` (the templates come from its prelude).
  * Exit 0 when every result of every case is within 2e-5 of its largest element. */
 #include TU
@@ -30,6 +32,14 @@ static float from16(u16 h, bool bf) { return bf ? loom_bf16_to_f32(h) : loom_f16
 template <class S, int D>
 static void fwd_tc(LoomArgs a) { loom_attn_fwd_tc<S, S, S, loom_sf32, D>(a); }
 template <class S, int D>
+static void fwd_wg(LoomArgs a) {
+  if constexpr (D == 64 || D == 128) loom_attn_fwd_wg<S, S, S, loom_sf32, D>(a);
+}
+template <class S, int D>
+static void dkdv_wg(LoomArgs a) {
+  if constexpr (D == 64 || D == 128) loom_attn_bwd_dkdv_wg<S, S, S, S, loom_sf32, loom_sf32, D>(a);
+}
+template <class S, int D>
 static void fwd(LoomArgs a) { loom_attn_fwd<S, S, S, loom_sf32, D>(a); }
 template <class S, int D>
 static void dq_tc(LoomArgs a) { loom_attn_bwd_dq_tc<S, S, S, S, loom_sf32, D>(a); }
@@ -40,8 +50,9 @@ static void dkdv_tc(LoomArgs a) { loom_attn_bwd_dkdv_tc<S, S, S, S, loom_sf32, l
 template <class S, int D>
 static void dkdv(LoomArgs a) { loom_attn_bwd_dkdv<S, S, S, S, loom_sf32, loom_sf32, D>(a); }
 
-static int launch(void (*fn)(LoomArgs), LoomArgs *a, unsigned gx, unsigned gy, unsigned smem, const char *what) {
-  unsigned grid[3] = {gx, gy, 1}, block[3] = {128, 1, 1};
+static int launch(void (*fn)(LoomArgs), LoomArgs *a, unsigned gx, unsigned gy, unsigned smem, const char *what,
+                  unsigned threads = 128) {
+  unsigned grid[3] = {gx, gy, 1}, block[3] = {threads, 1, 1};
   char err[600];
   if (!loom_emu_launch((void *)fn, a, grid, block, smem, err, sizeof err)) return 0;
   printf("FAIL launch of %s: %s\n", what, err);
@@ -51,14 +62,18 @@ static int launch(void (*fn)(LoomArgs), LoomArgs *a, unsigned gx, unsigned gy, u
 /* Forward, then backward (dq, L, Dsum; then dk, dv), with the launch shapes of
    codegen/cuda/lower_attn.c. */
 template <class S, int D>
-static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs *kv) {
+static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs *kv, bool wgmma = false) {
   const unsigned bh = (unsigned)(c.B * c.H), tq = (unsigned)((c.T + 63) / 64), L1 = D + 1, L8 = D + 8;
   const unsigned bn = D <= 64 ? 64 : 32;
   if (tcore)
-    return launch(fwd_tc<S, D>, f, bh, tq, 2 * 2 * 64 * L8 * 2, "forward") ||
+    return (wgmma ? launch(fwd_wg<S, D>, f, bh, (unsigned)((c.T + 127) / 128), 1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40,
+                           "wgmma forward", 384)
+                  : launch(fwd_tc<S, D>, f, bh, tq, 2 * 2 * 64 * L8 * 2, "forward")) ||
            launch(dq_tc<S, D>, q, bh, tq, 8 * bn * L8, "dq") ||
-           launch(dkdv_tc<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
-                  4 * 64 * L8 + 4 * (2 * bn * L8 + 4 * bn), "dk dv");
+           (wgmma ? launch(dkdv_wg<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
+                           1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dk dv", 256)
+                  : launch(dkdv_tc<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
+                           4 * 64 * L8 + 4 * (2 * bn * L8 + 4 * bn), "dk dv"));
   return launch(fwd<S, D>, f, bh, tq, 4 * (3 * 64 * L1 + 64 * 65), "forward") ||
          launch(dq<S, D>, q, bh, tq, 4 * (2 * 64 * L1 + 2 * 32 * L1 + 64 * 33), "dq") ||
          launch(dkdv<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 31) / 32),
@@ -77,15 +92,20 @@ static double rel(const std::vector<float> &got, const std::vector<double> &want
 
 /* mode 0: CUDA cores; 1: tensor cores; 2: tensor cores, the forward saving L2 and O (f32)
    for the one-pass dq (lower_attn.c's saved log-sum-exp), checked against the reference
-   and against mode 1's results of the same case (out bit for bit: the same arithmetic). */
-static std::vector<float> prev_o, prev_dq, prev_dk, prev_dv;
+   and against mode 1's results of the same case (out bit for bit: the same arithmetic);
+   3: mode 2 with the Hopper kernels (loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk
+   copies, mbarriers) in place of loom_attn_fwd_tc and loom_attn_bwd_dkdv_tc, against the
+   reference and mode 2's results: the same bits in out, L2, O and the gradients (the
+   emulator's wgmma sums each k16 step's products as its mma.sync does, and the kernels share
+   the rest of their arithmetic and its order). */
+static std::vector<float> prev_o, prev_dq, prev_dk, prev_dv, saved_o, saved_dq, saved_dk, saved_dv, saved_L, saved_O;
 
 static double rel_f(const std::vector<float> &got, const std::vector<float> &want) {
   return rel(got, std::vector<double>(want.begin(), want.end()));
 }
 
 static int run(const Case &c, int mode) {
-  const bool tcore = mode > 0, saved = mode == 2;
+  const bool tcore = mode > 0, saved = mode >= 2, wg = mode == 3;
   std::mt19937 rng(c.T * 131 + c.D);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const size_t nq = (size_t)c.B * c.T * c.H * c.D, nk = (size_t)c.B * c.S * c.KV * c.D;
@@ -115,11 +135,11 @@ static int run(const Case &c, int mode) {
   }
   int rc;
   if (c.bf16) rc = c.D == 16 ? kernels<loom_sbf16, 16>(c, tcore, &f, &bq, &bkv)
-                 : c.D == 64 ? kernels<loom_sbf16, 64>(c, tcore, &f, &bq, &bkv)
-                             : kernels<loom_sbf16, 128>(c, tcore, &f, &bq, &bkv);
+                 : c.D == 64 ? kernels<loom_sbf16, 64>(c, tcore, &f, &bq, &bkv, wg)
+                             : kernels<loom_sbf16, 128>(c, tcore, &f, &bq, &bkv, wg);
   else rc = c.D == 16 ? kernels<loom_sf16, 16>(c, tcore, &f, &bq, &bkv)
-            : c.D == 64 ? kernels<loom_sf16, 64>(c, tcore, &f, &bq, &bkv)
-                        : kernels<loom_sf16, 128>(c, tcore, &f, &bq, &bkv);
+            : c.D == 64 ? kernels<loom_sf16, 64>(c, tcore, &f, &bq, &bkv, wg)
+                        : kernels<loom_sf16, 128>(c, tcore, &f, &bq, &bkv, wg);
   if (rc) return 1;
   /* the reference: P = softmax(scale q k^T), dP = dout v^T, dS = P (dP - rowsum(P dP)); the
      modes of a case draw the same inputs (the generator's seed is the case's), so it is
@@ -166,18 +186,28 @@ static int run(const Case &c, int mode) {
   bool ok = eo <= ATT_TOL && eq <= ATT_TOL && ek <= ATT_TOL && ev <= ATT_TOL;
   char win[32] = "", vs[160] = "";
   if (c.W) snprintf(win, sizeof win, ", window %d", c.W);
-  if (saved) {   /* against the two-pass kernels (mode 1, the case before): 1e-5 of the largest */
+  if (wg) {   /* against mode 2 (the case before): the same bits */
+    auto same = [](const std::vector<float> &x, const std::vector<float> &y) {
+      return x.size() == y.size() && memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+    };
+    const bool so = same(o, saved_o), sl = same(Ls, saved_L), sO = same(Os, saved_O),
+               sg = same(dq_, saved_dq) && same(dk_, saved_dk) && same(dv_, saved_dv);
+    ok = ok && so && sl && sO && sg;
+    snprintf(vs, sizeof vs, "; against mma.sync's kernels: out %s, L2 %s, O %s, gradients %s", so ? "the same bits" : "DIFFERS",
+             sl ? "the same" : "DIFFERS", sO ? "the same" : "DIFFERS", sg ? "the same bits" : "DIFFER");
+  } else if (saved) {   /* against the two-pass kernels (mode 1, the case before): 1e-5 of the largest */
     const bool same_o = memcmp(o.data(), prev_o.data(), nq * sizeof(float)) == 0;
     const double dq2 = rel_f(dq_, prev_dq), dk2 = rel_f(dk_, prev_dk), dv2 = rel_f(dv_, prev_dv);
     const double vt = LOOM_ATTN_SPLIT ? 1e-5 : ATT_TOL;   /* rounded P: a changed L2 may round P elsewhere */
     ok = ok && same_o && dq2 <= vt && dk2 <= vt && dv2 <= vt;
     snprintf(vs, sizeof vs, "; against two passes: out %s, dq %.1e dk %.1e dv %.1e", same_o ? "the same bits" : "DIFFERS",
              dq2, dk2, dv2);
+    saved_o = o, saved_dq = dq_, saved_dk = dk_, saved_dv = dv_, saved_L = Ls, saved_O = Os;
   } else if (tcore) {
     prev_o = o, prev_dq = dq_, prev_dk = dk_, prev_dv = dv_;
   }
   printf("%s %s %s D %d, B %d T %d S %d, H %d KV %d%s%s: relative errors out %.1e dq %.1e dk %.1e dv %.1e%s\n",
-         ok ? "ok  " : "FAIL", saved ? "saved L2, O  " : tcore ? "tensor cores " : "CUDA cores   ", c.bf16 ? "bf16" : "f16 ", c.D,
+         ok ? "ok  " : "FAIL", wg ? "wgmma        " : saved ? "saved L2, O  " : tcore ? "tensor cores " : "CUDA cores   ", c.bf16 ? "bf16" : "f16 ", c.D,
          c.B, c.T, c.S, c.H, c.KV, c.causal ? ", causal" : "", win, eo, eq, ek, ev, vs);
   return ok ? 0 : 1;
 }
@@ -198,6 +228,15 @@ int main() {
   int failed = 0;
   /* LOOM_ATTN_SPLIT 0 changes the tensor-core kernels only: that build skips mode 0, whose
      CUDA-core kernels the default build has checked */
-  for (const Case &c : cases) failed += run(c, 1) + run(c, 2) + (LOOM_ATTN_SPLIT ? run(c, 0) : 0);
+  for (const Case &c : cases) {
+    failed += run(c, 1) + run(c, 2) + (c.D >= 64 && !c.W ? run(c, 3) : 0);
+    if (&c == cases) {   /* (a stage of the ring used twice) again with the bulk copies landing as they are
+                            issued: a producer that refills a stage before its consumers release it shows */
+      loom_emu::bulk_eager = true;
+      failed += run(c, 3);
+      loom_emu::bulk_eager = false;
+    }
+    failed += LOOM_ATTN_SPLIT ? run(c, 0) : 0;
+  }
   return failed ? 1 : 0;
 }

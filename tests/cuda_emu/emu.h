@@ -114,6 +114,12 @@ static void (*invoke)(void *fn, void *arg);   /* calls the kernel with its argum
 static void *kernel_fn, *kernel_arg;
 static char error[512];
 static int reverse_order;
+/* sm_90 state (emu_sm90.h): a thread that found an mbarrier phase incomplete yields with
+   spin_yield set; progress counts the mbarrier and copy events that can end such a wait */
+static int spin_yield;
+static unsigned long progress;
+static void sm90_block_start();
+static void sm90_block_end();
 
 extern "C" void loom_emu_switch(void **save_sp, void *to_sp);
 __asm__(
@@ -208,16 +214,25 @@ static int run_block(int nthreads) {
     f->tid.z = (unsigned)t / (blockDim.x * blockDim.y);
     f->sp = fiber_stack_top(t);
   }
+  sm90_block_start();
   while (live > 0 && !error[0]) {
-    int ran = 0;
+    int ran = 0, busy = 0;
+    const unsigned long progress0 = progress;
     for (int k = 0; k < nthreads && !error[0]; k++) {
       int t = reverse_order ? nthreads - 1 - k : k;
       if (fibers[t].state != RUN) continue;
       cur = t;
       threadIdx = fibers[t].tid;
+      spin_yield = 0;
       loom_emu_switch(&sched_sp, fibers[t].sp);
       ran++;
+      busy += !spin_yield;
     }
+    /* every thread that ran only found its mbarrier phase incomplete, and nothing changed */
+    if (ran && !busy && progress == progress0 && !error[0])
+      snprintf(error, sizeof error,
+               "deadlock in block (%u,%u,%u): %d threads wait on mbarrier phases that cannot complete (%d of %d threads live)",
+               blockIdx.x, blockIdx.y, blockIdx.z, ran, live, nthreads);
     if (!ran && live > 0 && !error[0]) {
       int nb = 0, nw = 0;
       for (int t = 0; t < nthreads; t++) nb += fibers[t].state == AT_BLOCK, nw += fibers[t].state == AT_WARP;
@@ -227,6 +242,7 @@ static int run_block(int nthreads) {
                blockIdx.x, blockIdx.y, blockIdx.z, nb, nw, live, nthreads);
     }
   }
+  if (!error[0]) sm90_block_end();
   return error[0] ? 1 : 0;
 }
 
@@ -478,5 +494,7 @@ static inline float loom_emu_ex2(float x) {
   float r = exp2f(x);
   return r < 1.17549435e-38f ? 0.0f : r;
 }
+
+#include "emu_sm90.h"
 
 #endif

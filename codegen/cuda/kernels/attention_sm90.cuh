@@ -1,0 +1,565 @@
+/* ---------------------------------------------------------------- attention on Hopper (sm_90a)
+   The FlashAttention-3 layout of the forward (docs/attention.md "Hopper"): warpgroup MMA
+   (wgmma.mma_async m64nNk16, f32 accumulators) on operands in shared memory described by
+   matrix descriptors, loads by the bulk-copy engine (cp.async.bulk) completing on mbarriers,
+   and a warp-specialized pipeline: one producer warp copies Q once and K, V tiles into a ring
+   of stages; two consumer warpgroups (64 query rows each) wait for a stage's "full" barrier,
+   run S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers
+   (attention.cuh's, base 2), O += P V (wgmma, P from registers in the accumulator's own
+   layout, V through a transposed descriptor), and arrive on the stage's "empty" barrier,
+   which the producer waits for before it copies the stage again.
+   Opt-in (LOOM_CUDA_WGMMA=1 when lowering, lower_attn.c): the layouts are checked only
+   against the emulated device's reading of the PTX ISA (tests/cuda_emu/emu_sm90.h) until a
+   GPU runs tests/gpu/OWED.md's check.  Built for an architecture without sm_90a's features
+   the kernel traps (the lowering cannot see the device; the variable is for sm_90a only).
+
+   Shared memory (from a 1024-byte boundary: the 128-byte swizzle's repeating pattern): Q as
+   D / 64 blocks of [128 rows][64 columns], then per stage K and V as D / 64 blocks of [64
+   keys][64 columns], then the mbarriers.  A row of a block is 128 bytes; its 16-byte unit u
+   sits at unit u ^ (row % 8) (the 128-byte swizzle, which the descriptors name).  The copies
+   are of 16-byte units (a bulk copy cannot scatter a row into swizzled units; the tensor
+   copies that can, cp.async.bulk.tensor, need tensor maps built by the host: not yet). */
+#if defined(LOOM_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LOOM_SM90 1
+#else
+#define LOOM_SM90 0
+#endif
+
+LOOM_DEV unsigned loom_sm90_smem(const void *p) {
+#if defined(LOOM_EMU)
+  return loom_emu_smem_addr(p);
+#else
+  return (unsigned)__cvta_generic_to_shared(p);
+#endif
+}
+
+/* mbarriers (a 64-bit object in shared memory, by its shared address) */
+LOOM_DEV void loom_mbar_init(unsigned bar, unsigned count) {
+#if defined(LOOM_EMU)
+  loom_emu_mbar_init(bar, count);
+#elif LOOM_SM90
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+/* the inits visible to the other threads and to the copy engine (before a __syncthreads) */
+LOOM_DEV void loom_mbar_init_fence() {
+#if !defined(LOOM_EMU) && LOOM_SM90
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+LOOM_DEV void loom_mbar_arrive(unsigned bar) {
+#if defined(LOOM_EMU)
+  loom_emu_mbar_arrive(bar, 0);
+#elif LOOM_SM90
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+/* the phase also waits for bytes more of completed copies, then this thread arrives */
+LOOM_DEV void loom_mbar_expect_tx(unsigned bar, unsigned bytes) {
+#if defined(LOOM_EMU)
+  loom_emu_mbar_arrive(bar, bytes);
+#elif LOOM_SM90
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/* until the phase of this parity has completed */
+LOOM_DEV void loom_mbar_wait(unsigned bar, unsigned parity) {
+#if defined(LOOM_EMU)
+  while (!loom_emu_mbar_try_wait(bar, parity)) {
+  }
+#elif LOOM_SM90
+  unsigned done = 0;
+  while (!done)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+#endif
+}
+/* bytes (a multiple of 16, both ends 16-byte aligned) global -> shared, completing on bar */
+LOOM_DEV void loom_bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
+#if defined(LOOM_EMU)
+  loom_emu_bulk_copy(dst, src, bytes, bar);
+#elif LOOM_SM90
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+
+/* wgmma: fence (before the first mma_async and after the thread touches the registers an
+   mma_async reads or writes), commit the issued ones as a group, wait until at most N
+   groups are in flight */
+LOOM_DEV void loom_wgmma_fence() {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma_fence();
+#elif LOOM_SM90
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+LOOM_DEV void loom_wgmma_commit() {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma_commit();
+#elif LOOM_SM90
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+LOOM_DEV void loom_wgmma_wait() {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma_wait(N);
+#elif LOOM_SM90
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* c, which every thread of the warpgroup must compute the same (a branch around a wgmma):
+   the emulated device checks that they do */
+LOOM_DEV bool loom_wg_uniform(bool c) {
+#if defined(LOOM_EMU)
+  return loom_emu_wg_uniform(c);
+#else
+  return c;
+#endif
+}
+/* the compiler keeps n accumulators in registers, unread and unmoved, across an mma_async */
+LOOM_DEV void loom_wg_regs(float *x, int n) {
+#if !defined(LOOM_EMU)
+  for (int i = 0; i < n; i++) asm volatile("" : "+f"(x[i])::"memory");
+#endif
+}
+/* the A fragments of RS mma_asyncs stay in their registers until the wait_group after them */
+LOOM_DEV void loom_wg_keep(unsigned *x, int n) {
+#if !defined(LOOM_EMU)
+  for (int i = 0; i < n; i++) asm volatile("" : "+r"(x[i])::"memory");
+#endif
+}
+/* A matrix descriptor: start address, leading and stride byte offsets, the 128-byte swizzle
+   (mode 1), base offset 0 (every swizzle pattern starts on a 1024-byte boundary) */
+LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3ffffu) >> 4) | (unsigned long long)(lbo >> 4) << 16 |
+         (unsigned long long)(sbo >> 4) << 32 | 1ull << 62;
+}
+
+#define LOOM_F4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define LOOM_F16(d, i) LOOM_F4(d, i), LOOM_F4(d, i + 4), LOOM_F4(d, i + 8), LOOM_F4(d, i + 12)
+#define LOOM_F32(d, i) LOOM_F16(d, i), LOOM_F16(d, i + 16)
+#define LOOM_WG_D32                                                                                                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "     \
+  "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define LOOM_WG_D64                                                                                                    \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "     \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define LOOM_WG_SS64(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY      \
+               " " LOOM_WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                                       \
+               : LOOM_F32(d, 0)                                                                                        \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define LOOM_WG_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define LOOM_WG_SS32(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY      \
+               " " LOOM_WG_D16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                                       \
+               : LOOM_F16(d, 0)                                                                                        \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define LOOM_WG_RS64(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY      \
+               " " LOOM_WG_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                          \
+               : LOOM_F32(d, 0)                                                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+#define LOOM_WG_RS128(TY)                                                                                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY     \
+               " " LOOM_WG_D64 ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                          \
+               : LOOM_F32(d, 0), LOOM_F32(d, 32)                                                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1))
+
+/* d[32] (64 x 64, f32) = A B (+ d when scale_d): A 64 x 16 K-major, B 16 x 64 K-major (B's
+   rows of 16 are its columns' k: the keys' rows of K), both by descriptor */
+template <bool BF>
+LOOM_DEV void loom_wgmma_ss64(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, 64, nullptr, da, db, scale_d, 0, 0, BF);
+#elif LOOM_SM90
+  if (BF) LOOM_WG_SS64("bf16");
+  else LOOM_WG_SS64("f16");
+#endif
+}
+/* the same, 64 x 32 (d[16]) */
+template <bool BF>
+LOOM_DEV void loom_wgmma_ss32(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, 32, nullptr, da, db, scale_d, 0, 0, BF);
+#elif LOOM_SM90
+  if (BF) LOOM_WG_SS32("bf16");
+  else LOOM_WG_SS32("f16");
+#endif
+}
+/* d[N / 2] (64 x N, f32) += A B: A 64 x 16 from registers (a[4], mma.sync's A fragment per
+   warp), B 16 x N N-major (imm-trans-b: V's rows of head dims) by descriptor */
+template <bool BF, int N>
+LOOM_DEV void loom_wgmma_rs(float *d, const unsigned a[4], unsigned long long db) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, N, a, 0, db, 1, 0, 1, BF);
+#elif LOOM_SM90
+  if (N == 64) {
+    if (BF) LOOM_WG_RS64("bf16");
+    else LOOM_WG_RS64("f16");
+  } else {
+    if (BF) LOOM_WG_RS128("bf16");
+    else LOOM_WG_RS128("f16");
+  }
+#endif
+}
+
+/* The byte offset of 16-byte unit u of row r in a tile stored as 64-column blocks of blk
+   bytes, rows of 128 bytes, the 128-byte swizzle */
+LOOM_DEV unsigned loom_sw128(int r, int u, unsigned blk) {
+  return (unsigned)(u >> 3) * blk + (unsigned)r * 128u + (unsigned)((u & 7) ^ (r & 7)) * 16u;
+}
+
+/* Forward on wgmma, q k v all bf16 or all f16, D 64 or 128, no sliding window (the lowering
+   keeps those on loom_attn_fwd_tc).  Outputs exactly loom_attn_fwd_tc's: out, and with
+   i[8] = 1 each row's L2 (base-2 log-sum-exp; +inf for a row with no key) and O in f32 for the
+   one-pass backward.  384 threads: warpgroup 0 the producer (its warp 0 copies; warps 1-3
+   leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
+   and keys past S are copies of the last row (finite: masked keys get p = 0, rows past T are
+   not stored).  Two stages of 64 keys.  P enters P V as attention.cuh's kernels have it (the
+   input format, with LOOM_ATTN_SPLIT its remainder too).
+   grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 2 stages * 2 * 64*D*2 + 40 bytes.
+   bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale */
+template <class SQ, class SK, class SV, class SO, int D>
+LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
+#if LOOM_SM90
+  static_assert(D == 64 || D == 128, "the wgmma forward takes head sizes 64 and 128");
+  constexpr bool BF = SQ::is_bf16;
+  constexpr int BM = 128, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 8;
+  constexpr unsigned QB = BM * 128, KB = BN * 128, TILE = BN * D * 2;   /* a 64-column block of Q, of a tile; a tile */
+  extern __shared__ float loom_smem[];
+  const unsigned raw = loom_sm90_smem(loom_smem), sQ = (raw + 1023u) & ~1023u, sKV = sQ + BM * D * 2;
+  const unsigned sBar = sKV + ST * 2 * TILE, qbar = sBar + 16 * ST;   /* full[s] at sBar + 8 s, empty[s] after them */
+  const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5];
+  const bool causal = a.i[6] != 0;
+  const float c2 = (float)a.f[0] * 1.4426950408889634f;
+  const int bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
+  const int n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (int)blockIdx.y) * BM;   /* long rows first */
+  const int n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S, nk = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < ST; s++) {
+      loom_mbar_init(sBar + 8 * s, 1);                 /* the producer's arrive, with the tile's bytes */
+      loom_mbar_init(sBar + 8 * (ST + s), 2 * 128);    /* every consumer thread, done with the stage */
+    }
+    loom_mbar_init(qbar, 1);
+    loom_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {   /* the producer */
+    if (tid >= 32) return;
+    const int qs = H * D, ks = KV * D;
+    const unsigned short *q = LOOM_IN(SQ, 0) + ((long long)b * T * H + h) * D;
+    const unsigned short *k = LOOM_IN(SK, 1) + ((long long)b * S * KV + kvh) * D;
+    const unsigned short *v = LOOM_IN(SV, 2) + ((long long)b * S * KV + kvh) * D;
+    if (tid == 0) loom_mbar_expect_tx(qbar, BM * D * 2);
+    __syncwarp();
+    for (int c = tid; c < BM * U; c += 32) {
+      const int r = c / U, u = c - r * U, row = m0 + r < T ? m0 + r : T - 1;
+      loom_bulk_load(sQ + loom_sw128(r, u, QB), q + row * qs + 8 * u, 16, qbar);
+    }
+    for (int it = 0; it < nk; it++) {
+      const int s = it % ST, n0 = it * BN;
+      const unsigned full = sBar + 8 * s, sK = sKV + s * 2 * TILE;
+      loom_mbar_wait(sBar + 8 * (ST + s), ((it / ST) & 1) ^ 1);   /* the stage's previous use is done */
+      if (tid == 0) loom_mbar_expect_tx(full, 2 * TILE);
+      __syncwarp();
+      for (int c = tid; c < BN * U; c += 32) {
+        const int r = c / U, u = c - r * U, at = (n0 + r < S ? n0 + r : S - 1) * ks + 8 * u;
+        const unsigned off = loom_sw128(r, u, KB);
+        loom_bulk_load(sK + off, k + at, 16, full);
+        loom_bulk_load(sK + TILE + off, v + at, 16, full);
+      }
+    }
+    return;
+  }
+  const int cw = wg - 1, l = tid & 127, warp = l >> 5, lane = l & 31, t2 = (lane & 3) * 2;
+  const int rw = m0 + 64 * cw + 16 * warp, r0 = rw + (lane >> 2), r1 = r0 + 8;   /* the warp's first row; this thread's two */
+  const int wg_last = m0 + 64 * cw + 63;
+  float o[ND][4], mrow[2] = {-LOOM_INF, -LOOM_INF}, lsum[2] = {0.0f, 0.0f};
+  #pragma unroll
+  for (int d = 0; d < ND; d++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
+  int kmax[2];   /* the keys rows r0 and r1 see: [0, kmax) */
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int row = hr ? r1 : r0;
+    kmax[hr] = causal && row + 1 < S ? row + 1 : S;
+  }
+  /* n0 < this (and n0 + BN <= S): no key of the warpgroup's rows masked.  Written per
+     warpgroup (per warp it is the same: tiles of 64): the PTX ISA leaves a wgmma.mma_async
+     undefined when the threads of the warpgroup do not all take the branch that reaches it,
+     and loom_wg_uniform has the emulated device check that they do. */
+  const int interior_end = causal ? m0 + 64 * cw + 1 - BN : S - BN + 1;
+  loom_mbar_wait(qbar, 0);
+  /* one tile (a literal EDGE at each call, as loom_attn_fwd_tc's) */
+  auto tile = [&](const bool EDGE, int n0, unsigned sK) {
+    float s[NT][4];
+    loom_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      loom_wgmma_ss64<BF>(&s[0][0], loom_wg_desc(sQ + (kk >> 2) * QB + cw * 64 * 128 + (kk & 3) * 32, 16, 1024),
+                          loom_wg_desc(sK + (kk >> 2) * KB + (kk & 3) * 32, 16, 1024), kk > 0);
+    loom_wgmma_commit();
+    loom_wgmma_wait<0>();
+    loom_wg_regs(&s[0][0], 4 * NT);
+    if (EDGE)
+      #pragma unroll
+      for (int j = 0; j < NT; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++)
+          if (n0 + 8 * j + t2 + (e & 1) >= kmax[e >> 1]) s[j][e] = -LOOM_INF;
+    #pragma unroll
+    for (int hr = 0; hr < 2; hr++) {   /* row r0 (elements 0, 1), row r1 (2, 3) */
+      float mx = mrow[hr];
+      #pragma unroll
+      for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mc = EDGE && mx == -LOOM_INF ? 0.0f : mx * c2;
+      const float alpha = loom_ex2(__fmaf_rn(mrow[hr], c2, -mc));
+      mrow[hr] = mx;
+      float ps = 0.0f;
+      #pragma unroll
+      for (int j = 0; j < NT; j++)
+        #pragma unroll
+        for (int e = 2 * hr; e < 2 * hr + 2; e++) {
+          s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mc));
+          ps += s[j][e];
+        }
+      lsum[hr] = lsum[hr] * alpha + ps;
+      #pragma unroll
+      for (int d = 0; d < ND; d++) {
+        o[d][2 * hr] *= alpha;
+        o[d][2 * hr + 1] *= alpha;
+      }
+    }
+    unsigned hi[KN][4], lo[KN][4];
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(s, 2 * kk, hi[kk], lo[kk]);
+    loom_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) {   /* V's keys 16 kk ..: 8-key groups 1024 bytes apart, 64-column blocks KB */
+      const unsigned long long dv = loom_wg_desc(sK + TILE + kk * 16 * 128, KB, 1024);
+      if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&o[0][0], lo[kk], dv);
+      loom_wgmma_rs<BF, D>(&o[0][0], hi[kk], dv);
+    }
+    loom_wgmma_commit();
+    loom_wgmma_wait<0>();
+    loom_wg_regs(&o[0][0], 4 * ND);
+    loom_wg_keep(&hi[0][0], 4 * KN);
+    loom_wg_keep(&lo[0][0], 4 * KN);
+  };
+  for (int it = 0; it < nk; it++) {
+    const int s = it % ST, n0 = it * BN;
+    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
+    if (!causal || n0 <= wg_last) {   /* (causal: no row of this warpgroup sees a key of the tile past it) */
+      if (loom_wg_uniform(n0 < interior_end && n0 + BN <= S)) tile(false, n0, sKV + s * 2 * TILE);
+      else tile(true, n0, sKV + s * 2 * TILE);
+    }
+    loom_mbar_arrive(sBar + 8 * (ST + s));
+  }
+  const bool save = a.i[8] != 0;
+  float *Lsave = (float *)a.buf[4], *Osave = (float *)a.buf[5];
+  typename SO::T *out = LOOM_OUT(SO, 3);
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float l = lsum[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = hr ? r1 : r0;
+    if (row >= T) continue;
+    const float inv = 1.0f / l;
+    const long long at = ((long long)b * T + row) * H * D + (long long)h * D + t2;
+    #pragma unroll
+    for (int d = 0; d < ND; d++) {
+      SO::st(out, at + 8 * d, o[d][2 * hr] * inv);
+      SO::st(out, at + 8 * d + 1, o[d][2 * hr + 1] * inv);
+    }
+    if (save) {   /* as loom_attn_fwd_tc saves them */
+      if (t2 == 0) Lsave[(long long)bh * T + row] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
+      #pragma unroll
+      for (int d = 0; d < ND; d++) {
+        Osave[at + 8 * d] = o[d][2 * hr] * inv;
+        Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
+      }
+    }
+  }
+#else
+  (void)a;
+  __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
+#endif
+}
+
+/* Backward part 2 (dk, dv) on wgmma: loom_attn_bwd_dkdv_tc's arithmetic in the forward's
+   pipeline.  256 threads: warpgroup 0 the producer (warp 0 copies K and V of the block's 64
+   keys once, then per item, a query head sharing the kv head and a query tile of 64, its Q
+   and dO into a ring of two stages), warpgroup 1 the consumer: S^T = K Q^T and dP^T = V dO^T
+   (wgmma, all four in shared memory, K-major), P^T = 2^(S^T c2 - L2) and dS^T = P^T (dP^T -
+   Dsum) scale in registers (L2 and Dsum read from global memory by each thread for its query
+   columns), dV += P^T dO and dK += dS^T Q (wgmma, P^T and dS^T from registers as the
+   forward's P, dO and Q through N-major descriptors).  The same sums in the same order as
+   loom_attn_bwd_dkdv_tc (its query tiles of 32 at D 128 are the same k16 steps).  No window
+   (the lowering keeps those on the mma.sync kernel).
+   grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + 2 stages * 2*64*D*2 + 40 bytes.
+   bufs: dout q k v L2 Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window (0);  f: scale */
+template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
+LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
+#if LOOM_SM90
+  static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
+  constexpr bool BF = SQ::is_bf16;
+  constexpr int BN = 64, BM = 64, ST = 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 8;
+  constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
+  extern __shared__ float loom_smem[];
+  const unsigned raw = loom_sm90_smem(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
+  const unsigned sBar = sQO + ST * 2 * TILE, kvbar = sBar + 16 * ST;   /* full[s], empty[s], then K and V's */
+  const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5], G = H / KV;
+  const bool causal = a.i[6] != 0;
+  const float scale = (float)a.f[0], c2 = scale * 1.4426950408889634f;
+  const int bk = blockIdx.x, b = bk / KV, kvh = bk - b * KV, n0 = (int)blockIdx.y * BN;
+  const int m_start = causal ? (n0 / BM) * BM : 0, nm = T > m_start ? (T - m_start + BM - 1) / BM : 0, n_items = G * nm;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < ST; s++) {
+      loom_mbar_init(sBar + 8 * s, 1);
+      loom_mbar_init(sBar + 8 * (ST + s), 128);
+    }
+    loom_mbar_init(kvbar, 1);
+    loom_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {   /* the producer */
+    if (tid >= 32) return;
+    const int qs = H * D, ks = KV * D;
+    const unsigned short *k = LOOM_IN(SK, 2) + ((long long)b * S * KV + kvh) * D;
+    const unsigned short *v = LOOM_IN(SV, 3) + ((long long)b * S * KV + kvh) * D;
+    if (tid == 0) loom_mbar_expect_tx(kvbar, 2 * TILE);
+    __syncwarp();
+    for (int c = tid; c < BN * U; c += 32) {
+      const int r = c / U, u = c - r * U, at = (n0 + r < S ? n0 + r : S - 1) * ks + 8 * u;
+      loom_bulk_load(sK + loom_sw128(r, u, BLK), k + at, 16, kvbar);
+      loom_bulk_load(sV + loom_sw128(r, u, BLK), v + at, 16, kvbar);
+    }
+    for (int it = 0; it < n_items; it++) {
+      const int s = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
+      const unsigned full = sBar + 8 * s, sQ = sQO + s * 2 * TILE;
+      const long long qbase = ((long long)b * T * H + h) * D;
+      const unsigned short *q = LOOM_IN(SQ, 1) + qbase, *dout = LOOM_IN(SDO, 0) + qbase;
+      loom_mbar_wait(sBar + 8 * (ST + s), ((it / ST) & 1) ^ 1);
+      if (tid == 0) loom_mbar_expect_tx(full, 2 * TILE);
+      __syncwarp();
+      for (int c = tid; c < BM * U; c += 32) {
+        const int r = c / U, u = c - r * U, at = (m0 + r < T ? m0 + r : T - 1) * qs + 8 * u;
+        const unsigned off = loom_sw128(r, u, BLK);
+        loom_bulk_load(sQ + off, q + at, 16, full);
+        loom_bulk_load(sQ + TILE + off, dout + at, 16, full);
+      }
+    }
+    return;
+  }
+  const int l = tid & 127, warp = l >> 5, lane = l & 31, g = lane >> 2, t2 = (lane & 3) * 2;
+  const int kw = n0 + 16 * warp, k0 = kw + g, k1 = k0 + 8;   /* the warp's first key; this thread's two */
+  const float *Lin = (const float *)a.buf[4], *Din = (const float *)a.buf[5];
+  float dK[ND][4], dV[ND][4];
+  #pragma unroll
+  for (int d = 0; d < ND; d++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) dK[d][e] = dV[d][e] = 0.0f;
+  loom_mbar_wait(kvbar, 0);
+  /* one item, in halves of 32 queries (S^T and dP^T of a half: 32 registers, so D 128's
+     accumulators, 128 registers, fit beside them); the sums' order is the tile's */
+  auto item = [&](const bool EDGE, int m0, const float *Lr, const float *Dr, unsigned sQ) {
+    const unsigned sO = sQ + TILE;
+    #pragma unroll 1
+    for (int half = 0; half < 2; half++) {
+      const unsigned hq = half * 32 * 128;   /* the half's first query row */
+      float s[NQ / 2][4], dp[NQ / 2][4];
+      loom_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < KD; kk++) {
+        const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
+        loom_wgmma_ss32<BF>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
+        loom_wgmma_ss32<BF>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
+      }
+      loom_wgmma_commit();
+      loom_wgmma_wait<0>();
+      loom_wg_regs(&s[0][0], 2 * NQ);
+      loom_wg_regs(&dp[0][0], 2 * NQ);
+      #pragma unroll
+      for (int j = 0; j < NQ / 2; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = 32 * half + 8 * j + t2 + (e & 1), t = m0 + r;
+          const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
+          const float L = t < T ? Lr[rv] : 0.0f, Ds = t < T ? Dr[rv] : 0.0f;
+          float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
+          if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
+          s[j][e] = p;
+          dp[j][e] = p * (dp[j][e] - Ds) * scale;
+        }
+      /* dV += P^T dO, dK += dS^T Q over the half's queries, 16 at a time */
+      unsigned hs[KM / 2][4], ls[KM / 2][4], hd[KM / 2][4], ld[KM / 2][4];
+      #pragma unroll
+      for (int kk = 0; kk < KM / 2; kk++) {
+        loom_frag_pack<BF>(s, 2 * kk, hs[kk], ls[kk]);
+        loom_frag_pack<BF>(dp, 2 * kk, hd[kk], ld[kk]);
+      }
+      loom_wgmma_fence();
+      #pragma unroll
+      for (int kk = 0; kk < KM / 2; kk++) {
+        const unsigned qo = hq + kk * 16 * 128;
+        const unsigned long long bo = loom_wg_desc(sO + qo, BLK, 1024), bq = loom_wg_desc(sQ + qo, BLK, 1024);
+        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
+        loom_wgmma_rs<BF, D>(&dV[0][0], hs[kk], bo);
+        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dK[0][0], ld[kk], bq);
+        loom_wgmma_rs<BF, D>(&dK[0][0], hd[kk], bq);
+      }
+      loom_wgmma_commit();
+      loom_wgmma_wait<0>();
+      loom_wg_regs(&dV[0][0], 4 * ND);
+      loom_wg_regs(&dK[0][0], 4 * ND);
+      loom_wg_keep(&hs[0][0], 2 * KM);
+      loom_wg_keep(&ls[0][0], 2 * KM);
+      loom_wg_keep(&hd[0][0], 2 * KM);
+      loom_wg_keep(&ld[0][0], 2 * KM);
+    }
+  };
+  for (int it = 0; it < n_items; it++) {
+    const int s = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
+    const long long lb = ((long long)b * H + h) * T + m0;
+    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
+    if (!causal || m0 + BM - 1 >= n0) {   /* (causal: a tile wholly before the block's keys sees none) */
+      /* unmasked when no query of the tile is before the block's last key and none past T:
+         the same for the whole warpgroup (a wgmma's branch must be; checked as the forward's) */
+      if (loom_wg_uniform(m0 + BM <= T && (!causal || m0 >= n0 + BN - 1))) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+      else item(true, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+    }
+    loom_mbar_arrive(sBar + 8 * (ST + s));
+  }
+  typename SDK::T *dk = LOOM_OUT(SDK, 6);
+  typename SDV::T *dv = LOOM_OUT(SDV, 7);
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int key = hr ? k1 : k0;
+    if (key >= S) continue;
+    const long long at = ((long long)b * S + key) * KV * D + (long long)kvh * D + t2;
+    #pragma unroll
+    for (int d = 0; d < ND; d++)
+      #pragma unroll
+      for (int e = 0; e < 2; e++) {
+        SDK::st(dk, at + 8 * d + e, dK[d][2 * hr + e]);
+        SDV::st(dv, at + 8 * d + e, dV[d][2 * hr + e]);
+      }
+  }
+#else
+  (void)a;
+  __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
+#endif
+}
