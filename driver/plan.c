@@ -296,6 +296,7 @@ static int search(const PlanRequest *rq, bool exhaustive, PlanResult *out, char 
   out->flops_per_token = x->seq_flops / (double)rq->base->seq;
   out->peak_flops = out->n_best ? out->best[0].t.peak_flops : 0;
   free(cs);
+  stash_free(x->stash), x->stash = NULL;   /* screen_fast's, kept for the exact phase */
   ctx_free(x);
   return rc;
 }

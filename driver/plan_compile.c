@@ -35,8 +35,7 @@ void unpin(Ctx *x, int pin) {
 
 void ctx_free(Ctx *x) {
   for (int i = 0; i < FRONT_CACHE; i++) module_free(x->front[i].m), x->front[i].m = NULL;
-  lower_memo_free(x->memo), x->memo = NULL;
-  stash_free(x->stash), x->stash = NULL;
+  lower_memo_free(x->memo), x->memo = NULL;   /* x->stash: the fast search's, freed by plan.c (its owner) */
   if (x->quiet) fclose(x->quiet);
   x->quiet = NULL;
 }

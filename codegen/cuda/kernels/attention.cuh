@@ -577,6 +577,43 @@ LOOM_DEV void loom_frag_split(const float (*acc)[4], int j0, unsigned hi[4], uns
   loom_split2<BF>(acc[j0 + 1][2], acc[j0 + 1][3], hi[3], lo[3]);
 }
 
+/* The online softmax of one tile for a thread's two rows of an m16n8 accumulator layout (row
+   r0: elements 0 and 1 of each 8-key group j, r1: 2 and 3; a quad's 4 threads hold a row's
+   keys): the running max over the quad, s turned into p = 2^(s c2 - m c2) (base 2; where
+   edge, a row with no key yet, m = -inf, gets p = 0), this thread's part of the row sum (the
+   quad adds the parts at the end), and o rescaled by 2^(m_old c2 - m c2).  The one copy for
+   the mma.sync forward (loom_attn_fwd_tc) and the wgmma forward (attention_sm90.cuh), whose
+   accumulators share the layout. */
+template <int NT, int ND>
+LOOM_DEV void loom_softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&mrow)[2], float (&lsum)[2], float c2,
+                                bool edge) {
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float mx = mrow[hr];
+    #pragma unroll
+    for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mc = edge && mx == -LOOM_INF ? 0.0f : mx * c2;
+    const float alpha = loom_ex2(__fmaf_rn(mrow[hr], c2, -mc));
+    mrow[hr] = mx;
+    float ps = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < NT; j++)
+      #pragma unroll
+      for (int e = 2 * hr; e < 2 * hr + 2; e++) {
+        s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mc));
+        ps += s[j][e];
+      }
+    lsum[hr] = lsum[hr] * alpha + ps;
+    #pragma unroll
+    for (int d = 0; d < ND; d++) {
+      o[d][2 * hr] *= alpha;
+      o[d][2 * hr + 1] *= alpha;
+    }
+  }
+}
+
 /* Forward on tensor cores (FlashAttention-2's loop), for q, k, v all bf16 or all f16 and D a
    multiple of 16 (at most 128).  4 warps, each owning 16 query rows of the block's 64: its
    Q fragments, scores, P and O in registers.  Tiles of 64 keys stream through shared memory
@@ -690,32 +727,7 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
           const int key = n0 + 8 * j + t2 + (e & 1);
           if (key < kmin[e >> 1] || key >= kmax[e >> 1]) s[j][e] = -LOOM_INF;
         }
-    #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {   /* row r0 (elements 0, 1), row r1 (2, 3) */
-      float mx = mrow[hr];
-      #pragma unroll
-      for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      /* base 2: p = 2^(s c2 - m c2); a row with no key yet (m = -inf) gets p = 0 */
-      const float mc = EDGE && mx == -LOOM_INF ? 0.0f : mx * c2;
-      const float alpha = loom_ex2(__fmaf_rn(mrow[hr], c2, -mc));
-      mrow[hr] = mx;
-      float ps = 0.0f;
-      #pragma unroll
-      for (int j = 0; j < NT; j++)
-        #pragma unroll
-        for (int e = 2 * hr; e < 2 * hr + 2; e++) {
-          s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mc));
-          ps += s[j][e];
-        }
-      lsum[hr] = lsum[hr] * alpha + ps;   /* this thread's part; the quad adds them at the end */
-      #pragma unroll
-      for (int d = 0; d < ND; d++) {
-        o[d][2 * hr] *= alpha;
-        o[d][2 * hr + 1] *= alpha;
-      }
-    }
+    loom_softmax_tile<NT, ND>(s, o, mrow, lsum, c2, EDGE);
     #pragma unroll
     for (int kk = 0; kk < KN; kk++) {
       unsigned hi[4], lo[4];

@@ -316,31 +316,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
         #pragma unroll
         for (int e = 0; e < 4; e++)
           if (n0 + 8 * j + t2 + (e & 1) >= kmax[e >> 1]) s[j][e] = -LOOM_INF;
-    #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {   /* row r0 (elements 0, 1), row r1 (2, 3) */
-      float mx = mrow[hr];
-      #pragma unroll
-      for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[j][2 * hr], s[j][2 * hr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mc = EDGE && mx == -LOOM_INF ? 0.0f : mx * c2;
-      const float alpha = loom_ex2(__fmaf_rn(mrow[hr], c2, -mc));
-      mrow[hr] = mx;
-      float ps = 0.0f;
-      #pragma unroll
-      for (int j = 0; j < NT; j++)
-        #pragma unroll
-        for (int e = 2 * hr; e < 2 * hr + 2; e++) {
-          s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mc));
-          ps += s[j][e];
-        }
-      lsum[hr] = lsum[hr] * alpha + ps;
-      #pragma unroll
-      for (int d = 0; d < ND; d++) {
-        o[d][2 * hr] *= alpha;
-        o[d][2 * hr + 1] *= alpha;
-      }
-    }
+    loom_softmax_tile<NT, ND>(s, o, mrow, lsum, c2, EDGE);
     unsigned hi[KN][4], lo[KN][4];
     #pragma unroll
     for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(s, 2 * kk, hi[kk], lo[kk]);
