@@ -614,6 +614,39 @@ LOOM_DEV void loom_softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&mr
   }
 }
 
+/* The end of a forward for a thread's two rows (r0, r1; rows from T on are not stored): the
+   quad's row sums added, out = o / l, and where Lsave is given the gradient's inputs, L2 (the
+   log-sum-exp in base 2, as loom_attn_bwd_dq_tc's pass 1 has it) and O unrounded in f32.  The
+   one copy for the mma.sync and wgmma forwards. */
+template <class SO, int ND>
+LOOM_DEV void loom_fwd_finish(typename SO::T *out, float *Lsave, float *Osave, const float (&o)[ND][4],
+                              const float (&mrow)[2], const float (&lsum)[2], float c2, int r0, int r1, int T, int b,
+                              int h, long long bh, int t2, long long HD, int D) {
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    float l = lsum[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = hr ? r1 : r0;
+    if (row >= T) continue;
+    const float inv = 1.0f / l;
+    const long long at = ((long long)b * T + row) * HD + (long long)h * D + t2;
+    #pragma unroll
+    for (int d = 0; d < ND; d++) {
+      SO::st(out, at + 8 * d, o[d][2 * hr] * inv);
+      SO::st(out, at + 8 * d + 1, o[d][2 * hr + 1] * inv);
+    }
+    if (Lsave) {
+      if (t2 == 0) Lsave[bh * T + row] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
+      #pragma unroll
+      for (int d = 0; d < ND; d++) {
+        Osave[at + 8 * d] = o[d][2 * hr] * inv;
+        Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
+      }
+    }
+  }
+}
+
 /* Forward on tensor cores (FlashAttention-2's loop), for q, k, v all bf16 or all f16 and D a
    multiple of 16 (at most 128).  4 warps, each owning 16 query rows of the block's 64: its
    Q fragments, scores, P and O in registers.  Tiles of 64 keys stream through shared memory
@@ -765,29 +798,7 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
      through it) */
   const bool save = a.i[8] != 0;
   float *Lsave = (float *)a.buf[4], *Osave = (float *)a.buf[5];
-  #pragma unroll
-  for (int hr = 0; hr < 2; hr++) {
-    float l = lsum[hr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = hr ? r1 : r0;
-    if (row >= T) continue;
-    const float inv = 1.0f / l;
-    const long long at = ((long long)b * T + row) * H * D + (long long)h * D + t2;
-    #pragma unroll
-    for (int d = 0; d < ND; d++) {
-      SO::st(out, at + 8 * d, o[d][2 * hr] * inv);
-      SO::st(out, at + 8 * d + 1, o[d][2 * hr + 1] * inv);
-    }
-    if (save) {   /* for the gradient: L2 as loom_attn_bwd_dq_tc's pass 1 has it, O unrounded */
-      if (t2 == 0) Lsave[(long long)bh * T + row] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
-      #pragma unroll
-      for (int d = 0; d < ND; d++) {
-        Osave[at + 8 * d] = o[d][2 * hr] * inv;
-        Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
-      }
-    }
-  }
+  loom_fwd_finish<SO, ND>(out, save ? Lsave : nullptr, Osave, o, mrow, lsum, c2, r0, r1, T, b, h, bh, t2, H * D, D);
 }
 
 /* Loads for the backward kernels: rows [0, R) of a 16-bit [rows, D] tile (row r at

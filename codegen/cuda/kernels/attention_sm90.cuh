@@ -345,29 +345,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
   const bool save = a.i[8] != 0;
   float *Lsave = (float *)a.buf[4], *Osave = (float *)a.buf[5];
   typename SO::T *out = LOOM_OUT(SO, 3);
-  #pragma unroll
-  for (int hr = 0; hr < 2; hr++) {
-    float l = lsum[hr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = hr ? r1 : r0;
-    if (row >= T) continue;
-    const float inv = 1.0f / l;
-    const long long at = ((long long)b * T + row) * H * D + (long long)h * D + t2;
-    #pragma unroll
-    for (int d = 0; d < ND; d++) {
-      SO::st(out, at + 8 * d, o[d][2 * hr] * inv);
-      SO::st(out, at + 8 * d + 1, o[d][2 * hr + 1] * inv);
-    }
-    if (save) {   /* as loom_attn_fwd_tc saves them */
-      if (t2 == 0) Lsave[(long long)bh * T + row] = l > 0.0f ? mrow[hr] * c2 + log2f(l) : LOOM_INF;
-      #pragma unroll
-      for (int d = 0; d < ND; d++) {
-        Osave[at + 8 * d] = o[d][2 * hr] * inv;
-        Osave[at + 8 * d + 1] = o[d][2 * hr + 1] * inv;
-      }
-    }
-  }
+  loom_fwd_finish<SO, ND>(out, save ? Lsave : nullptr, Osave, o, mrow, lsum, c2, r0, r1, T, b, h, bh, t2, H * D, D);
 #else
   (void)a;
   __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
