@@ -516,8 +516,7 @@ static int report_step(Loop *L, int64_t s, float loss, float norm, double dt, bo
     FILE *mem = open_memstream(&line, &line_n);
     if (!mem) {
       snprintf(err, errlen, "out of memory");
-      rc = 1;
-      return rc;
+      return 1;
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -548,16 +547,14 @@ static int report_step(Loop *L, int64_t s, float loss, float norm, double dt, bo
       if (at >= 0 && ftruncate(fileno(file), at) == 0) clearerr(file);
       snprintf(err, errlen, "%s: cannot write the metrics log (disk full?); it holds the whole lines of the steps before",
                o->metrics_path);
-      rc = 1;
-      return rc;
+      return 1;
     }
   }
   if (!isfinite(loss) || !isfinite(norm)) {
     snprintf(err, errlen, "the %s became %s at step %lld; lower the learning rate (--lr) or check the data",
              isfinite(loss) ? "gradient norm" : "loss", isnan(isfinite(loss) ? norm : loss) ? "nan" : "infinite",
              (long long)(s + 1));
-    rc = 1;
-    return rc;
+    return 1;
   }
   bool last = s + 1 == o->steps, saved = false;
   if (o->save_dir && ((o->save_every > 0 && (s + 1) % o->save_every == 0) || last)) {

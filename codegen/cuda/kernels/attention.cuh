@@ -577,6 +577,27 @@ LOOM_DEV void loom_frag_split(const float (*acc)[4], int j0, unsigned hi[4], uns
   loom_split2<BF>(acc[j0 + 1][2], acc[j0 + 1][3], hi[3], lo[3]);
 }
 
+/* The end of a dk dv kernel for a thread's two keys (k0, k1; keys from S on are not stored):
+   dK and dV stored.  The one copy for the mma.sync and wgmma kernels. */
+template <class SDK, class SDV, int ND>
+LOOM_DEV void loom_kv_grads_store(typename SDK::T *dk, typename SDV::T *dv, const float (&dK)[ND][4],
+                                  const float (&dV)[ND][4], int k0, int k1, int S, int b, int kvh, int t2, long long KVD,
+                                  int D) {
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int key = hr ? k1 : k0;
+    if (key >= S) continue;
+    const long long at = ((long long)b * S + key) * KVD + (long long)kvh * D + t2;
+    #pragma unroll
+    for (int d = 0; d < ND; d++)
+      #pragma unroll
+      for (int e = 0; e < 2; e++) {
+        SDK::st(dk, at + 8 * d + e, dK[d][2 * hr + e]);
+        SDV::st(dv, at + 8 * d + e, dV[d][2 * hr + e]);
+      }
+  }
+}
+
 /* The online softmax of one tile for a thread's two rows of an m16n8 accumulator layout (row
    r0: elements 0 and 1 of each 8-key group j, r1: 2 and 3; a quad's 4 threads hold a row's
    keys): the running max over the quad, s turned into p = 2^(s c2 - m c2) (base 2; where
@@ -1179,17 +1200,5 @@ LOOM_DEV void loom_attn_bwd_dkdv_tc(const LoomArgs &a) {
     __syncthreads();
   }
   loom_cp_wait<0>();   /* no copy in flight at exit (no query tile: K and V's) */
-  #pragma unroll
-  for (int hr = 0; hr < 2; hr++) {
-    const int key = hr ? k1 : k0;
-    if (key >= S) continue;
-    const long long at = ((long long)b * S + key) * KV * D + (long long)kvh * D + t2;
-    #pragma unroll
-    for (int d = 0; d < ND; d++)
-      #pragma unroll
-      for (int e = 0; e < 2; e++) {
-        SDK::st(dk, at + 8 * d + e, dK[d][2 * hr + e]);
-        SDV::st(dv, at + 8 * d + e, dV[d][2 * hr + e]);
-      }
-  }
+  loom_kv_grads_store<SDK, SDV, ND>(dk, dv, dK, dV, k0, k1, S, b, kvh, t2, (long long)KV * D, D);
 }

@@ -499,19 +499,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
   }
   typename SDK::T *dk = LOOM_OUT(SDK, 6);
   typename SDV::T *dv = LOOM_OUT(SDV, 7);
-  #pragma unroll
-  for (int hr = 0; hr < 2; hr++) {
-    const int key = hr ? k1 : k0;
-    if (key >= S) continue;
-    const long long at = ((long long)b * S + key) * KV * D + (long long)kvh * D + t2;
-    #pragma unroll
-    for (int d = 0; d < ND; d++)
-      #pragma unroll
-      for (int e = 0; e < 2; e++) {
-        SDK::st(dk, at + 8 * d + e, dK[d][2 * hr + e]);
-        SDV::st(dv, at + 8 * d + e, dV[d][2 * hr + e]);
-      }
-  }
+  loom_kv_grads_store<SDK, SDV, ND>(dk, dv, dK, dV, k0, k1, S, b, kvh, t2, (long long)KV * D, D);
 #else
   (void)a;
   __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
