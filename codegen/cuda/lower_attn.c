@@ -135,12 +135,28 @@ static int lse_reader(Lower *L, int i) {
 
 /* LOOM_CUDA_WGMMA=1: the forward and the dk dv kernel on Hopper's warpgroup MMA
    (kernels/attention_sm90.cuh), for tensor-core attention at head size 64 or 128 without a
-   sliding window (dq keeps the mma.sync kernel).  Opt-in, for sm_90a
+   sliding window (dq keeps the mma.sync kernel), their tiles copied by tensor maps
+   (wgmma_tmaps).  Opt-in, for sm_90a
    devices only (the lowering does not see the device; elsewhere the kernel traps): its
    shared-memory layouts are checked against the emulated device's reading of the PTX ISA, not
    yet on a GPU (tests/gpu/OWED.md). */
 static bool wgmma_forward(int64_t D, int64_t window, int64_t T, int64_t S) {
   return cl_env_on("LOOM_CUDA_WGMMA") && (D == 64 || D == 128) && (window <= 0 || window >= T + S);
+}
+
+/* The wgmma kernels copy their tiles with tensor maps (program.h's RT_TMAP_INT): map m is
+   buffer m, [batch][rows][heads][D] (q and dout: T rows of H heads; k and v: S of KV), in
+   boxes of `box` rows of one head, 64 columns a copy. */
+static void wgmma_tmaps(RtStep *st, int n, const int64_t box[]) {
+  const int64_t B = st->i[0], T = st->i[1], H = st->i[2], D = st->i[3], S = st->i[4], KV = st->i[5];
+  st->i[RT_TMAP_INT] = n;
+  for (int m = 0; m < n; m++) {
+    /* the forward's q k v, or the dk dv kernel's dout q k v */
+    const bool kv = n == 3 ? m > 0 : m > 1;
+    int64_t *f = &st->i[RT_TMAP_INT + 1 + RT_TMAP_FIELDS * m];
+    const int64_t fields[RT_TMAP_FIELDS] = {m, D, kv ? KV : H, kv ? S : T, B, box[m]};
+    memcpy(f, fields, sizeof fields);
+  }
 }
 
 /* attention: one step, q k v -> out [L2 O].  i: B, T, H, D, S, KV, causal, window[, save];  f: scale */
@@ -182,7 +198,10 @@ static int lower_attention_fwd(Lower *L, Steps *s) {
       size_t n = strlen(st->label);
       snprintf(st->label + n, sizeof st->label - n, " (+ L2, O for the gradient)");
     }
-    if (wg) return cl_instantiate(L, st, "attn_fwd_wg", "loom_attn_fwd_wg", IDX(0, 1, 2, 3), extra, suffix, 384);
+    if (wg) {
+      wgmma_tmaps(st, 3, (const int64_t[]){128, 64, 64});
+      return cl_instantiate(L, st, "attn_fwd_wg", "loom_attn_fwd_wg", IDX(0, 1, 2, 3), extra, suffix, 384);
+    }
     return cl_instantiate(L, st, "attn_fwd_tc", "loom_attn_fwd_tc", IDX(0, 1, 2, 3), extra, suffix, 128);
   }
   return cl_instantiate(L, st, "attn_fwd", "loom_attn_fwd", IDX(0, 1, 2, 3), extra, suffix, 128);
@@ -250,6 +269,7 @@ static int lower_attention_grad(Lower *L, Steps *s) {
     st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
     size_t n = strlen(st->label);
     snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
+    wgmma_tmaps(st, 4, (const int64_t[]){64, 64, 64, 64});
     return cl_instantiate(L, st, "attn_dkdv_wg", "loom_attn_bwd_dkdv_wg", IDX(0, 1, 2, 3, 6, 7), extra, suffix, 256);
   }
   if (tc) {

@@ -171,12 +171,18 @@ static int add_symbol(Lower *L, const char *name, const char *text) {
   return L->n_names++;
 }
 
-/* A builtin kernel: an extern "C" wrapper of a prelude template. */
-int cl_builtin_symbol(Lower *L, const char *name, int max_threads, const char *call) {
+/* A builtin kernel: an extern "C" wrapper of a prelude template.  With tmaps, the kernel
+   also takes the step's tensor maps (program.h's RT_TMAP_INT), as a parameter in parameter
+   space (__grid_constant__: the tensor copies read them there), and the template (a, t). */
+static int builtin_symbol(Lower *L, const char *name, int max_threads, const char *call, bool tmaps) {
   int i = find_symbol(L, name);
   if (i >= 0) return i;
   Str t = {0};
-  str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a) { %s(a); }\n", max_threads, name, call);
+  if (tmaps)
+    str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a, const __grid_constant__ LoomTmaps t) "
+                "{ %s(a, t); }\nLOOM_TMAP_KERNEL(%s)\n", max_threads, name, call, name);
+  else
+    str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a) { %s(a); }\n", max_threads, name, call);
   if (t.oom) {
     cl_fail(L, "out of memory");
     return -1;
@@ -184,6 +190,10 @@ int cl_builtin_symbol(Lower *L, const char *name, int max_threads, const char *c
   i = add_symbol(L, name, t.s);
   str_free(&t);
   return i;
+}
+
+int cl_builtin_symbol(Lower *L, const char *name, int max_threads, const char *call) {
+  return builtin_symbol(L, name, max_threads, call, false);
 }
 
 static uint64_t fnv(const char *s) {
@@ -383,7 +393,8 @@ static void structs(const RtStep *st, const int *idx, char *out, size_t cap) {
 }
 
 /* Instantiates template `tmpl` on the storage of bufs idx[] (+ extra template arguments) as
-   kernel "loom_<base>_<letters><suffix>", sets st->which. */
+   kernel "loom_<base>_<letters><suffix>", sets st->which.  A step with tensor maps
+   (i[RT_TMAP_INT] > 0, set before) gets the wrapper that takes them. */
 int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, const int *idx, const char *extra,
                        const char *suffix, int max_threads) {
   char lt[RT_MAX_BUFS + 1], ss[512], name[96], call[700];
@@ -392,7 +403,7 @@ int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, con
   snprintf(name, sizeof name, "loom_%s_%s%s", base, lt, suffix);
   snprintf(call, sizeof call, "%s<%s%s%s>", tmpl, ss, extra && *extra ? ", " : "", extra ? extra : "");
   if (strlen(name) >= KNAME) return cl_fail(L, "internal error: kernel name %s too long", name);
-  st->which = cl_builtin_symbol(L, name, max_threads, call);
+  st->which = builtin_symbol(L, name, max_threads, call, st->i[RT_TMAP_INT] > 0);
   return st->which < 0 ? IR_EINPUT : 0;
 }
 

@@ -148,6 +148,8 @@ static void load_driver_locked(void) {
   }
   int v = 0;
   if (drv.cuDriverGetVersion(&v) == CUDA_SUCCESS) drv.driver_version = v;
+  dlerror();
+  drv.cuTensorMapEncodeTiled = (__typeof__(drv.cuTensorMapEncodeTiled))dlsym(drv_state.handle, "cuTensorMapEncodeTiled");
   drv_state.ok = true;
 }
 

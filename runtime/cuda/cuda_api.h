@@ -103,6 +103,9 @@ void cuda_api_unload(void);
 typedef struct {
   LOOM_CU_FUNCS(LOOM_API_FIELD)
   int driver_version;
+  /* optional (NULL when the driver lacks it): the tensor maps of sm_90's TMA (CUDA 12.0+),
+     which only the programs that copy by them need (runtime/cuda/cuda_tmap.c) */
+  __typeof__(&cuTensorMapEncodeTiled) cuTensorMapEncodeTiled;
 } CudaDriverApi;
 typedef struct {
   LOOM_LT_FUNCS(LOOM_API_FIELD)

@@ -6,6 +6,7 @@
 #include "runtime/fail.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/cuda/nvrtc.h"
+#include "runtime/cuda/cuda_tmap.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -280,7 +281,7 @@ static int check_step(void *ctx, const RtProgram *p, const RtStep *st, char *msg
         st->grid[2] > 65535 || st->block[2] > 64)
       return rt_fail(msg, n, 2, "bad launch dimensions grid %ux%ux%u block %ux%ux%u", st->grid[0], st->grid[1],
                   st->grid[2], st->block[0], st->block[1], st->block[2]);
-    return 0;
+    return cuda_tmap_check(st, msg, n);
   }
   case RT_STEP_GEMM: return check_gemm(st, msg, n);
   case RT_STEP_BUILTIN: return cuda_mesh_step_ok(st, msg, n) ? 0 : 2;
@@ -537,6 +538,7 @@ int cuda_program_init_opts(CudaProgram *cp, const RtProgram *p, const void *imag
      function keeps anything in its arena from one call to the next. */
   if (!rc && (rc = dev_alloc(cp, &cp->arena, plan.max_arena, "the arena", err, errlen)) == 0)
     cp->mem.arenas = cp->mem.max_arena = plan.max_arena;
+  if (!rc) rc = cuda_tmaps_build(cp, err, errlen);   /* the addresses are fixed from here on */
   if (!rc && plan.workspace > 0) {
     const CublasLtApi *l = cuda_cublaslt(err, errlen);
     cublasLtHandle_t h = NULL;
@@ -608,6 +610,7 @@ void cuda_program_free(CudaProgram *cp) {
     free(cp->plans[f]);
   }
   free(cp->plans);
+  cuda_tmaps_free(cp);
   if (d && cp->ctx) {
     if (l && cp->lt) l->cublasLtDestroy((cublasLtHandle_t)cp->lt);
     if (cp->arena) d->cuMemFree((CUdeviceptr)cp->arena);
@@ -672,7 +675,7 @@ static int launch(CudaProgram *cp, int f, int s, const char *where, char *err, s
   CudaLoomArgs args;
   cuda_pack_args(st, base, &args);
   if (st->coord_at && st->coord_at <= RT_MAX_INTS && st->coord_axis < 5) args.i[st->coord_at - 1] = cp->coord[st->coord_axis];
-  void *params[1] = {&args};
+  void *params[2] = {&args, (void *)cuda_tmaps_of(cp, f, s)};   /* the second for a kernel that takes tensor maps */
   return CU(cuLaunchKernel,
             ((CUfunction)cp->fns[st->which], st->grid[0], st->grid[1], st->grid[2], st->block[0], st->block[1],
              st->block[2], st->smem, (CUstream)cp->stream, params, NULL),

@@ -8,7 +8,9 @@
  * and a cuBLASLt plan (descriptors, layouts, heuristic's algorithm) per GEMM step, made once
  * at init.  Memory starts zeroed.  Steps run in order on the stream:
  *   RT_STEP_KERNEL  cuLaunchKernel of kernel `which` with one parameter, a LoomArgs filled
- *                   from the step (cuda_pack_args), with the step's grid, block and smem;
+ *                   from the step (cuda_pack_args), with the step's grid, block and smem
+ *                   (and a second, its tensor maps, for a step with i[RT_TMAP_INT] > 0:
+ *                   encoded once at init, cuda_tmap.h);
  *   RT_STEP_GEMM    cublasLtMatmul, C[b] = op(A[b]) op(B[b]), row-major through the
  *                   transpose trick (cuda_gemm_layout), batched with strides (a stride of 0
  *                   shares the operand); operands in their storage: f32 x f32 -> f32
@@ -136,6 +138,7 @@ typedef struct {
   uint64_t arena;          /* the arena every function shares (their calls never overlap) */
   uint64_t workspace;
   CudaGemmPlan ***plans;   /* [func][step], NULL for non-GEMM steps */
+  unsigned char ***tmaps;  /* [func][step]: a step's LoomTmaps (cuda_tmap.h), NULL where none */
   int gemm_shapes, gemm_timed, gemm_cached;   /* GEMM shapes with several candidates; timed now; read from the cache */
   RtStorage *gstorage;     /* [p->n_globals] */
   unsigned char *staging;  /* host bytes for args / rets conversions */

@@ -31,13 +31,34 @@ static float from16(u16 h, bool bf) { return bf ? loom_bf16_to_f32(h) : loom_f16
 
 template <class S, int D>
 static void fwd_tc(LoomArgs a) { loom_attn_fwd_tc<S, S, S, loom_sf32, D>(a); }
+/* The Hopper kernels' tensor maps, as the runtime encodes them from lower_attn.c's fields
+   (program.h's RT_TMAP_INT; runtime/cuda/cuda_tmap.c): map m of buffer m, [B][rows][heads][D]
+   16-bit, a box of {64, 1, box rows, 1}, the 128-byte swizzle, zeros out of bounds; through
+   the emulator's cuTensorMapEncodeTiled (emu_tmap.h), which checks them as the driver would. */
+static LoomTmaps fwd_maps, kv_maps;
+static int encode_maps(LoomTmaps *t, const LoomArgs &a, int n, const int *box, bool bf) {
+  memset(t, 0, sizeof *t);
+  const long long B = a.i[0], T = a.i[1], H = a.i[2], D = a.i[3], S = a.i[4], KV = a.i[5];
+  for (int m = 0; m < n; m++) {
+    const bool kv = n == 3 ? m > 0 : m > 1;
+    const uint64_t dim[4] = {(uint64_t)D, (uint64_t)(kv ? KV : H), (uint64_t)(kv ? S : T), (uint64_t)B};
+    const uint64_t stride[3] = {dim[0] * 2, dim[0] * dim[1] * 2, dim[0] * dim[1] * dim[2] * 2};
+    const uint32_t bx[4] = {64, 1, (uint32_t)box[m], 1}, es[4] = {1, 1, 1, 1};
+    char why[200];
+    if (loom_emu_tmap_encode(&t->m[m], bf ? 9 : 6, 4, a.buf[m], dim, stride, bx, es, 0, 3, 3, 0, why, sizeof why)) {
+      printf("FAIL tensor map %d: %s\n", m, why);
+      return 1;
+    }
+  }
+  return 0;
+}
 template <class S, int D>
 static void fwd_wg(LoomArgs a) {
-  if constexpr (D == 64 || D == 128) loom_attn_fwd_wg<S, S, S, loom_sf32, D>(a);
+  if constexpr (D == 64 || D == 128) loom_attn_fwd_wg<S, S, S, loom_sf32, D>(a, fwd_maps);
 }
 template <class S, int D>
 static void dkdv_wg(LoomArgs a) {
-  if constexpr (D == 64 || D == 128) loom_attn_bwd_dkdv_wg<S, S, S, S, loom_sf32, loom_sf32, D>(a);
+  if constexpr (D == 64 || D == 128) loom_attn_bwd_dkdv_wg<S, S, S, S, loom_sf32, loom_sf32, D>(a, kv_maps);
 }
 template <class S, int D>
 static void fwd(LoomArgs a) { loom_attn_fwd<S, S, S, loom_sf32, D>(a); }
@@ -65,6 +86,8 @@ template <class S, int D>
 static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs *kv, bool wgmma = false) {
   const unsigned bh = (unsigned)(c.B * c.H), tq = (unsigned)((c.T + 63) / 64), L1 = D + 1, L8 = D + 8;
   const unsigned bn = D <= 64 ? 64 : 32;
+  static const int fbox[3] = {128, 64, 64}, kbox[4] = {64, 64, 64, 64};
+  if (wgmma && (encode_maps(&fwd_maps, *f, 3, fbox, c.bf16) || encode_maps(&kv_maps, *kv, 4, kbox, c.bf16))) return 1;
   if (tcore)
     return (wgmma ? launch(fwd_wg<S, D>, f, bh, (unsigned)((c.T + 127) / 128), 1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40,
                            "wgmma forward", 384)
@@ -212,6 +235,49 @@ static int run(const Case &c, int mode) {
   return ok ? 0 : 1;
 }
 
+/* The emulator's cuTensorMapEncodeTiled refuses what the driver API's documentation rules
+   out (and what it does not model): each of these must fail, and the good one pass. */
+static int tmap_refusals() {
+  static unsigned short buf[64 * 64 * 4] __attribute__((aligned(64)));
+  alignas(64) unsigned char map[129];
+  const uint64_t dim[4] = {64, 2, 64, 2}, st[3] = {128, 256, 256 * 64};
+  const uint32_t box[4] = {64, 1, 64, 1}, es[4] = {1, 1, 1, 1};
+  struct Bad {
+    const char *what;
+    void *map;
+    const void *addr;
+    uint64_t st0, dim0;
+    uint32_t box0, box2, es1;
+    int swizzle;
+  } bad[] = {
+      {"the good one", map, buf, 128, 64, 64, 64, 1, 3},
+      {"map not 64-byte aligned", map + 1, buf, 128, 64, 64, 64, 1, 3},
+      {"address not 16-byte aligned", map, (const char *)buf + 8, 128, 64, 64, 64, 1, 3},
+      {"stride not a multiple of 16", map, buf, 136, 64, 64, 64, 1, 3},
+      {"stride under the row", map, buf, 112, 64, 64, 64, 1, 3},
+      {"box dim over 256", map, buf, 128, 64, 64, 257, 1, 3},
+      {"inner box over the 128-byte swizzle", map, buf, 256, 128, 128, 64, 1, 3},
+      {"inner box not a multiple of 16 bytes", map, buf, 128, 64, 4, 64, 1, 0},
+      {"element stride 9", map, buf, 128, 64, 64, 64, 9, 3},
+      {"a zero dim", map, buf, 128, 0, 64, 64, 1, 3},
+  };
+  int failed = 0;
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    const Bad &b = bad[i];
+    uint64_t d[4] = {b.dim0, dim[1], dim[2], dim[3]}, s[3] = {b.st0, st[1], st[2]};
+    uint32_t bx[4] = {b.box0, box[1], b.box2, box[3]}, e[4] = {es[0], b.es1, es[2], es[3]};
+    char why[200] = "";
+    const int rc = loom_emu_tmap_encode(b.map, 9, 4, b.addr, d, s, bx, e, 0, b.swizzle, 0, 0, why, sizeof why);
+    if (rc != (i > 0)) {
+      printf("FAIL cuTensorMapEncodeTiled, %s: %s\n", b.what, rc ? why : "accepted");
+      failed++;
+    }
+  }
+  printf("%s cuTensorMapEncodeTiled (emulated): %zu bad arguments refused, the good ones accepted\n", failed ? "FAIL" : "ok  ",
+         sizeof bad / sizeof *bad - 1);
+  return failed;
+}
+
 int main() {
   const Case cases[] = {
       {1, 130, 4, 2, 64, 130, true, true},    /* 3 query tiles, the last partial; GQA */
@@ -224,8 +290,10 @@ int main() {
       {1, 200, 2, 1, 64, 200, true, true, 40},   /* window 40: key tiles before it and query tiles past it skipped */
       {1, 130, 4, 2, 16, 130, true, true, 1},    /* window 1: each query sees only itself */
       {1, 150, 2, 2, 128, 150, true, false, 70}, /* f16, D 128 (32-row tiles), a window across tiles */
+      {2, 100, 6, 2, 128, 100, true, false},    /* wgmma's tensor maps: batch 2, 3 query heads a kv head, one
+                                                   partial tile each way (zero fill), f16, D 128 (two copies a tile) */
   };
-  int failed = 0;
+  int failed = tmap_refusals();
   /* LOOM_ATTN_SPLIT 0 changes the tensor-core kernels only: that build skips mode 0, whose
      CUDA-core kernels the default build has checked */
   for (const Case &c : cases) {

@@ -39,6 +39,10 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __restrict__ __restrict
+#define __grid_constant__
+/* after the wrapper of a kernel whose second parameter is its tensor maps (LoomTmaps,
+   kernels/attention_sm90.cuh): a symbol by which the fake driver knows to pass them */
+#define LOOM_TMAP_KERNEL(name) extern "C" __attribute__((visibility("default"))) const int name##_loom_tmaps = 1;
 
 struct LoomEmuDim3 {
   unsigned x, y, z;

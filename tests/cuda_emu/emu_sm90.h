@@ -20,6 +20,19 @@
  *                      reads before waiting reads the 0xff fill.  A block that ends with a
  *                      copy in flight fails.  With bulk_eager set it lands at once instead:
  *                      a producer that refills a stage its consumers still read shows.
+ *   cp.async.bulk.tensor  global -> shared from a tensor map (emu_tmap.h: what the fake
+ *                      driver's cuTensorMapEncodeTiled encoded, checked as the driver API
+ *                      documents it), tile mode, complete_tx on an mbarrier: the
+ *                      instruction's dimensionality must be the map's rank; the destination
+ *                      128-byte aligned (1024 with the 128-byte swizzle: the pattern's
+ *                      repeat) and inside dynamic shared memory.  The box lands packed,
+ *                      innermost dimension first, each 16-byte unit's address bits [4, 7)
+ *                      XORed with bits [7, 10) (128B; 64B and 32B: the low 2 and 1 of
+ *                      them), the wgmma descriptors' swizzle; an element whose coordinate
+ *                      is outside the tensor (negative too) lands as zeros (NaN with the
+ *                      map's NaN fill); complete_tx counts the whole box's bytes.  Landing
+ *                      as cp.async.bulk's (late, or at once with bulk_eager); the map is
+ *                      read when the copy is issued.
  *   wgmma              fence / commit_group / wait_group N / mma_async m64nNk16 f32 +=
  *                      {bf16,f16}: a warpgroup-wide operation (the 128 threads of the 4
  *                      aligned warps arrive; one that exited is an error).  A and B from
@@ -43,6 +56,8 @@
 #ifndef LOOM_CUDA_EMU_SM90_H
 #define LOOM_CUDA_EMU_SM90_H
 
+#include "emu_tmap.h"
+
 namespace loom_emu {
 
 struct Mbar {
@@ -53,6 +68,9 @@ struct Mbar {
 struct BulkCopy {
   unsigned dst, bar, bytes;
   const void *src;
+  int tensor;          /* cp.async.bulk.tensor: the map and the box's first coordinates */
+  int c[5];
+  LoomEmuTmap map;
 };
 struct WgPending {   /* an mma_async's result for one thread, until its group retires */
   float *d;
@@ -120,6 +138,35 @@ static void bar_check_phase(Mbar *b) {
   }
 }
 
+/* a tensor copy's box into shared memory (the map and coordinates checked when issued) */
+static void tensor_land(const BulkCopy &c) {
+  const LoomEmuTmap &m = c.map;
+  const unsigned es = m.elem;
+  unsigned n[5] = {1, 1, 1, 1, 1};   /* elements traversed per dim */
+  for (int d = 0; d < m.rank; d++) n[d] = d == 0 ? m.box[0] : (m.box[d] + m.estride[d] - 1) / m.estride[d];
+  unsigned char *base = smem_at(c.dst, c.bytes, "cp.async.bulk.tensor");
+  unsigned off = 0;
+  for (unsigned i4 = 0; i4 < n[4]; i4++)
+    for (unsigned i3 = 0; i3 < n[3]; i3++)
+      for (unsigned i2 = 0; i2 < n[2]; i2++)
+        for (unsigned i1 = 0; i1 < n[1]; i1++)
+          for (unsigned i0 = 0; i0 < n[0]; i0++, off += es) {
+            const unsigned idx[5] = {i0, i1, i2, i3, i4};
+            bool in = true;
+            unsigned long long at = m.addr;
+            for (int d = 0; d < m.rank; d++) {
+              const long long g = (long long)c.c[d] + (long long)idx[d] * (d ? m.estride[d] : 1);
+              if (g < 0 || (unsigned long long)g >= m.dim[d]) in = false;
+              else at += (unsigned long long)g * (d ? m.stride[d - 1] : es);
+            }
+            unsigned a = c.dst + off;
+            if (m.swizzle_bytes) a ^= ((a >> 7) & (m.swizzle_bytes / 16 - 1)) << 4;
+            unsigned char *p = base + (a - c.dst);
+            if (in) memcpy(p, (const void *)(uintptr_t)at, es);
+            else memset(p, m.oob_nan ? 0xff : 0, es);
+          }
+}
+
 /* the copies that signal mbarrier addr land: data, then complete_tx */
 static void land_copies(unsigned addr) {
   int k = 0;
@@ -129,7 +176,8 @@ static void land_copies(unsigned addr) {
       copies[k++] = c;
       continue;
     }
-    memcpy(smem_at(c.dst, c.bytes, "cp.async.bulk"), c.src, c.bytes);
+    if (c.tensor) tensor_land(c);
+    else memcpy(smem_at(c.dst, c.bytes, "cp.async.bulk"), c.src, c.bytes);
     Mbar *b = bar_at(c.bar, "cp.async.bulk's complete_tx");
     if (b) {
       b->tx -= (int)c.bytes;
@@ -277,7 +325,50 @@ static inline void loom_emu_bulk_copy(unsigned dst, const void *src, unsigned by
     fail("%s: more copies in flight than the emulator holds", "cp.async.bulk");
     return;
   }
-  copies[n_copies++] = BulkCopy{dst, bar, bytes, src};
+  BulkCopy &c = copies[n_copies++];
+  c.dst = dst, c.bar = bar, c.bytes = bytes, c.src = src, c.tensor = 0;
+  if (bulk_eager) land_copies(bar);
+}
+
+/* cp.async.bulk.tensor.<nc>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes */
+static inline void loom_emu_tensor_copy(unsigned dst, const void *map, const int *coord, int nc, unsigned bar) {
+  using namespace loom_emu;
+  const char *what = "cp.async.bulk.tensor";
+  if (!copies) copies = (BulkCopy *)malloc(sizeof(BulkCopy) * MAX_COPIES);
+  LoomEmuTmap m;
+  if ((uintptr_t)map % 64) {
+    fail("%s: the tensor map's address is not 64-byte aligned", what);
+    return;
+  }
+  memcpy(&m, map, sizeof m);
+  if (m.magic != LOOM_EMU_TMAP_MAGIC) {
+    fail("%s: not a tensor map (cuTensorMapEncodeTiled did not write these 128 bytes)", what);
+    return;
+  }
+  if (m.rank != nc) {
+    char msg[120];
+    snprintf(msg, sizeof msg, "%s.%dd on a tensor map of rank %d", what, nc, (int)m.rank);
+    fail("%s", msg);
+    return;
+  }
+  const unsigned align = m.swizzle_bytes == 128 ? 1024 : 128;
+  if (dst % align) {
+    char msg[120];
+    snprintf(msg, sizeof msg, "%s: shared destination %#x not %u-byte aligned", what, dst, align);
+    fail("%s", msg);
+    return;
+  }
+  unsigned long long bytes = m.elem;
+  for (int d = 0; d < m.rank; d++) bytes *= d == 0 ? m.box[0] : (m.box[d] + m.estride[d] - 1) / m.estride[d];
+  smem_at(dst, (unsigned)bytes, "cp.async.bulk.tensor destination");
+  if (!bar_at(bar, "cp.async.bulk.tensor's mbarrier")) return;
+  if (n_copies == MAX_COPIES) {
+    fail("%s: more copies in flight than the emulator holds", what);
+    return;
+  }
+  BulkCopy &c = copies[n_copies++];
+  c.dst = dst, c.bar = bar, c.bytes = (unsigned)bytes, c.src = NULL, c.tensor = 1, c.map = m;
+  for (int d = 0; d < 5; d++) c.c[d] = d < nc ? coord[d] : 0;
   if (bulk_eager) land_copies(bar);
 }
 

@@ -34,17 +34,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "emu_tmap.h"
+
 #define TOTAL_MEM (80ull << 30)
 #define SMEM_OPTIN 232448
 #define SMEM_DEFAULT 49152
 
 typedef int (*LaunchFn)(void *fn, void *arg, const unsigned grid[3], const unsigned block[3], unsigned smem, char *err,
                         size_t errlen);
+typedef int (*LaunchMapsFn)(void *fn, void *arg, const void *maps, const unsigned grid[3], const unsigned block[3],
+                            unsigned smem, char *err, size_t errlen);
 
 typedef struct Function Function;
 typedef struct {
   void *lib;
   LaunchFn launch;
+  LaunchMapsFn launch_maps;   /* kernels that take tensor maps (emu_tail.h) */
   Function *functions;   /* freed with the module */
 } Module;
 
@@ -53,6 +58,7 @@ struct Function {
   Module *mod;
   void *fn;
   int max_dynamic_smem;
+  int tmaps;   /* a second parameter: LoomTmaps (the module's NAME_loom_tmaps symbol, emu.h) */
   char name[128];
 };
 
@@ -64,6 +70,8 @@ typedef struct {
 /* Every loom kernel takes one parameter, the LoomArgs of runtime/cuda/cuda_exec.h
    (CudaLoomArgs: 16 pointers, 40 long longs, 4 doubles); a captured launch keeps a copy. */
 #define LOOM_ARGS_BYTES 480
+/* A kernel marked LOOM_TMAP_KERNEL takes a second: LoomTmaps, four 128-byte tensor maps */
+#define LOOM_TMAPS_BYTES 512
 
 typedef enum { NODE_KERNEL, NODE_MEMSET, NODE_HOST, NODE_COPY } NodeKind;
 typedef struct {
@@ -71,6 +79,7 @@ typedef struct {
   Function *f;
   unsigned grid[3], block[3], smem;
   unsigned char args[LOOM_ARGS_BYTES];
+  _Alignas(64) unsigned char maps[LOOM_TMAPS_BYTES];
   CUdeviceptr dst, src;   /* src: NODE_COPY's */
   unsigned char value;
   size_t n;
@@ -734,6 +743,7 @@ CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, CUjit_op
   if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
   mod->lib = lib;
   mod->launch = launch;
+  mod->launch_maps = (LaunchMapsFn)dlsym(lib, "loom_emu_launch_tmaps");
   *m = (CUmodule)mod;
   return CUDA_SUCCESS;
 }
@@ -765,6 +775,9 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   fu->fn = fn;
   fu->max_dynamic_smem = SMEM_DEFAULT;
   snprintf(fu->name, sizeof fu->name, "%s", name);
+  char mark[200];
+  snprintf(mark, sizeof mark, "%s_loom_tmaps", name);
+  fu->tmaps = dlsym(mod->lib, mark) != NULL && mod->launch_maps;
   *f = (CUfunction)fu;
   return CUDA_SUCCESS;
 }
@@ -788,12 +801,14 @@ CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
   return CUDA_SUCCESS;
 }
 
-static CUresult run_kernel(Function *fu, const unsigned grid[3], const unsigned block[3], unsigned smem, void *arg) {
+static CUresult run_kernel(Function *fu, const unsigned grid[3], const unsigned block[3], unsigned smem, void *arg,
+                           const void *maps) {
   pthread_mutex_lock(&mu);
   CUresult r = sticky;
   if (r == CUDA_SUCCESS) {
     char err[700] = "";
-    if (fu->mod->launch(fu->fn, arg, grid, block, smem, err, sizeof err)) {
+    if (fu->tmaps ? fu->mod->launch_maps(fu->fn, arg, maps, grid, block, smem, err, sizeof err)
+                  : fu->mod->launch(fu->fn, arg, grid, block, smem, err, sizeof err)) {
       fprintf(stderr, "loom-emu: kernel %s: %s\n", fu->name, err);
       r = sticky = CUDA_ERROR_LAUNCH_FAILED;
     }
@@ -806,7 +821,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
                         unsigned smem, CUstream s, void **params, void **extra) {
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
   Function *fu = (Function *)f;
-  if (extra || !params || !params[0]) return CUDA_ERROR_INVALID_VALUE;
+  if (extra || !params || !params[0] || (fu->tmaps && !params[1])) return CUDA_ERROR_INVALID_VALUE;
   if (!gx || !gy || !gz || !bx || !by || !bz || gx > 0x7fffffffu || gy > 65535 || gz > 65535 || bx > 1024 || by > 1024 ||
       bz > 64 || (unsigned long long)bx * by * bz > 1024) {
     fprintf(stderr, "loom-emu: %s launched with grid (%u,%u,%u) block (%u,%u,%u): out of the device's limits\n", fu->name,
@@ -827,10 +842,11 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
     memcpy(nd->block, block, sizeof block);
     nd->smem = smem;
     memcpy(nd->args, params[0], LOOM_ARGS_BYTES);
+    if (fu->tmaps) memcpy(nd->maps, params[1], LOOM_TMAPS_BYTES);
     return CUDA_SUCCESS;
   }
   n_direct++;
-  return run_kernel(fu, grid, block, smem, params[0]);
+  return run_kernel(fu, grid, block, smem, params[0], fu->tmaps ? params[1] : NULL);
 }
 
 /* The recorded operations, in order (streams are synchronous). */
@@ -853,7 +869,7 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     case NODE_KERNEL: {
       unsigned char args[LOOM_ARGS_BYTES];   /* the kernel may not change the graph's copy */
       memcpy(args, nd->args, sizeof args);
-      r = run_kernel(nd->f, nd->grid, nd->block, nd->smem, args);
+      r = run_kernel(nd->f, nd->grid, nd->block, nd->smem, args, nd->maps);
       n_replayed++;
       break;
     }
@@ -863,4 +879,24 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     }
   }
   return r;
+}
+
+/* ------------------------------------------------------------------ tensor maps */
+
+/* The emulator's encoding (emu_tmap.h), its arguments checked as the documentation says;
+   a refusal says why on stderr (the driver says only CUDA_ERROR_INVALID_VALUE). */
+CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank,
+                                void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
+                                const cuuint32_t *boxDim, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave,
+                                CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill) {
+  if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  char why[200];
+  _Static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap is 128 bytes");
+  if (loom_emu_tmap_encode(tensorMap, (int)tensorDataType, tensorRank, globalAddress, (const uint64_t *)globalDim,
+                           (const uint64_t *)globalStrides, (const uint32_t *)boxDim, (const uint32_t *)elementStrides,
+                           (int)interleave, (int)swizzle, (int)l2Promotion, (int)oobFill, why, sizeof why)) {
+    fprintf(stderr, "loom-emu: cuTensorMapEncodeTiled: %s\n", why);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
 }

@@ -5,8 +5,8 @@
  * hands back the shared object as the "cubin": an ELF file whose symbol table names the
  * kernels, so loom's checks and its on-disk cache treat it like a cubin.  The fake driver
  * (fake_cuda.c) loads it.  nvrtcVersion says 99.N, so cache entries never mix with real ones,
- * N a checksum of emu.h and emu_tail.h (which are not in the source loom hashes), so an
- * entry compiled by an older emulator is not loaded after they change.
+ * N a checksum of emu.h, emu_tail.h, emu_sm90.h and emu_tmap.h (which are not in the source
+ * loom hashes), so an entry compiled by an older emulator is not loaded after they change.
  *
  * Environment: LOOM_EMU_CXX (default g++), LOOM_EMU_DIR (the directory of emu.h; default
  * the source tree's tests/cuda_emu, set at build time), LOOM_EMU_KEEP=1 keeps the temporary
@@ -49,8 +49,8 @@ static int emu_checksum(void) {
   const char *emu = getenv("LOOM_EMU_DIR");
   if (!emu || !*emu) emu = LOOM_EMU_DIR;
   uint32_t h = 2166136261u;
-  const char *files[] = {"emu.h", "emu_tail.h"};
-  for (int i = 0; i < 2; i++) {
+  const char *files[] = {"emu.h", "emu_tail.h", "emu_sm90.h", "emu_tmap.h"};
+  for (int i = 0; i < 4; i++) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", emu, files[i]);
     FILE *f = fopen(path, "rb");

@@ -1,13 +1,14 @@
 /* ---------------------------------------------------------------- attention on Hopper (sm_90a)
    The FlashAttention-3 layout of the forward (docs/attention.md "Hopper"): warpgroup MMA
    (wgmma.mma_async m64nNk16, f32 accumulators) on operands in shared memory described by
-   matrix descriptors, loads by the bulk-copy engine (cp.async.bulk) completing on mbarriers,
-   and a warp-specialized pipeline: one producer warp copies Q once and K, V tiles into a ring
-   of stages; two consumer warpgroups (64 query rows each) wait for a stage's "full" barrier,
-   run S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers
-   (attention.cuh's, base 2), O += P V (wgmma, P from registers in the accumulator's own
-   layout, V through a transposed descriptor), and arrive on the stage's "empty" barrier,
-   which the producer waits for before it copies the stage again.
+   matrix descriptors, loads by the tensor-copy engine (TMA: cp.async.bulk.tensor from tensor
+   maps) completing on mbarriers, and a warp-specialized pipeline: one producer thread copies
+   Q once and K, V tiles into a ring of stages; two consumer warpgroups (64 query rows each)
+   wait for a stage's "full" barrier, run S = Q K^T (wgmma, both operands in shared memory),
+   the online softmax in registers (attention.cuh's, base 2), O += P V (wgmma, P from
+   registers in the accumulator's own layout, V through a transposed descriptor), and arrive
+   on the stage's "empty" barrier, which the producer waits for before it copies the stage
+   again.
    Opt-in (LOOM_CUDA_WGMMA=1 when lowering, lower_attn.c): the layouts are checked only
    against the emulated device's reading of the PTX ISA (tests/cuda_emu/emu_sm90.h) until a
    GPU runs tests/gpu/OWED.md's check.  Built for an architecture without sm_90a's features
@@ -16,9 +17,28 @@
    Shared memory (from a 1024-byte boundary: the 128-byte swizzle's repeating pattern): Q as
    D / 64 blocks of [128 rows][64 columns], then per stage K and V as D / 64 blocks of [64
    keys][64 columns], then the mbarriers.  A row of a block is 128 bytes; its 16-byte unit u
-   sits at unit u ^ (row % 8) (the 128-byte swizzle, which the descriptors name).  The copies
-   are of 16-byte units (a bulk copy cannot scatter a row into swizzled units; the tensor
-   copies that can, cp.async.bulk.tensor, need tensor maps built by the host: not yet). */
+   sits at unit u ^ (row % 8) (the 128-byte swizzle, which the descriptors name).
+   The copies: one tensor copy per 64-column block of a tile (D 128: two), from a tensor map
+   the runtime built once when it loaded the program (runtime/cuda/cuda_exec.c, from the
+   step's i[RT_TMAP_INT..], program.h): the tensor as [B][rows][heads][D] (dims innermost
+   first {D, heads, rows, B}), a box of {64, 1, tile rows, 1}, the 128-byte swizzle done by
+   the copy engine, and elements past the tensor's end (rows past T or S) filled with zeros
+   (the kernels mask those rows and keys as before).  The maps reach the kernel as its second
+   parameter (const __grid_constant__ LoomTmaps: parameter space, read by the copies through
+   its generic address). */
+
+/* A tensor map: CUtensorMap's 128 opaque bytes, 64-byte aligned (the NVRTC programs do not
+   include cuda.h); a kernel that copies by tensor maps takes four (map k: buffer k's) */
+struct alignas(64) LoomTmap {
+  unsigned long long opaque[16];
+};
+struct LoomTmaps {
+  LoomTmap m[4];
+};
+#ifndef LOOM_TMAP_KERNEL   /* after such a kernel's wrapper (the emulated device marks it) */
+#define LOOM_TMAP_KERNEL(name)
+#endif
+
 #if defined(LOOM_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LOOM_SM90 1
 #else
@@ -76,14 +96,27 @@ LOOM_DEV void loom_mbar_wait(unsigned bar, unsigned parity) {
                  : "memory");
 #endif
 }
-/* bytes (a multiple of 16, both ends 16-byte aligned) global -> shared, completing on bar */
-LOOM_DEV void loom_bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
+/* Tensor copy: the box of map at coordinates (c0 innermost .. c3) global -> shared at dst
+   (1024-byte aligned: the swizzle's pattern starts there), the map's swizzle applied and
+   elements out of the tensor zero, completing on bar with the box's bytes */
+LOOM_DEV void loom_tma_load4(unsigned dst, const LoomTmap *map, int c0, int c1, int c2, int c3, unsigned bar) {
 #if defined(LOOM_EMU)
-  loom_emu_bulk_copy(dst, src, bytes, bar);
+  const int c[4] = {c0, c1, c2, c3};
+  loom_emu_tensor_copy(dst, map, c, 4, bar);
 #elif LOOM_SM90
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#endif
+}
+/* the map into the copy engine's descriptor cache ahead of the first copy */
+LOOM_DEV void loom_tma_prefetch(const LoomTmap *map) {
+#if !defined(LOOM_EMU) && LOOM_SM90
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)map) : "memory");
+#else
+  (void)map;
 #endif
 }
 
@@ -210,28 +243,23 @@ LOOM_DEV void loom_wgmma_rs(float *d, const unsigned a[4], unsigned long long db
 #endif
 }
 
-/* The byte offset of 16-byte unit u of row r in a tile stored as 64-column blocks of blk
-   bytes, rows of 128 bytes, the 128-byte swizzle */
-LOOM_DEV unsigned loom_sw128(int r, int u, unsigned blk) {
-  return (unsigned)(u >> 3) * blk + (unsigned)r * 128u + (unsigned)((u & 7) ^ (r & 7)) * 16u;
-}
-
 /* Forward on wgmma, q k v all bf16 or all f16, D 64 or 128, no sliding window (the lowering
    keeps those on loom_attn_fwd_tc).  Outputs exactly loom_attn_fwd_tc's: out, and with
    i[8] = 1 each row's L2 (base-2 log-sum-exp; +inf for a row with no key) and O in f32 for the
-   one-pass backward.  384 threads: warpgroup 0 the producer (its warp 0 copies; warps 1-3
+   one-pass backward.  384 threads: warpgroup 0 the producer (its thread 0 copies; the rest
    leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
-   and keys past S are copies of the last row (finite: masked keys get p = 0, rows past T are
-   not stored).  Two stages of 64 keys.  P enters P V as attention.cuh's kernels have it (the
+   and keys past S arrive as zeros (the tensor maps' fill: masked keys get p = 0, rows past T
+   are not stored).  Two stages of 64 keys.  P enters P V as attention.cuh's kernels have it (the
    input format, with LOOM_ATTN_SPLIT its remainder too).
    grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 2 stages * 2 * 64*D*2 + 40 bytes.
-   bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale */
+   bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale;
+   t: tensor maps of q k v (box rows 128, 64, 64) */
 template <class SQ, class SK, class SV, class SO, int D>
-LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
+LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
   static_assert(D == 64 || D == 128, "the wgmma forward takes head sizes 64 and 128");
   constexpr bool BF = SQ::is_bf16;
-  constexpr int BM = 128, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 8;
+  constexpr int BM = 128, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 64;
   constexpr unsigned QB = BM * 128, KB = BN * 128, TILE = BN * D * 2;   /* a 64-column block of Q, of a tile; a tile */
   extern __shared__ float loom_smem[];
   const unsigned raw = loom_sm90_smem(loom_smem), sQ = (raw + 1023u) & ~1023u, sKV = sQ + BM * D * 2;
@@ -252,29 +280,23 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
     loom_mbar_init_fence();
   }
   __syncthreads();
-  if (wg == 0) {   /* the producer */
-    if (tid >= 32) return;
-    const int qs = H * D, ks = KV * D;
-    const unsigned short *q = LOOM_IN(SQ, 0) + ((long long)b * T * H + h) * D;
-    const unsigned short *k = LOOM_IN(SK, 1) + ((long long)b * S * KV + kvh) * D;
-    const unsigned short *v = LOOM_IN(SV, 2) + ((long long)b * S * KV + kvh) * D;
-    if (tid == 0) loom_mbar_expect_tx(qbar, BM * D * 2);
-    __syncwarp();
-    for (int c = tid; c < BM * U; c += 32) {
-      const int r = c / U, u = c - r * U, row = m0 + r < T ? m0 + r : T - 1;
-      loom_bulk_load(sQ + loom_sw128(r, u, QB), q + row * qs + 8 * u, 16, qbar);
-    }
+  if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2: q k v as [B][T or S][heads][D]) */
+    if (tid != 0) return;
+    loom_tma_prefetch(&t.m[0]);
+    loom_tma_prefetch(&t.m[1]);
+    loom_tma_prefetch(&t.m[2]);
+    loom_mbar_expect_tx(qbar, BM * D * 2);
+    #pragma unroll
+    for (int c = 0; c < U; c++) loom_tma_load4(sQ + c * QB, &t.m[0], 64 * c, h, m0, b, qbar);
     for (int it = 0; it < nk; it++) {
       const int s = it % ST, n0 = it * BN;
       const unsigned full = sBar + 8 * s, sK = sKV + s * 2 * TILE;
       loom_mbar_wait(sBar + 8 * (ST + s), ((it / ST) & 1) ^ 1);   /* the stage's previous use is done */
-      if (tid == 0) loom_mbar_expect_tx(full, 2 * TILE);
-      __syncwarp();
-      for (int c = tid; c < BN * U; c += 32) {
-        const int r = c / U, u = c - r * U, at = (n0 + r < S ? n0 + r : S - 1) * ks + 8 * u;
-        const unsigned off = loom_sw128(r, u, KB);
-        loom_bulk_load(sK + off, k + at, 16, full);
-        loom_bulk_load(sK + TILE + off, v + at, 16, full);
+      loom_mbar_expect_tx(full, 2 * TILE);
+      #pragma unroll
+      for (int c = 0; c < U; c++) {
+        loom_tma_load4(sK + c * KB, &t.m[1], 64 * c, kvh, n0, b, full);
+        loom_tma_load4(sK + TILE + c * KB, &t.m[2], 64 * c, kvh, n0, b, full);
       }
     }
     return;
@@ -348,12 +370,13 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
   loom_fwd_finish<SO, ND>(out, save ? Lsave : nullptr, Osave, o, mrow, lsum, c2, r0, r1, T, b, h, bh, t2, H * D, D);
 #else
   (void)a;
+  (void)t;
   __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
 #endif
 }
 
 /* Backward part 2 (dk, dv) on wgmma: loom_attn_bwd_dkdv_tc's arithmetic in the forward's
-   pipeline.  256 threads: warpgroup 0 the producer (warp 0 copies K and V of the block's 64
+   pipeline.  256 threads: warpgroup 0 the producer (thread 0 copies K and V of the block's 64
    keys once, then per item, a query head sharing the kv head and a query tile of 64, its Q
    and dO into a ring of two stages), warpgroup 1 the consumer: S^T = K Q^T and dP^T = V dO^T
    (wgmma, all four in shared memory, K-major), P^T = 2^(S^T c2 - L2) and dS^T = P^T (dP^T -
@@ -363,13 +386,14 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
    loom_attn_bwd_dkdv_tc (its query tiles of 32 at D 128 are the same k16 steps).  No window
    (the lowering keeps those on the mma.sync kernel).
    grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + 2 stages * 2*64*D*2 + 40 bytes.
-   bufs: dout q k v L2 Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window (0);  f: scale */
+   bufs: dout q k v L2 Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window (0);  f: scale;
+   t: tensor maps of dout q k v (box rows 64; queries past T and keys past S arrive as zeros) */
 template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
-LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
+LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
   static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
   constexpr bool BF = SQ::is_bf16;
-  constexpr int BN = 64, BM = 64, ST = 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 8;
+  constexpr int BN = 64, BM = 64, ST = 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 64;
   constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
   extern __shared__ float loom_smem[];
   const unsigned raw = loom_sm90_smem(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
@@ -389,31 +413,24 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
     loom_mbar_init_fence();
   }
   __syncthreads();
-  if (wg == 0) {   /* the producer */
-    if (tid >= 32) return;
-    const int qs = H * D, ks = KV * D;
-    const unsigned short *k = LOOM_IN(SK, 2) + ((long long)b * S * KV + kvh) * D;
-    const unsigned short *v = LOOM_IN(SV, 3) + ((long long)b * S * KV + kvh) * D;
-    if (tid == 0) loom_mbar_expect_tx(kvbar, 2 * TILE);
-    __syncwarp();
-    for (int c = tid; c < BN * U; c += 32) {
-      const int r = c / U, u = c - r * U, at = (n0 + r < S ? n0 + r : S - 1) * ks + 8 * u;
-      loom_bulk_load(sK + loom_sw128(r, u, BLK), k + at, 16, kvbar);
-      loom_bulk_load(sV + loom_sw128(r, u, BLK), v + at, 16, kvbar);
+  if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2 3: dout q k v, as the forward's) */
+    if (tid != 0) return;
+    for (int m = 0; m < 4; m++) loom_tma_prefetch(&t.m[m]);
+    loom_mbar_expect_tx(kvbar, 2 * TILE);
+    #pragma unroll
+    for (int c = 0; c < U; c++) {
+      loom_tma_load4(sK + c * BLK, &t.m[2], 64 * c, kvh, n0, b, kvbar);
+      loom_tma_load4(sV + c * BLK, &t.m[3], 64 * c, kvh, n0, b, kvbar);
     }
     for (int it = 0; it < n_items; it++) {
       const int s = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
       const unsigned full = sBar + 8 * s, sQ = sQO + s * 2 * TILE;
-      const long long qbase = ((long long)b * T * H + h) * D;
-      const unsigned short *q = LOOM_IN(SQ, 1) + qbase, *dout = LOOM_IN(SDO, 0) + qbase;
       loom_mbar_wait(sBar + 8 * (ST + s), ((it / ST) & 1) ^ 1);
-      if (tid == 0) loom_mbar_expect_tx(full, 2 * TILE);
-      __syncwarp();
-      for (int c = tid; c < BM * U; c += 32) {
-        const int r = c / U, u = c - r * U, at = (m0 + r < T ? m0 + r : T - 1) * qs + 8 * u;
-        const unsigned off = loom_sw128(r, u, BLK);
-        loom_bulk_load(sQ + off, q + at, 16, full);
-        loom_bulk_load(sQ + TILE + off, dout + at, 16, full);
+      loom_mbar_expect_tx(full, 2 * TILE);
+      #pragma unroll
+      for (int c = 0; c < U; c++) {
+        loom_tma_load4(sQ + c * BLK, &t.m[1], 64 * c, h, m0, b, full);
+        loom_tma_load4(sQ + TILE + c * BLK, &t.m[0], 64 * c, h, m0, b, full);
       }
     }
     return;
@@ -502,6 +519,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
   loom_kv_grads_store<SDK, SDV, ND>(dk, dv, dK, dV, k0, k1, S, b, kvh, t2, (long long)KV * D, D);
 #else
   (void)a;
+  (void)t;
   __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
 #endif
 }
