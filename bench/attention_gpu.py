@@ -20,8 +20,9 @@ LSE=0 for the backward without the forward's saved L2 and O (dq in two passes: t
 gradient in another function, or LOOM_CUDA_NO_ATTN_LSE=1).
 
 On an sm_90 device (or with WGMMA=1) it also times the Hopper kernels LOOM_CUDA_WGMMA=1 picks
-(loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk copies, mbarriers; built for
-sm_90a; dq stays mma.sync's), forward and forward + backward, in columns of their own, and
+(loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, TMA tensor copies, mbarriers; built for
+sm_90a; dq stays mma.sync's; their tensor maps encoded here as runtime/cuda/cuda_tmap.c
+encodes them, through libcuda.so.1's cuTensorMapEncodeTiled), forward and forward + backward, in columns of their own, and
 their out, L2, O, dq, dk, dv against the mma.sync kernels' ("vs mma": the same arithmetic,
 expect 0 or rounding noise).  WGMMA=0 leaves them out.
 """
@@ -29,13 +30,40 @@ import os, re, sys, time
 
 import torch
 
-HEAD = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n"
+HEAD = "#include <torch/extension.h>\n#include <cuda_runtime.h>\n#include <cuda.h>\n#include <dlfcn.h>\n"
 LAUNCHER = r"""
-static void go(const void *fn, LoomArgs &a, dim3 grid, unsigned smem, unsigned threads = 128) {
+static void go(const void *fn, LoomArgs &a, dim3 grid, unsigned smem, unsigned threads = 128, LoomTmaps *t = nullptr) {
   if (smem > 48 * 1024) cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  void *args[] = {&a};
+  void *args[] = {&a, t};   /* the Hopper kernels take their tensor maps second */
   cudaError_t e = cudaLaunchKernel(fn, grid, dim3(threads), args, smem, 0);
   TORCH_CHECK(e == cudaSuccess, cudaGetErrorString(e));
+}
+/* The Hopper kernels' tensor maps as runtime/cuda/cuda_tmap.c encodes them from lower_attn.c's
+   fields: map m of bufs[m], a [B][rows][heads][D] bf16 tensor, a box of {64, 1, box[m], 1},
+   the 128-byte swizzle, zeros out of bounds (the driver's function through dlopen, as loom's
+   runtime loads it: no -lcuda) */
+static LoomTmaps maps_of(std::vector<torch::Tensor> bufs, std::vector<unsigned> box) {
+  static decltype(&cuTensorMapEncodeTiled) encode = nullptr;
+  if (!encode) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    TORCH_CHECK(h, "libcuda.so.1: ", dlerror());
+    encode = (decltype(&cuTensorMapEncodeTiled))dlsym(h, "cuTensorMapEncodeTiled");
+    TORCH_CHECK(encode, "the driver lacks cuTensorMapEncodeTiled (CUDA 12.0+)");
+  }
+  LoomTmaps t;
+  memset(&t, 0, sizeof t);
+  for (size_t m = 0; m < bufs.size(); m++) {
+    const torch::Tensor &x = bufs[m];
+    TORCH_CHECK(x.dim() == 4 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "tensor map of a non-[B][T][H][D] bf16 tensor");
+    const cuuint64_t dim[4] = {(cuuint64_t)x.size(3), (cuuint64_t)x.size(2), (cuuint64_t)x.size(1), (cuuint64_t)x.size(0)};
+    const cuuint64_t stride[3] = {dim[0] * 2, dim[0] * dim[1] * 2, dim[0] * dim[1] * dim[2] * 2};
+    const cuuint32_t bx[4] = {64, 1, box[m], 1}, es[4] = {1, 1, 1, 1};
+    CUresult r = encode((CUtensorMap *)&t.m[m], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, x.data_ptr(), dim, stride, bx, es,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    TORCH_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", (int)r, ") for map ", m);
+  }
+  return t;
 }
 static LoomArgs args_of(std::vector<torch::Tensor> bufs, int64_t B, int64_t T, int64_t H, int64_t D, int64_t S,
                         int64_t KV, double scale, bool saved = false) {
@@ -63,8 +91,9 @@ void fwd_wg(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, 
   bool saved = Os.numel() > 0;
   LoomArgs a = saved ? args_of({q, k, v, o, L, Os}, B, T, H, D, S, KV, scale, true) : args_of({q, k, v, o}, B, T, H, D, S, KV, scale);
 #ifdef FWG64
+  LoomTmaps t = maps_of({q, k, v}, {128, 64, 64});
   go(D == 64 ? (const void *)FWG64 : (const void *)FWG128, a, dim3(B * H, (T + 127) / 128),
-     1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 384);
+     1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 384, &t);
 #else
   TORCH_CHECK(false, "built without the wgmma forward (WGMMA=0)");
 #endif
@@ -80,8 +109,9 @@ void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   LoomArgs b = args_of({dout, q, k, v, L, Ds, dk, dv}, B, T, H, D, S, KV, scale);
   if (wg) {   /* the Hopper dk dv (lower_attn.c's launch: 256 threads, 64 keys a block) */
 #ifdef KVG64
+    LoomTmaps t = maps_of({dout, q, k, v}, {64, 64, 64, 64});
     go(D == 64 ? (const void *)KVG64 : (const void *)KVG128, b, dim3(B * KV, (S + 63) / 64),
-       1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 256);
+       1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 256, &t);
 #endif
     return;
   }
@@ -106,10 +136,10 @@ extern "C" __global__ void __launch_bounds__(128) bench_kv_128(LoomArgs a) { loo
 #define KV128 bench_kv_128
 """
 INSTANCES_WG = r"""
-extern "C" __global__ void __launch_bounds__(384) bench_fwg_64(LoomArgs a) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a); }
-extern "C" __global__ void __launch_bounds__(384) bench_fwg_128(LoomArgs a) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a); }
-extern "C" __global__ void __launch_bounds__(256) bench_kvg_64(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a); }
-extern "C" __global__ void __launch_bounds__(256) bench_kvg_128(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a); }
+extern "C" __global__ void __launch_bounds__(384) bench_fwg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a, t); }
+extern "C" __global__ void __launch_bounds__(384) bench_fwg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a, t); }
+extern "C" __global__ void __launch_bounds__(256) bench_kvg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a, t); }
+extern "C" __global__ void __launch_bounds__(256) bench_kvg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a, t); }
 #define FWG64 bench_fwg_64
 #define FWG128 bench_fwg_128
 #define KVG64 bench_kvg_64

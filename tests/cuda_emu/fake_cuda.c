@@ -11,8 +11,12 @@
  * its loom_emu_launch (emu.h).  A failed launch (a deadlock, a warp op with exited lanes, a
  * bad launch shape) prints what happened and is sticky, as a kernel fault is on a GPU: every
  * later synchronization fails until cuDevicePrimaryCtxReset.
+ * Tensor maps: cuTensorMapEncodeTiled checks its arguments as the driver API documents them
+ * and writes the emulator's encoding (emu_tmap.h); a kernel whose module marks it
+ * (LOOM_TMAP_KERNEL, emu.h) takes its LoomTmaps as a second parameter.
  * Stream capture and graphs: between cuStreamBeginCapture and cuStreamEndCapture a stream
- * records its kernel launches (with a copy of their one LoomArgs parameter), memsets, copies
+ * records its kernel launches (with a copy of their LoomArgs parameter, and of the tensor maps of
+ * a kernel that takes them), memsets, copies
  * within the device (cuMemcpyDtoDAsync: a whole training step's graph moves each micro-batch's
  * tokens in and its loss out) and host functions (cuLaunchHostFunc: how the cuBLASLt double
  * captures a GEMM) instead of running them; a copy to or from the host, a synchronization of

@@ -140,8 +140,9 @@ lse_pair "llama-tiny fp32, 2 steps" 0 "$LOOM" train tests/golden/llama-tiny/trai
 lse_pair "bench-gpt2-small bf16 seq 128 (D 64), gradients" 2e-2 \
   "$LOOM" eval "$tmp/bench16.json" --weights "$tmp/w.st" --tokens "$tmp/d.bin" --batch 1 --seq 128 --grads --backend cuda
 
-# LOOM_CUDA_WGMMA=1: the Hopper forward and dk dv (kernels/attention_sm90.cuh: wgmma, bulk
-# copies, mbarriers, on the emulator's reading of the PTX ISA) in every layer of the D 64
+# LOOM_CUDA_WGMMA=1: the Hopper forward and dk dv (kernels/attention_sm90.cuh: wgmma, TMA
+# tensor copies from the maps the runtime encodes through the fake driver's
+# cuTensorMapEncodeTiled, mbarriers, on the emulator's reading of the PTX ISA) in every layer of the D 64
 # model, against the default mma.sync kernels: the same bits (attention.cc: the same arithmetic)
 n_wg=$(LOOM_CUDA_WGMMA=1 "$LOOM" ir "$tmp/bench16.json" --passes=train,lower --target=cuda --cost 2>&1 |
   grep -c 'loom_attn_fwd_wg_\|loom_attn_dkdv_wg_')
