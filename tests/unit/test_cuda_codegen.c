@@ -530,6 +530,26 @@ static void test_program(void) {
   free(tu2);
   free(tu);
   rt_program_free(&p);
+  /* LOOM_CUDA_WGMMA=1: the attention is the Hopper forward, whose q k v tensor maps the step
+     describes (program.h's RT_TMAP_INT) and whose wrapper takes them */
+  setenv("LOOM_CUDA_WGMMA", "1", 1);
+  tu = NULL;
+  if (check(!cuda_lower(m, &p, &tu, err, sizeof err), "program (wgmma): cuda_lower%s%s", err[0] ? ": " : "", err)) {
+    const RtStep *a = NULL;
+    for (int k = 0; k < p.funcs[0].n_steps; k++)
+      if (!strcmp(p.kernel_names[p.funcs[0].steps[k].which], "loom_attn_fwd_wg_bbbb_64")) a = &p.funcs[0].steps[k];
+    const int64_t want[1 + 3 * RT_TMAP_FIELDS] = {3, 0, 64, 2, 8, 1, 128, 1, 64, 2, 8, 1, 64, 2, 64, 2, 8, 1, 64};
+    check(a && a->block[0] == 384 && !memcmp(&a->i[RT_TMAP_INT], want, sizeof want) &&
+              a->i[RT_TMAP_INT + sizeof want / sizeof *want] == 0,
+          "program (wgmma): loom_attn_fwd_wg_bbbb_64 with 3 tensor maps: q k v as [1][8][2][64], boxes of 128, 64, 64 rows");
+    check(tu && strstr(tu, "loom_attn_fwd_wg_bbbb_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { "
+                           "loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a, t); }\n"
+                           "LOOM_TMAP_KERNEL(loom_attn_fwd_wg_bbbb_64)\n"),
+          "program (wgmma): the wrapper takes the tensor maps as a __grid_constant__ parameter");
+    free(tu);
+    rt_program_free(&p);
+  }
+  unsetenv("LOOM_CUDA_WGMMA");
   module_free(m);
 }
 

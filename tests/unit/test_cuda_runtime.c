@@ -33,6 +33,7 @@
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cuda/cuda_api.h"
 #include "runtime/cuda/cuda_exec.h"
+#include "runtime/cuda/cuda_tmap.h"
 #include "tests/gpu/test_kernels_ptx.h"
 #include "tests/unit/check.h"
 
@@ -524,6 +525,36 @@ static void test_check(void) {
   g.steps[4].bufs[1].storage = RT_ST_F16;   /* the same global read as another type */
   rc = cuda_program_check(&g.p, err, sizeof err);
   CHECK(rc == 2, "a global read in two storages is refused: %s", err);
+}
+
+/* A step's tensor-map fields (program.h's RT_TMAP_INT): checked against its buffers. */
+static void test_tmap_check(void) {
+  char err[256];
+  RtStep st;
+  memset(&st, 0, sizeof st);
+  st.n_in = 2;
+  st.bufs[0] = (RtBuf){.storage = RT_ST_BF16, .n = 2 * 64 * 4 * 64};
+  st.bufs[1] = (RtBuf){.storage = RT_ST_F32, .n = 2 * 64 * 4 * 64};
+  int64_t good[RT_TMAP_FIELDS] = {0, 64, 4, 64, 2, 64};   /* [2][64][4][64] bf16, boxes of 64 rows */
+  st.i[RT_TMAP_INT] = 1;
+  memcpy(&st.i[RT_TMAP_INT + 1], good, sizeof good);
+  CHECK(cuda_tmap_check(&st, err, sizeof err) == 0, "a valid tensor map: %s", err);
+  st.i[RT_TMAP_INT] = 0;
+  CHECK(cuda_tmap_check(&st, err, sizeof err) == 0, "no tensor maps");
+  struct {
+    int field;
+    int64_t value;
+    const char *says;
+  } bad[] = {{-1, 5, "at most"}, {0, 2, "lacks"}, {0, 1, "bf16 or f16"}, {4, 3, "covers"}, {1, 4, "16 bytes"},
+             {5, 257, "box of 257"}, {2, 0, "dim 1"}};
+  for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+    st.i[RT_TMAP_INT] = bad[k].field < 0 ? bad[k].value : 1;
+    memcpy(&st.i[RT_TMAP_INT + 1], good, sizeof good);
+    if (bad[k].field >= 0) st.i[RT_TMAP_INT + 1 + bad[k].field] = bad[k].value;
+    err[0] = 0;
+    CHECK(cuda_tmap_check(&st, err, sizeof err) == 2 && has(err, bad[k].says), "bad tensor map %zu refused (%s): %s", k,
+          bad[k].says, err);
+  }
 }
 
 static void test_memory_plan(void) {
@@ -1101,6 +1132,7 @@ int main(int argc, char **argv) {
   test_storage();
   test_global_init();
   test_check();
+  test_tmap_check();
   test_memory_plan();
   test_arch();
   /* is there a GPU?  (the answer decides which absence checks apply) */
