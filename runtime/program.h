@@ -97,6 +97,8 @@ typedef struct {
      into i[coord_at - 1] (0: nothing), so that one program serves every rank of a mesh (the
      CPU runtime hands its builtins the rank's Comm instead). */
   uint8_t coord_at, coord_axis;
+  /* CUDA: the tensor maps the kernel takes (0: none; RT_TMAP_INT below) */
+  uint8_t tmaps;
 } RtStep;
 /* On CUDA every step that is not a GEMM is RT_STEP_KERNEL (fused kernels and builtins
    alike): `which` names a kernel of the program's CUDA module, with the signature
@@ -135,18 +137,19 @@ typedef struct {
 enum { RT_GEMM_EPI_BIAS = 1, RT_GEMM_EPI_GELU = 2, RT_GEMM_EPI_C = 4, RT_GEMM_EPI_BGRAD = 8, RT_GEMM_EPI_DGELU = 16 };
 
 /* CUDA: a kernel that copies by tensor maps (sm_90's TMA: kernels/attention_sm90.cuh) has
-   i[RT_TMAP_INT] = n (1..RT_TMAP_MAX) and takes, after its LoomArgs, `const __grid_constant__
+   RtStep.tmaps = n (1..RT_TMAP_MAX) and takes, after its LoomArgs, `const __grid_constant__
    LoomTmaps` (RT_TMAP_MAX 128-byte CUtensorMaps, the unused ones zero), which the runtime
    encodes once when it loads the program (cuTensorMapEncodeTiled: the buffers' addresses
    are fixed from then on, so CUDA graphs replay them as they are).  Map m is described at
-   i[RT_TMAP_INT + 1 + RT_TMAP_FIELDS m]: the buffer's index in bufs, then d0 d1 d2 d3
+   i[RT_TMAP_INT + RT_TMAP_FIELDS m] (other kernels use those ints as their own): the
+   buffer's index in bufs, then d0 d1 d2 d3
    (dims innermost first: the buffer holds a row-major [d3][d2][d1][d0] of its 16-bit
    storage, bf16 or f16), then the box's extent in d2: the box is {128 bytes of d0, 1, that,
    1}, copied with the 128-byte swizzle, elements past the tensor's ends filled with zeros. */
 #define RT_TMAP_INT 14
 #define RT_TMAP_MAX 4
 #define RT_TMAP_FIELDS 6
-_Static_assert(RT_TMAP_INT + 1 + RT_TMAP_MAX * RT_TMAP_FIELDS <= RT_MAX_INTS, "the tensor maps' fields fit in i[]");
+_Static_assert(RT_TMAP_INT + RT_TMAP_MAX * RT_TMAP_FIELDS <= RT_MAX_INTS, "the tensor maps' fields fit in i[]");
 
 /* CUDA: a program whose parameters have bf16 copies (codegen/cuda/lower_fuse.c: the steps
    read the copies, the in-place AdamW writes them) has a function of this name, with no

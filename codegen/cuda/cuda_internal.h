@@ -145,7 +145,7 @@ int cl_push_int(Lower *L, RtStep *st, int *n, int64_t v);   /* st->i[(*n)++] = v
 void cl_launch_ew(RtStep *st, int64_t n);        /* a grid-stride launch over n items */
 /* Kernel "loom_<base>_<storage letters of bufs idx[]><suffix>" = template tmpl on those
    storages (+ extra template arguments); sets st->which.  A step with tensor maps
-   (i[RT_TMAP_INT] > 0) gets a wrapper that takes them and calls tmpl(a, t). */
+   (st->tmaps > 0) gets a wrapper that takes them and calls tmpl(a, t). */
 int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, const int *idx, const char *extra,
                    const char *suffix, int max_threads);
 /* An extern "C" wrapper `name` calling the prelude's `call`; its symbol index or -1. */

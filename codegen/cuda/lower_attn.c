@@ -149,11 +149,11 @@ static bool wgmma_forward(int64_t D, int64_t window, int64_t T, int64_t S) {
    boxes of `box` rows of one head, 64 columns a copy. */
 static void wgmma_tmaps(RtStep *st, int n, const int64_t box[]) {
   const int64_t B = st->i[0], T = st->i[1], H = st->i[2], D = st->i[3], S = st->i[4], KV = st->i[5];
-  st->i[RT_TMAP_INT] = n;
+  st->tmaps = (uint8_t)n;
   for (int m = 0; m < n; m++) {
     /* the forward's q k v, or the dk dv kernel's dout q k v */
     const bool kv = n == 3 ? m > 0 : m > 1;
-    int64_t *f = &st->i[RT_TMAP_INT + 1 + RT_TMAP_FIELDS * m];
+    int64_t *f = &st->i[RT_TMAP_INT + RT_TMAP_FIELDS * m];
     const int64_t fields[RT_TMAP_FIELDS] = {m, D, kv ? KV : H, kv ? S : T, B, box[m]};
     memcpy(f, fields, sizeof fields);
   }

@@ -394,7 +394,7 @@ static void structs(const RtStep *st, const int *idx, char *out, size_t cap) {
 
 /* Instantiates template `tmpl` on the storage of bufs idx[] (+ extra template arguments) as
    kernel "loom_<base>_<letters><suffix>", sets st->which.  A step with tensor maps
-   (i[RT_TMAP_INT] > 0, set before) gets the wrapper that takes them. */
+   (st->tmaps > 0, set before) gets the wrapper that takes them. */
 int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, const int *idx, const char *extra,
                        const char *suffix, int max_threads) {
   char lt[RT_MAX_BUFS + 1], ss[512], name[96], call[700];
@@ -403,7 +403,7 @@ int cl_instantiate(Lower *L, RtStep *st, const char *base, const char *tmpl, con
   snprintf(name, sizeof name, "loom_%s_%s%s", base, lt, suffix);
   snprintf(call, sizeof call, "%s<%s%s%s>", tmpl, ss, extra && *extra ? ", " : "", extra ? extra : "");
   if (strlen(name) >= KNAME) return cl_fail(L, "internal error: kernel name %s too long", name);
-  st->which = builtin_symbol(L, name, max_threads, call, st->i[RT_TMAP_INT] > 0);
+  st->which = builtin_symbol(L, name, max_threads, call, st->tmaps > 0);
   return st->which < 0 ? IR_EINPUT : 0;
 }
 

@@ -9,7 +9,7 @@
  * at init.  Memory starts zeroed.  Steps run in order on the stream:
  *   RT_STEP_KERNEL  cuLaunchKernel of kernel `which` with one parameter, a LoomArgs filled
  *                   from the step (cuda_pack_args), with the step's grid, block and smem
- *                   (and a second, its tensor maps, for a step with i[RT_TMAP_INT] > 0:
+ *                   (and a second, its tensor maps, for a step with tmaps > 0:
  *                   encoded once at init, cuda_tmap.h);
  *   RT_STEP_GEMM    cublasLtMatmul, C[b] = op(A[b]) op(B[b]), row-major through the
  *                   transpose trick (cuda_gemm_layout), batched with strides (a stride of 0

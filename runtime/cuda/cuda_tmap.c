@@ -12,11 +12,11 @@
 enum { TMAP_BYTES = 128, BOX_BYTES = 128 };
 
 int cuda_tmap_check(const RtStep *st, char *msg, size_t n) {
-  const int64_t count = st->i[RT_TMAP_INT];
+  const int count = st->tmaps;
   if (count == 0) return 0;
-  if (count < 0 || count > RT_TMAP_MAX) return rt_fail(msg, n, 2, "%lld tensor maps (at most %d)", (long long)count, RT_TMAP_MAX);
+  if (st->kind != RT_STEP_KERNEL || count > RT_TMAP_MAX) return rt_fail(msg, n, 2, "%d tensor maps (at most %d, kernels only)", count, RT_TMAP_MAX);
   for (int m = 0; m < count; m++) {
-    const int64_t *f = &st->i[RT_TMAP_INT + 1 + RT_TMAP_FIELDS * m];
+    const int64_t *f = &st->i[RT_TMAP_INT + RT_TMAP_FIELDS * m];
     const int64_t buf = f[0], rows = f[5];
     if (buf < 0 || buf >= st->n_in + st->n_out) return rt_fail(msg, n, 2, "tensor map %d names buffer %lld, which the step lacks", m, (long long)buf);
     const RtBuf *b = &st->bufs[buf];
@@ -55,7 +55,7 @@ const void *cuda_tmaps_of(const CudaProgram *cp, int f, int s) {
    zeros out of bounds (the kernels' tiles at the sequence's end). */
 static int encode(const CudaDriverApi *d, void *map, const RtStep *st, int m, uint64_t at, const char *where, char *err,
                   size_t errlen) {
-  const int64_t *f = &st->i[RT_TMAP_INT + 1 + RT_TMAP_FIELDS * m];
+  const int64_t *f = &st->i[RT_TMAP_INT + RT_TMAP_FIELDS * m];
   const bool bf = st->bufs[f[0]].storage == RT_ST_BF16;
   const cuuint64_t dim[4] = {(cuuint64_t)f[1], (cuuint64_t)f[2], (cuuint64_t)f[3], (cuuint64_t)f[4]};
   const cuuint64_t stride[3] = {dim[0] * 2, dim[0] * dim[1] * 2, dim[0] * dim[1] * dim[2] * 2};
@@ -80,7 +80,7 @@ int cuda_tmaps_build(CudaProgram *cp, char *err, size_t errlen) {
   for (int f = 0; f < p->n_funcs; f++)
     for (int s = 0; s < p->funcs[f].n_steps; s++) {
       const RtStep *st = &p->funcs[f].steps[s];
-      if (st->kind != RT_STEP_KERNEL || st->i[RT_TMAP_INT] <= 0) continue;
+      if (st->kind != RT_STEP_KERNEL || st->tmaps == 0) continue;
       char where[256];
       cuda_step_where(cp, f, s, where, sizeof where);
       if (!d->cuTensorMapEncodeTiled)
@@ -96,8 +96,8 @@ int cuda_tmaps_build(CudaProgram *cp, char *err, size_t errlen) {
       if (!maps) return rt_fail(err, errlen, 1, "out of memory");
       memset(maps, 0, RT_TMAP_MAX * TMAP_BYTES);
       cp->tmaps[f][s] = maps;
-      for (int m = 0; m < st->i[RT_TMAP_INT]; m++) {
-        const RtBuf *b = &st->bufs[st->i[RT_TMAP_INT + 1 + RT_TMAP_FIELDS * m]];
+      for (int m = 0; m < st->tmaps; m++) {
+        const RtBuf *b = &st->bufs[st->i[RT_TMAP_INT + RT_TMAP_FIELDS * m]];
         const uint64_t base = b->region == RT_REGION_ARENA ? cp->arena : cp->regions[b->region];
         int rc = encode(d, maps + TMAP_BYTES * m, st, m, base + (uint64_t)b->offset, where, err, errlen);
         if (rc) return rc;

@@ -538,8 +538,8 @@ static void test_program(void) {
     const RtStep *a = NULL;
     for (int k = 0; k < p.funcs[0].n_steps; k++)
       if (!strcmp(p.kernel_names[p.funcs[0].steps[k].which], "loom_attn_fwd_wg_bbbb_64")) a = &p.funcs[0].steps[k];
-    const int64_t want[1 + 3 * RT_TMAP_FIELDS] = {3, 0, 64, 2, 8, 1, 128, 1, 64, 2, 8, 1, 64, 2, 64, 2, 8, 1, 64};
-    check(a && a->block[0] == 384 && !memcmp(&a->i[RT_TMAP_INT], want, sizeof want) &&
+    const int64_t want[3 * RT_TMAP_FIELDS] = {0, 64, 2, 8, 1, 128, 1, 64, 2, 8, 1, 64, 2, 64, 2, 8, 1, 64};
+    check(a && a->block[0] == 384 && a->tmaps == 3 && !memcmp(&a->i[RT_TMAP_INT], want, sizeof want) &&
               a->i[RT_TMAP_INT + sizeof want / sizeof *want] == 0,
           "program (wgmma): loom_attn_fwd_wg_bbbb_64 with 3 tensor maps: q k v as [1][8][2][64], boxes of 128, 64, 64 rows");
     check(tu && strstr(tu, "loom_attn_fwd_wg_bbbb_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { "

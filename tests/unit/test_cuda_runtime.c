@@ -527,7 +527,8 @@ static void test_check(void) {
   CHECK(rc == 2, "a global read in two storages is refused: %s", err);
 }
 
-/* A step's tensor-map fields (program.h's RT_TMAP_INT): checked against its buffers. */
+/* A step's tensor maps (RtStep.tmaps, fields at program.h's RT_TMAP_INT): checked against
+   its buffers. */
 static void test_tmap_check(void) {
   char err[256];
   RtStep st;
@@ -536,10 +537,11 @@ static void test_tmap_check(void) {
   st.bufs[0] = (RtBuf){.storage = RT_ST_BF16, .n = 2 * 64 * 4 * 64};
   st.bufs[1] = (RtBuf){.storage = RT_ST_F32, .n = 2 * 64 * 4 * 64};
   int64_t good[RT_TMAP_FIELDS] = {0, 64, 4, 64, 2, 64};   /* [2][64][4][64] bf16, boxes of 64 rows */
-  st.i[RT_TMAP_INT] = 1;
-  memcpy(&st.i[RT_TMAP_INT + 1], good, sizeof good);
+  st.tmaps = 1;
+  memcpy(&st.i[RT_TMAP_INT], good, sizeof good);
   CHECK(cuda_tmap_check(&st, err, sizeof err) == 0, "a valid tensor map: %s", err);
-  st.i[RT_TMAP_INT] = 0;
+  st.tmaps = 0;
+  st.i[RT_TMAP_INT] = 4096;   /* another kernel's int there: not a tensor map */
   CHECK(cuda_tmap_check(&st, err, sizeof err) == 0, "no tensor maps");
   struct {
     int field;
@@ -548,9 +550,9 @@ static void test_tmap_check(void) {
   } bad[] = {{-1, 5, "at most"}, {0, 2, "lacks"}, {0, 1, "bf16 or f16"}, {4, 3, "covers"}, {1, 4, "16 bytes"},
              {5, 257, "box of 257"}, {2, 0, "dim 1"}};
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
-    st.i[RT_TMAP_INT] = bad[k].field < 0 ? bad[k].value : 1;
-    memcpy(&st.i[RT_TMAP_INT + 1], good, sizeof good);
-    if (bad[k].field >= 0) st.i[RT_TMAP_INT + 1 + bad[k].field] = bad[k].value;
+    st.tmaps = (uint8_t)(bad[k].field < 0 ? bad[k].value : 1);
+    memcpy(&st.i[RT_TMAP_INT], good, sizeof good);
+    if (bad[k].field >= 0) st.i[RT_TMAP_INT + bad[k].field] = bad[k].value;
     err[0] = 0;
     CHECK(cuda_tmap_check(&st, err, sizeof err) == 2 && has(err, bad[k].says), "bad tensor map %zu refused (%s): %s", k,
           bad[k].says, err);

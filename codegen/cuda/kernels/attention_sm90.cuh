@@ -19,9 +19,9 @@
    keys][64 columns], then the mbarriers.  A row of a block is 128 bytes; its 16-byte unit u
    sits at unit u ^ (row % 8) (the 128-byte swizzle, which the descriptors name).
    The copies: one tensor copy per 64-column block of a tile (D 128: two), from a tensor map
-   the runtime built once when it loaded the program (runtime/cuda/cuda_exec.c, from the
-   step's i[RT_TMAP_INT..], program.h): the tensor as [B][rows][heads][D] (dims innermost
-   first {D, heads, rows, B}), a box of {64, 1, tile rows, 1}, the 128-byte swizzle done by
+   the runtime built once when it loaded the program (runtime/cuda/cuda_tmap.c, from the
+   step's tmaps and i[RT_TMAP_INT..], program.h): the tensor as [B][rows][heads][D] (dims
+   innermost first {D, heads, rows, B}), a box of {64, 1, tile rows, 1}, the 128-byte swizzle done by
    the copy engine, and elements past the tensor's end (rows past T or S) filled with zeros
    (the kernels mask those rows and keys as before).  The maps reach the kernel as its second
    parameter (const __grid_constant__ LoomTmaps: parameter space, read by the copies through
