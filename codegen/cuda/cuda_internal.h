@@ -232,6 +232,14 @@ int cl_fuse_embed_pos(Lower *L, Steps *s, int i);
    as the flash-attention kernels of kernels/attention.cuh and kernels/attn_block.cuh. */
 int cl_lower_attention(Lower *L, Steps *s);
 
+/* lower_moe.c: grouped_matmul or grouped_matmul_wgrad (L->op) as one strided-batched cuBLASLt
+   GEMM over the groups padded to the capacity, when LOOM_CUDA_MOE_GEMM=batched and the counts
+   have one (1: not lowered, lower it as the grouped kernels; *why_not the label's note, or
+   NULL when batched was not asked for).  cl_moe_gemm_mode reads the variable (an error when it
+   is neither grouped nor batched). */
+int cl_lower_moe_batched(Lower *L, Steps *s, const char **why_not);
+int cl_moe_gemm_mode(Lower *L, bool *batched);
+
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as
    NCCL calls; shard_slice, shard_pad, target_pick and onehot become kernels of

@@ -318,7 +318,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (E < 1 || G % E || R > INT32_MAX || K > INT32_MAX || N > INT32_MAX)
       return cl_fail(L, "%lld groups on %lld experts: the groups must be a multiple of the experts, and the sizes fit "
                    "int32", (long long)G, (long long)E);
-    STEP("");
+    const char *why_not;   /* LOOM_CUDA_MOE_GEMM=batched: one cuBLASLt GEMM at a capacity (lower_moe.c) */
+    int batched = cl_lower_moe_batched(L, s, &why_not);
+    if (batched != 1) return batched;
+    STEP(why_not ? why_not : "");
     if (st->bufs[2].storage != RT_ST_I32) return cl_fail(L, "group counts must be i32");
     INT(R);
     INT(K);
