@@ -120,6 +120,13 @@ typedef struct Lower {
   /* the dispatcher (lower.c's op lowering), for a family that lowers an op it had deferred
      (lower_gemm.c): a hook, so that no split-off file calls back into lower.c */
   int (*lower_op)(struct Lower *L, struct Steps *s, int *i);
+  /* lower_moe.c: the last operand padded to [E, cap, ...] at the start of scratch (its value,
+     counts, function, buffer, and the step count after it): the next batched matmul of the
+     same operand reuses it while no step since has written that part of scratch */
+  const Value *moe_pad_of, *moe_pad_cnt;
+  const Func *moe_pad_f;
+  RtBuf moe_pad_buf;
+  int moe_pad_steps;
   char *err;
   size_t errlen;
 } Lower;

@@ -686,6 +686,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
   L->scratch = 0;
+  L->moe_pad_of = NULL;   /* lower_moe.c: nothing padded in this function yet */
   char why[256];
   if (cg_func_head(f, rf, why, sizeof why)) return cl_fail(L, "%s", why);
   for (int i = 0; i < f->args.n; i++) {

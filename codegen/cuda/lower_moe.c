@@ -54,10 +54,26 @@ static int add_padded(Lower *L, RtStep *st, const Value *like, int64_t at, int64
   return 0;
 }
 
-/* x [R,D] -> [E,cap,D] at scratch byte `at` (its buffer in *out) */
+/* Is the padded copy of x (under counts cnt) at the start of scratch still there: the one the
+   last pad made in this function, no step since writing any byte of it? */
+static bool pad_kept(Lower *L, Steps *s, const Value *x, const Value *cnt) {
+  if (L->moe_pad_of != x || L->moe_pad_cnt != cnt || L->moe_pad_f != L->f || L->moe_pad_steps > s->n) return false;
+  for (int k = L->moe_pad_steps; k < s->n; k++) {
+    const RtStep *st = &s->items[k];
+    for (int b = st->n_in; b < st->n_in + st->n_out; b++)
+      if (cl_overlap(&st->bufs[b], &L->moe_pad_buf)) return false;
+  }
+  return true;
+}
+
+/* x [R,D] -> [E,cap,D] at scratch byte `at` (its buffer in *out); at 0, reused when kept */
 static int pad_step(Lower *L, Steps *s, const Value *x, const Value *cnt, int64_t E, int64_t cap, int64_t at,
                     RtBuf *out) {
   int64_t R = x->type.dims[0], D = x->type.dims[1];
+  if (at == 0 && pad_kept(L, s, x, cnt)) {
+    *out = L->moe_pad_buf;
+    return 0;
+  }
   RtStep *st = cl_new_step(L, s, RT_STEP_KERNEL, 0, " (pad to the capacity)");
   const Value *in[2] = {x, cnt};
   if (!st || cl_set_bufs(L, st, in, 2, false) || add_padded(L, st, x, at, E * cap * D)) return IR_EINPUT;
@@ -65,7 +81,15 @@ static int pad_step(Lower *L, Steps *s, const Value *x, const Value *cnt, int64_
   memcpy(st->i, v, sizeof v);
   cl_launch_ew(st, E * cap * D);
   *out = st->bufs[2];
-  return cl_instantiate(L, st, "moe_pad", "loom_moe_pad", (const int[]){0, -1}, NULL, "", 1024);
+  if (cl_instantiate(L, st, "moe_pad", "loom_moe_pad", (const int[]){0, -1}, NULL, "", 1024)) return IR_EINPUT;
+  if (at == 0) {
+    L->moe_pad_of = x, L->moe_pad_cnt = cnt, L->moe_pad_f = L->f;
+    L->moe_pad_buf = *out;
+    L->moe_pad_steps = s->n;
+  } else if (L->moe_pad_f == L->f && cl_overlap(out, &L->moe_pad_buf)) {
+    L->moe_pad_of = NULL;
+  }
+  return 0;
 }
 
 /* C[e] = op(A[e]) op(B[e]) for e < E: runtime/program.h's RT_STEP_GEMM, beta 0 */
@@ -100,7 +124,7 @@ int cl_lower_moe_batched(Lower *L, Steps *s, const char **why_not) {
   }
   if (a->type.rank != 2 || b->type.rank != (wg ? 2 : 3) || E * cap > INT32_MAX)
     return cl_fail(L, "internal error: a batched grouped matmul of unexpected shapes");
-  char what[96];
+  char what[256];
   snprintf(what, sizeof what, " (batched: %lld experts x capacity %lld)", (long long)E, (long long)cap);
   RtBuf pa, pb;
   if (wg) {   /* dw[e] [N,K] = dy_e^T x_e: dy [R,N] and x [R,K] padded, one GEMM with ta */
@@ -108,11 +132,19 @@ int cl_lower_moe_batched(Lower *L, Steps *s, const char **why_not) {
     int64_t at_x = cg_align64(E * cap * N * cl_st_size(cl_storage_of(a->type.dtype)));
     if (pad_step(L, s, a, cnt, E, cap, 0, &pa) || pad_step(L, s, b, cnt, E, cap, at_x, &pb)) return IR_EINPUT;
     const int64_t v[9] = {E, N, K, cap, 1, 0, cap * N, cap * K, N * K};
+    /* the product added into the f32 gradient when an accumulation of it follows (as
+       lower_gemm.c's matmuls: beta 1, no bf16 rounding of the product, one launch less) */
+    const Value *acc = cl_fuse_grad_accum(L, L->f, L->op_index);
+    if (acc) {
+      size_t n = strlen(what);
+      snprintf(what + n, sizeof what - n, " (+= $%s)", acc->global->name);
+    }
     RtStep *st = gemm_step(L, s, v, what);
     if (!st) return IR_EINPUT;
     st->bufs[0] = pa;
     st->bufs[1] = pb;
-    return cl_buf_of(L, op->results[0], &st->bufs[2]);
+    if (acc) st->i[CUDA_GEMM_BETA_INT] = 1;
+    return cl_buf_of(L, acc ? acc : op->results[0], &st->bufs[2]);
   }
   /* y [R,N]: x [R,K] padded, yp[e] = xp[e] w[e] (w [E,N,K] with tb, else [E,K,N]), back to rows */
   bool tb = op_bool(op, "tb");
