@@ -242,7 +242,10 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a) {
   const int bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
   const int n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (int)blockIdx.y) * BM;   /* long rows first */
   const int n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S, nk = n_end > 0 ? (n_end + BN - 1) / BN : 0;
-  const int tid = threadIdx.x, wg = tid >> 7;
+  /* the warpgroup through a shuffle: ptxas then knows it is the same across the warp, so the
+     producer/consumer split is not a divergent path around the wgmmas (without it ptxas
+     serializes them: "program dependence on compiler-inserted WG.AR in divergent path") */
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   if (tid == 0) {
     for (int s = 0; s < ST; s++) {
       loom_mbar_init(sBar + 8 * s, 1);                 /* the producer's arrive, with the tile's bytes */
@@ -379,7 +382,8 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
   const float scale = (float)a.f[0], c2 = scale * 1.4426950408889634f;
   const int bk = blockIdx.x, b = bk / KV, kvh = bk - b * KV, n0 = (int)blockIdx.y * BN;
   const int m_start = causal ? (n0 / BM) * BM : 0, nm = T > m_start ? (T - m_start + BM - 1) / BM : 0, n_items = G * nm;
-  const int tid = threadIdx.x, wg = tid >> 7;
+  /* (the warpgroup through a shuffle: the forward says why) */
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   if (tid == 0) {
     for (int s = 0; s < ST; s++) {
       loom_mbar_init(sBar + 8 * s, 1);
@@ -431,7 +435,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
      accumulators, 128 registers, fit beside them); the sums' order is the tile's */
   auto item = [&](const bool EDGE, int m0, const float *Lr, const float *Dr, unsigned sQ) {
     const unsigned sO = sQ + TILE;
-    #pragma unroll 1
+    #pragma unroll   /* (rolled, ptxas moves dK in and out of the S accumulators' registers each half) */
     for (int half = 0; half < 2; half++) {
       const unsigned hq = half * 32 * 128;   /* the half's first query row */
       float s[NQ / 2][4], dp[NQ / 2][4];
