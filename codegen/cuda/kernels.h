@@ -13,7 +13,8 @@
  *   attention_sm90.cuh  the Hopper forward (wgmma, bulk copies, mbarriers; LOOM_CUDA_WGMMA=1)
  *   attn_block.cuh  context parallelism's attention blocks (ring attention)
  *   decode.cuh      generation with a KV cache
- *   moe.cuh         mixture of experts: routing, permutations, grouped matmuls
+ *   moe.cuh         mixture of experts: routing, permutations, grouped matmuls, and the
+ *                   padding to a capacity for the batched GEMM (LOOM_CUDA_MOE_GEMM=batched)
  *   mesh.cuh        sharding's slices and pads, vocabulary-parallel picks
  *
  * Kernels are templates over storage dtypes; lower.c instantiates them through extern "C"
