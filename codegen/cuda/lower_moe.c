@@ -115,7 +115,9 @@ int cl_lower_moe_batched(Lower *L, Steps *s, const char **why_not) {
   int64_t E = wg ? op_int(op, "experts") : b->type.dims[0];
   int64_t cap = capacity_of(cnt, E);
   if (cap <= 0) {
-    *why_not = " (grouped: LOOM_CUDA_MOE_GEMM=batched needs a capacity_factor)";
+    bool routed = cnt->kind == VAL_RESULT && cnt->def && cnt->def->kind == OP_MOE_COUNT;
+    *why_not = routed ? " (grouped: LOOM_CUDA_MOE_GEMM=batched needs a capacity_factor)"
+                      : " (grouped: LOOM_CUDA_MOE_GEMM=batched takes one routing's counts, not expert parallelism's)";
     return 1;
   }
   if (E > MOE_PAD_E) {
