@@ -71,6 +71,10 @@
  * (bench/plan_speed.sh, --top 3, median of 3): 405B 5.60 s wall, 70B 2.80 s, Llama-1B 0.17 s:
  * issue 34's targets (10, 5, 0.5 s) met.  This file is over 1,000 lines: the stash bounds
  * (stash_*) are the part to move out next, with their callers in plan_compile.c left as is.
+ * Then (sixth session): dp = 1 with sp was another program because the shard pass kept a
+ * batch of one's [1,T,D] -> [T,D] flattening sequence-split, so the weight gradients were
+ * partial sums of whole weights (docs/planning.md); fixed there (shard_tp.c), dp = 1's
+ * figures and stash are dp = 2's, and both workarounds above are gone.
  *
  * Before (2026-11-28, fourth session).  The estimates' schedule simulations were
  * about a fifth of the CPU at 405B (each rebuilt its lists and schedule_simulate swept the
@@ -378,15 +382,14 @@ static void *ref_worker(void *arg) {
    rewrites shard_slice(broadcast(x)) into a broadcast to the rank's part): at Llama-3-70B
    the references at dp = 4 gave dp = 2's figures to 0.01%, so they are no longer compiled. */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
-  int k = dp == 1 ? 0 : 1;
-  /* dp = 1's references with sequence parallelism can come out with a negative part a
-     sequence (Llama-3-70B on 4,096, tp=8+sp cp=16: -0.0027 s a layer against dp = 2's
-     0.0010, its 1-sequence compile another program): at a large micro-batch every chunk
-     then costs less than nothing and the estimate was infinite.  dp = 2's figures stand in
-     where they are known (a layer's figures do not depend on dp, above) */
-  const Figures *f1 = &p->f[0];
-  if (k == 0 && p->f[1].ok && (f1->g_la < 0 || f1->g_lb < 0 || f1->g_ba < 0 || f1->g_bb < 0)) k = 1;
-  *out = p->f[k];
+  /* (dp = 1's references with sequence parallelism once came out with a negative part a
+     sequence, Llama-3-70B on 4,096, tp=8+sp cp=16: -0.0027 s a layer against dp = 2's
+     0.0010, and dp = 2's figures stood in for them: the reference of one sequence was
+     another program, its weight gradients contracted over the tokens, whole and
+     all-reduced.  The shard pass now partitions a batch of one as any batch (shard_tp.c's
+     reshape rule): at 70B dp = 1's figures are dp = 2's but for 1-2 us of a step's rest,
+     none below 0.) */
+  *out = p->f[dp == 1 ? 0 : 1];
   return out->ok;
 }
 
@@ -602,8 +605,9 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const SimPlans *plans,
    micro-batch's F hands its B, and B its W, 4 bytes an element), so at least that stash.
    A chunk's stash is the shapes of its forward's (and B's) results: the layer program's
    (tp, cp, sp, ep), the recomputation, whether the backward is split, the layers a chunk,
-   the micro-batch and whether dp is 1 decide them (at 405B dualpipev and zb-h1, ZeRO 0 and
-   1, dp 64 and 128, pp 8 and 16 showed the same bytes; dp = 1 with sp another program); the first and last chunks (the embedding, the head)
+   and the micro-batch decide them (at 405B dualpipev and zb-h1, ZeRO 0 and 1, dp 64 and
+   128, pp 8 and 16 showed the same bytes; dp = 1 too, since the shard pass partitions a
+   batch of one as any batch); the first and last chunks (the embedding, the head)
    hold their own, every interior one the same.  Each screening compile with pp shows them
    for its own (Seen); an unscreened candidate with the same program, recomputation, split
    and layers a chunk takes them, from a micro-batch of mbs' sequences scaled by
@@ -616,7 +620,6 @@ typedef struct {
   int64_t tp, cp, ep, mbs;
   int rc, layers, pos;   /* layers a chunk (1, 2); pos: the candidate's place in the order */
   bool sp, split;
-  bool dp1;              /* dp = 1: with sequence parallelism another program (figures_at) */
   ChunkStash s;
 } Seen;
 /* What the bounds read: the schedules, and what the screening compiles showed.  Kept for
@@ -679,7 +682,7 @@ static bool split_bw_of(int sched) { return sched == PIPE_ZBH1 || sched == PIPE_
 
 static bool seen_key(const Seen *e, const Cand *c, int layers) {
   return e->tp == c->tp && e->cp == c->cp && e->ep == c->ep && e->sp == c->sp && e->rc == c->rc &&
-         e->split == split_bw_of(c->sched) && e->layers == layers && e->dp1 == (c->dp == 1);
+         e->split == split_bw_of(c->sched) && e->layers == layers;
 }
 
 /* Under f->lock: what c's screening compiles (at position pos) showed. */
@@ -692,8 +695,7 @@ static void stash_learn(Stash *f, const Cand *c, int pos, const ChunkStash st[2]
       f->seen = ns;
     }
     f->seen[f->n_seen++] = (Seen){.tp = c->tp, .cp = c->cp, .ep = c->ep, .mbs = c->batch / (c->dp * c->ep), .rc = c->rc,
-                                  .layers = j + 1, .pos = pos, .sp = c->sp, .split = split_bw_of(c->sched), .dp1 = c->dp == 1,
-                                  .s = st[j]};
+                                  .layers = j + 1, .pos = pos, .sp = c->sp, .split = split_bw_of(c->sched), .s = st[j]};
   }
 }
 
@@ -766,14 +768,14 @@ static bool stash_lacks(const Stash *f, const Cand *c, int lim) {
 }
 
 /* c's reference: the stash of its layer program, recomputation, split and micro-batch,
-   from a pipeline of 3 ranks (1f1b, or zb-h1 for a split backward; dp = 2, or 1 for a
-   candidate at dp = 1; ZeRO 0, 3 micro-batches) with 1 and 2 layers a chunk: first, interior and last chunks of the
+   from a pipeline of 3 ranks (1f1b, or zb-h1 for a split backward; dp = 2, whatever the
+   candidate's; ZeRO 0, 3 micro-batches) with 1 and 2 layers a chunk: first, interior and last chunks of the
    same kinds as the screening compiles'.  Made once, on the thread that first asks; NULL
    when it cannot be (or the model has 6 layers or fewer). */
 static const Seen *stash_reference(Ctx *x, Stash *st, const Cand *c) {
   if (st->L <= 6 || c->pp <= 1) return NULL;
   int64_t mbs = c->batch / (c->dp * c->ep);
-  int64_t dp = c->dp == 1 ? 1 : 2;   /* dp = 1 or not: the learned figures' two kinds (Seen.dp1) */
+  int64_t dp = 2;
   Cand ref = {.dp = dp, .tp = c->tp, .cp = c->cp, .pp = 3, .v = 1, .ep = c->ep, .zero = 0,
               .sched = split_bw_of(c->sched) ? PIPE_ZBH1 : PIPE_1F1B, .rc = c->rc, .sp = c->sp, .batch = mbs * dp * c->ep,
               .ga = 3};
@@ -796,7 +798,7 @@ static const Seen *stash_reference(Ctx *x, Stash *st, const Cand *c) {
     st->refs[r].state = 1, st->refs[r].ok = false;
     for (int j = 0; j < 2; j++)
       st->refs[r].e[j] = (Seen){.tp = c->tp, .cp = c->cp, .ep = c->ep, .mbs = mbs, .rc = c->rc, .layers = j + 1, .pos = -1,
-                                .sp = c->sp, .split = split_bw_of(c->sched), .dp1 = dp == 1};
+                                .sp = c->sp, .split = split_bw_of(c->sched)};
     pthread_mutex_unlock(&st->lock);
     ChunkStash got[2] = {{0}, {0}};
     bool ok = true;
