@@ -835,6 +835,61 @@ LOOM_DEV void loom_tc_async(unsigned short *dst, const unsigned short *src, int 
   }
 }
 
+/* The one-pass dq's row statistics from what the forward saved: L2 as saved (+inf for a row
+   past T) and Dsum = dout . O over this thread's columns (16 kk + 8 half + t2 and one more),
+   then the quad's.  The one copy for loom_attn_bwd_dq_tc and the wgmma dq (attention_sm90.cuh),
+   so their Dsum is the same sum in the same order. */
+template <bool BF, int KD>
+LOOM_DEV void loom_dq_saved_stats(const unsigned short *dout, const float *Osaved, const float *Lsaved, float (&dsum)[2],
+                                  float (&mrow)[2], int r0, int r1, int T, int b, int h, int bh, int t2, int qs,
+                                  int HD, int D) {
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int row = hr ? r1 : r0;
+    float dd = 0.0f;
+    if (row < T) {
+      const float *orow = Osaved + ((long long)b * T + row) * HD + (long long)h * D;
+      #pragma unroll
+      for (int kk = 0; kk < KD; kk++)
+        #pragma unroll
+        for (int half = 0; half < 2; half++) {
+          const unsigned x = loom_ld32(dout + row * qs + 16 * kk + 8 * half + t2);
+          const float *oo = orow + 16 * kk + 8 * half + t2;
+          dd = __fmaf_rn(loom_half_lo<BF>(x), oo[0], dd);
+          dd = __fmaf_rn(loom_half_hi<BF>(x), oo[1], dd);
+        }
+    }
+    dd += __shfl_xor_sync(0xffffffffu, dd, 1);
+    dd += __shfl_xor_sync(0xffffffffu, dd, 2);
+    dsum[hr] = dd;
+    mrow[hr] = row < T ? Lsaved[(long long)bh * T + row] : LOOM_INF;
+  }
+}
+
+/* dq's stores (a thread's two rows of an m16n8 accumulator layout), with the rows' L2 (when
+   Lout: the two-pass dq) and Dsum for the dk/dv kernel; any: the rows saw a key tile.  The
+   one copy for loom_attn_bwd_dq_tc and the wgmma dq. */
+template <class SDQ, int ND>
+LOOM_DEV void loom_dq_finish(typename SDQ::T *dq, float *Lout, float *Dout, const float (&acc)[ND][4],
+                             const float (&mrow)[2], const float (&dsum)[2], bool any, int r0, int r1, int T, int b,
+                             int h, int bh, int t2, int HD, int D) {
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int row = hr ? r1 : r0;
+    if (row >= T) continue;
+    const long long at = ((long long)b * T + row) * HD + (long long)h * D + t2;
+    #pragma unroll
+    for (int d = 0; d < ND; d++) {
+      SDQ::st(dq, at + 8 * d, acc[d][2 * hr]);
+      SDQ::st(dq, at + 8 * d + 1, acc[d][2 * hr + 1]);
+    }
+    if (t2 == 0) {
+      if (Lout) Lout[(long long)bh * T + row] = any ? mrow[hr] : LOOM_INF;
+      Dout[(long long)bh * T + row] = any ? dsum[hr] : 0.0f;
+    }
+  }
+}
+
 /* Backward part 1 on tensor cores (the operands of loom_attn_fwd_tc): loom_attn_bwd_dq's two
    passes, with S = Q K^T, dP = dO V^T and dQ += dS K as mma.sync.  Pass 1 gives each row's
    log-sum-exp (base 2: L2 = m c2 + log2 l, c2 = scale log2 e) and Dsum = sum p (dout . v);
@@ -902,28 +957,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     kmin[hr] = W > 0 ? row - W + 1 : 0;
     kmax[hr] = causal && row + 1 < S ? row + 1 : S;
   }
-  if (saved)   /* L2 as the forward saved it; Dsum = dout . O over this thread's columns, then the quad's */
-    #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-      const int row = hr ? r1 : r0;
-      float dd = 0.0f;
-      if (row < T) {
-        const float *orow = Osaved + ((long long)b * T + row) * H * D + (long long)h * D;
-        #pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-          #pragma unroll
-          for (int half = 0; half < 2; half++) {
-            const unsigned x = of[kk][hr + 2 * half];
-            const float *oo = orow + 16 * kk + 8 * half + t2;
-            dd = __fmaf_rn(loom_half_lo<BF>(x), oo[0], dd);
-            dd = __fmaf_rn(loom_half_hi<BF>(x), oo[1], dd);
-          }
-      }
-      dd += __shfl_xor_sync(0xffffffffu, dd, 1);
-      dd += __shfl_xor_sync(0xffffffffu, dd, 2);
-      dsum[hr] = dd;
-      mrow[hr] = row < T ? Lout[(long long)bh * T + row] : LOOM_INF;
-    }
+  if (saved) loom_dq_saved_stats<BF, KD>(dout, Osaved, Lout, dsum, mrow, r0, r1, T, b, h, bh, t2, qs, H * D, D);
   const int lr = lane & 7, lm = lane >> 3;
   const int boff = (8 * (lm >> 1) + lr) * LD + 8 * (lm & 1);   /* K, V as B of S, dP: key blocks j, j+1 x d halves */
   const int toff = (8 * (lm & 1) + lr) * LD + 8 * (lm >> 1);   /* K^T as B of dQ: key halves x d blocks d, d+1 */
@@ -1036,21 +1070,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
     }
     __syncthreads();
   }
-  #pragma unroll
-  for (int hr = 0; hr < 2; hr++) {
-    const int row = hr ? r1 : r0;
-    if (row >= T) continue;
-    const long long at = ((long long)b * T + row) * H * D + (long long)h * D + t2;
-    #pragma unroll
-    for (int d = 0; d < ND; d++) {
-      SDQ::st(dq, at + 8 * d, acc[d][2 * hr]);
-      SDQ::st(dq, at + 8 * d + 1, acc[d][2 * hr + 1]);
-    }
-    if (t2 == 0) {
-      if (!saved) Lout[(long long)bh * T + row] = nk > 0 ? mrow[hr] : LOOM_INF;
-      Dout[(long long)bh * T + row] = nk > 0 ? dsum[hr] : 0.0f;
-    }
-  }
+  loom_dq_finish<SDQ, ND>(dq, saved ? nullptr : Lout, Dout, acc, mrow, dsum, nk > 0, r0, r1, T, b, h, bh, t2, H * D, D);
 }
 
 /* Backward part 2 on tensor cores: loom_attn_bwd_dkdv with S^T = K Q^T, dP^T = V dO^T,
