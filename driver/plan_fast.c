@@ -3,8 +3,8 @@
  *
  * A candidate's step is a sum over a few kinds of program: its layers (one kind per tp, cp,
  * sequence parallelism and ep), the embedding and head, the optimizer step and the dp
- * collectives.  Each layer program is compiled once (a reference: dp = 2, and dp = 1 where a
- * candidate has it; pp = 1, ZeRO 0, one and two sequences a rank, nothing recomputed, 1 and 2
+ * collectives.  Each layer program is compiled once (a reference: dp = 2, whatever the
+ * candidate's; pp = 1, ZeRO 0, one and two sequences a rank, nothing recomputed, 1 and 2
  * layers, lowered whole) and every candidate estimated from its reference:
  *   - a layer's forward and backward per micro-batch: the reference's time a layer x the
  *     micro-batch, x 4/3 with full recomputation (the forward again), x 1.1 selective;
@@ -74,7 +74,8 @@
  * Then (sixth session): dp = 1 with sp was another program because the shard pass kept a
  * batch of one's [1,T,D] -> [T,D] flattening sequence-split, so the weight gradients were
  * partial sums of whole weights (docs/planning.md); fixed there (shard_tp.c), dp = 1's
- * figures and stash are dp = 2's, and both workarounds above are gone.
+ * figures and stash are dp = 2's, both workarounds above are gone, and dp = 1's references
+ * are no longer compiled (70B --top 3: 1,273 -> 1,197 compiles, the same table).
  *
  * The sessions before (2026-11-28, second to fourth): docs/planning.md, "The fast
  * search's history".
@@ -133,8 +134,7 @@ typedef struct {
 typedef struct {
   int64_t tp, cp, ep;
   bool sp;
-  bool need[2];    /* dp = 1, 2 (figures_at) */
-  Figures f[2];
+  Figures f;       /* at dp = 2, for every dp (figures_at) */
   bool need_z[4];  /* ZeRO stages the candidates use (dp > 1) */
   DpComm z[4];
 } LayerProg;
@@ -152,10 +152,10 @@ static LayerProg *program_of(Programs *ps, const Cand *c) {
   return NULL;
 }
 
-/* The reference compiles of p at dp (index k: 1, 2): ZeRO 0, nothing recomputed, no pp,
-   one micro-batch of 1 and of 2 sequences a rank, 1 and 2 layers, lowered whole. */
-static void compile_figures(Ctx *x, const LayerProg *p, int k, Figures *f, int64_t L) {
-  int64_t dp = k == 0 ? 1 : 2;
+/* The reference compiles of p at dp = 2: ZeRO 0, nothing recomputed, no pp, one
+   micro-batch of 1 and of 2 sequences a rank, 1 and 2 layers, lowered whole. */
+static void compile_figures(Ctx *x, const LayerProg *p, Figures *f, int64_t L) {
+  int64_t dp = 2;
   int nl = L >= 2 ? 2 : 1;
   double g[2][2], o[2][2], st[2][2], ar[2][2];   /* [layers - 1][sequences - 1] */
   f->ok = true;
@@ -287,26 +287,27 @@ static void *ref_worker(void *arg) {
                         j, r->n, r->x->compiles);
     pthread_mutex_unlock(&r->lock);
     if (j >= r->n) break;
-    LayerProg *p = &r->ps->p[j / 6];
-    int k = j % 6;
-    if (k < 2 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
-    if (k >= 2 && p->need_z[k - 2]) compile_dp_comm(r->x, p, k - 2, &p->z[k - 2], r->L);
+    LayerProg *p = &r->ps->p[j / 5];
+    int k = j % 5;
+    if (k == 0) compile_figures(r->x, p, &p->f, r->L);
+    if (k >= 1 && p->need_z[k - 1]) compile_dp_comm(r->x, p, k - 1, &p->z[k - 1], r->L);
   }
   return NULL;
 }
 
-/* The figures at dp: dp = 1's or dp = 2's.  A layer's ops no longer grow with dp (canonicalize
+/* The figures at any dp: dp = 2's.  A layer's ops no longer grow with dp (canonicalize
    rewrites shard_slice(broadcast(x)) into a broadcast to the rank's part): at Llama-3-70B
-   the references at dp = 4 gave dp = 2's figures to 0.01%, so they are no longer compiled. */
+   the references at dp = 4 gave dp = 2's figures to 0.01%, so they are not compiled.
+   dp = 1's were, until its references with sequence parallelism turned out another
+   program: a negative part a sequence (Llama-3-70B on 4,096, tp=8+sp cp=16: -0.0027 s a
+   layer against dp = 2's 0.0010), the reference of one sequence having its weight
+   gradients contracted over the tokens, whole and all-reduced.  The shard pass now
+   partitions a batch of one as any batch (shard_tp.c's reshape rule), and at 70B dp = 1's
+   figures came out dp = 2's (state and arenas to the byte, the step's rest within 1-2 us),
+   so they are no longer compiled either (70B: 76 compiles fewer, the same table). */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
-  /* (dp = 1's references with sequence parallelism once came out with a negative part a
-     sequence, Llama-3-70B on 4,096, tp=8+sp cp=16: -0.0027 s a layer against dp = 2's
-     0.0010, and dp = 2's figures stood in for them: the reference of one sequence was
-     another program, its weight gradients contracted over the tokens, whole and
-     all-reduced.  The shard pass now partitions a batch of one as any batch (shard_tp.c's
-     reshape rule): at 70B dp = 1's figures are dp = 2's but for 1-2 us of a step's rest,
-     none below 0.) */
-  *out = p->f[dp == 1 ? 0 : 1];
+  (void)dp;
+  *out = p->f;
   return out->ok;
 }
 
@@ -824,12 +825,11 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   for (int i = 0; i < n; i++) {
     LayerProg *p = program_of(&ps, &cs[i]);
-    p->need[cs[i].dp == 1 ? 0 : 1] = true;
     if (cs[i].dp > 1) p->need_z[cs[i].zero] = true;
   }
-  /* the references, on every thread: job j is program j / 6's dp figures (j % 6 < 2: dp =
-     1, 2) or its dp collectives (ZeRO stage j % 6 - 2) */
-  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 6 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
+  /* the references, on every thread: job j is program j / 5's figures (j % 5 = 0) or its dp
+     collectives (ZeRO stage j % 5 - 1) */
+  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 5 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
   plan_progress_init(&rj.progress, rq->progress, isatty(STDERR_FILENO) == 1, t_start);
   {
     int nt = threads_to_use();
@@ -845,12 +845,10 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
   if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 3)
     for (int i = 0; i < ps.n; i++)
-      for (int k = 0; k < 2; k++)
-        if (ps.p[i].need[k] && ps.p[i].f[k].ok)
-          fprintf(stderr, "program tp=%lld cp=%lld sp=%d at dp %d: g_la %.6g g_lb %.6g g_ba %.6g g_bb %.6g o_l %.6g s_l %.6g a_la %.6g a_lb %.6g\n",
-                  (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, k + 1, ps.p[i].f[k].g_la,
-                  ps.p[i].f[k].g_lb, ps.p[i].f[k].g_ba, ps.p[i].f[k].g_bb, ps.p[i].f[k].o_l, ps.p[i].f[k].s_l,
-                  ps.p[i].f[k].a_la, ps.p[i].f[k].a_lb);
+      if (ps.p[i].f.ok)
+        fprintf(stderr, "program tp=%lld cp=%lld sp=%d: g_la %.6g g_lb %.6g g_ba %.6g g_bb %.6g o_l %.6g s_l %.6g a_la %.6g a_lb %.6g\n",
+                (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, ps.p[i].f.g_la, ps.p[i].f.g_lb, ps.p[i].f.g_ba,
+                ps.p[i].f.g_bb, ps.p[i].f.o_l, ps.p[i].f.s_l, ps.p[i].f.a_la, ps.p[i].f.a_lb);
   /* estimates, on every thread (each simulates its pipeline schedule) */
   Stash *stash = stash_new(L);   /* the schedules, kept for the stash bounds (Ctx.stash) */
   if (!stash) {
