@@ -5,7 +5,7 @@
    and a warp-specialized pipeline: one producer warp copies Q once and K, V tiles into a ring
    of stages; two consumer warpgroups (64 query rows each) wait for a stage's "full" barrier,
    run S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers
-   (attention.cuh's, base 2), O += P V (wgmma, P from registers in the accumulator's own
+   (attention_tc.cuh's, base 2), O += P V (wgmma, P from registers in the accumulator's own
    layout, V through a transposed descriptor), and arrive on the stage's "empty" barrier,
    which the producer waits for before it copies the stage again.
    Opt-in (LOOM_CUDA_WGMMA=1 when lowering, lower_attn.c): the layouts are checked only
@@ -222,7 +222,7 @@ LOOM_DEV unsigned loom_sw128(int r, int u, unsigned blk) {
    one-pass backward.  384 threads: warpgroup 0 the producer (its warp 0 copies; warps 1-3
    leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
    and keys past S are copies of the last row (finite: masked keys get p = 0, rows past T are
-   not stored).  Two stages of 64 keys.  P enters P V as attention.cuh's kernels have it (the
+   not stored).  Two stages of 64 keys.  P enters P V as attention_tc.cuh's kernels have it (the
    input format, with LOOM_ATTN_SPLIT its remainder too).
    grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 2 stages * 2 * 64*D*2 + 40 bytes.
    bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale */
