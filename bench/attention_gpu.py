@@ -20,8 +20,9 @@ LSE=0 for the backward without the forward's saved L2 and O (dq in two passes: t
 gradient in another function, or LOOM_CUDA_NO_ATTN_LSE=1).
 
 On an sm_90 device (or with WGMMA=1) it also times the Hopper kernels LOOM_CUDA_WGMMA=1 picks
-(loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk copies, mbarriers; built for
-sm_90a; dq stays mma.sync's), forward and forward + backward, in columns of their own, and
+(loom_attn_fwd_wg, loom_attn_bwd_dq_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk copies,
+mbarriers; built for sm_90a; dq on wgmma in its one-pass form only, LSE=0 keeps mma.sync's),
+forward and forward + backward, in columns of their own, and
 their out, L2, O, dq, dk, dv against the mma.sync kernels' ("vs mma": the same arithmetic,
 expect 0 or rounding noise).  WGMMA=0 leaves them out.
 """
@@ -76,7 +77,13 @@ void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   bool saved = Os.numel() > 0;
   LoomArgs a = saved ? args_of({dout, q, k, v, L, Os, dq, Ds}, B, T, H, D, S, KV, scale, true)
                      : args_of({dout, q, k, v, dq, L, Ds}, B, T, H, D, S, KV, scale);
-  go(D == 64 ? (const void *)DQ64 : (const void *)DQ128, a, dim3(B * H, (T + 63) / 64), 8 * tile * (D + 8));
+#ifdef DQG64
+  if (wg && saved)   /* the Hopper dq (its one-pass form; lower_attn.c's launch: 256 threads, 64 rows a block) */
+    go(D == 64 ? (const void *)DQG64 : (const void *)DQG128, a, dim3(B * H, (T + 63) / 64),
+       1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 256);
+  else
+#endif
+    go(D == 64 ? (const void *)DQ64 : (const void *)DQ128, a, dim3(B * H, (T + 63) / 64), 8 * tile * (D + 8));
   LoomArgs b = args_of({dout, q, k, v, L, Ds, dk, dv}, B, T, H, D, S, KV, scale);
   if (wg) {   /* the Hopper dk dv (lower_attn.c's launch: 256 threads, 64 keys a block) */
 #ifdef KVG64
@@ -110,6 +117,10 @@ extern "C" __global__ void __launch_bounds__(384) bench_fwg_64(LoomArgs a) { loo
 extern "C" __global__ void __launch_bounds__(384) bench_fwg_128(LoomArgs a) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a); }
 extern "C" __global__ void __launch_bounds__(256) bench_kvg_64(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a); }
 extern "C" __global__ void __launch_bounds__(256) bench_kvg_128(LoomArgs a) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a); }
+extern "C" __global__ void __launch_bounds__(256) bench_dqg_64(LoomArgs a) { loom_attn_bwd_dq_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 64>(a); }
+extern "C" __global__ void __launch_bounds__(256) bench_dqg_128(LoomArgs a) { loom_attn_bwd_dq_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 128>(a); }
+#define DQG64 bench_dqg_64
+#define DQG128 bench_dqg_128
 #define FWG64 bench_fwg_64
 #define FWG128 bench_fwg_128
 #define KVG64 bench_kvg_64

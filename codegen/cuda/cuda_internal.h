@@ -236,7 +236,7 @@ int cl_fuse_xent(Lower *L, Steps *s, int i);
 int cl_fuse_embed_pos(Lower *L, Steps *s, int i);
 
 /* lower_attn.c: attention, attention_grad, attention_block and attention_block_grad (L->op)
-   as the flash-attention kernels of kernels/attention.cuh and kernels/attn_block.cuh. */
+   as the flash-attention kernels of kernels/attention*.cuh and kernels/attn_block.cuh. */
 int cl_lower_attention(Lower *L, Steps *s);
 
 /* lower_moe.c: grouped_matmul or grouped_matmul_wgrad (L->op) as one strided-batched cuBLASLt

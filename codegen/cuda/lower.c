@@ -763,9 +763,9 @@ static void header(Str *o, const Module *m) {
   /* a benchmarking knob: flash-attention's numerics on tensor cores (see the prelude) */
   const char *round = getenv("LOOM_CUDA_ATTN_ROUND");
   if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
-  const char *families[] = {loom_cuh_common,    loom_cuh_norms,      loom_cuh_loss,   loom_cuh_data,
-                            loom_cuh_optimizer, loom_cuh_attention,  loom_cuh_attention_sm90, loom_cuh_attn_block,
-                            loom_cuh_decode,    loom_cuh_moe,        loom_cuh_mesh};
+  const char *families[] = {loom_cuh_common,      loom_cuh_norms,          loom_cuh_loss,       loom_cuh_data,
+                            loom_cuh_optimizer,   loom_cuh_attention,      loom_cuh_attention_tc, loom_cuh_attention_sm90,
+                            loom_cuh_attn_block,  loom_cuh_decode,         loom_cuh_moe,        loom_cuh_mesh};
   for (size_t i = 0; i < sizeof families / sizeof *families; i++) str_add(o, "%s", families[i]);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }

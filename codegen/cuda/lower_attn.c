@@ -1,6 +1,6 @@
 /* codegen/cuda/lower_attn.c — attention on CUDA: attention and attention_grad as the
- * flash-attention kernels of kernels/attention.cuh (tensor cores for bf16/f16, CUDA cores in
- * f32 otherwise), attention_block and attention_block_grad (context parallelism's ring steps)
+ * flash-attention kernels of kernels/attention_tc.cuh (tensor cores for bf16/f16; Hopper's
+ * in attention_sm90.cuh) and kernels/attention.cuh (CUDA cores, f32), attention_block and attention_block_grad (context parallelism's ring steps)
  * as those of kernels/attn_block.cuh.
  *
  * Split from lower.c (issue 32): the dispatcher reaches this file through cl_lower_attention,
@@ -133,9 +133,9 @@ static int lse_reader(Lower *L, int i) {
   return -1;
 }
 
-/* LOOM_CUDA_WGMMA=1: the forward and the dk dv kernel on Hopper's warpgroup MMA
-   (kernels/attention_sm90.cuh), for tensor-core attention at head size 64 or 128 without a
-   sliding window (dq keeps the mma.sync kernel).  Opt-in, for sm_90a
+/* LOOM_CUDA_WGMMA=1: the forward, dq (its one-pass form, from the forward's saved L2 and O)
+   and dk dv on Hopper's warpgroup MMA (kernels/attention_sm90.cuh), for tensor-core attention
+   at head size 64 or 128 without a sliding window.  Opt-in, for sm_90a
    devices only (the lowering does not see the device; elsewhere the kernel traps): its
    shared-memory layouts are checked against the emulated device's reading of the PTX ISA, not
    yet on a GPU (tests/gpu/OWED.md). */
@@ -226,8 +226,15 @@ static int lower_attention_grad(Lower *L, Steps *s) {
   if (saved_at >= 0 && !tc) return cl_fail(L, "internal error: the saved log-sum-exp of an attention off the tensor cores");
   int64_t tile = D <= 64 ? 64 : 32;   /* the tensor-core kernels' key (dq) and query (dk dv) tiles */
   if (tc) st->smem = (uint32_t)(8 * tile * (D + 8));   /* two stages of K and V tiles */
-  if (tc ? cl_instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, saved_at >= 0 ? 6 : 4), extra, suffix, 128)
-         : cl_instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
+  if (tc && saved_at >= 0 && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; Q, dO, two stages of K, V */
+    st->block[0] = 256;
+    st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
+    size_t n = strlen(st->label);
+    snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
+    if (cl_instantiate(L, st, "attn_dq_wg", "loom_attn_bwd_dq_wg", IDX(0, 1, 2, 3, 6), extra, suffix, 256)) return IR_EINPUT;
+  } else if (tc ? cl_instantiate(L, st, "attn_dq_tc", "loom_attn_bwd_dq_tc", IDX(0, 1, 2, 3, saved_at >= 0 ? 6 : 4), extra,
+                                 suffix, 128)
+                : cl_instantiate(L, st, "attn_dq", "loom_attn_bwd_dq", IDX(0, 1, 2, 3, 4), extra, suffix, 128))
     return IR_EINPUT;
   RtBuf lb = st->bufs[saved_at >= 0 ? 4 : 5], db = st->bufs[saved_at >= 0 ? 7 : 6];
   /* 2: dk, dv */

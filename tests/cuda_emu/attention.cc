@@ -1,10 +1,10 @@
-/* tests/cuda_emu/attention.cc — the flash-attention kernels of codegen/cuda/kernels/attention.cuh on the
+/* tests/cuda_emu/attention.cc — the flash-attention kernels of codegen/cuda/kernels/attention*.cuh on the
  * emulated device against a double-precision reference: forward (out) and backward (dq; dk,
  * dv) on tensor cores (loom_attn_*_tc, bf16 and f16) and on CUDA cores, causal and not,
  * grouped KV heads, query and key lengths that are not multiples of the tiles, head sizes
  * 16, 64 and 128, sliding windows (causal and not); and on tensor cores the one-pass backward
  * from the forward's saved L2 and O (against the reference and the two-pass kernels), and the
- * Hopper kernels (attention_sm90.cuh's forward and dk dv, on emu_sm90.h's wgmma, mbarriers and
+ * Hopper kernels (attention_sm90.cuh's forward, dq and dk dv, on emu_sm90.h's wgmma, mbarriers and
  * bulk copies).  Built by run.sh: `g++ -include emu.h attention.cc` with TU naming a
  * translation unit from `loom ir --emit=cuda` (the templates come from its prelude).
  * Exit 0 when every result of every case is within 2e-5 of its largest element. */
@@ -34,6 +34,10 @@ static void fwd_tc(LoomArgs a) { loom_attn_fwd_tc<S, S, S, loom_sf32, D>(a); }
 template <class S, int D>
 static void fwd_wg(LoomArgs a) {
   if constexpr (D == 64 || D == 128) loom_attn_fwd_wg<S, S, S, loom_sf32, D>(a);
+}
+template <class S, int D>
+static void dq_wg(LoomArgs a) {
+  if constexpr (D == 64 || D == 128) loom_attn_bwd_dq_wg<S, S, S, S, loom_sf32, D>(a);
 }
 template <class S, int D>
 static void dkdv_wg(LoomArgs a) {
@@ -69,7 +73,8 @@ static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs
     return (wgmma ? launch(fwd_wg<S, D>, f, bh, (unsigned)((c.T + 127) / 128), 1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40,
                            "wgmma forward", 384)
                   : launch(fwd_tc<S, D>, f, bh, tq, 2 * 2 * 64 * L8 * 2, "forward")) ||
-           launch(dq_tc<S, D>, q, bh, tq, 8 * bn * L8, "dq") ||
+           (wgmma ? launch(dq_wg<S, D>, q, bh, tq, 1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dq", 256)
+                  : launch(dq_tc<S, D>, q, bh, tq, 8 * bn * L8, "dq")) ||
            (wgmma ? launch(dkdv_wg<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
                            1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dk dv", 256)
                   : launch(dkdv_tc<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
@@ -93,8 +98,9 @@ static double rel(const std::vector<float> &got, const std::vector<double> &want
 /* mode 0: CUDA cores; 1: tensor cores; 2: tensor cores, the forward saving L2 and O (f32)
    for the one-pass dq (lower_attn.c's saved log-sum-exp), checked against the reference
    and against mode 1's results of the same case (out bit for bit: the same arithmetic);
-   3: mode 2 with the Hopper kernels (loom_attn_fwd_wg and loom_attn_bwd_dkdv_wg: wgmma, bulk
-   copies, mbarriers) in place of loom_attn_fwd_tc and loom_attn_bwd_dkdv_tc, against the
+   3: mode 2 with the Hopper kernels (loom_attn_fwd_wg, loom_attn_bwd_dq_wg and
+   loom_attn_bwd_dkdv_wg: wgmma, bulk copies, mbarriers) in place of loom_attn_fwd_tc,
+   loom_attn_bwd_dq_tc and loom_attn_bwd_dkdv_tc, against the
    reference and mode 2's results: the same bits in out, L2, O and the gradients (the
    emulator's wgmma sums each k16 step's products as its mma.sync does, and the kernels share
    the rest of their arithmetic and its order). */

@@ -99,7 +99,7 @@ sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_e
 if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
      -DTU="\"$tmp/tu_emu.cu\"" tests/cuda_emu/attention.cc -o "$tmp/attention" > "$tmp/log" 2>&1 &&
    "$tmp/attention" > "$tmp/att" 2>&1; then
-  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16, sliding windows; the one-pass dq from the forward's saved L2 and O; the Hopper wgmma forward and dk dv) within 2e-5 of a double reference"
+  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16, sliding windows; the one-pass dq from the forward's saved L2 and O; the Hopper wgmma forward, dq and dk dv) within 2e-5 of a double reference"
   sed 's/^/     /' "$tmp/att"
 else
   bad "attention kernels"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
@@ -140,18 +140,18 @@ lse_pair "llama-tiny fp32, 2 steps" 0 "$LOOM" train tests/golden/llama-tiny/trai
 lse_pair "bench-gpt2-small bf16 seq 128 (D 64), gradients" 2e-2 \
   "$LOOM" eval "$tmp/bench16.json" --weights "$tmp/w.st" --tokens "$tmp/d.bin" --batch 1 --seq 128 --grads --backend cuda
 
-# LOOM_CUDA_WGMMA=1: the Hopper forward and dk dv (kernels/attention_sm90.cuh: wgmma, bulk
+# LOOM_CUDA_WGMMA=1: the Hopper forward, dq and dk dv (kernels/attention_sm90.cuh: wgmma, bulk
 # copies, mbarriers, on the emulator's reading of the PTX ISA) in every layer of the D 64
 # model, against the default mma.sync kernels: the same bits (attention.cc: the same arithmetic)
 n_wg=$(LOOM_CUDA_WGMMA=1 "$LOOM" ir "$tmp/bench16.json" --passes=train,lower --target=cuda --cost 2>&1 |
-  grep -c 'loom_attn_fwd_wg_\|loom_attn_dkdv_wg_')
-if [ "$n_wg" = 8 ] && memo "$tmp/wg_1.st" LOOM_CUDA_WGMMA=1 "$LOOM" eval "$tmp/bench16.json" --weights "$tmp/w.st" \
+  grep -c 'loom_attn_fwd_wg_\|loom_attn_dq_wg_\|loom_attn_dkdv_wg_')
+if [ "$n_wg" = 12 ] && memo "$tmp/wg_1.st" LOOM_CUDA_WGMMA=1 "$LOOM" eval "$tmp/bench16.json" --weights "$tmp/w.st" \
      --tokens "$tmp/d.bin" --batch 1 --seq 128 --grads --backend cuda > "$tmp/log" 2>&1 &&
    memo "$tmp/wg_0.st" "$LOOM" eval "$tmp/bench16.json" --weights "$tmp/w.st" --tokens "$tmp/d.bin" --batch 1 --seq 128 \
      --grads --backend cuda >> "$tmp/log" 2>&1 && "$ST_DIFF" "$tmp/wg_1.st" "$tmp/wg_0.st" --rtol 0 > "$tmp/diff" 2>&1; then
-  ok "bench-gpt2-small bf16 seq 128 with LOOM_CUDA_WGMMA=1 (4 wgmma forwards, 4 wgmma dk dv): logits, loss and every gradient the same bits as the mma.sync kernels'"
+  ok "bench-gpt2-small bf16 seq 128 with LOOM_CUDA_WGMMA=1 (4 wgmma forwards, 4 wgmma dq, 4 wgmma dk dv): logits, loss and every gradient the same bits as the mma.sync kernels'"
 else
-  bad "bench-gpt2-small bf16 with LOOM_CUDA_WGMMA=1 ($n_wg wgmma kernels, 8 expected) against the mma.sync kernels"
+  bad "bench-gpt2-small bf16 with LOOM_CUDA_WGMMA=1 ($n_wg wgmma kernels, 12 expected) against the mma.sync kernels"
   tail -5 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
 fi
 

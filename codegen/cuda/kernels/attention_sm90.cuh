@@ -5,7 +5,7 @@
    and a warp-specialized pipeline: one producer warp copies Q once and K, V tiles into a ring
    of stages; two consumer warpgroups (64 query rows each) wait for a stage's "full" barrier,
    run S = Q K^T (wgmma, both operands in shared memory), the online softmax in registers
-   (attention.cuh's, base 2), O += P V (wgmma, P from registers in the accumulator's own
+   (attention_tc.cuh's, base 2), O += P V (wgmma, P from registers in the accumulator's own
    layout, V through a transposed descriptor), and arrive on the stage's "empty" barrier,
    which the producer waits for before it copies the stage again.
    Opt-in (LOOM_CUDA_WGMMA=1 when lowering, lower_attn.c): the layouts are checked only
@@ -222,7 +222,7 @@ LOOM_DEV unsigned loom_sw128(int r, int u, unsigned blk) {
    one-pass backward.  384 threads: warpgroup 0 the producer (its warp 0 copies; warps 1-3
    leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
    and keys past S are copies of the last row (finite: masked keys get p = 0, rows past T are
-   not stored).  Two stages of 64 keys.  P enters P V as attention.cuh's kernels have it (the
+   not stored).  Two stages of 64 keys.  P enters P V as attention_tc.cuh's kernels have it (the
    input format, with LOOM_ATTN_SPLIT its remainder too).
    grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 2 stages * 2 * 64*D*2 + 40 bytes.
    bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale */
@@ -504,6 +504,146 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a) {
   typename SDK::T *dk = LOOM_OUT(SDK, 6);
   typename SDV::T *dv = LOOM_OUT(SDV, 7);
   loom_kv_grads_store<SDK, SDV, ND>(dk, dv, dK, dV, k0, k1, S, b, kvh, t2, (long long)KV * D, D);
+#else
+  (void)a;
+  __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
+#endif
+}
+
+/* Backward part 1 (dq) on wgmma, the one-pass form only (the forward saved L2 and O; the
+   lowering keeps the two-pass dq on loom_attn_bwd_dq_tc): loom_attn_bwd_dq_tc's arithmetic in
+   dk/dv's pipeline mirrored.  256 threads: warpgroup 0 the producer (warp 0 copies the block's
+   64 query rows of Q and dO once, then the key tiles' K and V into a ring of two stages),
+   warpgroup 1 the consumer: S = Q K^T and dP = dO V^T (wgmma, all four in shared memory,
+   K-major), dS = 2^(S c2 - L2) (dP - Dsum) scale in registers, dQ += dS K (wgmma, dS from
+   registers as the forward's P, K through an N-major descriptor as the forward's V).  Key
+   tiles of 64 at both D (the mma.sync kernel takes 32 at D 128): dQ's k16 steps, the sums of
+   S and dP and the masks are the same in the same order, so the bits are.  No window.
+   grid (B*H, ceil(T/64)); dynamic smem 1024 + 2*64*D*2 + 2 stages * 2*64*D*2 + 40 bytes.
+   bufs: dout q k v L2 O -> dq Dsum;  i: B, T, H, D, S, KV, causal, window (0), 1;  f: scale */
+template <class SDO, class SQ, class SK, class SV, class SDQ, int D>
+LOOM_DEV void loom_attn_bwd_dq_wg(const LoomArgs &a) {
+#if LOOM_SM90
+  static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
+  constexpr bool BF = SQ::is_bf16;
+  constexpr int BM = 64, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 8;
+  constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
+  extern __shared__ float loom_smem[];
+  const unsigned raw = loom_sm90_smem(loom_smem), sQ = (raw + 1023u) & ~1023u, sO = sQ + TILE, sKV = sO + TILE;
+  const unsigned sBar = sKV + ST * 2 * TILE, qbar = sBar + 16 * ST;   /* full[s], empty[s], then Q and dO's */
+  const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5];
+  const bool causal = a.i[6] != 0;
+  const float scale = (float)a.f[0], c2 = scale * 1.4426950408889634f;
+  const int bh = blockIdx.x, b = bh / H, h = bh - b * H, kvh = h / (H / KV);
+  const int n_tiles = (T + BM - 1) / BM, m0 = (n_tiles - 1 - (int)blockIdx.y) * BM;   /* long rows first */
+  const int n_end = causal ? (S < m0 + BM ? S : m0 + BM) : S, nk = n_end > 0 ? (n_end + BN - 1) / BN : 0;
+  const int qs = H * D, ks = KV * D;
+  const long long qbase = ((long long)b * T * H + h) * D;
+  const unsigned short *dout = LOOM_IN(SDO, 0) + qbase, *q = LOOM_IN(SQ, 1) + qbase;
+  /* (the warpgroup through a shuffle: the forward says why) */
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  if (tid == 0) {
+    for (int s = 0; s < ST; s++) {
+      loom_mbar_init(sBar + 8 * s, 1);
+      loom_mbar_init(sBar + 8 * (ST + s), 128);
+    }
+    loom_mbar_init(qbar, 1);
+    loom_mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {   /* the producer */
+    if (tid >= 32) return;
+    const unsigned short *k = LOOM_IN(SK, 2) + ((long long)b * S * KV + kvh) * D;
+    const unsigned short *v = LOOM_IN(SV, 3) + ((long long)b * S * KV + kvh) * D;
+    if (tid == 0) loom_mbar_expect_tx(qbar, 2 * TILE);
+    __syncwarp();
+    for (int c = tid; c < BM * U; c += 32) {   /* rows past T: copies of the last (not stored) */
+      const int r = c / U, u = c - r * U, at = (m0 + r < T ? m0 + r : T - 1) * qs + 8 * u;
+      const unsigned off = loom_sw128(r, u, BLK);
+      loom_bulk_load(sQ + off, q + at, 16, qbar);
+      loom_bulk_load(sO + off, dout + at, 16, qbar);
+    }
+    for (int it = 0; it < nk; it++) {
+      const int s = it % ST, n0 = it * BN;
+      const unsigned full = sBar + 8 * s, sK = sKV + s * 2 * TILE;
+      loom_mbar_wait(sBar + 8 * (ST + s), ((it / ST) & 1) ^ 1);
+      if (tid == 0) loom_mbar_expect_tx(full, 2 * TILE);
+      __syncwarp();
+      for (int c = tid; c < BN * U; c += 32) {   /* keys past S: copies of the last (masked) */
+        const int r = c / U, u = c - r * U, at = (n0 + r < S ? n0 + r : S - 1) * ks + 8 * u;
+        const unsigned off = loom_sw128(r, u, BLK);
+        loom_bulk_load(sK + off, k + at, 16, full);
+        loom_bulk_load(sK + TILE + off, v + at, 16, full);
+      }
+    }
+    return;
+  }
+  const int l = tid & 127, warp = l >> 5, lane = l & 31, t2 = (lane & 3) * 2;
+  const int r0 = m0 + 16 * warp + (lane >> 2), r1 = r0 + 8;   /* this thread's two rows */
+  float mrow[2], dsum[2], acc[ND][4];   /* mrow: the rows' L2 */
+  loom_dq_saved_stats<BF, KD>(dout, (const float *)a.buf[5], (const float *)a.buf[4], dsum, mrow, r0, r1, T, b, h, bh,
+                              t2, qs, H * D, D);
+  #pragma unroll
+  for (int d = 0; d < ND; d++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) acc[d][e] = 0.0f;
+  int kmax[2];   /* the keys rows r0 and r1 see: [0, kmax) */
+  #pragma unroll
+  for (int hr = 0; hr < 2; hr++) {
+    const int row = hr ? r1 : r0;
+    kmax[hr] = causal && row + 1 < S ? row + 1 : S;
+  }
+  /* n0 < this (and n0 + BN <= S): no key of the block's rows masked (per warpgroup, as the
+     forward's) */
+  const int interior_end = causal ? m0 + 1 - BN : S - BN + 1;
+  loom_mbar_wait(qbar, 0);
+  auto tile = [&](const bool EDGE, int n0, unsigned sK) {   /* a literal EDGE at each call */
+    const unsigned sV = sK + TILE;
+    float s[NT][4], dp[NT][4];
+    loom_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
+      loom_wgmma_ss64<BF>(&s[0][0], loom_wg_desc(sQ + ko, 16, 1024), loom_wg_desc(sK + ko, 16, 1024), kk > 0);
+      loom_wgmma_ss64<BF>(&dp[0][0], loom_wg_desc(sO + ko, 16, 1024), loom_wg_desc(sV + ko, 16, 1024), kk > 0);
+    }
+    loom_wgmma_commit();
+    loom_wgmma_wait<0>();
+    loom_wg_regs(&s[0][0], 4 * NT);
+    loom_wg_regs(&dp[0][0], 4 * NT);
+    #pragma unroll
+    for (int j = 0; j < NT; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int hr = e >> 1;
+        if (EDGE && n0 + 8 * j + t2 + (e & 1) >= kmax[hr]) s[j][e] = -LOOM_INF;
+        s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mrow[hr])) * (dp[j][e] - dsum[hr]) * scale;
+      }
+    unsigned hi[KN][4], lo[KN][4];
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(s, 2 * kk, hi[kk], lo[kk]);
+    loom_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) {   /* K's keys 16 kk ..: as the forward's V */
+      const unsigned long long dk = loom_wg_desc(sK + kk * 16 * 128, BLK, 1024);
+      if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&acc[0][0], lo[kk], dk);
+      loom_wgmma_rs<BF, D>(&acc[0][0], hi[kk], dk);
+    }
+    loom_wgmma_commit();
+    loom_wgmma_wait<0>();
+    loom_wg_regs(&acc[0][0], 4 * ND);
+    loom_wg_keep(&hi[0][0], 4 * KN);
+    loom_wg_keep(&lo[0][0], 4 * KN);
+  };
+  for (int it = 0; it < nk; it++) {
+    const int s = it % ST, n0 = it * BN;
+    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
+    if (loom_wg_uniform(n0 < interior_end && n0 + BN <= S)) tile(false, n0, sKV + s * 2 * TILE);
+    else tile(true, n0, sKV + s * 2 * TILE);
+    loom_mbar_arrive(sBar + 8 * (ST + s));
+  }
+  loom_dq_finish<SDQ, ND>(LOOM_OUT(SDQ, 6), nullptr, (float *)a.buf[7], acc, mrow, dsum, nk > 0, r0, r1, T, b, h, bh, t2,
+                          H * D, D);
 #else
   (void)a;
   __trap();   /* LOOM_CUDA_WGMMA=1's kernels need an sm_90a device (docs/attention.md) */
