@@ -217,7 +217,7 @@ static int64_t results_bytes(const Module *m, const char *pre, int c, int skip) 
 static void chunk_stash(const Module *m, ChunkStash *st) {
   *st = (ChunkStash){0};
   int C = m->pipe.kind ? (int)m->pipe.chunks : 0;
-  if (C < 3) return;   /* no interior chunk: not one to learn from (plan_fast.c's bounds hold them equal) */
+  if (C < 3) return;   /* no interior chunk: not one to learn from (plan_stash.c's bounds hold them equal) */
   bool split = m->pipe.kind == PIPE_ZBH1 || m->pipe.kind == PIPE_DUALPIPEV;
   st->ok = true;
   for (int c = 0; c < C; c++) {

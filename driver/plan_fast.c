@@ -3,8 +3,8 @@
  *
  * A candidate's step is a sum over a few kinds of program: its layers (one kind per tp, cp,
  * sequence parallelism and ep), the embedding and head, the optimizer step and the dp
- * collectives.  Each layer program is compiled once (a reference: dp = 2, and dp = 1 where a
- * candidate has it; pp = 1, ZeRO 0, one and two sequences a rank, nothing recomputed, 1 and 2
+ * collectives.  Each layer program is compiled once (a reference: dp = 2, whatever the
+ * candidate's; pp = 1, ZeRO 0, one and two sequences a rank, nothing recomputed, 1 and 2
  * layers, lowered whole) and every candidate estimated from its reference:
  *   - a layer's forward and backward per micro-batch: the reference's time a layer x the
  *     micro-batch, x 4/3 with full recomputation (the forward again), x 1.1 selective;
@@ -39,7 +39,7 @@
  * where a lower bound on its screened memory is past "far" (1.5 x the device, where the
  * exact phase never takes one): the stash its schedule holds (pipe_stash_peaks' walk) with
  * each chunk's stash as the screening compiles (or a small reference) showed it for its
- * layer program, recomputation, split backward and micro-batch (stash_bound, below); after
+ * layer program, recomputation, split backward and micro-batch (plan_stash.c); after
  * its first compile, m1 + k (that bound on m2 - m1); and in the exact phase, before a
  * pruned candidate is screened in full.  Every such bound is a true lower bound
  * (LOOM_PLAN_CHECK screens each candidate so set aside and aborts if one is over).
@@ -69,95 +69,16 @@
  * the 2-layer-a-chunk compiles of far candidates whose stash is not most of their memory
  * (zb-h1 with selective recomputation) are still made.  Quiet, after merging
  * (bench/plan_speed.sh, --top 3, median of 3): 405B 5.60 s wall, 70B 2.80 s, Llama-1B 0.17 s:
- * issue 34's targets (10, 5, 0.5 s) met.  This file is over 1,000 lines: the stash bounds
- * (stash_*) are the part to move out next, with their callers in plan_compile.c left as is.
+ * issue 34's targets (10, 5, 0.5 s) met.  The stash bounds (stash_*) are in plan_stash.c
+ * since (the same day), with their callers here and in plan.c as they were.
+ * Then (sixth session): dp = 1 with sp was another program because the shard pass kept a
+ * batch of one's [1,T,D] -> [T,D] flattening sequence-split, so the weight gradients were
+ * partial sums of whole weights (docs/planning.md); fixed there (shard_tp.c), dp = 1's
+ * figures and stash are dp = 2's, both workarounds above are gone, and dp = 1's references
+ * are no longer compiled (70B --top 3: 1,273 -> 1,197 compiles, the same table).
  *
- * Before (2026-11-28, fourth session).  The estimates' schedule simulations were
- * about a fifth of the CPU at 405B (each rebuilt its lists and schedule_simulate swept the
- * ranks): the distinct schedules (about 200) are now built and ordered once (plan_sim.c) and a
- * simulation is one pass with schedule_simulate's makespan to the bit (checked against it on
- * every 70B candidate; a cost below 0, which schedule_simulate takes for "not run", refuses
- * as it does).  A recomputing candidate set aside with its layout without recomputation
- * takes the larger of that one's bound and its own estimate's (both lower bounds as the
- * search takes them; its own is the higher, recomputation adding work): the exact phase had
- * screened such ones in full at the bound of the layout without recomputation, most of
- * them far out of memory.  Llama-3-70B on 4,096 at 4M tokens: 1,025 compiles (was 1,081;
- * the exact phase screens 26, was 56), about 6.5-7.5 s of CPU on the loaded 2-core machine
- * (was 9.5-10); Llama-3.1-405B on 16,384 at 16M: 1,467 compiles (was 1,827; the exact phase
- * screens 71, was 284), about 29 s of CPU (was 45).  The same best layouts; LOOM_PLAN_CHECK
- * gives the exhaustive table on tests/cli/plan.sh's cases, GPT-2 124M on 8 and Llama-1B on
- * 64 (--target cpu).  Tried and not kept: the front and middle of a screening compile kept
- * for the same layout's other schedules (Ctx cache, least recently used): with 6 entries 4
- * of 437 compiles at 70B took one (family members lie far apart in the estimates' order),
- * with 64 entries 55 (1 GB more memory; 405B 63 of 1,244, 1.9 GB): not worth the memory.
- * What is left at 405B: about 430 candidates screened, 407 of them far out of memory; their
- * memory estimates are 0.17-3.6 of the screened memory.  Measured there: the second compile
- * (2 layers a chunk) adds 0.51-0.99 of the first's memory (70B: 0.31-1.00 with full
- * recomputation), so no bound from the first compile alone is safe; the next lever is the
- * stash a layer from the screened compiles (pipe_stash_peaks' f_bytes of 1 and 2 layers a
- * chunk, per tp, cp, sp, recomputation and micro-batch), walked over each candidate's
- * schedule.
- *
- * Before (2026-11-28, third session).  The screening is deterministic (fast_worker:
- * the same candidates, compiles and table every run; the counts had varied with the threads'
- * timing).  A compile's interior pipeline chunks are lowered once (ir/hash.c ignores the
- * numbers in names, passes/lower_memo.c shares a module's equal functions' figures), the
- * shard pass's reshard cache is bucketed, and the estimates run on every thread: Llama-3-70B
- * on 4,096 at 4M tokens is 1,081 compiles, about 10 s of CPU on a loaded 2-core machine (it
- * was about 12-13 s there), Llama-3.1-405B on 16,384 at 16M 1,963 compiles, about 55-60 s
- * (was 66-68 s).  What a compile costs now is mostly the pipeline and shard passes over
- * modules of pp x v and 2 pp x v layers.  What the compiles are spent on at 405B: 434
- * candidates screened and 372 screened by the exact phase, 316 of those 372 far out of
- * memory.  The memory estimate is the lever: against the screened memory it is 1.3-6.7x
- * under for dualpipev and zb-h1 with full recomputation (their W pass holds the recomputed
- * activations: rcm = 0.15 is wrong there) and 0.3-2.5x for selective; a screened candidate's
- * first compile rarely exceeds 1.5 x the device alone (resolve stops there when it does).
- * Then (the same day): all 372 the exact phase screened at 405B were recomputing layouts;
- * one whose layout without recomputation had been pruned took that one's bound with memory
- * 0, so the exact phase screened it whatever its estimate said; such ones now keep
- * their own memory estimate x MEM_MARGIN where that is past "far" (the set-aside rule), and
- * a chunk between its B and W holds W_HOLD of a layer's activations under full
- * recomputation (held_chunks walks the schedule's lists).  405B: 1,830 compiles (from
- * 1,963), 45.7 s of CPU at load 9.3 (51.6 s at load 6-7 before), the same best layout;
- * 70B unchanged (1,081).  What is left there: the exact phase still screens 250-290
- * recomputing layouts in full at 405B, most far out of memory: dualpipev selective
- * (about half the screened memory in the ones looked at), interleaved full and selective.  W_HOLD = 1
- * would take 405B to 1,616 compiles but sets aside one layout (not fitting, not far) at
- * 6.96 x its screened memory.  The activations a layer are themselves the reference's
- * largest arena, no stash (a_lb = 0 at tp = 8 cp = 8: a fixed 1.48 GiB a layer).
- *
- * Before (2026-11-28, second session).  LOOM_PLAN_CHECK=1 gives the exhaustive
- * table on tests/cli/plan.sh's cases (GPT-2 and Llama tiny models on 4 and 8 ranks, ZeRO-3 and
- * full recomputation fixed), GPT-2 124M on 8 H100s at 0.5M tokens and Llama-1B on 64 H100s at
- * 1M tokens (both with --target cpu: on the CUDA target the exhaustive search's own check of
- * the memo aborts, the bf16 weight copies being counted from a half-lowered module; see
- * docs/planning.md).  Llama-3-70B on 4,096 H100s at 4M tokens: 1,605 compiles (628 of them
- * the references; 258 candidates screened, 218 screened in full by the exact phase, 49
- * compiled whole), about 18 s of CPU, the same best three.  Where that goes (perf): the
- * screening about 40%, the exact phase's screening of pruned candidates it reaches about
- * 35%, its whole compiles 12%, the references 5%, the estimates (30,000 schedule
- * simulations) 5%.  What is left for issue 34's 5 s:
- *   - memory: the estimate with pp is far from the screened memory (0.1-1.6 of it, median
- *     0.45), so nothing is set aside for memory: of the 258 screened, 141 turn out far out of
- *     memory (over 1.5 x the device), and so do 89 of the 218 the exact phase screens.  The
- *     reference's "a layer's arena" is no stash: at tp=1 its part a sequence is 0 and its
- *     fixed part 3.4 GB (the gradients' buffers), multiplied by the micro-batches in flight.
- *     Tried: a stash reference per program and recomputation (a 2-rank zb-h1 pipeline of 2
- *     and 4 layers: each chunk's stash a layer, pipe_stash_peaks' walk over the candidate's
- *     schedule, the split mirrored and extrapolated as the screening does): median 1.0 of
- *     the screened memory but 0.36-2.26, so no safe margin would set aside more than a fifth
- *     of the far ones, for 294 more compiles; not kept.  The screened memory itself is an
- *     extrapolation from splits the pipeline pass makes uneven (the head on the last chunk),
- *     and the whole compiles' memory is 0.8-1.3 of it: 43 of the 49 whole compiles at 70B do
- *     not fit;
- *   - the step margin (10%): at 70B about 300 candidates lie within 10% of the best in
- *     their estimates, so about 250 are screened whatever the order; the estimates of those
- *     screened are 0.82-1.09 of their screened steps (dualpipev 0.82-1.07 with the split
- *     mirrored, zb-h1 0.83-1.05, 1f1b 0.96-1.02); a tighter margin needs them within a few
- *     percent;
- *   - the exact phase screens in full every pruned candidate whose bound lies below where its
- *     walk ends, and the walk goes on past the screened threshold while whole compiles turn
- *     out not to fit (the memory above).
+ * The sessions before (2026-11-28, second to fourth): docs/planning.md, "The fast
+ * search's history".
  */
 #include <limits.h>
 #include <math.h>
@@ -166,6 +87,7 @@
 #include <unistd.h>
 
 #include "driver/plan_internal.h"
+#include "driver/plan_stash.h"
 #include "ir/schedule.h"
 
 /* The margins: a candidate is screened when its estimated step x (1 - STEP_MARGIN) is not
@@ -212,8 +134,7 @@ typedef struct {
 typedef struct {
   int64_t tp, cp, ep;
   bool sp;
-  bool need[2];    /* dp = 1, 2 (figures_at) */
-  Figures f[2];
+  Figures f;       /* at dp = 2, for every dp (figures_at) */
   bool need_z[4];  /* ZeRO stages the candidates use (dp > 1) */
   DpComm z[4];
 } LayerProg;
@@ -231,10 +152,10 @@ static LayerProg *program_of(Programs *ps, const Cand *c) {
   return NULL;
 }
 
-/* The reference compiles of p at dp (index k: 1, 2): ZeRO 0, nothing recomputed, no pp,
-   one micro-batch of 1 and of 2 sequences a rank, 1 and 2 layers, lowered whole. */
-static void compile_figures(Ctx *x, const LayerProg *p, int k, Figures *f, int64_t L) {
-  int64_t dp = k == 0 ? 1 : 2;
+/* The reference compiles of p at dp = 2: ZeRO 0, nothing recomputed, no pp, one
+   micro-batch of 1 and of 2 sequences a rank, 1 and 2 layers, lowered whole. */
+static void compile_figures(Ctx *x, const LayerProg *p, Figures *f, int64_t L) {
+  int64_t dp = 2;
   int nl = L >= 2 ? 2 : 1;
   double g[2][2], o[2][2], st[2][2], ar[2][2];   /* [layers - 1][sequences - 1] */
   f->ok = true;
@@ -366,27 +287,27 @@ static void *ref_worker(void *arg) {
                         j, r->n, r->x->compiles);
     pthread_mutex_unlock(&r->lock);
     if (j >= r->n) break;
-    LayerProg *p = &r->ps->p[j / 6];
-    int k = j % 6;
-    if (k < 2 && p->need[k]) compile_figures(r->x, p, k, &p->f[k], r->L);
-    if (k >= 2 && p->need_z[k - 2]) compile_dp_comm(r->x, p, k - 2, &p->z[k - 2], r->L);
+    LayerProg *p = &r->ps->p[j / 5];
+    int k = j % 5;
+    if (k == 0) compile_figures(r->x, p, &p->f, r->L);
+    if (k >= 1 && p->need_z[k - 1]) compile_dp_comm(r->x, p, k - 1, &p->z[k - 1], r->L);
   }
   return NULL;
 }
 
-/* The figures at dp: dp = 1's or dp = 2's.  A layer's ops no longer grow with dp (canonicalize
+/* The figures at any dp: dp = 2's.  A layer's ops no longer grow with dp (canonicalize
    rewrites shard_slice(broadcast(x)) into a broadcast to the rank's part): at Llama-3-70B
-   the references at dp = 4 gave dp = 2's figures to 0.01%, so they are no longer compiled. */
+   the references at dp = 4 gave dp = 2's figures to 0.01%, so they are not compiled.
+   dp = 1's were, until its references with sequence parallelism turned out another
+   program: a negative part a sequence (Llama-3-70B on 4,096, tp=8+sp cp=16: -0.0027 s a
+   layer against dp = 2's 0.0010), the reference of one sequence having its weight
+   gradients contracted over the tokens, whole and all-reduced.  The shard pass now
+   partitions a batch of one as any batch (shard_tp.c's reshape rule), and at 70B dp = 1's
+   figures came out dp = 2's (state and arenas to the byte, the step's rest within 1-2 us),
+   so they are no longer compiled either (70B: 76 compiles fewer, the same table). */
 static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
-  int k = dp == 1 ? 0 : 1;
-  /* dp = 1's references with sequence parallelism can come out with a negative part a
-     sequence (Llama-3-70B on 4,096, tp=8+sp cp=16: -0.0027 s a layer against dp = 2's
-     0.0010, its 1-sequence compile another program): at a large micro-batch every chunk
-     then costs less than nothing and the estimate was infinite.  dp = 2's figures stand in
-     where they are known (a layer's figures do not depend on dp, above) */
-  const Figures *f1 = &p->f[0];
-  if (k == 0 && p->f[1].ok && (f1->g_la < 0 || f1->g_lb < 0 || f1->g_ba < 0 || f1->g_bb < 0)) k = 1;
-  *out = p->f[k];
+  (void)dp;
+  *out = p->f;
   return out->ok;
 }
 
@@ -593,51 +514,6 @@ static void estimate(const Ctx *x, const PlanRequest *rq, const SimPlans *plans,
   }
 }
 
-/* ---- a lower bound on a candidate's screened memory, from the stash ----
-   A screened candidate's memory is m1 + k (m2 - m1), k = L / chunks - 1 >= 1, m1 and m2 its
-   compiles' with 1 and 2 layers a chunk: at least m2 wherever m2 >= m1 (the exhaustive
-   search prunes on m1 being a lower bound, and LOOM_PLAN_CHECK holds it there).  Each
-   compile's memory is the most any pp rank holds (passes/memory_rank.c): its state, its
-   largest arena, and the stash its schedule holds at its peak (pipe_stash_peaks: what a
-   micro-batch's F hands its B, and B its W, 4 bytes an element), so at least that stash.
-   A chunk's stash is the shapes of its forward's (and B's) results: the layer program's
-   (tp, cp, sp, ep), the recomputation, whether the backward is split, the layers a chunk,
-   the micro-batch and whether dp is 1 decide them (at 405B dualpipev and zb-h1, ZeRO 0 and
-   1, dp 64 and 128, pp 8 and 16 showed the same bytes; dp = 1 with sp another program); the first and last chunks (the embedding, the head)
-   hold their own, every interior one the same.  Each screening compile with pp shows them
-   for its own (Seen); an unscreened candidate with the same program, recomputation, split
-   and layers a chunk takes them, from a micro-batch of mbs' sequences scaled by
-   min(1, its own / mbs) (a result's elements are a fixed part plus a part per sequence,
-   both at least 0), and walks its own schedule (its SimPlan's actions, each rank's in
-   order) as pipe_stash_peaks does.  Where screened compiles of the same key disagree, no
-   bound.  LOOM_PLAN_CHECK screens every candidate so set aside and stops if its bound is
-   over either compile's memory. */
-typedef struct {
-  int64_t tp, cp, ep, mbs;
-  int rc, layers, pos;   /* layers a chunk (1, 2); pos: the candidate's place in the order */
-  bool sp, split;
-  bool dp1;              /* dp = 1: with sequence parallelism another program (figures_at) */
-  ChunkStash s;
-} Seen;
-/* What the bounds read: the schedules, and what the screening compiles showed.  Kept for
-   the exact phase (Ctx.stash), which bounds a pruned candidate before screening it. */
-struct Stash {
-  SimPlans plans;
-  Seen *seen;
-  int n_seen, cap_seen;
-  int64_t L;
-  /* the references (stash_reference): one a key and micro-batch, made when a candidate
-     about to be screened has no screened figures to go by; state 1 while one thread
-     compiles it (the others wait on `made`), 2 once made (ok: it could be) */
-  struct {
-    Seen e[2];
-    int state;
-    bool ok;
-  } *refs;
-  int n_refs, cap_refs;
-  pthread_mutex_t lock;
-  pthread_cond_t made;
-};
 
 /* ---- screening the candidates the estimates leave, in their order ----
    Deterministic, whatever the threads' timing: what a candidate's screening decides (set
@@ -674,180 +550,6 @@ typedef struct {
   Stash *st;   /* the stash the screening compiles showed, for the memory bound (stash_bound) */
   int stash_aside;
 } Fast;
-
-static bool split_bw_of(int sched) { return sched == PIPE_ZBH1 || sched == PIPE_DUALPIPEV; }
-
-static bool seen_key(const Seen *e, const Cand *c, int layers) {
-  return e->tp == c->tp && e->cp == c->cp && e->ep == c->ep && e->sp == c->sp && e->rc == c->rc &&
-         e->split == split_bw_of(c->sched) && e->layers == layers && e->dp1 == (c->dp == 1);
-}
-
-/* Under f->lock: what c's screening compiles (at position pos) showed. */
-static void stash_learn(Stash *f, const Cand *c, int pos, const ChunkStash st[2], int nl) {
-  for (int j = 0; j < nl; j++) {
-    if (!st[j].ok) continue;
-    if (f->n_seen == f->cap_seen) {
-      Seen *ns = realloc(f->seen, sizeof *ns * (size_t)(f->cap_seen = f->cap_seen ? 2 * f->cap_seen : 256));
-      if (!ns) return;
-      f->seen = ns;
-    }
-    f->seen[f->n_seen++] = (Seen){.tp = c->tp, .cp = c->cp, .ep = c->ep, .mbs = c->batch / (c->dp * c->ep), .rc = c->rc,
-                                  .layers = j + 1, .pos = pos, .sp = c->sp, .split = split_bw_of(c->sched), .dp1 = c->dp == 1,
-                                  .s = st[j]};
-  }
-}
-
-/* Under f->lock: lower bounds on c's memory with 1 and 2 layers a chunk (m1, m2 in
-   out[0], out[1]) from the stash of those screened before position lim (0 where nothing
-   tells); their larger, a lower bound on its screened memory. */
-static double stash_bound(const Stash *f, const Cand *c, int lim, const Seen *ref, double out[2]) {
-  int64_t L = f->L, ls[2];
-  out[0] = out[1] = 0;
-  /* screened as the model itself (2 layers a chunk or more): every chunk holds a layer at
-     least (passes/pipeline.c split_units), and a chunk's stash grows with its layers, so
-     the stash of 1 layer a chunk is a lower bound on its own */
-  int nl = screen_layers(c, L, ls);
-  if (c->pp <= 1) return 0;
-  const SimPlan *sp = c->pp * c->v <= 256 ? sim_plan_find(&f->plans, c->sched, (int)c->pp, (int)c->v, (int)c->ga) : NULL;
-  if (!sp || !sp->ok || sp->p > 64) return 0;
-  double mbs = (double)(c->batch / (c->dp * c->ep));
-  int C = (int)(c->pp * c->v);
-  for (int layers = 1; layers <= nl; layers++) {
-    double fb[3] = {0, 0, 0}, wb[3] = {0, 0, 0};
-    const Seen *first[64];   /* one observation a micro-batch, the others held to it */
-    int n_first = 0;
-    bool any = false, agree = true;
-    for (int e = 0; e < f->n_seen + 1 && agree; e++) {   /* the last: c's reference, if given */
-      const Seen *o = e < f->n_seen ? &f->seen[e] : ref ? &ref[layers - 1] : NULL;
-      if (!o || (e < f->n_seen && o->pos >= lim) || !seen_key(o, c, layers)) continue;
-      int k = 0;
-      while (k < n_first && first[k]->mbs != o->mbs) k++;
-      if (k < n_first) {
-        agree = !memcmp(first[k]->s.f, o->s.f, sizeof o->s.f) && !memcmp(first[k]->s.w, o->s.w, sizeof o->s.w);
-        continue;
-      }
-      if (n_first < 64) first[n_first++] = o;
-      double sc = mbs < (double)o->mbs ? mbs / (double)o->mbs : 1;
-      for (int q = 0; q < 3; q++) {
-        fb[q] = fmax(fb[q], (double)o->s.f[q] * sc), wb[q] = fmax(wb[q], (double)o->s.w[q] * sc);
-      }
-      any = true;
-    }
-    if (!any || !agree) continue;
-    /* pipe_stash_walk over sp's actions (each rank's in its order) */
-    double live[64] = {0}, peak[64] = {0};
-    for (int i = 0; i < sp->n; i++) {
-      int r = sp->rank[i], ch = sp->ci[i] >> 2, kind = sp->ci[i] & 3, q = ch == 0 ? 0 : ch == C - 1 ? 2 : 1;
-      if (kind == ACT_F) live[r] += fb[q];
-      else if (kind == ACT_B) live[r] += wb[q] - fb[q];
-      else live[r] -= wb[q];
-      if (live[r] > peak[r]) peak[r] = live[r];
-    }
-    for (int r = 0; r < sp->p; r++) out[layers - 1] = fmax(out[layers - 1], peak[r]);
-  }
-  return fmax(out[0], out[1]);
-}
-
-void stash_free(Stash *st) {
-  if (!st) return;
-  sim_plans_free(&st->plans), free(st->seen), free(st->refs);
-  pthread_mutex_destroy(&st->lock), pthread_cond_destroy(&st->made);
-  free(st);
-}
-
-/* Does the bound of c lack screened figures before lim (1 layer a chunk where it is screened
-   as the model, else 2)? */
-static bool stash_lacks(const Stash *f, const Cand *c, int lim) {
-  int64_t ls[2];
-  int layers = screen_layers(c, f->L, ls);
-  for (int e = 0; e < f->n_seen; e++)
-    if (f->seen[e].pos < lim && seen_key(&f->seen[e], c, layers)) return false;
-  return true;
-}
-
-/* c's reference: the stash of its layer program, recomputation, split and micro-batch,
-   from a pipeline of 3 ranks (1f1b, or zb-h1 for a split backward; dp = 2, or 1 for a
-   candidate at dp = 1; ZeRO 0, 3 micro-batches) with 1 and 2 layers a chunk: first, interior and last chunks of the
-   same kinds as the screening compiles'.  Made once, on the thread that first asks; NULL
-   when it cannot be (or the model has 6 layers or fewer). */
-static const Seen *stash_reference(Ctx *x, Stash *st, const Cand *c) {
-  if (st->L <= 6 || c->pp <= 1) return NULL;
-  int64_t mbs = c->batch / (c->dp * c->ep);
-  int64_t dp = c->dp == 1 ? 1 : 2;   /* dp = 1 or not: the learned figures' two kinds (Seen.dp1) */
-  Cand ref = {.dp = dp, .tp = c->tp, .cp = c->cp, .pp = 3, .v = 1, .ep = c->ep, .zero = 0,
-              .sched = split_bw_of(c->sched) ? PIPE_ZBH1 : PIPE_1F1B, .rc = c->rc, .sp = c->sp, .batch = mbs * dp * c->ep,
-              .ga = 3};
-  pthread_mutex_lock(&st->lock);
-  int r = 0;
-  for (; r < st->n_refs; r++) {
-    const Seen *e = &st->refs[r].e[0];
-    if (seen_key(e, &ref, 1) && e->mbs == mbs) break;
-  }
-  if (r == st->n_refs) {
-    if (st->n_refs == st->cap_refs) {
-      void *nr = realloc(st->refs, sizeof *st->refs * (size_t)(st->cap_refs = st->cap_refs ? 2 * st->cap_refs : 32));
-      if (!nr) {
-        pthread_mutex_unlock(&st->lock);
-        return NULL;
-      }
-      st->refs = nr;
-    }
-    r = st->n_refs++;
-    st->refs[r].state = 1, st->refs[r].ok = false;
-    for (int j = 0; j < 2; j++)
-      st->refs[r].e[j] = (Seen){.tp = c->tp, .cp = c->cp, .ep = c->ep, .mbs = mbs, .rc = c->rc, .layers = j + 1, .pos = -1,
-                                .sp = c->sp, .split = split_bw_of(c->sched), .dp1 = dp == 1};
-    pthread_mutex_unlock(&st->lock);
-    ChunkStash got[2] = {{0}, {0}};
-    bool ok = true;
-    RunSpec *sp = malloc(sizeof *sp);   /* large (paths): not on the stack */
-    char err[IR_ERR_LEN];
-    ok = sp != NULL;
-    for (int j = 0; j < 2 && ok; j++) {
-      *sp = *x->base;
-      ok = !cand_spec(x, &ref, 3 * (j + 1), sp, err, sizeof err);
-      Module *mod = NULL;
-      int pin = -1;
-      double step;
-      int64_t mem;
-      if (ok) ok = !front_middle(x, sp, &mod, &pin, err, sizeof err);
-      if (ok) ok = !back_screen(x, &ref, sp, mod, &step, &mem, &got[j], err, sizeof err) && got[j].ok;
-      unpin(x, pin);
-      count_compile(x);
-    }
-    free(sp);
-    pthread_mutex_lock(&st->lock);
-    for (int j = 0; j < 2; j++) st->refs[r].e[j].s = got[j];
-    st->refs[r].ok = ok, st->refs[r].state = 2;
-    pthread_cond_broadcast(&st->made);
-  }
-  while (st->refs[r].state != 2) pthread_cond_wait(&st->made, &st->lock);
-  const Seen *out = st->refs[r].ok ? st->refs[r].e : NULL;
-  pthread_mutex_unlock(&st->lock);
-  return out;
-}
-
-/* The lower bound on pruned candidate c's screened memory from everything the screening
-   saw (the exact phase's, before it screens c): the stash's, and with c's first compile
-   kept (has_first) m1 + k (m2 bound - m1) as screen_one takes it. */
-double stash_far_bound(Ctx *x, const Cand *c, double *m2_lb) {
-  Stash *st = x->stash;
-  const Seen *ref = st && stash_lacks(st, c, INT_MAX) && c->est_mem > x->hw->mem_bytes ? stash_reference(x, st, c) : NULL;
-  double sbl[2] = {0, 0}, b = st ? stash_bound(st, c, INT_MAX, ref, sbl) : 0;
-  *m2_lb = sbl[1];
-  int64_t ls[2];
-  if (st && c->has_first && screen_layers(c, st->L, ls) == 2 && sbl[1] > c->first_mem) {
-    double k = (double)st->L / (double)(c->pp * c->v) - 1;
-    b = fmax(b, c->first_mem + k * (sbl[1] - c->first_mem));
-  }
-  if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 4) {
-    char lay[160];
-    plan_layout_text(c, lay, sizeof lay);
-    fprintf(stderr, "exact-phase stash bound %s: %.4g GiB (m1 %.4g m2 %.4g, first %.4g%s)\n", lay, b / 1073741824.0,
-            sbl[0] / 1073741824.0, sbl[1] / 1073741824.0, c->has_first ? c->first_mem / 1073741824.0 : -1.0, ref ? ", reference" : "");
-  }
-  return b;
-}
 
 static void fast_finish(Fast *f, int i);
 
@@ -1123,12 +825,11 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
   }
   for (int i = 0; i < n; i++) {
     LayerProg *p = program_of(&ps, &cs[i]);
-    p->need[cs[i].dp == 1 ? 0 : 1] = true;
     if (cs[i].dp > 1) p->need_z[cs[i].zero] = true;
   }
-  /* the references, on every thread: job j is program j / 6's dp figures (j % 6 < 2: dp =
-     1, 2) or its dp collectives (ZeRO stage j % 6 - 2) */
-  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 6 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
+  /* the references, on every thread: job j is program j / 5's figures (j % 5 = 0) or its dp
+     collectives (ZeRO stage j % 5 - 1) */
+  RefJobs rj = {.x = x, .ps = &ps, .L = L, .n = 5 * ps.n, .lock = PTHREAD_MUTEX_INITIALIZER};
   plan_progress_init(&rj.progress, rq->progress, isatty(STDERR_FILENO) == 1, t_start);
   {
     int nt = threads_to_use();
@@ -1144,22 +845,18 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     fprintf(stderr, "layer programs: %d, %d compiles in %.2f s\n", ps.n, x->compiles, now_s() - t_start);
   if (getenv("LOOM_PLAN_DEBUG") && atoi(getenv("LOOM_PLAN_DEBUG")) >= 3)
     for (int i = 0; i < ps.n; i++)
-      for (int k = 0; k < 2; k++)
-        if (ps.p[i].need[k] && ps.p[i].f[k].ok)
-          fprintf(stderr, "program tp=%lld cp=%lld sp=%d at dp %d: g_la %.6g g_lb %.6g g_ba %.6g g_bb %.6g o_l %.6g s_l %.6g a_la %.6g a_lb %.6g\n",
-                  (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, k + 1, ps.p[i].f[k].g_la,
-                  ps.p[i].f[k].g_lb, ps.p[i].f[k].g_ba, ps.p[i].f[k].g_bb, ps.p[i].f[k].o_l, ps.p[i].f[k].s_l,
-                  ps.p[i].f[k].a_la, ps.p[i].f[k].a_lb);
+      if (ps.p[i].f.ok)
+        fprintf(stderr, "program tp=%lld cp=%lld sp=%d: g_la %.6g g_lb %.6g g_ba %.6g g_bb %.6g o_l %.6g s_l %.6g a_la %.6g a_lb %.6g\n",
+                (long long)ps.p[i].tp, (long long)ps.p[i].cp, ps.p[i].sp, ps.p[i].f.g_la, ps.p[i].f.g_lb, ps.p[i].f.g_ba,
+                ps.p[i].f.g_bb, ps.p[i].f.o_l, ps.p[i].f.s_l, ps.p[i].f.a_la, ps.p[i].f.a_lb);
   /* estimates, on every thread (each simulates its pipeline schedule) */
-  Stash *stash = calloc(1, sizeof *stash);   /* the schedules, kept for the stash bounds (Ctx.stash) */
+  Stash *stash = stash_new(L);   /* the schedules, kept for the stash bounds (Ctx.stash) */
   if (!stash) {
     free(ps.p);
     snprintf(err, errlen, "out of memory");
     return IR_ERUN;
   }
-  stash->L = L;
-  pthread_mutex_init(&stash->lock, NULL), pthread_cond_init(&stash->made, NULL);
-  SimPlans *const pl = &stash->plans;
+  SimPlans *const pl = stash_plans(stash);
   {
     double t0 = now_s();
     if (sim_plans_build(pl, cs, n, RCM, WH)) {
@@ -1248,9 +945,12 @@ int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n_io, int *refused
     }
     cs[kept++] = cs[i];
   }
-  if (getenv("LOOM_PLAN_DEBUG"))
-    fprintf(stderr, "set aside at their stash bound: %d (%d stash figures seen, %d references)\n", f.stash_aside,
-            stash->n_seen, stash->n_refs);
+  if (getenv("LOOM_PLAN_DEBUG")) {
+    int n_seen, n_refs;
+    stash_counts(stash, &n_seen, &n_refs);
+    fprintf(stderr, "set aside at their stash bound: %d (%d stash figures seen, %d references)\n", f.stash_aside, n_seen,
+            n_refs);
+  }
   *st = (ScreenStats){.skipped = f.skipped, .pruned = f.pruned, .threads = nt, .seconds = now_s() - t_start};
   stash_free(x->stash), x->stash = stash;
   free(order), free(f.bad), free(f.why), free(f.best), free(f.thr_at), free(f.pos), free(half), free(none), free(f.skip);

@@ -37,7 +37,7 @@ typedef struct {
   int users;        /* copies being taken now */
 } Front;
 
-typedef struct Stash Stash;   /* plan_fast.c: the stash bounds */
+typedef struct Stash Stash;   /* plan_stash.c: the stash bounds */
 
 typedef struct {
   const RunSpec *base;
@@ -163,7 +163,7 @@ int screen_exhaustive(Ctx *x, const PlanRequest *rq, Cand *cs, int *n, int *refu
 int screen_fast(Ctx *x, const PlanRequest *rq, Cand *cs, int *n, int *refused, char *first_refusal, ScreenStats *st,
                 int *programs, char *err, size_t errlen);
 
-/* plan_fast.c: a lower bound on pruned candidate c's screened memory from the stash the
+/* plan_stash.c: a lower bound on pruned candidate c's screened memory from the stash the
    screening compiles showed, or its reference's (made where they show nothing); 0 where
    nothing tells or x->stash is NULL; *m2_lb: the bound on its second screening compile's
    memory (2 layers a chunk; 0 where none). */

@@ -15,7 +15,8 @@
  *     norm gradients' per-block parts of dw (db), attention gradients' L and Dsum rows, and the
  *     gradient norm's per-block parts (counted as for one span of every gradient, side by side
  *     in their region, as a single rank's program lays them out).  Smaller users (split reductions, a bias
- *     gradient held for its users, MoE counting) are not counted: tests/cli/cuda_memory.sh
+ *     gradient held for its users, MoE counting) are not counted; the batched expert matmuls'
+ *     padded operands (LOOM_CUDA_MOE_GEMM=batched, codegen/cuda/lower_moe.c) are: tests/cli/cuda_memory.sh
  *     checks the total against what the emulated device allocates, on models where these
  *     rules are the whole story.
  * The rules mirror the lowering's (the same scans, the same switches); the lowering's
@@ -121,11 +122,34 @@ static bool sumsq_call(const Op *op) {
          ((const Value *)k->args.items[0])->type.dtype == DT_F32 && op->operands[0]->kind == VAL_GLOBAL;
 }
 
+/* codegen/cuda/lower_moe.c (LOOM_CUDA_MOE_GEMM=batched): a grouped matmul whose counts are
+   moe_count's with a capacity, one group an expert (at most 1024), pads its two operands (the
+   forward: x and the product) to [E, cap, ...] in scratch, side by side. */
+static int64_t moe_padded_bytes(const Op *op) {
+  bool wg = op->kind == OP_GROUPED_MATMUL_WGRAD;
+  const Value *a = op->operands[0], *b = op->operands[1], *cnt = op->operands[2];
+  if (a->type.rank != 2 || b->type.rank != (wg ? 2 : 3) || op->results[0]->type.rank < 2) return 0;
+  int64_t E = wg ? op_int(op, "experts") : b->type.dims[0];
+  if (cnt->kind != VAL_RESULT || !cnt->def || cnt->def->kind != OP_MOE_COUNT || op_int(cnt->def, "experts") != E ||
+      type_numel(&cnt->type) != E || E > 1024)
+    return 0;
+  int64_t cap = op_int(cnt->def, "capacity");
+  if (cap <= 0) return 0;
+  /* first: dy [R,N] (wgrad) or x [R,K]; second: x [R,K] (wgrad) or y [R,N]; each in 4-byte
+     units from a 64-byte aligned start (steps.c's cl_add_scratch) */
+  const Value *second = wg ? b : op->results[0];
+  int64_t first = E * cap * a->type.dims[1] * dtype_size(a->type.dtype);
+  int64_t next = E * cap * second->type.dims[1] * dtype_size(second->type.dtype);
+  return ALIGN64(ALIGN64(first) + (next + 3) / 4 * 4);
+}
+
 void memory_cuda_extra_parts(const Func *f, int target, int64_t *stats, int64_t *scratch) {
   *stats = *scratch = 0;
   if (target != TARGET_CUDA || f->is_kernel) return;
   bool norms = !env_on("LOOM_CUDA_NO_NORM_STATS"), lse = !env_on("LOOM_CUDA_NO_ATTN_LSE"),
        xent = !env_on("LOOM_CUDA_NO_XENT_FUSION");
+  const char *mg = getenv("LOOM_CUDA_MOE_GEMM");
+  bool moe_batched = mg && !strcmp(mg, "batched");
   int64_t st = 0, scr = 0, gnorm = 0;
   for (int i = 0; i < f->ops.n; i++) {
     const Op *op = f->ops.items[i];
@@ -168,6 +192,10 @@ void memory_cuda_extra_parts(const Func *f, int target, int64_t *stats, int64_t 
         if (blocks > 1024) per = (gnorm + 1023) / 1024, blocks = (gnorm + per - 1) / per;
         need = ALIGN64(4 * blocks);
       }
+      break;
+    case OP_GROUPED_MATMUL:
+    case OP_GROUPED_MATMUL_WGRAD:
+      if (moe_batched) need = moe_padded_bytes(op);
       break;
     default: break;
     }

@@ -542,6 +542,14 @@ int64_t memory_live_peak(Func *f, int target) {
    the CUDA program under LOOM_CUDA_NO_WEIGHT_COPIES=1, a test switch the plan ignores). */
 int64_t memory_weight_copies(const Module *m, int target) { return memory_weight_copies_given(m, target, NULL, 0); }
 
+/* A global's bytes where the target holds it: on CUDA each global starts on a 64-byte
+   boundary of its region (codegen/cuda/lower.c), so its share of the region is its size
+   rounded up to 64, and a region is the sum of its globals' shares. */
+static int64_t global_bytes(const Global *g, int target) {
+  int64_t b = type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+  return target == TARGET_CUDA ? (b + 63) / 64 * 64 : b;
+}
+
 int64_t memory_weight_copies_given(const Module *m, int target, const FuncFigures *given, int n_given) {
   if (target != TARGET_CUDA || m->globals.n == 0) return 0;
   DType *copy = malloc(sizeof(DType) * (size_t)m->globals.n);
@@ -554,16 +562,16 @@ int64_t memory_weight_copies_given(const Module *m, int target, const FuncFigure
   int64_t params = 0;
   for (int i = 0; i < m->globals.n; i++) {
     const Global *g = m->globals.items[i];
-    if (g->kind == GLOBAL_PARAM) params += type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+    if (g->kind == GLOBAL_PARAM) params += global_bytes(g, target);
   }
-  return params / 2;
+  return (params / 2 + 63) / 64 * 64;   /* the copies' region after the parameters', 64-byte aligned (lower_fuse.c) */
 }
 
 int64_t memory_planned_peak(const Module *m, int target, int64_t *state, int64_t *arena) {
   int64_t st = 0, ar = 0;
   for (int i = 0; i < m->globals.n; i++) {
     const Global *g = m->globals.items[i];
-    st += type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+    st += global_bytes(g, target);
   }
   st += memory_weight_copies(m, target);
   for (int i = 0; i < m->funcs.n; i++) {
@@ -587,7 +595,7 @@ void memory_report(FILE *out, Module *m, int target) {
   int64_t params = 0, grads = 0, optim = 0, other = 0;
   for (int i = 0; i < m->globals.n; i++) {
     const Global *g = m->globals.items[i];
-    int64_t b = type_numel(&g->value->type) * elem_bytes(&g->value->type, target);
+    int64_t b = global_bytes(g, target);
     if (g->kind == GLOBAL_PARAM) params += b;
     else if (!strncmp(g->name, GRAD_PREFIX, strlen(GRAD_PREFIX))) grads += b;
     else if (!strncmp(g->name, ADAM_M_PREFIX, strlen(ADAM_M_PREFIX)) || !strncmp(g->name, ADAM_V_PREFIX, strlen(ADAM_V_PREFIX)))

@@ -87,6 +87,23 @@ Place shard_tp_partial_target(const Sharder *s, const Op *op) {
 
 bool shard_tp_rule(const Sharder *s, const Op *op, const Place *in, const Type *gin, Decision *d) {
   int64_t n = s->m->mesh.size[AX_TP];
+  if (op->kind == OP_RESHAPE && s->sp && in[0].kind == SH_S && in[0].dim == 1 && gin[0].rank >= 3) {
+    /* A sequence-split activation flattened to rows, [B,T,...] -> [B*T,...] (a weight
+       gradient's operand, autodiff.c): gathered first, whatever B.  With B > 1 the split
+       cannot survive the merge (shard.c's reshape_dim); with B = 1 it could, as a split of
+       the rows, and the weight gradient was then contracted split over the tokens: a
+       partial sum of the whole weight's gradient on every rank (all_to_alls in the
+       backward, the gradient all-reduced at the optimizer step and held whole), another
+       and dearer program than a larger batch's, which loom plan's dp = 1 references
+       (a batch of one and of two sequences) measured as a negative cost a sequence. */
+    const Type *y = &op->results[0]->type;
+    bool flat = y->rank == gin[0].rank - 1 && y->dims[0] == gin[0].dims[0] * gin[0].dims[1];
+    for (int i = 1; flat && i < y->rank; i++) flat = y->dims[i] == gin[0].dims[i + 1];
+    if (flat) {
+      d->need[0] = d->give[0] = R;
+      return true;
+    }
+  }
   if (op->kind == OP_EMBEDDING_GRAD) {   /* dy ids -> dtable */
     Place dy = in[0];
     int last = gin[0].rank - 1;

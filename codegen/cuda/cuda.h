@@ -83,6 +83,13 @@
  *     ceil(R/64) + G + 1 of the groups' row tiles; the rest of the blocks exit or zero the rows
  *     past the groups), grouped_matmul_wgrad's (K / 64, N / 64, E).  An index, position or
  *     count out of range traps (as a bad KV-cache position does).
+ *     LOOM_CUDA_MOE_GEMM=batched with a capacity (lower_moe.c): the groups fit [E, cap, D]
+ *     whatever the counts, so the sizes are static after all:
+ *       grouped_matmul        1: x cnt -> xp (loom_moe_pad, scratch; skipped when the last pad
+ *                             of x is still there);  2: xp w -> yp (a GEMM of batch E, scratch);
+ *                             3: yp cnt -> y (loom_moe_unpad)
+ *       grouped_matmul_wgrad  1, 2: dy and x padded;  3: dyp^T xp -> dw (a GEMM of batch E,
+ *                             into the f32 gradient with beta 1 when an accumulation follows)
  * Steps run in program order on one stream (the scratch region is shared by all steps).
  * Every reduction has a fixed order: the same inputs give the same bits on every run.
  */

@@ -120,6 +120,13 @@ typedef struct Lower {
   /* the dispatcher (lower.c's op lowering), for a family that lowers an op it had deferred
      (lower_gemm.c): a hook, so that no split-off file calls back into lower.c */
   int (*lower_op)(struct Lower *L, struct Steps *s, int *i);
+  /* lower_moe.c: the last operand padded to [E, cap, ...] at the start of scratch (its value,
+     counts, function, buffer, and the step count after it): the next batched matmul of the
+     same operand reuses it while no step since has written that part of scratch */
+  const Value *moe_pad_of, *moe_pad_cnt;
+  const Func *moe_pad_f;
+  RtBuf moe_pad_buf;
+  int moe_pad_steps;
   char *err;
   size_t errlen;
 } Lower;
@@ -230,8 +237,16 @@ int cl_fuse_xent(Lower *L, Steps *s, int i);
 int cl_fuse_embed_pos(Lower *L, Steps *s, int i);
 
 /* lower_attn.c: attention, attention_grad, attention_block and attention_block_grad (L->op)
-   as the flash-attention kernels of kernels/attention.cuh and kernels/attn_block.cuh. */
+   as the flash-attention kernels of kernels/attention*.cuh and kernels/attn_block.cuh. */
 int cl_lower_attention(Lower *L, Steps *s);
+
+/* lower_moe.c: grouped_matmul or grouped_matmul_wgrad (L->op) as one strided-batched cuBLASLt
+   GEMM over the groups padded to the capacity, when LOOM_CUDA_MOE_GEMM=batched and the counts
+   have one (1: not lowered, lower it as the grouped kernels; *why_not the label's note, or
+   NULL when batched was not asked for).  cl_moe_gemm_mode reads the variable (an error when it
+   is neither grouped nor batched). */
+int cl_lower_moe_batched(Lower *L, Steps *s, const char **why_not);
+int cl_moe_gemm_mode(Lower *L, bool *batched);
 
 /* lower_mesh.c: the ops of a partitioned program.  Collectives (and their async start/wait
    halves) become RT_STEP_BUILTIN steps with program.h's i[] layout, which the runtime runs as

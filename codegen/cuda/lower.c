@@ -318,7 +318,10 @@ static int lower_builtin(Lower *L, Steps *s) {
     if (E < 1 || G % E || R > INT32_MAX || K > INT32_MAX || N > INT32_MAX)
       return cl_fail(L, "%lld groups on %lld experts: the groups must be a multiple of the experts, and the sizes fit "
                    "int32", (long long)G, (long long)E);
-    STEP("");
+    const char *why_not;   /* LOOM_CUDA_MOE_GEMM=batched: one cuBLASLt GEMM at a capacity (lower_moe.c) */
+    int batched = cl_lower_moe_batched(L, s, &why_not);
+    if (batched != 1) return batched;
+    STEP(why_not ? why_not : "");
     if (st->bufs[2].storage != RT_ST_I32) return cl_fail(L, "group counts must be i32");
     INT(R);
     INT(K);
@@ -683,6 +686,7 @@ static int lower_func(Lower *L, const Func *f, RtFunc *rf) {
   L->f = f;
   L->op = NULL;
   L->scratch = 0;
+  L->moe_pad_of = NULL;   /* lower_moe.c: nothing padded in this function yet */
   char why[256];
   if (cg_func_head(f, rf, why, sizeof why)) return cl_fail(L, "%s", why);
   for (int i = 0; i < f->args.n; i++) {
@@ -759,9 +763,9 @@ static void header(Str *o, const Module *m) {
   /* a benchmarking knob: flash-attention's numerics on tensor cores (see the prelude) */
   const char *round = getenv("LOOM_CUDA_ATTN_ROUND");
   if (round && !strcmp(round, "1")) str_add(o, "#define LOOM_ATTN_SPLIT 0   /* LOOM_CUDA_ATTN_ROUND=1 */\n\n");
-  const char *families[] = {loom_cuh_common,    loom_cuh_norms,      loom_cuh_loss,   loom_cuh_data,
-                            loom_cuh_optimizer, loom_cuh_attention,  loom_cuh_attention_sm90, loom_cuh_attn_block,
-                            loom_cuh_decode,    loom_cuh_moe,        loom_cuh_mesh};
+  const char *families[] = {loom_cuh_common,      loom_cuh_norms,          loom_cuh_loss,       loom_cuh_data,
+                            loom_cuh_optimizer,   loom_cuh_attention,      loom_cuh_attention_tc, loom_cuh_attention_sm90,
+                            loom_cuh_attn_block,  loom_cuh_decode,         loom_cuh_moe,        loom_cuh_mesh};
   for (size_t i = 0; i < sizeof families / sizeof *families; i++) str_add(o, "%s", families[i]);
   str_add(o, "\n/* ---------------------------------------------------------------- kernels of this program */\n");
 }

@@ -1,6 +1,6 @@
 /* codegen/cuda/lower_attn.c — attention on CUDA: attention and attention_grad as the
- * flash-attention kernels of kernels/attention.cuh (tensor cores for bf16/f16, CUDA cores in
- * f32 otherwise), attention_block and attention_block_grad (context parallelism's ring steps)
+ * flash-attention kernels of kernels/attention_tc.cuh (tensor cores for bf16/f16; Hopper's
+ * in attention_sm90.cuh) and kernels/attention.cuh (CUDA cores, f32), attention_block and attention_block_grad (context parallelism's ring steps)
  * as those of kernels/attn_block.cuh.
  *
  * Split from lower.c (issue 32): the dispatcher reaches this file through cl_lower_attention,

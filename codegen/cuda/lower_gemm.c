@@ -119,7 +119,8 @@ static const Value *grad_accum(const Func *f, int i, int *last) {
   *last = i + 1;
   if (!r || cl_uses(f, r) != 1) return NULL;
   if (op->kind == OP_CALL) return is_cast_call(op) && r->type.dtype == DT_F32 ? accumulates(f, i + 1, r) : NULL;
-  if (op->kind != OP_MATMUL || i + 1 >= f->ops.n) return NULL;
+  /* (a weight gradient of the experts: lower_moe.c's batched GEMM alone calls for it) */
+  if ((op->kind != OP_MATMUL && op->kind != OP_GROUPED_MATMUL_WGRAD) || i + 1 >= f->ops.n) return NULL;
   if (r->type.dtype == DT_F32) return accumulates(f, i + 1, r);
   if (!cl_fuse_narrow()) return NULL;
   const Op *c = f->ops.items[i + 1];

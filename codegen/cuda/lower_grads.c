@@ -43,12 +43,14 @@ static bool touches(const RtStep *st, const RtBuf *b) {
   return false;
 }
 
-/* Is st a GEMM that adds its product (beta = 1, one batch) into a part of b, f32, and reads b
-   nowhere else?  Its part as rows x [*col, *col + *cols) of b seen as rows of *ld columns. */
+/* Is st a GEMM that adds its product (beta = 1, one batch, or a batch packed one after another:
+   lower_moe.c's expert weight gradients) into a part of b, f32, and reads b nowhere else?  Its
+   part as rows x [*col, *col + *cols) of b seen as rows of *ld columns. */
 static bool gemm_adds_part(const RtStep *st, const RtBuf *b, int64_t *col, int64_t *cols, int64_t *ld) {
-  if (st->kind != RT_STEP_GEMM || st->i[RT_GEMM_BETA_INT] != 1 || st->i[0] != 1 || st->n_out < 1) return false;
+  if (st->kind != RT_STEP_GEMM || st->i[RT_GEMM_BETA_INT] != 1 || st->i[0] < 1 || st->n_out < 1) return false;
+  if (st->i[0] > 1 && (st->i[RT_GEMM_LDC_INT] || st->i[8] != st->i[1] * st->i[2])) return false;
   const RtBuf *c = &st->bufs[st->n_in];
-  int64_t M = st->i[1], N = st->i[2], ldc = st->i[RT_GEMM_LDC_INT] ? st->i[RT_GEMM_LDC_INT] : st->i[2];
+  int64_t M = st->i[0] * st->i[1], N = st->i[2], ldc = st->i[RT_GEMM_LDC_INT] ? st->i[RT_GEMM_LDC_INT] : st->i[2];
   int64_t at = (c->offset - b->offset) / 4;
   if (c->region != b->region || c->storage != RT_ST_F32 || c->offset < b->offset || (c->offset - b->offset) % 4 ||
       M * ldc != b->n || at + N > ldc)

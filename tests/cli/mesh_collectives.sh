@@ -93,5 +93,19 @@ want=$((4 * (split / 2 + whole)))
 got=$("$LOOM" ir models/gpt2-124M.json --passes=train,lower --mesh tp=2 --batch 2 --memory --target cuda | grep parameters | sed -n 's/.*(\([0-9]*\) bytes).*/\1/p')
 [ "$got" = "$want" ] && ok "tp=2 memory per rank: parameters $got bytes = split weights / 2 + whole norms, biases, positions" ||
   bad "tp=2 parameters: got $got, want $want"
+# tp=2 with sequence parallel and a batch of one sequence (loom plan's dp = 1 references)
+# partitions as a batch of two does: every collective moves half the bytes (the optimizer
+# step's the same), and the weight gradients stay split like their weights.  A batch of one
+# used to keep the flattened [1,T,D] -> [T,D] activation split over the tokens, so each
+# weight gradient came out as a partial sum: 12 all_to_alls in the backward, the whole
+# gradients all-reduced at the optimizer step and held whole on every rank.
+sp() { "$LOOM" ir tests/golden/llama-tiny/train_spec.json --passes=train,lower --grad-accum 1 --mesh tp=2 --sequence-parallel true --batch "$@"; }
+c1=$(sp 1 --collectives) c2=$(sp 2 --collectives)
+half=$(echo "$c2" | awk '$5 == "payload" {print $1, $2, $3, $4, ($1 == "@optimizer_step" ? $6 : $6 / 2)}')
+one=$(echo "$c1" | awk '$5 == "payload" {print $1, $2, $3, $4, $6}')
+g1=$(sp 1 --memory | awk '$1 == "gradients" {print substr($(NF-1), 2)}') g2=$(sp 2 --memory | awk '$1 == "gradients" {print substr($(NF-1), 2)}')
+[ -n "$one" ] && [ "$one" = "$half" ] && [ -n "$g1" ] && [ "$g1" = "$g2" ] &&
+  ok "tp=2 + sequence parallel, batch 1: batch 2's collectives at half the bytes, gradients $g1 bytes a rank as at batch 2" ||
+  { bad "tp=2 + sp, batch 1 against batch 2 (gradients $g1 vs $g2 bytes)"; diff <(echo "$one") <(echo "$half"); }
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -5,7 +5,7 @@
 # three of them again on the reference executor.  From the same init and data, 5 training steps
 # must give the same losses and final parameters within 1e-5 (relative, per tensor):
 # dp=2; dp=2 with grad_accum 2; dp=4 with ZeRO-1, ZeRO-2 and ZeRO-3; tp=2; tp=2 with sequence
-# parallel; dp=2 x tp=2 with
+# parallel (and with a batch of one); dp=2 x tp=2 with
 # ZeRO-1; tp=4 on the Llama with 2 KV heads (each rank slices the KV head it needs); a
 # vocabulary tp does not divide (padded).  Also bf16 dp=2 ZeRO-1,
 # within 2e-2: each rank rounds its half-batch weight gradient to bf16 before the f32 sum
@@ -20,7 +20,7 @@ check() {   # model, description, extra flags...
   local m=$1 what=$2; shift 2
   local spec=tests/golden/$m/train_spec.json
   local base=("$LOOM" train $spec -q --steps 5 --batch 4 "$@")
-  local ref=$tmp/$m-ref-$(echo "$@" | tr ' =' '__' | grep -o -- '--precision_[a-z0-9]*\|--grad-accum_[0-9]*' | tr -d '\n').st
+  local ref=$tmp/$m-ref-$(echo "$@" | tr ' =' '__' | grep -o -- '--precision_[a-z0-9]*\|--grad-accum_[0-9]*\|--batch_[0-9]*' | tr -d '\n').st
   # the single-rank reference with the same settings (mesh and ZeRO removed)
   local single=() skip=0
   for a in "$@"; do
@@ -43,6 +43,8 @@ for m in gpt2-tiny llama-tiny; do
   check $m "dp=4, ZeRO-3" --mesh dp=4 --zero 3
   check $m "tp=2" --mesh tp=2
   check $m "tp=2, sequence parallel" --mesh tp=2 --sequence-parallel true
+  # a batch of one: the flattened activations of the weight gradients are gathered as with more
+  check $m "tp=2, sequence parallel, batch 1" --mesh tp=2 --sequence-parallel true --batch 1
   check $m "dp=2 x tp=2, ZeRO-1" --mesh dp=2,tp=2 --zero 1
 done
 check llama-tiny "tp=4 (4 heads, 2 KV heads)" --mesh tp=4

@@ -144,6 +144,12 @@ LOOM_PLAN_DEBUG=1 LOOM_PLAN_CHECK=1 expect_exit 0 "the fast search's stash bound
   models/llama-tiny-8l.json --gpus 8 --hw "$TMP/small.json" --target cuda --precision bf16 --seq 256 --global-batch-tokens 16384 --top 3
 expect_stderr_contains "gives the same table"
 expect_stderr_matches "set aside at their stash bound: [1-9]"
+# dp = 1 with sequence parallelism: its stash bounds come from dp = 2's references (the shard
+# pass partitions a batch of one as any batch); each is checked against its screened memory
+LOOM_PLAN_DEBUG=4 LOOM_PLAN_CHECK=1 expect_exit 0 "dp=1 x tp=2+sp x pp=4: stash bounds from dp=2's references, checked" "$LOOM" plan \
+  models/llama-tiny-8l.json --gpus 8 --mesh dp=1,tp=2,pp=4 --hw "$TMP/small.json" --target cuda --precision bf16 --seq 256 --global-batch-tokens 16384 --top 3
+expect_stderr_contains "gives the same table"
+expect_stderr_matches "stash bound dp=1 tp=2\+sp pp=4 [a-z0-9 =-]*: 0\.[0-9]*[1-9][0-9]* GiB"
 sed 's/"memory_gb": 80/"memory_gb": 0.000001/' models/hardware/h100-sxm.json > "$TMP/tiny.json"
 expect_exit 2 "nothing fits a 1 KB device" "$LOOM" plan $M "${P[@]}" --hw "$TMP/tiny.json"
 expect_stderr_contains "no layout fits"

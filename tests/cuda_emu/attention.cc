@@ -1,4 +1,4 @@
-/* tests/cuda_emu/attention.cc — the flash-attention kernels of codegen/cuda/kernels/attention.cuh on the
+/* tests/cuda_emu/attention.cc — the flash-attention kernels of codegen/cuda/kernels/attention*.cuh on the
  * emulated device against a double-precision reference: forward (out) and backward (dq; dk,
  * dv) on tensor cores (loom_attn_*_tc, bf16 and f16) and on CUDA cores, causal and not,
  * grouped KV heads, query and key lengths that are not multiples of the tiles, head sizes

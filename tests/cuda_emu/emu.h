@@ -440,7 +440,7 @@ static inline void loom_emu_mma(float d[4], const unsigned a[4], const unsigned 
   for (int r = 0; r < 4; r++) d[r] = out[r];
 }
 
-/* ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16 (loom_ldsm_* in attention.cuh):
+/* ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16 (loom_ldsm_* in attention_tc.cuh):
    lanes 8m..8m+7 give the row addresses (16-byte aligned, 8 16-bit elements each) of
    matrix m; lane l receives in r[m] row l/4, elements 2(l%4) and 2(l%4)+1 of matrix m, or
    with trans those of the transposed matrix (rows 2(l%4) and 2(l%4)+1 of column l/4). */

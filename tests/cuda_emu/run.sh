@@ -249,6 +249,47 @@ done
 "$ST_DIFF" "$tmp/moecap_cuda.st" "$tmp/moecap_cpu.st" --rtol 1e-5 > "$tmp/diff" 2>&1 &&
   ok "mixtral-tiny --capacity-factor 0.5 (dropped assignments) on CUDA: 3 steps within $(worst "$tmp/diff") (1e-5) of the CPU backend" ||
   { bad "mixtral-tiny with a capacity on CUDA against the CPU backend"; grep -v '^PASS' "$tmp/diff" | head -5; }
+# LOOM_CUDA_MOE_GEMM=batched (codegen/cuda/lower_moe.c): with a capacity, each expert matmul
+# (forward, data and weight gradient) as one strided-batched cuBLASLt GEMM over the groups
+# padded to [experts, capacity, ...].  A capacity of experts/k drops nothing (a token picks an
+# expert once), so the model is PyTorch's: mixtral-tiny's eval and qwen3-moe-tiny's `loom
+# check` (forward, gradients, 3 AdamW steps) against the goldens, with a spec.json that adds
+# the capacity; then capacity 0.5 (drops in every layer) within 1e-5 of the grouped kernels,
+# bf16 within 2e-2 of them, the count of batched GEMMs, the label when there is no capacity,
+# and a bad value refused.  (Not bitwise: cuBLASLt's sums are not the tiles' order.)
+sed '0,/{/s/{/{"capacity_factor": 2, /' models/mixtral-tiny.json > "$tmp/moecap2.json"
+sed '0,/{/s/{/{"precision": "bf16", /' "$tmp/moecap2.json" > "$tmp/moecap2_16.json"
+qd=$tmp/qwen3-moe-cap; cp -r tests/golden/qwen3-moe-tiny "$qd"; rm "$qd/config.json"
+python3 -c "import json; json.dump({'model': json.load(open('tests/golden/qwen3-moe-tiny/config.json')), 'capacity_factor': 4}, open('$qd/spec.json', 'w'))"
+n_b=$(LOOM_CUDA_MOE_GEMM=batched "$LOOM" ir "$tmp/moecap2.json" --passes=train,lower --target=cuda --cost 2>&1 | grep -c 'cublasLtMatmul .*(batched: 4 experts x capacity 64)')
+n_q=$(LOOM_CUDA_MOE_GEMM=batched "$LOOM" ir "$qd/spec.json" --passes=train,lower --target=cuda --cost 2>&1 | grep -c 'cublasLtMatmul .*(batched: 8 experts x capacity')
+n_d=$(LOOM_CUDA_MOE_GEMM=batched "$LOOM" ir models/mixtral-tiny.json --passes=train,lower --target=cuda --cost 2>&1 | grep -c 'loom_gmm.*needs a capacity_factor')
+LOOM_CUDA_MOE_GEMM=fast "$LOOM" ir "$tmp/moecap2.json" --passes=train,lower --target=cuda --cost > "$tmp/log" 2>&1; rc=$?
+[ "$n_b" = 18 ] && [ "$n_q" -gt 0 ] && [ "$n_d" = 18 ] && [ $rc = 2 ] && grep -q 'LOOM_CUDA_MOE_GEMM=fast: set it to grouped' "$tmp/log" &&
+  ok "LOOM_CUDA_MOE_GEMM=batched: mixtral-tiny's 18 expert matmuls as batched GEMMs at capacity 64 ($n_q in qwen3-moe-tiny), dropless ones grouped with the reason in the label, a bad value refused (exit 2)" ||
+  { bad "LOOM_CUDA_MOE_GEMM=batched lowering: $n_b batched (18), $n_q qwen3, $n_d dropless notes (18), exit $rc (2)"; cat "$tmp/log"; }
+LOOM_CUDA_MOE_GEMM=batched "$LOOM" eval "$tmp/moecap2.json" --backend cuda --weights $g/weights.safetensors --tokens $g/tokens.bin \
+  --grads --out "$tmp/moeb.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
+if "$ST_DIFF" "$tmp/moeb.st" $g/expected.safetensors --rtol 1e-5 --only logits,loss > "$tmp/fwd" 2>&1 &&
+   "$ST_DIFF" "$tmp/moeb.st" $g/grads.safetensors --rtol 1e-4 --only "$names" > "$tmp/diff" 2>&1 &&
+   "$ST_DIFF" "$tmp/moeb.st" "$tmp/moe.st" --rtol 1e-5 > "$tmp/diff2" 2>&1; then
+  ok "mixtral-tiny batched at capacity 64 (nothing dropped): logits and loss within $(worst "$tmp/fwd") (1e-5), gradients within $(worst "$tmp/diff") (1e-4) of PyTorch, everything within $(worst "$tmp/diff2") (1e-5) of the grouped kernels"
+else
+  bad "mixtral-tiny LOOM_CUDA_MOE_GEMM=batched eval against PyTorch and the grouped kernels"; grep -v '^PASS' "$tmp/fwd" "$tmp/diff" "$tmp/diff2" | head -8
+fi
+LOOM_CUDA_MOE_GEMM=batched "$LOOM" check "$qd" --backend cuda > "$tmp/check" 2>&1 &&
+  ok "loom check qwen3-moe-tiny with capacity_factor 4 (nothing dropped), LOOM_CUDA_MOE_GEMM=batched: $(grep -E '^cuda ' "$tmp/check" | tr -s ' ' | cut -c1-150)" ||
+  { bad "loom check qwen3-moe-tiny with LOOM_CUDA_MOE_GEMM=batched"; cat "$tmp/check"; }
+LOOM_CUDA_MOE_GEMM=batched "$LOOM" train $g/train_spec.json -q --capacity-factor 0.5 --backend cuda --out "$tmp/moecapb.st" > "$tmp/log" 2>&1 ||
+  cat "$tmp/log"
+LOOM_CUDA_MOE_GEMM=batched "$LOOM" train $g/train_spec.json -q --capacity-factor 2 --precision bf16 --backend cuda \
+  --out "$tmp/moecapb16.st" > "$tmp/log" 2>&1 || cat "$tmp/log"
+if "$ST_DIFF" "$tmp/moecapb.st" "$tmp/moecap_cuda.st" --rtol 1e-5 > "$tmp/diff" 2>&1 &&
+   "$ST_DIFF" "$tmp/moecapb16.st" "$tmp/moe16_cuda.st" --rtol 2e-2 --only losses > "$tmp/diff2" 2>&1; then
+  ok "mixtral-tiny batched, 3 steps: capacity 0.5 (drops) within $(worst "$tmp/diff") (1e-5) of the grouped kernels; bf16 losses within $(worst "$tmp/diff2") (2e-2) of theirs"
+else
+  bad "mixtral-tiny LOOM_CUDA_MOE_GEMM=batched training against the grouped kernels"; grep -v '^PASS' "$tmp/diff" "$tmp/diff2" | head -8
+fi
 run=("$LOOM" train $g/train_spec.json -q --backend cuda)
 "${run[@]}" --save-dir "$tmp/ck-moe" --save-every 1 > /dev/null 2>&1
 rm -rf "$tmp/ck-moe/step_00000003"

@@ -9,7 +9,8 @@
 # linked statically: LOOM_LLVM_STATIC=ON), copies them with the shared libraries they need
 # that a plain Linux image lacks (OpenBLAS and its Fortran runtime, jansson, PCRE2, z3,
 # libxml2 and ICU: everything but the C and C++ runtimes), and writes .gpu/bundle.tar.xz
-# (ignored by git). A `run` call carries `.gpu`; tests/gpu/device_checks.sh unpacks it into
+# (ignored by git), and .gpu/attn_tu.cu (the CUDA source bench/attention_gpu.py takes its
+# kernels from). A `run` call carries `.gpu`; tests/gpu/device_checks.sh unpacks it into
 # build-gpu/ and puts build-gpu/lib on LD_LIBRARY_PATH. The CUDA libraries are not in it:
 # loom dlopens the device machine's own (LOOM_LIBNVRTC, LOOM_LIBCUBLASLT, LOOM_LIBNCCL).
 set -eu
@@ -33,5 +34,8 @@ for lib in $(ldd "$B/loom" "$B/test_cuda_runtime" | awk '$3 ~ /^\// {print $3}' 
   esac
 done
 mkdir -p .gpu
+# the attention kernels' translation unit bench/attention_gpu.py builds from (checks 12 and 20)
+"$B/loom" ir models/gpt2-124M.json --passes=train,lower --precision bf16 --target=cuda --emit=cuda \
+  -o .gpu/attn_tu.cu > /dev/null
 tar cf - -C "$stage" . | xz -T"$(nproc)" -6 > .gpu/bundle.tar.xz
 echo "wrote .gpu/bundle.tar.xz ($(du -h .gpu/bundle.tar.xz | cut -f1)): $(ls "$stage" "$stage/lib" | tr '\n' ' ')"

@@ -23,7 +23,12 @@
 #             synchronous path (LOOM_CUDA_SYNC_STEP=1) on the tiny models, then GPT-2 124M's
 #             step with and without it;
 #   hwprofile check 7's per-category efficiencies from the torch phase's profiles (run after
-#             torch): $OUT/hw-profile.json, and --time with it beside the measured step.
+#             torch): $OUT/hw-profile.json, and --time with it beside the measured step;
+#   attention checks 12 and 20 (a) (issue 32): bench/attention_gpu.py, loom's attention kernels
+#             beside SDPA flash, and on an sm_90 device the wgmma kernels beside the mma.sync
+#             ones (.gpu/attn_tu.cu, which tests/gpu/bundle.sh writes);
+#   wgmma     check 20 (b): GPT-2 124M trained 3 steps with LOOM_CUDA_WGMMA=1 and without,
+#             the weights compared.
 # Each check gets a timeout from what is left of SECONDS, so the script ends by itself inside
 # the call's limit. Every finished check's log is appended to $OUT/all.log at once (what a
 # killed run did finish still comes back); $OUT/summary.txt has one line a check.
@@ -118,6 +123,12 @@ fi
 if [[ $PHASES == *hwprofile* ]]; then   # check 7's categories (after torch)
   hwf=models/hardware/h200.json; nvidia-smi -L 2>/dev/null | grep -q H100 && hwf=models/hardware/h100-sxm.json
   check hwprofile 60 "set -e; python3 bench/hw_from_profile.py $OUT/profile/gpt2-124M.txt $hwf $OUT/hw-profile.json $OUT/profile/llama-1B.txt; $B/loom ir models/gpt2-124M.json --passes=train,lower --target cuda --batch 16 --seq 1024 --precision bf16 --vocab-multiple 128 --time --hw $OUT/hw-profile.json"
+fi
+if [[ $PHASES == *attention* ]]; then   # checks 12 and 20 (a)
+  check attention 240 "python3 bench/attention_gpu.py .gpu/attn_tu.cu"
+fi
+if [[ $PHASES == *wgmma* ]]; then   # check 20 (b)
+  check wgmma 200 "set -e; $B/loom data data/shakespeare.txt -o /tmp/wg-d.bin; for v in 0 1; do LOOM_CUDA_WGMMA=\$v $B/loom train models/gpt2-124M.json --backend cuda --precision bf16 --batch 4 --seq 1024 --steps 3 --data /tmp/wg-d.bin -q --out /tmp/wg\$v.st; done; $B/st_diff /tmp/wg1.st /tmp/wg0.st --rtol 2e-2"
 fi
 if [[ $PHASES == *sanitize* ]]; then
   san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

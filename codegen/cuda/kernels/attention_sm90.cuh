@@ -5,7 +5,7 @@
    maps) completing on mbarriers, and a warp-specialized pipeline: one producer thread copies
    Q once and K, V tiles into a ring of stages; two consumer warpgroups (64 query rows each)
    wait for a stage's "full" barrier, run S = Q K^T (wgmma, both operands in shared memory),
-   the online softmax in registers (attention.cuh's, base 2), O += P V (wgmma, P from
+   the online softmax in registers (attention_tc.cuh's, base 2), O += P V (wgmma, P from
    registers in the accumulator's own layout, V through a transposed descriptor), and arrive
    on the stage's "empty" barrier, which the producer waits for before it copies the stage
    again.
@@ -249,7 +249,7 @@ LOOM_DEV void loom_wgmma_rs(float *d, const unsigned a[4], unsigned long long db
    one-pass backward.  384 threads: warpgroup 0 the producer (its thread 0 copies; the rest
    leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
    and keys past S arrive as zeros (the tensor maps' fill: masked keys get p = 0, rows past T
-   are not stored).  Two stages of 64 keys.  P enters P V as attention.cuh's kernels have it (the
+   are not stored).  Two stages of 64 keys.  P enters P V as attention_tc.cuh's kernels have it (the
    input format, with LOOM_ATTN_SPLIT its remainder too).
    grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 2 stages * 2 * 64*D*2 + 40 bytes.
    bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale;

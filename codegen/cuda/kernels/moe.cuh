@@ -551,3 +551,78 @@ LOOM_DEV void loom_grouped_wgrad(const LoomArgs &a) {
           }
       }
 }
+
+/* The batched lowering (LOOM_CUDA_MOE_GEMM=batched, codegen/cuda/lower_moe.c): with a
+   capacity, the groups (G = E) copied to [E, cap, D], group e's rows first and zeros after,
+   so that one strided-batched cuBLASLt GEMM multiplies every expert; then the products copied
+   back to the groups' rows.  The zero rows add nothing to a weight gradient's sums.  Each
+   block turns the counts into offsets in shared memory once (thread 0; E <= LOOM_MOE_PAD_E,
+   which the lowering checks): a count that is negative, above the capacity, or runs past R
+   is a trap, as in the grouped matmuls. */
+#define LOOM_MOE_PAD_E 1024
+LOOM_DEV bool loom_moe_pad_offsets(const int *cnt, long long E, long long cap, long long R, long long *off) {
+  __shared__ int s_bad;
+  if (threadIdx.x == 0) {
+    long long t = 0;
+    int bad = 0;
+    for (long long e = 0; e < E; e++) {
+      const long long c = cnt[e];
+      if (c < 0 || c > cap || c > R - t) bad = 1;
+      off[e] = t;
+      if (!bad) t += c;
+    }
+    off[E] = t;
+    s_bad = bad;
+  }
+  __syncthreads();
+  return !s_bad;
+}
+
+/* moe_pad.  bufs: x counts -> xp;  i: E cap D, R.  A thread per xp[e, r, d]: x[off_e + r, d]
+   for r < counts[e], else 0 (the values copied as they are). */
+template <class SX>
+LOOM_DEV void loom_moe_pad(const LoomArgs &a) {
+  __shared__ long long off[LOOM_MOE_PAD_E + 1];
+  const typename SX::T *x = LOOM_IN(SX, 0);
+  const int *cnt = (const int *)a.buf[1];
+  typename SX::T *xp = LOOM_OUT(SX, 2);
+  const long long E = a.i[0], cap = a.i[1], D = a.i[2], R = a.i[3];
+  if (!loom_moe_pad_offsets(cnt, E, cap, R, off)) {
+    if (threadIdx.x == 0) LOOM_MOE_BAD("moe_pad: the group counts exceed the capacity or the rows");
+    return;
+  }
+  LOOM_GRID_LOOP(t, E * cap * D) {
+    const long long e = t / (cap * D), rd = t - e * cap * D, r = rd / D, d = rd - r * D;
+    xp[t] = r < off[e + 1] - off[e] ? x[(off[e] + r) * D + d] : typename SX::T();
+  }
+}
+
+/* moe_unpad.  bufs: yp counts -> y;  i: E cap D, R.  A thread per y[r, d]: yp[e, r - off_e, d]
+   of the group e that holds row r (a binary search of the offsets), 0 past the groups (as the
+   grouped matmul's rows past the groups). */
+template <class SY>
+LOOM_DEV void loom_moe_unpad(const LoomArgs &a) {
+  __shared__ long long off[LOOM_MOE_PAD_E + 1];
+  const typename SY::T *yp = LOOM_IN(SY, 0);
+  const int *cnt = (const int *)a.buf[1];
+  typename SY::T *y = LOOM_OUT(SY, 2);
+  const long long E = a.i[0], cap = a.i[1], D = a.i[2], R = a.i[3];
+  if (!loom_moe_pad_offsets(cnt, E, cap, R, off)) {
+    if (threadIdx.x == 0) LOOM_MOE_BAD("moe_unpad: the group counts exceed the capacity or the rows");
+    return;
+  }
+  LOOM_GRID_LOOP(t, R * D) {
+    const long long r = t / D, d = t - r * D;
+    if (r >= off[E]) {
+      y[t] = typename SY::T();
+      continue;
+    }
+    long long lo = 0, hi = E - 1;   /* the last e with off[e] <= r: its group holds r */
+    while (lo < hi) {
+      const long long mid = (lo + hi + 1) / 2;
+      if (off[mid] <= r) lo = mid;
+      else hi = mid - 1;
+    }
+    y[t] = yp[(lo * cap + r - off[lo]) * D + d];
+  }
+}
