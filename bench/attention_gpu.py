@@ -94,7 +94,7 @@ void fwd_wg(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, 
 #ifdef FWG64
   LoomTmaps t = maps_of({q, k, v}, {128, 64, 64});
   go(D == 64 ? (const void *)FWG64 : (const void *)FWG128, a, dim3(B * H, (T + 127) / 128),
-     1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 384, &t);
+     1024 + 128 * D * 2 + 3 * 2 * 64 * D * 2 + 56, 384, &t);
 #else
   TORCH_CHECK(false, "built without the wgmma forward (WGMMA=0)");
 #endif

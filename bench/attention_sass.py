@@ -133,7 +133,9 @@ def main():
         best = None   # the loop (a backward branch's range) with the most HMMAs
         for i, (addr, op, rest, pred) in enumerate(ins):
             m = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
-            if not m or int(m.group(1), 16) >= addr: continue
+            # a loop's back edge is conditional; an unconditional backward jump is an out-of-line
+            # block (an mbarrier wait's retry) returning to the code it left
+            if not m or int(m.group(1), 16) >= addr or not pred: continue
             tgt = int(m.group(1), 16)
             body = [x for x in ins if tgt <= x[0] <= addr]
             h = sum(mma_work(x[1]) for x in body)

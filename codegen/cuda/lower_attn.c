@@ -181,10 +181,10 @@ static int lower_attention_fwd(Lower *L, Steps *s) {
     st->smem = (uint32_t)(2 * 2 * 64 * (q->dims[3] + 8) * 2);
     const int64_t D = q->dims[3];
     const bool wg = wgmma_forward(D, op_int(op, "window"), q->dims[1], kt->dims[1]);
-    if (wg) {   /* 128 query rows a block (a producer warpgroup, two consumers); Q, two stages of K and V, mbarriers */
+    if (wg) {   /* 128 query rows a block (a producer warpgroup, two consumers); Q, three stages of K and V, mbarriers */
       st->block[0] = 384;
       st->grid[1] = cl_clamp_grid((q->dims[1] + 127) / 128, 65535);
-      st->smem = (uint32_t)(1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
+      st->smem = (uint32_t)(1024 + 128 * D * 2 + 3 * 2 * 64 * D * 2 + 56);
       size_t n = strlen(st->label);
       snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
     }

@@ -95,7 +95,7 @@ static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs
                 encode_maps(&kv_maps, *kv, 4, kbox, c.bf16)))
     return 1;
   if (tcore)
-    return (wgmma ? launch(fwd_wg<S, D>, f, bh, (unsigned)((c.T + 127) / 128), 1024 + 128 * D * 2 + 2 * 2 * 64 * D * 2 + 40,
+    return (wgmma ? launch(fwd_wg<S, D>, f, bh, (unsigned)((c.T + 127) / 128), 1024 + 128 * D * 2 + 3 * 2 * 64 * D * 2 + 56,
                            "wgmma forward", 384)
                   : launch(fwd_tc<S, D>, f, bh, tq, 2 * 2 * 64 * L8 * 2, "forward")) ||
            (wgmma ? launch(dq_wg<S, D>, q, bh, tq, 1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dq", 256)

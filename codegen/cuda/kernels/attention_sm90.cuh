@@ -249,9 +249,10 @@ LOOM_DEV void loom_wgmma_rs(float *d, const unsigned a[4], unsigned long long db
    one-pass backward.  384 threads: warpgroup 0 the producer (its thread 0 copies; the rest
    leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
    and keys past S arrive as zeros (the tensor maps' fill: masked keys get p = 0, rows past T
-   are not stored).  Two stages of 64 keys.  P enters P V as attention_tc.cuh's kernels have it (the
-   input format, with LOOM_ATTN_SPLIT its remainder too).
-   grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 2 stages * 2 * 64*D*2 + 40 bytes.
+   are not stored).  Three stages of 64 keys (the consumers hold two, pipelined: below).  P
+   enters P V as attention_tc.cuh's kernels have it (the input format, with LOOM_ATTN_SPLIT
+   its remainder too).
+   grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 3 stages * 2 * 64*D*2 + 56 bytes.
    bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale;
    t: tensor maps of q k v (box rows 128, 64, 64) */
 template <class SQ, class SK, class SV, class SO, int D>
@@ -259,7 +260,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
   static_assert(D == 64 || D == 128, "the wgmma forward takes head sizes 64 and 128");
   constexpr bool BF = SQ::is_bf16;
-  constexpr int BM = 128, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 64;
+  constexpr int BM = 128, BN = 64, ST = 3, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 64;
   constexpr unsigned QB = BM * 128, KB = BN * 128, TILE = BN * D * 2;   /* a 64-column block of Q, of a tile; a tile */
   extern __shared__ float loom_smem[];
   const unsigned raw = loom_sm90_smem(loom_smem), sQ = (raw + 1023u) & ~1023u, sKV = sQ + BM * D * 2;
@@ -318,54 +319,80 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
     const int row = hr ? r1 : r0;
     kmax[hr] = causal && row + 1 < S ? row + 1 : S;
   }
-  /* n0 < this (and n0 + BN <= S): no key of the warpgroup's rows masked.  Written per
-     warpgroup (per warp it is the same: tiles of 64): the PTX ISA leaves a wgmma.mma_async
-     undefined when the threads of the warpgroup do not all take the branch that reaches it,
-     and loom_wg_uniform has the emulated device check that they do. */
+  /* n0 < this (and n0 + BN <= S): no key of the warpgroup's rows masked (per warpgroup; per
+     warp it is the same: tiles of 64) */
   const int interior_end = causal ? m0 + 64 * cw + 1 - BN : S - BN + 1;
+  /* the tiles this warpgroup's rows see: a prefix of the block's (causal: none past its last row) */
+  const int nkw = causal && wg_last / BN + 1 < nk ? wg_last / BN + 1 : nk;
   loom_mbar_wait(qbar, 0);
-  /* one tile (a literal EDGE at each call, as loom_attn_fwd_tc's) */
-  auto tile = [&](const bool EDGE, int n0, unsigned sK) {
-    float s[NT][4];
-    loom_wgmma_fence();
+  /* FlashAttention-3's pipelining within a warpgroup: tile j's S = Q K^T is issued with tile
+     j-1's O += P V behind it, and the softmax of S runs while P V is in flight; o is rescaled
+     by tile j's alpha once P V has landed.  The operations on o are the unpipelined loop's in
+     its order (o = 0, then for each tile: o *= alpha, o += P V: here +PV(j-1) then *alpha(j),
+     the first tile's alpha multiplying zeros), so the bits are the same.  A stage is given
+     back when both its products are done: K after S, V after P V, so tile j-1's once P V
+     lands; with tile j's stage held meanwhile, three stages let the producer copy one ahead. */
+  unsigned hi[KN][4], lo[KN][4];   /* the previous tile's P (and its remainder), as P V's A */
+  auto scores = [&](float (&sc)[NT][4], unsigned sK) {   /* issue S = Q K^T */
     #pragma unroll
     for (int kk = 0; kk < KD; kk++)
-      loom_wgmma_ss64<BF>(&s[0][0], loom_wg_desc(sQ + (kk >> 2) * QB + cw * 64 * 128 + (kk & 3) * 32, 16, 1024),
+      loom_wgmma_ss64<BF>(&sc[0][0], loom_wg_desc(sQ + (kk >> 2) * QB + cw * 64 * 128 + (kk & 3) * 32, 16, 1024),
                           loom_wg_desc(sK + (kk >> 2) * KB + (kk & 3) * 32, 16, 1024), kk > 0);
     loom_wgmma_commit();
-    loom_wgmma_wait<0>();
-    loom_wg_regs(&s[0][0], 4 * NT);
-    if (EDGE)
-      #pragma unroll
-      for (int j = 0; j < NT; j++)
-        #pragma unroll
-        for (int e = 0; e < 4; e++)
-          if (n0 + 8 * j + t2 + (e & 1) >= kmax[e >> 1]) s[j][e] = -LOOM_INF;
-    loom_softmax_tile<NT, ND>(s, o, mrow, lsum, c2, EDGE);
-    unsigned hi[KN][4], lo[KN][4];
+  };
+  auto pv = [&](unsigned sK) {   /* issue o += P V (V's keys 16 kk ..: 8-key groups 1024 bytes apart) */
     #pragma unroll
-    for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(s, 2 * kk, hi[kk], lo[kk]);
-    loom_wgmma_fence();
-    #pragma unroll
-    for (int kk = 0; kk < KN; kk++) {   /* V's keys 16 kk ..: 8-key groups 1024 bytes apart, 64-column blocks KB */
+    for (int kk = 0; kk < KN; kk++) {
       const unsigned long long dv = loom_wg_desc(sK + TILE + kk * 16 * 128, KB, 1024);
       if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&o[0][0], lo[kk], dv);
       loom_wgmma_rs<BF, D>(&o[0][0], hi[kk], dv);
     }
     loom_wgmma_commit();
+  };
+  /* the mask (a literal EDGE at each call, as loom_attn_fwd_tc's), the softmax, P packed */
+  auto softmax = [&](const bool EDGE, int n0, float (&sc)[NT][4], float (&alpha)[2]) {
+    if (EDGE)
+      #pragma unroll
+      for (int j = 0; j < NT; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++)
+          if (n0 + 8 * j + t2 + (e & 1) >= kmax[e >> 1]) sc[j][e] = -LOOM_INF;
+    loom_softmax_stats<NT>(sc, mrow, lsum, alpha, c2, EDGE);
+  };
+  for (int it = 0; it < nkw; it++) {
+    const int st = it % ST, n0 = it * BN;
+    const unsigned sK = sKV + st * 2 * TILE;
+    float sc[NT][4], alpha[2];
+    loom_mbar_wait(sBar + 8 * st, (it / ST) & 1);
+    loom_wgmma_fence();
+    scores(sc, sK);
+    if (it > 0) pv(sKV + ((it - 1) % ST) * 2 * TILE);
+    if (it > 0) loom_wgmma_wait<1>();   /* S has landed; P V may still be in flight */
+    else loom_wgmma_wait<0>();
+    loom_wg_regs(&sc[0][0], 4 * NT);
+    if (n0 < interior_end && n0 + BN <= S) softmax(false, n0, sc, alpha);
+    else softmax(true, n0, sc, alpha);
+    loom_wgmma_wait<0>();   /* P V too */
+    loom_wg_regs(&o[0][0], 4 * ND);
+    loom_wg_keep(&hi[0][0], 4 * KN);
+    loom_wg_keep(&lo[0][0], 4 * KN);
+    if (it > 0) loom_mbar_arrive(sBar + 8 * (ST + (it - 1) % ST));
+    loom_rescale<ND>(o, alpha);
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(sc, 2 * kk, hi[kk], lo[kk]);
+  }
+  if (nkw > 0) {   /* the last tile's P V */
+    loom_wgmma_fence();
+    pv(sKV + ((nkw - 1) % ST) * 2 * TILE);
     loom_wgmma_wait<0>();
     loom_wg_regs(&o[0][0], 4 * ND);
     loom_wg_keep(&hi[0][0], 4 * KN);
     loom_wg_keep(&lo[0][0], 4 * KN);
-  };
-  for (int it = 0; it < nk; it++) {
-    const int s = it % ST, n0 = it * BN;
-    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
-    if (!causal || n0 <= wg_last) {   /* (causal: no row of this warpgroup sees a key of the tile past it) */
-      if (loom_wg_uniform(n0 < interior_end && n0 + BN <= S)) tile(false, n0, sKV + s * 2 * TILE);
-      else tile(true, n0, sKV + s * 2 * TILE);
-    }
-    loom_mbar_arrive(sBar + 8 * (ST + s));
+    loom_mbar_arrive(sBar + 8 * (ST + (nkw - 1) % ST));
+  }
+  for (int it = nkw; it < nk; it++) {   /* the tiles past this warpgroup's rows: seen, given back */
+    loom_mbar_wait(sBar + 8 * (it % ST), (it / ST) & 1);
+    loom_mbar_arrive(sBar + 8 * (ST + it % ST));
   }
   const bool save = a.i[8] != 0;
   float *Lsave = (float *)a.buf[4], *Osave = (float *)a.buf[5];

@@ -239,12 +239,14 @@ LOOM_DEV void loom_kv_grads_store(typename SDK::T *dk, typename SDV::T *dv, cons
    r0: elements 0 and 1 of each 8-key group j, r1: 2 and 3; a quad's 4 threads hold a row's
    keys): the running max over the quad, s turned into p = 2^(s c2 - m c2) (base 2; where
    edge, a row with no key yet, m = -inf, gets p = 0), this thread's part of the row sum (the
-   quad adds the parts at the end), and o rescaled by 2^(m_old c2 - m c2).  The one copy for
-   the mma.sync forward (loom_attn_fwd_tc) and the wgmma forward (attention_sm90.cuh), whose
-   accumulators share the layout. */
-template <int NT, int ND>
-LOOM_DEV void loom_softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&mrow)[2], float (&lsum)[2], float c2,
-                                bool edge) {
+   quad adds the parts at the end), and the factor alpha = 2^(m_old c2 - m c2) o is to be
+   rescaled by (loom_softmax_tile does it at once; the wgmma forward after the previous tile's
+   P V, which is in flight meanwhile).  The one copy for the mma.sync forward
+   (loom_attn_fwd_tc) and the wgmma forward (attention_sm90.cuh), whose accumulators share the
+   layout. */
+template <int NT>
+LOOM_DEV void loom_softmax_stats(float (&s)[NT][4], float (&mrow)[2], float (&lsum)[2], float (&alpha)[2], float c2,
+                                 bool edge) {
   #pragma unroll
   for (int hr = 0; hr < 2; hr++) {
     float mx = mrow[hr];
@@ -253,7 +255,7 @@ LOOM_DEV void loom_softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&mr
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float mc = edge && mx == -LOOM_INF ? 0.0f : mx * c2;
-    const float alpha = loom_ex2(__fmaf_rn(mrow[hr], c2, -mc));
+    const float a = loom_ex2(__fmaf_rn(mrow[hr], c2, -mc));
     mrow[hr] = mx;
     float ps = 0.0f;
     #pragma unroll
@@ -263,13 +265,24 @@ LOOM_DEV void loom_softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&mr
         s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mc));
         ps += s[j][e];
       }
-    lsum[hr] = lsum[hr] * alpha + ps;
-    #pragma unroll
-    for (int d = 0; d < ND; d++) {
-      o[d][2 * hr] *= alpha;
-      o[d][2 * hr + 1] *= alpha;
-    }
+    lsum[hr] = lsum[hr] * a + ps;
+    alpha[hr] = a;
   }
+}
+/* o's rows (r0: elements 0 and 1, r1: 2 and 3) times their alpha */
+template <int ND>
+LOOM_DEV void loom_rescale(float (&o)[ND][4], const float (&alpha)[2]) {
+  #pragma unroll
+  for (int d = 0; d < ND; d++)
+    #pragma unroll
+    for (int e = 0; e < 4; e++) o[d][e] *= alpha[e >> 1];
+}
+template <int NT, int ND>
+LOOM_DEV void loom_softmax_tile(float (&s)[NT][4], float (&o)[ND][4], float (&mrow)[2], float (&lsum)[2], float c2,
+                                bool edge) {
+  float alpha[2];
+  loom_softmax_stats<NT>(s, mrow, lsum, alpha, c2, edge);
+  loom_rescale<ND>(o, alpha);
 }
 
 /* The end of a forward for a thread's two rows (r0, r1; rows from T on are not stored): the
