@@ -120,6 +120,20 @@ LOOM_DEV void loom_tma_prefetch(const LoomTmap *map) {
 #endif
 }
 
+/* A ring of st stages' mbarriers from bar: full[s] at bar + 8 s (the producer's arrive with
+   the tile's bytes), empty[s] at bar + 8 (st + s) (an arrival from each of the consumers'
+   threads once done with the stage), and once, the block's first load's (Q, or K and V);
+   then the fence that shows them to the other threads and the copy engine (one thread, before
+   a __syncthreads) */
+LOOM_DEV void loom_ring_init(unsigned bar, int st, unsigned consumers, unsigned once) {
+  for (int s = 0; s < st; s++) {
+    loom_mbar_init(bar + 8 * s, 1);
+    loom_mbar_init(bar + 8 * (st + s), consumers);
+  }
+  loom_mbar_init(once, 1);
+  loom_mbar_init_fence();
+}
+
 /* wgmma: fence (before the first mma_async and after the thread touches the registers an
    mma_async reads or writes), commit the issued ones as a group, wait until at most N
    groups are in flight */
@@ -275,14 +289,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
      producer/consumer split is not a divergent path around the wgmmas (without it ptxas
      serializes them: "program dependence on compiler-inserted WG.AR in divergent path") */
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-  if (tid == 0) {
-    for (int s = 0; s < ST; s++) {
-      loom_mbar_init(sBar + 8 * s, 1);                 /* the producer's arrive, with the tile's bytes */
-      loom_mbar_init(sBar + 8 * (ST + s), 2 * 128);    /* every consumer thread, done with the stage */
-    }
-    loom_mbar_init(qbar, 1);
-    loom_mbar_init_fence();
-  }
+  if (tid == 0) loom_ring_init(sBar, ST, 2 * 128, qbar);
   __syncthreads();
   if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2: q k v as [B][T or S][heads][D]) */
     if (tid != 0) return;
@@ -435,14 +442,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
   const int m_start = causal ? (n0 / BM) * BM : 0, nm = T > m_start ? (T - m_start + BM - 1) / BM : 0, n_items = G * nm;
   /* (the warpgroup through a shuffle: the forward says why) */
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-  if (tid == 0) {
-    for (int s = 0; s < ST; s++) {
-      loom_mbar_init(sBar + 8 * s, 1);
-      loom_mbar_init(sBar + 8 * (ST + s), 128);
-    }
-    loom_mbar_init(kvbar, 1);
-    loom_mbar_init_fence();
-  }
+  if (tid == 0) loom_ring_init(sBar, ST, 128, kvbar);
   __syncthreads();
   if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2 3: dout q k v, as the forward's) */
     if (tid != 0) return;
@@ -587,14 +587,7 @@ LOOM_DEV void loom_attn_bwd_dq_wg(const LoomArgs &a, const LoomTmaps &t) {
   const unsigned short *dout = LOOM_IN(SDO, 0) + ((long long)b * T * H + h) * D;   /* (its rows' Dsum) */
   /* (the warpgroup through a shuffle: the forward says why) */
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
-  if (tid == 0) {
-    for (int s = 0; s < ST; s++) {
-      loom_mbar_init(sBar + 8 * s, 1);
-      loom_mbar_init(sBar + 8 * (ST + s), 128);
-    }
-    loom_mbar_init(qbar, 1);
-    loom_mbar_init_fence();
-  }
+  if (tid == 0) loom_ring_init(sBar, ST, 128, qbar);
   __syncthreads();
   if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2 3: dout q k v, as dk/dv's) */
     if (tid != 0) return;
