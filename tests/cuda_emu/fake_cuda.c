@@ -888,7 +888,9 @@ CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
 /* ------------------------------------------------------------------ tensor maps */
 
 /* The emulator's encoding (emu_tmap.h), its arguments checked as the documentation says;
-   a refusal says why on stderr (the driver says only CUDA_ERROR_INVALID_VALUE). */
+   a refusal says why on stderr (the driver says only CUDA_ERROR_INVALID_VALUE).  Built with
+   LOOM_EMU_NO_TMAP (libloom_fake_cuda_notmap.so) the driver lacks it, as one before CUDA 12. */
+#ifndef LOOM_EMU_NO_TMAP
 CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank,
                                 void *globalAddress, const cuuint64_t *globalDim, const cuuint64_t *globalStrides,
                                 const cuuint32_t *boxDim, const cuuint32_t *elementStrides, CUtensorMapInterleave interleave,
@@ -904,3 +906,4 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tens
   }
   return CUDA_SUCCESS;
 }
+#endif

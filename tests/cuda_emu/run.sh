@@ -155,6 +155,18 @@ else
   bad "bench-gpt2-small bf16 with LOOM_CUDA_WGMMA=1 ($n_wg wgmma kernels, 12 expected) against the mma.sync kernels"
   tail -5 "$tmp/log"; grep FAIL "$tmp/diff" | head -5
 fi
+# a driver without cuTensorMapEncodeTiled (before CUDA 12): refused at load, saying what to do
+notmap=$(dirname "$LOOM_LIBCUDA")/libloom_fake_cuda_notmap.so
+if [ ! -f "$notmap" ]; then
+  bad "a driver without cuTensorMapEncodeTiled: $notmap is not built (CMakeLists.txt builds it beside the fake driver)"
+elif LOOM_LIBCUDA=$notmap LOOM_CUDA_WGMMA=1 timeout 120 "$LOOM" eval "$tmp/bench16.json" --weights "$tmp/w.st" \
+     --tokens "$tmp/d.bin" --batch 1 --seq 128 --grads --out "$tmp/notmap.st" --backend cuda > "$tmp/log" 2>&1; then
+  bad "LOOM_CUDA_WGMMA=1 on a driver without cuTensorMapEncodeTiled ran"
+elif grep -q 'lacks cuTensorMapEncodeTiled.*update the driver, or lower without LOOM_CUDA_WGMMA' "$tmp/log"; then
+  ok "LOOM_CUDA_WGMMA=1 on a driver without cuTensorMapEncodeTiled: refused at load, naming the step and the fix"
+else
+  bad "LOOM_CUDA_WGMMA=1 on a driver without cuTensorMapEncodeTiled: no clear message"; tail -3 "$tmp/log"
+fi
 
 # Context parallelism's kernels alone (attn_block.cc: the attention blocks against a double
 # reference, every rank and kv_shift, in both thread orders; rope at global positions),
