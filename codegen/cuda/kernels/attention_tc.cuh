@@ -235,6 +235,30 @@ LOOM_DEV void loom_kv_grads_store(typename SDK::T *dk, typename SDV::T *dv, cons
   }
 }
 
+/* acc += P B for a warp's 16 rows: P the scores tile s (k16 steps kk < KN of its keys), packed
+   to the input format (and with LOOM_ATTN_SPLIT its remainder, first), B's rows those keys in
+   shared memory, row-major with stride ld, read transposed by ldmatrix (off: the lane's
+   offset).  The forward's O += P V and dq's dQ += dS K. */
+template <bool BF, int KN, int NT, int ND>
+LOOM_DEV void loom_acc_pb(float (&acc)[ND][4], const float (&s)[NT][4], const unsigned short *sB, int ld, int off) {
+  #pragma unroll
+  for (int kk = 0; kk < KN; kk++) {
+    unsigned hi[4], lo[4];
+    loom_frag_pack<BF>(s, 2 * kk, hi, lo);
+    #pragma unroll
+    for (int d = 0; d < ND; d += 2) {
+      unsigned b[4];
+      loom_ldsm_x4_t(b, sB + 16 * kk * ld + 8 * d + off);
+      if (LOOM_ATTN_SPLIT) {
+        loom_mma16816<BF>(acc[d], lo, b);
+        loom_mma16816<BF>(acc[d + 1], lo, b + 2);
+      }
+      loom_mma16816<BF>(acc[d], hi, b);
+      loom_mma16816<BF>(acc[d + 1], hi, b + 2);
+    }
+  }
+}
+
 /* The online softmax of one tile for a thread's two rows of an m16n8 accumulator layout (row
    r0: elements 0 and 1 of each 8-key group j, r1: 2 and 3; a quad's 4 threads hold a row's
    keys): the running max over the quad, s turned into p = 2^(s c2 - m c2) (base 2; where
@@ -432,22 +456,7 @@ LOOM_DEV void loom_attn_fwd_tc(const LoomArgs &a) {
           if (key < kmin[e >> 1] || key >= kmax[e >> 1]) s[j][e] = -LOOM_INF;
         }
     loom_softmax_tile<NT, ND>(s, o, mrow, lsum, c2, EDGE);
-    #pragma unroll
-    for (int kk = 0; kk < KN; kk++) {
-      unsigned hi[4], lo[4];
-      loom_frag_pack<BF>(s, 2 * kk, hi, lo);
-      #pragma unroll
-      for (int d = 0; d < ND; d += 2) {
-        unsigned bv[4];
-        loom_ldsm_x4_t(bv, sV + 16 * kk * LK + 8 * d + voff);
-        if (LOOM_ATTN_SPLIT) {
-          loom_mma16816<BF>(o[d], lo, bv);
-          loom_mma16816<BF>(o[d + 1], lo, bv + 2);
-        }
-        loom_mma16816<BF>(o[d], hi, bv);
-        loom_mma16816<BF>(o[d + 1], hi, bv + 2);
-      }
-    }
+    loom_acc_pb<BF, KN>(o, s, sV, LK, voff);
   };
   /* tiles before the warp's diagonal, inside S and inside the window of its last row are
      interior: no mask */
@@ -671,23 +680,7 @@ LOOM_DEV void loom_attn_bwd_dq_tc(const LoomArgs &a) {
             s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mrow[hr])) * (dp[j][e] - dsum[hr]) * scale;
       }
     }
-    if (P2)
-      #pragma unroll
-      for (int kk = 0; kk < KN; kk++) {
-        unsigned hi[4], lo[4];
-        loom_frag_pack<BF>(s, 2 * kk, hi, lo);
-        #pragma unroll
-        for (int d = 0; d < ND; d += 2) {
-          unsigned bk[4];
-          loom_ldsm_x4_t(bk, sK + 16 * kk * LD + 8 * d + toff);
-          if (LOOM_ATTN_SPLIT) {
-            loom_mma16816<BF>(acc[d], lo, bk);
-            loom_mma16816<BF>(acc[d + 1], lo, bk + 2);
-          }
-          loom_mma16816<BF>(acc[d], hi, bk);
-          loom_mma16816<BF>(acc[d + 1], hi, bk + 2);
-        }
-      }
+    if (P2) loom_acc_pb<BF, KN>(acc, s, sK, LD, toff);
   };
   const int n_items = saved ? nk : 2 * nk, i_p2 = saved ? 0 : nk;   /* items from i_p2 on: pass 2 */
   for (int i = 0, st = 0; i < n_items; i++, st ^= 1) {
