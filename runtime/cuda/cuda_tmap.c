@@ -98,8 +98,7 @@ int cuda_tmaps_build(CudaProgram *cp, char *err, size_t errlen) {
       cp->tmaps[f][s] = maps;
       for (int m = 0; m < st->tmaps; m++) {
         const RtBuf *b = &st->bufs[st->i[RT_TMAP_INT + RT_TMAP_FIELDS * m]];
-        const uint64_t base = b->region == RT_REGION_ARENA ? cp->arena : cp->regions[b->region];
-        int rc = encode(d, maps + TMAP_BYTES * m, st, m, base + (uint64_t)b->offset, where, err, errlen);
+        int rc = encode(d, maps + TMAP_BYTES * m, st, m, cuda_buf_addr(cp, f, b), where, err, errlen);
         if (rc) return rc;
       }
     }

@@ -45,14 +45,6 @@ struct LoomTmaps {
 #define LOOM_SM90 0
 #endif
 
-LOOM_DEV unsigned loom_sm90_smem(const void *p) {
-#if defined(LOOM_EMU)
-  return loom_emu_smem_addr(p);
-#else
-  return (unsigned)__cvta_generic_to_shared(p);
-#endif
-}
-
 /* mbarriers (a 64-bit object in shared memory, by its shared address) */
 LOOM_DEV void loom_mbar_init(unsigned bar, unsigned count) {
 #if defined(LOOM_EMU)
@@ -277,7 +269,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
   constexpr int BM = 128, BN = 64, ST = 3, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 64;
   constexpr unsigned QB = BM * 128, KB = BN * 128, TILE = BN * D * 2;   /* a 64-column block of Q, of a tile; a tile */
   extern __shared__ float loom_smem[];
-  const unsigned raw = loom_sm90_smem(loom_smem), sQ = (raw + 1023u) & ~1023u, sKV = sQ + BM * D * 2;
+  const unsigned raw = loom_smem_addr(loom_smem), sQ = (raw + 1023u) & ~1023u, sKV = sQ + BM * D * 2;
   const unsigned sBar = sKV + ST * 2 * TILE, qbar = sBar + 16 * ST;   /* full[s] at sBar + 8 s, empty[s] after them */
   const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5];
   const bool causal = a.i[6] != 0;
@@ -433,7 +425,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
   constexpr int BN = 64, BM = 64, ST = 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 64;
   constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
   extern __shared__ float loom_smem[];
-  const unsigned raw = loom_sm90_smem(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
+  const unsigned raw = loom_smem_addr(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
   const unsigned sBar = sQO + ST * 2 * TILE, kvbar = sBar + 16 * ST;   /* full[s], empty[s], then K and V's */
   const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5], G = H / KV;
   const bool causal = a.i[6] != 0;
@@ -575,7 +567,7 @@ LOOM_DEV void loom_attn_bwd_dq_wg(const LoomArgs &a, const LoomTmaps &t) {
   constexpr int BM = 64, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 64;
   constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
   extern __shared__ float loom_smem[];
-  const unsigned raw = loom_sm90_smem(loom_smem), sQ = (raw + 1023u) & ~1023u, sO = sQ + TILE, sKV = sO + TILE;
+  const unsigned raw = loom_smem_addr(loom_smem), sQ = (raw + 1023u) & ~1023u, sO = sQ + TILE, sKV = sO + TILE;
   const unsigned sBar = sKV + ST * 2 * TILE, qbar = sBar + 16 * ST;   /* full[s], empty[s], then Q and dO's */
   const int T = (int)a.i[1], H = (int)a.i[2], S = (int)a.i[4], KV = (int)a.i[5];
   const bool causal = a.i[6] != 0;

@@ -88,9 +88,9 @@ LOOM_DEV float loom_ex2(float x) {
   return r;
 #endif
 }
-LOOM_DEV unsigned loom_smem_addr(const void *p) {
+LOOM_DEV unsigned loom_smem_addr(const void *p) {   /* a pointer's shared-memory address */
 #if defined(LOOM_EMU)
-  return 0u;
+  return loom_emu_smem_addr(p);   /* the byte offset into the emulator's block (the wgmma kernels' descriptors) */
 #else
   return (unsigned)__cvta_generic_to_shared(p);
 #endif
