@@ -25,7 +25,11 @@
  *     cpu_gemm.c       GEMMs through OpenBLAS;  jit.c  LLVM ORC JIT;  threadpool.c
  *   cuda/            the CUDA backend (libcuda, NVRTC, cuBLASLt and NCCL loaded at run time)
  *     cuda_api.c       the driver API through dlopen;  nvrtc.c  NVRTC and the kernel cache
- *     cuda_exec.c      a program on one GPU: checks, memory, launches, graphs, transfers
+ *     cuda_exec.c      a program on one GPU: its init and free, the program as an RtDevice
+ *     cuda_check.c     what needs no device: conversions, the program's checks, the memory plan
+ *     cuda_memory.c    device memory from the host: allocations, copies of globals and buffers
+ *     cuda_call.c      a call of a function: its steps or its CUDA graph, the profile
+ *     cuda_step.c      a training step as one CUDA graph, issued before the last one is read
  *     cuda_gemm.c      its GEMM steps: cuBLASLt plans, epilogues, the algorithms' timing
  *     cuda_mesh.c      a program as one rank of a mesh: collective steps over NCCL
  *   comm/            ranks talking

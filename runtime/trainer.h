@@ -49,7 +49,7 @@ typedef struct {
   int (*optimizer_step)(void *self, float lr, float t, float *grad_norm, char *err, size_t errlen);
   /* Optional, instead of grad_step and optimizer_step: the whole step at once (the n
      micro-batches, inputs and targets [n][batch*seq], then the optimizer step), losses[n] and
-     the norm as those two give them (one GPU: one CUDA graph a step, runtime/cuda/cuda_exec.c). */
+     the norm as those two give them (one GPU: one CUDA graph a step, runtime/cuda/cuda_step.c). */
   int (*whole_step)(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float lr, float t, float *losses,
                     float *grad_norm, char *err, size_t errlen);
   /* Optional, with whole_step: the whole step in two halves, so that the host reads a loss,
@@ -59,7 +59,7 @@ typedef struct {
      losses[n] and norm.  At most two steps are in flight.  The loop issues step s+1 before it
      finishes step s, except before anything that reads the state after step s (a checkpoint,
      validation, the end, a stop); nothing else touches the executor while a step is in
-     flight.  (One GPU: runtime/cuda/cuda_exec.c; LOOM_CUDA_SYNC_STEP=1 leaves them NULL.) */
+     flight.  (One GPU: runtime/cuda/cuda_step.c; LOOM_CUDA_SYNC_STEP=1 leaves them NULL.) */
   int (*issue_step)(void *self, int64_t n, const int32_t *inputs, const int32_t *targets, float lr, float t, char *err,
                     size_t errlen);
   int (*finish_step)(void *self, float *losses, float *grad_norm, char *err, size_t errlen);

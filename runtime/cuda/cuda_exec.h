@@ -113,7 +113,7 @@ typedef struct {
   size_t workspace_bytes;  /* cuBLASLt workspace (0: 32 MiB) */
   bool profile;            /* events around every step of every call (LOOM_PROFILE set): cuda_profile_ms */
   bool graphs;             /* a call's steps captured once into a CUDA graph and replayed (see below) */
-  bool gemm_tune;          /* time the heuristic's GEMM candidates at start-up (LOOM_CUDA_GEMM_TUNE; cuda_exec.c) */
+  bool gemm_tune;          /* time the heuristic's GEMM candidates at start-up (LOOM_CUDA_GEMM_TUNE; cuda_gemm.c) */
   bool gemm_tune_verbose;  /* LOOM_CUDA_GEMM_TUNE=verbose: print each shape's times */
   bool sync_step;          /* LOOM_CUDA_SYNC_STEP=1 (or sync_each_step): the device offers no step_issue /
                               step_wait, so the training loop waits for every step before the next */
@@ -294,7 +294,7 @@ uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b);
    communicators' errors watched).  0, or 1/2 with a message. */
 struct Comm;
 int cuda_program_set_comm(CudaProgram *cp, struct Comm *comm, char *err, size_t errlen);
-/* For cuda_exec.c: a collective or transfer step is well formed (else false and why); run
+/* For cuda_check.c, cuda_call.c and cuda_exec.c: a collective or transfer step is well formed (else false and why); run
    step s of function f; wait for the end of a call; free the streams, events and plans. */
 bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n);
 int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen);

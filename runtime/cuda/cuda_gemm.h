@@ -1,5 +1,5 @@
-/* runtime/cuda/cuda_gemm.h — the GEMM steps of a CudaProgram (cuda_gemm.c), for cuda_exec.c
- * only: both share the program's private state (LOOM_CUDA_INTERNAL). */
+/* runtime/cuda/cuda_gemm.h — the GEMM steps of a CudaProgram (cuda_gemm.c), for the files of
+ * cuda_exec_internal.h only: they share the program's private state (LOOM_CUDA_INTERNAL). */
 #ifndef LOOM_RUNTIME_CUDA_GEMM_H
 #define LOOM_RUNTIME_CUDA_GEMM_H
 

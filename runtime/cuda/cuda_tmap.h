@@ -1,5 +1,5 @@
 /* runtime/cuda/cuda_tmap.h — the tensor maps (sm_90's TMA) of a CudaProgram's kernels
- * (cuda_tmap.c), for cuda_exec.c only: both share the program's private state
+ * (cuda_tmap.c), for the files of cuda_exec_internal.h only: they share the program's private state
  * (LOOM_CUDA_INTERNAL).  A step whose tmaps > 0 (program.h's RT_TMAP_INT) launches its kernel with
  * a second parameter, LoomTmaps: RT_TMAP_MAX CUtensorMaps that cuda_tmaps_build encodes once,
  * after the program's memory is allocated (its addresses never change after: the graphs
