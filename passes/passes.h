@@ -18,7 +18,10 @@
  *                   (cp, ring attention), shard_ep.c (experts); shard_emit.c builds the
  *                   per-rank ops and collectives they all use (shard_internal.h)
  *   bucket.c        pass "bucket": dp gradient all-reduces packed into buckets
- *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp)
+ *   pipeline.c      pass "pipeline": the step cut into per-chunk functions with send/recv (pp);
+ *                   each op's chunk in pipeline_units.c, the chunk functions in
+ *                   pipeline_chunks.c, the per-rank optimizer steps in pipeline_optimizer.c
+ *                   (pipeline_internal.h)
  *   recompute.c     pass "recompute": forward ops cloned into the backward instead of kept
  *                   (--recompute selective|full|auto; auto fits --memory-budget)
  *   overlap.c       pass "overlap": collectives as start/wait, starts hoisted and waits sunk
