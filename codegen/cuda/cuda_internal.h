@@ -141,7 +141,7 @@ int cl_fail(Lower *L, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 int cl_storage_of(DType dt);                 /* a dtype's RtStorage on CUDA, or -1 */
 int cl_st_size(int storage);                 /* bytes per element of an RtStorage */
 bool cl_env_on(const char *name);            /* the variable is set, not empty and not "0" */
-bool cl_fuse_narrow(void);                   /* LOOM_CUDA_FUSE_BF16 (lower_gemm.c says what it allows) */
+bool cl_fuse_narrow(void);                   /* LOOM_CUDA_FUSE_BF16 (lower_gemm_match.c says what it allows) */
 int cl_buf_of(Lower *L, const Value *v, RtBuf *b);   /* a value's buffer: its region and place */
 /* A new step of the current op (zeroed, launch 1x1x1, labelled "<op> %<result><suffix>"). */
 RtStep *cl_new_step(Lower *L, Steps *s, RtStepKind kind, int which, const char *suffix);
@@ -184,7 +184,8 @@ int cl_seq_axis1(Lower *L, int64_t *axis1);
    through L->lower_op */
 int cl_lower_op(Lower *L, Steps *s, int *i);
 
-/* lower_gemm.c: matmuls as cuBLASLt steps and the fusions around them.  cl_fuse_grad_accum:
+/* lower_gemm*.c: matmuls as cuBLASLt steps and the fusions around them (lower_gemm_internal.h
+   names the files).  cl_fuse_grad_accum:
    op i (a matmul or cast call) followed by the accumulation of its result into an f32
    gradient: that global (the ops it takes over marked in L->skip), or NULL.
    cl_lower_cast_accumulate: the cast call L->op and its accumulation into g as one step.
@@ -193,7 +194,7 @@ int cl_lower_op(Lower *L, Steps *s, int *i);
 const Value *cl_fuse_grad_accum(Lower *L, const Func *f, int i);
 int cl_lower_cast_accumulate(Lower *L, Steps *s, const Value *g);
 int cl_lower_matmul_op(Lower *L, Steps *s, int i, const Value *acc);
-/* Before the current function's ops are lowered: allocates L->defer and L->bgrad and finds the
+/* lower_gemm_plan.c: before the current function's ops are lowered: allocates L->defer and L->bgrad and finds the
    bias-gradient reductions a weight-gradient GEMM computes in its epilogue (the reduction
    skipped, its users deferred to after the GEMM), and the GELU backward kernels a GEMM
    computes in its epilogue (L->gemm_at). */
