@@ -311,8 +311,8 @@ static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
   return out->ok;
 }
 
-/* The layers of each of C chunks when the pipeline pass splits Lm layers (passes/pipeline.c
-   split_units: the largest chunk's FLOPs made least, the head, of `head` layers' FLOPs, on
+/* The layers of each of C chunks when the pipeline pass splits Lm layers (passes/pipeline_units.c
+   pipeline_split_units: the largest chunk's FLOPs made least, the head, of `head` layers' FLOPs, on
    the last chunk, the later start on ties), in n[0..C).  The screening compiles 1 and 2
    layers a chunk and extrapolates: where the head weighs more than a layer, those splits are
    uneven, and the screened step with them; the estimate mirrors it. */

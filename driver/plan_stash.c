@@ -100,7 +100,7 @@ double stash_bound(const Stash *f, const Cand *c, int lim, const Seen *ref, doub
   int64_t L = f->L, ls[2];
   out[0] = out[1] = 0;
   /* screened as the model itself (2 layers a chunk or more): every chunk holds a layer at
-     least (passes/pipeline.c split_units), and a chunk's stash grows with its layers, so
+     least (passes/pipeline_units.c, pipeline_split_units), and a chunk's stash grows with its layers, so
      the stash of 1 layer a chunk is a lower bound on its own */
   int nl = screen_layers(c, L, ls);
   if (c->pp <= 1) return 0;

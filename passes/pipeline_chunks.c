@@ -37,19 +37,7 @@ static void note_globals(Out *o, const Op *c) {
 
 /* A floating op (parameters and constants only) cloned into o->f. */
 static Value *clone_float(Out *o, Value *v) {
-  Op *d = o->pp->def[v->id];
-  Value *ops[256];   /* (a concat of cp's zigzag permutation has 2cp operands; shard allows cp <= 128) */
-  for (int k = 0; k < d->n_operands && k < 256; k++) ops[k] = pipeline_get(o, d->operands[k]);
-  Op *c = op_new_n(o->pp->m, d->kind, ops, d->n_operands, NULL, d->n_results);   /* types copied once, below */
-  memcpy(c->attrs, d->attrs, sizeof(Attr) * (size_t)op_info(d->kind)->n_attrs);   /* the rest stay zero */
-  c->callee = d->callee;
-  ptrvec_push(o->pp->m->arena, &o->f->ops, c);
-  note_globals(o, c);
-  for (int r = 0; r < d->n_results; r++) {
-    c->results[r]->type = d->results[r]->type;
-    c->results[r]->name = d->results[r]->name;
-    map_set(o, d->results[r]->id, c->results[r]);
-  }
+  pipeline_emit(o, o->pp->def[v->id]);   /* its operands got (and cloned) in turn */
   return o->map[v->id];
 }
 
@@ -61,8 +49,8 @@ Value *pipeline_get(Out *o, Value *v) {
 }
 
 void pipeline_emit(Out *o, Op *op) {
-  Value *ops[256];
-  for (int k = 0; k < op->n_operands; k++) ops[k] = pipeline_get(o, op->operands[k]);
+  Value *ops[256];   /* (a concat of cp's zigzag permutation has 2cp operands; shard allows cp <= 128) */
+  for (int k = 0; k < op->n_operands && k < 256; k++) ops[k] = pipeline_get(o, op->operands[k]);
   Op *c = op_new_n(o->pp->m, op->kind, ops, op->n_operands, NULL, op->n_results);   /* types copied once, below */
   /* the schema's attributes only (the rest stay zero): the whole array is 8 cache lines of
      an op the walk has not touched yet, and this copy was the pass's hottest line */
