@@ -294,8 +294,9 @@ uint64_t cuda_buf_addr(const CudaProgram *cp, int func, const RtBuf *b);
    communicators' errors watched).  0, or 1/2 with a message. */
 struct Comm;
 int cuda_program_set_comm(CudaProgram *cp, struct Comm *comm, char *err, size_t errlen);
-/* For cuda_check.c, cuda_call.c and cuda_exec.c: a collective or transfer step is well formed (else false and why); run
-   step s of function f; wait for the end of a call; free the streams, events and plans. */
+/* For cuda_check.c, cuda_call.c and cuda_exec.c: a collective or transfer step is well
+   formed (else false and why); run step s of function f; wait for the end of a call; free the
+   streams, events and plans. */
 bool cuda_mesh_step_ok(const RtStep *st, char *msg, size_t n);
 int cuda_mesh_step(CudaProgram *cp, int f, int s, const char *where, char *err, size_t errlen);
 int cuda_mesh_sync(CudaProgram *cp, const char *where, char *err, size_t errlen);
