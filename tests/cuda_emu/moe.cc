@@ -338,7 +338,8 @@ static void run_grouped(const char *prec, int R, int K, int N, int E, const std:
   std::vector<typename S::T> yt[2], yn[2], dw[2];
   for (int pass = 0; pass < 2; pass++) {
     set_pass(pass);
-    Grid g = grid_of((N + 63) / 64, (R + 63) / 64 + G + 1, 1, pass, 2);
+    const int tm = sizeof(typename S::T) == 2 ? 128 : 64;   /* the tiles: bf16's tensor cores, or f32's */
+    Grid g = grid_of((N + tm - 1) / tm, (R + tm - 1) / tm + G + 1, 1, pass, 2);
     if (pass) g.g[0] = 1;   /* fewer blocks than tiles: both loops */
     yt[pass] = nans<S>((size_t)R * N);
     LoomArgs a = args({x.raw.data(), w.raw.data(), (void *)counts.data(), yt[pass].data()}, {R, K, N, E, G, 1});
@@ -348,7 +349,7 @@ static void run_grouped(const char *prec, int R, int K, int N, int E, const std:
     ok &= !launch(gmm<S, S, S, false>, &a, g.g, 256, "grouped_matmul (tb=0)");
     dw[pass] = nans<S>((size_t)E * N * K);
     a = args({dy.raw.data(), x.raw.data(), (void *)counts.data(), dw[pass].data()}, {R, K, N, E, G, 1});
-    g = grid_of((K + 63) / 64, (N + 63) / 64, E, pass, 1);
+    g = grid_of((K + 63) / 64, (N + tm - 1) / tm, E, pass, 1);
     ok &= !launch(gwgrad<S, S, S>, &a, g.g, 256, "grouped_matmul_wgrad");
   }
   set_pass(0);
@@ -468,6 +469,13 @@ int main() {
   const std::vector<int> six = {70, 0, 45, 9, 0, 130};
   run_grouped<loom_sf32>("f32", 270, 80, 72, 3, six, 23);
   run_grouped<loom_sbf16>("bf16", 260, 80, 72, 3, six, 24);
+  /* bf16's tensor-core tiles (128 x 128 outputs, k in stages of 32; the weight gradient 128 x 64):
+     groups over two row tiles and of one row, an empty one, two column tiles, a last stage of
+     one k-step of 16; then rows of 37 and 45 elements (not 16-byte multiples: copied element by
+     element, zeros past the ends) */
+  const std::vector<int> big = {150, 0, 1, 131};
+  run_grouped<loom_sbf16>("bf16", 300, 144, 200, 2, big, 25);
+  run_grouped<loom_sbf16>("bf16", 170, 37, 45, 3, {70, 0, 45, 9, 0, 30}, 26);
   run_bad();
   return failures ? 1 : 0;
 }
