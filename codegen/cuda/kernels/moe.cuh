@@ -316,6 +316,22 @@ LOOM_DEV void loom_gm_chunk(unsigned short *dst, const unsigned short *src, int 
 }
 LOOM_DEV int loom_gm_n8(int left) { return left <= 0 ? 0 : left < 8 ? left : 8; }
 
+/* Outputs i and i + 1 (two: the second in range too), each rounded as S::st does, in one store
+   when the pair is aligned to its size. */
+template <class S>
+LOOM_DEV void loom_gm_st2(typename S::T *p, long long i, float v0, float v1, bool two) {
+  struct alignas(2 * sizeof(typename S::T)) P { typename S::T v[2]; };
+  if (two && ((unsigned long long)(p + i) & (2 * sizeof(typename S::T) - 1)) == 0) {
+    P w;
+    S::st(w.v, 0, v0);
+    S::st(w.v, 1, v1);
+    *(P *)(p + i) = w;
+    return;
+  }
+  S::st(p, i, v0);
+  if (two) S::st(p, i + 1, v1);
+}
+
 /* One stage's products for a warp's 16 MI x 8 NJ outputs: ks (1 or 2) k-steps of 16.  A and B
    at this lane's ldmatrix row (lane 8m + r: row r of 8 x 8 matrix m); AT / BT: stored k-major
    ([k][m], [k][n], row strides LDA / LDB), read by ldmatrix.trans; else [m][k], [n][k]. */
@@ -429,9 +445,10 @@ LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, long long R, long long K_, l
         #pragma unroll
         for (int j = 0; j < 4; j++)
           #pragma unroll
-          for (int q = 0; q < 4; q++) {
-            const int m = wm + 16 * i + g + (q >= 2 ? 8 : 0), nn = n0 + wn + 8 * j + 2 * t + (q & 1);
-            if (m < nrows && nn < N) SY::st(y, (row0 + m) * N_ + nn, acc[i][j][q]);
+          for (int h = 0; h < 2; h++) {   /* rows g and g + 8: columns 2t, 2t + 1 */
+            const int m = wm + 16 * i + g + 8 * h, nn = n0 + wn + 8 * j + 2 * t;
+            if (m < nrows && nn < N)
+              loom_gm_st2<SY>(y, (row0 + m) * N_ + nn, acc[i][j][2 * h], acc[i][j][2 * h + 1], nn + 1 < N);
           }
     }
   }
@@ -597,9 +614,10 @@ LOOM_DEV void loom_grouped_wgrad_tc(const LoomArgs &a, long long R, long long K_
           #pragma unroll
           for (int j = 0; j < 4; j++)
             #pragma unroll
-            for (int q = 0; q < 4; q++) {
-              const int nn = n0 + wm + 16 * i + g + (q >= 2 ? 8 : 0), kk = k0 + wn + 8 * j + 2 * t + (q & 1);
-              if (nn < N && kk < K) SO::st(dw, (e * N_ + nn) * K_ + kk, tot[i][j][q]);
+            for (int h = 0; h < 2; h++) {
+              const int nn = n0 + wm + 16 * i + g + 8 * h, kk = k0 + wn + 8 * j + 2 * t;
+              if (nn < N && kk < K)
+                loom_gm_st2<SO>(dw, (e * N_ + nn) * K_ + kk, tot[i][j][2 * h], tot[i][j][2 * h + 1], kk + 1 < K);
             }
       }
 }
