@@ -290,7 +290,7 @@ LOOM_DEV void loom_gm_slot(const int *cnt, long long G, long long E, long long b
    ldmatrix's eight rows fall in distinct banks).  Rows whose length or start is not a multiple
    of 8 elements (16 bytes) are copied element by element instead (the same tiles, zeros past
    the ends).  Index arithmetic in the loop is 32-bit offsets from 64-bit row pointers made
-   once a tile.  Shared memory (static): 40 KB forward, 34 KB weight gradient. */
+   once a tile.  Shared memory (static): 40 KB (w [E,N,K]) or 37 KB forward, 26 KB weight gradient. */
 #define LOOM_GMT 128
 #define LOOM_GMT_K 32
 #define LOOM_GMW_N 128   /* the weight gradient's tiles: 128 n x 64 k */
@@ -365,13 +365,18 @@ LOOM_DEV int loom_gm_lrow(int lane, int ld, bool kmajor, bool b0k) {
   return kmajor ? (r + dk) * ld + dx : (r + dx) * ld + dk;
 }
 
+/* The forward's shared memory: two stages of A [128][40] and B ([128][40], or [32][136]) */
+template <bool TB> struct loom_gm_tc_smem {
+  static constexpr int bytes = 2 * 2 * (LOOM_GMT * (LOOM_GMT_K + 8) + (TB ? LOOM_GMT * (LOOM_GMT_K + 8) : LOOM_GMT_K * (LOOM_GMT + 8)));
+};
+
 template <class SX, class SW, class SY, bool TB>
-LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, long long R, long long K_, long long N_, long long E, long long G,
-                                 long long total, long long tiles) {
+LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, unsigned short *sA, long long R, long long K_, long long N_,
+                                 long long E, long long G, long long total, long long tiles) {
   constexpr int BM = LOOM_GMT, BN = LOOM_GMT, BK = LOOM_GMT_K, LA = BK + 8, LB = TB ? BK + 8 : BN + 8;
   constexpr int SA = BM * LA, SB = TB ? BN * LA : BK * LB;   /* a stage's elements */
-  __shared__ loom_u4 smem[2 * (SA + SB) / 8];
-  unsigned short *sA = (unsigned short *)smem, *sB = sA + 2 * SA;
+  static_assert(2 * 2 * (SA + SB) == loom_gm_tc_smem<TB>::bytes, "the forward's shared memory");
+  unsigned short *sB = sA + 2 * SA;
   const unsigned short *x = (const unsigned short *)a.buf[0], *w = (const unsigned short *)a.buf[1];
   const int *cnt = (const int *)a.buf[2];
   typename SY::T *y = LOOM_OUT(SY, 3);
@@ -460,8 +465,11 @@ LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, long long R, long long K_, l
    operands go to the tensor cores (loom_grouped_mm_tc); the others to the f32 loop below. */
 template <class SX, class SW, class SY, bool TB>
 LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
-  __shared__ float As[LOOM_GM_K][LOOM_GM_T + 1];
-  __shared__ float Bs[LOOM_GM_K][LOOM_GM_T + 1];
+  /* one buffer for whichever loop runs (both together would pass 48 KB) */
+  constexpr int F32B = 2 * LOOM_GM_K * (LOOM_GM_T + 1) * 4, TCB = loom_gm_tc_smem<TB>::bytes;
+  constexpr bool TC = loom_gm_tc<SX>::ok && loom_gm_tc<SW>::ok && !LOOM_GM_NO_TC;
+  __shared__ loom_u4 smem[(TC && TCB > F32B ? TCB : F32B) / 16];
+  float(*As)[LOOM_GM_T + 1] = (float(*)[LOOM_GM_T + 1])smem, (*Bs)[LOOM_GM_T + 1] = As + LOOM_GM_K;
   const typename SX::T *x = LOOM_IN(SX, 0);
   const typename SW::T *w = LOOM_IN(SW, 1);
   const int *cnt = (const int *)a.buf[2];
@@ -469,7 +477,7 @@ LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
   const long long R = a.i[0], K = a.i[1], N = a.i[2], E = a.i[3], G = a.i[4];
   long long total = 0, tiles = 0;
 #if defined(LOOM_EMU) || __CUDA_ARCH__ >= 800
-  const bool tc = loom_gm_tc<SX>::ok && loom_gm_tc<SW>::ok && !LOOM_GM_NO_TC;
+  const bool tc = TC;
 #else
   const bool tc = false;
 #endif
@@ -478,7 +486,7 @@ LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
     return;
   }
   if (tc) {   /* tiles of LOOM_GMT rows */
-    loom_grouped_mm_tc<SX, SW, SY, TB>(a, R, K, N, E, G, total, tiles);
+    loom_grouped_mm_tc<SX, SW, SY, TB>(a, (unsigned short *)smem, R, K, N, E, G, total, tiles);
     return;
   }
   const long long slots = tiles + (R - total + LOOM_GM_T - 1) / LOOM_GM_T;
