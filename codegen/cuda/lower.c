@@ -885,13 +885,7 @@ done:
   free(L.body_hash);
   free(L.body_symbol);
   free(L.body_fin);
-  if (rc) {
-    for (int i = 0; i < out->n_funcs; i++) free(out->funcs[i].steps);
-    free(out->funcs);
-    free(out->globals);
-    free(out->kernel_names);
-    memset(out, 0, sizeof *out);
-  }
+  if (rc) rt_program_free(out);
   return rc;
 }
 
