@@ -94,9 +94,14 @@ static int lower_moe_sort(Lower *L, Steps *s) {
 
 /* The grouped matmuls' tiles: 64 x 64 outputs a block (kernels/moe.cuh's LOOM_GM_T); with bf16
    operands, tensor-core tiles of 128 x 128 (LOOM_GMT), the weight gradient's 128 n x 64 k
-   (LOOM_GMW_N, LOOM_GMW_K).  The kernels stride over any grid: these only size it. */
+   (LOOM_GMW_N, LOOM_GMW_K).  The kernels stride over any grid: these only size it.  The
+   tensor-core forward's dynamic shared memory (loom_gm_tc_smem): 3 stages of k 32, A [128][40]
+   and B [128][40] (tb) or [32][136]; the kernel traps on less. */
 #define CUDA_GM_TILE 64
 #define CUDA_GM_TC 128
+#define CUDA_GM_TC_K 32
+#define CUDA_GM_TC_SMEM(tb) \
+  (3 * 2 * (CUDA_GM_TC * (CUDA_GM_TC_K + 8) + ((tb) ? CUDA_GM_TC * (CUDA_GM_TC_K + 8) : CUDA_GM_TC_K * (CUDA_GM_TC + 8))))
 
 /* A step that fills the op's first result with zeros (loom_fill), before a step that writes
    only some of it (embedding_grad's rows, moe_dispatch's reached rows). */
@@ -345,6 +350,7 @@ static int lower_builtin(Lower *L, Steps *s) {
        may be partial, and the rows past the groups are zeroed tm at a time) */
     st->grid[0] = cl_clamp_grid((N + tm - 1) / tm, 65535);
     st->grid[1] = cl_clamp_grid((R + tm - 1) / tm + G + 1, 65535);
+    if (tc) st->smem = (uint32_t)CUDA_GM_TC_SMEM(tb);
     return cl_instantiate(L, st, "gmm", "loom_grouped_mm", IDX(0, 1, 3), tb ? "true" : "false", tb ? "_t" : "_n", 256);
   }
   case OP_CROSS_ENTROPY:

@@ -64,10 +64,10 @@ static std::string last_err;
 static int failures;
 
 static int launch(void (*fn)(LoomArgs), LoomArgs *a, const unsigned grid[3], unsigned block, const char *what,
-                  bool quiet = false) {
+                  bool quiet = false, unsigned smem = 0) {
   unsigned b[3] = {block, 1, 1};
   char err[600];
-  if (!loom_emu_launch((void *)fn, a, grid, b, 0, err, sizeof err)) return 0;
+  if (!loom_emu_launch((void *)fn, a, grid, b, smem, err, sizeof err)) return 0;
   last_err = err;
   if (!quiet) printf("FAIL launch of %s: %s\n", what, err);
   return 1;
@@ -338,15 +338,16 @@ static void run_grouped(const char *prec, int R, int K, int N, int E, const std:
   std::vector<typename S::T> yt[2], yn[2], dw[2];
   for (int pass = 0; pass < 2; pass++) {
     set_pass(pass);
-    const int tm = sizeof(typename S::T) == 2 ? 128 : 64;   /* the tiles: bf16's tensor cores, or f32's */
+    const bool tc = sizeof(typename S::T) == 2;   /* bf16: the tensor cores' tiles and dynamic shared memory */
+    const int tm = tc ? 128 : 64;
     Grid g = grid_of((N + tm - 1) / tm, (R + tm - 1) / tm + G + 1, 1, pass, 2);
     if (pass) g.g[0] = 1;   /* fewer blocks than tiles: both loops */
     yt[pass] = nans<S>((size_t)R * N);
     LoomArgs a = args({x.raw.data(), w.raw.data(), (void *)counts.data(), yt[pass].data()}, {R, K, N, E, G, 1});
-    ok &= !launch(gmm<S, S, S, true>, &a, g.g, 256, "grouped_matmul (tb)");
+    ok &= !launch(gmm<S, S, S, true>, &a, g.g, 256, "grouped_matmul (tb)", false, tc ? loom_gm_tc_smem<true>::bytes : 0);
     yn[pass] = nans<S>((size_t)R * N);
     a = args({x.raw.data(), wt.raw.data(), (void *)counts.data(), yn[pass].data()}, {R, K, N, E, G, 0});
-    ok &= !launch(gmm<S, S, S, false>, &a, g.g, 256, "grouped_matmul (tb=0)");
+    ok &= !launch(gmm<S, S, S, false>, &a, g.g, 256, "grouped_matmul (tb=0)", false, tc ? loom_gm_tc_smem<false>::bytes : 0);
     dw[pass] = nans<S>((size_t)E * N * K);
     a = args({dy.raw.data(), x.raw.data(), (void *)counts.data(), dw[pass].data()}, {R, K, N, E, G, 1});
     g = grid_of((K + 63) / 64, (N + tm - 1) / tm, E, pass, 1);

@@ -281,8 +281,9 @@ LOOM_DEV void loom_gm_slot(const int *cnt, long long G, long long E, long long b
 
 /* Tensor cores for bf16 operands (sm_80 and later, and the emulated device).  Tiles of
    LOOM_GMT x LOOM_GMT (128 x 128) outputs, 8 warps of 64 x 32 (warp w: rows 64 (w / 4), columns
-   32 (w % 4)), the reduced dimension in stages of 32 through shared memory, two stages: the
-   next stage's 16-byte cp.async copies run under this stage's products.  Each stage is two
+   32 (w % 4)), the reduced dimension in stages of 32 through shared memory, three stages: the
+   next two stages' 16-byte cp.async copies run under this stage's products (one barrier a
+   stage).  Each stage is two
    k-steps of 16, every output's step an mma.sync m16n8k16 (fragments by ldmatrix, .trans for
    operands stored k-major), the steps in index order: the operands' bf16 values exact, the sums
    in f32 in the tensor cores' order within a step (not fmaf's: bf16 runs compare within 2e-2),
@@ -290,9 +291,11 @@ LOOM_DEV void loom_gm_slot(const int *cnt, long long G, long long E, long long b
    ldmatrix's eight rows fall in distinct banks).  Rows whose length or start is not a multiple
    of 8 elements (16 bytes) are copied element by element instead (the same tiles, zeros past
    the ends).  Index arithmetic in the loop is 32-bit offsets from 64-bit row pointers made
-   once a tile.  Shared memory (static): 40 KB (w [E,N,K]) or 37 KB forward, 26 KB weight gradient. */
+   once a tile.  Shared memory: 60 KB (w [E,N,K]) or 55.5 KB for the forward (dynamic: the
+   lowering's launch gives it, codegen/cuda/lower.c), 39 KB for the weight gradient (static). */
 #define LOOM_GMT 128
 #define LOOM_GMT_K 32
+#define LOOM_GMT_STAGES 3
 #define LOOM_GMW_N 128   /* the weight gradient's tiles: 128 n x 64 k */
 #define LOOM_GMW_K 64
 template <class S> struct loom_gm_tc { static constexpr bool ok = false; };
@@ -365,18 +368,29 @@ LOOM_DEV int loom_gm_lrow(int lane, int ld, bool kmajor, bool b0k) {
   return kmajor ? (r + dk) * ld + dx : (r + dx) * ld + dk;
 }
 
-/* The forward's shared memory: two stages of A [128][40] and B ([128][40], or [32][136]) */
+/* The forward's dynamic shared memory: three stages of A [128][40] and B ([128][40], or
+   [32][136]); lower.c's CUDA_GM_TC_SMEM. */
 template <bool TB> struct loom_gm_tc_smem {
-  static constexpr int bytes = 2 * 2 * (LOOM_GMT * (LOOM_GMT_K + 8) + (TB ? LOOM_GMT * (LOOM_GMT_K + 8) : LOOM_GMT_K * (LOOM_GMT + 8)));
+  static constexpr int bytes =
+      LOOM_GMT_STAGES * 2 * (LOOM_GMT * (LOOM_GMT_K + 8) + (TB ? LOOM_GMT * (LOOM_GMT_K + 8) : LOOM_GMT_K * (LOOM_GMT + 8)));
 };
 
 template <class SX, class SW, class SY, bool TB>
-LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, unsigned short *sA, long long R, long long K_, long long N_,
-                                 long long E, long long G, long long total, long long tiles) {
-  constexpr int BM = LOOM_GMT, BN = LOOM_GMT, BK = LOOM_GMT_K, LA = BK + 8, LB = TB ? BK + 8 : BN + 8;
+LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, long long R, long long K_, long long N_, long long E, long long G,
+                                 long long total, long long tiles) {
+  constexpr int BM = LOOM_GMT, BN = LOOM_GMT, BK = LOOM_GMT_K, LA = BK + 8, LB = TB ? BK + 8 : BN + 8, ST = LOOM_GMT_STAGES;
   constexpr int SA = BM * LA, SB = TB ? BN * LA : BK * LB;   /* a stage's elements */
-  static_assert(2 * 2 * (SA + SB) == loom_gm_tc_smem<TB>::bytes, "the forward's shared memory");
-  unsigned short *sB = sA + 2 * SA;
+  static_assert(ST * 2 * (SA + SB) == loom_gm_tc_smem<TB>::bytes, "the forward's shared memory");
+  extern __shared__ float loom_smem[];
+#if !defined(LOOM_EMU)
+  unsigned dyn;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (dyn < (unsigned)loom_gm_tc_smem<TB>::bytes) {   /* a launch that does not match lower.c's */
+    LOOM_MOE_BAD("grouped_matmul: launched with too little dynamic shared memory");
+    return;
+  }
+#endif
+  unsigned short *sA = (unsigned short *)loom_smem, *sB = sA + ST * SA;
   const unsigned short *x = (const unsigned short *)a.buf[0], *w = (const unsigned short *)a.buf[1];
   const int *cnt = (const int *)a.buf[2];
   typename SY::T *y = LOOM_OUT(SY, 3);
@@ -433,17 +447,17 @@ LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, unsigned short *sA, long lon
         };
         const int nk = (K + BK - 1) / BK;
         load(0, 0);
-        for (int kt = 0, st = 0; kt < nk; kt++, st ^= 1) {
-          if (kt + 1 < nk) {   /* the next stage's copy, under this stage's products */
-            load(st ^ 1, (kt + 1) * BK);
-            loom_cp_wait<1>();
-          } else {
-            loom_cp_wait<0>();
-          }
-          __syncthreads();
+        if (nk > 1) load(1, BK);
+        for (int kt = 0, st = 0, ls = 2; kt < nk; kt++) {
+          if (kt + 1 < nk) loom_cp_wait<1>();   /* stage kt landed (kt + 1 may be in flight) */
+          else loom_cp_wait<0>();
+          __syncthreads();   /* ... for every thread; and every warp is done with stage kt - 1's buffer */
+          if (kt + 2 < nk) load(ls, (kt + 2) * BK);   /* into it, under this stage's products */
           loom_gm_stage<4, 4, LA, LB, false, !TB>(acc, sA + st * SA + aoff, sB + st * SB + boff, K - kt * BK > 16 ? 2 : 1);
-          __syncthreads();   /* every warp is done with this buffer before it is loaded again */
+          st = st == ST - 1 ? 0 : st + 1;
+          ls = ls == ST - 1 ? 0 : ls + 1;
         }
+        __syncthreads();   /* every warp is done with the buffers before the next tile loads them */
       }
       #pragma unroll
       for (int i = 0; i < 4; i++)
@@ -465,11 +479,9 @@ LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, unsigned short *sA, long lon
    operands go to the tensor cores (loom_grouped_mm_tc); the others to the f32 loop below. */
 template <class SX, class SW, class SY, bool TB>
 LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
-  /* one buffer for whichever loop runs (both together would pass 48 KB) */
-  constexpr int F32B = 2 * LOOM_GM_K * (LOOM_GM_T + 1) * 4, TCB = loom_gm_tc_smem<TB>::bytes;
+  __shared__ float As[LOOM_GM_K][LOOM_GM_T + 1];
+  __shared__ float Bs[LOOM_GM_K][LOOM_GM_T + 1];
   constexpr bool TC = loom_gm_tc<SX>::ok && loom_gm_tc<SW>::ok && !LOOM_GM_NO_TC;
-  __shared__ loom_u4 smem[(TC && TCB > F32B ? TCB : F32B) / 16];
-  float(*As)[LOOM_GM_T + 1] = (float(*)[LOOM_GM_T + 1])smem, (*Bs)[LOOM_GM_T + 1] = As + LOOM_GM_K;
   const typename SX::T *x = LOOM_IN(SX, 0);
   const typename SW::T *w = LOOM_IN(SW, 1);
   const int *cnt = (const int *)a.buf[2];
@@ -486,7 +498,7 @@ LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
     return;
   }
   if (tc) {   /* tiles of LOOM_GMT rows */
-    loom_grouped_mm_tc<SX, SW, SY, TB>(a, (unsigned short *)smem, R, K, N, E, G, total, tiles);
+    loom_grouped_mm_tc<SX, SW, SY, TB>(a, R, K, N, E, G, total, tiles);
     return;
   }
   const long long slots = tiles + (R - total + LOOM_GM_T - 1) / LOOM_GM_T;
@@ -539,15 +551,16 @@ LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
 /* The weight gradient on tensor cores (bf16 dy and x): tiles of 128 n x 64 k of dw[e] (dw's n
    as the products' rows, its k as their columns; 8 warps of 32 x 32: the per-group sums beside
    the total leave registers for two blocks an SM), each group's rows in stages of 32 by
-   cp.async, two stages, both operands stored row-major ([row][n], [row][k], rows of 136 and 72)
+   cp.async, three stages (static shared memory), both operands stored row-major ([row][n], [row][k], rows of 136 and 72)
    and read by ldmatrix.trans.  Each group's sum over its rows in k-steps of 16 from
    its first row, as mma.sync products in order (within a step the tensor cores' order), the
    groups' sums added in their order as below. */
 template <class SD, class SX, class SO>
 LOOM_DEV void loom_grouped_wgrad_tc(const LoomArgs &a, long long R, long long K_, long long N_, long long E, long long G) {
   constexpr int BM = LOOM_GMW_N, BN = LOOM_GMW_K, BK = LOOM_GMT_K, LD = BM + 8, LX = BN + 8, ZD = BK * LD, ZX = BK * LX;
-  __shared__ loom_u4 smem[2 * (ZD + ZX) / 8];
-  unsigned short *sD = (unsigned short *)smem, *sX = sD + 2 * ZD;   /* stage st: dy rows at sD + st ZD, x's at sX + st ZX */
+  constexpr int ST = LOOM_GMT_STAGES;
+  __shared__ loom_u4 smem[ST * (ZD + ZX) / 8];
+  unsigned short *sD = (unsigned short *)smem, *sX = sD + ST * ZD;   /* stage st: dy rows at sD + st ZD, x's at sX + st ZX */
   const unsigned short *dy = (const unsigned short *)a.buf[0], *x = (const unsigned short *)a.buf[1];
   const int *cnt = (const int *)a.buf[2];
   typename SO::T *dw = LOOM_OUT(SO, 3);
@@ -598,17 +611,17 @@ LOOM_DEV void loom_grouped_wgrad_tc(const LoomArgs &a, long long R, long long K_
           };
           const int nk = (c + BK - 1) / BK;
           if (nk) load(0, 0);
-          for (int kt = 0, st = 0; kt < nk; kt++, st ^= 1) {
-            if (kt + 1 < nk) {
-              load(st ^ 1, (kt + 1) * BK);
-              loom_cp_wait<1>();
-            } else {
-              loom_cp_wait<0>();
-            }
+          if (nk > 1) load(1, BK);
+          for (int kt = 0, st = 0, ls = 2; kt < nk; kt++) {   /* as the forward's */
+            if (kt + 1 < nk) loom_cp_wait<1>();
+            else loom_cp_wait<0>();
             __syncthreads();
+            if (kt + 2 < nk) load(ls, (kt + 2) * BK);
             loom_gm_stage<2, 4, LD, LX, true, true>(acc, sD + st * ZD + aoff, sX + st * ZX + boff, c - kt * BK > 16 ? 2 : 1);
-            __syncthreads();
+            st = st == ST - 1 ? 0 : st + 1;
+            ls = ls == ST - 1 ? 0 : ls + 1;
           }
+          __syncthreads();
           #pragma unroll
           for (int i = 0; i < 2; i++)
             #pragma unroll
