@@ -13,7 +13,7 @@
  *     @grad_step touches) is zeroed by a fill at the start of the variant, as the optimizer's
  *     fill did, only for those.
  * 0 + x is x (but for a negative zero, which becomes +0 when added): the same values as before.
- * The CUDA runtime (runtime/cuda/cuda_exec.c) runs the variant instead of @grad_step when the
+ * The CUDA runtime (runtime/cuda/cuda_call.c, cuda_step.c) runs the variant instead of @grad_step when the
  * gradients are stale (after @optimizer_step), and zeroes them itself before anything else
  * reads them then (another function, the host).  A program with collectives (a mesh rank) or
  * without both functions keeps the fills.  LOOM_CUDA_NO_GRAD_WRITE=1: the fills stay (the tests'

@@ -643,7 +643,7 @@ for kp in VIEWS:fp32 VIEWS:bf16 SUM3:fp32 TREES:fp32 TREES:bf16; do
   fi
 done
 
-# CUDA graphs (runtime/cuda/cuda_exec.c): a training step (its 2 micro-batches' @grad_step and
+# CUDA graphs (runtime/cuda/cuda_call.c, cuda_step.c): a training step (its 2 micro-batches' @grad_step and
 # the @optimizer_step, the tokens moved in and the losses out by device copies) captured once
 # into one graph and replayed at every step (the emulated driver records launches, memsets,
 # device copies and the cuBLASLt double's GEMMs, and replays them): 3 steps are 3 graph
@@ -691,7 +691,7 @@ else
   bad "LOOM_PROFILE=1 on CUDA (--cost counts $n launches)"; tail -30 "$tmp/prof.err"
 fi
 
-# The GEMM algorithms timed at start-up (LOOM_CUDA_GEMM_TUNE, runtime/cuda/cuda_exec.c): the
+# The GEMM algorithms timed at start-up (LOOM_CUDA_GEMM_TUNE, runtime/cuda/cuda_gemm.c): the
 # double's heuristic offers 3 candidates whose last always fails to run.  A fresh cache times
 # every shape (passing over the failure), a second run reads every choice from the cache, and
 # both train to the same bits as LOOM_CUDA_GEMM_TUNE=0 (the heuristic's first candidate)
