@@ -143,8 +143,8 @@ extern "C" __global__ void __launch_bounds__(128) bench_kv_128(LoomArgs a) { loo
 #define KV128 bench_kv_128
 """
 INSTANCES_WG = r"""
-extern "C" __global__ void __launch_bounds__(384) bench_fwg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a, t); }
-extern "C" __global__ void __launch_bounds__(384) bench_fwg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a, t); }
+extern "C" __global__ void __launch_bounds__(384, 1) bench_fwg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a, t); }
+extern "C" __global__ void __launch_bounds__(384, 1) bench_fwg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a, t); }
 extern "C" __global__ void __launch_bounds__(256) bench_kvg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a, t); }
 extern "C" __global__ void __launch_bounds__(256) bench_kvg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a, t); }
 extern "C" __global__ void __launch_bounds__(256) bench_dqg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dq_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 64>(a, t); }

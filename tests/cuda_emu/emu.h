@@ -124,6 +124,7 @@ static int spin_yield;
 static unsigned long progress;
 static void sm90_block_start();
 static void sm90_block_end();
+static void sm90_thread_exit();
 
 extern "C" void loom_emu_switch(void **save_sp, void *to_sp);
 __asm__(
@@ -169,6 +170,7 @@ static void fiber_main() {
   if (at_block > 0 && at_block == live) release_block();
   Warp *w = &warps[cur / 32];
   if (w->arrived > 0) fail("%s: a lane exited while the rest of its warp waits in a warp operation", "warp");
+  sm90_thread_exit();
   loom_emu_switch(&f->sp, sched_sp);
   abort();   /* never resumed */
 }

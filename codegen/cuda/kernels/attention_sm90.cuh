@@ -172,6 +172,21 @@ LOOM_DEV void loom_wg_keep(unsigned *x, int n) {
   for (int i = 0; i < n; i++) asm volatile("" : "+r"(x[i])::"memory");
 #endif
 }
+/* setmaxnreg (FlashAttention-3's register reallocation): the executing warpgroup's per-thread
+   register limit lowered (INC false: the registers go back to the block's pool) or raised to N
+   (waits until the pool has them).  Warpgroup-wide (.sync.aligned: all 128 threads, none
+   exited), N a multiple of 8 in [24, 256]. */
+template <int N, bool INC>
+LOOM_DEV void loom_setmaxnreg() {
+  static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg takes a multiple of 8 in [24, 256]");
+#if defined(LOOM_EMU)
+  loom_emu_setmaxnreg(N, INC);
+#elif LOOM_SM90
+  if (INC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+  else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 /* A matrix descriptor: start address, leading and stride byte offsets, the 128-byte swizzle
    (mode 1), base offset 0 (every swizzle pattern starts on a 1024-byte boundary) */
 LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -252,15 +267,21 @@ LOOM_DEV void loom_wgmma_rs(float *d, const unsigned a[4], unsigned long long db
 /* Forward on wgmma, q k v all bf16 or all f16, D 64 or 128, no sliding window (the lowering
    keeps those on loom_attn_fwd_tc).  Outputs exactly loom_attn_fwd_tc's: out, and with
    i[8] = 1 each row's L2 (base-2 log-sum-exp; +inf for a row with no key) and O in f32 for the
-   one-pass backward.  384 threads: warpgroup 0 the producer (its thread 0 copies; the rest
-   leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
-   and keys past S arrive as zeros (the tensor maps' fill: masked keys get p = 0, rows past T
-   are not stored).  Three stages of 64 keys (the consumers hold two, pipelined: below).  P
-   enters P V as attention_tc.cuh's kernels have it (the input format, with LOOM_ATTN_SPLIT
-   its remainder too).
+   one-pass backward.  384 threads: warpgroup 0 the producer (setmaxnreg down to 24; its
+   thread 0 copies, the rest leave), warpgroups 1 and 2 (setmaxnreg up to 240) the consumers
+   of query rows m0 + 64 (wg - 1) ...  Rows past T and keys past S arrive as zeros (the
+   tensor maps' fill: masked keys get p = 0, rows past T are not stored).  Three stages of 64
+   keys (the consumers hold two, pipelined: below).  P enters P V as attention_tc.cuh's
+   kernels have it (the input format, with LOOM_ATTN_SPLIT its remainder too).
    grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 3 stages * 2 * 64*D*2 + 56 bytes.
    bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale;
    t: tensor maps of q k v (box rows 128, 64, 64) */
+#ifndef LOOM_FWD_WG_PRODUCER_REGS   /* the forward's setmaxnreg counts (below) */
+#define LOOM_FWD_WG_PRODUCER_REGS 24
+#endif
+#ifndef LOOM_FWD_WG_CONSUMER_REGS
+#define LOOM_FWD_WG_CONSUMER_REGS 240
+#endif
 template <class SQ, class SK, class SV, class SO, int D>
 LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
@@ -283,7 +304,12 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   if (tid == 0) loom_ring_init(sBar, ST, 2 * 128, qbar);
   __syncthreads();
+  /* 384 threads at 168 registers (65536 / 384, rounded down to 8): the producer warpgroup,
+     which needs few, gives (168 - 24) x 128 back, and each consumer warpgroup takes (240 -
+     168) x 128 of them: 24 + 2 x 240 = 3 x 168.  The whole warpgroup executes its setmaxnreg
+     (warpgroup-wide), then the producer's other 127 threads leave. */
   if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2: q k v as [B][T or S][heads][D]) */
+    loom_setmaxnreg<LOOM_FWD_WG_PRODUCER_REGS, false>();
     if (tid != 0) return;
     loom_tma_prefetch(&t.m[0]);
     loom_tma_prefetch(&t.m[1]);
@@ -304,6 +330,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
     }
     return;
   }
+  loom_setmaxnreg<LOOM_FWD_WG_CONSUMER_REGS, true>();
   const int cw = wg - 1, l = tid & 127, warp = l >> 5, lane = l & 31, t2 = (lane & 3) * 2;
   const int rw = m0 + 64 * cw + 16 * warp, r0 = rw + (lane >> 2), r1 = r0 + 8;   /* the warp's first row; this thread's two */
   const int wg_last = m0 + 64 * cw + 63;
