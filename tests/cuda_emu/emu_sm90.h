@@ -49,7 +49,8 @@
  *                      base offsets other than 0 are not emulated (they fail).  Whether the
  *                      warpgroup reached the same mma_async instruction is not seen; a
  *                      kernel names the conditions of such branches (loom_wg_uniform),
- *                      and those are checked.
+ *                      and those are checked.  A test may have the warpgroups of the
+ *                      mma_asyncs recorded in issue order (wg_trace).
  *
  *   setmaxnreg         .inc / .dec n: warpgroup-wide (a thread that exits while its
  *                      warpgroup waits in it fails), n a multiple of 8 in [24, 256], .dec
@@ -99,6 +100,9 @@ struct Wgx {
   float A[64][16], B[16][256];
 };
 static Wgx wgx[MAX_THREADS / WG];
+/* when set (a test), the warpgroup of each wgmma.mma_async, in the order they are issued: a
+   kernel's schedule between its warpgroups (the forward's ping-pong) */
+static int *wg_trace, wg_trace_n, wg_trace_max;
 static int wg_regs[MAX_THREADS / WG];   /* setmaxnreg's limit per warpgroup (0: the launch's, unknown) */
 
 static void sm90_block_start() {
@@ -254,6 +258,7 @@ static float desc_elem(unsigned long long desc, int mn, int k, bool mn_major, bo
 
 /* the last thread of the warpgroup to arrive decodes A (64 x 16) and B (16 x N) once */
 static void wg_decode(Wgx *x) {
+  if (wg_trace && wg_trace_n < wg_trace_max) wg_trace[wg_trace_n++] = (int)(x - wgx);
   if ((x->da >> 49 & 7) || (x->db >> 49 & 7)) fail("%s: a matrix base offset other than 0 (not emulated)", "wgmma");
   for (int r = 0; r < 64; r++)
     for (int k = 0; k < 16; k++) {

@@ -172,6 +172,26 @@ LOOM_DEV void loom_wg_keep(unsigned *x, int n) {
   for (int i = 0; i < n; i++) asm volatile("" : "+r"(x[i])::"memory");
 #endif
 }
+/* named barriers 1-15 (0 is __syncthreads's): bar.sync waits until count threads (a multiple
+   of 32) have arrived at barrier ID, bar.arrive arrives without waiting.  The id a constant:
+   with an id in a register ptxas reserves all 16 barriers ("used 16 barriers"). */
+template <int ID>
+LOOM_DEV void loom_bar_sync(unsigned count) {
+#if defined(LOOM_EMU)
+  loom_emu_bar(ID, count, true);
+#else
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(count) : "memory");
+#endif
+}
+template <int ID>
+LOOM_DEV void loom_bar_arrive(unsigned count) {
+#if defined(LOOM_EMU)
+  loom_emu_bar(ID, count, false);
+#else
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(count) : "memory");
+#endif
+}
+
 /* setmaxnreg (FlashAttention-3's register reallocation): the executing warpgroup's per-thread
    register limit lowered (INC false: the registers go back to the block's pool) or raised to N
    (waits until the pool has them).  Warpgroup-wide (.sync.aligned: all 128 threads, none
@@ -385,16 +405,40 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
           if (n0 + 8 * j + t2 + (e & 1) >= kmax[e >> 1]) sc[j][e] = -LOOM_INF;
     loom_softmax_stats<NT>(sc, mrow, lsum, alpha, c2, EDGE);
   };
+  /* FlashAttention-3's ping-pong between the two consumer warpgroups: each issues its
+     products in turns, warpgroup 1's (cw 0) first, then 2's, then 1's..., so that one's
+     softmax runs while the other's products occupy the tensor cores.  A turn begins with
+     bar.sync on the warpgroup's own named barrier (1 + cw) and ends, once its wgmmas are
+     issued, with bar.arrive on the other's (2 - cw), 256 threads each: the syncing warpgroup's
+     128 and the other's 128.  Both take nk + 1 turns (tile it's S with tile it-1's P V; the
+     last P V; a warpgroup whose rows see fewer tiles, cw 0 under the causal mask, takes empty
+     ones), warpgroup 2 arrives once before its first and not after its last, so every phase
+     completes and none is left open.  A stage's full barrier is waited before the turn: the
+     turn is never held on a copy.  A turn ends once its S has landed (its P V may be in
+     flight): the other's products queue behind that P V on the tensor cores while this
+     warpgroup's softmax runs. */
+  auto turn_begin = [&]() {
+    if (cw == 0) loom_bar_sync<1>(256);
+    else loom_bar_sync<2>(256);
+  };
+  auto turn_end = [&]() {   /* (not after warpgroup 2's last turn, nk) */
+    if (cw == 0) loom_bar_arrive<2>(256);
+    else loom_bar_arrive<1>(256);
+  };
+  if (cw == 1 && nk > 0) loom_bar_arrive<1>(256);   /* warpgroup 1's first turn */
   for (int it = 0; it < nkw; it++) {
     const int st = it % ST, n0 = it * BN;
     const unsigned sK = sKV + st * 2 * TILE;
     float sc[NT][4], alpha[2];
     loom_mbar_wait(sBar + 8 * st, (it / ST) & 1);
+    turn_begin();
     loom_wgmma_fence();
     scores(sc, sK);
     if (it > 0) pv(sKV + ((it - 1) % ST) * 2 * TILE);
     if (it > 0) loom_wgmma_wait<1>();   /* S has landed; P V may still be in flight */
     else loom_wgmma_wait<0>();
+    turn_end();   /* (it < nk: not the last turn.  After S lands: a bar.arrive between S's
+                     issue and its wait makes ptxas serialize the wgmmas, C7514) */
     loom_wg_regs(&sc[0][0], 4 * NT);
     if (n0 < interior_end && n0 + BN <= S) softmax(false, n0, sc, alpha);
     else softmax(true, n0, sc, alpha);
@@ -407,15 +451,23 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
     #pragma unroll
     for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(sc, 2 * kk, hi[kk], lo[kk]);
   }
-  if (nkw > 0) {   /* the last tile's P V */
+  if (nkw > 0) {   /* the last tile's P V: turn nkw */
+    turn_begin();
     loom_wgmma_fence();
     pv(sKV + ((nkw - 1) % ST) * 2 * TILE);
+    if (!(cw == 1 && nkw == nk)) turn_end();
     loom_wgmma_wait<0>();
     loom_wg_regs(&o[0][0], 4 * ND);
     loom_wg_keep(&hi[0][0], 4 * KN);
     loom_wg_keep(&lo[0][0], 4 * KN);
     loom_mbar_arrive(sBar + 8 * (ST + (nkw - 1) % ST));
   }
+  for (int it = nkw > 0 ? nkw + 1 : 0; it <= nk; it++) {   /* empty turns */
+    turn_begin();
+    if (!(cw == 1 && it == nk)) turn_end();
+  }
+  /* (the tiles after the turns: warpgroup 2's turns wait for no stage these hold, the ring
+     having three and these being at most one, the tile past cw 0's rows) */
   for (int it = nkw; it < nk; it++) {   /* the tiles past this warpgroup's rows: seen, given back */
     loom_mbar_wait(sBar + 8 * (it % ST), (it / ST) & 1);
     loom_mbar_arrive(sBar + 8 * (ST + it % ST));
