@@ -15,7 +15,9 @@ entry: what a launch allocates); `R max` is the highest register the SASS names,
 which is more than `regs` where a warpgroup raised its limit with setmaxnreg.inc (the
 forward's consumers).  ptxas's lines that cost speed are printed after the table: C7508
 (setmaxnreg ignored), C7510 / C7514 / C7520 (wgmma serialized).
-  python3 bench/attention_sass.py TU.cu [ARCH]
+  python3 bench/attention_sass.py TU.cu [ARCH] [--kernels PREFIX[,PREFIX...]]
+--kernels picks other heavy units by their kernel names' prefixes (default loom_attn_; the
+mixture of experts' grouped matmuls: --kernels loom_gmm_, docs/moe.md).
 cuobjdump: $CUOBJDUMP, else on PATH or under $CUDA_HOME/bin, else PyPI's nvidia-cuda-cuobjdump
 (importable: PYTHONPATH=DIR after `pip install --target DIR nvidia-cuda-cuobjdump
 nvidia-cuda-nvdisasm`: cuobjdump runs nvdisasm).
@@ -71,15 +73,20 @@ def paths(body):
     return (-lo[1], lo[0]), (hi[1], hi[0])
 
 def main():
-    tu = open(sys.argv[1]).read()
-    arch = sys.argv[2] if len(sys.argv) > 2 else "sm_90a"
+    argv, prefixes = list(sys.argv[1:]), ["loom_attn_"]
+    if "--kernels" in argv:
+        i = argv.index("--kernels")
+        prefixes = argv[i + 1].split(",")
+        del argv[i:i + 2]
+    tu = open(argv[0]).read()
+    arch = argv[1] if len(argv) > 1 else "sm_90a"
     first = tu.index(MARK)
     start = tu.find(PRELUDE)
     prelude = tu[start if 0 <= start < first else 0:first]
     units = tu[first:].split(MARK)[1:]
-    keep = [u for u in units if u.startswith("heavy loom_attn_")]
+    keep = [u for u in units if any(u.startswith("heavy " + p) for p in prefixes)]
     if not keep:
-        print("no tensor-core attention kernels in", sys.argv[1]); return 1
+        print("no heavy kernels named", ",".join(prefixes) + "* in", argv[0]); return 1
     src = prelude + "".join(MARK + u for u in keep)
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     nvcc = os.environ.get("NVCC") or (f"{cuda}/bin/nvcc" if os.path.exists(f"{cuda}/bin/nvcc") else "nvcc")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/plan_tables.sh — `loom plan` for the shipped models on N devices of every hardware
 # description, with the planner's own time: what docs/planning.md shows.
-# usage: bash bench/plan_tables.sh [BUILD_DIR] [GPUS...]   (default GPUS: 8 64; LIMIT=seconds a plan)
+# usage: bash bench/plan_tables.sh [BUILD_DIR] [GPUS...]   (default GPUS: 8 64; LIMIT=seconds a plan;
+#        ONLY=REGEX: the specs whose line matches it, e.g. ONLY='mixtral|qwen3')
 BUILD=${1:-build}; shift
 GPUS=${*:-8 64}
 LIMIT=${LIMIT:-300}
@@ -12,6 +13,7 @@ for spec in "models/gpt2-124M.json --seq 1024 --global-batch-tokens 524288" \
             "models/mixtral-8x7B.json --seq 4096 --global-batch-tokens 4194304" \
             "models/mixtral-8x7B.json --seq 4096 --global-batch-tokens 4194304 --capacity-factor 1.25" \
             "models/qwen3-30B-A3B.json --seq 4096 --global-batch-tokens 4194304"; do
+  [ -n "${ONLY:-}" ] && ! echo "$spec" | grep -qE "$ONLY" && continue
   for n in $GPUS; do
     for hw in h100 h200 a100 b200; do
       echo

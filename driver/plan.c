@@ -232,10 +232,14 @@ static int exact_phase(Ctx *x, const PlanRequest *rq, Cand *cs, int n, int *refu
       char lay[160];
       plan_layout_text(&cs[closest], lay, sizeof lay);
       snprintf(err, errlen, "no layout fits %s's %.1f GiB: the closest, %s, needs %.1f GiB a device%s; use more devices, "
-               "a shorter --seq%s%s", hw->name, hw->mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
+               "a shorter --seq%s%s%s", hw->name, hw->mem_bytes / 1073741824.0, lay, cs[closest].mem / 1073741824.0,
                cs[closest].exact ? "" : " (screened: extrapolated from 1 and 2 layers a chunk)",
                strcmp(rq->base->precision, "bf16") ? " or --precision bf16" : "",
-               rq->fix_rc >= 0 && rq->fix_rc != RECOMPUTE_FULL ? ", or --recompute full (fixed here; searched otherwise)" : "");
+               rq->fix_rc >= 0 && rq->fix_rc != RECOMPUTE_FULL ? ", or --recompute full (fixed here; searched otherwise)" : "",
+               rq->base->model.n_experts > 0 && rq->base->capacity_factor == 0
+                   ? ", or a capacity (--capacity-factor 1.25: dropless routing's expert-parallel buffers hold ep x a "
+                     "rank's rows, docs/moe.md)"
+                   : "");
     } else {
       snprintf(err, errlen, "no layout of %lld devices could be built%s%s", (long long)gpus, refused ? ": " : "",
                first_refusal);
@@ -259,9 +263,10 @@ static int search(const PlanRequest *rq, bool exhaustive, PlanResult *out, char 
   if (rc) return rc;
   if (!n) {
     free(cs);
-    snprintf(err, errlen, "no layout of %lld devices reaches %lld sequences a step under the fixed choices; give a "
-             "--global-batch-tokens that is a multiple of dp x seq, or fix fewer axes", (long long)rq->gpus,
-             (long long)rq->seqs);
+    snprintf(err, errlen, "no layout of %lld devices reaches %lld sequence%s a step under the fixed choices; give a "
+             "--global-batch-tokens that is a multiple of dp x seq (%lld: a sequence of %lld a device), or fix fewer axes",
+             (long long)rq->gpus, (long long)rq->seqs, rq->seqs == 1 ? "" : "s", (long long)(rq->gpus * rq->base->seq),
+             (long long)rq->base->seq);
     return IR_EINPUT;
   }
   static Ctx ctxs[2];   /* large (the cache): not on the stack; one per search (LOOM_PLAN_CHECK runs both) */

@@ -7,8 +7,11 @@
  *   grouped_matmul(_wgrad)  2 * rows * N * K over the rows routed to experts: a mixture of
  *                   experts' active-parameter FLOPs (each token through its k experts).  Under
  *                   expert parallelism a rank's buffer holds ep x its own rows (the worst case:
- *                   every rank sends it all); balanced routing brings it its own count, so the
- *                   rows are counted as the buffer over ep (G groups / the rank's E experts).
+ *                   every rank sends it all; with a capacity, E x capacity); balanced routing
+ *                   brings it its own count, which the shard pass writes into the op
+ *                   (`routed`).  Without it (an IR file from before) the rows are the buffer
+ *                   over ep (G groups / the rank's E experts): right when dropless, too few
+ *                   with a capacity below ep.
  *
  * Causal attention is counted over the whole T×S square, as the usual model-FLOPs formula
  * does (6N + 12·L·T·D per token, PaLM appendix B), so a training step's count equals that
@@ -35,7 +38,8 @@ static void count_op(const Op *op, double *mm, double *attn) {
       bool wg = op->kind == OP_GROUPED_MATMUL_WGRAD;
       const Type *x = &op->operands[0]->type, *b = &op->operands[1]->type, *y = &op->results[0]->type;
       double E = wg ? (double)op_int(op, "experts") : (double)b->dims[0], G = (double)op->operands[2]->type.dims[0];
-      double rows = (double)x->dims[0] * (G > 0 ? E / G : 1);
+      int64_t routed = op_int(op, "routed");
+      double rows = routed > 0 ? (double)routed : (double)x->dims[0] * (G > 0 ? E / G : 1);
       double N = wg ? (double)x->dims[1] : (double)y->dims[1], K = wg ? (double)b->dims[1] : (double)x->dims[1];
       *mm += 2.0 * rows * N * K;
     } else if (op->kind == OP_ATTENTION_BLOCK || op->kind == OP_ATTENTION_BLOCK_GRAD) {

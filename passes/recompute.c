@@ -83,6 +83,10 @@ typedef struct {
   Op **ops;           /* @grad_step's ops as they were, by index */
   int *def;           /* value id -> index of its op, -1 for arguments */
   bool *fwd;          /* op -> computes something the loss depends on (the forward) */
+  bool *side;         /* op -> before the loss seed, off the loss's path: the forward's side work, such as
+                         the experts' load counted into state (moe_load.l<N>): it reads the originals
+                         where it stands, so it is no backward reader (it would pull a whole layer's
+                         clones into the forward under full, and keep them to the backward) */
   int *layer;         /* op -> its transformer layer, -1 before the first, n_layers after the last */
   bool *param_only;   /* op -> reads parameters and constants only */
   bool *other_param;  /* op -> parameter-only, and reads a parameter of no layer */
@@ -140,6 +144,7 @@ static void rc_free(RC *rc) {
   free(rc->ops);
   free(rc->def);
   free(rc->fwd);
+  free(rc->side);
   free(rc->layer);
   free(rc->param_only);
   free(rc->other_param);
@@ -158,6 +163,7 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
   rc->ops = malloc(sizeof(Op *) * (size_t)(n + 1));
   rc->def = malloc(sizeof(int) * (size_t)nv);
   rc->fwd = calloc((size_t)n + 1, 1);
+  rc->side = calloc((size_t)n + 1, 1);
   rc->layer = calloc((size_t)n + 1, sizeof(int));
   rc->param_only = calloc((size_t)n + 1, 1);
   rc->other_param = calloc((size_t)n + 1, 1);
@@ -165,7 +171,7 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
   rc->in_r = calloc((size_t)n + 1, 1);
   rc->pinned = calloc((size_t)n + 1, 1);
   rc->layer_out = calloc((size_t)n + 1, 1);
-  if (!rc->ops || !rc->def || !rc->fwd || !rc->layer || !rc->param_only || !rc->other_param || !rc->bwd_read || !rc->in_r ||
+  if (!rc->ops || !rc->def || !rc->fwd || !rc->side || !rc->layer || !rc->param_only || !rc->other_param || !rc->bwd_read || !rc->in_r ||
       !rc->pinned || !rc->layer_out) {
     rc_free(rc);
     snprintf(err, errlen, "out of memory");
@@ -208,11 +214,19 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
     rc->fwd[i] = rc->fwd[si] = true;
   }
   free(fwd_read);
+  /* The forward's side work: what stands before the seed (autodiff's first backward value)
+     and is not the forward's. */
+  int seed = -1;
+  for (int i = 0; i < n && seed < 0; i++) {
+    const Op *op = rc->ops[i];
+    if (op->n_results == 1 && op->results[0]->name && !strcmp(op->results[0]->name, "loss_seed")) seed = i;
+  }
+  for (int i = 0; i < seed; i++) rc->side[i] = !rc->fwd[i];
   /* Layers, parameter-only ops, and what the backward reads. */
   for (int i = 0; i < n; i++) {
     Op *op = rc->ops[i];
     if (!rc->fwd[i]) {
-      for (int k = 0; k < op->n_operands; k++) {
+      for (int k = 0; k < op->n_operands && !rc->side[i]; k++) {
         Value *v = op->operands[k];
         if (is_local(v) && rc->fwd[rc->def[v->id]]) rc->bwd_read[root(v)->id] = true;
       }
@@ -332,7 +346,7 @@ static void compute_need(const RC *rc, bool *need, bool *wanted) {
     Op *op = rc->ops[i];
     if (rc->fwd[i] && rc->in_r[i])
       for (int r = 0; r < op->n_results; r++) need[i] |= wanted[op->results[r]->id];
-    if (!rc->fwd[i] || need[i])
+    if ((!rc->fwd[i] && !rc->side[i]) || need[i])
       for (int k = 0; k < op->n_operands; k++)
         if (is_local(op->operands[k])) wanted[op->operands[k]->id] = true;
   }
@@ -357,7 +371,7 @@ static int rewrite(RC *rc, bool by_layer, double *flops, double *work) {
   }
   for (int i = 0; i < rc->n_ops; i++) {
     Op *op = rc->ops[i];
-    if (!rc->fwd[i]) {
+    if (!rc->fwd[i] && !rc->side[i]) {
       for (int k = 0; k < op->n_operands; k++) {
         Value *v = op->operands[k];
         if (!is_local(v) || rc->def[v->id] < 0 || !rc->in_r[rc->def[v->id]] || !rc->fwd[rc->def[v->id]]) continue;

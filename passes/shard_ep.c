@@ -218,7 +218,9 @@ bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give) 
     int64_t rows = space_of(s, x)->rows;
     Sharding sh = give[0];
     set_place(&sh, AX_EP, R);
-    out = shard_local_op(s, OP_GROUPED_MATMUL, a, 3, NULL, sh, op);
+    Op like = *op;   /* balanced routing brings the rank as many rows as it sends */
+    op_set_int(&like, "routed", rows);
+    out = shard_local_op(s, OP_GROUPED_MATMUL, a, 3, NULL, sh, &like);
     mark(s, out, cnt, NULL, rows);
     break;
   }
@@ -230,8 +232,9 @@ bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give) 
     int64_t el = op_int(op, "experts") / m->mesh.size[AX_EP];
     Sharding sh = give[0];
     set_place(&sh, AX_EP, S(0));
-    Op like = *op;   /* the rank's experts */
+    Op like = *op;   /* the rank's experts; its own routed rows */
     op_set_int(&like, "experts", el);
+    op_set_int(&like, "routed", (e0 ? e0 : e1)->rows);
     out = shard_local_op(s, OP_GROUPED_MATMUL_WGRAD, a, 3, NULL, sh, &like);
     break;
   }

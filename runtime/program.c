@@ -16,6 +16,16 @@
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/program.h"
 
+/* what lowering allocated in a program (also what rt_program_read allocates) */
+void rt_program_free(RtProgram *p) {
+  if (!p) return;
+  for (int i = 0; i < p->n_funcs; i++) free(p->funcs[i].steps);
+  free(p->funcs);
+  free(p->globals);
+  free(p->kernel_names);
+  memset(p, 0, sizeof *p);
+}
+
 static const char magic[8] = {'L', 'O', 'O', 'M', 'P', 'R', 'G', '4'};
 
 typedef struct {

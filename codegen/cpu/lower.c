@@ -746,12 +746,6 @@ done:
   free(L.kernel_index);
   free(L.global_offset);
   free(L.global_region);
-  if (rc) {
-    for (int i = 0; i < out->n_funcs; i++) free(out->funcs[i].steps);
-    free(out->funcs);
-    free(out->globals);
-    free(out->kernel_names);
-    memset(out, 0, sizeof *out);
-  }
+  if (rc) rt_program_free(out);
   return rc;
 }

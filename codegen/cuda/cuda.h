@@ -76,12 +76,13 @@
  *                   one slot, the chunk, at CUDA_MOE_CHUNK_INT)
  *       moe_dispatch  1: fill the rows with 0;  2: x pos w -> rows
  *     The group counts of grouped_matmul and grouped_matmul_wgrad stay on the device (a
- *     moe_count wrote them): both are tiled kernels of kernels/moe.cuh (64 x 64 outputs a block,
- *     f32 accumulation), not cuBLASLt GEMMs, which would need each group's size on the host
- *     (a synchronization per MoE layer and direction).  Every thread walks the counts, so a
- *     block finds its group itself: grouped_matmul's grid is (columns / 64, an upper bound
- *     ceil(R/64) + G + 1 of the groups' row tiles; the rest of the blocks exit or zero the rows
- *     past the groups), grouped_matmul_wgrad's (K / 64, N / 64, E).  An index, position or
+ *     moe_count wrote them): both are tiled kernels of kernels/moe.cuh (T x T outputs a block,
+ *     T = 64, or 128 on tensor cores for bf16 (docs/moe.md), f32 accumulation), not cuBLASLt
+ *     GEMMs, which would need each group's size on the host (a synchronization per MoE layer
+ *     and direction).  Every thread walks the counts, so a block finds its group itself:
+ *     grouped_matmul's grid is (columns / T, an upper bound ceil(R/T) + G + 1 of the groups' row
+ *     tiles; the rest of the blocks exit or zero the rows past the groups),
+ *     grouped_matmul_wgrad's (K / 64, N / T, E).  An index, position or
  *     count out of range traps (as a bad KV-cache position does).
  *     LOOM_CUDA_MOE_GEMM=batched with a capacity (lower_moe.c): the groups fit [E, cap, D]
  *     whatever the counts, so the sizes are static after all:

@@ -92,8 +92,16 @@ static int lower_moe_sort(Lower *L, Steps *s) {
   return cl_instantiate(L, st, "moe_place", "loom_moe_place", (const int[]){0, -1}, NULL, "", 256);
 }
 
-/* The grouped matmuls' tiles (kernels/moe.cuh's LOOM_GM_T): 64 x 64 outputs a block. */
+/* The grouped matmuls' tiles: 64 x 64 outputs a block (kernels/moe.cuh's LOOM_GM_T); with bf16
+   operands, tensor-core tiles of 128 x 128 (LOOM_GMT), the weight gradient's 128 n x 64 k
+   (LOOM_GMW_N, LOOM_GMW_K).  The kernels stride over any grid: these only size it.  The
+   tensor-core forward's dynamic shared memory (loom_gm_tc_smem): 3 stages of k 32, A [128][40]
+   and B [128][40] (tb) or [32][136]; the kernel traps on less. */
 #define CUDA_GM_TILE 64
+#define CUDA_GM_TC 128
+#define CUDA_GM_TC_K 32
+#define CUDA_GM_TC_SMEM(tb) \
+  (3 * 2 * (CUDA_GM_TC * (CUDA_GM_TC_K + 8) + ((tb) ? CUDA_GM_TC * (CUDA_GM_TC_K + 8) : CUDA_GM_TC_K * (CUDA_GM_TC + 8))))
 
 /* A step that fills the op's first result with zeros (loom_fill), before a step that writes
    only some of it (embedding_grad's rows, moe_dispatch's reached rows). */
@@ -330,16 +338,19 @@ static int lower_builtin(Lower *L, Steps *s) {
     INT(G);
     INT(tb);
     st->block[0] = 256;
-    if (wg) {   /* a block per 64 x 64 tile of one expert's dw [N,K] */
+    bool tc = st->bufs[0].storage == RT_ST_BF16 && st->bufs[1].storage == RT_ST_BF16;
+    int64_t tm = tc ? CUDA_GM_TC : CUDA_GM_TILE;
+    if (wg) {   /* a block per tile of one expert's dw [N,K] */
       st->grid[0] = cl_clamp_grid((K + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
-      st->grid[1] = cl_clamp_grid((N + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
+      st->grid[1] = cl_clamp_grid((N + tm - 1) / tm, 65535);
       st->grid[2] = cl_clamp_grid(E, 65535);
       return cl_instantiate(L, st, "gmm_wgrad", "loom_grouped_wgrad", IDX(0, 1, 3), NULL, "", 256);
     }
-    /* x: 64 columns; y: the row tiles, at most ceil(R/64) + G + 1 (each group's last tile may
-       be partial, and the rows past the groups are zeroed 64 at a time) */
-    st->grid[0] = cl_clamp_grid((N + CUDA_GM_TILE - 1) / CUDA_GM_TILE, 65535);
-    st->grid[1] = cl_clamp_grid((R + CUDA_GM_TILE - 1) / CUDA_GM_TILE + G + 1, 65535);
+    /* x: the column tiles; y: the row tiles, at most ceil(R/tm) + G + 1 (each group's last tile
+       may be partial, and the rows past the groups are zeroed tm at a time) */
+    st->grid[0] = cl_clamp_grid((N + tm - 1) / tm, 65535);
+    st->grid[1] = cl_clamp_grid((R + tm - 1) / tm + G + 1, 65535);
+    if (tc) st->smem = (uint32_t)CUDA_GM_TC_SMEM(tb);
     return cl_instantiate(L, st, "gmm", "loom_grouped_mm", IDX(0, 1, 3), tb ? "true" : "false", tb ? "_t" : "_n", 256);
   }
   case OP_CROSS_ENTROPY:
@@ -880,13 +891,7 @@ done:
   free(L.body_hash);
   free(L.body_symbol);
   free(L.body_fin);
-  if (rc) {
-    for (int i = 0; i < out->n_funcs; i++) free(out->funcs[i].steps);
-    free(out->funcs);
-    free(out->globals);
-    free(out->kernel_names);
-    memset(out, 0, sizeof *out);
-  }
+  if (rc) rt_program_free(out);
   return rc;
 }
 

@@ -416,6 +416,26 @@ static void test_fault(int rank, int64_t seq) {
   for (;;) pause();
 }
 
+/* A collective's or a send/recv group's end: wait for NCCL to take it (comm NULL: nothing
+   was issued), then the flight entry enqueued, or the world failed with the flight report. */
+static int flight_end(World *w, Comm *c, Flight *fl, ncclComm_t comm, ncclResult_t r, const char *what, char *err,
+                      size_t errlen) {
+  char m[1024];
+  int rc = comm ? ready(w, c->rank, comm, r, what, m, sizeof m) : 0;
+  atomic_store(&w->busy_ns, 0);
+  if (rc || atomic_load(&w->aborted)) {
+    if (!rc) snprintf(m, sizeof m, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
+    coll_fail(c, m);
+    char rep[2048];
+    flight_report(w, c->rank, rep, sizeof rep);
+    return rt_fail(err, errlen, 1, "%s%s", m, rep);
+  }
+  pthread_mutex_lock(&w->mu);
+  fl->state = FL_ENQUEUED;
+  pthread_mutex_unlock(&w->mu);
+  return 0;
+}
+
 int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x, void *y, void *stream, const char *label,
               char *err, size_t errlen) {
   World *w = world_of(c);
@@ -502,20 +522,7 @@ int nccl_step(Comm *c, int builtin, const int64_t *i, int storage, const void *x
       if (r == ncclSuccess || r == ncclInProgress) r = e;
     }
   }
-  char m[1024];
-  int rc = comm ? ready(w, c->rank, comm, r, what, m, sizeof m) : 0;
-  atomic_store(&w->busy_ns, 0);
-  if (rc || atomic_load(&w->aborted)) {
-    if (!rc) snprintf(m, sizeof m, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
-    coll_fail(c, m);
-    char rep[2048];
-    flight_report(w, c->rank, rep, sizeof rep);
-    return rt_fail(err, errlen, 1, "%s%s", m, rep);
-  }
-  pthread_mutex_lock(&w->mu);
-  fl->state = FL_ENQUEUED;
-  pthread_mutex_unlock(&w->mu);
-  return 0;
+  return flight_end(w, c, fl, comm, r, what, err, errlen);
 }
 
 int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, const char *label, char *err,
@@ -565,20 +572,7 @@ int nccl_p2p_group(Comm *c, int axis, int n, const NcclP2p *ops, void *stream, c
   }
   ncclResult_t e = w->n->ncclGroupEnd();
   if (r == ncclSuccess || r == ncclInProgress) r = e;
-  char m[1024];
-  int rc = ready(w, c->rank, comm, r, what, m, sizeof m);
-  atomic_store(&w->busy_ns, 0);
-  if (rc || atomic_load(&w->aborted)) {
-    if (!rc) snprintf(m, sizeof m, "%s", w->last[0] ? w->last : "the NCCL world was aborted");
-    coll_fail(c, m);
-    char rep[2048];
-    flight_report(w, c->rank, rep, sizeof rep);
-    return rt_fail(err, errlen, 1, "%s%s", m, rep);
-  }
-  pthread_mutex_lock(&w->mu);
-  fl->state = FL_ENQUEUED;
-  pthread_mutex_unlock(&w->mu);
-  return 0;
+  return flight_end(w, c, fl, comm, r, what, err, errlen);
 }
 
 int nccl_sync(Comm *c, void *stream, const char *what, char *err, size_t errlen) {

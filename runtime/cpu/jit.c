@@ -293,12 +293,3 @@ void jit_free(Jit *jit) {
   }
   free(jit);
 }
-
-void rt_program_free(RtProgram *p) {
-  if (!p) return;
-  for (int i = 0; i < p->n_funcs; i++) free(p->funcs[i].steps);
-  free(p->funcs);
-  free(p->globals);
-  free(p->kernel_names);
-  memset(p, 0, sizeof *p);
-}

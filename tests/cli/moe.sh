@@ -49,6 +49,20 @@ for mesh in "" "--mesh ep=2"; do
   done
 done
 
+# Full recomputation of a mixture of experts runs each layer again in the backward only: the
+# experts' load counted into state (moe_load.l<N>, off the loss's path, in the forward) reads
+# the forward's values where it stands. It used to pull every layer's clones into the forward,
+# kept to the backward: the arena grew by a layer's activations a layer (mixtral-8x7B dp=8 ep=8
+# full: 6.5 GiB a layer). So: no clone before the loss, and the activations kept by 8 layers
+# under full within a few KiB of 2 layers' (each keeps its input: 64 tokens x 64 x 4 bytes).
+sed 's/"num_hidden_layers": 2/"num_hidden_layers": 8/' models/mixtral-tiny.json > "$TMP/mixtral-8l.json"
+expect_exit 0 "loom ir --recompute full (mixtral-tiny, 8 layers)" "$LOOM" ir "$TMP/mixtral-8l.json" --passes=train --recompute full
+check "  every clone after the loss (in the backward)" awk '/func @grad_step/{g=1} g && /= cross_entropy /{s=1} g && /%rc\./ && !s{bad=1} g && /^  }/{exit} END{exit bad || !s}' "$OUT"
+act_bytes() { "$LOOM" ir "$1" --passes=train,lower --recompute full --memory 2> /dev/null | grep "@grad_step" | sed -E 's/.*activations ([0-9.]+) KiB.*/\1/'; }
+a2=$(act_bytes models/mixtral-tiny.json); a8=$(act_bytes "$TMP/mixtral-8l.json")
+check "  activations kept under full: 8 layers ($a8 KiB) within 6 layers' inputs of 2 layers' ($a2 KiB)" \
+  awk -v a="$a2" -v b="$a8" 'BEGIN{exit !(a > 0 && b > 0 && b - a <= 6 * 16 + 1)}'
+
 # The planner searches ep for a mixture of experts (and only ep, dp and tp: no pp or cp).
 expect_exit 0 "loom plan mixtral-tiny on 4 devices" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 \
   --global-batch-tokens 256 --json
@@ -71,6 +85,11 @@ expect_stdout_contains "all_to_allv"
 # LM head, attention, the router, 2 of 4 experts), 64 tokens: 6 x 115200 x 64 = 44,236,800.
 expect_exit 0 "loom ir --flops (mixtral-tiny)" "$LOOM" ir models/mixtral-tiny.json --passes=train --flops
 check "  matmul FLOPs of a step = 6 x active parameters x tokens" grep -q "matmul 4.424e-05" "$OUT" "$ERR"
+# Per rank under ep=2 with a capacity: half of that (balanced routing: a rank's experts get as
+# many rows as it sends), though its expert-space buffers hold E x capacity rows (80, not 64).
+expect_exit 0 "loom ir --flops --mesh ep=2 --capacity-factor 1.25" "$LOOM" ir models/mixtral-tiny.json --passes=train \
+  --flops --mesh ep=2 --capacity-factor 1.25
+check "  per-rank matmul FLOPs half the step's" grep -q "matmul 2.212e-05" "$OUT" "$ERR"
 
 # capacity_factor: GShard-style drops (a different model than Hugging Face's dropless one).
 expect_exit 0 "capacity_factor 0.5 trains" "$LOOM" train tests/golden/mixtral-tiny/train_spec.json -q \

@@ -64,10 +64,10 @@ static std::string last_err;
 static int failures;
 
 static int launch(void (*fn)(LoomArgs), LoomArgs *a, const unsigned grid[3], unsigned block, const char *what,
-                  bool quiet = false) {
+                  bool quiet = false, unsigned smem = 0) {
   unsigned b[3] = {block, 1, 1};
   char err[600];
-  if (!loom_emu_launch((void *)fn, a, grid, b, 0, err, sizeof err)) return 0;
+  if (!loom_emu_launch((void *)fn, a, grid, b, smem, err, sizeof err)) return 0;
   last_err = err;
   if (!quiet) printf("FAIL launch of %s: %s\n", what, err);
   return 1;
@@ -338,17 +338,19 @@ static void run_grouped(const char *prec, int R, int K, int N, int E, const std:
   std::vector<typename S::T> yt[2], yn[2], dw[2];
   for (int pass = 0; pass < 2; pass++) {
     set_pass(pass);
-    Grid g = grid_of((N + 63) / 64, (R + 63) / 64 + G + 1, 1, pass, 2);
+    const bool tc = sizeof(typename S::T) == 2;   /* bf16: the tensor cores' tiles and dynamic shared memory */
+    const int tm = tc ? 128 : 64;
+    Grid g = grid_of((N + tm - 1) / tm, (R + tm - 1) / tm + G + 1, 1, pass, 2);
     if (pass) g.g[0] = 1;   /* fewer blocks than tiles: both loops */
     yt[pass] = nans<S>((size_t)R * N);
     LoomArgs a = args({x.raw.data(), w.raw.data(), (void *)counts.data(), yt[pass].data()}, {R, K, N, E, G, 1});
-    ok &= !launch(gmm<S, S, S, true>, &a, g.g, 256, "grouped_matmul (tb)");
+    ok &= !launch(gmm<S, S, S, true>, &a, g.g, 256, "grouped_matmul (tb)", false, tc ? loom_gm_tc_smem<true>::bytes : 0);
     yn[pass] = nans<S>((size_t)R * N);
     a = args({x.raw.data(), wt.raw.data(), (void *)counts.data(), yn[pass].data()}, {R, K, N, E, G, 0});
-    ok &= !launch(gmm<S, S, S, false>, &a, g.g, 256, "grouped_matmul (tb=0)");
+    ok &= !launch(gmm<S, S, S, false>, &a, g.g, 256, "grouped_matmul (tb=0)", false, tc ? loom_gm_tc_smem<false>::bytes : 0);
     dw[pass] = nans<S>((size_t)E * N * K);
     a = args({dy.raw.data(), x.raw.data(), (void *)counts.data(), dw[pass].data()}, {R, K, N, E, G, 1});
-    g = grid_of((K + 63) / 64, (N + 63) / 64, E, pass, 1);
+    g = grid_of((K + 63) / 64, (N + tm - 1) / tm, E, pass, 1);
     ok &= !launch(gwgrad<S, S, S>, &a, g.g, 256, "grouped_matmul_wgrad");
   }
   set_pass(0);
@@ -468,6 +470,13 @@ int main() {
   const std::vector<int> six = {70, 0, 45, 9, 0, 130};
   run_grouped<loom_sf32>("f32", 270, 80, 72, 3, six, 23);
   run_grouped<loom_sbf16>("bf16", 260, 80, 72, 3, six, 24);
+  /* bf16's tensor-core tiles (128 x 128 outputs, k in stages of 32; the weight gradient 128 x 64):
+     groups over two row tiles and of one row, an empty one, two column tiles, a last stage of
+     one k-step of 16; then rows of 37 and 45 elements (not 16-byte multiples: copied element by
+     element, zeros past the ends) */
+  const std::vector<int> big = {150, 0, 1, 131};
+  run_grouped<loom_sbf16>("bf16", 300, 144, 200, 2, big, 25);
+  run_grouped<loom_sbf16>("bf16", 170, 37, 45, 3, {70, 0, 45, 9, 0, 30}, 26);
   run_bad();
   return failures ? 1 : 0;
 }

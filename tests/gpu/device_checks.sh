@@ -6,6 +6,11 @@
 #
 # PHASES (default "correct,bench,sanitize"; a check's own name runs it alone: runtime,
 # train, goldens, moe, misc; "owed" runs what the first session left: checks 4, 7 and 8's speed):
+#   first     the next GPU session's first call (OWED.md's header): what decides most, in order.
+#             In parallel, the correctness of issue 31's default path (goldens: checks 11a and
+#             18b), of MoE (check 9) and of the step's graph and the late loss (checks 16a,
+#             19a); then torch (check 11 b, c) and hwprofile (check 7). The second call is
+#             "attention,wgmma" (checks 12 and 20);
 #   correct   checks 1, 2, 5, 6, 8, 9 (correctness), in parallel: the tiny models are small
 #             and the machine has 16 cores for NVRTC and the CPU backend's references;
 #   bench     checks 3 and 9's speed, alone on the GPU: bench/gpu_step.sh for GPT-2 124M,
@@ -87,13 +92,19 @@ check() {   # NAME TIMEOUT COMMAND... : runs it, logs it, one summary line
 }
 
 g=tests/golden
+if [[ ,$PHASES, == *,first,* ]]; then PHASES="$PHASES,goldens,moe,stepgraph-correct,losslate-correct,torch,hwprofile"; fi
 want() { [[ ,$PHASES, == *,correct,* || ,$PHASES, == *,$1,* ]]; }
-if want runtime || want train || want goldens || want moe || want misc; then
+# the correctness halves of checks 16 and 19 (their phases run them before their speed halves)
+sg_correct="set -e; for p in fp32 bf16; do for v in X=1 LOOM_CUDA_STEP_GRAPH=0 LOOM_CUDA_GRAPH=0 LOOM_CUDA_NO_TIED_GRAD=1 LOOM_CUDA_NO_EMBED_POS=1; do env \$v LOOM_CUDA_FUSE_BF16=1 $B/loom train $g/gpt2-tiny/train_spec.json --backend cuda --precision \$p --steps 3 -q --out /tmp/sg-\$p-\${v%%=*}.st; done; for k in LOOM_CUDA_STEP_GRAPH LOOM_CUDA_GRAPH LOOM_CUDA_NO_EMBED_POS; do $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-\$k.st --rtol 0; done; t=1e-5; [ \$p = bf16 ] && t='2e-2 --atol 0.06'; $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-LOOM_CUDA_NO_TIED_GRAD.st --rtol \$t; done"
+ll_correct="set -e; for m in gpt2-tiny llama-tiny; do for p in fp32 bf16; do for v in X=1 LOOM_CUDA_SYNC_STEP=1; do env \$v $B/loom train $g/\$m/train_spec.json --backend cuda --precision \$p --steps 5 -q --out /tmp/ll-\$m-\$p-\${v%%=*}.st; done; cmp /tmp/ll-\$m-\$p-X.st /tmp/ll-\$m-\$p-LOOM_CUDA_SYNC_STEP.st; done; done"
+if want runtime || want train || want goldens || want moe || want misc || want stepgraph-correct || want losslate-correct; then
   want runtime && check runtime 150 "$B/test_cuda_runtime --gpu" &
   want train && check train 300 "bash tests/gpu/test_train.sh $B" &
   want goldens && check goldens 300 "for m in gpt2-tiny llama-tiny llama-tiny-tied; do $B/loom check $g/\$m --backend cuda,cpu --precision fp32,bf16 || exit 1; done" &
   want moe && check moe 300 "set -e; m=$g/mixtral-tiny; $B/loom eval models/mixtral-tiny.json --backend cuda --weights \$m/weights.safetensors --tokens \$m/tokens.bin --out /tmp/moe.st; $B/loom diff /tmp/moe.st \$m/expected.safetensors --only logits,loss --rtol 1e-5; $B/loom train \$m/train_spec.json --backend cuda --out /tmp/moe-train.st -q; $B/loom diff /tmp/moe-train.st \$m/train.safetensors --rtol 1e-4; for b in cpu cuda; do $B/loom train \$m/train_spec.json --backend \$b --precision bf16 --out /tmp/moe16-\$b.st -q; done; $B/loom diff /tmp/moe16-cuda.st /tmp/moe16-cpu.st --only losses --rtol 2e-2; for x in mixtral-tiny qwen3-moe-tiny; do $B/loom check $g/\$x --backend cuda,cpu --precision fp32,bf16; done" &
   want misc && check misc 240 "set -e; for r in selective full; do for x in none \$r; do $B/loom train $g/gpt2-tiny/train_spec.json --backend cuda --steps 3 --recompute \$x --out /tmp/rc-\$x.st -q; done; $B/loom diff /tmp/rc-\$r.st /tmp/rc-none.st --rtol 0; done; echo '-- compiled executable'; $B/loom compile $g/gpt2-tiny/train_spec.json --backend cuda --arch sm_90a -o /tmp/t && LOOM_LIBNVRTC=/nonexistent /tmp/t --steps 3; echo '-- sampling'; for m in gpt2-tiny llama-tiny; do $B/loom sample $g/\$m/train_spec.json --weights $g/\$m/weights.safetensors --prompt Hello --max-new-tokens 40 --temperature 0 --ids --backend cuda; cat $g/\$m/generate.json; echo; done" &
+  [[ ,$PHASES, == *,stepgraph-correct,* ]] && check stepgraph-correct 200 "$sg_correct" &
+  [[ ,$PHASES, == *,losslate-correct,* ]] && check losslate-correct 120 "$ll_correct" &
   wait
 fi
 if [[ $PHASES == *bench* ]]; then
@@ -109,15 +120,15 @@ fi
 if [[ $PHASES == *torch* ]]; then
   check torch 330 "LOOM_PROFILE=15 PROFILE_DIR=$OUT/profile STEPS=${STEPS:-10} LOOM=$B/loom bash bench/gpu_step.sh"
 fi
-if [[ $PHASES == *stepgraph* ]]; then   # check 16 (branch cudabytes)
-  check stepgraph-correct 200 "set -e; for p in fp32 bf16; do for v in X=1 LOOM_CUDA_STEP_GRAPH=0 LOOM_CUDA_GRAPH=0 LOOM_CUDA_NO_TIED_GRAD=1 LOOM_CUDA_NO_EMBED_POS=1; do env \$v LOOM_CUDA_FUSE_BF16=1 $B/loom train $g/gpt2-tiny/train_spec.json --backend cuda --precision \$p --steps 3 -q --out /tmp/sg-\$p-\${v%%=*}.st; done; for k in LOOM_CUDA_STEP_GRAPH LOOM_CUDA_GRAPH LOOM_CUDA_NO_EMBED_POS; do $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-\$k.st --rtol 0; done; t=1e-5; [ \$p = bf16 ] && t='2e-2 --atol 0.06'; $B/loom diff /tmp/sg-\$p-X.st /tmp/sg-\$p-LOOM_CUDA_NO_TIED_GRAD.st --rtol \$t; done"
+if [[ ,$PHASES, == *,stepgraph,* ]]; then   # check 16 (branch cudabytes)
+  check stepgraph-correct 200 "$sg_correct"
   check stepgraph-speed 300 "for v in X=1 LOOM_CUDA_STEP_GRAPH=0; do echo \"-- \$v\"; env \$v LOOM_CUDA_FUSE_BF16=1 TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
 fi
 if [[ $PHASES == *gemmtune* ]]; then   # check 15
   check gemmtune 300 "for v in 0 verbose; do echo \"-- LOOM_CUDA_GEMM_TUNE=\$v\"; LOOM_CACHE_DIR=/tmp/gemmtune-cache LOOM_CUDA_GEMM_TUNE=\$v TORCH=0 STEPS=${STEPS:-12} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
 fi
-if [[ $PHASES == *losslate* ]]; then   # check 19 (branch losslate)
-  check losslate-correct 120 "set -e; for m in gpt2-tiny llama-tiny; do for p in fp32 bf16; do for v in X=1 LOOM_CUDA_SYNC_STEP=1; do env \$v $B/loom train $g/\$m/train_spec.json --backend cuda --precision \$p --steps 5 -q --out /tmp/ll-\$m-\$p-\${v%%=*}.st; done; cmp /tmp/ll-\$m-\$p-X.st /tmp/ll-\$m-\$p-LOOM_CUDA_SYNC_STEP.st; done; done"
+if [[ ,$PHASES, == *,losslate,* ]]; then   # check 19 (branch losslate)
+  check losslate-correct 120 "$ll_correct"
   check losslate-speed 300 "for v in X=1 LOOM_CUDA_SYNC_STEP=1; do echo \"-- \$v\"; env \$v TORCH=0 STEPS=${STEPS:-20} LOOM=$B/loom MODELS=models/gpt2-124M.json:16:1024 bash bench/gpu_step.sh; done"
 fi
 if [[ $PHASES == *hwprofile* ]]; then   # check 7's categories (after torch)

@@ -244,33 +244,33 @@ LOOM_DEV void loom_moe_wgrad(const LoomArgs &a) {
 #define LOOM_GM_NO_TC 0
 #endif
 
-/* The group layout of the counts: total rows, and the row tiles of 64 that start at each
+/* The group layout of the counts: total rows, and the row tiles of bm rows that start at each
    group's first row (a tile holds one group's rows only).  False on bad counts. */
-LOOM_DEV bool loom_gm_walk(const int *cnt, long long G, long long R, long long *total, long long *tiles) {
+LOOM_DEV bool loom_gm_walk(const int *cnt, long long G, long long R, long long bm, long long *total, long long *tiles) {
   long long t = 0, n = 0;
   for (long long g = 0; g < G; g++) {
     const long long c = cnt[g];
     if (c < 0 || c > R - t) return false;
     t += c;
-    n += (c + LOOM_GM_T - 1) / LOOM_GM_T;
+    n += (c + bm - 1) / bm;
   }
   *total = t;
   *tiles = n;
   return true;
 }
 
-/* Which slot s of the groups' row tiles: its first row, the end of its group and its expert
-   (-1: a slot past the groups, whose rows are zeroed). */
-LOOM_DEV void loom_gm_slot(const int *cnt, long long G, long long E, long long s, long long tiles, long long total,
-                           long long R, long long *row0, long long *end, long long *e) {
-  *row0 = total + (s - tiles) * LOOM_GM_T, *end = R, *e = -1;
+/* Which slot s of the groups' row tiles of bm rows: its first row, the end of its group and its
+   expert (-1: a slot past the groups, whose rows are zeroed). */
+LOOM_DEV void loom_gm_slot(const int *cnt, long long G, long long E, long long bm, long long s, long long tiles,
+                           long long total, long long R, long long *row0, long long *end, long long *e) {
+  *row0 = total + (s - tiles) * bm, *end = R, *e = -1;
   if (s >= tiles) return;
   long long at = 0, off = 0;
   for (long long g = 0; g < G; g++) {
-    const long long c = cnt[g], t = (c + LOOM_GM_T - 1) / LOOM_GM_T;
+    const long long c = cnt[g], t = (c + bm - 1) / bm;
     if (s < at + t) {
       *e = g % E;
-      *row0 = off + (s - at) * LOOM_GM_T;
+      *row0 = off + (s - at) * bm;
       *end = off + c;
       return;
     }
@@ -279,66 +279,196 @@ LOOM_DEV void loom_gm_slot(const int *cnt, long long G, long long E, long long s
   }
 }
 
-/* Tensor cores for bf16 operands (sm_80 and later, and the emulated device): the same tiles
-   and slots as below, each 64 x 64 tile as 32 mma.sync m16n8k16 products a step of 16 (8 warps,
-   warp w: rows 16 (w / 2), columns 32 (w % 2)), the operands' bf16 values exact and the sums
-   in f32 (in the tensor cores' order, not fmaf's: bf16 runs compare within 2e-2). */
+/* Tensor cores for bf16 operands (sm_80 and later, and the emulated device).  Tiles of
+   LOOM_GMT x LOOM_GMT (128 x 128) outputs, 8 warps of 64 x 32 (warp w: rows 64 (w / 4), columns
+   32 (w % 4)), the reduced dimension in stages of 32 through shared memory, three stages: the
+   next two stages' 16-byte cp.async copies run under this stage's products (one barrier a
+   stage).  Each stage is two
+   k-steps of 16, every output's step an mma.sync m16n8k16 (fragments by ldmatrix, .trans for
+   operands stored k-major), the steps in index order: the operands' bf16 values exact, the sums
+   in f32 in the tensor cores' order within a step (not fmaf's: bf16 runs compare within 2e-2),
+   a step wholly past the end skipped.  Shared rows are padded by 8 elements (rows of 40 or 136:
+   ldmatrix's eight rows fall in distinct banks).  Rows whose length or start is not a multiple
+   of 8 elements (16 bytes) are copied element by element instead (the same tiles, zeros past
+   the ends).  Index arithmetic in the loop is 32-bit offsets from 64-bit row pointers made
+   once a tile.  Shared memory: 60 KB (w [E,N,K]) or 55.5 KB for the forward (dynamic: the
+   lowering's launch gives it, codegen/cuda/lower.c), 39 KB for the weight gradient (static). */
+#define LOOM_GMT 128
+#define LOOM_GMT_K 32
+#define LOOM_GMT_STAGES 3
+#define LOOM_GMW_N 128   /* the weight gradient's tiles: 128 n x 64 k */
+#define LOOM_GMW_K 64
 template <class S> struct loom_gm_tc { static constexpr bool ok = false; };
 template <> struct loom_gm_tc<loom_sbf16> { static constexpr bool ok = true; };
 
+LOOM_DEV bool loom_gm_a16(const void *p) { return ((unsigned long long)p & 15u) == 0; }
+
+/* 8 consecutive 16-bit elements into shared memory (16 bytes): the first n (0 .. 8) of src,
+   zeros after.  vec (src 16-byte aligned and n 0 or 8): one cp.async; else element by element. */
+LOOM_DEV void loom_gm_chunk(unsigned short *dst, const unsigned short *src, int n, bool vec) {
+  if (vec) {
+    loom_cp_async16(dst, src, n > 0);
+    return;
+  }
+  unsigned v[4];
+  #pragma unroll
+  for (int e = 0; e < 4; e++)
+    v[e] = (2 * e < n ? (unsigned)src[2 * e] : 0u) | (2 * e + 1 < n ? (unsigned)src[2 * e + 1] : 0u) << 16;
+  LOOM_CHECK_ALIGN(dst, 16);
+  *(loom_u4 *)dst = loom_u4{v[0], v[1], v[2], v[3]};
+}
+LOOM_DEV int loom_gm_n8(int left) { return left <= 0 ? 0 : left < 8 ? left : 8; }
+
+/* Outputs i and i + 1 (two: the second in range too), each rounded as S::st does, in one store
+   when the pair is aligned to its size. */
+template <class S>
+LOOM_DEV void loom_gm_st2(typename S::T *p, long long i, float v0, float v1, bool two) {
+  struct alignas(2 * sizeof(typename S::T)) P { typename S::T v[2]; };
+  if (two && ((unsigned long long)(p + i) & (2 * sizeof(typename S::T) - 1)) == 0) {
+    P w;
+    S::st(w.v, 0, v0);
+    S::st(w.v, 1, v1);
+    *(P *)(p + i) = w;
+    return;
+  }
+  S::st(p, i, v0);
+  if (two) S::st(p, i + 1, v1);
+}
+
+/* One stage's products for a warp's 16 MI x 8 NJ outputs: ks (1 or 2) k-steps of 16.  A and B
+   at this lane's ldmatrix row (lane 8m + r: row r of 8 x 8 matrix m); AT / BT: stored k-major
+   ([k][m], [k][n], row strides LDA / LDB), read by ldmatrix.trans; else [m][k], [n][k]. */
+template <int MI, int NJ, int LDA, int LDB, bool AT, bool BT>
+LOOM_DEV void loom_gm_stage(float (&acc)[MI][NJ][4], const unsigned short *sA, const unsigned short *sB, int ks) {
+  #pragma unroll
+  for (int kk = 0; kk < 2; kk++) {
+    if (kk == ks) break;
+    unsigned b[NJ / 2][4];
+    #pragma unroll
+    for (int jp = 0; jp < NJ / 2; jp++) {
+      if (BT) loom_ldsm_x4_t(b[jp], sB + 16 * kk * LDB + 16 * jp);
+      else loom_ldsm_x4(b[jp], sB + 16 * jp * LDB + 16 * kk);
+    }
+    #pragma unroll
+    for (int i = 0; i < MI; i++) {
+      unsigned af[4];
+      if (AT) loom_ldsm_x4_t(af, sA + 16 * kk * LDA + 16 * i);
+      else loom_ldsm_x4(af, sA + 16 * i * LDA + 16 * kk);
+      #pragma unroll
+      for (int j = 0; j < NJ; j++) loom_mma16816<true>(acc[i][j], af, b[j >> 1] + 2 * (j & 1));
+    }
+  }
+}
+
+/* This lane's ldmatrix row (lane 8m + r gives row r of matrix m) as an offset in a stage stored
+   [k][.] (kmajor) or [.][k], row stride ld: matrix bit 0 steps k by 8 when b0k (the B operands:
+   k halves, then 8-column blocks), else the rows (the A operands: m halves, then k halves). */
+LOOM_DEV int loom_gm_lrow(int lane, int ld, bool kmajor, bool b0k) {
+  const int r = lane & 7, m = lane >> 3, dk = 8 * (b0k ? m & 1 : m >> 1), dx = 8 * (b0k ? m >> 1 : m & 1);
+  return kmajor ? (r + dk) * ld + dx : (r + dx) * ld + dk;
+}
+
+/* The forward's dynamic shared memory: three stages of A [128][40] and B ([128][40], or
+   [32][136]); lower.c's CUDA_GM_TC_SMEM. */
+template <bool TB> struct loom_gm_tc_smem {
+  static constexpr int bytes =
+      LOOM_GMT_STAGES * 2 * (LOOM_GMT * (LOOM_GMT_K + 8) + (TB ? LOOM_GMT * (LOOM_GMT_K + 8) : LOOM_GMT_K * (LOOM_GMT + 8)));
+};
+
 template <class SX, class SW, class SY, bool TB>
-LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, long long R, long long K, long long N, long long E, long long G,
+LOOM_DEV void loom_grouped_mm_tc(const LoomArgs &a, long long R, long long K_, long long N_, long long E, long long G,
                                  long long total, long long tiles) {
-  __shared__ unsigned short Ah[LOOM_GM_T][LOOM_GM_K + 8];   /* [row][k], rows of 24: fewer bank conflicts */
-  __shared__ unsigned short Bh[LOOM_GM_T][LOOM_GM_K + 8];   /* [column][k] */
-  const typename SX::T *x = LOOM_IN(SX, 0);
-  const typename SW::T *w = LOOM_IN(SW, 1);
+  constexpr int BM = LOOM_GMT, BN = LOOM_GMT, BK = LOOM_GMT_K, LA = BK + 8, LB = TB ? BK + 8 : BN + 8, ST = LOOM_GMT_STAGES;
+  constexpr int SA = BM * LA, SB = TB ? BN * LA : BK * LB;   /* a stage's elements */
+  static_assert(ST * 2 * (SA + SB) == loom_gm_tc_smem<TB>::bytes, "the forward's shared memory");
+  extern __shared__ float loom_smem[];
+#if !defined(LOOM_EMU)
+  unsigned dyn;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (dyn < (unsigned)loom_gm_tc_smem<TB>::bytes) {   /* a launch that does not match lower.c's */
+    LOOM_MOE_BAD("grouped_matmul: launched with too little dynamic shared memory");
+    return;
+  }
+#endif
+  unsigned short *sA = (unsigned short *)loom_smem, *sB = sA + ST * SA;
+  const unsigned short *x = (const unsigned short *)a.buf[0], *w = (const unsigned short *)a.buf[1];
   const int *cnt = (const int *)a.buf[2];
   typename SY::T *y = LOOM_OUT(SY, 3);
-  const long long slots = tiles + (R - total + LOOM_GM_T - 1) / LOOM_GM_T;
+  const int K = (int)K_, N = (int)N_;   /* the lowering checks both fit int32 */
+  const bool vec = K % 8 == 0 && (TB || N % 8 == 0) && loom_gm_a16(x) && loom_gm_a16(w);
+  const long long slots = tiles + (R - total + BM - 1) / BM;
   const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int rb = (warp >> 1) * 16, cb = (warp & 1) * 32;
+  const int wm = 64 * (warp >> 2), wn = 32 * (warp & 3);
+  /* this thread's copies: A rows ar, ar + 64 at k ac; B (TB) rows n br, br + 64 at k ac, or
+     (!TB) k rows bk, bk + 16 at n bc */
+  const int ar = tid >> 2, ac = (tid & 3) * 8, bk = tid >> 4, bc = (tid & 15) * 8;
+  /* this lane's ldmatrix rows: A [m][k] (matrices: m halves, then k halves); B [n][k] (k
+     halves, then n blocks) or [k][n] (k halves, then n blocks), at the warp's corner */
+  const int aoff = wm * LA + loom_gm_lrow(lane, LA, false, false);
+  const int boff = TB ? wn * LA + loom_gm_lrow(lane, LA, false, true) : wn + loom_gm_lrow(lane, LB, true, true);
   for (long long s = blockIdx.y; s < slots; s += gridDim.y) {
     long long row0, end, e;
-    loom_gm_slot(cnt, G, E, s, tiles, total, R, &row0, &end, &e);
-    const long long nrows = end - row0 < LOOM_GM_T ? end - row0 : LOOM_GM_T;
-    const typename SW::T *we = w + (e < 0 ? 0 : e) * N * K;
-    for (long long n0 = (long long)blockIdx.x * LOOM_GM_T; n0 < N; n0 += (long long)gridDim.x * LOOM_GM_T) {
-      float acc[4][4];
-      for (int j = 0; j < 4; j++)
-        for (int q = 0; q < 4; q++) acc[j][q] = 0.0f;
-      for (long long k0 = 0; e >= 0 && k0 < K; k0 += LOOM_GM_K) {
-        const int kn = (int)(K - k0 < LOOM_GM_K ? K - k0 : LOOM_GM_K);
-        __syncthreads();   /* the previous step's reads */
-        for (int q = tid; q < LOOM_GM_K * LOOM_GM_T; q += 256) {
-          const int m = q / LOOM_GM_K, kk = q % LOOM_GM_K;
-          Ah[m][kk] = m < nrows && kk < kn ? loom_f32_to_bf16(SX::ld(x, (row0 + m) * K + k0 + kk)) : (unsigned short)0;
-          if (TB) {   /* w[e][n][k]: k fastest */
-            Bh[m][kk] = n0 + m < N && kk < kn ? loom_f32_to_bf16(SW::ld(we, (n0 + m) * K + k0 + kk)) : (unsigned short)0;
-          } else {    /* w[e][k][n]: n fastest */
-            const int kr = q / LOOM_GM_T, nc = q % LOOM_GM_T;
-            Bh[nc][kr] = n0 + nc < N && kr < kn ? loom_f32_to_bf16(SW::ld(we, (k0 + kr) * N + n0 + nc)) : (unsigned short)0;
+    loom_gm_slot(cnt, G, E, BM, s, tiles, total, R, &row0, &end, &e);
+    const int nrows = (int)(end - row0 < BM ? end - row0 : BM);
+    for (int n0 = (int)blockIdx.x * BN; n0 < N; n0 += (int)gridDim.x * BN) {
+      float acc[4][4][4];
+      #pragma unroll
+      for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+          #pragma unroll
+          for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+      if (e >= 0) {
+        /* the rows this thread copies (a row past the tile reads nothing: its own start) */
+        const unsigned short *we = w + e * N_ * K_;
+        const bool va0 = ar < nrows, va1 = ar + 64 < nrows;
+        const unsigned short *pa0 = x + (row0 + (va0 ? ar : 0)) * K_ + ac, *pa1 = x + (row0 + (va1 ? ar + 64 : 0)) * K_ + ac;
+        const bool vb0 = TB ? n0 + ar < N : n0 + bc < N, vb1 = TB ? n0 + ar + 64 < N : vb0;
+        const unsigned short *pb0 = TB ? we + (long long)(vb0 ? n0 + ar : 0) * K + ac : we + (long long)bk * N + (vb0 ? n0 + bc : 0);
+        const unsigned short *pb1 = TB ? we + (long long)(vb1 ? n0 + ar + 64 : 0) * K + ac : pb0 + 16 * N_;
+        const int nb = TB ? 0 : loom_gm_n8(N - n0 - bc);
+        /* the stage of k [k0, k0 + BK) into buffer st */
+        auto load = [&](int st, int k0) {
+          unsigned short *dA = sA + st * SA + ar * LA + ac;
+          const int na = loom_gm_n8(K - k0 - ac);
+          loom_gm_chunk(dA, pa0 + k0, va0 ? na : 0, vec);
+          loom_gm_chunk(dA + 64 * LA, pa1 + k0, va1 ? na : 0, vec);
+          if (TB) {
+            unsigned short *dB = sB + st * SB + ar * LA + ac;
+            loom_gm_chunk(dB, pb0 + k0, vb0 ? na : 0, vec);
+            loom_gm_chunk(dB + 64 * LA, pb1 + k0, vb1 ? na : 0, vec);
+          } else {
+            unsigned short *dB = sB + st * SB + bk * LB + bc;
+            const bool k_0 = k0 + bk < K, k_1 = k0 + bk + 16 < K;
+            loom_gm_chunk(dB, pb0 + (k_0 ? (long long)k0 * N : 0), k_0 ? nb : 0, vec);
+            loom_gm_chunk(dB + 16 * LB, pb1 + (k_1 ? (long long)k0 * N : 0), k_1 ? nb : 0, vec);
           }
+          loom_cp_commit();
+        };
+        const int nk = (K + BK - 1) / BK;
+        load(0, 0);
+        if (nk > 1) load(1, BK);
+        for (int kt = 0, st = 0, ls = 2; kt < nk; kt++) {
+          if (kt + 1 < nk) loom_cp_wait<1>();   /* stage kt landed (kt + 1 may be in flight) */
+          else loom_cp_wait<0>();
+          __syncthreads();   /* ... for every thread; and every warp is done with stage kt - 1's buffer */
+          if (kt + 2 < nk) load(ls, (kt + 2) * BK);   /* into it, under this stage's products */
+          loom_gm_stage<4, 4, LA, LB, false, !TB>(acc, sA + st * SA + aoff, sB + st * SB + boff, K - kt * BK > 16 ? 2 : 1);
+          st = st == ST - 1 ? 0 : st + 1;
+          ls = ls == ST - 1 ? 0 : ls + 1;
         }
-        __syncthreads();
-        unsigned af[4];
-        af[0] = (unsigned)Ah[rb + g][2 * t] | (unsigned)Ah[rb + g][2 * t + 1] << 16;
-        af[1] = (unsigned)Ah[rb + g + 8][2 * t] | (unsigned)Ah[rb + g + 8][2 * t + 1] << 16;
-        af[2] = (unsigned)Ah[rb + g][2 * t + 8] | (unsigned)Ah[rb + g][2 * t + 9] << 16;
-        af[3] = (unsigned)Ah[rb + g + 8][2 * t + 8] | (unsigned)Ah[rb + g + 8][2 * t + 9] << 16;
-        for (int j = 0; j < 4; j++) {
-          const int n = cb + 8 * j + g;
-          unsigned bf[2];
-          bf[0] = (unsigned)Bh[n][2 * t] | (unsigned)Bh[n][2 * t + 1] << 16;
-          bf[1] = (unsigned)Bh[n][2 * t + 8] | (unsigned)Bh[n][2 * t + 9] << 16;
-          loom_mma16816<true>(acc[j], af, bf);
-        }
+        __syncthreads();   /* every warp is done with the buffers before the next tile loads them */
       }
-      for (int j = 0; j < 4; j++)
-        for (int q = 0; q < 4; q++) {
-          const long long m = rb + g + (q >= 2 ? 8 : 0), nn = n0 + cb + 8 * j + 2 * t + (q & 1);
-          if (m < nrows && nn < N) SY::st(y, (row0 + m) * N + nn, acc[j][q]);
-        }
+      #pragma unroll
+      for (int i = 0; i < 4; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+          #pragma unroll
+          for (int h = 0; h < 2; h++) {   /* rows g and g + 8: columns 2t, 2t + 1 */
+            const int m = wm + 16 * i + g + 8 * h, nn = n0 + wn + 8 * j + 2 * t;
+            if (m < nrows && nn < N)
+              loom_gm_st2<SY>(y, (row0 + m) * N_ + nn, acc[i][j][2 * h], acc[i][j][2 * h + 1], nn + 1 < N);
+          }
     }
   }
 }
@@ -351,27 +481,31 @@ template <class SX, class SW, class SY, bool TB>
 LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
   __shared__ float As[LOOM_GM_K][LOOM_GM_T + 1];
   __shared__ float Bs[LOOM_GM_K][LOOM_GM_T + 1];
+  constexpr bool TC = loom_gm_tc<SX>::ok && loom_gm_tc<SW>::ok && !LOOM_GM_NO_TC;
   const typename SX::T *x = LOOM_IN(SX, 0);
   const typename SW::T *w = LOOM_IN(SW, 1);
   const int *cnt = (const int *)a.buf[2];
   typename SY::T *y = LOOM_OUT(SY, 3);
   const long long R = a.i[0], K = a.i[1], N = a.i[2], E = a.i[3], G = a.i[4];
   long long total = 0, tiles = 0;
-  if (!loom_gm_walk(cnt, G, R, &total, &tiles)) {
+#if defined(LOOM_EMU) || __CUDA_ARCH__ >= 800
+  const bool tc = TC;
+#else
+  const bool tc = false;
+#endif
+  if (!loom_gm_walk(cnt, G, R, tc ? LOOM_GMT : LOOM_GM_T, &total, &tiles)) {
     LOOM_MOE_BAD("grouped_matmul: the group counts exceed the rows");
     return;
   }
-#if defined(LOOM_EMU) || __CUDA_ARCH__ >= 800
-  if (loom_gm_tc<SX>::ok && loom_gm_tc<SW>::ok && !LOOM_GM_NO_TC) {
+  if (tc) {   /* tiles of LOOM_GMT rows */
     loom_grouped_mm_tc<SX, SW, SY, TB>(a, R, K, N, E, G, total, tiles);
     return;
   }
-#endif
   const long long slots = tiles + (R - total + LOOM_GM_T - 1) / LOOM_GM_T;
   const int tid = (int)threadIdx.x, tx = tid & 15, ty = tid >> 4;
   for (long long s = blockIdx.y; s < slots; s += gridDim.y) {
     long long row0, end, e;
-    loom_gm_slot(cnt, G, E, s, tiles, total, R, &row0, &end, &e);
+    loom_gm_slot(cnt, G, E, LOOM_GM_T, s, tiles, total, R, &row0, &end, &e);
     const long long nrows = end - row0 < LOOM_GM_T ? end - row0 : LOOM_GM_T;
     const typename SW::T *we = w + (e < 0 ? 0 : e) * N * K;
     for (long long n0 = (long long)blockIdx.x * LOOM_GM_T; n0 < N; n0 += (long long)gridDim.x * LOOM_GM_T) {
@@ -414,67 +548,98 @@ LOOM_DEV void loom_grouped_mm(const LoomArgs &a) {
   }
 }
 
-/* The weight gradient on tensor cores (bf16 dy and x): the same tiles, each group's rows in
-   steps of 16 as mma.sync products (dw's 64 n as the product's rows, its 64 k as columns), the
-   groups' sums added in their order as below; the sums within a step in the tensor cores'
-   order. */
+/* The weight gradient on tensor cores (bf16 dy and x): tiles of 128 n x 64 k of dw[e] (dw's n
+   as the products' rows, its k as their columns; 8 warps of 32 x 32: the per-group sums beside
+   the total leave registers for two blocks an SM), each group's rows in stages of 32 by
+   cp.async, three stages (static shared memory), both operands stored row-major ([row][n], [row][k], rows of 136 and 72)
+   and read by ldmatrix.trans.  Each group's sum over its rows in k-steps of 16 from
+   its first row, as mma.sync products in order (within a step the tensor cores' order), the
+   groups' sums added in their order as below. */
 template <class SD, class SX, class SO>
-LOOM_DEV void loom_grouped_wgrad_tc(const LoomArgs &a, long long R, long long K, long long N, long long E, long long G) {
-  __shared__ unsigned short Dh[LOOM_GM_T][LOOM_GM_K + 8];   /* [n][row] */
-  __shared__ unsigned short Xh[LOOM_GM_T][LOOM_GM_K + 8];   /* [k][row] */
-  const typename SD::T *dy = LOOM_IN(SD, 0);
-  const typename SX::T *x = LOOM_IN(SX, 1);
+LOOM_DEV void loom_grouped_wgrad_tc(const LoomArgs &a, long long R, long long K_, long long N_, long long E, long long G) {
+  constexpr int BM = LOOM_GMW_N, BN = LOOM_GMW_K, BK = LOOM_GMT_K, LD = BM + 8, LX = BN + 8, ZD = BK * LD, ZX = BK * LX;
+  constexpr int ST = LOOM_GMT_STAGES;
+  __shared__ loom_u4 smem[ST * (ZD + ZX) / 8];
+  unsigned short *sD = (unsigned short *)smem, *sX = sD + ST * ZD;   /* stage st: dy rows at sD + st ZD, x's at sX + st ZX */
+  const unsigned short *dy = (const unsigned short *)a.buf[0], *x = (const unsigned short *)a.buf[1];
   const int *cnt = (const int *)a.buf[2];
   typename SO::T *dw = LOOM_OUT(SO, 3);
+  const int K = (int)K_, N = (int)N_;
+  const bool vec = K % 8 == 0 && N % 8 == 0 && loom_gm_a16(dy) && loom_gm_a16(x);
   const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int rb = (warp >> 1) * 16, cb = (warp & 1) * 32;
+  const int wm = 32 * (warp >> 1), wn = 32 * (warp & 1);
+  /* this thread's copies: dy rows cr, cr + 16 at column cc; x row xr at column xc */
+  const int cr = tid >> 4, cc = (tid & 15) * 8, xr = tid >> 3, xc = (tid & 7) * 8;
+  const int aoff = wm + loom_gm_lrow(lane, LD, true, false), boff = wn + loom_gm_lrow(lane, LX, true, true);
   for (long long e = blockIdx.z; e < E; e += gridDim.z)
-    for (long long n0 = (long long)blockIdx.y * LOOM_GM_T; n0 < N; n0 += (long long)gridDim.y * LOOM_GM_T)
-      for (long long k0 = (long long)blockIdx.x * LOOM_GM_T; k0 < K; k0 += (long long)gridDim.x * LOOM_GM_T) {
-        float tot[4][4];
-        for (int j = 0; j < 4; j++)
-          for (int q = 0; q < 4; q++) tot[j][q] = 0.0f;
+    for (int n0 = (int)blockIdx.y * BM; n0 < N; n0 += (int)gridDim.y * BM)
+      for (int k0 = (int)blockIdx.x * BN; k0 < K; k0 += (int)gridDim.x * BN) {
+        float tot[2][4][4], acc[2][4][4];
+        #pragma unroll
+        for (int i = 0; i < 2; i++)
+          #pragma unroll
+          for (int j = 0; j < 4; j++)
+            #pragma unroll
+            for (int q = 0; q < 4; q++) tot[i][j][q] = 0.0f;
+        const int nd = loom_gm_n8(N - n0 - cc), nx = loom_gm_n8(K - k0 - xc);
         long long off = 0;
         for (long long gr = 0; gr < G; gr++) {
-          const long long c = cnt[gr];
+          const int c = cnt[gr];
           if (gr % E != e) {
             off += c;
             continue;
           }
-          float acc[4][4];
-          for (int j = 0; j < 4; j++)
-            for (int q = 0; q < 4; q++) acc[j][q] = 0.0f;
-          for (long long r0 = off; r0 < off + c; r0 += LOOM_GM_K) {
-            const int rn = (int)(off + c - r0 < LOOM_GM_K ? off + c - r0 : LOOM_GM_K);
-            __syncthreads();
-            for (int q = tid; q < LOOM_GM_K * LOOM_GM_T; q += 256) {
-              const int rr = q / LOOM_GM_T, cc = q % LOOM_GM_T;
-              Dh[cc][rr] = rr < rn && n0 + cc < N ? loom_f32_to_bf16(SD::ld(dy, (r0 + rr) * N + n0 + cc)) : (unsigned short)0;
-              Xh[cc][rr] = rr < rn && k0 + cc < K ? loom_f32_to_bf16(SX::ld(x, (r0 + rr) * K + k0 + cc)) : (unsigned short)0;
+          #pragma unroll
+          for (int i = 0; i < 2; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++)
+              #pragma unroll
+              for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+          /* the group's rows from its first: row r of it at pd + r N, px + r K */
+          const unsigned short *pd = dy + off * N_ + (nd ? n0 + cc : 0), *px = x + off * K_ + (nx ? k0 + xc : 0);
+          auto load = [&](int st, int r0) {
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+              const int r = r0 + cr + 16 * h;
+              const bool ok = r < c;
+              loom_gm_chunk(sD + st * ZD + (cr + 16 * h) * LD + cc, pd + (ok ? (long long)r * N : 0), ok ? nd : 0, vec);
             }
+            const int r = r0 + xr;
+            const bool ok = r < c;
+            loom_gm_chunk(sX + st * ZX + xr * LX + xc, px + (ok ? (long long)r * K : 0), ok ? nx : 0, vec);
+            loom_cp_commit();
+          };
+          const int nk = (c + BK - 1) / BK;
+          if (nk) load(0, 0);
+          if (nk > 1) load(1, BK);
+          for (int kt = 0, st = 0, ls = 2; kt < nk; kt++) {   /* as the forward's */
+            if (kt + 1 < nk) loom_cp_wait<1>();
+            else loom_cp_wait<0>();
             __syncthreads();
-            unsigned af[4];
-            af[0] = (unsigned)Dh[rb + g][2 * t] | (unsigned)Dh[rb + g][2 * t + 1] << 16;
-            af[1] = (unsigned)Dh[rb + g + 8][2 * t] | (unsigned)Dh[rb + g + 8][2 * t + 1] << 16;
-            af[2] = (unsigned)Dh[rb + g][2 * t + 8] | (unsigned)Dh[rb + g][2 * t + 9] << 16;
-            af[3] = (unsigned)Dh[rb + g + 8][2 * t + 8] | (unsigned)Dh[rb + g + 8][2 * t + 9] << 16;
-            for (int j = 0; j < 4; j++) {
-              const int kc = cb + 8 * j + g;
-              unsigned bf[2];
-              bf[0] = (unsigned)Xh[kc][2 * t] | (unsigned)Xh[kc][2 * t + 1] << 16;
-              bf[1] = (unsigned)Xh[kc][2 * t + 8] | (unsigned)Xh[kc][2 * t + 9] << 16;
-              loom_mma16816<true>(acc[j], af, bf);
-            }
+            if (kt + 2 < nk) load(ls, (kt + 2) * BK);
+            loom_gm_stage<2, 4, LD, LX, true, true>(acc, sD + st * ZD + aoff, sX + st * ZX + boff, c - kt * BK > 16 ? 2 : 1);
+            st = st == ST - 1 ? 0 : st + 1;
+            ls = ls == ST - 1 ? 0 : ls + 1;
           }
-          for (int j = 0; j < 4; j++)
-            for (int q = 0; q < 4; q++) tot[j][q] = __fadd_rn(tot[j][q], acc[j][q]);
+          __syncthreads();
+          #pragma unroll
+          for (int i = 0; i < 2; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++)
+              #pragma unroll
+              for (int q = 0; q < 4; q++) tot[i][j][q] = __fadd_rn(tot[i][j][q], acc[i][j][q]);
           off += c;
         }
-        for (int j = 0; j < 4; j++)
-          for (int q = 0; q < 4; q++) {
-            const long long nn = n0 + rb + g + (q >= 2 ? 8 : 0), kk = k0 + cb + 8 * j + 2 * t + (q & 1);
-            if (nn < N && kk < K) SO::st(dw, (e * N + nn) * K + kk, tot[j][q]);
-          }
+        #pragma unroll
+        for (int i = 0; i < 2; i++)
+          #pragma unroll
+          for (int j = 0; j < 4; j++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+              const int nn = n0 + wm + 16 * i + g + 8 * h, kk = k0 + wn + 8 * j + 2 * t;
+              if (nn < N && kk < K)
+                loom_gm_st2<SO>(dw, (e * N_ + nn) * K_ + kk, tot[i][j][2 * h], tot[i][j][2 * h + 1], kk + 1 < K);
+            }
       }
 }
 
@@ -492,7 +657,7 @@ LOOM_DEV void loom_grouped_wgrad(const LoomArgs &a) {
   typename SO::T *dw = LOOM_OUT(SO, 3);
   const long long R = a.i[0], K = a.i[1], N = a.i[2], E = a.i[3], G = a.i[4];
   long long total = 0, tiles = 0;
-  if (!loom_gm_walk(cnt, G, R, &total, &tiles)) {
+  if (!loom_gm_walk(cnt, G, R, LOOM_GM_T, &total, &tiles)) {
     LOOM_MOE_BAD("grouped_matmul_wgrad: the group counts exceed the rows");
     return;
   }
