@@ -110,7 +110,7 @@ void bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, 
   LoomTmaps t = maps_of({dout, q, k, v}, {64, 64, 64, 64});   /* dq's and dk dv's */
   if (wg && saved)   /* the Hopper dq (its one-pass form; lower_attn.c's launch: 256 threads, 64 rows a block) */
     go(D == 64 ? (const void *)DQG64 : (const void *)DQG128, a, dim3(B * H, (T + 63) / 64),
-       1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, 256, &t);
+       1024 + 2 * 64 * D * 2 + (D == 128 ? 3 : 2) * (2 * 64 * D * 2 + 16) + 8, 256, &t);
   else
 #endif
     go(D == 64 ? (const void *)DQ64 : (const void *)DQ128, a, dim3(B * H, (T + 63) / 64), 8 * tile * (D + 8));
@@ -143,12 +143,12 @@ extern "C" __global__ void __launch_bounds__(128) bench_kv_128(LoomArgs a) { loo
 #define KV128 bench_kv_128
 """
 INSTANCES_WG = r"""
-extern "C" __global__ void __launch_bounds__(384) bench_fwg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a, t); }
-extern "C" __global__ void __launch_bounds__(384) bench_fwg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a, t); }
-extern "C" __global__ void __launch_bounds__(256) bench_kvg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a, t); }
-extern "C" __global__ void __launch_bounds__(256) bench_kvg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a, t); }
-extern "C" __global__ void __launch_bounds__(256) bench_dqg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dq_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 64>(a, t); }
-extern "C" __global__ void __launch_bounds__(256) bench_dqg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dq_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 128>(a, t); }
+extern "C" __global__ void __launch_bounds__(384, 1) bench_fwg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 64>(a, t); }
+extern "C" __global__ void __launch_bounds__(384, 1) bench_fwg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_fwd_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, 128>(a, t); }
+extern "C" __global__ void __launch_bounds__(256, 1) bench_kvg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 64>(a, t); }
+extern "C" __global__ void __launch_bounds__(256, 1) bench_kvg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dkdv_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, loom_sf32, 128>(a, t); }
+extern "C" __global__ void __launch_bounds__(256, 1) bench_dqg_64(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dq_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 64>(a, t); }
+extern "C" __global__ void __launch_bounds__(256, 1) bench_dqg_128(LoomArgs a, const __grid_constant__ LoomTmaps t) { loom_attn_bwd_dq_wg<loom_sbf16, loom_sbf16, loom_sbf16, loom_sbf16, loom_sf32, 128>(a, t); }
 #define DQG64 bench_dqg_64
 #define DQG128 bench_dqg_128
 #define FWG64 bench_fwg_64

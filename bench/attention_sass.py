@@ -10,7 +10,11 @@ the ratio.  Targets: at most 6 instructions per HMMA, no spills.  The Hopper ker
 (LOOM_CUDA_WGMMA=1's loom_attn_fwd_wg) issue HGMMA (wgmma) instead: their rows count each
 HGMMA m64nNk16 as the N / 8 HMMA m16n8k16 of work it is for each of its 4 warps, so the
 ratio stays per HMMA's worth of work (instructions a warp runs per m16n8k16 product), and
-give the HGMMAs themselves in their own column.
+give the HGMMAs themselves in their own column.  `regs` is ptxas's count (the kernel's at
+entry: what a launch allocates); `R max` is the highest register the SASS names, plus one,
+which is more than `regs` where a warpgroup raised its limit with setmaxnreg.inc (the
+forward's consumers).  ptxas's lines that cost speed are printed after the table: C7508
+(setmaxnreg ignored), C7510 / C7514 / C7520 (wgmma serialized).
   python3 bench/attention_sass.py TU.cu [ARCH] [--kernels PREFIX[,PREFIX...]]
 --kernels picks other heavy units by their kernel names' prefixes (default loom_attn_; the
 mixture of experts' grouped matmuls: --kernels loom_gmm_, docs/moe.md).
@@ -130,8 +134,9 @@ def main():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);", line)
         if m and name:
             funcs[name].append((int(m.group(1), 16), m.group(3), m.group(4), bool(m.group(2))))
+    rmax = {fn: 1 + max([int(r) for x in ins for r in re.findall(r"\bR(\d+)\b", x[2])] or [-1]) for fn, ins in funcs.items()}
     worst = 0.0
-    print(f"{'kernel':30s} {'regs':>4s} {'spill st/ld':>11s} {'instr':>6s} {'HMMA':>5s} {'loop HMMA':>9s} "
+    print(f"{'kernel':30s} {'regs':>4s} {'R max':>5s} {'spill st/ld':>11s} {'instr':>6s} {'HMMA':>5s} {'loop HMMA':>9s} "
           f"{'tile path':>9s} {'per HMMA':>8s} {'edge path':>9s} {'per HMMA':>8s} {'HGMMA':>5s}")
     for fn, ins in funcs.items():
         ins = [x for x in ins if x[1] != "NOP"]
@@ -159,8 +164,10 @@ def main():
         r_hi = hi[0] / hi[1] if hi[1] else float("nan")
         worst = max(worst, r_lo if lo[1] else 0)
         st, ld = spills.get(fn, (0, 0))
-        print(f"{fn:30s} {regs.get(fn, 0):4d} {st:5d}/{ld:<5d} {len(ins):6d} {hmma:5d} {best[0] if best else 0:9d} "
+        print(f"{fn:30s} {regs.get(fn, 0):4d} {rmax[fn]:5d} {st:5d}/{ld:<5d} {len(ins):6d} {hmma:5d} {best[0] if best else 0:9d} "
               f"{lo[0]:9d} {r_lo:8.1f} {hi[0]:9d} {r_hi:8.1f} {hgmma:5d}")
+    for line in ptxas.splitlines():
+        if re.search(r"\(C75(08|10|14|20)\)", line): print("ptxas:", line.strip())
     print(f"most instructions per HMMA on a tile's path through the inner loop: {worst:.1f} (target at most 6; "
           "the edge path, masked tiles on the diagonal or at the end, is beside it; HGMMA counted as N/8 HMMA)")
     return 0

@@ -245,9 +245,10 @@ static int lower_attention_grad(Lower *L, Steps *s) {
   if (saved_at >= 0 && !tc) return cl_fail(L, "internal error: the saved log-sum-exp of an attention off the tensor cores");
   int64_t tile = D <= 64 ? 64 : 32;   /* the tensor-core kernels' key (dq) and query (dk dv) tiles */
   if (tc) st->smem = (uint32_t)(8 * tile * (D + 8));   /* two stages of K and V tiles */
-  if (tc && saved_at >= 0 && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; Q, dO, two stages of K, V */
+  if (tc && saved_at >= 0 && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; Q, dO, stages of K, V */
     st->block[0] = 256;
-    st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
+    const int64_t ring = D == 128 ? 3 : 2;   /* stages: dq is pipelined at D 128 (attention_sm90.cuh) */
+    st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + ring * 2 * 64 * D * 2 + 8 * (2 * ring + 1));
     size_t n = strlen(st->label);
     snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
     wgmma_tmaps(st, 4, (const int64_t[]){64, 64, 64, 64});   /* dout q k v, as dk dv's */

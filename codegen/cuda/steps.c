@@ -173,13 +173,16 @@ static int add_symbol(Lower *L, const char *name, const char *text) {
 
 /* A builtin kernel: an extern "C" wrapper of a prelude template.  With tmaps, the kernel
    also takes the step's tensor maps (program.h's RT_TMAP_INT), as a parameter in parameter
-   space (__grid_constant__: the tensor copies read them there), and the template (a, t). */
+   space (__grid_constant__: the tensor copies read them there), and the template (a, t).
+   Those (the Hopper kernels) are bound to at least 1 block an SM: ptxas then starts the kernel
+   at the bound's register count (65536 / threads), which setmaxnreg needs (without it ptxas
+   says C7508 "'setmaxnreg' ignored; unable to determine register count at entry"). */
 static int builtin_symbol(Lower *L, const char *name, int max_threads, const char *call, bool tmaps) {
   int i = find_symbol(L, name);
   if (i >= 0) return i;
   Str t = {0};
   if (tmaps)
-    str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a, const __grid_constant__ LoomTmaps t) "
+    str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d, 1) %s(LoomArgs a, const __grid_constant__ LoomTmaps t) "
                 "{ %s(a, t); }\nLOOM_TMAP_KERNEL(%s)\n", max_threads, name, call, name);
   else
     str_add(&t, "extern \"C\" __global__ void __launch_bounds__(%d) %s(LoomArgs a) { %s(a); }\n", max_threads, name, call);

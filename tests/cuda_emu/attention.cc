@@ -98,7 +98,7 @@ static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs
     return (wgmma ? launch(fwd_wg<S, D>, f, bh, (unsigned)((c.T + 127) / 128), 1024 + 128 * D * 2 + 3 * 2 * 64 * D * 2 + 56,
                            "wgmma forward", 384)
                   : launch(fwd_tc<S, D>, f, bh, tq, 2 * 2 * 64 * L8 * 2, "forward")) ||
-           (wgmma ? launch(dq_wg<S, D>, q, bh, tq, 1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dq", 256)
+           (wgmma ? launch(dq_wg<S, D>, q, bh, tq, 1024 + 2 * 64 * D * 2 + (D == 128 ? 3 : 2) * (2 * 64 * D * 2 + 16) + 8, "wgmma dq", 256)
                   : launch(dq_tc<S, D>, q, bh, tq, 8 * bn * L8, "dq")) ||
            (wgmma ? launch(dkdv_wg<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
                            1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dk dv", 256)
@@ -286,6 +286,113 @@ static int tmap_refusals() {
   return failed;
 }
 
+/* The emulated device's named barriers (emu.h's loom_emu_bar, bar.sync / bar.arrive a, b):
+   two warpgroups hand a value back and forth, warpgroup 0 writing round r's and arriving at
+   barrier 1, warpgroup 1 syncing there, reading it, arriving at barrier 2, where warpgroup 0
+   syncs before the next round; every read must see its round's value (in either order of the
+   fibers).  Then the wrong uses, each of which must fail the launch with its message: a count
+   of 384 (deadlock: the third warpgroup has left), a count the other side does not give (192
+   against 256), a count not a multiple of 32, barrier 0, a warp arriving twice in one phase,
+   and a count past the block's threads. */
+static void nb_kernel(LoomArgs a) {
+  const int mode = (int)a.i[0], wg = threadIdx.x / 128;
+  const unsigned n = (unsigned)a.i[1];
+  volatile int *box = (volatile int *)loom_emu_dyn_smem(), *seen = (int *)a.buf[0];
+  if (wg == 2) return;   /* (a third warpgroup, which leaves: a count of 384 fits the block) */
+  for (int r = 0; r < 4; r++) {
+    if (wg == 0) {
+      if (r > 0) loom_emu_bar(2, n, true);
+      *box = r;
+      loom_emu_bar(mode == 4 ? 0 : 1, mode == 3 ? 100 : n, false);
+      if (mode == 5) loom_emu_bar(3, n, false), loom_emu_bar(3, n, false);   /* no one else at 3: one phase */
+    } else {
+      loom_emu_bar(1, mode == 2 ? 192 : n, true);   /* (192: neither side completes a phase alone) */
+      seen[4 * (threadIdx.x - 128) + r] = *box;
+      if (r < 3) loom_emu_bar(2, n, false);
+    }
+  }
+}
+static int named_barriers() {
+  static int seen[128 * 4];
+  struct Use {
+    int mode, count;
+    const char *msg;
+  } uses[] = {{0, 256, nullptr},
+              {0, 384, "deadlock"},
+              {2, 256, "arrived at with thread count"},
+              {3, 256, "not a non-zero multiple of 32"},
+              {4, 256, "not in 1-15"},
+              {5, 256, "arrives again before the barrier completed"},
+              {0, 416, "within the block's 384 threads"}};
+  int failed = 0;
+  for (const Use &u : uses) {
+    LoomArgs a;
+    memset(&a, 0, sizeof a);
+    a.i[0] = u.mode, a.i[1] = u.count, a.buf[0] = seen;
+    memset(seen, 0xff, sizeof seen);
+    unsigned grid[3] = {1, 1, 1}, block[3] = {384, 1, 1};
+    char err[600] = "";
+    const int rc = loom_emu_launch((void *)nb_kernel, &a, grid, block, 64, err, sizeof err);
+    bool ok = u.msg ? rc && strstr(err, u.msg) : !rc;
+    for (int i = 0; !u.msg && i < 128 * 4; i++) ok = ok && seen[i] == i % 4;
+    if (!ok) {
+      printf("FAIL named barriers, mode %d count %d: %s\n", u.mode, u.count, rc ? err : "the launch ran");
+      failed++;
+    }
+  }
+  printf("%s named barriers (emulated bar.sync / bar.arrive): a hand-off in turns, and %zu wrong uses refused\n",
+         failed ? "FAIL" : "ok  ", sizeof uses / sizeof *uses - 1);
+  return failed;
+}
+
+/* FlashAttention-3's ping-pong in loom_attn_fwd_wg: the consumer warpgroups (1 and 2) issue
+   their wgmmas in turns, warpgroup 1's first, each turn whole: tile it's S (D / 16 wgmmas)
+   and tile it-1's P V (4, 8 with the split of P), the last P V alone, then empty turns for
+   a warpgroup whose rows see fewer tiles.  The emulator records the issuing warpgroup of each
+   wgmma (wg_trace); this is the sequence the turns give, for one head, T = S = 256 (two
+   blocks, the later rows' first), causal and not.  Without the named barriers' order the
+   warpgroups' wgmmas interleave one by one. */
+template <int D>
+static int pingpong(bool causal) {
+  const int T = 256, BM = 128, BN = 64, KD = D / 16, KN = (LOOM_ATTN_SPLIT ? 2 : 1) * BN / 16;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<u16> q((size_t)T * D), k(q.size()), v(q.size());
+  for (auto *x : {&q, &k, &v})
+    for (auto &e : *x) e = to16(nd(rng), true);
+  std::vector<float> o(q.size(), NAN);
+  LoomArgs f;
+  memset(&f, 0, sizeof f);
+  const long long ints[8] = {1, T, 1, D, T, 1, causal, 0};
+  for (int i = 0; i < 8; i++) f.i[i] = ints[i];
+  f.f[0] = 1.0 / sqrt((double)D);
+  void *fb[4] = {q.data(), k.data(), v.data(), o.data()};
+  memcpy(f.buf, fb, sizeof fb);
+  static const int fbox[3] = {128, 64, 64};
+  if (encode_maps(&fwd_maps, f, 3, fbox, true)) return 1;
+  std::vector<int> got(4096), want;
+  loom_emu::wg_trace = got.data(), loom_emu::wg_trace_n = 0, loom_emu::wg_trace_max = (int)got.size();
+  const int rc = launch(fwd_wg<loom_sbf16, D>, &f, 1, T / BM, 1024 + 128 * D * 2 + 3 * 2 * 64 * D * 2 + 56,
+                        "wgmma forward (ping-pong)", 384);
+  got.resize(loom_emu::wg_trace_n);
+  loom_emu::wg_trace = nullptr;
+  if (rc) return 1;
+  for (int y = 0; y < T / BM; y++) {   /* the blocks in launch order: rows m0 = T - 128 (y + 1) */
+    const int m0 = T - BM * (y + 1), n_end = causal ? std::min(T, m0 + BM) : T, nk = (n_end + BN - 1) / BN;
+    int nkw[2];
+    for (int cw = 0; cw < 2; cw++) nkw[cw] = causal ? std::min((m0 + 64 * cw + 63) / BN + 1, nk) : nk;
+    for (int it = 0; it <= nk; it++)
+      for (int cw = 0; cw < 2; cw++) {
+        const int n = it < nkw[cw] ? KD + (it > 0 ? KN : 0) : it == nkw[cw] ? KN : 0;
+        want.insert(want.end(), n, 1 + cw);
+      }
+  }
+  const bool ok = got == want;
+  printf("%s wgmma forward's ping-pong, D %d%s: %zu wgmmas in the order of the two warpgroups' turns%s\n", ok ? "ok  " : "FAIL",
+         D, causal ? ", causal" : "", want.size(), ok ? "" : " (they are not)");
+  return ok ? 0 : 1;
+}
+
 int main() {
   const Case cases[] = {
       {1, 130, 4, 2, 64, 130, true, true},    /* 3 query tiles, the last partial; GQA */
@@ -301,7 +408,7 @@ int main() {
       {2, 100, 6, 2, 128, 100, true, false},    /* wgmma's tensor maps: batch 2, 3 query heads a kv head, one
                                                    partial tile each way (zero fill), f16, D 128 (two copies a tile) */
   };
-  int failed = tmap_refusals();
+  int failed = tmap_refusals() + named_barriers() + pingpong<64>(true) + pingpong<64>(false) + pingpong<128>(true);
   /* LOOM_ATTN_SPLIT 0 changes the tensor-core kernels only: that build skips mode 0, whose
      CUDA-core kernels the default build has checked */
   for (const Case &c : cases) {

@@ -9,6 +9,18 @@
  *                                   count as arrived (as on sm_70+)
  *   __syncwarp, __shfl_xor_sync,    every live lane of the warp arrives; a warp op with a
  *   __ballot_sync, loom_emu_mma     lane that has exited is an error (undefined on a GPU)
+ *   loom_emu_bar (bar.sync and      named barriers 1-15 with a thread count (PTX ISA
+ *   bar.arrive a, b)                barrier.cta): the warp's lanes gather first (a warp with
+ *                                   exited lanes is refused, as for the warp ops); each thread
+ *                                   arrives once a phase; bar.sync waits until b threads have
+ *                                   arrived at barrier a, bar.arrive does not wait; the b-th
+ *                                   arrival completes the phase, releases its waiters and
+ *                                   resets the barrier.  b a non-zero multiple of 32, at most
+ *                                   the block's threads, the same for every arrival of a phase
+ *                                   (the ISA's "same barrier name and thread count"); a
+ *                                   thread's second arrival in one phase fails (the ISA:
+ *                                   unpredictable before the reset).  Barrier 0 is
+ *                                   __syncthreads's, emulated apart: refused with a count.
  * Fibers run in thread order (LOOM_EMU_ORDER=reverse runs them backwards: a kernel that
  * depends on the order between barriers gives other results then).  A block that cannot go
  * on (threads waiting at different barriers) is reported as a deadlock, and the launch
@@ -89,7 +101,7 @@ static inline int max(int a, int b) { return a > b ? a : b; }
 namespace loom_emu {
 
 enum { MAX_THREADS = 1024, STACK = 256 * 1024, MAX_SMEM = 232448 };
-enum State { RUN, AT_BLOCK, AT_WARP, DONE };
+enum State { RUN, AT_BLOCK, AT_WARP, AT_NAMED, DONE };
 
 struct Fiber {
   void *sp;
@@ -109,6 +121,13 @@ static Fiber fibers[MAX_THREADS];
 static Warp warps[MAX_THREADS / 32];
 static int n_threads, live, at_block, cur;
 static int block_or, block_or_result;
+/* named barriers (bar.sync / bar.arrive a, b): the phase's count (0: no arrival yet), its
+   arrivals, and which threads have arrived in it */
+struct Named {
+  int count, arrived;
+  unsigned char in[MAX_THREADS];
+};
+static Named named[16];
 static void *sched_sp;
 static char *stacks;                 /* MAX_THREADS stacks, each above a guard page */
 static unsigned char *smem_map;      /* dynamic shared memory, a guard page after it */
@@ -124,6 +143,7 @@ static int spin_yield;
 static unsigned long progress;
 static void sm90_block_start();
 static void sm90_block_end();
+static void sm90_thread_exit();
 
 extern "C" void loom_emu_switch(void **save_sp, void *to_sp);
 __asm__(
@@ -169,6 +189,7 @@ static void fiber_main() {
   if (at_block > 0 && at_block == live) release_block();
   Warp *w = &warps[cur / 32];
   if (w->arrived > 0) fail("%s: a lane exited while the rest of its warp waits in a warp operation", "warp");
+  sm90_thread_exit();
   loom_emu_switch(&f->sp, sched_sp);
   abort();   /* never resumed */
 }
@@ -206,6 +227,8 @@ static int run_block(int nthreads) {
   n_threads = live = nthreads;
   at_block = 0;
   block_or = block_or_result = 0;
+  for (int b = 0; b < 16; b++)
+    if (named[b].count) named[b].count = named[b].arrived = 0, memset(named[b].in, 0, sizeof named[b].in);
   for (int w = 0; w < (nthreads + 31) / 32; w++) {
     warps[w].arrived = 0;
     warps[w].lanes = warps[w].lanes_live = nthreads - w * 32 < 32 ? nthreads - w * 32 : 32;
@@ -233,17 +256,26 @@ static int run_block(int nthreads) {
       busy += !spin_yield;
     }
     /* every thread that ran only found its mbarrier phase incomplete, and nothing changed */
+    int nb = 0, nw = 0, nn = 0;
+    if (((ran && !busy && progress == progress0) || (!ran && live > 0)) && !error[0])
+      for (int t = 0; t < nthreads; t++)
+        nb += fibers[t].state == AT_BLOCK, nw += fibers[t].state == AT_WARP, nn += fibers[t].state == AT_NAMED;
     if (ran && !busy && progress == progress0 && !error[0])
       snprintf(error, sizeof error,
-               "deadlock in block (%u,%u,%u): %d threads wait on mbarrier phases that cannot complete (%d of %d threads live)",
-               blockIdx.x, blockIdx.y, blockIdx.z, ran, live, nthreads);
+               "deadlock in block (%u,%u,%u): %d threads wait on mbarrier phases that cannot complete, %d at named "
+               "barriers (%d of %d threads live)",
+               blockIdx.x, blockIdx.y, blockIdx.z, ran, nn, live, nthreads);
     if (!ran && live > 0 && !error[0]) {
-      int nb = 0, nw = 0;
-      for (int t = 0; t < nthreads; t++) nb += fibers[t].state == AT_BLOCK, nw += fibers[t].state == AT_WARP;
+      char nb_at[200] = "";   /* the named barriers' arrivals */
+      for (int b = 1, n = 0; b < 16; b++)
+        if (named[b].count && n < (int)sizeof nb_at - 40)
+          n += snprintf(nb_at + n, sizeof nb_at - n, "%s%d: %d of %d", n ? ", " : " (barrier ", b, named[b].arrived,
+                        named[b].count);
+      if (nb_at[0]) strcat(nb_at, " arrived)");
       snprintf(error, sizeof error,
-               "deadlock in block (%u,%u,%u): %d threads wait at __syncthreads and %d at a warp operation "
-               "(%d of %d threads live)",
-               blockIdx.x, blockIdx.y, blockIdx.z, nb, nw, live, nthreads);
+               "deadlock in block (%u,%u,%u): %d threads wait at __syncthreads, %d at a warp operation and %d at "
+               "named barriers%s (%d of %d threads live)",
+               blockIdx.x, blockIdx.y, blockIdx.z, nb, nw, nn, nb_at, live, nthreads);
     }
   }
   if (!error[0]) sm90_block_end();
@@ -338,6 +370,52 @@ static inline int __syncthreads_or(int pred) {
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
   (void)mask;
   loom_emu::warp_barrier("__syncwarp");
+}
+
+/* bar.sync a, b (wait) and bar.arrive a, b: named barrier a (1-15), b threads (the header says
+   what is checked) */
+static inline void loom_emu_bar(unsigned id, unsigned count, bool wait) {
+  using namespace loom_emu;
+  const char *what = wait ? "bar.sync" : "bar.arrive";
+  char msg[200];
+  msg[0] = 0;
+  if (id == 0 || id > 15)
+    snprintf(msg, sizeof msg, "%s %u, %u: barrier id not in 1-15 (0 is __syncthreads's, emulated apart)", what, id, count);
+  else if (count == 0 || count % 32 || count > (unsigned)(n_threads + 31) / 32 * 32)
+    snprintf(msg, sizeof msg, "%s %u, %u: thread count not a non-zero multiple of 32 within the block's %d threads", what,
+             id, count, n_threads);
+  if (msg[0]) {
+    fail("%s", msg);
+    yield();
+    return;
+  }
+  warp_barrier(what);   /* the warp's lanes, then each arrives */
+  Named *b = &named[id];
+  if (b->count == 0) b->count = (int)count;
+  else if (b->count != (int)count)
+    snprintf(msg, sizeof msg, "%s %u, %u: this phase of the barrier was arrived at with thread count %d", what, id, count,
+             b->count);
+  else if (b->in[cur])
+    snprintf(msg, sizeof msg, "%s %u, %u: thread %d arrives again before the barrier completed (unpredictable)", what, id,
+             count, cur);
+  if (msg[0]) {
+    fail("%s", msg);
+    yield();
+    return;
+  }
+  b->in[cur] = 1;
+  if (++b->arrived == b->count) {   /* complete: the waiters go on, the barrier resets */
+    for (int t = 0; t < n_threads; t++)
+      if (b->in[t] && fibers[t].state == AT_NAMED) fibers[t].state = RUN;
+    b->count = b->arrived = 0;
+    memset(b->in, 0, sizeof b->in);
+    progress++;
+    return;
+  }
+  if (wait) {
+    fibers[cur].state = AT_NAMED;
+    yield();
+  }
 }
 
 template <class T>

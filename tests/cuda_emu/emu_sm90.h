@@ -49,7 +49,13 @@
  *                      base offsets other than 0 are not emulated (they fail).  Whether the
  *                      warpgroup reached the same mma_async instruction is not seen; a
  *                      kernel names the conditions of such branches (loom_wg_uniform),
- *                      and those are checked.
+ *                      and those are checked.  A test may have the warpgroups of the
+ *                      mma_asyncs recorded in issue order (wg_trace).
+ *
+ *   setmaxnreg         .inc / .dec n: warpgroup-wide (a thread that exits while its
+ *                      warpgroup waits in it fails), n a multiple of 8 in [24, 256], .dec
+ *                      not above and .inc not below the warpgroup's limit; once every
+ *                      warpgroup of the block has set one, their sum x 128 within 65536.
  *
  * Not modelled: the async proxy (fence.proxy.async is a no-op), clusters, speed.
  */
@@ -94,16 +100,28 @@ struct Wgx {
   float A[64][16], B[16][256];
 };
 static Wgx wgx[MAX_THREADS / WG];
+/* when set (a test), the warpgroup of each wgmma.mma_async, in the order they are issued: a
+   kernel's schedule between its warpgroups (the forward's ping-pong) */
+static int *wg_trace, wg_trace_n, wg_trace_max;
+static int wg_regs[MAX_THREADS / WG];   /* setmaxnreg's limit per warpgroup (0: the launch's, unknown) */
 
 static void sm90_block_start() {
   n_bars = n_copies = 0;
   for (int t = 0; t < MAX_THREADS; t++) n_pend[t] = groups[t] = fenced[t] = 0;
-  for (int w = 0; w < MAX_THREADS / WG; w++) wgx[w].arrived = 0;
+  for (int w = 0; w < MAX_THREADS / WG; w++) wgx[w].arrived = 0, wg_regs[w] = 0;
 }
 static void sm90_block_end() {
   if (n_copies) fail("%s: the block ended with a bulk copy in flight (no thread waited on its mbarrier)", "cp.async.bulk");
   for (int t = 0; t < n_threads; t++)
     if (n_pend[t]) fail("%s: a thread ended with a wgmma.mma_async not retired by a wgmma.wait_group", "wgmma");
+}
+
+/* a thread that exits while the rest of its warpgroup waits in a warpgroup-wide instruction
+   (wgmma, setmaxnreg: .sync.aligned) leaves them waiting forever */
+static void sm90_thread_exit() {
+  if (cur / WG < MAX_THREADS / WG && wgx[cur / WG].arrived > 0)
+    fail("%s: a thread exited while the rest of its warpgroup waits in a warpgroup-wide instruction (wgmma, setmaxnreg)",
+         "warpgroup");
 }
 
 static unsigned window_end() { return (unsigned)(smem_map_bytes - 4096); }
@@ -240,6 +258,7 @@ static float desc_elem(unsigned long long desc, int mn, int k, bool mn_major, bo
 
 /* the last thread of the warpgroup to arrive decodes A (64 x 16) and B (16 x N) once */
 static void wg_decode(Wgx *x) {
+  if (wg_trace && wg_trace_n < wg_trace_max) wg_trace[wg_trace_n++] = (int)(x - wgx);
   if ((x->da >> 49 & 7) || (x->db >> 49 & 7)) fail("%s: a matrix base offset other than 0 (not emulated)", "wgmma");
   for (int r = 0; r < 64; r++)
     for (int k = 0; k < 16; k++) {
@@ -454,10 +473,36 @@ static inline bool loom_emu_wg_uniform(bool c) {
   return c;
 }
 
-/* setmaxnreg.{inc,dec}.sync.aligned.u32: warpgroup-wide, a count in [24, 256], a multiple of 8 */
-static inline void loom_emu_setmaxnreg(unsigned n) {
-  if (n < 24 || n > 256 || n % 8) loom_emu::fail("%s: register count not a multiple of 8 in [24, 256]", "setmaxnreg");
-  loom_emu::wg_barrier("setmaxnreg", NULL);
+/* setmaxnreg.{inc,dec}.sync.aligned.u32 n: warpgroup-wide (all 128 threads arrive, none exited),
+   n a multiple of 8 in [24, 256]; .dec lowers the warpgroup's per-thread register limit to n
+   (not above its current one), .inc raises it (not below), waiting until the block's pool holds
+   the registers.  The emulator does not know the count a kernel was built with, so the pool is
+   checked once every warpgroup of the block has set its limit: more than the SM's 65536
+   registers asked for is an .inc that waits forever on a GPU, and fails here. */
+static inline void loom_emu_setmaxnreg(unsigned n, bool inc) {
+  using namespace loom_emu;
+  const char *what = inc ? "setmaxnreg.inc" : "setmaxnreg.dec";
+  if (n < 24 || n > 256 || n % 8) fail("%s: register count not a multiple of 8 in [24, 256]", what);
+  const int w = cur / WG;
+  Wgx *x = &wgx[w];
+  if (x->arrived == 0) x->n = (int)n, x->scale_d = inc;
+  else if (x->n != (int)n || x->scale_d != (int)inc)
+    fail("%s: the threads of the warpgroup execute different setmaxnreg instructions", what);
+  wg_barrier(what, NULL);
+  if (wg_regs[w] && (inc ? (int)n < wg_regs[w] : (int)n > wg_regs[w])) {
+    char msg[120];
+    snprintf(msg, sizeof msg, "%s %u: the warpgroup's limit is %d", what, n, wg_regs[w]);
+    fail("%s", msg);
+  }
+  wg_regs[w] = (int)n;
+  int sum = 0, known = 1;
+  for (int g = 0; g < (n_threads + WG - 1) / WG; g++) sum += wg_regs[g], known &= wg_regs[g] != 0;
+  if (known && sum * WG > 65536) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s: the block's warpgroups hold %d registers a thread, %d in all: more than an SM's 65536",
+             what, sum, sum * WG);
+    fail("%s", msg);
+  }
 }
 
 #endif

@@ -172,6 +172,41 @@ LOOM_DEV void loom_wg_keep(unsigned *x, int n) {
   for (int i = 0; i < n; i++) asm volatile("" : "+r"(x[i])::"memory");
 #endif
 }
+/* named barriers 1-15 (0 is __syncthreads's): bar.sync waits until count threads (a multiple
+   of 32) have arrived at barrier ID, bar.arrive arrives without waiting.  The id a constant:
+   with an id in a register ptxas reserves all 16 barriers ("used 16 barriers"). */
+template <int ID>
+LOOM_DEV void loom_bar_sync(unsigned count) {
+#if defined(LOOM_EMU)
+  loom_emu_bar(ID, count, true);
+#else
+  asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "r"(count) : "memory");
+#endif
+}
+template <int ID>
+LOOM_DEV void loom_bar_arrive(unsigned count) {
+#if defined(LOOM_EMU)
+  loom_emu_bar(ID, count, false);
+#else
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "r"(count) : "memory");
+#endif
+}
+
+/* setmaxnreg (FlashAttention-3's register reallocation): the executing warpgroup's per-thread
+   register limit lowered (INC false: the registers go back to the block's pool) or raised to N
+   (waits until the pool has them).  Warpgroup-wide (.sync.aligned: all 128 threads, none
+   exited), N a multiple of 8 in [24, 256]. */
+template <int N, bool INC>
+LOOM_DEV void loom_setmaxnreg() {
+  static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg takes a multiple of 8 in [24, 256]");
+#if defined(LOOM_EMU)
+  loom_emu_setmaxnreg(N, INC);
+#elif LOOM_SM90
+  if (INC) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+  else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
 /* A matrix descriptor: start address, leading and stride byte offsets, the 128-byte swizzle
    (mode 1), base offset 0 (every swizzle pattern starts on a 1024-byte boundary) */
 LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -252,15 +287,21 @@ LOOM_DEV void loom_wgmma_rs(float *d, const unsigned a[4], unsigned long long db
 /* Forward on wgmma, q k v all bf16 or all f16, D 64 or 128, no sliding window (the lowering
    keeps those on loom_attn_fwd_tc).  Outputs exactly loom_attn_fwd_tc's: out, and with
    i[8] = 1 each row's L2 (base-2 log-sum-exp; +inf for a row with no key) and O in f32 for the
-   one-pass backward.  384 threads: warpgroup 0 the producer (its thread 0 copies; the rest
-   leave), warpgroups 1 and 2 the consumers of query rows m0 + 64 (wg - 1) ...  Rows past T
-   and keys past S arrive as zeros (the tensor maps' fill: masked keys get p = 0, rows past T
-   are not stored).  Three stages of 64 keys (the consumers hold two, pipelined: below).  P
-   enters P V as attention_tc.cuh's kernels have it (the input format, with LOOM_ATTN_SPLIT
-   its remainder too).
+   one-pass backward.  384 threads: warpgroup 0 the producer (setmaxnreg down to 24; its
+   thread 0 copies, the rest leave), warpgroups 1 and 2 (setmaxnreg up to 240) the consumers
+   of query rows m0 + 64 (wg - 1) ...  Rows past T and keys past S arrive as zeros (the
+   tensor maps' fill: masked keys get p = 0, rows past T are not stored).  Three stages of 64
+   keys (the consumers hold two, pipelined: below).  P enters P V as attention_tc.cuh's
+   kernels have it (the input format, with LOOM_ATTN_SPLIT its remainder too).
    grid (B*H, ceil(T/128)); dynamic smem 1024 + 128*D*2 + 3 stages * 2 * 64*D*2 + 56 bytes.
    bufs: q k v -> out [L2 O];  i: B, T, H, D, S, KV, causal, window (0)[, save];  f: scale;
    t: tensor maps of q k v (box rows 128, 64, 64) */
+#ifndef LOOM_FWD_WG_PRODUCER_REGS   /* the forward's setmaxnreg counts (below) */
+#define LOOM_FWD_WG_PRODUCER_REGS 24
+#endif
+#ifndef LOOM_FWD_WG_CONSUMER_REGS
+#define LOOM_FWD_WG_CONSUMER_REGS 240
+#endif
 template <class SQ, class SK, class SV, class SO, int D>
 LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
@@ -283,7 +324,12 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   if (tid == 0) loom_ring_init(sBar, ST, 2 * 128, qbar);
   __syncthreads();
+  /* 384 threads at 168 registers (65536 / 384, rounded down to 8): the producer warpgroup,
+     which needs few, gives (168 - 24) x 128 back, and each consumer warpgroup takes (240 -
+     168) x 128 of them: 24 + 2 x 240 = 3 x 168.  The whole warpgroup executes its setmaxnreg
+     (warpgroup-wide), then the producer's other 127 threads leave. */
   if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2: q k v as [B][T or S][heads][D]) */
+    loom_setmaxnreg<LOOM_FWD_WG_PRODUCER_REGS, false>();
     if (tid != 0) return;
     loom_tma_prefetch(&t.m[0]);
     loom_tma_prefetch(&t.m[1]);
@@ -304,6 +350,7 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
     }
     return;
   }
+  loom_setmaxnreg<LOOM_FWD_WG_CONSUMER_REGS, true>();
   const int cw = wg - 1, l = tid & 127, warp = l >> 5, lane = l & 31, t2 = (lane & 3) * 2;
   const int rw = m0 + 64 * cw + 16 * warp, r0 = rw + (lane >> 2), r1 = r0 + 8;   /* the warp's first row; this thread's two */
   const int wg_last = m0 + 64 * cw + 63;
@@ -358,16 +405,40 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
           if (n0 + 8 * j + t2 + (e & 1) >= kmax[e >> 1]) sc[j][e] = -LOOM_INF;
     loom_softmax_stats<NT>(sc, mrow, lsum, alpha, c2, EDGE);
   };
+  /* FlashAttention-3's ping-pong between the two consumer warpgroups: each issues its
+     products in turns, warpgroup 1's (cw 0) first, then 2's, then 1's..., so that one's
+     softmax runs while the other's products occupy the tensor cores.  A turn begins with
+     bar.sync on the warpgroup's own named barrier (1 + cw) and ends, its wgmmas issued, with
+     bar.arrive on the other's (2 - cw), 256 threads each: the syncing warpgroup's 128 and the
+     other's 128.  Both take nk + 1 turns (tile it's S with tile it-1's P V; the
+     last P V; a warpgroup whose rows see fewer tiles, cw 0 under the causal mask, takes empty
+     ones), warpgroup 2 arrives once before its first and not after its last, so every phase
+     completes and none is left open.  A stage's full barrier is waited before the turn: the
+     turn is never held on a copy.  A turn ends once its S has landed (its P V may be in
+     flight): the other's products queue behind that P V on the tensor cores while this
+     warpgroup's softmax runs. */
+  auto turn_begin = [&]() {
+    if (cw == 0) loom_bar_sync<1>(256);
+    else loom_bar_sync<2>(256);
+  };
+  auto turn_end = [&]() {   /* (not after warpgroup 2's last turn, nk) */
+    if (cw == 0) loom_bar_arrive<2>(256);
+    else loom_bar_arrive<1>(256);
+  };
+  if (cw == 1 && nk > 0) loom_bar_arrive<1>(256);   /* warpgroup 1's first turn */
   for (int it = 0; it < nkw; it++) {
     const int st = it % ST, n0 = it * BN;
     const unsigned sK = sKV + st * 2 * TILE;
     float sc[NT][4], alpha[2];
     loom_mbar_wait(sBar + 8 * st, (it / ST) & 1);
+    turn_begin();
     loom_wgmma_fence();
     scores(sc, sK);
     if (it > 0) pv(sKV + ((it - 1) % ST) * 2 * TILE);
     if (it > 0) loom_wgmma_wait<1>();   /* S has landed; P V may still be in flight */
     else loom_wgmma_wait<0>();
+    turn_end();   /* (it < nk: not the last turn.  After S lands: a bar.arrive between S's
+                     issue and its wait makes ptxas serialize the wgmmas, C7514) */
     loom_wg_regs(&sc[0][0], 4 * NT);
     if (n0 < interior_end && n0 + BN <= S) softmax(false, n0, sc, alpha);
     else softmax(true, n0, sc, alpha);
@@ -380,15 +451,23 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
     #pragma unroll
     for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(sc, 2 * kk, hi[kk], lo[kk]);
   }
-  if (nkw > 0) {   /* the last tile's P V */
+  if (nkw > 0) {   /* the last tile's P V: turn nkw */
+    turn_begin();
     loom_wgmma_fence();
     pv(sKV + ((nkw - 1) % ST) * 2 * TILE);
+    if (!(cw == 1 && nkw == nk)) turn_end();
     loom_wgmma_wait<0>();
     loom_wg_regs(&o[0][0], 4 * ND);
     loom_wg_keep(&hi[0][0], 4 * KN);
     loom_wg_keep(&lo[0][0], 4 * KN);
     loom_mbar_arrive(sBar + 8 * (ST + (nkw - 1) % ST));
   }
+  for (int it = nkw > 0 ? nkw + 1 : 0; it <= nk; it++) {   /* empty turns */
+    turn_begin();
+    if (!(cw == 1 && it == nk)) turn_end();
+  }
+  /* (the tiles after the turns: warpgroup 2's turns wait for no stage these hold, the ring
+     having three and these being at most one, the tile past cw 0's rows) */
   for (int it = nkw; it < nk; it++) {   /* the tiles past this warpgroup's rows: seen, given back */
     loom_mbar_wait(sBar + 8 * (it % ST), (it / ST) & 1);
     loom_mbar_arrive(sBar + 8 * (ST + it % ST));
@@ -550,13 +629,13 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
 /* Backward part 1 (dq) on wgmma, the one-pass form only (the forward saved L2 and O; the
    lowering keeps the two-pass dq on loom_attn_bwd_dq_tc): loom_attn_bwd_dq_tc's arithmetic in
    dk/dv's pipeline mirrored.  256 threads: warpgroup 0 the producer (thread 0 copies the block's
-   64 query rows of Q and dO once, then the key tiles' K and V into a ring of two stages),
+   64 query rows of Q and dO once, then the key tiles' K and V into a ring of three stages at D 128, two at D 64),
    warpgroup 1 the consumer: S = Q K^T and dP = dO V^T (wgmma, all four in shared memory,
    K-major), dS = 2^(S c2 - L2) (dP - Dsum) scale in registers, dQ += dS K (wgmma, dS from
    registers as the forward's P, K through an N-major descriptor as the forward's V).  Key
    tiles of 64 at both D (the mma.sync kernel takes 32 at D 128): dQ's k16 steps, the sums of
    S and dP and the masks are the same in the same order, so the bits are.  No window.
-   grid (B*H, ceil(T/64)); dynamic smem 1024 + 2*64*D*2 + 2 stages * 2*64*D*2 + 40 bytes.
+   grid (B*H, ceil(T/64)); dynamic smem 1024 + 2*64*D*2 + ST stages * 2*64*D*2 + 8 (2 ST + 1) bytes.
    bufs: dout q k v L2 O -> dq Dsum;  i: B, T, H, D, S, KV, causal, window (0), 1;  f: scale;
    t: tensor maps of dout q k v (box rows 64; rows past T and keys past S arrive as zeros) */
 template <class SDO, class SQ, class SK, class SV, class SDQ, int D>
@@ -564,7 +643,9 @@ LOOM_DEV void loom_attn_bwd_dq_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
   static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
   constexpr bool BF = SQ::is_bf16;
-  constexpr int BM = 64, BN = 64, ST = 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 64;
+  /* pipelined at D 128 only (below) */
+  constexpr bool PIPE = D == 128;
+  constexpr int BM = 64, BN = 64, ST = PIPE ? 3 : 2, NT = BN / 8, ND = D / 8, KD = D / 16, KN = BN / 16, U = D / 64;
   constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
   extern __shared__ float loom_smem[];
   const unsigned raw = loom_smem_addr(loom_smem), sQ = (raw + 1023u) & ~1023u, sO = sQ + TILE, sKV = sO + TILE;
@@ -622,50 +703,81 @@ LOOM_DEV void loom_attn_bwd_dq_wg(const LoomArgs &a, const LoomTmaps &t) {
      forward's) */
   const int interior_end = causal ? m0 + 1 - BN : S - BN + 1;
   loom_mbar_wait(qbar, 0);
-  auto tile = [&](const bool EDGE, int n0, unsigned sK) {   /* a literal EDGE at each call */
-    const unsigned sV = sK + TILE;
-    float s[NT][4], dp[NT][4];
-    loom_wgmma_fence();
+  /* At D 128 pipelined as the forward (FlashAttention-3's intra-warpgroup overlap): tile it's
+     S and dP are issued with tile it-1's dQ += dS K behind them, and dS of tile it is computed
+     while that product is in flight.  dQ's products are the unpipelined loop's in its order
+     (tile it-1's before tile it's), so the bits are the same.  The consumer holds two stages
+     (K of tile it-1 for dQ, K and V of tile it), hence the third.  Not at D 64: there it takes
+     162 registers against 122 and a third stage, one block an SM against two (whose
+     warpgroups overlap each other's products already); at D 128 it is one block either way
+     (205 registers against 157; docs/attention.md "Hopper"). */
+  unsigned hi[KN][4], lo[KN][4];   /* dS (and its remainder) as dQ's A: the previous tile's (PIPE) */
+  auto dq_issue = [&](unsigned sK) {   /* dQ += dS K (K's keys 16 kk ..: as the forward's V) */
     #pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
-      loom_wgmma_ss64<BF>(&s[0][0], loom_wg_desc(sQ + ko, 16, 1024), loom_wg_desc(sK + ko, 16, 1024), kk > 0);
-      loom_wgmma_ss64<BF>(&dp[0][0], loom_wg_desc(sO + ko, 16, 1024), loom_wg_desc(sV + ko, 16, 1024), kk > 0);
-    }
-    loom_wgmma_commit();
-    loom_wgmma_wait<0>();
-    loom_wg_regs(&s[0][0], 4 * NT);
-    loom_wg_regs(&dp[0][0], 4 * NT);
-    #pragma unroll
-    for (int j = 0; j < NT; j++)
-      #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int hr = e >> 1;
-        if (EDGE && n0 + 8 * j + t2 + (e & 1) >= kmax[hr]) s[j][e] = -LOOM_INF;
-        s[j][e] = loom_ex2(__fmaf_rn(s[j][e], c2, -mrow[hr])) * (dp[j][e] - dsum[hr]) * scale;
-      }
-    unsigned hi[KN][4], lo[KN][4];
-    #pragma unroll
-    for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(s, 2 * kk, hi[kk], lo[kk]);
-    loom_wgmma_fence();
-    #pragma unroll
-    for (int kk = 0; kk < KN; kk++) {   /* K's keys 16 kk ..: as the forward's V */
+    for (int kk = 0; kk < KN; kk++) {
       const unsigned long long dk = loom_wg_desc(sK + kk * 16 * 128, BLK, 1024);
       if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&acc[0][0], lo[kk], dk);
       loom_wgmma_rs<BF, D>(&acc[0][0], hi[kk], dk);
     }
     loom_wgmma_commit();
-    loom_wgmma_wait<0>();
+  };
+  auto dq_done = [&]() {   /* after the wait that retires dQ's product */
     loom_wg_regs(&acc[0][0], 4 * ND);
     loom_wg_keep(&hi[0][0], 4 * KN);
     loom_wg_keep(&lo[0][0], 4 * KN);
   };
+  auto dscore = [&](const bool EDGE, int n0, float (&sc)[NT][4], float (&dp)[NT][4]) {   /* a literal EDGE */
+    #pragma unroll
+    for (int j = 0; j < NT; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int hr = e >> 1;
+        if (EDGE && n0 + 8 * j + t2 + (e & 1) >= kmax[hr]) sc[j][e] = -LOOM_INF;
+        sc[j][e] = loom_ex2(__fmaf_rn(sc[j][e], c2, -mrow[hr])) * (dp[j][e] - dsum[hr]) * scale;
+      }
+  };
   for (int it = 0; it < nk; it++) {
-    const int s = it % ST, n0 = it * BN;
-    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
-    if (loom_wg_uniform(n0 < interior_end && n0 + BN <= S)) tile(false, n0, sKV + s * 2 * TILE);
-    else tile(true, n0, sKV + s * 2 * TILE);
-    loom_mbar_arrive(sBar + 8 * (ST + s));
+    const int st = it % ST, n0 = it * BN;
+    const unsigned sK = sKV + st * 2 * TILE, sV = sK + TILE;
+    float sc[NT][4], dp[NT][4];
+    loom_mbar_wait(sBar + 8 * st, (it / ST) & 1);
+    loom_wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
+      loom_wgmma_ss64<BF>(&sc[0][0], loom_wg_desc(sQ + ko, 16, 1024), loom_wg_desc(sK + ko, 16, 1024), kk > 0);
+      loom_wgmma_ss64<BF>(&dp[0][0], loom_wg_desc(sO + ko, 16, 1024), loom_wg_desc(sV + ko, 16, 1024), kk > 0);
+    }
+    loom_wgmma_commit();
+    if (PIPE && it > 0) dq_issue(sKV + ((it - 1) % ST) * 2 * TILE);
+    if (PIPE && it > 0) loom_wgmma_wait<1>();   /* S and dP have landed; dQ's product may be in flight */
+    else loom_wgmma_wait<0>();
+    loom_wg_regs(&sc[0][0], 4 * NT);
+    loom_wg_regs(&dp[0][0], 4 * NT);
+    /* (the same for the whole warpgroup, checked as the forward's) */
+    if (loom_wg_uniform(n0 < interior_end && n0 + BN <= S)) dscore(false, n0, sc, dp);
+    else dscore(true, n0, sc, dp);
+    if (PIPE) {
+      loom_wgmma_wait<0>();   /* dQ's product too */
+      dq_done();
+      if (it > 0) loom_mbar_arrive(sBar + 8 * (ST + (it - 1) % ST));
+    }
+    #pragma unroll
+    for (int kk = 0; kk < KN; kk++) loom_frag_pack<BF>(sc, 2 * kk, hi[kk], lo[kk]);
+    if (!PIPE) {   /* this tile's dQ += dS K at once */
+      loom_wgmma_fence();
+      dq_issue(sK);
+      loom_wgmma_wait<0>();
+      dq_done();
+      loom_mbar_arrive(sBar + 8 * (ST + st));
+    }
+  }
+  if (PIPE && nk > 0) {   /* the last tile's dQ += dS K */
+    loom_wgmma_fence();
+    dq_issue(sKV + ((nk - 1) % ST) * 2 * TILE);
+    loom_wgmma_wait<0>();
+    dq_done();
+    loom_mbar_arrive(sBar + 8 * (ST + (nk - 1) % ST));
   }
   loom_dq_finish<SDQ, ND>(LOOM_OUT(SDQ, 6), nullptr, (float *)a.buf[7], acc, mrow, dsum, nk > 0, r0, r1, T, b, h, bh, t2,
                           H * D, D);
