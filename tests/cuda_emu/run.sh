@@ -99,7 +99,7 @@ sed 's/extern __shared__ float loom_smem\[\];/float *loom_smem = (float *)loom_e
 if "${LOOM_EMU_CXX:-g++}" -std=c++17 -O1 -ffp-contract=off -w -Itests/cuda_emu -include tests/cuda_emu/emu.h \
      -DTU="\"$tmp/tu_emu.cu\"" tests/cuda_emu/attention.cc -o "$tmp/attention" > "$tmp/log" 2>&1 &&
    "$tmp/attention" > "$tmp/att" 2>&1; then
-  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16, sliding windows; the one-pass dq from the forward's saved L2 and O; the Hopper wgmma forward, dq and dk dv) within 2e-5 of a double reference"
+  ok "attention kernels (tensor cores and CUDA cores, bf16 and f16, sliding windows; the one-pass dq from the forward's saved L2 and O; the Hopper wgmma forward (setmaxnreg, the two consumers' ping-pong on named barriers, its wgmmas in their turns), dq and dk dv; the emulated named barriers' misuses refused) within 2e-5 of a double reference"
   sed 's/^/     /' "$tmp/att"
 else
   bad "attention kernels"; cat "$tmp/log" "$tmp/att" 2> /dev/null | head -20
