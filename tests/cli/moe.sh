@@ -63,6 +63,12 @@ a2=$(act_bytes models/mixtral-tiny.json); a8=$(act_bytes "$TMP/mixtral-8l.json")
 check "  activations kept under full: 8 layers ($a8 KiB) within 6 layers' inputs of 2 layers' ($a2 KiB)" \
   awk -v a="$a2" -v b="$a8" 'BEGIN{exit !(a > 0 && b > 0 && b - a <= 6 * 16 + 1)}'
 
+# and what the plan says is what the cpu backend uses: planned arena = measured under full.
+"$LOOM" data data/shakespeare.txt -o "$TMP/d.bin" > /dev/null 2>&1
+expect_exit 0 "mixtral-tiny --recompute full --verbose" "$LOOM" train models/mixtral-tiny.json --data "$TMP/d.bin" --steps 2 \
+  --recompute full --verbose
+check "  planned arena = measured" sh -c "grep '^memory @grad_step:' '$OUT' '$ERR' | sed -E 's/.*planned arena ([0-9]+) bytes, measured ([0-9]+) .*/\\1 \\2/' | awk '{n++; ok = \$1 > 0 && \$1 == \$2} END {exit !(n == 1 && ok)}'"
+
 # The planner searches ep for a mixture of experts (and only ep, dp and tp: no pp or cp).
 expect_exit 0 "loom plan mixtral-tiny on 4 devices" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 \
   --global-batch-tokens 256 --json
