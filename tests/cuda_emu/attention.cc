@@ -407,6 +407,8 @@ int main() {
       {1, 150, 2, 2, 128, 150, true, false, 70}, /* f16, D 128 (32-row tiles), a window across tiles */
       {2, 100, 6, 2, 128, 100, true, false},    /* wgmma's tensor maps: batch 2, 3 query heads a kv head, one
                                                    partial tile each way (zero fill), f16, D 128 (two copies a tile) */
+      {1, 260, 2, 1, 64, 260, false, true},     /* 5 key tiles: the wgmma forward's ring of 3 refilled (a stage
+                                                   released before its products retire fails) */
   };
   int failed = tmap_refusals() + named_barriers() + pingpong<64>(true) + pingpong<64>(false) + pingpong<128>(true);
   /* LOOM_ATTN_SPLIT 0 changes the tensor-core kernels only: that build skips mode 0, whose

@@ -45,7 +45,11 @@
  *                      d[4j..4j+3] as mma.sync's C.  The result reaches the registers at
  *                      the wait_group that retires its group: until then they hold NaN (a
  *                      thread reading its accumulators early sees it); an mma_async with
- *                      no wgmma.fence since the thread's last wait_group fails.  Matrix
+ *                      no wgmma.fence since the thread's last wait_group fails.  Its
+ *                      operands' shared bytes stay in flight until then: a copy issued or
+ *                      landing into them fails (check_inflight), and an mbarrier arrival
+ *                      that completes a phase yields, so a waiting producer copies before
+ *                      the arriving thread goes on (a stage released too early shows).  Matrix
  *                      base offsets other than 0 are not emulated (they fail).  Whether the
  *                      warpgroup reached the same mma_async instruction is not seen; a
  *                      kernel names the conditions of such branches (loom_wg_uniform),
@@ -78,10 +82,13 @@ struct BulkCopy {
   int c[5];
   LoomEmuTmap map;
 };
+enum { MAX_READS = 16 };
 struct WgPending {   /* an mma_async's result for one thread, until its group retires */
   float *d;
   int n, group;      /* group -1: not committed yet */
   float v[128];
+  int nr;            /* the shared bytes its operands read [lo, hi) (those of every mma_async */
+  unsigned lo[MAX_READS], hi[MAX_READS];   /* accumulating onto it): in flight until it retires */
 };
 enum { MAX_BARS = 64, MAX_COPIES = 1 << 16, MAX_PENDING = 24, WG = 128 };
 static Mbar bars[MAX_BARS];
@@ -96,6 +103,8 @@ struct Wgx {
   int arrived;
   unsigned long long da, db;
   int n, scale_d, trans_a, trans_b, rs, bf;
+  int nr;                   /* the shared bytes A (from a descriptor) and B span: [lo, hi) */
+  unsigned lo[2], hi[2];
   unsigned a[WG][4];
   float A[64][16], B[16][256];
 };
@@ -156,6 +165,25 @@ static void bar_check_phase(Mbar *b) {
   }
 }
 
+/* Shared memory [dst, dst + bytes) about to be written by a copy: no wgmma.mma_async still in
+   flight (issued, its group not retired by its thread's wait_group) may read it.  On a GPU the
+   tensor cores may read their shared operands any time until then, so a copy landing there
+   (a stage released to the producer before the products reading it retired) is a race. */
+static void check_inflight(unsigned dst, unsigned bytes, const char *what) {
+  for (int t = 0; t < n_threads; t++)
+    for (int i = 0; i < n_pend[t]; i++)
+      for (int r = 0; r < pend[t][i].nr; r++)
+        if (dst < pend[t][i].hi[r] && pend[t][i].lo[r] < dst + bytes) {
+          char msg[240];
+          snprintf(msg, sizeof msg,
+                   "%.40s into shared [%#x, %#x) while thread %d's wgmma.mma_async reading [%#x, %#x) is in flight (its "
+                   "wait_group has not retired it: a stage released before its products retired)",
+                   what, dst, dst + bytes, t, pend[t][i].lo[r], pend[t][i].hi[r]);
+          fail("%s", msg);
+          return;
+        }
+}
+
 /* a tensor copy's box into shared memory (the map and coordinates checked when issued) */
 static void tensor_land(const BulkCopy &c) {
   const LoomEmuTmap &m = c.map;
@@ -194,6 +222,7 @@ static void land_copies(unsigned addr) {
       copies[k++] = c;
       continue;
     }
+    if (pend) check_inflight(c.dst, c.bytes, c.tensor ? "cp.async.bulk.tensor" : "cp.async.bulk");
     if (c.tensor) tensor_land(c);
     else memcpy(smem_at(c.dst, c.bytes, "cp.async.bulk"), c.src, c.bytes);
     Mbar *b = bar_at(c.bar, "cp.async.bulk's complete_tx");
@@ -271,7 +300,38 @@ static void wg_decode(Wgx *x) {
     }
   for (int k = 0; k < 16; k++)
     for (int n = 0; n < x->n; n++) x->B[k][n] = desc_elem(x->db, n, k, x->trans_b, x->bf);
+  x->nr = 0;
+  for (int o = x->rs ? 1 : 0; o < 2; o++) {   /* the bytes the operand's elements occupy */
+    unsigned lo = ~0u, hi = 0;
+    const int rows = o ? x->n : 64;
+    for (int mn = 0; mn < rows; mn++)
+      for (int k = 0; k < 16; k++) {
+        const unsigned at = o ? desc_addr(x->db, mn, k, x->trans_b) : desc_addr(x->da, mn, k, x->trans_a);
+        if (at < lo) lo = at;
+        if (at + 2 > hi) hi = at + 2;
+      }
+    x->lo[x->nr] = lo, x->hi[x->nr++] = hi;
+  }
 }
+
+/* a range into a pending result's reads: merged with one it touches, else appended (when
+   full, the last grows to cover it) */
+static void pend_read(WgPending *p, unsigned lo, unsigned hi) {
+  for (int i = 0; i < p->nr; i++)
+    if (lo <= p->hi[i] && p->lo[i] <= hi) {
+      if (lo < p->lo[i]) p->lo[i] = lo;
+      if (hi > p->hi[i]) p->hi[i] = hi;
+      return;
+    }
+  if (p->nr < MAX_READS) {
+    p->lo[p->nr] = lo, p->hi[p->nr++] = hi;
+    return;
+  }
+  int i = MAX_READS - 1;   /* full: the last range grows to cover this one */
+  if (lo < p->lo[i]) p->lo[i] = lo;
+  if (hi > p->hi[i]) p->hi[i] = hi;
+}
+
 
 }  // namespace loom_emu
 
@@ -311,8 +371,13 @@ static inline void loom_emu_mbar_arrive(unsigned addr, unsigned tx_bytes) {
   b->tx += (int)tx_bytes;
   if (b->tx > (1 << 20) - 1) fail("%s: tx-count past 2^20 - 1", "mbarrier.arrive.expect_tx");
   if (--b->pending < 0) fail("%s: more arrivals than the phase expects", "mbarrier.arrive");
+  const unsigned phase = b->phase;
   bar_check_phase(b);
   progress++;
+  /* the arrival that completes a phase lets the threads waiting on it run before this one
+     goes on (a GPU's other warps run meanwhile): a producer refilling a stage then copies
+     while what this thread issued before it arrived is still in flight (check_inflight) */
+  if (b->phase != phase) yield();
 }
 
 static inline bool loom_emu_mbar_try_wait(unsigned addr, unsigned parity) {
@@ -344,6 +409,7 @@ static inline void loom_emu_bulk_copy(unsigned dst, const void *src, unsigned by
     fail("%s: more copies in flight than the emulator holds", "cp.async.bulk");
     return;
   }
+  if (pend) check_inflight(dst, bytes, "cp.async.bulk");   /* issued: it may land any time now */
   BulkCopy &c = copies[n_copies++];
   c.dst = dst, c.bar = bar, c.bytes = bytes, c.src = src, c.tensor = 0;
   if (bulk_eager) land_copies(bar);
@@ -385,6 +451,7 @@ static inline void loom_emu_tensor_copy(unsigned dst, const void *map, const int
     fail("%s: more copies in flight than the emulator holds", what);
     return;
   }
+  if (pend) check_inflight(dst, (unsigned)bytes, what);   /* issued: it may land any time now */
   BulkCopy &c = copies[n_copies++];
   c.dst = dst, c.bar = bar, c.bytes = (unsigned)bytes, c.src = NULL, c.tensor = 1, c.map = m;
   for (int d = 0; d < 5; d++) c.c[d] = d < nc ? coord[d] : 0;
@@ -442,6 +509,7 @@ static inline void loom_emu_wgmma(float *d, int N, const unsigned *a, unsigned l
     if (pend[t][i].d == d) p = &pend[t][i];   /* accumulating onto a result still in flight */
   float c[128];
   for (int i = 0; i < N / 2; i++) c[i] = !scale_d ? 0.0f : p ? p->v[i] : d[i];
+  const bool onto = p != NULL;
   if (!p) {
     if (n_pend[t] == MAX_PENDING) {
       fail("%s: more results in flight than the emulator holds", "wgmma.mma_async");
@@ -450,6 +518,8 @@ static inline void loom_emu_wgmma(float *d, int N, const unsigned *a, unsigned l
       p = &pend[t][n_pend[t]++];
     }
   }
+  if (!onto) p->nr = 0;
+  for (int r = 0; r < x->nr; r++) pend_read(p, x->lo[r], x->hi[r]);
   p->d = d, p->n = N / 2, p->group = -1;
   for (int i = 0; i < N / 2; i++) {
     const int row = 16 * wq + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * t4 + i % 2;
