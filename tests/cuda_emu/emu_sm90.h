@@ -46,8 +46,8 @@
  *                      the wait_group that retires its group: until then they hold NaN (a
  *                      thread reading its accumulators early sees it); an mma_async with
  *                      no wgmma.fence since the thread's last wait_group fails.  Its
- *                      operands' shared bytes stay in flight until then: a copy issued or
- *                      landing into them fails (check_inflight), and an mbarrier arrival
+ *                      operands' shared bytes stay in flight until then: a copy issued
+ *                      into them fails (check_inflight), and an mbarrier arrival
  *                      that completes a phase yields, so a waiting producer copies before
  *                      the arriving thread goes on (a stage released too early shows).  Matrix
  *                      base offsets other than 0 are not emulated (they fail).  Whether the
@@ -165,10 +165,11 @@ static void bar_check_phase(Mbar *b) {
   }
 }
 
-/* Shared memory [dst, dst + bytes) about to be written by a copy: no wgmma.mma_async still in
-   flight (issued, its group not retired by its thread's wait_group) may read it.  On a GPU the
-   tensor cores may read their shared operands any time until then, so a copy landing there
-   (a stage released to the producer before the products reading it retired) is a race. */
+/* Shared memory [dst, dst + bytes) a copy being issued may write any time from now: no
+   wgmma.mma_async still in flight (issued, its group not retired by its thread's wait_group)
+   may read it.  On a GPU the tensor cores may read their shared operands any time until then,
+   so such a copy (a stage released to the producer before the products reading it retired) is
+   a race.  (A read of a destination before its copy landed shows as the 0xff fill.) */
 static void check_inflight(unsigned dst, unsigned bytes, const char *what) {
   for (int t = 0; t < n_threads; t++)
     for (int i = 0; i < n_pend[t]; i++)
@@ -222,7 +223,6 @@ static void land_copies(unsigned addr) {
       copies[k++] = c;
       continue;
     }
-    if (pend) check_inflight(c.dst, c.bytes, c.tensor ? "cp.async.bulk.tensor" : "cp.async.bulk");
     if (c.tensor) tensor_land(c);
     else memcpy(smem_at(c.dst, c.bytes, "cp.async.bulk"), c.src, c.bytes);
     Mbar *b = bar_at(c.bar, "cp.async.bulk's complete_tx");
@@ -278,8 +278,11 @@ static unsigned desc_addr(unsigned long long desc, int mn, int k, bool mn_major)
   return addr;
 }
 
-static float desc_elem(unsigned long long desc, int mn, int k, bool mn_major, bool bf) {
+/* element (mn, k) of a descriptor's operand; [*lo, *hi) widened to the bytes it occupies */
+static float desc_elem(unsigned long long desc, int mn, int k, bool mn_major, bool bf, unsigned *lo, unsigned *hi) {
   const unsigned addr = desc_addr(desc, mn, k, mn_major);
+  if (addr < *lo) *lo = addr;
+  if (addr + 2 > *hi) *hi = addr + 2;
   unsigned short h;
   memcpy(&h, smem_at(addr, 2, "wgmma operand"), 2);
   return loom_emu_half(h, bf);
@@ -289,29 +292,21 @@ static float desc_elem(unsigned long long desc, int mn, int k, bool mn_major, bo
 static void wg_decode(Wgx *x) {
   if (wg_trace && wg_trace_n < wg_trace_max) wg_trace[wg_trace_n++] = (int)(x - wgx);
   if ((x->da >> 49 & 7) || (x->db >> 49 & 7)) fail("%s: a matrix base offset other than 0 (not emulated)", "wgmma");
+  /* the shared bytes A (from a descriptor) and B span, [lo, hi): in flight until retired */
+  x->nr = x->rs ? 1 : 2;
+  x->lo[0] = x->lo[1] = ~0u, x->hi[0] = x->hi[1] = 0;
+  unsigned *lo_b = &x->lo[x->nr - 1], *hi_b = &x->hi[x->nr - 1];
   for (int r = 0; r < 64; r++)
     for (int k = 0; k < 16; k++) {
       if (x->rs) {   /* warp r / 16's fragment, mma.sync's A layout */
         const int w = r / 16, rr = r % 16, lane = (rr % 8) * 4 + (k % 8) / 2, reg = rr / 8 + 2 * (k / 8);
         x->A[r][k] = loom_emu_half(x->a[w * 32 + lane][reg] >> (16 * (k % 2)), x->bf);
       } else {
-        x->A[r][k] = desc_elem(x->da, r, k, x->trans_a, x->bf);
+        x->A[r][k] = desc_elem(x->da, r, k, x->trans_a, x->bf, &x->lo[0], &x->hi[0]);
       }
     }
   for (int k = 0; k < 16; k++)
-    for (int n = 0; n < x->n; n++) x->B[k][n] = desc_elem(x->db, n, k, x->trans_b, x->bf);
-  x->nr = 0;
-  for (int o = x->rs ? 1 : 0; o < 2; o++) {   /* the bytes the operand's elements occupy */
-    unsigned lo = ~0u, hi = 0;
-    const int rows = o ? x->n : 64;
-    for (int mn = 0; mn < rows; mn++)
-      for (int k = 0; k < 16; k++) {
-        const unsigned at = o ? desc_addr(x->db, mn, k, x->trans_b) : desc_addr(x->da, mn, k, x->trans_a);
-        if (at < lo) lo = at;
-        if (at + 2 > hi) hi = at + 2;
-      }
-    x->lo[x->nr] = lo, x->hi[x->nr++] = hi;
-  }
+    for (int n = 0; n < x->n; n++) x->B[k][n] = desc_elem(x->db, n, k, x->trans_b, x->bf, lo_b, hi_b);
 }
 
 /* a range into a pending result's reads: merged with one it touches, else appended (when
@@ -331,7 +326,6 @@ static void pend_read(WgPending *p, unsigned lo, unsigned hi) {
   if (lo < p->lo[i]) p->lo[i] = lo;
   if (hi > p->hi[i]) p->hi[i] = hi;
 }
-
 
 }  // namespace loom_emu
 
