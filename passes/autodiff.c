@@ -504,3 +504,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
 }
 
 const Pass pass_autodiff = {"autodiff", "@forward -> @grad_step: forward, loss, backward, accumulate $grad.*", run};
+
+bool op_is_loss_seed(const Op *op) {
+  return op->n_results == 1 && op->results[0]->name && !strcmp(op->results[0]->name, "loss_seed");
+}

@@ -131,6 +131,10 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
    RT_MAX_BUFS (passes may not include the runtime). */
 #define FUSE_MAX_BUFS 16
 
+/* autodiff.c: the op whose result is the backward's seed (d loss = 1 / grad_accum, named
+   %loss_seed): the ops after it are the backward's (pipeline, recompute). */
+bool op_is_loss_seed(const Op *op);
+
 /* flops.c: the model FLOPs of a function (matmuls, attention; see the file) and the report
    of `loom ir --flops`. */
 void flops_of(const Func *f, double *matmul, double *attention);

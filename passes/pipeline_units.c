@@ -59,7 +59,7 @@ int pipeline_classify(PP *pp) {
   for (int i = 0; i < g->ops.n; i++) {
     Op *op = g->ops.items[i];
     int ph = PH_FLOAT, unit = 0;
-    bool seed = op->n_results == 1 && op->results[0]->name && !strcmp(op->results[0]->name, "loss_seed");
+    bool seed = op_is_loss_seed(op);
     int si = ring_send_of(g, i);
     if (seed) {
       ph = PH_B, unit = pp->n_units - 1, seen_seed = true;

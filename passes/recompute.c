@@ -217,10 +217,8 @@ static int rc_analyze(RC *rc, Module *m, Func *f, int target, char *err, size_t 
   /* The forward's side work: what stands before the seed (autodiff's first backward value)
      and is not the forward's. */
   int seed = -1;
-  for (int i = 0; i < n && seed < 0; i++) {
-    const Op *op = rc->ops[i];
-    if (op->n_results == 1 && op->results[0]->name && !strcmp(op->results[0]->name, "loss_seed")) seed = i;
-  }
+  for (int i = 0; i < n && seed < 0; i++)
+    if (op_is_loss_seed(rc->ops[i])) seed = i;
   for (int i = 0; i < seed; i++) rc->side[i] = !rc->fwd[i];
   /* Layers, parameter-only ops, and what the backward reads. */
   for (int i = 0; i < n; i++) {
