@@ -94,6 +94,24 @@ expect_exit 0 "loom ir, tp=2 sp" "$LOOM" ir models/mixtral-tiny.json --passes=tr
 check "  the experts' gradients summed over tp (partial: each rank saw its tokens)" \
   grep -qE 'all_reduce_start [$]grad[.]model[.]layers[.]0[.]block_sparse_moe[.]experts[.]w1 [{]axis="tp"' "$OUT"
 
+# The time model under ep: expert space is sized for the worst case (ep x a rank's rows) but
+# balanced routing fills 1/ep of it. all_to_allv moves the rank's own rows each way, and the
+# experts' elementwise work is a rank's routed rows (passes/timing.c). Both used to count the
+# whole buffer: the exchange back and the expert MLPs' activations ep times too slow. Checked
+# by differences, which cancel what does not grow with the tokens (the gradients' reductions,
+# latencies, the optimizer): Mixtral-8x7B's shape with 2 layers, seq 4096, bf16, on h100.
+sed 's/"num_hidden_layers": [0-9]*/"num_hidden_layers": 2/' models/mixtral-8x7B.json > "$TMP/mx2.json"
+tm() { "$LOOM" ir "$TMP/mx2.json" --passes=train --precision bf16 --seq 4096 --time --hw h100 "$@" 2> /dev/null |
+       awk -v k="$1" '$1 == "comm" && $2 == "ep" {print $4} $1 == "elementwise" {print $2}' | tr '\n' ' '; }
+read -r e1 <<< "$(tm --batch 1 | awk '{print $1}')"; read -r e2 <<< "$(tm --batch 2 | awk '{print $1}')"
+read -r w8 c8 <<< "$(tm --batch 8 --mesh ep=8)"; read -r w16 c16 <<< "$(tm --batch 16 --mesh ep=8)"
+# 8 all_to_allv a micro-batch (2 layers x 4), each (ep-1) steps of S/ep at 450 GB/s, S = one
+# sequence's 4096 tokens x top-2 x 4096 x 2 bytes: another sequence a rank adds 1.044 ms
+check "  all_to_allv: a sequence more a rank adds $(awk -v a="$c8" -v b="$c16" 'BEGIN{printf "%.3f", b - a}') ms of ep time (balanced: 1.044)" \
+  awk -v a="$c8" -v b="$c16" 'BEGIN{x = 8 * 7 * (4096 * 2 * 4096 * 2 / 8) / 450e9 * 1e3; d = b - a; exit !(d > 0.99 * x && d < 1.01 * x)}'
+check "  the experts' elementwise work: a sequence more a rank costs at ep=8 what it costs one rank ($e1 -> $e2 ms; $w8 -> $w16 ms)" \
+  awk -v a="$e1" -v b="$e2" -v c="$w8" -v d="$w16" 'BEGIN{x = b - a; y = d - c; exit !(x > 0 && y > 0.99 * x && y < 1.01 * x)}'
+
 # The planner searches ep for a mixture of experts (with dp, tp and cp; no pp).
 expect_exit 0 "loom plan mixtral-tiny on 4 devices" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 \
   --global-batch-tokens 256 --json
