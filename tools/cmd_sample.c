@@ -48,9 +48,10 @@ static const char help[] =
   "                        by NVRTC for GPU 0\n"
   "  -h, --help            show this help\n"
   "\n"
-  "example:\n"
-  "  loom train --out shk.safetensors && loom sample models/gpt2-shakespeare.json --weights shk.safetensors \\\n"
-  "             --prompt 'ROMEO:' --max-new-tokens 200 --temperature 0.8 --top-k 40\n";
+  "example (the built-in demo's model is models/gpt2-tiny.json's: 64 positions, so prompt and\n"
+  "new tokens together at most 64):\n"
+  "  loom train --out shk.safetensors && loom sample models/gpt2-tiny.json --weights shk.safetensors \\\n"
+  "             --prompt 'ROMEO:' --max-new-tokens 50 --temperature 0.8 --top-k 40\n";
 
 /* The end-of-sequence ids of the model's config (eos_token_id: a number or a list). */
 int sample_read_eos(const char *spec_path, int64_t *eos, int max) {
