@@ -2,7 +2,8 @@
 # What a new user meets in the first hour, where the other scripts leave a gap:
 #  - every flag a command accepts is listed in its --help, and every option its --help lists
 #    is accepted (tests/cli/help_flags.py reads the parsers in tools/ and runs each --help);
-#  - `loom sample --help`'s example runs as written on the built-in demo's weights;
+#  - `loom sample --help`'s example runs as written on the built-in demo's weights, and
+#    sampling without --max-new-tokens fits a small model's positions;
 #  - Ctrl-C under `| tee`: the step lines reach the pipe as they happen, and the run stops
 #    within two seconds of the signal, saying where its checkpoint is.
 # (Exit codes, usage errors and hostile files: cli_usage.sh, bad_inputs.sh, hostile_inputs.sh;
@@ -12,8 +13,15 @@ ST_DIFF=${2:-}
 . "$(dirname "$0")/lib.sh"
 export LOOM_THREADS=1
 
-# 1. --help against the parsers
-check "every command's --help lists exactly the flags its parser accepts" python3 tests/cli/help_flags.py "$LOOM"
+# 1. --help against the parsers (loom's commands, a compiled executable and its sample)
+run "$LOOM" compile tests/golden/gpt2-tiny/train_spec.json -q -o "$TMP/exe"
+check "loom compile writes an executable" test "$RC" = 0 -a -x "$TMP/exe"
+check "every command's --help lists exactly the flags its parser accepts" python3 tests/cli/help_flags.py "$LOOM" "$TMP/exe"
+expect_exit 0 "a compiled executable's --help" "$TMP/exe" --help
+expect_stdout_contains "usage: $TMP/exe [options]"   # its own name, as its messages
+expect_stdout_contains "$TMP/exe sample --prompt TEXT"
+expect_exit 2 "a compiled executable: a misspelt --allow-changes" "$TMP/exe" --allow-chnges
+expect_stderr_contains "did you mean '--allow-changes'?"
 
 # 2. loom sample --help's example, on the demo's weights (one step: the shapes are the point)
 run "$LOOM" train --steps 1 -q --out "$TMP/shk.safetensors"
@@ -27,6 +35,22 @@ args=()
 for a; do [ "$a" = shk.safetensors ] && a=$TMP/shk.safetensors; args+=("$a"); done
 expect_exit 0 "loom sample --help's example runs as written" "$LOOM" sample "${args[@]}"
 expect_stdout_contains "ROMEO:"
+# without --max-new-tokens, the default 64 takes what the positions leave after the prompt
+# (64 positions, 6 prompt bytes: 58; the executable's cache: seq 32, 2 bytes: 30); asked for
+# explicitly, too many is still refused
+W=tests/golden/gpt2-tiny/weights.safetensors
+expect_exit 0 "loom sample on a 64-position GPT-2 without --max-new-tokens" "$LOOM" sample models/gpt2-tiny.json \
+  --weights $W --prompt 'ROMEO:' --temperature 0
+expect_stderr_contains "6 prompt tokens in"
+expect_stderr_matches " (58|[1-5][0-9]|[1-9]) new tokens in .* KV cache 64 positions"
+expect_exit 2 "  --max-new-tokens 64 asked for is refused" "$LOOM" sample models/gpt2-tiny.json --weights $W \
+  --prompt 'ROMEO:' --max-new-tokens 64
+expect_stderr_contains "the prompt (6 tokens) and --max-new-tokens 64 need 70 positions, and the model learned 64"
+expect_exit 0 "EXE sample without --max-new-tokens (a cache of 32)" "$TMP/exe" sample --weights $W --prompt hi \
+  --temperature 0
+expect_stderr_matches " [0-9]+ new tokens in .* KV cache 32 positions"
+expect_exit 2 "  --max-new-tokens 31 asked for is refused" "$TMP/exe" sample --weights $W --prompt hi --max-new-tokens 31
+expect_stderr_contains "the prompt (2 tokens) and 31 new tokens need 33 positions, and the KV cache holds 32"
 
 # 4. Ctrl-C under tee: lines as they happen, a stop within 2 s, the checkpoint named
 if env --default-signal=INT true 2> /dev/null; then
