@@ -4,6 +4,8 @@
 #    is accepted (tests/cli/help_flags.py reads the parsers in tools/ and runs each --help);
 #  - `loom sample --help`'s example runs as written on the built-in demo's weights, and
 #    sampling without --max-new-tokens fits a small model's positions;
+#  - a mesh the batch or the sequence cannot split over is refused by the spec check, naming
+#    the file, the key and the fix (exit 2), not inside the shard pass;
 #  - Ctrl-C under `| tee`: the step lines reach the pipe as they happen, and the run stops
 #    within two seconds of the signal, saying where its checkpoint is.
 # (Exit codes, usage errors and hostile files: cli_usage.sh, bad_inputs.sh, hostile_inputs.sh;
@@ -51,6 +53,34 @@ expect_exit 0 "EXE sample without --max-new-tokens (a cache of 32)" "$TMP/exe" s
 expect_stderr_matches " [0-9]+ new tokens in .* KV cache 32 positions"
 expect_exit 2 "  --max-new-tokens 31 asked for is refused" "$TMP/exe" sample --weights $W --prompt hi --max-new-tokens 31
 expect_stderr_contains "the prompt (2 tokens) and 31 new tokens need 33 positions, and the KV cache holds 32"
+
+# 3. meshes the batch or the sequence do not split over: the spec check names the key
+expect_exit 2 "--mesh dp=3 with batch 2" "$LOOM" train models/gpt2-tiny.json --mesh dp=3 --steps 1
+expect_stderr_contains 'models/gpt2-tiny.json: key "batch": the micro-batch of 2 sequences does not split over dp = 3'
+expect_stderr_contains "set batch (--batch) to a multiple of 3"
+expect_stderr_lacks "in pass 'shard'"
+expect_exit 2 "loom ir --mesh dp=2,ep=2 with batch 2 (mixtral)" "$LOOM" ir models/mixtral-tiny.json --passes=train \
+  --mesh dp=2,ep=2
+expect_stderr_contains 'key "batch": the micro-batch of 2 sequences does not split over dp x ep = 4 ranks'
+expect_exit 2 "sequence parallelism over tp=2 with seq 31" "$LOOM" ir models/llama-tiny.json --passes=train \
+  --mesh tp=2 --sequence-parallel true --seq 31
+expect_stderr_contains 'models/llama-tiny.json: key "seq": sequence parallelism splits the 31 positions over tp = 2'
+expect_stderr_contains "set seq (--seq) to a multiple of 2, or sequence_parallel to false"
+expect_exit 2 "sequence parallelism with cp=2,tp=4 and seq 12 (6 positions a cp rank)" "$LOOM" ir \
+  models/llama-tiny.json --passes=train --mesh cp=2,tp=4 --sequence-parallel true --seq 12
+expect_stderr_contains "splits each cp rank's 6 positions over tp = 4"
+# what does split still builds (the refusals are not too wide)
+expect_exit 0 "  cp=2,tp=2 with seq 12 builds" "$LOOM" ir models/llama-tiny.json --passes=train --mesh cp=2,tp=2 \
+  --sequence-parallel true --seq 12
+expect_exit 0 "  tp=2 with seq 31 without sequence parallelism builds" "$LOOM" ir models/llama-tiny.json \
+  --passes=train --mesh tp=2 --seq 31
+
+# a run spec whose "model" names another run spec (each of models/ is one): the referring file,
+# its key and both ways out
+printf '{"model": "%s/models/llama-tiny.json", "batch": 2, "seq": 16}\n' "$PWD" > "$TMP/refers.json"
+expect_exit 2 "a run spec naming a run spec as its model" "$LOOM" ir "$TMP/refers.json"
+expect_stderr_contains "$TMP/refers.json: key \"model\": \"$PWD/models/llama-tiny.json\" is a loom run spec, not a Hugging Face config"
+expect_stderr_contains "or give \"$PWD/models/llama-tiny.json\" to loom itself"
 
 # 4. Ctrl-C under tee: lines as they happen, a stop within 2 s, the checkpoint named
 if env --default-signal=INT true 2> /dev/null; then
