@@ -6,8 +6,9 @@
 #    sampling without --max-new-tokens fits a small model's positions;
 #  - a mesh the batch or the sequence cannot split over is refused by the spec check, naming
 #    the file, the key and the fix (exit 2), not inside the shard pass;
-#  - Ctrl-C under `| tee`: the step lines reach the pipe as they happen, and the run stops
-#    within two seconds of the signal, saying where its checkpoint is.
+#  - Ctrl-C under `| tee`: the step lines reach the pipe as they happen, the signal is
+#    acknowledged at once, and the run stops within two seconds of it, saying where its
+#    checkpoint is.
 # (Exit codes, usage errors and hostile files: cli_usage.sh, bad_inputs.sh, hostile_inputs.sh;
 # signals and bitwise resume: train_signals.sh.)
 LOOM=$1
@@ -95,6 +96,8 @@ if env --default-signal=INT true 2> /dev/null; then
   rc=$? ms=$((($(date +%s%N) - t0) / 1000000))
   sleep 0.2   # tee drains
   check "SIGINT: exit 130 within 2 s (took $ms ms)" test $rc = 130 -a $ms -lt 2000
+  check "  the signal is acknowledged at once, with what a second one does" \
+    grep -qx "SIGINT: stopping after the step in flight (Ctrl-C again: stop at once, without a checkpoint)" "$TMP/tee.log"
   check "  it says where the checkpoint is and how to continue" \
     grep -qE "stopped by SIGINT after step [0-9]+ of 1000000; the checkpoint of step [0-9]+ is in $TMP/ck: continue with the same command and --resume $TMP/ck" "$TMP/tee.log"
   k=$(ls "$TMP/ck" | sed -n 's/^step_0*\([0-9][0-9]*\)$/\1/p' | tail -1)
