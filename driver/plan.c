@@ -36,9 +36,9 @@ static int candidates(const PlanRequest *rq, Cand **out, int *n_out, char *err, 
         if (!divides(cp, gpus / tp / pp) || (fix_mesh[AX_CP] && cp != fix_mesh[AX_CP]) ||
             (cp > 1 && (rq->base->seq % (2 * cp) || (!fix_mesh[AX_CP] && rq->base->seq / (2 * cp) < 64))))
           continue;
-        /* ep (a mixture of experts: it divides the experts; no pp or cp with experts yet) */
+        /* ep (a mixture of experts: it divides the experts; no pp with experts yet) */
         int64_t E = rq->base->model.n_experts;
-        if (E && (pp > 1 || cp > 1)) continue;
+        if (E && pp > 1) continue;
         for (int64_t ep = 1; ep <= (E ? gpus / tp / pp / cp : 1); ep++) {
         if (!divides(ep, gpus / tp / pp / cp) || (E && E % ep) || (fix_mesh[AX_EP] && ep != fix_mesh[AX_EP])) continue;
         int64_t dp = gpus / tp / pp / cp / ep;

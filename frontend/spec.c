@@ -642,9 +642,6 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
   if (m->n_experts > 0 && pp > 1)
     FAIL("%s: key \"mesh.pp\": pipeline parallelism with a mixture-of-experts model is not supported yet (the "
          "load-balancing loss spans every layer's routing); use pp = 1 with %s", f, arch_name(m->arch));
-  if (m->n_experts > 0 && cp > 1)
-    FAIL("%s: key \"mesh.cp\": context parallelism with a mixture-of-experts model is not supported yet; "
-         "use cp = 1 with %s", f, arch_name(m->arch));
   if (m->sliding_window > 0 && m->sliding_window < s->seq && m->arch != ARCH_MISTRAL)
     FAIL("%s: key \"model.sliding_window\": the model attends within a window of %lld tokens, shorter than "
          "seq (%lld), and loom implements sliding windows for mistral only (every layer), not %s's (transformers "

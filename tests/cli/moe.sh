@@ -1,13 +1,16 @@
 # tests/cli/moe.sh — mixture of experts (Mixtral, Qwen3-MoE) and expert parallelism.
 #   - equivalence: every layout trains the golden run spec (batch 4, 5 steps, grad_accum 2,
 #     clipping) within 1e-5 of the single-rank run, on the cpu backend: ep=2, ep=4,
-#     dp=2 x ep=2 with ZeRO-1, ep=2 x tp=2 (and with sequence parallel), for mixtral-tiny
-#     (4 experts, top-2) and qwen3-moe-tiny (8 experts, a dense layer, q/k norms);
+#     dp=2 x ep=2 with ZeRO-1, ep=2 x tp=2 (and with sequence parallel), tp=2 with sequence
+#     parallel and cp=2 (the experts on the rank's share of the sequence: passes/shard_rows.c),
+#     for mixtral-tiny (4 experts, top-2) and qwen3-moe-tiny (8 experts, a dense layer, q/k norms);
+#   - under sequence or context parallelism each rank runs the experts on its own tokens only:
+#     a rank's FLOPs are half the step's at tp=2 (sp) and at cp=2;
 #   - the expert-parallel program: all_to_allv in `--collectives`, the experts' stacks split;
 #   - --flops: active-parameter FLOPs (6 x active parameters x tokens);
 #   - capacity_factor: drops tokens, trains, and is a different model (the loss moves);
 #   - refusals: ep not dividing the experts, a dense model with ep, top-k above the experts,
-#     unknown router settings, pp or cp with experts, a sliding window shorter than seq.
+#     unknown router settings, pp with experts, a sliding window shorter than seq.
 # usage: bash tests/cli/moe.sh PATH-TO-LOOM PATH-TO-ST_DIFF   (from the repository root)
 LOOM=${1:-}
 ST_DIFF=${2:-}
@@ -17,8 +20,9 @@ for m in mixtral-tiny qwen3-moe-tiny; do
   G=tests/golden/$m
   BASE=($G/train_spec.json --batch 4 --steps 5 -q)
   expect_exit 0 "$m: one rank, batch 4, 5 steps" "$LOOM" train "${BASE[@]}" --out "$TMP/$m.1.safetensors"
-  layouts=("ep=2" "ep=4" "dp=2,ep=2 --zero 1" "ep=2,tp=2")
-  [ $m = mixtral-tiny ] && layouts+=("ep=2,tp=2 --sequence-parallel true" "dp=2,ep=2 --zero 3")
+  layouts=("ep=2" "ep=4" "dp=2,ep=2 --zero 1" "ep=2,tp=2" "tp=2 --sequence-parallel true")
+  [ $m = mixtral-tiny ] && layouts+=("ep=2,tp=2 --sequence-parallel true" "dp=2,ep=2 --zero 3" "cp=2,ep=2")
+  [ $m = qwen3-moe-tiny ] && layouts+=("cp=2" "cp=2,tp=2 --sequence-parallel true")
   for mesh in "${layouts[@]}"; do
     # shellcheck disable=SC2086
     expect_exit 0 "$m --mesh $mesh" "$LOOM" train "${BASE[@]}" --mesh $mesh --out "$TMP/$m.m.safetensors"
@@ -26,6 +30,15 @@ for m in mixtral-tiny qwen3-moe-tiny; do
       "$TMP/$m.1.safetensors" --rtol 1e-5
   done
 done
+
+# The sequence split over both tp (sp) and cp, one sequence a dp rank: the rows are merged on
+# two axes, and a replicated operand (the dispatch's weights) is split in their order on both
+# (it was split along the batch on the second axis: a rank of 0 rows, refused by moe_dispatch).
+G=tests/golden/mixtral-tiny
+expect_exit 0 "mixtral-tiny, batch 2, one rank" "$LOOM" train $G/train_spec.json --batch 2 --steps 3 -q --out "$TMP/b2.1.st"
+expect_exit 0 "mixtral-tiny, batch 2, dp=2 x tp=4 (sp) x cp=2" "$LOOM" train $G/train_spec.json --batch 2 --steps 3 -q \
+  --mesh dp=2,tp=4,cp=2 --sequence-parallel true --out "$TMP/b2.m.st"
+expect_exit 0 "  within 1e-5 of one rank" "$ST_DIFF" "$TMP/b2.m.st" "$TMP/b2.1.st" --rtol 1e-5
 
 # A compiled executable of the ep=2 layout trains the golden run (the program, its experts'
 # stacks in the hub's names, the expert load).
@@ -69,11 +82,23 @@ expect_exit 0 "mixtral-tiny --recompute full --verbose" "$LOOM" train models/mix
   --recompute full --verbose
 check "  planned arena = measured" sh -c "grep '^memory @grad_step:' '$OUT' '$ERR' | sed -E 's/.*planned arena ([0-9]+) bytes, measured ([0-9]+) .*/\\1 \\2/' | awk '{n++; ok = \$1 > 0 && \$1 == \$2} END {exit !(n == 1 && ok)}'"
 
-# The planner searches ep for a mixture of experts (and only ep, dp and tp: no pp or cp).
+# Under sequence parallelism (and cp) the router and the experts take the rank's own tokens, a
+# flattened [B*T/n, D] kept split (shard_rows.c): no rank runs another's tokens through its
+# experts. Before, the tokens were gathered first and each tp rank ran the whole micro-batch
+# (mixtral-tiny tp=2 sp: 37,945,344 FLOPs a rank, where the step is 47,382,528).
+flops_of() { "$LOOM" ir models/mixtral-tiny.json --passes=train "$@" --flops 2> /dev/null | awk '/@grad_step/{print $2}'; }
+f1=$(flops_of); ftp=$(flops_of --mesh tp=2 --sequence-parallel true); fcp=$(flops_of --mesh cp=2)
+check "  a rank's FLOPs at tp=2 sp ($ftp) and cp=2 ($fcp) are half the step's ($f1)" \
+  awk -v a="$f1" -v b="$ftp" -v c="$fcp" 'BEGIN{exit !(a > 0 && 2 * b == a && 2 * c == a)}'
+expect_exit 0 "loom ir, tp=2 sp" "$LOOM" ir models/mixtral-tiny.json --passes=train --mesh tp=2 --sequence-parallel true
+check "  the experts' gradients summed over tp (partial: each rank saw its tokens)" \
+  grep -qE 'all_reduce_start [$]grad[.]model[.]layers[.]0[.]block_sparse_moe[.]experts[.]w1 [{]axis="tp"' "$OUT"
+
+# The planner searches ep for a mixture of experts (with dp, tp and cp; no pp).
 expect_exit 0 "loom plan mixtral-tiny on 4 devices" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 \
   --global-batch-tokens 256 --json
 check "  candidates with ep=2 among the best" grep -q '"ep": 2' "$OUT"
-check "  none with pp or cp" sh -c "! grep -qE '\"(pp|cp)\": [2-9]' '$OUT'"
+check "  none with pp" sh -c "! grep -qE '\"pp\": [2-9]' '$OUT'"
 expect_exit 0 "loom plan --mesh ep=4" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 --global-batch-tokens 256 \
   --mesh ep=4 --json
 check "  every layout it ranks has ep=4" sh -c "grep -q '\"ep\": 4' '$OUT' && ! grep -qE '\"ep\": [123],' '$OUT'"
@@ -133,7 +158,8 @@ for edit in 's/"num_experts_per_tok": 2/"num_experts_per_tok": 5/|each token goe
 done
 expect_exit 2 "pp with experts" "$LOOM" train models/mixtral-tiny.json --mesh pp=2
 expect_stderr_contains "pipeline parallelism with a mixture-of-experts model"
-expect_exit 2 "cp with experts" "$LOOM" train models/mixtral-tiny.json --mesh cp=2
-expect_stderr_contains "context parallelism with a mixture-of-experts model"
+expect_exit 0 "loom plan --mesh cp=2 (context parallelism with experts)" "$LOOM" plan models/mixtral-tiny.json --gpus 4 \
+  --hw h100 --global-batch-tokens 256 --mesh cp=2 --json
+check "  every layout it ranks has cp=2" sh -c "grep -q '\"cp\": 2' '$OUT' && ! grep -qE '\"cp\": 1,' '$OUT'"
 
 finish
