@@ -83,6 +83,13 @@ expect_exit 2 "a run spec naming a run spec as its model" "$LOOM" ir "$TMP/refer
 expect_stderr_contains "$TMP/refers.json: key \"model\": \"$PWD/models/llama-tiny.json\" is a loom run spec, not a Hugging Face config"
 expect_stderr_contains "or give \"$PWD/models/llama-tiny.json\" to loom itself"
 
+# loom export of a folder with no checkpoint: export's advice, not a resuming run's
+mkdir "$TMP/nockpt"
+expect_exit 2 "loom export of a folder without a checkpoint" "$LOOM" export "$TMP/nockpt" -o "$TMP/hf/"
+expect_stderr_contains "$TMP/nockpt: no complete checkpoint"
+expect_stderr_contains "give a --save-dir folder of loom train or one of its step_* folders"
+expect_stderr_lacks "--resume"
+
 # 4. Ctrl-C under tee: lines as they happen, a stop within 2 s, the checkpoint named
 if env --default-signal=INT true 2> /dev/null; then
   env --default-signal=INT "$LOOM" train tests/golden/gpt2-tiny/train_spec.json --steps 1000000 --save-dir "$TMP/ck" \
