@@ -83,6 +83,15 @@ expect_exit 2 "a run spec naming a run spec as its model" "$LOOM" ir "$TMP/refer
 expect_stderr_contains "$TMP/refers.json: key \"model\": \"$PWD/models/llama-tiny.json\" is a loom run spec, not a Hugging Face config"
 expect_stderr_contains "or give \"$PWD/models/llama-tiny.json\" to loom itself"
 
+# loom train on a shard shorter than one batch (bad_inputs.sh has loom eval's): the file, the
+# count, and the flags to change
+head -c $((1024 + 2 * 50)) tests/golden/gpt2-tiny/tokens.bin > "$TMP/short.bin"
+poke "$TMP/short.bin" 8 '\x32\x00\x00\x00'   # 50 tokens
+expect_exit 2 "loom train on a shard of 50 tokens, batch 2 x seq 32" "$LOOM" train models/gpt2-tiny.json \
+  --data "$TMP/short.bin" --steps 1 -q
+expect_stderr_contains "$TMP/short.bin: shard holds 50 tokens but one batch needs B*T+1 = 65 (batch 2, sequence 32)"
+expect_stderr_contains "use a smaller --batch or --seq"
+
 # loom export of a folder with no checkpoint: export's advice, not a resuming run's
 mkdir "$TMP/nockpt"
 expect_exit 2 "loom export of a folder without a checkpoint" "$LOOM" export "$TMP/nockpt" -o "$TMP/hf/"
