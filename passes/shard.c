@@ -710,7 +710,9 @@ static double ring_bytes(const Op *op, int64_t n) {
   switch (op_sync_of(op->kind)) {
   case OP_ALL_REDUCE: return 2.0 * (double)(n - 1) / (double)n * size;
   case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_ALL_TO_ALL: return (double)(n - 1) / (double)n * size;
-  case OP_ALL_TO_ALLV: return (double)(n - 1) / (double)n * (double)in;   /* balanced routing: its rows, less its own experts' */
+  case OP_ALL_TO_ALLV:   /* balanced routing: the rank's rows (the smaller side: the other is expert space,
+                           sized for the worst case), less those for its own experts; either way */
+    return (double)(n - 1) / (double)n * (double)(in < out ? in : out);
   case OP_SEND: return size;   /* point-to-point: the whole value, once */
   default: return 0;   /* shard_slice / shard_pad: local; recv: its send counts */
   }
@@ -734,7 +736,12 @@ int collective_summary(const Module *m, const char *func, CollectiveCount *out, 
         out[n_out++] = (CollectiveCount){f, kind, axis, 0, 0, 0};
       }
       out[j].count++;
-      out[j].payload += type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
+      int64_t payload = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
+      if (op->kind == OP_ALL_TO_ALLV && op->n_results) {   /* the rank's rows, either way (as ring_bytes) */
+        int64_t back = type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype);
+        if (back < payload) payload = back;
+      }
+      out[j].payload += payload;
       out[j].sent += ring_bytes(op, op_int(op, "n"));
     }
   }
