@@ -105,6 +105,8 @@ typedef struct {
   int64_t top_k, max_new;      /* top_k 0: off */
   uint64_t seed;
   bool ids;                    /* print token ids, not text */
+  bool max_new_default;        /* max_new is the default (no --max-new-tokens): it shrinks to what
+                                  the positions leave after the prompt, rather than refusing */
   int64_t eos[8];              /* end-of-sequence ids (the config's eos_token_id) */
   int n_eos;
 } SampleOpts;

@@ -151,6 +151,12 @@ int sample_generate(CpuProgram *cp, Tokenizer *tok, int64_t V, const TokIds *pro
 int sample_generate_with(SampleDecodeFn call, void *ctx, const char *where, Tokenizer *tok, int64_t V,
                          const TokIds *prompt, const char *prompt_text, int64_t tmax, const SampleOpts *o, char *err,
                          size_t errlen) {
+  SampleOpts fit;
+  if (o->max_new_default && prompt->n < tmax && prompt->n + o->max_new > tmax) {
+    fit = *o;   /* the default asks more than the cache holds: it takes what is left */
+    fit.max_new = tmax - prompt->n;
+    o = &fit;
+  }
   if (prompt->n + o->max_new > tmax) {
     snprintf(err, errlen, "the prompt (%lld tokens) and %lld new tokens need %lld positions, and the KV cache holds %lld; "
              "shorten the prompt or ask for fewer tokens", (long long)prompt->n, (long long)o->max_new,

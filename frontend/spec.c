@@ -202,7 +202,16 @@ static int set_model(const SpecReader *r, const json_t *v) {
                          "config.json (relative paths are taken from %s)",
                          r->file, path, strerror(errno),
                          r->dir[0] ? "the spec's folder" : "the current folder");
-  if ((rc = config_load(path, &s->model, r->err, r->errlen))) return rc;
+  if ((rc = config_load(path, &s->model, r->err, r->errlen))) {
+    /* a run spec named as the model (each of models/ is a run spec itself): say which
+       file named it, and what to name instead */
+    if (strstr(r->err, "(this looks like a loom run spec: load it as one)"))
+      return config_errorf(r->err, r->errlen, 2,
+                           "%s: key \"model\": \"%s\" is a loom run spec, not a Hugging Face config; name a "
+                           "config.json (or write the model's keys inline), or give \"%s\" to loom itself",
+                           r->file, path, path);
+    return rc;
+  }
   if ((rc = config_check_bounds(&s->model, path, "", r->err, r->errlen))) return rc;
   if (S_ISDIR(st.st_mode)) {
     size_t n = strlen(path);
@@ -647,6 +656,20 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
   if (m->n_experts > 0 && m->moe_intermediate % tp != 0)
     FAIL("%s: key \"mesh.tp\": tensor parallelism splits each expert's MLP width (%lld), which is not "
          "divisible by tp = %lld; choose a tp that divides it", f, (long long)m->moe_intermediate, (long long)tp);
+  /* The batch splits over dp x ep (the shard pass's dp and ep rules), the sequence of a cp rank
+     over tp with sequence parallelism: refused here, where the key and the fix can be named,
+     rather than as a shard_slice failure inside the pass. */
+  int64_t dp_ep = s->mesh[MESH_DP] * s->mesh[MESH_EP];
+  if (s->batch % dp_ep != 0)
+    FAIL("%s: key \"batch\": the micro-batch of %lld sequences does not split over dp%s = %lld ranks; set "
+         "batch (--batch) to a multiple of %lld", f, (long long)s->batch, s->mesh[MESH_EP] > 1 ? " x ep" : "",
+         (long long)dp_ep, (long long)dp_ep);
+  /* the multiple to name: cp x tp, and even per cp rank where zig-zag halves each rank's share */
+  int64_t seq_multiple = cp * tp * (cp > 1 && !s->cp_contiguous && tp % 2 ? 2 : 1);
+  if (s->sequence_parallel && tp > 1 && (s->seq / cp) % tp != 0)
+    FAIL("%s: key \"seq\": sequence parallelism splits %s%lld positions over tp = %lld ranks, which do not "
+         "divide them; set seq (--seq) to a multiple of %lld, or sequence_parallel to false", f,
+         cp > 1 ? "each cp rank's " : "the ", (long long)(s->seq / cp), (long long)tp, (long long)seq_multiple);
 #undef FAIL
   return spec_check_bounds(s, err, errlen);
 }

@@ -11,15 +11,27 @@
 static _Atomic int got;
 static struct sigaction saved[2];
 static int armed;
+static volatile sig_atomic_t announce;
 static const int SIGS[2] = {SIGINT, SIGTERM};
 
 static void on_stop(int sig) {
   if (atomic_exchange(&got, sig)) _exit(128 + sig);   /* the second: no more waiting (async-signal-safe) */
+  /* said at once: a step can take minutes, and a user who sees nothing presses Ctrl-C again,
+     which ends the run without its checkpoint */
+  if (announce) {
+    static const char msg_int[] = "\nSIGINT: stopping after the step in flight (Ctrl-C again: stop at once, "
+                                  "without a checkpoint)\n";
+    static const char msg_term[] = "\nSIGTERM: stopping after the step in flight (a second signal: stop at "
+                                   "once, without a checkpoint)\n";
+    ssize_t n = sig == SIGINT ? write(2, msg_int, sizeof msg_int - 1) : write(2, msg_term, sizeof msg_term - 1);
+    (void)n;
+  }
 }
 
-void train_stop_arm(void) {
+void train_stop_arm(bool say) {
   if (armed) return;
   atomic_store(&got, 0);
+  announce = say;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_stop;

@@ -6,13 +6,17 @@
  * (_exit(128 + signal)).  Outside train_run the previous dispositions hold (by default:
  * the signal ends the process, nothing being there to save).
  *
- * The handler only stores a sig_atomic_t, so it is safe whichever thread the kernel picks;
- * SA_RESTART keeps the other threads' blocking calls going.
+ * The handler only stores an atomic and write()s a fixed line, so it is safe whichever thread
+ * the kernel picks; SA_RESTART keeps the other threads' blocking calls going.
  */
 #ifndef LOOM_RUNTIME_STOP_H
 #define LOOM_RUNTIME_STOP_H
 
-void train_stop_arm(void);      /* installs the handlers (and forgets an earlier stop) */
+#include <stdbool.h>
+
+/* installs the handlers (and forgets an earlier stop); say: the first signal prints at once on
+   stderr that the run stops after the step in flight (the rank that prints, not -q) */
+void train_stop_arm(bool say);
 void train_stop_disarm(void);   /* puts the previous handlers back */
 int train_stop_signal(void);    /* 0, or the first SIGINT / SIGTERM received while armed */
 

@@ -701,7 +701,7 @@ int train_run(Executor *ex, const TrainOptions *opt, TrainResult *r, char *err, 
      so the device runs while the host reads a loss, logs and loads the next batch.  Not with
      per-step reads of the executor's state (the expert loads of a copying executor) */
   bool overlap = ex->issue_step && ex->finish_step && ex->whole_step && !loads_live(ex, o, &loads);
-  train_stop_arm();
+  train_stop_arm(o->log != NULL);
   for (int64_t s = r->first_step; s < o->steps; s++) {
     double t0 = now_s();
     float loss_sum = 0, norm = 0;

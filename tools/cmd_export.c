@@ -79,7 +79,13 @@ int cmd_export(int argc, char **argv) {
   char err[12288] = "", stepdir[4096];
   int64_t step = 0;
   int rc = ckpt_latest(ckpt, stepdir, sizeof stepdir, &step, err, sizeof err);
-  if (rc) return report(rc, err);
+  if (rc) {
+    /* the checkpoint reader's advice is a resuming run's: say export's */
+    char *tail = strstr(err, "; train from the start or pass another --resume folder");
+    if (tail)
+      snprintf(tail, sizeof err - (size_t)(tail - err), "; give a --save-dir folder of loom train or one of its step_* folders");
+    return report(rc, err);
+  }
   if (err[0]) fprintf(stderr, "loom: warning: %s\n", err);
   Checkpoint ck;
   if ((rc = ckpt_load(stepdir, &ck, err, sizeof err))) return report(rc, err);

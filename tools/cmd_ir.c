@@ -47,6 +47,8 @@ static const char help[] =
   "  --rank-ir R=FILE.ir    verify-collectives: rank R runs FILE's program (e.g. a hand-edited\n"
   "                         per-rank dump) instead of the input's\n"
   "  --pp-schedule=NAME     with --mesh pp=N: afab, 1f1b, interleaved, zb-h1 or dualpipev (see loom train --help)\n"
+  "  --pp-virtual=V         model chunks per pp rank (interleaved, dualpipev; default 2)\n"
+  "  --pp-split=0,6,12,18   the first layer of every chunk (default: balanced by FLOPs)\n"
   "  --schedule             a pipelined module (--mesh pp=N): every pp rank's actions as a table,\n"
   "                         the predicted bubble (equal unit costs) and held activations\n"
   "  --trace-out F.json     the predicted timeline (Chrome/Perfetto trace, one track per pp rank;\n"

@@ -18,6 +18,11 @@ static const char help[] =
   "learning rate below, as an SVG picture with axes, ticks and a legend.  A step logged more\n"
   "than once (a run resumed from an earlier checkpoint) is drawn with its last line.\n"
   "\n"
+  "options:\n"
+  "  -o, --out FILE.svg  the picture to write\n"
+  "  --title TEXT        its title (default: the log's file name)\n"
+  "  -h, --help          show this help\n"
+  "\n"
   "example:\n"
   "  loom train SPEC --data train.bin --val-data val.bin --log run.jsonl && loom plot run.jsonl -o run.svg\n";
 

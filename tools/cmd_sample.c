@@ -36,7 +36,8 @@ static const char help[] =
   "  --prompt TEXT         the text to continue (required, not empty)\n"
   "  --tokenizer T.json    a Hugging Face tokenizer.json; without one, a 256-token vocabulary is\n"
   "                        read as bytes (the demo's models)\n"
-  "  --max-new-tokens N    tokens to generate at most (default 64)\n"
+  "  --max-new-tokens N    tokens to generate at most (default 64, or what a GPT-2's positions\n"
+  "                        leave after the prompt)\n"
   "  --temperature T       0: greedy (argmax); else sample softmax(logits / T) (default 1.0)\n"
   "  --top-k K             sample among the K most likely tokens only (default 0: all)\n"
   "  --top-p P             sample among the most likely tokens whose probabilities add up to P\n"
@@ -48,9 +49,10 @@ static const char help[] =
   "                        by NVRTC for GPU 0\n"
   "  -h, --help            show this help\n"
   "\n"
-  "example:\n"
-  "  loom train --out shk.safetensors && loom sample models/gpt2-shakespeare.json --weights shk.safetensors \\\n"
-  "             --prompt 'ROMEO:' --max-new-tokens 200 --temperature 0.8 --top-k 40\n";
+  "example (the built-in demo's model is models/gpt2-tiny.json's: 64 positions, so prompt and\n"
+  "new tokens together at most 64):\n"
+  "  loom train --out shk.safetensors && loom sample models/gpt2-tiny.json --weights shk.safetensors \\\n"
+  "             --prompt 'ROMEO:' --max-new-tokens 50 --temperature 0.8 --top-k 40\n";
 
 /* The end-of-sequence ids of the model's config (eos_token_id: a number or a list). */
 int sample_read_eos(const char *spec_path, int64_t *eos, int max) {
@@ -177,6 +179,10 @@ int cmd_sample(int argc, char **argv) {
   rc = sample_weights_path(weights, wpath, sizeof wpath, err, sizeof err);
   if (!rc && tok_path) rc = tokenizer_load(tok_path, &tok, err, sizeof err);
   if (!rc) rc = sample_prompt_ids(tok, V, prompt, &pids, err, sizeof err);
+  /* the default 64 asks more than a small GPT-2 holds: it takes what the positions leave */
+  if (!rc && sa.o.max_new_default && spec->model.arch == ARCH_GPT2 && pids.n < spec->model.max_pos &&
+      pids.n + max_new > spec->model.max_pos)
+    max_new = sa.o.max_new = spec->model.max_pos - pids.n;
   int64_t tmax = pids.n + max_new;
   if (!rc && spec->model.arch == ARCH_GPT2 && tmax > spec->model.max_pos) {
     snprintf(err, sizeof err, "the prompt (%lld tokens) and --max-new-tokens %lld need %lld positions, and the model "

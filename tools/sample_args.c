@@ -8,6 +8,7 @@
 void sample_args_init(SampleArgs *a) {
   memset(a, 0, sizeof *a);
   a->o.temperature = 1.0, a->o.top_p = 1.0, a->o.max_new = 64, a->o.seed = 1337;
+  a->o.max_new_default = true;
 }
 
 int sample_arg(int argc, char **argv, int *i, SampleArgs *sa, const char *cmd) {
@@ -37,7 +38,7 @@ int sample_arg(int argc, char **argv, int *i, SampleArgs *sa, const char *cmd) {
         usage_error(cmd, "%s takes a%s integer, not '%s'", ints[k], k == 0 ? " positive" : " non-negative", r < 0 ? "" : v);
         return -1;
       }
-      if (k == 0) sa->o.max_new = x;
+      if (k == 0) sa->o.max_new = x, sa->o.max_new_default = false;
       else if (k == 1) sa->o.top_k = x;
       else if (k == 2) sa->o.seed = (uint64_t)x;
       else sa->threads = (int)x;

@@ -15,7 +15,7 @@
 
 /* The options of help() for "did you mean". */
 #define RUNNER_FLAGS " --data --steps --lr --min-lr --warmup --seed --init --out --save-dir --save-every --resume " \
-  "--threads --val-data --val-every --val-tokens --log --log-experts --info --quiet"
+  "--threads --val-data --val-every --val-tokens --log --log-experts --allow-changes --info --quiet --help"
 
 static void help(const json_t *s) {
   printf("usage: %s [options]\n\n"
@@ -31,18 +31,20 @@ static void help(const json_t *s) {
          "  --resume D        continue from a checkpoint (settings that differ from its are refused)\n"
          "  --allow-changes   resume although --steps, --lr, --seed, ... differ from the checkpoint's\n"
          "  --threads N       threads of the cpu backend (default: LOOM_THREADS or every core)\n"
-         "  --val-data SHARD...  validation loss on the step line (as loom train; --val-every N,\n"
-         "                    --val-tokens K)\n"
+         "  --val-data SHARD...  validation loss on the step line (as loom train)\n"
+         "  --val-every N     steps between validations (default: a tenth of the run)\n"
+         "  --val-tokens K    tokens per validation (default: 10 micro-batches)\n"
          "  --log FILE.jsonl  one JSON object per step (as loom train)\n"
          "  --log-experts     a mixture of experts' tokens per expert, per layer, every step\n"
          "  --info            print the compiled settings (JSON) and exit\n"
-         "EXE sample --prompt TEXT [...]   generate text from its checkpoints (EXE sample --help)\n"
-         "  -q, --quiet       no per-step lines\n",
-         "EXE", json_string_value(json_object_get(s, "spec")), (long long)json_integer_value(json_object_get(s, "batch")),
+         "  -q, --quiet       no per-step lines\n"
+         "  -h, --help        show this help\n"
+         "\n%s sample --prompt TEXT [...]   generate text from its checkpoints (%s sample --help)\n",
+         tools_program(), json_string_value(json_object_get(s, "spec")), (long long)json_integer_value(json_object_get(s, "batch")),
          (long long)json_integer_value(json_object_get(s, "seq")),
          (long long)json_integer_value(json_object_get(s, "grad_accum")),
          json_string_value(json_object_get(s, "precision")), (long long)json_integer_value(json_object_get(s, "steps")),
-         (long long)json_integer_value(json_object_get(s, "seed")));
+         (long long)json_integer_value(json_object_get(s, "seed")), tools_program(), tools_program());
 }
 
 /* Whether a cubin built for `built` runs on a device of architecture `dev` (both "sm_XY" or
@@ -139,7 +141,7 @@ static int run_sample(int argc, char **argv, const json_t *s, const Payload *pl,
   sample_args_init(&sa);
   for (int i = 2; i < argc; i++) {
     if (arg_flag(argv[i], "-h") || arg_flag(argv[i], "--help")) {
-      printf("usage: EXE sample --prompt TEXT [options]\n\n"
+      printf("usage: %s sample --prompt TEXT [options]\n\n"
              "Generates text with the model this executable trains (a KV cache of %lld positions, cpu backend),\n"
              "printing it as it goes; it stops after --max-new-tokens or at the end-of-sequence token.\n\n"
              "options (as loom sample's):\n"
@@ -147,9 +149,11 @@ static int run_sample(int argc, char **argv, const json_t *s, const Payload *pl,
              "                       compiled --save-dir's newest step, else the compiled --out)\n"
              "  --prompt TEXT        the text to continue (required)\n"
              "  --tokenizer T.json   without one, a 256-token vocabulary is read as bytes\n"
-             "  --max-new-tokens N (64)  --temperature T (1.0; 0: greedy)  --top-k K (0: all)  --top-p P (1.0)\n"
-             "  --seed S (1337)  --ids (print token ids)  --threads N\n",
-             (long long)json_integer_value(json_object_get(s, "sample_positions")));
+             "  --max-new-tokens N (64, or what the cache leaves after the prompt)\n"
+             "  --temperature T (1.0; 0: greedy)  --top-k K (0: all)  --top-p P (1.0)\n"
+             "  --seed S (1337)  --ids (print token ids)  --threads N\n"
+             "  -h, --help           show this help\n",
+             tools_program(), (long long)json_integer_value(json_object_get(s, "sample_positions")));
       return EXIT_OK;
     }
     int r = sample_arg(argc, argv, &i, &sa, "sample");
