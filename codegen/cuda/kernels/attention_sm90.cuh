@@ -486,14 +486,14 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
 /* Backward part 2 (dk, dv) on wgmma: loom_attn_bwd_dkdv_tc's arithmetic in the forward's
    pipeline.  256 threads: warpgroup 0 the producer (thread 0 copies K and V of the block's 64
    keys once, then per item, a query head sharing the kv head and a query tile of 64, its Q
-   and dO into a ring of two stages), warpgroup 1 the consumer: S^T = K Q^T and dP^T = V dO^T
+   and dO into a ring of stages: three at D 64, two at D 128), warpgroup 1 the consumer: S^T = K Q^T and dP^T = V dO^T
    (wgmma, all four in shared memory, K-major), P^T = 2^(S^T c2 - L2) and dS^T = P^T (dP^T -
    Dsum) scale in registers (L2 and Dsum read from global memory by each thread for its query
    columns), dV += P^T dO and dK += dS^T Q (wgmma, P^T and dS^T from registers as the
    forward's P, dO and Q through N-major descriptors).  The same sums in the same order as
    loom_attn_bwd_dkdv_tc (its query tiles of 32 at D 128 are the same k16 steps).  No window
    (the lowering keeps those on the mma.sync kernel).
-   grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + 2 stages * 2*64*D*2 + 40 bytes.
+   grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + ST stages * 2*64*D*2 + 8 (2 ST + 1) bytes.
    bufs: dout q k v L2 Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window (0);  f: scale;
    t: tensor maps of dout q k v (box rows 64; queries past T and keys past S arrive as zeros) */
 template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
@@ -501,7 +501,8 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
   static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
   constexpr bool BF = SQ::is_bf16;
-  constexpr int BN = 64, BM = 64, ST = 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 64;
+  constexpr bool PIPE = D == 64;   /* pipelined at D 64 only (below) */
+  constexpr int BN = 64, BM = 64, ST = PIPE ? 3 : 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 64;
   constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
   extern __shared__ float loom_smem[];
   const unsigned raw = loom_smem_addr(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
@@ -546,75 +547,110 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
     #pragma unroll
     for (int e = 0; e < 4; e++) dK[d][e] = dV[d][e] = 0.0f;
   loom_mbar_wait(kvbar, 0);
-  /* one item, in halves of 32 queries (S^T and dP^T of a half: 32 registers, so D 128's
-     accumulators, 128 registers, fit beside them); the sums' order is the tile's */
-  auto item = [&](const bool EDGE, int m0, const float *Lr, const float *Dr, unsigned sQ) {
-    const unsigned sO = sQ + TILE;
-    #pragma unroll   /* (rolled, ptxas moves dK in and out of the S accumulators' registers each half) */
-    for (int half = 0; half < 2; half++) {
-      const unsigned hq = half * 32 * 128;   /* the half's first query row */
-      float s[NQ / 2][4], dp[NQ / 2][4];
-      loom_wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < KD; kk++) {
-        const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
-        loom_wgmma_ss32<BF>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
-        loom_wgmma_ss32<BF>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
-      }
-      loom_wgmma_commit();
-      loom_wgmma_wait<0>();
-      loom_wg_regs(&s[0][0], 2 * NQ);
-      loom_wg_regs(&dp[0][0], 2 * NQ);
-      #pragma unroll
-      for (int j = 0; j < NQ / 2; j++)
-        #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int r = 32 * half + 8 * j + t2 + (e & 1), t = m0 + r;
-          const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
-          const float L = t < T ? Lr[rv] : 0.0f, Ds = t < T ? Dr[rv] : 0.0f;
-          float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
-          if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
-          s[j][e] = p;
-          dp[j][e] = p * (dp[j][e] - Ds) * scale;
-        }
-      /* dV += P^T dO, dK += dS^T Q over the half's queries, 16 at a time */
-      unsigned hs[KM / 2][4], ls[KM / 2][4], hd[KM / 2][4], ld[KM / 2][4];
-      #pragma unroll
-      for (int kk = 0; kk < KM / 2; kk++) {
-        loom_frag_pack<BF>(s, 2 * kk, hs[kk], ls[kk]);
-        loom_frag_pack<BF>(dp, 2 * kk, hd[kk], ld[kk]);
-      }
-      loom_wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < KM / 2; kk++) {
-        const unsigned qo = hq + kk * 16 * 128;
-        const unsigned long long bo = loom_wg_desc(sO + qo, BLK, 1024), bq = loom_wg_desc(sQ + qo, BLK, 1024);
-        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
-        loom_wgmma_rs<BF, D>(&dV[0][0], hs[kk], bo);
-        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dK[0][0], ld[kk], bq);
-        loom_wgmma_rs<BF, D>(&dK[0][0], hd[kk], bq);
-      }
-      loom_wgmma_commit();
-      loom_wgmma_wait<0>();
-      loom_wg_regs(&dV[0][0], 4 * ND);
-      loom_wg_regs(&dK[0][0], 4 * ND);
-      loom_wg_keep(&hs[0][0], 2 * KM);
-      loom_wg_keep(&ls[0][0], 2 * KM);
-      loom_wg_keep(&hd[0][0], 2 * KM);
-      loom_wg_keep(&ld[0][0], 2 * KM);
+  /* An item in halves of 32 queries (S^T and dP^T of a half: 32 registers, so D 128's
+     accumulators, 128 registers, fit beside them); the sums' order is the tile's.  Pipelined
+     as dq (FlashAttention-3's intra-warpgroup overlap): a half's S^T and dP^T are issued with
+     the previous half's dV += P^T dO and dK += dS^T Q behind them (the previous item's second
+     half, across items), and its P^T and dS^T are computed while those products are in
+     flight.  dV's and dK's products are the unpipelined loop's in its order, so the bits are
+     the same.  An item's stage is given back once its second half's products retire (during
+     the next item's first half): the consumer holds two stages then, hence the third. */
+  unsigned hs[KM / 2][4], ls[KM / 2][4], hd[KM / 2][4], ld[KM / 2][4];   /* P^T, dS^T (and remainders) as A */
+  auto kv_issue = [&](unsigned sQ, unsigned hq) {   /* dV += P^T dO, dK += dS^T Q over a half's queries, 16 at a time */
+    #pragma unroll
+    for (int kk = 0; kk < KM / 2; kk++) {
+      const unsigned qo = hq + kk * 16 * 128;
+      const unsigned long long bo = loom_wg_desc(sQ + TILE + qo, BLK, 1024), bq = loom_wg_desc(sQ + qo, BLK, 1024);
+      if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
+      loom_wgmma_rs<BF, D>(&dV[0][0], hs[kk], bo);
+      if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dK[0][0], ld[kk], bq);
+      loom_wgmma_rs<BF, D>(&dK[0][0], hd[kk], bq);
     }
+    loom_wgmma_commit();
   };
+  auto kv_done = [&]() {   /* after the wait that retires dV's and dK's products */
+    loom_wg_regs(&dV[0][0], 4 * ND);
+    loom_wg_regs(&dK[0][0], 4 * ND);
+    loom_wg_keep(&hs[0][0], 2 * KM);
+    loom_wg_keep(&ls[0][0], 2 * KM);
+    loom_wg_keep(&hd[0][0], 2 * KM);
+    loom_wg_keep(&ld[0][0], 2 * KM);
+  };
+  /* P^T and dS^T of a half (a literal EDGE at each call) */
+  auto dscore = [&](const bool EDGE, int half, int m0, const float *Lr, const float *Dr, float (&s)[NQ / 2][4],
+                    float (&dp)[NQ / 2][4]) {
+    #pragma unroll
+    for (int j = 0; j < NQ / 2; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = 32 * half + 8 * j + t2 + (e & 1), t = m0 + r;
+        const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
+        const float L = t < T ? Lr[rv] : 0.0f, Ds = t < T ? Dr[rv] : 0.0f;
+        float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
+        if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
+        s[j][e] = p;
+        dp[j][e] = p * (dp[j][e] - Ds) * scale;
+      }
+  };
+  /* (no item is wholly before the block's keys: m_start is n0, BM and BN being the same) */
   for (int it = 0; it < n_items; it++) {
-    const int s = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
+    const int st = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
     const long long lb = ((long long)b * H + h) * T + m0;
-    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
-    if (!causal || m0 + BM - 1 >= n0) {   /* (causal: a tile wholly before the block's keys sees none) */
+    const unsigned sQ = sQO + st * 2 * TILE, sO = sQ + TILE;
+    loom_mbar_wait(sBar + 8 * st, (it / ST) & 1);
+    {
       /* unmasked when no query of the tile is before the block's last key and none past T:
          the same for the whole warpgroup (a wgmma's branch must be; checked as the forward's) */
-      if (loom_wg_uniform(m0 + BM <= T && (!causal || m0 >= n0 + BN - 1))) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
-      else item(true, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+      const bool edge = !loom_wg_uniform(m0 + BM <= T && (!causal || m0 >= n0 + BN - 1));
+      #pragma unroll
+      for (int half = 0; half < 2; half++) {
+        const unsigned hq = half * 32 * 128;   /* the half's first query row */
+        float s[NQ / 2][4], dp[NQ / 2][4];
+        loom_wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+          const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
+          loom_wgmma_ss32<BF>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
+          loom_wgmma_ss32<BF>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
+        }
+        loom_wgmma_commit();
+        /* the products pending: the previous half's, of this item (half 1) or the previous one's */
+        const bool pend = PIPE && (half > 0 || it > 0);
+        const int pst = half > 0 ? st : (it + ST - 1) % ST;
+        if (pend) kv_issue(sQO + pst * 2 * TILE, half > 0 ? 0u : 32u * 128);
+        if (pend) loom_wgmma_wait<1>();   /* S^T and dP^T have landed; dV's, dK's may be in flight */
+        else loom_wgmma_wait<0>();
+        loom_wg_regs(&s[0][0], 2 * NQ);
+        loom_wg_regs(&dp[0][0], 2 * NQ);
+        if (edge) dscore(true, half, m0, Lin + lb, Din + lb, s, dp);
+        else dscore(false, half, m0, Lin + lb, Din + lb, s, dp);
+        if (pend) {
+          loom_wgmma_wait<0>();   /* the previous half's products too */
+          kv_done();
+          if (half == 0) loom_mbar_arrive(sBar + 8 * (ST + pst));   /* the previous item's last: its stage is free */
+        }
+        #pragma unroll
+        for (int kk = 0; kk < KM / 2; kk++) {
+          loom_frag_pack<BF>(s, 2 * kk, hs[kk], ls[kk]);
+          loom_frag_pack<BF>(dp, 2 * kk, hd[kk], ld[kk]);
+        }
+        if (!PIPE) {   /* this half's products at once */
+          loom_wgmma_fence();
+          kv_issue(sQ, hq);
+          loom_wgmma_wait<0>();
+          kv_done();
+        }
+      }
+      if (!PIPE) loom_mbar_arrive(sBar + 8 * (ST + st));
     }
-    loom_mbar_arrive(sBar + 8 * (ST + s));
+  }
+  if (PIPE && n_items > 0) {   /* the last item's second half's products */
+    const int pst = (n_items - 1) % ST;
+    loom_wgmma_fence();
+    kv_issue(sQO + pst * 2 * TILE, 32u * 128);
+    loom_wgmma_wait<0>();
+    kv_done();
+    loom_mbar_arrive(sBar + 8 * (ST + pst));
   }
   typename SDK::T *dk = LOOM_OUT(SDK, 6);
   typename SDV::T *dv = LOOM_OUT(SDV, 7);
