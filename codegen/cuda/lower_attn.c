@@ -275,7 +275,7 @@ static int lower_attention_grad(Lower *L, Steps *s) {
   if (tc && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; K, V, stages of Q, dO */
     st->grid[1] = cl_clamp_grid((S + 63) / 64, 65535);
     st->block[0] = 256;
-    const int64_t ring = D == 64 ? 3 : 2;   /* stages: dk dv is pipelined at D 64 (attention_sm90.cuh) */
+    const int64_t ring = 3;   /* stages: dk dv is pipelined (attention_sm90.cuh) */
     st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + ring * 2 * 64 * D * 2 + 8 * (2 * ring + 1));
     size_t n = strlen(st->label);
     snprintf(st->label + n, sizeof st->label - n, " (wgmma)");

@@ -235,6 +235,12 @@ LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned s
                " " LOOM_WG_D16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                                       \
                : LOOM_F16(d, 0)                                                                                        \
                : "l"(da), "l"(db), "r"(scale_d))
+#define LOOM_WG_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define LOOM_WG_SS16(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY      \
+               " " LOOM_WG_D8 ", %8, %9, p, 1, 1, 0, 0;\n}\n"                                                         \
+               : LOOM_F4(d, 0), LOOM_F4(d, 4)                                                                          \
+               : "l"(da), "l"(db), "r"(scale_d))
 #define LOOM_WG_RS64(TY)                                                                                               \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY      \
                " " LOOM_WG_D32 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                                          \
@@ -266,6 +272,23 @@ LOOM_DEV void loom_wgmma_ss32(float *d, unsigned long long da, unsigned long lon
   if (BF) LOOM_WG_SS32("bf16");
   else LOOM_WG_SS32("f16");
 #endif
+}
+/* the same, 64 x 16 (d[8]) */
+template <bool BF>
+LOOM_DEV void loom_wgmma_ss16(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, 16, nullptr, da, db, scale_d, 0, 0, BF);
+#elif LOOM_SM90
+  if (BF) LOOM_WG_SS16("bf16");
+  else LOOM_WG_SS16("f16");
+#endif
+}
+/* 64 x N, N 16 or 32 (d[N / 2]) */
+template <bool BF, int N>
+LOOM_DEV void loom_wgmma_ss(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+  static_assert(N == 16 || N == 32, "loom_wgmma_ss: N 16 or 32");
+  if (N == 16) loom_wgmma_ss16<BF>(d, da, db, scale_d);
+  else loom_wgmma_ss32<BF>(d, da, db, scale_d);
 }
 /* d[N / 2] (64 x N, f32) += A B: A 64 x 16 from registers (a[4], mma.sync's A fragment per
    warp), B 16 x N N-major (imm-trans-b: V's rows of head dims) by descriptor */
@@ -501,8 +524,8 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
   static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
   constexpr bool BF = SQ::is_bf16;
-  constexpr bool PIPE = D == 64;   /* pipelined at D 64 only (below) */
-  constexpr int BN = 64, BM = 64, ST = PIPE ? 3 : 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 64;
+  constexpr bool PIPE = true;   /* pipelined (below) */
+  constexpr int BN = 64, BM = 64, ST = PIPE ? 3 : 2, W = PIPE && D == 128 ? 16 : 32, NS = BM / W, NW = W / 8, KW = W / 16, ND = D / 8, KD = D / 16, U = D / 64;
   constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
   extern __shared__ float loom_smem[];
   const unsigned raw = loom_smem_addr(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
@@ -555,10 +578,10 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
      flight.  dV's and dK's products are the unpipelined loop's in its order, so the bits are
      the same.  An item's stage is given back once its second half's products retire (during
      the next item's first half): the consumer holds two stages then, hence the third. */
-  unsigned hs[KM / 2][4], ls[KM / 2][4], hd[KM / 2][4], ld[KM / 2][4];   /* P^T, dS^T (and remainders) as A */
+  unsigned hs[KW][4], ls[KW][4], hd[KW][4], ld[KW][4];   /* P^T, dS^T (and remainders) as A */
   auto kv_issue = [&](unsigned sQ, unsigned hq) {   /* dV += P^T dO, dK += dS^T Q over a half's queries, 16 at a time */
     #pragma unroll
-    for (int kk = 0; kk < KM / 2; kk++) {
+    for (int kk = 0; kk < KW; kk++) {
       const unsigned qo = hq + kk * 16 * 128;
       const unsigned long long bo = loom_wg_desc(sQ + TILE + qo, BLK, 1024), bq = loom_wg_desc(sQ + qo, BLK, 1024);
       if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
@@ -571,19 +594,19 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
   auto kv_done = [&]() {   /* after the wait that retires dV's and dK's products */
     loom_wg_regs(&dV[0][0], 4 * ND);
     loom_wg_regs(&dK[0][0], 4 * ND);
-    loom_wg_keep(&hs[0][0], 2 * KM);
-    loom_wg_keep(&ls[0][0], 2 * KM);
-    loom_wg_keep(&hd[0][0], 2 * KM);
-    loom_wg_keep(&ld[0][0], 2 * KM);
+    loom_wg_keep(&hs[0][0], 4 * KW);
+    loom_wg_keep(&ls[0][0], 4 * KW);
+    loom_wg_keep(&hd[0][0], 4 * KW);
+    loom_wg_keep(&ld[0][0], 4 * KW);
   };
   /* P^T and dS^T of a half (a literal EDGE at each call) */
-  auto dscore = [&](const bool EDGE, int half, int m0, const float *Lr, const float *Dr, float (&s)[NQ / 2][4],
-                    float (&dp)[NQ / 2][4]) {
+  auto dscore = [&](const bool EDGE, int half, int m0, const float *Lr, const float *Dr, float (&s)[NW][4],
+                    float (&dp)[NW][4]) {
     #pragma unroll
-    for (int j = 0; j < NQ / 2; j++)
+    for (int j = 0; j < NW; j++)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int r = 32 * half + 8 * j + t2 + (e & 1), t = m0 + r;
+        const int r = W * half + 8 * j + t2 + (e & 1), t = m0 + r;
         const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
         const float L = t < T ? Lr[rv] : 0.0f, Ds = t < T ? Dr[rv] : 0.0f;
         float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
@@ -603,25 +626,25 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
          the same for the whole warpgroup (a wgmma's branch must be; checked as the forward's) */
       const bool edge = !loom_wg_uniform(m0 + BM <= T && (!causal || m0 >= n0 + BN - 1));
       #pragma unroll
-      for (int half = 0; half < 2; half++) {
-        const unsigned hq = half * 32 * 128;   /* the half's first query row */
-        float s[NQ / 2][4], dp[NQ / 2][4];
+      for (int half = 0; half < NS; half++) {
+        const unsigned hq = half * W * 128;   /* the slice's first query row */
+        float s[NW][4], dp[NW][4];
         loom_wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
           const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
-          loom_wgmma_ss32<BF>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
-          loom_wgmma_ss32<BF>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
+          loom_wgmma_ss<BF, W>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
+          loom_wgmma_ss<BF, W>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
         }
         loom_wgmma_commit();
         /* the products pending: the previous half's, of this item (half 1) or the previous one's */
         const bool pend = PIPE && (half > 0 || it > 0);
         const int pst = half > 0 ? st : (it + ST - 1) % ST;
-        if (pend) kv_issue(sQO + pst * 2 * TILE, half > 0 ? 0u : 32u * 128);
+        if (pend) kv_issue(sQO + pst * 2 * TILE, (half > 0 ? half - 1 : NS - 1) * W * 128u);
         if (pend) loom_wgmma_wait<1>();   /* S^T and dP^T have landed; dV's, dK's may be in flight */
         else loom_wgmma_wait<0>();
-        loom_wg_regs(&s[0][0], 2 * NQ);
-        loom_wg_regs(&dp[0][0], 2 * NQ);
+        loom_wg_regs(&s[0][0], 4 * NW);
+        loom_wg_regs(&dp[0][0], 4 * NW);
         if (edge) dscore(true, half, m0, Lin + lb, Din + lb, s, dp);
         else dscore(false, half, m0, Lin + lb, Din + lb, s, dp);
         if (pend) {
@@ -630,7 +653,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
           if (half == 0) loom_mbar_arrive(sBar + 8 * (ST + pst));   /* the previous item's last: its stage is free */
         }
         #pragma unroll
-        for (int kk = 0; kk < KM / 2; kk++) {
+        for (int kk = 0; kk < KW; kk++) {
           loom_frag_pack<BF>(s, 2 * kk, hs[kk], ls[kk]);
           loom_frag_pack<BF>(dp, 2 * kk, hd[kk], ld[kk]);
         }
@@ -647,7 +670,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
   if (PIPE && n_items > 0) {   /* the last item's second half's products */
     const int pst = (n_items - 1) % ST;
     loom_wgmma_fence();
-    kv_issue(sQO + pst * 2 * TILE, 32u * 128);
+    kv_issue(sQO + pst * 2 * TILE, (NS - 1) * W * 128u);
     loom_wgmma_wait<0>();
     kv_done();
     loom_mbar_arrive(sBar + 8 * (ST + pst));
