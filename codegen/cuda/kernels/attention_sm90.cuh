@@ -214,6 +214,12 @@ LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned s
          (unsigned long long)(sbo >> 4) << 32 | 1ull << 62;
 }
 
+/* d advanced by off bytes (a multiple of 16): its start address field, the low word's 14 bits,
+   does not carry out (shared addresses below 256 KB), so the add is the low word's only */
+LOOM_DEV unsigned long long loom_wg_desc_add(unsigned long long d, unsigned off) {
+  return (d & ~0xffffffffull) | (unsigned)((unsigned)d + (off >> 4));
+}
+
 #define LOOM_F4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define LOOM_F16(d, i) LOOM_F4(d, i), LOOM_F4(d, i + 4), LOOM_F4(d, i + 8), LOOM_F4(d, i + 12)
 #define LOOM_F32(d, i) LOOM_F16(d, i), LOOM_F16(d, i + 16)
@@ -570,20 +576,25 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
     #pragma unroll
     for (int e = 0; e < 4; e++) dK[d][e] = dV[d][e] = 0.0f;
   loom_mbar_wait(kvbar, 0);
-  /* An item in halves of 32 queries (S^T and dP^T of a half: 32 registers, so D 128's
+  /* An item in slices of W queries (S^T and dP^T of a slice: W / 2 registers each, so D 128's
      accumulators, 128 registers, fit beside them); the sums' order is the tile's.  Pipelined
-     as dq (FlashAttention-3's intra-warpgroup overlap): a half's S^T and dP^T are issued with
-     the previous half's dV += P^T dO and dK += dS^T Q behind them (the previous item's second
-     half, across items), and its P^T and dS^T are computed while those products are in
+     as dq (FlashAttention-3's intra-warpgroup overlap): a slice's S^T and dP^T are issued with
+     the previous slice's dV += P^T dO and dK += dS^T Q behind them (the previous item's last
+     slice, across items), and its P^T and dS^T are computed while those products are in
      flight.  dV's and dK's products are the unpipelined loop's in its order, so the bits are
-     the same.  An item's stage is given back once its second half's products retire (during
-     the next item's first half): the consumer holds two stages then, hence the third. */
+     the same.  An item's stage is given back once its last slice's products retire (during
+     the next item's first slice): the consumer holds two stages then, hence the third.
+     Slices of 32 at D 64 (202 registers against 157 unpipelined: one block an SM either way,
+     256 threads above 128), of 16 at D 128: halves there take 255 registers and spill 52
+     bytes (the previous half's P^T and dS^T fragments, 32 registers with their remainders,
+     live beside the next half's S^T and dP^T); quarters take 240, no spills, for m64n16
+     products in S^T and dP^T (docs/attention.md "Hopper"). */
   unsigned hs[KW][4], ls[KW][4], hd[KW][4], ld[KW][4];   /* P^T, dS^T (and remainders) as A */
   auto kv_issue = [&](unsigned sQ, unsigned hq) {   /* dV += P^T dO, dK += dS^T Q over a half's queries, 16 at a time */
     #pragma unroll
     for (int kk = 0; kk < KW; kk++) {
       const unsigned qo = hq + kk * 16 * 128;
-      const unsigned long long bo = loom_wg_desc(sQ + TILE + qo, BLK, 1024), bq = loom_wg_desc(sQ + qo, BLK, 1024);
+      const unsigned long long bq = loom_wg_desc_add(loom_wg_desc(sQ, BLK, 1024), qo), bo = loom_wg_desc_add(bq, TILE);
       if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
       loom_wgmma_rs<BF, D>(&dV[0][0], hs[kk], bo);
       if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dK[0][0], ld[kk], bq);
@@ -600,26 +611,38 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
     loom_wg_keep(&ld[0][0], 4 * KW);
   };
   /* P^T and dS^T of a half (a literal EDGE at each call) */
-  auto dscore = [&](const bool EDGE, int half, int m0, const float *Lr, const float *Dr, float (&s)[NW][4],
-                    float (&dp)[NW][4]) {
+  /* L2 and Dsum of this thread's query columns of a slice (a row each for j and e & 1; loaded
+     while the slice's products are in flight) */
+  auto stats = [&](int half, int m0, const float *Lr, const float *Dr, float (&Lv)[NW][2], float (&Dv)[NW][2]) {
+    #pragma unroll
+    for (int j = 0; j < NW; j++)
+      #pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int r = W * half + 8 * j + t2 + c, t = m0 + r;
+        const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
+        Lv[j][c] = t < T ? Lr[rv] : 0.0f;
+        Dv[j][c] = t < T ? Dr[rv] : 0.0f;
+      }
+  };
+  /* P^T and dS^T of a slice (a literal EDGE at each call) */
+  auto dscore = [&](const bool EDGE, int half, int m0, const float (&Lv)[NW][2], const float (&Dv)[NW][2],
+                    float (&s)[NW][4], float (&dp)[NW][4]) {
     #pragma unroll
     for (int j = 0; j < NW; j++)
       #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int r = W * half + 8 * j + t2 + (e & 1), t = m0 + r;
-        const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
-        const float L = t < T ? Lr[rv] : 0.0f, Ds = t < T ? Dr[rv] : 0.0f;
-        float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
+        const int t = m0 + W * half + 8 * j + t2 + (e & 1);
+        float p = loom_ex2(__fmaf_rn(s[j][e], c2, -Lv[j][e & 1]));
         if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
         s[j][e] = p;
-        dp[j][e] = p * (dp[j][e] - Ds) * scale;
+        dp[j][e] = p * (dp[j][e] - Dv[j][e & 1]) * scale;
       }
   };
   /* (no item is wholly before the block's keys: m_start is n0, BM and BN being the same) */
   for (int it = 0; it < n_items; it++) {
     const int st = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
     const long long lb = ((long long)b * H + h) * T + m0;
-    const unsigned sQ = sQO + st * 2 * TILE, sO = sQ + TILE;
+    const unsigned sQ = sQO + st * 2 * TILE;
     loom_mbar_wait(sBar + 8 * st, (it / ST) & 1);
     {
       /* unmasked when no query of the tile is before the block's last key and none past T:
@@ -628,13 +651,15 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
       #pragma unroll
       for (int half = 0; half < NS; half++) {
         const unsigned hq = half * W * 128;   /* the slice's first query row */
-        float s[NW][4], dp[NW][4];
+        float s[NW][4], dp[NW][4], Lv[NW][2], Dv[NW][2];
+        stats(half, m0, Lin + lb, Din + lb, Lv, Dv);
         loom_wgmma_fence();
         #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
           const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
-          loom_wgmma_ss<BF, W>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
-          loom_wgmma_ss<BF, W>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
+          const unsigned long long dq = loom_wg_desc_add(loom_wg_desc(sQ, 16, 1024), hq + ko);
+          loom_wgmma_ss<BF, W>(&s[0][0], loom_wg_desc_add(loom_wg_desc(sK, 16, 1024), ko), dq, kk > 0);
+          loom_wgmma_ss<BF, W>(&dp[0][0], loom_wg_desc_add(loom_wg_desc(sV, 16, 1024), ko), loom_wg_desc_add(dq, TILE), kk > 0);
         }
         loom_wgmma_commit();
         /* the products pending: the previous half's, of this item (half 1) or the previous one's */
@@ -645,8 +670,8 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
         else loom_wgmma_wait<0>();
         loom_wg_regs(&s[0][0], 4 * NW);
         loom_wg_regs(&dp[0][0], 4 * NW);
-        if (edge) dscore(true, half, m0, Lin + lb, Din + lb, s, dp);
-        else dscore(false, half, m0, Lin + lb, Din + lb, s, dp);
+        if (edge) dscore(true, half, m0, Lv, Dv, s, dp);
+        else dscore(false, half, m0, Lv, Dv, s, dp);
         if (pend) {
           loom_wgmma_wait<0>();   /* the previous half's products too */
           kv_done();
