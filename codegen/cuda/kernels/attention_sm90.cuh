@@ -525,6 +525,15 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
    grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + ST stages * 2*64*D*2 + 8 (2 ST + 1) bytes.
    bufs: dout q k v L2 Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window (0);  f: scale;
    t: tensor maps of dout q k v (box rows 64; queries past T and keys past S arrive as zeros) */
+/* setmaxnreg for dk/dv, off (0): the lowering binds the Hopper kernels to 1 block an SM
+   (steps.c: __launch_bounds__(256, 1)), where the kernel starts at 255 registers and the
+   consumer can be given no more.  Set to 232 only with the wrapper's bound (256, 2): the kernel
+   then starts at 128, the producer gives 104 x 128 back and the consumer takes 232 (24 + 232 =
+   2 x 128), two blocks an SM.  D 64 compiles so to 198 registers, no spills (docs/attention.md
+   "Hopper"); not wired into the lowering yet (D 128 takes 240, over 232). */
+#ifndef LOOM_KV_WG_CONSUMER_REGS
+#define LOOM_KV_WG_CONSUMER_REGS 0
+#endif
 template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
 LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
@@ -546,6 +555,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
   if (tid == 0) loom_ring_init(sBar, ST, 128, kvbar);
   __syncthreads();
   if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2 3: dout q k v, as the forward's) */
+    if (LOOM_KV_WG_CONSUMER_REGS) loom_setmaxnreg<24, false>();
     if (tid != 0) return;
     for (int m = 0; m < 4; m++) loom_tma_prefetch(&t.m[m]);
     loom_mbar_expect_tx(kvbar, 2 * TILE);
@@ -567,6 +577,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
     }
     return;
   }
+  if (LOOM_KV_WG_CONSUMER_REGS) loom_setmaxnreg<LOOM_KV_WG_CONSUMER_REGS ? LOOM_KV_WG_CONSUMER_REGS : 24, true>();
   const int l = tid & 127, warp = l >> 5, lane = l & 31, g = lane >> 2, t2 = (lane & 3) * 2;
   const int kw = n0 + 16 * warp, k0 = kw + g, k1 = k0 + 8;   /* the warp's first key; this thread's two */
   const float *Lin = (const float *)a.buf[4], *Din = (const float *)a.buf[5];
