@@ -311,36 +311,20 @@ static bool figures_at(const LayerProg *p, int64_t dp, Figures *out) {
   return out->ok;
 }
 
-/* The layers of each of C chunks when the pipeline pass splits Lm layers (passes/pipeline_units.c
-   pipeline_split_units: the largest chunk's FLOPs made least, the head, of `head` layers' FLOPs, on
+/* The layers of each of C chunks when the pipeline pass splits Lm layers (its split,
+   pipeline_chunk_starts: the largest chunk's FLOPs made least, the head, of `head` layers' FLOPs, on
    the last chunk, the later start on ties), in n[0..C).  The screening compiles 1 and 2
    layers a chunk and extrapolates: where the head weighs more than a layer, those splits are
    uneven, and the screened step with them; the estimate mirrors it. */
 static void chunk_split(int C, int Lm, double head, int *n) {
-  double *best = malloc(sizeof(double) * (size_t)(C + 1) * (size_t)(Lm + 1));
-  int *arg = malloc(sizeof(int) * (size_t)(C + 1) * (size_t)(Lm + 1));
-  if (!best || !arg) {
+  double *one = malloc(sizeof(double) * (size_t)(Lm > 0 ? Lm : 1));
+  int *start = malloc(sizeof(int) * (size_t)(C > 0 ? C : 1));
+  for (int l = 0; one && l < Lm; l++) one[l] = 1;
+  if (one && start && !pipeline_chunk_starts(C, Lm, one, 0, head, start))
+    for (int c = 0; c < C; c++) n[c] = (c + 1 < C ? start[c + 1] : Lm) - start[c];
+  else   /* out of memory: even */
     for (int c = 0; c < C; c++) n[c] = Lm / C + (c < Lm % C);
-    free(best), free(arg);
-    return;
-  }
-#define BEST(c, l) best[(c) * (Lm + 1) + (l)]
-#define ARG(c, l) arg[(c) * (Lm + 1) + (l)]
-  for (int c = 0; c <= C; c++)
-    for (int l = 0; l <= Lm; l++) BEST(c, l) = 1e300, ARG(c, l) = 0;
-  BEST(0, 0) = 0;
-  for (int c = 1; c <= C; c++)
-    for (int l = c; l <= Lm; l++)
-      for (int k = c - 1; k < l; k++) {
-        double w = (double)(l - k) + (l == Lm ? head : 0);
-        double mx = BEST(c - 1, k) > w ? BEST(c - 1, k) : w;
-        if (mx < BEST(c, l) || (mx == BEST(c, l) && k > ARG(c, l))) BEST(c, l) = mx, ARG(c, l) = k;
-      }
-  int l = Lm;
-  for (int c = C; c >= 1; c--) n[c - 1] = l - ARG(c, l), l = ARG(c, l);
-#undef BEST
-#undef ARG
-  free(best), free(arg);
+  free(one), free(start);
 }
 
 /* The splits chunk_split gives, kept: few distinct (chunks, layers) pairs, many candidates. */

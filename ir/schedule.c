@@ -527,6 +527,23 @@ int pipe_owner_of(const Module *m, const Global *gl) {
       if (op->kind == OP_ASSIGN && !strcmp(op->operands[0]->global->name, pname)) return q;
     }
   }
+  /* State a chunk counts into (a mixture of experts' load, moe_load.l<N>): the rank of the
+     chunk that writes it; the other ranks hold zeros. */
+  if (gl->kind == GLOBAL_STATE && pname == gl->name)
+    for (int i = 0; i < m->funcs.n; i++) {
+      const Func *f = m->funcs.items[i];
+      int c = -1;
+      char tail;
+      if (sscanf(f->name, "fwd.c%d%c", &c, &tail) != 1 && sscanf(f->name, "bwd.c%d%c", &c, &tail) != 1 &&
+          sscanf(f->name, "bwd_b.c%d%c", &c, &tail) != 1 && sscanf(f->name, "bwd_w.c%d%c", &c, &tail) != 1)
+        continue;
+      for (int k = 0; k < f->ops.n; k++) {
+        const Op *op = f->ops.items[k];
+        if ((op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN) && op->operands[0]->kind == VAL_GLOBAL &&
+            op->operands[0]->global == gl)
+          return schedule_chunk_rank(m->pipe.kind, (int)m->mesh.size[AX_PP], (int)m->pipe.virt, c);
+      }
+    }
   return -1;
 }
 

@@ -131,6 +131,14 @@ int pipeline_run(Module *m, const char *pipeline, const PassOptions *opt, char *
    RT_MAX_BUFS (passes may not include the runtime). */
 #define FUSE_MAX_BUFS 16
 
+/* pipeline_units.c: the split of L layers into C chunks (1 <= C <= L) the pipeline pass makes
+   when --pp-split gives none: a chunk of layers k..l-1 costs layer[k] + ... + layer[l-1], plus
+   `first` on the first chunk (the embedding) and `last` on the last (the head); the largest
+   chunk's cost is made least, ties going to the later start.  start[0..C): each chunk's first
+   layer (start[0] = 0).  The planner (driver/plan_fast.c) mirrors the pass's split with it.
+   -1 (start unset) when out of memory or C is out of range. */
+int pipeline_chunk_starts(int C, int L, const double *layer, double first, double last, int *start);
+
 /* autodiff.c: the op whose result is the backward's seed (d loss = 1 / grad_accum, named
    %loss_seed): the ops after it are the backward's (pipeline, recompute). */
 bool op_is_loss_seed(const Op *op);

@@ -242,6 +242,49 @@ int pipeline_classify(PP *pp) {
   return 0;
 }
 
+/* The layers' split into chunks whose largest cost is least (passes.h).  best[c][l]: the
+   least largest chunk cost of layers 0..l-1 in c chunks; arg[c][l]: the last chunk's first
+   layer there, the later one on ties.  For each first layer k the chunk's cost grows layer by
+   layer, summed in layer order (as a sum per (k, l) would be, to the bit), so the search is
+   C x L^2; a candidate replaces the best only when strictly better (least cost, then latest
+   start), so the order it visits them in does not change the result. */
+int pipeline_chunk_starts(int C, int L, const double *layer, double first, double last, int *start) {
+  if (C < 1 || C > L) return -1;
+  double *best = malloc(sizeof(double) * (size_t)(C + 1) * (size_t)(L + 1));
+  int *arg = malloc(sizeof(int) * (size_t)(C + 1) * (size_t)(L + 1));
+  if (!best || !arg) {
+    free(best), free(arg);
+    return -1;
+  }
+#define BEST(c, l) best[(c) * (L + 1) + (l)]
+#define ARG(c, l) arg[(c) * (L + 1) + (l)]
+  for (int c = 0; c <= C; c++)
+    for (int l = 0; l <= L; l++) BEST(c, l) = 1e300, ARG(c, l) = 0;
+  BEST(0, 0) = 0;
+  for (int c = 1; c <= C; c++)
+    for (int k = c - 1; k < L; k++) {
+      double sum = 0;   /* layers k..l-1 */
+      for (int l = k + 1; l <= L; l++) {
+        sum += layer[l - 1];
+        double w = sum;
+        if (k == 0) w += first;
+        if (l == L) w += last;
+        double mx = BEST(c - 1, k) > w ? BEST(c - 1, k) : w;
+        if (mx < BEST(c, l) || (mx == BEST(c, l) && k > ARG(c, l))) BEST(c, l) = mx, ARG(c, l) = k;
+      }
+    }
+  int l = L;
+  for (int c = C; c >= 1; c--) {
+    start[c - 1] = ARG(c, l);
+    l = ARG(c, l);
+  }
+#undef BEST
+#undef ARG
+  free(best);
+  free(arg);
+  return 0;
+}
+
 /* The units' FLOPs (forward and backward) and the split: unit_chunk[]. */
 int pipeline_split_units(PP *pp, const TrainSettings *ts) {
   int U = pp->n_units, L = U - 2, C = pp->C;
@@ -261,37 +304,15 @@ int pipeline_split_units(PP *pp, const TrainSettings *ts) {
     }
   } else {
     double *cost = calloc((size_t)U, sizeof(double));
-    for (int i = 0; i < pp->g->ops.n; i++)
+    int *found = malloc(sizeof(int) * (size_t)C);
+    for (int i = 0; cost && i < pp->g->ops.n; i++)
       if (pp->phase[i] == PH_F || pp->phase[i] == PH_B) cost[pp->unit[i]] += flops_op(pp->g->ops.items[i]);
-    /* Layers l0..l1-1 in one chunk; the first chunk also has unit 0, the last unit U-1.
-       best[c][l]: the smallest max-cost of layers 0..l-1 in c chunks. */
-    double *best = malloc(sizeof(double) * (size_t)(C + 1) * (size_t)(L + 1));
-    int *arg = malloc(sizeof(int) * (size_t)(C + 1) * (size_t)(L + 1));
-#define BEST(c, l) best[(c) * (L + 1) + (l)]
-#define ARG(c, l) arg[(c) * (L + 1) + (l)]
-    for (int c = 0; c <= C; c++)
-      for (int l = 0; l <= L; l++) BEST(c, l) = 1e300, ARG(c, l) = 0;
-    BEST(0, 0) = 0;
-    for (int c = 1; c <= C; c++)
-      for (int l = c; l <= L; l++)
-        for (int k = c - 1; k < l; k++) {
-          double w = 0;
-          for (int u = k + 1; u <= l; u++) w += cost[u];
-          if (k == 0) w += cost[0];
-          if (l == L) w += cost[U - 1];
-          double mx = BEST(c - 1, k) > w ? BEST(c - 1, k) : w;
-          if (mx < BEST(c, l) || (mx == BEST(c, l) && k > ARG(c, l))) BEST(c, l) = mx, ARG(c, l) = k;
-        }
-    int l = L;
-    for (int c = C; c >= 1; c--) {
-      start[c - 1] = ARG(c, l);
-      l = ARG(c, l);
-    }
-#undef BEST
-#undef ARG
-    free(best);
-    free(arg);
+    /* units 1..U-2 are the layers; the first chunk also has unit 0, the last unit U-1 */
+    int rc = cost && found ? pipeline_chunk_starts(C, L, cost + 1, cost[0], cost[U - 1], found) : -1;
+    for (int c = 0; c < C && !rc; c++) start[c] = found[c];
+    free(found);
     free(cost);
+    if (rc) return pipeline_fail(pp, IR_ERUN, "out of memory splitting %d layers into %d chunks", L, C);
   }
   pp->unit_chunk = calloc((size_t)U, sizeof(int));
   for (int u = 1; u < U - 1; u++) {

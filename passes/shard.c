@@ -103,6 +103,7 @@ static void rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int
   for (int i = 0; i < op->n_operands; i++) d->need[i] = in[i];
   for (int r = 0; r < op->n_results; r++) d->give[r] = R;
   /* An axis's own rules first, then the rules that hold on every axis. */
+  if (shard_rows_rule(s, op, in, gin, axis, d)) return;   /* flattened [B*T,...] with T split: shard_rows.c */
   if (axis == AX_TP && shard_tp_rule(s, op, in, gin, d)) return;
   if (axis == AX_CP && shard_cp_rule(s, op, in, gin, d)) return;
   if (shard_moe_rule(s, op, in, gin, axis, d)) return;   /* mixture of experts: shard_ep.c */
@@ -464,6 +465,7 @@ static void emit(Sharder *s, Op *op) {
     Value *hit = partial ? shard_cache_find(s, ops[i], &reduced) : NULL;
     if (hit) ops[i] = hit, gin[i] = shard_global_type(m, ops[i]);
   }
+  shard_rows_prepare(s, op, ops, gin);   /* merged rows gathered for an op that needs them in order */
   /* Ops whose per-rank form is a different computation (vocabulary-parallel
      cross-entropy, KV heads sliced per rank: shard_tp.c). */
   bool cp_attention = m->mesh.size[AX_CP] > 1 && (op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD);
@@ -486,19 +488,26 @@ static void emit(Sharder *s, Op *op) {
     for (int i = 0; i < nops; i++) set_place(&need[i], a, dec.need[i]);
     for (int r = 0; r < op->n_results; r++) set_place(&give[r], a, dec.give[r]);
   }
-  if (s->cp_merged) shard_cp_check(s, op, give);
   /* Effects: the destination global's placement is fixed; the value must match it. */
   int writes = op_n_writes(op->kind);
   if (op->kind == OP_ACCUMULATE && ops[0]->kind == VAL_GLOBAL) decide_gradient(s, ops[0], ops[1]);
   for (int i = 0; i < writes; i++) need[i] = ops[i]->type.sh;
   if (op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN) need[1] = ops[0]->type.sh;
-  for (int i = writes; i < nops; i++) ops[i] = shard_reshard(s, ops[i], &need[i]);
+  shard_rows_convert(s, op, ops, need);
+  for (int i = writes; i < nops; i++) {
+    Value *was = ops[i];
+    ops[i] = shard_reshard(s, ops[i], &need[i]);
+    shard_rows_follow(s, was, ops[i]);
+  }
   for (int i = 0; i < writes; i++) shard_cache_forget(s, ops[i]);
   if (cp_attention) {   /* the ring (or all-gather) over cp: shard_cp.c */
     shard_cp_emit_attention(s, op, ops);
     return;
   }
-  if (shard_ep_emit(s, op, ops, give)) return;   /* rows into and out of expert space: shard_ep.c */
+  if (shard_ep_emit(s, op, ops, give)) {   /* rows into and out of expert space: shard_ep.c */
+    shard_rows_mark(s, op, ops, &s->map[op->results[0]->id]);
+    return;
+  }
 
   /* Partition rewrites: a mean over a split dim is a sum over the whole count; a max over
      one is a local max and an all_reduce. */
@@ -586,6 +595,9 @@ static void emit(Sharder *s, Op *op) {
     Value *v = c->results[0];
     s->map[op->results[0]->id] = shard_collective(s, OP_ALL_REDUCE, v, max_axis, 0, 0, R, "max");
   }
+  Value *mapped[IR_MAX_RESULTS];
+  for (int r = 0; r < op->n_results; r++) mapped[r] = s->map[op->results[r]->id];
+  shard_rows_mark(s, op, ops, mapped);
 }
 
 static int shard_func(Sharder *s, Func *src) {
@@ -598,7 +610,7 @@ static int shard_func(Sharder *s, Func *src) {
   s->in_step = !strcmp(src->name, "grad_step") || !strcmp(src->name, "forward");
   int n = func_number(src);
   s->map = calloc((size_t)n + 1, sizeof *s->map);
-  s->cp_merged = m->mesh.size[AX_CP] > 1 ? calloc((size_t)n + 1, sizeof *s->cp_merged) : NULL;
+  shard_rows_clear(s);
   shard_cache_clear(s);
   s->n_ep_space = s->n_ep_counts = 0;
   /* The arguments' placements: the tokens split over dp (shard_dp_plan_arg); others replicated. */
@@ -626,10 +638,9 @@ static int shard_func(Sharder *s, Func *src) {
     memset(&whole, 0, sizeof whole);
     func_add_ret(f, shard_reshard(s, v, &whole));
   }
+  shard_rows_sweep(s, f);
   free(s->map);
-  free(s->cp_merged);
   s->map = NULL;
-  s->cp_merged = NULL;
   if (s->failed) return IR_EINPUT;
   for (int i = 0; i < m->funcs.n; i++)
     if (m->funcs.items[i] == src) m->funcs.items[i] = f;
@@ -678,6 +689,7 @@ static int run(Module *m, PassContext *ctx, char *err, size_t errlen) {
   free(s.zero_dim);
   free(s.undecided);
   free(s.cache);
+  shard_rows_free(&s);
   free(s.ep_space);
   return rc;
 }
@@ -698,7 +710,9 @@ static double ring_bytes(const Op *op, int64_t n) {
   switch (op_sync_of(op->kind)) {
   case OP_ALL_REDUCE: return 2.0 * (double)(n - 1) / (double)n * size;
   case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_ALL_TO_ALL: return (double)(n - 1) / (double)n * size;
-  case OP_ALL_TO_ALLV: return (double)(n - 1) / (double)n * (double)in;   /* balanced routing: its rows, less its own experts' */
+  case OP_ALL_TO_ALLV:   /* balanced routing: the rank's rows (the smaller side: the other is expert space,
+                           sized for the worst case), less those for its own experts; either way */
+    return (double)(n - 1) / (double)n * (double)(in < out ? in : out);
   case OP_SEND: return size;   /* point-to-point: the whole value, once */
   default: return 0;   /* shard_slice / shard_pad: local; recv: its send counts */
   }
@@ -722,7 +736,12 @@ int collective_summary(const Module *m, const char *func, CollectiveCount *out, 
         out[n_out++] = (CollectiveCount){f, kind, axis, 0, 0, 0};
       }
       out[j].count++;
-      out[j].payload += type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
+      int64_t payload = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
+      if (op->kind == OP_ALL_TO_ALLV && op->n_results) {   /* the rank's rows, either way (as ring_bytes) */
+        int64_t back = type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype);
+        if (back < payload) payload = back;
+      }
+      out[j].payload += payload;
       out[j].sent += ring_bytes(op, op_int(op, "n"));
     }
   }

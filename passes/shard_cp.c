@@ -117,25 +117,6 @@ Value *shard_cp_reshard(Sharder *s, Value *v, Place have, Place want) {
 
 bool shard_cp_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, Decision *d) {
   switch (op->kind) {
-  case OP_RESHAPE: {
-    /* [B,T,...] -> [B*T,...] with T split (a weight gradient's flattening, autodiff.c): each
-       rank's rows are its own positions of every sequence, a split of the merged dim that
-       is not contiguous.  That is all a contraction over the rows needs (both operands
-       flattened alike, partial sums), so it stays split, and the value is marked: the
-       only op that may read it is such a matmul (shard_cp_check). */
-    const Type *y = &op->results[0]->type;
-    if (in[0].kind != SH_S || in[0].dim == 0 || !s->cp_merged) return false;
-    int dd = in[0].dim;
-    int64_t rows = 1;
-    for (int i = 0; i <= dd; i++) rows *= gin[0].dims[i];
-    if (y->rank != gin[0].rank - dd || y->dims[0] != rows) return false;
-    for (int i = 1; i < y->rank; i++)
-      if (y->dims[i] != gin[0].dims[dd + i]) return false;
-    d->need[0] = in[0];
-    d->give[0] = S(0);
-    s->cp_merged[op->results[0]->id] = true;
-    return true;
-  }
   case OP_EMBEDDING:   /* the token embedding takes this rank's positions */
     if (s->in_step && gin[1].rank >= 2 && in[1].kind == SH_R && in[0].kind == SH_R) {
       d->need[0] = R;
@@ -154,18 +135,6 @@ bool shard_cp_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, D
     return true;
   default: return false;
   }
-}
-
-/* A value marked by the reshape rule may only be a contraction's rows, beside another such. */
-void shard_cp_check(Sharder *s, const Op *op, const Sharding *give) {
-  int marked = 0;
-  for (int i = 0; i < op->n_operands; i++) marked += op->operands[i]->kind != VAL_GLOBAL && s->cp_merged[op->operands[i]->id];
-  if (!marked) return;
-  if (op->kind == OP_MATMUL && marked == 2 && give[0].kind[AX_CP] == SH_P) return;
-  char text[256];
-  shard_fail(s, "shard: cp: a value whose rows mix the batch and this rank's sequence positions (a flattened [B*T,...]) "
-                "reaches an op that needs them in order; only a contraction over those rows can take it:\n  %s",
-             op_to_string(op, text, sizeof text));
 }
 
 /* rope over a sequence split on cp: positions from the rank's coordinate. */

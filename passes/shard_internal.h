@@ -40,6 +40,8 @@ typedef struct {
   Value *cnt, *rcnt;
 } EpCounts;
 
+typedef struct Merged Merged;   /* shard_rows.c */
+
 typedef struct Sharder {
   Module *m;
   Func *f;             /* the function being built (per-rank) */
@@ -58,7 +60,9 @@ typedef struct Sharder {
   Value *(*cp_reshard)(struct Sharder *s, Value *v, Place have, Place want);
   bool cp_allgather;         /* cp: attention all-gathers K/V (else the ring) */
   int64_t cp_tag;            /* cp: the next point-to-point tag */
-  bool *cp_merged;           /* cp: per source value, a flattened [B*T,...] split over cp (shard_cp_rule) */
+  Merged *rows;              /* flattened [B*T,...] values whose T is split (shard_rows.c) */
+  int n_rows, cap_rows;
+  int rows_bucket[1024];
   CpForward cp_fwd[512];
   int n_cp_fwd;
   EpSpace *ep_space;         /* ep: expert-space values of the function being built */
@@ -161,8 +165,6 @@ Value *shard_cp_reshard(Sharder *s, Value *v, Place have, Place want);
 void shard_cp_emit_attention(Sharder *s, const Op *op, Value **ops);
 /* Sets rope's seq_axis/seq_n/zigzag when its operand is split over cp. */
 void shard_cp_mark_positions(Sharder *s, Op *c);
-/* Fails when a flattened [B*T,...] value split over cp reaches an op other than a contraction. */
-void shard_cp_check(Sharder *s, const Op *op, const Sharding *give);
 
 /* ---- shard_ep.c: the mixture-of-experts ops on every axis, and the ep axis ---- */
 
@@ -177,5 +179,23 @@ int shard_ep_plan_arg(Sharder *s, const Func *src, const Value *a, Sharding *sh)
 bool shard_ep_emit(Sharder *s, const Op *op, Value **ops, const Sharding *give);
 /* Marks elementwise results of expert-space values; fails when another op reads one. */
 void shard_ep_check(Sharder *s, const Op *op, Value **ops, Value *const *results);
+
+/* ---- shard_rows.c: flattened [B*T,...] values whose T is split over tp (sp) or cp ---- */
+
+void shard_rows_clear(Sharder *s);   /* a function starts */
+void shard_rows_free(Sharder *s);
+bool shard_rows_merged(const Sharder *s, const Value *v, int axis);
+/* Merged operands of an op that cannot take them, gathered on their axes (gin updated). */
+void shard_rows_prepare(Sharder *s, const Op *op, Value **ops, Type *gin);
+/* The rule for a reshape into or out of merged rows; false for other ops. */
+bool shard_rows_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int axis, Decision *d);
+/* Before the operands move: the ones split beside merged rows, split in their order. */
+void shard_rows_convert(Sharder *s, const Op *op, Value **ops, const Sharding *need);
+/* After the op: marks the results that are merged rows. */
+void shard_rows_mark(Sharder *s, const Op *op, Value **ops, Value *const *results);
+/* After shard_reshard moved a value: its result keeps the rows' order where it stays split. */
+void shard_rows_follow(Sharder *s, const Value *from, Value *to);
+/* After a function: drops the flattenings that no op read. */
+void shard_rows_sweep(Sharder *s, Func *f);
 
 #endif

@@ -52,14 +52,7 @@ double timing_collective(OpKind kind, int64_t n, double bytes, double beta, doub
 
 static double value_bytes(const Value *v) { return (double)type_numel(&v->type) * (double)dtype_size(v->type.dtype); }
 
-static double op_io_bytes(const Op *op) {
-  double b = 0;
-  if (op->kind == OP_EMBEDDING) return 2 * value_bytes(op->results[0]) + value_bytes(op->operands[1]);
-  if (op->kind == OP_EMBEDDING_GRAD) return 2 * value_bytes(op->operands[0]) + value_bytes(op->operands[1]);
-  for (int i = 0; i < op->n_operands; i++) b += value_bytes(op->operands[i]);
-  for (int i = 0; i < op->n_results; i++) b += value_bytes(op->results[i]);
-  return b;
-}
+
 
 /* The dtype an op's arithmetic runs in: its first floating operand's. */
 static DType compute_dtype(const Op *op) {
@@ -86,9 +79,75 @@ typedef struct {
   int n_pending, cap_pending;
   const FuncFigures *given;   /* the first n_given of m->funcs: a call's time given (loom plan) */
   int n_given;
+  /* Expert space (shard_ep.c): values sized for the worst case, every rank's rows to this
+     rank's experts (ep x its rows), of which balanced routing fills a fraction: the grouped
+     matmul's `routed` rows over its buffer's, the all_to_allv's rows over its result's.
+     Values of the same rows computed from them carry it.  A hash by pointer, per function. */
+  struct { const Value *v; double f; } *frac;
+  int cap_frac, n_frac;
 } Acc;
 
+static unsigned frac_slot(const Acc *a, const Value *v) {
+  return (unsigned)(((uintptr_t)v >> 4) * 2654435761u) & (unsigned)(a->cap_frac - 1);
+}
+
+static double frac_of(const Acc *a, const Value *v) {
+  if (!a->n_frac) return 1;
+  for (unsigned i = frac_slot(a, v);; i = (i + 1) & (unsigned)(a->cap_frac - 1)) {
+    if (!a->frac[i].v) return 1;
+    if (a->frac[i].v == v) return a->frac[i].f;
+  }
+}
+
+static void frac_set(Acc *a, const Value *v, double f) {
+  if (f >= 1) return;
+  if (2 * (a->n_frac + 1) > a->cap_frac) {   /* grow (and rehash) */
+    int old = a->cap_frac;
+    __typeof__(a->frac) was = a->frac;
+    a->cap_frac = old ? 2 * old : 1024;
+    a->frac = calloc((size_t)a->cap_frac, sizeof *a->frac);
+    a->n_frac = 0;
+    for (int i = 0; i < old; i++)
+      if (was[i].v) frac_set(a, was[i].v, was[i].f);
+    free(was);
+  }
+  unsigned i = frac_slot(a, v);
+  while (a->frac[i].v && a->frac[i].v != v) i = (i + 1) & (unsigned)(a->cap_frac - 1);
+  if (!a->frac[i].v) a->n_frac++;
+  a->frac[i].v = v, a->frac[i].f = f;
+}
+
 static double func_time(const Func *f, Acc *a);
+
+/* The bytes an op moves: its operands and results, expert-space ones as far as routing fills them. */
+static double op_io_bytes(const Op *op, const Acc *a) {
+  double b = 0;
+  if (op->kind == OP_EMBEDDING) return 2 * value_bytes(op->results[0]) + value_bytes(op->operands[1]);
+  if (op->kind == OP_EMBEDDING_GRAD) return 2 * value_bytes(op->operands[0]) + value_bytes(op->operands[1]);
+  for (int i = 0; i < op->n_operands; i++) b += value_bytes(op->operands[i]) * frac_of(a, op->operands[i]);
+  for (int i = 0; i < op->n_results; i++) b += value_bytes(op->results[i]) * frac_of(a, op->results[i]);
+  return b;
+}
+
+/* The fraction of op's results routing fills (see Acc.frac), from its kind or its operands. */
+static void note_frac(const Op *op, Acc *a) {
+  if (!op->n_results || !op->n_operands || op->results[0]->type.rank < 1) return;
+  int64_t rows = op->results[0]->type.dims[0];
+  double f = 1;
+  if (op->kind == OP_GROUPED_MATMUL && op_int(op, "routed") > 0 && op->operands[0]->type.rank >= 1)
+    f = (double)op_int(op, "routed") / (double)op->operands[0]->type.dims[0];
+  else if (op->kind == OP_ALL_TO_ALLV)
+    f = value_bytes(op->operands[0]) / value_bytes(op->results[0]);
+  else
+    for (int i = 0; i < op->n_operands; i++) {
+      const Value *v = op->operands[i];
+      double g = frac_of(a, v);
+      if (g < f && v->type.rank >= 1 && v->type.dims[0] == rows) f = g;
+    }
+  if (f < 1)
+    for (int r = 0; r < op->n_results; r++)
+      if (op->results[r]->type.rank >= 1 && op->results[r]->type.dims[0] == rows) frac_set(a, op->results[r], f);
+}
 
 /* The collective an op starts or is: X for X and X_start (by name, so any async op the
    overlap pass adds is timed as its collective); -1 for ops that are not collectives. */
@@ -146,6 +205,7 @@ int timing_category(const Op *op) {
 
 /* Runs one op on the timeline; returns its own duration (for the top list). */
 static double op_time(const Op *op, Acc *a) {
+  note_frac(op, a);
   const Hardware *hw = a->hw;
   if (op->kind == OP_RESHAPE) return 0;
   if (is_wait(op)) {
@@ -179,6 +239,13 @@ static double op_time(const Op *op, Acc *a) {
       double b = value_bytes(op->results[i]);
       if (b > bytes) bytes = b;
     }
+    /* all_to_allv: expert space is sized for the worst case (every rank's rows to one rank's
+       experts: ep x its rows); balanced routing moves the rank's own rows each way, the smaller
+       side (as `--collectives` counts it). Taking the larger side made it ep times too slow. */
+    if (coll == OP_ALL_TO_ALLV && op->n_results) {
+      double in = value_bytes(op->operands[0]), out = value_bytes(op->results[0]);
+      bytes = in < out ? in : out;
+    }
     int link = timing_axis_link(hw, a->mesh, axis);
     double s = timing_collective((OpKind)coll, op_int(op, "n"), bytes, hw->link_bw[link] * hw->eff_link, hw->link_lat[link]);
     a->t->comm_s[axis] += a->scale * s;
@@ -198,7 +265,7 @@ static double op_time(const Op *op, Acc *a) {
     return s;
   }
   /* flops_op: matmul and attention FLOPs, a call's through its kernel; 0 for the rest */
-  double flops = flops_op(op), bytes = op_io_bytes(op);
+  double flops = flops_op(op), bytes = op_io_bytes(op, a);
   bool attn = op->kind == OP_ATTENTION || op->kind == OP_ATTENTION_GRAD || op->kind == OP_ATTENTION_BLOCK ||
               op->kind == OP_ATTENTION_BLOCK_GRAD;
   double eff = attn ? hw->eff_attention : hw->eff_matmul;
@@ -232,6 +299,8 @@ static void note_top(StepTime *t, const Func *f, const Op *op, double s) {
 static double func_time(const Func *f, Acc *a) {
   a->clock = a->comm_free = a->exposed = 0;
   a->n_pending = 0;
+  if (a->n_frac) memset(a->frac, 0, sizeof *a->frac * (size_t)a->cap_frac);
+  a->n_frac = 0;
   for (int i = 0; i < f->ops.n; i++) {
     double t = op_time(f->ops.items[i], a);
     if (t > 0) note_top(a->t, f, f->ops.items[i], t * a->scale);
@@ -256,7 +325,7 @@ double timing_call_s(const Func *f, const Module *m, const Hardware *hw) {
   memset(&t, 0, sizeof t);
   Acc a = {.hw = hw, .mesh = &m->mesh, .t = &t, .scale = 1};
   double s = func_time(f, &a);
-  free(a.pending), free(a.pending_end);
+  free(a.pending), free(a.pending_end), free(a.frac);
   return s;
 }
 
@@ -310,7 +379,7 @@ int timing_predict_given(const Module *m, const Hardware *hw, int64_t grad_accum
         cost[c][k] = run_func(m, name, &a, (double)m->pipe.micro, &found);
         if (!found) {
           schedule_free(&s);
-          free(a.pending), free(a.pending_end);
+          free(a.pending), free(a.pending_end), free(a.frac);
           snprintf(err, errlen, "the pipelined module has no @%s", name);
           return 2;
         }
@@ -319,7 +388,7 @@ int timing_predict_given(const Module *m, const Hardware *hw, int64_t grad_accum
     rc = schedule_simulate(&s, (const double (*)[3])cost, &sim, err, errlen);
     if (rc) {
       schedule_free(&s);
-      free(a.pending), free(a.pending_end);
+      free(a.pending), free(a.pending_end), free(a.frac);
       return rc;
     }
     double busy_max = 0;
@@ -341,7 +410,7 @@ int timing_predict_given(const Module *m, const Hardware *hw, int64_t grad_accum
       StepTime one = {0};
       Acc b = {.hw = hw, .mesh = &m->mesh, .t = &one, .scale = 1, .given = given, .n_given = n_given};
       double t = run_func(m, name, &b, 1, &found);
-      free(b.pending), free(b.pending_end);
+      free(b.pending), free(b.pending_end), free(b.frac);
       if (t > opt) opt = t;
       out->exposed_comm_s += one.exposed_comm_s / s.p;
       out->compute_s += one.compute_s / s.p, out->memory_s += one.memory_s / s.p;
@@ -362,7 +431,7 @@ int timing_predict_given(const Module *m, const Hardware *hw, int64_t grad_accum
     out->optimizer_s = run_func(m, "optimizer_step", &a, 1, &found);
     out->step_s = (double)ga * g + out->optimizer_s;
   }
-  free(a.pending), free(a.pending_end);
+  free(a.pending), free(a.pending_end), free(a.frac);
   finish(out, m, hw);
   return 0;
 }

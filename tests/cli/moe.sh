@@ -1,13 +1,19 @@
 # tests/cli/moe.sh — mixture of experts (Mixtral, Qwen3-MoE) and expert parallelism.
 #   - equivalence: every layout trains the golden run spec (batch 4, 5 steps, grad_accum 2,
 #     clipping) within 1e-5 of the single-rank run, on the cpu backend: ep=2, ep=4,
-#     dp=2 x ep=2 with ZeRO-1, ep=2 x tp=2 (and with sequence parallel), for mixtral-tiny
-#     (4 experts, top-2) and qwen3-moe-tiny (8 experts, a dense layer, q/k norms);
+#     dp=2 x ep=2 with ZeRO-1, ep=2 x tp=2 (and with sequence parallel), tp=2 with sequence
+#     parallel and cp=2 (the experts on the rank's share of the sequence: passes/shard_rows.c),
+#     for mixtral-tiny (4 experts, top-2) and qwen3-moe-tiny (8 experts, a dense layer, q/k norms);
+#   - under sequence or context parallelism each rank runs the experts on its own tokens only:
+#     a rank's FLOPs are half the step's at tp=2 (sp) and at cp=2;
 #   - the expert-parallel program: all_to_allv in `--collectives`, the experts' stacks split;
 #   - --flops: active-parameter FLOPs (6 x active parameters x tokens);
 #   - capacity_factor: drops tokens, trains, and is a different model (the loss moves);
 #   - refusals: ep not dividing the experts, a dense model with ep, top-k above the experts,
-#     unknown router settings, pp or cp with experts, a sliding window shorter than seq.
+#     unknown router settings, the load-balancing loss in a pipeline of more than two chunks, a
+#     sliding window shorter than seq;
+#   - pipeline parallelism with experts: every schedule within 1e-5 of one rank without the
+#     load-balancing loss, pp=2 (1f1b, zb-h1; with ep) with it; --log-experts the same counts.
 # usage: bash tests/cli/moe.sh PATH-TO-LOOM PATH-TO-ST_DIFF   (from the repository root)
 LOOM=${1:-}
 ST_DIFF=${2:-}
@@ -17,13 +23,47 @@ for m in mixtral-tiny qwen3-moe-tiny; do
   G=tests/golden/$m
   BASE=($G/train_spec.json --batch 4 --steps 5 -q)
   expect_exit 0 "$m: one rank, batch 4, 5 steps" "$LOOM" train "${BASE[@]}" --out "$TMP/$m.1.safetensors"
-  layouts=("ep=2" "ep=4" "dp=2,ep=2 --zero 1" "ep=2,tp=2")
-  [ $m = mixtral-tiny ] && layouts+=("ep=2,tp=2 --sequence-parallel true" "dp=2,ep=2 --zero 3")
+  layouts=("ep=2" "ep=4" "dp=2,ep=2 --zero 1" "ep=2,tp=2" "tp=2 --sequence-parallel true")
+  [ $m = mixtral-tiny ] && layouts+=("ep=2,tp=2 --sequence-parallel true" "dp=2,ep=2 --zero 3" "cp=2,ep=2")
+  [ $m = qwen3-moe-tiny ] && layouts+=("cp=2" "cp=2,tp=2 --sequence-parallel true")
   for mesh in "${layouts[@]}"; do
     # shellcheck disable=SC2086
     expect_exit 0 "$m --mesh $mesh" "$LOOM" train "${BASE[@]}" --mesh $mesh --out "$TMP/$m.m.safetensors"
     expect_exit 0 "  within 1e-5 of one rank (parameters, losses, grad norms)" "$ST_DIFF" "$TMP/$m.m.safetensors" \
       "$TMP/$m.1.safetensors" --rtol 1e-5
+  done
+done
+
+# The sequence split over both tp (sp) and cp, one sequence a dp rank: the rows are merged on
+# two axes, and a replicated operand (the dispatch's weights) is split in their order on both
+# (it was split along the batch on the second axis: a rank of 0 rows, refused by moe_dispatch).
+G=tests/golden/mixtral-tiny
+expect_exit 0 "mixtral-tiny, batch 2, one rank" "$LOOM" train $G/train_spec.json --batch 2 --steps 3 -q --out "$TMP/b2.1.st"
+expect_exit 0 "mixtral-tiny, batch 2, dp=2 x tp=4 (sp) x cp=2" "$LOOM" train $G/train_spec.json --batch 2 --steps 3 -q \
+  --mesh dp=2,tp=4,cp=2 --sequence-parallel true --out "$TMP/b2.m.st"
+expect_exit 0 "  within 1e-5 of one rank" "$ST_DIFF" "$TMP/b2.m.st" "$TMP/b2.1.st" --rtol 1e-5
+
+# Pipeline parallelism with experts (4 layers of mixtral-tiny; 8 sequences in 4 micro-batches).
+# The load-balancing loss sums every layer's routing at the loss, so its gradient reaches back
+# to every chunk: a pipeline of two chunks carries it, more are refused (above). Without it (the
+# published configs' "output_router_logits": false) every schedule runs. The expert load of
+# each layer is counted on the pp rank that runs it (ir/schedule.c: the state's owner).
+"$LOOM" data data/shakespeare.txt -o "$TMP/pp.bin" > /dev/null 2>&1
+sed 's/"num_hidden_layers": 2/"num_hidden_layers": 4/' models/mixtral-tiny.json > "$TMP/mx4.json"
+sed 's/"output_router_logits": true/"output_router_logits": false/' "$TMP/mx4.json" > "$TMP/mx4-noaux.json"
+PPRUN=(--data "$TMP/pp.bin" --steps 3 --batch 8 --grad-accum 4 --log-experts)
+for cfg in mx4 mx4-noaux; do
+  "$LOOM" train "$TMP/$cfg.json" "${PPRUN[@]}" --out "$TMP/$cfg.1.st" > "$TMP/$cfg.1.log" 2>&1
+  check "$cfg: one rank" test -s "$TMP/$cfg.1.st"
+  if [ $cfg = mx4 ]; then layouts=("pp=2 --pp-schedule 1f1b" "pp=2,ep=2 --pp-schedule zb-h1")
+  else layouts=("pp=2 --pp-schedule interleaved" "pp=4 --pp-schedule 1f1b" "pp=2,ep=2 --pp-schedule dualpipev"); fi
+  for mesh in "${layouts[@]}"; do
+    # shellcheck disable=SC2086
+    expect_exit 0 "$cfg --mesh $mesh" "$LOOM" train "$TMP/$cfg.json" "${PPRUN[@]}" --mesh $mesh --out "$TMP/$cfg.m.st"
+    grep -E '^  experts l' "$OUT" > "$TMP/$cfg.m.loads"
+    expect_exit 0 "  within 1e-5 of one rank" "$ST_DIFF" "$TMP/$cfg.m.st" "$TMP/$cfg.1.st" --rtol 1e-5
+    check "  the same expert load per layer as one rank ($(wc -l < "$TMP/$cfg.m.loads") lines)" \
+      sh -c "test -s '$TMP/$cfg.m.loads' && grep -E '^  experts l' '$TMP/$cfg.1.log' | cmp -s - '$TMP/$cfg.m.loads'"
   done
 done
 
@@ -69,11 +109,42 @@ expect_exit 0 "mixtral-tiny --recompute full --verbose" "$LOOM" train models/mix
   --recompute full --verbose
 check "  planned arena = measured" sh -c "grep '^memory @grad_step:' '$OUT' '$ERR' | sed -E 's/.*planned arena ([0-9]+) bytes, measured ([0-9]+) .*/\\1 \\2/' | awk '{n++; ok = \$1 > 0 && \$1 == \$2} END {exit !(n == 1 && ok)}'"
 
-# The planner searches ep for a mixture of experts (and only ep, dp and tp: no pp or cp).
+# Under sequence parallelism (and cp) the router and the experts take the rank's own tokens, a
+# flattened [B*T/n, D] kept split (shard_rows.c): no rank runs another's tokens through its
+# experts. Before, the tokens were gathered first and each tp rank ran the whole micro-batch
+# (mixtral-tiny tp=2 sp: 37,945,344 FLOPs a rank, where the step is 47,382,528).
+flops_of() { "$LOOM" ir models/mixtral-tiny.json --passes=train "$@" --flops 2> /dev/null | awk '/@grad_step/{print $2}'; }
+f1=$(flops_of); ftp=$(flops_of --mesh tp=2 --sequence-parallel true); fcp=$(flops_of --mesh cp=2)
+check "  a rank's FLOPs at tp=2 sp ($ftp) and cp=2 ($fcp) are half the step's ($f1)" \
+  awk -v a="$f1" -v b="$ftp" -v c="$fcp" 'BEGIN{exit !(a > 0 && 2 * b == a && 2 * c == a)}'
+expect_exit 0 "loom ir, tp=2 sp" "$LOOM" ir models/mixtral-tiny.json --passes=train --mesh tp=2 --sequence-parallel true
+check "  the experts' gradients summed over tp (partial: each rank saw its tokens)" \
+  grep -qE 'all_reduce_start [$]grad[.]model[.]layers[.]0[.]block_sparse_moe[.]experts[.]w1 [{]axis="tp"' "$OUT"
+
+# The time model under ep: expert space is sized for the worst case (ep x a rank's rows) but
+# balanced routing fills 1/ep of it. all_to_allv moves the rank's own rows each way, and the
+# experts' elementwise work is a rank's routed rows (passes/timing.c). Both used to count the
+# whole buffer: the exchange back and the expert MLPs' activations ep times too slow. Checked
+# by differences, which cancel what does not grow with the tokens (the gradients' reductions,
+# latencies, the optimizer): Mixtral-8x7B's shape with 2 layers, seq 4096, bf16, on h100.
+sed 's/"num_hidden_layers": [0-9]*/"num_hidden_layers": 2/' models/mixtral-8x7B.json > "$TMP/mx2.json"
+tm() { "$LOOM" ir "$TMP/mx2.json" --passes=train --precision bf16 --seq 4096 --time --hw h100 "$@" 2> /dev/null |
+       awk -v k="$1" '$1 == "comm" && $2 == "ep" {print $4} $1 == "elementwise" {print $2}' | tr '\n' ' '; }
+read -r e1 <<< "$(tm --batch 1 | awk '{print $1}')"; read -r e2 <<< "$(tm --batch 2 | awk '{print $1}')"
+read -r w8 c8 <<< "$(tm --batch 8 --mesh ep=8)"; read -r w16 c16 <<< "$(tm --batch 16 --mesh ep=8)"
+# 8 all_to_allv a micro-batch (2 layers x 4), each (ep-1) steps of S/ep at 450 GB/s, S = one
+# sequence's 4096 tokens x top-2 x 4096 x 2 bytes: another sequence a rank adds 1.044 ms
+check "  all_to_allv: a sequence more a rank adds $(awk -v a="$c8" -v b="$c16" 'BEGIN{printf "%.3f", b - a}') ms of ep time (balanced: 1.044)" \
+  awk -v a="$c8" -v b="$c16" 'BEGIN{x = 8 * 7 * (4096 * 2 * 4096 * 2 / 8) / 450e9 * 1e3; d = b - a; exit !(d > 0.99 * x && d < 1.01 * x)}'
+check "  the experts' elementwise work: a sequence more a rank costs at ep=8 what it costs one rank ($e1 -> $e2 ms; $w8 -> $w16 ms)" \
+  awk -v a="$e1" -v b="$e2" -v c="$w8" -v d="$w16" 'BEGIN{x = b - a; y = d - c; exit !(x > 0 && y > 0.99 * x && y < 1.01 * x)}'
+
+# The planner searches ep for a mixture of experts (with dp, tp, cp and pp: with the
+# load-balancing loss on, as mixtral-tiny has it, pipelines of two chunks only).
 expect_exit 0 "loom plan mixtral-tiny on 4 devices" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 \
   --global-batch-tokens 256 --json
 check "  candidates with ep=2 among the best" grep -q '"ep": 2' "$OUT"
-check "  none with pp or cp" sh -c "! grep -qE '\"(pp|cp)\": [2-9]' '$OUT'"
+check "  pipelines of two chunks at most (the load-balancing loss is on)" sh -c "grep -q '\"pp\": 2' '$OUT' && ! grep -qE '\"pp\": [3-9]|\"pp_virtual\": [2-9]' '$OUT'"
 expect_exit 0 "loom plan --mesh ep=4" "$LOOM" plan models/mixtral-tiny.json --gpus 4 --hw h100 --global-batch-tokens 256 \
   --mesh ep=4 --json
 check "  every layout it ranks has ep=4" sh -c "grep -q '\"ep\": 4' '$OUT' && ! grep -qE '\"ep\": [123],' '$OUT'"
@@ -131,9 +202,11 @@ for edit in 's/"num_experts_per_tok": 2/"num_experts_per_tok": 5/|each token goe
   expect_exit 2 "refused: ${edit#*|}" "$LOOM" train "$TMP/bad.json"
   expect_stderr_contains "${edit#*|}"
 done
-expect_exit 2 "pp with experts" "$LOOM" train models/mixtral-tiny.json --mesh pp=2
-expect_stderr_contains "pipeline parallelism with a mixture-of-experts model"
-expect_exit 2 "cp with experts" "$LOOM" train models/mixtral-tiny.json --mesh cp=2
-expect_stderr_contains "context parallelism with a mixture-of-experts model"
+expect_exit 2 "the load-balancing loss in a pipeline of 4 chunks" "$LOOM" train "$TMP/mx4.json" --mesh pp=2 \
+  --pp-schedule interleaved
+expect_stderr_contains "cannot carry its gradient back to the first chunks"
+expect_exit 0 "loom plan --mesh cp=2 (context parallelism with experts)" "$LOOM" plan models/mixtral-tiny.json --gpus 4 \
+  --hw h100 --global-batch-tokens 256 --mesh cp=2 --json
+check "  every layout it ranks has cp=2" sh -c "grep -q '\"cp\": 2' '$OUT' && ! grep -qE '\"cp\": 1,' '$OUT'"
 
 finish

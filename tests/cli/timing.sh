@@ -34,6 +34,20 @@ for dp in 8 16; do
   ' "$TMP/coll" "$TMP/time"
 done
 
+# ep (a mixture of experts; Mixtral-8x7B's shape with 2 layers): the same sum for the ep
+# axis, all_to_allv included: the time model and --collectives both count the rank's own rows
+# each way (balanced routing), not expert space's worst-case buffer.
+sed 's/"num_hidden_layers": [0-9]*/"num_hidden_layers": 2/' models/mixtral-8x7B.json > "$TMP/mx2.json"
+"$LOOM" ir "$TMP/mx2.json" --passes=train --precision bf16 --seq 4096 --batch 16 --mesh ep=8 --collectives > "$TMP/coll" 2>&1
+"$LOOM" ir "$TMP/mx2.json" --passes=train --precision bf16 --seq 4096 --batch 16 --mesh ep=8 --time > "$TMP/time" 2>&1
+check "ep=8: comm ep = sum over --collectives (all_to_allv, all_to_all, all_reduce) of sent/bandwidth + ring steps x latency" \
+  awk -v n=8 -v bw=450e9 -v lat=3e-6 '
+  FNR == NR { if (($1 == "@grad_step" || $1 == "@optimizer_step") && $3 == "ep") { c = substr($4, 2) + 0;
+              steps = ($2 == "all_reduce" ? 2 : 1) * (n - 1); want += $(NF - 1) / bw + c * steps * lat; k[$2] = 1 } next }
+  /comm ep/ { seen = 1; got = $4 / 1e3; d = got - want; if (d < 0) d = -d }
+  END { if (!seen || !k["all_to_allv"] || d > 1e-6 + 1e-3 * want) { print "got", got, "want", want; exit 1 } }
+' "$TMP/coll" "$TMP/time"
+
 for hw in h100 h200 a100 b200 models/hardware/h100-sxm.json; do
   expect_exit 0 "--hw $hw loads" "$LOOM" ir models/gpt2-tiny.json --passes=train,lower --time --hw $hw
   expect_stdout_contains "MFU"

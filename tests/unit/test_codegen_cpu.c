@@ -37,30 +37,11 @@
 #include "ir/ir.h"
 #include "passes/passes.h"
 #include "runtime/cpu/jit.h"
+#define SPLITMIX_SEED 0x1234567887654321ull   /* this test's data since it was written */
+#include "tests/unit/splitmix.h"
+#include "tests/unit/check_each.h"
 
-static int n_pass, n_fail;
-
-static bool check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool check(bool ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s ", ok ? "PASS" : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-  if (ok) n_pass++;
-  else n_fail++;
-  return ok;
-}
-
-static uint64_t rng = 0x1234567887654321ull;
-static uint64_t next_u64(void) {
-  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static double uniform(double lo, double hi) { return lo + (hi - lo) * ((next_u64() >> 11) * (1.0 / 9007199254740992.0)); }
+static double uniform(double lo, double hi) { return lo + (hi - lo) * urand(); }
 
 /* |got - want| within k units in the last place of want */
 static bool close_ulps(float got, float want, int k) {
@@ -148,7 +129,7 @@ static bool run_kernel(const Func *k, JitKernelFn fn, GlobalStore *g, int64_t *e
         args[a]->f[i] = x;
         ((float *)bufs[a])[i] = x;
       } else {
-        int64_t x = t->dtype == DT_BOOL ? (int64_t)(next_u64() % 2) : (int64_t)(next_u64() % 13) - 6;
+        int64_t x = t->dtype == DT_BOOL ? (int64_t)(rng() % 2) : (int64_t)(rng() % 13) - 6;
         args[a]->i[i] = x;
         ((int32_t *)bufs[a])[i] = (int32_t)x;
       }

@@ -35,9 +35,10 @@
 #include "runtime/cpu/cpu_exec.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "tests/fuzz/payload_layout.h"
+#define SPLITMIX_SEED 7   /* this test's data since it was written */
+#include "tests/unit/splitmix.h"
 
 static int n_pass, n_fail;
-static uint64_t rng = 7;
 
 static void check(bool ok, const char *name, const char *detail) {
   printf("%s %-40s %s\n", ok ? "ok  " : "FAIL", name, detail ? detail : "");
@@ -45,12 +46,7 @@ static void check(bool ok, const char *name, const char *detail) {
   else n_fail++;
 }
 
-static double unif(void) {
-  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
-}
+static double unif(void) { return urand(); }
 
 /* ---------------------------------------------------------------- building programs */
 

@@ -19,17 +19,12 @@
 
 #include "runtime/cpu/cpu_gemm.h"
 #include "runtime/cpu/threadpool.h"
+#define SPLITMIX_SEED 777   /* this test's data since it was written */
+#include "tests/unit/splitmix.h"
 
 static int n_pass, n_fail;
-static uint64_t rng = 777;
 
-static uint64_t rnd(void) {
-  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static float unif(void) { return (float)((double)(rnd() >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0); }
+static float unif(void) { return (float)(urand() * 2.0 - 1.0); }   /* [-1,1) */
 
 static void check(bool ok, const char *what) {
   if (ok) n_pass++;
@@ -90,7 +85,7 @@ static void run_case(const Case *c, ThreadPool **pools, int n_pools) {
   const int64_t samples = nc <= 65536 ? nc : 4096;
   double worst = 0.0;
   for (int64_t s = 0; s < samples; s++) {
-    int64_t e = samples == nc ? s : (int64_t)(rnd() % (uint64_t)nc);
+    int64_t e = samples == nc ? s : (int64_t)(rng() % (uint64_t)nc);
     int64_t b = e / sc, i = e % sc / c->N, j = e % c->N;
     const float *a = A + b * sa, *bb = B + b * sb;
     double ref = 0.0, mag = 0.0;

@@ -32,21 +32,16 @@
 #include "ir/ir.h"
 #include "runtime/cpu/cpu_kernels.h"
 #include "runtime/cpu/threadpool.h"
+#define SPLITMIX_SEED 12345   /* this test's data since it was written */
+#include "tests/unit/splitmix.h"
 
 static int n_pass, n_fail;
 /* The cp coordinate the reference and the builtins run as (ring attention's blocks, rope over
    a split sequence); 0 elsewhere. */
 static int cp_coord;
-static uint64_t rng = 12345;
 static ThreadPool *tp1, *tp3;
 
-static uint64_t rnd(void) {
-  uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static double unif(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
+static double unif(void) { return urand(); }
 static double normal(void) { return sqrt(-2.0 * log(unif() + 1e-300)) * cos(6.283185307179586 * unif()); }
 
 static RtRound round_of(DType t) {
@@ -96,7 +91,7 @@ static void fill_tensor(Tensor *t, double scale, int64_t int_hi, bool nonneg) {
       double v = normal() * scale;
       t->f[k] = dtype_round(t->type.dtype, (float)(nonneg ? fabs(v) : v));
     } else {
-      t->i[k] = int_hi > 0 ? (int64_t)(rnd() % (uint64_t)int_hi) : (int64_t)(rnd() % 7) - 3;
+      t->i[k] = int_hi > 0 ? (int64_t)(rng() % (uint64_t)int_hi) : (int64_t)(rng() % 7) - 3;
     }
   }
 }
@@ -713,7 +708,7 @@ static void rounding_case(void) {
       float x;
       if (k < (int)(sizeof special / sizeof *special)) x = special[k];
       else {
-        uint32_t u = (uint32_t)rnd();
+        uint32_t u = (uint32_t)rng();
         memcpy(&x, &u, 4);
       }
       float a = rt_round(rs[d], x), b = dtype_round(dts[d], x);

@@ -44,21 +44,7 @@
 #include "passes/passes.h"
 #include "runtime/cuda/cuda_exec.h"
 #include "runtime/cuda/nvrtc.h"
-
-static int n_pass, n_fail;
-
-static bool check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool check(bool ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s ", ok ? "PASS" : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-  if (ok) n_pass++;
-  else n_fail++;
-  return ok;
-}
+#include "tests/unit/check_each.h"
 
 static double now(void) {
   struct timespec t;

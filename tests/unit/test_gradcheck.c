@@ -54,6 +54,7 @@
 
 #include "ir/ir.h"
 #include "passes/passes.h"
+#include "tests/unit/splitmix.h"
 
 #define MAXP 8
 #define MAXA 4
@@ -62,15 +63,8 @@ static int n_pass, n_fail, n_skip;
 
 /* ---------------------------------------------------------------- random numbers */
 
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static double rng_u01(uint64_t *s) { return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 static double rng_normal(uint64_t *s) {
-  double u1 = rng_u01(s) + 1e-12, u2 = rng_u01(s);
+  double u1 = splitmix_u01(s) + 1e-12, u2 = splitmix_u01(s);
   return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 
@@ -99,7 +93,7 @@ static void fill_tensor(Tensor *t, Fill f, uint64_t *s) {
     int64_t *perm = malloc(sizeof *perm * (size_t)(n ? n : 1));
     for (int64_t i = 0; i < n; i++) perm[i] = i;
     for (int64_t i = n - 1; i > 0; i--) {
-      int64_t j = (int64_t)(rng_next(s) % (uint64_t)(i + 1)), tmp = perm[i];
+      int64_t j = (int64_t)(splitmix_next(s) % (uint64_t)(i + 1)), tmp = perm[i];
       perm[i] = perm[j];
       perm[j] = tmp;
     }
@@ -113,8 +107,8 @@ static void fill_tensor(Tensor *t, Fill f, uint64_t *s) {
     double v = 0;
     switch (f.kind) {
     case F_NORMAL: v = f.a * rng_normal(s); break;
-    case F_UNIFORM: v = f.a + (f.b - f.a) * rng_u01(s); break;
-    case F_AWAY: v = (f.a + (f.b - f.a) * rng_u01(s)) * (rng_next(s) & 1 ? 1 : -1); break;
+    case F_UNIFORM: v = f.a + (f.b - f.a) * splitmix_u01(s); break;
+    case F_AWAY: v = (f.a + (f.b - f.a) * splitmix_u01(s)) * (splitmix_next(s) & 1 ? 1 : -1); break;
     default: break;
     }
     t->f[k] = (float)v;
@@ -171,7 +165,7 @@ static Value *param(G *g, const char *name, Type t, Fill fill) { return param_x(
 static Value *int_arg(G *g, const char *name, Type t, int64_t hi) {
   Value *v = func_add_arg(g->f, name, t);
   Tensor *x = tensor_new(&t);
-  for (int64_t k = 0; k < x->n; k++) x->i[k] = (int64_t)(rng_next(&g->rng) % (uint64_t)hi);
+  for (int64_t k = 0; k < x->n; k++) x->i[k] = (int64_t)(splitmix_next(&g->rng) % (uint64_t)hi);
   g->args[g->na++] = x;
   return v;
 }
@@ -269,7 +263,7 @@ static Value *c_where_arg(G *g) {
   AB(g, NORMAL(1), NORMAL(1));
   Value *c = func_add_arg(g->f, "c", type_make(DT_BOOL, 2, (int64_t[]){3, 4}));
   Tensor *ct = tensor_new(&c->type);
-  for (int64_t k = 0; k < ct->n; k++) ct->i[k] = (int64_t)(rng_next(&g->rng) & 1);
+  for (int64_t k = 0; k < ct->n; k++) ct->i[k] = (int64_t)(splitmix_next(&g->rng) & 1);
   g->args[g->na++] = ct;
   Value *w[3] = {c, a, b};
   return build(&g->b, OP_WHERE, w, 3, NULL);

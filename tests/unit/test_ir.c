@@ -24,21 +24,7 @@
 #include "ir/ir.h"
 #include "passes/passes.h"
 #include "tests/unit/splitmix.h"
-
-static int n_pass, n_fail;
-
-static bool check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool check(bool ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s ", ok ? "PASS" : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  va_end(ap);
-  if (ok) n_pass++;
-  else n_fail++;
-  return ok;
-}
+#include "tests/unit/check_each.h"
 
 static double now_ms(void) {
   struct timespec ts;

@@ -14,6 +14,7 @@
 #include "frontend/build.h"
 #include "passes/passes.h"
 #include "tests/unit/check.h"
+#include "tests/unit/one_step.h"
 
 static void check_parsers(void) {
   int mode;
@@ -42,35 +43,6 @@ static void check_parsers(void) {
     int64_t b;
     CHECK(bytes_parse(bad_sizes[i], &b) < 0, "size '%s' refused", bad_sizes[i]);
   }
-}
-
-/* One grad_step on fixed tokens, then one optimizer_step; the store, or NULL. */
-static GlobalStore *one_step(Module *m, float *loss, float *norm, char *err) {
-  GlobalStore *g = globals_new(m);
-  globals_init(m, g, 7);
-  Func *gs = module_find_func(m, "grad_step"), *os = module_find_func(m, "optimizer_step");
-  Tensor *a[2], *r = NULL;
-  for (int k = 0; k < 2; k++) {
-    a[k] = tensor_new(&((Value *)gs->args.items[k])->type);
-    for (int64_t i = 0; i < a[k]->n; i++) a[k]->i[i] = (i * 37 + k * 11) % 200;
-  }
-  int rc = interp_run(gs, g, a, &r, err, IR_ERR_LEN);
-  *loss = rc ? -1 : r->f[0];
-  tensor_free(r);
-  Type s = type_scalar(DT_F32);
-  Tensor *lr = tensor_new(&s), *t = tensor_new(&s);
-  lr->f[0] = 1e-2f;
-  t->f[0] = 1;
-  Tensor *oa[2] = {lr, t};
-  r = NULL;
-  if (!rc) rc = interp_run(os, g, oa, &r, err, IR_ERR_LEN);
-  *norm = rc ? -1 : r->f[0];
-  tensor_free(r), tensor_free(lr), tensor_free(t), tensor_free(a[0]), tensor_free(a[1]);
-  if (rc) {
-    globals_free(g);
-    return NULL;
-  }
-  return g;
 }
 
 static int count_clones(const Module *m) {

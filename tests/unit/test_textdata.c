@@ -9,20 +9,13 @@
 #include <string.h>
 #include <unistd.h>
 #include "tests/unit/check.h"
+#include "tests/unit/files.h"
 
 static char dir[64];
 
 static const char *in_dir(char *buf, size_t n, const char *name) {
   snprintf(buf, n, "%s/%s", dir, name);
   return buf;
-}
-
-static void put_file(const char *p, const void *data, size_t n) {
-  FILE *f = fopen(p, "wb");
-  if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
-    fprintf(stderr, "cannot write %s\n", p);
-    exit(1);
-  }
 }
 
 /* The shard holds exactly WANT as uint16 tokens, one per byte. */

@@ -7,42 +7,10 @@
 #include <string.h>
 #include <unistd.h>
 #include "tests/unit/check.h"
+#include "tests/unit/files.h"
 
 static char dir[64];
 static char path[256];
-
-static void put_file(const char *p, const void *data, size_t n) {
-  FILE *f = fopen(p, "wb");
-  if (!f || fwrite(data, 1, n, f) != n || fclose(f) != 0) {
-    fprintf(stderr, "cannot write %s\n", p);
-    exit(1);
-  }
-}
-
-/* Test scaffolding failures (not the code under test) end the run. */
-static void *xalloc(size_t n) {
-  void *p = calloc(1, n ? n : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory\n");
-    exit(1);
-  }
-  return p;
-}
-
-static uint8_t *get_file(const char *p, size_t *n) {
-  FILE *f = fopen(p, "rb");
-  if (!f) {
-    fprintf(stderr, "cannot read %s\n", p);
-    exit(1);
-  }
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  uint8_t *b = xalloc(*n + 1);
-  if (fread(b, 1, *n, f) != *n) *n = 0;
-  fclose(f);
-  return b;
-}
 
 static void put32(uint8_t *p, int32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)((uint32_t)v >> (8 * i));
