@@ -74,6 +74,8 @@ def paths(body):
 
 def main():
     argv, prefixes = list(sys.argv[1:]), ["loom_attn_"]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip()); return 0 if argv else 2
     if "--kernels" in argv:
         i = argv.index("--kernels")
         prefixes = argv[i + 1].split(",")

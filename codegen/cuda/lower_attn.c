@@ -272,10 +272,11 @@ static int lower_attention_grad(Lower *L, Steps *s) {
   st->grid[0] = (uint32_t)(B * KV);
   st->grid[1] = cl_clamp_grid((S + 31) / 32, 65535);
   st->smem = fa_smem(2, D);
-  if (tc && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; K, V, two stages of Q, dO */
+  if (tc && wgmma_forward(D, op_int(op, "window"), T, S)) {   /* a producer warpgroup and a consumer; K, V, stages of Q, dO */
     st->grid[1] = cl_clamp_grid((S + 63) / 64, 65535);
     st->block[0] = 256;
-    st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40);
+    const int64_t ring = 3;   /* stages: dk dv is pipelined (attention_sm90.cuh) */
+    st->smem = (uint32_t)(1024 + 2 * 64 * D * 2 + ring * 2 * 64 * D * 2 + 8 * (2 * ring + 1));
     size_t n = strlen(st->label);
     snprintf(st->label + n, sizeof st->label - n, " (wgmma)");
     wgmma_tmaps(st, 4, (const int64_t[]){64, 64, 64, 64});

@@ -101,7 +101,7 @@ static int kernels(const Case &c, bool tcore, LoomArgs *f, LoomArgs *q, LoomArgs
            (wgmma ? launch(dq_wg<S, D>, q, bh, tq, 1024 + 2 * 64 * D * 2 + (D == 128 ? 3 : 2) * (2 * 64 * D * 2 + 16) + 8, "wgmma dq", 256)
                   : launch(dq_tc<S, D>, q, bh, tq, 8 * bn * L8, "dq")) ||
            (wgmma ? launch(dkdv_wg<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
-                           1024 + 2 * 64 * D * 2 + 2 * 2 * 64 * D * 2 + 40, "wgmma dk dv", 256)
+                           1024 + 2 * 64 * D * 2 + 3 * (2 * 64 * D * 2 + 16) + 8, "wgmma dk dv", 256)
                   : launch(dkdv_tc<S, D>, kv, (unsigned)(c.B * c.KV), (unsigned)((c.S + 63) / 64),
                            4 * 64 * L8 + 4 * (2 * bn * L8 + 4 * bn), "dk dv"));
   return launch(fwd<S, D>, f, bh, tq, 4 * (3 * 64 * L1 + 64 * 65), "forward") ||

@@ -214,6 +214,12 @@ LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned s
          (unsigned long long)(sbo >> 4) << 32 | 1ull << 62;
 }
 
+/* d advanced by off bytes (a multiple of 16): its start address field, the low word's 14 bits,
+   does not carry out (shared addresses below 256 KB), so the add is the low word's only */
+LOOM_DEV unsigned long long loom_wg_desc_add(unsigned long long d, unsigned off) {
+  return (d & ~0xffffffffull) | (unsigned)((unsigned)d + (off >> 4));
+}
+
 #define LOOM_F4(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define LOOM_F16(d, i) LOOM_F4(d, i), LOOM_F4(d, i + 4), LOOM_F4(d, i + 8), LOOM_F4(d, i + 12)
 #define LOOM_F32(d, i) LOOM_F16(d, i), LOOM_F16(d, i + 16)
@@ -234,6 +240,12 @@ LOOM_DEV unsigned long long loom_wg_desc(unsigned addr, unsigned lbo, unsigned s
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY      \
                " " LOOM_WG_D16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                                       \
                : LOOM_F16(d, 0)                                                                                        \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define LOOM_WG_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define LOOM_WG_SS16(TY)                                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY      \
+               " " LOOM_WG_D8 ", %8, %9, p, 1, 1, 0, 0;\n}\n"                                                         \
+               : LOOM_F4(d, 0), LOOM_F4(d, 4)                                                                          \
                : "l"(da), "l"(db), "r"(scale_d))
 #define LOOM_WG_RS64(TY)                                                                                               \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY      \
@@ -266,6 +278,23 @@ LOOM_DEV void loom_wgmma_ss32(float *d, unsigned long long da, unsigned long lon
   if (BF) LOOM_WG_SS32("bf16");
   else LOOM_WG_SS32("f16");
 #endif
+}
+/* the same, 64 x 16 (d[8]) */
+template <bool BF>
+LOOM_DEV void loom_wgmma_ss16(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+#if defined(LOOM_EMU)
+  loom_emu_wgmma(d, 16, nullptr, da, db, scale_d, 0, 0, BF);
+#elif LOOM_SM90
+  if (BF) LOOM_WG_SS16("bf16");
+  else LOOM_WG_SS16("f16");
+#endif
+}
+/* 64 x N, N 16 or 32 (d[N / 2]) */
+template <bool BF, int N>
+LOOM_DEV void loom_wgmma_ss(float *d, unsigned long long da, unsigned long long db, int scale_d) {
+  static_assert(N == 16 || N == 32, "loom_wgmma_ss: N 16 or 32");
+  if (N == 16) loom_wgmma_ss16<BF>(d, da, db, scale_d);
+  else loom_wgmma_ss32<BF>(d, da, db, scale_d);
 }
 /* d[N / 2] (64 x N, f32) += A B: A 64 x 16 from registers (a[4], mma.sync's A fragment per
    warp), B 16 x N N-major (imm-trans-b: V's rows of head dims) by descriptor */
@@ -486,22 +515,32 @@ LOOM_DEV void loom_attn_fwd_wg(const LoomArgs &a, const LoomTmaps &t) {
 /* Backward part 2 (dk, dv) on wgmma: loom_attn_bwd_dkdv_tc's arithmetic in the forward's
    pipeline.  256 threads: warpgroup 0 the producer (thread 0 copies K and V of the block's 64
    keys once, then per item, a query head sharing the kv head and a query tile of 64, its Q
-   and dO into a ring of two stages), warpgroup 1 the consumer: S^T = K Q^T and dP^T = V dO^T
+   and dO into a ring of stages: three at D 64, two at D 128), warpgroup 1 the consumer: S^T = K Q^T and dP^T = V dO^T
    (wgmma, all four in shared memory, K-major), P^T = 2^(S^T c2 - L2) and dS^T = P^T (dP^T -
    Dsum) scale in registers (L2 and Dsum read from global memory by each thread for its query
    columns), dV += P^T dO and dK += dS^T Q (wgmma, P^T and dS^T from registers as the
    forward's P, dO and Q through N-major descriptors).  The same sums in the same order as
    loom_attn_bwd_dkdv_tc (its query tiles of 32 at D 128 are the same k16 steps).  No window
    (the lowering keeps those on the mma.sync kernel).
-   grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + 2 stages * 2*64*D*2 + 40 bytes.
+   grid (B*KV, ceil(S/64)); dynamic smem 1024 + 2*64*D*2 + ST stages * 2*64*D*2 + 8 (2 ST + 1) bytes.
    bufs: dout q k v L2 Dsum -> dk dv;  i: B, T, H, D, S, KV, causal, window (0);  f: scale;
    t: tensor maps of dout q k v (box rows 64; queries past T and keys past S arrive as zeros) */
+/* setmaxnreg for dk/dv, off (0): the lowering binds the Hopper kernels to 1 block an SM
+   (steps.c: __launch_bounds__(256, 1)), where the kernel starts at 255 registers and the
+   consumer can be given no more.  Set to 232 only with the wrapper's bound (256, 2): the kernel
+   then starts at 128, the producer gives 104 x 128 back and the consumer takes 232 (24 + 232 =
+   2 x 128), two blocks an SM.  D 64 compiles so to 198 registers, no spills (docs/attention.md
+   "Hopper"); not wired into the lowering yet (D 128 takes 240, over 232). */
+#ifndef LOOM_KV_WG_CONSUMER_REGS
+#define LOOM_KV_WG_CONSUMER_REGS 0
+#endif
 template <class SDO, class SQ, class SK, class SV, class SDK, class SDV, int D>
 LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
 #if LOOM_SM90
   static_assert(D == 64 || D == 128, "the wgmma backward takes head sizes 64 and 128");
   constexpr bool BF = SQ::is_bf16;
-  constexpr int BN = 64, BM = 64, ST = 2, NQ = BM / 8, ND = D / 8, KD = D / 16, KM = BM / 16, U = D / 64;
+  constexpr bool PIPE = true;   /* pipelined (below) */
+  constexpr int BN = 64, BM = 64, ST = PIPE ? 3 : 2, W = PIPE && D == 128 ? 16 : 32, NS = BM / W, NW = W / 8, KW = W / 16, ND = D / 8, KD = D / 16, U = D / 64;
   constexpr unsigned BLK = 64 * 128, TILE = 64 * D * 2;   /* a 64-row, 64-column block; a 64-row tile */
   extern __shared__ float loom_smem[];
   const unsigned raw = loom_smem_addr(loom_smem), sK = (raw + 1023u) & ~1023u, sV = sK + TILE, sQO = sV + TILE;
@@ -516,6 +555,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
   if (tid == 0) loom_ring_init(sBar, ST, 128, kvbar);
   __syncthreads();
   if (wg == 0) {   /* the producer: one thread (tensor maps 0 1 2 3: dout q k v, as the forward's) */
+    if (LOOM_KV_WG_CONSUMER_REGS) loom_setmaxnreg<24, false>();
     if (tid != 0) return;
     for (int m = 0; m < 4; m++) loom_tma_prefetch(&t.m[m]);
     loom_mbar_expect_tx(kvbar, 2 * TILE);
@@ -537,6 +577,7 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
     }
     return;
   }
+  if (LOOM_KV_WG_CONSUMER_REGS) loom_setmaxnreg<LOOM_KV_WG_CONSUMER_REGS ? LOOM_KV_WG_CONSUMER_REGS : 24, true>();
   const int l = tid & 127, warp = l >> 5, lane = l & 31, g = lane >> 2, t2 = (lane & 3) * 2;
   const int kw = n0 + 16 * warp, k0 = kw + g, k1 = k0 + 8;   /* the warp's first key; this thread's two */
   const float *Lin = (const float *)a.buf[4], *Din = (const float *)a.buf[5];
@@ -546,75 +587,129 @@ LOOM_DEV void loom_attn_bwd_dkdv_wg(const LoomArgs &a, const LoomTmaps &t) {
     #pragma unroll
     for (int e = 0; e < 4; e++) dK[d][e] = dV[d][e] = 0.0f;
   loom_mbar_wait(kvbar, 0);
-  /* one item, in halves of 32 queries (S^T and dP^T of a half: 32 registers, so D 128's
-     accumulators, 128 registers, fit beside them); the sums' order is the tile's */
-  auto item = [&](const bool EDGE, int m0, const float *Lr, const float *Dr, unsigned sQ) {
-    const unsigned sO = sQ + TILE;
-    #pragma unroll   /* (rolled, ptxas moves dK in and out of the S accumulators' registers each half) */
-    for (int half = 0; half < 2; half++) {
-      const unsigned hq = half * 32 * 128;   /* the half's first query row */
-      float s[NQ / 2][4], dp[NQ / 2][4];
-      loom_wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < KD; kk++) {
-        const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
-        loom_wgmma_ss32<BF>(&s[0][0], loom_wg_desc(sK + ko, 16, 1024), loom_wg_desc(sQ + hq + ko, 16, 1024), kk > 0);
-        loom_wgmma_ss32<BF>(&dp[0][0], loom_wg_desc(sV + ko, 16, 1024), loom_wg_desc(sO + hq + ko, 16, 1024), kk > 0);
-      }
-      loom_wgmma_commit();
-      loom_wgmma_wait<0>();
-      loom_wg_regs(&s[0][0], 2 * NQ);
-      loom_wg_regs(&dp[0][0], 2 * NQ);
-      #pragma unroll
-      for (int j = 0; j < NQ / 2; j++)
-        #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int r = 32 * half + 8 * j + t2 + (e & 1), t = m0 + r;
-          const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
-          const float L = t < T ? Lr[rv] : 0.0f, Ds = t < T ? Dr[rv] : 0.0f;
-          float p = loom_ex2(__fmaf_rn(s[j][e], c2, -L));
-          if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
-          s[j][e] = p;
-          dp[j][e] = p * (dp[j][e] - Ds) * scale;
-        }
-      /* dV += P^T dO, dK += dS^T Q over the half's queries, 16 at a time */
-      unsigned hs[KM / 2][4], ls[KM / 2][4], hd[KM / 2][4], ld[KM / 2][4];
-      #pragma unroll
-      for (int kk = 0; kk < KM / 2; kk++) {
-        loom_frag_pack<BF>(s, 2 * kk, hs[kk], ls[kk]);
-        loom_frag_pack<BF>(dp, 2 * kk, hd[kk], ld[kk]);
-      }
-      loom_wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < KM / 2; kk++) {
-        const unsigned qo = hq + kk * 16 * 128;
-        const unsigned long long bo = loom_wg_desc(sO + qo, BLK, 1024), bq = loom_wg_desc(sQ + qo, BLK, 1024);
-        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
-        loom_wgmma_rs<BF, D>(&dV[0][0], hs[kk], bo);
-        if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dK[0][0], ld[kk], bq);
-        loom_wgmma_rs<BF, D>(&dK[0][0], hd[kk], bq);
-      }
-      loom_wgmma_commit();
-      loom_wgmma_wait<0>();
-      loom_wg_regs(&dV[0][0], 4 * ND);
-      loom_wg_regs(&dK[0][0], 4 * ND);
-      loom_wg_keep(&hs[0][0], 2 * KM);
-      loom_wg_keep(&ls[0][0], 2 * KM);
-      loom_wg_keep(&hd[0][0], 2 * KM);
-      loom_wg_keep(&ld[0][0], 2 * KM);
+  /* An item in slices of W queries (S^T and dP^T of a slice: W / 2 registers each, so D 128's
+     accumulators, 128 registers, fit beside them); the sums' order is the tile's.  Pipelined
+     as dq (FlashAttention-3's intra-warpgroup overlap): a slice's S^T and dP^T are issued with
+     the previous slice's dV += P^T dO and dK += dS^T Q behind them (the previous item's last
+     slice, across items), and its P^T and dS^T are computed while those products are in
+     flight.  dV's and dK's products are the unpipelined loop's in its order, so the bits are
+     the same.  An item's stage is given back once its last slice's products retire (during
+     the next item's first slice): the consumer holds two stages then, hence the third.
+     Slices of 32 at D 64 (202 registers against 157 unpipelined: one block an SM either way,
+     256 threads above 128), of 16 at D 128: halves there take 255 registers and spill 52
+     bytes (the previous half's P^T and dS^T fragments, 32 registers with their remainders,
+     live beside the next half's S^T and dP^T); quarters take 240, no spills, for m64n16
+     products in S^T and dP^T (docs/attention.md "Hopper"). */
+  unsigned hs[KW][4], ls[KW][4], hd[KW][4], ld[KW][4];   /* P^T, dS^T (and remainders) as A */
+  auto kv_issue = [&](unsigned sQ, unsigned hq) {   /* dV += P^T dO, dK += dS^T Q over a half's queries, 16 at a time */
+    #pragma unroll
+    for (int kk = 0; kk < KW; kk++) {
+      const unsigned qo = hq + kk * 16 * 128;
+      const unsigned long long bq = loom_wg_desc_add(loom_wg_desc(sQ, BLK, 1024), qo), bo = loom_wg_desc_add(bq, TILE);
+      if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dV[0][0], ls[kk], bo);
+      loom_wgmma_rs<BF, D>(&dV[0][0], hs[kk], bo);
+      if (LOOM_ATTN_SPLIT) loom_wgmma_rs<BF, D>(&dK[0][0], ld[kk], bq);
+      loom_wgmma_rs<BF, D>(&dK[0][0], hd[kk], bq);
     }
+    loom_wgmma_commit();
   };
+  auto kv_done = [&]() {   /* after the wait that retires dV's and dK's products */
+    loom_wg_regs(&dV[0][0], 4 * ND);
+    loom_wg_regs(&dK[0][0], 4 * ND);
+    loom_wg_keep(&hs[0][0], 4 * KW);
+    loom_wg_keep(&ls[0][0], 4 * KW);
+    loom_wg_keep(&hd[0][0], 4 * KW);
+    loom_wg_keep(&ld[0][0], 4 * KW);
+  };
+  /* P^T and dS^T of a half (a literal EDGE at each call) */
+  /* L2 and Dsum of this thread's query columns of a slice (a row each for j and e & 1; loaded
+     while the slice's products are in flight) */
+  auto stats = [&](int half, int m0, const float *Lr, const float *Dr, float (&Lv)[NW][2], float (&Dv)[NW][2]) {
+    #pragma unroll
+    for (int j = 0; j < NW; j++)
+      #pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int r = W * half + 8 * j + t2 + c, t = m0 + r;
+        const int rv = t < T ? r : 0;   /* loads without a branch (row m0 < T is there) */
+        Lv[j][c] = t < T ? Lr[rv] : 0.0f;
+        Dv[j][c] = t < T ? Dr[rv] : 0.0f;
+      }
+  };
+  /* P^T and dS^T of a slice (a literal EDGE at each call) */
+  auto dscore = [&](const bool EDGE, int half, int m0, const float (&Lv)[NW][2], const float (&Dv)[NW][2],
+                    float (&s)[NW][4], float (&dp)[NW][4]) {
+    #pragma unroll
+    for (int j = 0; j < NW; j++)
+      #pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int t = m0 + W * half + 8 * j + t2 + (e & 1);
+        float p = loom_ex2(__fmaf_rn(s[j][e], c2, -Lv[j][e & 1]));
+        if (EDGE && ((causal && t < (e >> 1 ? k1 : k0)) || t >= T)) p = 0.0f;
+        s[j][e] = p;
+        dp[j][e] = p * (dp[j][e] - Dv[j][e & 1]) * scale;
+      }
+  };
+  /* (no item is wholly before the block's keys: m_start is n0, BM and BN being the same) */
   for (int it = 0; it < n_items; it++) {
-    const int s = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
+    const int st = it % ST, h = kvh * G + it / nm, m0 = m_start + (it % nm) * BM;
     const long long lb = ((long long)b * H + h) * T + m0;
-    loom_mbar_wait(sBar + 8 * s, (it / ST) & 1);
-    if (!causal || m0 + BM - 1 >= n0) {   /* (causal: a tile wholly before the block's keys sees none) */
+    const unsigned sQ = sQO + st * 2 * TILE;
+    loom_mbar_wait(sBar + 8 * st, (it / ST) & 1);
+    {
       /* unmasked when no query of the tile is before the block's last key and none past T:
          the same for the whole warpgroup (a wgmma's branch must be; checked as the forward's) */
-      if (loom_wg_uniform(m0 + BM <= T && (!causal || m0 >= n0 + BN - 1))) item(false, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
-      else item(true, m0, Lin + lb, Din + lb, sQO + s * 2 * TILE);
+      const bool edge = !loom_wg_uniform(m0 + BM <= T && (!causal || m0 >= n0 + BN - 1));
+      #pragma unroll
+      for (int half = 0; half < NS; half++) {
+        const unsigned hq = half * W * 128;   /* the slice's first query row */
+        float s[NW][4], dp[NW][4], Lv[NW][2], Dv[NW][2];
+        stats(half, m0, Lin + lb, Din + lb, Lv, Dv);
+        loom_wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+          const unsigned ko = (kk >> 2) * BLK + (kk & 3) * 32;
+          const unsigned long long dq = loom_wg_desc_add(loom_wg_desc(sQ, 16, 1024), hq + ko);
+          loom_wgmma_ss<BF, W>(&s[0][0], loom_wg_desc_add(loom_wg_desc(sK, 16, 1024), ko), dq, kk > 0);
+          loom_wgmma_ss<BF, W>(&dp[0][0], loom_wg_desc_add(loom_wg_desc(sV, 16, 1024), ko), loom_wg_desc_add(dq, TILE), kk > 0);
+        }
+        loom_wgmma_commit();
+        /* the products pending: the previous half's, of this item (half 1) or the previous one's */
+        const bool pend = PIPE && (half > 0 || it > 0);
+        const int pst = half > 0 ? st : (it + ST - 1) % ST;
+        if (pend) kv_issue(sQO + pst * 2 * TILE, (half > 0 ? half - 1 : NS - 1) * W * 128u);
+        if (pend) loom_wgmma_wait<1>();   /* S^T and dP^T have landed; dV's, dK's may be in flight */
+        else loom_wgmma_wait<0>();
+        loom_wg_regs(&s[0][0], 4 * NW);
+        loom_wg_regs(&dp[0][0], 4 * NW);
+        if (edge) dscore(true, half, m0, Lv, Dv, s, dp);
+        else dscore(false, half, m0, Lv, Dv, s, dp);
+        if (pend) {
+          loom_wgmma_wait<0>();   /* the previous half's products too */
+          kv_done();
+          if (half == 0) loom_mbar_arrive(sBar + 8 * (ST + pst));   /* the previous item's last: its stage is free */
+        }
+        #pragma unroll
+        for (int kk = 0; kk < KW; kk++) {
+          loom_frag_pack<BF>(s, 2 * kk, hs[kk], ls[kk]);
+          loom_frag_pack<BF>(dp, 2 * kk, hd[kk], ld[kk]);
+        }
+        if (!PIPE) {   /* this half's products at once */
+          loom_wgmma_fence();
+          kv_issue(sQ, hq);
+          loom_wgmma_wait<0>();
+          kv_done();
+        }
+      }
+      if (!PIPE) loom_mbar_arrive(sBar + 8 * (ST + st));
     }
-    loom_mbar_arrive(sBar + 8 * (ST + s));
+  }
+  if (PIPE && n_items > 0) {   /* the last item's second half's products */
+    const int pst = (n_items - 1) % ST;
+    loom_wgmma_fence();
+    kv_issue(sQO + pst * 2 * TILE, (NS - 1) * W * 128u);
+    loom_wgmma_wait<0>();
+    kv_done();
+    loom_mbar_arrive(sBar + 8 * (ST + pst));
   }
   typename SDK::T *dk = LOOM_OUT(SDK, 6);
   typename SDV::T *dv = LOOM_OUT(SDV, 7);
