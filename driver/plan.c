@@ -36,10 +36,8 @@ static int candidates(const PlanRequest *rq, Cand **out, int *n_out, char *err, 
         if (!divides(cp, gpus / tp / pp) || (fix_mesh[AX_CP] && cp != fix_mesh[AX_CP]) ||
             (cp > 1 && (rq->base->seq % (2 * cp) || (!fix_mesh[AX_CP] && rq->base->seq / (2 * cp) < 64))))
           continue;
-        /* ep (a mixture of experts: it divides the experts); pp with the load-balancing loss
-           only as two chunks (frontend/spec.c), checked per schedule below */
+        /* ep (a mixture of experts: it divides the experts) */
         int64_t E = rq->base->model.n_experts;
-        bool aux_pp = E && rq->base->model.router_aux;
         for (int64_t ep = 1; ep <= (E ? gpus / tp / pp / cp : 1); ep++) {
         if (!divides(ep, gpus / tp / pp / cp) || (E && E % ep) || (fix_mesh[AX_EP] && ep != fix_mesh[AX_EP])) continue;
         int64_t dp = gpus / tp / pp / cp / ep;
@@ -57,7 +55,6 @@ static int candidates(const PlanRequest *rq, Cand **out, int *n_out, char *err, 
                 if (fix_sched <= 0 && sched == PIPE_AFAB) continue;
                 int64_t vv = sched == PIPE_INTERLEAVED ? (fix_v ? fix_v : 2) : sched == PIPE_DUALPIPEV ? 2 : 1;
                 if (pp > 1 && pp * vv > L) continue;
-                if (aux_pp && pp > 1 && pp * vv > 2) continue;
                 if (sched == PIPE_INTERLEAVED && ga % pp) continue;
                 for (int rcm = RECOMPUTE_NONE; rcm <= RECOMPUTE_FULL; rcm++) {
                   if (fix_rc >= 0 && rcm != fix_rc) continue;

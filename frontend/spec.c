@@ -639,15 +639,6 @@ int spec_validate(const RunSpec *s, char *err, size_t errlen) {
     FAIL("%s: key \"mesh.ep\": expert parallelism splits the %lld experts of a layer, which do not divide "
          "into ep = %lld groups; choose an ep that divides %lld", f, (long long)m->n_experts, (long long)ep,
          (long long)m->n_experts);
-  /* The load-balancing loss sums every sparse layer's routing into one term at the loss; its
-     gradient goes back to every layer at once, which only a pipeline of two chunks can carry
-     (values cross one chunk boundary: passes/pipeline.c). */
-  if (m->n_experts > 0 && m->router_aux && pp > 1 && pp * virt > 2)
-    FAIL("%s: key \"mesh.pp\": the load-balancing loss (\"output_router_logits\": true) sums every layer's "
-         "routing at the loss, and a pipeline of %lld chunks (pp = %lld x %lld a rank) cannot carry its gradient "
-         "back to the first chunks yet; use pp = 2 with 1f1b, zb-h1 or afab, or set \"output_router_logits\" to "
-         "false in the model's config (no auxiliary loss, as the published Mixtral and Qwen3-MoE configs have it)",
-         f, (long long)(pp * virt), (long long)pp, (long long)virt);
   if (m->sliding_window > 0 && m->sliding_window < s->seq && m->arch != ARCH_MISTRAL)
     FAIL("%s: key \"model.sliding_window\": the model attends within a window of %lld tokens, shorter than "
          "seq (%lld), and loom implements sliding windows for mistral only (every layer), not %s's (transformers "

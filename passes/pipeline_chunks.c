@@ -95,6 +95,38 @@ static void p2p(Out *o, Value *v, bool send, int peer, int tag) {
 
 /* Tags: (chunk the transfer goes into) x 2 + direction (0 forward, 1 backward), x 256 + the
    value's index at that boundary. */
+
+/* Relays: a value a chunk more than one away needs. A forward value read two or more chunks
+   on goes up the forward chunk by chunk (each chunk between receives it and sends it on); a
+   forward value read by an earlier chunk's backward, or a backward value read two or more
+   chunks down, goes down the backward the same way (a forward value stashed in its own chunk
+   first). The load-balancing loss of a mixture of experts makes both: the routing counts of a
+   sparse layer summed with the next sparse layer's (a dense layer between: two chunks on), and
+   their sum over every layer, which the loss's gradient reads in every sparse layer. The
+   crossing bits of chunks vchunk - 1 .. vchunk + 1 stay in need3; a relay's further ones are
+   here. */
+static int relay_cmp(const void *a, const void *b) {
+  const PipeRelay *x = a, *y = b;
+  return x->id != y->id ? (x->id < y->id ? -1 : 1) : (x->c > y->c) - (x->c < y->c);
+}
+
+static void relay_or(PP *pp, int id, int c, unsigned char bits) {
+  int d = c - pp->vchunk[id];
+  if (d >= -1 && d <= 1) {
+    pp->need3[3 * (size_t)id + (size_t)(d + 1)] |= bits;
+    return;
+  }
+  for (int r = 0; r < pp->n_relays; r++)
+    if (pp->relays[r].id == id && pp->relays[r].c == c) {
+      pp->relays[r].bits |= bits;
+      return;
+    }
+  if (pp->n_relays == pp->cap_relays) {
+    pp->cap_relays = pp->cap_relays ? 2 * pp->cap_relays : 64;
+    pp->relays = realloc(pp->relays, sizeof *pp->relays * (size_t)pp->cap_relays);
+  }
+  pp->relays[pp->n_relays++] = (PipeRelay){id, c, bits};
+}
 static int tag_of(int into, int dir, int k) { return ((into * 2 + dir) << 8) | k; }
 
 /* The values each chunk's parts need from elsewhere, and checks that they can get there,
@@ -135,26 +167,40 @@ int pipeline_cut_all(PP *pp) {
       int vc = val_chunk(pp, v), d = oc - vc;
       unsigned char *nd = pp->need3 + 3 * (size_t)v->id;   /* [0]: chunk vc - 1, [1]: vc, [2]: vc + 1 */
       pp->vchunk[v->id] = vc;
-      if (pp->vphase[v->id] == PH_F) {
+      if (pp->vphase[v->id] == PH_F && d < 0 && part != PART_F) {   /* relayed down the backward */
+        relay_or(pp, v->id, vc, 2 | 32);
+        for (int c = vc - 1; c > oc; c--) relay_or(pp, v->id, c, 4 | 32);
+        relay_or(pp, v->id, oc, (unsigned char)(4 | (part == PART_W ? 8 : 0)));
+      } else if (pp->vphase[v->id] == PH_F && d > 1) {   /* relayed up the forward */
+        relay_or(pp, v->id, vc, 16);
+        for (int c = vc + 1; c < oc; c++) relay_or(pp, v->id, c, 1 | 16);
+        relay_or(pp, v->id, oc, (unsigned char)(1 | (part != PART_F ? 2 : 0) | (part == PART_W ? 8 : 0)));
+      } else if (pp->vphase[v->id] == PH_F) {
         if (d != 0 && d != 1) goto bad;
         nd[d + 1] |= (part != PART_F ? 2 : 0) | (part == PART_W ? 8 : 0) | (d == 1 ? 1 : 0);
         if (d == 1) nd[1] |= 16;
       } else {   /* a backward value */
         int dpart = pp->vidx[v->id] >= 0 ? pp->part[pp->vidx[v->id]] : PART_F;
-        if (d != 0 && d != -1) goto bad;
+        if (d > 0) goto bad;
         if (d == 0 && part == PART_W && dpart != PART_W) nd[1] |= 8;
         if (d == -1) nd[0] |= 4 | (part == PART_W ? 8 : 0), nd[1] |= 32;
+        if (d < -1) {   /* relayed */
+          relay_or(pp, v->id, vc, 32);
+          for (int c = vc - 1; c > oc; c--) relay_or(pp, v->id, c, 4 | 32);
+          relay_or(pp, v->id, oc, (unsigned char)(4 | (part == PART_W ? 8 : 0)));
+        }
       }
       continue;
     bad:;
       char text[512];
       free(tail);
-      return pipeline_fail(pp, IR_EINPUT, "the pipeline cut needs %%%s (made in chunk %d) in chunk %d, which is not a neighbour: "
-                  "values may only cross one chunk boundary (op: %s); try another --pp-split",
+      return pipeline_fail(pp, IR_EINPUT, "the pipeline cut needs %%%s (made in the backward of chunk %d) in chunk %d, "
+                  "which runs before it (op: %s); try another --pp-split",
                   v->name ? v->name : "?", vc, oc, op_to_string(op, text, sizeof text));
     }
   }
   free(tail);
+  if (pp->n_relays) qsort(pp->relays, (size_t)pp->n_relays, sizeof *pp->relays, relay_cmp);
   /* each chunk's values with bits, ids ascending (= program order of their ops) */
   for (int pass = 0; pass < 2; pass++) {
     int *at = pass ? calloc((size_t)C + 1, sizeof(int)) : NULL;
@@ -162,13 +208,19 @@ int pipeline_cut_all(PP *pp) {
       for (int c = 0; c < C; c++) at[c] = pp->cv_start[c];
       pp->cv_ids = malloc(sizeof(int) * ((size_t)pp->cv_start[C] + 1));
     }
-    for (int id = 0; id < nv; id++)
+    int rr = 0;
+    for (int id = 0; id < nv; id++) {
       for (int d = -1; d <= 1 && pp->vchunk[id] >= 0; d++) {
         int c = pp->vchunk[id] + d;
         if (c < 0 || c >= C || !pp->need3[3 * (size_t)id + (size_t)(d + 1)]) continue;
         if (pass) pp->cv_ids[at[c]++] = id;
         else pp->cv_start[c + 1]++;
       }
+      for (; rr < pp->n_relays && pp->relays[rr].id == id; rr++) {   /* sorted by id */
+        if (pass) pp->cv_ids[at[pp->relays[rr].c]++] = id;
+        else pp->cv_start[pp->relays[rr].c + 1]++;
+      }
+    }
     if (!pass)
       for (int c = 0; c < C; c++) pp->cv_start[c + 1] += pp->cv_start[c];
     free(at);
@@ -177,6 +229,9 @@ int pipeline_cut_all(PP *pp) {
 }
 
 void pipeline_cut_free(PP *pp) {
+  free(pp->relays);
+  pp->relays = NULL;
+  pp->n_relays = pp->cap_relays = 0;
   free(pp->need3), free(pp->vchunk), free(pp->cv_start), free(pp->cv_ids), free(pp->first_op), free(pp->next_op);
   free(pp->map_pool), free(pp->touched);
 }
@@ -184,7 +239,10 @@ void pipeline_cut_free(PP *pp) {
 /* The crossing bits of value id at chunk c (cut_all). */
 static int need_at(const PP *pp, int id, int c) {
   int d = c - pp->vchunk[id];
-  return d >= -1 && d <= 1 ? pp->need3[3 * (size_t)id + (size_t)(d + 1)] : 0;
+  if (d >= -1 && d <= 1) return pp->need3[3 * (size_t)id + (size_t)(d + 1)];
+  for (int r = 0; r < pp->n_relays; r++)
+    if (pp->relays[r].id == id && pp->relays[r].c == c) return pp->relays[r].bits;
+  return 0;
 }
 
 /* Chunk c's functions: @fwd.cK, then @bwd.cK (or @bwd_b.cK and @bwd_w.cK). */

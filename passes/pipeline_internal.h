@@ -20,6 +20,12 @@ enum { PART_F, PART_B, PART_W };
 
 /* The pass's state: one walk of @grad_step.  pipeline_units.c fills the per-op and per-value
    tables, pipeline_chunks.c the cuts; the optimizer steps read param and used. */
+/* A value's crossing bits at a chunk further than one from its own (pipeline_chunks.c: relays). */
+typedef struct {
+  int id, c;
+  unsigned char bits;
+} PipeRelay;
+
 typedef struct {
   Module *m;
   Func *g;
@@ -40,6 +46,8 @@ typedef struct {
      cv_ids[cv_start[c] ..]); each chunk's F, B and W ops (first_op[3c + part], next_op[i]) */
   unsigned char *need3;
   int *vchunk, *cv_start, *cv_ids, *first_op, *next_op;
+  PipeRelay *relays;   /* relays' bits beyond vchunk +- 1 */
+  int n_relays, cap_relays;
   Value **map_pool;   /* Out's maps (build_chunk): zero between functions */
   const Global **param;   /* global index -> the parameter it is about (param_of), or NULL */
   int *touched, n_touched;

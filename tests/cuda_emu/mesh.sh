@@ -203,9 +203,12 @@ check qwen3-moe-tiny "dp=2 x ep=2" --mesh dp=2,ep=2
 # [B*T/n, D] rows kept split (passes/shard_rows.c), the experts' gradients summed over tp / cp
 check mixtral-tiny "tp=2 with sequence parallel (experts on the rank's tokens)" --mesh tp=2 --sequence-parallel true
 check qwen3-moe-tiny "cp=2 (ring attention, experts on the rank's tokens)" --mesh cp=2
-# pipelines with experts (the load-balancing loss on: two chunks), the expert load a stage's state
+# pipelines with experts (the load-balancing loss on), the expert load a stage's state
 check mixtral-tiny "pp=2 1f1b (experts in both stages)" --mesh pp=2 --pp-schedule 1f1b
 check qwen3-moe-tiny "pp=2 x ep=2 zb-h1" --mesh pp=2,ep=2 --pp-schedule zb-h1
+# three chunks (a dense layer between the sparse ones): the load-balancing loss's values relayed
+# up the forward and down the backward (passes/pipeline_chunks.c)
+check qwen3-moe-tiny "pp=3 1f1b (relays)" --mesh pp=3 --pp-schedule 1f1b
 # --log-experts: the trainer reads the load counts through sync_out and zeroes them through
 # sync_in, which must give every rank its own pieces back (it once wrote rank 0's whole views,
 # zeros elsewhere, over every rank's parameters)
