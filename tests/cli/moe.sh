@@ -213,6 +213,8 @@ for sched in 1f1b zb-h1; do
     --pp-schedule $sched --out "$TMP/q.m.st"
   expect_exit 0 "  within 1e-5 of one rank" "$ST_DIFF" "$TMP/q.m.st" "$TMP/q.1.st" --rtol 1e-5
 done
+expect_exit 0 "verify-collectives proves the relays' sends and receives match (qwen3-moe-tiny pp=3 zb-h1)" "$LOOM" ir $QG \
+  --passes=train,verify-collectives --mesh pp=3 --pp-schedule zb-h1 --batch 4
 expect_exit 0 "the relays of the load-balancing loss in the IR (pp=4)" "$LOOM" ir "$TMP/mx4.json" --passes=train --mesh pp=4 \
   --batch 8 --grad-accum 4
 check "  chunk 1's backward receives from chunk 2 and sends on to chunk 0 more values than without the loss" sh -c "
