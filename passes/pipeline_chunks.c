@@ -1,5 +1,6 @@
 /* passes/pipeline_chunks.c — the pipeline pass's chunk functions: the cut (which values
- * cross each chunk boundary, and the check that none crosses two), then per chunk @fwd.cK and
+ * cross each chunk boundary; a value needed further away relayed through the chunks between),
+ * then per chunk @fwd.cK and
  * @bwd.cK (or @bwd_b.cK and @bwd_w.cK), with their sends, receives and stash, from the tables
  * pipeline_units.c made.  Its own file: the functions are built here and nowhere else; the
  * optimizer steps (pipeline_optimizer.c) reuse only its op copier (Out, pipeline_emit). */
