@@ -291,6 +291,9 @@ int pipeline_split_units(PP *pp, const TrainSettings *ts) {
   if (L < C)
     return pipeline_fail(pp, IR_EINPUT, "pp=%d x %d chunks per rank needs %d chunks of at least one layer, but the model has %d "
                 "layers: use a smaller pp or --pp-virtual", pp->p, pp->v, C, L);
+  if (C > 256)   /* start[] below; the tags (pipeline_chunks.c) hold a chunk in 23 bits, so this is the bound */
+    return pipeline_fail(pp, IR_EINPUT, "pp=%d x %d chunks per rank makes %d chunks; loom pipelines at most 256: use a smaller pp "
+                "or --pp-virtual", pp->p, pp->v, C);
   int64_t start[257];
   if (ts->n_pp_split) {
     if (ts->n_pp_split != C)

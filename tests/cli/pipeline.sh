@@ -168,4 +168,10 @@ for r in range(2):
   assert 'W0.%d'%r in got, got
   assert got==rows[r], (r, got, rows[r])
 "
+# More than 256 chunks (pp=64 x 5 on a 400-layer model) is refused; it wrote past the chunk
+# starts' array and crashed before (found 2026-11-28).
+sed 's/"num_hidden_layers": [0-9]*/"num_hidden_layers": 400/' models/llama-tiny.json > "$TMP/l400.json"
+expect_exit 2 "320 chunks (pp=64 x 5)" "$LOOM" ir "$TMP/l400.json" --passes=train --mesh pp=64 --pp-schedule interleaved \
+  --pp-virtual 5 --grad-accum 64
+expect_stderr_contains "loom pipelines at most 256"
 finish
