@@ -252,6 +252,16 @@ int pipeline_build_chunk(PP *pp, int c) {
   const int *ids = pp->cv_ids + pp->cv_start[c], nids = pp->cv_start[c + 1] - pp->cv_start[c];
   bool last = c == pp->C - 1;
   pp->rank = chunk_rank(pp, c);
+  /* a transfer's tag holds its index among the values crossing that boundary in 8 bits */
+  int crossing[4] = {0, 0, 0, 0};
+  for (int x = 0; x < nids; x++) {
+    int nd = need_at(pp, ids[x], c);
+    crossing[0] += (nd & 1) != 0, crossing[1] += (nd & 16) != 0, crossing[2] += (nd & 4) != 0, crossing[3] += (nd & 32) != 0;
+  }
+  for (int q = 0; q < 4; q++)
+    if (crossing[q] > 256)
+      return pipeline_fail(pp, IR_EINPUT, "%d values cross a boundary of chunk %d, and a pipeline carries at most 256 there; "
+                  "try another --pp-split or fewer chunks", crossing[q], c);
   /* ---- @fwd.cK ---- */
   snprintf(name, sizeof name, "fwd.c%d", c);
   Out o = new_out(pp, name);
