@@ -149,6 +149,19 @@ static int load_param(const StFile *f, const char *path, const char *name, bool 
   return rc;
 }
 
+/* Tensors of f past the `used` ones the model read, less the training record loom's own --out
+   writes beside the parameters (losses, grad_norms, lrs, val_losses: no model reads them). A
+   note names what remains. */
+static void note_unused(const StFile *f, const char *path, int used) {
+  static const char *const record[] = {"losses", "grad_norms", "lrs", "val_losses"};
+  int extra = f->n - used;
+  for (int i = 0; i < f->n; i++)
+    for (size_t k = 0; k < sizeof record / sizeof record[0]; k++)
+      if (!strcmp(f->tensors[i].name, record[k])) extra--;
+  if (extra > 0)
+    fprintf(stderr, "loom: note: %s holds %d tensor%s the model does not use (ignored)\n", path, extra, extra == 1 ? "" : "s");
+}
+
 int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *err, size_t errlen) {
   StFile f;
   int rc = st_read(path, &f, err, errlen), used = 0, n_params = 0;
@@ -160,8 +173,7 @@ int load_weights_rt(const RtProgram *p, CpuProgram *cp, const char *path, char *
     rc = load_param(&f, path, g->name, g->experts, g->rank, g->shape, cpu_global(cp, i), g->n, g->round, n_params, &used,
                     err, errlen);
   }
-  if (!rc && used < f.n)
-    fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - used);
+  if (!rc) note_unused(&f, path, used);
   st_close(&f);
   return rc;
 }
@@ -182,7 +194,7 @@ int load_weights_views(RtTensor *ts, int n, const char *path, char *err, size_t 
     if (!(rc = shape_mismatch(path, st, ts[i].rank, ts[i].shape, err, errlen)))
       rc = read_f32(st, ts[i].data, st_numel(st->rank, st->shape), path, err, errlen);
   }
-  if (!rc && n < f.n) fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - n);
+  if (!rc) note_unused(&f, path, n);
   st_close(&f);
   return rc;
 }
@@ -200,8 +212,7 @@ int load_weights(const Module *m, GlobalStore *g, const char *path, char *err, s
                     gl->hf_rank ? gl->hf_dims : t->type.dims, t->f, t->n, 0, m->globals.n, &used, err, errlen);
     for (int64_t k = 0; !rc && k < t->n; k++) t->f[k] = dtype_round(t->type.dtype, t->f[k]);
   }
-  if (!rc && used < f.n)
-    fprintf(stderr, "loom: note: %s holds %d tensors the model does not use (ignored)\n", path, f.n - used);
+  if (!rc) note_unused(&f, path, used);
   st_close(&f);
   return rc;
 }

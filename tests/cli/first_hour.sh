@@ -122,4 +122,16 @@ else
   echo "SKIPPED Ctrl-C under tee: this env cannot restore SIGINT's default (--default-signal, coreutils 8.31+)"
 fi
 
+# Sampling from loom's own --out: the training record it holds beside the parameters (losses,
+# grad_norms, lrs) is no tensor the model "does not use" (the note said 3 of them); a tensor no
+# model reads is still noted (the record's "lrs" renamed "lrz").
+"$LOOM" data data/shakespeare.txt -o "$TMP/fh-notes.bin" > /dev/null 2>&1
+"$LOOM" train models/gpt2-tiny.json --data "$TMP/fh-notes.bin" --steps 2 -q --out "$TMP/fh-notes.st" > /dev/null 2>&1
+expect_exit 0 "loom sample --weights (loom's own --out)" "$LOOM" sample models/gpt2-tiny.json --weights "$TMP/fh-notes.st" \
+  --prompt "To be" --max-new-tokens 4
+check "  no note of tensors the model does not use" sh -c "! grep -q 'does not use' '$ERR'"
+st_edit_header "$TMP/fh-notes.st" "$TMP/fh-notes2.st" 's/"lrs"/"lrz"/'
+expect_exit 0 "loom sample --weights (a tensor no model reads)" "$LOOM" sample models/gpt2-tiny.json --weights "$TMP/fh-notes2.st" \
+  --prompt "To be" --max-new-tokens 4
+expect_stderr_contains "holds 1 tensor the model does not use"
 finish
