@@ -513,6 +513,16 @@ void pipe_stash_walk(const Schedule *s, const int64_t *f_bytes, const int64_t *w
   }
 }
 
+/* The chunk of a chunk function (@fwd.cK, @bwd.cK, @bwd_b.cK, @bwd_w.cK), or -1. */
+static int func_chunk(const char *name) {
+  int c = -1;
+  char tail;
+  if (sscanf(name, "fwd.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd.c%d%c", &c, &tail) == 1 ||
+      sscanf(name, "bwd_b.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd_w.c%d%c", &c, &tail) == 1)
+    return c;
+  return -1;
+}
+
 int pipe_owner_of(const Module *m, const Global *gl) {
   const char *pre[] = {GRAD_PREFIX, ADAM_M_PREFIX, ADAM_V_PREFIX};
   const char *pname = gl->name;
@@ -532,11 +542,8 @@ int pipe_owner_of(const Module *m, const Global *gl) {
   if (gl->kind == GLOBAL_STATE && pname == gl->name)
     for (int i = 0; i < m->funcs.n; i++) {
       const Func *f = m->funcs.items[i];
-      int c = -1;
-      char tail;
-      if (sscanf(f->name, "fwd.c%d%c", &c, &tail) != 1 && sscanf(f->name, "bwd.c%d%c", &c, &tail) != 1 &&
-          sscanf(f->name, "bwd_b.c%d%c", &c, &tail) != 1 && sscanf(f->name, "bwd_w.c%d%c", &c, &tail) != 1)
-        continue;
+      int c = func_chunk(f->name);
+      if (c < 0) continue;
       for (int k = 0; k < f->ops.n; k++) {
         const Op *op = f->ops.items[k];
         if ((op->kind == OP_ACCUMULATE || op->kind == OP_ASSIGN) && op->operands[0]->kind == VAL_GLOBAL &&
@@ -548,11 +555,9 @@ int pipe_owner_of(const Module *m, const Global *gl) {
 }
 
 int pipe_func_rank(const Schedule *s, const char *name) {
-  int c = -1, r = -1;
+  int r = -1;
   char tail;
   if (sscanf(name, "optimizer_step.s%d%c", &r, &tail) == 1) return r >= 0 && r < s->p ? r : -1;
-  if (sscanf(name, "fwd.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd.c%d%c", &c, &tail) == 1 ||
-      sscanf(name, "bwd_b.c%d%c", &c, &tail) == 1 || sscanf(name, "bwd_w.c%d%c", &c, &tail) == 1)
-    return c >= 0 && c < s->chunks ? schedule_chunk_rank(s->kind, s->p, s->v, c) : -1;
-  return -1;
+  int c = func_chunk(name);
+  return c >= 0 && c < s->chunks ? schedule_chunk_rank(s->kind, s->p, s->v, c) : -1;
 }

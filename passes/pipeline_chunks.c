@@ -94,9 +94,6 @@ static void p2p(Out *o, Value *v, bool send, int peer, int tag) {
   note_globals(o, op);
 }
 
-/* Tags: (chunk the transfer goes into) x 2 + direction (0 forward, 1 backward), x 256 + the
-   value's index at that boundary. */
-
 /* Relays: a value a chunk more than one away needs. A forward value read two or more chunks
    on goes up the forward chunk by chunk (each chunk between receives it and sends it on); a
    forward value read by an earlier chunk's backward, or a backward value read two or more
@@ -128,6 +125,18 @@ static void relay_or(PP *pp, int id, int c, unsigned char bits) {
   }
   pp->relays[pp->n_relays++] = (PipeRelay){id, c, bits};
 }
+
+/* Value id from chunk `from` to chunk `to`, one boundary at a time: `first` at its own chunk,
+   `mid` at each between (received and sent on), `last` at the reader's. */
+static void relay_path(PP *pp, int id, int from, int to, unsigned char first, unsigned char mid, unsigned char last) {
+  int step = to > from ? 1 : -1;
+  relay_or(pp, id, from, first);
+  for (int c = from + step; c != to; c += step) relay_or(pp, id, c, mid);
+  relay_or(pp, id, to, last);
+}
+
+/* Tags: (chunk the transfer goes into) x 2 + direction (0 forward, 1 backward), x 256 + the
+   value's index at that boundary. */
 static int tag_of(int into, int dir, int k) { return ((into * 2 + dir) << 8) | k; }
 
 /* The values each chunk's parts need from elsewhere, and checks that they can get there,
@@ -168,14 +177,11 @@ int pipeline_cut_all(PP *pp) {
       int vc = val_chunk(pp, v), d = oc - vc;
       unsigned char *nd = pp->need3 + 3 * (size_t)v->id;   /* [0]: chunk vc - 1, [1]: vc, [2]: vc + 1 */
       pp->vchunk[v->id] = vc;
-      if (pp->vphase[v->id] == PH_F && d < 0 && part != PART_F) {   /* relayed down the backward */
-        relay_or(pp, v->id, vc, 2 | 32);
-        for (int c = vc - 1; c > oc; c--) relay_or(pp, v->id, c, 4 | 32);
-        relay_or(pp, v->id, oc, (unsigned char)(4 | (part == PART_W ? 8 : 0)));
+      unsigned char w = part == PART_W ? 8 : 0;   /* the reader is a W part: B -> W stash */
+      if (pp->vphase[v->id] == PH_F && d < 0 && part != PART_F) {   /* relayed down the backward (stashed first) */
+        relay_path(pp, v->id, vc, oc, 2 | 32, 4 | 32, 4 | w);
       } else if (pp->vphase[v->id] == PH_F && d > 1) {   /* relayed up the forward */
-        relay_or(pp, v->id, vc, 16);
-        for (int c = vc + 1; c < oc; c++) relay_or(pp, v->id, c, 1 | 16);
-        relay_or(pp, v->id, oc, (unsigned char)(1 | (part != PART_F ? 2 : 0) | (part == PART_W ? 8 : 0)));
+        relay_path(pp, v->id, vc, oc, 16, 1 | 16, (unsigned char)(1 | (part != PART_F ? 2 : 0) | w));
       } else if (pp->vphase[v->id] == PH_F) {
         if (d != 0 && d != 1) goto bad;
         nd[d + 1] |= (part != PART_F ? 2 : 0) | (part == PART_W ? 8 : 0) | (d == 1 ? 1 : 0);
@@ -185,11 +191,7 @@ int pipeline_cut_all(PP *pp) {
         if (d > 0) goto bad;
         if (d == 0 && part == PART_W && dpart != PART_W) nd[1] |= 8;
         if (d == -1) nd[0] |= 4 | (part == PART_W ? 8 : 0), nd[1] |= 32;
-        if (d < -1) {   /* relayed */
-          relay_or(pp, v->id, vc, 32);
-          for (int c = vc - 1; c > oc; c--) relay_or(pp, v->id, c, 4 | 32);
-          relay_or(pp, v->id, oc, (unsigned char)(4 | (part == PART_W ? 8 : 0)));
-        }
+        if (d < -1) relay_path(pp, v->id, vc, oc, 32, 4 | 32, 4 | w);   /* relayed down the backward */
       }
       continue;
     bad:;

@@ -441,6 +441,13 @@ static void decide_gradient(Sharder *s, Value *dst, const Value *v) {
 
 static Value *map_operand(Sharder *s, Value *v) { return v->kind == VAL_GLOBAL ? v : s->map[v->id]; }
 
+/* op's per-rank results as mapped, to shard_rows_mark (merged rows). */
+static void mark_rows(Sharder *s, const Op *op, Value **ops) {
+  Value *mapped[IR_MAX_RESULTS];
+  for (int r = 0; r < op->n_results; r++) mapped[r] = s->map[op->results[r]->id];
+  shard_rows_mark(s, op, ops, mapped);
+}
+
 static void emit(Sharder *s, Op *op) {
   const OpInfo *info = op_info(op->kind);
   Module *m = s->m;
@@ -505,7 +512,7 @@ static void emit(Sharder *s, Op *op) {
     return;
   }
   if (shard_ep_emit(s, op, ops, give)) {   /* rows into and out of expert space: shard_ep.c */
-    shard_rows_mark(s, op, ops, &s->map[op->results[0]->id]);
+    mark_rows(s, op, ops);
     return;
   }
 
@@ -595,9 +602,7 @@ static void emit(Sharder *s, Op *op) {
     Value *v = c->results[0];
     s->map[op->results[0]->id] = shard_collective(s, OP_ALL_REDUCE, v, max_axis, 0, 0, R, "max");
   }
-  Value *mapped[IR_MAX_RESULTS];
-  for (int r = 0; r < op->n_results; r++) mapped[r] = s->map[op->results[r]->id];
-  shard_rows_mark(s, op, ops, mapped);
+  mark_rows(s, op, ops);
 }
 
 static int shard_func(Sharder *s, Func *src) {
@@ -703,6 +708,14 @@ const Pass pass_shard = {"shard",
    buffer (the larger of input and output) holds `size` bytes:
      all_reduce 2(n-1)/n size; all_gather, reduce_scatter, all_to_all (n-1)/n size;
      send: size (a pipeline's activations, cp's ring). */
+/* An all_to_allv's bytes under balanced routing: the rank's own rows, either way (the smaller
+   side: the other is expert space, sized for the worst case). */
+static int64_t routed_bytes(const Op *op) {
+  int64_t in = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
+  int64_t out = op->n_results ? type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype) : in;
+  return in < out ? in : out;
+}
+
 static double ring_bytes(const Op *op, int64_t n) {
   int64_t in = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
   int64_t out = op->n_results ? type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype) : 0;
@@ -710,9 +723,7 @@ static double ring_bytes(const Op *op, int64_t n) {
   switch (op_sync_of(op->kind)) {
   case OP_ALL_REDUCE: return 2.0 * (double)(n - 1) / (double)n * size;
   case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_ALL_TO_ALL: return (double)(n - 1) / (double)n * size;
-  case OP_ALL_TO_ALLV:   /* balanced routing: the rank's rows (the smaller side: the other is expert space,
-                           sized for the worst case), less those for its own experts; either way */
-    return (double)(n - 1) / (double)n * (double)(in < out ? in : out);
+  case OP_ALL_TO_ALLV: return (double)(n - 1) / (double)n * (double)routed_bytes(op);   /* less its own experts' rows */
   case OP_SEND: return size;   /* point-to-point: the whole value, once */
   default: return 0;   /* shard_slice / shard_pad: local; recv: its send counts */
   }
@@ -736,12 +747,8 @@ int collective_summary(const Module *m, const char *func, CollectiveCount *out, 
         out[n_out++] = (CollectiveCount){f, kind, axis, 0, 0, 0};
       }
       out[j].count++;
-      int64_t payload = type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
-      if (op->kind == OP_ALL_TO_ALLV && op->n_results) {   /* the rank's rows, either way (as ring_bytes) */
-        int64_t back = type_numel(&op->results[0]->type) * dtype_size(op->results[0]->type.dtype);
-        if (back < payload) payload = back;
-      }
-      out[j].payload += payload;
+      out[j].payload += op->kind == OP_ALL_TO_ALLV ? routed_bytes(op)
+                                                  : type_numel(&op->operands[0]->type) * dtype_size(op->operands[0]->type.dtype);
       out[j].sent += ring_bytes(op, op_int(op, "n"));
     }
   }

@@ -65,7 +65,6 @@ static Merged *add(Sharder *s, const Value *v, uint8_t mask, int64_t outer, int6
   }
   unsigned b = bucket(v);
   e = &s->rows[s->n_rows];
-  memset(e, 0, sizeof *e);
   *e = (Merged){.v = v, .mask = mask, .outer = outer, .len = len, .origin = origin, .next = s->rows_bucket[b]};
   s->rows_bucket[b] = s->n_rows++;
   return e;
@@ -249,9 +248,10 @@ void shard_rows_prepare(Sharder *s, const Op *op, Value **ops, Type *gin) {
 
 bool shard_rows_rule(Sharder *s, const Op *op, const Place *in, const Type *gin, int axis, Decision *d) {
   if (op->kind != OP_RESHAPE || !axis_merges(s, axis)) return false;
+  if (op->operands[0]->kind == VAL_GLOBAL) return false;
   const Type *y = &op->results[0]->type;
   Value *x = s->map[op->operands[0]->id];
-  if (op->operands[0]->kind == VAL_GLOBAL || !x) return false;
+  if (!x) return false;
   Merged *e = on(s, x, axis, false);
   if (e && in[0].kind == SH_S && in[0].dim == 0) {   /* (not gathered by shard_rows_prepare) */
     d->need[0] = in[0];
@@ -303,8 +303,8 @@ void shard_rows_mark(Sharder *s, const Op *op, Value **ops, Value *const *result
     if (!axis_merges(s, a)) continue;
     if (op->kind == OP_RESHAPE && place_of(ops[0], a).kind == SH_S && place_of(ops[0], a).dim == 1 &&
         place_of(results[0], a).kind == SH_S && place_of(results[0], a).dim == 0) {
-      Type g = shard_global_type(s->m, ops[0]);
-      if (g.dims[0] > 1) add(s, results[0], (uint8_t)(1 << a), g.dims[0], g.dims[1], ops[0]);
+      Type g = shard_global_type(s->m, ops[0]), y = shard_global_type(s->m, results[0]);
+      if (g.dims[0] > 1 && merges_01(&g, &y)) add(s, results[0], (uint8_t)(1 << a), g.dims[0], g.dims[1], ops[0]);
       continue;
     }
     const Merged *like = NULL;

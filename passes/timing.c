@@ -52,8 +52,6 @@ double timing_collective(OpKind kind, int64_t n, double bytes, double beta, doub
 
 static double value_bytes(const Value *v) { return (double)type_numel(&v->type) * (double)dtype_size(v->type.dtype); }
 
-
-
 /* The dtype an op's arithmetic runs in: its first floating operand's. */
 static DType compute_dtype(const Op *op) {
   for (int i = 0; i < op->n_operands; i++)
@@ -64,6 +62,11 @@ static DType compute_dtype(const Op *op) {
 static double peak_of(const Hardware *hw, DType dt) {
   return hw->peak_flops[dt] > 0 ? hw->peak_flops[dt] : hw->peak_flops[DT_F32];
 }
+
+typedef struct {
+  const Value *v;
+  double f;
+} Frac;
 
 typedef struct {
   const Hardware *hw;
@@ -83,7 +86,7 @@ typedef struct {
      rank's experts (ep x its rows), of which balanced routing fills a fraction: the grouped
      matmul's `routed` rows over its buffer's, the all_to_allv's rows over its result's.
      Values of the same rows computed from them carry it.  A hash by pointer, per function. */
-  struct { const Value *v; double f; } *frac;
+  Frac *frac;
   int cap_frac, n_frac;
 } Acc;
 
@@ -103,7 +106,7 @@ static void frac_set(Acc *a, const Value *v, double f) {
   if (f >= 1) return;
   if (2 * (a->n_frac + 1) > a->cap_frac) {   /* grow (and rehash) */
     int old = a->cap_frac;
-    __typeof__(a->frac) was = a->frac;
+    Frac *was = a->frac;
     a->cap_frac = old ? 2 * old : 1024;
     a->frac = calloc((size_t)a->cap_frac, sizeof *a->frac);
     a->n_frac = 0;
